@@ -1,0 +1,52 @@
+"""`svc-auth apps create` and client-secret rotation."""
+from __future__ import annotations
+
+from cli import emit, with_runtime
+from lifecycle.registry import activate_fallback_secret, generate_fallback_secret, register_application
+
+
+def register(commands) -> None:
+    apps = commands.add_parser("apps", help="partner applications").add_subparsers(dest="action", required=True)
+    p = apps.add_parser("create", help="register an application; prints its client secret once")
+    p.add_argument("--name", required=True)
+    p.add_argument("--redirect-uri", required=True)
+    p.add_argument("--launch-url", required=True)
+    p.add_argument("--token-endpoint")
+    p.add_argument("--billing-plan", choices=["free_trial", "paid"], default="paid")
+    p.add_argument("--user-fields", default="email", help="comma-separated: email,name,ehrUsername,organization")
+    p.add_argument("--allowed-origin", action="append", default=[])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=with_runtime(_create))
+
+    secret = apps.add_parser("secret", help="client secret rotation").add_subparsers(dest="secret_action", required=True)
+    p = secret.add_parser("generate-fallback", help="rotation step 1: a new secret, not valid until activated")
+    p.add_argument("--app", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=with_runtime(_generate_fallback))
+    p = secret.add_parser("activate-fallback", help="rotation step 3: the fallback becomes the only valid secret")
+    p.add_argument("--app", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=with_runtime(_activate_fallback))
+
+
+def _create(runtime, args):
+    fields = [f.strip() for f in args.user_fields.split(",") if f.strip()]
+    app, secret = register_application(runtime, args.name, args.redirect_uri, args.launch_url, args.token_endpoint,
+                                       args.billing_plan, fields, args.allowed_origin)
+    emit({"application_id": app.id, "client_id": app.client_id, "client_secret": secret, "name": app.name,
+          "redirect_uri": app.redirect_uri, "launch_url": app.launch_url, "token_endpoint": app.token_endpoint,
+          "billing_plan": app.billing_plan, "user_fields": app.user_fields,
+          "allowed_origins": app.allowed_origins}, args.json)
+
+
+def _generate_fallback(runtime, args):
+    secret = generate_fallback_secret(runtime, args.app)
+    if args.json:
+        emit({"application_id": args.app, "fallback_secret": secret}, True)
+    else:
+        print(secret)
+
+
+def _activate_fallback(runtime, args):
+    activate_fallback_secret(args.app)
+    emit({"application_id": args.app, "activated": True}, args.json)

@@ -1,0 +1,26 @@
+"""`svc-auth serve`: the HTTP server (`--demo` also seeds demo data and starts the example app)."""
+from __future__ import annotations
+
+
+def register(commands) -> None:
+    p = commands.add_parser("serve", help="run the HTTP server")
+    p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--processes", type=int, default=1, help="fork N processes sharing the socket (0 = one per core)")
+    p.add_argument("--demo", action="store_true", help="seed demo data and start the example partner app")
+    p.set_defaults(handler=run)
+
+
+def run(settings, args) -> int:
+    from cli import UsageError
+    from server import serve
+    if args.processes < 0:
+        raise UsageError("--processes must be 0 (one per core) or more")
+    if not 0 < args.port < 65536:
+        raise UsageError("--port must be between 1 and 65535")
+    on_start = None
+    if args.demo:
+        from lifecycle.demo import start_demo
+        on_start = start_demo
+    serve(settings, args.port, args.processes, args.address, on_start=on_start)
+    return 0

@@ -1,0 +1,166 @@
+"""Configuration: every setting of svc-auth, read once from the environment (and `.env`).
+
+One `Settings` object is built at start (`Settings.from_env()`), validated, and handed to every
+part of the service; nothing else reads `os.environ`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+
+class ConfigError(ValueError):
+    """A setting has a value the service cannot run with; the message names it."""
+
+
+_SYNC_WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
+
+
+def _read_dotenv(path: Path) -> dict[str, str]:
+    """Parse a `.env`-style file: KEY=VALUE lines, `#` comments, optional quotes."""
+    values: dict[str, str] = {}
+    if not path.is_file():
+        return values
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):]
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
+def _url(name: str, value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{name} must be an http(s) URL like https://auth.example.com, got {value!r}")
+    return value.rstrip("/")
+
+
+def _seconds(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number of seconds, got {value!r}") from None
+    if number <= 0:
+        raise ConfigError(f"{name} must be positive, got {value!r}")
+    return number
+
+
+def _networks(name: str, value: str) -> tuple:
+    nets = []
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ConfigError(f"{name} must be a comma-separated list of CIDR networks, got {item!r}") from None
+    return tuple(nets)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole configuration. Field names mirror the `SVC_*` variables, lower-cased."""
+
+    issuer: str = "http://127.0.0.1:8888"
+    public_url: str = ""
+    database_url: str = "sqlite:///var/svc-auth.db"
+    redis_url: str = ""
+    s3_endpoint_url: str = ""
+    s3_bucket: str = ""
+    claims_namespace: str = ""
+    demo_application_id: str = "demo-application"
+    sync_window: str = "02:00-04:00"
+    var_dir: str = "var"
+    keys_dir: str = ""
+    objects_dir: str = ""
+    hmac_key: str = ""
+    # Lifetimes, seconds.
+    code_ttl: int = 60
+    launch_ttl: int = 300
+    access_token_ttl: int = 300
+    client_token_ttl: int = 300
+    id_token_ttl: int = 3600
+    sandbox_token_ttl: int = 1800
+    presigned_url_ttl: int = 900
+    invitation_ttl: int = 7 * 24 * 3600
+    # Networks allowed to call the REST API (empty: any); proxies whose X-Forwarded-* we trust.
+    rest_allowed_networks: tuple = ()
+    trusted_proxies: tuple = ()
+    max_body_bytes: int = 64 * 1024
+    log_level: str = "INFO"
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None, dotenv: str | Path | None = ".env") -> "Settings":
+        """Build settings from `environ` (default `os.environ`) over an optional `.env` file."""
+        env: dict[str, str] = {}
+        if dotenv:
+            env.update(_read_dotenv(Path(dotenv)))
+        env.update(os.environ if environ is None else environ)
+        kwargs: dict = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            name = "SVC_" + f.name.upper()
+            if name in env and env[name] != "":
+                kwargs[f.name] = env[name]
+        return cls.build(**kwargs)
+
+    @classmethod
+    def build(cls, **values) -> "Settings":
+        """Validate and normalise raw values (strings from the environment, or typed values)."""
+        defaults = cls()
+        merged = {f.name: values.get(f.name, getattr(defaults, f.name))
+                  for f in dataclasses.fields(cls) if f.name != "extra"}
+        merged["issuer"] = _url("SVC_ISSUER", str(merged["issuer"]))
+        merged["public_url"] = _url("SVC_PUBLIC_URL", str(merged["public_url"] or merged["issuer"]))
+        if merged["s3_endpoint_url"] or merged["s3_bucket"]:
+            if not merged["s3_bucket"]:
+                raise ConfigError("SVC_S3_BUCKET is required when SVC_S3_ENDPOINT_URL is set")
+        if merged["redis_url"] and not str(merged["redis_url"]).startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"SVC_REDIS_URL must be a redis:// URL, got {merged['redis_url']!r}")
+        scheme = str(merged["database_url"]).split(":", 1)[0]
+        if scheme not in ("sqlite", "postgres", "postgresql", "postgresext", "postgresqlext"):
+            raise ConfigError(f"SVC_DATABASE_URL must be sqlite:///path or postgresql://..., got {merged['database_url']!r}")
+        if not _SYNC_WINDOW.match(str(merged["sync_window"])):
+            raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
+        for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
+                     "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes"):
+            merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
+        for name in ("rest_allowed_networks", "trusted_proxies"):
+            if isinstance(merged[name], str):
+                merged[name] = _networks("SVC_" + name.upper(), merged[name])
+        if not merged["claims_namespace"]:
+            merged["claims_namespace"] = urlsplit(merged["issuer"]).hostname or "localhost"
+        var = Path(merged["var_dir"])
+        merged["keys_dir"] = merged["keys_dir"] or str(var / "keys")
+        merged["objects_dir"] = merged["objects_dir"] or str(var / "objects")
+        merged["log_level"] = str(merged["log_level"]).upper()
+        return cls(**merged)
+
+    def replace(self, **changes) -> "Settings":
+        """A copy with some settings changed, validated again (tests and the demo use this)."""
+        values = dataclasses.asdict(self)
+        values.pop("extra")
+        values.update(changes)
+        return Settings.build(**values)
+
+    @property
+    def issuer_claim(self) -> str:
+        """`iss` of every token we sign: the issuer address with a trailing slash (spec)."""
+        return self.issuer + "/"
+
+    @property
+    def sync_window_bounds(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        m = _SYNC_WINDOW.match(self.sync_window)
+        return (int(m[1]), int(m[2])), (int(m[3]), int(m[4]))

@@ -1,0 +1,1 @@
+"""Tornado handlers: thin; they parse, call a domain function, and render."""

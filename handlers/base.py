@@ -1,0 +1,114 @@
+"""`BaseHandler`: JSON in and out, request parsing and the one renderer of errors."""
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import parse_qsl
+
+import tornado.web
+
+from oauth.errors import ApiError, invalid_request
+
+log = logging.getLogger("svc_auth.http")
+
+
+class BaseHandler(tornado.web.RequestHandler):
+    """Every handler's base. Errors raised as `ApiError` become `{"error", "message"}` JSON."""
+
+    @property
+    def runtime(self):
+        return self.application.settings["runtime"]
+
+    @property
+    def svc_settings(self):
+        return self.runtime.settings
+
+    def set_default_headers(self):
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Referrer-Policy", "no-referrer")
+
+    def prepare(self):
+        if len(self.request.body or b"") > self.svc_settings.max_body_bytes:
+            raise ApiError(413, "request_too_large",
+                           f"The request body is larger than {self.svc_settings.max_body_bytes} bytes.")
+
+    # -- input ---------------------------------------------------------------------------
+    def body_params(self, allow_form: bool = True) -> dict:
+        """The request body as a dict: a JSON object, or (when allowed) a form."""
+        content_type = (self.request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        raw = self.request.body or b""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise invalid_request("The request body is not valid UTF-8.") from None
+        if content_type == "application/json" or (not content_type and text.lstrip().startswith("{")):
+            if not text.strip():
+                return {}
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise invalid_request("The request body is not valid JSON.") from None
+            if not isinstance(value, dict):
+                raise invalid_request("The JSON body must be an object.")
+            return value
+        if allow_form and content_type in ("application/x-www-form-urlencoded", ""):
+            pairs = parse_qsl(text, keep_blank_values=True)
+            params: dict = {}
+            for key, value in pairs:
+                if key in params:
+                    raise invalid_request(f"The {key} parameter is repeated.")
+                params[key] = value
+            return params
+        accepted = "application/json or application/x-www-form-urlencoded" if allow_form else "application/json"
+        raise ApiError(415, "unsupported_media_type", f"Content-Type must be {accepted}.")
+
+    def query_params(self) -> dict:
+        """Query parameters, one value each (a repeated parameter is an error)."""
+        params = {}
+        for key, values in self.request.query_arguments.items():
+            if len(values) > 1:
+                raise invalid_request(f"The {key} parameter is repeated.")
+            try:
+                params[key] = values[0].decode("utf-8")
+            except UnicodeDecodeError:
+                raise invalid_request(f"The {key} parameter is not valid UTF-8.") from None
+        return params
+
+    # -- output --------------------------------------------------------------------------
+    def write_json(self, value, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        self.finish(json.dumps(value, separators=(",", ":")))
+
+    def write_error(self, status_code: int, **kwargs):
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            body = exc.body()
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
+        elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
+            code = {404: "not_found", 405: "method_not_allowed"}.get(status_code, "bad_request")
+            body = {"error": code, "message": exc.log_message or self._reason}
+        else:
+            body = {"error": "server_error", "message": "The server could not complete the request."}
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(body, separators=(",", ":")))
+
+    def send_error(self, status_code: int = 500, **kwargs) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            status_code = exc.status
+        super().send_error(status_code, **kwargs)
+
+    def log_exception(self, typ, value, tb):
+        if isinstance(value, ApiError):
+            return  # a client error, rendered for the client; not a server fault
+        super().log_exception(typ, value, tb)
+
+
+class NotFoundHandler(BaseHandler):
+    """Unknown paths: JSON 404 rather than Tornado's HTML page."""
+
+    def prepare(self):
+        raise ApiError(404, "not_found", "No such resource.")

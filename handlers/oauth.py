@@ -1,0 +1,102 @@
+"""The authorization server endpoints, served under each address variant (`/v1`, `/os-api/v2`)."""
+from __future__ import annotations
+
+import html
+
+from handlers.base import BaseHandler
+from models.application import Application
+from oauth.authorization_code import AuthorizationRequest
+from oauth.clients import authenticate_client
+from oauth.errors import ApiError, AuthorizeError
+from oauth.redirects import with_query
+from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
+from oauth.token_endpoint import token_response
+from oauth.variants import VARIANTS
+from lifecycle.sandbox import sandbox_user
+from lifecycle.verification import record_platform_verification
+
+
+class VariantHandler(BaseHandler):
+    def initialize(self, variant):
+        self.variant = variant
+
+
+class AuthorizeHandler(VariantHandler):
+    def get(self):
+        try:
+            location = AuthorizationRequest(self.runtime).issue_code(self.query_params())
+        except AuthorizeError as err:
+            if err.redirect_uri:
+                location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
+                                      state=err.state)
+            else:
+                return self.render_untrusted_error(err)
+        self.set_header("Cache-Control", "no-store")
+        self.redirect(location)
+
+    def render_untrusted_error(self, err: AuthorizeError):
+        self.set_status(400)
+        self.set_header("Cache-Control", "no-store")
+        if "application/json" in (self.request.headers.get("Accept") or ""):
+            return self.write_json({"error": err.error, "error_description": err.description,
+                                    "message": err.description}, 400)
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.finish(f"<!doctype html><title>Authorization error</title><h1>Authorization error</h1>"
+                    f"<p><code>{html.escape(err.error)}</code>: {html.escape(err.description)}</p>")
+
+
+class TokenHandler(VariantHandler):
+    def post(self):
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Pragma", "no-cache")
+        response = token_response(self.runtime, self.variant, self.body_params(),
+                                  self.request.headers.get("Authorization"))
+        self.write_json(response)
+
+
+class UserInfoHandler(VariantHandler):
+    def get(self):
+        self.set_header("Cache-Control", "no-store")
+        self.write_json(userinfo(self.runtime, bearer_value(self.request.headers.get("Authorization"))))
+
+    post = get
+
+
+class IntrospectionHandler(VariantHandler):
+    """RFC 7662. Callers: a client authenticated as itself (sees only its own tokens), or the
+    host platform with a sandbox user's token, whose successful check is the platform verifying
+    the app's token for that user (it records the authorization)."""
+
+    def post(self):
+        self.set_header("Cache-Control", "no-store")
+        params = self.body_params()
+        token = params.get("token")
+        if not isinstance(token, str) or not token:
+            raise ApiError(400, "invalid_request", "The token parameter is required.")
+        authorization = self.request.headers.get("Authorization") or ""
+        claims = active_user_token(self.runtime, token)
+        if authorization.lower().startswith("bearer "):
+            platform_user = sandbox_user(self.runtime, authorization[7:].strip())
+            if claims is not None and claims["sub"] != platform_user.id:
+                claims = None
+            if claims is not None:
+                app = Application.get(Application.client_id == claims["client_id"])
+                record_platform_verification(app, platform_user)
+        else:
+            app = authenticate_client(params, authorization, self.runtime.hasher)
+            if claims is not None and claims["client_id"] != app.client_id:
+                claims = None
+        self.write_json(introspection_response(claims))
+
+
+def routes(runtime) -> list:
+    table = []
+    for variant in VARIANTS:
+        p = variant.prefix
+        table += [
+            (rf"{p}/oauth/authorize", AuthorizeHandler, {"variant": variant}),
+            (rf"{p}/oauth/token", TokenHandler, {"variant": variant}),
+            (rf"{p}/oauth/userinfo", UserInfoHandler, {"variant": variant}),
+            (rf"{p}/oauth/introspect", IntrospectionHandler, {"variant": variant}),
+        ]
+    return table

@@ -1,0 +1,22 @@
+"""The testing operation: create a launch with a sandbox settings token (`POST /v1/sandbox/launches`)."""
+from __future__ import annotations
+
+from handlers.base import BaseHandler
+from lifecycle.launches import create_launch
+from lifecycle.sandbox import sandbox_user
+from oauth.params import text_param
+from oauth.resource import bearer_value
+
+
+class SandboxLaunchesHandler(BaseHandler):
+    def post(self):
+        user = sandbox_user(self.runtime, bearer_value(self.request.headers.get("Authorization")))
+        client_id = text_param(self.body_params(allow_form=False), "client_id", max_length=64)
+        launch, url = create_launch(self.runtime, user, client_id)
+        self.set_header("Cache-Control", "no-store")
+        self.write_json({"launch_id": launch.id, "launch_url": url,
+                         "expires_in": self.svc_settings.launch_ttl}, status=201)
+
+
+def routes(runtime) -> list:
+    return [(r"/v1/sandbox/launches", SandboxLaunchesHandler)]

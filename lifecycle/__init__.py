@@ -1,0 +1,1 @@
+"""Platform-side business rules: launches, the platform verifying a token, activation, billing."""

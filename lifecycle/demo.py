@@ -1,0 +1,69 @@
+"""Demo data: a sandbox clinic, a physician and a staff user, the example partner app installed.
+
+Seeding is idempotent: the same ids on every run against the same database. The demo client
+secret is derived from the server's HMAC key, so it is stable per deployment but never a constant
+in the source.
+"""
+from __future__ import annotations
+
+import logging
+
+from lifecycle.registry import create_organization, create_user, install_application, register_application
+from lifecycle.sandbox import issue_sandbox_token
+from models.application import Application
+from models.directory import Organization, User
+
+log = logging.getLogger("svc_auth.demo")
+
+DEMO_ORG_ID = "org_demo_clinic"
+DEMO_PHYSICIAN_ID = "usr_demo_physician"
+DEMO_OTHER_ID = "usr_demo_staff"
+DEMO_CLIENT_ID = "demo-partner-app"
+EXAMPLE_APP_PORT = 8889
+
+
+def demo_app_url(port: int = EXAMPLE_APP_PORT) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def seed_demo(runtime, app_base_url: str | None = None) -> dict:
+    app_base_url = (app_base_url or demo_app_url()).rstrip("/")
+    settings = runtime.settings
+    with runtime.db.atomic():
+        if Organization.get_or_none(Organization.id == DEMO_ORG_ID) is None:
+            create_organization("Sandbox Family Clinic", "sandbox", f"{settings.public_url}/sandbox/ehr",
+                                org_id=DEMO_ORG_ID)
+        if User.get_or_none(User.id == DEMO_PHYSICIAN_ID) is None:
+            create_user(DEMO_ORG_ID, "dr.ada.lovelace@sandbox.example", "Ada", "Lovelace", "alovelace",
+                        "1234567893", user_id=DEMO_PHYSICIAN_ID)
+        if User.get_or_none(User.id == DEMO_OTHER_ID) is None:
+            create_user(DEMO_ORG_ID, "front.desk@sandbox.example", "Grace", "Hopper", "ghopper", None,
+                        user_id=DEMO_OTHER_ID)
+        secret = runtime.hasher.sign("demo-client-secret")
+        app_id = settings.demo_application_id
+        if Application.get_or_none(Application.id == app_id) is None:
+            register_application(
+                runtime, "Example Partner App", f"{app_base_url}/app", f"{app_base_url}/launch",
+                f"{app_base_url}/api/token", "free_trial", ["email", "name", "ehrUsername", "organization"],
+                [settings.public_url], application_id=app_id, client_id=DEMO_CLIENT_ID, client_secret=secret)
+        install_application(app_id, DEMO_ORG_ID)
+    physician = User.get_by_id(DEMO_PHYSICIAN_ID)
+    return {
+        "organization_id": DEMO_ORG_ID,
+        "physician_user_id": DEMO_PHYSICIAN_ID,
+        "other_user_id": DEMO_OTHER_ID,
+        "application_id": app_id,
+        "client_id": DEMO_CLIENT_ID,
+        "client_secret": secret,
+        "hub_url": f"{settings.public_url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}",
+        "sandbox_token": issue_sandbox_token(runtime, physician),
+    }
+
+
+def start_demo(runtime) -> None:
+    """`serve --demo`: seed, then print where to look."""
+    info = seed_demo(runtime)
+    log.info("demo data ready; open the hub at %s", info["hub_url"])
+    print(f"\nsvc-auth demo\n  hub (physician): {info['hub_url']}\n"
+          f"  hub (staff, refused by the app): {runtime.settings.public_url}/sandbox/hub?user={DEMO_OTHER_ID}\n"
+          f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n", flush=True)

@@ -1,0 +1,124 @@
+"""Registering clinics, users, applications and installations (CLI and invitations use these)."""
+from __future__ import annotations
+
+import re
+
+import peewee
+
+from models.application import BILLING_PLANS, USER_FIELDS, Application, Installation
+from models.audit import AuditEvent
+from models.directory import Organization, User
+from models.ids import new_secret
+from oauth.errors import ApiError
+from oauth.redirects import redirect_uri_allowed
+
+EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
+NPI = re.compile(r"^\d{10}$")
+
+
+def invalid(message: str, error: str = "invalid_request") -> ApiError:
+    return ApiError(400, error, message)
+
+
+def _http_url(name: str, value: str) -> str:
+    if not redirect_uri_allowed(value, value):
+        raise invalid(f"{name} must be an absolute http(s) URL without a fragment, got {value!r}.")
+    return value
+
+
+def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None) -> Organization:
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise invalid("An organization needs a name of 1 to 200 characters.")
+    if not re.match(r"^[a-z0-9_-]{1,64}$", ehr or ""):
+        raise invalid("ehr must be a short lower-case EHR name such as 'sandbox'.")
+    fields = {"name": name, "ehr": ehr, "ehr_url": ehr_url or ""}
+    if org_id:
+        fields["id"] = org_id
+    return Organization.create(**fields)
+
+
+def create_user(organization_id: str, email: str, given_name: str | None = None, family_name: str | None = None,
+                ehr_username: str | None = None, npi: str | None = None, user_id: str | None = None) -> User:
+    org = Organization.get_or_none(Organization.id == organization_id)
+    if org is None:
+        raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
+    email = (email or "").strip().lower()
+    if not EMAIL.match(email) or len(email) > 254:
+        raise invalid(f"{email!r} is not a valid e-mail address.")
+    if npi is not None and not NPI.match(npi):
+        raise invalid("npi must be 10 digits.")
+    fields = dict(organization=org.id, email=email, given_name=given_name or None, family_name=family_name or None,
+                  ehr_username=ehr_username or None, npi=npi or None)
+    if user_id:
+        fields["id"] = user_id
+    try:
+        return User.create(**fields)
+    except peewee.IntegrityError:
+        raise ApiError(409, "email_taken", f"A user with e-mail {email} already exists.") from None
+
+
+def register_application(runtime, name: str, redirect_uri: str, launch_url: str, token_endpoint: str | None = None,
+                         billing_plan: str = "paid", user_fields=("email",), allowed_origins=(),
+                         application_id: str | None = None, client_id: str | None = None,
+                         client_secret: str | None = None) -> tuple[Application, str]:
+    """Register an app; returns it and its client secret (shown once, stored only hashed)."""
+    name = (name or "").strip()
+    if not name:
+        raise invalid("An application needs a name.")
+    _http_url("redirect_uri", redirect_uri)
+    _http_url("launch_url", launch_url)
+    if token_endpoint:
+        _http_url("token_endpoint", token_endpoint)
+    if billing_plan not in BILLING_PLANS:
+        raise invalid(f"billing plan must be one of {', '.join(BILLING_PLANS)}.")
+    unknown = [f for f in user_fields if f not in USER_FIELDS]
+    if unknown:
+        raise invalid(f"unknown user fields {', '.join(unknown)}; choose from {', '.join(USER_FIELDS)}.")
+    for origin in allowed_origins:
+        _http_url("allowed origin", origin)
+    secret = client_secret or new_secret()
+    fields = dict(name=name, redirect_uri=redirect_uri, launch_url=launch_url, token_endpoint=token_endpoint,
+                  billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(allowed_origins),
+                  client_secret_hash=runtime.hasher.digest(secret))
+    if application_id:
+        fields["id"] = application_id
+    if client_id:
+        fields["client_id"] = client_id
+    app = Application.create(**fields)
+    AuditEvent.record("operator", "application.created", app.id, client_id=app.client_id)
+    return app, secret
+
+
+def install_application(application_id: str, organization_id: str) -> Installation:
+    if Application.get_or_none(Application.id == application_id) is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    if Organization.get_or_none(Organization.id == organization_id) is None:
+        raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
+    existing = Installation.find(application_id, organization_id)
+    if existing:
+        return existing
+    return Installation.create(application=application_id, organization=organization_id)
+
+
+def generate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> str:
+    """Rotation step 1: a new random secret, stored as pending; not valid until activated."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    secret = new_secret()
+    Application.update(fallback_secret_hash=runtime.hasher.digest(secret)).where(Application.id == app.id).execute()
+    AuditEvent.record(actor, "application.secret.fallback_generated", app.id)
+    return secret
+
+
+def activate_fallback_secret(application_id: str, actor: str = "operator") -> None:
+    """Rotation step 3: the pending fallback becomes the only valid secret; the old one stops working."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    if not app.fallback_secret_hash:
+        raise ApiError(409, "no_fallback_secret", "Generate a fallback secret first (apps secret generate-fallback).")
+    (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None)
+     .where(Application.id == app.id).execute())
+    AuditEvent.record(actor, "application.secret.fallback_activated", app.id)

@@ -1,0 +1,64 @@
+"""Partner applications (OAuth clients), their manifests and their installations in clinics."""
+from __future__ import annotations
+
+import peewee
+
+from models.clock import clock
+from models.db import BaseModel, JSONText
+from models.directory import Organization, User
+from models.ids import new_id
+
+USER_FIELDS = ("email", "name", "ehrUsername", "organization")
+BILLING_PLANS = ("free_trial", "paid")
+ACTIVATION_STATUSES = ("Disabled", "Enabled")
+
+
+class Application(BaseModel):
+    """A registered partner app. Secrets are stored only as keyed hashes (see keys.secrets)."""
+
+    id = peewee.CharField(primary_key=True, max_length=64, default=lambda: new_id("app"))
+    name = peewee.CharField(max_length=200)
+    client_id = peewee.CharField(max_length=64, unique=True, default=lambda: new_id("cli"))
+    client_secret_hash = peewee.CharField(max_length=128)
+    fallback_secret_hash = peewee.CharField(max_length=128, null=True)
+    redirect_uri = peewee.CharField(max_length=500)
+    launch_url = peewee.CharField(max_length=500)
+    token_endpoint = peewee.CharField(max_length=500, null=True)
+    allowed_origins = JSONText(default=list)
+    user_fields = JSONText(default=lambda: ["email"])
+    billing_plan = peewee.CharField(max_length=32, default="paid")
+    rest_allowed_networks = JSONText(default=list)
+    created_at = peewee.DateTimeField(default=lambda: clock.now())
+
+    def has_secret(self, secret: str, hasher) -> bool:
+        """True when `secret` is the current secret. A pending fallback is not valid yet."""
+        return hasher.matches(secret, self.client_secret_hash)
+
+
+class Installation(BaseModel):
+    """An application installed in a clinic: its activation status and free-trial start."""
+
+    application = peewee.ForeignKeyField(Application, backref="installations", on_delete="CASCADE")
+    organization = peewee.ForeignKeyField(Organization, backref="installations", on_delete="CASCADE")
+    installed_at = peewee.DateTimeField(default=lambda: clock.now())
+    activation_status = peewee.CharField(max_length=16, null=True)
+    trial_started_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        indexes = ((("application", "organization"), True),)
+
+    @classmethod
+    def find(cls, application_id: str, organization_id: str) -> "Installation | None":
+        return cls.get_or_none((cls.application == application_id) & (cls.organization == organization_id))
+
+
+class Authorization(BaseModel):
+    """A user completed an app's auth flow: the platform verified a token issued to it for them."""
+
+    application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
+    user = peewee.ForeignKeyField(User, backref="authorizations", on_delete="CASCADE")
+    first_verified_at = peewee.DateTimeField(default=lambda: clock.now())
+    last_verified_at = peewee.DateTimeField(default=lambda: clock.now())
+
+    class Meta:
+        indexes = ((("application", "user"), True),)

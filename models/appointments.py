@@ -1,0 +1,63 @@
+"""Nightly appointment snapshots: one per organization and night, switched to atomically.
+
+The worker fills a `Snapshot` in state `building`, then marks it `complete` in one transaction;
+readers only ever read the newest complete snapshot of an organization, so they never see a
+half-written night and keep serving yesterday's while today's is built.
+"""
+from __future__ import annotations
+
+import peewee
+
+from models.clock import clock
+from models.db import BaseModel
+from models.directory import Organization, User
+
+
+class Snapshot(BaseModel):
+    organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
+    snapshot_date = peewee.DateField()
+    status = peewee.CharField(max_length=16, default="building")  # building | complete
+    started_at = peewee.DateTimeField(default=lambda: clock.now())
+    completed_at = peewee.DateTimeField(null=True)
+
+    class Meta:
+        indexes = ((("organization", "status", "snapshot_date"), False),)
+
+    @classmethod
+    def latest_complete(cls, organization_id: str) -> "Snapshot | None":
+        return (cls.select().where((cls.organization == organization_id) & (cls.status == "complete"))
+                .order_by(cls.snapshot_date.desc(), cls.completed_at.desc(), cls.id.desc()).first())
+
+
+class SnapshotAppointment(BaseModel):
+    """One appointment as the EHR showed it on the snapshot night."""
+
+    snapshot = peewee.ForeignKeyField(Snapshot, on_delete="CASCADE")
+    ehr_appointment_id = peewee.CharField(max_length=64)
+    provider = peewee.ForeignKeyField(User, on_delete="CASCADE")
+    provider_npi = peewee.CharField(max_length=10)
+    provider_name = peewee.CharField(max_length=200)
+    start = peewee.DateTimeField()
+    end = peewee.DateTimeField()
+    status = peewee.CharField(max_length=32)
+    appointment_type = peewee.CharField(max_length=64)
+    reason = peewee.CharField(max_length=500, default="")
+    location = peewee.CharField(max_length=200, default="")
+    patient_id = peewee.CharField(max_length=64)
+    patient_first_name = peewee.CharField(max_length=100)
+    patient_last_name = peewee.CharField(max_length=100)
+    patient_date_of_birth = peewee.DateField()
+    patient_sex = peewee.CharField(max_length=16)
+
+    class Meta:
+        # The REST page query: this snapshot, these providers, ordered by (start, id).
+        indexes = ((("snapshot", "provider", "start", "id"), False), (("snapshot", "start", "id"), False))
+
+
+class ConnectorSession(BaseModel):
+    """A physician's session with the EHR connector; the sync only covers active ones."""
+
+    user = peewee.ForeignKeyField(User, backref="connector_sessions", on_delete="CASCADE")
+    started_at = peewee.DateTimeField(default=lambda: clock.now())
+    last_seen_at = peewee.DateTimeField(default=lambda: clock.now())
+    ended_at = peewee.DateTimeField(null=True)

@@ -1,0 +1,41 @@
+"""Clinics (organizations) and their users, as the host platform knows them."""
+from __future__ import annotations
+
+import peewee
+
+from models.clock import clock
+from models.db import BaseModel
+from models.ids import new_id
+
+
+class Organization(BaseModel):
+    """A clinic. `id` is the `svc_organization_id` partners see."""
+
+    id = peewee.CharField(primary_key=True, max_length=64, default=lambda: new_id("org"))
+    name = peewee.CharField(max_length=200)
+    ehr = peewee.CharField(max_length=64, default="sandbox")
+    ehr_url = peewee.CharField(max_length=500, default="")
+    created_at = peewee.DateTimeField(default=lambda: clock.now())
+
+
+class User(BaseModel):
+    """A clinician or staff member. `id` is the `sub` of every token issued for them."""
+
+    id = peewee.CharField(primary_key=True, max_length=64, default=lambda: new_id("usr"))
+    organization = peewee.ForeignKeyField(Organization, backref="users", on_delete="CASCADE")
+    email = peewee.CharField(max_length=254, unique=True)
+    given_name = peewee.CharField(max_length=200, null=True)
+    family_name = peewee.CharField(max_length=200, null=True)
+    ehr_username = peewee.CharField(max_length=200, null=True)
+    npi = peewee.CharField(max_length=10, null=True)
+    invited_at = peewee.DateTimeField(null=True)
+    activated_at = peewee.DateTimeField(null=True)
+    created_at = peewee.DateTimeField(default=lambda: clock.now())
+
+    @property
+    def is_physician(self) -> bool:
+        return bool(self.npi)
+
+    @property
+    def display_name(self) -> str:
+        return " ".join(p for p in (self.given_name, self.family_name) if p) or self.email

@@ -1,0 +1,1 @@
+"""OAuth 2.0 / OpenID Connect rules, free of HTTP: grants, client authentication, claims, tokens."""

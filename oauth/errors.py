@@ -1,0 +1,59 @@
+"""Errors every part of the service raises; `handlers.base` renders them (one place)."""
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """A client error with an HTTP status and a snake_case code: `{"error", "message"}`."""
+
+    def __init__(self, status: int, error: str, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.message = message
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict:
+        return {"error": self.error, "message": self.message}
+
+
+class OAuthError(ApiError):
+    """RFC 6749 section 5.2 error: also carries `error_description`."""
+
+    def __init__(self, error: str, description: str, status: int = 400, headers: dict | None = None):
+        super().__init__(status, error, description, headers)
+
+    def body(self) -> dict:
+        return {"error": self.error, "error_description": self.message, "message": self.message}
+
+
+def invalid_request(description: str) -> OAuthError:
+    return OAuthError("invalid_request", description)
+
+
+def invalid_client(description: str = "Client authentication failed.", basic: bool = False) -> OAuthError:
+    headers = {"WWW-Authenticate": 'Basic realm="svc-auth"'} if basic else {}
+    return OAuthError("invalid_client", description, status=401, headers=headers)
+
+
+def invalid_grant(description: str) -> OAuthError:
+    return OAuthError("invalid_grant", description)
+
+
+def invalid_token(description: str = "The access token is missing, invalid, expired or revoked.",
+                  message: str | None = None) -> ApiError:
+    """401 for a bad bearer token, with the RFC 6750 challenge."""
+    error = ApiError(401, "invalid_token", message or description,
+                     {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{description}"'})
+    return error
+
+
+class AuthorizeError(Exception):
+    """An authorize-endpoint error. `redirect_uri` set: send it back to the client (RFC 6749
+    4.1.2.1); unset: the client or redirect_uri is not trusted, so show it, never redirect."""
+
+    def __init__(self, error: str, description: str, redirect_uri: str | None = None, state: str | None = None):
+        super().__init__(description)
+        self.error = error
+        self.description = description
+        self.redirect_uri = redirect_uri
+        self.state = state

@@ -1,0 +1,70 @@
+"""svc-auth HTTP server: the Tornado application and `svc-auth serve`.
+
+`python server.py [--port N]` is the same as `svc-auth serve`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import tornado.httpserver
+import tornado.netutil
+import tornado.process
+import tornado.web
+
+from conf import Settings
+from conf.runtime import Runtime
+from handlers import oauth, sandbox_api, wellknown
+from handlers.base import NotFoundHandler
+
+log = logging.getLogger("svc_auth")
+
+ROUTE_MODULES = [wellknown, oauth, sandbox_api]
+"""Every handler module contributes `routes(runtime)`; add a module here to mount it."""
+
+# Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones
+# that still exceed SVC_MAX_BODY_BYTES.
+HARD_BODY_LIMIT = 8 * 1024 * 1024
+
+
+def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
+    routes = []
+    for module in ROUTE_MODULES:
+        routes += module.routes(runtime)
+    return tornado.web.Application(routes, runtime=runtime, default_handler_class=NotFoundHandler,
+                                   xsrf_cookies=False, **tornado_settings)
+
+
+def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
+          on_start=None) -> None:
+    """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
+    Runtime(settings).migrate()  # once, before forking; also creates the keys every process shares
+    sockets = tornado.netutil.bind_sockets(port, address=address)
+    if processes != 1:
+        tornado.process.fork_processes(processes)
+    asyncio.run(_run(settings, sockets, on_start))
+
+
+async def _run(settings: Settings, sockets, on_start) -> None:
+    runtime = Runtime(settings)
+    app = make_app(runtime)
+    server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT)
+    server.add_sockets(sockets)
+    if on_start:
+        on_start(runtime)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("svc-auth listening on %s", ", ".join(str(s.getsockname()) for s in sockets))
+    await stop.wait()
+    server.stop()  # stop accepting; let in-flight requests finish
+    await server.close_all_connections()
+    runtime.close()
+
+
+if __name__ == "__main__":
+    from cli import main
+    sys.exit(main(["serve", *sys.argv[1:]]))

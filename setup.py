@@ -1,0 +1,32 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="svc-auth",
+    version="0.1.0",
+    description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
+    python_requires=">=3.11",
+    packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
+                                    "workers*", "examples*"]),
+    py_modules=["server"],
+    include_package_data=True,
+    install_requires=[
+        "tornado>=6.4",
+        "peewee>=3.17",
+        "python-jose[cryptography]>=3.3",
+        "cryptography>=42",
+        "psycopg2-binary>=2.9",
+        "dramatiq[redis]>=1.16",
+        "redis>=5",
+        "pyzipper>=0.3.6",
+        "boto3>=1.34",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-tornado>=0.8",
+            "PyJWT[crypto]>=2.8",
+            "jwcrypto>=1.5",
+        ],
+    },
+    entry_points={"console_scripts": ["svc-auth=cli:main"]},
+)

@@ -1,0 +1,242 @@
+"""Shared fixtures: a real service on SQLite and on PostgreSQL, real HTTP, a movable clock.
+
+Every test that uses `app`/`runtime` runs once per database backend (`sqlite`, `postgresql`).
+Set SVC_TEST_DATABASES=sqlite (or postgresql) to run one backend only.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import uuid
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from conf import Settings
+from conf.runtime import Runtime
+from models.clock import clock
+from models.schema import MODELS
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_DSN = os.environ.get("SVC_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
+REDIS_URL = os.environ.get("SVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
+BACKENDS = [b for b in os.environ.get("SVC_TEST_DATABASES", "sqlite,postgresql").split(",") if b]
+
+
+@pytest.fixture(scope="session")
+def session_keys_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("keys")
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    name = f"svc_auth_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = psycopg2.connect(PG_DSN + "/postgres")
+    admin.autocommit = True
+    admin.cursor().execute(f'CREATE DATABASE "{name}"')
+    yield f"{PG_DSN}/{name}"
+    from models.db import database
+    if database.obj is not None and not database.obj.is_closed():
+        database.obj.close()
+    admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.close()
+
+
+def database_url(backend: str, tmp_path: Path, request) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'svc.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def settings(backend, tmp_path, session_keys_dir, request) -> Settings:
+    """Settings of a service under test (free port, temp dirs); `var_dir` is per test."""
+    return Settings.build(
+        issuer="http://127.0.0.1:8888", database_url=database_url(backend, tmp_path, request),
+        var_dir=str(tmp_path / "var"), keys_dir=str(session_keys_dir), hmac_key="k" * 32,
+    )
+
+
+@pytest.fixture
+def runtime(settings):
+    clock.offset = 0.0
+    rt = Runtime(settings)
+    rt.migrate()
+    if settings.database_url.startswith("postgres"):
+        tables = ", ".join(f'"{m._meta.table_name}"' for m in MODELS)
+        rt.db.execute_sql(f"TRUNCATE {tables} CASCADE")
+    yield rt
+    clock.offset = 0.0
+    rt.close()
+
+
+@pytest.fixture
+def app(runtime):
+    """The Tornado application pytest-tornado serves on a free port (real HTTP)."""
+    from server import make_app
+    return make_app(runtime)
+
+
+# -- helpers used by many tests ---------------------------------------------------------------
+
+class Api:
+    """Small HTTP client over pytest-tornado's `http_client`: JSON in, (status, headers, body) out."""
+
+    def __init__(self, http_client, base_url):
+        self.http = http_client
+        self.base_url = base_url
+
+    async def call(self, method, path, json_body=None, body=None, headers=None, follow_redirects=False):
+        headers = dict(headers or {})
+        if json_body is not None:
+            body = json.dumps(json_body)
+            headers.setdefault("Content-Type", "application/json")
+        if method in ("POST", "PUT", "PATCH") and body is None:
+            body = b""
+        response = await self.http.fetch(self.base_url + path, method=method, body=body, headers=headers,
+                                         raise_error=False, follow_redirects=follow_redirects)
+        try:
+            payload = json.loads(response.body) if response.body else None
+        except ValueError:
+            payload = response.body.decode("utf-8", "replace")
+        return response.code, response.headers, payload
+
+
+@pytest.fixture
+def api(http_client, base_url):
+    return Api(http_client, base_url)
+
+
+def basic_auth(client_id: str, secret: str) -> str:
+    raw = f"{urllib.parse.quote(client_id)}:{urllib.parse.quote(secret)}".encode()
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+@pytest.fixture
+def world(runtime):
+    """A clinic with a physician and a staff user, and an installed app (free-trial plan)."""
+    from lifecycle.registry import create_organization, create_user, install_application, register_application
+    from lifecycle.sandbox import issue_sandbox_token
+    org = create_organization("Test Clinic", "sandbox", "https://ehr.example/test")
+    physician = create_user(org.id, "doc@example.com", "Doc", "Tor", "dtor", "1234567893")
+    staff = create_user(org.id, "staff@example.com", "Staff", "Member", "smember")
+    app, secret = register_application(
+        runtime, "Test App", "https://app.example.com/main", "https://app.example.com/launch",
+        billing_plan="free_trial", user_fields=["email", "name", "ehrUsername", "organization"])
+    install_application(app.id, org.id)
+    return {"org": org, "physician": physician, "staff": staff, "app": app, "secret": secret,
+            "sandbox_token": issue_sandbox_token(runtime, physician),
+            "staff_sandbox_token": issue_sandbox_token(runtime, staff)}
+
+
+class Flow:
+    """Walks the launch flow over HTTP: launch -> authorize -> token."""
+
+    def __init__(self, api, world):
+        self.api, self.world = api, world
+
+    async def launch(self, sandbox_token=None, client_id=None):
+        status, _, body = await self.api.call(
+            "POST", "/v1/sandbox/launches", {"client_id": client_id or self.world["app"].client_id},
+            headers={"Authorization": f"Bearer {sandbox_token or self.world['sandbox_token']}"})
+        assert status == 201, body
+        return body["launch_id"]
+
+    async def authorize(self, prefix="/v1", **params):
+        app = self.world["app"]
+        query = {"client_id": app.client_id, "redirect_uri": app.redirect_uri, "response_type": "code"}
+        if "launch_id" not in params and "login_hint" not in params:
+            query["launch_id"] = await self.launch()
+        query.update({k: v for k, v in params.items() if v is not None})
+        status, headers, body = await self.api.call("GET", f"{prefix}/oauth/authorize?{urllib.parse.urlencode(query)}")
+        return status, headers, body
+
+    async def code(self, prefix="/v1", **params):
+        status, headers, body = await self.authorize(prefix, **params)
+        assert status == 302, body
+        location = urllib.parse.urlsplit(headers["Location"])
+        return urllib.parse.parse_qs(location.query)["code"][0]
+
+    async def exchange(self, code, prefix="/v1", secret=None, **extra):
+        app = self.world["app"]
+        body = {"grant_type": "authorization_code", "client_id": app.client_id,
+                "client_secret": secret or self.world["secret"], "code": code, **extra}
+        return await self.api.call("POST", f"{prefix}/oauth/token", body)
+
+    async def tokens(self, prefix="/v1"):
+        status, headers, body = await self.exchange(await self.code(prefix), prefix)
+        assert status == 200, body
+        return body
+
+
+@pytest.fixture
+def flow(api, world):
+    return Flow(api, world)
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings_env(settings: Settings, **extra) -> dict:
+    """Environment that makes a child `svc-auth` process read the same settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
+    for name in ("issuer", "public_url", "database_url", "redis_url", "s3_endpoint_url", "s3_bucket",
+                 "claims_namespace", "demo_application_id", "sync_window", "var_dir", "keys_dir",
+                 "objects_dir", "hmac_key"):
+        value = getattr(settings, name)
+        if value:
+            env["SVC_" + name.upper()] = str(value)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def wait_for_port(port: int, timeout: float = 20.0, proc=None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on port {port}")
+
+
+def start_process(args: list[str], env: dict, port: int | None = None, log_path: Path | None = None):
+    """Start `svc-auth ARGS...` (or another module) and wait until `port` accepts connections."""
+    out = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "cli.__main__", *args] if args and args[0] != "-m" else
+                            [sys.executable, *args], env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
+    if port:
+        wait_for_port(port, proc=proc)
+    return proc
+
+
+def stop_process(proc, timeout: float = 10.0) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
