@@ -116,7 +116,7 @@ class Api:
 
 
 @pytest.fixture
-def api(http_client, base_url):
+def api(app, http_client, base_url):
     return Api(http_client, base_url)
 
 
