@@ -145,13 +145,15 @@ def world(runtime):
 class Flow:
     """Walks the launch flow over HTTP: launch -> authorize -> token."""
 
-    def __init__(self, api, world):
-        self.api, self.world = api, world
+    def __init__(self, api, world, runtime):
+        self.api, self.world, self.runtime = api, world, runtime
 
     async def launch(self, sandbox_token=None, client_id=None):
+        from lifecycle.sandbox import issue_sandbox_token
+        token = sandbox_token or issue_sandbox_token(self.runtime, self.world["physician"])
         status, _, body = await self.api.call(
             "POST", "/v1/sandbox/launches", {"client_id": client_id or self.world["app"].client_id},
-            headers={"Authorization": f"Bearer {sandbox_token or self.world['sandbox_token']}"})
+            headers={"Authorization": f"Bearer {token}"})
         assert status == 201, body
         return body["launch_id"]
 
@@ -183,8 +185,8 @@ class Flow:
 
 
 @pytest.fixture
-def flow(api, world):
-    return Flow(api, world)
+def flow(api, world, runtime):
+    return Flow(api, world, runtime)
 
 
 # -- processes ---------------------------------------------------------------------------------
