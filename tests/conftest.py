@@ -95,9 +95,10 @@ def app(runtime):
 class Api:
     """Small HTTP client over pytest-tornado's `http_client`: JSON in, (status, headers, body) out."""
 
-    def __init__(self, http_client, base_url):
+    def __init__(self, http_client, base_url, runtime=None):
         self.http = http_client
         self.base_url = base_url
+        self.runtime = runtime
 
     async def call(self, method, path, json_body=None, body=None, headers=None, follow_redirects=False):
         headers = dict(headers or {})
@@ -116,8 +117,8 @@ class Api:
 
 
 @pytest.fixture
-def api(app, http_client, base_url):
-    return Api(http_client, base_url)
+def api(app, http_client, base_url, runtime):
+    return Api(http_client, base_url, runtime)
 
 
 def basic_auth(client_id: str, secret: str) -> str:
