@@ -22,7 +22,7 @@ from models.clock import clock
 from models.directory import Organization
 from models.schedule import ScheduledRun
 from workers.scheduler import night_due
-from workers.snapshot import sync_night
+from workers.snapshot import fan_out_night
 
 from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_for_port
 from test_chart_archive import open_archive
@@ -198,7 +198,7 @@ def test_the_nightly_sync_fans_out_one_task_per_organization(runtime, world, sta
     record_platform_verification(world["app"], world["physician"])
     touch_session(world["physician"])
     orgs = [world["org"]] + [eligible_clinic(runtime, world, f"Clinic {n}") for n in range(2)]
-    assert sync_night.fn(night.isoformat()) == 3  # the fan-out task itself, run here
+    assert fan_out_night(runtime, night.isoformat()) == 3  # what the sync_night task does
     client = redis.Redis.from_url(REDIS_URL)
     queue = f"{runtime.settings.redis_namespace}:tasks:snapshots"
     assert client.llen(queue) == 3 and client.hlen(queue + ".msgs") == 3

@@ -140,16 +140,20 @@ def enqueue_night(runtime, night: dt.date):
 
 # -- tasks ------------------------------------------------------------------------------------
 
-@task(queue_name="snapshots")
-def sync_night(night: str) -> int:
-    """Fan out: one `sync_organization` task per organization, so more workers finish sooner."""
-    from conf.runtime import current_runtime
-    queue = current_runtime().task_queue
+def fan_out_night(runtime, night: str) -> int:
+    """Queue one `sync_organization` task per organization; returns how many."""
     organizations = organizations_to_sync()
     for org_id in organizations:
-        queue.send(sync_organization, org_id, night)
+        runtime.task_queue.send(sync_organization, org_id, night)
     log.info("nightly sync %s: queued %d organizations", night, len(organizations))
     return len(organizations)
+
+
+@task(queue_name="snapshots")
+def sync_night(night: str) -> None:
+    """Fan out: one task per organization, so more workers finish the night sooner."""
+    from conf.runtime import current_runtime
+    fan_out_night(current_runtime(), night)
 
 
 @task(queue_name="snapshots")
