@@ -6,7 +6,7 @@ setup(
     description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
-                                    "workers*", "examples*"]),
+                                    "workers*", "connectors*", "storage*", "examples*"]),
     py_modules=["server"],
     include_package_data=True,
     install_requires=[
@@ -19,6 +19,7 @@ setup(
         "redis>=5",
         "pyzipper>=0.3.6",
         "boto3>=1.34",
+        "fpdf2>=2.7",
     ],
     extras_require={
         "test": [
@@ -27,6 +28,8 @@ setup(
             "PyJWT[crypto]>=2.8",
             "jwcrypto>=1.5",
             "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
+            "pypdf>=4",
+            "moto[server]>=5",
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},
