@@ -6,7 +6,7 @@ setup(
     description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
-                                    "workers*", "examples*"]),
+                                    "ratelimit*", "partner_api*", "storage*", "workers*", "examples*"]),
     py_modules=["server"],
     include_package_data=True,
     install_requires=[
@@ -26,6 +26,9 @@ setup(
             "pytest-tornado>=0.8",
             "PyJWT[crypto]>=2.8",
             "jwcrypto>=1.5",
+            "jsonschema>=4.21",
+            "openapi-spec-validator>=0.7",
+            "schemathesis>=4",
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},

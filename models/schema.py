@@ -15,11 +15,12 @@ from models.charts import ChartRequest
 from models.db import BaseModel, database
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, IssuedToken, Launch
+from models.invitations import Invitation
 
 MODELS: list[type[peewee.Model]] = [
     Organization, User, Application, Installation, Authorization,
     Launch, AuthorizationCode, IssuedToken, AuditEvent,
-    Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest,
+    Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, Invitation,
 ]
 
 # (version, description, function(migrator)) — append only.
