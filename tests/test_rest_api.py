@@ -328,7 +328,7 @@ async def test_activation_status_lifecycle(api, world, runtime):
 
 
 @pytest.mark.gen_test
-async def test_openapi_document_is_served_and_valid(api):
+async def test_openapi_document_is_served_and_valid(api, runtime):
     from openapi_spec_validator import validate
     status, headers, doc = await api.call("GET", "/v1/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.1")
