@@ -33,6 +33,7 @@ setup(
             "schemathesis>=4",
             "pypdf>=4",
             "moto[server]>=5",
+            "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},
