@@ -18,10 +18,13 @@ from conf import Settings
 from conf.runtime import Runtime
 from handlers import oauth, objects, sandbox_api, wellknown
 from handlers.base import NotFoundHandler
+from handlers.rest import appointments as rest_appointments, directory as rest_directory, \
+    charts as rest_charts, invitations as rest_invitations, openapi as rest_openapi
 
 log = logging.getLogger("svc_auth")
 
-ROUTE_MODULES = [wellknown, oauth, sandbox_api, objects]
+ROUTE_MODULES = [wellknown, oauth, sandbox_api, objects,
+                 rest_invitations, rest_directory, rest_appointments, rest_charts, rest_openapi]
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
 # Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones

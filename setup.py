@@ -6,7 +6,8 @@ setup(
     description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
-                                    "workers*", "connectors*", "storage*", "examples*"]),
+                                    "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
+                                    "examples*"]),
     py_modules=["server"],
     include_package_data=True,
     install_requires=[
@@ -27,9 +28,12 @@ setup(
             "pytest-tornado>=0.8",
             "PyJWT[crypto]>=2.8",
             "jwcrypto>=1.5",
-            "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
+            "jsonschema>=4.21",
+            "openapi-spec-validator>=0.7",
+            "schemathesis>=4",
             "pypdf>=4",
             "moto[server]>=5",
+            "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},

@@ -12,7 +12,7 @@ import sys
 from conf import ConfigError, Settings
 
 COMMAND_MODULES = ["cli.serve", "cli.directory", "cli.apps", "cli.keys", "cli.db", "cli.sandbox", "cli.demo",
-                   "cli.billing", "cli.workers"]
+                   "cli.workers", "cli.billing"]
 
 
 class UsageError(Exception):

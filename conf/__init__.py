@@ -67,6 +67,21 @@ def _networks(name: str, value: str) -> tuple:
     return tuple(nets)
 
 
+_RATE_LIMIT = re.compile(r"^([a-z_]+)=(\d+)/(\d+)$")
+
+
+def _rate_limits(name: str, value: str) -> tuple:
+    """`invitations=10/60,appointments=100/60` -> ((operation, count, seconds), ...)."""
+    limits = []
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        m = _RATE_LIMIT.match(item)
+        if not m or int(m[2]) < 1 or int(m[3]) < 1:
+            raise ConfigError(f"{name} entries must look like operation=COUNT/SECONDS (e.g. appointments=50/60), "
+                              f"got {item!r}")
+        limits.append((m[1], int(m[2]), int(m[3])))
+    return tuple(limits)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The whole configuration. Field names mirror the `SVC_*` variables, lower-cased."""
@@ -100,6 +115,8 @@ class Settings:
     rest_allowed_networks: tuple = ()
     trusted_proxies: tuple = ()
     max_body_bytes: int = 64 * 1024
+    # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
+    rate_limits: tuple = ()
     log_level: str = "INFO"
     # Background work: retries of a failed task (exponential backoff between the two bounds),
     # worker threads of the in-process worker, and how long a connector session stays active
@@ -160,6 +177,8 @@ class Settings:
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
+        if isinstance(merged["rate_limits"], str):
+            merged["rate_limits"] = _rate_limits("SVC_RATE_LIMITS", merged["rate_limits"])
         if not merged["claims_namespace"]:
             merged["claims_namespace"] = urlsplit(merged["issuer"]).hostname or "localhost"
         var = Path(merged["var_dir"])

@@ -7,6 +7,7 @@ from keys.signing import KeyRing
 from models.clock import clock
 from models.db import open_database
 from oauth.tokens import TokenService
+from ratelimit import build_rate_limiter
 
 
 _current: "Runtime | None" = None
@@ -32,6 +33,8 @@ class Runtime:
                      settings.sandbox_token_ttl)
         self.keyring = KeyRing(settings.keys_dir, retain_seconds=retain, clock=clock.time)
         self.tokens = TokenService(self.keyring, settings.issuer_claim)
+        # Partner REST API limits: Redis when configured (connects on first use), else in-memory.
+        self.rate_limiter = build_rate_limiter(settings)
         self._object_store = None
         self._task_queue = None
         _current = self
