@@ -6,7 +6,7 @@ setup(
     description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
-                                    "workers*", "examples*"]),
+                                    "workers*", "examples*", "ops*"]),
     py_modules=["server"],
     include_package_data=True,
     install_requires=[
@@ -19,6 +19,7 @@ setup(
         "redis>=5",
         "pyzipper>=0.3.6",
         "boto3>=1.34",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         "test": [

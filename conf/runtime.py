@@ -21,6 +21,7 @@ class Runtime:
                      settings.sandbox_token_ttl)
         self.keyring = KeyRing(settings.keys_dir, retain_seconds=retain, clock=clock.time)
         self.tokens = TokenService(self.keyring, settings.issuer_claim)
+        self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
 
     def migrate(self) -> list[str]:
         from models.schema import migrate
