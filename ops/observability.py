@@ -14,7 +14,7 @@ import tornado.web
 
 from conf.logging import redact, request_id_var
 from ops import metrics
-from ops.proxy import client_address
+from ops.proxy import client_address, warn_if_misconfigured
 
 access_log = logging.getLogger("svc_auth.access")
 
@@ -72,10 +72,12 @@ def log_request(handler) -> None:
     seconds = request.request_time()
     route = route_of(handler)
     metrics.observe_request(route, request.method, status, seconds)
+    runtime = handler.application.settings.get("runtime")
+    settings = runtime.settings if runtime is not None else None
+    if settings is not None and settings.trusted_proxies:
+        warn_if_misconfigured(request, settings, access_log)
     level = logging.INFO if status < 500 else logging.ERROR
     if access_log.isEnabledFor(level):
-        settings = handler.application.settings.get("runtime")
-        settings = settings.settings if settings is not None else None
         access_log.log(level, "%s %s %d", request.method, route, status, extra={
             "request_id": request_id_for(request),
             "method": request.method, "route": route, "path": redact(request.uri), "status": status,
