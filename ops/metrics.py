@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -107,14 +108,28 @@ def exposition() -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
     metrics()
     if multiprocess_dir():
-        from prometheus_client import multiprocess
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        return _multiprocess_exposition(), CONTENT_TYPE_LATEST
     else:
         registry = CollectorRegistry()
         registry.register(_RegistryView(REGISTRY))
     registry.register(_QueueDepthCollector())
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def _multiprocess_exposition(attempts: int = 5) -> bytes:
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    for attempt in range(attempts):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(_QueueDepthCollector())
+        try:
+            return generate_latest(registry)
+        except Exception:
+            # Another process may be creating its sample file right now (size 0 for a moment):
+            # read again rather than fail the scrape.
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.01)
 
 
 class _RegistryView:

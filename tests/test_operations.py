@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import re
+import uuid
 
 import pytest
 import tornado.httputil
@@ -233,10 +234,11 @@ async def test_access_log_client_address_honours_trusted_proxies(api, runtime, j
 async def test_warns_once_when_the_proxy_reports_another_origin_than_the_issuer(api, runtime, json_logs):
     runtime.settings = runtime.settings.replace(trusted_proxies="127.0.0.1/32")
     good = {"X-Forwarded-Proto": "http", "X-Forwarded-Host": "127.0.0.1:8888"}  # = SVC_ISSUER
-    bad = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "auth-misconfigured.example"}
+    host = f"auth-{uuid.uuid4().hex[:8]}.example"  # the warning is once per process and origin
+    bad = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": host}
     for headers in (good, bad, bad):
         assert (await api.call("GET", "/healthz", headers=headers))[0] == 200
     _, lines = json_logs()
     warnings = [line for line in lines if line["level"] == "WARNING"]
-    assert [w["external_base_url"] for w in warnings] == ["https://auth-misconfigured.example"]
+    assert [w["external_base_url"] for w in warnings] == [f"https://{host}"]
     assert "SVC_ISSUER is http://127.0.0.1:8888" in warnings[0]["message"]
