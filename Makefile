@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install system-deps bench clean
+.PHONY: demo test install system-deps bench-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,13 @@ demo: install
 test: install system-deps tests/js/node_modules/.package-lock.json
 	$(BIN)/python -m pytest
 
-bench: install
+# The load generator (wrk) and nginx (the load generator's own ceiling) for `make bench`.
+bench-deps:
+	@if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null; \
+	  else echo "install Debian's wrk and nginx-light for the benchmarks"; fi; fi
+
+bench: install bench-deps
 	$(BIN)/python -m bench
 
 clean:

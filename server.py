@@ -6,24 +6,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 import tornado.httpserver
 import tornado.netutil
-import tornado.process
 import tornado.web
 
 from conf import Settings
 from conf.runtime import Runtime
-from handlers import oauth, objects, sandbox_api, wellknown
+from handlers import oauth, objects, ops, sandbox_api, wellknown
 from handlers.base import NotFoundHandler
 from handlers.rest import appointments as rest_appointments, directory as rest_directory, \
     charts as rest_charts, invitations as rest_invitations, openapi as rest_openapi
+from ops import metrics
+from ops.observability import ObservedApplication
+from ops.processes import fork_workers
 
 log = logging.getLogger("svc_auth")
 
-ROUTE_MODULES = [wellknown, oauth, sandbox_api, objects,
+ROUTE_MODULES = [wellknown, oauth, sandbox_api, objects, ops,
                  rest_invitations, rest_directory, rest_appointments, rest_charts, rest_openapi]
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
@@ -31,26 +35,39 @@ ROUTE_MODULES = [wellknown, oauth, sandbox_api, objects,
 # that still exceed SVC_MAX_BODY_BYTES.
 HARD_BODY_LIMIT = 8 * 1024 * 1024
 
+# After SIGTERM, requests in flight get this long to finish (systemd's TimeoutStopSec is longer).
+DRAIN_SECONDS = 25.0
+
 
 def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
     routes = []
     for module in ROUTE_MODULES:
         routes += module.routes(runtime)
-    return tornado.web.Application(routes, runtime=runtime, default_handler_class=NotFoundHandler,
-                                   xsrf_cookies=False, **tornado_settings)
+    return ObservedApplication(routes, runtime=runtime, default_handler_class=NotFoundHandler,
+                               xsrf_cookies=False, **tornado_settings)
 
 
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
           on_start=None) -> None:
     """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
-    Runtime(settings).migrate()  # once, before forking; also creates the keys every process shares
+    first = Runtime(settings)  # once, before forking; also creates the keys every process shares
+    first.migrate()
+    first.close()
     sockets = tornado.netutil.bind_sockets(port, address=address)
-    if processes != 1:
-        tornado.process.fork_processes(processes)
+    processes = processes or os.cpu_count() or 1
+    if processes > 1:
+        # Every forked process counts into files in one directory; /metrics sums them.
+        metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROC_ENV)
+                                     or Path(settings.var_dir) / "metrics" / f"serve-{port}")
+        fork_workers(processes)
     asyncio.run(_run(settings, sockets, on_start))
 
 
 async def _run(settings: Settings, sockets, on_start) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
+        loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings)
     app = make_app(runtime)
     server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT)
@@ -64,17 +81,20 @@ async def _run(settings: Settings, sockets, on_start) -> None:
         stop_scheduler = start_scheduler_thread(runtime)
     if on_start:
         on_start(runtime)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     log.info("svc-auth listening on %s", ", ".join(str(s.getsockname()) for s in sockets))
     await stop.wait()
+    runtime.draining = True  # /readyz says 503 from now on
     server.stop()  # stop accepting; let in-flight requests finish
+    deadline = loop.time() + DRAIN_SECONDS
+    while app.in_flight > 0 and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    if app.in_flight:
+        log.warning("shutting down with %d requests still in flight", app.in_flight)
     await server.close_all_connections()
     if stop_scheduler is not None:
         stop_scheduler.set()
     runtime.close()
+    log.info("svc-auth stopped")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*"]),
+                                    "examples*", "ops*"]),
     py_modules=["server"],
     include_package_data=True,
     install_requires=[
@@ -21,6 +21,7 @@ setup(
         "pyzipper>=0.3.6",
         "boto3>=1.34",
         "fpdf2>=2.7",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         "test": [

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"svc-auth: configuration error: {exc}", file=sys.stderr)
         return 2
+    from conf.logging import configure_logging
+    configure_logging(settings.log_level)
     try:
         return args.handler(settings, args) or 0
     except UsageError as exc:

@@ -37,6 +37,7 @@ class Runtime:
         self.rate_limiter = build_rate_limiter(settings)
         self._object_store = None
         self._task_queue = None
+        self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         _current = self
 
     @property

@@ -7,7 +7,9 @@ from urllib.parse import parse_qsl
 
 import tornado.web
 
+from conf.logging import redact
 from oauth.errors import ApiError, OAuthError, invalid_request
+from ops.observability import bind_request_id
 
 log = logging.getLogger("svc_auth.http")
 
@@ -26,8 +28,10 @@ class BaseHandler(tornado.web.RequestHandler):
     def set_default_headers(self):
         self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("Referrer-Policy", "no-referrer")
+        bind_request_id(self)
 
     def prepare(self):
+        bind_request_id(self)  # again: a subclass may override set_default_headers
         if len(self.request.body or b"") > self.svc_settings.max_body_bytes:
             raise ApiError(413, "request_too_large",
                            f"The request body is larger than {self.svc_settings.max_body_bytes} bytes.")
@@ -102,6 +106,9 @@ class BaseHandler(tornado.web.RequestHandler):
             status_code = exc.status
         super().send_error(status_code, **kwargs)
 
+    def _request_summary(self) -> str:
+        return f"{self.request.method} {redact(self.request.uri)}"
+
     def log_exception(self, typ, value, tb):
         if isinstance(value, ApiError):
             return  # a client error, rendered for the client; not a server fault
@@ -112,4 +119,5 @@ class NotFoundHandler(BaseHandler):
     """Unknown paths: JSON 404 rather than Tornado's HTML page."""
 
     def prepare(self):
+        super().prepare()
         raise ApiError(404, "not_found", "No such resource.")

@@ -6,6 +6,7 @@ from oauth.client_credentials import ClientCredentialsGrant
 from oauth.clients import authenticate_client
 from oauth.errors import OAuthError
 from oauth.params import text_param
+from ops.metrics import count_token_issued
 
 GRANTS = {grant.grant_type: grant for grant in (AuthorizationCodeGrant, ClientCredentialsGrant)}
 
@@ -21,4 +22,6 @@ def token_response(runtime, variant, params: dict, authorization: str | None) ->
         raise OAuthError("unsupported_grant_type",
                          f"grant_type must be one of: {', '.join(supported_grants(variant))}.")
     app = authenticate_client(params, authorization, runtime.hasher)
-    return GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
+    response = GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
+    count_token_issued(grant_type)
+    return response

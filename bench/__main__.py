@@ -1,0 +1,136 @@
+"""`python -m bench [--seconds S] [--database-url URL]`: run the benchmarks, print, save, update BENCHMARKS.md."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import ssl
+import sys
+from pathlib import Path
+
+from bench import loadgen
+from bench.service import BenchService
+from bench.signing import signing_ceiling
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+SIGNATURES_PER_EXCHANGE = 2  # the access token and the ID token
+TARGET_RATIO = 0.6
+MAIN_CONNECTIONS = 16
+SWEEP = (1, 16, 64, 256)
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(), "openssl": ssl.OPENSSL_VERSION, "kernel": platform.release(),
+            "wrk": loadgen.WRK}
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def token_endpoint(service: BenchService, connections: int, seconds: float) -> dict:
+    return loadgen.run(service.url + "/v1/oauth/token", "post", connections, seconds, env={
+        "BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth})
+
+
+def http_benchmarks(database_url: str | None, seconds: float) -> dict:
+    service = BenchService(database_url).start()
+    try:
+        key = service.private_key
+        results: dict = {"database": service.database_url.split(":", 1)[0]}
+        ceiling_before = signing_ceiling(key, seconds)
+        say(f"signing ceiling (before): {ceiling_before['per_second']:.0f} RS256 signatures/s on one core")
+
+        cc = token_endpoint(service, MAIN_CONNECTIONS, seconds)
+        say(f"client_credentials: {cc['rps']:.0f} tokens/s  p50 {cc['p50_ms']:.2f} ms  p99 {cc['p99_ms']:.2f} ms")
+
+        needed = int(cc["rps"] / SIGNATURES_PER_EXCHANGE * seconds * 2) + 500
+        codes = service.mint_codes(needed)
+        codes_file = service.tmp / "codes.txt"
+        codes_file.write_text("\n".join(codes) + "\n")
+        exchange = loadgen.run(service.url + "/v1/oauth/token", "codes", MAIN_CONNECTIONS, seconds, env={
+            "BENCH_CODES_FILE": str(codes_file), "BENCH_AUTHORIZATION": service.client_auth})
+        exchange["codes_minted"] = len(codes)
+        say(f"authorization_code: {exchange['rps']:.0f} exchanges/s  p50 {exchange['p50_ms']:.2f} ms  "
+            f"p99 {exchange['p99_ms']:.2f} ms  ({len(codes)} codes minted via /oauth/authorize, "
+            f"errors {exchange['errors'] or 'none'})")
+
+        access_token = service.user_access_token()
+        userinfo = loadgen.run(service.url + "/v1/oauth/userinfo", "get", MAIN_CONNECTIONS, seconds,
+                               env={"BENCH_AUTHORIZATION": f"Bearer {access_token}"})
+        say(f"userinfo: {userinfo['rps']:.0f} req/s  p50 {userinfo['p50_ms']:.2f} ms  p99 {userinfo['p99_ms']:.2f} ms")
+        introspect = loadgen.run(service.url + "/v1/oauth/introspect", "post", MAIN_CONNECTIONS, seconds, env={
+            "BENCH_BODY": f"token={access_token}", "BENCH_AUTHORIZATION": service.client_auth})
+        say(f"introspection: {introspect['rps']:.0f} req/s  p50 {introspect['p50_ms']:.2f} ms  "
+            f"p99 {introspect['p99_ms']:.2f} ms")
+        healthz = loadgen.run(service.url + "/healthz", "get", MAIN_CONNECTIONS, seconds)
+        say(f"/healthz (framework floor): {healthz['rps']:.0f} req/s  p50 {healthz['p50_ms']:.2f} ms")
+
+        sweep = []
+        for connections in SWEEP:
+            run = token_endpoint(service, connections, seconds)
+            sweep.append(run)
+            say(f"client_credentials @ {connections:>3} connections: {run['rps']:.0f} tokens/s  "
+                f"p50 {run['p50_ms']:.2f} ms  p99 {run['p99_ms']:.2f} ms  errors {run['errors'] or 'none'}")
+
+        ceiling_after = signing_ceiling(key, seconds)
+        say(f"signing ceiling (after): {ceiling_after['per_second']:.0f} RS256 signatures/s")
+        ceiling = (ceiling_before["per_second"] + ceiling_after["per_second"]) / 2
+        results.update({
+            "signing_ceiling": {"before": ceiling_before, "after": ceiling_after, "per_second": round(ceiling, 1)},
+            "client_credentials": cc, "authorization_code": exchange, "userinfo": userinfo,
+            "introspection": introspect, "healthz": healthz, "client_credentials_sweep": sweep,
+            "ratios": {
+                "client_credentials_vs_ceiling": round(cc["rps"] / ceiling, 3),
+                "authorization_code_vs_ceiling_per_exchange":
+                    round(exchange["rps"] / (ceiling / SIGNATURES_PER_EXCHANGE), 3),
+                "signatures_per_exchange": SIGNATURES_PER_EXCHANGE, "target": TARGET_RATIO,
+            },
+        })
+        r = results["ratios"]
+        say(f"ratio client_credentials / ceiling = {r['client_credentials_vs_ceiling']:.2f} (target {TARGET_RATIO})")
+        say(f"ratio exchanges / (ceiling / {SIGNATURES_PER_EXCHANGE}) = "
+            f"{r['authorization_code_vs_ceiling_per_exchange']:.2f} (target {TARGET_RATIO})")
+        return results
+    finally:
+        service.stop()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
+                        help="PostgreSQL URL to benchmark on (default: SQLite in a temp dir)")
+    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    started = dt.datetime.now(dt.timezone.utc)
+    report = {"started_at": started.isoformat(timespec="seconds"), "machine": machine(), "seconds": args.seconds}
+    say(f"machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, "
+        f"load {report['machine']['load_average']}")
+    cap = loadgen.capacity(min(args.seconds, 3.0))
+    report["load_generator_capacity"] = cap
+    if cap:
+        say(f"load generator: wrk drives {cap['rps']:.0f} req/s against nginx's fixed response (its ceiling here)")
+    report["http"] = http_benchmarks(args.database_url, args.seconds)
+    report["pending"] = {name: "TODO: lands with its branch (see BENCHMARKS.md)"
+                         for name in ("appointments_page", "nightly_snapshot", "chart_zip")}
+    RESULTS.mkdir(exist_ok=True)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    for path in (RESULTS / f"{stamp}.json", RESULTS / "latest.json"):
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    say(f"results: bench/results/{stamp}.json")
+    if not args.no_markdown:
+        from bench.markdown import update_benchmarks_md
+        update_benchmarks_md(ROOT / "BENCHMARKS.md", report)
+        say("BENCHMARKS.md updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""A real `svc-auth serve` process for benchmarks, with seeded data and helpers to mint codes."""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def basic(client_id: str, secret: str) -> str:
+    raw = f"{urllib.parse.quote(client_id)}:{urllib.parse.quote(secret)}".encode()
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+class BenchService:
+    """Seeds a clinic, a physician and an installed app, then runs `svc-auth serve` on a free port.
+
+    database_url: SQLite in a temp dir by default (the embedded deployment), or any PostgreSQL URL.
+    """
+
+    def __init__(self, database_url: str | None = None, processes: int = 1):
+        self.tmp = Path(tempfile.mkdtemp(prefix="svc-bench-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url or f"sqlite:///{self.tmp / 'svc.db'}"
+        self.processes = processes
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
+        self.env.update({"SVC_ISSUER": self.url, "SVC_DATABASE_URL": self.database_url,
+                         "SVC_VAR_DIR": str(self.tmp / "var"), "SVC_CODE_TTL": "3600",
+                         "SVC_LAUNCH_TTL": "3600", "SVC_LOG_LEVEL": "INFO"})
+        self.proc = None
+
+    def seed(self) -> None:
+        from conf import Settings
+        from conf.runtime import Runtime
+        from lifecycle.registry import create_organization, create_user, install_application, register_application
+        from lifecycle.sandbox import issue_sandbox_token
+        runtime = Runtime(Settings.from_env(self.env, dotenv=None))
+        runtime.migrate()
+        org = create_organization("Bench Clinic", "sandbox", "https://ehr.example/bench")
+        user = create_user(org.id, f"doc-{os.getpid()}@bench.example", "Bench", "Doctor", "bdoc", "1234567893")
+        app, secret = register_application(
+            runtime, "Bench App", "https://app.example.com/main", "https://app.example.com/launch",
+            billing_plan="paid", user_fields=["email", "name", "ehrUsername", "organization"])
+        install_application(app.id, org.id)
+        self.client_id, self.secret, self.redirect_uri = app.client_id, secret, app.redirect_uri
+        self.sandbox_token = issue_sandbox_token(runtime, user)
+        self.private_key = runtime.keyring.active.signer.prepared_key  # the service's own key object
+        runtime.close()
+
+    def start(self) -> "BenchService":
+        self.seed()
+        self.log = open(self.tmp / "serve.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.__main__", "serve", "--port", str(self.port),
+             "--processes", str(self.processes)],
+            env=self.env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError((self.tmp / "serve.log").read_text())
+                time.sleep(0.05)
+        raise TimeoutError("serve did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @property
+    def client_auth(self) -> str:
+        return basic(self.client_id, self.secret)
+
+    # -- minting through the real endpoints ------------------------------------------------
+    def _mint_codes(self, count: int) -> list[str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        codes = []
+        body = json.dumps({"client_id": self.client_id})
+        for _ in range(count):
+            conn.request("POST", "/v1/sandbox/launches", body=body, headers={
+                "Authorization": f"Bearer {self.sandbox_token}", "Content-Type": "application/json"})
+            response = conn.getresponse()
+            launch = json.loads(response.read())
+            query = urllib.parse.urlencode({"client_id": self.client_id, "redirect_uri": self.redirect_uri,
+                                            "response_type": "code", "launch_id": launch["launch_id"]})
+            conn.request("GET", f"/v1/oauth/authorize?{query}")
+            response = conn.getresponse()
+            response.read()
+            location = urllib.parse.urlsplit(response.getheader("Location"))
+            codes.append(urllib.parse.parse_qs(location.query)["code"][0])
+        conn.close()
+        return codes
+
+    def mint_codes(self, count: int, workers: int = 4) -> list[str]:
+        """`count` authorization codes, each from a sandbox launch and the real authorize endpoint."""
+        share = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
+        with ThreadPoolExecutor(workers) as pool:
+            return [code for part in pool.map(self._mint_codes, share) for code in part]
+
+    def user_access_token(self) -> str:
+        code = self._mint_codes(1)[0]
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("POST", "/v1/oauth/token", body=f"grant_type=authorization_code&code={code}",
+                     headers={"Authorization": self.client_auth,
+                              "Content-Type": "application/x-www-form-urlencoded"})
+        tokens = json.loads(conn.getresponse().read())
+        conn.close()
+        return tokens["access_token"]

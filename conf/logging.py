@@ -1,0 +1,84 @@
+"""Logging configuration: one JSON object per line, a request id on every line, no secrets.
+
+Every process (`serve`, `worker`, `scheduler`, operator commands) calls `configure_logging` once.
+Each line carries `ts`, `level`, `logger`, `message`, `request_id` (the HTTP request being served,
+or `null` outside one) and any `extra={...}` fields. The formatter redacts, as a last line of
+defence, the values of sensitive query parameters (`code`, `launch_id`, `client_secret`...),
+bearer/basic credentials and anything shaped like a JWT, wherever they appear in a line.
+"""
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import json
+import logging
+import re
+import sys
+
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("svc_request_id", default=None)
+"""The id of the HTTP request this code runs for; set by the HTTP layer (`ops.observability`)."""
+
+REDACTED = "[REDACTED]"
+
+SENSITIVE_PARAMS = (
+    "code", "launch_id", "login_hint", "client_secret", "secret", "password", "token", "access_token",
+    "id_token", "refresh_token", "sandbox_token", "assertion", "signature", "sig", "state", "nonce",
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+)
+"""Query/form parameter names whose values never reach a log line."""
+
+_PARAM = re.compile(r"(?i)(?<![\w-])(" + "|".join(re.escape(p) for p in SENSITIVE_PARAMS) + r")=[^&\s\"'#]*")
+_JSON_FIELD = re.compile(r"(?i)(\"(?:" + "|".join(re.escape(p) for p in SENSITIVE_PARAMS) + r")\"\s*:\s*)\"[^\"]*\"")
+_CREDENTIAL = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")
+
+
+def redact(text: str) -> str:
+    """`text` with secret values replaced by `[REDACTED]` (query params, JSON fields, credentials, JWTs)."""
+    if not text:
+        return text
+    text = _PARAM.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
+    text = _JSON_FIELD.sub(lambda m: f'{m.group(1)}"{REDACTED}"', text)
+    text = _CREDENTIAL.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    return _JWT.sub(REDACTED, text)
+
+
+# Attributes every LogRecord has; anything else was passed with `extra=` and goes into the line.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "request_id"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, request_id, extras, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": redact(record.getMessage()),
+            "request_id": getattr(record, "request_id", None) or request_id_var.get(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = redact(value) if isinstance(value, str) else value
+        if record.exc_info:
+            entry["exc"] = redact(self.formatException(record.exc_info))
+        return json.dumps(entry, default=str, separators=(",", ":"))
+
+
+def configure_logging(level: str = "INFO", stream=None) -> logging.Handler:
+    """Send every logger's records, as JSON lines, to `stream` (default stderr). Idempotent."""
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        if getattr(existing, "_svc_json", False):
+            root.removeHandler(existing)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    handler._svc_json = True
+    # basicConfig-style plain handlers would print the same records again, unredacted.
+    for existing in list(root.handlers):
+        if type(existing) is logging.StreamHandler and getattr(existing, "stream", None) in (sys.stderr, sys.stdout):
+            root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler

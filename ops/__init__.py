@@ -1,0 +1,1 @@
+"""Operations: health and readiness, metrics, request ids and access logs, trusted proxies, shutdown."""

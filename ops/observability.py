@@ -1,0 +1,123 @@
+"""The HTTP side of operations: request ids, the access log, request metrics, in-flight requests.
+
+`ObservedApplication` is the Tornado application class: it counts requests in flight (so SIGTERM
+can wait for them) and, when each request ends, writes one structured access-log line and
+records its route pattern, status and latency in the metrics. `BaseHandler` binds the request id.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+import tornado.web
+
+from conf.logging import redact, request_id_var
+from ops import metrics
+from ops.proxy import client_address, warn_if_misconfigured
+
+access_log = logging.getLogger("svc_auth.access")
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+UNMATCHED_ROUTE = "unmatched"
+
+
+def request_id_for(request) -> str:
+    """The caller's X-Request-Id if it is sane (letters, digits, `._:-`, at most 128), else a new one."""
+    rid = getattr(request, "_svc_request_id", None)
+    if rid is None:
+        incoming = (request.headers.get(REQUEST_ID_HEADER) or "").strip()
+        rid = incoming if _SANE_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        request._svc_request_id = rid
+    return rid
+
+
+def bind_request_id(handler) -> str:
+    """Make the request id current for log lines and echo it in the response."""
+    rid = request_id_for(handler.request)
+    request_id_var.set(rid)
+    handler.set_header(REQUEST_ID_HEADER, rid)
+    return rid
+
+
+def route_of(handler) -> str:
+    """The route pattern that served `handler` (e.g. `/v1/oauth/token`), never the raw path."""
+    app, cls = handler.application, type(handler)
+    cache = app.route_patterns
+    if cls in cache:
+        return cache[cls]
+    candidates = [rule for rule in app.wildcard_router.rules if rule.target is cls]
+    if not candidates:
+        return UNMATCHED_ROUTE
+    if len(candidates) == 1:
+        cache[cls] = pattern = _pattern(candidates[0])
+        return pattern
+    for rule in candidates:  # one class mounted at several paths (e.g. /v1 and /os-api/v2)
+        if rule.matcher.match(handler.request) is not None:
+            return _pattern(rule)
+    return UNMATCHED_ROUTE
+
+
+def _pattern(rule) -> str:
+    pattern = getattr(rule.matcher, "regex", None)
+    text = pattern.pattern if pattern is not None else str(rule.matcher)
+    return text.rstrip("$").replace("\\", "")
+
+
+def log_request(handler) -> None:
+    """Tornado `log_function`: one access-log line and the request metrics, per request."""
+    request = handler.request
+    status = handler.get_status()
+    seconds = request.request_time()
+    route = route_of(handler)
+    metrics.observe_request(route, request.method, status, seconds)
+    runtime = handler.application.settings.get("runtime")
+    settings = runtime.settings if runtime is not None else None
+    if settings is not None and settings.trusted_proxies:
+        warn_if_misconfigured(request, settings, access_log)
+    level = logging.INFO if status < 500 else logging.ERROR
+    if access_log.isEnabledFor(level):
+        access_log.log(level, "%s %s %d", request.method, route, status, extra={
+            "request_id": request_id_for(request),
+            "method": request.method, "route": route, "path": redact(request.uri), "status": status,
+            "duration_ms": round(seconds * 1000, 2),
+            "client": client_address(request, settings) if settings is not None else request.remote_ip,
+        })
+
+
+class _TrackedDelegate(tornado.web._HandlerDelegate):
+    """Counts the request as in flight from its headers until its handler finishes (or the
+    connection drops before a handler ran)."""
+
+    def headers_received(self, start_line, headers):
+        self.application.in_flight += 1
+        self.request._svc_in_flight = True
+        return super().headers_received(start_line, headers)
+
+    def on_connection_close(self):
+        if getattr(self, "handler", None) is None:  # dropped before a handler ran: never logged
+            self.application.request_done(self.request)
+        return super().on_connection_close()
+
+
+class ObservedApplication(tornado.web.Application):
+    """A Tornado application that knows how many requests it is serving and logs each one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("log_function", log_request)
+        super().__init__(*args, **kwargs)
+        self.in_flight = 0
+        self.route_patterns: dict = {}
+
+    def get_handler_delegate(self, request, target_class, target_kwargs=None, path_args=None, path_kwargs=None):
+        return _TrackedDelegate(self, request, target_class, target_kwargs, path_args, path_kwargs)
+
+    def request_done(self, request) -> None:
+        if getattr(request, "_svc_in_flight", False):
+            request._svc_in_flight = False
+            self.in_flight -= 1
+
+    def log_request(self, handler) -> None:
+        self.request_done(handler.request)
+        super().log_request(handler)

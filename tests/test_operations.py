@@ -1,0 +1,244 @@
+"""Operations over real HTTP: /healthz, /readyz, /metrics, request ids, JSON logs without secrets,
+and X-Forwarded-* honoured only from trusted proxies."""
+import io
+import json
+import logging
+import re
+import uuid
+
+import pytest
+import tornado.httputil
+
+from conf.logging import JsonFormatter, redact
+from ops import readiness
+from ops.proxy import client_address, external_base_url
+from tests.conftest import REDIS_URL, basic_auth, free_port
+
+
+@pytest.fixture
+def json_logs():
+    """Every log record of the test, formatted by the service's JSON formatter, as parsed lines."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+    def lines():
+        handler.flush()
+        raw = stream.getvalue()
+        return raw, [json.loads(line) for line in raw.splitlines() if line.strip()]
+    yield lines
+    root.removeHandler(handler)
+    root.setLevel(old_level)
+
+
+def sample(metrics_text: str, name: str, **labels) -> float:
+    """The value of one sample in a Prometheus text exposition (0 when absent)."""
+    for line in metrics_text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line[len(name):line.rindex("}") + 1]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.gen_test
+async def test_healthz_and_readyz(api, runtime):
+    status, _, body = await api.call("GET", "/healthz")
+    assert (status, body) == (200, {"status": "ok"})
+    status, headers, body = await api.call("GET", "/readyz")
+    assert status == 200 and body["status"] == "ready"
+    assert body["checks"]["database"]["status"] == "ok"
+    assert body["checks"]["redis"]["status"] == "skipped"  # not configured: in-process broker
+    assert body["checks"]["object_store"]["status"] == "skipped"
+    assert headers["Cache-Control"] == "no-store"
+
+
+@pytest.mark.gen_test
+async def test_readyz_checks_redis_when_configured(api, runtime):
+    runtime.settings = runtime.settings.replace(redis_url=REDIS_URL)
+    status, _, body = await api.call("GET", "/readyz")
+    assert status == 200 and body["checks"]["redis"]["status"] == "ok"
+    runtime.settings = runtime.settings.replace(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    status, _, body = await api.call("GET", "/readyz")
+    assert status == 503 and body["status"] == "unavailable"
+    assert body["checks"]["redis"]["status"] == "failed" and body["checks"]["database"]["status"] == "ok"
+
+
+@pytest.mark.gen_test
+async def test_readyz_runs_registered_checks_and_fails_while_draining(api, runtime):
+    def broken(rt):
+        raise ConnectionError("broker unreachable")
+    readiness.register_check("test_broker", broken)
+    try:
+        status, _, body = await api.call("GET", "/readyz")
+        assert status == 503
+        assert body["checks"]["test_broker"] == {"status": "failed", "error": "ConnectionError: broker unreachable",
+                                                 "ms": body["checks"]["test_broker"]["ms"]}
+    finally:
+        readiness._checks.pop("test_broker")
+    runtime.draining = True
+    status, _, body = await api.call("GET", "/readyz")
+    assert status == 503 and body["checks"]["shutdown"]["status"] == "failed"
+    assert (await api.call("GET", "/healthz"))[0] == 200
+
+
+@pytest.mark.gen_test
+async def test_request_id_is_echoed_or_generated(api, runtime):
+    _, headers, _ = await api.call("GET", "/healthz", headers={"X-Request-Id": "abc-123.def:9"})
+    assert headers["X-Request-Id"] == "abc-123.def:9"
+    _, headers, _ = await api.call("GET", "/healthz", headers={"X-Request-Id": "bad id\u00e9<script>" * 3})
+    assert re.fullmatch(r"[0-9a-f]{32}", headers["X-Request-Id"])
+    _, first, _ = await api.call("GET", "/nope")
+    _, second, _ = await api.call("GET", "/nope")
+    assert first["X-Request-Id"] != second["X-Request-Id"]  # also on error responses
+
+
+@pytest.mark.gen_test
+async def test_metrics_count_requests_by_route_pattern_and_tokens_by_grant(api, flow, world):
+    _, _, before = await api.call("GET", "/metrics")
+    tokens = await flow.tokens()
+    app, secret = world["app"], world["secret"]
+    status, _, _ = await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
+                                  headers={"Authorization": basic_auth(app.client_id, secret)})
+    assert status == 200
+    await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
+                   headers={"Authorization": basic_auth(app.client_id, "wrong")})
+    await api.call("GET", "/v1/oauth/userinfo", headers={"Authorization": tokens["access_token"]})
+    await api.call("GET", "/no/such/path/12345")
+    status, headers, after = await api.call("GET", "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+
+    def delta(name, **labels):
+        return sample(after, name, **labels) - sample(before, name, **labels)
+    assert delta("svc_http_requests_total", route="/v1/oauth/token", method="POST", status="200") == 2
+    assert delta("svc_http_requests_total", route="/v1/oauth/token", method="POST", status="401") == 1
+    assert delta("svc_http_requests_total", route="/v1/oauth/userinfo", method="GET", status="200") == 1
+    assert delta("svc_http_requests_total", route="/v1/oauth/authorize", method="GET", status="302") == 1
+    assert delta("svc_http_requests_total", route="unmatched", method="GET", status="404") == 1
+    assert "/no/such/path" not in after  # raw paths never become labels
+    assert delta("svc_http_request_duration_seconds_count", route="/v1/oauth/token", method="POST") == 3
+    assert delta("svc_tokens_issued_total", grant="authorization_code") == 1
+    assert delta("svc_tokens_issued_total", grant="client_credentials") == 1
+
+
+@pytest.mark.gen_test
+async def test_metrics_hooks_for_rate_limits_jobs_and_queue_depth(api, runtime):
+    from ops import metrics
+    _, _, before = await api.call("GET", "/metrics")
+    metrics.count_rate_limit_rejection("get_appointments")
+    metrics.count_job("build_chart_zip", "failed")
+    metrics.register_queue_depth(lambda: {"test-queue": 7})
+    metrics.register_queue_depth(lambda: 1 / 0)  # a broken source does not break the scrape
+    try:
+        status, _, after = await api.call("GET", "/metrics")
+    finally:
+        metrics._queue_depth_sources.clear()
+    assert status == 200
+    assert sample(after, "svc_rate_limit_rejections_total", operation="get_appointments") - \
+        sample(before, "svc_rate_limit_rejections_total", operation="get_appointments") == 1
+    assert sample(after, "svc_jobs_total", actor="build_chart_zip", outcome="failed") - \
+        sample(before, "svc_jobs_total", actor="build_chart_zip", outcome="failed") == 1
+    assert sample(after, "svc_queue_depth", queue="test-queue") == 7
+
+
+@pytest.mark.gen_test
+async def test_logs_are_json_with_request_ids_and_no_secrets(api, flow, world, json_logs):
+    app, secret = world["app"], world["secret"]
+    launch_id = await flow.launch()
+    status, headers, _ = await flow.authorize(launch_id=launch_id, state="st4te-secret-value")
+    code = re.search(r"code=([^&]+)", headers["Location"]).group(1)
+    authorize_rid = headers["X-Request-Id"]
+    status, _, tokens = await flow.exchange(code)
+    assert status == 200
+    await flow.exchange(code)  # replay: an error path with the code in the body
+    await api.call("GET", "/v1/oauth/userinfo", headers={"Authorization": f"Bearer {tokens['access_token']}"})
+    await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
+                   headers={"Authorization": basic_auth(app.client_id, secret)})
+    await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
+                   headers={"Authorization": basic_auth(app.client_id, secret)})
+    # secrets in a query string too, as a careless client might send them
+    await api.call("GET", f"/v1/oauth/authorize?client_id={app.client_id}&code={code}&client_secret={secret}"
+                          f"&access_token={tokens['access_token']}")
+    raw, lines = json_logs()
+    assert lines, "the requests above must have been logged"
+    for secret_value in (secret, code, launch_id, tokens["access_token"], tokens["id_token"],
+                         world["sandbox_token"], "st4te-secret-value"):
+        assert secret_value not in raw
+    access = [line for line in lines if line["logger"] == "svc_auth.access"]
+    assert len(access) >= 8
+    for line in access:
+        assert re.fullmatch(r"[0-9a-f]{32}", line["request_id"])
+        assert {"ts", "level", "message", "method", "route", "status", "duration_ms", "client"} <= set(line)
+    authorize = [line for line in access if line["request_id"] == authorize_rid]
+    assert len(authorize) == 1 and authorize[0]["status"] == 302
+    assert "launch_id=[REDACTED]" in authorize[0]["path"] and f"client_id={app.client_id}" in authorize[0]["path"]
+
+
+def test_redact_covers_query_values_json_fields_credentials_and_jwts():
+    text = ('GET /cb?code=abc123&state=s1&client_id=app1 {"client_secret": "s3cr3t", "name": "x"} '
+            'Authorization: Bearer tok.en.value Basic dXNlcjpwYXNz eyJhbGciOi.eyJzdWIiOiJ4In0.c2ln')
+    out = redact(text)
+    for secret in ("abc123", "s1", "s3cr3t", "tok.en.value", "dXNlcjpwYXNz", "eyJhbGciOi"):
+        assert secret not in out
+    assert "client_id=app1" in out and '"name": "x"' in out
+    assert redact("unicode=1&barcode=7") == "unicode=1&barcode=7"  # names, not substrings
+
+
+def _request(peer: str, **headers) -> tornado.httputil.HTTPServerRequest:
+    class Connection:
+        context = type("Context", (), {"remote_ip": peer, "protocol": "http"})()
+
+        def set_close_callback(self, callback):
+            pass
+    return tornado.httputil.HTTPServerRequest(
+        method="GET", uri="/v1/x", headers=tornado.httputil.HTTPHeaders(headers),
+        host="10.0.0.5:8888", connection=Connection())
+
+
+def test_forwarded_headers_only_from_trusted_proxies(settings):
+    trusted = settings.replace(trusted_proxies="127.0.0.1/32,10.0.0.0/8")
+    forwarded = {"X-Forwarded-For": "203.0.113.9, 10.1.2.3", "X-Forwarded-Proto": "https",
+                 "X-Forwarded-Host": "auth.example.com"}
+    proxied = _request("127.0.0.1", **forwarded)
+    assert client_address(proxied, trusted) == "203.0.113.9"  # walks past the trusted 10.x hop
+    assert external_base_url(proxied, trusted) == "https://auth.example.com"
+    assert client_address(proxied, settings) == "127.0.0.1"  # no trusted proxies configured
+    assert external_base_url(proxied, settings) == "http://10.0.0.5:8888"
+    direct = _request("198.51.100.7", **forwarded)  # a client forging the headers
+    assert client_address(direct, trusted) == "198.51.100.7"
+    assert external_base_url(direct, trusted) == "http://10.0.0.5:8888"
+    spoofed = _request("127.0.0.1", **{"X-Forwarded-For": "1.2.3.4, 203.0.113.9"})
+    assert client_address(spoofed, trusted) == "203.0.113.9"  # the client-supplied 1.2.3.4 is not trusted
+    assert external_base_url(_request("127.0.0.1", **{"X-Forwarded-Host": "evil.example/x"}), trusted) \
+        == "http://10.0.0.5:8888"
+
+
+@pytest.mark.gen_test
+async def test_access_log_client_address_honours_trusted_proxies(api, runtime, json_logs):
+    headers = {"X-Forwarded-For": "203.0.113.9"}
+    await api.call("GET", "/healthz", headers=dict(headers, **{"X-Request-Id": "untrusted-1"}))
+    runtime.settings = runtime.settings.replace(trusted_proxies="127.0.0.1/32")
+    await api.call("GET", "/healthz", headers=dict(headers, **{"X-Request-Id": "trusted-1"}))
+    _, lines = json_logs()
+    by_id = {line["request_id"]: line for line in lines if line["logger"] == "svc_auth.access"}
+    assert by_id["untrusted-1"]["client"] == "127.0.0.1"
+    assert by_id["trusted-1"]["client"] == "203.0.113.9"
+
+
+@pytest.mark.gen_test
+async def test_warns_once_when_the_proxy_reports_another_origin_than_the_issuer(api, runtime, json_logs):
+    runtime.settings = runtime.settings.replace(trusted_proxies="127.0.0.1/32")
+    good = {"X-Forwarded-Proto": "http", "X-Forwarded-Host": "127.0.0.1:8888"}  # = SVC_ISSUER
+    host = f"auth-{uuid.uuid4().hex[:8]}.example"  # the warning is once per process and origin
+    bad = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": host}
+    for headers in (good, bad, bad):
+        assert (await api.call("GET", "/healthz", headers=headers))[0] == 200
+    _, lines = json_logs()
+    warnings = [line for line in lines if line["level"] == "WARNING"]
+    assert [w["external_base_url"] for w in warnings] == [f"https://{host}"]
+    assert "SVC_ISSUER is http://127.0.0.1:8888" in warnings[0]["message"]
