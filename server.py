@@ -8,6 +8,7 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import tornado.httpserver
 import tornado.netutil
@@ -16,12 +17,15 @@ import tornado.web
 
 from conf import Settings
 from conf.runtime import Runtime
-from handlers import oauth, sandbox_api, wellknown
+from handlers import oauth, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
 
 log = logging.getLogger("svc_auth")
 
-ROUTE_MODULES = [wellknown, oauth, sandbox_api]
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+"""Served at /static/ (the JS SDK at /static/sdk/svc-sdk.js, the sandbox hub's assets)."""
+
+ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub]
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
 # Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones
@@ -34,7 +38,7 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
     for module in ROUTE_MODULES:
         routes += module.routes(runtime)
     return tornado.web.Application(routes, runtime=runtime, default_handler_class=NotFoundHandler,
-                                   xsrf_cookies=False, **tornado_settings)
+                                   xsrf_cookies=False, static_path=str(STATIC_DIR), **tornado_settings)
 
 
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",

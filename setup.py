@@ -26,6 +26,7 @@ setup(
             "pytest-tornado>=0.8",
             "PyJWT[crypto]>=2.8",
             "jwcrypto>=1.5",
+            "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},
