@@ -103,6 +103,7 @@ class KeyRing:
         with directory_lock(self.directory):
             newest = max((k.created for k in self._scan()), default=0)
             generate_key_file(self.directory, created=max(int(self._clock()), newest + 1))
+            self._reload()  # the new key must be known before pruning, or it is pruned as unpublished
             self._prune_files()
         self._reload()
         return self.active
