@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import peewee
-
 from lifecycle.registry import create_organization, create_user, install_application, register_application
 from lifecycle.sandbox import issue_sandbox_token
 from models.application import Application
@@ -76,18 +74,16 @@ def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
 def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
     """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look."""
     import tornado.httpserver
-    import tornado.netutil
+    import tornado.process
     from examples.partner_app.web import make_partner_app
-    try:
-        info = seed_demo(runtime, demo_app_url(app_port))
-    except peewee.IntegrityError:  # another `serve --processes N` worker seeded at the same moment
-        info = seed_demo(runtime, demo_app_url(app_port))
-    # reuse_port: with --processes N every worker serves the example app on the same port.
-    sockets = tornado.netutil.bind_sockets(app_port, address="127.0.0.1", reuse_port=True)
-    tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port))).add_sockets(sockets)
+    if tornado.process.task_id() not in (None, 0):
+        return  # with --processes N, the first worker seeds and runs the (single-process) example app
+    info = seed_demo(runtime, demo_app_url(app_port))
+    server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
+    server.listen(app_port, address="127.0.0.1")
     log.info("demo data ready; open the hub at %s", info["hub_url"])
     print(f"\nsvc-auth demo\n  hub (physician): {info['hub_url']}\n"
           f"  hub (staff, refused by the app): {runtime.settings.public_url}/sandbox/hub?user={DEMO_OTHER_ID}\n"
           f"  settings (sandbox token): {runtime.settings.public_url}/sandbox/settings?user={DEMO_PHYSICIAN_ID}\n"
-          f"  example partner app: {demo_app_url(app_port)}/ (launched from the hub)\n"
+          f"  example partner app: {demo_app_url(app_port)} (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n", flush=True)
