@@ -74,7 +74,7 @@ class SettingsHandler(SandboxPageHandler):
         token = issue_sandbox_token(self.runtime, user)
         ttl = self.svc_settings.sandbox_token_ttl
         expires = (clock.now() + dt.timedelta(seconds=ttl)).replace(microsecond=0).isoformat() + "Z"
-        apps = [e for e in hub_entries(user)]
+        apps = hub_entries(user)
         csp = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
         self.render_page("settings.html", csp, user=user, organization=user.organization, token=token,

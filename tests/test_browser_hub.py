@@ -7,6 +7,7 @@ needs a given starting point.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import urllib.error
 import urllib.request
@@ -18,6 +19,7 @@ from conf.runtime import Runtime
 from conftest import free_port, settings_env, start_process, stop_process, wait_for_port
 from lifecycle.demo import DEMO_OTHER_ID, DEMO_PHYSICIAN_ID
 from models.application import Installation
+from models.clock import clock
 
 pytestmark = pytest.mark.browser
 
@@ -41,10 +43,11 @@ class Demo:
                                   settings_env(self.settings), self.port, log_path=tmp / "serve.log")
         wait_for_port(self.app_port, proc=self.proc)
 
-    def set_status(self, status: str | None) -> None:
+    def set_status(self, status: str | None, trial_started_at=None) -> None:
         runtime = Runtime(self.settings)
         try:
-            Installation.update(activation_status=status).where(Installation.application == APP_ID).execute()
+            (Installation.update(activation_status=status, trial_started_at=trial_started_at)
+             .where(Installation.application == APP_ID).execute())
         finally:
             runtime.close()
 
@@ -129,6 +132,13 @@ def test_user_the_app_refuses_sees_the_403(demo, page):
     assert "403" in error and "not authorized" in error
     assert frame.locator("#id-token-claims").inner_text() == ""
     page.locator("#hub-status").filter(has_text="did not start").wait_for(timeout=TIMEOUT_MS)
+
+
+def test_trial_expired_is_shown_by_the_app(demo, page):
+    demo.set_status("Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
+    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+    error = app_frame(page).locator("#sdk-error").inner_text()
+    assert error.startswith("403 trial_expired: ") and "free trial" in error
 
 
 def test_enabled_app_opens_again_and_a_new_one_is_openable(demo, page):

@@ -319,6 +319,8 @@ async def test_enable_for_this_clinic_calls_the_activation_operation(api, partne
         pytest.skip("the activation REST operation is not mounted on this branch")
     code, _ = await code_via_launch(api, p, world["physician"])
     tokens = (await app_token(api, p, code))[2]
+    # As after the first launch: the platform verified the token, the installation is Disabled.
+    Installation.update(activation_status="Disabled").where(Installation.application == p.app.id).execute()
     session = (await fetch(api, f"{p.url}/api/session", "POST", "{}",
                            {"Authorization": f"Bearer {tokens['id_token']}"}))[2]
     status, _, body = await fetch(api, f"{p.url}/api/activation", "POST", "{}",
@@ -326,3 +328,13 @@ async def test_enable_for_this_clinic_calls_the_activation_operation(api, partne
     assert status == 200, body
     assert body["status"] == "Enabled" and body["trial_started_at"]
     assert Installation.find(p.app.id, world["org"].id).activation_status == "Enabled"
+
+
+@pytest.mark.gen_test
+async def test_activation_needs_an_app_session_and_a_rest_token(api, partner, world):
+    p = partner()
+    status, _, body = await fetch(api, f"{p.url}/api/activation", "POST", "{}", {"Authorization": "Bearer nope"})
+    assert status == 401 and body["error"] == "invalid_session"
+    grant = await p.state.platform.client_credentials()  # what the activation call presents
+    assert grant.ok, grant.describe()
+    assert grant.body["token_type"] == "Bearer" and grant.body["access_token"]
