@@ -14,6 +14,10 @@ $(STAMP): setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The `jose` npm package, for the test that verifies our ID tokens from JavaScript.
+tests/js/node_modules/.package-lock.json: tests/js/package.json tests/js/package-lock.json
+	cd tests/js && npm ci --silent --no-audit --no-fund
+
 install: $(STAMP)
 
 # Debian packages the browser and proxy tests need (installed once; skipped when present).
@@ -25,7 +29,7 @@ system-deps:
 demo: install
 	$(BIN)/svc-auth serve --demo
 
-test: install system-deps
+test: install system-deps tests/js/node_modules/.package-lock.json
 	$(BIN)/python -m pytest
 
 bench: install

@@ -26,6 +26,7 @@ setup(
             "pytest-tornado>=0.8",
             "PyJWT[crypto]>=2.8",
             "jwcrypto>=1.5",
+            "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
             "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
         ],
     },

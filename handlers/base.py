@@ -7,7 +7,7 @@ from urllib.parse import parse_qsl
 
 import tornado.web
 
-from oauth.errors import ApiError, invalid_request
+from oauth.errors import ApiError, OAuthError, invalid_request
 
 log = logging.getLogger("svc_auth.http")
 
@@ -60,7 +60,8 @@ class BaseHandler(tornado.web.RequestHandler):
                 params[key] = value
             return params
         accepted = "application/json or application/x-www-form-urlencoded" if allow_form else "application/json"
-        raise ApiError(415, "unsupported_media_type", f"Content-Type must be {accepted}.")
+        # RFC 6749-shaped (error + error_description) so OAuth clients can read it too.
+        raise OAuthError("invalid_request", f"Content-Type must be {accepted}.", status=415)
 
     def query_params(self) -> dict:
         """Query parameters, one value each (a repeated parameter is an error)."""

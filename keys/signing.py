@@ -95,7 +95,7 @@ class KeyRing:
         if not list(self.directory.glob("rsa-*.pem")):
             with directory_lock(self.directory):
                 if not list(self.directory.glob("rsa-*.pem")):
-                    generate_key_file(self.directory)
+                    generate_key_file(self.directory, created=int(self._clock()))
         self._reload()
 
     def rotate(self) -> SigningKey:
@@ -103,7 +103,7 @@ class KeyRing:
         with directory_lock(self.directory):
             newest = max((k.created for k in self._scan()), default=0)
             generate_key_file(self.directory, created=max(int(self._clock()), newest + 1))
-            self._reload()  # the new key must be known before pruning, or it is pruned as unpublished
+            self._reload()
             self._prune_files()
         self._reload()
         return self.active

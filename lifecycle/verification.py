@@ -1,16 +1,14 @@
 """The platform verified an access token: the user completed the app's auth flow.
 
-That fact drives the rest of the lifecycle: it records the authorization (appointment sync and
-billing count it), moves a new installation to `Disabled` (spec: first SDK initialization), and
-hooks registered by other parts (billing) run after it.
+That fact drives the rest of the lifecycle: it records the authorization (the appointment sync
+counts it), moves a new installation to `Disabled` (spec: first SDK initialization), and bills
+the user for the month while the installation is `Enabled`.
 """
 from __future__ import annotations
 
+from lifecycle.billing import record_billable_use
 from models.application import Authorization, Installation
 from models.clock import clock
-
-on_verified_hooks: list = []
-"""Callables `(app, user, installation)` run after each platform verification."""
 
 
 def record_platform_verification(app, user) -> Installation | None:
@@ -24,6 +22,5 @@ def record_platform_verification(app, user) -> Installation | None:
             & Installation.activation_status.is_null())
      .execute())
     installation = Installation.find(app.id, user.organization_id)
-    for hook in on_verified_hooks:
-        hook(app, user, installation)
+    record_billable_use(app, user, installation)
     return installation

@@ -11,6 +11,7 @@ from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
 from models.application import Application, Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
+from models.billing import BillableUse
 from models.charts import ChartRequest
 from models.db import BaseModel, database
 from models.directory import Organization, User
@@ -19,7 +20,7 @@ from models.grants import AuthorizationCode, IssuedToken, Launch
 MODELS: list[type[peewee.Model]] = [
     Organization, User, Application, Installation, Authorization,
     Launch, AuthorizationCode, IssuedToken, AuditEvent,
-    Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest,
+    Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, BillableUse,
 ]
 
 # (version, description, function(migrator)) — append only.

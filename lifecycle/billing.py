@@ -1,0 +1,65 @@
+"""Billing rule (spec item 7): bill a user for a month when the platform verifies an access token
+issued to the app for that user while the installation is `Enabled`; never while `Disabled`, and
+at most once per (application, organization, user, month)."""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+
+from models.billing import BillableUse
+from models.clock import clock
+from models.directory import Organization, User
+from oauth.errors import ApiError
+
+MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+
+
+def record_billable_use(app, user, installation) -> bool:
+    """Add the ledger row if billable; True when this call created it."""
+    if installation is None or installation.activation_status != "Enabled":
+        return False
+    now = clock.now()
+    inserted = (BillableUse.insert(application=app.id, organization=installation.organization_id, user=user.id,
+                                   month=now.strftime("%Y-%m"), first_verified_at=now)
+                .on_conflict_ignore().execute())
+    return bool(inserted)
+
+
+def parse_month(value) -> str:
+    if not isinstance(value, str) or not MONTH.match(value):
+        raise ApiError(400, "invalid_month", "month must look like YYYY-MM, e.g. 2026-11.")
+    return value
+
+
+def billing_report(month: str, application_id: str | None = None) -> dict:
+    """Billable users per application and organization for `month`."""
+    month = parse_month(month)
+    query = (BillableUse.select(BillableUse, Organization, User)
+             .join(Organization, on=(BillableUse.organization == Organization.id))
+             .switch(BillableUse).join(User, on=(BillableUse.user == User.id))
+             .where(BillableUse.month == month)
+             .order_by(BillableUse.application, Organization.name, User.email))
+    if application_id:
+        query = query.where(BillableUse.application == application_id)
+    groups: OrderedDict = OrderedDict()
+    for row in query:
+        key = (row.application_id, row.organization_id)
+        group = groups.setdefault(key, {"application_id": row.application_id, "organization_id": row.organization_id,
+                                        "organization_name": row.organization.name, "billable_users": 0, "users": []})
+        group["billable_users"] += 1
+        group["users"].append({"user_id": row.user_id, "email": row.user.email,
+                               "first_verified_at": row.first_verified_at.replace(microsecond=0).isoformat() + "Z"})
+    organizations = list(groups.values())
+    return {"month": month, "total_billable_users": sum(g["billable_users"] for g in organizations),
+            "organizations": organizations}
+
+
+def report_rows(report: dict) -> list[list[str]]:
+    """The report flattened for CSV: one row per billable user."""
+    rows = [["month", "application_id", "organization_id", "organization_name", "user_id", "email",
+             "first_verified_at"]]
+    for group in report["organizations"]:
+        for user in group["users"]:
+            rows.append([report["month"], group["application_id"], group["organization_id"],
+                         group["organization_name"], user["user_id"], user["email"], user["first_verified_at"]])
+    return rows

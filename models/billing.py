@@ -1,0 +1,21 @@
+"""The billing ledger: one row per (application, organization, user, month) that is billable."""
+from __future__ import annotations
+
+import peewee
+
+from models.application import Application
+from models.clock import clock
+from models.db import BaseModel
+from models.directory import Organization, User
+
+
+class BillableUse(BaseModel):
+    application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
+    organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
+    user = peewee.ForeignKeyField(User, on_delete="CASCADE")
+    month = peewee.CharField(max_length=7)  # YYYY-MM, UTC
+    first_verified_at = peewee.DateTimeField(default=lambda: clock.now())
+
+    class Meta:
+        # The unique index is what makes concurrent launches from many processes bill once.
+        indexes = ((("application", "organization", "user", "month"), True),)

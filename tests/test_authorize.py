@@ -1,0 +1,127 @@
+"""GET /oauth/authorize: the redirect_uri rule, launch rules, and error delivery (RFC 6749 4.1.2.1)."""
+import urllib.parse
+
+import pytest
+
+from models.grants import Launch
+from oauth.redirects import redirect_uri_allowed
+
+REGISTERED = "https://app.example.com/main"
+
+
+@pytest.mark.parametrize("candidate", [
+    "https://app.example.com/main",
+    "https://app.example.com/main/",
+    "https://app.example.com/main/tenant/42?x=1",
+    "https://APP.example.com:443/main",
+])
+def test_redirect_uri_under_registered_base_is_allowed(candidate):
+    assert redirect_uri_allowed(candidate, REGISTERED)
+
+
+@pytest.mark.parametrize("candidate", [
+    "https://app.example.com.evil.com/main",   # look-alike host
+    "https://evil.com/app.example.com/main",
+    "https://app.example.com:8443/main",       # another port
+    "https://app.example.com/mainx",           # shares only a string prefix
+    "https://app.example.com/main-evil/x",
+    "http://app.example.com/main",             # scheme change
+    "https://user@app.example.com/main",       # userinfo
+    "https://app.example.com/main/../admin",   # path traversal
+    "https://app.example.com/main#frag",
+    "//app.example.com/main",
+    "",
+])
+def test_redirect_uri_outside_registered_base_is_refused(candidate):
+    assert not redirect_uri_allowed(candidate, REGISTERED)
+
+
+def location_query(headers) -> dict:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(headers["Location"]).query))
+
+
+@pytest.mark.gen_test
+async def test_bad_redirect_uri_is_shown_never_redirected(flow):
+    for uri in ("https://app.example.com.evil.com/main", "https://app.example.com/mainx",
+                "http://app.example.com/main", "https://app.example.com:444/main"):
+        status, headers, body = await flow.authorize(redirect_uri=uri)
+        assert status == 400 and "Location" not in headers, uri
+
+
+@pytest.mark.gen_test
+async def test_unknown_client_is_shown_never_redirected(api, world):
+    query = urllib.parse.urlencode({"client_id": "nope", "redirect_uri": world["app"].redirect_uri,
+                                    "response_type": "code", "launch_id": "x"})
+    status, headers, body = await api.call("GET", f"/v1/oauth/authorize?{query}", headers={"Accept": "application/json"})
+    assert status == 400 and "Location" not in headers
+    assert body["error"] == "invalid_client"
+
+
+@pytest.mark.gen_test
+async def test_redirect_uri_below_base_gets_the_code(flow, world):
+    status, headers, _ = await flow.authorize(redirect_uri="https://app.example.com/main/clinic/7")
+    assert status == 302
+    assert headers["Location"].startswith("https://app.example.com/main/clinic/7?code=")
+
+
+@pytest.mark.gen_test
+async def test_unsupported_response_type_is_redirected_with_error_and_state(flow):
+    status, headers, _ = await flow.authorize(response_type="token", state="s1")
+    assert status == 302
+    query = location_query(headers)
+    assert query["error"] == "unsupported_response_type" and query["state"] == "s1" and "code" not in query
+
+
+@pytest.mark.gen_test
+async def test_missing_launch_id_is_redirected_as_invalid_request(flow, world):
+    status, headers, _ = await flow.authorize(launch_id="")
+    assert status == 302 and location_query(headers)["error"] == "invalid_request"
+
+
+@pytest.mark.gen_test
+async def test_launch_is_single_use(flow):
+    launch_id = await flow.launch()
+    first = await flow.authorize(launch_id=launch_id)
+    second = await flow.authorize(launch_id=launch_id)
+    assert "code" in location_query(first[1])
+    assert location_query(second[1])["error"] == "invalid_request"
+
+
+@pytest.mark.gen_test
+async def test_launch_expires_after_five_minutes(flow, runtime):
+    launch_id = await flow.launch()
+    runtime.clock.advance(301)
+    status, headers, _ = await flow.authorize(launch_id=launch_id)
+    assert location_query(headers)["error"] == "invalid_request"
+
+
+@pytest.mark.gen_test
+async def test_launch_just_before_expiry_still_works(flow, runtime):
+    launch_id = await flow.launch()
+    runtime.clock.advance(299)
+    status, headers, _ = await flow.authorize(launch_id=launch_id)
+    assert "code" in location_query(headers)
+
+
+@pytest.mark.gen_test
+async def test_launch_is_bound_to_its_client(flow, world, runtime):
+    from lifecycle.registry import install_application, register_application
+    other, _ = register_application(runtime, "Other", "https://other.example/cb", "https://other.example/launch")
+    install_application(other.id, world["org"].id)
+    launch_id = await flow.launch(client_id=other.client_id)
+    status, headers, _ = await flow.authorize(launch_id=launch_id)
+    assert location_query(headers)["error"] == "invalid_request"
+    assert Launch.get_by_id(launch_id).used_at is None  # the other client's launch is not burnt
+
+
+@pytest.mark.gen_test
+async def test_login_hint_is_accepted_as_launch_id(flow):
+    launch_id = await flow.launch()
+    status, headers, _ = await flow.authorize(login_hint=launch_id)
+    assert "code" in location_query(headers)
+
+
+@pytest.mark.gen_test
+async def test_both_variants_serve_authorize(flow):
+    status, headers, _ = await flow.authorize(prefix="/os-api/v2")
+    assert status == 302 and "code" in location_query(headers)

@@ -1,0 +1,134 @@
+"""Billing: a ledger row when the platform verifies a token while Enabled; never while Disabled,
+never twice a month, correct with several processes verifying at once."""
+import concurrent.futures
+import csv
+import io
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, free_port, settings_env, start_process, stop_process
+from models.application import Installation
+from models.billing import BillableUse
+
+
+async def platform_verifies(api, world, access_token):
+    """What the hub does with the token the SDK hands it (with a fresh hub session token)."""
+    from lifecycle.sandbox import issue_sandbox_token
+    hub_token = issue_sandbox_token(api.runtime, world["physician"])
+    status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": access_token},
+                                     headers={"Authorization": f"Bearer {hub_token}"})
+    assert status == 200 and body["active"] is True
+
+
+async def verify_on_platform(api, flow, world):
+    """One launch, as the hub does it: tokens, then the platform verifies the access token."""
+    tokens = await flow.tokens()
+    await platform_verifies(api, world, tokens["access_token"])
+    return tokens
+
+
+def set_status(world, status):
+    Installation.update(activation_status=status).where(Installation.application == world["app"].id).execute()
+
+
+@pytest.mark.gen_test
+async def test_first_initialization_disables_and_does_not_bill(api, flow, world):
+    await verify_on_platform(api, flow, world)
+    assert Installation.find(world["app"].id, world["org"].id).activation_status == "Disabled"
+    assert BillableUse.select().count() == 0
+
+
+@pytest.mark.gen_test
+async def test_billed_once_a_month_while_enabled(api, flow, world, runtime):
+    set_status(world, "Enabled")
+    issued_while_enabled = (await flow.tokens())["access_token"]
+    set_status(world, "Disabled")  # the app disabled itself before the platform verified the token
+    await platform_verifies(api, world, issued_while_enabled)
+    assert BillableUse.select().count() == 0
+    set_status(world, "Enabled")
+    await verify_on_platform(api, flow, world)
+    await verify_on_platform(api, flow, world)
+    rows = list(BillableUse.select())
+    assert [(r.user_id, r.organization_id, r.month) for r in rows] == [
+        (world["physician"].id, world["org"].id, runtime.clock.now().strftime("%Y-%m"))]
+    runtime.clock.advance(32 * 86400)
+    await verify_on_platform(api, flow, world)
+    assert BillableUse.select().count() == 2
+
+
+@pytest.mark.gen_test
+async def test_tokens_issued_but_not_verified_are_not_billed(flow, world):
+    """The app refused the user (403): the SDK never hands the token to the platform."""
+    set_status(world, "Enabled")
+    await flow.tokens()
+    assert BillableUse.select().count() == 0
+
+
+def test_concurrent_verifications_across_two_processes_bill_once(settings, world, runtime, tmp_path):
+    set_status(world, "Enabled")
+    from lifecycle.launches import create_launch
+    from oauth.authorization_code import AuthorizationCodeGrant
+    from models.grants import AuthorizationCode, expiry
+    # Mint several independent access tokens for the same user and app.
+    tokens = []
+    grant = AuthorizationCodeGrant(runtime)
+    for i in range(12):
+        launch, _ = create_launch(runtime, world["physician"], world["app"].client_id)
+        code = AuthorizationCode.create(code_hash=f"h{i}", application=world["app"].id, user=world["physician"].id,
+                                        organization=world["org"].id, redirect_uri=world["app"].redirect_uri,
+                                        expires_at=expiry(60))
+        tokens.append(grant.tokens_for(world["app"], code, True)["access_token"])
+    ports = [free_port(), free_port()]
+    env = settings_env(settings)
+    procs = [start_process(["serve", "--port", str(p)], env, p, log_path=tmp_path / f"s{p}.log") for p in ports]
+    try:
+        def verify(i):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{ports[i % 2]}/v1/oauth/introspect", method="POST",
+                data=json.dumps({"token": tokens[i]}).encode(),
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {world['sandbox_token']}"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())["active"]
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            assert all(pool.map(verify, range(12)))
+    finally:
+        for proc in procs:
+            stop_process(proc)
+    assert BillableUse.select().count() == 1
+
+
+@pytest.mark.gen_test
+async def test_billing_report_cli_json_and_csv(api, flow, world, settings, runtime):
+    set_status(world, "Enabled")
+    await verify_on_platform(api, flow, world)
+    month = runtime.clock.now().strftime("%Y-%m")
+    env = settings_env(settings)
+
+    def cli(*args, expect=0):
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == expect, result.stderr
+        return result.stdout
+
+    report = json.loads(cli("billing", "report", "--month", month, "--format", "json"))
+    assert report["total_billable_users"] == 1
+    assert report["organizations"][0]["organization_id"] == world["org"].id
+    assert report["organizations"][0]["users"][0]["email"] == "doc@example.com"
+    rows = list(csv.reader(io.StringIO(cli("billing", "report", "--month", month, "--format", "csv"))))
+    assert rows[0][:3] == ["month", "application_id", "organization_id"] and len(rows) == 2
+    assert json.loads(cli("billing", "report", "--month", "1999-01"))["total_billable_users"] == 0
+    cli("billing", "report", "--month", "2026-13", expect=2)
+
+
+def test_audit_list_shows_state_changes(settings, world, runtime):
+    from lifecycle.registry import generate_fallback_secret
+    generate_fallback_secret(runtime, world["app"].id)
+    env = settings_env(settings)
+    out = subprocess.run([sys.executable, "-m", "cli.__main__", "audit", "list", "--json"], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=60)
+    actions = [e["action"] for e in json.loads(out.stdout)["events"]]
+    assert actions[0] == "application.secret.fallback_generated" and "application.created" in actions

@@ -1,0 +1,38 @@
+"""Settings: every variable of CONTRACTS.md, validated with a message naming the variable."""
+import pytest
+
+from conf import ConfigError, Settings
+
+
+def test_defaults_match_the_contract():
+    s = Settings.from_env({}, dotenv=None)
+    assert s.issuer == "http://127.0.0.1:8888" and s.public_url == s.issuer
+    assert s.database_url == "sqlite:///var/svc-auth.db" and s.redis_url == ""
+    assert s.claims_namespace == "127.0.0.1" and s.demo_application_id == "demo-application"
+    assert s.sync_window == "02:00-04:00" and s.issuer_claim == "http://127.0.0.1:8888/"
+    assert (s.code_ttl, s.launch_ttl, s.access_token_ttl, s.id_token_ttl, s.sandbox_token_ttl,
+            s.presigned_url_ttl) == (60, 300, 300, 3600, 1800, 900)
+    assert s.keys_dir == "var/keys" and s.objects_dir == "var/objects"
+
+
+def test_environment_and_dotenv(tmp_path):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text('# comment\nSVC_ISSUER="https://auth.example.com/"\nexport SVC_CODE_TTL=30\n')
+    s = Settings.from_env({"SVC_CODE_TTL": "45"}, dotenv=dotenv)
+    assert s.issuer == "https://auth.example.com" and s.claims_namespace == "auth.example.com"
+    assert s.code_ttl == 45  # the environment wins over the file
+
+
+@pytest.mark.parametrize("env,name", [
+    ({"SVC_ISSUER": "auth.example.com"}, "SVC_ISSUER"),
+    ({"SVC_DATABASE_URL": "mysql://x"}, "SVC_DATABASE_URL"),
+    ({"SVC_REDIS_URL": "http://x"}, "SVC_REDIS_URL"),
+    ({"SVC_SYNC_WINDOW": "2-4"}, "SVC_SYNC_WINDOW"),
+    ({"SVC_CODE_TTL": "soon"}, "SVC_CODE_TTL"),
+    ({"SVC_ACCESS_TOKEN_TTL": "-5"}, "SVC_ACCESS_TOKEN_TTL"),
+    ({"SVC_S3_ENDPOINT_URL": "http://127.0.0.1:9000"}, "SVC_S3_BUCKET"),
+    ({"SVC_REST_ALLOWED_NETWORKS": "10.0.0.0/8,banana"}, "SVC_REST_ALLOWED_NETWORKS"),
+])
+def test_bad_values_are_refused_naming_the_variable(env, name):
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env(env, dotenv=None)
