@@ -17,15 +17,18 @@ import tornado.web
 
 from conf import Settings
 from conf.runtime import Runtime
-from handlers import oauth, sandbox_api, sandbox_hub, wellknown
+from handlers import oauth, objects, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
+from handlers.rest import appointments as rest_appointments, directory as rest_directory, \
+    charts as rest_charts, invitations as rest_invitations, openapi as rest_openapi
 
 log = logging.getLogger("svc_auth")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 """Served at /static/ (the JS SDK at /static/sdk/svc-sdk.js, the sandbox hub's assets)."""
 
-ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub]
+ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub, objects,
+                 rest_invitations, rest_directory, rest_appointments, rest_charts, rest_openapi]
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
 # Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones
@@ -56,6 +59,13 @@ async def _run(settings: Settings, sockets, on_start) -> None:
     app = make_app(runtime)
     server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT)
     server.add_sockets(sockets)
+    stop_scheduler = None
+    if not settings.redis_url:
+        # Embedded default: tasks run in a worker thread of this process, and this process also
+        # schedules the nightly sync (a unique row per night keeps several processes to one run).
+        from workers.scheduler import start_scheduler_thread
+        runtime.task_queue  # noqa: B018  (starts the in-process worker)
+        stop_scheduler = start_scheduler_thread(runtime)
     if on_start:
         on_start(runtime)
     stop = asyncio.Event()
@@ -66,6 +76,8 @@ async def _run(settings: Settings, sockets, on_start) -> None:
     await stop.wait()
     server.stop()  # stop accepting; let in-flight requests finish
     await server.close_all_connections()
+    if stop_scheduler is not None:
+        stop_scheduler.set()
     runtime.close()
 
 

@@ -6,7 +6,8 @@ setup(
     description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
-                                    "workers*", "examples*"]),
+                                    "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
+                                    "examples*"]),
     py_modules=["server"],
     include_package_data=True,
     install_requires=[
@@ -19,6 +20,7 @@ setup(
         "redis>=5",
         "pyzipper>=0.3.6",
         "boto3>=1.34",
+        "fpdf2>=2.7",
     ],
     extras_require={
         "test": [
@@ -26,6 +28,11 @@ setup(
             "pytest-tornado>=0.8",
             "PyJWT[crypto]>=2.8",
             "jwcrypto>=1.5",
+            "jsonschema>=4.21",
+            "openapi-spec-validator>=0.7",
+            "schemathesis>=4",
+            "pypdf>=4",
+            "moto[server]>=5",
             "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
             "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
         ],

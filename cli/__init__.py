@@ -11,7 +11,8 @@ import sys
 
 from conf import ConfigError, Settings
 
-COMMAND_MODULES = ["cli.serve", "cli.directory", "cli.apps", "cli.keys", "cli.db", "cli.sandbox", "cli.demo", "cli.billing"]
+COMMAND_MODULES = ["cli.serve", "cli.directory", "cli.apps", "cli.keys", "cli.db", "cli.sandbox", "cli.demo",
+                   "cli.workers", "cli.billing"]
 
 
 class UsageError(Exception):

@@ -67,6 +67,21 @@ def _networks(name: str, value: str) -> tuple:
     return tuple(nets)
 
 
+_RATE_LIMIT = re.compile(r"^([a-z_]+)=(\d+)/(\d+)$")
+
+
+def _rate_limits(name: str, value: str) -> tuple:
+    """`invitations=10/60,appointments=100/60` -> ((operation, count, seconds), ...)."""
+    limits = []
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        m = _RATE_LIMIT.match(item)
+        if not m or int(m[2]) < 1 or int(m[3]) < 1:
+            raise ConfigError(f"{name} entries must look like operation=COUNT/SECONDS (e.g. appointments=50/60), "
+                              f"got {item!r}")
+        limits.append((m[1], int(m[2]), int(m[3])))
+    return tuple(limits)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The whole configuration. Field names mirror the `SVC_*` variables, lower-cased."""
@@ -75,6 +90,9 @@ class Settings:
     public_url: str = ""
     database_url: str = "sqlite:///var/svc-auth.db"
     redis_url: str = ""
+    # Key prefix of everything svc-auth stores in Redis (task queues, scheduler, rate limits), so
+    # several deployments (or test sessions) can share one Redis.
+    redis_namespace: str = "svc-auth"
     s3_endpoint_url: str = ""
     s3_bucket: str = ""
     claims_namespace: str = ""
@@ -97,7 +115,17 @@ class Settings:
     rest_allowed_networks: tuple = ()
     trusted_proxies: tuple = ()
     max_body_bytes: int = 64 * 1024
+    # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
+    rate_limits: tuple = ()
     log_level: str = "INFO"
+    # Background work: retries of a failed task (exponential backoff between the two bounds),
+    # worker threads of the in-process worker, and how long a connector session stays active
+    # after it was last seen.
+    task_max_retries: int = 5
+    task_min_backoff_ms: int = 15_000
+    task_max_backoff_ms: int = 15 * 60_000
+    worker_threads: int = 2
+    connector_session_ttl: int = 24 * 3600
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -132,20 +160,33 @@ class Settings:
         scheme = str(merged["database_url"]).split(":", 1)[0]
         if scheme not in ("sqlite", "postgres", "postgresql", "postgresext", "postgresqlext"):
             raise ConfigError(f"SVC_DATABASE_URL must be sqlite:///path or postgresql://..., got {merged['database_url']!r}")
+        if not re.match(r"^[A-Za-z0-9_.:-]{1,64}$", str(merged["redis_namespace"])):
+            raise ConfigError(f"SVC_REDIS_NAMESPACE must be 1-64 letters, digits or _.:-, got {merged['redis_namespace']!r}")
+        try:
+            merged["task_max_retries"] = int(merged["task_max_retries"])
+            if merged["task_max_retries"] < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"SVC_TASK_MAX_RETRIES must be 0 or more, got {merged['task_max_retries']!r}") from None
         if not _SYNC_WINDOW.match(str(merged["sync_window"])):
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
-                     "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes"):
+                     "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
+                     "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
+        if isinstance(merged["rate_limits"], str):
+            merged["rate_limits"] = _rate_limits("SVC_RATE_LIMITS", merged["rate_limits"])
         if not merged["claims_namespace"]:
             merged["claims_namespace"] = urlsplit(merged["issuer"]).hostname or "localhost"
         var = Path(merged["var_dir"])
         merged["keys_dir"] = merged["keys_dir"] or str(var / "keys")
         merged["objects_dir"] = merged["objects_dir"] or str(var / "objects")
         merged["log_level"] = str(merged["log_level"]).upper()
+        if merged["task_max_backoff_ms"] < merged["task_min_backoff_ms"]:
+            raise ConfigError("SVC_TASK_MAX_BACKOFF_MS must not be below SVC_TASK_MIN_BACKOFF_MS")
         return cls(**merged)
 
     def replace(self, **changes) -> "Settings":

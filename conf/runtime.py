@@ -7,12 +7,24 @@ from keys.signing import KeyRing
 from models.clock import clock
 from models.db import open_database
 from oauth.tokens import TokenService
+from ratelimit import build_rate_limiter
+
+
+_current: "Runtime | None" = None
+
+
+def current_runtime() -> "Runtime":
+    """The newest Runtime of this process (background tasks and enqueue helpers use it)."""
+    if _current is None:
+        raise RuntimeError("no Runtime has been built in this process")
+    return _current
 
 
 class Runtime:
     """Database, keys and token service of one process (each forked process builds its own)."""
 
     def __init__(self, settings: Settings):
+        global _current
         self.settings = settings
         self.clock = clock
         self.db = open_database(settings.database_url)
@@ -21,11 +33,35 @@ class Runtime:
                      settings.sandbox_token_ttl)
         self.keyring = KeyRing(settings.keys_dir, retain_seconds=retain, clock=clock.time)
         self.tokens = TokenService(self.keyring, settings.issuer_claim)
+        # Partner REST API limits: Redis when configured (connects on first use), else in-memory.
+        self.rate_limiter = build_rate_limiter(settings)
+        self._object_store = None
+        self._task_queue = None
+        _current = self
+
+    @property
+    def object_store(self):
+        """Where chart ZIPs live: S3 (boto3) when SVC_S3_BUCKET is set, else `var/objects/` (built lazily)."""
+        if self._object_store is None:
+            from storage import open_object_store
+            self._object_store = open_object_store(self.settings, self.hasher)
+        return self._object_store
+
+    @property
+    def task_queue(self):
+        """The Dramatiq broker (Redis, or in-process with its own worker thread), built lazily."""
+        if self._task_queue is None:
+            from workers.broker import install_task_queue
+            self._task_queue = install_task_queue(self)
+        return self._task_queue
 
     def migrate(self) -> list[str]:
         from models.schema import migrate
         return migrate()
 
     def close(self) -> None:
+        if self._task_queue is not None:
+            self._task_queue.close()
+            self._task_queue = None
         if not self.db.is_closed():
             self.db.close()

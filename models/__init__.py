@@ -7,4 +7,5 @@ from models.directory import Organization, User  # noqa: F401
 from models.grants import AuthorizationCode, IssuedToken, Launch  # noqa: F401
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment  # noqa: F401
 from models.charts import ChartRequest  # noqa: F401
+from models.invitations import Invitation  # noqa: F401
 from models.billing import BillableUse  # noqa: F401

@@ -16,11 +16,13 @@ from models.charts import ChartRequest
 from models.db import BaseModel, database
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, IssuedToken, Launch
+from models.invitations import Invitation
+from models.schedule import ScheduledRun
 
 MODELS: list[type[peewee.Model]] = [
     Organization, User, Application, Installation, Authorization,
     Launch, AuthorizationCode, IssuedToken, AuditEvent,
-    Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, BillableUse,
+    Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
 ]
 
 # (version, description, function(migrator)) — append only.

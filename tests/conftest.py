@@ -23,6 +23,7 @@ from conf import Settings
 from conf.runtime import Runtime
 from models.clock import clock
 from models.schema import MODELS
+from openapi_contract import check_response  # every response is checked against /v1/openapi.json
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = os.environ.get("SVC_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
@@ -109,6 +110,7 @@ class Api:
             body = b""
         response = await self.http.fetch(self.base_url + path, method=method, body=body, headers=headers,
                                          raise_error=False, follow_redirects=follow_redirects)
+        check_response(method, response.effective_url, response.code, response.headers, response.body)
         try:
             payload = json.loads(response.body) if response.body else None
         except ValueError:

@@ -1,0 +1,91 @@
+"""`svc-auth worker`, `svc-auth scheduler` and `svc-auth snapshot run [--date YYYY-MM-DD]`."""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import signal
+import threading
+
+from cli import UsageError, emit, with_runtime
+
+log = logging.getLogger("svc_auth.workers")
+
+
+def register(commands) -> None:
+    p = commands.add_parser("worker", help="run a Dramatiq worker (needs SVC_REDIS_URL)")
+    p.add_argument("--threads", type=int, default=None, help="worker threads (default SVC_WORKER_THREADS)")
+    p.add_argument("--queues", nargs="*", default=None, help="only consume these queues (snapshots, charts)")
+    p.set_defaults(handler=with_runtime(run_worker))
+
+    p = commands.add_parser("scheduler", help="queue the nightly appointment sync at SVC_SYNC_WINDOW")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between checks (default 30)")
+    p.add_argument("--once", action="store_true", help="check once and exit (for cron)")
+    p.set_defaults(handler=with_runtime(run_scheduler_command))
+
+    snapshot = commands.add_parser("snapshot", help="appointment snapshots").add_subparsers(dest="action", required=True)
+    p = snapshot.add_parser("run", help="build a night's appointment snapshots now, in this process")
+    p.add_argument("--date", help="the night, YYYY-MM-DD (default: today, UTC)")
+    p.add_argument("--org", action="append", help="only this organization (repeatable)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=with_runtime(run_snapshot))
+
+
+def _wait_for_signal() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def run_worker(runtime, args) -> int:
+    if not runtime.settings.redis_url:
+        raise UsageError("SVC_REDIS_URL is not set: without Redis, tasks run in the worker thread inside `svc-auth serve`")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be 1 or more")
+    stop = _wait_for_signal()
+    queue = runtime.task_queue
+    if args.queues:
+        unknown = set(args.queues) - set(queue.broker.get_declared_queues())
+        if unknown:
+            raise UsageError(f"unknown queue(s) {', '.join(sorted(unknown))}; choose from snapshots, charts")
+        import dramatiq
+        queue.worker = dramatiq.Worker(queue.broker, queues=set(args.queues),
+                                       worker_threads=args.threads or runtime.settings.worker_threads)
+        queue.worker.start()
+    else:
+        queue.start_worker(args.threads)
+    log.info("worker consuming %s", ", ".join(sorted(args.queues or queue.broker.get_declared_queues())))
+    stop.wait()
+    log.info("worker stopping: finishing the tasks in hand")
+    return 0  # with_runtime closes the runtime, which stops the worker
+
+
+def run_scheduler_command(runtime, args) -> int:
+    from workers.scheduler import run_scheduler, tick
+    if args.interval <= 0:
+        raise UsageError("--interval must be positive")
+    runtime.task_queue  # noqa: B018  (connect the broker before the first tick)
+    if args.once:
+        night = tick(runtime)
+        print(f"queued the nightly sync of {night}" if night else "nothing to queue now")
+        return 0
+    stop = _wait_for_signal()
+    log.info("scheduler running; sync window %s UTC", runtime.settings.sync_window)
+    run_scheduler(runtime, stop, args.interval)
+    return 0
+
+
+def run_snapshot(runtime, args) -> int:
+    from models.clock import clock
+    from models.directory import Organization
+    from workers.snapshot import run_night
+    try:
+        night = dt.date.fromisoformat(args.date) if args.date else clock.now().date()
+    except ValueError:
+        raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
+    for org_id in args.org or ():
+        if Organization.get_or_none(Organization.id == org_id) is None:
+            raise UsageError(f"no organization has id {org_id!r}")
+    results = run_night(runtime.settings, night, args.org)
+    emit({"snapshot_date": night.isoformat(), "organizations": results}, args.json)
+    return 1 if any(isinstance(v, str) for v in results.values()) else 0

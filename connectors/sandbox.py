@@ -1,0 +1,169 @@
+"""The sandbox EHR: deterministic, realistic, de-identified data generated per organization.
+
+Every value derives from a hash of (organization id, what is asked), so the same question gives
+the same answer on every machine and run, and nothing is stored. All people are synthetic.
+
+For testing error handling, the organization's `ehr_url` can ask the sandbox to misbehave:
+`?outage=1` makes every call fail as unavailable (retried), `?latency=SECONDS` delays every call.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import random
+import time
+from functools import lru_cache
+from urllib.parse import parse_qs, urlsplit
+
+from connectors import (Appointment, Chart, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
+                        Provider)
+
+PANEL_SIZE = 150
+SLOT_MINUTES = 30
+DAY_START_UTC = dt.time(13, 0)   # 09:00 US Eastern
+DAY_END_UTC = dt.time(21, 0)
+HISTORY_START = dt.date(2016, 1, 4)
+
+FIRST_F = ["Avery", "Brooke", "Camila", "Dana", "Elena", "Fiona", "Grace", "Hana", "Iris", "Jade", "Kira",
+           "Lena", "Maya", "Nora", "Olive", "Paige", "Quinn", "Rosa", "Sage", "Tara", "Uma", "Vera", "Willa", "Zoe"]
+FIRST_M = ["Aaron", "Blake", "Caleb", "Dario", "Eli", "Felix", "Gabe", "Hugo", "Ivan", "Jonah", "Kai", "Leo",
+           "Milo", "Nico", "Omar", "Pablo", "Reid", "Soren", "Theo", "Ulises", "Victor", "Wes", "Yusuf", "Zane"]
+LAST = ["Abbott", "Barrow", "Castillo", "Delgado", "Ellison", "Fairbanks", "Gallagher", "Hartley", "Ibarra",
+        "Jennings", "Kowalski", "Lindqvist", "Mercado", "Nakamura", "Okafor", "Prescott", "Quintero", "Rasmussen",
+        "Sandoval", "Thibodeaux", "Underwood", "Valencia", "Whitfield", "Yamamoto", "Zielinski"]
+PROBLEMS = [("I10", "Essential (primary) hypertension"), ("E11.9", "Type 2 diabetes mellitus without complications"),
+            ("E78.5", "Hyperlipidemia, unspecified"), ("J45.909", "Unspecified asthma, uncomplicated"),
+            ("M54.50", "Low back pain, unspecified"), ("F41.1", "Generalized anxiety disorder"),
+            ("K21.9", "Gastro-esophageal reflux disease without esophagitis"), ("E03.9", "Hypothyroidism, unspecified"),
+            ("G43.909", "Migraine, unspecified"), ("M17.11", "Unilateral primary osteoarthritis, right knee"),
+            ("E66.9", "Obesity, unspecified"), ("N39.0", "Urinary tract infection, site not specified")]
+MEDICATIONS = [("Lisinopril", "10 mg", "once daily"), ("Metformin", "500 mg", "twice daily with meals"),
+               ("Atorvastatin", "20 mg", "once daily at bedtime"), ("Albuterol HFA", "90 mcg/actuation", "2 puffs every 4-6 h as needed"),
+               ("Levothyroxine", "50 mcg", "once daily before breakfast"), ("Omeprazole", "20 mg", "once daily"),
+               ("Sertraline", "50 mg", "once daily"), ("Amlodipine", "5 mg", "once daily"),
+               ("Ibuprofen", "400 mg", "every 8 h as needed"), ("Sumatriptan", "50 mg", "at migraine onset, max 200 mg/day")]
+ALLERGIES = [("Penicillin", "Hives", "moderate"), ("Sulfonamides", "Rash", "mild"), ("Peanuts", "Anaphylaxis", "severe"),
+             ("Latex", "Contact dermatitis", "mild"), ("Shellfish", "Swelling of lips", "moderate")]
+VISIT_TYPES = [("Follow-up", 30), ("Annual physical", 30), ("New patient", 60), ("Telehealth", 30),
+               ("Acute visit", 30), ("Medication review", 30)]
+REASONS = ["Blood pressure check", "Diabetes follow-up", "Annual wellness exam", "Cough and congestion",
+           "Medication refill", "Back pain", "Lab results review", "Headaches", "Knee pain", "Anxiety follow-up",
+           "Thyroid follow-up", "Heartburn"]
+ASSESSMENTS = ["Condition stable on current regimen.", "Symptoms improved since last visit.",
+               "Mild exacerbation; no red flags on exam.", "Labs within target range.",
+               "Patient reports good adherence and no side effects.", "Findings consistent with a viral illness."]
+PLANS = ["Continue current medications; follow up in 3 months.", "Order basic metabolic panel and HbA1c.",
+         "Start home exercise program; recheck in 6 weeks.", "Increase dose as tolerated; call with side effects.",
+         "Supportive care, fluids and rest; return if worse.", "Refer to physical therapy."]
+
+
+def _rng(*parts) -> random.Random:
+    seed = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return random.Random(int.from_bytes(seed[:8], "big"))
+
+
+def _hex(*parts, length: int = 16) -> str:
+    return hashlib.sha256(":".join(str(p) for p in parts).encode()).hexdigest()[:length]
+
+
+@lru_cache(maxsize=64)
+def patient_panel(organization_id: str) -> tuple[Patient, ...]:
+    """The organization's synthetic patients, always the same ones."""
+    patients = []
+    for index in range(PANEL_SIZE):
+        rng = _rng(organization_id, "patient", index)
+        sex = rng.choice(["female", "male"])
+        first = rng.choice(FIRST_F if sex == "female" else FIRST_M)
+        born = dt.date(1940, 1, 1) + dt.timedelta(days=rng.randrange(0, 365 * 80))
+        patients.append(Patient(id=f"pat_{_hex(organization_id, 'patient', index)}", first_name=first,
+                                last_name=rng.choice(LAST), date_of_birth=born, sex=sex))
+    return tuple(patients)
+
+
+class SandboxConnector:
+    def __init__(self, organization_id: str, organization_name: str, ehr_url: str = ""):
+        self.organization_id = organization_id
+        self.organization_name = organization_name
+        query = parse_qs(urlsplit(ehr_url or "").query)
+        self.outage = query.get("outage", ["0"])[0] not in ("", "0")
+        try:
+            self.latency = max(0.0, float(query.get("latency", ["0"])[0]))
+        except ValueError:
+            self.latency = 0.0
+
+    def _call(self) -> None:
+        """Where a real connector talks to its EHR: simulate its latency and outages."""
+        if self.latency:
+            time.sleep(self.latency)
+        if self.outage:
+            raise ConnectorUnavailable("The sandbox EHR is unavailable (simulated outage).")
+
+    def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
+        self._call()
+        panel = patient_panel(self.organization_id)
+        day = start.date()
+        while day <= end.date():
+            if day.weekday() < 5:  # clinics are closed at weekends
+                yield from self._day(provider, day, panel, start, end)
+            day += dt.timedelta(days=1)
+
+    def _day(self, provider: Provider, day: dt.date, panel, start: dt.datetime, end: dt.datetime):
+        rng = _rng(self.organization_id, provider.npi, day.isoformat())
+        slot = dt.datetime.combine(day, DAY_START_UTC)
+        close = dt.datetime.combine(day, DAY_END_UTC)
+        room = rng.randrange(1, 7)
+        while slot < close:
+            if rng.random() < 0.72:
+                visit_type, minutes = rng.choice(VISIT_TYPES)
+                appointment_end = min(slot + dt.timedelta(minutes=minutes), close)
+                patient = panel[rng.randrange(len(panel))]
+                status = "cancelled" if rng.random() < 0.06 else rng.choice(["booked", "booked", "confirmed"])
+                if start <= slot < end:
+                    yield Appointment(
+                        id=f"apt_{_hex(self.organization_id, provider.npi, slot.isoformat())}",
+                        start=slot, end=appointment_end, status=status, appointment_type=visit_type,
+                        reason=rng.choice(REASONS),
+                        location="Telehealth" if visit_type == "Telehealth" else f"Exam Room {room}",
+                        patient=patient)
+                slot = appointment_end
+            else:
+                slot += dt.timedelta(minutes=SLOT_MINUTES)
+
+    def fetch_chart(self, patient_id: str) -> Chart:
+        self._call()
+        patient = next((p for p in patient_panel(self.organization_id) if p.id == patient_id), None)
+        if patient is None:
+            raise PatientNotFound(f"The EHR has no patient {patient_id} in this organization.")
+        rng = _rng(self.organization_id, patient_id, "chart")
+        problems = [{"code": code, "description": text, "onset": _date(rng).isoformat()}
+                    for code, text in rng.sample(PROBLEMS, rng.randint(1, 5))]
+        medications = [{"name": name, "dose": dose, "frequency": freq, "started": _date(rng).isoformat()}
+                       for name, dose, freq in rng.sample(MEDICATIONS, rng.randint(0, 5))]
+        allergies = [{"substance": s, "reaction": r, "severity": sev}
+                     for s, r, sev in rng.sample(ALLERGIES, rng.randint(0, 2))]
+        count = rng.randint(3, 40)
+        return Chart(patient=patient, organization_name=self.organization_name, problems=problems,
+                     medications=medications, allergies=allergies,
+                     encounter_source=lambda: self._encounters(patient_id, count))
+
+    def _encounters(self, patient_id: str, count: int):
+        rng = _rng(self.organization_id, patient_id, "encounters")
+        day = HISTORY_START + dt.timedelta(days=rng.randrange(0, 200))
+        for _ in range(count):
+            visit_type, _minutes = rng.choice(VISIT_TYPES)
+            yield Encounter(
+                date=day, encounter_type=visit_type, provider=f"Dr. {rng.choice(FIRST_F + FIRST_M)} {rng.choice(LAST)}",
+                reason=rng.choice(REASONS),
+                vitals={"blood_pressure": f"{rng.randint(104, 152)}/{rng.randint(64, 96)} mmHg",
+                        "heart_rate": f"{rng.randint(56, 98)} bpm", "temperature": f"{rng.uniform(36.3, 37.6):.1f} C",
+                        "weight": f"{rng.uniform(48, 118):.1f} kg"},
+                assessment=rng.choice(ASSESSMENTS), plan=rng.choice(PLANS))
+            day += dt.timedelta(days=rng.randint(20, 120))
+
+
+def _date(rng: random.Random) -> dt.date:
+    return HISTORY_START + dt.timedelta(days=rng.randrange(0, 3000))
+
+
+def connect(organization) -> SandboxConnector:
+    return SandboxConnector(organization.id, organization.name, organization.ehr_url)

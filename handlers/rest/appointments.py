@@ -1,0 +1,16 @@
+"""`GET /v1/appointments/{svcOrganizationId}`: a page of the latest nightly snapshot."""
+from __future__ import annotations
+
+from handlers.rest.base import PartnerApiHandler
+from partner_api.appointments import appointments_page
+
+
+class AppointmentsHandler(PartnerApiHandler):
+    operations = {"GET": "appointments"}
+
+    def get(self, organization_id):
+        self.write_json(appointments_page(self.partner_app, organization_id, self.query_params()))
+
+
+def routes(runtime) -> list:
+    return [(r"/v1/appointments/([^/]+)", AppointmentsHandler)]

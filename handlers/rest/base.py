@@ -1,0 +1,63 @@
+"""`PartnerApiHandler`: the one place a REST call is admitted.
+
+In order: the client network against the global allowlist, the Bearer client-credentials token
+(401 + `WWW-Authenticate`), the application's own allowlist, then the rate limit of the
+operation for that client (`RateLimit-*` headers on every limited response, 429 + `Retry-After`
+when exceeded, 503 when the shared limiter cannot be reached).
+"""
+from __future__ import annotations
+
+from handlers.base import BaseHandler
+from oauth.errors import ApiError
+from partner_api.auth import partner_application
+from partner_api.network import client_address, parse_networks, require_allowed_network
+from ratelimit import RateLimiterUnavailable
+
+
+class PartnerApiHandler(BaseHandler):
+    operations: dict[str, str] = {}
+    """HTTP method -> rate-limit operation name (see `ratelimit.policy`)."""
+
+    partner_app = None
+    _limit_headers: dict = {}
+
+    def client_address(self) -> str:
+        return client_address(self.request.remote_ip, self.request.headers.get("X-Forwarded-For"),
+                              self.svc_settings.trusted_proxies)
+
+    async def prepare(self):
+        super().prepare()
+        self.set_header("Cache-Control", "no-store")
+        address = self.client_address()
+        require_allowed_network(address, self.svc_settings.rest_allowed_networks)
+        self.partner_app = partner_application(self.runtime, self.request.headers.get("Authorization"))
+        require_allowed_network(address, parse_networks(self.partner_app.rest_allowed_networks))
+        operation = self.operations.get(self.request.method)
+        if operation:
+            await self.apply_rate_limit(operation)
+
+    async def apply_rate_limit(self, operation: str) -> None:
+        try:
+            decision = await self.runtime.rate_limiter.hit(self.partner_app.id, operation)
+        except RateLimiterUnavailable:
+            raise ApiError(503, "rate_limiter_unavailable",
+                           "The rate limiter's store (Redis) cannot be reached; the request was not processed. "
+                           "Retry shortly.", {"Retry-After": "5"}) from None
+        self._limit_headers = decision.headers()
+        for name, value in self._limit_headers.items():
+            self.set_header(name, value)
+        if not decision.allowed:
+            raise ApiError(429, "rate_limited",
+                           f"Too many requests for this operation: the limit is {decision.limit} per "
+                           f"{self.runtime.rate_limiter.limit_of(operation).seconds} seconds. "
+                           f"Retry after {decision.reset} seconds.", self._limit_headers)
+
+    def write_error(self, status_code: int, **kwargs):
+        # send_error() cleared our headers; a limited response keeps its RateLimit-* headers.
+        for name, value in self._limit_headers.items():
+            self.set_header(name, value)
+        super().write_error(status_code, **kwargs)
+
+    def json_body(self) -> dict:
+        """The body as a JSON object (the REST API takes JSON only)."""
+        return self.body_params(allow_form=False)

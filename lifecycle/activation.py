@@ -1,0 +1,32 @@
+"""The application activation status of one installation (spec: States and transitions).
+
+(none) -> Disabled happens at the first completed SDK initialization (`lifecycle.verification`).
+After that the application sets `Enabled` or `Disabled` itself; the first `Enabled` starts the
+30-day free trial of that installation. Every change is audited (it decides billing).
+"""
+from __future__ import annotations
+
+from models.application import ACTIVATION_STATUSES, Installation
+from models.audit import AuditEvent
+from models.clock import clock
+from oauth.errors import ApiError
+
+
+def set_activation_status(installation: Installation, status, actor: str) -> Installation:
+    if status not in ACTIVATION_STATUSES:
+        raise ApiError(400, "invalid_status", f"status must be one of {', '.join(ACTIVATION_STATUSES)}.")
+    current = Installation.get_by_id(installation.id)
+    if current.activation_status is None:
+        raise ApiError(409, "not_initialized",
+                       "The activation status can be set only after the application's first SDK initialization "
+                       "in this organization.")
+    with Installation._meta.database.atomic():
+        Installation.update(activation_status=status).where(Installation.id == current.id).execute()
+        if status == "Enabled":
+            # Only the first Enabled starts the trial, even when two requests race.
+            (Installation.update(trial_started_at=clock.now())
+             .where((Installation.id == current.id) & Installation.trial_started_at.is_null()).execute())
+        AuditEvent.record(actor, "installation.activation_status_set",
+                          f"{current.application_id}/{current.organization_id}",
+                          before=current.activation_status, after=status)
+    return Installation.get_by_id(current.id)

@@ -1,0 +1,30 @@
+"""Invitations: a single-use, expiring link that lets an invited user into the sandbox hub."""
+from __future__ import annotations
+
+import peewee
+
+from models.application import Application
+from models.clock import clock
+from models.db import BaseModel
+from models.directory import Organization, User
+
+
+class Invitation(BaseModel):
+    """Stored by the keyed hash of its token: the link itself is a bearer secret."""
+
+    token_hash = peewee.CharField(primary_key=True, max_length=128)
+    application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
+    organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
+    user = peewee.ForeignKeyField(User, backref="invitations", on_delete="CASCADE")
+    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    expires_at = peewee.DateTimeField()
+    used_at = peewee.DateTimeField(null=True)
+
+    def consume(self) -> bool:
+        """Mark the invitation used; True for exactly one caller, and only before it expires."""
+        now = clock.now()
+        claimed = (Invitation.update(used_at=now)
+                   .where((Invitation.token_hash == self.token_hash) & Invitation.used_at.is_null()
+                          & (Invitation.expires_at > now))
+                   .execute())
+        return claimed == 1

@@ -1,0 +1,27 @@
+"""Runs of scheduled jobs: one row per job and date, so a night is claimed by one scheduler only."""
+from __future__ import annotations
+
+import peewee
+
+from models.clock import clock
+from models.db import BaseModel
+
+
+class ScheduledRun(BaseModel):
+    job = peewee.CharField(max_length=64)
+    run_date = peewee.DateField()
+    claimed_at = peewee.DateTimeField(default=lambda: clock.now())
+    claimed_by = peewee.CharField(max_length=200, default="")
+
+    class Meta:
+        indexes = ((("job", "run_date"), True),)
+
+    @classmethod
+    def claim(cls, job: str, run_date, claimed_by: str = "") -> bool:
+        """True for exactly one caller per (job, date), however many schedulers race for it."""
+        try:
+            with cls._meta.database.atomic():
+                cls.create(job=job, run_date=run_date, claimed_by=claimed_by[:200])
+            return True
+        except peewee.IntegrityError:
+            return False

@@ -1,0 +1,65 @@
+"""`GET /v1/appointments/{svcOrganizationId}`: pages of the latest complete nightly snapshot.
+
+Only appointments of providers who completed this application's auth flow (an `Authorization`
+row), only in organizations where the application is installed. Pages are ordered by
+(start, row id), a total order within one snapshot, so consecutive pages never overlap or skip;
+the snapshot only changes when the next night's one is complete.
+"""
+from __future__ import annotations
+
+import re
+
+from models.application import Application, Authorization
+from models.appointments import Snapshot, SnapshotAppointment
+from models.clock import utc_iso
+from oauth.errors import ApiError
+from partner_api import testdata
+from partner_api.access import installation_of, path_id
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 50
+MAX_OFFSET = 2**31 - 1
+_INTEGER = re.compile(r"^\d{1,10}$")
+
+
+def _integer(name: str, raw: str | None, default: int, low: int, high: int) -> int:
+    if raw is None:
+        return default
+    if not _INTEGER.match(raw) or not low <= int(raw) <= high:
+        raise ApiError(400, "invalid_pagination", f"{name} must be an integer from {low} to {high}, got {raw!r}.")
+    return int(raw)
+
+
+def page_params(query: dict) -> tuple[int, int]:
+    """(offset, limit) from the query: offset >= 0 (default 0), 1 <= limit <= 50 (default 50)."""
+    offset = _integer("offset", query.get("offset"), 0, 0, MAX_OFFSET)
+    limit = _integer("limit", query.get("limit"), DEFAULT_LIMIT, 1, MAX_LIMIT)
+    return offset, limit
+
+
+def appointment_json(row: SnapshotAppointment) -> dict:
+    return {
+        "id": row.ehr_appointment_id, "start": utc_iso(row.start), "end": utc_iso(row.end), "status": row.status,
+        "appointment_type": row.appointment_type, "reason": row.reason, "location": row.location,
+        "provider": {"user_id": row.provider_id, "npi": row.provider_npi, "name": row.provider_name},
+        "patient": {"id": row.patient_id, "first_name": row.patient_first_name, "last_name": row.patient_last_name,
+                    "date_of_birth": row.patient_date_of_birth.isoformat(), "sex": row.patient_sex},
+    }
+
+
+def appointments_page(app: Application, organization_id: str, query: dict) -> dict:
+    path_id("svcOrganizationId", organization_id)
+    offset, limit = page_params(query)
+    if organization_id == testdata.TEST_ORGANIZATION_ID:
+        return testdata.appointments_page(offset, limit)
+    installation_of(app, organization_id, "svcOrganizationId")
+    snapshot = Snapshot.latest_complete(organization_id)
+    if snapshot is None:
+        return {"appointments": [], "offset": offset, "limit": limit, "total": 0, "snapshot_date": None}
+    authorized = Authorization.select(Authorization.user).where(Authorization.application == app.id)
+    rows = SnapshotAppointment.select().where(
+        (SnapshotAppointment.snapshot == snapshot.id) & SnapshotAppointment.provider.in_(authorized))
+    total = rows.count()
+    page = rows.order_by(SnapshotAppointment.start, SnapshotAppointment.id).offset(offset).limit(limit)
+    return {"appointments": [appointment_json(row) for row in page], "offset": offset, "limit": limit,
+            "total": total, "snapshot_date": snapshot.snapshot_date.isoformat()}

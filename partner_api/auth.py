@@ -1,0 +1,28 @@
+"""Who is calling: the application a client-credentials access token was issued to."""
+from __future__ import annotations
+
+from models.application import Application
+from models.grants import IssuedToken
+from oauth.errors import invalid_token
+from oauth.resource import bearer_value
+from oauth.tokens import PARTNER_API_AUDIENCE, InvalidToken
+
+
+def partner_application(runtime, authorization: str | None) -> Application:
+    """The app behind `Authorization: Bearer <token>`, or 401 with `WWW-Authenticate`.
+
+    Refused alike: no token, a token that is not ours, expired, revoked, or of another kind
+    (a user access token or sandbox token carries another audience)."""
+    token = bearer_value(authorization)
+    if not token:
+        raise invalid_token("A Bearer access token from POST /v1/oauth/token is required.")
+    try:
+        claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
+    except InvalidToken:
+        raise invalid_token() from None
+    if not IssuedToken.is_active(claims.get("jti", "")):
+        raise invalid_token()
+    app = Application.get_or_none(Application.id == claims.get("sub"))
+    if app is None:
+        raise invalid_token()
+    return app

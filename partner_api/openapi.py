@@ -1,0 +1,303 @@
+"""The OpenAPI 3.1 document of the partner REST API and the OAuth endpoints (`GET /v1/openapi.json`).
+
+Kept as Python so the repeated parts (errors, rate-limit headers, both OAuth address variants)
+are written once. `tests/openapi_contract.py` validates every response the test suite sees
+against it, and a schemathesis run fuzzes the live service with it.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+from partner_api.access import PATH_ID
+from partner_api.appointments import MAX_LIMIT
+
+VERSION = "1.0.0"
+NULLABLE_STRING = {"type": ["string", "null"]}
+DATE_TIME = {"type": "string", "format": "date-time"}
+NULLABLE_DATE_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+
+def _object(properties: dict, required: list | None = None, additional: bool = False) -> dict:
+    return {"type": "object", "properties": properties,
+            "required": list(properties) if required is None else required, "additionalProperties": additional}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+SCHEMAS = {
+    "Error": {"type": "object", "required": ["error", "message"], "properties": {
+        "error": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "description": "snake_case error code"},
+        "message": {"type": "string", "description": "a sentence for people"},
+        "error_description": {"type": "string", "description": "OAuth endpoints: RFC 6749 5.2 description"},
+    }},
+    "TokenRequest": {"type": "object", "required": ["grant_type"], "properties": {
+        "grant_type": {"type": "string", "enum": ["authorization_code", "client_credentials"]},
+        "client_id": {"type": "string"}, "client_secret": {"type": "string"}, "code": {"type": "string"},
+    }},
+    "TokenResponse": {"type": "object", "required": ["access_token", "token_type", "expires_in"], "properties": {
+        "access_token": {"type": "string"}, "id_token": {"type": "string"},
+        "token_type": {"type": "string", "enum": ["Bearer"]}, "expires_in": {"type": "integer"},
+        "scope": {"type": "string"},
+    }, "additionalProperties": False},
+    "UserInfo": {"type": "object", "required": ["sub"], "properties": {
+        "sub": {"type": "string"}, "email": {"type": "string"}, "given_name": {"type": "string"},
+        "family_name": {"type": "string"}}, "additionalProperties": True,
+        "description": "Also `https://{claims_namespace}/ehrUsername` and `.../organization` when declared."},
+    "Introspection": {"type": "object", "required": ["active"], "properties": {"active": {"type": "boolean"}},
+                      "additionalProperties": True},
+    "SandboxLaunchRequest": _object({"client_id": {"type": "string"}}, additional=True),
+    "SandboxLaunch": _object({"launch_id": {"type": "string"}, "launch_url": {"type": "string", "format": "uri"},
+                              "expires_in": {"type": "integer"}}),
+    "InvitationRequest": _object({
+        "email": {"type": "string", "format": "email", "maxLength": 200},
+        "given_name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "family_name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "organization_name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "npi": {"type": "string", "pattern": "^[0-9]{10}$"},
+    }, required=["email", "given_name", "family_name", "organization_name"]),
+    "Invitation": _object({"invitation_url": {"type": "string", "format": "uri"}, "expires_at": DATE_TIME,
+                           "organization_id": {"type": "string"}, "user_id": {"type": "string"}}),
+    "Organization": _object({
+        "id": {"type": "string"}, "name": {"type": "string"}, "ehr": {"type": "string"},
+        "installed_at": DATE_TIME,
+        "activation_status": {"type": ["string", "null"], "enum": ["Disabled", "Enabled", None],
+                              "description": "null until the app's first SDK initialization in the organization"},
+        "user_count": {"type": "integer", "minimum": 0}}),
+    "User": _object({
+        "id": {"type": "string"}, "email": {"type": "string"}, "given_name": NULLABLE_STRING,
+        "family_name": NULLABLE_STRING, "npi": NULLABLE_STRING,
+        "status": {"type": "string", "enum": ["invited", "active", "authorized"]},
+        "authorized_at": NULLABLE_DATE_TIME, "last_launch_at": NULLABLE_DATE_TIME}),
+    "ActivationStatusRequest": _object({"status": {"type": "string", "enum": ["Enabled", "Disabled"]}}),
+    "ActivationStatus": _object({"status": {"type": "string", "enum": ["Enabled", "Disabled"]},
+                                 "trial_started_at": NULLABLE_DATE_TIME}),
+    "Appointment": _object({
+        "id": {"type": "string"}, "start": DATE_TIME, "end": DATE_TIME, "status": {"type": "string"},
+        "appointment_type": {"type": "string"}, "reason": {"type": "string"}, "location": {"type": "string"},
+        "provider": _object({"user_id": {"type": "string"}, "npi": {"type": "string"}, "name": {"type": "string"}}),
+        "patient": _object({"id": {"type": "string"}, "first_name": {"type": "string"},
+                            "last_name": {"type": "string"}, "date_of_birth": {"type": "string", "format": "date"},
+                            "sex": {"type": "string"}})}),
+    "AppointmentPage": _object({
+        "appointments": {"type": "array", "items": _ref("Appointment"), "maxItems": MAX_LIMIT},
+        "offset": {"type": "integer", "minimum": 0}, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+        "total": {"type": "integer", "minimum": 0},
+        "snapshot_date": {"type": ["string", "null"], "format": "date",
+                          "description": "date of the nightly snapshot read; null before the first one"}}),
+    "ChartRequestCreate": _object({"svc_organization_id": {"type": "string", "pattern": PATH_ID.pattern},
+                                   "patient_id": {"type": "string", "pattern": PATH_ID.pattern}}),
+    "ChartRequestAccepted": _object({"request_id": {"type": "string"},
+                                     "status": {"type": "string", "enum": ["pending"]}}),
+    "ChartRequest": _object({"request_id": {"type": "string"},
+                             "status": {"type": "string", "enum": ["pending", "ready", "failed"]},
+                             "created_at": DATE_TIME, "ready_at": NULLABLE_DATE_TIME, "error": NULLABLE_STRING}),
+    "DownloadUrl": _object({"download_url": {"type": "string", "format": "uri"}, "expires_at": DATE_TIME}),
+}
+
+HEADERS = {
+    "RateLimit-Limit": {"description": "requests allowed per window for this client and operation",
+                        "schema": {"type": "integer"}},
+    "RateLimit-Remaining": {"description": "requests left in the current window", "schema": {"type": "integer"}},
+    "RateLimit-Reset": {"description": "seconds until the window resets", "schema": {"type": "integer"}},
+    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}},
+    "WWW-Authenticate": {"description": "RFC 6750 Bearer challenge", "schema": {"type": "string"}},
+}
+LIMIT_HEADERS = ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
+
+
+def _header_refs(names, required: bool) -> dict:
+    return {n: {**HEADERS[n], **({"required": True} if required else {})} for n in names}
+
+
+def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
+    response = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _error(description: str, headers: dict | None = None) -> dict:
+    return _json(_ref("Error"), description, headers)
+
+
+def _path_param(name: str, description: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "description": description,
+            "schema": {"type": "string", "pattern": PATH_ID.pattern, "maxLength": 64}}
+
+
+def _rest_operation(summary: str, operation_id: str, limited: bool, success: dict, errors: dict,
+                    parameters: list | None = None, body: str | None = None) -> dict:
+    """A partner API operation: Bearer auth, region rule, rate limit, JSON errors."""
+    limit_headers = _header_refs(LIMIT_HEADERS, required=True) if limited else None
+    responses = {}
+    for status, response in success.items():
+        response = copy.deepcopy(response)
+        if limit_headers:
+            response.setdefault("headers", {}).update(limit_headers)
+        responses[status] = response
+    responses.update(errors)
+    responses["401"] = _error("missing, invalid, expired or revoked access token",
+                              _header_refs(["WWW-Authenticate"], required=True))
+    responses["403"] = _error("`region_not_allowed` (client network outside the allowlist) or not the caller's "
+                              "application/organization (`forbidden`, `not_installed`)")
+    responses["413"] = _error("request body too large")
+    if limited:
+        responses["429"] = _error("`rate_limited`: too many requests for this operation",
+                                  _header_refs([*LIMIT_HEADERS, "Retry-After"], required=True))
+        responses["503"] = _error("`rate_limiter_unavailable`: the shared rate-limit store cannot be reached",
+                                  _header_refs(["Retry-After"], required=True))
+    operation = {"summary": summary, "operationId": operation_id, "tags": ["partner"],
+                 "security": [{"partnerToken": []}], "parameters": parameters or [], "responses": responses}
+    if body:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
+        responses.setdefault("400", _error("bad JSON, wrong types, unknown or missing fields"))
+        responses["415"] = _error("Content-Type is not application/json")
+    if limited:
+        operation["x-rate-limit-operation"] = operation_id
+    return operation
+
+
+BAD_ID = {"400": _error("a path identifier of the wrong shape")}
+NOT_FOUND = {"404": _error("unknown application, organization or request")}
+
+
+def _rest_paths() -> dict:
+    app_id = _path_param("applicationId", "the caller's own application id")
+    org_id = _path_param("organizationId", "an organization where the application is installed")
+    request_id = _path_param("requestId", "a chart retrieval request id (test mode: a1b2c3d4e5f6a7b8c9d0)")
+    paging = [
+        {"name": "offset", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0, "default": 0}},
+        {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": MAX_LIMIT}},
+    ]
+    return {
+        "/v1/invitations": {"post": _rest_operation(
+            "Invite a user: creates the user and organization, installs the app, returns a single-use link",
+            "invitations", True, {"201": _json(_ref("Invitation"), "invitation created")},
+            {"409": _error("`email_taken`: a user with this e-mail exists; nothing was created")},
+            body="InvitationRequest")},
+        "/v1/applications/{applicationId}/organizations": {"get": _rest_operation(
+            "Organizations where the application is installed", "organizations", True,
+            {"200": _json({"type": "array", "items": _ref("Organization")}, "the organizations")},
+            {**BAD_ID, **NOT_FOUND}, [app_id])},
+        "/v1/applications/{applicationId}/organizations/{organizationId}/users": {"get": _rest_operation(
+            "Users of one organization and their status for this application", "users", True,
+            {"200": _json({"type": "array", "items": _ref("User")}, "the users")},
+            {**BAD_ID, **NOT_FOUND}, [app_id, org_id])},
+        "/v1/applications/{applicationId}/organizations/{organizationId}/activation-status": {
+            "put": _rest_operation(
+                "Set the application's activation status in one organization (first Enabled starts the trial)",
+                "activation_status", True, {"200": _json(_ref("ActivationStatus"), "the new status")},
+                {**NOT_FOUND, "409": _error("`not_initialized`: no SDK initialization in this organization yet")},
+                [app_id, org_id], body="ActivationStatusRequest")},
+        "/v1/appointments/{svcOrganizationId}": {"get": _rest_operation(
+            "Appointments of the coming 10 days of authorized providers (nightly snapshot; test org 123456789)",
+            "appointments", True, {"200": _json(_ref("AppointmentPage"), "one page")},
+            {"400": _error("`invalid_pagination` or a path identifier of the wrong shape"), **NOT_FOUND},
+            [_path_param("svcOrganizationId", "organization id, or 123456789 for the test data set"), *paging])},
+        "/v1/chart-retrieval/requests": {"post": _rest_operation(
+            "Request a patient's chart; a worker builds the ZIP", "chart_request_create", True,
+            {"202": _json(_ref("ChartRequestAccepted"), "accepted; poll its status")}, NOT_FOUND,
+            body="ChartRequestCreate")},
+        "/v1/chart-retrieval/requests/{requestId}": {"get": _rest_operation(
+            "Status of a chart retrieval request", "chart_request_status", True,
+            {"200": _json(_ref("ChartRequest"), "the request")}, {**BAD_ID, **NOT_FOUND}, [request_id])},
+        "/v1/chart-retrieval/download-url/{requestId}": {"get": _rest_operation(
+            "A 15-minute download URL of the chart ZIP (AES-256, password = the application id)",
+            "chart_download_url", True,
+            {"200": _json(_ref("DownloadUrl"), "the URL"),
+             "202": _json(_ref("ChartRequest"), "still pending; retry after `Retry-After` seconds",
+                          {"Retry-After": {**HEADERS["Retry-After"], "required": True}})},
+            {**BAD_ID, **NOT_FOUND, "409": _error("`chart_failed`: the chart could not be built")}, [request_id])},
+    }
+
+
+def _oauth_paths(prefix: str) -> dict:
+    token_errors = {"400": _error("RFC 6749 5.2 error"),
+                    "401": _error("`invalid_client`"),
+                    "413": _error("request body too large"),
+                    "415": _error("unsupported Content-Type")}
+    form_or_json = {"application/json": {"schema": _ref("TokenRequest")},
+                    "application/x-www-form-urlencoded": {"schema": _ref("TokenRequest")}}
+    bearer_401 = _error("bad or expired token", _header_refs(["WWW-Authenticate"], required=True))
+    userinfo = {"summary": "OIDC UserInfo", "tags": ["oauth"], "security": [{"userToken": []}],
+                "responses": {"200": _json(_ref("UserInfo"), "claims the app declared"), "401": bearer_401,
+                              "413": _error("request body too large")}}
+    grants = "`authorization_code` or `client_credentials`" if prefix == "/v1" else "`authorization_code`"
+    html = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": _ref("Error")}}
+    return {
+        f"{prefix}/oauth/authorize": {"get": {
+            "summary": "Authorization endpoint (code flow from a host-platform launch)", "tags": ["oauth"],
+            "parameters": [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
+                           for n in ("client_id", "redirect_uri", "launch_id", "response_type", "state",
+                                     "login_hint", "nonce")],
+            "responses": {"302": {"description": "redirect to redirect_uri with `code` (or `error`)"},
+                          "400": {"description": "unknown client or untrusted redirect_uri: shown, never redirected",
+                                  "content": html}}}},
+        f"{prefix}/oauth/token": {"post": {
+            "summary": f"Token endpoint: {grants}; client auth by body or HTTP Basic", "tags": ["oauth"],
+            "security": [{}, {"clientBasic": []}],
+            "requestBody": {"required": True, "content": form_or_json},
+            "responses": {"200": _json(_ref("TokenResponse"), "tokens"), **token_errors}}},
+        f"{prefix}/oauth/userinfo": {"get": userinfo, "post": copy.deepcopy(userinfo)},
+        f"{prefix}/oauth/introspect": {"post": {
+            "summary": "Token introspection (RFC 7662)", "tags": ["oauth"],
+            "security": [{"clientBasic": []}, {"sandboxToken": []}],
+            "requestBody": {"required": True, "content": {
+                "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
+                    "token": {"type": "string"}}, "required": ["token"]}}}},
+            "responses": {"200": _json(_ref("Introspection"), "introspection result"),
+                          **token_errors}}},
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def _document(public_url: str) -> dict:
+    paths = {**_oauth_paths("/v1"), **_oauth_paths("/os-api/v2"), **_rest_paths()}
+    paths["/v1/sandbox/launches"] = {"post": {
+        "summary": "Testing operation: create a launch with a sandbox settings token", "tags": ["sandbox"],
+        "security": [{"sandboxToken": []}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("SandboxLaunchRequest")}}},
+        "responses": {"201": _json(_ref("SandboxLaunch"), "launch created"),
+                      "400": _error("bad request"), "401": _error("`invalid_token`: Authentication failed"),
+                      "403": _error("the app is not installed or cannot be opened"),
+                      "404": _error("unknown client"), "413": _error("request body too large"),
+                      "415": _error("unsupported Content-Type")}}}
+    paths["/invitations/{token}"] = {"get": {
+        "summary": "Invitation link: single use, expiring; activates the user and opens their sandbox hub",
+        "tags": ["partner"],
+        "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {"302": {"description": "to /sandbox/hub?user=<user id>"},
+                      "404": _error("`invitation_not_found`"),
+                      "410": _error("`invitation_used` or `invitation_expired`")}}}
+    paths["/v1/openapi.json"] = {"get": {"summary": "This document", "tags": ["meta"],
+                                         "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "svc-auth partner REST API and authorization server", "version": VERSION,
+                 "description": "Partner REST API (`/v1`, OAuth 2.0 client credentials) and the OAuth 2.0 / "
+                                "OpenID Connect endpoints (`/v1` and `/os-api/v2`). Errors are "
+                                "`{\"error\", \"message\"}`. See docs/rest-api.md."},
+        "servers": [{"url": public_url}],
+        "tags": [{"name": "partner"}, {"name": "oauth"}, {"name": "sandbox"}, {"name": "meta"}],
+        "paths": paths,
+        "components": {
+            "schemas": SCHEMAS,
+            "headers": HEADERS,
+            "securitySchemes": {
+                "partnerToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+                                 "description": "access token from POST /v1/oauth/token (client_credentials)"},
+                "userToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+                "sandboxToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+                "clientBasic": {"type": "http", "scheme": "basic"},
+            },
+        },
+    }
+
+
+def openapi_document(public_url: str) -> dict:
+    """The document with `servers` set to this deployment's public URL (a fresh copy)."""
+    return copy.deepcopy(_document(public_url))

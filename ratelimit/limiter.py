@@ -1,0 +1,78 @@
+"""The limiter interface and its in-memory implementation (the embedded default, one process)."""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+from models.clock import clock
+from ratelimit.policy import Limit
+
+
+class RateLimiterUnavailable(Exception):
+    """The shared counter store (Redis) cannot be reached; the caller must refuse, not pass traffic."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    limit: int
+    remaining: int
+    reset: int          # seconds until the window ends and the count starts again
+
+    def headers(self) -> dict[str, str]:
+        """`RateLimit-*` headers (IETF draft) for every limited response; `Retry-After` when refused."""
+        headers = {"RateLimit-Limit": str(self.limit), "RateLimit-Remaining": str(self.remaining),
+                   "RateLimit-Reset": str(self.reset)}
+        if not self.allowed:
+            headers["Retry-After"] = str(self.reset)
+        return headers
+
+
+def window_of(limit: Limit, now: float) -> tuple[int, int]:
+    """(index of the fixed window containing `now`, whole seconds until it ends, at least 1)."""
+    index = int(now // limit.seconds)
+    reset = max(1, math.ceil((index + 1) * limit.seconds - now))
+    return index, reset
+
+
+class RateLimiter:
+    """Counts one request of `client` for `operation` and says whether it is allowed."""
+
+    def __init__(self, limits: dict[str, Limit]):
+        self.limits = limits
+
+    def limit_of(self, operation: str) -> Limit:
+        return self.limits[operation]
+
+    async def hit(self, client: str, operation: str) -> Decision:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections (a no-op for the in-memory limiter)."""
+
+
+class MemoryRateLimiter(RateLimiter):
+    """Fixed-window counters in this process's memory; old windows are dropped as they pass."""
+
+    def __init__(self, limits: dict[str, Limit]):
+        super().__init__(limits)
+        self._counts: dict[tuple[str, str, int], int] = {}
+        self._lock = threading.Lock()
+
+    async def hit(self, client: str, operation: str) -> Decision:
+        limit = self.limit_of(operation)
+        index, reset = window_of(limit, clock.time())
+        key = (client, operation, index)
+        with self._lock:
+            count = self._counts.get(key, 0)
+            if count < limit.count:
+                count += 1
+                self._counts[key] = count
+                allowed = True
+            else:
+                allowed = False
+            if len(self._counts) > 10000:
+                self._counts = {k: v for k, v in self._counts.items()
+                                if k[2] >= int(clock.time() // self.limit_of(k[1]).seconds)}
+        return Decision(allowed, limit.count, max(0, limit.count - count), reset)

@@ -1,0 +1,72 @@
+"""The embedded object store: files under `var/objects/`, URLs signed with the server HMAC key."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from models.clock import clock
+from storage import check_key
+
+URL_PREFIX = "/objects/"
+
+
+def signed_message(key: str, expires: int) -> str:
+    """What a download URL's signature covers: the object key and the expiry time."""
+    return f"object-download\n{key}\n{expires}"
+
+
+class LocalObjectStore:
+    def __init__(self, root: str, public_url: str, hasher):
+        self.root = Path(root)
+        self.public_url = public_url.rstrip("/")
+        self.hasher = hasher
+
+    def path_of(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def put_file(self, key: str, path: str) -> None:
+        target = self.path_of(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Copy next to the target, then rename: readers never see a partial file.
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".upload-", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                shutil.copyfileobj(src, out, 1024 * 1024)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, target)
+        except BaseException:
+            if os.path.exists(temp):
+                os.unlink(temp)
+            raise
+
+    def exists(self, key: str) -> bool:
+        return self.path_of(key).is_file()
+
+    def delete(self, key: str) -> None:
+        try:
+            self.path_of(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def presigned_url(self, key: str, ttl: int) -> str:
+        expires = int(clock.time()) + int(ttl)
+        signature = self.hasher.sign(signed_message(check_key(key), expires))
+        return (f"{self.public_url}{URL_PREFIX}{quote(key)}?"
+                + urlencode({"expires": expires, "signature": signature}))
+
+    def verify_download(self, key: str, expires: str, signature: str) -> str | None:
+        """None when the URL is valid now, else why not: `invalid_signature` or `url_expired`."""
+        try:
+            expires_at = int(expires)
+            check_key(key)
+        except (TypeError, ValueError):
+            return "invalid_signature"
+        if not self.hasher.verify(signed_message(key, expires_at), signature or ""):
+            return "invalid_signature"
+        if expires_at < clock.time():
+            return "url_expired"
+        return None

@@ -1,0 +1,339 @@
+"""The partner REST API over HTTP: authentication, listings, invitations, appointments, activation."""
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+
+from lifecycle.registry import create_organization, create_user, install_application, register_application
+from lifecycle.verification import record_platform_verification
+from models.application import Installation
+from models.audit import AuditEvent
+from models.clock import clock
+from models.directory import Organization, User
+from models.grants import IssuedToken
+from models.invitations import Invitation
+from rest_helpers import complete_snapshot, partner_headers
+
+
+@pytest.fixture
+def other_app(runtime):
+    app, secret = register_application(runtime, "Other App", "https://other.example/main",
+                                       "https://other.example/launch")
+    return app, secret
+
+
+# -- authentication ---------------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api, world, flow):
+    app = world["app"]
+    path = f"/v1/applications/{app.id}/organizations"
+    headers = await partner_headers(api, app, world["secret"])
+    status, _, body = await api.call("GET", path, headers=headers)
+    assert status == 200 and [o["id"] for o in body] == [world["org"].id]
+
+    user_tokens = await flow.tokens()  # a user access token has another audience
+    for bad in (None, "Bearer nonsense", f"Bearer {user_tokens['access_token']}",
+                f"Bearer {world['sandbox_token']}", "Basic Zm9vOmJhcg=="):
+        status, resp_headers, body = await api.call("GET", path, headers={"Authorization": bad} if bad else {})
+        assert status == 401, bad
+        assert body["error"] == "invalid_token" and resp_headers["WWW-Authenticate"].startswith("Bearer")
+
+    # expired
+    clock.advance(301)  # client_token_ttl is 300 s
+    status, _, _ = await api.call("GET", path, headers=headers)
+    assert status == 401
+    clock.offset = 0
+    # revoked
+    IssuedToken.update(revoked_at=clock.now()).execute()
+    status, _, _ = await api.call("GET", path, headers=headers)
+    assert status == 401
+
+
+@pytest.mark.gen_test
+async def test_token_accepts_form_and_basic(api, world):
+    from conftest import basic_auth
+    app = world["app"]
+    status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
+                                     headers={"Authorization": basic_auth(app.client_id, world["secret"]),
+                                              "Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200 and body["token_type"] == "Bearer" and body["expires_in"] == 300
+    status, _, body = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": "wrong"})
+    assert status == 401 and body["error"] == "invalid_client"
+    status, _, body = await api.call("POST", "/os-api/v2/oauth/token", {
+        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world["secret"]})
+    assert status == 400 and body["error"] == "unsupported_grant_type"
+
+
+# -- organizations and users --------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_organizations_only_own_app_and_installations(api, world, other_app, runtime):
+    app = world["app"]
+    elsewhere = create_organization("Elsewhere")
+    install_application(other_app[0].id, elsewhere.id)
+    headers = await partner_headers(api, app, world["secret"])
+    status, _, body = await api.call("GET", f"/v1/applications/{app.id}/organizations", headers=headers)
+    assert status == 200
+    assert body == [{"id": world["org"].id, "name": "Test Clinic", "ehr": "sandbox",
+                     "installed_at": body[0]["installed_at"], "activation_status": None, "user_count": 2}]
+    status, _, body = await api.call("GET", f"/v1/applications/{other_app[0].id}/organizations", headers=headers)
+    assert status == 403 and body["error"] == "forbidden"
+    status, _, body = await api.call("GET", "/v1/applications/app_nope/organizations", headers=headers)
+    assert status == 404 and body["error"] == "application_not_found"
+    status, _, body = await api.call("GET", "/v1/applications/bad%20id!/organizations", headers=headers)
+    assert status == 400 and body["error"] == "invalid_path_parameter"
+    # users of an organization the app is not installed in / unknown
+    base = f"/v1/applications/{app.id}/organizations"
+    status, _, body = await api.call("GET", f"{base}/{elsewhere.id}/users", headers=headers)
+    assert status == 403 and body["error"] == "not_installed"
+    status, _, body = await api.call("GET", f"{base}/org_missing/users", headers=headers)
+    assert status == 404 and body["error"] == "organization_not_found"
+
+
+@pytest.mark.gen_test
+async def test_user_status_follows_what_happened(api, world, flow, runtime):
+    app = world["app"]
+    headers = await partner_headers(api, app, world["secret"])
+    invited = (await api.call("POST", "/v1/invitations", {
+        "email": "new@clinic.example", "given_name": "New", "family_name": "Person",
+        "organization_name": "Invited Clinic"}, headers=headers))[2]
+    path = f"/v1/applications/{app.id}/organizations/{world['org'].id}/users"
+
+    status, _, users = await api.call("GET", path, headers=headers)
+    assert status == 200
+    by_email = {u["email"]: u for u in users}
+    assert by_email["doc@example.com"]["status"] == "active"
+    assert by_email["doc@example.com"]["authorized_at"] is None and by_email["doc@example.com"]["last_launch_at"] is None
+
+    await flow.launch()  # a launch alone does not authorize
+    record_platform_verification(app, world["physician"])  # the platform verified the app's token
+    status, _, users = await api.call("GET", path, headers=headers)
+    doc = {u["email"]: u for u in users}["doc@example.com"]
+    assert doc["status"] == "authorized" and doc["authorized_at"] and doc["last_launch_at"]
+    assert doc["npi"] == "1234567893" and doc["given_name"] == "Doc"
+    assert {u["email"]: u for u in users}["staff@example.com"]["status"] == "active"
+
+    invited_path = f"/v1/applications/{app.id}/organizations/{invited['organization_id']}/users"
+    status, _, users = await api.call("GET", invited_path, headers=headers)
+    assert [(u["email"], u["status"]) for u in users] == [("new@clinic.example", "invited")]
+    token = urllib.parse.urlsplit(invited["invitation_url"]).path.rsplit("/", 1)[1]
+    status, _, _ = await api.call("GET", f"/invitations/{token}")
+    assert status == 302
+    status, _, users = await api.call("GET", invited_path, headers=headers)
+    assert users[0]["status"] == "active"
+
+
+# -- invitations ----------------------------------------------------------------------------------
+
+INVITE = {"email": "Ann.Example@Clinic.example", "given_name": "Ann", "family_name": "Example",
+          "organization_name": "Ann's Clinic", "npi": "1245319599"}
+
+
+@pytest.mark.gen_test
+async def test_invitation_creates_everything_once_and_link_works_once(api, world, runtime):
+    app = world["app"]
+    headers = await partner_headers(api, app, world["secret"])
+    status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
+    assert status == 201, body
+    user = User.get_by_id(body["user_id"])
+    assert user.email == "ann.example@clinic.example" and user.npi == "1245319599"
+    assert user.organization_id == body["organization_id"]
+    assert Organization.get_by_id(body["organization_id"]).name == "Ann's Clinic"
+    assert Installation.find(app.id, body["organization_id"]) is not None
+    assert body["invitation_url"].startswith(runtime.settings.public_url + "/invitations/")
+    orgs_before = Organization.select().count()
+
+    status, _, again = await api.call("POST", "/v1/invitations", {**INVITE, "organization_name": "Other"},
+                                      headers=headers)
+    assert status == 409 and again["error"] == "email_taken"
+    assert Organization.select().count() == orgs_before and User.select().where(
+        User.email == "ann.example@clinic.example").count() == 1
+
+    link = urllib.parse.urlsplit(body["invitation_url"]).path
+    status, resp_headers, _ = await api.call("GET", link)
+    assert status == 302
+    assert resp_headers["Location"] == f"{runtime.settings.public_url}/sandbox/hub?user={user.id}"
+    assert User.get_by_id(user.id).activated_at is not None
+    status, _, used = await api.call("GET", link)
+    assert status == 410 and used["error"] == "invitation_used"
+    status, _, unknown = await api.call("GET", "/invitations/not-a-real-token")
+    assert status == 404 and unknown["error"] == "invitation_not_found"
+
+
+@pytest.mark.gen_test
+async def test_invitation_link_expires(api, world, runtime):
+    headers = await partner_headers(api, world["app"], world["secret"])
+    status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
+    assert status == 201
+    clock.advance(runtime.settings.invitation_ttl + 1)
+    status, _, expired = await api.call("GET", urllib.parse.urlsplit(body["invitation_url"]).path)
+    assert status == 410 and expired["error"] == "invitation_expired"
+    assert User.get_by_id(body["user_id"]).activated_at is None
+
+
+@pytest.mark.gen_test
+async def test_invitation_bad_input_is_a_clear_400(api, world):
+    headers = await partner_headers(api, world["app"], world["secret"])
+    json_headers = {**headers, "Content-Type": "application/json"}
+    cases = [
+        (b"{not json", "invalid_request"),
+        (b"[1, 2]", "invalid_request"),
+        (json.dumps({**INVITE, "email": 5}).encode(), "invalid_request"),
+        (json.dumps({**INVITE, "email": "not-an-email"}).encode(), "invalid_request"),
+        (json.dumps({**INVITE, "npi": "12"}).encode(), "invalid_request"),
+        (json.dumps({k: v for k, v in INVITE.items() if k != "given_name"}).encode(), "invalid_request"),
+        (json.dumps({**INVITE, "role": "admin"}).encode(), "unknown_field"),
+        (b"\xff\xfe", "invalid_request"),
+    ]
+    for raw, error in cases:
+        status, _, body = await api.call("POST", "/v1/invitations", body=raw, headers=json_headers)
+        assert (status, body["error"]) == (400, error), raw
+        assert body["message"]
+    status, _, body = await api.call("POST", "/v1/invitations", body=b"email=a", headers={
+        **headers, "Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 415 and body["error"] in ("unsupported_media_type", "invalid_request") and body["message"]
+    status, _, body = await api.call("POST", "/v1/invitations", body=b"{" + b" " * 70000 + b"}",
+                                     headers=json_headers)
+    assert status == 413 and body["error"] == "request_too_large"
+    assert User.select().count() == 2  # nothing was created by any of them
+
+
+# -- appointments -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def clinic(world, runtime):
+    """Two physicians, one of whom completed the app's auth flow, and a snapshot of both."""
+    second = create_user(world["org"].id, "doc2@example.com", "Second", "Doc", npi="1245319599")
+    record_platform_verification(world["app"], world["physician"])
+    snap = complete_snapshot(world["org"], [world["physician"], second], per_provider=60)
+    return {"second": second, "snapshot": snap}
+
+
+@pytest.mark.gen_test
+async def test_appointments_pages_are_stable_and_only_authorized_providers(api, world, clinic):
+    headers = await partner_headers(api, world["app"], world["secret"])
+    path = f"/v1/appointments/{world['org'].id}"
+    status, _, first = await api.call("GET", path, headers=headers)
+    assert status == 200
+    assert (first["offset"], first["limit"], first["total"]) == (0, 50, 60)
+    assert first["snapshot_date"] == clinic["snapshot"].snapshot_date.isoformat()
+    status, _, second = await api.call("GET", path + "?offset=50&limit=50", headers=headers)
+    assert (second["offset"], len(second["appointments"])) == (50, 10)
+    seen = [a["id"] for a in first["appointments"] + second["appointments"]]
+    assert len(seen) == len(set(seen)) == 60
+    assert all(a["provider"]["user_id"] == world["physician"].id for a in first["appointments"])
+    keys = [(a["start"], a["id"]) for a in first["appointments"] + second["appointments"]]
+    assert [k[0] for k in keys] == sorted(k[0] for k in keys)
+    # small pages walk the same order
+    walked = []
+    for offset in range(0, 60, 7):
+        walked += [a["id"] for a in (await api.call("GET", f"{path}?offset={offset}&limit=7", headers=headers))[2][
+            "appointments"]]
+    assert walked == seen
+    a = first["appointments"][0]
+    assert list(a) == ["id", "start", "end", "status", "appointment_type", "reason", "location", "provider",
+                       "patient"]
+    assert list(a["patient"]) == ["id", "first_name", "last_name", "date_of_birth", "sex"]
+
+    record_platform_verification(world["app"], clinic["second"])
+    status, _, both = await api.call("GET", path, headers=headers)
+    assert both["total"] == 120
+
+
+@pytest.mark.gen_test
+async def test_appointments_bad_paging_and_access(api, world, clinic, other_app):
+    headers = await partner_headers(api, world["app"], world["secret"])
+    path = f"/v1/appointments/{world['org'].id}"
+    for query in ("limit=51", "limit=-1", "limit=abc", "offset=-1", "offset=1.5", "limit=0", "limit=", "limit=1e2",
+                  "limit=1&limit=2"):
+        status, _, body = await api.call("GET", f"{path}?{query}", headers=headers)
+        assert status == 400 and body["error"] in ("invalid_pagination", "invalid_request"), query
+    other_headers = await partner_headers(api, *other_app)
+    status, _, body = await api.call("GET", path, headers=other_headers)
+    assert status == 403 and body["error"] == "not_installed"
+    status, _, body = await api.call("GET", "/v1/appointments/org_unknown", headers=headers)
+    assert status == 404
+    # installed but no snapshot yet: an empty page
+    org = create_organization("No Snapshot Yet")
+    install_application(world["app"].id, org.id)
+    status, _, body = await api.call("GET", f"/v1/appointments/{org.id}", headers=headers)
+    assert status == 200 and body == {"appointments": [], "offset": 0, "limit": 50, "total": 0,
+                                      "snapshot_date": None}
+
+
+@pytest.mark.gen_test
+async def test_appointments_read_only_the_latest_complete_snapshot(api, world, clinic, runtime):
+    import datetime as dt
+    from models.appointments import Snapshot
+    headers = await partner_headers(api, world["app"], world["secret"])
+    tomorrow = clinic["snapshot"].snapshot_date + dt.timedelta(days=1)
+    Snapshot.create(organization=world["org"].id, snapshot_date=tomorrow, status="building")
+    status, _, body = await api.call("GET", f"/v1/appointments/{world['org'].id}", headers=headers)
+    assert body["snapshot_date"] == clinic["snapshot"].snapshot_date.isoformat() and body["total"] == 60
+    complete_snapshot(world["org"], [world["physician"]], per_provider=4, day=tomorrow)
+    status, _, body = await api.call("GET", f"/v1/appointments/{world['org'].id}", headers=headers)
+    assert body["snapshot_date"] == tomorrow.isoformat() and body["total"] == 4
+
+
+@pytest.mark.gen_test
+async def test_test_organization_returns_the_fixed_data_set(api, world, other_app):
+    pages = []
+    for app, secret in ((world["app"], world["secret"]), other_app):
+        headers = await partner_headers(api, app, secret)
+        got = []
+        for offset in (0, 50, 100):
+            status, _, body = await api.call("GET", f"/v1/appointments/123456789?offset={offset}", headers=headers)
+            assert status == 200 and body["total"] == 120
+            got.append(body)
+        pages.append(got)
+    assert pages[0] == pages[1]  # the same for any caller
+    ids = [a["id"] for page in pages[0] for a in page["appointments"]]
+    assert len(ids) == len(set(ids)) == 120
+    assert [len(p["appointments"]) for p in pages[0]] == [50, 50, 20]
+    status, _, _ = await api.call("GET", "/v1/appointments/123456789")
+    assert status == 401
+
+
+# -- activation status ---------------------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_activation_status_lifecycle(api, world, runtime):
+    app, org = world["app"], world["org"]
+    headers = await partner_headers(api, app, world["secret"])
+    path = f"/v1/applications/{app.id}/organizations/{org.id}/activation-status"
+    status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=headers)
+    assert status == 409 and body["error"] == "not_initialized"
+
+    record_platform_verification(app, world["physician"])  # first SDK initialization: Disabled
+    assert Installation.find(app.id, org.id).activation_status == "Disabled"
+    for bad in ({"status": "enabled"}, {"status": 1}, {}, {"status": "Enabled", "extra": 1}):
+        status, _, body = await api.call("PUT", path, bad, headers=headers)
+        assert status == 400, bad
+    status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=headers)
+    assert status == 200 and body["status"] == "Enabled" and body["trial_started_at"]
+    started = body["trial_started_at"]
+    clock.advance(120)
+    await api.call("PUT", path, {"status": "Disabled"}, headers=headers)
+    status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=headers)
+    assert body == {"status": "Enabled", "trial_started_at": started}  # only the first Enabled starts the trial
+    events = [e.detail["after"] for e in AuditEvent.select().where(
+        AuditEvent.action == "installation.activation_status_set").order_by(AuditEvent.id)]
+    assert events == ["Enabled", "Disabled", "Enabled"]
+    status, _, body = await api.call("GET", f"/v1/applications/{app.id}/organizations", headers=headers)
+    assert body[0]["activation_status"] == "Enabled"
+
+
+@pytest.mark.gen_test
+async def test_openapi_document_is_served_and_valid(api, runtime):
+    from openapi_spec_validator import validate
+    status, headers, doc = await api.call("GET", "/v1/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.1")
+    validate(doc)
+    for path in ("/v1/invitations", "/v1/appointments/{svcOrganizationId}", "/v1/oauth/token",
+                 "/v1/chart-retrieval/download-url/{requestId}",
+                 "/v1/applications/{applicationId}/organizations/{organizationId}/activation-status"):
+        assert path in doc["paths"]

@@ -1,0 +1,123 @@
+"""Chart retrieval over HTTP: request -> worker builds the ZIP -> download URL -> the encrypted archive."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import pytest
+import pyzipper
+
+from connectors.sandbox import patient_panel
+from lifecycle.registry import register_application
+from models.charts import ChartRequest
+from models.clock import clock
+from rest_helpers import partner_headers
+
+TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
+
+
+async def fetch_zip(api, url, runtime):
+    path = url[len(runtime.settings.public_url):]
+    response = await api.http.fetch(api.base_url + path, raise_error=False)
+    return response
+
+
+async def wait_until_not_pending(api, headers, request_id, timeout=30.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}", headers=headers)
+        assert status == 200
+        if body["status"] != "pending":
+            return body
+        await asyncio.sleep(0.1)  # the in-process worker thread builds it
+    pytest.fail("the chart was not built in time")
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, world, runtime):
+    app = world["app"]
+    headers = await partner_headers(api, app, world["secret"])
+    patient = patient_panel(world["org"].id)[0]
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
+        "svc_organization_id": world["org"].id, "patient_id": patient.id}, headers=headers)
+    assert status == 202 and created["status"] == "pending"
+    request_id = created["request_id"]
+
+    done = await wait_until_not_pending(api, headers, request_id)
+    assert done["status"] == "ready" and done["ready_at"] and done["error"] is None
+    status, resp_headers, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}",
+                                                headers=headers)
+    assert status == 200 and resp_headers["RateLimit-Limit"] == "50"
+    response = await fetch_zip(api, body["download_url"], runtime)
+    assert response.code == 200
+    with pyzipper.AESZipFile(io.BytesIO(response.body)) as archive:
+        archive.setpassword(app.id.encode())
+        assert sorted(archive.namelist()) == [f"{request_id}.json", f"{request_id}.pdf"]
+        assert archive.read(f"{request_id}.pdf").startswith(b"%PDF")
+        json.loads(archive.read(f"{request_id}.json"))
+
+    other, secret = register_application(runtime, "Other", "https://o.example/m", "https://o.example/l")
+    other_headers = await partner_headers(api, other, secret)
+    for path in (f"/v1/chart-retrieval/download-url/{request_id}", f"/v1/chart-retrieval/requests/{request_id}"):
+        status, _, body = await api.call("GET", path, headers=other_headers)
+        assert status == 404 and body["error"] == "chart_request_not_found"
+
+    clock.advance(runtime.settings.presigned_url_ttl + 1)
+    response = await fetch_zip(api, body_url := (await api.call(
+        "GET", f"/v1/chart-retrieval/download-url/{request_id}",
+        headers=await partner_headers(api, app, world["secret"])))[2]["download_url"], runtime)
+    assert response.code == 200 and body_url  # a fresh URL works after the old one expired
+
+
+@pytest.mark.gen_test
+async def test_pending_is_202_with_retry_after_and_failed_is_409(api, world, runtime):
+    app = world["app"]
+    headers = await partner_headers(api, app, world["secret"])
+    pending = ChartRequest.create(application=app.id, organization=world["org"].id, patient_id="p1")
+    status, resp_headers, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{pending.id}",
+                                                headers=headers)
+    assert status == 202 and int(resp_headers["Retry-After"]) > 0 and body["status"] == "pending"
+    failed = ChartRequest.create(application=app.id, organization=world["org"].id, patient_id="p2",
+                                 status="failed", error="Patient not found.")
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{failed.id}", headers=headers)
+    assert status == 409 and body["error"] == "chart_failed" and "Patient not found" in body["message"]
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{failed.id}", headers=headers)
+    assert body["status"] == "failed" and body["error"] == "Patient not found."
+
+
+@pytest.mark.gen_test
+async def test_chart_request_bad_input(api, world, runtime):
+    headers = await partner_headers(api, world["app"], world["secret"])
+    cases = [({"svc_organization_id": world["org"].id}, 400), ({"svc_organization_id": 1, "patient_id": "p"}, 400),
+             ({"svc_organization_id": world["org"].id, "patient_id": "p", "x": 1}, 400),
+             ({"svc_organization_id": "../etc", "patient_id": "p"}, 400),
+             ({"svc_organization_id": "org_unknown", "patient_id": "p"}, 404)]
+    for body, expected in cases:
+        status, _, answer = await api.call("POST", "/v1/chart-retrieval/requests", body, headers=headers)
+        assert status == expected, (body, answer)
+    status, _, _ = await api.call("GET", "/v1/chart-retrieval/download-url/not%20an%20id", headers=headers)
+    assert status == 400
+    status, _, _ = await api.call("GET", "/v1/chart-retrieval/download-url/ffffffffffffffffffff", headers=headers)
+    assert status == 404
+    assert ChartRequest.select().count() == 0
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_test_mode_chart_zip(api, world, runtime):
+    status, _, _ = await api.call("GET", f"/v1/chart-retrieval/download-url/{TEST_ID}")
+    assert status == 401
+    headers = await partner_headers(api, world["app"], world["secret"])
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{TEST_ID}", headers=headers)
+    assert status == 200
+    response = await fetch_zip(api, body["download_url"], runtime)
+    assert response.code == 200
+    with pyzipper.AESZipFile(io.BytesIO(response.body)) as archive:
+        assert all(info.compress_type == pyzipper.zipfile_aes.WZ_AES or info.flag_bits & 0x1
+                   for info in archive.infolist())
+        archive.setpassword(runtime.settings.demo_application_id.encode())
+        assert sorted(archive.namelist()) == [f"{TEST_ID}.json", f"{TEST_ID}.pdf"]
+        assert archive.read(f"{TEST_ID}.pdf").startswith(b"%PDF")
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{TEST_ID}", headers=headers)
+    assert status == 200 and body["status"] == "ready"

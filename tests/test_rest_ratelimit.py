@@ -1,0 +1,122 @@
+"""Rate limits of the partner API: per client and operation, in memory and in Redis, across processes."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+import redis
+
+from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process
+from lifecycle.registry import register_application
+from models.clock import clock
+from ratelimit import build_rate_limiter
+from rest_helpers import partner_headers
+
+
+@pytest.fixture
+def redis_namespace():
+    """A key namespace of this test only (the Redis is shared with other test sessions)."""
+    namespace = f"test-{uuid.uuid4().hex[:12]}"
+    yield namespace
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"{namespace}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+async def exhaust(api, path, headers, limit):
+    for n in range(limit):
+        status, resp_headers, body = await api.call("GET", path, headers=headers)
+        assert status == 200, body
+        assert resp_headers["RateLimit-Limit"] == str(limit)
+        assert resp_headers["RateLimit-Remaining"] == str(limit - n - 1)
+        assert 1 <= int(resp_headers["RateLimit-Reset"]) <= 60
+
+
+async def check_limits(api, world, runtime):
+    app = world["app"]
+    headers = await partner_headers(api, app, world["secret"])
+    path = f"/v1/applications/{app.id}/organizations"
+    clock.advance(60 - clock.time() % 60 + 0.5)  # start of a window, so the test does not straddle two
+    headers = await partner_headers(api, app, world["secret"])
+    await exhaust(api, path, headers, 10)
+    status, resp_headers, body = await api.call("GET", path, headers=headers)
+    assert status == 429 and body["error"] == "rate_limited"
+    assert resp_headers["Retry-After"] == resp_headers["RateLimit-Reset"]
+    assert resp_headers["RateLimit-Remaining"] == "0"
+    # other operations and other clients have their own counts
+    status, resp_headers, _ = await api.call("GET", f"{path}/{world['org'].id}/users", headers=headers)
+    assert status == 200 and resp_headers["RateLimit-Limit"] == "50"
+    other, other_secret = register_application(runtime, "Other", "https://o.example/m", "https://o.example/l")
+    other_headers = await partner_headers(api, other, other_secret)
+    status, _, _ = await api.call("GET", f"/v1/applications/{other.id}/organizations", headers=other_headers)
+    assert status == 200
+    # errors after the limiter still carry the headers
+    status, resp_headers, _ = await api.call("GET", f"{path}/org_unknown/users", headers=headers)
+    assert status == 404 and "RateLimit-Remaining" in resp_headers
+    # the next window allows requests again
+    clock.advance(60)
+    status, _, _ = await api.call("GET", path, headers=await partner_headers(api, app, world["secret"]))
+    assert status == 200
+
+
+@pytest.mark.gen_test
+async def test_in_memory_limit(api, world, runtime):
+    await check_limits(api, world, runtime)
+
+
+@pytest.mark.gen_test
+async def test_redis_limit(api, world, runtime, redis_namespace):
+    runtime.rate_limiter = build_rate_limiter(runtime.settings.replace(redis_url=REDIS_URL,
+                                                                       redis_namespace=redis_namespace))
+    await check_limits(api, world, runtime)
+    assert list(redis.Redis.from_url(REDIS_URL).scan_iter(f"{redis_namespace}:ratelimit:*"))
+
+
+@pytest.mark.gen_test
+async def test_redis_unreachable_is_a_clear_503(api, world, runtime):
+    runtime.rate_limiter = build_rate_limiter(runtime.settings.replace(
+        redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    headers = await partner_headers(api, world["app"], world["secret"])
+    status, resp_headers, body = await api.call("GET", "/v1/appointments/123456789", headers=headers)
+    assert status == 503 and body["error"] == "rate_limiter_unavailable" and "Redis" in body["message"]
+    assert resp_headers["Retry-After"]
+
+
+def _get(port, path, headers=None, body=None):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, json.loads(err.read())
+
+
+@pytest.mark.slow
+def test_two_serve_processes_share_one_redis_limit(world, settings, redis_namespace, tmp_path):
+    # A one-day window (SVC_RATE_LIMITS override) so the run cannot straddle a window boundary.
+    env = settings_env(settings, SVC_REDIS_URL=REDIS_URL, SVC_REDIS_NAMESPACE=redis_namespace,
+                       SVC_RATE_LIMITS="organizations=10/86400")
+    ports = [free_port(), free_port()]
+    procs = [start_process(["serve", "--port", str(p)], env, p, log_path=tmp_path / f"serve-{p}.log")
+             for p in ports]
+    try:
+        app = world["app"]
+        status, _, token = _get(ports[0], "/v1/oauth/token", {"Content-Type": "application/json"}, json.dumps({
+            "grant_type": "client_credentials", "client_id": app.client_id,
+            "client_secret": world["secret"]}).encode())
+        assert status == 200, token
+        headers = {"Authorization": f"Bearer {token['access_token']}"}
+        path = f"/v1/applications/{app.id}/organizations"
+        # Alternate between the two processes: together they allow exactly the limit.
+        results = [_get(ports[n % 2], path, headers) for n in range(16)]
+        statuses = [r[0] for r in results]
+        assert statuses == [200] * 10 + [429] * 6, statuses
+        assert [r[1]["RateLimit-Remaining"] for r in results[:10]] == [str(9 - n) for n in range(10)]
+    finally:
+        for proc in procs:
+            stop_process(proc)

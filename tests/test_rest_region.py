@@ -1,0 +1,56 @@
+"""The US-only rule as client network allowlists: global (SVC_REST_ALLOWED_NETWORKS) and per application."""
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from models.application import Application
+from partner_api.network import client_address
+from rest_helpers import partner_headers
+
+
+def nets(*cidrs):
+    return tuple(ipaddress.ip_network(c) for c in cidrs)
+
+
+@pytest.mark.gen_test
+async def test_global_allowlist_and_trusted_proxy(api, world, runtime):
+    app = world["app"]
+    headers = await partner_headers(api, app, world["secret"])
+    path = f"/v1/applications/{app.id}/organizations"
+    runtime.settings = runtime.settings.replace(rest_allowed_networks="10.0.0.0/8")
+    status, _, body = await api.call("GET", path, headers=headers)
+    assert status == 403 and body["error"] == "region_not_allowed"
+    status, _, body = await api.call("GET", path)  # refused before authentication too
+    assert status == 403 and body["error"] == "region_not_allowed"
+    # X-Forwarded-For is ignored unless the peer is a trusted proxy
+    status, _, _ = await api.call("GET", path, headers={**headers, "X-Forwarded-For": "10.1.2.3"})
+    assert status == 403
+    runtime.settings = runtime.settings.replace(trusted_proxies="127.0.0.1/32")
+    status, _, _ = await api.call("GET", path, headers={**headers, "X-Forwarded-For": "10.1.2.3"})
+    assert status == 200
+    status, _, _ = await api.call("GET", path, headers={**headers, "X-Forwarded-For": "10.1.2.3, 192.0.2.9"})
+    assert status == 403  # the hop our proxy saw is 192.0.2.9, whatever the client wrote before it
+
+
+@pytest.mark.gen_test
+async def test_per_application_allowlist(api, world, runtime):
+    app = world["app"]
+    headers = await partner_headers(api, app, world["secret"])
+    path = f"/v1/applications/{app.id}/organizations"
+    Application.update(rest_allowed_networks=["192.0.2.0/24"]).where(Application.id == app.id).execute()
+    status, _, body = await api.call("GET", path, headers=headers)
+    assert status == 403 and body["error"] == "region_not_allowed"
+    Application.update(rest_allowed_networks=["127.0.0.0/8", "::1/128"]).where(Application.id == app.id).execute()
+    status, _, _ = await api.call("GET", path, headers=headers)
+    assert status == 200
+
+
+def test_client_address_rules():
+    trusted = nets("10.0.0.0/8")
+    assert client_address("203.0.113.5", "1.2.3.4", trusted) == "203.0.113.5"
+    assert client_address("10.0.0.2", "1.2.3.4, 10.0.0.7", trusted) == "1.2.3.4"
+    assert client_address("10.0.0.2", "garbage", trusted) == "10.0.0.2"
+    assert client_address("10.0.0.2", None, trusted) == "10.0.0.2"
+    assert client_address("10.0.0.2", "1.2.3.4", ()) == "10.0.0.2"

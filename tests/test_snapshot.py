@@ -1,0 +1,184 @@
+"""The nightly appointment snapshot rules, each against the real database (SQLite and PostgreSQL)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from connectors.sessions import end_session, touch_session
+from lifecycle.registry import create_organization, create_user, install_application, register_application
+from lifecycle.verification import record_platform_verification
+from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
+from models.clock import clock
+from models.directory import Organization
+from workers.snapshot import build_snapshot, night_window, run_night
+
+from conftest import ROOT, settings_env
+
+NIGHT = dt.date(2030, 3, 4)  # a Monday
+
+
+def at(settings, night=NIGHT, minutes=0) -> dt.datetime:
+    return night_window(settings, night)[0] + dt.timedelta(minutes=minutes)
+
+
+def move_clock_to(when: dt.datetime) -> None:
+    clock.offset = 0.0
+    clock.advance((when - clock.now()).total_seconds())
+
+
+@pytest.fixture
+def clinic(runtime, world):
+    """The `world` physician authorized the installed app and opened the hub the evening before."""
+    move_clock_to(at(runtime.settings, minutes=-6 * 60))
+    record_platform_verification(world["app"], world["physician"])
+    touch_session(world["physician"])
+    return world
+
+
+def appointments(snapshot) -> list[SnapshotAppointment]:
+    return list(SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)
+                .order_by(SnapshotAppointment.start))
+
+
+def test_covers_the_next_ten_days(runtime, clinic):
+    snapshot = build_snapshot(runtime.settings, clinic["org"].id, NIGHT)
+    rows = appointments(snapshot)
+    start = at(runtime.settings)
+    assert rows, "the sandbox schedule has appointments on weekdays"
+    assert min(r.start for r in rows) >= start
+    assert max(r.start for r in rows) < start + dt.timedelta(days=10)
+    # ...and the whole range is covered: the last weekdays of the 10 days are in it too.
+    assert max(r.start for r in rows) >= start + dt.timedelta(days=9)
+    assert {r.provider_id for r in rows} == {clinic["physician"].id}
+    assert all(r.provider_npi == clinic["physician"].npi for r in rows)
+
+
+def test_only_physicians_with_an_npi(runtime, clinic):
+    staff = clinic["staff"]  # no NPI, but authorized and in session like the physician
+    record_platform_verification(clinic["app"], staff)
+    touch_session(staff)
+    rows = appointments(build_snapshot(runtime.settings, clinic["org"].id, NIGHT))
+    assert rows and {r.provider_id for r in rows} == {clinic["physician"].id}
+
+
+def test_only_users_who_completed_the_auth_flow_of_an_installed_app(runtime, clinic):
+    org = clinic["org"]
+    other = create_user(org.id, "other.doc@example.com", "Other", "Doc", "odoc", "1245319599")
+    touch_session(other)
+    rows = appointments(build_snapshot(runtime.settings, org.id, NIGHT))
+    assert other.id not in {r.provider_id for r in rows}
+    # Completing the flow of an app that is NOT installed in the clinic does not count either.
+    stranger, _ = register_application(runtime, "Elsewhere", "https://x.example/m", "https://x.example/l")
+    record_platform_verification(stranger, other)
+    rows = appointments(build_snapshot(runtime.settings, org.id, NIGHT))
+    assert other.id not in {r.provider_id for r in rows}
+    # Once they complete the flow of the installed app, they are in the next snapshot.
+    record_platform_verification(clinic["app"], other)
+    rows = appointments(build_snapshot(runtime.settings, org.id, NIGHT))
+    assert other.id in {r.provider_id for r in rows}
+
+
+def test_only_when_the_connector_session_is_active_during_the_window(runtime, clinic):
+    settings, org = runtime.settings, clinic["org"]
+    late = create_user(org.id, "late@example.com", "Late", "Doc", "ldoc", "1003000126")
+    gone = create_user(org.id, "gone@example.com", "Gone", "Doc", "gdoc", "1003000134")
+    stale = create_user(org.id, "stale@example.com", "Stale", "Doc", "sdoc", "1003000142")
+    for user in (late, gone, stale):
+        record_platform_verification(clinic["app"], user)
+    touch_session(gone)
+    end_session(gone)                               # signed out before the window
+    move_clock_to(at(settings, minutes=-settings.connector_session_ttl // 60 - 60))
+    touch_session(stale)                            # last seen longer than the TTL before the window
+    move_clock_to(at(settings, minutes=200))
+    touch_session(late)                             # first opened the hub after the window
+    providers = {r.provider_id for r in appointments(build_snapshot(settings, org.id, NIGHT))}
+    assert providers == {clinic["physician"].id}
+    # A session still open from the day before the night counts (seen within the TTL).
+    move_clock_to(at(settings, NIGHT + dt.timedelta(days=1), minutes=-60))
+    touch_session(late)
+    providers = {r.provider_id for r in appointments(build_snapshot(settings, org.id, NIGHT + dt.timedelta(days=1)))}
+    assert late.id in providers and gone.id not in providers
+
+
+def test_touch_session_extends_an_active_session_and_starts_a_new_one_after_the_ttl(runtime, world):
+    first = touch_session(world["physician"])
+    clock.advance(3600)
+    assert touch_session(world["physician"]).id == first.id
+    clock.advance(runtime.settings.connector_session_ttl + 1)
+    assert touch_session(world["physician"]).id != first.id
+    assert ConnectorSession.select().where(ConnectorSession.user == world["physician"].id).count() == 2
+
+
+def test_rerunning_a_night_replaces_it(runtime, clinic):
+    org = clinic["org"].id
+    first = build_snapshot(runtime.settings, org, NIGHT)
+    first_rows = [(r.ehr_appointment_id, r.start) for r in appointments(first)]
+    second = build_snapshot(runtime.settings, org, NIGHT)
+    assert second.id != first.id
+    assert Snapshot.select().where((Snapshot.organization == org) & (Snapshot.snapshot_date == NIGHT)).count() == 1
+    assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot == first.id).count() == 0
+    assert [(r.ehr_appointment_id, r.start) for r in appointments(second)] == first_rows  # deterministic EHR
+    assert Snapshot.latest_complete(org).id == second.id
+
+
+def test_readers_keep_yesterdays_snapshot_until_tonights_is_complete(runtime, clinic):
+    settings, org = runtime.settings, clinic["org"]
+    yesterday = build_snapshot(settings, org.id, NIGHT - dt.timedelta(days=1))
+    Organization.update(ehr_url="https://ehr.example/test?latency=0.6").where(Organization.id == org.id).execute()
+    seen = {}
+    builder = threading.Thread(target=lambda: seen.setdefault("snapshot", build_snapshot(settings, org.id, NIGHT)))
+    builder.start()
+    try:
+        deadline = dt.datetime.now() + dt.timedelta(seconds=10)
+        while not Snapshot.select().where((Snapshot.organization == org.id) & (Snapshot.status == "building")).exists():
+            assert dt.datetime.now() < deadline, "the build never started"
+        # Today's is being built: readers still get yesterday's, whole.
+        assert Snapshot.latest_complete(org.id).id == yesterday.id
+    finally:
+        builder.join()
+    assert Snapshot.latest_complete(org.id).id == seen["snapshot"].id
+    assert Snapshot.get_by_id(yesterday.id).status == "complete"  # kept for readers mid-page
+
+
+def test_a_failed_night_leaves_the_previous_snapshot_served_and_nothing_half_written(runtime, clinic):
+    settings, org = runtime.settings, clinic["org"]
+    good = build_snapshot(settings, org.id, NIGHT)
+    Organization.update(ehr_url="https://ehr.example/test?outage=1").where(Organization.id == org.id).execute()
+    results = run_night(settings, NIGHT)
+    assert results[org.id].startswith("failed")
+    assert Snapshot.latest_complete(org.id).id == good.id
+    assert Snapshot.select().where(Snapshot.organization == org.id).count() == 1
+
+
+def test_old_nights_are_pruned(runtime, clinic):
+    org = clinic["org"].id
+    nights = [NIGHT - dt.timedelta(days=d) for d in (3, 2, 1, 0)]
+    for night in nights:
+        build_snapshot(runtime.settings, org, night)
+    assert sorted(s.snapshot_date for s in Snapshot.select().where(Snapshot.organization == org)) == nights[-2:]
+
+
+def test_snapshot_run_command(runtime, clinic, settings):
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(),
+                             "--json"], env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    snapshot = Snapshot.latest_complete(clinic["org"].id)
+    assert body == {"snapshot_date": NIGHT.isoformat(), "organizations": {clinic["org"].id: len(appointments(snapshot))}}
+    assert snapshot.snapshot_date == NIGHT
+    bad = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", "2030-13-01"],
+                         env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--date must be YYYY-MM-DD" in bad.stderr
+
+
+def test_organizations_without_installations_are_not_synced(runtime, clinic):
+    lonely = create_organization("No Apps Clinic", "sandbox")
+    assert lonely.id not in run_night(runtime.settings, NIGHT)
+    install_application(clinic["app"].id, lonely.id)
+    assert run_night(runtime.settings, NIGHT)[lonely.id] == 0  # installed but nobody eligible: empty night

@@ -1,0 +1,245 @@
+"""Workers for real: `svc-auth worker` / `svc-auth scheduler` processes on the shared Redis (own
+namespace per test), the database of the test, and an S3-compatible server (moto) on loopback."""
+from __future__ import annotations
+
+import datetime as dt
+import time
+import urllib.request
+import uuid
+
+import boto3
+import pytest
+import redis
+
+import workers.charts as charts
+from connectors.sandbox import patient_panel
+from connectors.sessions import touch_session
+from lifecycle.registry import create_organization, create_user, install_application
+from lifecycle.verification import record_platform_verification
+from models.appointments import Snapshot
+from models.charts import ChartRequest
+from models.clock import clock
+from models.directory import Organization
+from models.schedule import ScheduledRun
+from workers.scheduler import night_due
+from workers.snapshot import fan_out_night
+
+from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_for_port
+from test_chart_archive import open_archive
+
+pytestmark = pytest.mark.slow
+
+AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """moto's standalone S3-compatible server, a real HTTP server on a free loopback port."""
+    import os
+    port = free_port()
+    env = {**os.environ, **AWS}
+    proc = start_process(["-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env,
+                         log_path=tmp_path_factory.mktemp("moto") / "moto.log")
+    wait_for_port(port, proc=proc)
+    yield f"http://127.0.0.1:{port}"
+    stop_process(proc)
+
+
+@pytest.fixture
+def settings(settings, s3_endpoint, monkeypatch):
+    """The test's settings with Redis (a namespace of its own), S3 and fast retries."""
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    namespace = f"svc-test-{uuid.uuid4().hex[:10]}"
+    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=namespace, s3_endpoint_url=s3_endpoint,
+                                  s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", task_max_retries=2,
+                                  task_min_backoff_ms=100, task_max_backoff_ms=300)
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
+    yield configured
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"{namespace}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def child_env(settings):
+    return settings_env(settings, SVC_REDIS_NAMESPACE=settings.redis_namespace,
+                        SVC_TASK_MAX_RETRIES=settings.task_max_retries,
+                        SVC_TASK_MIN_BACKOFF_MS=settings.task_min_backoff_ms,
+                        SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms, **AWS)
+
+
+@pytest.fixture
+def start_worker(child_env, tmp_path):
+    procs = []
+
+    def start(*args):
+        proc = start_process(["worker", "--threads", "2", *args], child_env, log_path=tmp_path / f"worker{len(procs)}.log")
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        stop_process(proc)
+
+
+def wait_until(condition, timeout: float = 40.0, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def request_for(world, patient_index=0) -> ChartRequest:
+    patient = patient_panel(world["org"].id)[patient_index]
+    return ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id=patient.id)
+
+
+def status_of(request_id) -> ChartRequest:
+    return ChartRequest.get_by_id(request_id)
+
+
+def bucket_keys(settings) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
+    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=settings.s3_bucket).get("Contents", []))
+
+
+def set_ehr_url(org, url: str) -> None:
+    Organization.update(ehr_url=url).where(Organization.id == org.id).execute()
+
+
+def test_chart_zip_built_by_a_worker_process_into_s3_and_fetched_over_a_presigned_url(runtime, world, start_worker):
+    assert not runtime.task_queue.embedded
+    start_worker()
+    request = request_for(world, 11)
+    charts.enqueue_chart_build(request.id)
+    done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="chart build")
+    assert (done.status, done.error) == ("ready", None)
+    assert bucket_keys(runtime.settings) == [f"charts/{request.id}.zip"]  # no temporary upload left behind
+
+    url = runtime.object_store.presigned_url(done.object_key, 900)
+    assert url.startswith(runtime.settings.s3_endpoint_url) and "Signature" in url
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        body = response.read()
+    patient = patient_panel(world["org"].id)[11]
+    text, data = open_archive(body, request.id, world["app"].id)
+    assert f"{patient.first_name} {patient.last_name}" in text
+    assert data["patient"]["date_of_birth"] == patient.date_of_birth.isoformat()
+
+
+def test_test_mode_zip_in_s3(runtime):
+    key = charts.test_mode_object(runtime)
+    with urllib.request.urlopen(runtime.object_store.presigned_url(key, 60), timeout=10) as response:
+        text, data = open_archive(response.read(), charts.TEST_REQUEST_ID, runtime.settings.demo_application_id)
+    assert data["request_id"] == charts.TEST_REQUEST_ID and "Patient chart" in text
+
+
+def test_an_ehr_outage_is_retried_with_backoff_until_it_is_over(runtime, world, start_worker):
+    set_ehr_url(world["org"], "https://ehr.example/test?outage=1")
+    start_worker()
+    request = request_for(world)
+    charts.enqueue_chart_build(request.id)
+    wait_until(lambda: status_of(request.id).attempts >= 1, what="first attempt")
+    set_ehr_url(world["org"], "https://ehr.example/test")
+    done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="retry")
+    assert done.status == "ready" and done.attempts >= 2
+
+
+def test_a_request_fails_with_a_reason_when_the_retries_run_out(runtime, world, start_worker):
+    set_ehr_url(world["org"], "https://ehr.example/test?outage=1")
+    start_worker()
+    request = request_for(world)
+    charts.enqueue_chart_build(request.id)
+    done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="failure")
+    assert done.status == "failed" and done.attempts == 3  # the first try and 2 retries
+    assert done.error.startswith("The EHR did not answer after 3 attempts")
+    assert bucket_keys(runtime.settings) == []
+
+
+def test_a_worker_killed_mid_build_leaves_the_request_retryable_and_a_retry_makes_one_object(
+        runtime, world, start_worker):
+    set_ehr_url(world["org"], "https://ehr.example/test?latency=30")
+    victim = start_worker()
+    request = request_for(world, 5)
+    charts.enqueue_chart_build(request.id)
+    wait_until(lambda: status_of(request.id).attempts == 1, what="the build to start")
+    victim.kill()  # SIGKILL: no chance to clean up
+    victim.wait()
+    assert status_of(request.id).status == "pending"
+    assert bucket_keys(runtime.settings) == []
+
+    set_ehr_url(world["org"], "https://ehr.example/test")
+    start_worker()
+    charts.enqueue_chart_build(request.id)
+    charts.enqueue_chart_build(request.id)  # a duplicate delivery is harmless too
+    done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="the retry")
+    assert done.status == "ready"
+    time.sleep(0.5)  # let the duplicate run
+    assert bucket_keys(runtime.settings) == [f"charts/{request.id}.zip"]
+    assert status_of(request.id).ready_at == done.ready_at
+
+
+def eligible_clinic(runtime, world, name: str):
+    org = create_organization(name, "sandbox")
+    doc = create_user(org.id, f"doc@{org.id}.example", "Doc", name, None, "1679576722")
+    install_application(world["app"].id, org.id)
+    record_platform_verification(world["app"], doc)
+    touch_session(doc)
+    return org
+
+
+def test_the_nightly_sync_fans_out_one_task_per_organization(runtime, world, start_worker):
+    night = clock.now().date()
+    record_platform_verification(world["app"], world["physician"])
+    touch_session(world["physician"])
+    orgs = [world["org"]] + [eligible_clinic(runtime, world, f"Clinic {n}") for n in range(2)]
+    assert fan_out_night(runtime, night.isoformat()) == 3  # what the sync_night task does
+    client = redis.Redis.from_url(REDIS_URL)
+    queue = f"{runtime.settings.redis_namespace}:tasks:snapshots"
+    assert client.llen(queue) == 3 and client.hlen(queue + ".msgs") == 3
+    start_worker()
+    start_worker()
+    snapshots = wait_until(lambda: [s for o in orgs if (s := Snapshot.latest_complete(o.id))] if all(
+        Snapshot.latest_complete(o.id) for o in orgs) else None, what="three snapshots")
+    assert {s.snapshot_date for s in snapshots} == {night}
+    assert client.llen(queue) == 0
+    client.close()
+
+
+def test_several_schedulers_queue_the_night_once(runtime, world, child_env, tmp_path, start_worker):
+    now = clock.now()
+    window = f"{(now - dt.timedelta(minutes=1)):%H:%M}-{(now + dt.timedelta(minutes=30)):%H:%M}"
+    env = {**child_env, "SVC_SYNC_WINDOW": window}
+    schedulers = [start_process(["scheduler", "--interval", "0.2"], env, log_path=tmp_path / f"scheduler{n}.log")
+                  for n in range(3)]
+    try:
+        client = redis.Redis.from_url(REDIS_URL)
+        queue = f"{runtime.settings.redis_namespace}:tasks:snapshots"
+        wait_until(lambda: client.llen(queue) >= 1, what="the nightly sync to be queued")
+        time.sleep(1.5)  # every scheduler ticks several more times meanwhile
+        assert client.llen(queue) == 1
+        night = night_due(runtime.settings.replace(sync_window=window), now)
+        assert [(r.job, r.run_date) for r in ScheduledRun.select()] == [("nightly-sync", night)]
+        start_worker()
+        wait_until(lambda: Snapshot.latest_complete(world["org"].id), what="the night's snapshot")
+        assert Snapshot.latest_complete(world["org"].id).snapshot_date == night
+        client.close()
+    finally:
+        for proc in schedulers:
+            assert stop_process(proc) == 0
+
+
+def test_worker_without_redis_explains_itself(settings, tmp_path):
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = settings_env(settings.replace(redis_url=""))
+    env.pop("SVC_REDIS_URL", None)
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "worker"], env=env, cwd=str(ROOT),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "SVC_REDIS_URL is not set" in result.stderr

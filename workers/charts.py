@@ -1,0 +1,106 @@
+"""Chart retrieval: build the encrypted ZIP of a `ChartRequest` and store it.
+
+The REST API creates a `ChartRequest` (status `pending`), commits, then calls
+`enqueue_chart_build(request_id)`. The `build_chart` task fetches the chart from the
+organization's connector, writes the archive to a temporary directory, stores it (the store makes
+it visible only when complete), checks it is there, and only then marks the request `ready`.
+A worker killed on the way leaves the request `pending` and re-running it yields one object.
+Outages are retried with backoff; when retries run out, or for permanent errors, the request is
+marked `failed` with a reason the API shows.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import tempfile
+
+from connectors import ConnectorError, ConnectorUnavailable, connector_for
+from connectors.sandbox import SandboxConnector, patient_panel
+from models.charts import ChartRequest
+from models.clock import clock
+from workers.broker import current_message_is_last_attempt, task
+from workers.chart_archive import write_chart_zip
+
+log = logging.getLogger("svc_auth.charts")
+
+TEST_REQUEST_ID = "a1b2c3d4e5f6a7b8c9d0"
+TEST_ORGANIZATION = "123456789"
+TEST_CREATED = dt.datetime(2024, 1, 1)
+
+
+def chart_key(request_id: str) -> str:
+    return f"charts/{request_id}.zip"
+
+
+def build_chart_archive(runtime, request_id: str) -> ChartRequest | None:
+    """Build and store the ZIP of a pending request, then mark it ready. Safe to run again."""
+    request = ChartRequest.get_or_none(ChartRequest.id == request_id)
+    if request is None or request.status != "pending":
+        return request  # gone, or already done by an earlier delivery of the same task
+    ChartRequest.update(attempts=ChartRequest.attempts + 1).where(ChartRequest.id == request_id).execute()
+    chart = connector_for(request.organization).fetch_chart(request.patient_id)
+    key = chart_key(request_id)
+    store = runtime.object_store
+    with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:
+        path = write_chart_zip(chart, request_id, request.application_id, directory)
+        store.put_file(key, path)
+    if not store.exists(key):
+        raise OSError(f"{key} is not in the object store after its upload")
+    (ChartRequest.update(status="ready", ready_at=clock.now(), object_key=key, error=None)
+     .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute())
+    return ChartRequest.get_by_id(request_id)
+
+
+def mark_failed(request_id: str, reason: str) -> None:
+    (ChartRequest.update(status="failed", error=reason)
+     .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute())
+
+
+@task(queue_name="charts")
+def build_chart(request_id: str) -> None:
+    from conf.runtime import current_runtime
+    try:
+        build_chart_archive(current_runtime(), request_id)
+    except ConnectorUnavailable as exc:
+        if current_message_is_last_attempt():
+            request = ChartRequest.get_or_none(ChartRequest.id == request_id)
+            attempts = request.attempts if request else 0
+            mark_failed(request_id, f"The EHR did not answer after {attempts} attempts: {exc}")
+            return
+        raise
+    except ConnectorError as exc:
+        mark_failed(request_id, str(exc))
+    except Exception:
+        log.exception("chart %s: build failed", request_id)
+        if current_message_is_last_attempt():
+            mark_failed(request_id, "The chart archive could not be built.")
+            return
+        raise
+
+
+def enqueue_chart_build(request_id: str, runtime=None) -> None:
+    """Queue the build of a committed, pending `ChartRequest` (the REST API calls this)."""
+    from conf.runtime import current_runtime
+    (runtime or current_runtime()).task_queue.send(build_chart, request_id)
+
+
+# -- test mode --------------------------------------------------------------------------------
+
+def test_mode_key(password: str) -> str:
+    # The password is part of the key so a changed SVC_DEMO_APPLICATION_ID gets a fresh archive.
+    digest = hashlib.sha256(password.encode()).hexdigest()[:12]
+    return f"charts/test-mode/{digest}/{TEST_REQUEST_ID}.zip"
+
+
+def test_mode_object(runtime) -> str:
+    """The key of the fixed, de-identified test-mode ZIP (password SVC_DEMO_APPLICATION_ID), built once."""
+    password = runtime.settings.demo_application_id
+    key = test_mode_key(password)
+    store = runtime.object_store
+    if not store.exists(key):
+        connector = SandboxConnector(TEST_ORGANIZATION, "Test Mode Clinic")
+        chart = connector.fetch_chart(patient_panel(TEST_ORGANIZATION)[0].id)
+        with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:
+            store.put_file(key, write_chart_zip(chart, TEST_REQUEST_ID, password, directory, created=TEST_CREATED))
+    return key

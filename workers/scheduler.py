@@ -1,0 +1,66 @@
+"""The scheduler: queue the nightly appointment sync once per day, at the start of SVC_SYNC_WINDOW.
+
+Any number of schedulers may run (for availability): each night is claimed by inserting a unique
+(`nightly-sync`, date) row, so exactly one of them queues it. A scheduler that is down for the
+whole window misses that night (`svc-auth snapshot run --date` catches up).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+
+from models.clock import clock
+from models.schedule import ScheduledRun
+from workers.snapshot import enqueue_night, night_window
+
+log = logging.getLogger("svc_auth.scheduler")
+
+JOB = "nightly-sync"
+
+
+def night_due(settings, now: dt.datetime) -> dt.date | None:
+    """The night whose sync window contains `now` (today's, or yesterday's past midnight)."""
+    for night in (now.date(), now.date() - dt.timedelta(days=1)):
+        start, end = night_window(settings, night)
+        if start <= now < end:
+            return night
+    return None
+
+
+def tick(runtime, now: dt.datetime | None = None) -> dt.date | None:
+    """Queue tonight's sync if its window is open and no scheduler did yet; returns the night queued."""
+    night = night_due(runtime.settings, now or clock.now())
+    if night is None or not ScheduledRun.claim(JOB, night, f"{socket.gethostname()}:{os.getpid()}"):
+        return None
+    try:
+        enqueue_night(runtime, night)
+    except Exception:
+        # Give the night back so this or another scheduler queues it on its next tick.
+        ScheduledRun.delete().where((ScheduledRun.job == JOB) & (ScheduledRun.run_date == night)).execute()
+        raise
+    log.info("queued the nightly sync of %s", night)
+    return night
+
+
+def run_scheduler(runtime, stop: threading.Event, interval: float = 30.0) -> None:
+    """Tick every `interval` seconds until `stop` is set."""
+    while not stop.is_set():
+        try:
+            tick(runtime)
+        except Exception:
+            log.exception("scheduler tick failed; trying again in %ss", interval)
+        finally:
+            from models.db import database
+            if threading.current_thread() is not threading.main_thread() and not database.is_closed():
+                database.close()
+        stop.wait(interval)
+
+
+def start_scheduler_thread(runtime, interval: float = 30.0) -> threading.Event:
+    """Run the scheduler in a daemon thread (embedded default, inside `serve`); set the event to stop."""
+    stop = threading.Event()
+    threading.Thread(target=run_scheduler, args=(runtime, stop, interval), name="svc-scheduler", daemon=True).start()
+    return stop
