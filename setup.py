@@ -35,6 +35,7 @@ setup(
             "pypdf>=4",
             "moto[server]>=5",
             "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
+            "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},

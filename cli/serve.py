@@ -8,6 +8,7 @@ def register(commands) -> None:
     p.add_argument("--address", default="127.0.0.1")
     p.add_argument("--processes", type=int, default=1, help="fork N processes sharing the socket (0 = one per core)")
     p.add_argument("--demo", action="store_true", help="seed demo data and start the example partner app")
+    p.add_argument("--demo-app-port", type=int, default=8889, help="port of the example partner app (with --demo)")
     p.set_defaults(handler=run)
 
 
@@ -20,7 +21,10 @@ def run(settings, args) -> int:
         raise UsageError("--port must be between 1 and 65535")
     on_start = None
     if args.demo:
+        import functools
         from lifecycle.demo import start_demo
-        on_start = start_demo
+        if not 0 < args.demo_app_port < 65536 or args.demo_app_port == args.port:
+            raise UsageError("--demo-app-port must be between 1 and 65535 and differ from --port")
+        on_start = functools.partial(start_demo, app_port=args.demo_app_port)
     serve(settings, args.port, args.processes, args.address, on_start=on_start)
     return 0

@@ -60,10 +60,30 @@ def seed_demo(runtime, app_base_url: str | None = None) -> dict:
     }
 
 
-def start_demo(runtime) -> None:
-    """`serve --demo`: seed, then print where to look."""
-    info = seed_demo(runtime)
+def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
+    """The example partner app's configuration for the demo: registered as the demo app, it lets
+    the demo physician in and refuses everyone else (so the demo shows both outcomes)."""
+    from examples.partner_app.config import PartnerConfig
+    settings = runtime.settings
+    return PartnerConfig(auth_url=settings.issuer, base_url=settings.public_url + "/v1",
+                         client_id=info["client_id"], client_secret=info["client_secret"],
+                         application_id=info["application_id"], public_url=demo_app_url(port),
+                         authorized_users=frozenset({DEMO_PHYSICIAN_ID}))
+
+
+def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
+    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look."""
+    import tornado.httpserver
+    import tornado.process
+    from examples.partner_app.web import make_partner_app
+    if tornado.process.task_id() not in (None, 0):
+        return  # with --processes N, the first worker seeds and runs the (single-process) example app
+    info = seed_demo(runtime, demo_app_url(app_port))
+    server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
+    server.listen(app_port, address="127.0.0.1")
     log.info("demo data ready; open the hub at %s", info["hub_url"])
     print(f"\nsvc-auth demo\n  hub (physician): {info['hub_url']}\n"
           f"  hub (staff, refused by the app): {runtime.settings.public_url}/sandbox/hub?user={DEMO_OTHER_ID}\n"
+          f"  settings (sandbox token): {runtime.settings.public_url}/sandbox/settings?user={DEMO_PHYSICIAN_ID}\n"
+          f"  example partner app: {demo_app_url(app_port)} (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n", flush=True)

@@ -1,0 +1,1 @@
+"""Runnable examples of what a partner builds against svc-auth."""

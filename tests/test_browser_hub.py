@@ -1,0 +1,181 @@
+"""The whole launch in headless Chromium: hub -> launch -> authorize -> app -> SDK -> platform.
+
+`svc-auth serve --demo` runs as a real subprocess (SQLite) with the example partner app on a
+second loopback port; Debian's /usr/bin/chromium is driven with Playwright (the pip package only,
+no browser download). The activation status is set through the `Installation` model where a test
+needs a given starting point.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conf import Settings
+from conf.runtime import Runtime
+from conftest import free_port, settings_env, start_process, stop_process, wait_for_port
+from lifecycle.demo import DEMO_OTHER_ID, DEMO_PHYSICIAN_ID
+from models.application import Installation
+from models.clock import clock
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+APP_ID = "demo-application"
+TIMEOUT_MS = 20000
+
+
+class Demo:
+    """`svc-auth serve --demo` on free ports, and a way to set the demo installation's status."""
+
+    def __init__(self, tmp):
+        self.port, self.app_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app_url = f"http://127.0.0.1:{self.app_port}"
+        self.settings = Settings.build(issuer=self.url, database_url=f"sqlite:///{tmp}/svc.db", var_dir=str(tmp / "var"),
+                                       keys_dir=str(tmp / "keys"), hmac_key="b" * 32)
+        self.proc = start_process(["serve", "--port", str(self.port), "--demo", "--demo-app-port", str(self.app_port)],
+                                  settings_env(self.settings), self.port, log_path=tmp / "serve.log")
+        wait_for_port(self.app_port, proc=self.proc)
+
+    def set_status(self, status: str | None, trial_started_at=None) -> None:
+        runtime = Runtime(self.settings)
+        try:
+            (Installation.update(activation_status=status, trial_started_at=trial_started_at)
+             .where(Installation.application == APP_ID).execute())
+        finally:
+            runtime.close()
+
+    def status(self) -> str | None:
+        runtime = Runtime(self.settings)
+        try:
+            return Installation.get(Installation.application == APP_ID).activation_status
+        finally:
+            runtime.close()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    service = Demo(tmp_path_factory.mktemp("browser-demo"))
+    yield service
+    stop_process(service.proc)
+
+
+@pytest.fixture
+def page(tmp_path):
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 760})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+def app_frame(page):
+    """The app's frame, once the app page has shown its outcome (claims or error)."""
+    page.wait_for_selector("#app-frame:not([hidden])", timeout=TIMEOUT_MS)
+    page.frame_locator("#app-frame").locator("#id-token-claims:not(:empty), #sdk-error:not(:empty)").first.wait_for(
+        timeout=TIMEOUT_MS)
+    return page.frame_locator("#app-frame")
+
+
+def entry(page):
+    return page.locator(f"#app-entry-{APP_ID}")
+
+
+def test_physician_launch_resolves_the_id_token_then_the_app_is_greyed_out(demo, page):
+    demo.set_status(None)
+    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}")
+    assert entry(page).get_attribute("aria-disabled") == "false"
+    entry(page).click()
+    frame = app_frame(page)
+    assert frame.locator("#sdk-error").inner_text() == ""
+    claims = json.loads(frame.locator("#id-token-claims").inner_text())
+    assert claims["sub"] == DEMO_PHYSICIAN_ID
+    assert claims["email"] == "dr.ada.lovelace@sandbox.example"
+    assert (claims["given_name"], claims["family_name"]) == ("Ada", "Lovelace")
+    assert claims["aud"] == "demo-partner-app" and claims["iss"] == demo.url + "/"
+    assert claims["application_billing_plan"] == "free_trial" and claims["is_free_trial"] is True
+    # The app landed on its redirect_uri, and the SDK removed the single-use code from the URL.
+    app_page = page.frame(url=lambda url: url.startswith(demo.app_url))
+    assert app_page.url == f"{demo.app_url}/app"
+    # The SSO step worked too: the app opened its own session with the ID token.
+    frame.locator("#app-session").filter(has_text="App session open").wait_for(timeout=TIMEOUT_MS)
+    page.locator("#hub-status").filter(has_text="verified").wait_for(timeout=TIMEOUT_MS)
+    # The platform verified the token: a new installation becomes Disabled, greyed out in the hub.
+    assert demo.status() == "Disabled"
+    page.locator(f"#app-entry-{APP_ID}[aria-disabled='true']").wait_for(timeout=TIMEOUT_MS)
+    page.reload()
+    assert entry(page).get_attribute("aria-disabled") == "true"
+    entry(page).click(force=True)
+    page.locator("#hub-status").filter(has_text="cannot be opened").wait_for(timeout=TIMEOUT_MS)
+    assert page.locator("#app-frame").get_attribute("src") is None
+    # A deep link does not open it either.
+    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+    page.locator("#hub-status").filter(has_text="cannot be opened").wait_for(timeout=TIMEOUT_MS)
+    assert page.locator("#app-frame").get_attribute("src") is None
+
+
+def test_user_the_app_refuses_sees_the_403(demo, page):
+    demo.set_status("Enabled")
+    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_OTHER_ID}&app={APP_ID}")
+    frame = app_frame(page)
+    error = frame.locator("#sdk-error").inner_text()
+    assert "403" in error and "not authorized" in error
+    assert frame.locator("#id-token-claims").inner_text() == ""
+    page.locator("#hub-status").filter(has_text="did not start").wait_for(timeout=TIMEOUT_MS)
+
+
+def test_trial_expired_is_shown_by_the_app(demo, page):
+    demo.set_status("Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
+    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+    error = app_frame(page).locator("#sdk-error").inner_text()
+    assert error.startswith("403 trial_expired: ") and "free trial" in error
+
+
+def test_enabled_app_opens_again_and_a_new_one_is_openable(demo, page):
+    for status in ("Enabled", None):
+        demo.set_status(status)
+        page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+        claims = json.loads(app_frame(page).locator("#id-token-claims").inner_text())
+        assert claims["sub"] == DEMO_PHYSICIAN_ID
+    assert demo.status() == "Disabled"  # the first completed initialization of a new installation
+
+
+def test_sdk_refuses_messages_from_a_page_that_does_not_frame_it(demo, page):
+    """Opened top-level (not in the hub), the SDK rejects instead of talking to anyone."""
+    page.goto(f"{demo.app_url}/app?code=whatever")
+    page.locator("#sdk-error:not(:empty)").wait_for(timeout=TIMEOUT_MS)
+    assert "hub" in page.locator("#sdk-error").inner_text()
+
+
+def activation_operation_available(demo) -> bool:
+    request = urllib.request.Request(
+        f"{demo.url}/v1/applications/{APP_ID}/organizations/org_demo_clinic/activation-status", method="PUT",
+        data=b'{"status": "Enabled"}', headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=5)
+    except urllib.error.HTTPError as exc:
+        return not (exc.code == 404 and json.loads(exc.read() or b"{}").get("error") == "not_found")
+    return True
+
+
+def test_enable_for_this_clinic_button(demo, page):
+    if not activation_operation_available(demo):
+        pytest.skip("the activation REST operation is not mounted on this branch")
+    demo.set_status(None)
+    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+    frame = app_frame(page)
+    frame.locator("#enable-clinic:not([disabled])").click(timeout=TIMEOUT_MS)
+    frame.locator("#activation-result").filter(has_text="Activation status: Enabled").wait_for(timeout=TIMEOUT_MS)
+    assert demo.status() == "Enabled"
+    page.reload()
+    assert entry(page).get_attribute("aria-disabled") == "false"

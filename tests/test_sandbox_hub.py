@@ -1,0 +1,108 @@
+"""The sandbox hub and settings pages over HTTP, on both databases."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lifecycle.registry import create_organization, install_application, register_application
+from models.application import Installation
+from oauth.tokens import SANDBOX_AUDIENCE
+
+
+def entry_attrs(page: str, application_id: str) -> str:
+    match = re.search(r'<button[^>]*id="app-entry-' + re.escape(application_id) + r'"[^>]*>', page)
+    assert match, page
+    return match.group(0)
+
+
+async def hub(api, user_id, app=None):
+    path = f"/sandbox/hub?user={user_id}" + (f"&app={app}" if app else "")
+    return await api.call("GET", path)
+
+
+@pytest.mark.gen_test
+async def test_hub_lists_the_clinic_apps_and_frames_them_safely(api, world, runtime):
+    other_org = create_organization("Elsewhere")
+    elsewhere, _ = register_application(runtime, "Not Here", "https://x.example/app", "https://x.example/launch")
+    install_application(elsewhere.id, other_org.id)
+    status, headers, page = await hub(api, world["physician"].id)
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    app = world["app"]
+    assert 'aria-disabled="false"' in entry_attrs(page, app.id)
+    assert "Not Here" not in page
+    frame = re.search(r'<iframe[^>]*id="app-frame"[^>]*>', page).group(0)
+    assert 'sandbox="allow-scripts allow-same-origin allow-forms allow-popups"' in frame
+    assert "allow-top-navigation" not in frame
+    csp = headers["Content-Security-Policy"]
+    assert "frame-src 'self' http://127.0.0.1:8888 https://app.example.com;" in csp
+    assert "frame-ancestors 'none'" in csp and "script-src 'self';" in csp
+    assert headers["X-Frame-Options"] == "DENY"
+    # The hub never sees the app's client secret, in clear or hashed.
+    assert world["secret"] not in page and app.client_secret_hash not in page
+
+
+@pytest.mark.gen_test
+async def test_platform_verification_greys_the_app_out_until_it_is_enabled(api, flow, world):
+    app, user = world["app"], world["physician"]
+    tokens = await flow.tokens()
+    status, _, apps = await api.call("GET", "/sandbox/api/apps",
+                                      headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+    assert status == 200 and apps["apps"][0]["openable"] is True and apps["apps"][0]["activation_status"] is None
+    # What hub.js does with the token the SDK hands it: introspect it as the platform.
+    status, _, result = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
+                                        headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+    assert status == 200 and result["active"] is True and result["sub"] == user.id
+    _, _, page = await hub(api, user.id)
+    assert 'aria-disabled="true"' in entry_attrs(page, app.id)
+    _, _, apps = await api.call("GET", "/sandbox/api/apps",
+                                headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+    assert apps["apps"][0] == {**apps["apps"][0], "openable": False, "activation_status": "Disabled"}
+    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": app.client_id},
+                                      headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+    assert status == 403 and body["error"] == "application_disabled"
+    Installation.update(activation_status="Enabled").where(Installation.application == app.id).execute()
+    _, _, page = await hub(api, user.id)
+    assert 'aria-disabled="false"' in entry_attrs(page, app.id)
+    assert await flow.launch()
+
+
+@pytest.mark.gen_test
+async def test_deep_link_names_the_app_to_open(api, world):
+    status, _, page = await hub(api, world["physician"].id, app=world["app"].id)
+    assert status == 200
+    assert f'"openApp": "{world["app"].id}"' in page
+
+
+@pytest.mark.gen_test
+async def test_settings_page_shows_a_30_minute_sandbox_token(api, world, runtime):
+    status, headers, page = await api.call("GET", f"/sandbox/settings?user={world['staff'].id}")
+    assert status == 200 and headers["Cache-Control"] == "no-store"
+    token = re.search(r'<textarea id="sandbox-token"[^>]*>([^<]+)</textarea>', page).group(1).strip()
+    claims = runtime.tokens.verify(token, SANDBOX_AUDIENCE)
+    assert claims["sub"] == world["staff"].id and claims["exp"] - claims["iat"] == 1800
+    assert "Valid for 30 minutes" in page
+    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
+                                      headers={"Authorization": f"Bearer {token}"})
+    assert status == 201 and body["launch_url"].startswith("https://app.example.com/launch?launch_id=")
+
+
+@pytest.mark.gen_test
+async def test_bad_hub_requests_get_clear_errors(api, world):
+    for path, code, error in (("/sandbox/hub", 400, "invalid_request"),
+                              ("/sandbox/hub?user=usr_nobody", 404, "user_not_found"),
+                              ("/sandbox/settings?user=", 400, "invalid_request"),
+                              ("/sandbox/hub?user=a&user=b", 400, "invalid_request")):
+        status, _, body = await api.call("GET", path)
+        assert status == code and body["error"] == error, path
+    status, headers, body = await api.call("GET", "/sandbox/api/apps", headers={"Authorization": "Bearer nope"})
+    assert status == 401 and body == {"error": "invalid_token", "message": "Authentication failed"}
+
+
+@pytest.mark.gen_test
+async def test_the_sdk_and_hub_assets_are_served(api, runtime):
+    status, headers, body = await api.call("GET", "/static/sdk/svc-sdk.js")
+    assert status == 200 and "javascript" in headers["Content-Type"]
+    assert "initializeSvcSDK" in body and "loadSdk" in body
+    status, _, _ = await api.call("GET", "/static/hub/hub.js")
+    assert status == 200
