@@ -2,6 +2,7 @@
 never twice a month, correct with several processes verifying at once."""
 import concurrent.futures
 import csv
+import datetime
 import io
 import json
 import subprocess
@@ -31,8 +32,12 @@ async def verify_on_platform(api, flow, world):
     return tokens
 
 
-def set_status(world, status):
-    Installation.update(activation_status=status).where(Installation.application == world["app"].id).execute()
+def set_status(world, status, trial_days_ago=40):
+    """The installation's status; its free trial (started `trial_days_ago`) has ended unless told otherwise."""
+    from models.clock import clock
+    started = clock.now() - datetime.timedelta(days=trial_days_ago)
+    Installation.update(activation_status=status, trial_started_at=started).where(
+        Installation.application == world["app"].id).execute()
 
 
 @pytest.mark.gen_test
@@ -215,3 +220,24 @@ async def test_billing_operation_is_rate_limited(api, world):
         statuses.append(status)
     assert statuses == [200] * 10 + [429]
     assert int(response_headers["Retry-After"]) >= 1
+
+
+@pytest.mark.gen_test
+async def test_the_free_trial_is_free_and_billing_starts_on_day_31(api, flow, world, runtime):
+    set_status(world, "Enabled", trial_days_ago=0)  # day 1
+    await verify_on_platform(api, flow, world)
+    runtime.clock.advance(29 * 86400)  # day 30: still in the trial
+    await verify_on_platform(api, flow, world)
+    assert BillableUse.select().count() == 0
+    runtime.clock.advance(86400)  # day 31: the trial has ended; the app still returns the user
+    await verify_on_platform(api, flow, world)
+    assert [r.user_id for r in BillableUse.select()] == [world["physician"].id]
+
+
+@pytest.mark.gen_test
+async def test_a_paid_plan_is_billed_from_the_first_enabled_verification(api, flow, world):
+    from models.application import Application
+    Application.update(billing_plan="paid").where(Application.id == world["app"].id).execute()
+    set_status(world, "Enabled", trial_days_ago=0)
+    await verify_on_platform(api, flow, world)
+    assert BillableUse.select().count() == 1
