@@ -36,15 +36,15 @@ class LaunchTraffic:
     """Launches one after another until stopped; records each outcome with the rotation phase."""
 
     def __init__(self, api, partner_app, user, runtime):
-        self.api, self.p, self.user = api, partner_app, user
-        self.hub_token = issue_sandbox_token(runtime, user)
+        self.api, self.p, self.user, self.runtime = api, partner_app, user, runtime
         self.phase = "before"
         self.results: list[dict] = []
         self._stop = asyncio.Event()
         self._task = None
 
     async def one_launch(self) -> dict:
-        hub = {"Authorization": f"Bearer {self.hub_token}"}
+        # A fresh hub session token each time: some tests move the clock by days.
+        hub = {"Authorization": f"Bearer {issue_sandbox_token(self.runtime, self.user)}"}
         status, _, body = await self.api.call("POST", "/v1/sandbox/launches", {"client_id": self.p.app.client_id},
                                               headers=hub)
         assert status == 201, body
