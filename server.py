@@ -19,7 +19,7 @@ from conf import Settings
 from conf.runtime import Runtime
 from handlers import oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
-from handlers.rest import appointments as rest_appointments, directory as rest_directory, \
+from handlers.rest import appointments as rest_appointments, billing as rest_billing, directory as rest_directory, \
     charts as rest_charts, invitations as rest_invitations, openapi as rest_openapi
 from ops import metrics
 from ops.observability import ObservedApplication
@@ -31,7 +31,7 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 """Served at /static/ (the JS SDK at /static/sdk/svc-sdk.js, the sandbox hub's assets)."""
 
 ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub, objects, ops,
-                 rest_invitations, rest_directory, rest_appointments, rest_charts, rest_openapi]
+                 rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi]
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
 # Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones

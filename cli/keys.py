@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cli import emit, with_runtime
-from models.audit import AuditEvent
+from lifecycle.signing_keys import rotate_signing_key
 
 
 def register(commands) -> None:
@@ -16,8 +16,7 @@ def register(commands) -> None:
 
 
 def _rotate(runtime, args):
-    key = runtime.keyring.rotate()
-    AuditEvent.record("operator", "keys.rotated", key.kid)
+    key = rotate_signing_key(runtime)
     emit({"active_kid": key.kid, "published": [k["kid"] for k in runtime.keyring.jwks()["keys"]]}, args.json)
 
 

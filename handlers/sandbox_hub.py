@@ -2,8 +2,8 @@
 
 - `GET /sandbox/hub?user=<id>[&app=<application id>]`: the hub of a sandbox user.
 - `GET /sandbox/settings?user=<id>`: shows the user's 30-minute sandbox token.
-- `GET /sandbox/api/apps` (Bearer sandbox token): the hub's app list as JSON, refreshed after a
-  launch completes.
+- `GET /sandbox/api/apps` (Bearer sandbox token): the hub's app list as JSON, re-read after a
+  launch completes and every `HUB_REFRESH_SECONDS`.
 The hub's browser code (static/hub/hub.js) creates launches with `POST /v1/sandbox/launches` and
 has the SDK's access token verified with `POST /v1/oauth/introspect` using the sandbox token as
 Bearer: that check is the platform verification (handlers.oauth.IntrospectionHandler).
@@ -29,6 +29,9 @@ TEMPLATES = tornado.template.Loader(str(Path(__file__).resolve().parent / "templ
 # Capabilities the framed app gets: its own origin (needed for its fetches and for postMessage
 # origins), scripts, forms, popups. No top navigation, no downloads, no modals of the hub's.
 IFRAME_SANDBOX = "allow-scripts allow-same-origin allow-forms allow-popups"
+
+# The hub re-reads its app list this often, so an activation change shows without a reload.
+HUB_REFRESH_SECONDS = 3
 
 
 class SandboxPageHandler(BaseHandler):
@@ -63,7 +66,8 @@ class HubHandler(SandboxPageHandler):
         data = {"user": {"id": user.id, "name": user.display_name},
                 "organizationId": user.organization_id, "sandboxToken": issue_sandbox_token(self.runtime, user),
                 "apiBase": self.svc_settings.public_url + "/v1", "appsUrl": "/sandbox/api/apps",
-                "openApp": self.query_params().get("app"), "apps": [e.as_dict() for e in entries]}
+                "openApp": self.query_params().get("app"), "apps": [e.as_dict() for e in entries],
+                "refreshSeconds": HUB_REFRESH_SECONDS}
         self.render_page("hub.html", csp, user=user, organization=user.organization, entries=entries,
                          sandbox=IFRAME_SANDBOX, data_json=tornado.escape.json_encode(data))
 

@@ -1,6 +1,9 @@
 """Billing rule (spec item 7): bill a user for a month when the platform verifies an access token
 issued to the app for that user while the installation is `Enabled`; never while `Disabled`, and
-at most once per (application, organization, user, month)."""
+at most once per (application, organization, user, month).
+
+On the `free_trial` plan the 30-day trial itself is free: billing starts on day 31 (spec: "Free-trial
+state": once the trial ended, a user the app keeps returning while `Enabled` is charged)."""
 from __future__ import annotations
 
 import re
@@ -9,16 +12,27 @@ from collections import OrderedDict
 from models.billing import BillableUse
 from models.clock import clock
 from models.directory import Organization, User
+from oauth.claims import trial_state
 from oauth.errors import ApiError
 
 MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 
 
-def record_billable_use(app, user, installation) -> bool:
-    """Add the ledger row if billable; True when this call created it."""
+def is_billable(app, installation, now) -> bool:
+    """`Enabled` in the organization, and not within a free trial."""
     if installation is None or installation.activation_status != "Enabled":
         return False
+    return not trial_state(app.billing_plan, installation.trial_started_at, now).is_free_trial
+
+
+def record_billable_use(app, user, installation) -> bool:
+    """Add the ledger row if billable; True when this call created it.
+
+    The unique index and INSERT ... ON CONFLICT DO NOTHING make concurrent verifications in any
+    number of processes write one row."""
     now = clock.now()
+    if not is_billable(app, installation, now):
+        return False
     inserted = (BillableUse.insert(application=app.id, organization=installation.organization_id, user=user.id,
                                    month=now.strftime("%Y-%m"), first_verified_at=now)
                 .on_conflict_ignore().execute())

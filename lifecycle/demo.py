@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+import peewee
+
 from lifecycle.registry import create_organization, create_user, install_application, register_application
 from lifecycle.sandbox import issue_sandbox_token
 from models.application import Application
@@ -29,7 +31,11 @@ def demo_app_url(port: int = EXAMPLE_APP_PORT) -> str:
 def seed_demo(runtime, app_base_url: str | None = None) -> dict:
     app_base_url = (app_base_url or demo_app_url()).rstrip("/")
     settings = runtime.settings
-    with runtime.db.atomic():
+    # On SQLite take the write lock up front: a deferred transaction that reads first cannot upgrade
+    # to a writer once the embedded worker has written meanwhile ("database is locked" at once,
+    # busy_timeout does not help), and `serve --demo` seeds while its worker thread starts.
+    immediate = {"lock_type": "IMMEDIATE"} if isinstance(runtime.db, peewee.SqliteDatabase) else {}
+    with runtime.db.atomic(**immediate):
         if Organization.get_or_none(Organization.id == DEMO_ORG_ID) is None:
             create_organization("Sandbox Family Clinic", "sandbox", f"{settings.public_url}/sandbox/ehr",
                                 org_id=DEMO_ORG_ID)

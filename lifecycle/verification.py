@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from lifecycle.billing import record_billable_use
 from models.application import Authorization, Installation
+from models.audit import AuditEvent
 from models.clock import clock
 
 
@@ -17,10 +18,15 @@ def record_platform_verification(app, user) -> Installation | None:
      .on_conflict(conflict_target=[Authorization.application, Authorization.user],
                   update={Authorization.last_verified_at: now})
      .execute())
-    (Installation.update(activation_status="Disabled")
-     .where((Installation.application == app.id) & (Installation.organization == user.organization_id)
-            & Installation.activation_status.is_null())
-     .execute())
+    first_initialization = (
+        Installation.update(activation_status="Disabled")
+        .where((Installation.application == app.id) & (Installation.organization == user.organization_id)
+               & Installation.activation_status.is_null())
+        .execute())
+    if first_initialization:
+        # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
+        AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
+                          before=None, after="Disabled", user_id=user.id)
     installation = Installation.find(app.id, user.organization_id)
     record_billable_use(app, user, installation)
     return installation

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 
+from lifecycle.billing import MONTH
 from partner_api.access import PATH_ID
 from partner_api.appointments import MAX_LIMIT
 
@@ -74,6 +75,17 @@ SCHEMAS = {
     "ActivationStatusRequest": _object({"status": {"type": "string", "enum": ["Enabled", "Disabled"]}}),
     "ActivationStatus": _object({"status": {"type": "string", "enum": ["Enabled", "Disabled"]},
                                  "trial_started_at": NULLABLE_DATE_TIME}),
+    "BillableUser": _object({"user_id": {"type": "string"}, "email": {"type": "string"},
+                             "first_verified_at": {**DATE_TIME, "description": "first billable verification "
+                                                                               "of the month"}}),
+    "BillingOrganization": _object({
+        "organization_id": {"type": "string"}, "organization_name": {"type": "string"},
+        "billable_users": {"type": "integer", "minimum": 0},
+        "users": {"type": "array", "items": _ref("BillableUser")}}),
+    "Billing": _object({
+        "application_id": {"type": "string"}, "month": {"type": "string", "pattern": MONTH.pattern},
+        "total_billable_users": {"type": "integer", "minimum": 0},
+        "organizations": {"type": "array", "items": _ref("BillingOrganization")}}),
     "Appointment": _object({
         "id": {"type": "string"}, "start": DATE_TIME, "end": DATE_TIME, "status": {"type": "string"},
         "appointment_type": {"type": "string"}, "reason": {"type": "string"}, "location": {"type": "string"},
@@ -193,6 +205,13 @@ def _rest_paths() -> dict:
                 "activation_status", True, {"200": _json(_ref("ActivationStatus"), "the new status")},
                 {**NOT_FOUND, "409": _error("`not_initialized`: no SDK initialization in this organization yet")},
                 [app_id, org_id], body="ActivationStatusRequest")},
+        "/v1/applications/{applicationId}/billing": {"get": _rest_operation(
+            "Billable users of the application per organization for one UTC month (spec: billing rule)",
+            "billing", True, {"200": _json(_ref("Billing"), "the month's ledger")},
+            {"400": _error("`invalid_month` (month missing or not YYYY-MM) or a path identifier of the wrong "
+                           "shape"), **NOT_FOUND},
+            [app_id, {"name": "month", "in": "query", "required": True, "description": "UTC month, YYYY-MM",
+                      "schema": {"type": "string", "pattern": MONTH.pattern}}])},
         "/v1/appointments/{svcOrganizationId}": {"get": _rest_operation(
             "Appointments of the coming 10 days of authorized providers (nightly snapshot; test org 123456789)",
             "appointments", True, {"200": _json(_ref("AppointmentPage"), "one page")},

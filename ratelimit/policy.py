@@ -23,6 +23,7 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "chart_request_create": Limit(10, 60),   # each request starts a chart build: as costly as an invitation
     "chart_request_status": Limit(50, 60),   # a poll, as cheap as the download-URL call it precedes
     "activation_status": Limit(10, 60),      # changes billing; rare by nature
+    "billing": Limit(10, 60),                # a monthly report: a listing like organizations
 }
 
 

@@ -2,6 +2,7 @@
 never twice a month, correct with several processes verifying at once."""
 import concurrent.futures
 import csv
+import datetime
 import io
 import json
 import subprocess
@@ -31,8 +32,12 @@ async def verify_on_platform(api, flow, world):
     return tokens
 
 
-def set_status(world, status):
-    Installation.update(activation_status=status).where(Installation.application == world["app"].id).execute()
+def set_status(world, status, trial_days_ago=40):
+    """The installation's status; its free trial (started `trial_days_ago`) has ended unless told otherwise."""
+    from models.clock import clock
+    started = clock.now() - datetime.timedelta(days=trial_days_ago)
+    Installation.update(activation_status=status, trial_started_at=started).where(
+        Installation.application == world["app"].id).execute()
 
 
 @pytest.mark.gen_test
@@ -132,3 +137,107 @@ def test_audit_list_shows_state_changes(settings, world, runtime):
                          capture_output=True, text=True, timeout=60)
     actions = [e["action"] for e in json.loads(out.stdout)["events"]]
     assert actions[0] == "application.secret.fallback_generated" and "application.created" in actions
+
+
+# -- GET /v1/applications/{applicationId}/billing ----------------------------------------------
+
+def billing_path(app_id, month=None):
+    return f"/v1/applications/{app_id}/billing" + (f"?month={month}" if month is not None else "")
+
+
+@pytest.mark.gen_test
+async def test_billing_operation_shows_the_callers_billable_users_per_organization(api, flow, world, runtime):
+    from rest_helpers import partner_headers
+    headers = await partner_headers(api, world["app"], world["secret"])
+    month = runtime.clock.now().strftime("%Y-%m")
+    status, _, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
+    assert status == 200 and body == {"application_id": world["app"].id, "month": month,
+                                      "total_billable_users": 0, "organizations": []}
+    set_status(world, "Enabled")
+    await verify_on_platform(api, flow, world)
+    await verify_on_platform(api, flow, world)  # the same user again this month: still one
+    status, response_headers, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
+    assert status == 200, body
+    assert response_headers["RateLimit-Limit"] == "10"
+    assert body["total_billable_users"] == 1
+    [group] = body["organizations"]
+    assert (group["organization_id"], group["organization_name"], group["billable_users"]) == (
+        world["org"].id, "Test Clinic", 1)
+    assert [(u["user_id"], u["email"]) for u in group["users"]] == [(world["physician"].id, "doc@example.com")]
+    # The same numbers as the operators' report.
+    from lifecycle.billing import billing_report
+    assert billing_report(month, world["app"].id)["organizations"][0]["users"] == group["users"]
+    # Another month is empty.
+    status, _, body = await api.call("GET", billing_path(world["app"].id, "1999-01"), headers=headers)
+    assert status == 200 and body["total_billable_users"] == 0
+
+
+@pytest.mark.gen_test
+async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world, runtime):
+    from lifecycle.registry import install_application, register_application
+    from rest_helpers import partner_headers
+    other, other_secret = register_application(runtime, "Other App", "https://other.example/main",
+                                               "https://other.example/launch", billing_plan="paid")
+    install_application(other.id, world["org"].id)
+    set_status(world, "Enabled")
+    await verify_on_platform(api, flow, world)
+    month = runtime.clock.now().strftime("%Y-%m")
+    headers = await partner_headers(api, other, other_secret)
+    status, _, body = await api.call("GET", billing_path(other.id, month), headers=headers)
+    assert status == 200 and body["total_billable_users"] == 0  # the test app's row is not the other app's
+    status, _, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
+    assert status == 403 and body["error"] == "forbidden"
+    status, _, body = await api.call("GET", billing_path("no-such-app", month), headers=headers)
+    assert status == 404 and body["error"] == "application_not_found"
+
+
+@pytest.mark.gen_test
+async def test_billing_operation_bad_month_and_auth(api, world):
+    from rest_helpers import partner_headers
+    headers = await partner_headers(api, world["app"], world["secret"])
+    for month in (None, "", "2026-13", "2026-1", "26-01", "2026-01-01", "abcd-ef", "2026-00"):
+        status, _, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
+        assert status == 400 and body["error"] == "invalid_month", month
+    status, _, body = await api.call("GET", billing_path(world["app"].id) + "?month=2026-01&month=2026-02",
+                                     headers=headers)
+    assert status == 400
+    status, headers_, body = await api.call("GET", billing_path(world["app"].id, "2026-01"))
+    assert status == 401 and "WWW-Authenticate" in headers_
+
+
+@pytest.mark.gen_test
+async def test_billing_operation_is_rate_limited(api, world):
+    from rest_helpers import partner_headers
+    headers = await partner_headers(api, world["app"], world["secret"])
+    api.runtime.clock.offset = 0
+    # Stay inside one window: start at its beginning.
+    import math
+    now = api.runtime.clock.time()
+    api.runtime.clock.advance(math.ceil(now / 60) * 60 - now + 0.5)
+    statuses = []
+    for _ in range(11):
+        status, response_headers, _ = await api.call("GET", billing_path(world["app"].id, "2026-01"), headers=headers)
+        statuses.append(status)
+    assert statuses == [200] * 10 + [429]
+    assert int(response_headers["Retry-After"]) >= 1
+
+
+@pytest.mark.gen_test
+async def test_the_free_trial_is_free_and_billing_starts_on_day_31(api, flow, world, runtime):
+    set_status(world, "Enabled", trial_days_ago=0)  # day 1
+    await verify_on_platform(api, flow, world)
+    runtime.clock.advance(29 * 86400)  # day 30: still in the trial
+    await verify_on_platform(api, flow, world)
+    assert BillableUse.select().count() == 0
+    runtime.clock.advance(86400)  # day 31: the trial has ended; the app still returns the user
+    await verify_on_platform(api, flow, world)
+    assert [r.user_id for r in BillableUse.select()] == [world["physician"].id]
+
+
+@pytest.mark.gen_test
+async def test_a_paid_plan_is_billed_from_the_first_enabled_verification(api, flow, world):
+    from models.application import Application
+    Application.update(billing_plan="paid").where(Application.id == world["app"].id).execute()
+    set_status(world, "Enabled", trial_days_ago=0)
+    await verify_on_platform(api, flow, world)
+    assert BillableUse.select().count() == 1

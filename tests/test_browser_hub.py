@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -16,9 +18,10 @@ import pytest
 
 from conf import Settings
 from conf.runtime import Runtime
-from conftest import free_port, settings_env, start_process, stop_process, wait_for_port
+from conftest import ROOT, free_port, settings_env, start_process, stop_process, wait_for_port
 from lifecycle.demo import DEMO_OTHER_ID, DEMO_PHYSICIAN_ID
 from models.application import Installation
+from models.billing import BillableUse
 from models.clock import clock
 
 pytestmark = pytest.mark.browser
@@ -48,6 +51,13 @@ class Demo:
         try:
             (Installation.update(activation_status=status, trial_started_at=trial_started_at)
              .where(Installation.application == APP_ID).execute())
+        finally:
+            runtime.close()
+
+    def billable_users(self) -> int:
+        runtime = Runtime(self.settings)
+        try:
+            return BillableUse.select().where(BillableUse.application == APP_ID).count()
         finally:
             runtime.close()
 
@@ -136,9 +146,15 @@ def test_user_the_app_refuses_sees_the_403(demo, page):
 
 def test_trial_expired_is_shown_by_the_app(demo, page):
     demo.set_status("Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
+    billed = demo.billable_users()
     page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
     error = app_frame(page).locator("#sdk-error").inner_text()
     assert error.startswith("403 trial_expired: ") and "free trial" in error
+    # The SDK never handed a token to the hub, so the platform verified nothing: not billed,
+    # although the trial has ended and the app is Enabled.
+    page.locator("#hub-status").filter(has_text="did not start").wait_for(timeout=TIMEOUT_MS)
+    assert demo.billable_users() == billed
+    assert demo.status() == "Enabled"
 
 
 def test_enabled_app_opens_again_and_a_new_one_is_openable(demo, page):
@@ -179,3 +195,65 @@ def test_enable_for_this_clinic_button(demo, page):
     assert demo.status() == "Enabled"
     page.reload()
     assert entry(page).get_attribute("aria-disabled") == "false"
+
+
+def demo_credentials(demo) -> dict:
+    """`svc-auth demo seed --json` (idempotent): the demo app's client credentials and ids."""
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "demo", "seed", "--json"],
+                            env=settings_env(demo.settings), cwd=str(ROOT), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def rest(demo, method, path, body=None, headers=None) -> tuple[int, dict]:
+    request = urllib.request.Request(demo.url + path, method=method, headers={
+        "Content-Type": "application/json", **(headers or {})}, data=json.dumps(body).encode() if body else None)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def app_sets_own_status(demo, credentials, status: str) -> None:
+    """What the partner's backend does: a client-credentials token, then the activation operation."""
+    code, token = rest(demo, "POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": credentials["client_id"],
+        "client_secret": credentials["client_secret"]})
+    assert code == 200, token
+    code, body = rest(demo, "PUT", f"/v1/applications/{credentials['application_id']}/organizations/"
+                                   f"{credentials['organization_id']}/activation-status", {"status": status},
+                      {"Authorization": f"Bearer {token['access_token']}"})
+    assert code == 200 and body["status"] == status, body
+
+
+def test_the_hub_follows_the_activation_status_the_app_sets(demo, page):
+    """The app enables and disables itself through the REST API; the open hub follows at once
+    (it re-reads its list), and a reload shows the same."""
+    credentials = demo_credentials(demo)
+    demo.set_status("Disabled")  # as after the first completed SDK initialization
+    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}")
+    assert entry(page).get_attribute("aria-disabled") == "true"
+
+    app_sets_own_status(demo, credentials, "Enabled")
+    page.locator(f"#app-entry-{APP_ID}[aria-disabled='false']").wait_for(timeout=TIMEOUT_MS)  # no reload
+    entry(page).click()
+    claims = json.loads(app_frame(page).locator("#id-token-claims").inner_text())
+    assert claims["sub"] == DEMO_PHYSICIAN_ID and claims["days_until_end_of_trial"] == 30
+
+    app_sets_own_status(demo, credentials, "Disabled")
+    page.locator(f"#app-entry-{APP_ID}[aria-disabled='true']").wait_for(timeout=TIMEOUT_MS)  # no reload
+    page.reload()
+    assert entry(page).get_attribute("aria-disabled") == "true"
+    assert "Disabled" in entry(page).inner_text()
+    entry(page).click(force=True)
+    page.locator("#hub-status").filter(has_text="cannot be opened").wait_for(timeout=TIMEOUT_MS)
+    assert page.locator("#app-frame").get_attribute("src") is None
+
+    app_sets_own_status(demo, credentials, "Enabled")
+    page.locator(f"#app-entry-{APP_ID}[aria-disabled='false']").wait_for(timeout=TIMEOUT_MS)
+    entry(page).click()
+    claims = json.loads(app_frame(page).locator("#id-token-claims").inner_text())
+    assert claims["sub"] == DEMO_PHYSICIAN_ID
+    assert demo.status() == "Enabled"

@@ -322,7 +322,7 @@ async def test_activation_status_lifecycle(api, world, runtime):
     assert body == {"status": "Enabled", "trial_started_at": started}  # only the first Enabled starts the trial
     events = [e.detail["after"] for e in AuditEvent.select().where(
         AuditEvent.action == "installation.activation_status_set").order_by(AuditEvent.id)]
-    assert events == ["Enabled", "Disabled", "Enabled"]
+    assert events == ["Disabled", "Enabled", "Disabled", "Enabled"]  # the first: the platform's, at initialization
     status, _, body = await api.call("GET", f"/v1/applications/{app.id}/organizations", headers=headers)
     assert body[0]["activation_status"] == "Enabled"
 

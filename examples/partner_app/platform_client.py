@@ -59,16 +59,21 @@ class PlatformClient:
     async def exchange_code(self, code: str) -> Upstream:
         """Rotation step 2: current secret first; on a 4xx, once more with the fallback secret."""
         body = {"grant_type": "authorization_code", "client_id": self.config.client_id, "code": code}
-        answer = await self._token({**body, "client_secret": self.config.client_secret})
-        if answer.client_error and self.config.fallback_secret:
-            answer = await self._token({**body, "client_secret": self.config.fallback_secret})
-        return answer
+        return await self._with_secrets(body)
 
     async def client_credentials(self) -> Upstream:
         body = {"grant_type": "client_credentials", "client_id": self.config.client_id}
-        answer = await self._token({**body, "client_secret": self.config.client_secret})
-        if answer.client_error and self.config.fallback_secret:
-            answer = await self._token({**body, "client_secret": self.config.fallback_secret})
+        return await self._with_secrets(body)
+
+    async def _with_secrets(self, body: dict) -> Upstream:
+        """The current secret; on a 4xx, once more with the fallback (spec: client secret rotation).
+
+        Both tries use the pair configured when the call started: promoting the fallback
+        (`PartnerApp.use_secrets`) while a call is between its tries must not cost it the retry."""
+        config = self.config
+        answer = await self._token({**body, "client_secret": config.client_secret})
+        if answer.client_error and config.fallback_secret:
+            answer = await self._token({**body, "client_secret": config.fallback_secret})
         return answer
 
     async def userinfo(self, access_token: str) -> Upstream:

@@ -1,6 +1,7 @@
 """HTTP endpoints of the example partner app and `make_partner_app(config)`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -236,6 +237,13 @@ class PartnerApp:
         self.verifier = IdTokenVerifier(self.jwks, config.issuer_claim, config.client_id)
         self.records = UserRecords(config.authorized_users, config.upgraded_organizations)
         self.sessions = SessionStore(config.session_ttl)
+
+    def use_secrets(self, client_secret: str, fallback_secret: str = "") -> None:
+        """Rotation steps 2 and 4 without a restart: configure (current, fallback), then promote.
+
+        Calls already under way finish with the pair they started with."""
+        self.config = dataclasses.replace(self.config, client_secret=client_secret, fallback_secret=fallback_secret)
+        self.platform.config = self.config
 
 
 def make_partner_app(config: PartnerConfig) -> tornado.web.Application:

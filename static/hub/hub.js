@@ -33,11 +33,15 @@
   }
 
   async function refreshApps() {
-    var response = await fetch(data.appsUrl, { headers: { "Authorization": "Bearer " + data.sandboxToken } });
-    if (!response.ok) return;
-    var body = await response.json();
-    indexApps(body.apps);
-    body.apps.forEach(renderEntry);
+    try {
+      var response = await fetch(data.appsUrl, { headers: { "Authorization": "Bearer " + data.sandboxToken } });
+      if (!response.ok) return;
+      var body = await response.json();
+      indexApps(body.apps);
+      body.apps.forEach(renderEntry);
+    } catch (error) {
+      // Offline for a moment: the next refresh catches up.
+    }
   }
 
   async function openApp(applicationId) {
@@ -115,4 +119,9 @@
 
   indexApps(data.apps);
   if (data.openApp) openApp(data.openApp);
+  // An app that enables or disables itself (REST activation operation) shows up without a reload.
+  if (data.refreshSeconds > 0) setInterval(refreshApps, data.refreshSeconds * 1000);
+  document.addEventListener("visibilitychange", function () {
+    if (document.visibilityState === "visible") refreshApps();
+  });
 })();

@@ -1,0 +1,173 @@
+"""Client secret rotation with zero downtime (spec: "Client secret rotation"), end to end.
+
+The service (pytest-tornado) and the example partner app share one IOLoop on two loopback
+ports. A background task keeps launching the whole time, as the hub would: sandbox launch ->
+the app's launch endpoint -> authorize -> the app's token endpoint (which exchanges the code with
+its secrets) -> the platform verifies the access token. The operator steps run through the real
+CLI in child processes while launches keep flowing.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import urllib.parse
+
+import pytest
+
+from conftest import ROOT, settings_env
+from lifecycle.sandbox import issue_sandbox_token
+from models.application import Application
+from rest_helpers import partner_headers
+from test_partner_app import fetch, partner, settings  # noqa: F401  (fixtures: the app on a real port)
+
+
+async def cli(settings, *args) -> dict:
+    """`svc-auth ARGS --json` in a child process, without blocking the IOLoop that serves launches."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli.__main__", *args, "--json", env=settings_env(settings), cwd=str(ROOT),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return json.loads(out)
+
+
+class LaunchTraffic:
+    """Launches one after another until stopped; records each outcome with the rotation phase."""
+
+    def __init__(self, api, partner_app, user, runtime):
+        self.api, self.p, self.user, self.runtime = api, partner_app, user, runtime
+        self.phase = "before"
+        self.results: list[dict] = []
+        self._stop = asyncio.Event()
+        self._task = None
+
+    async def one_launch(self) -> dict:
+        # A fresh hub session token each time: some tests move the clock by days.
+        hub = {"Authorization": f"Bearer {issue_sandbox_token(self.runtime, self.user)}"}
+        status, _, body = await self.api.call("POST", "/v1/sandbox/launches", {"client_id": self.p.app.client_id},
+                                              headers=hub)
+        assert status == 201, body
+        status, headers, _ = await fetch(self.api, body["launch_url"])          # the app's launch endpoint
+        assert status == 302, status
+        status, headers, body = await fetch(self.api, headers["Location"])      # authorize
+        assert status == 302, body
+        code = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)["code"][0]
+        phase, calls = self.phase, self.p.state.platform.token_calls
+        status, _, body = await fetch(self.api, f"{self.p.url}/api/token", "POST", {"code": code},
+                                      {"Content-Type": "application/json"})
+        outcome = {"phase": phase, "phase_after": self.phase, "status": status, "body": body,
+                   "token_calls": self.p.state.platform.token_calls - calls, "verified": False}
+        if status == 200:  # the SDK hands the access token to the platform, which verifies it
+            v_status, _, v_body = await self.api.call("POST", "/v1/oauth/introspect",
+                                                      {"token": body["access_token"]}, headers=hub)
+            outcome["verified"] = v_status == 200 and v_body["active"] is True
+        return outcome
+
+    async def _run(self):
+        while not self._stop.is_set():
+            self.results.append(await self.one_launch())
+
+    def start(self):
+        self._task = asyncio.ensure_future(self._run())
+
+    async def during(self, phase: str, launches: int = 3):
+        """Enter `phase` and let at least `launches` complete entirely inside it."""
+        self.phase = phase
+        while len(self.inside(phase)) < launches:
+            assert not self._task.done(), self._task.exception()
+            await asyncio.sleep(0.01)
+
+    def inside(self, phase: str) -> list[dict]:
+        return [r for r in self.results if r["phase"] == r["phase_after"] == phase]
+
+    async def stop(self) -> list[dict]:
+        self._stop.set()
+        await self._task
+        return self.results
+
+
+async def initialized_and_enabled(api, p, world, traffic) -> None:
+    """The first launch moves the installation to Disabled; the app then enables itself (REST)."""
+    first = await traffic.one_launch()
+    assert first["status"] == 200 and first["verified"], first
+    headers = await partner_headers(api, p.app, p.secret)
+    status, _, body = await api.call(
+        "PUT", f"/v1/applications/{p.app.id}/organizations/{world['org'].id}/activation-status",
+        {"status": "Enabled"}, headers=headers)
+    assert status == 200, body
+
+
+async def secret_is_valid(api, app, secret) -> bool:
+    status, _, _ = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": secret})
+    assert status in (200, 401)
+    return status == 200
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_four_rotation_steps_while_launches_keep_flowing(api, partner, world, runtime, settings):
+    p = partner()
+    old = p.secret
+    traffic = LaunchTraffic(api, p, world["physician"], runtime)
+    await initialized_and_enabled(api, p, world, traffic)
+    traffic.start()
+    await traffic.during("before")
+
+    # Step 1: the operator generates a fallback; it is not valid yet, the current one still is.
+    traffic.phase = "1-generating"  # launches go on while the CLI runs
+    new = (await cli(settings, "apps", "secret", "generate-fallback", "--app", p.app.id))["fallback_secret"]
+    assert new and new != old
+    await traffic.during("1-generated")
+    assert not await secret_is_valid(api, p.app, new) and await secret_is_valid(api, p.app, old)
+
+    # Step 2: the app is deployed with both secrets (current first, fallback on a 4xx).
+    p.state.use_secrets(old, new)
+    await traffic.during("2-app-has-fallback")
+
+    # Step 3: the operator activates the fallback: the old secret stops working at once, the
+    # app's first try gets 401 and its retry with the fallback succeeds.
+    traffic.phase = "3-activating"
+    await cli(settings, "apps", "secret", "activate-fallback", "--app", p.app.id)
+    await traffic.during("3-activated")
+    assert not await secret_is_valid(api, p.app, old) and await secret_is_valid(api, p.app, new)
+    assert Application.get_by_id(p.app.id).fallback_secret_hash is None
+
+    # Step 4: after stable operation the app promotes the fallback to its current secret.
+    p.state.use_secrets(new)
+    await traffic.during("4-promoted")
+    results = await traffic.stop()
+
+    failed = [r for r in results if r["status"] != 200 or not r["verified"]]
+    assert failed == [], failed
+    assert len(results) >= 15
+    assert {r["phase"] for r in results} >= {"1-generating", "3-activating"}  # launches ran during the CLI
+    calls = {phase: {r["token_calls"] for r in traffic.inside(phase)}
+             for phase in ("before", "1-generated", "2-app-has-fallback", "3-activated", "4-promoted")}
+    assert calls == {"before": {1}, "1-generated": {1}, "2-app-has-fallback": {1},
+                     "3-activated": {2},   # 401 with the old secret, then the fallback
+                     "4-promoted": {1}}    # the new secret is current: no retry any more
+    assert p.state.config.client_secret == new and p.state.config.fallback_secret == ""
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_activating_before_the_app_knows_the_fallback_breaks_launches(api, partner, world, runtime, settings):
+    """The spec's warning: step 3 before step 2 invalidates the only secret the app has."""
+    p = partner()
+    traffic = LaunchTraffic(api, p, world["physician"], runtime)
+    await initialized_and_enabled(api, p, world, traffic)
+    traffic.start()
+    await traffic.during("before")
+    traffic.phase = "operator-steps"
+    new = (await cli(settings, "apps", "secret", "generate-fallback", "--app", p.app.id))["fallback_secret"]
+    await cli(settings, "apps", "secret", "activate-fallback", "--app", p.app.id)
+    await traffic.during("activated-too-early")
+    # Redeploying with the new secret repairs it.
+    p.state.use_secrets(new)
+    await traffic.during("repaired")
+    await traffic.stop()
+    assert {r["status"] for r in traffic.inside("before")} == {200}
+    broken = traffic.inside("activated-too-early")
+    assert {(r["status"], r["body"]["error"]) for r in broken} == {(502, "token_exchange_failed")}
+    assert all(not r["verified"] and r["token_calls"] == 1 for r in broken)  # no fallback to retry with
+    assert {(r["status"], r["verified"]) for r in traffic.inside("repaired")} == {(200, True)}
