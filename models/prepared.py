@@ -4,7 +4,10 @@ Peewee turns a query's expression tree into SQL text on every execution; on the 
 that was about a quarter of a request's CPU. `PreparedQuery` asks Peewee for the SQL once per
 database, with a marker where each argument goes, then runs that text with each call's values
 converted by the same fields Peewee would have used, and reads rows back with the query's own
-Peewee cursor wrapper. Same SQL, same conversions, same model objects; only the rebuilding is gone.
+Peewee cursor wrapper. That wrapper works out, from the cursor's column names, which field and
+converter each column has, on every execution; for one SQL text the answer never changes, so it is
+kept from the first execution too. Same SQL, same conversions, same model objects; only the
+rebuilding is gone.
 Use it for the few queries on a hot path; everything else stays plain Peewee.
 """
 from __future__ import annotations
@@ -30,10 +33,11 @@ class _Argument:
 
 
 class _Compiled:
-    __slots__ = ("query", "sql", "plan")
+    __slots__ = ("query", "sql", "plan", "columns")
 
     def __init__(self, query, sql: str, plan: list):
         self.query, self.sql, self.plan = query, sql, plan
+        self.columns = None  # what the cursor wrapper's initialize() derived, once rows came back
 
 
 class PreparedQuery:
@@ -78,7 +82,16 @@ class PreparedQuery:
 
     def all(self, *values) -> list:
         _, compiled, cursor = self._run(values)
-        return list(compiled.query._get_cursor_wrapper(cursor))
+        wrapper = compiled.query._get_cursor_wrapper(cursor)
+        if compiled.columns is not None:
+            wrapper.__dict__.update(compiled.columns)
+            wrapper.initialized = True
+            return list(wrapper.iterator())
+        before = set(wrapper.__dict__)
+        rows = list(wrapper.iterator())
+        if wrapper.initialized:  # initialize() ran on the first row: keep what it derived
+            compiled.columns = {k: v for k, v in wrapper.__dict__.items() if k not in before}
+        return rows
 
     def first(self, *values):
         rows = self.all(*values)
