@@ -68,7 +68,13 @@ class Installation(BaseModel):
 
     @classmethod
     def find(cls, application_id: str, organization_id: str) -> "Installation | None":
-        return cls.get_or_none((cls.application == application_id) & (cls.organization == organization_id))
+        return _INSTALLATION.first(application_id, organization_id)
+
+
+_INSTALLATION = PreparedQuery(
+    lambda application_id, organization_id: Installation.select().where(
+        (Installation.application == application_id) & (Installation.organization == organization_id)).limit(1),
+    Installation.application, Installation.organization)
 
 
 class Authorization(BaseModel):
