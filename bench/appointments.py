@@ -56,11 +56,11 @@ def _explain(db, query) -> dict:
                                   if line.strip().startswith("Execution Time")), None)}
 
 
-def explain_page(db, application_id: str, snapshot_id: int, offset: int) -> dict:
+def explain_page(db, application_id: str, snapshot_id: int, organization_id: str, offset: int) -> dict:
     """The plans of the two queries a page runs (the page, and the total), as the handler builds them."""
     import peewee
     from partner_api.appointments import page_of, snapshot_rows
-    rows = snapshot_rows(application_id, snapshot_id)
+    rows = snapshot_rows(application_id, snapshot_id, organization_id)
     count = peewee.Select([rows.order_by().alias("_wrapped")], [peewee.fn.COUNT(peewee.SQL("1"))])
     return {"page": _explain(db, page_of(rows, offset, PAGE)), "total": _explain(db, count)}
 
@@ -117,7 +117,7 @@ def appointments_benchmarks(postgres_url: str, redis_url: str, seconds: float, s
                     say(f"  {kind} page (offset {offset}): {run['rps']:.0f} req/s  p50 {run['p50_ms']:.2f} ms  "
                         f"p99 {run['p99_ms']:.2f} ms  errors {run['errors'] or 'none'}")
                 plans = step["explain_last_page"] = explain_page(db, service.application_id, snapshots[org_ids[0]],
-                                                                 pages["last"])
+                                                                 org_ids[0], pages["last"])
                 step["worst_p99_ms"] = max(r["p99_ms"] for r in step["pages"].values())
                 say(f"  last page in PostgreSQL: page query {plans['page']['execution_ms']} ms, total "
                     f"{plans['total']['execution_ms']} ms; indexes used: "

@@ -98,6 +98,11 @@ class BenchService:
             self.log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the serve process has used so far (Linux /proc)."""
+        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     @property
     def client_auth(self) -> str:
         return basic(self.client_id, self.secret)

