@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import peewee
 
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_POSTGRES_URL = "postgresql://postgres:postgres@127.0.0.1:5432/postgres"  # password: see bench-deps
 
 
 def postgres_reachable(url: str) -> str | None:

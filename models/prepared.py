@@ -68,17 +68,23 @@ class PreparedQuery:
             raise ValueError(f"each argument must appear exactly once in the query: {sql}")
         return _Compiled(query, sql, plan)
 
-    def _run(self, values: tuple):
-        db = database.obj
+    def compiled(self, db: peewee.Database) -> _Compiled:
         compiled = self._compiled.get(db)
         if compiled is None:
             with self._lock:
                 compiled = self._compiled.get(db)
                 if compiled is None:
                     compiled = self._compiled[db] = self._compile(db)
+        return compiled
+
+    def params(self, compiled: _Compiled, values) -> list:
         converted = [field.db_value(value) for field, value in zip(self._fields, values, strict=True)]
-        params = [converted[item] if is_argument else item for is_argument, item in compiled.plan]
-        return db, compiled, db.execute_sql(compiled.sql, params)
+        return [converted[item] if is_argument else item for is_argument, item in compiled.plan]
+
+    def _run(self, values: tuple):
+        db = database.obj
+        compiled = self.compiled(db)
+        return db, compiled, db.execute_sql(compiled.sql, self.params(compiled, values))
 
     def all(self, *values) -> list:
         _, compiled, cursor = self._run(values)
@@ -103,17 +109,19 @@ class PreparedQuery:
 
 
 class PreparedInsert:
-    """Inserts one row of `model` per call, every column listed, defaults filled as `Model()` fills them."""
+    """Inserts rows of `model`, every column listed (but an auto-increment key, which the database
+    assigns), defaults filled as `Model()` fills them."""
 
     def __init__(self, model: type[peewee.Model]):
         self._model = model
-        fields = model._meta.sorted_fields
+        fields = [f for f in model._meta.sorted_fields if not isinstance(f, peewee.AutoField)]
         self._names = [field.name for field in fields]
         self._query = PreparedQuery(
             lambda *arguments: model.insert(dict(zip(fields, arguments))).returning(), *fields)
 
-    def insert(self, **values) -> None:
+    def _row(self, values: dict) -> list:
         row = []
+        values = dict(values)
         for name in self._names:
             if name in values:
                 row.append(values.pop(name))
@@ -122,4 +130,24 @@ class PreparedInsert:
                 row.append(default() if callable(default) else default)
         if values:
             raise TypeError(f"{self._model.__name__} has no field(s) {', '.join(values)}")
-        self._query.execute(*row)
+        return row
+
+    def insert(self, **values) -> None:
+        self._query.execute(*self._row(values))
+
+    def insert_many(self, rows) -> int:
+        """Insert every row (dicts of field name -> value) with the one-row SQL text: sqlite3's
+        `executemany`, or psycopg2's `execute_values` (multi-row VALUES, 500 rows a statement)."""
+        db = database.obj
+        compiled = self._query.compiled(db)
+        params = [self._query.params(compiled, self._row(values)) for values in rows]
+        if not params:
+            return 0
+        cursor = db.cursor()
+        if isinstance(db, peewee.PostgresqlDatabase):
+            from psycopg2.extras import execute_values
+            head = compiled.sql[:compiled.sql.index(" VALUES ")]
+            execute_values(cursor, head + " VALUES %s", params, page_size=500)
+        else:
+            cursor.executemany(compiled.sql, params)
+        return len(params)
