@@ -45,15 +45,17 @@ def render_snapshot(s: dict) -> list[str]:
 
 
 def render_chart(c: dict) -> list[str]:
-    rows = [f"**Chart ZIP** (AES-256 + deflate; chart = the PDF + JSON the archive holds; peak = RSS growth while "
-            f"building, fresh process each; {_when(c)}):", "",
+    rows = [f"**Chart ZIP** (AES-256 + deflate; chart = the PDF + JSON the archive holds; peak = growth of the "
+            f"process's peak RSS (VmHWM) while building, fresh process each; {_when(c)}):", "",
             "| chart | encounters | PDF / JSON | builder | builder peak | pyzipper alone | pyzipper peak | ZIP |",
             "|---|---|---|---|---|---|---|---|"]
     for run in c["runs"]:
         rows.append(f"| {run['chart_mb']} MB | {run['encounters']:,} | {run['pdf_mb']} / {run['json_mb']} MB | "
-                    f"{run['builder_mb_per_s']} MB/s ({run['builder_seconds']} s) | +{run['builder_peak_growth_mb']} MB | "
+                    f"{run['builder_mb_per_s']} MB/s ({run['builder_seconds']} s) | +{run['builder_peak_growth_mb']} MB "
+                    f"(peak RSS {run.get('builder_peak_rss_mb', '?')} MB) | "
                     f"{run['pyzipper_mb_per_s']} MB/s ({run['pyzipper_seconds']} s) | "
-                    f"+{run['pyzipper_peak_growth_mb']} MB | {run['zip_mb']} MB |")
+                    f"+{run['pyzipper_peak_growth_mb']} MB (peak RSS {run.get('pyzipper_peak_rss_mb', '?')} MB) | "
+                    f"{run['zip_mb']} MB |")
     return rows + [""]
 
 
