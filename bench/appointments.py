@@ -18,7 +18,7 @@ import random
 import secrets
 
 from bench import loadgen
-from bench.fleet import copy_rows, scratch_database, seed_fleet
+from bench.fleet import copy_rows, redis_namespace, scratch_database, seed_fleet
 from bench.service import BenchService
 
 ORGANIZATIONS = 1000
@@ -71,9 +71,10 @@ def appointments_benchmarks(postgres_url: str, redis_url: str, seconds: float, s
     from models.appointments import Snapshot, SnapshotAppointment
     from models.clock import clock
 
-    with scratch_database(postgres_url) as url:
+    namespace = f"svc-bench-{secrets.token_hex(4)}"
+    with scratch_database(postgres_url) as url, redis_namespace(redis_url, namespace):
         service = BenchService(url, extra_env={
-            "SVC_REDIS_URL": redis_url, "SVC_REDIS_NAMESPACE": f"svc-bench-{secrets.token_hex(4)}",
+            "SVC_REDIS_URL": redis_url, "SVC_REDIS_NAMESPACE": namespace,
             "SVC_RATE_LIMITS": "appointments=100000000/60"})
         service.seed()  # migrates the schema, registers the application
         db = connect(url)

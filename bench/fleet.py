@@ -54,6 +54,19 @@ def scratch_database(admin_url: str):
         admin.close()
 
 
+@contextlib.contextmanager
+def redis_namespace(url: str, namespace: str):
+    """Yields `namespace`; afterwards deletes every key under it (and only those)."""
+    try:
+        yield namespace
+    finally:
+        import redis
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(f"{namespace}:*"))
+        if keys:
+            client.delete(*keys)
+
+
 def copy_rows(db: peewee.Database, model, columns: list[str], rows, chunk: int = 100_000) -> int:
     """COPY `rows` (tuples in `columns` order; None is NULL) into `model`'s table."""
     table = model._meta.table_name

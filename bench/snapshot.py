@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.fleet import copy_rows, scratch_database, seed_fleet
+from bench.fleet import copy_rows, redis_namespace, scratch_database, seed_fleet
 from bench.service import BenchService
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,6 @@ def _wait_ready(log_path: Path, count: int, timeout: float = 60) -> None:
 
 
 def snapshot_benchmarks(postgres_url: str, redis_url: str, say, worker_counts=(1, 2), timeout: float = 3600) -> dict:
-    import redis as redis_client
     from conf import Settings
     from conf.runtime import Runtime
     from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
@@ -47,7 +46,7 @@ def snapshot_benchmarks(postgres_url: str, redis_url: str, say, worker_counts=(1
 
     namespace = f"svc-bench-{secrets.token_hex(4)}"
     runs = []
-    with scratch_database(postgres_url) as url:
+    with scratch_database(postgres_url) as url, redis_namespace(redis_url, namespace):
         service = BenchService(url, extra_env={"SVC_REDIS_URL": redis_url, "SVC_REDIS_NAMESPACE": namespace})
         service.seed()
         settings = Settings.from_env(service.env, dotenv=None)
@@ -103,9 +102,5 @@ def snapshot_benchmarks(postgres_url: str, redis_url: str, say, worker_counts=(1
                     f"for {done} organizations, {rows:,} appointments ({run['rows_per_second']:,} rows/s)")
         finally:
             runtime.close()
-            client = redis_client.Redis.from_url(redis_url)
-            keys = list(client.scan_iter(f"{namespace}:*"))
-            if keys:
-                client.delete(*keys)
     return {"organizations": ORGANIZATIONS, "physicians_per_organization": PHYSICIANS, "runs": runs,
             "cores": os.cpu_count()}
