@@ -32,11 +32,18 @@ demo: install
 test: install system-deps tests/js/node_modules/.package-lock.json
 	$(BIN)/python -m pytest
 
-# The load generator (wrk) and nginx (the load generator's own ceiling) for `make bench`.
+# The load generator (wrk) and nginx (the load generator's own ceiling) for `make bench`; the
+# appointments and snapshot benchmarks need PostgreSQL and Redis (BENCH_POSTGRES_URL, BENCH_REDIS_URL;
+# installed and started here when missing, else those two sections are skipped with the reason).
 bench-deps:
 	@if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null; \
 	  else echo "install Debian's wrk and nginx-light for the benchmarks"; fi; fi
+	@if [ -z "$$BENCH_POSTGRES_URL" ] && ! command -v pg_ctlcluster >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server >/dev/null; \
+	  pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start 2>/dev/null || true; \
+	  su postgres -c "psql -qc \"ALTER USER postgres PASSWORD 'postgres'\"" 2>/dev/null || true; \
+	  (redis-cli ping >/dev/null 2>&1 || redis-server --daemonize yes >/dev/null); fi
 
 bench: install bench-deps
 	$(BIN)/python -m bench

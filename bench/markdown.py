@@ -6,14 +6,82 @@ from pathlib import Path
 BEGIN, END = "<!-- bench:latest:begin -->", "<!-- bench:latest:end -->"
 
 
+def _when(section: dict) -> str:
+    return f"measured {section['started_at']}, load average {', '.join(map(str, section['load_average']))}"
+
+
+def render_appointments(a: dict) -> list[str]:
+    if a.get("skipped"):
+        return [f"**Appointments page**: skipped ({a['skipped']}).", ""]
+    rows = [f"**Appointments page** (`GET /v1/appointments/{{org}}` through HTTP, PostgreSQL, Redis rate limits, "
+            f"{a['organizations']:,} organizations x {a['physicians_per_organization']} physicians, pages of "
+            f"{a['page_size']}, wrk on {a['connections']} connection, random organizations; {_when(a)}):", "",
+            "| rows | per organization | page | offset | req/s | p50 | p99 | page query in PostgreSQL (last page) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for step in a["steps"]:
+        plan = step["explain_last_page"]
+        for kind, run in step["pages"].items():
+            db = (f"{plan['page']['execution_ms']} ms + total {plan['total']['execution_ms']} ms"
+                  if kind == "last" else "")
+            rows.append(f"| {step['rows']:,} | {step['rows_per_organization']:,} | {kind} | {run['offset']} | "
+                        f"{run['rps']:.0f} | {run['p50_ms']:.2f} ms | {run['p99_ms']:.2f} ms | {db} |")
+    verdict = "meets" if a["worst_p99_ms"] < a["target_p99_ms"] else "**misses**"
+    rows += ["", f"Worst p99 of any page: {a['worst_p99_ms']:.2f} ms (target < {a['target_p99_ms']:.0f} ms: "
+                 f"{verdict}).", ""]
+    return rows
+
+
+def render_snapshot(s: dict) -> list[str]:
+    if s.get("skipped"):
+        return [f"**Nightly snapshot**: skipped ({s['skipped']}).", ""]
+    rows = [f"**Nightly snapshot** ({s['organizations']:,} organizations x {s['physicians_per_organization']} "
+            f"physicians, sandbox EHR, PostgreSQL, Dramatiq on Redis; {_when(s)}):", "",
+            "| workers | threads each | wall time | appointments written | rows/s | organizations/s |",
+            "|---|---|---|---|---|---|"]
+    for run in s["runs"]:
+        rows.append(f"| {run['workers']} | {run['threads_per_worker']} | {run['seconds']:.1f} s | {run['rows']:,} | "
+                    f"{run['rows_per_second']:,} | {run['organizations_per_second']} |")
+    return rows + [""]
+
+
+def render_chart(c: dict) -> list[str]:
+    rows = [f"**Chart ZIP** (AES-256 + deflate; chart = the PDF + JSON the archive holds; peak = growth of the "
+            f"process's peak RSS (VmHWM) while building, fresh process each; {_when(c)}):", "",
+            "| chart | encounters | PDF / JSON | builder | builder peak | pyzipper alone | pyzipper peak | ZIP |",
+            "|---|---|---|---|---|---|---|---|"]
+    for run in c["runs"]:
+        rows.append(f"| {run['chart_mb']} MB | {run['encounters']:,} | {run['pdf_mb']} / {run['json_mb']} MB | "
+                    f"{run['builder_mb_per_s']} MB/s ({run['builder_seconds']} s) | +{run['builder_peak_growth_mb']} MB "
+                    f"(peak RSS {run.get('builder_peak_rss_mb', '?')} MB) | "
+                    f"{run['pyzipper_mb_per_s']} MB/s ({run['pyzipper_seconds']} s) | "
+                    f"+{run['pyzipper_peak_growth_mb']} MB (peak RSS {run.get('pyzipper_peak_rss_mb', '?')} MB) | "
+                    f"{run['zip_mb']} MB |")
+    return rows + [""]
+
+
 def render(report: dict) -> str:
+    m = report["machine"]
+    tail = []
+    if report.get("appointments"):
+        tail += render_appointments(report["appointments"])
+    if report.get("nightly_snapshot"):
+        tail += render_snapshot(report["nightly_snapshot"])
+    if report.get("chart_zip"):
+        tail += render_chart(report["chart_zip"])
+    if "http" not in report:
+        return "\n".join([f"Run {report['started_at']} on {m['cpu']}, {m['cores']} cores.", ""] + tail).rstrip()
+    return render_tokens(report) + "\n\n" + "\n".join(tail).rstrip()
+
+
+def render_tokens(report: dict) -> str:
     m, h = report["machine"], report["http"]
     ceiling = h["signing_ceiling"]
     r = h["ratios"]
     ok = lambda ratio: "meets" if ratio >= r["target"] else "**misses**"
+    load = h.get("load_average", m["load_average"])
     rows = [
-        f"Run {report['started_at']} on {m['cpu']}, {m['cores']} cores (shared; load average at start "
-        f"{', '.join(map(str, m['load_average']))}), Python {m['python']}, {m['openssl']}, database "
+        f"Run {h.get('started_at', report['started_at'])} on {m['cpu']}, {m['cores']} cores (shared; load average "
+        f"at start {', '.join(map(str, load))}), Python {m['python']}, {m['openssl']}, database "
         f"{h['database']}, {report['seconds']} s per measurement, `wrk` at {h['client_credentials']['connections']} "
         f"connections unless noted.",
         "",
@@ -22,9 +90,12 @@ def render(report: dict) -> str:
         f"| signing ceiling, RS256 {ceiling['before']['key']}, one core (mean of before "
         f"{ceiling['before']['per_second']:.0f} / after {ceiling['after']['per_second']:.0f}) | "
         f"{ceiling['per_second']:.0f} signatures/s | | |",
-        f"| `client_credentials` tokens, one `serve` process | {h['client_credentials']['rps']:.0f} /s | "
+        f"| `client_credentials` tokens, one `serve` process ({h['client_credentials'].get('serve_cpu_cores', '?')} "
+        f"cores busy, {h['client_credentials'].get('serve_cpu_ms_per_request', '?')} CPU ms per token) | "
+        f"{h['client_credentials']['rps']:.0f} /s | "
         f"{h['client_credentials']['p50_ms']:.2f} ms | {h['client_credentials']['p99_ms']:.2f} ms |",
-        f"| authorization-code exchanges ({r['signatures_per_exchange']} signatures each) | "
+        f"| authorization-code exchanges ({r['signatures_per_exchange']} signatures each; "
+        f"{h['authorization_code'].get('serve_cpu_cores', '?')} cores busy) | "
         f"{h['authorization_code']['rps']:.0f} /s | {h['authorization_code']['p50_ms']:.2f} ms | "
         f"{h['authorization_code']['p99_ms']:.2f} ms |",
         f"| userinfo | {h['userinfo']['rps']:.0f} req/s | {h['userinfo']['p50_ms']:.2f} ms | "

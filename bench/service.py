@@ -35,7 +35,7 @@ class BenchService:
     database_url: SQLite in a temp dir by default (the embedded deployment), or any PostgreSQL URL.
     """
 
-    def __init__(self, database_url: str | None = None, processes: int = 1):
+    def __init__(self, database_url: str | None = None, processes: int = 1, extra_env: dict | None = None):
         self.tmp = Path(tempfile.mkdtemp(prefix="svc-bench-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -45,7 +45,9 @@ class BenchService:
         self.env.update({"SVC_ISSUER": self.url, "SVC_DATABASE_URL": self.database_url,
                          "SVC_VAR_DIR": str(self.tmp / "var"), "SVC_CODE_TTL": "3600",
                          "SVC_LAUNCH_TTL": "3600", "SVC_LOG_LEVEL": "INFO"})
+        self.env.update(extra_env or {})
         self.proc = None
+        self.log = None
 
     def seed(self) -> None:
         from conf import Settings
@@ -61,12 +63,17 @@ class BenchService:
             billing_plan="paid", user_fields=["email", "name", "ehrUsername", "organization"])
         install_application(app.id, org.id)
         self.client_id, self.secret, self.redirect_uri = app.client_id, secret, app.redirect_uri
+        self.application_id = app.id
         self.sandbox_token = issue_sandbox_token(runtime, user)
         self.private_key = runtime.keyring.active.signer.prepared_key  # the service's own key object
         runtime.close()
 
     def start(self) -> "BenchService":
         self.seed()
+        return self.start_seeded()
+
+    def start_seeded(self) -> "BenchService":
+        """Start `serve` on data already seeded (`seed()` plus whatever the benchmark added)."""
         self.log = open(self.tmp / "serve.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cli.__main__", "serve", "--port", str(self.port),
@@ -87,8 +94,14 @@ class BenchService:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(30)
-        self.log.close()
+        if getattr(self, "log", None):
+            self.log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the serve process has used so far (Linux /proc)."""
+        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     @property
     def client_auth(self) -> str:
@@ -119,6 +132,24 @@ class BenchService:
         share = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
         with ThreadPoolExecutor(workers) as pool:
             return [code for part in pool.map(self._mint_codes, share) for code in part]
+
+    def client_token(self) -> str:
+        """A partner API access token (client credentials) for the seeded application."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("POST", "/v1/oauth/token", body="grant_type=client_credentials",
+                     headers={"Authorization": self.client_auth,
+                              "Content-Type": "application/x-www-form-urlencoded"})
+        tokens = json.loads(conn.getresponse().read())
+        conn.close()
+        return tokens["access_token"]
+
+    def get_json(self, path: str, token: str) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        body = json.loads(response.read() or b"{}")
+        conn.close()
+        return response.status, body
 
     def user_access_token(self) -> str:
         code = self._mint_codes(1)[0]

@@ -31,11 +31,14 @@ _PARAM = re.compile(r"(?i)(?<![\w-])(" + "|".join(re.escape(p) for p in SENSITIV
 _JSON_FIELD = re.compile(r"(?i)(\"(?:" + "|".join(re.escape(p) for p in SENSITIVE_PARAMS) + r")\"\s*:\s*)\"[^\"]*\"")
 _CREDENTIAL = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")
+# Text none of the four patterns can match (no `=`, no `"`, no `eyJ`, no bearer/basic) is returned
+# as is: one scan instead of four substitutions for most fields of most lines.
+_MAY_HOLD_SECRET = re.compile(r'[="]|eyJ|(?i:bearer|basic)')
 
 
 def redact(text: str) -> str:
     """`text` with secret values replaced by `[REDACTED]` (query params, JSON fields, credentials, JWTs)."""
-    if not text:
+    if not text or not _MAY_HOLD_SECRET.search(text):
         return text
     text = _PARAM.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
     text = _JSON_FIELD.sub(lambda m: f'{m.group(1)}"{REDACTED}"', text)

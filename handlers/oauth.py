@@ -80,7 +80,7 @@ class IntrospectionHandler(VariantHandler):
             if claims is not None and claims["sub"] != platform_user.id:
                 claims = None
             if claims is not None:
-                app = Application.get(Application.client_id == claims["client_id"])
+                app = Application.by_client_id(claims["client_id"])
                 record_platform_verification(app, platform_user)
         else:
             app = authenticate_client(params, authorization, self.runtime.hasher)

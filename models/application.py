@@ -7,6 +7,7 @@ from models.clock import clock
 from models.db import BaseModel, JSONText
 from models.directory import Organization, User
 from models.ids import new_id
+from models.prepared import PreparedQuery
 
 USER_FIELDS = ("email", "name", "ehrUsername", "organization")
 BILLING_PLANS = ("free_trial", "paid")
@@ -30,9 +31,27 @@ class Application(BaseModel):
     rest_allowed_networks = JSONText(default=list)
     created_at = peewee.DateTimeField(default=lambda: clock.now())
 
+    @classmethod
+    def by_client_id(cls, client_id: str | None) -> "Application | None":
+        """The application with this `client_id` (the token endpoint's hot lookup), or None."""
+        return _APPLICATION_BY_CLIENT_ID.first(client_id) if isinstance(client_id, str) else None
+
+    @classmethod
+    def by_id(cls, application_id: str | None) -> "Application | None":
+        """The application with this id (every partner API call looks it up), or None."""
+        return _APPLICATION_BY_ID.first(application_id) if isinstance(application_id, str) else None
+
     def has_secret(self, secret: str, hasher) -> bool:
         """True when `secret` is the current secret. A pending fallback is not valid yet."""
         return hasher.matches(secret, self.client_secret_hash)
+
+
+_APPLICATION_BY_CLIENT_ID = PreparedQuery(
+    lambda client_id: Application.select().where(Application.client_id == client_id).limit(1),
+    Application.client_id)
+_APPLICATION_BY_ID = PreparedQuery(
+    lambda application_id: Application.select().where(Application.id == application_id).limit(1),
+    Application.id)
 
 
 class Installation(BaseModel):
@@ -49,7 +68,13 @@ class Installation(BaseModel):
 
     @classmethod
     def find(cls, application_id: str, organization_id: str) -> "Installation | None":
-        return cls.get_or_none((cls.application == application_id) & (cls.organization == organization_id))
+        return _INSTALLATION.first(application_id, organization_id)
+
+
+_INSTALLATION = PreparedQuery(
+    lambda application_id, organization_id: Installation.select().where(
+        (Installation.application == application_id) & (Installation.organization == organization_id)).limit(1),
+    Installation.application, Installation.organization)
 
 
 class Authorization(BaseModel):

@@ -11,6 +11,7 @@ import peewee
 from models.clock import clock
 from models.db import BaseModel
 from models.directory import Organization, User
+from models.prepared import PreparedQuery
 
 
 class Snapshot(BaseModel):
@@ -25,8 +26,14 @@ class Snapshot(BaseModel):
 
     @classmethod
     def latest_complete(cls, organization_id: str) -> "Snapshot | None":
-        return (cls.select().where((cls.organization == organization_id) & (cls.status == "complete"))
-                .order_by(cls.snapshot_date.desc(), cls.completed_at.desc(), cls.id.desc()).first())
+        return _LATEST_COMPLETE.first(organization_id)
+
+
+_LATEST_COMPLETE = PreparedQuery(
+    lambda organization_id: (
+        Snapshot.select().where((Snapshot.organization == organization_id) & (Snapshot.status == "complete"))
+        .order_by(Snapshot.snapshot_date.desc(), Snapshot.completed_at.desc(), Snapshot.id.desc()).limit(1)),
+    Snapshot.organization)
 
 
 class SnapshotAppointment(BaseModel):

@@ -6,6 +6,7 @@ import peewee
 from models.clock import clock
 from models.db import BaseModel
 from models.ids import new_id
+from models.prepared import PreparedQuery
 
 
 class Organization(BaseModel):
@@ -32,6 +33,11 @@ class User(BaseModel):
     activated_at = peewee.DateTimeField(null=True)
     created_at = peewee.DateTimeField(default=lambda: clock.now())
 
+    @classmethod
+    def with_organization(cls, user_id: str | None) -> "User | None":
+        """The user with this id and its `organization` read in the same query, or None."""
+        return _USER_WITH_ORGANIZATION.first(user_id) if isinstance(user_id, str) else None
+
     @property
     def is_physician(self) -> bool:
         return bool(self.npi)
@@ -39,3 +45,8 @@ class User(BaseModel):
     @property
     def display_name(self) -> str:
         return " ".join(p for p in (self.given_name, self.family_name) if p) or self.email
+
+
+_USER_WITH_ORGANIZATION = PreparedQuery(
+    lambda user_id: User.select(User, Organization).join(Organization).where(User.id == user_id).limit(1),
+    User.id)

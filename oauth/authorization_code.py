@@ -1,7 +1,7 @@
 """The authorization code grant: the authorize step (launch -> code) and the code exchange."""
 from __future__ import annotations
 
-from models.application import Application, Installation
+from models.application import Application
 from models.clock import clock
 from models.grants import AuthorizationCode, IssuedToken, Launch, expiry
 from models.ids import new_secret
@@ -28,7 +28,7 @@ class AuthorizationRequest:
         client_id = _query_value(params, "client_id")
         if client_id is None:
             raise AuthorizeError("invalid_request", "The client_id parameter is required.")
-        app = Application.get_or_none(Application.client_id == client_id)
+        app = Application.by_client_id(client_id)
         if app is None:
             raise AuthorizeError("invalid_client", "Unknown client_id.")
         redirect_uri = _query_value(params, "redirect_uri")
@@ -77,7 +77,7 @@ class AuthorizationCodeGrant:
         code = text_param(params, "code")
         redirect_uri = text_param(params, "redirect_uri", required=False)
         code_hash = self.runtime.hasher.digest(code)
-        grant = AuthorizationCode.get_or_none(AuthorizationCode.code_hash == code_hash)
+        grant = AuthorizationCode.find_for_exchange(code_hash)
         if grant is None or grant.application_id != app.id:
             raise invalid_grant("The authorization code is invalid.")
         if grant.used_at is not None or not grant.consume():
@@ -96,9 +96,9 @@ class AuthorizationCodeGrant:
         access_token, access = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
             client_id=app.client_id, org=grant.organization_id, scope="openid")
-        IssuedToken.create(jti=access["jti"], kind="access", application=app.id, user=user.id,
+        IssuedToken.record(jti=access["jti"], kind="access", application=app.id, user=user.id,
                            code_hash=grant.code_hash, expires_at=expiry(settings.access_token_ttl))
-        installation = Installation.find(app.id, grant.organization_id)
+        installation = grant.installation  # read with the code (same app and organization)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         claims["auth_time"] = claims["iat"]
         claims.update(id_token_claims(app, user, installation, with_billing, grant.nonce))

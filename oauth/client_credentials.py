@@ -16,5 +16,5 @@ class ClientCredentialsGrant:
         lifetime = self.runtime.settings.client_token_ttl
         token, claims = self.runtime.tokens.access_token(
             app.id, PARTNER_API_AUDIENCE, lifetime, client_id=app.client_id, scope="partner_api")
-        IssuedToken.create(jti=claims["jti"], kind="client", application=app.id, expires_at=expiry(lifetime))
+        IssuedToken.record(jti=claims["jti"], kind="client", application=app.id, expires_at=expiry(lifetime))
         return {"access_token": token, "token_type": "Bearer", "expires_in": lifetime, "scope": "partner_api"}

@@ -39,7 +39,7 @@ def authenticate_client(params: dict, authorization: str | None, hasher) -> Appl
         raise invalid_client("Client credentials are missing: send client_id and client_secret.", basic=bool(basic))
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
-    app = Application.get_or_none(Application.client_id == client_id)
+    app = Application.by_client_id(client_id)
     if app is None or not app.has_secret(secret, hasher):
         raise invalid_client("Unknown client or wrong client secret.", basic=bool(basic))
     return app

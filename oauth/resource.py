@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from models.application import Application
-from models.directory import Organization, User
+from models.directory import User
 from models.grants import IssuedToken
 from oauth.claims import userinfo_claims
 from oauth.errors import invalid_token
@@ -38,12 +38,11 @@ def userinfo(runtime, token: str | None) -> dict:
     claims = active_user_token(runtime, token)
     if claims is None:
         raise invalid_token()
-    user = User.get_or_none(User.id == claims["sub"])
-    app = Application.get_or_none(Application.client_id == claims.get("client_id"))
+    user = User.with_organization(claims["sub"])
+    app = Application.by_client_id(claims.get("client_id"))
     if user is None or app is None:
         raise invalid_token()
-    org = Organization.get_by_id(user.organization_id)
-    return userinfo_claims(app, user, org, runtime.settings.claims_namespace)
+    return userinfo_claims(app, user, user.organization, runtime.settings.claims_namespace)
 
 
 def introspection_response(claims: dict | None) -> dict:

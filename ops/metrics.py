@@ -65,14 +65,27 @@ def metrics() -> _Metrics:
     return _metrics
 
 
+_children: dict = {}
+
+
+def _child(metric, *labels):
+    """`metric.labels(*labels)`, remembered: the lookup costs more than the increment. Routes,
+    methods, statuses and grants are few, so this stays small."""
+    key = (metric, labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
 def observe_request(route: str, method: str, status: int, seconds: float) -> None:
     m = metrics()
-    m.requests.labels(route, method, str(status)).inc()
-    m.latency.labels(route, method).observe(seconds)
+    _child(m.requests, route, method, str(status)).inc()
+    _child(m.latency, route, method).observe(seconds)
 
 
 def count_token_issued(grant: str) -> None:
-    metrics().tokens.labels(grant).inc()
+    _child(metrics().tokens, grant).inc()
 
 
 def count_rate_limit_rejection(operation: str) -> None:

@@ -45,17 +45,15 @@ def route_of(handler) -> str:
     """The route pattern that served `handler` (e.g. `/v1/oauth/token`), never the raw path."""
     app, cls = handler.application, type(handler)
     cache = app.route_patterns
-    if cls in cache:
-        return cache[cls]
-    candidates = [rule for rule in app.wildcard_router.rules if rule.target is cls]
-    if not candidates:
-        return UNMATCHED_ROUTE
-    if len(candidates) == 1:
-        cache[cls] = pattern = _pattern(candidates[0])
-        return pattern
-    for rule in candidates:  # one class mounted at several paths (e.g. /v1 and /os-api/v2)
+    known = cache.get(cls)
+    if known is None:
+        rules = [(rule, _pattern(rule)) for rule in app.wildcard_router.rules if rule.target is cls]
+        known = cache[cls] = rules[0][1] if len(rules) == 1 else tuple(rules)
+    if isinstance(known, str):
+        return known
+    for rule, pattern in known:  # one class mounted at several paths (e.g. /v1 and /os-api/v2)
         if rule.matcher.match(handler.request) is not None:
-            return _pattern(rule)
+            return pattern
     return UNMATCHED_ROUTE
 
 

@@ -9,6 +9,7 @@ these headers; `external_base_url` is for checking that configuration and for di
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
@@ -27,9 +28,15 @@ def _ip(value: str):
         return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _in_networks(address: str, networks: tuple) -> bool:
+    ip = _ip(address)
+    return ip is not None and any(ip in net for net in networks)
+
+
 def is_trusted_proxy(address: str, settings) -> bool:
-    ip = _ip(address or "")
-    return ip is not None and any(ip in net for net in settings.trusted_proxies)
+    # Cached per (peer, networks): the answer never changes, and parsing costs on every request.
+    return bool(settings.trusted_proxies) and _in_networks(address or "", settings.trusted_proxies)
 
 
 def _first_header_value(request, name: str) -> str | None:

@@ -22,7 +22,7 @@ def partner_application(runtime, authorization: str | None) -> Application:
         raise invalid_token() from None
     if not IssuedToken.is_active(claims.get("jti", "")):
         raise invalid_token()
-    app = Application.get_or_none(Application.id == claims.get("sub"))
+    app = Application.by_id(claims.get("sub"))
     if app is None:
         raise invalid_token()
     return app

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -131,14 +132,16 @@ def nginx_port():
 def settings(settings, nginx_port):
     """The service as deployed: its public address is nginx's, nginx is the trusted proxy."""
     public = f"http://127.0.0.1:{nginx_port}"
+    # Redis is shared with other test runs: this test's keys (rate limits, queues) under its own prefix.
     return settings.replace(issuer=public, public_url=public, trusted_proxies=f"{PROXY_ADDRESS}/32",
-                            redis_url=REDIS_URL)
+                            redis_url=REDIS_URL, redis_namespace=f"test-nginx-{secrets.token_hex(6)}")
 
 
 @pytest.fixture
 def proxied(settings, world, nginx_port, tmp_path):
     upstream_ports = [free_port(), free_port()]
-    env = settings_env(settings, SVC_TRUSTED_PROXIES=f"{PROXY_ADDRESS}/32")
+    env = settings_env(settings, SVC_TRUSTED_PROXIES=f"{PROXY_ADDRESS}/32",
+                       SVC_REDIS_NAMESPACE=settings.redis_namespace)
     procs, logs = [], []
     nginx_dir = tmp_path / "nginx"
     nginx_dir.mkdir()
@@ -218,3 +221,30 @@ def test_nginx_limits_body_size_and_keeps_json_413_below_it(proxied, world):
     status, _, body = proxied.call("POST", "/v1/oauth/token", body="x" * (100 * 1024),
                                    headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert status == 413 and body["error"] == "request_too_large"  # the service's own JSON answer
+
+
+def test_rest_rate_limit_is_shared_by_both_processes_behind_nginx(proxied, world):
+    """organizations: 10 per 60 s per client, counted in Redis: nginx spreads the calls over both
+    processes, and together they allow exactly 10 before answering 429."""
+    limit, window = 10, 60
+    token = proxied.client_credentials_token()
+    if time.time() % window > window - 15:  # keep the burst inside one fixed window
+        time.sleep(window - time.time() % window + 0.5)
+    path = f"/v1/applications/{world['app'].id}/organizations"
+    answers = [proxied.call("GET", path, headers={"Authorization": f"Bearer {token}"}) for _ in range(limit + 4)]
+    statuses = [status for status, _, _ in answers]
+    assert statuses == [200] * limit + [429] * 4, statuses
+    _, headers, body = answers[-1]
+    assert body["error"] == "rate_limited" and int(headers["Retry-After"]) >= 1
+    assert headers["RateLimit-Remaining"] == "0"
+    assert answers[limit - 1][1]["RateLimit-Remaining"] == "0" and answers[0][1]["RateLimit-Remaining"] == "9"
+    # Both processes served the operation, allowed ones and refused ones alike: the count is shared.
+    deadline = time.time() + 5  # each access line is written just after its response
+    while True:
+        served = [[line["status"] for line in lines if "organizations" in line["route"]]
+                  for lines in proxied.access_lines()]
+        if sum(map(len, served)) >= limit + 4 or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert all(served) and sorted(s for statuses in served for s in statuses) == [200] * limit + [429] * 4
+    assert all(200 in statuses for statuses in served)

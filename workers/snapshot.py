@@ -24,12 +24,14 @@ from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.clock import clock
 from models.db import database
 from models.directory import Organization, User
+from models.prepared import PreparedInsert
 from workers.broker import task
 
 log = logging.getLogger("svc_auth.snapshot")
 
 COVERAGE = dt.timedelta(days=10)
 INSERT_CHUNK = 500  # rows per INSERT: well under SQLite's bound-variable limit
+_INSERT_APPOINTMENT = PreparedInsert(SnapshotAppointment)  # SQL text built once, rows sent in bulk
 KEEP_NIGHTS = 2     # complete snapshots of older nights are pruned beyond this many
 
 
@@ -79,8 +81,7 @@ def build_snapshot(settings, organization_id: str, night: dt.date) -> Snapshot:
             rows = _rows(snapshot.id, user, connector.fetch_appointments(provider, window_start, window_start + COVERAGE))
             for chunk in peewee.chunked(rows, INSERT_CHUNK):
                 with database.atomic():
-                    SnapshotAppointment.insert_many(chunk).execute()
-                count += len(chunk)
+                    count += _INSERT_APPOINTMENT.insert_many(chunk)
     except BaseException:
         _discard(snapshot.id)
         raise
