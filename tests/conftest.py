@@ -204,7 +204,7 @@ def settings_env(settings: Settings, **extra) -> dict:
     """Environment that makes a child `svc-auth` process read the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
     for name in ("issuer", "public_url", "database_url", "redis_url", "s3_endpoint_url", "s3_bucket",
-                 "claims_namespace", "demo_application_id", "sync_window", "var_dir", "keys_dir",
+                 "claims_namespace", "redis_namespace", "demo_application_id", "sync_window", "var_dir", "keys_dir",
                  "objects_dir", "hmac_key"):
         value = getattr(settings, name)
         if value:
