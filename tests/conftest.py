@@ -57,6 +57,20 @@ def database_url(backend: str, tmp_path: Path, request) -> str:
     return request.getfixturevalue("postgres_url")
 
 
+@pytest.fixture
+def redis_namespace():
+    """A Redis key namespace of this test only (the Redis is shared with other test sessions);
+    its keys are deleted afterwards. Never FLUSHDB: other sessions use the same server."""
+    import redis
+    namespace = f"test-{uuid.uuid4().hex[:12]}"
+    yield namespace
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"{namespace}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
     return request.param

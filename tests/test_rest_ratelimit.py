@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-import uuid
 
 import pytest
 import redis
@@ -14,18 +13,6 @@ from lifecycle.registry import register_application
 from models.clock import clock
 from ratelimit import build_rate_limiter
 from rest_helpers import partner_headers
-
-
-@pytest.fixture
-def redis_namespace():
-    """A key namespace of this test only (the Redis is shared with other test sessions)."""
-    namespace = f"test-{uuid.uuid4().hex[:12]}"
-    yield namespace
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(f"{namespace}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 async def exhaust(api, path, headers, limit):

@@ -46,27 +46,20 @@ def s3_endpoint(tmp_path_factory):
 
 
 @pytest.fixture
-def settings(settings, s3_endpoint, monkeypatch):
+def settings(settings, s3_endpoint, monkeypatch, redis_namespace):
     """The test's settings with Redis (a namespace of its own), S3 and fast retries."""
     for name, value in AWS.items():
         monkeypatch.setenv(name, value)
-    namespace = f"svc-test-{uuid.uuid4().hex[:10]}"
-    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=namespace, s3_endpoint_url=s3_endpoint,
+    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
                                   s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", task_max_retries=2,
                                   task_min_backoff_ms=100, task_max_backoff_ms=300)
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
-    yield configured
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(f"{namespace}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    return configured
 
 
 @pytest.fixture
 def child_env(settings):
-    return settings_env(settings, SVC_REDIS_NAMESPACE=settings.redis_namespace,
-                        SVC_TASK_MAX_RETRIES=settings.task_max_retries,
+    return settings_env(settings, SVC_TASK_MAX_RETRIES=settings.task_max_retries,
                         SVC_TASK_MIN_BACKOFF_MS=settings.task_min_backoff_ms,
                         SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms, **AWS)
 
