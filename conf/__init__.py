@@ -125,6 +125,8 @@ class Settings:
     task_min_backoff_ms: int = 15_000
     task_max_backoff_ms: int = 15 * 60_000
     worker_threads: int = 2
+    # Threads per serve process that run blocking work (database, S3, queue) off the IOLoop.
+    db_threads: int = 8
     connector_session_ttl: int = 24 * 3600
     extra: dict = field(default_factory=dict)
 
@@ -172,7 +174,8 @@ class Settings:
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
-                     "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl"):
+                     "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
+                     "db_threads"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):

@@ -1,6 +1,10 @@
 """The running service's shared parts, built once from `Settings` and handed to handlers and CLI."""
 from __future__ import annotations
 
+import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
 from conf import Settings
 from keys.secrets import SecretHasher, load_hmac_key
 from keys.signing import KeyRing
@@ -38,6 +42,8 @@ class Runtime:
         self._object_store = None
         self._task_queue = None
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
+        # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
+        self.executor = ThreadPoolExecutor(max_workers=settings.db_threads, thread_name_prefix="svc-blocking")
         _current = self
 
     @property
@@ -56,11 +62,20 @@ class Runtime:
             self._task_queue = install_task_queue(self)
         return self._task_queue
 
+    async def run(self, fn, /, *args, **kwargs):
+        """Run blocking `fn(*args, **kwargs)` on the runtime's bounded thread pool and await it.
+
+        Every database, S3, Redis (sync client) and enqueue call made from a request goes through
+        here, so a slow dependency occupies a pool thread, never the IOLoop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
     def migrate(self) -> list[str]:
         from models.schema import migrate
         return migrate()
 
     def close(self) -> None:
+        self.executor.shutdown(wait=True)
         if self._task_queue is not None:
             self._task_queue.close()
             self._task_queue = None

@@ -21,6 +21,10 @@ class BaseHandler(tornado.web.RequestHandler):
     def runtime(self):
         return self.application.settings["runtime"]
 
+    async def run(self, fn, /, *args, **kwargs):
+        """Await blocking domain work (database, S3, queue) off the IOLoop: see `Runtime.run`."""
+        return await self.runtime.run(fn, *args, **kwargs)
+
     @property
     def svc_settings(self):
         return self.runtime.settings

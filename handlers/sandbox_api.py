@@ -9,10 +9,11 @@ from oauth.resource import bearer_value
 
 
 class SandboxLaunchesHandler(BaseHandler):
-    def post(self):
-        user = sandbox_user(self.runtime, bearer_value(self.request.headers.get("Authorization")))
+    async def post(self):
+        token = bearer_value(self.request.headers.get("Authorization"))
+        user = await self.run(sandbox_user, self.runtime, token)
         client_id = text_param(self.body_params(allow_form=False), "client_id", max_length=64)
-        launch, url = create_launch(self.runtime, user, client_id)
+        launch, url = await self.run(create_launch, self.runtime, user, client_id)
         self.set_header("Cache-Control", "no-store")
         self.write_json({"launch_id": launch.id, "launch_url": url,
                          "expires_in": self.svc_settings.launch_ttl}, status=201)
