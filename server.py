@@ -53,10 +53,16 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
           on_start=None) -> None:
     """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
-    first = Runtime(settings)  # once, before forking; also creates the keys every process shares
-    first.migrate()
+    from cli import open_runtime
+    from ops.startup import bind_error
+    # Once, before forking: also creates the keys every process shares. A dependency that is
+    # down, or a port in use, stops here with one line (StartupError), before any fork.
+    first = open_runtime(settings, check_redis=True)
     first.close()
-    sockets = tornado.netutil.bind_sockets(port, address=address)
+    try:
+        sockets = tornado.netutil.bind_sockets(port, address=address)
+    except OSError as exc:
+        raise bind_error(exc, port, address) from None
     processes = processes or os.cpu_count() or 1
     if processes > 1:
         # Every forked process counts into files in one directory; /metrics sums them.

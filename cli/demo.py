@@ -9,5 +9,5 @@ def register(commands) -> None:
     demo = commands.add_parser("demo", help="demo data").add_subparsers(dest="action", required=True)
     p = demo.add_parser("seed", help="create the demo clinic, users and example app (idempotent)")
     p.add_argument("--app-url", help="base URL of the example partner app (default http://127.0.0.1:8889)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(lambda runtime, args: emit(seed_demo(runtime, args.app_url), args.json)))

@@ -9,7 +9,7 @@ from models.directory import User
 def register(commands) -> None:
     sandbox = commands.add_parser("sandbox", help="sandbox EHR").add_subparsers(dest="action", required=True)
     p = sandbox.add_parser("token", help="print a sandbox access token for a user")
-    p.add_argument("--user", required=True)
+    p.add_argument("--user", required=True, help="user id (usr_...) of a sandbox organization")
     p.set_defaults(handler=with_runtime(_token))
 
 

@@ -188,6 +188,9 @@ class Settings:
         merged["keys_dir"] = merged["keys_dir"] or str(var / "keys")
         merged["objects_dir"] = merged["objects_dir"] or str(var / "objects")
         merged["log_level"] = str(merged["log_level"]).upper()
+        if merged["hmac_key"] and len(str(merged["hmac_key"]).encode("utf-8")) < 32:
+            raise ConfigError("SVC_HMAC_KEY must be at least 32 characters (for example the output of "
+                              "`openssl rand -hex 32`), or unset to generate one in SVC_KEYS_DIR")
         if merged["task_max_backoff_ms"] < merged["task_min_backoff_ms"]:
             raise ConfigError("SVC_TASK_MAX_BACKOFF_MS must not be below SVC_TASK_MIN_BACKOFF_MS")
         return cls(**merged)

@@ -84,9 +84,15 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
     from examples.partner_app.web import make_partner_app
     if tornado.process.task_id() not in (None, 0):
         return  # with --processes N, the first worker seeds and runs the (single-process) example app
+    import tornado.netutil
+    from ops.startup import bind_error
+    try:
+        sockets = tornado.netutil.bind_sockets(app_port, address="127.0.0.1")
+    except OSError as exc:
+        raise bind_error(exc, app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
     info = seed_demo(runtime, demo_app_url(app_port))
     server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
-    server.listen(app_port, address="127.0.0.1")
+    server.add_sockets(sockets)
     log.info("demo data ready; open the hub at %s", info["hub_url"])
     print(f"\nsvc-auth demo\n  hub (physician): {info['hub_url']}\n"
           f"  hub (staff, refused by the app): {runtime.settings.public_url}/sandbox/hub?user={DEMO_OTHER_ID}\n"
