@@ -4,16 +4,14 @@ from __future__ import annotations
 import html
 
 from handlers.base import BaseHandler
-from models.application import Application
 from oauth.authorization_code import AuthorizationRequest
-from oauth.clients import authenticate_client
+from oauth.clients import claimed_client_id
+from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client, origin_registered
 from oauth.errors import ApiError, AuthorizeError
 from oauth.redirects import with_query
-from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
+from oauth.resource import active_user_token, bearer_value, introspect, userinfo
 from oauth.token_endpoint import token_response
 from oauth.variants import VARIANTS
-from lifecycle.sandbox import sandbox_user
-from lifecycle.verification import record_platform_verification
 
 
 class VariantHandler(BaseHandler):
@@ -21,10 +19,41 @@ class VariantHandler(BaseHandler):
         self.variant = variant
 
 
+class CorsHandler(VariantHandler):
+    """An endpoint an application's browser code may call from an origin it registered
+    (`apps create --allowed-origin`); see oauth/cors.py for the rule."""
+
+    cors_origin: str | None = None
+
+    def set_default_headers(self):
+        super().set_default_headers()
+        self.set_header("Vary", "Origin")
+        if self.cors_origin:  # also after send_error's clear(): the error is readable too
+            self.set_header("Access-Control-Allow-Origin", self.cors_origin)
+            self.set_header("Access-Control-Expose-Headers", "WWW-Authenticate")
+
+    async def options(self):
+        origin = self.request.headers.get("Origin")
+        if origin and await self.run(origin_registered, origin):
+            self.set_header("Access-Control-Allow-Origin", origin)
+            self.set_header("Access-Control-Allow-Methods", ALLOWED_METHODS)
+            self.set_header("Access-Control-Allow-Headers", ALLOWED_HEADERS)
+            self.set_header("Access-Control-Max-Age", str(MAX_AGE_SECONDS))
+        self.set_status(204)
+        self.finish()
+
+    async def allow_origin_of(self, client_id: str | None) -> None:
+        """Let the request's origin read this response when `client_id` registered it."""
+        origin = self.request.headers.get("Origin")
+        if origin and client_id and await self.run(origin_allowed_for_client, client_id, origin):
+            self.cors_origin = origin
+            self.set_default_headers()
+
+
 class AuthorizeHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         try:
-            location = AuthorizationRequest(self.runtime).issue_code(self.query_params())
+            location = await self.run(AuthorizationRequest(self.runtime).issue_code, self.query_params())
         except AuthorizeError as err:
             if err.redirect_uri:
                 location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
@@ -45,48 +74,40 @@ class AuthorizeHandler(VariantHandler):
                     f"<p><code>{html.escape(err.error)}</code>: {html.escape(err.description)}</p>")
 
 
-class TokenHandler(VariantHandler):
-    def post(self):
+class TokenHandler(CorsHandler):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
-        response = token_response(self.runtime, self.variant, self.body_params(),
-                                  self.request.headers.get("Authorization"))
+        params, authorization = self.body_params(), self.request.headers.get("Authorization")
+        await self.allow_origin_of(claimed_client_id(params, authorization))
+        response = await self.run(token_response, self.runtime, self.variant, params, authorization)
         self.write_json(response)
 
 
-class UserInfoHandler(VariantHandler):
-    def get(self):
+class UserInfoHandler(CorsHandler):
+    async def get(self):
         self.set_header("Cache-Control", "no-store")
-        self.write_json(userinfo(self.runtime, bearer_value(self.request.headers.get("Authorization"))))
+        token = bearer_value(self.request.headers.get("Authorization"))
+        if self.request.headers.get("Origin"):
+            claims = await self.run(active_user_token, self.runtime, token)
+            await self.allow_origin_of(claims and claims.get("client_id"))
+        self.write_json(await self.run(userinfo, self.runtime, token))
 
     post = get
 
 
-class IntrospectionHandler(VariantHandler):
+class IntrospectionHandler(CorsHandler):
     """RFC 7662. Callers: a client authenticated as itself (sees only its own tokens), or the
     host platform with a sandbox user's token, whose successful check is the platform verifying
     the app's token for that user (it records the authorization)."""
 
-    def post(self):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         params = self.body_params()
-        token = params.get("token")
-        if not isinstance(token, str) or not token:
-            raise ApiError(400, "invalid_request", "The token parameter is required.")
         authorization = self.request.headers.get("Authorization") or ""
-        claims = active_user_token(self.runtime, token)
-        if authorization.lower().startswith("bearer "):
-            platform_user = sandbox_user(self.runtime, authorization[7:].strip())
-            if claims is not None and claims["sub"] != platform_user.id:
-                claims = None
-            if claims is not None:
-                app = Application.by_client_id(claims["client_id"])
-                record_platform_verification(app, platform_user)
-        else:
-            app = authenticate_client(params, authorization, self.runtime.hasher)
-            if claims is not None and claims["client_id"] != app.client_id:
-                claims = None
-        self.write_json(introspection_response(claims))
+        if not authorization.lower().startswith("bearer "):
+            await self.allow_origin_of(claimed_client_id(params, authorization))
+        self.write_json(await self.run(introspect, self.runtime, params, authorization))
 
 
 def routes(runtime) -> list:

@@ -9,6 +9,7 @@ from models.application import BILLING_PLANS, USER_FIELDS, Application, Installa
 from models.audit import AuditEvent
 from models.directory import Organization, User
 from models.ids import new_secret
+from oauth.cors import normalize_origin
 from oauth.errors import ApiError
 from oauth.redirects import redirect_uri_allowed
 
@@ -75,11 +76,16 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
     unknown = [f for f in user_fields if f not in USER_FIELDS]
     if unknown:
         raise invalid(f"unknown user fields {', '.join(unknown)}; choose from {', '.join(USER_FIELDS)}.")
+    origins = []
     for origin in allowed_origins:
-        _http_url("allowed origin", origin)
+        normalized = normalize_origin(origin)
+        if normalized is None:
+            raise invalid(f"an allowed origin is scheme://host[:port] with no path, like https://app.example; "
+                          f"got {origin!r}.")
+        origins.append(normalized)
     secret = client_secret or new_secret()
     fields = dict(name=name, redirect_uri=redirect_uri, launch_url=launch_url, token_endpoint=token_endpoint,
-                  billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(allowed_origins),
+                  billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(dict.fromkeys(origins)),
                   client_secret_hash=runtime.hasher.digest(secret))
     if application_id:
         fields["id"] = application_id

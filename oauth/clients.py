@@ -23,6 +23,16 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     return unquote(client_id), unquote(secret)
 
 
+def claimed_client_id(params: dict, authorization: str | None) -> str | None:
+    """The client_id a request names (HTTP Basic or the body), not yet authenticated; for CORS."""
+    try:
+        basic = _basic_credentials(authorization or "")
+    except Exception:  # noqa: BLE001  (a malformed header names no client; authentication will refuse it)
+        return None
+    client_id = basic[0] if basic else params.get("client_id")
+    return client_id if isinstance(client_id, str) else None
+
+
 def authenticate_client(params: dict, authorization: str | None, hasher) -> Application:
     """The application whose credentials the request carries, or 401 `invalid_client`."""
     basic = _basic_credentials(authorization or "")
