@@ -35,6 +35,9 @@ setup(
             "pypdf>=4",
             "moto[server]>=5",
             "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
+            # Authlib's OAuth/OIDC client, metadata (RFC 8414/9207) and ID token checks: the
+            # metadata and OIDC Core interop test; pinned so its checks do not move under us.
+            "authlib==1.9.9",
             "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
         ],
     },

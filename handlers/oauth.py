@@ -8,7 +8,6 @@ from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import claimed_client_id
 from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client, origin_registered
 from oauth.errors import ApiError, AuthorizeError
-from oauth.redirects import with_query
 from oauth.resource import active_user_token, bearer_value, introspect, userinfo
 from oauth.token_endpoint import token_response
 from oauth.variants import VARIANTS
@@ -52,12 +51,12 @@ class CorsHandler(VariantHandler):
 
 class AuthorizeHandler(VariantHandler):
     async def get(self):
+        request = AuthorizationRequest(self.runtime)
         try:
-            location = await self.run(AuthorizationRequest(self.runtime).issue_code, self.query_params())
+            location = await self.run(request.issue_code, self.query_params())
         except AuthorizeError as err:
             if err.redirect_uri:
-                location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
-                                      state=err.state)
+                location = request.error_location(err)
             else:
                 return self.render_untrusted_error(err)
         self.set_header("Cache-Control", "no-store")

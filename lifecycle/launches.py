@@ -9,8 +9,9 @@ from oauth.errors import ApiError
 from oauth.redirects import with_query
 
 
-def create_launch(runtime, user: User, client_id: str) -> tuple[Launch, str]:
-    """A new launch of the app `client_id` for `user`, and the app's launch URL to load."""
+def create_launch(runtime, user: User, client_id: str, auth_time: int | None = None) -> tuple[Launch, str]:
+    """A new launch of the app `client_id` for `user`, and the app's launch URL to load.
+    `auth_time` (epoch seconds): when the user authenticated with the platform (default now)."""
     app = Application.get_or_none(Application.client_id == client_id)
     if app is None:
         raise ApiError(404, "unknown_client", "No application has this client_id.")
@@ -21,7 +22,8 @@ def create_launch(runtime, user: User, client_id: str) -> tuple[Launch, str]:
         raise ApiError(403, "application_disabled",
                        "This application is Disabled in this organization and cannot be opened.")
     launch = Launch.create(id=new_secret(24), application=app.id, user=user.id,
-                           organization=user.organization_id, expires_at=expiry(runtime.settings.launch_ttl))
+                           organization=user.organization_id, expires_at=expiry(runtime.settings.launch_ttl),
+                           auth_time=int(runtime.clock.time()) if auth_time is None else auth_time)
     org = user.organization
     url = with_query(app.launch_url, launch_id=launch.id, svc_organization_id=org.id, ehr_url=org.ehr_url or None)
     return launch, url

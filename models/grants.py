@@ -22,6 +22,8 @@ class Launch(BaseModel):
     created_at = peewee.DateTimeField(default=lambda: clock.now())
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
+    # When the user authenticated with the platform (epoch seconds): the ID token's auth_time.
+    auth_time = peewee.BigIntegerField(null=True)
 
     def consume(self) -> bool:
         """Mark the launch used; True for exactly one caller (the database decides)."""
@@ -45,6 +47,8 @@ class AuthorizationCode(BaseModel):
     created_at = peewee.DateTimeField(default=lambda: clock.now())
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
+    auth_time = peewee.BigIntegerField(null=True)  # copied from the launch
+    scope = peewee.CharField(max_length=200, null=True)  # granted scope (oauth.scopes)
 
     @classmethod
     def find_for_exchange(cls, code_hash: str) -> "AuthorizationCode | None":

@@ -25,8 +25,22 @@ MODELS: list[type[peewee.Model]] = [
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
 ]
 
-# (version, description, function(migrator)) — append only.
-MIGRATIONS: list[tuple[int, str, object]] = []
+def _add_columns(model, *names):
+    """A migration step adding `names` (fields declared on `model`) to its existing table."""
+    def step(migrator):
+        from playhouse.migrate import migrate as run
+        existing = {c.name for c in migrator.database.get_columns(model._meta.table_name)}
+        run(*[migrator.add_column(model._meta.table_name, model._meta.fields[n].column_name, model._meta.fields[n])
+              for n in names if model._meta.fields[n].column_name not in existing])
+    return step
+
+
+# (version, description, function(migrator)) — append only. Versions are unique numbers, not a
+# sequence: branches number theirs by issue (14xx for issue 14) so parallel work merges.
+MIGRATIONS: list[tuple[int, str, object]] = [
+    (1401, "launches and authorization codes carry auth_time; codes carry their scope",
+     lambda m: (_add_columns(Launch, "auth_time")(m), _add_columns(AuthorizationCode, "auth_time", "scope")(m))),
+]
 
 
 class SchemaVersion(BaseModel):
