@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="svc-auth", description="svc-auth authorization server and partner API")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
                         help="print the installed version and exit")
+    parser.add_argument("--env-file", metavar="PATH",
+                        help="read settings from this file (KEY=VALUE lines, # comments: the format of systemd's "
+                             "EnvironmentFile) instead of ./.env; its variables (AWS_* too) are exported to the "
+                             "process, and the environment wins")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(commands)
@@ -63,12 +67,31 @@ def package_version() -> str:
         return "unknown"
 
 
+def _export_env_file(path: str) -> None:
+    """Put the file's variables into os.environ (where boto3 and children read them too)."""
+    import os
+    from pathlib import Path
+    from conf import read_env_file
+    if not Path(path).is_file():
+        raise ConfigError(f"--env-file {path}: no such file")
+    try:
+        values = read_env_file(Path(path))
+    except OSError as exc:
+        raise ConfigError(f"--env-file {path}: {exc.strerror}") from None
+    for key, value in values.items():
+        os.environ.setdefault(key, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env()
+        dotenv = ".env"
+        if args.env_file:
+            dotenv = None
+            _export_env_file(args.env_file)
+        settings = Settings.from_env(dotenv=dotenv)
     except ConfigError as exc:
         print(f"svc-auth: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 _SYNC_WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
 
 
-def _read_dotenv(path: Path) -> dict[str, str]:
+def read_env_file(path: Path) -> dict[str, str]:
     """Parse a `.env`-style file: KEY=VALUE lines, `#` comments, optional quotes."""
     values: dict[str, str] = {}
     if not path.is_file():
@@ -135,7 +135,7 @@ class Settings:
         """Build settings from `environ` (default `os.environ`) over an optional `.env` file."""
         env: dict[str, str] = {}
         if dotenv:
-            env.update(_read_dotenv(Path(dotenv)))
+            env.update(read_env_file(Path(dotenv)))
         env.update(os.environ if environ is None else environ)
         kwargs: dict = {}
         for f in dataclasses.fields(cls):
