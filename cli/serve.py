@@ -22,9 +22,10 @@ def run(settings, args) -> int:
     on_start = None
     if args.demo:
         import functools
-        from lifecycle.demo import start_demo
+        from lifecycle.demo import demo_settings, start_demo
         if not 0 < args.demo_app_port < 65536 or args.demo_app_port == args.port:
             raise UsageError("--demo-app-port must be between 1 and 65535 and differ from --port")
+        settings = demo_settings(settings, args.port)
         on_start = functools.partial(start_demo, app_port=args.demo_app_port)
     serve(settings, args.port, args.processes, args.address, on_start=on_start)
     return 0

@@ -7,10 +7,12 @@ in the source.
 from __future__ import annotations
 
 import logging
+from urllib.parse import urlsplit
 
 import peewee
 
-from lifecycle.registry import create_organization, create_user, install_application, register_application
+from lifecycle.registry import (create_organization, create_user, delete_application, install_application,
+                                register_application, update_organization)
 from lifecycle.sandbox import issue_sandbox_token
 from models.application import Application
 from models.directory import Organization, User
@@ -28,7 +30,45 @@ def demo_app_url(port: int = EXAMPLE_APP_PORT) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def seed_demo(runtime, app_base_url: str | None = None) -> dict:
+def demo_settings(settings, port: int):
+    """`serve --demo --port N` with the issuer left at its default serves, and names in tokens and
+    links, http://127.0.0.1:N: the demo is where it says it is on any port."""
+    from conf import Settings
+    default = Settings().issuer
+    if settings.issuer != default or port == urlsplit(default).port:
+        return settings
+    here = f"http://127.0.0.1:{port}"
+    public_url = here if settings.public_url == default else settings.public_url
+    return settings.replace(issuer=here, public_url=public_url)
+
+
+def _app_base_url(app: Application) -> str:
+    """The example app's base URL its registration was made for (its launch URL less /launch)."""
+    return app.launch_url[: -len("/launch")] if app.launch_url.endswith("/launch") else app.launch_url
+
+
+def reset_demo(runtime) -> None:
+    """Remove the demo clinic (its users, installations, launches, codes, tokens) and the demo
+    app, so the next seed is the first-launch state again."""
+    with runtime.db.atomic():
+        app = Application.get_or_none(Application.id == runtime.settings.demo_application_id)
+        if app is not None:
+            delete_application(app.id, actor="demo-reset")
+        org = Organization.get_or_none(Organization.id == DEMO_ORG_ID)
+        if org is not None:
+            # recursive: users, installations and what hangs off them go with the clinic
+            org.delete_instance(recursive=True)
+
+
+def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> dict:
+    """Create the demo data (idempotent). `app_base_url`: where the example app runs; given,
+    the demo app is (re)registered for it, else an existing registration is kept. `reset`:
+    start from the first-launch state (no activation status, nothing authorized)."""
+    existing = Application.get_or_none(Application.id == runtime.settings.demo_application_id)
+    if app_base_url is None and existing is not None:
+        app_base_url = _app_base_url(existing)
+    if reset:
+        reset_demo(runtime)
     app_base_url = (app_base_url or demo_app_url()).rstrip("/")
     settings = runtime.settings
     # On SQLite take the write lock up front: a deferred transaction that reads first cannot upgrade
@@ -36,9 +76,12 @@ def seed_demo(runtime, app_base_url: str | None = None) -> dict:
     # busy_timeout does not help), and `serve --demo` seeds while its worker thread starts.
     immediate = {"lock_type": "IMMEDIATE"} if isinstance(runtime.db, peewee.SqliteDatabase) else {}
     with runtime.db.atomic(**immediate):
-        if Organization.get_or_none(Organization.id == DEMO_ORG_ID) is None:
-            create_organization("Sandbox Family Clinic", "sandbox", f"{settings.public_url}/sandbox/ehr",
-                                org_id=DEMO_ORG_ID)
+        ehr_url = f"{settings.public_url}/sandbox/ehr"
+        org = Organization.get_or_none(Organization.id == DEMO_ORG_ID)
+        if org is None:
+            create_organization("Sandbox Family Clinic", "sandbox", ehr_url, org_id=DEMO_ORG_ID)
+        elif org.ehr_url != ehr_url:
+            update_organization(DEMO_ORG_ID, ehr_url=ehr_url, actor="demo")
         if User.get_or_none(User.id == DEMO_PHYSICIAN_ID) is None:
             create_user(DEMO_ORG_ID, "dr.ada.lovelace@sandbox.example", "Ada", "Lovelace", "alovelace",
                         "1234567893", user_id=DEMO_PHYSICIAN_ID)
@@ -47,7 +90,12 @@ def seed_demo(runtime, app_base_url: str | None = None) -> dict:
                         user_id=DEMO_OTHER_ID)
         secret = runtime.hasher.sign("demo-client-secret")
         app_id = settings.demo_application_id
-        if Application.get_or_none(Application.id == app_id) is None:
+        app = Application.get_or_none(Application.id == app_id)
+        if app is not None and (_app_base_url(app) != app_base_url or app.allowed_origins != [settings.public_url]):
+            # The demo moved (other ports): register it again where it now runs.
+            delete_application(app_id, actor="demo")
+            app = None
+        if app is None:
             register_application(
                 runtime, "Example Partner App", f"{app_base_url}/app", f"{app_base_url}/launch",
                 f"{app_base_url}/api/token", "free_trial", ["email", "name", "ehrUsername", "organization"],
@@ -91,11 +139,13 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
     except OSError as exc:
         raise bind_error(exc, app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
     info = seed_demo(runtime, demo_app_url(app_port))
+    public = runtime.settings.public_url
     server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
     server.add_sockets(sockets)
     log.info("demo data ready; open the hub at %s", info["hub_url"])
-    print(f"\nsvc-auth demo\n  hub (physician): {info['hub_url']}\n"
-          f"  hub (staff, refused by the app): {runtime.settings.public_url}/sandbox/hub?user={DEMO_OTHER_ID}\n"
-          f"  settings (sandbox token): {runtime.settings.public_url}/sandbox/settings?user={DEMO_PHYSICIAN_ID}\n"
-          f"  example partner app: {demo_app_url(app_port)} (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
+    print(f"\nsvc-auth demo\n  service (discovery): {runtime.settings.issuer}/.well-known/openid-configuration\n"
+          f"  hub (physician): {info['hub_url']}\n"
+          f"  hub (staff, refused by the app): {public}/sandbox/hub?user={DEMO_OTHER_ID}\n"
+          f"  settings (sandbox token): {public}/sandbox/settings?user={DEMO_PHYSICIAN_ID}\n"
+          f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n", flush=True)
