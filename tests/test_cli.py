@@ -216,3 +216,19 @@ def test_help_prints_for_every_command(cli):
                     "audit", "keys", "db", "demo", "sandbox"):
         assert command in out
     assert "--yes" in cli("apps", "delete", "--help").stdout
+
+
+def test_env_file_is_read_like_systemds_environment_file(settings, tmp_path):
+    env_file = tmp_path / "env"
+    env_file.write_text(f"# comment line, as in deploy/env.example\nSVC_DATABASE_URL={settings.database_url}\n"
+                        f"SVC_VAR_DIR={settings.var_dir}\nSVC_KEYS_DIR={settings.keys_dir}\n"
+                        f"SVC_HMAC_KEY={settings.hmac_key}\n")
+    env = {k: v for k, v in settings_env(settings).items() if not k.startswith("SVC_")}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(tmp_path),
+                                       capture_output=True, text=True, timeout=60)
+    result = run("--env-file", str(env_file), "orgs", "create", "--name", "Env Clinic", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [o["name"] for o in json.loads(run("--env-file", str(env_file), "orgs", "list", "--json").stdout)] \
+        == ["Env Clinic"]
+    missing = run("--env-file", str(tmp_path / "nope"), "orgs", "list")
+    assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "--env-file" in missing.stderr
