@@ -4,13 +4,16 @@ from __future__ import annotations
 import html
 
 from handlers.base import BaseHandler
+from models.application import Application
 from oauth.authorization_code import AuthorizationRequest
-from oauth.clients import claimed_client_id
+from oauth.clients import authenticate_client, claimed_client_id
 from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client, origin_registered
 from oauth.errors import ApiError, AuthorizeError
-from oauth.resource import active_user_token, bearer_value, introspect, userinfo
+from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
 from oauth.token_endpoint import token_response
 from oauth.variants import VARIANTS
+from lifecycle.sandbox import sandbox_user
+from lifecycle.verification import record_platform_verification
 
 
 class VariantHandler(BaseHandler):
@@ -79,7 +82,8 @@ class TokenHandler(CorsHandler):
         self.set_header("Pragma", "no-cache")
         params, authorization = self.body_params(), self.request.headers.get("Authorization")
         await self.allow_origin_of(claimed_client_id(params, authorization))
-        response = await self.run(token_response, self.runtime, self.variant, params, authorization)
+        response = await self.run(token_response, self.runtime, self.variant, params, authorization,
+                                  self.client_address())
         self.write_json(response)
 
 
@@ -106,7 +110,27 @@ class IntrospectionHandler(CorsHandler):
         authorization = self.request.headers.get("Authorization") or ""
         if not authorization.lower().startswith("bearer "):
             await self.allow_origin_of(claimed_client_id(params, authorization))
-        self.write_json(await self.run(introspect, self.runtime, params, authorization))
+        token = params.get("token")
+        if not isinstance(token, str) or not token:
+            raise ApiError(400, "invalid_request", "The token parameter is required.")
+        self.write_json(await self.run(introspect, self.runtime, params, token, authorization, self.client_address()))
+
+
+def introspect(runtime, params: dict, token: str, authorization: str, address: str) -> dict:
+    """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool)."""
+    claims = active_user_token(runtime, token)
+    if authorization.lower().startswith("bearer "):
+        platform_user = sandbox_user(runtime, authorization[7:].strip())
+        if claims is not None and claims["sub"] != platform_user.id:
+            claims = None
+        if claims is not None:
+            app = Application.by_client_id(claims["client_id"])
+            record_platform_verification(app, platform_user)
+    else:
+        app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
+        if claims is not None and claims["client_id"] != app.client_id:
+            claims = None
+    return introspection_response(claims)
 
 
 def routes(runtime) -> list:

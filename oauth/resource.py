@@ -5,7 +5,7 @@ from models.application import Application
 from models.directory import User
 from models.grants import IssuedToken
 from oauth.claims import userinfo_claims
-from oauth.errors import ApiError, invalid_token
+from oauth.errors import invalid_token
 from oauth.tokens import PLATFORM_AUDIENCE, InvalidToken
 
 
@@ -52,27 +52,3 @@ def introspection_response(claims: dict | None) -> dict:
             "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
             "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",
             "svc_organization_id": claims.get("org")}
-
-
-def introspect(runtime, params: dict, authorization: str) -> dict:
-    """RFC 7662. A client authenticated as itself sees only its own tokens; the host platform,
-    with a sandbox user's token as Bearer, verifies an app's token for that user, which records
-    the authorization (what "completed the auth flow" means)."""
-    from lifecycle.sandbox import sandbox_user
-    from lifecycle.verification import record_platform_verification
-    from oauth.clients import authenticate_client
-    token = params.get("token")
-    if not isinstance(token, str) or not token:
-        raise ApiError(400, "invalid_request", "The token parameter is required.")
-    claims = active_user_token(runtime, token)
-    if authorization.lower().startswith("bearer "):
-        platform_user = sandbox_user(runtime, authorization[7:].strip())
-        if claims is not None and claims["sub"] != platform_user.id:
-            claims = None
-        if claims is not None:
-            record_platform_verification(Application.by_client_id(claims["client_id"]), platform_user)
-    else:
-        app = authenticate_client(params, authorization, runtime.hasher)
-        if claims is not None and claims["client_id"] != app.client_id:
-            claims = None
-    return introspection_response(claims)
