@@ -15,6 +15,7 @@ from lifecycle.registry import (create_organization, create_user, delete_applica
                                 register_application, update_organization)
 from lifecycle.sandbox import issue_sandbox_token
 from models.application import Application
+from oauth.cors import normalize_origin
 from models.directory import Organization, User
 
 log = logging.getLogger("svc_auth.demo")
@@ -91,7 +92,7 @@ def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> 
         secret = runtime.hasher.sign("demo-client-secret")
         app_id = settings.demo_application_id
         app = Application.get_or_none(Application.id == app_id)
-        if app is not None and (_app_base_url(app) != app_base_url or app.allowed_origins != [settings.public_url]):
+        if app is not None and (_app_base_url(app) != app_base_url or app.allowed_origins != [normalize_origin(settings.public_url)]):
             # The demo moved (other ports): register it again where it now runs.
             delete_application(app_id, actor="demo")
             app = None

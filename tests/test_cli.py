@@ -218,7 +218,7 @@ def test_help_prints_for_every_command(cli):
     assert "--yes" in cli("apps", "delete", "--help").stdout
 
 
-def test_env_file_is_read_like_systemds_environment_file(settings, tmp_path):
+def test_env_file_is_read_like_systemds_environment_file(settings, runtime, tmp_path):
     env_file = tmp_path / "env"
     env_file.write_text(f"# comment line, as in deploy/env.example\nSVC_DATABASE_URL={settings.database_url}\n"
                         f"SVC_VAR_DIR={settings.var_dir}\nSVC_KEYS_DIR={settings.keys_dir}\n"
