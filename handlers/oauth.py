@@ -22,9 +22,9 @@ class VariantHandler(BaseHandler):
 
 
 class AuthorizeHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         try:
-            location = AuthorizationRequest(self.runtime).issue_code(self.query_params())
+            location = await self.run(AuthorizationRequest(self.runtime).issue_code, self.query_params())
         except AuthorizeError as err:
             if err.redirect_uri:
                 location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
@@ -46,20 +46,22 @@ class AuthorizeHandler(VariantHandler):
 
 
 class TokenHandler(VariantHandler):
-    def post(self):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
-        response = token_response(self.runtime, self.variant, self.body_params(),
+        response = await self.run(token_response, self.runtime, self.variant, self.body_params(),
                                   self.request.headers.get("Authorization"))
         self.write_json(response)
 
 
 class UserInfoHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         self.set_header("Cache-Control", "no-store")
-        self.write_json(userinfo(self.runtime, bearer_value(self.request.headers.get("Authorization"))))
+        token = bearer_value(self.request.headers.get("Authorization"))
+        self.write_json(await self.run(userinfo, self.runtime, token))
 
-    post = get
+    async def post(self):
+        await self.get()
 
 
 class IntrospectionHandler(VariantHandler):
@@ -67,26 +69,31 @@ class IntrospectionHandler(VariantHandler):
     host platform with a sandbox user's token, whose successful check is the platform verifying
     the app's token for that user (it records the authorization)."""
 
-    def post(self):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         params = self.body_params()
         token = params.get("token")
         if not isinstance(token, str) or not token:
             raise ApiError(400, "invalid_request", "The token parameter is required.")
         authorization = self.request.headers.get("Authorization") or ""
-        claims = active_user_token(self.runtime, token)
-        if authorization.lower().startswith("bearer "):
-            platform_user = sandbox_user(self.runtime, authorization[7:].strip())
-            if claims is not None and claims["sub"] != platform_user.id:
-                claims = None
-            if claims is not None:
-                app = Application.by_client_id(claims["client_id"])
-                record_platform_verification(app, platform_user)
-        else:
-            app = authenticate_client(params, authorization, self.runtime.hasher)
-            if claims is not None and claims["client_id"] != app.client_id:
-                claims = None
-        self.write_json(introspection_response(claims))
+        self.write_json(await self.run(introspect, self.runtime, token, params, authorization))
+
+
+def introspect(runtime, token: str, params: dict, authorization: str) -> dict:
+    """The introspection answer (blocking: token row, client and verification writes)."""
+    claims = active_user_token(runtime, token)
+    if authorization.lower().startswith("bearer "):
+        platform_user = sandbox_user(runtime, authorization[7:].strip())
+        if claims is not None and claims["sub"] != platform_user.id:
+            claims = None
+        if claims is not None:
+            app = Application.by_client_id(claims["client_id"])
+            record_platform_verification(runtime, app, platform_user)
+    else:
+        app = authenticate_client(params, authorization, runtime.hasher)
+        if claims is not None and claims["client_id"] != app.client_id:
+            claims = None
+    return introspection_response(claims)
 
 
 def routes(runtime) -> list:

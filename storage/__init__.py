@@ -37,10 +37,10 @@ def check_key(key: str) -> str:
     return key
 
 
-def open_object_store(settings, hasher) -> ObjectStore:
+def open_object_store(settings, hasher, clock) -> ObjectStore:
     """The store the configuration names: S3 when a bucket is configured, else the local one."""
     if settings.s3_bucket:
         from storage.s3 import S3ObjectStore
         return S3ObjectStore(settings.s3_bucket, settings.s3_endpoint_url or None)
     from storage.local import LocalObjectStore
-    return LocalObjectStore(settings.objects_dir, settings.public_url, hasher)
+    return LocalObjectStore(settings.objects_dir, settings.public_url, hasher, clock)
