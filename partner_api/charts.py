@@ -72,7 +72,7 @@ def request_status(app: Application, request_id: str) -> dict:
 
 def download_target(app: Application, request_id: str) -> tuple[str | None, dict | None]:
     """(object key, None) when the chart is ready, (None, status body) while it is pending;
-    409 when the build failed. Only database reads: cheap, fine on the IOLoop."""
+    409 when the build failed. Database reads: handlers await it on the runtime pool."""
     if request_id == TEST_REQUEST_ID:
         return None, None
     request = _own_request(app, request_id)

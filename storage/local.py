@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
-from storage import check_key
+from storage.keys import check_key
 
 URL_PREFIX = "/objects/"
 
