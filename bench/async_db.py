@@ -67,7 +67,8 @@ async def measure(lookup_async, seconds: float) -> dict:
     elapsed = time.perf_counter() - started
     stop.set()
     lags = await lag_task
-    return {"lookups_per_s": round(count / elapsed), "loop_lag_p99_ms": p99(lags)}
+    return {"lookups_per_s": round(count / elapsed), "loop_lag_p99_ms": p99(lags),
+            "loop_lag_max_ms": round(max(lags), 1) if lags else None, "lag_samples": len(lags)}
 
 
 def run(url: str, seconds: float) -> dict:
