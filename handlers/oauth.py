@@ -50,7 +50,7 @@ class TokenHandler(VariantHandler):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
         response = await self.run(token_response, self.runtime, self.variant, self.body_params(),
-                                  self.request.headers.get("Authorization"))
+                                  self.request.headers.get("Authorization"), self.client_address())
         self.write_json(response)
 
 
@@ -76,11 +76,11 @@ class IntrospectionHandler(VariantHandler):
         if not isinstance(token, str) or not token:
             raise ApiError(400, "invalid_request", "The token parameter is required.")
         authorization = self.request.headers.get("Authorization") or ""
-        self.write_json(await self.run(introspect, self.runtime, token, params, authorization))
+        self.write_json(await self.run(introspect, self.runtime, params, token, authorization, self.client_address()))
 
 
-def introspect(runtime, token: str, params: dict, authorization: str) -> dict:
-    """The introspection answer (blocking: token row, client and verification writes)."""
+def introspect(runtime, params: dict, token: str, authorization: str, address: str) -> dict:
+    """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool)."""
     claims = active_user_token(runtime, token)
     if authorization.lower().startswith("bearer "):
         platform_user = sandbox_user(runtime, authorization[7:].strip())
@@ -90,7 +90,7 @@ def introspect(runtime, token: str, params: dict, authorization: str) -> dict:
             app = Application.by_client_id(claims["client_id"])
             record_platform_verification(runtime, app, platform_user)
     else:
-        app = authenticate_client(params, authorization, runtime.hasher)
+        app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
         if claims is not None and claims["client_id"] != app.client_id:
             claims = None
     return introspection_response(claims)
