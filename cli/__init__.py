@@ -130,8 +130,8 @@ def with_runtime(command, check_redis: bool = False):
 
 def open_runtime(settings, check_redis: bool = False):
     """A migrated Runtime; an unreachable database (or Redis, when asked) is a StartupError."""
-    from conf.runtime import Runtime
     from ops import startup
+    from runtime import Runtime
     if check_redis:
         startup.check_redis(settings)
     try:

@@ -96,7 +96,8 @@ class UserInfoHandler(CorsHandler):
             await self.allow_origin_of(claims and claims.get("client_id"))
         self.write_json(await self.run(userinfo, self.runtime, token))
 
-    post = get
+    async def post(self):
+        await self.get()
 
 
 class IntrospectionHandler(CorsHandler):
@@ -125,7 +126,7 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
             claims = None
         if claims is not None:
             app = Application.by_client_id(claims["client_id"])
-            record_platform_verification(app, platform_user)
+            record_platform_verification(runtime, app, platform_user)
     else:
         app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
         if claims is not None and claims["client_id"] != app.client_id:

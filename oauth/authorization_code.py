@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as dt
 
 from models.application import Application
-from models.clock import clock
 from models.grants import AuthorizationCode, IssuedToken, Launch, expiry
 from models.ids import new_secret
 from oauth.claims import id_token_claims
@@ -87,21 +86,23 @@ class AuthorizationRequest:
         if launch_id is None:
             raise fail(missing, "The launch_id parameter is required: open the app from the platform.")
         launch = Launch.get_or_none((Launch.id == launch_id) & (Launch.application == app.id))
-        now = self.runtime.clock.time()
-        if launch is None or launch.used_at is not None or launch.expires_at <= self.runtime.clock.now():
+        now = self.runtime.clock.now()
+        if launch is None or launch.used_at is not None or launch.expires_at <= now:
             raise fail(missing, "The launch is unknown, expired, already used or issued for another client.")
-        auth_time = launch.auth_time if launch.auth_time is not None else int(launch.created_at.replace(tzinfo=dt.timezone.utc).timestamp())
-        if max_age is not None and now - auth_time > max_age:
+        auth_time = launch.auth_time
+        if auth_time is None:  # a launch created before auth_time was recorded
+            auth_time = int(launch.created_at.replace(tzinfo=dt.timezone.utc).timestamp())
+        if max_age is not None and self.runtime.clock.time() - auth_time > max_age:
             # The launch stays unused: a fresher platform sign-in can still open the app.
             raise fail("login_required", "The user authenticated with the platform longer ago than max_age.")
-        if not launch.consume():
+        if not launch.consume(now):
             raise fail(missing, "The launch is unknown, expired, already used or issued for another client.")
         code = new_secret(32)
         AuthorizationCode.create(
             code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
-            nonce=_query_value(params, "nonce"), expires_at=expiry(self.runtime.settings.code_ttl),
-            auth_time=auth_time, scope=scope)
+            nonce=_query_value(params, "nonce"), created_at=now,
+            expires_at=expiry(now, self.runtime.settings.code_ttl), auth_time=auth_time, scope=scope)
         return with_query(redirect_uri, code=code, state=state, iss=self.runtime.settings.issuer_claim)
 
     def error_location(self, err: AuthorizeError) -> str:
@@ -125,11 +126,12 @@ class AuthorizationCodeGrant:
         grant = AuthorizationCode.find_for_exchange(code_hash)
         if grant is None or grant.application_id != app.id:
             raise invalid_grant("The authorization code is invalid.")
-        if grant.used_at is not None or not grant.consume():
+        now = self.runtime.clock.now()
+        if grant.used_at is not None or not grant.consume(now):
             # RFC 6749 4.1.2: a replayed code revokes what its first use issued.
-            IssuedToken.revoke_from_code(code_hash)
+            IssuedToken.revoke_from_code(code_hash, now)
             raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
-        if grant.expired:
+        if grant.expired(now):
             raise invalid_grant("The authorization code has expired.")
         if redirect_uri is not None and redirect_uri != grant.redirect_uri:
             raise invalid_grant("redirect_uri does not match the one the code was issued for.")
@@ -137,18 +139,20 @@ class AuthorizationCodeGrant:
 
     def tokens_for(self, app: Application, grant: AuthorizationCode, with_billing: bool) -> dict:
         settings, tokens = self.runtime.settings, self.runtime.tokens
+        now = self.runtime.clock.now()
         user = grant.user
         scope = grant.scope or "openid"
         access_token, access = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
             client_id=app.client_id, org=grant.organization_id, scope=scope)
         IssuedToken.record(jti=access["jti"], kind="access", application=app.id, user=user.id,
-                           code_hash=grant.code_hash, expires_at=expiry(settings.access_token_ttl))
+                           code_hash=grant.code_hash, issued_at=now,
+                           expires_at=expiry(now, settings.access_token_ttl))
         installation = grant.installation  # read with the code (same app and organization)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         # When the user authenticated with the platform (carried from the sandbox token through
         # the launch), so every flow of one platform session carries the same auth_time.
         claims["auth_time"] = grant.auth_time if grant.auth_time is not None else claims["iat"]
-        claims.update(id_token_claims(app, user, installation, with_billing, grant.nonce))
+        claims.update(id_token_claims(app, user, installation, with_billing, now, grant.nonce))
         return {"access_token": access_token, "id_token": tokens.sign(claims), "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": scope}

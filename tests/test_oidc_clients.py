@@ -35,7 +35,7 @@ def live(settings, world, tmp_path, monkeypatch):
 def sandbox_token(live, runtime, user, auth_time):
     """A sandbox token as the live service issues it (its issuer), signed in at `auth_time`."""
     from lifecycle.sandbox import issue_sandbox_token
-    as_live = types.SimpleNamespace(tokens=runtime.tokens.__class__(runtime.keyring, live + "/"),
+    as_live = types.SimpleNamespace(tokens=runtime.tokens.__class__(runtime.keyring, live + "/", runtime.clock),
                                     settings=runtime.settings, clock=runtime.clock)
     return issue_sandbox_token(as_live, user, auth_time=auth_time)
 
