@@ -53,7 +53,7 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
           on_start=None) -> None:
     """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
-    from cli import open_runtime
+    from runtime.startup import open_runtime
     from ops.startup import bind_error
     # Once, before forking: also creates the keys every process shares. A dependency that is
     # down, or a port in use, stops here with one line (StartupError), before any fork.

@@ -118,6 +118,7 @@ def with_runtime(command, check_redis: bool = False):
     `check_redis`: the command needs SVC_REDIS_URL to answer (worker, scheduler)."""
     def handler(settings, args):
         from oauth.errors import ApiError
+        from runtime.startup import open_runtime
         runtime = open_runtime(settings, check_redis=check_redis)
         try:
             return command(runtime, args)
@@ -127,18 +128,3 @@ def with_runtime(command, check_redis: bool = False):
             runtime.close()
     return handler
 
-
-def open_runtime(settings, check_redis: bool = False):
-    """A migrated Runtime; an unreachable database (or Redis, when asked) is a StartupError."""
-    from ops import startup
-    from runtime import Runtime
-    if check_redis:
-        startup.check_redis(settings)
-    try:
-        runtime = Runtime(settings)
-        runtime.migrate()
-    except Exception as exc:  # noqa: BLE001
-        if startup.is_database_error(exc):
-            raise startup.database_error(exc, settings) from None
-        raise
-    return runtime

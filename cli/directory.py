@@ -174,4 +174,4 @@ def _update_install(runtime, args):
     inst = Installation.find(args.app, args.org)
     if inst is None:
         raise UsageError(f"application {args.app!r} is not installed in organization {args.org!r}")
-    emit(install_dict(set_activation_status(inst, args.status, actor="operator")), args.json)
+    emit(install_dict(set_activation_status(runtime, inst, args.status, actor="operator")), args.json)

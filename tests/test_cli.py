@@ -133,7 +133,7 @@ def test_list_show_update_for_orgs_users_installs(cli, world, runtime):
     assert "first SDK initialization" in cli("installs", "update", "--app", world["app"].id, "--org", org_id,
                                              "--status", "Enabled", expect=2).stderr
     from lifecycle.verification import record_platform_verification
-    record_platform_verification(world["app"], physician)
+    record_platform_verification(runtime, world["app"], physician)
     enabled = as_json(cli("installs", "update", "--app", world["app"].id, "--org", org_id, "--status", "Enabled",
                           "--json"))
     assert enabled["activation_status"] == "Enabled" and enabled["trial_started_at"]

@@ -115,7 +115,7 @@ def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
     # The first launch completes: the installation becomes Disabled and launches are refused,
     # which is where the README's curl walkthrough would stop with 403 application_disabled.
     physician = User.get_by_id(first["physician_user_id"])
-    record_platform_verification(Application.get_by_id(first["application_id"]), physician)
+    record_platform_verification(runtime, Application.get_by_id(first["application_id"]), physician)
     assert Installation.get(Installation.application == first["application_id"]).activation_status == "Disabled"
     with pytest.raises(ApiError) as refused:
         create_launch(runtime, physician, first["client_id"])
