@@ -11,12 +11,15 @@ import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
+from playhouse.pool import PooledDatabase
+
 from conf import Settings
 from keys.secrets import SecretHasher, load_hmac_key
 from keys.signing import KeyRing
 from models.clock import Clock
-from models.db import open_database
+from models.db import DATABASE_ERRORS, discard, open_database, release
 from models.schema import bind_models
+from oauth.errors import dependency_unavailable
 from oauth.tokens import TokenService
 from ratelimit import build_rate_limiter
 from ratelimit.failures import FailurePolicy, build_failure_throttle
@@ -30,7 +33,9 @@ class Runtime:
     def __init__(self, settings: Settings, clock: Clock | None = None):
         self.settings = settings
         self.clock = clock or Clock()
-        self.db = open_database(settings.database_url)
+        # One pooled connection per pool thread, the task worker's threads and the scheduler.
+        self.db = open_database(settings.database_url,
+                                max_connections=settings.db_threads + settings.worker_threads + 2)
         bind_models(self.db)  # Peewee's Database.bind: the models now query this database
         self.hasher = SecretHasher(load_hmac_key(settings.hmac_key, settings.keys_dir))
         retain = max(settings.id_token_ttl, settings.access_token_ttl, settings.client_token_ttl,
@@ -75,7 +80,21 @@ class Runtime:
         Every database, S3, Redis (sync client) and enqueue call made from a request goes through
         here, so a slow dependency occupies a pool thread, never the IOLoop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self.executor, functools.partial(self.unit_of_work, fn, *args, **kwargs))
+
+    def unit_of_work(self, fn, /, *args, **kwargs):
+        """`fn(*args, **kwargs)` on this thread's database connection, given back afterwards.
+
+        The one place database outages are mapped: a connection that failed (PostgreSQL gone or
+        restarted, SQLite locked past its busy timeout) is discarded and the request answers
+        503 `temporarily_unavailable` with Retry-After, never a 500."""
+        try:
+            return fn(*args, **kwargs)
+        except DATABASE_ERRORS as exc:
+            discard(self.db)
+            raise dependency_unavailable("database") from exc
+        finally:
+            release(self.db)
 
     def migrate(self) -> list[str]:
         from models.schema import migrate
@@ -88,3 +107,5 @@ class Runtime:
             self._task_queue = None
         if not self.db.is_closed():
             self.db.close()
+        if isinstance(self.db, PooledDatabase):
+            self.db.close_all()  # every pooled connection, whichever thread last used it

@@ -1,0 +1,133 @@
+"""The database and Redis may go away: real servers of the test's own, stopped under load.
+
+`svc-auth serve --processes 2` runs as a subprocess against a PostgreSQL (initdb + pg_ctl) or a
+Redis (`redis-server --port N`) that only this test uses. While the dependency is down, requests
+that need it answer 503 + Retry-After (never a 500); `/healthz` and the JWKS keep answering; once
+it is back the service recovers by itself, with no restart, and `/readyz` says so.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from bench.instances import LocalPostgres, LocalRedis
+from bench.outage import Requester, run_outage
+from conf import Settings
+from tests.conftest import free_port, settings_env, start_process, stop_process
+
+RECOVERY_SECONDS = 5.0
+NO_LIMITS = "organizations=100000000/60"
+
+
+def seed(settings: Settings) -> dict:
+    """Schema, a clinic, an installed application; returns what the load needs."""
+    from lifecycle.registry import create_organization, install_application, register_application
+    from runtime import Runtime
+    runtime = Runtime(settings)
+    try:
+        runtime.migrate()
+        org = create_organization("Outage Clinic", "sandbox", "https://ehr.example/outage")
+        app, secret = register_application(runtime, "Outage App", "https://app.example.com/main",
+                                           "https://app.example.com/launch")
+        install_application(app.id, org.id)
+        return {"app_id": app.id, "client_id": app.client_id, "secret": secret}
+    finally:
+        runtime.close()
+
+
+def client_token(port: int, seeded: dict) -> str:
+    basic = base64.b64encode(f"{seeded['client_id']}:{seeded['secret']}".encode()).decode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/oauth/token", method="POST",
+                                     data=b"grant_type=client_credentials",
+                                     headers={"Authorization": f"Basic {basic}",
+                                              "Content-Type": "application/x-www-form-urlencoded"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["access_token"]
+
+
+def load_for(port: int, seeded: dict, token: str) -> list[Requester]:
+    basic = base64.b64encode(f"{seeded['client_id']}:{seeded['secret']}".encode()).decode()
+    return [
+        Requester(port, "organizations", "GET", f"/v1/applications/{seeded['app_id']}/organizations",
+                  {"Authorization": f"Bearer {token}"}),
+        Requester(port, "token", "POST", "/v1/oauth/token",
+                  {"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"},
+                  b"grant_type=client_credentials"),
+        Requester(port, "healthz", "GET", "/healthz", pause=0.01),
+        Requester(port, "jwks", "GET", "/.well-known/jwks.json", pause=0.01),
+    ]
+
+
+def assert_survived(result: dict, needs_dependency: list[str]) -> None:
+    kinds = result["kinds"]
+    for kind, figures in kinds.items():
+        assert figures["status_500"] == 0, (kind, figures)
+        assert figures["no_answer"] == 0, (kind, figures)
+        assert figures["503_without_retry_after"] == 0, (kind, figures)
+    for kind in ("healthz", "jwks"):
+        assert set(kinds[kind]["statuses"]) == {"200"}, kinds[kind]
+    assert kinds["organizations"]["status_503"] > 0, kinds["organizations"]  # the outage was seen
+    for kind in needs_dependency:
+        assert kinds[kind]["first_success_after_s"] is not None, kinds[kind]
+        assert kinds[kind]["first_success_after_s"] <= RECOVERY_SECONDS, kinds[kind]
+        assert (kinds[kind]["last_failure_after_s"] or 0) <= RECOVERY_SECONDS, kinds[kind]
+
+
+@pytest.mark.slow
+def test_postgresql_stopped_under_load_gives_503s_then_recovers_by_itself(tmp_path):
+    pg = LocalPostgres()
+    proc = None
+    try:
+        pg.start()
+        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=pg.url, var_dir=str(tmp_path / "var"),
+                                  keys_dir=str(tmp_path / "keys"), hmac_key="o" * 32)
+        seeded = seed(settings)
+        port = free_port()
+        proc = start_process(["serve", "--port", str(port), "--processes", "2"],
+                             settings_env(settings, SVC_RATE_LIMITS=NO_LIMITS), port, log_path=tmp_path / "serve.log")
+        token = client_token(port, seeded)
+        result = run_outage(port, load_for(port, seeded, token), pg.stop, pg.start, outage_seconds=3.0, after=6.0)
+        print(json.dumps(result))
+        assert_survived(result, ["organizations", "token"])
+        assert result["readyz"]["during"]["status"] == 503
+        assert result["readyz"]["during"]["checks"]["database"] == "failed"
+        assert result["readyz"]["after"]["status"] == 200, result["readyz"]
+        assert proc.poll() is None  # recovered without a restart
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        pg.destroy()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+@pytest.mark.slow
+def test_redis_stopped_under_load_gives_503s_then_recovers_by_itself(tmp_path):
+    redis = LocalRedis()
+    proc = None
+    try:
+        redis.start()
+        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=f"sqlite:///{tmp_path / 'svc.db'}",
+                                  redis_url=redis.url, var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"),
+                                  hmac_key="r" * 32)
+        seeded = seed(settings)
+        port = free_port()
+        proc = start_process(["serve", "--port", str(port), "--processes", "2"],
+                             settings_env(settings, SVC_RATE_LIMITS=NO_LIMITS), port, log_path=tmp_path / "serve.log")
+        token = client_token(port, seeded)
+        result = run_outage(port, load_for(port, seeded, token), redis.stop, redis.start, outage_seconds=3.0,
+                            after=6.0)
+        print(json.dumps(result))
+        assert_survived(result, ["organizations"])
+        assert result["readyz"]["during"]["checks"]["redis"] == "failed"
+        assert result["readyz"]["after"]["status"] == 200, result["readyz"]
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        redis.destroy()
