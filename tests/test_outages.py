@@ -131,3 +131,48 @@ def test_redis_stopped_under_load_gives_503s_then_recovers_by_itself(tmp_path):
         if proc is not None:
             stop_process(proc)
         redis.destroy()
+
+
+class DatabaseLock:
+    """Hold a write lock from another connection: SQLite's database write lock (BEGIN IMMEDIATE),
+    or a PostgreSQL table lock (LOCK TABLE ... ACCESS EXCLUSIVE) on `table`."""
+
+    def __init__(self, settings: Settings, table: str):
+        url = settings.database_url
+        if url.startswith("sqlite"):
+            import sqlite3
+            self.conn = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+        else:
+            import psycopg2
+            self.conn = psycopg2.connect(url)
+            self.conn.cursor().execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+
+    def release(self) -> None:
+        self.conn.rollback() if hasattr(self.conn, "autocommit") else self.conn.execute("ROLLBACK")
+        self.conn.close()
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_healthz_and_jwks_stay_fast_while_a_token_request_waits_on_a_locked_database(api, flow, settings):
+    import asyncio
+    code = await flow.code()
+    lock = DatabaseLock(settings, "authorization_code")
+    try:
+        slow = asyncio.ensure_future(flow.exchange(code))  # consuming the code is a write: it waits
+        await asyncio.sleep(0.5)
+        assert not slow.done()
+        latencies = []
+        for i in range(80):
+            started = time.perf_counter()
+            status, _, _ = await api.call("GET", "/healthz" if i % 2 else "/.well-known/jwks.json")
+            latencies.append(time.perf_counter() - started)
+            assert status == 200
+        assert not slow.done(), "the token request is still waiting on the lock"
+        latencies.sort()
+        p99 = latencies[int(len(latencies) * 0.99) - 1]
+        assert p99 < 0.2, f"p99 {p99 * 1000:.1f} ms while a request waits on the database"  # loose: shared CPU
+    finally:
+        lock.release()
+    status, _, body = await slow
+    assert status == 200 and body["token_type"] == "Bearer", body
