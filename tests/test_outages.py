@@ -7,62 +7,17 @@ it is back the service recovers by itself, with no restart, and `/readyz` says s
 """
 from __future__ import annotations
 
-import base64
 import json
-import signal
-import socket
-import threading
 import time
-import urllib.request
 
 import pytest
 
 from bench.instances import LocalPostgres, LocalRedis
-from bench.outage import Requester, run_outage
+from bench.outage import NO_LIMITS, client_token, load_for, run_outage, seed
 from conf import Settings
 from tests.conftest import free_port, settings_env, start_process, stop_process
 
 RECOVERY_SECONDS = 5.0
-NO_LIMITS = "organizations=100000000/60"
-
-
-def seed(settings: Settings) -> dict:
-    """Schema, a clinic, an installed application; returns what the load needs."""
-    from lifecycle.registry import create_organization, install_application, register_application
-    from runtime import Runtime
-    runtime = Runtime(settings)
-    try:
-        runtime.migrate()
-        org = create_organization("Outage Clinic", "sandbox", "https://ehr.example/outage")
-        app, secret = register_application(runtime, "Outage App", "https://app.example.com/main",
-                                           "https://app.example.com/launch")
-        install_application(app.id, org.id)
-        return {"app_id": app.id, "client_id": app.client_id, "secret": secret}
-    finally:
-        runtime.close()
-
-
-def client_token(port: int, seeded: dict) -> str:
-    basic = base64.b64encode(f"{seeded['client_id']}:{seeded['secret']}".encode()).decode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/oauth/token", method="POST",
-                                     data=b"grant_type=client_credentials",
-                                     headers={"Authorization": f"Basic {basic}",
-                                              "Content-Type": "application/x-www-form-urlencoded"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())["access_token"]
-
-
-def load_for(port: int, seeded: dict, token: str) -> list[Requester]:
-    basic = base64.b64encode(f"{seeded['client_id']}:{seeded['secret']}".encode()).decode()
-    return [
-        Requester(port, "organizations", "GET", f"/v1/applications/{seeded['app_id']}/organizations",
-                  {"Authorization": f"Bearer {token}"}),
-        Requester(port, "token", "POST", "/v1/oauth/token",
-                  {"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"},
-                  b"grant_type=client_credentials"),
-        Requester(port, "healthz", "GET", "/healthz", pause=0.01),
-        Requester(port, "jwks", "GET", "/.well-known/jwks.json", pause=0.01),
-    ]
 
 
 def assert_survived(result: dict, needs_dependency: list[str]) -> None:
