@@ -12,6 +12,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from playhouse.pool import PooledDatabase
+from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
 from conf import Settings
 from keys.secrets import SecretHasher, load_hmac_key
@@ -21,7 +22,7 @@ from models.db import DATABASE_ERRORS, discard, open_database, release
 from models.schema import bind_models
 from oauth.errors import dependency_unavailable
 from oauth.tokens import TokenService
-from ratelimit import build_rate_limiter
+from ratelimit import RateLimiterUnavailable, build_rate_limiter
 from ratelimit.failures import FailurePolicy, build_failure_throttle
 from ratelimit.policy import Limit
 
@@ -85,14 +86,17 @@ class Runtime:
     def unit_of_work(self, fn, /, *args, **kwargs):
         """`fn(*args, **kwargs)` on this thread's database connection, given back afterwards.
 
-        The one place database outages are mapped: a connection that failed (PostgreSQL gone or
-        restarted, SQLite locked past its busy timeout) is discarded and the request answers
-        503 `temporarily_unavailable` with Retry-After, never a 500."""
+        The one place dependency outages of blocking work are mapped: a database connection that
+        failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
+        the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
+        unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
         try:
             return fn(*args, **kwargs)
         except DATABASE_ERRORS as exc:
             discard(self.db)
             raise dependency_unavailable("database") from exc
+        except (RateLimiterUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
+            raise dependency_unavailable("Redis") from exc
         finally:
             release(self.db)
 

@@ -50,7 +50,7 @@ def test_postgresql_stopped_under_load_gives_503s_then_recovers_by_itself(tmp_pa
         token = client_token(port, seeded)
         result = run_outage(port, load_for(port, seeded, token), pg.stop, pg.start, outage_seconds=3.0, after=6.0)
         print(json.dumps(result))
-        assert_survived(result, ["organizations", "token"])
+        assert_survived(result, ["organizations", "token"])  # token: until the client cache (i11-keys) serves it
         assert result["readyz"]["during"]["status"] == 503
         assert result["readyz"]["during"]["checks"]["database"] == "failed"
         assert result["readyz"]["after"]["status"] == 200, result["readyz"]
@@ -86,6 +86,7 @@ def test_redis_stopped_under_load_gives_503s_then_recovers_by_itself(tmp_path):
         if proc is not None:
             stop_process(proc)
         redis.destroy()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
 class DatabaseLock:
@@ -131,3 +132,25 @@ async def test_healthz_and_jwks_stay_fast_while_a_token_request_waits_on_a_locke
         lock.release()
     status, _, body = await slow
     assert status == 200 and body["token_type"] == "Bearer", body
+
+
+def test_unit_of_work_maps_dependency_failures_to_503(runtime):
+    """The one mapping: a database error discards the connection and answers 503 + Retry-After; so
+    does Redis unreachable from blocking work (e.g. the failed-authentication counts)."""
+    import peewee
+    from oauth.errors import ApiError
+    from ratelimit import RateLimiterUnavailable
+
+    def database_gone():
+        runtime.db.execute_sql("SELECT 1")
+        raise peewee.OperationalError("server closed the connection unexpectedly")
+
+    def redis_gone():
+        raise RateLimiterUnavailable("Connection refused")
+
+    for fn in (database_gone, redis_gone):
+        with pytest.raises(ApiError) as caught:
+            runtime.unit_of_work(fn)
+        assert caught.value.status == 503 and caught.value.headers["Retry-After"]
+        assert caught.value.body()["error"] == "temporarily_unavailable"
+    assert runtime.unit_of_work(lambda: runtime.db.execute_sql("SELECT 1").fetchone()) == (1,)  # a fresh connection
