@@ -72,6 +72,7 @@ async def _run(settings: Settings, sockets, on_start) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings)
+    runtime.changes.start()  # keys and cached applications follow changes made anywhere
     app = make_app(runtime)
     server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT)
     server.add_sockets(sockets)

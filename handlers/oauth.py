@@ -4,7 +4,6 @@ from __future__ import annotations
 import html
 
 from handlers.base import BaseHandler
-from models.application import Application
 from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import authenticate_client
 from oauth.errors import ApiError, AuthorizeError
@@ -80,10 +79,10 @@ class IntrospectionHandler(VariantHandler):
             if claims is not None and claims["sub"] != platform_user.id:
                 claims = None
             if claims is not None:
-                app = Application.by_client_id(claims["client_id"])
+                app = self.runtime.applications.by_client_id(claims["client_id"])
                 record_platform_verification(app, platform_user)
         else:
-            app = authenticate_client(params, authorization, self.runtime.hasher)
+            app = authenticate_client(self.runtime, params, authorization)
             if claims is not None and claims["client_id"] != app.client_id:
                 claims = None
         self.write_json(introspection_response(claims))

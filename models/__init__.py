@@ -4,7 +4,7 @@ from models.audit import AuditEvent  # noqa: F401
 from models.clock import clock  # noqa: F401
 from models.db import database, open_database  # noqa: F401
 from models.directory import Organization, User  # noqa: F401
-from models.grants import AuthorizationCode, IssuedToken, Launch  # noqa: F401
+from models.grants import AuthorizationCode, Launch  # noqa: F401
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment  # noqa: F401
 from models.charts import ChartRequest  # noqa: F401
 from models.invitations import Invitation  # noqa: F401

@@ -23,7 +23,7 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     return unquote(client_id), unquote(secret)
 
 
-def authenticate_client(params: dict, authorization: str | None, hasher) -> Application:
+def authenticate_client(runtime, params: dict, authorization: str | None) -> Application:
     """The application whose credentials the request carries, or 401 `invalid_client`."""
     basic = _basic_credentials(authorization or "")
     body_id, body_secret = params.get("client_id"), params.get("client_secret")
@@ -39,7 +39,7 @@ def authenticate_client(params: dict, authorization: str | None, hasher) -> Appl
         raise invalid_client("Client credentials are missing: send client_id and client_secret.", basic=bool(basic))
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
-    app = Application.by_client_id(client_id)
-    if app is None or not app.has_secret(secret, hasher):
+    app = runtime.applications.by_client_id(client_id)
+    if app is None or not app.has_secret(secret, runtime.hasher):
         raise invalid_client("Unknown client or wrong client secret.", basic=bool(basic))
     return app

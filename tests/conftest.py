@@ -33,7 +33,12 @@ BACKENDS = [b for b in os.environ.get("SVC_TEST_DATABASES", "sqlite,postgresql")
 
 @pytest.fixture(scope="session")
 def session_keys_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("keys")
+    """A key file in the pre-database layout: every test's fresh database imports it (the one-time
+    migration) instead of generating an RSA key per test."""
+    from keys.signing import generate_key_file
+    directory = tmp_path_factory.mktemp("keys")
+    generate_key_file(directory)
+    return directory
 
 
 @pytest.fixture(scope="session")
