@@ -107,6 +107,7 @@ def runtime(settings):
 def app(runtime):
     """The Tornado application pytest-tornado serves on a free port (real HTTP)."""
     from server import make_app
+    runtime.changes.start()  # as `serve` does: changes made by CLI child processes reach this process
     return make_app(runtime)
 
 
