@@ -72,11 +72,12 @@ class BenchService:
         self.seed()
         return self.start_seeded()
 
-    def start_seeded(self) -> "BenchService":
-        """Start `serve` on data already seeded (`seed()` plus whatever the benchmark added)."""
-        self.log = open(self.tmp / "serve.log", "wb")
+    def start_seeded(self, python_args: list[str] | None = None) -> "BenchService":
+        """Start `serve` on data already seeded (`seed()` plus whatever the benchmark added);
+        `python_args` go before `-m cli.__main__` (e.g. `-m cProfile -o FILE`)."""
+        self.log = open(self.tmp / "serve.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.__main__", "serve", "--port", str(self.port),
+            [sys.executable, *(python_args or []), "-m", "cli.__main__", "serve", "--port", str(self.port),
              "--processes", str(self.processes)],
             env=self.env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
@@ -90,12 +91,17 @@ class BenchService:
                 time.sleep(0.05)
         raise TimeoutError("serve did not start")
 
-    def stop(self) -> None:
+    def stop_process(self) -> None:
+        """Stop `serve` (SIGTERM, drained), keeping the seeded data and the temp dir."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(30)
         if getattr(self, "log", None):
             self.log.close()
+            self.log = None
+
+    def stop(self) -> None:
+        self.stop_process()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def cpu_seconds(self) -> float:

@@ -130,3 +130,19 @@ def activate_fallback_secret(runtime, application_id: str, actor: str = "operato
      .where(Application.id == app.id).execute())
     AuditEvent.record(actor, "application.secret.fallback_activated", app.id)
     runtime.changes.announce(APPLICATIONS)
+
+
+def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str = "operator") -> list[str]:
+    """The networks (CIDRs) allowed to call the REST API as this application; empty: any network
+    SVC_REST_ALLOWED_NETWORKS allows."""
+    import ipaddress
+    if Application.get_or_none(Application.id == application_id) is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    try:
+        cidrs = [str(ipaddress.ip_network(n, strict=False)) for n in networks]
+    except ValueError as exc:
+        raise invalid(f"not a network: {exc}") from None
+    Application.update(rest_allowed_networks=cidrs).where(Application.id == application_id).execute()
+    AuditEvent.record(actor, "application.rest_allowed_networks_set", application_id, networks=cidrs)
+    runtime.changes.announce(APPLICATIONS)
+    return cidrs
