@@ -8,6 +8,13 @@ database table (expired rows are removed when new ones are added).
 from __future__ import annotations
 
 from models.denylist import DeniedToken
+from oauth.errors import ApiError
+
+
+def _unavailable() -> ApiError:
+    # Fail closed: without the deny-list a revoked token cannot be told apart from a live one.
+    return ApiError(503, "temporarily_unavailable", "The revocation list (Redis) cannot be reached; retry shortly.",
+                    {"Retry-After": "5"})
 
 
 class DatabaseDenyList:
@@ -38,15 +45,23 @@ class RedisDenyList:
         self.client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
 
     def deny(self, jtis, until: float) -> None:
+        from redis.exceptions import RedisError
         ttl = max(1, int(until - self.clock.time()) + 1)
         pipe = self.client.pipeline(transaction=False)
         for jti in jtis:
             if jti:
                 pipe.set(self.prefix + jti, b"1", ex=ttl)
-        pipe.execute()
+        try:
+            pipe.execute()
+        except (RedisError, OSError):
+            raise _unavailable() from None
 
     def is_denied(self, jti: str) -> bool:
-        return bool(self.client.exists(self.prefix + jti))
+        from redis.exceptions import RedisError
+        try:
+            return bool(self.client.exists(self.prefix + jti))
+        except (RedisError, OSError):
+            raise _unavailable() from None
 
     def close(self) -> None:
         self.client.close()

@@ -188,3 +188,13 @@ def test_change_feed_poll_refreshes_listeners_of_changed_topics(runtime):
         f'ON CONFLICT (topic) DO UPDATE SET version = "change_version".version + 1', ("applications",))
     assert runtime.changes.poll() == ["applications"] and heard == ["applications"]
     assert runtime.changes.poll() == []
+
+
+@pytest.mark.gen_test
+async def test_deny_list_unreachable_is_503_not_a_live_token(api, flow, runtime):
+    from conftest import free_port
+    tokens = await flow.tokens()
+    runtime.denylist = RedisDenyList(f"redis://127.0.0.1:{free_port()}/0", "nowhere", runtime.clock)
+    status, headers, body = await api.call("GET", "/v1/oauth/userinfo",
+                                           headers={"Authorization": f"Bearer {tokens['access_token']}"})
+    assert status == 503 and body["error"] == "temporarily_unavailable" and headers["Retry-After"]
