@@ -201,3 +201,18 @@ async def test_deny_list_unreachable_is_503_not_a_live_token(api, flow, runtime)
                                     headers={"Authorization": f"Bearer {tokens['access_token']}"})
     assert response.code == 503 and response.headers["Retry-After"]
     assert json.loads(response.body)["error"] == "temporarily_unavailable"
+
+
+def test_an_older_database_is_migrated(runtime):
+    """A database of the previous version: codes without `issued_jtis`, one `issued_token` row per
+    token. `migrate` adds the column and drops the table, once."""
+    from models.schema import SchemaVersion
+    db = runtime.db
+    db.execute_sql('ALTER TABLE "authorization_code" DROP COLUMN "issued_jtis"')
+    db.execute_sql('CREATE TABLE "issued_token" ("jti" VARCHAR(64) PRIMARY KEY)')
+    SchemaVersion.delete().execute()
+    done = runtime.migrate()
+    assert any("issued_jtis" in step for step in done) and any("issued_token" in step for step in done)
+    assert "issued_jtis" in {c.name for c in db.get_columns("authorization_code")}
+    assert "issued_token" not in db.get_tables()
+    assert not any(step.startswith("migration") for step in runtime.migrate())
