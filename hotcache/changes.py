@@ -15,8 +15,28 @@ import threading
 from collections import defaultdict
 
 import peewee
+from playhouse.pool import PooledDatabase
 
 from models.changes import ChangeVersion
+
+DATABASE_ERRORS = (peewee.OperationalError, peewee.InterfaceError)
+
+
+def release(db: peewee.Database) -> None:
+    """Give a pooled connection back between polls (a plain connection stays open)."""
+    if isinstance(db, PooledDatabase) and not db.is_closed():
+        db.close()
+
+
+def discard(db: peewee.Database) -> None:
+    """This thread's connection failed: drop it, so the next poll connects afresh."""
+    try:
+        if isinstance(db, PooledDatabase):
+            db.manual_close()
+        elif not db.is_closed():
+            db.close()
+    except DATABASE_ERRORS:
+        pass
 
 log = logging.getLogger("svc_auth.changes")
 
@@ -79,6 +99,8 @@ class ChangeFeed:
                 listener()
             except Exception as exc:
                 ok = False
+                if isinstance(exc, DATABASE_ERRORS):
+                    discard(self.db)
                 log.warning("refreshing %s after a change failed (retried at the next poll): %s", topic, exc)
         return ok
 
@@ -113,10 +135,13 @@ class ChangeFeed:
         while not self._stop.wait(self.poll_seconds):
             try:
                 self.poll()
-            except Exception as exc:  # database away: keep serving from memory, try again
+            except DATABASE_ERRORS as exc:  # database away: keep serving from memory, try again
+                discard(self.db)
                 log.debug("change poll failed: %s", exc)
-        if not self.db.is_closed():
-            self.db.close()  # this thread's connection
+            except Exception as exc:
+                log.warning("change poll failed: %s", exc)
+            finally:
+                release(self.db)  # the pooled connection goes back between polls
 
     def _listen_loop(self) -> None:
         import redis
@@ -139,7 +164,10 @@ class ChangeFeed:
                         continue
                     origin, topic, version = message["data"].decode().split(" ")
                     if origin != self._origin:
-                        self._heard(topic, int(version))
+                        try:
+                            self._heard(topic, int(version))
+                        finally:
+                            release(self.db)
             except Exception as exc:
                 log.debug("change listener: %s; reconnecting", exc)
                 self._stop.wait(0.5)

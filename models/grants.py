@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import peewee
 
 from models.application import Application, Installation
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 from models.directory import Organization, User
 
 
@@ -19,13 +18,12 @@ class Launch(BaseModel):
     application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
     user = peewee.ForeignKeyField(User, on_delete="CASCADE")
     organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
 
-    def consume(self) -> bool:
-        """Mark the launch used; True for exactly one caller (the database decides)."""
-        now = clock.now()
+    def consume(self, now: dt.datetime) -> bool:
+        """Mark the launch used at `now`; True for exactly one caller (the database decides)."""
         claimed = (Launch.update(used_at=now)
                    .where((Launch.id == self.id) & Launch.used_at.is_null() & (Launch.expires_at > now))
                    .execute())
@@ -42,7 +40,7 @@ class AuthorizationCode(BaseModel):
     launch = peewee.ForeignKeyField(Launch, null=True, on_delete="SET NULL")
     redirect_uri = peewee.CharField(max_length=1000)
     nonce = peewee.CharField(max_length=500, null=True)
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
     # The jtis of the access tokens the code's exchange issued (space-separated): a replay of the
@@ -80,9 +78,8 @@ class AuthorizationCode(BaseModel):
                           redirect_uri=redirect_uri, nonce=nonce, user=user, organization_id=organization_id,
                           installation=installation)
 
-    @property
-    def expired(self) -> bool:
-        return self.expires_at <= clock.now()
+    def expired(self, now: dt.datetime) -> bool:
+        return self.expires_at <= now
 
 
 @dataclass(frozen=True)
@@ -115,5 +112,5 @@ RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, user_id, organi
    AND i.organization_id = "authorization_code".organization_id)"""
 
 
-def expiry(seconds: int) -> dt.datetime:
-    return clock.now() + dt.timedelta(seconds=seconds)
+def expiry(now: dt.datetime, seconds: int) -> dt.datetime:
+    return now + dt.timedelta(seconds=seconds)

@@ -54,13 +54,15 @@ class AuthorizationRequest:
         if launch_id is None:
             raise fail("invalid_request", "The launch_id parameter is required.")
         launch = Launch.get_or_none((Launch.id == launch_id) & (Launch.application == app.id))
-        if launch is None or not launch.consume():
+        now = self.runtime.clock.now()
+        if launch is None or not launch.consume(now):
             raise fail("invalid_request", "The launch is unknown, expired, already used or issued for another client.")
         code = new_secret(32)
         AuthorizationCode.create(
             code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
-            nonce=_query_value(params, "nonce"), expires_at=expiry(self.runtime.settings.code_ttl))
+            nonce=_query_value(params, "nonce"), created_at=now,
+            expires_at=expiry(now, self.runtime.settings.code_ttl))
         return with_query(redirect_uri, code=code, state=state)
 
 
@@ -94,12 +96,13 @@ class AuthorizationCodeGrant:
 
     def tokens_for(self, app: Application, grant: Redemption, with_billing: bool, jti: str) -> dict:
         settings, tokens = self.runtime.settings, self.runtime.tokens
+        now = self.runtime.clock.now()
         user = grant.user
         access_token, _ = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
             client_id=app.client_id, org=grant.organization_id, scope="openid", jti=jti)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         claims["auth_time"] = claims["iat"]
-        claims.update(id_token_claims(app, user, grant.installation, with_billing, grant.nonce))
+        claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
         return {"access_token": access_token, "id_token": tokens.sign(claims), "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": "openid"}

@@ -1,6 +1,7 @@
 """Signing keys in the database: RFC 7638 kid, encrypted at rest, pre-publication, retention,
 one-time import of the old key files, shared by every process."""
 import json
+from types import SimpleNamespace
 
 import pytest
 from jose import jwt
@@ -59,7 +60,7 @@ def test_without_files_the_first_start_generates_one_key_for_every_process(runti
 def test_rotation_prepublishes_then_signs_and_retains_the_old_key(runtime):
     now = [1_000_000.0]
     ring = ring_of(runtime, clock=lambda: now[0])
-    tokens = TokenService(ring, "https://issuer/")
+    tokens = TokenService(ring, "https://issuer/", SimpleNamespace(time=lambda: now[0]))
     old_kid = ring.active.kid
     old_token, _ = tokens.access_token("usr_1", "platform", 10**9)
     new = ring.rotate()
