@@ -32,6 +32,10 @@ class ApplicationCache:
                 self._by_client_id[app.client_id] = app
                 self._by_id[app.id] = app
 
+    def cached(self, client_id) -> Application | None:
+        """The application if this process holds it now (never reads the database)."""
+        return self._by_client_id.get(client_id) if isinstance(client_id, str) else None
+
     def by_client_id(self, client_id) -> Application | None:
         """The application with this client_id (shared, read-only object), or None."""
         if not isinstance(client_id, str):

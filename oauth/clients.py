@@ -30,6 +30,19 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     return unquote(client_id), unquote(secret)
 
 
+def presented_credentials(params: dict, authorization: str | None) -> tuple[str, str] | None:
+    """(client_id, secret) as the request presents them, or None when they are missing or
+    malformed (`authenticate_client` then answers the right error)."""
+    try:
+        basic = _basic_credentials(authorization or "")
+    except OAuthError:
+        return None
+    client_id, secret = basic if basic else (params.get("client_id"), params.get("client_secret"))
+    if not isinstance(client_id, str) or not isinstance(secret, str):
+        return None
+    return client_id, secret
+
+
 def throttle_check(throttle: FailureThrottle | None, subject, address: str | None) -> None:
     """429 + Retry-After while `subject`/`address` is locked; 503 when the shared store is down."""
     if throttle is None:

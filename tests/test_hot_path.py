@@ -218,3 +218,22 @@ def test_an_older_database_is_migrated(runtime):
     assert "issued_jtis" in {c.name for c in db.get_columns("authorization_code")}
     assert "issued_token" not in db.get_tables()
     assert not any(step.startswith("migration") for step in runtime.migrate())
+
+
+def test_only_a_cached_client_with_its_right_secret_is_answered_without_the_pool(runtime, world):
+    from oauth.token_endpoint import answers_in_memory
+    from oauth.variants import VARIANTS
+    v1 = next(v for v in VARIANTS if v.prefix == "/v1")
+    app = world["app"]
+    good = {"grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world["secret"]}
+    basic = basic_auth(app.client_id, world["secret"])
+    runtime.applications.clear()
+    assert not answers_in_memory(runtime, v1, good, None)  # not cached yet: the pool reads it
+    runtime.applications.by_client_id(app.client_id)
+    assert answers_in_memory(runtime, v1, good, None)
+    assert answers_in_memory(runtime, v1, {"grant_type": "client_credentials"}, basic)
+    assert not answers_in_memory(runtime, v1, {**good, "client_secret": "wrong"}, None)  # failures are counted
+    assert not answers_in_memory(runtime, v1, {**good, "grant_type": "authorization_code"}, None)
+    assert not answers_in_memory(runtime, v1, good, basic)  # both methods: the error comes from the pool path
+    runtime.settings = runtime.settings.replace(redis_url=REDIS_URL)  # shared failure counts are I/O
+    assert not answers_in_memory(runtime, v1, good, None)
