@@ -5,6 +5,7 @@ import base64
 import http.client
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -44,7 +45,9 @@ class BenchService:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
         self.env.update({"SVC_ISSUER": self.url, "SVC_DATABASE_URL": self.database_url,
                          "SVC_VAR_DIR": str(self.tmp / "var"), "SVC_CODE_TTL": "3600",
-                         "SVC_LAUNCH_TTL": "3600", "SVC_LOG_LEVEL": "INFO"})
+                         "SVC_LAUNCH_TTL": "3600", "SVC_LOG_LEVEL": "INFO",
+                         # The secret every host shares (secret hashes, sealed signing keys).
+                         "SVC_HMAC_KEY": secrets.token_hex(32)})
         self.env.update(extra_env or {})
         self.proc = None
         self.log = None
