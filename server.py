@@ -62,7 +62,7 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         # Every forked process counts into files in one directory; /metrics sums them.
         metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROC_ENV)
                                      or Path(settings.var_dir) / "metrics" / f"serve-{port}")
-        fork_workers(processes)
+        fork_workers(processes, sockets)
     asyncio.run(_run(settings, sockets, on_start))
 
 

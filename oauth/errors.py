@@ -47,6 +47,14 @@ def invalid_token(description: str = "The access token is missing, invalid, expi
     return error
 
 
+def dependency_unavailable(dependency: str, retry_after: int = 2) -> OAuthError:
+    """503 + Retry-After: a dependency (the database) cannot be reached; the request did nothing
+    that needs undoing and can be retried. RFC 6749's `temporarily_unavailable`, in both shapes."""
+    return OAuthError("temporarily_unavailable",
+                      f"The {dependency} cannot be reached right now; retry in {retry_after} seconds.",
+                      status=503, headers={"Retry-After": str(retry_after)})
+
+
 class AuthorizeError(Exception):
     """An authorize-endpoint error. `redirect_uri` set: send it back to the client (RFC 6749
     4.1.2.1); unset: the client or redirect_uri is not trusted, so show it, never redirect."""
