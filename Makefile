@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install system-deps bench-deps bench clean
+.PHONY: demo test install sdk system-deps bench-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ $(STAMP): setup.py | $(BIN)/python
 tests/js/node_modules/.package-lock.json: tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --silent --no-audit --no-fund
 
+# The SDK package's build and type-check tools (esbuild, typescript), pinned by its package-lock.json.
+sdk/js/node_modules/.package-lock.json: sdk/js/package.json sdk/js/package-lock.json
+	cd sdk/js && npm ci --silent --no-audit --no-fund
+
+# Rebuild the SDK's committed dist/ (the service serves dist/svc-sdk.js) after changing sdk/js/src/.
+sdk: sdk/js/node_modules/.package-lock.json
+	cd sdk/js && npm run --silent build
+
 install: $(STAMP)
 
 # Debian packages the browser and proxy tests need (installed once; skipped when present).
@@ -29,7 +37,8 @@ system-deps:
 demo: install
 	$(BIN)/svc-auth serve --demo
 
-test: install system-deps tests/js/node_modules/.package-lock.json
+test: install system-deps tests/js/node_modules/.package-lock.json sdk/js/node_modules/.package-lock.json
+	cd sdk/js && npm test --silent
 	$(BIN)/python -m pytest
 
 # The load generator (wrk) and nginx (the load generator's own ceiling) for `make bench`; the

@@ -1,6 +1,8 @@
 /*!
- * svc-sdk.js: the client SDK for apps embedded in the svc-auth host hub. No build step: load it
- * with <script src="{service}/static/sdk/svc-sdk.js"></script> and call
+ * svc-sdk: the client SDK for apps embedded in the svc-auth host hub (npm package `@svc-auth/sdk`,
+ * sdk/js/; the service serves its browser build at /static/sdk/svc-sdk.js). Load it with
+ * <script src="{service}/static/sdk/svc-sdk.js"></script> (or `import { loadSdk } from "@svc-auth/sdk"`)
+ * and call
  *
  *   const instance = await window.svcSdk.initializeSvcSDK({ tokenEndpoint: "/api/token" });
  *   const { idToken } = await instance.sessionContext.getIdToken();
@@ -17,8 +19,11 @@
  * Messages are only sent to the platform origin and only accepted from window.parent at that
  * origin. The platform origin is `options.platformOrigin`, else the origin this script was served
  * from (the service serves the SDK and the hub), else the embedding page's origin.
+ *
+ * This file is the SDK's logic: `createSdk(window)` builds it; src/index.js (ESM/CommonJS) and
+ * src/browser.js (script tag: window.svcSdk) are the entry points that build.mjs bundles into dist/.
  */
-(function (global) {
+export function createSdk(global) {
   "use strict";
 
   var SDK_CHANNEL = "svc-sdk";
@@ -176,7 +181,5 @@
   }
 
   var sdk = { initializeSvcSDK: initializeSvcSDK, loadSdk: initializeSvcSDK, SvcSdkError: SvcSdkError };
-  global.svcSdk = sdk;
-  global.loadSdk = initializeSvcSDK;
-  if (typeof module === "object" && module.exports) module.exports = sdk;
-})(typeof window !== "undefined" ? window : this);
+  return sdk;
+}
