@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install sdk system-deps bench-deps bench clean
+.PHONY: demo test install sdk vendor-swagger-ui system-deps bench-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,16 @@ sdk/js/node_modules/.package-lock.json: sdk/js/package.json sdk/js/package-lock.
 # Rebuild the SDK's committed dist/ (the service serves dist/svc-sdk.js) after changing sdk/js/src/.
 sdk: sdk/js/node_modules/.package-lock.json
 	cd sdk/js && npm run --silent build
+
+# /v1/docs is Swagger UI from npm `swagger-ui-dist`, committed under static/docs/swagger-ui/ (with its
+# licence); this target re-vendors it (change the version here, run it, commit the files).
+SWAGGER_UI_VERSION := 5.35.0
+SWAGGER_UI_FILES := swagger-ui-bundle.js swagger-ui-bundle.js.LICENSE.txt swagger-ui.css LICENSE NOTICE \
+	favicon-32x32.png package.json
+vendor-swagger-ui:
+	tmp=$$(mktemp -d) && (cd $$tmp && npm pack --silent swagger-ui-dist@$(SWAGGER_UI_VERSION) >/dev/null && \
+	  tar xzf swagger-ui-dist-$(SWAGGER_UI_VERSION).tgz) && \
+	  (cd $$tmp/package && cp $(SWAGGER_UI_FILES) $(CURDIR)/static/docs/swagger-ui/) && rm -rf $$tmp
 
 install: $(STAMP)
 

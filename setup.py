@@ -49,6 +49,9 @@ setup(
             "moto[server]>=5",
             "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
             "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
+            # Generates a Python client from /v1/openapi.json in tests/test_generated_client.py; pinned
+            # because the generated code (and its known template quirks) changes between releases.
+            "openapi-python-client==0.29.1",
             "build>=1.2",  # builds the sdist and wheel in the packaging test (tests/test_packaging.py)
             # The build backend `build --no-isolation` uses there (offline); below 81, which dropped
             # pkg_resources that pytest-tornado imports.
