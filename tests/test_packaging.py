@@ -4,8 +4,8 @@ Builds the sdist and, from it, the wheel (`python -m build --no-isolation`: offl
 venv's setuptools), installs the wheel into a fresh venv (not editable; `--no-deps`, the
 dependencies come from this venv through a .pth line so nothing is downloaded), then runs the
 installed `svc-auth` from a directory outside the repository: the operator CLI sets up a clinic,
-a user and an app, and `svc-auth serve` answers discovery, the SDK, the hub page and one
-launch -> authorize -> token flow.
+a user and an app, and `svc-auth serve` answers discovery, the SDK, the API docs, the hub page and
+one launch -> authorize -> token flow.
 
 The sandbox steps go through `sandbox_token()` and `open_hub()` so a change to how the sandbox
 is entered (sign-in link, SVC_SANDBOX) is one place to adapt.
@@ -177,6 +177,12 @@ def test_installed_wheel_serves_discovery_sdk_hub_and_a_launch(installed):
     status, headers, body = fetch(f"{svc.url}/static/sdk/svc-sdk.js")
     assert status == 200 and "javascript" in headers["Content-Type"]
     assert body == (ROOT / "sdk/js/dist/svc-sdk.js").read_bytes()
+
+    # The API docs page and its vendored Swagger UI.
+    status, _, body = fetch(f"{svc.url}/v1/docs")
+    assert status == 200
+    for asset in re.findall(r'(?:src|href)="(/static/[^"]+)"', body.decode()):
+        assert fetch(svc.url + asset.replace("&amp;", "&"))[0] == 200, asset
 
     # The hub page and the assets it links (static_url of the installed static/).
     status, page = open_hub(svc, user["id"])
