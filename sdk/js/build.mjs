@@ -10,7 +10,9 @@ import * as esbuild from "esbuild";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const outdir = path.resolve(process.argv[2] || path.join(here, "dist"));
-const common = { bundle: true, target: "es2018", legalComments: "inline", charset: "utf8", logLevel: "warning" };
+// absWorkingDir: the "// src/core.js" markers in the output do not depend on where the build is run from.
+const common = { bundle: true, target: "es2018", legalComments: "inline", charset: "utf8", logLevel: "warning",
+  absWorkingDir: here };
 
 await mkdir(outdir, { recursive: true });
 await esbuild.build({ ...common, entryPoints: [path.join(here, "src/browser.js")], format: "iife",
