@@ -4,8 +4,8 @@ Builds the sdist and, from it, the wheel (`python -m build --no-isolation`: offl
 venv's setuptools), installs the wheel into a fresh venv (not editable; `--no-deps`, the
 dependencies come from this venv through a .pth line so nothing is downloaded), then runs the
 installed `svc-auth` from a directory outside the repository: the operator CLI sets up a clinic,
-a user and an app, and `svc-auth serve` answers discovery, the SDK, the API docs, the hub page and
-one launch -> authorize -> token flow.
+a user and an app, and `svc-auth serve --demo` answers discovery, the SDK, the API docs, the hub
+page, the example partner app's page and one launch -> authorize -> token flow.
 
 The sandbox steps go through `sandbox_token()` and `open_hub()` so a change to how the sandbox
 is entered (sign-in link, SVC_SANDBOX) is one place to adapt.
@@ -86,11 +86,13 @@ def test_sdist_and_wheel_carry_everything_served(dist):
 class Installed:
     """The installed `svc-auth` of `venv`, run from `cwd` (outside the repository) with `env`."""
 
-    def __init__(self, venv: Path, cwd: Path, port: int):
+    def __init__(self, venv: Path, cwd: Path, port: int, demo_app_port: int):
         self.bin = venv / "bin"
         self.cwd = cwd
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
+        self.demo_app_port = demo_app_port
+        self.demo_app_url = f"http://127.0.0.1:{demo_app_port}"
         self.env = {"PATH": f"{self.bin}:/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8",
                     "SVC_ISSUER": self.url, "SVC_DATABASE_URL": f"sqlite:///{cwd / 'svc.db'}",
                     "SVC_VAR_DIR": str(cwd / "var"), "SVC_KEYS_DIR": str(cwd / "keys"), "SVC_HMAC_KEY": "p" * 32,
@@ -142,14 +144,17 @@ def open_hub(svc: Installed, user_id: str) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def installed(venv, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("outside-the-repo")
-    svc = Installed(venv, cwd, free_port())
+    svc = Installed(venv, cwd, free_port(), free_port())
     located = subprocess.run([str(venv / "bin" / "python"), "-c", "import server, cli; print(server.__file__)"],
                              cwd=cwd, env=svc.env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(located).is_relative_to(venv), f"server imported from {located}, not the installed wheel"
-    proc = subprocess.Popen([str(svc.bin / "svc-auth"), "serve", "--port", str(svc.port)], cwd=cwd, env=svc.env,
+    # --demo: the example partner app (examples/partner_app's templates and assets) runs too.
+    proc = subprocess.Popen([str(svc.bin / "svc-auth"), "serve", "--port", str(svc.port), "--demo",
+                             "--demo-app-port", str(svc.demo_app_port)], cwd=cwd, env=svc.env,
                             stdout=open(cwd / "serve.log", "wb"), stderr=subprocess.STDOUT)
     try:
         wait_for_port(svc.port, timeout=60, proc=proc)
+        wait_for_port(svc.demo_app_port, timeout=60, proc=proc)
         yield svc
     finally:
         stop_process(proc)
@@ -191,6 +196,12 @@ def test_installed_wheel_serves_discovery_sdk_hub_and_a_launch(installed):
     assert assets
     for asset in assets:
         assert fetch(svc.url + asset.replace("&amp;", "&"))[0] == 200, asset
+
+    # The demo's example partner app: its page and assets, from the installed package.
+    status, _, body = fetch(f"{svc.demo_app_url}/app")
+    assert status == 200 and 'id="id-token-claims"' in body.decode()
+    for asset in re.findall(r'(?:src|href)="(/static/[^"]+)"', body.decode()):
+        assert fetch(svc.demo_app_url + asset.replace("&amp;", "&"))[0] == 200, asset
 
     # One flow: sandbox launch -> authorize -> code -> token.
     token = sandbox_token(svc, user["id"])
