@@ -16,7 +16,7 @@ import tornado.netutil
 import tornado.web
 
 from conf import Settings
-from conf.runtime import Runtime
+from runtime import Runtime
 from handlers import oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
 from handlers.static import STATIC_DIR, StaticAssets

@@ -18,45 +18,48 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*", "ops*"])
+                                    "examples*", "ops*", "runtime*"])
     + find_namespace_packages(include=["static", "static.*", "sdk.js.dist"]),
     py_modules=["server"],
     package_data=DATA_PACKAGES,
     include_package_data=True,
+    # Exact versions: the code relies on their public APIs as they are in these releases (peewee 4's
+    # Database.bind / execute_sql / selected_columns, Tornado's async handlers, Dramatiq 2's Actor).
+    # Upgrade deliberately, with the test suite.
     install_requires=[
-        "tornado>=6.4",
-        "peewee>=3.17",
-        "python-jose[cryptography]>=3.3",
-        "cryptography>=42",
-        "psycopg2-binary>=2.9",
-        "dramatiq[redis]>=1.16",
-        "redis>=5",
-        "pyzipper>=0.3.6",
-        "boto3>=1.34",
-        "fpdf2>=2.7",
-        "prometheus-client>=0.20",
+        "tornado==6.6.1",
+        "peewee==4.5.3",
+        "python-jose[cryptography]==3.5.0",
+        "cryptography==50.0.2",
+        "psycopg2-binary==2.9.13",
+        "dramatiq[redis]==2.2.1",
+        "redis==8.1.0",
+        "pyzipper==0.4.0",
+        "boto3==1.44.5",
+        "fpdf2==2.8.9",
+        "prometheus-client==0.26.0",
     ],
     extras_require={
         "test": [
-            "pytest>=8",
-            "pytest-tornado>=0.8",
-            "PyJWT[crypto]>=2.8",
-            "jwcrypto>=1.5",
-            "jsonschema>=4.21",
-            "openapi-spec-validator>=0.7",
-            "schemathesis>=4",
-            "pypdf>=4",
-            "moto[server]>=5",
-            "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
-            "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
-            # Generates a Python client from /v1/openapi.json in tests/test_generated_client.py; pinned
-            # because the generated code (and its known template quirks) changes between releases.
+            "pytest==9.2.0",
+            "pytest-tornado==0.8.1",
+            "PyJWT[crypto]==2.15.1",
+            "jwcrypto==1.6.1",
+            "jsonschema==4.26.0",
+            "openapi-spec-validator==0.9.0",
+            "schemathesis==4.32.5",
+            "pypdf==7.1.0",
+            "moto[server]==5.2.5",
+            "oic==1.7.0",  # pyoidc, an OpenID-certified relying party: interop test
+            "playwright==1.65.2",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
+            # Generates a Python client from /v1/openapi.json in tests/test_generated_client.py (the
+            # generated code, and its template quirks, change between releases).
             "openapi-python-client==0.29.1",
-            "build>=1.2",  # builds the sdist and wheel in the packaging test (tests/test_packaging.py)
+            "build==1.6.1",  # builds the sdist and wheel in the packaging test (tests/test_packaging.py)
             # The build backend `build --no-isolation` uses there (offline); below 81, which dropped
             # pkg_resources that pytest-tornado imports.
-            "setuptools>=69,<81",
-            "wheel>=0.43",
+            "setuptools==80.10.2",
+            "wheel==0.48.0",
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},
