@@ -18,7 +18,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*", "ops*", "runtime*"])
+                                    "examples*", "ops*", "runtime*", "hotcache*"])
     + find_namespace_packages(include=["static", "static.*", "sdk.js.dist"]),
     py_modules=["server"],
     package_data=DATA_PACKAGES,

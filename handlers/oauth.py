@@ -4,13 +4,12 @@ from __future__ import annotations
 import html
 
 from handlers.base import BaseHandler
-from models.application import Application
 from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import authenticate_client
 from oauth.errors import ApiError, AuthorizeError
 from oauth.redirects import with_query
 from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
-from oauth.token_endpoint import token_response
+from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
 from lifecycle.sandbox import sandbox_user
 from lifecycle.verification import record_platform_verification
@@ -49,8 +48,13 @@ class TokenHandler(VariantHandler):
     async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
-        response = await self.run(token_response, self.runtime, self.variant, self.body_params(),
-                                  self.request.headers.get("Authorization"), self.client_address())
+        params, authorization = self.body_params(), self.request.headers.get("Authorization")
+        if answers_in_memory(self.runtime, self.variant, params, authorization):
+            # No I/O at all (cached client, in-process failure counts): sign inline.
+            response = token_response(self.runtime, self.variant, params, authorization, self.client_address())
+        else:
+            response = await self.run(token_response, self.runtime, self.variant, params, authorization,
+                                      self.client_address())
         self.write_json(response)
 
 
@@ -87,10 +91,10 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
         if claims is not None and claims["sub"] != platform_user.id:
             claims = None
         if claims is not None:
-            app = Application.by_client_id(claims["client_id"])
+            app = runtime.applications.by_client_id(claims["client_id"])
             record_platform_verification(runtime, app, platform_user)
     else:
-        app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
+        app = authenticate_client(runtime, params, authorization, address)
         if claims is not None and claims["client_id"] != app.client_id:
             claims = None
     return introspection_response(claims)

@@ -7,7 +7,7 @@ from oauth.discovery import openid_configuration
 
 class JWKSHandler(BaseHandler):
     async def get(self):  # from the keyring in memory: no I/O
-        self.set_header("Cache-Control", "public, max-age=300")
+        self.set_header("Cache-Control", f"public, max-age={self.svc_settings.jwks_max_age}")
         self.write_json(self.runtime.keyring.jwks())
 
 

@@ -78,8 +78,12 @@ def test_sdist_and_wheel_carry_everything_served(dist):
     assert "sdk/js/dist/svc-sdk.js" in expected and "handlers/templates/hub.html" in expected
     assert not [f for f in expected if f not in wheel_names], "missing from the wheel"
     assert not [f for f in expected if f not in sdist_names], "missing from the sdist"
-    # The top-level layout of the checkout: server.py and the packages beside it.
-    assert {"server.py", "cli/__init__.py", "handlers/static.py", "partner_api/openapi.py"} <= wheel_names
+    # The top-level layout of the checkout: server.py and the packages beside it, every one of them
+    # (a package missing from setup.py's list would only fail at import time on a real install).
+    assert {"server.py", "handlers/static.py", "partner_api/openapi.py"} <= wheel_names
+    packages = {p.parent.relative_to(ROOT) for p in ROOT.glob("*/**/__init__.py")
+                if p.relative_to(ROOT).parts[0] not in ("tests", "bench", ".venv", "build")}
+    assert not [str(p) for p in sorted(packages) if f"{p}/__init__.py" not in wheel_names], "packages missing"
     assert "deploy/env.example" in sdist_names  # docs/operations.md installs it from the sdist/checkout
 
 
