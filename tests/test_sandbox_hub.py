@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from conftest import ROOT
 from lifecycle.registry import create_organization, install_application, register_application
 from models.application import Installation
 from oauth.tokens import SANDBOX_AUDIENCE
@@ -104,5 +105,14 @@ async def test_the_sdk_and_hub_assets_are_served(api, runtime):
     status, headers, body = await api.call("GET", "/static/sdk/svc-sdk.js")
     assert status == 200 and "javascript" in headers["Content-Type"]
     assert "initializeSvcSDK" in body and "loadSdk" in body
+    # The served file is the SDK package's committed browser build (sdk/js/dist/), byte for byte.
+    assert body.encode() == (ROOT / "sdk" / "js" / "dist" / "svc-sdk.js").read_bytes()
+    status, headers, body = await api.call("GET", "/static/sdk/svc-sdk.mjs")
+    assert status == 200 and "export {" in body
     status, _, _ = await api.call("GET", "/static/hub/hub.js")
     assert status == 200
+    # Nothing outside the two directories: not the package's sources, not the repository.
+    for path in ("/static/sdk/..%2Fpackage.json", "/static/sdk/..%2F..%2F..%2Fsetup.py", "/static/..%2Fsetup.py",
+                 "/static/sdk/nope.js"):
+        status, _, _ = await api.call("GET", path)
+        assert status in (403, 404), path
