@@ -25,8 +25,22 @@ MODELS: list[type[peewee.Model]] = [
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
 ]
 
-# (version, description, function(migrator)) — append only.
-MIGRATIONS: list[tuple[int, str, object]] = []
+def _add_missing_columns(table: str, *columns: tuple[str, peewee.Field]):
+    """A migration step adding columns (skipped where the table was just created with them)."""
+    from playhouse.migrate import migrate as run
+
+    def step(migrator):
+        present = {c.name for c in migrator.database.get_columns(table)}
+        run(*[migrator.add_column(table, name, field) for name, field in columns if name not in present])
+    return step
+
+
+# (version, description, function(migrator)) — append only. Issue 12 numbers its steps 12xx.
+MIGRATIONS: list[tuple[int, str, object]] = [
+    (1201, "application.redirect_uri_match and redirect_uris: exact redirect_uri matching per app",
+     _add_missing_columns("application", ("redirect_uri_match", peewee.CharField(max_length=16, default="prefix")),
+                          ("redirect_uris", peewee.TextField(default="[]")))),
+]
 
 
 class SchemaVersion(BaseModel):

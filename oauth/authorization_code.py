@@ -8,13 +8,20 @@ from models.ids import new_secret
 from oauth.claims import id_token_claims
 from oauth.errors import AuthorizeError, invalid_grant
 from oauth.params import text_param
-from oauth.redirects import redirect_uri_allowed, with_query
+from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
 from oauth.tokens import PLATFORM_AUDIENCE
 
 
 def _query_value(params: dict, name: str) -> str | None:
     value = params.get(name)
     return value if isinstance(value, str) and value else None
+
+
+def _normalised_or_none(uri: str) -> str | None:
+    try:
+        return normalise_redirect_uri(uri)
+    except RedirectUriError:
+        return None
 
 
 class AuthorizationRequest:
@@ -34,8 +41,13 @@ class AuthorizationRequest:
         redirect_uri = _query_value(params, "redirect_uri")
         if redirect_uri is None:
             raise AuthorizeError("invalid_request", "The redirect_uri parameter is required.")
-        if not redirect_uri_allowed(redirect_uri, app.redirect_uri):
-            raise AuthorizeError("invalid_request", "redirect_uri does not match the application manifest.")
+        try:
+            # From here on only the normalised URI is used: it is what was checked.
+            redirect_uri = match_redirect_uri(redirect_uri, app.redirect_uri, app.redirect_uri_match,
+                                              app.redirect_uris or ())
+        except RedirectUriError as exc:
+            raise AuthorizeError("invalid_request", f"redirect_uri does not match the application's "
+                                                    f"registration: {exc}.") from None
         return app, redirect_uri
 
     def issue_code(self, params: dict) -> str:
@@ -86,7 +98,7 @@ class AuthorizationCodeGrant:
             raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
         if grant.expired:
             raise invalid_grant("The authorization code has expired.")
-        if redirect_uri is not None and redirect_uri != grant.redirect_uri:
+        if redirect_uri is not None and _normalised_or_none(redirect_uri) != grant.redirect_uri:
             raise invalid_grant("redirect_uri does not match the one the code was issued for.")
         return self.tokens_for(app, grant, with_billing)
 
