@@ -53,6 +53,17 @@ def set_redirect_policy(application_id: str, mode: str, redirect_uris=(), actor:
     return app
 
 
+def set_require_pkce(application_id: str, required: bool, actor: str = "operator") -> Application:
+    """Make PKCE (S256) mandatory, or optional again, for one app's authorization requests."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app.require_pkce = bool(required)
+    app.save()
+    AuditEvent.record(actor, "application.require_pkce_set", app.id, required=app.require_pkce)
+    return app
+
+
 def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None) -> Organization:
     name = (name or "").strip()
     if not name or len(name) > 200:
@@ -89,7 +100,7 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
                          billing_plan: str = "paid", user_fields=("email",), allowed_origins=(),
                          application_id: str | None = None, client_id: str | None = None,
                          client_secret: str | None = None, redirect_uri_match: str = "prefix",
-                         redirect_uris=()) -> tuple[Application, str]:
+                         redirect_uris=(), require_pkce: bool = False) -> tuple[Application, str]:
     """Register an app; returns it and its client secret (shown once, stored only hashed)."""
     name = (name or "").strip()
     if not name:
@@ -110,7 +121,7 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
     fields = dict(name=name, redirect_uri=redirect_uri, launch_url=launch_url, token_endpoint=token_endpoint,
                   billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(allowed_origins),
                   client_secret_hash=runtime.hasher.digest(secret), redirect_uri_match=redirect_uri_match,
-                  redirect_uris=exact_uris)
+                  redirect_uris=exact_uris, require_pkce=bool(require_pkce))
     if application_id:
         fields["id"] = application_id
     if client_id:

@@ -33,6 +33,7 @@ class Application(BaseModel):
     # "exact": one of `redirect_uris` (OIDC Core 3.1.2.1), compared after normalisation.
     redirect_uri_match = peewee.CharField(max_length=16, default="prefix")
     redirect_uris = JSONText(default=list)
+    require_pkce = peewee.BooleanField(default=False)  # authorize refuses requests without S256 PKCE
     created_at = peewee.DateTimeField(default=lambda: clock.now())
 
     @classmethod

@@ -42,6 +42,7 @@ class AuthorizationCode(BaseModel):
     launch = peewee.ForeignKeyField(Launch, null=True, on_delete="SET NULL")
     redirect_uri = peewee.CharField(max_length=1000)
     nonce = peewee.CharField(max_length=500, null=True)
+    code_challenge = peewee.CharField(max_length=64, null=True)  # PKCE S256 (oauth/pkce.py)
     created_at = peewee.DateTimeField(default=lambda: clock.now())
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)

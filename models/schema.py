@@ -40,6 +40,10 @@ MIGRATIONS: list[tuple[int, str, object]] = [
     (1201, "application.redirect_uri_match and redirect_uris: exact redirect_uri matching per app",
      _add_missing_columns("application", ("redirect_uri_match", peewee.CharField(max_length=16, default="prefix")),
                           ("redirect_uris", peewee.TextField(default="[]")))),
+    (1202, "PKCE: application.require_pkce",
+     _add_missing_columns("application", ("require_pkce", peewee.BooleanField(default=False)))),
+    (1203, "PKCE: authorization_code.code_challenge",
+     _add_missing_columns("authorization_code", ("code_challenge", peewee.CharField(max_length=64, null=True)))),
 ]
 
 

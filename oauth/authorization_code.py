@@ -8,6 +8,7 @@ from models.ids import new_secret
 from oauth.claims import id_token_claims
 from oauth.errors import AuthorizeError, invalid_grant
 from oauth.params import text_param
+from oauth.pkce import PkceError, challenge_of, verify
 from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
 from oauth.tokens import PLATFORM_AUDIENCE
 
@@ -63,6 +64,10 @@ class AuthorizationRequest:
             raise fail("invalid_request", "The response_type parameter is required.")
         if response_type != "code":
             raise fail("unsupported_response_type", "Only response_type=code is supported.")
+        try:
+            challenge = challenge_of(params, required=app.require_pkce)
+        except PkceError as exc:
+            raise fail("invalid_request", str(exc)) from None
         launch_id = _query_value(params, "launch_id") or _query_value(params, "login_hint")
         if launch_id is None:
             raise fail("invalid_request", "The launch_id parameter is required.")
@@ -73,7 +78,7 @@ class AuthorizationRequest:
         AuthorizationCode.create(
             code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
-            nonce=_query_value(params, "nonce"), expires_at=expiry(self.runtime.settings.code_ttl))
+            nonce=_query_value(params, "nonce"), code_challenge=challenge, expires_at=expiry(self.runtime.settings.code_ttl))
         return with_query(redirect_uri, code=code, state=state)
 
 
@@ -100,6 +105,10 @@ class AuthorizationCodeGrant:
             raise invalid_grant("The authorization code has expired.")
         if redirect_uri is not None and _normalised_or_none(redirect_uri) != grant.redirect_uri:
             raise invalid_grant("redirect_uri does not match the one the code was issued for.")
+        try:
+            verify(grant.code_challenge, params.get("code_verifier"))
+        except PkceError as exc:
+            raise invalid_grant(str(exc)) from None
         return self.tokens_for(app, grant, with_billing)
 
     def tokens_for(self, app: Application, grant: AuthorizationCode, with_billing: bool) -> dict:

@@ -1,6 +1,7 @@
 """OpenID Provider metadata (OpenID Connect Discovery 1.0)."""
 from __future__ import annotations
 
+from oauth.pkce import SUPPORTED_METHODS
 from oauth.variants import V1
 
 
@@ -24,6 +25,7 @@ def openid_configuration(settings, variant=V1) -> dict:
         "claims_supported": ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "email", "given_name",
                              "family_name", "application_billing_plan", "is_free_trial",
                              "days_until_end_of_trial"],
+        "code_challenge_methods_supported": list(SUPPORTED_METHODS),
         "claims_parameter_supported": False,
         "request_parameter_supported": False,
     }
