@@ -9,7 +9,9 @@ from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import authenticate_client
 from oauth.errors import ApiError, AuthorizeError
 from oauth.redirects import with_query
-from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
+from oauth.resource import active_client_token, active_user_token, bearer_value, introspection_response, userinfo
+from oauth.params import text_param
+from oauth.revocation import revoke_token
 from oauth.token_endpoint import token_response
 from oauth.variants import VARIANTS
 from lifecycle.sandbox import sandbox_user
@@ -22,9 +24,10 @@ class VariantHandler(BaseHandler):
 
 
 class AuthorizeHandler(VariantHandler):
-    def get(self):
+    async def get(self):
+        params = self.query_params()
         try:
-            location = AuthorizationRequest(self.runtime).issue_code(self.query_params())
+            location = await self.run(AuthorizationRequest(self.runtime).issue_code, params)
         except AuthorizeError as err:
             if err.redirect_uri:
                 location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
@@ -55,9 +58,9 @@ class TokenHandler(VariantHandler):
 
 
 class UserInfoHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         self.set_header("Cache-Control", "no-store")
-        self.write_json(userinfo(self.runtime, bearer_value(self.request.headers.get("Authorization"))))
+        self.write_json(await self.run(userinfo, self.runtime, bearer_value(self.request.headers.get("Authorization"))))
 
     post = get
 
@@ -91,7 +94,26 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
         app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
         if claims is not None and claims["client_id"] != app.client_id:
             claims = None
+        if claims is None:
+            claims = active_client_token(runtime, token, app)  # the client's own client-credentials token
     return introspection_response(claims)
+
+
+class RevocationHandler(VariantHandler):
+    """RFC 7009: an authenticated client revokes one of its own tokens; 200 whatever the token was."""
+
+    async def post(self):
+        self.set_header("Cache-Control", "no-store")
+        params = self.body_params()
+        await self.run(revoke, self.runtime, params, self.request.headers.get("Authorization"), self.client_address())
+        self.set_status(200)
+        self.finish()
+
+
+def revoke(runtime, params: dict, authorization: str | None, address: str) -> None:
+    app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
+    token = text_param(params, "token", max_length=8000)
+    revoke_token(runtime, app, token)
 
 
 def routes(runtime) -> list:
@@ -103,5 +125,6 @@ def routes(runtime) -> list:
             (rf"{p}/oauth/token", TokenHandler, {"variant": variant}),
             (rf"{p}/oauth/userinfo", UserInfoHandler, {"variant": variant}),
             (rf"{p}/oauth/introspect", IntrospectionHandler, {"variant": variant}),
+            (rf"{p}/oauth/revoke", RevocationHandler, {"variant": variant}),
         ]
     return table

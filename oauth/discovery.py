@@ -13,6 +13,8 @@ def openid_configuration(settings, variant=V1) -> dict:
         "token_endpoint": f"{base}/oauth/token",
         "userinfo_endpoint": f"{base}/oauth/userinfo",
         "introspection_endpoint": f"{base}/oauth/introspect",
+        "revocation_endpoint": f"{base}/oauth/revoke",
+        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "jwks_uri": f"{settings.issuer}/.well-known/jwks.json",
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],

@@ -275,6 +275,15 @@ def _oauth_paths(prefix: str) -> dict:
                     "token": {"type": "string"}}, "required": ["token"]}}}},
             "responses": {"200": _json(_ref("Introspection"), "introspection result"),
                           **token_errors}}},
+        f"{prefix}/oauth/revoke": {"post": {
+            "summary": "Token revocation (RFC 7009): a client revokes its own access token", "tags": ["oauth"],
+            "security": [{}, {"clientBasic": []}],
+            "requestBody": {"required": True, "content": {
+                "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
+                    "token": {"type": "string"}, "token_type_hint": {"type": "string"}}, "required": ["token"]}}}},
+            "responses": {"200": {"description": "revoked, or the token was invalid or not the caller's "
+                                                 "(RFC 7009 2.2: the same answer)"},
+                          **token_errors}}},
     }
 
 
