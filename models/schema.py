@@ -17,12 +17,14 @@ from models.db import BaseModel, database
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, IssuedToken, Launch
 from models.invitations import Invitation
+from models.sandbox import SandboxSession, SandboxSigninLink
 from models.schedule import ScheduledRun
 
 MODELS: list[type[peewee.Model]] = [
     Organization, User, Application, Installation, Authorization,
     Launch, AuthorizationCode, IssuedToken, AuditEvent,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
+    SandboxSigninLink, SandboxSession,
 ]
 
 def _add_missing_columns(table: str, *columns: tuple[str, peewee.Field]):

@@ -300,10 +300,12 @@ def _document(public_url: str) -> dict:
                       "404": _error("unknown client"), "413": _error("request body too large"),
                       "415": _error("unsupported Content-Type")}}}
     paths["/invitations/{token}"] = {"get": {
-        "summary": "Invitation link: single use, expiring; activates the user and opens their sandbox hub",
+        "summary": "Invitation link: single use, expiring; activates the user and signs them in to their "
+                   "sandbox hub (with SVC_SANDBOX=on)",
         "tags": ["partner"],
         "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"}}],
-        "responses": {"302": {"description": "to /sandbox/hub?user=<user id>"},
+        "responses": {"302": {"description": "to /sandbox/hub, with a sandbox session cookie"},
+                      "200": _json({"type": "object"}, "accepted (the sandbox is off: no hub to open)"),
                       "404": _error("`invitation_not_found`"),
                       "410": _error("`invitation_used` or `invitation_expired`")}}}
     paths["/v1/openapi.json"] = {"get": {"summary": "This document", "tags": ["meta"],

@@ -30,7 +30,8 @@ def settings(backend, tmp_path, request, http_port):
     Keys are per test: one test rotates them."""
     from conftest import database_url
     return Settings.build(issuer=f"http://127.0.0.1:{http_port}", database_url=database_url(backend, tmp_path, request),
-                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32)
+                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32,
+                          sandbox=True)
 
 
 class Partner:
