@@ -9,7 +9,7 @@ from oauth.resource import bearer_value
 
 
 class SandboxLaunchesHandler(BaseHandler):
-    def prepare(self):
+    async def prepare(self):
         super().prepare()
         require_sandbox_on(self.svc_settings)  # 404 while the sandbox is off
 

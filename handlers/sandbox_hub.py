@@ -23,9 +23,9 @@ import tornado.escape
 import tornado.template
 
 from handlers.base import BaseHandler
-from lifecycle.hub import frame_origins, hub_entries, origin_of
-from lifecycle.sandbox import (SESSION_COOKIE, end_session, issue_sandbox_token, open_session_from_link,
-                               require_sandbox_on, sandbox_user, session_of, signed_in_at)
+from lifecycle.hub import frame_origins, hub_entries_for_token, hub_view, origin_of
+from lifecycle.sandbox import (SESSION_COOKIE, end_session, open_session_from_link, require_sandbox_on,
+                               session_of, signed_in_at)
 from oauth.clients import throttle_check, throttle_failure
 from oauth.errors import ApiError
 from oauth.resource import bearer_value
@@ -47,7 +47,7 @@ PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 's
 class SandboxHandler(BaseHandler):
     """Every sandbox route: 404 while the sandbox is off."""
 
-    def prepare(self):
+    async def prepare(self):
         super().prepare()
         require_sandbox_on(self.svc_settings)
 
@@ -82,7 +82,7 @@ class SandboxPageHandler(SandboxHandler):
 class SignInPageHandler(SandboxPageHandler):
     """Where a browser without a session lands: how to get a sign-in link."""
 
-    def get(self):
+    async def get(self):  # a template, no I/O
         self.render_page("signin.html", PAGE_CSP, error=None)
 
 
@@ -117,20 +117,14 @@ class SignOutHandler(SandboxPageHandler):
         self.redirect(SIGNIN_PATH)
 
 
-def _hub_view(runtime, user, session):
-    """What the hub and settings pages show (blocking: runs on the runtime's pool)."""
-    entries = hub_entries(user)
-    token = issue_sandbox_token(runtime, user, auth_time=signed_in_at(session))
-    return entries, token, user.organization
-
-
 class HubHandler(SandboxPageHandler):
     async def get(self):
         found = await self.signed_in()
         if found is None:
             return
         user, session = found
-        entries, token, organization = await self.run(_hub_view, self.runtime, user, session)
+        view = await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
+        user, entries, token, organization = view.user, view.entries, view.sandbox_token, view.organization
         own = origin_of(self.svc_settings.public_url)
         frames = " ".join(dict.fromkeys(["'self'", own, *frame_origins(entries)]))
         csp = (f"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -151,7 +145,8 @@ class SettingsHandler(SandboxPageHandler):
         if found is None:
             return
         user, session = found
-        apps, token, organization = await self.run(_hub_view, self.runtime, user, session)
+        view = await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
+        user, apps, token, organization = view.user, view.entries, view.sandbox_token, view.organization
         ttl = self.svc_settings.sandbox_token_ttl
         expires = (self.runtime.clock.now() + dt.timedelta(seconds=ttl)).replace(microsecond=0).isoformat() + "Z"
         self.render_page("settings.html", PAGE_CSP, user=user, organization=organization, token=token,
@@ -164,7 +159,7 @@ class HubAppsHandler(SandboxHandler):
 
     async def get(self):
         token = bearer_value(self.request.headers.get("Authorization"))
-        entries = await self.run(lambda: hub_entries(sandbox_user(self.runtime, token)))
+        entries = await self.run(hub_entries_for_token, self.runtime, token)
         self.set_header("Cache-Control", "no-store")
         self.write_json({"apps": [e.as_dict() for e in entries]})
 

@@ -116,7 +116,7 @@ def open_session(runtime, user: User) -> str:
     now = runtime.clock.now()
     SandboxSession.create(session_hash=runtime.hasher.digest(session_id), user=user.id, signed_in_at=now,
                           expires_at=now + dt.timedelta(seconds=runtime.settings.sandbox_session_ttl))
-    touch_session(user, runtime)
+    touch_session(runtime, user)
     return session_id
 
 
@@ -142,7 +142,7 @@ def end_session(runtime, session_id: str | None) -> None:
     user, session = found
     SandboxSession.update(ended_at=runtime.clock.now()).where(
         SandboxSession.session_hash == session.session_hash).execute()
-    end_connector_session(user)
+    end_connector_session(runtime, user)
 
 
 def signed_in_at(session: SandboxSession) -> float:

@@ -29,7 +29,7 @@ def active_user_token(runtime, token: str | None) -> dict | None:
         claims = runtime.tokens.verify(token, PLATFORM_AUDIENCE)
     except InvalidToken:
         return None
-    if not IssuedToken.is_active(claims.get("jti", "")):
+    if not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
         return None
     return claims
 
@@ -42,7 +42,7 @@ def active_client_token(runtime, token: str | None, app: Application) -> dict | 
         claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
     except InvalidToken:
         return None
-    if claims.get("sub") != app.id or not IssuedToken.is_active(claims.get("jti", "")):
+    if claims.get("sub") != app.id or not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
         return None
     return claims
 

@@ -10,8 +10,9 @@ from partner_api.invitations import accept, invite
 class InvitationsHandler(PartnerApiHandler):
     operations = {"POST": "invitations"}
 
-    def post(self):
-        self.write_json(invite(self.runtime, self.partner_app, self.json_body()), status=201)
+    async def post(self):
+        body = self.json_body()
+        self.write_json(await self.run(invite, self.runtime, self.partner_app, body), status=201)
 
 
 class InvitationLinkHandler(BaseHandler):
