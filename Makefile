@@ -46,6 +46,7 @@ bench-deps:
 	  (redis-cli ping >/dev/null 2>&1 || redis-server --daemonize yes >/dev/null); fi
 
 bench: install bench-deps
+	$(BIN)/pip install -q 'py-spy>=0.3'  # the profile of the remote_db section
 	$(BIN)/python -m bench
 
 clean:

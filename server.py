@@ -72,6 +72,10 @@ async def _run(settings: Settings, sockets, on_start) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings)
+    # Signing keys in memory before the first request (JWKS and signing never wait on the
+    # database), then kept current, with the cached applications, as changes are announced.
+    await runtime.run(runtime.keyring.load)
+    runtime.changes.start()
     app = make_app(runtime)
     server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT)
     server.add_sockets(sockets)

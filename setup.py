@@ -7,7 +7,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*", "ops*", "runtime*"]),
+                                    "examples*", "ops*", "runtime*", "hotcache*"]),
     py_modules=["server"],
     include_package_data=True,
     # Exact versions: the code relies on their public APIs as they are in these releases (peewee 4's

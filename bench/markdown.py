@@ -59,9 +59,49 @@ def render_chart(c: dict) -> list[str]:
     return rows + [""]
 
 
+def render_remote_db(d: dict) -> list[str]:
+    if d.get("skipped"):
+        return [f"**PostgreSQL one round trip away**: skipped ({d['skipped']}).", ""]
+    r, proxy, ceiling = d["ratios"], d["delay_proxy"], d["signing_ceiling"]
+    ok = lambda value, target: "meets" if value >= target else f"**misses** by {target - value:.2f}"
+    rows = [f"**PostgreSQL one round trip away** (one `serve` process, wrk at {d['connections']} connections; the "
+            f"delay proxy `bench/delayproxy.py` adds {proxy['added_ms']} ms to a `SELECT 1` round trip "
+            f"({proxy['direct_ms']} ms direct, {proxy['proxied_ms']} ms through it); {_when(d)}):", "",
+            "| run | client_credentials/s | p99 | code exchanges/s | p99 | serve CPU s | PostgreSQL backends CPU s |",
+            "|---|---|---|---|---|---|---|"]
+    for label, key in (("loopback", "loopback"), (f"+{proxy['added_ms']} ms", "remote")):
+        cc, ex = d[key]["client_credentials"], d[key]["authorization_code"]
+        rows.append(f"| {label} | {cc['rps']:.0f} | {cc['p99_ms']:.1f} ms | {ex['rps']:.0f} | {ex['p99_ms']:.1f} ms | "
+                    f"{cc['serve_cpu_seconds']} + {ex['serve_cpu_seconds']} | "
+                    f"{cc['postgres_cpu_seconds']} + {ex['postgres_cpu_seconds']} |")
+    cc = d["loopback"]["client_credentials"]
+    rows += ["", "| ratio (one run) | measured | target | |", "|---|---|---|---|",
+             f"| client_credentials, remote ÷ loopback | {r['client_credentials_remote_vs_loopback']:.2f} | ≥ 0.8 | "
+             f"{ok(r['client_credentials_remote_vs_loopback'], 0.8)} |",
+             f"| code exchanges, remote ÷ loopback | {r['authorization_code_remote_vs_loopback']:.2f} | ≥ 0.8 | "
+             f"{ok(r['authorization_code_remote_vs_loopback'], 0.8)} |",
+             f"| client_credentials tokens per CPU-second of serve + PostgreSQL backends ({cc['per_cpu_second']:.0f}) "
+             f"÷ one-core RS256 ceiling ({ceiling['per_cpu_second']:.0f} signatures per CPU-second) | "
+             f"{r['client_credentials_per_cpu_second_vs_ceiling']:.2f} | ≥ 0.5 | "
+             f"{ok(r['client_credentials_per_cpu_second_vs_ceiling'], 0.5)} |", ""]
+    p = d.get("profile") or {}
+    if p.get("skipped"):
+        rows += [f"Profile: skipped ({p['skipped']}).", ""]
+    elif p:
+        rows += [f"Where a `client_credentials` token's CPU goes ({p['tool']}, {p['samples']} samples at "
+                 f"{p['profiled_rps']:.0f} tokens/s):", "", "| part (inclusive) | share of samples |", "|---|---|"]
+        rows += [f"| {label} | {share:.0%} |" for label, share in p["inclusive_share"].items()]
+        rows += ["", "| frame (own time) | share |", "|---|---|"]
+        rows += [f"| `{f['frame']}` | {f['share']:.0%} |" for f in p["top_own"]]
+        rows.append("")
+    return rows
+
+
 def render(report: dict) -> str:
     m = report["machine"]
     tail = []
+    if report.get("remote_db"):
+        tail += render_remote_db(report["remote_db"])
     if report.get("appointments"):
         tail += render_appointments(report["appointments"])
     if report.get("nightly_snapshot"):

@@ -58,5 +58,5 @@ def _generate_fallback(runtime, args):
 
 
 def _activate_fallback(runtime, args):
-    activate_fallback_secret(args.app)
+    activate_fallback_secret(runtime, args.app)
     emit({"application_id": args.app, "activated": True}, args.json)

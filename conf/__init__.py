@@ -129,6 +129,9 @@ class Settings:
     client_token_ttl: int = 300
     id_token_ttl: int = 3600
     sandbox_token_ttl: int = 1800
+    # A rotated signing key is in the JWKS this long before it signs; the JWKS's Cache-Control
+    # max-age is never longer (see keys/signing.py). 0: a new key signs at once.
+    key_prepublish_seconds: int = 300
     presigned_url_ttl: int = 900
     invitation_ttl: int = 7 * 24 * 3600
     # Networks allowed to call the REST API (empty: any); proxies whose X-Forwarded-* we trust.
@@ -207,6 +210,13 @@ class Settings:
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
+        try:
+            merged["key_prepublish_seconds"] = int(merged["key_prepublish_seconds"])
+            if merged["key_prepublish_seconds"] < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError("SVC_KEY_PREPUBLISH_SECONDS must be 0 or more seconds, "
+                              f"got {merged['key_prepublish_seconds']!r}") from None
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
@@ -232,6 +242,12 @@ class Settings:
         values.pop("extra")
         values.update(changes)
         return Settings.build(**values)
+
+    @property
+    def jwks_max_age(self) -> int:
+        """How long relying parties may cache the JWKS: at most the key pre-publication time, so a
+        new key is in every cached copy before it signs."""
+        return min(300, self.key_prepublish_seconds)
 
     @property
     def issuer_claim(self) -> str:

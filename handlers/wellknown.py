@@ -16,7 +16,7 @@ class PublicMetadataHandler(BaseHandler):
 
 class JWKSHandler(PublicMetadataHandler):
     async def get(self):  # from the keyring in memory: no I/O
-        self.set_header("Cache-Control", "public, max-age=300")
+        self.set_header("Cache-Control", f"public, max-age={self.svc_settings.jwks_max_age}")
         self.write_json(self.runtime.keyring.jwks())
 
 

@@ -1,10 +1,15 @@
-"""Registering clinics, users, applications and installations (CLI and invitations use these)."""
+"""Registering clinics, users, applications and installations (CLI and invitations use these).
+
+Every change to an application ends with `runtime.changes.announce(APPLICATIONS)`: each process
+keeps applications in memory (hotcache) and drops them when it hears of a change.
+"""
 from __future__ import annotations
 
 import re
 
 import peewee
 
+from hotcache.applications import TOPIC as APPLICATIONS
 from models.application import BILLING_PLANS, USER_FIELDS, Application, Installation
 from models.audit import AuditEvent
 from models.directory import Organization, User
@@ -41,7 +46,7 @@ def _redirect_policy(redirect_uri: str, mode: str, redirect_uris) -> list[str]:
     return uris if mode == "exact" else []
 
 
-def set_redirect_policy(application_id: str, mode: str, redirect_uris=(), actor: str = "operator") -> Application:
+def set_redirect_policy(runtime, application_id: str, mode: str, redirect_uris=(), actor: str = "operator") -> Application:
     """Switch an app between prefix and exact redirect_uri matching (CLI and console use this)."""
     app = Application.get_or_none(Application.id == application_id)
     if app is None:
@@ -50,10 +55,11 @@ def set_redirect_policy(application_id: str, mode: str, redirect_uris=(), actor:
     app.redirect_uri_match = mode
     app.save()
     AuditEvent.record(actor, "application.redirect_policy_set", app.id, mode=mode, redirect_uris=app.redirect_uris)
+    runtime.changes.announce(APPLICATIONS)
     return app
 
 
-def set_require_pkce(application_id: str, required: bool, actor: str = "operator") -> Application:
+def set_require_pkce(runtime, application_id: str, required: bool, actor: str = "operator") -> Application:
     """Make PKCE (S256) mandatory, or optional again, for one app's authorization requests."""
     app = Application.get_or_none(Application.id == application_id)
     if app is None:
@@ -61,6 +67,7 @@ def set_require_pkce(application_id: str, required: bool, actor: str = "operator
     app.require_pkce = bool(required)
     app.save()
     AuditEvent.record(actor, "application.require_pkce_set", app.id, required=app.require_pkce)
+    runtime.changes.announce(APPLICATIONS)
     return app
 
 
@@ -128,6 +135,7 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
         fields["client_id"] = client_id
     app = Application.create(**fields)
     AuditEvent.record("operator", "application.created", app.id, client_id=app.client_id)
+    runtime.changes.announce(APPLICATIONS)
     return app, secret
 
 
@@ -150,10 +158,11 @@ def generate_fallback_secret(runtime, application_id: str, actor: str = "operato
     secret = new_secret()
     Application.update(fallback_secret_hash=runtime.hasher.digest(secret)).where(Application.id == app.id).execute()
     AuditEvent.record(actor, "application.secret.fallback_generated", app.id)
+    runtime.changes.announce(APPLICATIONS)
     return secret
 
 
-def activate_fallback_secret(application_id: str, actor: str = "operator") -> None:
+def activate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> None:
     """Rotation step 3: the pending fallback becomes the only valid secret; the old one stops working."""
     app = Application.get_or_none(Application.id == application_id)
     if app is None:
@@ -163,3 +172,20 @@ def activate_fallback_secret(application_id: str, actor: str = "operator") -> No
     (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None)
      .where(Application.id == app.id).execute())
     AuditEvent.record(actor, "application.secret.fallback_activated", app.id)
+    runtime.changes.announce(APPLICATIONS)
+
+
+def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str = "operator") -> list[str]:
+    """The networks (CIDRs) allowed to call the REST API as this application; empty: any network
+    SVC_REST_ALLOWED_NETWORKS allows."""
+    import ipaddress
+    if Application.get_or_none(Application.id == application_id) is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    try:
+        cidrs = [str(ipaddress.ip_network(n, strict=False)) for n in networks]
+    except ValueError as exc:
+        raise invalid(f"not a network: {exc}") from None
+    Application.update(rest_allowed_networks=cidrs).where(Application.id == application_id).execute()
+    AuditEvent.record(actor, "application.rest_allowed_networks_set", application_id, networks=cidrs)
+    runtime.changes.announce(APPLICATIONS)
+    return cidrs

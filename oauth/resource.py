@@ -1,9 +1,7 @@
 """What a bearer of a user access token may read: userinfo, and introspection (RFC 7662)."""
 from __future__ import annotations
 
-from models.application import Application
 from models.directory import User
-from models.grants import IssuedToken
 from oauth.claims import userinfo_claims
 from oauth.errors import invalid_token, missing_token
 from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
@@ -29,12 +27,12 @@ def active_user_token(runtime, token: str | None) -> dict | None:
         claims = runtime.tokens.verify(token, PLATFORM_AUDIENCE)
     except InvalidToken:
         return None
-    if not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
+    if not isinstance(claims.get("jti"), str) or runtime.denylist.is_denied(claims["jti"]):
         return None
     return claims
 
 
-def active_client_token(runtime, token: str | None, app: Application) -> dict | None:
+def active_client_token(runtime, token: str | None, app) -> dict | None:
     """Claims of a live client-credentials token issued to `app`, else None."""
     if not token:
         return None
@@ -42,7 +40,8 @@ def active_client_token(runtime, token: str | None, app: Application) -> dict | 
         claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
     except InvalidToken:
         return None
-    if claims.get("sub") != app.id or not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
+    if claims.get("sub") != app.id or not isinstance(claims.get("jti"), str) \
+            or runtime.denylist.is_denied(claims["jti"]):
         return None
     return claims
 
@@ -54,7 +53,7 @@ def userinfo(runtime, token: str | None) -> dict:
     if claims is None:
         raise invalid_token()
     user = User.with_organization(claims["sub"])
-    app = Application.by_client_id(claims.get("client_id"))
+    app = runtime.applications.by_client_id(claims.get("client_id"))
     if user is None or app is None:
         raise invalid_token()
     return userinfo_claims(app, user, user.organization, runtime.settings.claims_namespace)

@@ -1,21 +1,20 @@
-"""Token revocation (RFC 7009) and the one place a token is marked revoked.
+"""Token revocation (RFC 7009): a client revokes its own access tokens.
 
-`revoke_jti` is the single write path (swap it for a jti deny-list without touching callers);
-`IssuedToken.is_active` is what userinfo, introspection and the partner API check."""
+`revoke_jti` is the one place this module revokes: it puts the jti on the deny-list
+(`oauth.denylist`, `runtime.denylist`) until the token would have expired anyway; userinfo,
+introspection and the partner API refuse a denied jti."""
 from __future__ import annotations
 
 from models.application import Application
-from models.grants import IssuedToken
 from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
 
 
-def revoke_jti(jti: str, now) -> bool:
-    """Mark the token `jti` revoked; True when it was active until now."""
-    return (IssuedToken.update(revoked_at=now)
-            .where((IssuedToken.jti == jti) & IssuedToken.revoked_at.is_null()).execute()) == 1
+def revoke_jti(runtime, jti: str, expires_at: float) -> None:
+    """Revoke the token `jti` (valid until `expires_at`, epoch seconds)."""
+    runtime.denylist.deny([jti], until=expires_at)
 
 
-def token_owner_claims(runtime, token: str) -> tuple[str, dict] | None:
+def token_owner_claims(runtime, token: str) -> tuple[str | None, dict] | None:
     """(client_id the token was issued to, its claims) for a signed, unexpired access token of ours."""
     for audience in (PLATFORM_AUDIENCE, PARTNER_API_AUDIENCE):
         try:
@@ -24,7 +23,7 @@ def token_owner_claims(runtime, token: str) -> tuple[str, dict] | None:
             continue
         if audience == PLATFORM_AUDIENCE:
             return claims.get("client_id"), claims
-        app = Application.by_id(claims.get("sub"))  # a client-credentials token names its app
+        app = runtime.applications.by_id(claims.get("sub"))  # a client-credentials token names its app
         return (app.client_id if app else None), claims
     return None
 
@@ -38,4 +37,4 @@ def revoke_token(runtime, app: Application, token: str) -> None:
     client_id, claims = found
     if client_id != app.client_id or not isinstance(claims.get("jti"), str):
         return
-    revoke_jti(claims["jti"], runtime.clock.now())
+    revoke_jti(runtime, claims["jti"], float(claims.get("exp") or runtime.clock.time()))

@@ -12,11 +12,15 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from conf import Settings
+from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
+from hotcache.changes import ChangeFeed
+from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key
-from keys.signing import KeyRing
+from keys.signing import TOPIC as SIGNING_KEYS, KeyRing
 from models.clock import Clock
 from models.db import open_database
 from models.schema import bind_models
+from oauth.denylist import build_denylist
 from oauth.tokens import TokenService
 from ratelimit import build_rate_limiter
 from ratelimit.failures import FailurePolicy, build_failure_throttle
@@ -32,11 +36,20 @@ class Runtime:
         self.clock = clock or Clock()
         self.db = open_database(settings.database_url)
         bind_models(self.db)  # Peewee's Database.bind: the models now query this database
-        self.hasher = SecretHasher(load_hmac_key(settings.hmac_key, settings.keys_dir))
+        secret = load_hmac_key(settings.hmac_key, settings.keys_dir)
+        self.hasher = SecretHasher(secret)
         retain = max(settings.id_token_ttl, settings.access_token_ttl, settings.client_token_ttl,
                      settings.sandbox_token_ttl)
-        self.keyring = KeyRing(settings.keys_dir, retain_seconds=retain, clock=self.clock.time)
+        self.keyring = KeyRing(self.db, KeyCipher(secret), retain_seconds=retain,
+                               prepublish_seconds=settings.key_prepublish_seconds, clock=self.clock.time,
+                               legacy_dir=settings.keys_dir)
         self.tokens = TokenService(self.keyring, settings.issuer_claim, self.clock)
+        # Hot-path state in memory (applications, keys), refreshed on change; see hotcache/.
+        self.changes = ChangeFeed(self.db, settings.redis_url, settings.redis_namespace)
+        self.applications = ApplicationCache()
+        self.changes.subscribe(APPLICATIONS, self.applications.clear)
+        self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
+        self.denylist = build_denylist(settings, self.clock)
         # Partner REST API limits: Redis when configured (connects on first use), else in-memory.
         self.rate_limiter = build_rate_limiter(settings, self.clock)
         # Failed client authentication (token, introspect, revoke) per client_id and address.
@@ -85,6 +98,8 @@ class Runtime:
         return migrate(self.db)
 
     def close(self) -> None:
+        self.changes.stop()
+        self.denylist.close()
         self.executor.shutdown(wait=True)
         if self._task_queue is not None:
             self._task_queue.close()

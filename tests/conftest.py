@@ -32,7 +32,12 @@ BACKENDS = [b for b in os.environ.get("SVC_TEST_DATABASES", "sqlite,postgresql")
 
 @pytest.fixture(scope="session")
 def session_keys_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("keys")
+    """A key file in the pre-database layout: every test's fresh database imports it (the one-time
+    migration) instead of generating an RSA key per test."""
+    from keys.signing import generate_key_file
+    directory = tmp_path_factory.mktemp("keys")
+    generate_key_file(directory)
+    return directory
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +108,7 @@ def clock(runtime):
 def app(runtime):
     """The Tornado application pytest-tornado serves on a free port (real HTTP)."""
     from server import make_app
+    runtime.changes.start()  # as `serve` does: changes made by CLI child processes reach this process
     return make_app(runtime)
 
 

@@ -214,7 +214,7 @@ async def test_rotation_retries_once_with_the_fallback_secret(api, partner, worl
     code, _ = await code_via_launch(api, p, world["physician"])
     status, _, body = await app_token(api, rotated, code)
     assert status == 200 and rotated.state.platform.token_calls == 1  # current secret still valid
-    activate_fallback_secret(p.app.id)  # step 3: the old secret stops working
+    activate_fallback_secret(runtime, p.app.id)  # step 3: the old secret stops working
     code, _ = await code_via_launch(api, p, world["physician"])
     status, _, body = await app_token(api, rotated, code)
     assert status == 200, body
@@ -233,7 +233,8 @@ async def test_jwks_is_fetched_once_and_refreshed_for_an_unknown_kid(api, partne
         assert (await app_token(api, p, code))[0] == 200
     assert p.state.jwks.fetch_count == 1
     before = runtime.keyring.active.kid
-    assert runtime.keyring.rotate().kid != before  # the service signs with a new kid from now on
+    assert runtime.keyring.rotate().kid != before
+    runtime.clock.advance(runtime.settings.key_prepublish_seconds)  # the service signs with the new kid now
     code, _ = await code_via_launch(api, p, world["physician"])
     status, _, body = await app_token(api, p, code)
     assert status == 200, body
