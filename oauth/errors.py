@@ -55,6 +55,11 @@ def dependency_unavailable(dependency: str, retry_after: int = 2) -> OAuthError:
                       status=503, headers={"Retry-After": str(retry_after)})
 
 
+def missing_token(message: str = "A Bearer access token is required.") -> ApiError:
+    """401 when no token was sent: RFC 6750 3.1 says the challenge then carries no error code."""
+    return ApiError(401, "invalid_token", message, {"WWW-Authenticate": 'Bearer realm="svc-auth"'})
+
+
 class AuthorizeError(Exception):
     """An authorize-endpoint error. `redirect_uri` set: send it back to the client (RFC 6749
     4.1.2.1); unset: the client or redirect_uri is not trusted, so show it, never redirect."""

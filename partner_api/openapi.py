@@ -296,6 +296,15 @@ def _oauth_paths(prefix: str) -> dict:
                     "token": {"type": "string"}}, "required": ["token"]}}}},
             "responses": {"200": _json(_ref("Introspection"), "introspection result"),
                           **token_errors}}},
+        f"{prefix}/oauth/revoke": {"post": {
+            "summary": "Token revocation (RFC 7009): a client revokes its own access token", "tags": ["oauth"],
+            "security": [{}, {"clientBasic": []}],
+            "requestBody": {"required": True, "content": {
+                "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
+                    "token": {"type": "string"}, "token_type_hint": {"type": "string"}}, "required": ["token"]}}}},
+            "responses": {"200": {"description": "revoked, or the token was invalid or not the caller's "
+                                                 "(RFC 7009 2.2: the same answer)"},
+                          **token_errors}}},
     }
 
 
@@ -313,10 +322,12 @@ def _document(public_url: str) -> dict:
                       "404": _error("unknown client"), "413": _error("request body too large"),
                       "415": _error("unsupported Content-Type")}}}
     paths["/invitations/{token}"] = {"get": {
-        "summary": "Invitation link: single use, expiring; activates the user and opens their sandbox hub",
+        "summary": "Invitation link: single use, expiring; activates the user and signs them in to their "
+                   "sandbox hub (with SVC_SANDBOX=on)",
         "operationId": "invitation_accept", "tags": ["partner"],
         "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"}}],
-        "responses": {"302": {"description": "to /sandbox/hub?user=<user id>"},
+        "responses": {"302": {"description": "to /sandbox/hub, with a sandbox session cookie"},
+                      "200": _json({"type": "object"}, "accepted (the sandbox is off: no hub to open)"),
                       "404": _error("`invitation_not_found`"),
                       "410": _error("`invitation_used` or `invitation_expired`")}}}
     paths["/v1/openapi.json"] = {"get": {"summary": "This document", "operationId": "openapi_document",

@@ -61,6 +61,9 @@ class Runtime:
         # Failed client authentication (token, introspect, revoke) per client_id and address.
         self.client_auth_throttle = build_failure_throttle(
             settings, "client_auth", self.failure_policy(), self.clock.time)
+        # Failed sandbox sign-in links, per address.
+        self.sandbox_signin_throttle = build_failure_throttle(
+            settings, "sandbox_signin", self.failure_policy(), self.clock.time)
         self._object_store = None
         self._task_queue = None
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
