@@ -13,7 +13,7 @@ import peewee
 
 from lifecycle.registry import (create_organization, create_user, delete_application, install_application,
                                 register_application, update_organization)
-from lifecycle.sandbox import issue_sandbox_token
+from lifecycle.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from oauth.cors import normalize_origin
 from models.directory import Organization, User
@@ -54,7 +54,7 @@ def reset_demo(runtime) -> None:
     with runtime.db.atomic():
         app = Application.get_or_none(Application.id == runtime.settings.demo_application_id)
         if app is not None:
-            delete_application(app.id, actor="demo-reset")
+            delete_application(runtime, app.id, actor="demo-reset")
         org = Organization.get_or_none(Organization.id == DEMO_ORG_ID)
         if org is not None:
             # recursive: users, installations and what hangs off them go with the clinic
@@ -94,7 +94,7 @@ def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> 
         app = Application.get_or_none(Application.id == app_id)
         if app is not None and (_app_base_url(app) != app_base_url or app.allowed_origins != [normalize_origin(settings.public_url)]):
             # The demo moved (other ports): register it again where it now runs.
-            delete_application(app_id, actor="demo")
+            delete_application(runtime, app_id, actor="demo")
             app = None
         if app is None:
             register_application(
@@ -110,7 +110,9 @@ def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> 
         "application_id": app_id,
         "client_id": DEMO_CLIENT_ID,
         "client_secret": secret,
-        "hub_url": f"{settings.public_url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}",
+        # A one-time sign-in link into the physician's hub (the hub itself needs a sandbox session).
+        "hub_url": (create_signin_link(runtime, DEMO_PHYSICIAN_ID) if settings.sandbox
+                    else f"{settings.public_url}/sandbox/hub"),
         "sandbox_token": issue_sandbox_token(runtime, physician),
     }
 
@@ -124,6 +126,13 @@ def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
                          client_id=info["client_id"], client_secret=info["client_secret"],
                          application_id=info["application_id"], public_url=demo_app_url(port),
                          authorized_users=frozenset({DEMO_PHYSICIAN_ID}))
+
+
+def demo_signin_links(runtime, info: dict) -> dict:
+    """More one-time sign-in links for the demo banner (the hub link is `info["hub_url"]`)."""
+    return {"physician_app": create_signin_link(runtime, DEMO_PHYSICIAN_ID, info["application_id"]),
+            "staff_hub": create_signin_link(runtime, DEMO_OTHER_ID),
+            "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings")}
 
 
 def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
@@ -140,13 +149,15 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
     except OSError as exc:
         raise bind_error(exc, app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
     info = seed_demo(runtime, demo_app_url(app_port))
-    public = runtime.settings.public_url
     server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
     server.add_sockets(sockets)
-    log.info("demo data ready; open the hub at %s", info["hub_url"])
-    print(f"\nsvc-auth demo\n  service (discovery): {runtime.settings.issuer}/.well-known/openid-configuration\n"
+    log.info("demo data ready; sign in to the hub with the one-time links printed below")
+    links = demo_signin_links(runtime, info)
+    print(f"\nsvc-auth demo (one-time sign-in links; `svc-auth sandbox signin-link --user ID` makes more)\n"
+          f"  service (discovery): {runtime.settings.issuer}/.well-known/openid-configuration\n"
           f"  hub (physician): {info['hub_url']}\n"
-          f"  hub (staff, refused by the app): {public}/sandbox/hub?user={DEMO_OTHER_ID}\n"
-          f"  settings (sandbox token): {public}/sandbox/settings?user={DEMO_PHYSICIAN_ID}\n"
+          f"  example app opened at once (physician): {links['physician_app']}\n"
+          f"  hub (staff, refused by the app): {links['staff_hub']}\n"
+          f"  settings (sandbox token): {links['physician_settings']}\n"
           f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n", flush=True)

@@ -6,6 +6,7 @@ openid-client (npm) and Authlib (tests/test_oidc_clients.py).
 """
 from __future__ import annotations
 
+from oauth.pkce import SUPPORTED_METHODS
 from oauth.scopes import PARTNER_API_SCOPE, SUPPORTED_SCOPES
 from oauth.variants import V1
 
@@ -27,6 +28,8 @@ def openid_configuration(settings, variant=V1) -> dict:
         "token_endpoint": f"{base}/oauth/token",
         "userinfo_endpoint": f"{base}/oauth/userinfo",
         "introspection_endpoint": f"{base}/oauth/introspect",
+        "revocation_endpoint": f"{base}/oauth/revoke",
+        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "jwks_uri": f"{settings.issuer}/.well-known/jwks.json",
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],
@@ -35,8 +38,10 @@ def openid_configuration(settings, variant=V1) -> dict:
         "id_token_signing_alg_values_supported": ["RS256"],
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
-        "scopes_supported": list(SUPPORTED_SCOPES) + ([PARTNER_API_SCOPE] if "client_credentials" in variant.grant_types else []),
+        "scopes_supported": list(SUPPORTED_SCOPES) + ([PARTNER_API_SCOPE] if "client_credentials" in variant.grant_types
+                                                     else []),
         "claims_supported": claims_supported(settings),
+        "code_challenge_methods_supported": list(SUPPORTED_METHODS),
         "claims_parameter_supported": False,
         # No request objects (OIDC Core 6): `request` and `request_uri` are refused with
         # request_not_supported / request_uri_not_supported. request_uri's default is true, so say so.
