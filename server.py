@@ -55,14 +55,15 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
     """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
     from runtime.startup import open_runtime
     from ops.startup import bind_error
-    # Once, before forking: also creates the keys every process shares. A dependency that is
-    # down, or a port in use, stops here with one line (StartupError), before any fork.
-    first = open_runtime(settings, check_redis=True)
-    first.close()
+    # A port in use, or a dependency that is down, stops here with one line (StartupError),
+    # before any fork and before anything else is logged. The port first: it is the cheapest check.
     try:
         sockets = tornado.netutil.bind_sockets(port, address=address)
     except OSError as exc:
         raise bind_error(exc, port, address) from None
+    # Once, before forking: also creates the keys every process shares.
+    first = open_runtime(settings, check_redis=True)
+    first.close()
     processes = processes or os.cpu_count() or 1
     if processes > 1:
         # Every forked process counts into files in one directory; /metrics sums them.

@@ -26,7 +26,13 @@ def run(settings, args) -> int:
         if not 0 < args.demo_app_port < 65536 or args.demo_app_port == args.port:
             raise UsageError("--demo-app-port must be between 1 and 65535 and differ from --port")
         settings = demo_settings(settings, args.port)
-        on_start = functools.partial(start_demo, app_port=args.demo_app_port)
+        import tornado.netutil
+        from ops.startup import bind_error
+        try:  # before anything starts: a taken APP_PORT is one line, like a taken --port
+            demo_sockets = tornado.netutil.bind_sockets(args.demo_app_port, address="127.0.0.1")
+        except OSError as exc:
+            raise bind_error(exc, args.demo_app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
+        on_start = functools.partial(start_demo, app_port=args.demo_app_port, sockets=demo_sockets)
         settings = settings.replace(sandbox=True)  # the demo is the sandbox EHR
     serve(settings, args.port, args.processes, args.address, on_start=on_start)
     return 0

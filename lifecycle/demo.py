@@ -135,8 +135,10 @@ def demo_signin_links(runtime, info: dict) -> dict:
             "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings")}
 
 
-def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
-    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look."""
+def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT, sockets=None) -> None:
+    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look.
+    `sockets`: already bound to `app_port` (the CLI binds them first, so a taken port stops the
+    start with one line); bound here when not given."""
     import tornado.httpserver
     import tornado.process
     from examples.partner_app.web import make_partner_app
@@ -145,7 +147,7 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
     import tornado.netutil
     from ops.startup import bind_error
     try:
-        sockets = tornado.netutil.bind_sockets(app_port, address="127.0.0.1")
+        sockets = sockets or tornado.netutil.bind_sockets(app_port, address="127.0.0.1")
     except OSError as exc:
         raise bind_error(exc, app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
     info = seed_demo(runtime, demo_app_url(app_port))
