@@ -15,7 +15,7 @@ from jose import jwk, jwt
 
 from conftest import REDIS_URL, ROOT, basic_auth, free_port, settings_env, start_process, stop_process
 
-PREPUBLISH = 3
+PREPUBLISH = 4  # long enough to observe "published, not signing yet" on a busy machine
 
 
 def http(port: int, path: str, body: bytes | None = None, headers=None) -> tuple[int, dict]:
