@@ -3,7 +3,8 @@
 Sections: `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
 `remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
 `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
-reason when unreachable) and `chart` (chart ZIP). A run of some sections keeps the other sections of
+reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
+`/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load). A run of some sections keeps the other sections of
 the previous `latest.json`, each with the time and load it was measured at.
 """
 from __future__ import annotations
@@ -124,7 +125,7 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("tokens", "remote_db", "appointments", "snapshot", "chart")
+SECTIONS = ("tokens", "remote_db", "appointments", "snapshot", "chart", "outage")
 
 
 def section_header() -> dict:
@@ -192,6 +193,9 @@ def main(argv=None) -> int:
     if "chart" in sections:
         from bench.chart_zip import chart_zip_benchmarks
         report["chart_zip"] = {**section_header(), **chart_zip_benchmarks(say)}
+    if "outage" in sections:
+        from bench.outage import outage_benchmarks
+        report["outage"] = {**section_header(), **outage_benchmarks(say)}
     RESULTS.mkdir(exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     for path in (RESULTS / f"{stamp}.json", RESULTS / "latest.json"):

@@ -59,6 +59,38 @@ def render_chart(c: dict) -> list[str]:
     return rows + [""]
 
 
+def render_outage(o: dict) -> list[str]:
+    locked, outage = o["locked_database"], o["postgresql_outage"]
+    waited = locked["waiting_request"]
+    p99 = max(locked["healthz"]["p99_ms"], locked["jwks"]["p99_ms"])
+    rows = [f"**Outages** (`serve --processes 2` on a PostgreSQL of the benchmark's own; {_when(o)}):", "",
+            "| figure | result | target |", "|---|---|---|",
+            f"| `/healthz` and JWKS p99 while another request waits {locked['lock_seconds']:.0f} s on a table lock "
+            f"({locked['healthz']['requests'] + locked['jwks']['requests']} requests; the waiting request: "
+            f"{waited.get('status')} after {waited.get('seconds')} s) | `/healthz` {locked['healthz']['p99_ms']} ms, "
+            f"JWKS {locked['jwks']['p99_ms']} ms (max {max(locked['healthz']['max_ms'], locked['jwks']['max_ms'])} ms)"
+            f" | < 20 ms: {'meets' if p99 < 20 else '**misses**'} |"]
+    kinds = outage["kinds"]
+    total_500 = sum(k["status_500"] for k in kinds.values())
+    recoveries = [k["first_success_after_s"] for name, k in kinds.items() if name in ("organizations", "token")]
+    recovery = max(r for r in recoveries if r is not None) if all(r is not None for r in recoveries) else None
+    rows += [f"| 500s while PostgreSQL is stopped for {outage['outage_seconds']:.0f} s under load | {total_500} "
+             f"(503s: {sum(k['status_503'] for k in kinds.values())}, all with Retry-After: "
+             f"{'yes' if not sum(k['503_without_retry_after'] for k in kinds.values()) else 'no'}) | 0: "
+             f"{'meets' if total_500 == 0 else '**misses**'} |",
+             f"| recovery once PostgreSQL accepts connections again (first success of each kind that needs it) | "
+             f"{recovery} s | ≤ 5 s: {'meets' if recovery is not None and recovery <= 5 else '**misses**'} |", "",
+             "| kind | requests | statuses | p99 |", "|---|---|---|---|"]
+    for name, k in kinds.items():
+        statuses = ", ".join(f"{s}: {n}" for s, n in k["statuses"].items())
+        rows.append(f"| {name} | {k['requests']} | {statuses} | {k['p99_ms']} ms |")
+    ready = outage["readyz"]
+    rows += ["", f"`/readyz` during the outage: {ready['during'].get('status')} "
+                 f"(database {ready['during'].get('checks', {}).get('database')}); after: "
+                 f"{ready['after'].get('status')} (database {ready['after'].get('checks', {}).get('database')}).", ""]
+    return rows
+
+
 def render_remote_db(d: dict) -> list[str]:
     if d.get("skipped"):
         return [f"**PostgreSQL one round trip away**: skipped ({d['skipped']}).", ""]
@@ -102,6 +134,8 @@ def render(report: dict) -> str:
     tail = []
     if report.get("remote_db"):
         tail += render_remote_db(report["remote_db"])
+    if report.get("outage"):
+        tail += render_outage(report["outage"])
     if report.get("appointments"):
         tail += render_appointments(report["appointments"])
     if report.get("nightly_snapshot"):

@@ -8,7 +8,9 @@ from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import authenticate_client
 from oauth.errors import ApiError, AuthorizeError
 from oauth.redirects import with_query
-from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
+from oauth.params import text_param
+from oauth.resource import active_client_token, active_user_token, bearer_value, introspection_response, userinfo
+from oauth.revocation import revoke_token
 from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
 from lifecycle.sandbox import sandbox_user
@@ -97,7 +99,26 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
         app = authenticate_client(runtime, params, authorization, address)
         if claims is not None and claims["client_id"] != app.client_id:
             claims = None
+        if claims is None:
+            claims = active_client_token(runtime, token, app)  # the client's own client-credentials token
     return introspection_response(claims)
+
+
+class RevocationHandler(VariantHandler):
+    """RFC 7009: an authenticated client revokes one of its own tokens; 200 whatever the token was."""
+
+    async def post(self):
+        self.set_header("Cache-Control", "no-store")
+        params = self.body_params()
+        await self.run(revoke, self.runtime, params, self.request.headers.get("Authorization"), self.client_address())
+        self.set_status(200)
+        self.finish()
+
+
+def revoke(runtime, params: dict, authorization: str | None, address: str) -> None:
+    app = authenticate_client(runtime, params, authorization, address)
+    token = text_param(params, "token", max_length=8000)
+    revoke_token(runtime, app, token)
 
 
 def routes(runtime) -> list:
@@ -109,5 +130,6 @@ def routes(runtime) -> list:
             (rf"{p}/oauth/token", TokenHandler, {"variant": variant}),
             (rf"{p}/oauth/userinfo", UserInfoHandler, {"variant": variant}),
             (rf"{p}/oauth/introspect", IntrospectionHandler, {"variant": variant}),
+            (rf"{p}/oauth/revoke", RevocationHandler, {"variant": variant}),
         ]
     return table

@@ -15,28 +15,9 @@ import threading
 from collections import defaultdict
 
 import peewee
-from playhouse.pool import PooledDatabase
 
 from models.changes import ChangeVersion
-
-DATABASE_ERRORS = (peewee.OperationalError, peewee.InterfaceError)
-
-
-def release(db: peewee.Database) -> None:
-    """Give a pooled connection back between polls (a plain connection stays open)."""
-    if isinstance(db, PooledDatabase) and not db.is_closed():
-        db.close()
-
-
-def discard(db: peewee.Database) -> None:
-    """This thread's connection failed: drop it, so the next poll connects afresh."""
-    try:
-        if isinstance(db, PooledDatabase):
-            db.manual_close()
-        elif not db.is_closed():
-            db.close()
-    except DATABASE_ERRORS:
-        pass
+from models.db import DATABASE_ERRORS, discard, release  # the same unit-of-work rules as requests
 
 log = logging.getLogger("svc_auth.changes")
 

@@ -40,6 +40,7 @@ class AuthorizationCode(BaseModel):
     launch = peewee.ForeignKeyField(Launch, null=True, on_delete="SET NULL")
     redirect_uri = peewee.CharField(max_length=1000)
     nonce = peewee.CharField(max_length=500, null=True)
+    code_challenge = peewee.CharField(max_length=64, null=True)  # PKCE S256 (oauth/pkce.py)
     created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
@@ -63,7 +64,7 @@ class AuthorizationCode(BaseModel):
             AuthorizationCode.used_at.db_value(now), jtis, code_hash, application_id)).fetchone()
         if row is None:
             return None
-        (used_at, issued, expires_at, redirect_uri, nonce, user_id, organization_id,
+        (used_at, issued, expires_at, redirect_uri, nonce, code_challenge, user_id, organization_id,
          email, given_name, family_name, installation_id, activation_status, trial_started_at) = row
         user = User(id=user_id, organization=organization_id, email=email, given_name=given_name,
                     family_name=family_name)
@@ -76,7 +77,7 @@ class AuthorizationCode(BaseModel):
                           expires_at=AuthorizationCode.expires_at.python_value(expires_at),
                           used_at=AuthorizationCode.used_at.python_value(used_at),
                           redirect_uri=redirect_uri, nonce=nonce, user=user, organization_id=organization_id,
-                          installation=installation)
+                          installation=installation, code_challenge=code_challenge)
 
     def expired(self, now: dt.datetime) -> bool:
         return self.expires_at <= now
@@ -96,11 +97,12 @@ class Redemption:
     user: User
     organization_id: str
     installation: Installation | None
+    code_challenge: str | None = None  # PKCE S256 (oauth/pkce.py)
 
 
 _REDEEM_SQL = """UPDATE "authorization_code" SET used_at = COALESCE(used_at, {p}), issued_jtis = COALESCE(issued_jtis, {p})
 WHERE code_hash = {p} AND application_id = {p}
-RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, user_id, organization_id,
+RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, code_challenge, user_id, organization_id,
  (SELECT u.email FROM "user" u WHERE u.id = "authorization_code".user_id),
  (SELECT u.given_name FROM "user" u WHERE u.id = "authorization_code".user_id),
  (SELECT u.family_name FROM "user" u WHERE u.id = "authorization_code".user_id),

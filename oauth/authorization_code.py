@@ -7,13 +7,21 @@ from models.ids import new_secret
 from oauth.claims import id_token_claims
 from oauth.errors import AuthorizeError, invalid_grant
 from oauth.params import text_param
-from oauth.redirects import redirect_uri_allowed, with_query
+from oauth.pkce import PkceError, challenge_of, verify
+from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
 from oauth.tokens import PLATFORM_AUDIENCE
 
 
 def _query_value(params: dict, name: str) -> str | None:
     value = params.get(name)
     return value if isinstance(value, str) and value else None
+
+
+def _normalised_or_none(uri: str) -> str | None:
+    try:
+        return normalise_redirect_uri(uri)
+    except RedirectUriError:
+        return None
 
 
 class AuthorizationRequest:
@@ -33,8 +41,13 @@ class AuthorizationRequest:
         redirect_uri = _query_value(params, "redirect_uri")
         if redirect_uri is None:
             raise AuthorizeError("invalid_request", "The redirect_uri parameter is required.")
-        if not redirect_uri_allowed(redirect_uri, app.redirect_uri):
-            raise AuthorizeError("invalid_request", "redirect_uri does not match the application manifest.")
+        try:
+            # From here on only the normalised URI is used: it is what was checked.
+            redirect_uri = match_redirect_uri(redirect_uri, app.redirect_uri, app.redirect_uri_match,
+                                              app.redirect_uris or ())
+        except RedirectUriError as exc:
+            raise AuthorizeError("invalid_request", f"redirect_uri does not match the application's "
+                                                    f"registration: {exc}.") from None
         return app, redirect_uri
 
     def issue_code(self, params: dict) -> str:
@@ -50,6 +63,10 @@ class AuthorizationRequest:
             raise fail("invalid_request", "The response_type parameter is required.")
         if response_type != "code":
             raise fail("unsupported_response_type", "Only response_type=code is supported.")
+        try:
+            challenge = challenge_of(params, required=app.require_pkce)
+        except PkceError as exc:
+            raise fail("invalid_request", str(exc)) from None
         launch_id = _query_value(params, "launch_id") or _query_value(params, "login_hint")
         if launch_id is None:
             raise fail("invalid_request", "The launch_id parameter is required.")
@@ -61,7 +78,7 @@ class AuthorizationRequest:
         AuthorizationCode.create(
             code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
-            nonce=_query_value(params, "nonce"), created_at=now,
+            nonce=_query_value(params, "nonce"), code_challenge=challenge, created_at=now,
             expires_at=expiry(now, self.runtime.settings.code_ttl))
         return with_query(redirect_uri, code=code, state=state)
 
@@ -90,8 +107,12 @@ class AuthorizationCodeGrant:
             raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
         if grant.expires_at <= grant.used_at:
             raise invalid_grant("The authorization code has expired.")
-        if redirect_uri is not None and redirect_uri != grant.redirect_uri:
+        if redirect_uri is not None and _normalised_or_none(redirect_uri) != grant.redirect_uri:
             raise invalid_grant("redirect_uri does not match the one the code was issued for.")
+        try:
+            verify(grant.code_challenge, params.get("code_verifier"))
+        except PkceError as exc:
+            raise invalid_grant(str(exc)) from None
         return self.tokens_for(app, grant, with_billing, jti)
 
     def tokens_for(self, app: Application, grant: Redemption, with_billing: bool, jti: str) -> dict:

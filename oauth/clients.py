@@ -12,6 +12,7 @@ from urllib.parse import unquote
 from models.application import Application
 from models.audit import AuditEvent
 from oauth.errors import ApiError, OAuthError, invalid_client, invalid_request
+from oauth.params import check_fields
 from ratelimit.failures import FailureThrottle, Throttled
 from ratelimit.limiter import RateLimiterUnavailable
 
@@ -27,7 +28,12 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     client_id, sep, secret = decoded.partition(":")
     if not sep:
         raise invalid_client("The Basic authorization header is malformed.", basic=True)
-    return unquote(client_id), unquote(secret)
+    client_id, secret = unquote(client_id), unquote(secret)
+    try:
+        check_fields({"client_id": client_id, "client_secret": secret})
+    except OAuthError as exc:
+        raise invalid_client(f"The Basic authorization header is malformed: {exc.message}", basic=True) from None
+    return client_id, secret
 
 
 def presented_credentials(params: dict, authorization: str | None) -> tuple[str, str] | None:

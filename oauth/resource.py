@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from models.directory import User
 from oauth.claims import userinfo_claims
-from oauth.errors import invalid_token
-from oauth.tokens import PLATFORM_AUDIENCE, InvalidToken
+from oauth.errors import invalid_token, missing_token
+from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
 
 
 def bearer_value(authorization: str | None) -> str | None:
@@ -32,7 +32,23 @@ def active_user_token(runtime, token: str | None) -> dict | None:
     return claims
 
 
+def active_client_token(runtime, token: str | None, app) -> dict | None:
+    """Claims of a live client-credentials token issued to `app`, else None."""
+    if not token:
+        return None
+    try:
+        claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
+    except InvalidToken:
+        return None
+    if claims.get("sub") != app.id or not isinstance(claims.get("jti"), str) \
+            or runtime.denylist.is_denied(claims["jti"]):
+        return None
+    return claims
+
+
 def userinfo(runtime, token: str | None) -> dict:
+    if not token:
+        raise missing_token("A Bearer access token is required: Authorization: Bearer <access_token>.")
     claims = active_user_token(runtime, token)
     if claims is None:
         raise invalid_token()
@@ -46,6 +62,10 @@ def userinfo(runtime, token: str | None) -> dict:
 def introspection_response(claims: dict | None) -> dict:
     if claims is None:
         return {"active": False}
+    if claims.get("aud") == PARTNER_API_AUDIENCE:  # a client-credentials token: no user
+        return {"active": True, "scope": claims.get("scope", ""), "client_id": claims.get("client_id"),
+                "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
+                "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer"}
     return {"active": True, "scope": claims.get("scope", ""), "client_id": claims["client_id"],
             "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
             "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",

@@ -21,7 +21,8 @@ def settings(backend, tmp_path, request):
     """Keys per test: this module rotates them."""
     from conftest import database_url
     return Settings.build(issuer="http://127.0.0.1:8888", database_url=database_url(backend, tmp_path, request),
-                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32)
+                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32,
+                          sandbox=True)
 
 
 def cli(settings, *args):

@@ -156,7 +156,11 @@ async def test_invitation_creates_everything_once_and_link_works_once(api, world
     link = urllib.parse.urlsplit(body["invitation_url"]).path
     status, resp_headers, _ = await api.call("GET", link)
     assert status == 302
-    assert resp_headers["Location"] == f"{runtime.settings.public_url}/sandbox/hub?user={user.id}"
+    assert resp_headers["Location"] == f"{runtime.settings.public_url}/sandbox/hub"
+    cookie = resp_headers["Set-Cookie"]  # the invitation signs the user in to their hub
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    status, _, page = await api.call("GET", "/sandbox/hub", headers={"Cookie": cookie.split(";")[0]})
+    assert status == 200 and "Ann" in page
     assert User.get_by_id(user.id).activated_at is not None
     status, _, used = await api.call("GET", link)
     assert status == 410 and used["error"] == "invitation_used"

@@ -53,6 +53,8 @@ class LaunchTraffic:
         status, headers, body = await fetch(self.api, headers["Location"])      # authorize
         assert status == 302, body
         code = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)["code"][0]
+        status, _, _ = await fetch(self.api, headers["Location"])  # the main page (the app checks state)
+        assert status == 200
         phase, calls = self.phase, self.p.state.platform.token_calls
         status, _, body = await fetch(self.api, f"{self.p.url}/api/token", "POST", {"code": code},
                                       {"Content-Type": "application/json"})
