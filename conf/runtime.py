@@ -31,6 +31,8 @@ class Runtime:
         global _current
         self.settings = settings
         self.clock = clock
+        if settings.clock_offset:
+            clock.offset = settings.clock_offset  # test-only setting (SVC_CLOCK_OFFSET)
         self.db = open_database(settings.database_url)
         self.hasher = SecretHasher(load_hmac_key(settings.hmac_key, settings.keys_dir))
         retain = max(settings.id_token_ttl, settings.access_token_ttl, settings.client_token_ttl,

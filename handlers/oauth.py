@@ -4,16 +4,13 @@ from __future__ import annotations
 import html
 
 from handlers.base import BaseHandler
-from models.application import Application
 from oauth.authorization_code import AuthorizationRequest
-from oauth.clients import authenticate_client
 from oauth.errors import ApiError, AuthorizeError
 from oauth.redirects import with_query
-from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
+from oauth.resource import bearer_value, client_introspection, userinfo
 from oauth.token_endpoint import token_response
 from oauth.variants import VARIANTS
-from lifecycle.sandbox import sandbox_user
-from lifecycle.verification import record_platform_verification
+from lifecycle.verification import platform_introspection
 
 
 class VariantHandler(BaseHandler):
@@ -67,26 +64,18 @@ class IntrospectionHandler(VariantHandler):
     host platform with a sandbox user's token, whose successful check is the platform verifying
     the app's token for that user (it records the authorization)."""
 
-    def post(self):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         params = self.body_params()
         token = params.get("token")
         if not isinstance(token, str) or not token:
             raise ApiError(400, "invalid_request", "The token parameter is required.")
         authorization = self.request.headers.get("Authorization") or ""
-        claims = active_user_token(self.runtime, token)
         if authorization.lower().startswith("bearer "):
-            platform_user = sandbox_user(self.runtime, authorization[7:].strip())
-            if claims is not None and claims["sub"] != platform_user.id:
-                claims = None
-            if claims is not None:
-                app = Application.by_client_id(claims["client_id"])
-                record_platform_verification(app, platform_user)
+            body = await self.run(platform_introspection, self.runtime, authorization[7:].strip(), token)
         else:
-            app = authenticate_client(params, authorization, self.runtime.hasher)
-            if claims is not None and claims["client_id"] != app.client_id:
-                claims = None
-        self.write_json(introspection_response(claims))
+            body = await self.run(client_introspection, self.runtime, params, authorization, token)
+        self.write_json(body)
 
 
 def routes(runtime) -> list:

@@ -17,7 +17,7 @@ import tornado.escape
 import tornado.template
 
 from handlers.base import BaseHandler
-from lifecycle.hub import frame_origins, hub_entries, origin_of
+from lifecycle.hub import frame_origins, hub_entries, hub_heartbeat, origin_of
 from lifecycle.sandbox import issue_sandbox_token, sandbox_user
 from models.clock import clock
 from models.directory import User
@@ -89,10 +89,10 @@ class SettingsHandler(SandboxPageHandler):
 class HubAppsHandler(BaseHandler):
     """The hub's app list for the bearer of a sandbox token."""
 
-    def get(self):
-        user = sandbox_user(self.runtime, bearer_value(self.request.headers.get("Authorization")))
+    async def get(self):
+        entries = await self.run(hub_heartbeat, self.runtime, bearer_value(self.request.headers.get("Authorization")))
         self.set_header("Cache-Control", "no-store")
-        self.write_json({"apps": [e.as_dict() for e in hub_entries(user)]})
+        self.write_json({"apps": [e.as_dict() for e in entries]})
 
 
 def routes(runtime) -> list:

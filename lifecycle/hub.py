@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
+from connectors.sessions import end_session, touch_session
+from lifecycle.sandbox import sandbox_user
 from models.application import Application, Installation
 from models.directory import User
 
@@ -56,3 +58,18 @@ def hub_entries(user: User) -> list[HubEntry]:
 def frame_origins(entries: list[HubEntry]) -> list[str]:
     """Origins the hub may frame: every installed app's launch and main-page origins."""
     return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin)))
+
+
+def hub_heartbeat(runtime, sandbox_token: str | None) -> list[HubEntry]:
+    """The open hub's periodic app-list read (`GET /sandbox/api/apps`, Bearer sandbox token).
+
+    A hub that stays open is the user being active in the EHR: it renews their connector session
+    (`touch_session` writes at most once a minute however often the hub polls)."""
+    user = sandbox_user(runtime, sandbox_token)
+    touch_session(user, runtime)
+    return hub_entries(user)
+
+
+def sign_out(runtime, user) -> int:
+    """The user signed out of the hub: their connector session ends (the sync stops reading for them)."""
+    return end_session(user, runtime)

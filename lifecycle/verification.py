@@ -2,18 +2,22 @@
 
 That fact drives the rest of the lifecycle: it records the authorization (the appointment sync
 counts it), moves a new installation to `Disabled` (spec: first SDK initialization), and bills
-the user for the month while the installation is `Enabled`.
+the user for the month while the installation is `Enabled`. It is also activity of the user in the
+hub, so it opens or renews their connector session (the nightly sync reads those).
 """
 from __future__ import annotations
 
+from connectors.sessions import touch_session
 from lifecycle.billing import record_billable_use
-from models.application import Authorization, Installation
+from models.application import Application, Authorization, Installation
 from models.audit import AuditEvent
 from models.clock import clock
+from models.grants import IssuedToken
+from oauth.resource import active_user_token, introspection_response
 
 
-def record_platform_verification(app, user) -> Installation | None:
-    now = clock.now()
+def record_platform_verification(app, user, runtime=None) -> Installation | None:
+    now = (runtime.clock if runtime is not None else clock).now()
     (Authorization.insert(application=app.id, user=user.id, first_verified_at=now, last_verified_at=now)
      .on_conflict(conflict_target=[Authorization.application, Authorization.user],
                   update={Authorization.last_verified_at: now})
@@ -27,6 +31,29 @@ def record_platform_verification(app, user) -> Installation | None:
         # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
         AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
                           before=None, after="Disabled", user_id=user.id)
+    touch_session(user, runtime)
     installation = Installation.find(app.id, user.organization_id)
     record_billable_use(app, user, installation)
     return installation
+
+
+def platform_introspection(runtime, sandbox_token: str, token: str) -> dict:
+    """`POST {p}/oauth/introspect` by the platform (Bearer: the sandbox token of the hub's user).
+
+    An access token that is active and was issued to that same user is the platform verification
+    (`record_platform_verification`). Only then does the answer carry `id_token`: the ID token the
+    service issued with that access token, which the hub passes to the app's SDK (`getIdToken()` in
+    the identity-provider variant, where the app handed the SDK only its access token)."""
+    from lifecycle.sandbox import sandbox_user
+    platform_user = sandbox_user(runtime, sandbox_token)
+    claims = active_user_token(runtime, token)
+    if claims is None or claims["sub"] != platform_user.id:
+        return introspection_response(None)
+    app = Application.by_client_id(claims["client_id"])
+    if app is None:
+        return introspection_response(None)
+    record_platform_verification(app, platform_user, runtime)
+    body = introspection_response(claims)
+    issued = IssuedToken.get_or_none(IssuedToken.jti == claims["jti"])
+    body["id_token"] = issued.id_token if issued is not None else None
+    return body

@@ -25,8 +25,26 @@ MODELS: list[type[peewee.Model]] = [
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
 ]
 
+def _add_columns(table: str, *columns: tuple[str, peewee.Field]):
+    """A migration step adding nullable columns (skipped where the table was just created with them)."""
+    from playhouse.migrate import migrate as run
+
+    def step(migrator):
+        present = {c.name for c in migrator.database.get_columns(table)}
+        run(*[migrator.add_column(table, name, field) for name, field in columns if name not in present])
+    return step
+
+
 # (version, description, function(migrator)) — append only.
-MIGRATIONS: list[tuple[int, str, object]] = []
+MIGRATIONS: list[tuple[int, str, object]] = [
+    (1, "issued_token.id_token: the platform hands the ID token to the SDK",
+     _add_columns("issued_token", ("id_token", peewee.TextField(null=True)))),
+    (2, "chart_request lease: re-queue requests whose worker died",
+     _add_columns("chart_request", ("lease_owner", peewee.CharField(max_length=64, null=True)),
+                  ("lease_until", peewee.DateTimeField(null=True)))),
+    (3, "snapshot.lease_until: replace snapshots whose worker died",
+     _add_columns("snapshot", ("lease_until", peewee.DateTimeField(null=True)))),
+]
 
 
 class SchemaVersion(BaseModel):

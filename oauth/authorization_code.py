@@ -96,11 +96,14 @@ class AuthorizationCodeGrant:
         access_token, access = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
             client_id=app.client_id, org=grant.organization_id, scope="openid")
-        IssuedToken.record(jti=access["jti"], kind="access", application=app.id, user=user.id,
-                           code_hash=grant.code_hash, expires_at=expiry(settings.access_token_ttl))
         installation = grant.installation  # read with the code (same app and organization)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         claims["auth_time"] = claims["iat"]
         claims.update(id_token_claims(app, user, installation, with_billing, grant.nonce))
-        return {"access_token": access_token, "id_token": tokens.sign(claims), "token_type": "Bearer",
+        id_token = tokens.sign(claims)
+        # Kept with the access token: the platform gives the app's SDK this same ID token once it
+        # verified the access token (lifecycle.verification.platform_introspection).
+        IssuedToken.record(jti=access["jti"], kind="access", application=app.id, user=user.id,
+                           code_hash=grant.code_hash, expires_at=expiry(settings.access_token_ttl), id_token=id_token)
+        return {"access_token": access_token, "id_token": id_token, "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": "openid"}

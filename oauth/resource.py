@@ -5,6 +5,7 @@ from models.application import Application
 from models.directory import User
 from models.grants import IssuedToken
 from oauth.claims import userinfo_claims
+from oauth.clients import authenticate_client
 from oauth.errors import invalid_token
 from oauth.tokens import PLATFORM_AUDIENCE, InvalidToken
 
@@ -52,3 +53,12 @@ def introspection_response(claims: dict | None) -> dict:
             "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
             "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",
             "svc_organization_id": claims.get("org")}
+
+
+def client_introspection(runtime, params: dict, authorization: str, token: str) -> dict:
+    """RFC 7662 for a client authenticated as itself: only its own tokens are active."""
+    app = authenticate_client(params, authorization, runtime.hasher)
+    claims = active_user_token(runtime, token)
+    if claims is not None and claims["client_id"] != app.client_id:
+        claims = None
+    return introspection_response(claims)
