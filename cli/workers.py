@@ -55,7 +55,10 @@ def run_worker(runtime, args) -> int:
     else:
         queue.start_worker(args.threads)
     log.info("worker consuming %s", ", ".join(sorted(args.queues or queue.broker.get_declared_queues())))
+    from workers.recovery import start_recovery_thread
+    stop_recovery = start_recovery_thread(runtime)  # re-queues the work of workers that died
     stop.wait()
+    stop_recovery.set()
     log.info("worker stopping: finishing the tasks in hand")
     return 0  # with_runtime closes the runtime, which stops the worker
 

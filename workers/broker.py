@@ -76,7 +76,11 @@ class TaskQueue:
 
     def send(self, actor: dramatiq.Actor, *args, delay_ms: int | None = None) -> dramatiq.Message:
         """Enqueue `actor(*args)` on this process's broker."""
-        return self.broker.enqueue(actor.message(*args), delay=delay_ms)
+        return self.send_message(actor.message(*args), delay_ms=delay_ms)
+
+    def send_message(self, message: dramatiq.Message, delay_ms: int | None = None) -> dramatiq.Message:
+        """Enqueue a message built beforehand (its id is known before it is sent: recovery leases)."""
+        return self.broker.enqueue(message, delay=delay_ms)
 
     def start_worker(self, threads: int | None = None, timeout_ms: int | None = None) -> dramatiq.Worker:
         """Consume this broker's queues with `threads` threads (returns at once)."""

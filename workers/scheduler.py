@@ -14,6 +14,7 @@ import threading
 
 from models.clock import clock
 from models.schedule import ScheduledRun
+from workers.recovery import sweep
 from workers.snapshot import enqueue_night, night_window
 
 log = logging.getLogger("svc_auth.scheduler")
@@ -50,6 +51,7 @@ def run_scheduler(runtime, stop: threading.Event, interval: float = 30.0) -> Non
     while not stop.is_set():
         try:
             tick(runtime)
+            sweep(runtime)  # also re-queue the work of workers that died (workers.recovery)
         except Exception:
             log.exception("scheduler tick failed; trying again in %ss", interval)
         finally:

@@ -26,6 +26,7 @@ from models.db import database
 from models.directory import Organization, User
 from models.prepared import PreparedInsert
 from workers.broker import task
+from workers.recovery import lease_seconds, snapshot_lease_keeper
 
 log = logging.getLogger("svc_auth.snapshot")
 
@@ -67,21 +68,29 @@ def _rows(snapshot_id: int, user: User, appointments):
                "patient_sex": a.patient.sex}
 
 
-def build_snapshot(settings, organization_id: str, night: dt.date) -> Snapshot:
-    """Fetch and store `night`'s snapshot of one organization, then publish it atomically."""
+def build_snapshot(settings, organization_id: str, night: dt.date, clock=clock) -> Snapshot:
+    """Fetch and store `night`'s snapshot of one organization, then publish it atomically.
+
+    The `building` snapshot carries a lease renewed while it is written: if this process dies,
+    the recovery sweep (workers.recovery) removes it and queues the night again."""
     organization = Organization.get_by_id(organization_id)
     connector = connector_for(organization)
     window_start, _ = night_window(settings, night)
     providers = eligible_providers(settings, organization_id, night)
-    snapshot = Snapshot.create(organization=organization_id, snapshot_date=night, status="building")
+    now = clock.now()
+    snapshot = Snapshot.create(organization=organization_id, snapshot_date=night, status="building", started_at=now,
+                               lease_until=now + dt.timedelta(seconds=lease_seconds(settings)))
     try:
         count = 0
-        for user in providers:
-            provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
-            rows = _rows(snapshot.id, user, connector.fetch_appointments(provider, window_start, window_start + COVERAGE))
-            for chunk in peewee.chunked(rows, INSERT_CHUNK):
-                with database.atomic():
-                    count += _INSERT_APPOINTMENT.insert_many(chunk)
+        with snapshot_lease_keeper(settings, clock, snapshot.id):
+            for user in providers:
+                provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name,
+                                    ehr_username=user.ehr_username)
+                rows = _rows(snapshot.id, user,
+                             connector.fetch_appointments(provider, window_start, window_start + COVERAGE))
+                for chunk in peewee.chunked(rows, INSERT_CHUNK):
+                    with database.atomic():
+                        count += _INSERT_APPOINTMENT.insert_many(chunk)
     except BaseException:
         _discard(snapshot.id)
         raise
@@ -162,7 +171,8 @@ def sync_organization(organization_id: str, night: str) -> None:
     """One organization's snapshot; connector outages raise and are retried with backoff."""
     from conf.runtime import current_runtime
     try:
-        build_snapshot(current_runtime().settings, organization_id, dt.date.fromisoformat(night))
+        runtime = current_runtime()
+        build_snapshot(runtime.settings, organization_id, dt.date.fromisoformat(night), runtime.clock)
     except ConnectorUnavailable:
         raise  # retried; yesterday's snapshot keeps being served meanwhile
     except (ConnectorError, Organization.DoesNotExist) as exc:

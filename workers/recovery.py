@@ -1,0 +1,189 @@
+"""Recovery: every accepted chart request and every started snapshot ends, even if its worker dies.
+
+Work is leased. A chart build claims its request (`lease_owner` = its Dramatiq message id,
+`lease_until` = now + the lease) and a snapshot build stamps its `building` snapshot; a thread
+renews the lease while the work runs (`LeaseKeeper`). A worker killed mid-task stops renewing, so
+its lease lapses. The sweep (`sweep`), run by every `svc-auth worker` and by the scheduler, then:
+
+- re-queues each `pending` chart request whose lease lapsed, or that was never started within a
+  lease (its message was fetched by a worker that died, or lost), handing the lease to the new
+  message so exactly one delivery builds it; a request whose tries are used up becomes `failed`;
+- deletes each `building` snapshot whose lease lapsed and re-queues its organization's night,
+  unless that night (or a later one) is already complete.
+
+With the lease at half of SVC_TASK_RECOVERY_SECONDS, renewed every sixth, and a sweep every
+quarter, a dead worker's work is re-queued within SVC_TASK_RECOVERY_SECONDS. Builds are idempotent
+(one object key per request; a night's publish replaces that night), so a duplicate delivery never
+makes a second object or a second snapshot.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+
+import peewee
+
+from models.appointments import Snapshot, SnapshotAppointment
+from models.charts import ChartRequest
+from models.db import database
+
+log = logging.getLogger("svc_auth.recovery")
+
+
+def lease_seconds(settings) -> float:
+    return settings.task_recovery_seconds / 2
+
+
+def sweep_interval(settings) -> float:
+    return settings.task_recovery_seconds / 4
+
+
+class LeaseKeeper:
+    """Calls `renew()` every `every` seconds in a thread while the `with` block runs."""
+
+    def __init__(self, renew, every: float):
+        self.renew, self.every = renew, every
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="svc-lease", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(self.every):
+                try:
+                    self.renew()
+                except peewee.PeeweeException:
+                    log.exception("could not renew a lease; trying again")
+        finally:
+            if not database.is_closed():
+                database.close()
+
+    def __enter__(self) -> "LeaseKeeper":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+# -- chart requests ---------------------------------------------------------------------------
+
+def claim_chart(runtime, request_id: str, owner: str) -> bool:
+    """Take the build of a pending request for `owner` (a message id); counts an attempt.
+
+    Succeeds when nobody holds a live lease, or `owner` already does (a retry or redelivery of
+    the same message)."""
+    now = runtime.clock.now()
+    until = now + dt.timedelta(seconds=lease_seconds(runtime.settings))
+    return (ChartRequest.update(lease_owner=owner, lease_until=until, attempts=ChartRequest.attempts + 1)
+            .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")
+                   & (ChartRequest.lease_until.is_null() | (ChartRequest.lease_until < now)
+                      | (ChartRequest.lease_owner == owner)))
+            .execute()) == 1
+
+
+def extend_chart_lease(runtime, request_id: str, owner: str, seconds: float) -> int:
+    """Keep `owner`'s lease for `seconds` more (while building, or while a retry waits its backoff)."""
+    until = runtime.clock.now() + dt.timedelta(seconds=seconds)
+    return (ChartRequest.update(lease_until=until)
+            .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")
+                   & (ChartRequest.lease_owner == owner))
+            .execute())
+
+
+def chart_lease_keeper(runtime, request_id: str, owner: str) -> LeaseKeeper:
+    lease = lease_seconds(runtime.settings)
+    return LeaseKeeper(lambda: extend_chart_lease(runtime, request_id, owner, lease), lease / 3)
+
+
+def _stale_chart(now: dt.datetime, lease: float):
+    return ((ChartRequest.status == "pending")
+            & ((ChartRequest.lease_until.is_null() & (ChartRequest.created_at < now - dt.timedelta(seconds=lease)))
+               | (ChartRequest.lease_until < now)))
+
+
+def sweep_charts(runtime) -> list[str]:
+    """Re-queue (or fail, when its tries are used up) each pending request nobody is working on."""
+    from workers.charts import build_chart, mark_failed
+    settings = runtime.settings
+    now, lease = runtime.clock.now(), lease_seconds(settings)
+    requeued = []
+    for request in ChartRequest.select(ChartRequest.id, ChartRequest.attempts).where(_stale_chart(now, lease)):
+        if request.attempts > settings.task_max_retries:
+            mark_failed(request.id, f"The chart archive could not be built: its worker stopped "
+                                    f"{request.attempts} times.")
+            continue
+        message = build_chart.message(request.id)
+        claimed = (ChartRequest.update(lease_owner=message.message_id,
+                                       lease_until=now + dt.timedelta(seconds=lease))
+                   .where((ChartRequest.id == request.id) & _stale_chart(now, lease)).execute())
+        if claimed:  # several sweepers may look at once: only the one that claimed re-queues
+            runtime.task_queue.send_message(message)
+            requeued.append(request.id)
+    if requeued:
+        log.warning("re-queued %d chart request(s) whose worker stopped: %s", len(requeued), ", ".join(requeued))
+    return requeued
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+def snapshot_lease_keeper(settings, clock, snapshot_id: int) -> LeaseKeeper:
+    lease = lease_seconds(settings)
+
+    def renew():
+        (Snapshot.update(lease_until=clock.now() + dt.timedelta(seconds=lease))
+         .where((Snapshot.id == snapshot_id) & (Snapshot.status == "building")).execute())
+    return LeaseKeeper(renew, lease / 3)
+
+
+def sweep_snapshots(runtime) -> list[tuple[str, dt.date]]:
+    """Remove each `building` snapshot whose worker stopped, and re-queue its night if still needed."""
+    from workers.snapshot import sync_organization
+    now, lease = runtime.clock.now(), lease_seconds(runtime.settings)
+    stale = ((Snapshot.status == "building")
+             & ((Snapshot.lease_until.is_null() & (Snapshot.started_at < now - dt.timedelta(seconds=lease)))
+                | (Snapshot.lease_until < now)))
+    requeued = []
+    for snapshot in Snapshot.select().where(stale):
+        with database.atomic():
+            SnapshotAppointment.delete().where(
+                SnapshotAppointment.snapshot.in_(Snapshot.select(Snapshot.id).where((Snapshot.id == snapshot.id) & stale))
+            ).execute()
+            if not Snapshot.delete().where((Snapshot.id == snapshot.id) & stale).execute():
+                continue  # another sweeper took it, or its worker came back and published it
+        done = Snapshot.select().where((Snapshot.organization == snapshot.organization_id)
+                                       & (Snapshot.status == "complete")
+                                       & (Snapshot.snapshot_date >= snapshot.snapshot_date)).exists()
+        if not done:
+            runtime.task_queue.send(sync_organization, snapshot.organization_id, snapshot.snapshot_date.isoformat())
+            requeued.append((snapshot.organization_id, snapshot.snapshot_date))
+    if requeued:
+        log.warning("re-queued %d snapshot(s) whose worker stopped: %s", len(requeued), requeued)
+    return requeued
+
+
+def sweep(runtime) -> None:
+    sweep_charts(runtime)
+    sweep_snapshots(runtime)
+
+
+def run_recovery(runtime, stop: threading.Event, interval: float | None = None) -> None:
+    """Sweep every `interval` seconds (default a quarter of SVC_TASK_RECOVERY_SECONDS) until `stop`."""
+    interval = interval or sweep_interval(runtime.settings)
+    try:
+        while not stop.wait(interval):
+            try:
+                sweep(runtime)
+            except Exception:
+                log.exception("recovery sweep failed; trying again in %ss", interval)
+    finally:
+        if not database.is_closed():
+            database.close()
+
+
+def start_recovery_thread(runtime) -> threading.Event:
+    """Sweep in a daemon thread (each `svc-auth worker`); set the returned event to stop."""
+    stop = threading.Event()
+    threading.Thread(target=run_recovery, args=(runtime, stop), name="svc-recovery", daemon=True).start()
+    return stop
