@@ -24,7 +24,8 @@ def register(commands) -> None:
 
     snapshot = commands.add_parser("snapshot", help="appointment snapshots").add_subparsers(dest="action", required=True)
     p = snapshot.add_parser("run", help="build a night's appointment snapshots now, in this process")
-    p.add_argument("--date", help="the night, YYYY-MM-DD (default: today, UTC)")
+    p.add_argument("--date", help="the night, YYYY-MM-DD (default: the coming night: the one whose sync window "
+                                  "is open now, else the next one)")
     p.add_argument("--org", action="append", help="only this organization (repeatable)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=with_runtime(run_snapshot))
@@ -79,11 +80,10 @@ def run_scheduler_command(runtime, args) -> int:
 
 
 def run_snapshot(runtime, args) -> int:
-    from models.clock import clock
     from models.directory import Organization
-    from workers.snapshot import run_night
+    from workers.snapshot import coming_night, run_night
     try:
-        night = dt.date.fromisoformat(args.date) if args.date else clock.now().date()
+        night = dt.date.fromisoformat(args.date) if args.date else coming_night(runtime.settings, runtime.clock.now())
     except ValueError:
         raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
     for org_id in args.org or ():

@@ -46,6 +46,14 @@ def night_window(settings, night: dt.date) -> tuple[dt.datetime, dt.datetime]:
     return start, end
 
 
+def coming_night(settings, now: dt.datetime) -> dt.date:
+    """The night whose sync window is open at `now`, else the next one to open (`snapshot run`'s default)."""
+    for night in (now.date() - dt.timedelta(days=1), now.date()):
+        if now < night_window(settings, night)[1]:
+            return night
+    return now.date() + dt.timedelta(days=1)
+
+
 def eligible_providers(settings, organization_id: str, night: dt.date) -> list[User]:
     """The organization's users whose appointments this night's snapshot includes (rules above)."""
     window_start, window_end = night_window(settings, night)
