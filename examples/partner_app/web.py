@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import json
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -112,8 +113,13 @@ class LaunchHandler(PartnerHandler):
         redirect_uri = config.redirect_base
         if config.multi_tenant and org_id:
             redirect_uri += "/" + quote(org_id, safe="")
-        query = urlencode({"launch_id": launch_id, "client_id": config.client_id,
-                           "redirect_uri": redirect_uri, "response_type": "code"})
+        params = {"launch_id": launch_id, "client_id": config.client_id, "redirect_uri": redirect_uri,
+                  "response_type": "code"}
+        if self.get_query_argument("variant", "") == "identity-provider":
+            # Demonstrates the SDK's identity-provider variant: the page (app.js) sees this state,
+            # exchanges the code through the app's backend itself and gives the SDK the access token.
+            params["state"] = "idp." + secrets.token_urlsafe(12)
+        query = urlencode(params)
         self.set_header("Cache-Control", "no-store")
         self.redirect(f"{config.base_url}/oauth/authorize?{query}")
 
