@@ -43,11 +43,11 @@ class AuthorizeHandler(VariantHandler):
 
 
 class TokenHandler(VariantHandler):
-    def post(self):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
-        response = token_response(self.runtime, self.variant, self.body_params(),
-                                  self.request.headers.get("Authorization"))
+        response = await self.run(token_response, self.runtime, self.variant, self.body_params(),
+                                  self.request.headers.get("Authorization"), self.client_address())
         self.write_json(response)
 
 
@@ -74,7 +74,8 @@ class IntrospectionHandler(VariantHandler):
         if authorization.lower().startswith("bearer "):
             body = await self.run(platform_introspection, self.runtime, authorization[7:].strip(), token)
         else:
-            body = await self.run(client_introspection, self.runtime, params, authorization, token)
+            body = await self.run(client_introspection, self.runtime, params, authorization, token,
+                                  self.client_address())
         self.write_json(body)
 
 

@@ -55,9 +55,9 @@ def introspection_response(claims: dict | None) -> dict:
             "svc_organization_id": claims.get("org")}
 
 
-def client_introspection(runtime, params: dict, authorization: str, token: str) -> dict:
+def client_introspection(runtime, params: dict, authorization: str, token: str, address: str | None = None) -> dict:
     """RFC 7662 for a client authenticated as itself: only its own tokens are active."""
-    app = authenticate_client(params, authorization, runtime.hasher)
+    app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
     claims = active_user_token(runtime, token)
     if claims is not None and claims["client_id"] != app.client_id:
         claims = None
