@@ -55,5 +55,6 @@ def platform_introspection(runtime, sandbox_token: str, token: str) -> dict:
     record_platform_verification(app, platform_user, runtime)
     body = introspection_response(claims)
     issued = IssuedToken.get_or_none(IssuedToken.jti == claims["jti"])
-    body["id_token"] = issued.id_token if issued is not None else None
+    sealed = issued.id_token if issued is not None else None
+    body["id_token"] = runtime.hasher.unseal(sealed, claims["jti"]) if sealed else None
     return body

@@ -83,8 +83,9 @@ class IssuedToken(BaseModel):
     issued_at = peewee.DateTimeField(default=lambda: clock.now())
     expires_at = peewee.DateTimeField(index=True)
     revoked_at = peewee.DateTimeField(null=True)
-    # The ID token issued with this access token: the platform hands it to the app's SDK after it
-    # verified the access token (identity-provider variant, where the SDK only gets the access token).
+    # The ID token issued with this access token, sealed (keys.secrets.SecretHasher.seal): the
+    # platform hands it to the app's SDK after it verified the access token (identity-provider
+    # variant, where the SDK only gets the access token).
     id_token = peewee.TextField(null=True)
 
     @classmethod

@@ -101,9 +101,11 @@ class AuthorizationCodeGrant:
         claims["auth_time"] = claims["iat"]
         claims.update(id_token_claims(app, user, installation, with_billing, grant.nonce))
         id_token = tokens.sign(claims)
-        # Kept with the access token: the platform gives the app's SDK this same ID token once it
-        # verified the access token (lifecycle.verification.platform_introspection).
+        # Kept with the access token (sealed: a stored ID token must not be usable by whoever reads
+        # the database): the platform gives the app's SDK this same ID token once it verified the
+        # access token (lifecycle.verification.platform_introspection).
         IssuedToken.record(jti=access["jti"], kind="access", application=app.id, user=user.id,
-                           code_hash=grant.code_hash, expires_at=expiry(settings.access_token_ttl), id_token=id_token)
+                           code_hash=grant.code_hash, expires_at=expiry(settings.access_token_ttl),
+                           id_token=self.runtime.hasher.seal(id_token, access["jti"]))
         return {"access_token": access_token, "id_token": id_token, "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": "openid"}

@@ -35,3 +35,13 @@ async def test_nobody_else_learns_it(api, flow, world):
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": issued["access_token"]},
                                      headers={"Authorization": f"Bearer {world['sandbox_token']}"})
     assert status == 200 and body == {"active": False}
+
+
+@pytest.mark.gen_test
+async def test_the_stored_id_token_is_sealed(api, flow, runtime):
+    from models.grants import IssuedToken
+    tokens = await flow.tokens()
+    row = IssuedToken.select().where(IssuedToken.kind == "access").order_by(IssuedToken.issued_at.desc()).first()
+    assert row.id_token and tokens["id_token"] not in row.id_token and "." not in row.id_token
+    assert runtime.hasher.unseal(row.id_token, row.jti) == tokens["id_token"]
+    assert runtime.hasher.unseal(row.id_token, "another-jti") is None
