@@ -9,7 +9,9 @@ its lease lapses. The sweep (`sweep`), run by every `svc-auth worker` and by the
   lease (its message was fetched by a worker that died, or lost), handing the lease to the new
   message so exactly one delivery builds it; a request whose tries are used up becomes `failed`;
 - deletes each `building` snapshot whose lease lapsed and re-queues its organization's night,
-  unless that night (or a later one) is already complete.
+  unless that night (or a later one) is already complete;
+- once a recent night's sync window has ended, queues again each organization with no snapshot of
+  that night (its message was lost before it started), unless its sync failed for good.
 
 With the lease at half of SVC_TASK_RECOVERY_SECONDS, renewed every sixth, and a sweep every
 quarter, a dead worker's work is re-queued within SVC_TASK_RECOVERY_SECONDS. Builds are idempotent
@@ -163,9 +165,68 @@ def sweep_snapshots(runtime) -> list[tuple[str, dt.date]]:
     return requeued
 
 
+def _retry_budget(settings) -> float:
+    """Seconds Dramatiq may spend retrying one task with backoff, plus a lease."""
+    backoffs = sum(min(settings.task_min_backoff_ms * 2 ** k, settings.task_max_backoff_ms)
+                   for k in range(1, settings.task_max_retries + 1))
+    return backoffs / 1000 + lease_seconds(settings)
+
+
+def sweep_unstarted_nights(runtime) -> list[tuple[str, dt.date]]:
+    """Queue again each organization that has no snapshot of a recent night once its window ended.
+
+    Covers what has no snapshot row to lease: a fan-out or `sync_organization` message lost with a
+    dead worker (or a scheduler killed between claiming the night and queuing it). An organization
+    whose sync failed for good (`record_sync_failure`) is left alone, and one is queued again at
+    most once per retry budget (while Dramatiq may still be retrying it)."""
+    from models.schedule import ScheduledRun
+    from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
+    settings = runtime.settings
+    now = runtime.clock.now()
+    nights = [r.run_date for r in ScheduledRun.select(ScheduledRun.run_date).where(
+        (ScheduledRun.job == NIGHTLY_JOB) & (ScheduledRun.run_date >= now.date() - dt.timedelta(days=1)))]
+    requeued = []
+    for night in nights:
+        if now < night_window(settings, night)[1]:
+            continue  # still the night's own window: its queue may just be long
+        seen = {row.organization_id for row in
+                Snapshot.select(Snapshot.organization).where(Snapshot.snapshot_date >= night).distinct()}
+        for org_id in organizations_to_sync():
+            if org_id in seen or ScheduledRun.select().where(
+                    (ScheduledRun.job == _job("sync-failed", org_id)) & (ScheduledRun.run_date == night)).exists():
+                continue
+            if _claim_requeue(_job("sync-requeued", org_id), night, now, _retry_budget(settings)):
+                runtime.task_queue.send(sync_organization, org_id, night.isoformat())
+                requeued.append((org_id, night))
+    if requeued:
+        log.warning("queued %d organization(s) again whose night never started: %s", len(requeued), requeued)
+    return requeued
+
+
+def _job(kind: str, organization_id: str) -> str:
+    return f"{kind}:{organization_id}"[:64]
+
+
+def _claim_requeue(job: str, night: dt.date, now: dt.datetime, every: float) -> bool:
+    """True for one caller per `every` seconds for (job, night), however many sweepers race."""
+    from models.schedule import ScheduledRun
+    if ScheduledRun.claim(job, night, "recovery"):
+        return True
+    return (ScheduledRun.update(claimed_at=now)
+            .where((ScheduledRun.job == job) & (ScheduledRun.run_date == night)
+                   & (ScheduledRun.claimed_at < now - dt.timedelta(seconds=every))).execute()) == 1
+
+
+def record_sync_failure(organization_id: str, night: dt.date) -> None:
+    """The organization's sync of `night` failed for good: the sweep does not queue it again."""
+    from models.schedule import ScheduledRun
+    ScheduledRun.claim(_job("sync-failed", organization_id), night, "worker")
+
+
 def sweep(runtime) -> None:
     sweep_charts(runtime)
     sweep_snapshots(runtime)
+    sweep_unstarted_nights(runtime)
 
 
 def run_recovery(runtime, stop: threading.Event, interval: float | None = None) -> None:

@@ -15,11 +15,11 @@ import threading
 from models.clock import clock
 from models.schedule import ScheduledRun
 from workers.recovery import sweep
-from workers.snapshot import enqueue_night, night_window
+from workers.snapshot import NIGHTLY_JOB, enqueue_night, night_window
 
 log = logging.getLogger("svc_auth.scheduler")
 
-JOB = "nightly-sync"
+JOB = NIGHTLY_JOB
 
 
 def night_due(settings, now: dt.datetime) -> dt.date | None:

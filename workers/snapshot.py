@@ -26,7 +26,7 @@ from models.db import database
 from models.directory import Organization, User
 from models.prepared import PreparedInsert
 from workers.broker import task
-from workers.recovery import lease_seconds, snapshot_lease_keeper
+from workers.recovery import lease_seconds, record_sync_failure, snapshot_lease_keeper
 
 log = logging.getLogger("svc_auth.snapshot")
 
@@ -34,6 +34,7 @@ COVERAGE = dt.timedelta(days=10)
 INSERT_CHUNK = 500  # rows per INSERT: well under SQLite's bound-variable limit
 _INSERT_APPOINTMENT = PreparedInsert(SnapshotAppointment)  # SQL text built once, rows sent in bulk
 KEEP_NIGHTS = 2     # complete snapshots of older nights are pruned beyond this many
+NIGHTLY_JOB = "nightly-sync"  # the scheduler's claim of a night (models.schedule.ScheduledRun)
 
 
 def night_window(settings, night: dt.date) -> tuple[dt.datetime, dt.datetime]:
@@ -185,3 +186,4 @@ def sync_organization(organization_id: str, night: str) -> None:
         raise  # retried; yesterday's snapshot keeps being served meanwhile
     except (ConnectorError, Organization.DoesNotExist) as exc:
         log.error("snapshot of %s for %s failed for good: %s", organization_id, night, exc)
+        record_sync_failure(organization_id, dt.date.fromisoformat(night))
