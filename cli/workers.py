@@ -89,6 +89,6 @@ def run_snapshot(runtime, args) -> int:
     for org_id in args.org or ():
         if Organization.get_or_none(Organization.id == org_id) is None:
             raise UsageError(f"no organization has id {org_id!r}")
-    results = run_night(runtime.settings, night, args.org)
+    results = run_night(runtime, night, args.org)
     emit({"snapshot_date": night.isoformat(), "organizations": results}, args.json)
     return 1 if any(isinstance(v, str) for v in results.values()) else 0

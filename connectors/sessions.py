@@ -3,7 +3,7 @@
 The platform opens or renews a user's session whenever they are active in the hub
 (`touch_session`): signing in (the hub's sign-in), opening an app (`lifecycle.launches.create_launch`),
 the platform verifying an app's token (`lifecycle.verification.record_platform_verification`), and
-the hub staying open (its app-list poll, `lifecycle.hub.hub_heartbeat`). Signing out ends it
+the hub staying open (its app-list poll, `lifecycle.hub.hub_entries_for_token`). Signing out ends it
 (`end_session`, via `lifecycle.hub.sign_out`). A session is active from its start until it ends
 or until it has not been seen for `SVC_CONNECTOR_SESSION_TTL` seconds.
 """
@@ -12,34 +12,22 @@ from __future__ import annotations
 import datetime as dt
 
 from models.appointments import ConnectorSession
-from models.clock import clock
 
-DEFAULT_TTL = 24 * 3600
 HEARTBEAT_SECONDS = 60
 """A session seen less than this ago is not written again (the hub polls every few seconds)."""
-
-
-def _ttl(runtime=None) -> int:
-    if runtime is None:
-        from conf.runtime import _current as runtime  # the process's runtime, when there is one
-    return runtime.settings.connector_session_ttl if runtime is not None else DEFAULT_TTL
-
-
-def _now(runtime=None) -> dt.datetime:
-    return (runtime.clock if runtime is not None else clock).now()
 
 
 def _user_id(user) -> str:
     return user if isinstance(user, str) else user.id
 
 
-def touch_session(user, runtime=None) -> ConnectorSession:
+def touch_session(runtime, user) -> ConnectorSession:
     """The user is active in the hub: extend their active connector session, or start a new one.
 
     A session already seen within `HEARTBEAT_SECONDS` (or a tenth of the lifetime, if shorter)
     is left as it is, so frequent activity costs one read, not a write per call."""
-    now = _now(runtime)
-    ttl = _ttl(runtime)
+    now = runtime.clock.now()
+    ttl = runtime.settings.connector_session_ttl
     since = now - dt.timedelta(seconds=ttl)
     session = (ConnectorSession.select()
                .where((ConnectorSession.user == _user_id(user)) & ConnectorSession.ended_at.is_null()
@@ -53,9 +41,9 @@ def touch_session(user, runtime=None) -> ConnectorSession:
     return session
 
 
-def end_session(user, runtime=None) -> int:
+def end_session(runtime, user) -> int:
     """The user signed out: end their open sessions. Returns how many ended."""
-    return (ConnectorSession.update(ended_at=_now(runtime))
+    return (ConnectorSession.update(ended_at=runtime.clock.now())
             .where((ConnectorSession.user == _user_id(user)) & ConnectorSession.ended_at.is_null())
             .execute())
 

@@ -5,9 +5,10 @@ import html
 
 from handlers.base import BaseHandler
 from oauth.authorization_code import AuthorizationRequest
+from oauth.clients import authenticate_client
 from oauth.errors import ApiError, AuthorizeError
 from oauth.redirects import with_query
-from oauth.resource import bearer_value, client_introspection, userinfo
+from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
 from oauth.token_endpoint import token_response
 from oauth.variants import VARIANTS
 from lifecycle.verification import platform_introspection
@@ -19,9 +20,9 @@ class VariantHandler(BaseHandler):
 
 
 class AuthorizeHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         try:
-            location = AuthorizationRequest(self.runtime).issue_code(self.query_params())
+            location = await self.run(AuthorizationRequest(self.runtime).issue_code, self.query_params())
         except AuthorizeError as err:
             if err.redirect_uri:
                 location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
@@ -52,11 +53,13 @@ class TokenHandler(VariantHandler):
 
 
 class UserInfoHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         self.set_header("Cache-Control", "no-store")
-        self.write_json(userinfo(self.runtime, bearer_value(self.request.headers.get("Authorization"))))
+        token = bearer_value(self.request.headers.get("Authorization"))
+        self.write_json(await self.run(userinfo, self.runtime, token))
 
-    post = get
+    async def post(self):
+        await self.get()
 
 
 class IntrospectionHandler(VariantHandler):
@@ -71,12 +74,19 @@ class IntrospectionHandler(VariantHandler):
         if not isinstance(token, str) or not token:
             raise ApiError(400, "invalid_request", "The token parameter is required.")
         authorization = self.request.headers.get("Authorization") or ""
-        if authorization.lower().startswith("bearer "):
-            body = await self.run(platform_introspection, self.runtime, authorization[7:].strip(), token)
-        else:
-            body = await self.run(client_introspection, self.runtime, params, authorization, token,
-                                  self.client_address())
-        self.write_json(body)
+        self.write_json(await self.run(introspect, self.runtime, params, token, authorization, self.client_address()))
+
+
+def introspect(runtime, params: dict, token: str, authorization: str, address: str) -> dict:
+    """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool). The platform
+    (Bearer sandbox token) verifies the token for its user, and learns the ID token issued with it."""
+    if authorization.lower().startswith("bearer "):
+        return platform_introspection(runtime, authorization[7:].strip(), token)
+    claims = active_user_token(runtime, token)
+    app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
+    if claims is not None and claims["client_id"] != app.client_id:
+        claims = None
+    return introspection_response(claims)
 
 
 def routes(runtime) -> list:

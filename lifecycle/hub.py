@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 from connectors.sessions import end_session, touch_session
-from lifecycle.sandbox import sandbox_user
 from models.application import Application, Installation
 from models.directory import User
 
@@ -60,16 +59,38 @@ def frame_origins(entries: list[HubEntry]) -> list[str]:
     return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin)))
 
 
-def hub_heartbeat(runtime, sandbox_token: str | None) -> list[HubEntry]:
-    """The open hub's periodic app-list read (`GET /sandbox/api/apps`, Bearer sandbox token).
+@dataclass(frozen=True)
+class HubView:
+    """Everything the hub and settings pages render, read in one blocking call."""
 
-    A hub that stays open is the user being active in the EHR: it renews their connector session
-    (`touch_session` writes at most once a minute however often the hub polls)."""
-    user = sandbox_user(runtime, sandbox_token)
-    touch_session(user, runtime)
+    user: User
+    organization: object
+    entries: list
+    sandbox_token: str
+
+
+def hub_view(runtime, user_id: str) -> HubView:
+    """The sandbox user `user_id` with their organization, installed apps and a fresh sandbox token."""
+    from lifecycle.sandbox import issue_sandbox_token
+    from oauth.errors import ApiError
+    user = User.with_organization(user_id)
+    if user is None:
+        raise ApiError(404, "user_not_found", f"No sandbox user has id {user_id!r}.")
+    return HubView(user, user.organization, hub_entries(user), issue_sandbox_token(runtime, user))
+
+
+def hub_entries_for_token(runtime, token: str | None) -> list[HubEntry]:
+    """The hub's app list for the bearer of a sandbox token (401 when the token is not valid).
+
+    The open hub re-reads it every few seconds (`GET /sandbox/api/apps`): a hub that stays open is
+    the user being active in the EHR, so this renews their connector session (`touch_session`
+    writes at most once a minute however often the hub polls)."""
+    from lifecycle.sandbox import sandbox_user
+    user = sandbox_user(runtime, token)
+    touch_session(runtime, user)
     return hub_entries(user)
 
 
 def sign_out(runtime, user) -> int:
     """The user signed out of the hub: their connector session ends (the sync stops reading for them)."""
-    return end_session(user, runtime)
+    return end_session(runtime, user)

@@ -11,13 +11,12 @@ from connectors.sessions import touch_session
 from lifecycle.billing import record_billable_use
 from models.application import Application, Authorization, Installation
 from models.audit import AuditEvent
-from models.clock import clock
 from models.grants import IssuedToken
 from oauth.resource import active_user_token, introspection_response
 
 
-def record_platform_verification(app, user, runtime=None) -> Installation | None:
-    now = (runtime.clock if runtime is not None else clock).now()
+def record_platform_verification(runtime, app, user) -> Installation | None:
+    now = runtime.clock.now()
     (Authorization.insert(application=app.id, user=user.id, first_verified_at=now, last_verified_at=now)
      .on_conflict(conflict_target=[Authorization.application, Authorization.user],
                   update={Authorization.last_verified_at: now})
@@ -31,9 +30,9 @@ def record_platform_verification(app, user, runtime=None) -> Installation | None
         # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
         AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
                           before=None, after="Disabled", user_id=user.id)
-    touch_session(user, runtime)
+    touch_session(runtime, user)
     installation = Installation.find(app.id, user.organization_id)
-    record_billable_use(app, user, installation)
+    record_billable_use(app, user, installation, now)
     return installation
 
 
@@ -52,7 +51,7 @@ def platform_introspection(runtime, sandbox_token: str, token: str) -> dict:
     app = Application.by_client_id(claims["client_id"])
     if app is None:
         return introspection_response(None)
-    record_platform_verification(app, platform_user, runtime)
+    record_platform_verification(runtime, app, platform_user)
     body = introspection_response(claims)
     issued = IssuedToken.get_or_none(IssuedToken.jti == claims["jti"])
     sealed = issued.id_token if issued is not None else None

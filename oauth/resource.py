@@ -5,7 +5,6 @@ from models.application import Application
 from models.directory import User
 from models.grants import IssuedToken
 from oauth.claims import userinfo_claims
-from oauth.clients import authenticate_client
 from oauth.errors import invalid_token
 from oauth.tokens import PLATFORM_AUDIENCE, InvalidToken
 
@@ -30,7 +29,7 @@ def active_user_token(runtime, token: str | None) -> dict | None:
         claims = runtime.tokens.verify(token, PLATFORM_AUDIENCE)
     except InvalidToken:
         return None
-    if not IssuedToken.is_active(claims.get("jti", "")):
+    if not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
         return None
     return claims
 
@@ -54,11 +53,3 @@ def introspection_response(claims: dict | None) -> dict:
             "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",
             "svc_organization_id": claims.get("org")}
 
-
-def client_introspection(runtime, params: dict, authorization: str, token: str, address: str | None = None) -> dict:
-    """RFC 7662 for a client authenticated as itself: only its own tokens are active."""
-    app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
-    claims = active_user_token(runtime, token)
-    if claims is not None and claims["client_id"] != app.client_id:
-        claims = None
-    return introspection_response(claims)

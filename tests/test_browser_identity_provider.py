@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conf.runtime import Runtime
+from runtime import Runtime
 from lifecycle.demo import DEMO_PHYSICIAN_ID
 from models.application import Application
 from test_browser_hub import APP_ID, app_frame, demo, page  # noqa: F401  (demo, page: fixtures)

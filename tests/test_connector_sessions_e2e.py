@@ -22,7 +22,6 @@ from lifecycle.registry import create_organization, create_user, install_applica
 from lifecycle.sandbox import issue_sandbox_token
 from models.application import Authorization
 from models.appointments import ConnectorSession, Snapshot
-from models.clock import clock
 from models.directory import Organization
 from workers.snapshot import COVERAGE, night_window
 
@@ -37,7 +36,7 @@ NIGHT = dt.date(2030, 3, 6)                # that night's sync (window 02:00-04:
 TTL = 3 * 24 * 3600
 
 
-def move_clock_to(when: dt.datetime) -> None:
+def move_clock_to(clock, when: dt.datetime) -> None:
     clock.offset = 0.0
     clock.advance((when - clock.now()).total_seconds())
 
@@ -147,14 +146,14 @@ async def test_the_night_reads_for_physicians_active_in_the_hub_and_the_sandbox_
                                ("unfinished", "1003000126"), ("expired", "1003000134"), ("signedout", "1003000142")]}
 
     # Four days before: `expired` used the app in the hub; their session lapses before the night.
-    move_clock_to(IN_HUB - dt.timedelta(days=4))
+    move_clock_to(runtime.clock, IN_HUB - dt.timedelta(days=4))
     await Hub(api, runtime, app, secret, users["expired"]).complete_flow()
     # That first SDK initialization left the app Disabled in the clinic; the app enables itself.
     status, _, body = await api.call("PUT", f"/v1/applications/{app.id}/organizations/{org.id}/activation-status",
                                      {"status": "Enabled"}, headers=await partner_headers(api, app, secret))
     assert status == 200, body
     # The afternoon before the night.
-    move_clock_to(IN_HUB)
+    move_clock_to(runtime.clock, IN_HUB)
     await Hub(api, runtime, app, secret, users["active"]).complete_flow()
     await Hub(api, runtime, app, secret, users["nonpi"]).complete_flow()
     await Hub(api, runtime, app, secret, users["unfinished"]).open_app()   # never verified by the platform
@@ -168,17 +167,17 @@ async def test_the_night_reads_for_physicians_active_in_the_hub_and_the_sandbox_
     # Staying in the hub keeps the session alive without a write per poll.
     active_session = ConnectorSession.get(ConnectorSession.user == users["active"].id)
     active_hub = Hub(api, runtime, app, secret, users["active"])
-    clock.advance(10)
+    runtime.clock.advance(10)
     await active_hub.poll()
     assert ConnectorSession.get_by_id(active_session.id).last_seen_at == active_session.last_seen_at
-    clock.advance(120)
+    runtime.clock.advance(120)
     await active_hub.poll()
     assert ConnectorSession.get_by_id(active_session.id).last_seen_at > active_session.last_seen_at
     assert ConnectorSession.select().where(ConnectorSession.user == users["active"].id).count() == 1
 
     # The night passes: a real scheduler and worker, started in the sync window.
     pass_the_night(settings, NIGHT, tmp_path)
-    move_clock_to(dt.datetime.combine(NIGHT, dt.time(9, 0)))
+    move_clock_to(runtime.clock, dt.datetime.combine(NIGHT, dt.time(9, 0)))
     headers = await partner_headers(api, app, secret)
     rows, snapshot_date = await all_appointments(api, org.id, headers)
     assert snapshot_date == NIGHT.isoformat()
@@ -198,13 +197,13 @@ async def test_the_night_reads_for_physicians_active_in_the_hub_and_the_sandbox_
     assert cancelled <= first_night and not booked & first_night
 
     # 24-hour lag: late that day the API still serves the morning's snapshot.
-    move_clock_to(dt.datetime.combine(NIGHT, dt.time(23, 0)))
+    move_clock_to(runtime.clock, dt.datetime.combine(NIGHT, dt.time(23, 0)))
     rows, _ = await all_appointments(api, org.id, await partner_headers(api, app, secret))
     assert {r["id"] for r in rows} == first_night
 
     # The next night (processes restarted a day later) picks the changes up.
     pass_the_night(settings, next_night, tmp_path)
-    move_clock_to(dt.datetime.combine(next_night, dt.time(9, 0)))
+    move_clock_to(runtime.clock, dt.datetime.combine(next_night, dt.time(9, 0)))
     rows, snapshot_date = await all_appointments(api, org.id, await partner_headers(api, app, secret))
     second_night = {r["id"] for r in rows}
     assert snapshot_date == next_night.isoformat() and second_night == later

@@ -74,7 +74,7 @@ def test_a_worker_killed_mid_build_loses_no_chart_request_and_makes_one_object_e
     for index in range(REQUESTS):
         request = ChartRequest.create(application=world["app"].id, organization=world["org"].id,
                                       patient_id=panel[index].id)
-        charts.enqueue_chart_build(request.id, runtime)
+        charts.enqueue_chart_build(runtime, request.id)
         ids.append(request.id)
     # Kill it while some are done, some are being built and some were fetched but not started.
     def mid_build():
@@ -112,8 +112,8 @@ def test_a_request_whose_workers_keep_dying_fails_once_its_tries_are_used_up(run
 
 def test_a_snapshot_whose_worker_is_killed_is_replaced_by_a_complete_one(runtime, world, start_worker):
     org = world["org"]
-    record_platform_verification(world["app"], world["physician"], runtime)
-    touch_session(world["physician"], runtime)
+    record_platform_verification(runtime, world["app"], world["physician"])
+    touch_session(runtime, world["physician"])
     night = runtime.clock.now().date() + dt.timedelta(days=1)  # the coming night: the session is active then
     set_ehr_url(org, "https://ehr.example/test?latency=4")  # the snapshot takes 4 s to read
     victim = start_worker()

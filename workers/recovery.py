@@ -24,80 +24,17 @@ import datetime as dt
 import logging
 import threading
 
-import peewee
-
 from models.appointments import Snapshot, SnapshotAppointment
 from models.charts import ChartRequest
-from models.db import database
+from models.schedule import ScheduledRun
+from workers.charts import build_chart, mark_failed
+from workers.leases import lease_seconds, sweep_interval, sync_job
+from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
 
 log = logging.getLogger("svc_auth.recovery")
 
 
-def lease_seconds(settings) -> float:
-    return settings.task_recovery_seconds / 2
-
-
-def sweep_interval(settings) -> float:
-    return settings.task_recovery_seconds / 4
-
-
-class LeaseKeeper:
-    """Calls `renew()` every `every` seconds in a thread while the `with` block runs."""
-
-    def __init__(self, renew, every: float):
-        self.renew, self.every = renew, every
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="svc-lease", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.wait(self.every):
-                try:
-                    self.renew()
-                except peewee.PeeweeException:
-                    log.exception("could not renew a lease; trying again")
-        finally:
-            if not database.is_closed():
-                database.close()
-
-    def __enter__(self) -> "LeaseKeeper":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 # -- chart requests ---------------------------------------------------------------------------
-
-def claim_chart(runtime, request_id: str, owner: str) -> bool:
-    """Take the build of a pending request for `owner` (a message id); counts an attempt.
-
-    Succeeds when nobody holds a live lease, or `owner` already does (a retry or redelivery of
-    the same message)."""
-    now = runtime.clock.now()
-    until = now + dt.timedelta(seconds=lease_seconds(runtime.settings))
-    return (ChartRequest.update(lease_owner=owner, lease_until=until, attempts=ChartRequest.attempts + 1)
-            .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")
-                   & (ChartRequest.lease_until.is_null() | (ChartRequest.lease_until < now)
-                      | (ChartRequest.lease_owner == owner)))
-            .execute()) == 1
-
-
-def extend_chart_lease(runtime, request_id: str, owner: str, seconds: float) -> int:
-    """Keep `owner`'s lease for `seconds` more (while building, or while a retry waits its backoff)."""
-    until = runtime.clock.now() + dt.timedelta(seconds=seconds)
-    return (ChartRequest.update(lease_until=until)
-            .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")
-                   & (ChartRequest.lease_owner == owner))
-            .execute())
-
-
-def chart_lease_keeper(runtime, request_id: str, owner: str) -> LeaseKeeper:
-    lease = lease_seconds(runtime.settings)
-    return LeaseKeeper(lambda: extend_chart_lease(runtime, request_id, owner, lease), lease / 3)
-
 
 def _stale_chart(now: dt.datetime, lease: float):
     return ((ChartRequest.status == "pending")
@@ -107,7 +44,6 @@ def _stale_chart(now: dt.datetime, lease: float):
 
 def sweep_charts(runtime) -> list[str]:
     """Re-queue (or fail, when its tries are used up) each pending request nobody is working on."""
-    from workers.charts import build_chart, mark_failed
     settings = runtime.settings
     now, lease = runtime.clock.now(), lease_seconds(settings)
     requeued = []
@@ -116,7 +52,7 @@ def sweep_charts(runtime) -> list[str]:
             mark_failed(request.id, f"The chart archive could not be built: its worker stopped "
                                     f"{request.attempts} times.")
             continue
-        message = build_chart.message(request.id)
+        message = runtime.task_queue.message(build_chart, request.id)
         claimed = (ChartRequest.update(lease_owner=message.message_id,
                                        lease_until=now + dt.timedelta(seconds=lease))
                    .where((ChartRequest.id == request.id) & _stale_chart(now, lease)).execute())
@@ -130,25 +66,15 @@ def sweep_charts(runtime) -> list[str]:
 
 # -- snapshots --------------------------------------------------------------------------------
 
-def snapshot_lease_keeper(settings, clock, snapshot_id: int) -> LeaseKeeper:
-    lease = lease_seconds(settings)
-
-    def renew():
-        (Snapshot.update(lease_until=clock.now() + dt.timedelta(seconds=lease))
-         .where((Snapshot.id == snapshot_id) & (Snapshot.status == "building")).execute())
-    return LeaseKeeper(renew, lease / 3)
-
-
 def sweep_snapshots(runtime) -> list[tuple[str, dt.date]]:
     """Remove each `building` snapshot whose worker stopped, and re-queue its night if still needed."""
-    from workers.snapshot import sync_organization
     now, lease = runtime.clock.now(), lease_seconds(runtime.settings)
     stale = ((Snapshot.status == "building")
              & ((Snapshot.lease_until.is_null() & (Snapshot.started_at < now - dt.timedelta(seconds=lease)))
                 | (Snapshot.lease_until < now)))
     requeued = []
     for snapshot in Snapshot.select().where(stale):
-        with database.atomic():
+        with runtime.db.atomic():
             SnapshotAppointment.delete().where(
                 SnapshotAppointment.snapshot.in_(Snapshot.select(Snapshot.id).where((Snapshot.id == snapshot.id) & stale))
             ).execute()
@@ -179,8 +105,6 @@ def sweep_unstarted_nights(runtime) -> list[tuple[str, dt.date]]:
     dead worker (or a scheduler killed between claiming the night and queuing it). An organization
     whose sync failed for good (`record_sync_failure`) is left alone, and one is queued again at
     most once per retry budget (while Dramatiq may still be retrying it)."""
-    from models.schedule import ScheduledRun
-    from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
     settings = runtime.settings
     now = runtime.clock.now()
     nights = [r.run_date for r in ScheduledRun.select(ScheduledRun.run_date).where(
@@ -193,9 +117,9 @@ def sweep_unstarted_nights(runtime) -> list[tuple[str, dt.date]]:
                 Snapshot.select(Snapshot.organization).where(Snapshot.snapshot_date >= night).distinct()}
         for org_id in organizations_to_sync():
             if org_id in seen or ScheduledRun.select().where(
-                    (ScheduledRun.job == _job("sync-failed", org_id)) & (ScheduledRun.run_date == night)).exists():
+                    (ScheduledRun.job == sync_job("sync-failed", org_id)) & (ScheduledRun.run_date == night)).exists():
                 continue
-            if _claim_requeue(_job("sync-requeued", org_id), night, now, _retry_budget(settings)):
+            if _claim_requeue(sync_job("sync-requeued", org_id), night, now, _retry_budget(settings)):
                 runtime.task_queue.send(sync_organization, org_id, night.isoformat())
                 requeued.append((org_id, night))
     if requeued:
@@ -203,24 +127,13 @@ def sweep_unstarted_nights(runtime) -> list[tuple[str, dt.date]]:
     return requeued
 
 
-def _job(kind: str, organization_id: str) -> str:
-    return f"{kind}:{organization_id}"[:64]
-
-
 def _claim_requeue(job: str, night: dt.date, now: dt.datetime, every: float) -> bool:
     """True for one caller per `every` seconds for (job, night), however many sweepers race."""
-    from models.schedule import ScheduledRun
-    if ScheduledRun.claim(job, night, "recovery"):
+    if ScheduledRun.claim(job, night, "recovery", now):
         return True
     return (ScheduledRun.update(claimed_at=now)
             .where((ScheduledRun.job == job) & (ScheduledRun.run_date == night)
                    & (ScheduledRun.claimed_at < now - dt.timedelta(seconds=every))).execute()) == 1
-
-
-def record_sync_failure(organization_id: str, night: dt.date) -> None:
-    """The organization's sync of `night` failed for good: the sweep does not queue it again."""
-    from models.schedule import ScheduledRun
-    ScheduledRun.claim(_job("sync-failed", organization_id), night, "worker")
 
 
 def sweep(runtime) -> None:
@@ -239,8 +152,8 @@ def run_recovery(runtime, stop: threading.Event, interval: float | None = None) 
             except Exception:
                 log.exception("recovery sweep failed; trying again in %ss", interval)
     finally:
-        if not database.is_closed():
-            database.close()
+        if not runtime.db.is_closed():
+            runtime.db.close()
 
 
 def start_recovery_thread(runtime) -> threading.Event:
