@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from connectors.sessions import touch_session
 from lifecycle.billing import record_billable_use
-from models.application import Application, Authorization, Installation
+from models.application import Authorization, Installation
 from models.audit import AuditEvent
-from models.grants import IssuedToken
 from oauth.resource import active_user_token, introspection_response
 
 
@@ -48,12 +47,11 @@ def platform_introspection(runtime, sandbox_token: str, token: str) -> dict:
     claims = active_user_token(runtime, token)
     if claims is None or claims["sub"] != platform_user.id:
         return introspection_response(None)
-    app = Application.by_client_id(claims["client_id"])
+    app = runtime.applications.by_client_id(claims["client_id"])
     if app is None:
         return introspection_response(None)
     record_platform_verification(runtime, app, platform_user)
     body = introspection_response(claims)
-    issued = IssuedToken.get_or_none(IssuedToken.jti == claims["jti"])
-    sealed = issued.id_token if issued is not None else None
-    body["id_token"] = runtime.hasher.unseal(sealed, claims["jti"]) if sealed else None
+    sealed = claims.get("svc_idt")
+    body["id_token"] = runtime.hasher.unseal(sealed, claims["jti"]) if isinstance(sealed, str) else None
     return body

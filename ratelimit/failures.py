@@ -8,11 +8,15 @@ request limiter does). Three counters per failure:
 - the address (`("address", ip)`) across all subjects: catches one address trying many subjects;
 - the pair (subject, address): the attacker's own address for that subject.
 
-A request is refused (`Throttled`, 429 + Retry-After) while its address or its pair is over its
-limit, or while its subject is over its limit and the address is not *trusted* for that subject.
-An address becomes trusted for a subject when a request from it succeeded (`succeeded`), so the
-legitimate client with its right secret keeps working from its own address while an attacker
-who locked the subject from elsewhere stays locked out.
+A request is refused (`Throttled`, 429 + Retry-After) while any of its counters is over its
+limit, unless its address is *trusted* for the subject: an address becomes trusted for a subject
+when a request from it succeeded (`succeeded`, for `trust_seconds`). A trusted address is never
+locked out of that subject and its failures there are not counted: it has proved it holds the
+secret, so its failures are rotation or configuration noise (during a client-secret rotation an
+app tries its old secret first on every call). So the legitimate client with its right secret
+keeps working from its own address while an attacker who locked the subject stays locked out.
+(Caveat: an attacker behind the very same address as the legitimate client, e.g. a shared NAT,
+shares its trust; the secrets' entropy is the defence there, this throttle is the second line.)
 
 Counts live in Redis when SVC_REDIS_URL is set (all `serve` processes share them), else in this
 process's memory. The interface is synchronous: domain code calls it from `Runtime.run`'s pool.
@@ -44,6 +48,10 @@ class FailurePolicy:
     subject: Limit = Limit(10, 300)    # failures per subject (and per subject+address) per window
     address: Limit = Limit(50, 300)    # failures per address, all subjects, per window
     trust_seconds: int = 30 * 24 * 3600  # how long a success trusts its address for the subject
+    # True (client secrets): a trusted address is never locked out of its subject and its failures
+    # there are not counted. False (e.g. passwords typed by people): trust is not used at all, so
+    # the subject and pair limits apply to everyone.
+    exempt_trusted: bool = True
 
 
 def _text(key: Key) -> str:
@@ -165,16 +173,23 @@ class FailureThrottle:
         now = self.clock()
         keys = self._keys(subject, address, now)
         counts = self.store.counts([k[2] for k in keys], now)
+        trusted = None
         for (what, limit, _, reset), count in zip(keys, counts):
             if count < limit.count:
                 continue
-            if what == subject and address and self.store.trusted(self._trust_key(subject, address), now):
-                continue  # the subject is under attack from elsewhere; this address proved itself
+            if trusted is None:
+                trusted = bool(self.policy.exempt_trusted and subject and address
+                               and self.store.trusted(self._trust_key(subject, address), now))
+            if trusted:
+                return  # under attack from elsewhere (or locked by others' failures); this address proved itself
             raise Throttled(what, reset)
 
     def failed(self, subject: Key | None, address: str | None) -> list[Key]:
         """Count one failure; returns the counters this failure just locked (audit them)."""
         now = self.clock()
+        if self.policy.exempt_trusted and subject is not None and address \
+                and self.store.trusted(self._trust_key(subject, address), now):
+            return []  # an address that holds the secret (e.g. an app mid-rotation): not guessing
         keys = self._keys(subject, address, now)
         locked = []
         counts = self.store.add([(k[2], now + k[3]) for k in keys], now)
@@ -185,7 +200,7 @@ class FailureThrottle:
 
     def succeeded(self, subject: Key, address: str | None) -> None:
         """A success consumes nothing; it trusts this address for the subject."""
-        if address:
+        if address and self.policy.exempt_trusted:
             now = self.clock()
             self.store.trust(self._trust_key(subject, address), now + self.policy.trust_seconds, now)
 

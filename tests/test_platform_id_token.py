@@ -38,10 +38,12 @@ async def test_nobody_else_learns_it(api, flow, world):
 
 
 @pytest.mark.gen_test
-async def test_the_stored_id_token_is_sealed(api, flow, runtime):
-    from models.grants import IssuedToken
+async def test_the_id_token_travels_sealed_in_the_access_token(api, flow, runtime):
+    """Nothing is stored: the access token carries the ID token sealed under the server key."""
+    from jose import jwt
     tokens = await flow.tokens()
-    row = IssuedToken.select().where(IssuedToken.kind == "access").order_by(IssuedToken.issued_at.desc()).first()
-    assert row.id_token and tokens["id_token"] not in row.id_token and "." not in row.id_token
-    assert runtime.hasher.unseal(row.id_token, row.jti) == tokens["id_token"]
-    assert runtime.hasher.unseal(row.id_token, "another-jti") is None
+    claims = jwt.get_unverified_claims(tokens["access_token"])
+    sealed = claims["svc_idt"]
+    assert tokens["id_token"] not in sealed and "." not in sealed
+    assert runtime.hasher.unseal(sealed, claims["jti"]) == tokens["id_token"]
+    assert runtime.hasher.unseal(sealed, "another-jti") is None

@@ -25,12 +25,12 @@
     return body;
   }
 
-  // Identity-provider variant (launch URL with ?variant=identity-provider, see web.py): the app's
+  // Identity-provider variant (launch URL with ?variant=identity-provider sets a cookie, see web.py): the app's
   // own code exchanges the authorization code through its backend and hands the SDK only the
   // access token; getIdToken() still resolves the ID token, which the platform returns.
   async function identityProviderTokens() {
+    if (!/(^|;\s*)sdk_variant=identity-provider(;|$)/.test(document.cookie)) return null;
     var url = new URL(window.location.href);
-    if ((url.searchParams.get("state") || "").indexOf("idp.") !== 0) return null;
     var code = url.searchParams.get("code");
     url.searchParams.delete("code");
     window.history.replaceState(null, "", url.toString());
