@@ -1,10 +1,10 @@
 """Connector sessions: when a physician's EHR session is live, the nightly sync may read for them.
 
 The platform opens or renews a user's session whenever they are active in the hub
-(`touch_session`): signing in (the hub's sign-in), opening an app (`lifecycle.launches.create_launch`),
+(`touch_session`): signing in (`lifecycle.sandbox.open_session`), opening an app (`lifecycle.launches.create_launch`),
 the platform verifying an app's token (`lifecycle.verification.record_platform_verification`), and
 the hub staying open (its app-list poll, `lifecycle.hub.hub_entries_for_token`). Signing out ends it
-(`end_session`, via `lifecycle.hub.sign_out`). A session is active from its start until it ends
+(`end_session`, via `lifecycle.sandbox.end_session`: `POST /sandbox/signout`). A session is active from its start until it ends
 or until it has not been seen for `SVC_CONNECTOR_SESSION_TTL` seconds.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
-from connectors.sessions import end_session, touch_session
+from connectors.sessions import touch_session
 from models.application import Application, Installation
 from models.directory import User
 
@@ -92,7 +92,3 @@ def hub_entries_for_token(runtime, token: str | None) -> list[HubEntry]:
     touch_session(runtime, user)
     return hub_entries(user)
 
-
-def sign_out(runtime, user) -> int:
-    """The user signed out of the hub: their connector session ends (the sync stops reading for them)."""
-    return end_session(runtime, user)

@@ -30,7 +30,7 @@ def test_identity_provider_variant_resolves_the_id_token_issued_with_the_access_
     demo.set_status("Enabled")
     set_launch_url(demo, f"{demo.app_url}/launch?variant=identity-provider")
     try:
-        page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+        page.goto(demo.signin(DEMO_PHYSICIAN_ID, APP_ID))
         frame = app_frame(page)
         assert frame.locator("#sdk-error").inner_text() == ""
         issued = frame.locator("#backend-id-token").text_content()

@@ -17,9 +17,8 @@ import pytest
 
 from connectors import Provider
 from connectors.sandbox import connect
-from lifecycle.hub import sign_out
 from lifecycle.registry import create_organization, create_user, install_application
-from lifecycle.sandbox import issue_sandbox_token
+from lifecycle.sandbox import end_session, issue_sandbox_token, open_session
 from models.application import Authorization
 from models.appointments import ConnectorSession, Snapshot
 from models.directory import Organization
@@ -157,9 +156,9 @@ async def test_the_night_reads_for_physicians_active_in_the_hub_and_the_sandbox_
     await Hub(api, runtime, app, secret, users["active"]).complete_flow()
     await Hub(api, runtime, app, secret, users["nonpi"]).complete_flow()
     await Hub(api, runtime, app, secret, users["unfinished"]).open_app()   # never verified by the platform
-    signedout = Hub(api, runtime, app, secret, users["signedout"])
-    await signedout.complete_flow()
-    sign_out(runtime, users["signedout"])
+    session = open_session(runtime, users["signedout"])       # signed in to the sandbox EHR
+    await Hub(api, runtime, app, secret, users["signedout"]).complete_flow()
+    end_session(runtime, session)                              # ... and signed out (POST /sandbox/signout)
     # `never` completed the app's flow long ago (an authorization), but was never in the hub.
     Authorization.create(application=app.id, user=users["never"].id, first_verified_at=IN_HUB - dt.timedelta(days=90),
                          last_verified_at=IN_HUB - dt.timedelta(days=90))
