@@ -17,7 +17,7 @@ import tornado.web
 
 from conf import Settings
 from conf.runtime import Runtime
-from handlers import oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
+from handlers import console, oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
 from handlers.rest import appointments as rest_appointments, billing as rest_billing, directory as rest_directory, \
     charts as rest_charts, invitations as rest_invitations, openapi as rest_openapi
@@ -31,7 +31,8 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 """Served at /static/ (the JS SDK at /static/sdk/svc-sdk.js, the sandbox hub's assets)."""
 
 ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub, objects, ops,
-                 rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi]
+                 rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi,
+                 console]
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
 # Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones
@@ -46,8 +47,12 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
     routes = []
     for module in ROUTE_MODULES:
         routes += module.routes(runtime)
+    # xsrf_cookies stays off: only the developer console's forms check the token (ConsoleHandler).
+    xsrf_cookie_kwargs = {"httponly": True, "samesite": "Lax", "path": "/console",
+                          "secure": runtime.settings.issuer.startswith("https:")}
     return ObservedApplication(routes, runtime=runtime, default_handler_class=NotFoundHandler,
-                               xsrf_cookies=False, static_path=str(STATIC_DIR), **tornado_settings)
+                               xsrf_cookies=False, xsrf_cookie_kwargs=xsrf_cookie_kwargs,
+                               static_path=str(STATIC_DIR), **tornado_settings)
 
 
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",

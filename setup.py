@@ -22,6 +22,8 @@ setup(
         "boto3>=1.34",
         "fpdf2>=2.7",
         "prometheus-client>=0.20",
+        "argon2-cffi>=23.1,<26",  # developer-console passwords: Argon2id, a maintained password hash
+        "pyotp>=2.9,<3",  # the console's optional TOTP second factor (RFC 6238)
     ],
     extras_require={
         "test": [

@@ -128,6 +128,8 @@ class Settings:
     # Threads per serve process that run blocking work (database, S3, queue) off the IOLoop.
     db_threads: int = 8
     connector_session_ttl: int = 24 * 3600
+    # Developer console: a session unused for this long is signed out.
+    console_idle_timeout: int = 30 * 60
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -175,7 +177,7 @@ class Settings:
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
-                     "db_threads"):
+                     "db_threads", "console_idle_timeout"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):

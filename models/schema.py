@@ -14,6 +14,7 @@ from models.audit import AuditEvent
 from models.billing import BillableUse
 from models.charts import ChartRequest
 from models.db import BaseModel, database
+from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, IssuedToken, Launch
 from models.invitations import Invitation
@@ -23,6 +24,7 @@ MODELS: list[type[peewee.Model]] = [
     Organization, User, Application, Installation, Authorization,
     Launch, AuthorizationCode, IssuedToken, AuditEvent,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
+    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession,
 ]
 
 # (version, description, function(migrator)) — append only.

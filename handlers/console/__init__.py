@@ -1,0 +1,13 @@
+"""The developer console (`/console`): partner developers manage their own applications.
+
+Server-rendered Tornado templates over the lifecycle functions; CSRF protection (Tornado's xsrf)
+on every console POST, and only there: the OAuth and REST endpoints are not form targets."""
+from __future__ import annotations
+
+from handlers.console import account, apps
+from ratelimit.signin import build_signin_throttle
+
+
+def routes(runtime) -> list:
+    throttle = build_signin_throttle(runtime.settings, runtime.clock)
+    return account.routes(throttle) + apps.routes()
