@@ -66,7 +66,7 @@ def _update(runtime, args):
         changes["allowed_origins"] = args.allowed_origin or []
     if args.user_fields is not None:
         changes["user_fields"] = [f.strip() for f in args.user_fields.split(",") if f.strip()]
-    app = update_manifest(args.app, "operator", **changes)
+    app = update_manifest(runtime, args.app, "operator", **changes)
     emit({"application_id": app.id, "client_id": app.client_id, "name": app.name, "redirect_uri": app.redirect_uri,
           "launch_url": app.launch_url, "token_endpoint": app.token_endpoint, "billing_plan": app.billing_plan,
           "user_fields": app.user_fields, "allowed_origins": app.allowed_origins}, args.json)

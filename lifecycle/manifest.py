@@ -107,10 +107,11 @@ def manifest_of(app: Application) -> dict:
             "user_fields": list(app.user_fields or [])}
 
 
-def update_manifest(application_id: str, actor: str, **changes) -> Application:
+def update_manifest(runtime, application_id: str, actor: str, **changes) -> Application:
     """Apply `changes` (a subset of `FIELDS`) to the application; audited with `actor`.
 
-    Returns the updated application. Unchanged values write nothing and record nothing."""
+    Returns the updated application. Unchanged values write nothing and record nothing.
+    `runtime` is where the change is announced to every process (the application caches)."""
     app = Application.get_or_none(Application.id == application_id)
     if app is None:
         raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")

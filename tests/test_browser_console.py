@@ -35,7 +35,7 @@ pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-AXE = ROOT / "tests" / "js" / "node_modules" / "axe-core" / "axe.min.js"
+AXE = ROOT / "tests" / "js" / "node_modules" / "axe-core" / "axe.min.js"  # `make test` installs it (npm ci)
 TIMEOUT_MS = 20000
 PASSWORD = "a long console passphrase"
 EMAIL = "dev@notes-partner.example"
@@ -197,6 +197,7 @@ def browser_page():
 
 def check_accessibility(page, name):
     """axe-core on the current page: no serious or critical violation; optional screenshot."""
+    assert AXE.exists(), "axe-core is missing: run `make test` (or `cd tests/js && npm ci`)"
     page.add_script_tag(path=str(AXE))
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     bad = [(v["id"], v["impact"], [n["target"] for n in v["nodes"]]) for v in result["violations"]

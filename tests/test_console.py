@@ -53,27 +53,27 @@ def partner_b(runtime):
 def test_manifest_update_validates_each_field_and_audits_the_actor(runtime, world):
     app = world["app"]
     with pytest.raises(ManifestInvalid) as caught:
-        update_manifest(app.id, "developer:a@x.example", name=" ", launch_url="ftp://x", redirect_uri="https://a/#f",
+        update_manifest(runtime, app.id, "developer:a@x.example", name=" ", launch_url="ftp://x", redirect_uri="https://a/#f",
                         token_endpoint="nope", allowed_origins=["https://ok.example", "javascript:alert(1)"],
                         user_fields=["email", "ssn"])
     assert set(caught.value.fields) == {"name", "launch_url", "redirect_uri", "token_endpoint", "allowed_origins",
                                         "user_fields"}
     assert Application.get_by_id(app.id).name == "Test App"  # nothing applied
-    updated = update_manifest(app.id, "developer:a@x.example", name="Renamed", token_endpoint="",
+    updated = update_manifest(runtime, app.id, "developer:a@x.example", name="Renamed", token_endpoint="",
                               user_fields=["name", "email", "email"], allowed_origins=["https://idp.example"])
     assert (updated.name, updated.token_endpoint, updated.user_fields, updated.allowed_origins) == \
         ("Renamed", None, ["email", "name"], ["https://idp.example"])
     event = AuditEvent.select().where(AuditEvent.action == "application.manifest_updated").get()
     assert event.actor == "developer:a@x.example" and event.subject == app.id
     assert event.detail["before"]["name"] == "Test App" and event.detail["after"]["name"] == "Renamed"
-    update_manifest(app.id, "operator", name="Renamed")  # no change: nothing recorded
+    update_manifest(runtime, app.id, "operator", name="Renamed")  # no change: nothing recorded
     assert AuditEvent.select().where(AuditEvent.action == "application.manifest_updated").count() == 1
 
 
 @pytest.mark.gen_test
-async def test_authorize_follows_the_new_base_url_and_userinfo_the_new_permissions(api, flow, world):
+async def test_authorize_follows_the_new_base_url_and_userinfo_the_new_permissions(api, flow, world, runtime):
     app = world["app"]
-    update_manifest(app.id, "operator", redirect_uri="https://new.example/cb", user_fields=["name"])
+    update_manifest(runtime, app.id, "operator", redirect_uri="https://new.example/cb", user_fields=["name"])
     status, headers, _ = await flow.authorize(redirect_uri="https://app.example.com/main")
     assert status == 400 and "Location" not in headers  # the old base is refused, never redirected to
     status, headers, _ = await flow.authorize(redirect_uri="https://new.example/cb/done")

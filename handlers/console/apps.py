@@ -44,7 +44,7 @@ class AppHandler(AppPage):
                 "allowed_origins": self.form("allowed_origins").splitlines(),
                 "user_fields": self.get_body_arguments("user_fields")}
         try:
-            await self.run(update_manifest, app.id, actor_of(self.developer), **form)
+            await self.run(update_manifest, self.runtime, app.id, actor_of(self.developer), **form)
         except ManifestInvalid as exc:
             return self.render_app(app, 400, form=form, errors=exc.fields)
         self.redirect(f"/console/apps/{app.id}?notice=saved", status=303)
