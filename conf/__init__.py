@@ -82,6 +82,14 @@ def _rate_limits(name: str, value: str) -> tuple:
     return tuple(limits)
 
 
+def _count_per_seconds(name: str, value: str) -> tuple:
+    """`10/300` -> (10, 300)."""
+    m = re.match(r"^\s*(\d+)\s*/\s*(\d+)\s*$", value)
+    if not m or int(m[1]) < 1 or int(m[2]) < 1:
+        raise ConfigError(f"{name} must look like COUNT/SECONDS (e.g. 10/300), got {value!r}")
+    return int(m[1]), int(m[2])
+
+
 @dataclass(frozen=True)
 class Settings:
     """The whole configuration. Field names mirror the `SVC_*` variables, lower-cased."""
@@ -117,6 +125,10 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
     rate_limits: tuple = ()
+    # Failed authentication attempts (client secrets, sandbox sign-in): "COUNT/SECONDS" per
+    # subject (a client_id, an account) and per source address; past them, 429 + Retry-After.
+    auth_failure_limit: tuple = (10, 300)
+    auth_address_failure_limit: tuple = (50, 300)
     log_level: str = "INFO"
     # Background work: retries of a failed task (exponential backoff between the two bounds),
     # worker threads of the in-process worker, and how long a connector session stays active
@@ -182,6 +194,9 @@ class Settings:
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
+        for name in ("auth_failure_limit", "auth_address_failure_limit"):
+            if isinstance(merged[name], str):
+                merged[name] = _count_per_seconds("SVC_" + name.upper(), merged[name])
         if isinstance(merged["rate_limits"], str):
             merged["rate_limits"] = _rate_limits("SVC_RATE_LIMITS", merged["rate_limits"])
         if not merged["claims_namespace"]:

@@ -12,6 +12,8 @@ from models.clock import clock
 from models.db import open_database
 from oauth.tokens import TokenService
 from ratelimit import build_rate_limiter
+from ratelimit.failures import FailurePolicy, build_failure_throttle
+from ratelimit.policy import Limit
 
 
 _current: "Runtime | None" = None
@@ -39,12 +41,20 @@ class Runtime:
         self.tokens = TokenService(self.keyring, settings.issuer_claim)
         # Partner REST API limits: Redis when configured (connects on first use), else in-memory.
         self.rate_limiter = build_rate_limiter(settings)
+        # Failed client authentication (token, introspect, revoke) per client_id and address.
+        self.client_auth_throttle = build_failure_throttle(
+            settings, "client_auth", self.failure_policy(), lambda: self.clock.time())
         self._object_store = None
         self._task_queue = None
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
         self.executor = ThreadPoolExecutor(max_workers=settings.db_threads, thread_name_prefix="svc-blocking")
         _current = self
+
+    def failure_policy(self) -> FailurePolicy:
+        """The configured failure limits (SVC_AUTH_FAILURE_LIMIT, SVC_AUTH_ADDRESS_FAILURE_LIMIT)."""
+        return FailurePolicy(subject=Limit(*self.settings.auth_failure_limit),
+                             address=Limit(*self.settings.auth_address_failure_limit))
 
     @property
     def object_store(self):

@@ -9,6 +9,7 @@ import tornado.web
 
 from conf.logging import redact
 from oauth.errors import ApiError, OAuthError, invalid_request
+from partner_api.network import client_address
 from ops.observability import bind_request_id
 
 log = logging.getLogger("svc_auth.http")
@@ -28,6 +29,11 @@ class BaseHandler(tornado.web.RequestHandler):
     @property
     def svc_settings(self):
         return self.runtime.settings
+
+    def client_address(self) -> str:
+        """The caller's address (X-Forwarded-For only through SVC_TRUSTED_PROXIES)."""
+        return client_address(self.request.remote_ip, self.request.headers.get("X-Forwarded-For"),
+                              self.svc_settings.trusted_proxies)
 
     def set_default_headers(self):
         self.set_header("X-Content-Type-Options", "nosniff")

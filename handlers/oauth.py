@@ -46,11 +46,11 @@ class AuthorizeHandler(VariantHandler):
 
 
 class TokenHandler(VariantHandler):
-    def post(self):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
-        response = token_response(self.runtime, self.variant, self.body_params(),
-                                  self.request.headers.get("Authorization"))
+        response = await self.run(token_response, self.runtime, self.variant, self.body_params(),
+                                  self.request.headers.get("Authorization"), self.client_address())
         self.write_json(response)
 
 
@@ -67,26 +67,31 @@ class IntrospectionHandler(VariantHandler):
     host platform with a sandbox user's token, whose successful check is the platform verifying
     the app's token for that user (it records the authorization)."""
 
-    def post(self):
+    async def post(self):
         self.set_header("Cache-Control", "no-store")
         params = self.body_params()
         token = params.get("token")
         if not isinstance(token, str) or not token:
             raise ApiError(400, "invalid_request", "The token parameter is required.")
         authorization = self.request.headers.get("Authorization") or ""
-        claims = active_user_token(self.runtime, token)
-        if authorization.lower().startswith("bearer "):
-            platform_user = sandbox_user(self.runtime, authorization[7:].strip())
-            if claims is not None and claims["sub"] != platform_user.id:
-                claims = None
-            if claims is not None:
-                app = Application.by_client_id(claims["client_id"])
-                record_platform_verification(app, platform_user)
-        else:
-            app = authenticate_client(params, authorization, self.runtime.hasher)
-            if claims is not None and claims["client_id"] != app.client_id:
-                claims = None
-        self.write_json(introspection_response(claims))
+        self.write_json(await self.run(introspect, self.runtime, params, token, authorization, self.client_address()))
+
+
+def introspect(runtime, params: dict, token: str, authorization: str, address: str) -> dict:
+    """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool)."""
+    claims = active_user_token(runtime, token)
+    if authorization.lower().startswith("bearer "):
+        platform_user = sandbox_user(runtime, authorization[7:].strip())
+        if claims is not None and claims["sub"] != platform_user.id:
+            claims = None
+        if claims is not None:
+            app = Application.by_client_id(claims["client_id"])
+            record_platform_verification(app, platform_user)
+    else:
+        app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
+        if claims is not None and claims["client_id"] != app.client_id:
+            claims = None
+    return introspection_response(claims)
 
 
 def routes(runtime) -> list:

@@ -1,4 +1,8 @@
-"""Client authentication (RFC 6749 2.3.1): HTTP Basic, or client_id/client_secret in the body."""
+"""Client authentication (RFC 6749 2.3.1): HTTP Basic, or client_id/client_secret in the body.
+
+The one place a client's secret is checked (token, introspect and revoke endpoints). Failed
+attempts are counted per client_id and per source address (`ratelimit.failures`); past the
+limits an attempt is refused unchecked with 429 + Retry-After, and each lockout is audited."""
 from __future__ import annotations
 
 import base64
@@ -6,7 +10,10 @@ import binascii
 from urllib.parse import unquote
 
 from models.application import Application
-from oauth.errors import invalid_client, invalid_request
+from models.audit import AuditEvent
+from oauth.errors import ApiError, OAuthError, invalid_client, invalid_request
+from ratelimit.failures import FailureThrottle, Throttled
+from ratelimit.limiter import RateLimiterUnavailable
 
 
 def _basic_credentials(authorization: str) -> tuple[str, str] | None:
@@ -15,7 +22,7 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
         return None
     try:
         decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except (binascii.Error, UnicodeDecodeError, ValueError):
         raise invalid_client("The Basic authorization header is malformed.", basic=True) from None
     client_id, sep, secret = decoded.partition(":")
     if not sep:
@@ -23,9 +30,55 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     return unquote(client_id), unquote(secret)
 
 
-def authenticate_client(params: dict, authorization: str | None, hasher) -> Application:
-    """The application whose credentials the request carries, or 401 `invalid_client`."""
-    basic = _basic_credentials(authorization or "")
+def throttle_check(throttle: FailureThrottle | None, subject, address: str | None) -> None:
+    """429 + Retry-After while `subject`/`address` is locked; 503 when the shared store is down."""
+    if throttle is None:
+        return
+    try:
+        throttle.check(subject, address)
+    except Throttled as exc:
+        raise OAuthError("too_many_attempts",
+                         f"Too many failed authentication attempts; retry after {exc.retry_after} seconds.",
+                         status=429, headers={"Retry-After": str(exc.retry_after)}) from None
+    except RateLimiterUnavailable:
+        raise ApiError(503, "temporarily_unavailable", "The failure counter's store (Redis) cannot be reached; "
+                       "retry shortly.", {"Retry-After": "5"}) from None
+
+
+def throttle_failure(throttle: FailureThrottle | None, subject, address: str | None) -> None:
+    """Count a failed attempt; audit each counter this failure locked."""
+    if throttle is None:
+        return
+    try:
+        locked = throttle.failed(subject, address)
+    except RateLimiterUnavailable:
+        raise ApiError(503, "temporarily_unavailable", "The failure counter's store (Redis) cannot be reached; "
+                       "retry shortly.", {"Retry-After": "5"}) from None
+    for key in locked:
+        AuditEvent.record(f"address:{address or 'unknown'}", "auth.lockout", ":".join(map(str, subject or ())),
+                          throttle=throttle.name, locked=list(key), address=address,
+                          limit=(throttle.policy.address if key[0] == "address" else throttle.policy.subject).count)
+
+
+def authenticate_client(params: dict, authorization: str | None, hasher,
+                        throttle: FailureThrottle | None = None, address: str | None = None) -> Application:
+    """The application whose credentials the request carries, or 401 `invalid_client`.
+
+    With `throttle`, failures from `address` are counted and a locked attempt gets 429."""
+    try:
+        return _authenticate(params, authorization, hasher, throttle, address)
+    except OAuthError as exc:
+        if exc.error == "invalid_client" and throttle is not None and not getattr(exc, "counted", False):
+            throttle_failure(throttle, None, address)  # malformed or missing credentials: per address
+        raise
+
+
+def _authenticate(params, authorization, hasher, throttle, address) -> Application:
+    try:
+        basic = _basic_credentials(authorization or "")
+    except OAuthError:
+        throttle_check(throttle, None, address)  # a locked address gets 429 whatever it sends
+        raise
     body_id, body_secret = params.get("client_id"), params.get("client_secret")
     if basic and body_secret is not None:
         raise invalid_request("Use one client authentication method, not both Basic and client_secret.")
@@ -36,10 +89,20 @@ def authenticate_client(params: dict, authorization: str | None, hasher) -> Appl
     else:
         client_id, secret = body_id, body_secret
     if client_id is None or secret is None:
-        raise invalid_client("Client credentials are missing: send client_id and client_secret.", basic=bool(basic))
+        throttle_check(throttle, None, address)
+        error = invalid_client("Client credentials are missing: send client_id and client_secret.", basic=bool(basic))
+        error.counted = True  # nothing was guessed
+        raise error
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
+    subject = ("client", client_id)
+    throttle_check(throttle, subject, address)
     app = Application.by_client_id(client_id)
     if app is None or not app.has_secret(secret, hasher):
-        raise invalid_client("Unknown client or wrong client secret.", basic=bool(basic))
+        throttle_failure(throttle, subject if app is not None else None, address)
+        error = invalid_client("Unknown client or wrong client secret.", basic=bool(basic))
+        error.counted = True
+        raise error
+    if throttle is not None:
+        throttle.succeeded(subject, address)
     return app

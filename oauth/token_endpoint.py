@@ -15,13 +15,13 @@ def supported_grants(variant) -> list[str]:
     return [name for name in GRANTS if name in variant.grant_types]
 
 
-def token_response(runtime, variant, params: dict, authorization: str | None) -> dict:
+def token_response(runtime, variant, params: dict, authorization: str | None, address: str | None = None) -> dict:
     """The token response for this request, or an `OAuthError` (RFC 6749 5.2)."""
     grant_type = text_param(params, "grant_type")
     if grant_type not in GRANTS or grant_type not in variant.grant_types:
         raise OAuthError("unsupported_grant_type",
                          f"grant_type must be one of: {', '.join(supported_grants(variant))}.")
-    app = authenticate_client(params, authorization, runtime.hasher)
+    app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
     response = GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
     count_token_issued(grant_type)
     return response

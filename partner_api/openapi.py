@@ -238,7 +238,12 @@ def _oauth_paths(prefix: str) -> dict:
     token_errors = {"400": _error("RFC 6749 5.2 error"),
                     "401": _error("`invalid_client`"),
                     "413": _error("request body too large"),
-                    "415": _error("unsupported Content-Type")}
+                    "415": _error("unsupported Content-Type"),
+                    "429": _error("`too_many_attempts`: too many failed client authentications from this "
+                                  "address or for this client; retry after `Retry-After` seconds",
+                                  _header_refs(["Retry-After"], required=True)),
+                    "503": _error("the failure counter's store (Redis) cannot be reached",
+                                  _header_refs(["Retry-After"], required=True))}
     form_or_json = {"application/json": {"schema": _ref("TokenRequest")},
                     "application/x-www-form-urlencoded": {"schema": _ref("TokenRequest")}}
     bearer_401 = _error("bad or expired token", _header_refs(["WWW-Authenticate"], required=True))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from handlers.base import BaseHandler
 from oauth.errors import ApiError
 from partner_api.auth import partner_application
-from partner_api.network import client_address, parse_networks, require_allowed_network
+from partner_api.network import parse_networks, require_allowed_network
 from ratelimit import RateLimiterUnavailable
 
 
@@ -20,10 +20,6 @@ class PartnerApiHandler(BaseHandler):
 
     partner_app = None
     _limit_headers: dict = {}
-
-    def client_address(self) -> str:
-        return client_address(self.request.remote_ip, self.request.headers.get("X-Forwarded-For"),
-                              self.svc_settings.trusted_proxies)
 
     async def prepare(self):
         super().prepare()
