@@ -142,6 +142,8 @@ class Settings:
     connector_session_ttl: int = 24 * 3600
     # Developer console: a session unused for this long is signed out.
     console_idle_timeout: int = 30 * 60
+    # Console sign-in: failures allowed per account and per source address in a window, "COUNT/SECONDS".
+    console_signin_failure_limit: tuple = (5, 900)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -194,7 +196,7 @@ class Settings:
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
-        for name in ("auth_failure_limit", "auth_address_failure_limit"):
+        for name in ("auth_failure_limit", "auth_address_failure_limit", "console_signin_failure_limit"):
             if isinstance(merged[name], str):
                 merged[name] = _count_per_seconds("SVC_" + name.upper(), merged[name])
         if isinstance(merged["rate_limits"], str):

@@ -7,6 +7,7 @@ hashes (`runtime.hasher`), like client secrets; passwords, which people choose, 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 
 import argon2
 import pyotp
@@ -17,6 +18,8 @@ from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import new_secret
 from oauth.errors import ApiError
+from ratelimit.failures import FailurePolicy, FailureThrottle, Throttled, build_failure_throttle
+from ratelimit.policy import Limit
 
 PASSWORD_MIN = 12
 PASSWORD_MAX = 1024
@@ -185,21 +188,35 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
 
 __all__ = ["FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
            "developer_application", "end_session", "invite_developer", "open_invite", "session_developer",
-           "sign_in", "start_session", "totp_uri"]
+           "sign_in", "signin_throttle", "start_session", "totp_uri"]
+
+
+def signin_subject(email: str) -> tuple:
+    """The throttle subject of an account: hashed, so no e-mail address is written to Redis."""
+    return ("account", hashlib.sha256((email or "").strip().lower().encode()).hexdigest()[:32])
 
 
 def sign_in(runtime, throttle, email: str, password: str, totp_code: str, address: str) -> str:
-    """A session token for right credentials. Failures are throttled per account and per source
-    address (`ratelimit.signin`): once either has too many, 429 with Retry-After, right or not."""
-    from ratelimit.signin import account_key, address_key
-    keys = [account_key(email), address_key(address)]
-    wait = throttle.retry_after(keys)
-    if wait:
-        raise ApiError(429, "too_many_attempts",
-                       f"Too many failed sign-ins. Try again in {wait} seconds.", {"Retry-After": str(wait)})
+    """A session token for right credentials. Failures go to the shared failure throttle
+    (`ratelimit.failures`, as at the token endpoint): past the limit per account or per source
+    address, 429 with Retry-After without checking the password."""
+    subject = signin_subject(email)
+    try:
+        throttle.check(subject, address)
+    except Throttled as exc:
+        raise ApiError(429, "too_many_attempts", f"Too many failed sign-ins. Try again in {exc.retry_after} seconds.",
+                       {"Retry-After": str(exc.retry_after)}) from None
     developer = check_credentials(runtime, email, password, totp_code)
     if developer is None:
-        throttle.failed(keys)
+        for locked in throttle.failed(subject, address):
+            AuditEvent.record(f"address:{address}", "developer.signin_locked", "console", counter=locked[0])
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
-    throttle.succeeded(keys[0])
+    throttle.succeeded(subject, address)
     return start_session(runtime, developer)
+
+
+def signin_throttle(runtime) -> FailureThrottle:
+    """The console's failure throttle: SVC_CONSOLE_SIGNIN_FAILURE_LIMIT per account and per address."""
+    limit = Limit(*runtime.settings.console_signin_failure_limit)
+    return build_failure_throttle(runtime.settings, "console_signin", FailurePolicy(subject=limit, address=limit),
+                                  lambda: runtime.clock.time())

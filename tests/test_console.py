@@ -13,13 +13,12 @@ import pytest
 
 from conftest import ROOT, settings_env
 from console_client import ConsoleClient
-from lifecycle.developers import check_credentials, invite_developer, sign_in
+from lifecycle.developers import check_credentials, invite_developer, sign_in, signin_throttle
 from lifecycle.manifest import ManifestInvalid, update_manifest
 from lifecycle.registry import create_organization, install_application, register_application
 from models.application import Application
 from models.audit import AuditEvent
 from oauth.errors import ApiError
-from ratelimit.signin import MemorySignInThrottle
 
 PASSWORD = "correct horse battery staple"
 
@@ -269,7 +268,7 @@ def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtim
     from models.developers import Developer
     import argon2
     Developer.update(password_hash=argon2.PasswordHasher().hash(PASSWORD)).execute()
-    throttle = MemorySignInThrottle(runtime.clock)
+    throttle = signin_throttle(runtime)  # in memory: these settings have no SVC_REDIS_URL
     for n in range(5):
         with pytest.raises(ApiError) as caught:
             sign_in(runtime, throttle, "dev@partner.example", "bad", "", f"10.0.0.{n}")
@@ -283,3 +282,20 @@ def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtim
     runtime.clock.advance(15 * 60 + 1)  # the window has passed
     assert sign_in(runtime, throttle, "dev@partner.example", PASSWORD, "", "10.0.1.1")
     assert check_credentials(runtime, "dev@partner.example", PASSWORD) is not None
+
+
+def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespace):
+    """Two processes' throttles on one Redis: failures counted by one refuse attempts at the other."""
+    from conftest import REDIS_URL
+    invite_developer(runtime, world["app"].id, "dev@partner.example")
+    shared = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace)
+
+    class Process:  # what `signin_throttle` reads of a serve process's Runtime
+        settings, clock = shared, runtime.clock
+    first, second = signin_throttle(Process), signin_throttle(Process)
+    for n in range(5):
+        with pytest.raises(ApiError):
+            sign_in(runtime, first, "dev@partner.example", "bad", "", f"10.0.0.{n}")
+    with pytest.raises(ApiError) as caught:
+        sign_in(runtime, second, "dev@partner.example", "bad", "", "10.0.9.9")
+    assert caught.value.status == 429 and int(caught.value.headers["Retry-After"]) <= 900

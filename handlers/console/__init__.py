@@ -5,9 +5,9 @@ on every console POST, and only there: the OAuth and REST endpoints are not form
 from __future__ import annotations
 
 from handlers.console import account, apps
-from ratelimit.signin import build_signin_throttle
+from lifecycle.developers import signin_throttle
 
 
 def routes(runtime) -> list:
-    throttle = build_signin_throttle(runtime.settings, runtime.clock)
+    throttle = signin_throttle(runtime)  # one per process; shared through Redis when configured
     return account.routes(throttle) + apps.routes()
