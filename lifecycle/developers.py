@@ -87,6 +87,9 @@ def totp_uri(invite: DeveloperInvite) -> str:
 def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: str = "") -> Developer:
     """Set the password (and the TOTP factor when a code is given); the link then stops working."""
     invite = open_invite(runtime, token)
+    if invite.developer.password_hash:
+        # A later invitation only grants another application; it never resets a password.
+        raise ApiError(409, "account_exists", "You already have a password: sign in with it.")
     errors = {}
     password = password or ""
     if len(password) < PASSWORD_MIN:

@@ -132,7 +132,14 @@ async def test_invite_set_password_sign_in_pages_and_sign_out(http_client, base_
     assert bad_month.code == 400 and 'id="month-error"' in client.last_html
     csv_response = await client.get(f"/console/apps/{app.id}/billing.csv?month=2026-01")
     assert csv_response.code == 200 and client.last_html.startswith("month,application_id")
+    # A second invitation (another application) grants access; it cannot reset the password.
+    second, _ = register_application(runtime, "Second App", "https://two.example/app", "https://two.example/launch")
+    again = invite_path(runtime, second.id, "dev@partner.example")
+    assert (await client.get(again)).code == 200 and "already have an account" in client.last_html
+    reset = await client.post(again, {"password": "another password!", "confirm": "another password!"})
+    assert reset.code == 409 and check_credentials(runtime, "dev@partner.example", PASSWORD)
     await client.get("/console")
+    assert "Second App" in client.last_html and "Test App" in client.last_html
     out = await client.post("/console/logout")
     assert out.code == 303 and "svc_console" not in client.cookies
     assert (await client.get(f"/console/apps/{app.id}")).code == 302
@@ -299,3 +306,23 @@ def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespac
     with pytest.raises(ApiError) as caught:
         sign_in(runtime, second, "dev@partner.example", "bad", "", "10.0.9.9")
     assert caught.value.status == 429 and int(caught.value.headers["Retry-After"]) <= 900
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url, runtime, world):
+    app = world["app"]
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    await client.get(f"/console/apps/{app.id}")
+    token = client.xsrf()
+    headers = client._headers({"Content-Type": "application/x-www-form-urlencoded"})
+    for body in (b"name=%ff%fe&_xsrf=" + token.encode(), b"_xsrf=" + token.encode() + b"&user_fields=" + b"x" * 300):
+        response = await http_client.fetch(f"{base_url}/console/apps/{app.id}", method="POST", body=body,
+                                           headers=headers, raise_error=False)
+        assert 400 <= response.code < 500, response.body[:300]
+    for path in ("/console/apps/%00", "/console/apps/" + "a" * 300, "/console/apps/x/installations/%ff/status"):
+        response = await client.get(path)
+        assert response.code in (400, 404), path
+    month = await client.get(f"/console/apps/{app.id}/billing.csv?month=junk")
+    assert month.code == 400 and "YYYY-MM" in client.last_html
+    status = await client.post(f"/console/apps/{app.id}/installations/{world['org'].id}/status", {"status": "On"})
+    assert status.code in (400, 409) and 'class="error"' in client.last_html

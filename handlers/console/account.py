@@ -56,6 +56,8 @@ class InviteHandler(ConsoleHandler):
 
     async def get(self, token):
         invite = await self.run(open_invite, self.runtime, token)
+        if invite.developer.password_hash:
+            return self.page("invite_existing.html", email=invite.developer.email)
         self.page("invite.html", email=invite.developer.email, totp_secret=invite.totp_secret,
                   totp_uri=totp_uri(invite), errors={})
 

@@ -8,7 +8,6 @@ import tornado.web
 from handlers.base import BaseHandler
 from lifecycle.developers import developer_application, session_developer
 from oauth.errors import ApiError
-from partner_api.network import client_address
 
 TEMPLATE_DIR = str(Path(__file__).resolve().parent / "templates")
 SESSION_COOKIE = "svc_console"
@@ -49,10 +48,6 @@ class ConsoleHandler(BaseHandler):
 
     def set_session_cookie(self, token: str) -> None:
         self.set_cookie(SESSION_COOKIE, token, path="/console", httponly=True, samesite="Lax", secure=self.secure)
-
-    def client_address(self) -> str:
-        return client_address(self.request.remote_ip, self.request.headers.get("X-Forwarded-For"),
-                              self.svc_settings.trusted_proxies)
 
     async def own_application(self, application_id: str):
         """The signed-in developer's application, checked on every request; anything else 404."""
