@@ -316,7 +316,8 @@ def test_partner_walks_the_console(stack, browser_page):
     row = page.locator(f"#org-{org['id']}")
     assert "Disabled" in row.inner_text()
     check_accessibility(page, "installations")
-    row.get_by_role("button", name="Enable").click()
+    row.get_by_role("button", name="Enable").focus()
+    page.keyboard.press("Enter")  # the switch works from the keyboard
     page.get_by_role("status").filter(has_text="activation status is saved").wait_for()
     row = page.locator(f"#org-{org['id']}")
     assert "Enabled" in row.inner_text() and row.get_by_role("button", name="Disable").is_visible()
@@ -348,6 +349,11 @@ def test_partner_walks_the_console(stack, browser_page):
     for action in ("application.manifest_updated", "application.secret.fallback_generated",
                    "application.secret.fallback_activated", "installation.activation_status_set"):
         assert f"developer:{EMAIL}\t{action}" in trail, action
+
+    # An application that is not the developer's: the same 404 as an unknown one, accessible too.
+    response = page.goto(f"{stack.console}/console/apps/app_not_yours")
+    assert response.status == 404
+    check_accessibility(page, "not-found")
 
     # 9. Sign out: the console asks to sign in again.
     page.get_by_role("button", name="Sign out").click()
