@@ -18,6 +18,7 @@ from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import new_secret
 from oauth.errors import ApiError
+from partner_api.access import PATH_ID
 from ratelimit.failures import FailurePolicy, FailureThrottle, Throttled, build_failure_throttle
 from ratelimit.policy import Limit
 
@@ -183,7 +184,7 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
     the console does not reveal which ids exist)."""
     app = (Application.select().join(DeveloperAccess, on=(DeveloperAccess.application == Application.id))
            .where((DeveloperAccess.developer == developer.id) & (Application.id == application_id)).first()
-           if isinstance(application_id, str) else None)
+           if isinstance(application_id, str) and PATH_ID.match(application_id) else None)
     if app is None:
         raise ApiError(404, "application_not_found", "No application of yours has this id.")
     return app

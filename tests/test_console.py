@@ -319,9 +319,18 @@ async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url
         response = await http_client.fetch(f"{base_url}/console/apps/{app.id}", method="POST", body=body,
                                            headers=headers, raise_error=False)
         assert 400 <= response.code < 500, response.body[:300]
-    for path in ("/console/apps/%00", "/console/apps/" + "a" * 300, "/console/apps/x/installations/%ff/status"):
+    for path in ("/console/apps/%00", "/console/apps/" + "a" * 300, "/console/apps/x/installations/%ff/status",
+                 f"/console/apps/{app.id}%00/audit"):
         response = await client.get(path)
         assert response.code in (400, 404), path
+    await client.get("/console")
+    for path, field, code in ((f"/console/apps/{app.id}", "launch_url", 400), ("/console/login", "email", 401)):
+        await client.get("/console")
+        nul = await client.post(path, {field: "https://a.example/\x00", "name": "x"})
+        assert nul.code == code, (path, client.last_html[-500:])
+    await client.get("/console")
+    nul_org = await client.post(f"/console/apps/{app.id}/installations/org%00/status", {"status": "Enabled"})
+    assert nul_org.code == 404
     month = await client.get(f"/console/apps/{app.id}/billing.csv?month=junk")
     assert month.code == 400 and "YYYY-MM" in client.last_html
     status = await client.post(f"/console/apps/{app.id}/installations/{world['org'].id}/status", {"status": "On"})

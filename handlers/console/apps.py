@@ -16,7 +16,7 @@ from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, 
 from lifecycle.registry import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
 from oauth.errors import ApiError
-from partner_api.access import path_id
+from partner_api.access import PATH_ID
 
 ACTIVATION_WARNING = ("Activating the fallback secret before your backend retries with the fallback "
                       "breaks integrations: the current secret stops working at once.")
@@ -42,7 +42,7 @@ class AppHandler(AppPage):
         form = {"name": self.form("name"), "launch_url": self.form("launch_url"),
                 "redirect_uri": self.form("redirect_uri"), "token_endpoint": self.form("token_endpoint"),
                 "allowed_origins": self.form("allowed_origins").splitlines(),
-                "user_fields": self.get_body_arguments("user_fields")}
+                "user_fields": self.form_list("user_fields")}
         try:
             await self.run(update_manifest, self.runtime, app.id, actor_of(self.developer), **form)
         except ManifestInvalid as exc:
@@ -89,8 +89,8 @@ class ActivationHandler(InstallationsHandler):
 
     async def post(self, application_id, organization_id):
         app = await self.own_application(application_id)
-        path_id("organization", organization_id)
-        installation = await self.run(Installation.find, app.id, organization_id)
+        installation = (await self.run(Installation.find, app.id, organization_id)
+                        if PATH_ID.match(organization_id) else None)
         if installation is None:
             raise ApiError(404, "not_installed", "The application is not installed in this organization.")
         try:

@@ -54,7 +54,12 @@ class ConsoleHandler(BaseHandler):
         return await self.run(developer_application, self.developer, application_id)
 
     def form(self, name: str) -> str:
+        """A form field (the last value). Tornado replaces control characters, NUL included,
+        with spaces in form arguments, so none reaches the database."""
         return self.get_body_argument(name, "", strip=False)
+
+    def form_list(self, name: str) -> list[str]:
+        return self.get_body_arguments(name, strip=False)
 
     def page(self, template: str, status: int = 200, **values) -> None:
         self.set_status(status)
