@@ -16,7 +16,7 @@ import tornado.netutil
 import tornado.web
 
 from conf import Settings
-from conf.runtime import Runtime
+from runtime import Runtime
 from handlers import console, oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
 from handlers.rest import appointments as rest_appointments, billing as rest_billing, directory as rest_directory, \

@@ -7,37 +7,40 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*", "ops*"]),
+                                    "examples*", "ops*", "runtime*"]),
     py_modules=["server"],
     include_package_data=True,
+    # Exact versions: the code relies on their public APIs as they are in these releases (peewee 4's
+    # Database.bind / execute_sql / selected_columns, Tornado's async handlers, Dramatiq 2's Actor).
+    # Upgrade deliberately, with the test suite.
     install_requires=[
-        "tornado>=6.4",
-        "peewee>=3.17",
-        "python-jose[cryptography]>=3.3",
-        "cryptography>=42",
-        "psycopg2-binary>=2.9",
-        "dramatiq[redis]>=1.16",
-        "redis>=5",
-        "pyzipper>=0.3.6",
-        "boto3>=1.34",
-        "fpdf2>=2.7",
-        "prometheus-client>=0.20",
-        "argon2-cffi>=23.1,<26",  # developer-console passwords: Argon2id, a maintained password hash
-        "pyotp>=2.9,<3",  # the console's optional TOTP second factor (RFC 6238)
+        "tornado==6.6.1",
+        "peewee==4.5.3",
+        "python-jose[cryptography]==3.5.0",
+        "cryptography==50.0.2",
+        "psycopg2-binary==2.9.13",
+        "dramatiq[redis]==2.2.1",
+        "redis==8.1.0",
+        "pyzipper==0.4.0",
+        "boto3==1.44.5",
+        "fpdf2==2.8.9",
+        "prometheus-client==0.26.0",
+        "argon2-cffi==25.1.0",  # developer-console passwords: Argon2id, a maintained password hash
+        "pyotp==2.12.0",  # the console's optional TOTP second factor (RFC 6238)
     ],
     extras_require={
         "test": [
-            "pytest>=8",
-            "pytest-tornado>=0.8",
-            "PyJWT[crypto]>=2.8",
-            "jwcrypto>=1.5",
-            "jsonschema>=4.21",
-            "openapi-spec-validator>=0.7",
-            "schemathesis>=4",
-            "pypdf>=4",
-            "moto[server]>=5",
-            "oic>=1.7",  # pyoidc, an OpenID-certified relying party: interop test
-            "playwright>=1.45",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
+            "pytest==9.2.0",
+            "pytest-tornado==0.8.1",
+            "PyJWT[crypto]==2.15.1",
+            "jwcrypto==1.6.1",
+            "jsonschema==4.26.0",
+            "openapi-spec-validator==0.9.0",
+            "schemathesis==4.32.5",
+            "pypdf==7.1.0",
+            "moto[server]==5.2.5",
+            "oic==1.7.0",  # pyoidc, an OpenID-certified relying party: interop test
+            "playwright==1.65.2",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},

@@ -69,7 +69,6 @@ def appointments_benchmarks(postgres_url: str, redis_url: str, seconds: float, s
     import peewee  # noqa: F401
     from playhouse.db_url import connect
     from models.appointments import Snapshot, SnapshotAppointment
-    from models.clock import clock
 
     namespace = f"svc-bench-{secrets.token_hex(4)}"
     with scratch_database(postgres_url) as url, redis_namespace(redis_url, namespace):
@@ -78,9 +77,10 @@ def appointments_benchmarks(postgres_url: str, redis_url: str, seconds: float, s
             "SVC_RATE_LIMITS": "appointments=100000000/60"})
         service.seed()  # migrates the schema, registers the application
         db = connect(url)
-        from models.db import database
-        database.initialize(db)
-        now = clock.now()
+        from models.clock import Clock
+        from models.schema import bind_models
+        bind_models(db)
+        now = Clock().now()
         fleet = seed_fleet(db, service.application_id, ORGANIZATIONS, PHYSICIANS, now)
         copy_rows(db, Snapshot, ["organization_id", "snapshot_date", "status", "started_at", "completed_at"],
                   ((org, NIGHT, "complete", now, now) for org in fleet))

@@ -51,7 +51,7 @@ class BenchService:
 
     def seed(self) -> None:
         from conf import Settings
-        from conf.runtime import Runtime
+        from runtime import Runtime
         from lifecycle.registry import create_organization, create_user, install_application, register_application
         from lifecycle.sandbox import issue_sandbox_token
         runtime = Runtime(Settings.from_env(self.env, dotenv=None))

@@ -39,9 +39,8 @@ def _wait_ready(log_path: Path, count: int, timeout: float = 60) -> None:
 
 def snapshot_benchmarks(postgres_url: str, redis_url: str, say, worker_counts=(1, 2), timeout: float = 3600) -> dict:
     from conf import Settings
-    from conf.runtime import Runtime
+    from runtime import Runtime
     from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
-    from models.clock import clock
     from workers.snapshot import enqueue_night, night_window, organizations_to_sync
 
     namespace = f"svc-bench-{secrets.token_hex(4)}"
@@ -52,7 +51,7 @@ def snapshot_benchmarks(postgres_url: str, redis_url: str, say, worker_counts=(1
         settings = Settings.from_env(service.env, dotenv=None)
         runtime = Runtime(settings)
         try:
-            now = clock.now()
+            now = runtime.clock.now()
             fleet = seed_fleet(runtime.db, service.application_id, ORGANIZATIONS, PHYSICIANS, now)
             nights = [FIRST_NIGHT + dt.timedelta(days=7 * i) for i in range(len(worker_counts))]
             first_start, _ = night_window(settings, nights[0])

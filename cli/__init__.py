@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 def with_runtime(command):
     """Run `command(runtime, args)` against the configured database; domain errors exit 2."""
     def handler(settings, args):
-        from conf.runtime import Runtime
+        from runtime import Runtime
         from oauth.errors import ApiError
         runtime = Runtime(settings)
         runtime.migrate()

@@ -9,7 +9,7 @@ def register(commands) -> None:
 
 
 def _migrate(settings, args):
-    from conf.runtime import Runtime
+    from runtime import Runtime
     runtime = Runtime(settings)
     done = runtime.migrate()
     print("\n".join(done) if done else "schema is up to date")

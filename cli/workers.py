@@ -76,16 +76,15 @@ def run_scheduler_command(runtime, args) -> int:
 
 
 def run_snapshot(runtime, args) -> int:
-    from models.clock import clock
     from models.directory import Organization
     from workers.snapshot import run_night
     try:
-        night = dt.date.fromisoformat(args.date) if args.date else clock.now().date()
+        night = dt.date.fromisoformat(args.date) if args.date else runtime.clock.now().date()
     except ValueError:
         raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
     for org_id in args.org or ():
         if Organization.get_or_none(Organization.id == org_id) is None:
             raise UsageError(f"no organization has id {org_id!r}")
-    results = run_night(runtime.settings, night, args.org)
+    results = run_night(runtime, night, args.org)
     emit({"snapshot_date": night.isoformat(), "organizations": results}, args.json)
     return 1 if any(isinstance(v, str) for v in results.values()) else 0

@@ -1,6 +1,6 @@
 """Connector sessions: when a physician's EHR session is live, the nightly sync may read for them.
 
-The sandbox hub calls `touch_session(user)` each time a user opens it. A session stays active
+The sandbox hub calls `touch_session(runtime, user)` each time a user opens it. A session stays active
 until `end_session` or until it has not been seen for `SVC_CONNECTOR_SESSION_TTL` seconds.
 """
 from __future__ import annotations
@@ -8,25 +8,15 @@ from __future__ import annotations
 import datetime as dt
 
 from models.appointments import ConnectorSession
-from models.clock import clock
-
-DEFAULT_TTL = 24 * 3600
-
-
-def _ttl(runtime=None) -> int:
-    if runtime is None:
-        from conf.runtime import _current as runtime  # the process's runtime, when there is one
-    return runtime.settings.connector_session_ttl if runtime is not None else DEFAULT_TTL
-
 
 def _user_id(user) -> str:
     return user if isinstance(user, str) else user.id
 
 
-def touch_session(user, runtime=None) -> ConnectorSession:
+def touch_session(runtime, user) -> ConnectorSession:
     """The user opened the hub: extend their active connector session, or start a new one."""
-    now = clock.now()
-    since = now - dt.timedelta(seconds=_ttl(runtime))
+    now = runtime.clock.now()
+    since = now - dt.timedelta(seconds=runtime.settings.connector_session_ttl)
     session = (ConnectorSession.select()
                .where((ConnectorSession.user == _user_id(user)) & ConnectorSession.ended_at.is_null()
                       & (ConnectorSession.last_seen_at >= since))
@@ -38,9 +28,9 @@ def touch_session(user, runtime=None) -> ConnectorSession:
     return session
 
 
-def end_session(user) -> int:
+def end_session(runtime, user) -> int:
     """The user signed out of the EHR: end their open sessions. Returns how many ended."""
-    return (ConnectorSession.update(ended_at=clock.now())
+    return (ConnectorSession.update(ended_at=runtime.clock.now())
             .where((ConnectorSession.user == _user_id(user)) & ConnectorSession.ended_at.is_null())
             .execute())
 

@@ -22,9 +22,9 @@ class VariantHandler(BaseHandler):
 
 
 class AuthorizeHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         try:
-            location = AuthorizationRequest(self.runtime).issue_code(self.query_params())
+            location = await self.run(AuthorizationRequest(self.runtime).issue_code, self.query_params())
         except AuthorizeError as err:
             if err.redirect_uri:
                 location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
@@ -55,11 +55,13 @@ class TokenHandler(VariantHandler):
 
 
 class UserInfoHandler(VariantHandler):
-    def get(self):
+    async def get(self):
         self.set_header("Cache-Control", "no-store")
-        self.write_json(userinfo(self.runtime, bearer_value(self.request.headers.get("Authorization"))))
+        token = bearer_value(self.request.headers.get("Authorization"))
+        self.write_json(await self.run(userinfo, self.runtime, token))
 
-    post = get
+    async def post(self):
+        await self.get()
 
 
 class IntrospectionHandler(VariantHandler):
@@ -86,7 +88,7 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
             claims = None
         if claims is not None:
             app = Application.by_client_id(claims["client_id"])
-            record_platform_verification(app, platform_user)
+            record_platform_verification(runtime, app, platform_user)
     else:
         app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
         if claims is not None and claims["client_id"] != app.client_id:

@@ -25,21 +25,28 @@ class ObjectDownloadHandler(BaseHandler):
             raise ApiError(403, "url_expired", "This download URL has expired; request a new one.")
         if problem:
             raise ApiError(403, "invalid_signature", "This download URL is not valid.")
-        path = store.path_of(key)
         try:
-            handle = open(path, "rb")
+            handle, size = await self.run(open_object, store.path_of(key))
         except FileNotFoundError:
             raise ApiError(404, "not_found", "No such object.") from None
-        with handle:
+        try:
             self.set_header("Content-Type", "application/zip" if key.endswith(".zip") else "application/octet-stream")
-            self.set_header("Content-Length", str(os.fstat(handle.fileno()).st_size))
+            self.set_header("Content-Length", str(size))
             self.set_header("Content-Disposition", f'attachment; filename="{os.path.basename(key)}"')
             self.set_header("Cache-Control", "private, no-store")
-            # Stream in chunks so a large archive never sits in memory whole.
-            while chunk := handle.read(CHUNK):
+            # Stream in chunks so a large archive never sits in memory whole; reads on the pool.
+            while chunk := await self.run(handle.read, CHUNK):
                 self.write(chunk)
                 await self.flush()
+        finally:
+            await self.run(handle.close)
         self.finish()
+
+
+def open_object(path) -> tuple:
+    """The open file of a local object and its size (blocking: file system)."""
+    handle = open(path, "rb")
+    return handle, os.fstat(handle.fileno()).st_size
 
 
 def routes(runtime) -> list:

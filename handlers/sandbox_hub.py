@@ -17,10 +17,7 @@ import tornado.escape
 import tornado.template
 
 from handlers.base import BaseHandler
-from lifecycle.hub import frame_origins, hub_entries, origin_of
-from lifecycle.sandbox import issue_sandbox_token, sandbox_user
-from models.clock import clock
-from models.directory import User
+from lifecycle.hub import frame_origins, hub_entries_for_token, hub_view, origin_of
 from oauth.errors import ApiError
 from oauth.resource import bearer_value
 
@@ -35,14 +32,11 @@ HUB_REFRESH_SECONDS = 3
 
 
 class SandboxPageHandler(BaseHandler):
-    def page_user(self) -> User:
+    async def page_view(self):
         user_id = self.query_params().get("user")
         if not user_id:
             raise ApiError(400, "invalid_request", "The user parameter is required (?user=<user id>).")
-        user = User.get_or_none(User.id == user_id)
-        if user is None:
-            raise ApiError(404, "user_not_found", f"No sandbox user has id {user_id!r}.")
-        return user
+        return await self.run(hub_view, self.runtime, user_id)
 
     def render_page(self, name: str, csp: str, **values) -> None:
         self.set_header("Content-Type", "text/html; charset=UTF-8")
@@ -55,44 +49,43 @@ class SandboxPageHandler(BaseHandler):
 
 
 class HubHandler(SandboxPageHandler):
-    def get(self):
-        user = self.page_user()
-        entries = hub_entries(user)
+    async def get(self):
+        view = await self.page_view()
+        user, entries = view.user, view.entries
         own = origin_of(self.svc_settings.public_url)
         frames = " ".join(dict.fromkeys(["'self'", own, *frame_origins(entries)]))
         csp = (f"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                f"connect-src 'self' {own}; frame-src {frames}; frame-ancestors 'none'; base-uri 'none'; "
                f"form-action 'self'; object-src 'none'")
         data = {"user": {"id": user.id, "name": user.display_name},
-                "organizationId": user.organization_id, "sandboxToken": issue_sandbox_token(self.runtime, user),
+                "organizationId": user.organization_id, "sandboxToken": view.sandbox_token,
                 "apiBase": self.svc_settings.public_url + "/v1", "appsUrl": "/sandbox/api/apps",
                 "openApp": self.query_params().get("app"), "apps": [e.as_dict() for e in entries],
                 "refreshSeconds": HUB_REFRESH_SECONDS}
-        self.render_page("hub.html", csp, user=user, organization=user.organization, entries=entries,
+        self.render_page("hub.html", csp, user=user, organization=view.organization, entries=entries,
                          sandbox=IFRAME_SANDBOX, data_json=tornado.escape.json_encode(data))
 
 
 class SettingsHandler(SandboxPageHandler):
-    def get(self):
-        user = self.page_user()
-        token = issue_sandbox_token(self.runtime, user)
+    async def get(self):
+        view = await self.page_view()
         ttl = self.svc_settings.sandbox_token_ttl
-        expires = (clock.now() + dt.timedelta(seconds=ttl)).replace(microsecond=0).isoformat() + "Z"
-        apps = hub_entries(user)
+        expires = (self.runtime.clock.now() + dt.timedelta(seconds=ttl)).replace(microsecond=0).isoformat() + "Z"
         csp = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
-        self.render_page("settings.html", csp, user=user, organization=user.organization, token=token,
-                         ttl_minutes=ttl // 60, expires_at=expires, apps=apps,
+        self.render_page("settings.html", csp, user=view.user, organization=view.organization,
+                         token=view.sandbox_token, ttl_minutes=ttl // 60, expires_at=expires, apps=view.entries,
                          launches_url=self.svc_settings.public_url + "/v1/sandbox/launches")
 
 
 class HubAppsHandler(BaseHandler):
     """The hub's app list for the bearer of a sandbox token."""
 
-    def get(self):
-        user = sandbox_user(self.runtime, bearer_value(self.request.headers.get("Authorization")))
+    async def get(self):
+        token = bearer_value(self.request.headers.get("Authorization"))
+        entries = await self.run(hub_entries_for_token, self.runtime, token)
         self.set_header("Cache-Control", "no-store")
-        self.write_json({"apps": [e.as_dict() for e in hub_entries(user)]})
+        self.write_json({"apps": [e.as_dict() for e in entries]})
 
 
 def routes(runtime) -> list:

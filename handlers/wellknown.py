@@ -6,13 +6,13 @@ from oauth.discovery import openid_configuration
 
 
 class JWKSHandler(BaseHandler):
-    def get(self):
+    async def get(self):  # from the keyring in memory: no I/O
         self.set_header("Cache-Control", "public, max-age=300")
         self.write_json(self.runtime.keyring.jwks())
 
 
 class OpenIDConfigurationHandler(BaseHandler):
-    def get(self):
+    async def get(self):
         self.set_header("Cache-Control", "public, max-age=300")
         self.write_json(openid_configuration(self.svc_settings))
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from models.application import ACTIVATION_STATUSES, Installation
 from models.audit import AuditEvent
-from models.clock import clock
 from oauth.errors import ApiError
 
 
-def set_activation_status(installation: Installation, status, actor: str) -> Installation:
+def set_activation_status(runtime, installation: Installation, status, actor: str) -> Installation:
     if status not in ACTIVATION_STATUSES:
         raise ApiError(400, "invalid_status", f"status must be one of {', '.join(ACTIVATION_STATUSES)}.")
     current = Installation.get_by_id(installation.id)
@@ -20,11 +19,11 @@ def set_activation_status(installation: Installation, status, actor: str) -> Ins
         raise ApiError(409, "not_initialized",
                        "The activation status can be set only after the application's first SDK initialization "
                        "in this organization.")
-    with Installation._meta.database.atomic():
+    with runtime.db.atomic():
         Installation.update(activation_status=status).where(Installation.id == current.id).execute()
         if status == "Enabled":
             # Only the first Enabled starts the trial, even when two requests race.
-            (Installation.update(trial_started_at=clock.now())
+            (Installation.update(trial_started_at=runtime.clock.now())
              .where((Installation.id == current.id) & Installation.trial_started_at.is_null()).execute())
         AuditEvent.record(actor, "installation.activation_status_set",
                           f"{current.application_id}/{current.organization_id}",

@@ -10,7 +10,6 @@ import re
 from collections import OrderedDict
 
 from models.billing import BillableUse
-from models.clock import clock
 from models.directory import Organization, User
 from oauth.claims import trial_state
 from oauth.errors import ApiError
@@ -25,12 +24,11 @@ def is_billable(app, installation, now) -> bool:
     return not trial_state(app.billing_plan, installation.trial_started_at, now).is_free_trial
 
 
-def record_billable_use(app, user, installation) -> bool:
+def record_billable_use(app, user, installation, now) -> bool:
     """Add the ledger row if billable; True when this call created it.
 
     The unique index and INSERT ... ON CONFLICT DO NOTHING make concurrent verifications in any
     number of processes write one row."""
-    now = clock.now()
     if not is_billable(app, installation, now):
         return False
     inserted = (BillableUse.insert(application=app.id, organization=installation.organization_id, user=user.id,

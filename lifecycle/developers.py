@@ -53,7 +53,7 @@ def invite_developer(runtime, application_id: str, email: str, actor: str = "ope
     if not EMAIL.match(email) or len(email) > 254:
         raise ApiError(400, "invalid_request", f"{email!r} is not a valid e-mail address.")
     now = runtime.clock.now()
-    with Developer._meta.database.atomic():
+    with runtime.db.atomic():
         developer = Developer.get_or_none(Developer.email == email)
         if developer is None:
             developer = Developer.create(email=email, created_at=now)
@@ -106,7 +106,7 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
     if errors:
         raise FieldErrors(errors)
     now = runtime.clock.now()
-    with Developer._meta.database.atomic():
+    with runtime.db.atomic():
         used = (DeveloperInvite.update(used_at=now)
                 .where((DeveloperInvite.token_hash == invite.token_hash) & DeveloperInvite.used_at.is_null()).execute())
         if not used:  # another request used the link first

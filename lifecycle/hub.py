@@ -56,3 +56,29 @@ def hub_entries(user: User) -> list[HubEntry]:
 def frame_origins(entries: list[HubEntry]) -> list[str]:
     """Origins the hub may frame: every installed app's launch and main-page origins."""
     return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin)))
+
+
+@dataclass(frozen=True)
+class HubView:
+    """Everything the hub and settings pages render, read in one blocking call."""
+
+    user: User
+    organization: object
+    entries: list
+    sandbox_token: str
+
+
+def hub_view(runtime, user_id: str) -> HubView:
+    """The sandbox user `user_id` with their organization, installed apps and a fresh sandbox token."""
+    from lifecycle.sandbox import issue_sandbox_token
+    from oauth.errors import ApiError
+    user = User.with_organization(user_id)
+    if user is None:
+        raise ApiError(404, "user_not_found", f"No sandbox user has id {user_id!r}.")
+    return HubView(user, user.organization, hub_entries(user), issue_sandbox_token(runtime, user))
+
+
+def hub_entries_for_token(runtime, token: str | None) -> list[HubEntry]:
+    """The hub's app list for the bearer of a sandbox token (401 when the token is not valid)."""
+    from lifecycle.sandbox import sandbox_user
+    return hub_entries(sandbox_user(runtime, token))

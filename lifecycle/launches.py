@@ -20,8 +20,9 @@ def create_launch(runtime, user: User, client_id: str) -> tuple[Launch, str]:
     if installation.activation_status == "Disabled":
         raise ApiError(403, "application_disabled",
                        "This application is Disabled in this organization and cannot be opened.")
-    launch = Launch.create(id=new_secret(24), application=app.id, user=user.id,
-                           organization=user.organization_id, expires_at=expiry(runtime.settings.launch_ttl))
+    now = runtime.clock.now()
+    launch = Launch.create(id=new_secret(24), application=app.id, user=user.id, organization=user.organization_id,
+                           created_at=now, expires_at=expiry(now, runtime.settings.launch_ttl))
     org = user.organization
     url = with_query(app.launch_url, launch_id=launch.id, svc_organization_id=org.id, ehr_url=org.ehr_url or None)
     return launch, url

@@ -120,7 +120,7 @@ def update_manifest(runtime, application_id: str, actor: str, **changes) -> Appl
     changed = {key: value for key, value in clean.items() if before[key] != value}
     if not changed:
         return app
-    with Application._meta.database.atomic():
+    with runtime.db.atomic():
         Application.update(**changed).where(Application.id == app.id).execute()
         AuditEvent.record(actor, "application.manifest_updated", app.id,
                           before={k: before[k] for k in changed}, after=changed)

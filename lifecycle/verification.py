@@ -9,11 +9,10 @@ from __future__ import annotations
 from lifecycle.billing import record_billable_use
 from models.application import Authorization, Installation
 from models.audit import AuditEvent
-from models.clock import clock
 
 
-def record_platform_verification(app, user) -> Installation | None:
-    now = clock.now()
+def record_platform_verification(runtime, app, user) -> Installation | None:
+    now = runtime.clock.now()
     (Authorization.insert(application=app.id, user=user.id, first_verified_at=now, last_verified_at=now)
      .on_conflict(conflict_target=[Authorization.application, Authorization.user],
                   update={Authorization.last_verified_at: now})
@@ -28,5 +27,5 @@ def record_platform_verification(app, user) -> Installation | None:
         AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
                           before=None, after="Disabled", user_id=user.id)
     installation = Installation.find(app.id, user.organization_id)
-    record_billable_use(app, user, installation)
+    record_billable_use(app, user, installation, now)
     return installation

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import peewee
 
-from models.clock import clock
-from models.db import BaseModel, JSONText
+from models.db import BaseModel, JSONText, wall_now
 from models.directory import Organization, User
 from models.ids import new_id
 from models.prepared import PreparedQuery
@@ -29,7 +28,7 @@ class Application(BaseModel):
     user_fields = JSONText(default=lambda: ["email"])
     billing_plan = peewee.CharField(max_length=32, default="paid")
     rest_allowed_networks = JSONText(default=list)
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
 
     @classmethod
     def by_client_id(cls, client_id: str | None) -> "Application | None":
@@ -59,7 +58,7 @@ class Installation(BaseModel):
 
     application = peewee.ForeignKeyField(Application, backref="installations", on_delete="CASCADE")
     organization = peewee.ForeignKeyField(Organization, backref="installations", on_delete="CASCADE")
-    installed_at = peewee.DateTimeField(default=lambda: clock.now())
+    installed_at = peewee.DateTimeField(default=wall_now)
     activation_status = peewee.CharField(max_length=16, null=True)
     trial_started_at = peewee.DateTimeField(null=True)
 
@@ -82,8 +81,8 @@ class Authorization(BaseModel):
 
     application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
     user = peewee.ForeignKeyField(User, backref="authorizations", on_delete="CASCADE")
-    first_verified_at = peewee.DateTimeField(default=lambda: clock.now())
-    last_verified_at = peewee.DateTimeField(default=lambda: clock.now())
+    first_verified_at = peewee.DateTimeField(default=wall_now)
+    last_verified_at = peewee.DateTimeField(default=wall_now)
 
     class Meta:
         indexes = ((("application", "user"), True),)

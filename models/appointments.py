@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import peewee
 
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 from models.directory import Organization, User
 from models.prepared import PreparedQuery
 
@@ -18,7 +17,7 @@ class Snapshot(BaseModel):
     organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
     snapshot_date = peewee.DateField()
     status = peewee.CharField(max_length=16, default="building")  # building | complete
-    started_at = peewee.DateTimeField(default=lambda: clock.now())
+    started_at = peewee.DateTimeField(default=wall_now)
     completed_at = peewee.DateTimeField(null=True)
 
     class Meta:
@@ -65,6 +64,6 @@ class ConnectorSession(BaseModel):
     """A physician's session with the EHR connector; the sync only covers active ones."""
 
     user = peewee.ForeignKeyField(User, backref="connector_sessions", on_delete="CASCADE")
-    started_at = peewee.DateTimeField(default=lambda: clock.now())
-    last_seen_at = peewee.DateTimeField(default=lambda: clock.now())
+    started_at = peewee.DateTimeField(default=wall_now)
+    last_seen_at = peewee.DateTimeField(default=wall_now)
     ended_at = peewee.DateTimeField(null=True)

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import peewee
 
-from models.clock import clock
-from models.db import BaseModel, JSONText
+from models.db import BaseModel, JSONText, wall_now
 
 
 class AuditEvent(BaseModel):
-    at = peewee.DateTimeField(default=lambda: clock.now(), index=True)
+    at = peewee.DateTimeField(default=wall_now, index=True)
     actor = peewee.CharField(max_length=200)
     action = peewee.CharField(max_length=100)
     subject = peewee.CharField(max_length=200, default="")

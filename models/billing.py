@@ -4,8 +4,7 @@ from __future__ import annotations
 import peewee
 
 from models.application import Application
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 from models.directory import Organization, User
 
 
@@ -14,7 +13,7 @@ class BillableUse(BaseModel):
     organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
     user = peewee.ForeignKeyField(User, on_delete="CASCADE")
     month = peewee.CharField(max_length=7)  # YYYY-MM, UTC
-    first_verified_at = peewee.DateTimeField(default=lambda: clock.now())
+    first_verified_at = peewee.DateTimeField(default=wall_now)
 
     class Meta:
         # The unique index is what makes concurrent launches from many processes bill once.

@@ -6,8 +6,7 @@ import secrets
 import peewee
 
 from models.application import Application
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 from models.directory import Organization
 
 CHART_STATUSES = ("pending", "ready", "failed")
@@ -24,7 +23,7 @@ class ChartRequest(BaseModel):
     organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
     patient_id = peewee.CharField(max_length=64)
     status = peewee.CharField(max_length=16, default="pending")
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
     ready_at = peewee.DateTimeField(null=True)
     error = peewee.TextField(null=True)
     object_key = peewee.CharField(max_length=300, null=True)

@@ -1,4 +1,4 @@
-"""The service's clock: one place that says what time it is, so tests can move it.
+"""The service's clock: what time it is, so tests can move it. The runtime owns one (`runtime.clock`).
 
 Times are naive UTC `datetime`s everywhere in the database; `Clock.now()` returns one.
 """
@@ -22,10 +22,6 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
-
-
-clock = Clock()
-"""The process-wide clock every model and protocol rule reads."""
 
 
 def utc_iso(value: dt.datetime | None) -> str | None:

@@ -1,6 +1,11 @@
-"""Database connection: one proxy every model binds to, initialised from `SVC_DATABASE_URL`."""
+"""Database connection: opened from `SVC_DATABASE_URL`; the runtime binds every model to it.
+
+There is no process-wide database object: `Runtime` opens one with `open_database` and binds the
+models to it with Peewee's `Database.bind` (see `models.schema.bind_models`).
+"""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from urllib.parse import urlsplit
@@ -8,7 +13,13 @@ from urllib.parse import urlsplit
 import peewee
 from playhouse.db_url import connect
 
-database = peewee.DatabaseProxy()
+
+def wall_now() -> dt.datetime:
+    """Naive UTC now from the wall clock: the default of informational creation timestamps only.
+
+    Times that rules depend on (expiry, consumption, revocation, trials, billing) are passed
+    explicitly from the runtime's clock, so tests move them through the runtime."""
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 class JSONText(peewee.TextField):
@@ -23,12 +34,12 @@ class JSONText(peewee.TextField):
 
 class BaseModel(peewee.Model):
     class Meta:
-        database = database
+        database = None  # bound by the runtime (models.schema.bind_models)
         legacy_table_names = False
 
 
 def open_database(url: str) -> peewee.Database:
-    """Connect the model proxy to `url` (sqlite:///path or postgresql://...) and return it."""
+    """A database for `url` (sqlite:///path or postgresql://...); not bound to the models yet."""
     if url.startswith("sqlite:"):
         path = urlsplit(url).path
         if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
@@ -37,9 +48,6 @@ def open_database(url: str) -> peewee.Database:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # WAL lets readers run beside a writer; busy_timeout makes concurrent writers
         # (several serve processes, the worker thread) wait instead of failing.
-        db = peewee.SqliteDatabase(path or ":memory:", pragmas={
+        return peewee.SqliteDatabase(path or ":memory:", pragmas={
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1, "synchronous": "normal"})
-    else:
-        db = connect(url, autorollback=True)
-    database.initialize(db)
-    return db
+    return connect(url, autorollback=True)

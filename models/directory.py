@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import peewee
 
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 from models.ids import new_id
 from models.prepared import PreparedQuery
 
@@ -16,7 +15,7 @@ class Organization(BaseModel):
     name = peewee.CharField(max_length=200)
     ehr = peewee.CharField(max_length=64, default="sandbox")
     ehr_url = peewee.CharField(max_length=500, default="")
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
 
 
 class User(BaseModel):
@@ -31,7 +30,7 @@ class User(BaseModel):
     npi = peewee.CharField(max_length=10, null=True)
     invited_at = peewee.DateTimeField(null=True)
     activated_at = peewee.DateTimeField(null=True)
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
 
     @classmethod
     def with_organization(cls, user_id: str | None) -> "User | None":
@@ -49,4 +48,4 @@ class User(BaseModel):
 
 _USER_WITH_ORGANIZATION = PreparedQuery(
     lambda user_id: User.select(User, Organization).join(Organization).where(User.id == user_id).limit(1),
-    User.id)
+    User.id, attach={Organization: "organization"})

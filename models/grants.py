@@ -6,8 +6,7 @@ import datetime as dt
 import peewee
 
 from models.application import Application, Installation
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 from models.directory import Organization, User
 from models.prepared import PreparedInsert, PreparedQuery
 
@@ -19,13 +18,12 @@ class Launch(BaseModel):
     application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
     user = peewee.ForeignKeyField(User, on_delete="CASCADE")
     organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
 
-    def consume(self) -> bool:
-        """Mark the launch used; True for exactly one caller (the database decides)."""
-        now = clock.now()
+    def consume(self, now: dt.datetime) -> bool:
+        """Mark the launch used at `now`; True for exactly one caller (the database decides)."""
         claimed = (Launch.update(used_at=now)
                    .where((Launch.id == self.id) & Launch.used_at.is_null() & (Launch.expires_at > now))
                    .execute())
@@ -42,7 +40,7 @@ class AuthorizationCode(BaseModel):
     launch = peewee.ForeignKeyField(Launch, null=True, on_delete="SET NULL")
     redirect_uri = peewee.CharField(max_length=1000)
     nonce = peewee.CharField(max_length=500, null=True)
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
 
@@ -63,13 +61,12 @@ class AuthorizationCode(BaseModel):
     def installation(self, value: "Installation | None") -> None:
         self._installation = value
 
-    def consume(self) -> bool:
-        """Mark the code used; True for exactly one concurrent caller."""
-        return _CONSUME_CODE.execute(self.code_hash, clock.now()) == 1
+    def consume(self, now: dt.datetime) -> bool:
+        """Mark the code used at `now`; True for exactly one concurrent caller."""
+        return _CONSUME_CODE.execute(self.code_hash, now) == 1
 
-    @property
-    def expired(self) -> bool:
-        return self.expires_at <= clock.now()
+    def expired(self, now: dt.datetime) -> bool:
+        return self.expires_at <= now
 
 
 class IssuedToken(BaseModel):
@@ -80,7 +77,7 @@ class IssuedToken(BaseModel):
     application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
     user = peewee.ForeignKeyField(User, null=True, on_delete="CASCADE")
     code_hash = peewee.CharField(max_length=128, null=True, index=True)
-    issued_at = peewee.DateTimeField(default=lambda: clock.now())
+    issued_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField(index=True)
     revoked_at = peewee.DateTimeField(null=True)
 
@@ -90,14 +87,14 @@ class IssuedToken(BaseModel):
         _INSERT_ISSUED_TOKEN.insert(**values)
 
     @classmethod
-    def revoke_from_code(cls, code_hash: str) -> int:
-        return (cls.update(revoked_at=clock.now())
+    def revoke_from_code(cls, code_hash: str, now: dt.datetime) -> int:
+        return (cls.update(revoked_at=now)
                 .where((cls.code_hash == code_hash) & cls.revoked_at.is_null()).execute())
 
     @classmethod
-    def is_active(cls, jti: str) -> bool:
+    def is_active(cls, jti: str, now: dt.datetime) -> bool:
         row = _ISSUED_TOKEN_BY_JTI.first(jti) if isinstance(jti, str) else None
-        return row is not None and row.revoked_at is None and row.expires_at > clock.now()
+        return row is not None and row.revoked_at is None and row.expires_at > now
 
 
 _CODE_FOR_EXCHANGE = PreparedQuery(
@@ -109,7 +106,7 @@ _CODE_FOR_EXCHANGE = PreparedQuery(
               on=((Installation.application == AuthorizationCode.application)
                   & (Installation.organization == AuthorizationCode.organization)))
         .where(AuthorizationCode.code_hash == code_hash)),
-    AuthorizationCode.code_hash)
+    AuthorizationCode.code_hash, attach={User: "user", Installation: "installation"})
 _CONSUME_CODE = PreparedQuery(
     lambda code_hash, now: (AuthorizationCode.update(used_at=now)
                             .where((AuthorizationCode.code_hash == code_hash) & AuthorizationCode.used_at.is_null())),
@@ -119,5 +116,5 @@ _ISSUED_TOKEN_BY_JTI = PreparedQuery(
     lambda jti: IssuedToken.select().where(IssuedToken.jti == jti).limit(1), IssuedToken.jti)
 
 
-def expiry(seconds: int) -> dt.datetime:
-    return clock.now() + dt.timedelta(seconds=seconds)
+def expiry(now: dt.datetime, seconds: int) -> dt.datetime:
+    return now + dt.timedelta(seconds=seconds)

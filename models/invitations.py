@@ -4,8 +4,7 @@ from __future__ import annotations
 import peewee
 
 from models.application import Application
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 from models.directory import Organization, User
 
 
@@ -16,13 +15,12 @@ class Invitation(BaseModel):
     application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
     organization = peewee.ForeignKeyField(Organization, on_delete="CASCADE")
     user = peewee.ForeignKeyField(User, backref="invitations", on_delete="CASCADE")
-    created_at = peewee.DateTimeField(default=lambda: clock.now())
+    created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
 
-    def consume(self) -> bool:
-        """Mark the invitation used; True for exactly one caller, and only before it expires."""
-        now = clock.now()
+    def consume(self, now) -> bool:
+        """Mark the invitation used at `now`; True for exactly one caller, and only before it expires."""
         claimed = (Invitation.update(used_at=now)
                    .where((Invitation.token_hash == self.token_hash) & Invitation.used_at.is_null()
                           & (Invitation.expires_at > now))

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import peewee
 
-from models.clock import clock
-from models.db import BaseModel
+from models.db import BaseModel, wall_now
 
 
 class ScheduledRun(BaseModel):
     job = peewee.CharField(max_length=64)
     run_date = peewee.DateField()
-    claimed_at = peewee.DateTimeField(default=lambda: clock.now())
+    claimed_at = peewee.DateTimeField(default=wall_now)
     claimed_by = peewee.CharField(max_length=200, default="")
 
     class Meta:

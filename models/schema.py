@@ -13,7 +13,7 @@ from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
 from models.charts import ChartRequest
-from models.db import BaseModel, database
+from models.db import BaseModel
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, IssuedToken, Launch
@@ -43,9 +43,13 @@ def register(*models: type[peewee.Model]) -> None:
             MODELS.append(model)
 
 
-def migrate() -> list[str]:
-    """Create missing tables and apply pending migrations; returns what was done."""
-    db = database.obj
+def bind_models(db: peewee.Database) -> None:
+    """Make every model (and the schema bookkeeping) query `db` (Peewee's public `Database.bind`)."""
+    db.bind([SchemaVersion, *MODELS])
+
+
+def migrate(db: peewee.Database) -> list[str]:
+    """Create missing tables in `db` and apply pending migrations; returns what was done."""
     done = []
     with db.atomic():
         existing = set(db.get_tables())

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from models.application import Application
-from models.clock import clock
 from models.grants import AuthorizationCode, IssuedToken, Launch, expiry
 from models.ids import new_secret
 from oauth.claims import id_token_claims
@@ -55,13 +54,15 @@ class AuthorizationRequest:
         if launch_id is None:
             raise fail("invalid_request", "The launch_id parameter is required.")
         launch = Launch.get_or_none((Launch.id == launch_id) & (Launch.application == app.id))
-        if launch is None or not launch.consume():
+        now = self.runtime.clock.now()
+        if launch is None or not launch.consume(now):
             raise fail("invalid_request", "The launch is unknown, expired, already used or issued for another client.")
         code = new_secret(32)
         AuthorizationCode.create(
             code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
-            nonce=_query_value(params, "nonce"), expires_at=expiry(self.runtime.settings.code_ttl))
+            nonce=_query_value(params, "nonce"), created_at=now,
+            expires_at=expiry(now, self.runtime.settings.code_ttl))
         return with_query(redirect_uri, code=code, state=state)
 
 
@@ -80,11 +81,12 @@ class AuthorizationCodeGrant:
         grant = AuthorizationCode.find_for_exchange(code_hash)
         if grant is None or grant.application_id != app.id:
             raise invalid_grant("The authorization code is invalid.")
-        if grant.used_at is not None or not grant.consume():
+        now = self.runtime.clock.now()
+        if grant.used_at is not None or not grant.consume(now):
             # RFC 6749 4.1.2: a replayed code revokes what its first use issued.
-            IssuedToken.revoke_from_code(code_hash)
+            IssuedToken.revoke_from_code(code_hash, now)
             raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
-        if grant.expired:
+        if grant.expired(now):
             raise invalid_grant("The authorization code has expired.")
         if redirect_uri is not None and redirect_uri != grant.redirect_uri:
             raise invalid_grant("redirect_uri does not match the one the code was issued for.")
@@ -92,15 +94,17 @@ class AuthorizationCodeGrant:
 
     def tokens_for(self, app: Application, grant: AuthorizationCode, with_billing: bool) -> dict:
         settings, tokens = self.runtime.settings, self.runtime.tokens
+        now = self.runtime.clock.now()
         user = grant.user
         access_token, access = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
             client_id=app.client_id, org=grant.organization_id, scope="openid")
         IssuedToken.record(jti=access["jti"], kind="access", application=app.id, user=user.id,
-                           code_hash=grant.code_hash, expires_at=expiry(settings.access_token_ttl))
+                           code_hash=grant.code_hash, issued_at=now,
+                           expires_at=expiry(now, settings.access_token_ttl))
         installation = grant.installation  # read with the code (same app and organization)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         claims["auth_time"] = claims["iat"]
-        claims.update(id_token_claims(app, user, installation, with_billing, grant.nonce))
+        claims.update(id_token_claims(app, user, installation, with_billing, now, grant.nonce))
         return {"access_token": access_token, "id_token": tokens.sign(claims), "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": "openid"}

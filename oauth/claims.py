@@ -5,7 +5,6 @@ import datetime as dt
 from dataclasses import dataclass
 
 from models.application import Application, Installation
-from models.clock import clock
 from models.directory import Organization, User
 
 TRIAL_DAYS = 30
@@ -25,7 +24,7 @@ class TrialState:
                 "days_until_end_of_trial": self.days_until_end_of_trial}
 
 
-def trial_state(plan: str, trial_started_at: dt.datetime | None, now: dt.datetime | None = None) -> TrialState:
+def trial_state(plan: str, trial_started_at: dt.datetime | None, now: dt.datetime) -> TrialState:
     """Free-trial state of an installation.
 
     The trial lasts 30 whole UTC days counting the day of the first activation as day 1: on day 1
@@ -35,7 +34,7 @@ def trial_state(plan: str, trial_started_at: dt.datetime | None, now: dt.datetim
         return TrialState(plan, False, None)
     if trial_started_at is None:
         return TrialState(plan, True, None)
-    today = (now or clock.now()).date()
+    today = now.date()
     left = TRIAL_DAYS - (today - trial_started_at.date()).days
     if left > 0:
         return TrialState(plan, True, min(left, TRIAL_DAYS))
@@ -43,8 +42,8 @@ def trial_state(plan: str, trial_started_at: dt.datetime | None, now: dt.datetim
 
 
 def id_token_claims(app: Application, user: User, installation: Installation | None,
-                    with_billing: bool, nonce: str | None = None) -> dict:
-    """Identity claims of the ID token (registered claims are added when signing)."""
+                    with_billing: bool, now: dt.datetime, nonce: str | None = None) -> dict:
+    """Identity claims of the ID token at `now` (registered claims are added when signing)."""
     claims = {"email": user.email}
     if user.given_name:
         claims["given_name"] = user.given_name
@@ -54,7 +53,7 @@ def id_token_claims(app: Application, user: User, installation: Installation | N
         claims["nonce"] = nonce
     if with_billing:
         started = installation.trial_started_at if installation else None
-        claims.update(trial_state(app.billing_plan, started).claims())
+        claims.update(trial_state(app.billing_plan, started, now).claims())
     return claims
 
 

@@ -16,5 +16,7 @@ class ClientCredentialsGrant:
         lifetime = self.runtime.settings.client_token_ttl
         token, claims = self.runtime.tokens.access_token(
             app.id, PARTNER_API_AUDIENCE, lifetime, client_id=app.client_id, scope="partner_api")
-        IssuedToken.record(jti=claims["jti"], kind="client", application=app.id, expires_at=expiry(lifetime))
+        now = self.runtime.clock.now()
+        IssuedToken.record(jti=claims["jti"], kind="client", application=app.id, issued_at=now,
+                           expires_at=expiry(now, lifetime))
         return {"access_token": token, "token_type": "Bearer", "expires_in": lifetime, "scope": "partner_api"}

@@ -29,7 +29,7 @@ def active_user_token(runtime, token: str | None) -> dict | None:
         claims = runtime.tokens.verify(token, PLATFORM_AUDIENCE)
     except InvalidToken:
         return None
-    if not IssuedToken.is_active(claims.get("jti", "")):
+    if not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
         return None
     return claims
 

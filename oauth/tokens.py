@@ -2,7 +2,7 @@
 
 Audiences keep token kinds apart: a user access token (`platform`), a partner API token
 (`partner-api`), a sandbox settings token (`sandbox`) and an ID token (the client id) are each
-refused where another is expected. Expiry is checked against `models.clock` so tests can move time.
+refused where another is expected. Expiry is checked against the runtime's clock, so tests can move time.
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from jose import jwt
 from jose.exceptions import JOSEError
 
 from keys.signing import ALGORITHM, KeyRing
-from models.clock import clock
 from models.ids import new_secret
 
 PLATFORM_AUDIENCE = "platform"
@@ -24,8 +23,9 @@ class InvalidToken(Exception):
 
 
 class TokenService:
-    def __init__(self, keyring: KeyRing, issuer_claim: str):
+    def __init__(self, keyring: KeyRing, issuer_claim: str, clock):
         self.keyring = keyring
+        self.clock = clock
         self.issuer = issuer_claim
 
     def sign(self, claims: dict, typ: str = "JWT") -> str:
@@ -33,7 +33,7 @@ class TokenService:
         return jwt.encode(claims, key.signer, algorithm=ALGORITHM, headers={"kid": key.kid, "typ": typ})
 
     def base_claims(self, subject: str, audience: str, lifetime: int) -> dict:
-        now = int(clock.time())
+        now = int(self.clock.time())
         return {"iss": self.issuer, "sub": subject, "aud": audience, "iat": now, "exp": now + lifetime}
 
     def access_token(self, subject: str, audience: str, lifetime: int, **extra) -> tuple[str, dict]:
@@ -65,6 +65,6 @@ class TokenService:
         except JOSEError as exc:
             raise InvalidToken(str(exc)) from None
         exp = claims.get("exp")
-        if not isinstance(exp, int) or exp <= clock.time():
+        if not isinstance(exp, int) or exp <= self.clock.time():
             raise InvalidToken("expired")
         return claims

@@ -89,16 +89,16 @@ _TOTAL = PreparedQuery(
     Authorization.application, SnapshotAppointment.snapshot, User.organization)
 
 
-def appointments_page(app: Application, organization_id: str, query: dict) -> dict:
+def appointments_page(runtime, app: Application, organization_id: str, query: dict) -> dict:
     path_id("svcOrganizationId", organization_id)
     offset, limit = page_params(query)
     if organization_id == testdata.TEST_ORGANIZATION_ID:
-        return testdata.appointments_page(offset, limit)
+        return testdata.appointments_page(runtime.clock.now().date(), offset, limit)
     installation_of(app, organization_id, "svcOrganizationId")
     snapshot = Snapshot.latest_complete(organization_id)
     if snapshot is None:
         return {"appointments": [], "offset": offset, "limit": limit, "total": 0, "snapshot_date": None}
-    page = _PAGE_WITH_TOTAL.all(app.id, snapshot.id, organization_id, offset, limit)
-    total = page[0]["total_rows"] if page else _TOTAL.first(app.id, snapshot.id, organization_id)["total_rows"]
+    page = _PAGE_WITH_TOTAL.dicts(app.id, snapshot.id, organization_id, offset, limit)
+    total = page[0]["total_rows"] if page else _TOTAL.dicts(app.id, snapshot.id, organization_id)[0]["total_rows"]
     return {"appointments": [appointment_json(row) for row in page], "offset": offset, "limit": limit,
             "total": total, "snapshot_date": snapshot.snapshot_date.isoformat()}

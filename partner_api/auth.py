@@ -20,7 +20,7 @@ def partner_application(runtime, authorization: str | None) -> Application:
         claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
     except InvalidToken:
         raise invalid_token() from None
-    if not IssuedToken.is_active(claims.get("jti", "")):
+    if not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
         raise invalid_token()
     app = Application.by_id(claims.get("sub"))
     if app is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from lifecycle.billing import billing_report
 from models.application import Application
+from partner_api.access import own_application
 
 
 def billing_of(app: Application, month: str | None) -> dict:
@@ -16,3 +17,8 @@ def billing_of(app: Application, month: str | None) -> dict:
                      for group in report["organizations"]]
     return {"application_id": app.id, "month": report["month"],
             "total_billable_users": report["total_billable_users"], "organizations": organizations}
+
+
+def own_billing(app: Application, application_id: str, month: str | None) -> dict:
+    """`billing_of` for the path's applicationId, which must be the caller's own."""
+    return billing_of(own_application(app, application_id), month)

@@ -12,7 +12,7 @@ import logging
 
 from models.application import Application
 from models.charts import ChartRequest
-from models.clock import clock, utc_iso
+from models.clock import utc_iso
 from oauth.errors import ApiError
 from partner_api.access import installation_of, path_id
 from workers.charts import TEST_CREATED, TEST_REQUEST_ID, enqueue_chart_build, test_mode_object
@@ -35,9 +35,10 @@ def create_request(runtime, app: Application, body: dict) -> dict:
     organization_id = path_id("svc_organization_id", body["svc_organization_id"])
     patient_id = path_id("patient_id", body["patient_id"])
     installation_of(app, organization_id, "svc_organization_id")
-    request = ChartRequest.create(application=app.id, organization=organization_id, patient_id=patient_id)
+    request = ChartRequest.create(application=app.id, organization=organization_id, patient_id=patient_id,
+                                 created_at=runtime.clock.now())
     try:
-        enqueue_chart_build(request.id, runtime)
+        enqueue_chart_build(runtime, request.id)
     except Exception:
         log.exception("chart %s: could not be queued", request.id)
         (ChartRequest.update(status="failed", error="The chart build could not be queued.")
@@ -71,7 +72,7 @@ def request_status(app: Application, request_id: str) -> dict:
 
 def download_target(app: Application, request_id: str) -> tuple[str | None, dict | None]:
     """(object key, None) when the chart is ready, (None, status body) while it is pending;
-    409 when the build failed. Only database reads: cheap, fine on the IOLoop."""
+    409 when the build failed. Database reads: handlers await it on the runtime pool."""
     if request_id == TEST_REQUEST_ID:
         return None, None
     request = _own_request(app, request_id)
@@ -88,4 +89,4 @@ def signed_download(runtime, key: str | None) -> dict:
     key = key or test_mode_object(runtime)
     ttl = runtime.settings.presigned_url_ttl
     url = runtime.object_store.presigned_url(key, ttl)
-    return {"download_url": url, "expires_at": utc_iso(clock.now() + dt.timedelta(seconds=ttl))}
+    return {"download_url": url, "expires_at": utc_iso(runtime.clock.now() + dt.timedelta(seconds=ttl))}

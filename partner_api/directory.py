@@ -13,6 +13,8 @@ from models.application import Application, Authorization, Installation
 from models.clock import utc_iso
 from models.directory import Organization, User
 from models.grants import Launch
+from oauth.errors import ApiError
+from partner_api.access import installation_of, own_application
 
 
 def organizations_of(app: Application) -> list[dict]:
@@ -54,3 +56,27 @@ def users_of(app: Application, organization_id: str) -> list[dict]:
             "last_launch_at": utc_iso(last),
         })
     return result
+
+
+def own_organizations(app: Application, application_id: str) -> list[dict]:
+    """`organizations_of` for the path's applicationId, which must be the caller's own."""
+    return organizations_of(own_application(app, application_id))
+
+
+def own_users(app: Application, application_id: str, organization_id: str) -> list[dict]:
+    """`users_of` an organization where the caller's own application is installed."""
+    own = own_application(app, application_id)
+    installation_of(own, organization_id)
+    return users_of(own, organization_id)
+
+
+def update_activation(runtime, app: Application, application_id: str, organization_id: str, body: dict) -> dict:
+    """`PUT .../activation-status`: the caller sets its own installation's status."""
+    from lifecycle.activation import set_activation_status
+    own = own_application(app, application_id)
+    installation = installation_of(own, organization_id)
+    unknown = sorted(set(body) - {"status"})
+    if unknown:
+        raise ApiError(400, "unknown_field", f"Unknown field(s): {', '.join(unknown)}.")
+    installation = set_activation_status(runtime, installation, body.get("status"), actor=own.id)
+    return {"status": installation.activation_status, "trial_started_at": utc_iso(installation.trial_started_at)}

@@ -7,7 +7,7 @@ import datetime as dt
 from lifecycle.registry import create_organization, create_user, install_application
 from models.application import Application
 from models.audit import AuditEvent
-from models.clock import clock, utc_iso
+from models.clock import utc_iso
 from models.directory import User
 from models.ids import new_secret
 from models.invitations import Invitation
@@ -39,7 +39,7 @@ def invite(runtime, app: Application, body: dict) -> dict:
     fields = invitation_fields(body)
     email = fields["email"].lower()
     token = new_secret()
-    now = clock.now()
+    now = runtime.clock.now()
     with runtime.db.atomic():
         # Checked first (and again by the unique index inside create_user) so a repeated
         # invitation creates no orphan organization.
@@ -50,7 +50,7 @@ def invite(runtime, app: Application, body: dict) -> dict:
         User.update(invited_at=now).where(User.id == user.id).execute()
         install_application(app.id, org.id)
         invitation = Invitation.create(token_hash=runtime.hasher.digest(token), application=app.id,
-                                       organization=org.id, user=user.id,
+                                       organization=org.id, user=user.id, created_at=now,
                                        expires_at=now + dt.timedelta(seconds=runtime.settings.invitation_ttl))
         AuditEvent.record(app.id, "invitation.created", user.id, organization_id=org.id)
     return {"invitation_url": f"{runtime.settings.public_url}/invitations/{token}",
@@ -62,12 +62,13 @@ def accept(runtime, token: str) -> User:
     invitation = Invitation.get_or_none(Invitation.token_hash == runtime.hasher.digest(token or ""))
     if invitation is None:
         raise ApiError(404, "invitation_not_found", "This invitation link is not valid.")
+    now = runtime.clock.now()
     with runtime.db.atomic():
-        if not invitation.consume():
+        if not invitation.consume(now):
             if invitation.used_at is not None or Invitation.get_by_id(invitation.token_hash).used_at is not None:
                 raise ApiError(410, "invitation_used", "This invitation link was already used; it works once.")
             raise ApiError(410, "invitation_expired", "This invitation link has expired; ask for a new invitation.")
-        (User.update(activated_at=clock.now())
+        (User.update(activated_at=now)
          .where((User.id == invitation.user_id) & User.activated_at.is_null()).execute())
         AuditEvent.record(invitation.user_id, "invitation.accepted", invitation.user_id,
                           application_id=invitation.application_id)

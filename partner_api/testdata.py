@@ -10,7 +10,7 @@ import datetime as dt
 import functools
 import random
 
-from models.clock import clock, utc_iso
+from models.clock import utc_iso
 
 TEST_ORGANIZATION_ID = "123456789"
 TEST_APPOINTMENT_COUNT = 120
@@ -51,8 +51,7 @@ def _template() -> tuple:
     return tuple(items)
 
 
-def appointments_page(offset: int, limit: int) -> dict:
-    today = clock.now().date()
+def appointments_page(today: dt.date, offset: int, limit: int) -> dict:
     midnight = dt.datetime.combine(today, dt.time(8, 0))
     page = []
     for day, slot, duration, fields in _template()[offset:offset + limit]:

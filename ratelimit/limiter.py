@@ -5,7 +5,6 @@ import math
 import threading
 from dataclasses import dataclass
 
-from models.clock import clock
 from ratelimit.policy import Limit
 
 
@@ -39,8 +38,9 @@ def window_of(limit: Limit, now: float) -> tuple[int, int]:
 class RateLimiter:
     """Counts one request of `client` for `operation` and says whether it is allowed."""
 
-    def __init__(self, limits: dict[str, Limit]):
+    def __init__(self, limits: dict[str, Limit], clock):
         self.limits = limits
+        self.clock = clock
 
     def limit_of(self, operation: str) -> Limit:
         return self.limits[operation]
@@ -55,14 +55,14 @@ class RateLimiter:
 class MemoryRateLimiter(RateLimiter):
     """Fixed-window counters in this process's memory; old windows are dropped as they pass."""
 
-    def __init__(self, limits: dict[str, Limit]):
-        super().__init__(limits)
+    def __init__(self, limits: dict[str, Limit], clock):
+        super().__init__(limits, clock)
         self._counts: dict[tuple[str, str, int], int] = {}
         self._lock = threading.Lock()
 
     async def hit(self, client: str, operation: str) -> Decision:
         limit = self.limit_of(operation)
-        index, reset = window_of(limit, clock.time())
+        index, reset = window_of(limit, self.clock.time())
         key = (client, operation, index)
         with self._lock:
             count = self._counts.get(key, 0)
@@ -74,5 +74,5 @@ class MemoryRateLimiter(RateLimiter):
                 allowed = False
             if len(self._counts) > 10000:
                 self._counts = {k: v for k, v in self._counts.items()
-                                if k[2] >= int(clock.time() // self.limit_of(k[1]).seconds)}
+                                if k[2] >= int(self.clock.time() // self.limit_of(k[1]).seconds)}
         return Decision(allowed, limit.count, max(0, limit.count - count), reset)

@@ -6,7 +6,6 @@ import asyncio
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from models.clock import clock
 from ratelimit.limiter import Decision, RateLimiter, RateLimiterUnavailable, window_of
 
 # KEYS[1] = counter of this client, operation and window; ARGV = limit, window seconds.
@@ -25,8 +24,8 @@ return {1, count}
 
 
 class RedisRateLimiter(RateLimiter):
-    def __init__(self, url: str, limits, namespace: str = "svc-auth", timeout: float = 1.0):
-        super().__init__(limits)
+    def __init__(self, url: str, limits, clock, namespace: str = "svc-auth", timeout: float = 1.0):
+        super().__init__(limits, clock)
         self.url = url
         self.namespace = namespace
         self.timeout = timeout
@@ -48,7 +47,7 @@ class RedisRateLimiter(RateLimiter):
 
     async def hit(self, client: str, operation: str) -> Decision:
         limit = self.limit_of(operation)
-        index, reset = window_of(limit, clock.time())
+        index, reset = window_of(limit, self.clock.time())
         try:
             allowed, count = await self._script()(keys=[self.key(client, operation, index)],
                                                   args=[limit.count, limit.seconds])

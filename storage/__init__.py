@@ -10,10 +10,7 @@ renames/copies it into place, so a crash leaves no partial object at `key`.
 """
 from __future__ import annotations
 
-import re
 from typing import Protocol
-
-KEY = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$")
 
 
 class ObjectStore(Protocol):
@@ -30,17 +27,10 @@ class ObjectStore(Protocol):
         """Remove the object (no error when it is absent)."""
 
 
-def check_key(key: str) -> str:
-    """Object keys are relative slash-separated names without `..` or leading dots."""
-    if not isinstance(key, str) or len(key) > 300 or not KEY.match(key):
-        raise ValueError(f"invalid object key {key!r}")
-    return key
-
-
-def open_object_store(settings, hasher) -> ObjectStore:
+def open_object_store(settings, hasher, clock) -> ObjectStore:
     """The store the configuration names: S3 when a bucket is configured, else the local one."""
     if settings.s3_bucket:
         from storage.s3 import S3ObjectStore
         return S3ObjectStore(settings.s3_bucket, settings.s3_endpoint_url or None)
     from storage.local import LocalObjectStore
-    return LocalObjectStore(settings.objects_dir, settings.public_url, hasher)
+    return LocalObjectStore(settings.objects_dir, settings.public_url, hasher, clock)

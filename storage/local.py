@@ -7,8 +7,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
-from models.clock import clock
-from storage import check_key
+from storage.keys import check_key
 
 URL_PREFIX = "/objects/"
 
@@ -19,7 +18,8 @@ def signed_message(key: str, expires: int) -> str:
 
 
 class LocalObjectStore:
-    def __init__(self, root: str, public_url: str, hasher):
+    def __init__(self, root: str, public_url: str, hasher, clock):
+        self.clock = clock
         self.root = Path(root)
         self.public_url = public_url.rstrip("/")
         self.hasher = hasher
@@ -53,7 +53,7 @@ class LocalObjectStore:
             pass
 
     def presigned_url(self, key: str, ttl: int) -> str:
-        expires = int(clock.time()) + int(ttl)
+        expires = int(self.clock.time()) + int(ttl)
         signature = self.hasher.sign(signed_message(check_key(key), expires))
         return (f"{self.public_url}{URL_PREFIX}{quote(key)}?"
                 + urlencode({"expires": expires, "signature": signature}))
@@ -67,6 +67,6 @@ class LocalObjectStore:
             return "invalid_signature"
         if not self.hasher.verify(signed_message(key, expires_at), signature or ""):
             return "invalid_signature"
-        if expires_at < clock.time():
+        if expires_at < self.clock.time():
             return "url_expired"
         return None

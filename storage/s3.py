@@ -14,7 +14,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from storage import check_key
+from storage.keys import check_key
 
 log = logging.getLogger("svc_auth.storage")
 

@@ -20,8 +20,7 @@ import psycopg2
 import pytest
 
 from conf import Settings
-from conf.runtime import Runtime
-from models.clock import clock
+from runtime import Runtime
 from models.schema import MODELS
 from openapi_contract import check_response  # every response is checked against /v1/openapi.json
 
@@ -44,9 +43,6 @@ def postgres_url():
     admin.autocommit = True
     admin.cursor().execute(f'CREATE DATABASE "{name}"')
     yield f"{PG_DSN}/{name}"
-    from models.db import database
-    if database.obj is not None and not database.obj.is_closed():
-        database.obj.close()
     admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     admin.close()
 
@@ -87,15 +83,19 @@ def settings(backend, tmp_path, session_keys_dir, request) -> Settings:
 
 @pytest.fixture
 def runtime(settings):
-    clock.offset = 0.0
-    rt = Runtime(settings)
+    rt = Runtime(settings)  # with its own clock, at the real time
     rt.migrate()
     if settings.database_url.startswith("postgres"):
         tables = ", ".join(f'"{m._meta.table_name}"' for m in MODELS)
         rt.db.execute_sql(f"TRUNCATE {tables} CASCADE")
     yield rt
-    clock.offset = 0.0
     rt.close()
+
+
+@pytest.fixture
+def clock(runtime):
+    """The service clock of the test's runtime: tests move time through the runtime."""
+    return runtime.clock
 
 
 @pytest.fixture

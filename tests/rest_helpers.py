@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as dt
 
 from models.appointments import Snapshot, SnapshotAppointment
-from models.clock import clock
 
 
 async def partner_headers(api, app, secret) -> dict:
@@ -14,7 +13,7 @@ async def partner_headers(api, app, secret) -> dict:
     return {"Authorization": f"Bearer {body['access_token']}"}
 
 
-def complete_snapshot(org, providers, per_provider=3, day=None) -> Snapshot:
+def complete_snapshot(clock, org, providers, per_provider=3, day=None) -> Snapshot:
     """A complete snapshot of `org` with `per_provider` appointments for each provider, some at equal times."""
     day = day or clock.now().date()
     snap = Snapshot.create(organization=org.id, snapshot_date=day, status="complete", completed_at=clock.now())

@@ -32,10 +32,9 @@ async def verify_on_platform(api, flow, world):
     return tokens
 
 
-def set_status(world, status, trial_days_ago=40):
+def set_status(runtime, world, status, trial_days_ago=40):
     """The installation's status; its free trial (started `trial_days_ago`) has ended unless told otherwise."""
-    from models.clock import clock
-    started = clock.now() - datetime.timedelta(days=trial_days_ago)
+    started = runtime.clock.now() - datetime.timedelta(days=trial_days_ago)
     Installation.update(activation_status=status, trial_started_at=started).where(
         Installation.application == world["app"].id).execute()
 
@@ -49,12 +48,12 @@ async def test_first_initialization_disables_and_does_not_bill(api, flow, world)
 
 @pytest.mark.gen_test
 async def test_billed_once_a_month_while_enabled(api, flow, world, runtime):
-    set_status(world, "Enabled")
+    set_status(runtime, world, "Enabled")
     issued_while_enabled = (await flow.tokens())["access_token"]
-    set_status(world, "Disabled")  # the app disabled itself before the platform verified the token
+    set_status(runtime, world, "Disabled")  # the app disabled itself before the platform verified the token
     await platform_verifies(api, world, issued_while_enabled)
     assert BillableUse.select().count() == 0
-    set_status(world, "Enabled")
+    set_status(runtime, world, "Enabled")
     await verify_on_platform(api, flow, world)
     await verify_on_platform(api, flow, world)
     rows = list(BillableUse.select())
@@ -66,15 +65,15 @@ async def test_billed_once_a_month_while_enabled(api, flow, world, runtime):
 
 
 @pytest.mark.gen_test
-async def test_tokens_issued_but_not_verified_are_not_billed(flow, world):
+async def test_tokens_issued_but_not_verified_are_not_billed(flow, world, runtime):
     """The app refused the user (403): the SDK never hands the token to the platform."""
-    set_status(world, "Enabled")
+    set_status(runtime, world, "Enabled")
     await flow.tokens()
     assert BillableUse.select().count() == 0
 
 
-def test_concurrent_verifications_across_two_processes_bill_once(settings, world, runtime, tmp_path):
-    set_status(world, "Enabled")
+def test_concurrent_verifications_across_two_processes_bill_once(settings, world, runtime, tmp_path, clock):
+    set_status(runtime, world, "Enabled")
     from lifecycle.launches import create_launch
     from oauth.authorization_code import AuthorizationCodeGrant
     from models.grants import AuthorizationCode, expiry
@@ -85,7 +84,7 @@ def test_concurrent_verifications_across_two_processes_bill_once(settings, world
         launch, _ = create_launch(runtime, world["physician"], world["app"].client_id)
         code = AuthorizationCode.create(code_hash=f"h{i}", application=world["app"].id, user=world["physician"].id,
                                         organization=world["org"].id, redirect_uri=world["app"].redirect_uri,
-                                        expires_at=expiry(60))
+                                        expires_at=expiry(clock.now(), 60))
         tokens.append(grant.tokens_for(world["app"], code, True)["access_token"])
     ports = [free_port(), free_port()]
     env = settings_env(settings)
@@ -108,7 +107,7 @@ def test_concurrent_verifications_across_two_processes_bill_once(settings, world
 
 @pytest.mark.gen_test
 async def test_billing_report_cli_json_and_csv(api, flow, world, settings, runtime):
-    set_status(world, "Enabled")
+    set_status(runtime, world, "Enabled")
     await verify_on_platform(api, flow, world)
     month = runtime.clock.now().strftime("%Y-%m")
     env = settings_env(settings)
@@ -153,7 +152,7 @@ async def test_billing_operation_shows_the_callers_billable_users_per_organizati
     status, _, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
     assert status == 200 and body == {"application_id": world["app"].id, "month": month,
                                       "total_billable_users": 0, "organizations": []}
-    set_status(world, "Enabled")
+    set_status(runtime, world, "Enabled")
     await verify_on_platform(api, flow, world)
     await verify_on_platform(api, flow, world)  # the same user again this month: still one
     status, response_headers, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
@@ -179,7 +178,7 @@ async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world
     other, other_secret = register_application(runtime, "Other App", "https://other.example/main",
                                                "https://other.example/launch", billing_plan="paid")
     install_application(other.id, world["org"].id)
-    set_status(world, "Enabled")
+    set_status(runtime, world, "Enabled")
     await verify_on_platform(api, flow, world)
     month = runtime.clock.now().strftime("%Y-%m")
     headers = await partner_headers(api, other, other_secret)
@@ -224,7 +223,7 @@ async def test_billing_operation_is_rate_limited(api, world):
 
 @pytest.mark.gen_test
 async def test_the_free_trial_is_free_and_billing_starts_on_day_31(api, flow, world, runtime):
-    set_status(world, "Enabled", trial_days_ago=0)  # day 1
+    set_status(runtime, world, "Enabled", trial_days_ago=0)  # day 1
     await verify_on_platform(api, flow, world)
     runtime.clock.advance(29 * 86400)  # day 30: still in the trial
     await verify_on_platform(api, flow, world)
@@ -235,9 +234,9 @@ async def test_the_free_trial_is_free_and_billing_starts_on_day_31(api, flow, wo
 
 
 @pytest.mark.gen_test
-async def test_a_paid_plan_is_billed_from_the_first_enabled_verification(api, flow, world):
+async def test_a_paid_plan_is_billed_from_the_first_enabled_verification(api, flow, world, runtime):
     from models.application import Application
     Application.update(billing_plan="paid").where(Application.id == world["app"].id).execute()
-    set_status(world, "Enabled", trial_days_ago=0)
+    set_status(runtime, world, "Enabled", trial_days_ago=0)
     await verify_on_platform(api, flow, world)
     assert BillableUse.select().count() == 1

@@ -17,12 +17,12 @@ import urllib.request
 import pytest
 
 from conf import Settings
-from conf.runtime import Runtime
+from runtime import Runtime
+from models.clock import Clock
 from conftest import ROOT, free_port, settings_env, start_process, stop_process, wait_for_port
 from lifecycle.demo import DEMO_OTHER_ID, DEMO_PHYSICIAN_ID
 from models.application import Installation
 from models.billing import BillableUse
-from models.clock import clock
 
 pytestmark = pytest.mark.browser
 
@@ -145,7 +145,8 @@ def test_user_the_app_refuses_sees_the_403(demo, page):
 
 
 def test_trial_expired_is_shown_by_the_app(demo, page):
-    demo.set_status("Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
+    # The demo server runs in its own process, on the real clock.
+    demo.set_status("Enabled", trial_started_at=Clock().now() - dt.timedelta(days=31))
     billed = demo.billable_users()
     page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
     error = app_frame(page).locator("#sdk-error").inner_text()

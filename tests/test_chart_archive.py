@@ -13,7 +13,6 @@ import pyzipper
 import workers.charts as charts
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
-from models.clock import clock
 
 
 def wait_for_status(request_id: str, timeout: float = 30.0) -> ChartRequest:
@@ -55,7 +54,7 @@ async def download(api, path: str):
 async def test_chart_zip_is_built_by_the_in_process_worker_and_downloaded_over_a_signed_url(runtime, world, api):
     patient = patient_panel(world["org"].id)[7]
     request = ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id=patient.id)
-    charts.enqueue_chart_build(request.id)
+    charts.enqueue_chart_build(runtime, request.id)
     done = wait_for_status(request.id)
     assert (done.status, done.error, done.attempts) == ("ready", None, 1)
     assert done.ready_at is not None and done.object_key == f"charts/{request.id}.zip"
@@ -75,7 +74,7 @@ async def test_chart_zip_is_built_by_the_in_process_worker_and_downloaded_over_a
 
 
 @pytest.mark.gen_test(timeout=30)
-async def test_signed_urls_expire_and_cannot_be_forged(runtime, world, api):
+async def test_signed_urls_expire_and_cannot_be_forged(runtime, world, api, clock):
     key = charts.test_mode_object(runtime)
     url = local_path(runtime.object_store.presigned_url(key, 60))
     status, _, _ = await api.call("GET", url.replace("signature=", "signature=x"))
@@ -94,7 +93,7 @@ async def test_signed_urls_expire_and_cannot_be_forged(runtime, world, api):
 
 def test_unknown_patient_fails_with_a_reason(runtime, world):
     request = ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id="pat_nobody")
-    charts.enqueue_chart_build(request.id)
+    charts.enqueue_chart_build(runtime, request.id)
     done = wait_for_status(request.id)
     assert done.status == "failed" and "no patient pat_nobody" in done.error
     assert not runtime.object_store.exists(charts.chart_key(request.id))

@@ -51,7 +51,7 @@ def live(settings, world, tmp_path):
 
 def new_launch(issuer, runtime, world) -> str:
     # a sandbox token as that service (issuer = its own address) issues it
-    token = runtime.tokens.__class__(runtime.keyring, issuer + "/").access_token(
+    token = runtime.tokens.__class__(runtime.keyring, issuer + "/", runtime.clock).access_token(
         world["physician"].id, "sandbox", 1800)[0]
     status, _, body = http("POST", f"{issuer}/v1/sandbox/launches", json.dumps({"client_id": world["app"].client_id}).encode(),
                            {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})

@@ -1,4 +1,6 @@
 """Signing keys: RFC 7638 kid, rotation with overlap, shared across processes."""
+from types import SimpleNamespace
+
 import pytest
 from jose import jwt
 from jwcrypto import jwk as jwcrypto_jwk
@@ -23,7 +25,7 @@ def test_first_start_generates_one_key_shared_by_every_process(tmp_path):
 def test_rotation_keeps_old_key_published_until_its_tokens_expire(tmp_path):
     now = [1_000_000.0]
     ring = KeyRing(str(tmp_path), retain_seconds=3600, clock=lambda: now[0])
-    tokens = TokenService(ring, "https://issuer/")
+    tokens = TokenService(ring, "https://issuer/", SimpleNamespace(time=lambda: now[0]))
     old_kid = ring.active.kid
     old_token, _ = tokens.access_token("usr_1", "platform", 10**9)
     now[0] += 10

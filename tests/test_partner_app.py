@@ -20,7 +20,6 @@ from examples.partner_app.web import make_partner_app
 from lifecycle.launches import create_launch
 from lifecycle.registry import activate_fallback_secret, generate_fallback_secret, install_application, register_application
 from models.application import Installation
-from models.clock import clock
 
 
 @pytest.fixture
@@ -157,7 +156,7 @@ async def test_user_not_in_the_app_records_gets_403(api, partner, world):
 
 
 @pytest.mark.gen_test
-async def test_trial_expired_unless_the_clinic_upgraded(api, partner, world, runtime):
+async def test_trial_expired_unless_the_clinic_upgraded(api, partner, world, runtime, clock):
     p = partner()
     (Installation.update(activation_status="Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
      .where(Installation.application == p.app.id).execute())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from models.application import Application, Installation
-from models.clock import clock
+from models.clock import Clock
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, IssuedToken, expiry
 from models.prepared import PreparedQuery
@@ -38,7 +38,7 @@ def _code(world, code_hash: str, organization=None) -> AuthorizationCode:
     return AuthorizationCode.create(
         code_hash=code_hash, application=world["app"].id, user=world["physician"].id,
         organization=organization or world["org"].id, redirect_uri=world["app"].redirect_uri,
-        nonce="n-1", expires_at=expiry(60))
+        nonce="n-1", expires_at=expiry(Clock().now(), 60))
 
 
 def test_code_for_exchange_reads_user_and_installation(runtime, world):
@@ -60,28 +60,28 @@ def test_code_for_exchange_without_installation(runtime, world):
     assert AuthorizationCode.get_by_id("hash-uninstalled").installation is None
 
 
-def test_consume_is_single_use(runtime, world):
+def test_consume_is_single_use(runtime, world, clock):
     grant = _code(world, "hash-consume")
-    assert grant.consume() is True
-    assert grant.consume() is False
+    assert grant.consume(clock.now()) is True
+    assert grant.consume(clock.now()) is False
     assert AuthorizationCode.get_by_id("hash-consume").used_at is not None
 
 
-def test_record_writes_the_row_create_would(runtime, world):
+def test_record_writes_the_row_create_would(runtime, world, clock):
     values = dict(kind="access", application=world["app"].id, user=world["physician"].id,
-                  code_hash="h", expires_at=expiry(300))
+                  code_hash="h", expires_at=expiry(clock.now(), 300))
     IssuedToken.record(jti="jti-recorded", **values)
     IssuedToken.create(jti="jti-created", **values)
     recorded, created = IssuedToken.get_by_id("jti-recorded"), IssuedToken.get_by_id("jti-created")
     assert {k: v for k, v in data(recorded).items() if k not in ("jti", "issued_at")} == \
         {k: v for k, v in data(created).items() if k not in ("jti", "issued_at")}
     assert abs((recorded.issued_at - clock.now()).total_seconds()) < 5  # the default was applied
-    assert IssuedToken.is_active("jti-recorded")
-    IssuedToken.record(jti="jti-client", kind="client", application=world["app"].id, expires_at=expiry(300))
+    assert IssuedToken.is_active("jti-recorded", clock.now())
+    IssuedToken.record(jti="jti-client", kind="client", application=world["app"].id, expires_at=expiry(clock.now(), 300))
     assert IssuedToken.get_by_id("jti-client").user_id is None
     with pytest.raises(TypeError):
-        IssuedToken.record(jti="x", kind="client", application=world["app"].id, expires_at=expiry(1), bogus=1)
-    assert not IssuedToken.is_active("jti-unknown")
+        IssuedToken.record(jti="x", kind="client", application=world["app"].id, expires_at=expiry(clock.now(), 1), bogus=1)
+    assert not IssuedToken.is_active("jti-unknown", clock.now())
 
 
 def test_each_argument_must_appear_once(runtime):

@@ -10,7 +10,6 @@ from lifecycle.registry import create_organization, create_user, install_applica
 from lifecycle.verification import record_platform_verification
 from models.application import Installation
 from models.audit import AuditEvent
-from models.clock import clock
 from models.directory import Organization, User
 from models.grants import IssuedToken
 from models.invitations import Invitation
@@ -27,7 +26,7 @@ def other_app(runtime):
 # -- authentication ---------------------------------------------------------------------------
 
 @pytest.mark.gen_test
-async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api, world, flow):
+async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api, world, flow, clock):
     app = world["app"]
     path = f"/v1/applications/{app.id}/organizations"
     headers = await partner_headers(api, app, world["secret"])
@@ -110,7 +109,7 @@ async def test_user_status_follows_what_happened(api, world, flow, runtime):
     assert by_email["doc@example.com"]["authorized_at"] is None and by_email["doc@example.com"]["last_launch_at"] is None
 
     await flow.launch()  # a launch alone does not authorize
-    record_platform_verification(app, world["physician"])  # the platform verified the app's token
+    record_platform_verification(runtime, app, world["physician"])  # the platform verified the app's token
     status, _, users = await api.call("GET", path, headers=headers)
     doc = {u["email"]: u for u in users}["doc@example.com"]
     assert doc["status"] == "authorized" and doc["authorized_at"] and doc["last_launch_at"]
@@ -165,7 +164,7 @@ async def test_invitation_creates_everything_once_and_link_works_once(api, world
 
 
 @pytest.mark.gen_test
-async def test_invitation_link_expires(api, world, runtime):
+async def test_invitation_link_expires(api, world, runtime, clock):
     headers = await partner_headers(api, world["app"], world["secret"])
     status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
     assert status == 201
@@ -208,13 +207,13 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
 def clinic(world, runtime):
     """Two physicians, one of whom completed the app's auth flow, and a snapshot of both."""
     second = create_user(world["org"].id, "doc2@example.com", "Second", "Doc", npi="1245319599")
-    record_platform_verification(world["app"], world["physician"])
-    snap = complete_snapshot(world["org"], [world["physician"], second], per_provider=60)
+    record_platform_verification(runtime, world["app"], world["physician"])
+    snap = complete_snapshot(runtime.clock, world["org"], [world["physician"], second], per_provider=60)
     return {"second": second, "snapshot": snap}
 
 
 @pytest.mark.gen_test
-async def test_appointments_pages_are_stable_and_only_authorized_providers(api, world, clinic):
+async def test_appointments_pages_are_stable_and_only_authorized_providers(api, world, clinic, runtime):
     headers = await partner_headers(api, world["app"], world["secret"])
     path = f"/v1/appointments/{world['org'].id}"
     status, _, first = await api.call("GET", path, headers=headers)
@@ -239,7 +238,7 @@ async def test_appointments_pages_are_stable_and_only_authorized_providers(api, 
                        "patient"]
     assert list(a["patient"]) == ["id", "first_name", "last_name", "date_of_birth", "sex"]
 
-    record_platform_verification(world["app"], clinic["second"])
+    record_platform_verification(runtime, world["app"], clinic["second"])
     status, _, both = await api.call("GET", path, headers=headers)
     assert both["total"] == 120
 
@@ -274,7 +273,7 @@ async def test_appointments_read_only_the_latest_complete_snapshot(api, world, c
     Snapshot.create(organization=world["org"].id, snapshot_date=tomorrow, status="building")
     status, _, body = await api.call("GET", f"/v1/appointments/{world['org'].id}", headers=headers)
     assert body["snapshot_date"] == clinic["snapshot"].snapshot_date.isoformat() and body["total"] == 60
-    complete_snapshot(world["org"], [world["physician"]], per_provider=4, day=tomorrow)
+    complete_snapshot(runtime.clock, world["org"], [world["physician"]], per_provider=4, day=tomorrow)
     status, _, body = await api.call("GET", f"/v1/appointments/{world['org'].id}", headers=headers)
     assert body["snapshot_date"] == tomorrow.isoformat() and body["total"] == 4
 
@@ -301,14 +300,14 @@ async def test_test_organization_returns_the_fixed_data_set(api, world, other_ap
 # -- activation status ---------------------------------------------------------------------------------
 
 @pytest.mark.gen_test
-async def test_activation_status_lifecycle(api, world, runtime):
+async def test_activation_status_lifecycle(api, world, runtime, clock):
     app, org = world["app"], world["org"]
     headers = await partner_headers(api, app, world["secret"])
     path = f"/v1/applications/{app.id}/organizations/{org.id}/activation-status"
     status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=headers)
     assert status == 409 and body["error"] == "not_initialized"
 
-    record_platform_verification(app, world["physician"])  # first SDK initialization: Disabled
+    record_platform_verification(runtime, app, world["physician"])  # first SDK initialization: Disabled
     assert Installation.find(app.id, org.id).activation_status == "Disabled"
     for bad in ({"status": "enabled"}, {"status": 1}, {}, {"status": "Enabled", "extra": 1}):
         status, _, body = await api.call("PUT", path, bad, headers=headers)

@@ -11,7 +11,6 @@ import pyzipper
 from connectors.sandbox import patient_panel
 from lifecycle.registry import register_application
 from models.charts import ChartRequest
-from models.clock import clock
 from rest_helpers import partner_headers
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
@@ -36,7 +35,7 @@ async def wait_until_not_pending(api, headers, request_id, timeout=30.0):
 
 
 @pytest.mark.gen_test(timeout=60)
-async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, world, runtime):
+async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, world, runtime, clock):
     app = world["app"]
     headers = await partner_headers(api, app, world["secret"])
     patient = patient_panel(world["org"].id)[0]

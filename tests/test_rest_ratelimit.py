@@ -10,7 +10,6 @@ import redis
 
 from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process
 from lifecycle.registry import register_application
-from models.clock import clock
 from ratelimit import build_rate_limiter
 from rest_helpers import partner_headers
 
@@ -25,6 +24,7 @@ async def exhaust(api, path, headers, limit):
 
 
 async def check_limits(api, world, runtime):
+    clock = runtime.clock
     app = world["app"]
     headers = await partner_headers(api, app, world["secret"])
     path = f"/v1/applications/{app.id}/organizations"
@@ -59,7 +59,8 @@ async def test_in_memory_limit(api, world, runtime):
 @pytest.mark.gen_test
 async def test_redis_limit(api, world, runtime, redis_namespace):
     runtime.rate_limiter = build_rate_limiter(runtime.settings.replace(redis_url=REDIS_URL,
-                                                                       redis_namespace=redis_namespace))
+                                                                       redis_namespace=redis_namespace),
+                                              runtime.clock)
     await check_limits(api, world, runtime)
     assert list(redis.Redis.from_url(REDIS_URL).scan_iter(f"{redis_namespace}:ratelimit:*"))
 
@@ -67,7 +68,7 @@ async def test_redis_limit(api, world, runtime, redis_namespace):
 @pytest.mark.gen_test
 async def test_redis_unreachable_is_a_clear_503(api, world, runtime):
     runtime.rate_limiter = build_rate_limiter(runtime.settings.replace(
-        redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+        redis_url=f"redis://127.0.0.1:{free_port()}/0"), runtime.clock)
     headers = await partner_headers(api, world["app"], world["secret"])
     status, resp_headers, body = await api.call("GET", "/v1/appointments/123456789", headers=headers)
     assert status == 503 and body["error"] == "rate_limiter_unavailable" and "Redis" in body["message"]

@@ -13,7 +13,6 @@ from connectors.sessions import end_session, touch_session
 from lifecycle.registry import create_organization, create_user, install_application, register_application
 from lifecycle.verification import record_platform_verification
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
-from models.clock import clock
 from models.directory import Organization
 from workers.snapshot import build_snapshot, night_window, run_night
 
@@ -26,7 +25,7 @@ def at(settings, night=NIGHT, minutes=0) -> dt.datetime:
     return night_window(settings, night)[0] + dt.timedelta(minutes=minutes)
 
 
-def move_clock_to(when: dt.datetime) -> None:
+def move_clock_to(clock, when: dt.datetime) -> None:
     clock.offset = 0.0
     clock.advance((when - clock.now()).total_seconds())
 
@@ -34,9 +33,9 @@ def move_clock_to(when: dt.datetime) -> None:
 @pytest.fixture
 def clinic(runtime, world):
     """The `world` physician authorized the installed app and opened the hub the evening before."""
-    move_clock_to(at(runtime.settings, minutes=-6 * 60))
-    record_platform_verification(world["app"], world["physician"])
-    touch_session(world["physician"])
+    move_clock_to(runtime.clock, at(runtime.settings, minutes=-6 * 60))
+    record_platform_verification(runtime, world["app"], world["physician"])
+    touch_session(runtime, world["physician"])
     return world
 
 
@@ -46,7 +45,7 @@ def appointments(snapshot) -> list[SnapshotAppointment]:
 
 
 def test_covers_the_next_ten_days(runtime, clinic):
-    snapshot = build_snapshot(runtime.settings, clinic["org"].id, NIGHT)
+    snapshot = build_snapshot(runtime, clinic["org"].id, NIGHT)
     rows = appointments(snapshot)
     start = at(runtime.settings)
     assert rows, "the sandbox schedule has appointments on weekdays"
@@ -60,26 +59,26 @@ def test_covers_the_next_ten_days(runtime, clinic):
 
 def test_only_physicians_with_an_npi(runtime, clinic):
     staff = clinic["staff"]  # no NPI, but authorized and in session like the physician
-    record_platform_verification(clinic["app"], staff)
-    touch_session(staff)
-    rows = appointments(build_snapshot(runtime.settings, clinic["org"].id, NIGHT))
+    record_platform_verification(runtime, clinic["app"], staff)
+    touch_session(runtime, staff)
+    rows = appointments(build_snapshot(runtime, clinic["org"].id, NIGHT))
     assert rows and {r.provider_id for r in rows} == {clinic["physician"].id}
 
 
 def test_only_users_who_completed_the_auth_flow_of_an_installed_app(runtime, clinic):
     org = clinic["org"]
     other = create_user(org.id, "other.doc@example.com", "Other", "Doc", "odoc", "1245319599")
-    touch_session(other)
-    rows = appointments(build_snapshot(runtime.settings, org.id, NIGHT))
+    touch_session(runtime, other)
+    rows = appointments(build_snapshot(runtime, org.id, NIGHT))
     assert other.id not in {r.provider_id for r in rows}
     # Completing the flow of an app that is NOT installed in the clinic does not count either.
     stranger, _ = register_application(runtime, "Elsewhere", "https://x.example/m", "https://x.example/l")
-    record_platform_verification(stranger, other)
-    rows = appointments(build_snapshot(runtime.settings, org.id, NIGHT))
+    record_platform_verification(runtime, stranger, other)
+    rows = appointments(build_snapshot(runtime, org.id, NIGHT))
     assert other.id not in {r.provider_id for r in rows}
     # Once they complete the flow of the installed app, they are in the next snapshot.
-    record_platform_verification(clinic["app"], other)
-    rows = appointments(build_snapshot(runtime.settings, org.id, NIGHT))
+    record_platform_verification(runtime, clinic["app"], other)
+    rows = appointments(build_snapshot(runtime, org.id, NIGHT))
     assert other.id in {r.provider_id for r in rows}
 
 
@@ -89,36 +88,36 @@ def test_only_when_the_connector_session_is_active_during_the_window(runtime, cl
     gone = create_user(org.id, "gone@example.com", "Gone", "Doc", "gdoc", "1003000134")
     stale = create_user(org.id, "stale@example.com", "Stale", "Doc", "sdoc", "1003000142")
     for user in (late, gone, stale):
-        record_platform_verification(clinic["app"], user)
-    touch_session(gone)
-    end_session(gone)                               # signed out before the window
-    move_clock_to(at(settings, minutes=-settings.connector_session_ttl // 60 - 60))
-    touch_session(stale)                            # last seen longer than the TTL before the window
-    move_clock_to(at(settings, minutes=200))
-    touch_session(late)                             # first opened the hub after the window
-    providers = {r.provider_id for r in appointments(build_snapshot(settings, org.id, NIGHT))}
+        record_platform_verification(runtime, clinic["app"], user)
+    touch_session(runtime, gone)
+    end_session(runtime, gone)                               # signed out before the window
+    move_clock_to(runtime.clock, at(settings, minutes=-settings.connector_session_ttl // 60 - 60))
+    touch_session(runtime, stale)                            # last seen longer than the TTL before the window
+    move_clock_to(runtime.clock, at(settings, minutes=200))
+    touch_session(runtime, late)                             # first opened the hub after the window
+    providers = {r.provider_id for r in appointments(build_snapshot(runtime, org.id, NIGHT))}
     assert providers == {clinic["physician"].id}
     # A session still open from the day before the night counts (seen within the TTL).
-    move_clock_to(at(settings, NIGHT + dt.timedelta(days=1), minutes=-60))
-    touch_session(late)
-    providers = {r.provider_id for r in appointments(build_snapshot(settings, org.id, NIGHT + dt.timedelta(days=1)))}
+    move_clock_to(runtime.clock, at(settings, NIGHT + dt.timedelta(days=1), minutes=-60))
+    touch_session(runtime, late)
+    providers = {r.provider_id for r in appointments(build_snapshot(runtime, org.id, NIGHT + dt.timedelta(days=1)))}
     assert late.id in providers and gone.id not in providers
 
 
-def test_touch_session_extends_an_active_session_and_starts_a_new_one_after_the_ttl(runtime, world):
-    first = touch_session(world["physician"])
+def test_touch_session_extends_an_active_session_and_starts_a_new_one_after_the_ttl(runtime, world, clock):
+    first = touch_session(runtime, world["physician"])
     clock.advance(3600)
-    assert touch_session(world["physician"]).id == first.id
+    assert touch_session(runtime, world["physician"]).id == first.id
     clock.advance(runtime.settings.connector_session_ttl + 1)
-    assert touch_session(world["physician"]).id != first.id
+    assert touch_session(runtime, world["physician"]).id != first.id
     assert ConnectorSession.select().where(ConnectorSession.user == world["physician"].id).count() == 2
 
 
 def test_rerunning_a_night_replaces_it(runtime, clinic):
     org = clinic["org"].id
-    first = build_snapshot(runtime.settings, org, NIGHT)
+    first = build_snapshot(runtime, org, NIGHT)
     first_rows = [(r.ehr_appointment_id, r.start) for r in appointments(first)]
-    second = build_snapshot(runtime.settings, org, NIGHT)
+    second = build_snapshot(runtime, org, NIGHT)
     assert second.id != first.id
     assert Snapshot.select().where((Snapshot.organization == org) & (Snapshot.snapshot_date == NIGHT)).count() == 1
     assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot == first.id).count() == 0
@@ -128,10 +127,10 @@ def test_rerunning_a_night_replaces_it(runtime, clinic):
 
 def test_readers_keep_yesterdays_snapshot_until_tonights_is_complete(runtime, clinic):
     settings, org = runtime.settings, clinic["org"]
-    yesterday = build_snapshot(settings, org.id, NIGHT - dt.timedelta(days=1))
+    yesterday = build_snapshot(runtime, org.id, NIGHT - dt.timedelta(days=1))
     Organization.update(ehr_url="https://ehr.example/test?latency=0.6").where(Organization.id == org.id).execute()
     seen = {}
-    builder = threading.Thread(target=lambda: seen.setdefault("snapshot", build_snapshot(settings, org.id, NIGHT)))
+    builder = threading.Thread(target=lambda: seen.setdefault("snapshot", build_snapshot(runtime, org.id, NIGHT)))
     builder.start()
     try:
         deadline = dt.datetime.now() + dt.timedelta(seconds=10)
@@ -147,9 +146,9 @@ def test_readers_keep_yesterdays_snapshot_until_tonights_is_complete(runtime, cl
 
 def test_a_failed_night_leaves_the_previous_snapshot_served_and_nothing_half_written(runtime, clinic):
     settings, org = runtime.settings, clinic["org"]
-    good = build_snapshot(settings, org.id, NIGHT)
+    good = build_snapshot(runtime, org.id, NIGHT)
     Organization.update(ehr_url="https://ehr.example/test?outage=1").where(Organization.id == org.id).execute()
-    results = run_night(settings, NIGHT)
+    results = run_night(runtime, NIGHT)
     assert results[org.id].startswith("failed")
     assert Snapshot.latest_complete(org.id).id == good.id
     assert Snapshot.select().where(Snapshot.organization == org.id).count() == 1
@@ -159,7 +158,7 @@ def test_old_nights_are_pruned(runtime, clinic):
     org = clinic["org"].id
     nights = [NIGHT - dt.timedelta(days=d) for d in (3, 2, 1, 0)]
     for night in nights:
-        build_snapshot(runtime.settings, org, night)
+        build_snapshot(runtime, org, night)
     assert sorted(s.snapshot_date for s in Snapshot.select().where(Snapshot.organization == org)) == nights[-2:]
 
 
@@ -179,6 +178,6 @@ def test_snapshot_run_command(runtime, clinic, settings):
 
 def test_organizations_without_installations_are_not_synced(runtime, clinic):
     lonely = create_organization("No Apps Clinic", "sandbox")
-    assert lonely.id not in run_night(runtime.settings, NIGHT)
+    assert lonely.id not in run_night(runtime, NIGHT)
     install_application(clinic["app"].id, lonely.id)
-    assert run_night(runtime.settings, NIGHT)[lonely.id] == 0  # installed but nobody eligible: empty night
+    assert run_night(runtime, NIGHT)[lonely.id] == 0  # installed but nobody eligible: empty night

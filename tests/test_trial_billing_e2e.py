@@ -16,7 +16,6 @@ import pytest
 from jose import jwt
 
 from models.application import Installation
-from models.clock import clock
 from rest_helpers import partner_headers
 from test_billing import verify_on_platform
 from test_partner_app import partner, settings  # noqa: F401  (fixtures: the example app on a real port)
@@ -25,7 +24,7 @@ from test_secret_rotation import LaunchTraffic
 YEAR = dt.datetime.now(dt.timezone.utc).year + 1
 
 
-def set_clock(when: dt.datetime) -> None:
+def set_clock(clock, when: dt.datetime) -> None:
     """Make the service clock read `when` (naive UTC) now. Dates lie ahead of the real clock: the
     example app checks token expiry against the real time, as any relying party would."""
     clock.offset = when.replace(tzinfo=dt.timezone.utc).timestamp() - time.time()
@@ -54,7 +53,7 @@ async def test_days_until_end_of_trial_through_the_activation_and_token_endpoint
         c = jwt.get_unverified_claims((await flow.tokens())["id_token"])
         return c["is_free_trial"], c["days_until_end_of_trial"]
 
-    set_clock(dt.datetime(YEAR, 3, 1, 23, 59, 30))  # activated 30 s before midnight UTC
+    set_clock(api.runtime.clock, dt.datetime(YEAR, 3, 1, 23, 59, 30))  # activated 30 s before midnight UTC
     assert await trial_claims() == (True, None)      # installed, never enabled
     await verify_on_platform(api, flow, world)       # first SDK initialization: Disabled, not openable
     assert Installation.find(app.id, org.id).activation_status == "Disabled"
@@ -68,7 +67,7 @@ async def test_days_until_end_of_trial_through_the_activation_and_token_endpoint
         (dt.datetime(YEAR, 3, 31, 0, 0, 0), (False, 0)),    # day 31: the trial has ended
         (dt.datetime(YEAR, 6, 1, 8, 0), (False, 0)),
     ]:
-        set_clock(when)
+        set_clock(api.runtime.clock, when)
         assert await trial_claims() == expected, when
     # Disabling and enabling again does not restart the trial.
     await set_activation(api, app, world["secret"], org.id, "Disabled")
@@ -90,13 +89,13 @@ async def test_trial_ended_app_keeps_returning_the_user_is_billed_then_403_is_no
         c = jwt.get_unverified_claims(outcome["body"]["id_token"])
         return c["is_free_trial"], c["days_until_end_of_trial"]
 
-    set_clock(dt.datetime(YEAR, 3, 10, 9, 0))
+    set_clock(api.runtime.clock, dt.datetime(YEAR, 3, 10, 9, 0))
     first = await traffic.one_launch()
     assert first["status"] == 200 and first["verified"]
     assert Installation.find(p.app.id, org.id).activation_status == "Disabled"
     await set_activation(api, p.app, p.secret, org.id, "Enabled")  # day 1 of the trial
 
-    set_clock(dt.datetime(YEAR, 4, 8, 18, 0))  # day 30: in the trial, verified, and free
+    set_clock(api.runtime.clock, dt.datetime(YEAR, 4, 8, 18, 0))  # day 30: in the trial, verified, and free
     outcome = await traffic.one_launch()
     assert outcome["status"] == 200 and outcome["verified"] and launch_claims(outcome) == (True, 1)
     assert await billing(api, p.app, p.secret, f"{YEAR}-03") == {}
@@ -104,7 +103,7 @@ async def test_trial_ended_app_keeps_returning_the_user_is_billed_then_403_is_no
 
     # Day 31: the trial has ended. The app's records say "upgraded", so it keeps returning the
     # user as authorized, and it stays Enabled: the platform's verification bills the user.
-    set_clock(dt.datetime(YEAR, 4, 9, 0, 0, 5))
+    set_clock(api.runtime.clock, dt.datetime(YEAR, 4, 9, 0, 0, 5))
     outcome = await traffic.one_launch()
     assert outcome["status"] == 200 and outcome["verified"] and launch_claims(outcome) == (False, 0)
     assert await billing(api, p.app, p.secret, f"{YEAR}-04") == {org.id: [world["physician"].id]}
@@ -115,7 +114,7 @@ async def test_trial_ended_app_keeps_returning_the_user_is_billed_then_403_is_no
     # A new month; the app's records now say "not upgraded": its token endpoint answers 403
     # trial_expired, the SDK never hands the token to the platform, nothing is billed.
     p.state.records.upgraded_organizations.discard(org.id)
-    set_clock(dt.datetime(YEAR, 5, 2, 10, 0))
+    set_clock(api.runtime.clock, dt.datetime(YEAR, 5, 2, 10, 0))
     refused = await traffic.one_launch()
     assert refused["status"] == 403 and refused["body"]["error"] == "trial_expired" and refused["body"]["message"]
     assert refused["verified"] is False

@@ -16,13 +16,13 @@ def on_day(n: int, hour: int = 12) -> dt.datetime:
 
 
 def test_not_a_trial_plan():
-    assert trial_state("paid", None).claims() == {
+    assert trial_state("paid", None, START).claims() == {
         "application_billing_plan": "paid", "is_free_trial": False, "days_until_end_of_trial": None}
     assert trial_state("paid", START, on_day(40)).is_free_trial is False
 
 
 def test_trial_not_started():
-    assert trial_state("free_trial", None).claims() == {
+    assert trial_state("free_trial", None, START).claims() == {
         "application_billing_plan": "free_trial", "is_free_trial": True, "days_until_end_of_trial": None}
 
 

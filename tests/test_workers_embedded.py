@@ -8,7 +8,6 @@ import urllib.request
 from connectors.sessions import touch_session
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
-from models.clock import clock
 from models.schedule import ScheduledRun
 
 from conftest import free_port, settings_env, start_process, stop_process
@@ -27,9 +26,9 @@ def wait_for_http(url: str, timeout: float = 20.0) -> None:
             time.sleep(0.05)
 
 
-def test_serve_schedules_and_builds_the_night_in_process(runtime, world, settings, tmp_path):
-    record_platform_verification(world["app"], world["physician"])
-    touch_session(world["physician"])
+def test_serve_schedules_and_builds_the_night_in_process(runtime, world, settings, tmp_path, clock):
+    record_platform_verification(runtime, world["app"], world["physician"])
+    touch_session(runtime, world["physician"])
     now = clock.now()
     window = f"{(now - dt.timedelta(minutes=1)):%H:%M}-{(now + dt.timedelta(minutes=30)):%H:%M}"
     env = settings_env(settings, SVC_SYNC_WINDOW=window)

@@ -18,7 +18,6 @@ from lifecycle.registry import create_organization, create_user, install_applica
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot
 from models.charts import ChartRequest
-from models.clock import clock
 from models.directory import Organization
 from models.schedule import ScheduledRun
 from workers.scheduler import night_due
@@ -109,7 +108,7 @@ def test_chart_zip_built_by_a_worker_process_into_s3_and_fetched_over_a_presigne
     assert not runtime.task_queue.embedded
     start_worker()
     request = request_for(world, 11)
-    charts.enqueue_chart_build(request.id)
+    charts.enqueue_chart_build(runtime, request.id)
     done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="chart build")
     assert (done.status, done.error) == ("ready", None)
     assert bucket_keys(runtime.settings) == [f"charts/{request.id}.zip"]  # no temporary upload left behind
@@ -136,7 +135,7 @@ def test_an_ehr_outage_is_retried_with_backoff_until_it_is_over(runtime, world, 
     set_ehr_url(world["org"], "https://ehr.example/test?outage=1")
     start_worker()
     request = request_for(world)
-    charts.enqueue_chart_build(request.id)
+    charts.enqueue_chart_build(runtime, request.id)
     # `attempts` counts an attempt as it starts, before the connector reads the EHR address, so
     # only a second attempt proves the first one met the outage.
     wait_until(lambda: status_of(request.id).attempts >= 2, what="a retry after the outage")
@@ -149,7 +148,7 @@ def test_a_request_fails_with_a_reason_when_the_retries_run_out(runtime, world, 
     set_ehr_url(world["org"], "https://ehr.example/test?outage=1")
     start_worker()
     request = request_for(world)
-    charts.enqueue_chart_build(request.id)
+    charts.enqueue_chart_build(runtime, request.id)
     done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="failure")
     assert done.status == "failed" and done.attempts == 3  # the first try and 2 retries
     assert done.error.startswith("The EHR did not answer after 3 attempts")
@@ -161,7 +160,7 @@ def test_a_worker_killed_mid_build_leaves_the_request_retryable_and_a_retry_make
     set_ehr_url(world["org"], "https://ehr.example/test?latency=30")
     victim = start_worker()
     request = request_for(world, 5)
-    charts.enqueue_chart_build(request.id)
+    charts.enqueue_chart_build(runtime, request.id)
     wait_until(lambda: status_of(request.id).attempts == 1, what="the build to start")
     victim.kill()  # SIGKILL: no chance to clean up
     victim.wait()
@@ -170,8 +169,8 @@ def test_a_worker_killed_mid_build_leaves_the_request_retryable_and_a_retry_make
 
     set_ehr_url(world["org"], "https://ehr.example/test")
     start_worker()
-    charts.enqueue_chart_build(request.id)
-    charts.enqueue_chart_build(request.id)  # a duplicate delivery is harmless too
+    charts.enqueue_chart_build(runtime, request.id)
+    charts.enqueue_chart_build(runtime, request.id)  # a duplicate delivery is harmless too
     done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="the retry")
     assert done.status == "ready"
     time.sleep(0.5)  # let the duplicate run
@@ -183,15 +182,15 @@ def eligible_clinic(runtime, world, name: str):
     org = create_organization(name, "sandbox")
     doc = create_user(org.id, f"doc@{org.id}.example", "Doc", name, None, "1679576722")
     install_application(world["app"].id, org.id)
-    record_platform_verification(world["app"], doc)
-    touch_session(doc)
+    record_platform_verification(runtime, world["app"], doc)
+    touch_session(runtime, doc)
     return org
 
 
-def test_the_nightly_sync_fans_out_one_task_per_organization(runtime, world, start_worker):
+def test_the_nightly_sync_fans_out_one_task_per_organization(runtime, world, start_worker, clock):
     night = clock.now().date()
-    record_platform_verification(world["app"], world["physician"])
-    touch_session(world["physician"])
+    record_platform_verification(runtime, world["app"], world["physician"])
+    touch_session(runtime, world["physician"])
     orgs = [world["org"]] + [eligible_clinic(runtime, world, f"Clinic {n}") for n in range(2)]
     assert fan_out_night(runtime, night.isoformat()) == 3  # what the sync_night task does
     client = redis.Redis.from_url(REDIS_URL)
@@ -206,7 +205,7 @@ def test_the_nightly_sync_fans_out_one_task_per_organization(runtime, world, sta
     client.close()
 
 
-def test_several_schedulers_queue_the_night_once(runtime, world, child_env, tmp_path, start_worker):
+def test_several_schedulers_queue_the_night_once(runtime, world, child_env, tmp_path, start_worker, clock):
     now = clock.now()
     window = f"{(now - dt.timedelta(minutes=1)):%H:%M}-{(now + dt.timedelta(minutes=30)):%H:%M}"
     env = {**child_env, "SVC_SYNC_WINDOW": window}

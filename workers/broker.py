@@ -4,55 +4,45 @@
 `serve`, `worker` and `scheduler` process. Unset (embedded default): Dramatiq's in-memory
 StubBroker with a worker thread in the same process.
 
-Actors are declared once at import with `@task(...)`; `install_task_queue` binds them to the
-process's broker (one broker per process; a new one replaces the old, which tests rely on).
+Each `TaskQueue` belongs to one runtime (`runtime.task_queue`) and declares its own actors, one
+per `@task` declaration, each calling `fn(runtime, *args)`. There is no process-wide broker.
 """
 from __future__ import annotations
 
 import logging
-import threading
 
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from models.db import database
+import workers.charts  # noqa: F401  (declares its tasks)
+import workers.snapshot  # noqa: F401
+from workers.tasks import TASKS
 
 log = logging.getLogger("svc_auth.workers")
-
-ACTORS: list[dramatiq.Actor] = []
-_declaration_broker = StubBroker()  # actors need a broker to be declared; the real one is bound later
-_lock = threading.Lock()
-_installed: "TaskQueue | None" = None
-
-
-def task(**options):
-    """Declare a background task (a Dramatiq actor) retried with the configured backoff."""
-    def decorate(fn):
-        actor = dramatiq.actor(fn, broker=_declaration_broker, actor_name=fn.__name__, **options)
-        ACTORS.append(actor)
-        return actor
-    return decorate
 
 
 class DatabaseConnection(Middleware):
     """Each task opens the database connection of its worker thread and closes it when done."""
 
+    def __init__(self, db):
+        self.db = db
+
     def before_process_message(self, broker, message):
-        database.connect(reuse_if_open=True)
+        self.db.connect(reuse_if_open=True)
 
     def after_process_message(self, broker, message, *, result=None, exception=None):
-        if not database.is_closed():
-            database.close()
+        if not self.db.is_closed():
+            self.db.close()
 
     after_skip_message = after_process_message
 
 
 class TaskQueue:
-    """One process's broker, and (embedded default) the worker thread that consumes it."""
+    """One runtime's broker and actors, and (embedded default) the worker thread that consumes it."""
 
-    def __init__(self, settings):
-        self.settings = settings
+    def __init__(self, runtime):
+        settings = self.settings = runtime.settings
         if settings.redis_url:
             from dramatiq.brokers.redis import RedisBroker
             self.broker = RedisBroker(url=settings.redis_url, namespace=f"{settings.redis_namespace}:tasks")
@@ -61,22 +51,28 @@ class TaskQueue:
             self.broker = StubBroker()
             self.embedded = True
         self.broker.add_middleware(CurrentMessage())
-        self.broker.add_middleware(DatabaseConnection())
+        self.broker.add_middleware(DatabaseConnection(runtime.db))
         self.worker: dramatiq.Worker | None = None
+        retry = {"max_retries": settings.task_max_retries, "min_backoff": settings.task_min_backoff_ms,
+                 "max_backoff": settings.task_max_backoff_ms}
+        self.actors = {name: self._actor(runtime, spec, retry) for name, spec in TASKS.items()}
+        if self.embedded:
+            self.start_worker()
 
-    def bind_actors(self) -> None:
-        retry = {"max_retries": self.settings.task_max_retries,
-                 "min_backoff": self.settings.task_min_backoff_ms,
-                 "max_backoff": self.settings.task_max_backoff_ms}
-        for actor in ACTORS:
-            actor.options.update(retry)
-            actor.broker = self.broker
-            self.broker.declare_actor(actor)
-        dramatiq.set_broker(self.broker)
+    def _actor(self, runtime, spec, retry) -> dramatiq.Actor:
+        def run(*args):
+            return spec.fn(runtime, *args)
+        run.__name__ = spec.name
+        return dramatiq.Actor(run, actor_name=spec.name, queue_name=spec.queue_name, priority=0,
+                              broker=self.broker, options={**retry, **spec.options})
 
-    def send(self, actor: dramatiq.Actor, *args, delay_ms: int | None = None) -> dramatiq.Message:
-        """Enqueue `actor(*args)` on this process's broker."""
-        return self.broker.enqueue(actor.message(*args), delay=delay_ms)
+    def send(self, task_fn, *args, delay_ms: int | None = None) -> dramatiq.Message:
+        """Enqueue `task_fn(runtime, *args)` on this queue's broker (a blocking call: off the IOLoop)."""
+        return self.broker.enqueue(self.actors[task_fn.__name__].message(*args), delay=delay_ms)
+
+    def last_attempt(self) -> bool:
+        from workers.tasks import current_message_is_last_attempt
+        return current_message_is_last_attempt(self.broker)
 
     def start_worker(self, threads: int | None = None, timeout_ms: int | None = None) -> dramatiq.Worker:
         """Consume this broker's queues with `threads` threads (returns at once)."""
@@ -87,43 +83,7 @@ class TaskQueue:
         return self.worker
 
     def close(self) -> None:
-        global _installed
         if self.worker is not None:
             self.worker.stop(timeout=30_000)
             self.worker = None
         self.broker.close()
-        with _lock:
-            if _installed is self:
-                _installed = None
-
-
-def install_task_queue(runtime) -> TaskQueue:
-    """Make a task queue for `runtime`'s settings this process's broker and bind every actor to it.
-
-    In the embedded default, this also starts the in-process worker thread.
-    """
-    global _installed
-    import workers.charts  # noqa: F401  (declares the actors)
-    import workers.snapshot  # noqa: F401
-    with _lock:
-        previous, _installed = _installed, None
-    if previous is not None:
-        previous.close()
-    queue = TaskQueue(runtime.settings)
-    queue.bind_actors()
-    with _lock:
-        _installed = queue
-    if queue.embedded:
-        queue.start_worker()
-    return queue
-
-
-def current_message_is_last_attempt() -> bool:
-    """True while a task runs its final attempt (after it, Dramatiq gives up)."""
-    message = CurrentMessage.get_current_message()
-    if message is None:
-        return True  # called directly, not by a worker: there is no retry
-    actor = message.options.get("max_retries")
-    max_retries = actor if actor is not None else dramatiq.get_broker().get_actor(message.actor_name).options.get(
-        "max_retries", 20)
-    return message.options.get("retries", 0) >= max_retries

@@ -1,7 +1,7 @@
 """Chart retrieval: build the encrypted ZIP of a `ChartRequest` and store it.
 
 The REST API creates a `ChartRequest` (status `pending`), commits, then calls
-`enqueue_chart_build(request_id)`. The `build_chart` task fetches the chart from the
+`enqueue_chart_build(runtime, request_id)`. The `build_chart` task fetches the chart from the
 organization's connector, writes the archive to a temporary directory, stores it (the store makes
 it visible only when complete), checks it is there, and only then marks the request `ready`.
 A worker killed on the way leaves the request `pending` and re-running it yields one object.
@@ -18,8 +18,7 @@ import tempfile
 from connectors import ConnectorError, ConnectorUnavailable, connector_for
 from connectors.sandbox import SandboxConnector, patient_panel
 from models.charts import ChartRequest
-from models.clock import clock
-from workers.broker import current_message_is_last_attempt, task
+from workers.tasks import task
 from workers.chart_archive import write_chart_zip
 
 log = logging.getLogger("svc_auth.charts")
@@ -47,7 +46,7 @@ def build_chart_archive(runtime, request_id: str) -> ChartRequest | None:
         store.put_file(key, path)
     if not store.exists(key):
         raise OSError(f"{key} is not in the object store after its upload")
-    (ChartRequest.update(status="ready", ready_at=clock.now(), object_key=key, error=None)
+    (ChartRequest.update(status="ready", ready_at=runtime.clock.now(), object_key=key, error=None)
      .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute())
     return ChartRequest.get_by_id(request_id)
 
@@ -58,12 +57,11 @@ def mark_failed(request_id: str, reason: str) -> None:
 
 
 @task(queue_name="charts")
-def build_chart(request_id: str) -> None:
-    from conf.runtime import current_runtime
+def build_chart(runtime, request_id: str) -> None:
     try:
-        build_chart_archive(current_runtime(), request_id)
+        build_chart_archive(runtime, request_id)
     except ConnectorUnavailable as exc:
-        if current_message_is_last_attempt():
+        if runtime.task_queue.last_attempt():
             request = ChartRequest.get_or_none(ChartRequest.id == request_id)
             attempts = request.attempts if request else 0
             mark_failed(request_id, f"The EHR did not answer after {attempts} attempts: {exc}")
@@ -73,16 +71,15 @@ def build_chart(request_id: str) -> None:
         mark_failed(request_id, str(exc))
     except Exception:
         log.exception("chart %s: build failed", request_id)
-        if current_message_is_last_attempt():
+        if runtime.task_queue.last_attempt():
             mark_failed(request_id, "The chart archive could not be built.")
             return
         raise
 
 
-def enqueue_chart_build(request_id: str, runtime=None) -> None:
+def enqueue_chart_build(runtime, request_id: str) -> None:
     """Queue the build of a committed, pending `ChartRequest` (the REST API calls this)."""
-    from conf.runtime import current_runtime
-    (runtime or current_runtime()).task_queue.send(build_chart, request_id)
+    runtime.task_queue.send(build_chart, request_id)
 
 
 # -- test mode --------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import os
 import socket
 import threading
 
-from models.clock import clock
 from models.schedule import ScheduledRun
 from workers.snapshot import enqueue_night, night_window
 
@@ -32,7 +31,7 @@ def night_due(settings, now: dt.datetime) -> dt.date | None:
 
 def tick(runtime, now: dt.datetime | None = None) -> dt.date | None:
     """Queue tonight's sync if its window is open and no scheduler did yet; returns the night queued."""
-    night = night_due(runtime.settings, now or clock.now())
+    night = night_due(runtime.settings, now or runtime.clock.now())
     if night is None or not ScheduledRun.claim(JOB, night, f"{socket.gethostname()}:{os.getpid()}"):
         return None
     try:
@@ -53,9 +52,8 @@ def run_scheduler(runtime, stop: threading.Event, interval: float = 30.0) -> Non
         except Exception:
             log.exception("scheduler tick failed; trying again in %ss", interval)
         finally:
-            from models.db import database
-            if threading.current_thread() is not threading.main_thread() and not database.is_closed():
-                database.close()
+            if threading.current_thread() is not threading.main_thread() and not runtime.db.is_closed():
+                runtime.db.close()
         stop.wait(interval)
 
 

@@ -21,11 +21,9 @@ from connectors import ConnectorError, ConnectorUnavailable, Provider, connector
 from connectors.sessions import active_during
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
-from models.clock import clock
-from models.db import database
 from models.directory import Organization, User
 from models.prepared import PreparedInsert
-from workers.broker import task
+from workers.tasks import task
 
 log = logging.getLogger("svc_auth.snapshot")
 
@@ -67,8 +65,9 @@ def _rows(snapshot_id: int, user: User, appointments):
                "patient_sex": a.patient.sex}
 
 
-def build_snapshot(settings, organization_id: str, night: dt.date) -> Snapshot:
+def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     """Fetch and store `night`'s snapshot of one organization, then publish it atomically."""
+    settings, db = runtime.settings, runtime.db
     organization = Organization.get_by_id(organization_id)
     connector = connector_for(organization)
     window_start, _ = night_window(settings, night)
@@ -80,36 +79,36 @@ def build_snapshot(settings, organization_id: str, night: dt.date) -> Snapshot:
             provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
             rows = _rows(snapshot.id, user, connector.fetch_appointments(provider, window_start, window_start + COVERAGE))
             for chunk in peewee.chunked(rows, INSERT_CHUNK):
-                with database.atomic():
+                with db.atomic():
                     count += _INSERT_APPOINTMENT.insert_many(chunk)
     except BaseException:
-        _discard(snapshot.id)
+        _discard(db, snapshot.id)
         raise
-    publish(snapshot)
+    publish(runtime, snapshot)
     log.info("snapshot of %s for %s: %d appointments of %d providers", organization_id, night, count, len(providers))
     return snapshot
 
 
-def publish(snapshot: Snapshot) -> None:
+def publish(runtime, snapshot: Snapshot) -> None:
     """Make `snapshot` the one of its night, in one transaction (readers switch atomically)."""
     org, night = snapshot.organization_id, snapshot.snapshot_date
-    with database.atomic():
+    with runtime.db.atomic():
         replaced = [s.id for s in Snapshot.select(Snapshot.id).where(
             (Snapshot.organization == org) & (Snapshot.id != snapshot.id)
             & ((Snapshot.snapshot_date == night) | (Snapshot.snapshot_date < night - dt.timedelta(days=KEEP_NIGHTS - 1))))]
         if replaced:
             SnapshotAppointment.delete().where(SnapshotAppointment.snapshot.in_(replaced)).execute()
             Snapshot.delete().where(Snapshot.id.in_(replaced)).execute()
-        updated = (Snapshot.update(status="complete", completed_at=clock.now())
+        updated = (Snapshot.update(status="complete", completed_at=runtime.clock.now())
                    .where((Snapshot.id == snapshot.id) & (Snapshot.status == "building")).execute())
         if not updated:  # a concurrent run of the same night published first and removed ours
             raise ConnectorUnavailable(f"snapshot {snapshot.id} was replaced while it was built; retrying")
     snapshot.status = "complete"
 
 
-def _discard(snapshot_id: int) -> None:
+def _discard(db, snapshot_id: int) -> None:
     try:
-        with database.atomic():
+        with db.atomic():
             SnapshotAppointment.delete().where(SnapshotAppointment.snapshot == snapshot_id).execute()
             Snapshot.delete().where(Snapshot.id == snapshot_id).execute()
     except peewee.PeeweeException:
@@ -122,12 +121,12 @@ def organizations_to_sync() -> list[str]:
             Installation.select(Installation.organization).distinct().order_by(Installation.organization)]
 
 
-def run_night(settings, night: dt.date, organization_ids: list[str] | None = None) -> dict:
+def run_night(runtime, night: dt.date, organization_ids: list[str] | None = None) -> dict:
     """Build `night`'s snapshots now, in this process (`svc-auth snapshot run`)."""
     results = {}
     for org_id in organization_ids or organizations_to_sync():
         try:
-            snapshot = build_snapshot(settings, org_id, night)
+            snapshot = build_snapshot(runtime, org_id, night)
             results[org_id] = SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id).count()
         except ConnectorError as exc:
             results[org_id] = f"failed: {exc}"
@@ -151,18 +150,16 @@ def fan_out_night(runtime, night: str) -> int:
 
 
 @task(queue_name="snapshots")
-def sync_night(night: str) -> None:
+def sync_night(runtime, night: str) -> None:
     """Fan out: one task per organization, so more workers finish the night sooner."""
-    from conf.runtime import current_runtime
-    fan_out_night(current_runtime(), night)
+    fan_out_night(runtime, night)
 
 
 @task(queue_name="snapshots")
-def sync_organization(organization_id: str, night: str) -> None:
+def sync_organization(runtime, organization_id: str, night: str) -> None:
     """One organization's snapshot; connector outages raise and are retried with backoff."""
-    from conf.runtime import current_runtime
     try:
-        build_snapshot(current_runtime().settings, organization_id, dt.date.fromisoformat(night))
+        build_snapshot(runtime, organization_id, dt.date.fromisoformat(night))
     except ConnectorUnavailable:
         raise  # retried; yesterday's snapshot keeps being served meanwhile
     except (ConnectorError, Organization.DoesNotExist) as exc:

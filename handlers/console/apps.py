@@ -94,7 +94,8 @@ class ActivationHandler(InstallationsHandler):
         if installation is None:
             raise ApiError(404, "not_installed", "The application is not installed in this organization.")
         try:
-            await self.run(set_activation_status, installation, self.form("status"), actor_of(self.developer))
+            await self.run(set_activation_status, self.runtime, installation, self.form("status"),
+                           actor_of(self.developer))
         except ApiError as exc:
             return await self.show(app, {organization_id: exc.message}, exc.status)
         self.redirect(f"/console/apps/{app.id}/installations?notice=saved", status=303)

@@ -8,8 +8,9 @@ from partner_api.appointments import appointments_page
 class AppointmentsHandler(PartnerApiHandler):
     operations = {"GET": "appointments"}
 
-    def get(self, organization_id):
-        self.write_json(appointments_page(self.partner_app, organization_id, self.query_params()))
+    async def get(self, organization_id):
+        self.write_json(await self.run(appointments_page, self.runtime, self.partner_app, organization_id,
+                                       self.query_params()))
 
 
 def routes(runtime) -> list:

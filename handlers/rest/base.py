@@ -26,7 +26,7 @@ class PartnerApiHandler(BaseHandler):
         self.set_header("Cache-Control", "no-store")
         address = self.client_address()
         require_allowed_network(address, self.svc_settings.rest_allowed_networks)
-        self.partner_app = partner_application(self.runtime, self.request.headers.get("Authorization"))
+        self.partner_app = await self.run(partner_application, self.runtime, self.request.headers.get("Authorization"))
         require_allowed_network(address, parse_networks(self.partner_app.rest_allowed_networks))
         operation = self.operations.get(self.request.method)
         if operation:

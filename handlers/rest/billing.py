@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 from handlers.rest.base import PartnerApiHandler
-from partner_api.access import own_application
-from partner_api.billing import billing_of
+from partner_api.billing import own_billing
 
 
 class BillingHandler(PartnerApiHandler):
     operations = {"GET": "billing"}
 
-    def get(self, application_id):
-        app = own_application(self.partner_app, application_id)
-        self.write_json(billing_of(app, self.query_params().get("month")))
+    async def get(self, application_id):
+        month = self.query_params().get("month")
+        self.write_json(await self.run(own_billing, self.partner_app, application_id, month))
 
 
 def routes(runtime) -> list:

@@ -11,15 +11,16 @@ from partner_api.invitations import accept, invite
 class InvitationsHandler(PartnerApiHandler):
     operations = {"POST": "invitations"}
 
-    def post(self):
-        self.write_json(invite(self.runtime, self.partner_app, self.json_body()), status=201)
+    async def post(self):
+        body = self.json_body()
+        self.write_json(await self.run(invite, self.runtime, self.partner_app, body), status=201)
 
 
 class InvitationLinkHandler(BaseHandler):
     """The link in the invitation: works once, then sends the user to their sandbox hub."""
 
-    def get(self, token):
-        user = accept(self.runtime, token)
+    async def get(self, token):
+        user = await self.run(accept, self.runtime, token)
         self.set_header("Cache-Control", "no-store")
         self.redirect(f"{self.svc_settings.public_url}/sandbox/hub?{urlencode({'user': user.id})}")
 

@@ -6,7 +6,7 @@ from partner_api.openapi import openapi_document
 
 
 class OpenApiHandler(BaseHandler):
-    def get(self):
+    async def get(self):
         self.set_header("Access-Control-Allow-Origin", "*")
         self.write_json(openapi_document(self.svc_settings.public_url))
 

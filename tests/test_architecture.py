@@ -1,0 +1,129 @@
+"""Static checks of the code's shape: no import cycles, no async-unsafe handlers, no hidden globals.
+
+The import graph is read from the source (AST), every `import` counted, including those inside
+functions: a cycle deferred into a function body is still a cycle.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists() and p.name not in ("tests",))
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    modules["server"] = ROOT / "server.py"
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict) -> set[str]:
+    """Project modules `name` imports (resolving `from package import module` to the module)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    # A script's `if __name__ == "__main__":` block runs as module `__main__`, never as `name`.
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))]
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        for target in targets:
+            while target and target not in modules:  # `a.b.c` where only `a.b` is a module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert "runtime" in graph and "workers.broker" in graph["runtime"]  # the graph sees lazy imports too
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_packages_import_each_other_without_cycle():
+    packages: dict[str, set[str]] = {}
+    for name, deps in import_graph().items():
+        top = name.split(".")[0]
+        packages.setdefault(top, set()).update(d.split(".")[0] for d in deps if d.split(".")[0] != top)
+    cycle = find_cycle(packages)
+    assert cycle is None, "package import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_conf_holds_settings_only():
+    assert not any(name.startswith("conf.") and name not in ("conf.logging",) for name in project_modules()), \
+        "conf/ holds settings only"
+    assert not (import_graph()["conf"] - {"conf.logging"})
+
+
+def test_every_handler_method_is_async():
+    plain = [f"{path.relative_to(ROOT)}:{n}" for path in (ROOT / "handlers").rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.match(r"^\s+def (get|post|put|patch|delete|prepare)\(self", line)
+             and "handlers/base.py" not in str(path)]
+    assert plain == []
+
+
+def test_no_module_global_runtime_database_clock_or_broker():
+    text = {name: path.read_text() for name, path in project_modules().items()}
+    offenders = [name for name, source in text.items()
+                 if re.search(r"^(_current|database|clock|_installed)\s*[:=]", source, re.M)
+                 or "DatabaseProxy(" in source or "current_runtime" in source]
+    assert offenders == []
+
+
+def test_no_private_names_of_peewee():
+    pattern = re.compile(r"_get_cursor_wrapper|\.__dict__\.update|\" VALUES \"")
+    assert [name for name, path in project_modules().items() if pattern.search(path.read_text())] == []

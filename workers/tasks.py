@@ -1,0 +1,44 @@
+"""Declaring background tasks: `@task(...)` records a plain function `fn(runtime, *args)`.
+
+Declarations are static (filled once at import, like a route table); `workers.broker.TaskQueue`
+turns each into a Dramatiq actor of its own broker, with its runtime bound as the first argument.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    fn: object
+    queue_name: str
+    options: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+
+TASKS: dict[str, TaskSpec] = {}
+
+
+def task(queue_name: str = "default", **options):
+    """Declare a background task; the function stays callable directly as `fn(runtime, *args)`."""
+    def decorate(fn):
+        TASKS[fn.__name__] = TaskSpec(fn, queue_name, options)
+        return fn
+    return decorate
+
+
+def current_message_is_last_attempt(broker: dramatiq.Broker) -> bool:
+    """True while a task runs its final attempt on `broker` (after it, Dramatiq gives up)."""
+    message = CurrentMessage.get_current_message()
+    if message is None:
+        return True  # called directly, not by a worker: there is no retry
+    max_retries = message.options.get("max_retries")
+    if max_retries is None:
+        max_retries = broker.get_actor(message.actor_name).options.get("max_retries", 20)
+    return message.options.get("retries", 0) >= max_retries
