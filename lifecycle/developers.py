@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import re
 
 import argon2
 import pyotp
@@ -18,10 +19,11 @@ from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import new_secret
 from oauth.errors import ApiError
-from partner_api.access import PATH_ID
 from ratelimit.failures import FailurePolicy, FailureThrottle, Throttled, build_failure_throttle
 from ratelimit.policy import Limit
 
+# The shape of our ids (as partner_api.access.PATH_ID): anything else is no application of anyone's.
+APPLICATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PASSWORD_MIN = 12
 PASSWORD_MAX = 1024
 _HASHER = argon2.PasswordHasher()
@@ -184,7 +186,7 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
     the console does not reveal which ids exist)."""
     app = (Application.select().join(DeveloperAccess, on=(DeveloperAccess.application == Application.id))
            .where((DeveloperAccess.developer == developer.id) & (Application.id == application_id)).first()
-           if isinstance(application_id, str) and PATH_ID.match(application_id) else None)
+           if isinstance(application_id, str) and APPLICATION_ID.match(application_id) else None)
     if app is None:
         raise ApiError(404, "application_not_found", "No application of yours has this id.")
     return app

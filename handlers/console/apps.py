@@ -10,7 +10,7 @@ import io
 from handlers.console.base import ConsoleHandler
 from lifecycle.activation import set_activation_status
 from lifecycle.billing import parse_month
-from lifecycle.console import audit_view, billing_csv_rows, billing_view, installations_view
+from partner_api.console import audit_view, billing_csv_rows, billing_view, installations_view
 from lifecycle.developers import actor_of
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from lifecycle.registry import activate_fallback_secret, generate_fallback_secret

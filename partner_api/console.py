@@ -1,5 +1,7 @@
 """What the developer console shows about one application, read from the same functions as the
-partner REST API (organizations, users, billing) so both always agree."""
+partner REST API (organizations, users, billing) so both always agree. The console is the
+partner's other interface; the REST API's access rule is replaced by the developer's
+(`lifecycle.developers.developer_application`)."""
 from __future__ import annotations
 
 import peewee
