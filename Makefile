@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install system-deps bench-deps bench clean
+.PHONY: demo test install sdk vendor-swagger-ui system-deps bench-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,24 @@ $(STAMP): setup.py | $(BIN)/python
 tests/js/node_modules/.package-lock.json: tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --silent --no-audit --no-fund
 
+# The SDK package's build and type-check tools (esbuild, typescript), pinned by its package-lock.json.
+sdk/js/node_modules/.package-lock.json: sdk/js/package.json sdk/js/package-lock.json
+	cd sdk/js && npm ci --silent --no-audit --no-fund
+
+# Rebuild the SDK's committed dist/ (the service serves dist/svc-sdk.js) after changing sdk/js/src/.
+sdk: sdk/js/node_modules/.package-lock.json
+	cd sdk/js && npm run --silent build
+
+# /v1/docs is Swagger UI from npm `swagger-ui-dist`, committed under static/docs/swagger-ui/ (with its
+# licence); this target re-vendors it (change the version here, run it, commit the files).
+SWAGGER_UI_VERSION := 5.35.0
+SWAGGER_UI_FILES := swagger-ui-bundle.js swagger-ui-bundle.js.LICENSE.txt swagger-ui.css LICENSE NOTICE \
+	favicon-32x32.png package.json
+vendor-swagger-ui:
+	tmp=$$(mktemp -d) && (cd $$tmp && npm pack --silent swagger-ui-dist@$(SWAGGER_UI_VERSION) >/dev/null && \
+	  tar xzf swagger-ui-dist-$(SWAGGER_UI_VERSION).tgz) && \
+	  (cd $$tmp/package && cp $(SWAGGER_UI_FILES) $(CURDIR)/static/docs/swagger-ui/) && rm -rf $$tmp
+
 install: $(STAMP)
 
 # Debian packages the browser and proxy tests need (installed once; skipped when present).
@@ -29,7 +47,8 @@ system-deps:
 demo: install
 	$(BIN)/svc-auth serve --demo
 
-test: install system-deps tests/js/node_modules/.package-lock.json
+test: install system-deps tests/js/node_modules/.package-lock.json sdk/js/node_modules/.package-lock.json
+	cd sdk/js && npm test --silent
 	$(BIN)/python -m pytest
 
 # The load generator (wrk) and nginx (the load generator's own ceiling) for `make bench`; the
@@ -46,6 +65,7 @@ bench-deps:
 	  (redis-cli ping >/dev/null 2>&1 || redis-server --daemonize yes >/dev/null); fi
 
 bench: install bench-deps
+	$(BIN)/pip install -q 'py-spy>=0.3'  # the profile of the remote_db section
 	$(BIN)/python -m bench
 
 clean:

@@ -19,6 +19,7 @@ from conf import Settings
 from runtime import Runtime
 from handlers import console, oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
+from handlers.static import STATIC_DIR, StaticAssets
 from handlers.rest import appointments as rest_appointments, billing as rest_billing, directory as rest_directory, \
     charts as rest_charts, invitations as rest_invitations, openapi as rest_openapi
 from ops import metrics
@@ -27,8 +28,6 @@ from ops.processes import fork_workers
 
 log = logging.getLogger("svc_auth")
 
-STATIC_DIR = Path(__file__).resolve().parent / "static"
-"""Served at /static/ (the JS SDK at /static/sdk/svc-sdk.js, the sandbox hub's assets)."""
 
 ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub, objects, ops,
                  rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi,
@@ -51,8 +50,8 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
     xsrf_cookie_kwargs = {"httponly": True, "samesite": "Lax", "path": "/console",
                           "secure": runtime.settings.issuer.startswith("https:")}
     return ObservedApplication(routes, runtime=runtime, default_handler_class=NotFoundHandler,
-                               xsrf_cookies=False, xsrf_cookie_kwargs=xsrf_cookie_kwargs,
-                               static_path=str(STATIC_DIR), **tornado_settings)
+                               xsrf_cookies=False, xsrf_cookie_kwargs=xsrf_cookie_kwargs, static_path=str(STATIC_DIR), static_handler_class=StaticAssets,
+                               **tornado_settings)
 
 
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
@@ -67,7 +66,7 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         # Every forked process counts into files in one directory; /metrics sums them.
         metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROC_ENV)
                                      or Path(settings.var_dir) / "metrics" / f"serve-{port}")
-        fork_workers(processes)
+        fork_workers(processes, sockets)
     asyncio.run(_run(settings, sockets, on_start))
 
 
@@ -77,6 +76,10 @@ async def _run(settings: Settings, sockets, on_start) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings)
+    # Signing keys in memory before the first request (JWKS and signing never wait on the
+    # database), then kept current, with the cached applications, as changes are announced.
+    await runtime.run(runtime.keyring.load)
+    runtime.changes.start()
     app = make_app(runtime)
     server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT)
     server.add_sockets(sockets)

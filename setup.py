@@ -1,4 +1,15 @@
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
+
+# What the service serves besides Python code. The wheel installs these beside the modules, in the
+# same layout as the checkout (server.py, static/, sdk/js/dist/, handlers/templates/, ...), so
+# paths relative to a module's __file__ work in both. MANIFEST.in puts the same files in the sdist.
+# Directories without __init__.py are listed as (namespace) packages so their files can be data.
+DATA_PACKAGES = {
+    "static": ["**/*"],                                 # the sandbox hub's CSS/JS, Swagger UI for /v1/docs
+    "sdk.js.dist": ["*"],                               # the JS SDK's build, served at /static/sdk/
+    "handlers": ["templates/*.html"],                   # the sandbox hub and settings pages
+    "examples.partner_app": ["static/*", "templates/*"],  # the demo's example partner app
+}
 
 setup(
     name="svc-auth",
@@ -7,8 +18,10 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*", "ops*", "runtime*"]),
+                                    "examples*", "ops*", "runtime*", "hotcache*"])
+    + find_namespace_packages(include=["static", "static.*", "sdk.js.dist"]),
     py_modules=["server"],
+    package_data=DATA_PACKAGES,
     include_package_data=True,
     # Exact versions: the code relies on their public APIs as they are in these releases (peewee 4's
     # Database.bind / execute_sql / selected_columns, Tornado's async handlers, Dramatiq 2's Actor).
@@ -41,6 +54,14 @@ setup(
             "moto[server]==5.2.5",
             "oic==1.7.0",  # pyoidc, an OpenID-certified relying party: interop test
             "playwright==1.65.2",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
+            # Generates a Python client from /v1/openapi.json in tests/test_generated_client.py (the
+            # generated code, and its template quirks, change between releases).
+            "openapi-python-client==0.29.1",
+            "build==1.6.1",  # builds the sdist and wheel in the packaging test (tests/test_packaging.py)
+            # The build backend `build --no-isolation` uses there (offline); below 81, which dropped
+            # pkg_resources that pytest-tornado imports.
+            "setuptools==80.10.2",
+            "wheel==0.48.0",
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},

@@ -1,8 +1,10 @@
 """`python -m bench [--seconds S] [--only SECTION ...]`: run the benchmarks, print, save, update BENCHMARKS.md.
 
 Sections: `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
+`remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
 `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
-reason when unreachable) and `chart` (chart ZIP). A run of some sections keeps the other sections of
+reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
+`/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load). A run of some sections keeps the other sections of
 the previous `latest.json`, each with the time and load it was measured at.
 """
 from __future__ import annotations
@@ -123,7 +125,7 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("tokens", "appointments", "snapshot", "chart")
+SECTIONS = ("tokens", "remote_db", "appointments", "snapshot", "chart", "outage")
 
 
 def section_header() -> dict:
@@ -167,6 +169,13 @@ def main(argv=None) -> int:
         if cap:
             say(f"load generator: wrk drives {cap['rps']:.0f} req/s against nginx's fixed response (its ceiling here)")
         report["http"] = {**header, **http_benchmarks(args.database_url, args.seconds)}
+    if "remote_db" in sections:
+        from bench.remote_db import remote_database_benchmarks
+        header, skipped = section_header(), backends(args, need_redis=False)
+        report["remote_db"] = {**header, "skipped": skipped} if skipped else {
+            **header, **remote_database_benchmarks(args.postgres_url, args.seconds, say)}
+        if skipped:
+            say(f"remote database: skipped ({skipped})")
     if "appointments" in sections:
         from bench.appointments import appointments_benchmarks
         header, skipped = section_header(), backends(args)
@@ -184,6 +193,9 @@ def main(argv=None) -> int:
     if "chart" in sections:
         from bench.chart_zip import chart_zip_benchmarks
         report["chart_zip"] = {**section_header(), **chart_zip_benchmarks(say)}
+    if "outage" in sections:
+        from bench.outage import outage_benchmarks
+        report["outage"] = {**section_header(), **outage_benchmarks(say)}
     RESULTS.mkdir(exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     for path in (RESULTS / f"{stamp}.json", RESULTS / "latest.json"):

@@ -59,9 +59,83 @@ def render_chart(c: dict) -> list[str]:
     return rows + [""]
 
 
+def render_outage(o: dict) -> list[str]:
+    locked, outage = o["locked_database"], o["postgresql_outage"]
+    waited = locked["waiting_request"]
+    p99 = max(locked["healthz"]["p99_ms"], locked["jwks"]["p99_ms"])
+    rows = [f"**Outages** (`serve --processes 2` on a PostgreSQL of the benchmark's own; {_when(o)}):", "",
+            "| figure | result | target |", "|---|---|---|",
+            f"| `/healthz` and JWKS p99 while another request waits {locked['lock_seconds']:.0f} s on a table lock "
+            f"({locked['healthz']['requests'] + locked['jwks']['requests']} requests; the waiting request: "
+            f"{waited.get('status')} after {waited.get('seconds')} s) | `/healthz` {locked['healthz']['p99_ms']} ms, "
+            f"JWKS {locked['jwks']['p99_ms']} ms (max {max(locked['healthz']['max_ms'], locked['jwks']['max_ms'])} ms)"
+            f" | < 20 ms: {'meets' if p99 < 20 else '**misses**'} |"]
+    kinds = outage["kinds"]
+    total_500 = sum(k["status_500"] for k in kinds.values())
+    recoveries = [k["first_success_after_s"] for name, k in kinds.items() if name in ("organizations", "token")]
+    recovery = max(r for r in recoveries if r is not None) if all(r is not None for r in recoveries) else None
+    rows += [f"| 500s while PostgreSQL is stopped for {outage['outage_seconds']:.0f} s under load | {total_500} "
+             f"(503s: {sum(k['status_503'] for k in kinds.values())}, all with Retry-After: "
+             f"{'yes' if not sum(k['503_without_retry_after'] for k in kinds.values()) else 'no'}) | 0: "
+             f"{'meets' if total_500 == 0 else '**misses**'} |",
+             f"| recovery once PostgreSQL accepts connections again (first success of each kind that needs it) | "
+             f"{recovery} s | ≤ 5 s: {'meets' if recovery is not None and recovery <= 5 else '**misses**'} |", "",
+             "| kind | requests | statuses | p99 |", "|---|---|---|---|"]
+    for name, k in kinds.items():
+        statuses = ", ".join(f"{s}: {n}" for s, n in k["statuses"].items())
+        rows.append(f"| {name} | {k['requests']} | {statuses} | {k['p99_ms']} ms |")
+    ready = outage["readyz"]
+    rows += ["", f"`/readyz` during the outage: {ready['during'].get('status')} "
+                 f"(database {ready['during'].get('checks', {}).get('database')}); after: "
+                 f"{ready['after'].get('status')} (database {ready['after'].get('checks', {}).get('database')}).", ""]
+    return rows
+
+
+def render_remote_db(d: dict) -> list[str]:
+    if d.get("skipped"):
+        return [f"**PostgreSQL one round trip away**: skipped ({d['skipped']}).", ""]
+    r, proxy, ceiling = d["ratios"], d["delay_proxy"], d["signing_ceiling"]
+    ok = lambda value, target: "meets" if value >= target else f"**misses** by {target - value:.2f}"
+    rows = [f"**PostgreSQL one round trip away** (one `serve` process, wrk at {d['connections']} connections; the "
+            f"delay proxy `bench/delayproxy.py` adds {proxy['added_ms']} ms to a `SELECT 1` round trip "
+            f"({proxy['direct_ms']} ms direct, {proxy['proxied_ms']} ms through it); {_when(d)}):", "",
+            "| run | client_credentials/s | p99 | code exchanges/s | p99 | serve CPU s | PostgreSQL backends CPU s |",
+            "|---|---|---|---|---|---|---|"]
+    for label, key in (("loopback", "loopback"), (f"+{proxy['added_ms']} ms", "remote")):
+        cc, ex = d[key]["client_credentials"], d[key]["authorization_code"]
+        rows.append(f"| {label} | {cc['rps']:.0f} | {cc['p99_ms']:.1f} ms | {ex['rps']:.0f} | {ex['p99_ms']:.1f} ms | "
+                    f"{cc['serve_cpu_seconds']} + {ex['serve_cpu_seconds']} | "
+                    f"{cc['postgres_cpu_seconds']} + {ex['postgres_cpu_seconds']} |")
+    cc = d["loopback"]["client_credentials"]
+    rows += ["", "| ratio (one run) | measured | target | |", "|---|---|---|---|",
+             f"| client_credentials, remote ÷ loopback | {r['client_credentials_remote_vs_loopback']:.2f} | ≥ 0.8 | "
+             f"{ok(r['client_credentials_remote_vs_loopback'], 0.8)} |",
+             f"| code exchanges, remote ÷ loopback | {r['authorization_code_remote_vs_loopback']:.2f} | ≥ 0.8 | "
+             f"{ok(r['authorization_code_remote_vs_loopback'], 0.8)} |",
+             f"| client_credentials tokens per CPU-second of serve + PostgreSQL backends ({cc['per_cpu_second']:.0f}) "
+             f"÷ one-core RS256 ceiling ({ceiling['per_cpu_second']:.0f} signatures per CPU-second) | "
+             f"{r['client_credentials_per_cpu_second_vs_ceiling']:.2f} | ≥ 0.5 | "
+             f"{ok(r['client_credentials_per_cpu_second_vs_ceiling'], 0.5)} |", ""]
+    p = d.get("profile") or {}
+    if p.get("skipped"):
+        rows += [f"Profile: skipped ({p['skipped']}).", ""]
+    elif p:
+        rows += [f"Where a `client_credentials` token's CPU goes ({p['tool']}, {p['samples']} samples at "
+                 f"{p['profiled_rps']:.0f} tokens/s):", "", "| part (inclusive) | share of samples |", "|---|---|"]
+        rows += [f"| {label} | {share:.0%} |" for label, share in p["inclusive_share"].items()]
+        rows += ["", "| frame (own time) | share |", "|---|---|"]
+        rows += [f"| `{f['frame']}` | {f['share']:.0%} |" for f in p["top_own"]]
+        rows.append("")
+    return rows
+
+
 def render(report: dict) -> str:
     m = report["machine"]
     tail = []
+    if report.get("remote_db"):
+        tail += render_remote_db(report["remote_db"])
+    if report.get("outage"):
+        tail += render_outage(report["outage"])
     if report.get("appointments"):
         tail += render_appointments(report["appointments"])
     if report.get("nightly_snapshot"):

@@ -5,6 +5,7 @@ import base64
 import http.client
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -44,7 +45,9 @@ class BenchService:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
         self.env.update({"SVC_ISSUER": self.url, "SVC_DATABASE_URL": self.database_url,
                          "SVC_VAR_DIR": str(self.tmp / "var"), "SVC_CODE_TTL": "3600",
-                         "SVC_LAUNCH_TTL": "3600", "SVC_LOG_LEVEL": "INFO"})
+                         "SVC_LAUNCH_TTL": "3600", "SVC_LOG_LEVEL": "INFO",
+                         # The secret every host shares (secret hashes, sealed signing keys).
+                         "SVC_HMAC_KEY": secrets.token_hex(32)})
         self.env.update(extra_env or {})
         self.proc = None
         self.log = None
@@ -72,11 +75,12 @@ class BenchService:
         self.seed()
         return self.start_seeded()
 
-    def start_seeded(self) -> "BenchService":
-        """Start `serve` on data already seeded (`seed()` plus whatever the benchmark added)."""
-        self.log = open(self.tmp / "serve.log", "wb")
+    def start_seeded(self, python_args: list[str] | None = None) -> "BenchService":
+        """Start `serve` on data already seeded (`seed()` plus whatever the benchmark added);
+        `python_args` go before `-m cli.__main__` (e.g. `-m cProfile -o FILE`)."""
+        self.log = open(self.tmp / "serve.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.__main__", "serve", "--port", str(self.port),
+            [sys.executable, *(python_args or []), "-m", "cli.__main__", "serve", "--port", str(self.port),
              "--processes", str(self.processes)],
             env=self.env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
@@ -90,12 +94,17 @@ class BenchService:
                 time.sleep(0.05)
         raise TimeoutError("serve did not start")
 
-    def stop(self) -> None:
+    def stop_process(self) -> None:
+        """Stop `serve` (SIGTERM, drained), keeping the seeded data and the temp dir."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(30)
         if getattr(self, "log", None):
             self.log.close()
+            self.log = None
+
+    def stop(self) -> None:
+        self.stop_process()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def cpu_seconds(self) -> float:

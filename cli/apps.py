@@ -10,9 +10,16 @@ def register(commands) -> None:
     apps = commands.add_parser("apps", help="partner applications").add_subparsers(dest="action", required=True)
     p = apps.add_parser("create", help="register an application; prints its client secret once")
     p.add_argument("--name", required=True)
-    p.add_argument("--redirect-uri", required=True)
+    p.add_argument("--redirect-uri", required=True, action="append",
+                   help="the manifest's redirect base URL; repeat it with --redirect-uri-match exact to register "
+                        "several exact redirect URIs")
+    p.add_argument("--redirect-uri-match", choices=["prefix", "exact"], default="prefix",
+                   help="prefix (default): redirect_uri equals the base or lies under it; exact: redirect_uri must "
+                        "equal a registered URI after normalisation (OIDC Core 3.1.2.1)")
     p.add_argument("--launch-url", required=True)
     p.add_argument("--token-endpoint")
+    p.add_argument("--require-pkce", action="store_true",
+                   help="authorization requests must carry an S256 code_challenge (RFC 7636)")
     p.add_argument("--billing-plan", choices=["free_trial", "paid"], default="paid")
     p.add_argument("--user-fields", default="email", help="comma-separated: email,name,ehrUsername,organization")
     p.add_argument("--allowed-origin", action="append", default=[])
@@ -48,12 +55,15 @@ def register(commands) -> None:
 
 def _create(runtime, args):
     fields = [f.strip() for f in args.user_fields.split(",") if f.strip()]
-    app, secret = register_application(runtime, args.name, args.redirect_uri, args.launch_url, args.token_endpoint,
-                                       args.billing_plan, fields, args.allowed_origin)
+    app, secret = register_application(runtime, args.name, args.redirect_uri[0], args.launch_url, args.token_endpoint,
+                                       args.billing_plan, fields, args.allowed_origin,
+                                       redirect_uri_match=args.redirect_uri_match, redirect_uris=args.redirect_uri,
+                                       require_pkce=args.require_pkce)
     emit({"application_id": app.id, "client_id": app.client_id, "client_secret": secret, "name": app.name,
           "redirect_uri": app.redirect_uri, "launch_url": app.launch_url, "token_endpoint": app.token_endpoint,
           "billing_plan": app.billing_plan, "user_fields": app.user_fields,
-          "allowed_origins": app.allowed_origins}, args.json)
+          "allowed_origins": app.allowed_origins, "redirect_uri_match": app.redirect_uri_match,
+          "redirect_uris": app.redirect_uris, "require_pkce": app.require_pkce}, args.json)
 
 
 def _update(runtime, args):
@@ -81,5 +91,5 @@ def _generate_fallback(runtime, args):
 
 
 def _activate_fallback(runtime, args):
-    activate_fallback_secret(args.app)
+    activate_fallback_secret(runtime, args.app)
     emit({"application_id": args.app, "activated": True}, args.json)

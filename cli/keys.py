@@ -1,13 +1,16 @@
 """`svc-auth keys rotate|list`."""
 from __future__ import annotations
 
+import datetime as dt
+
 from cli import emit, with_runtime
 from lifecycle.signing_keys import rotate_signing_key
 
 
 def register(commands) -> None:
     keys = commands.add_parser("keys", help="signing keys").add_subparsers(dest="action", required=True)
-    p = keys.add_parser("rotate", help="add a new active signing key; old keys stay published until their tokens expire")
+    p = keys.add_parser("rotate", help="add a signing key: published at once, signing after "
+                                       "SVC_KEY_PREPUBLISH_SECONDS; old keys stay published until their tokens expire")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=with_runtime(_rotate))
     p = keys.add_parser("list", help="published signing keys")
@@ -15,11 +18,20 @@ def register(commands) -> None:
     p.set_defaults(handler=with_runtime(_list))
 
 
+def _when(epoch: int) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _state(runtime) -> dict:
+    ring = runtime.keyring
+    return {"active_kid": ring.active.kid, "published": [k["kid"] for k in ring.jwks()["keys"]],
+            "upcoming": [{"kid": k.kid, "signs_from": _when(k.not_before)} for k in ring.upcoming]}
+
+
 def _rotate(runtime, args):
     key = rotate_signing_key(runtime)
-    emit({"active_kid": key.kid, "published": [k["kid"] for k in runtime.keyring.jwks()["keys"]]}, args.json)
+    emit({"kid": key.kid, "signs_from": _when(key.not_before), **_state(runtime)}, args.json)
 
 
 def _list(runtime, args):
-    emit({"active_kid": runtime.keyring.active.kid,
-          "published": [k["kid"] for k in runtime.keyring.jwks()["keys"]]}, args.json)
+    emit(_state(runtime), args.json)

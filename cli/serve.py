@@ -26,5 +26,6 @@ def run(settings, args) -> int:
         if not 0 < args.demo_app_port < 65536 or args.demo_app_port == args.port:
             raise UsageError("--demo-app-port must be between 1 and 65535 and differ from --port")
         on_start = functools.partial(start_demo, app_port=args.demo_app_port)
+        settings = settings.replace(sandbox=True)  # the demo is the sandbox EHR
     serve(settings, args.port, args.processes, args.address, on_start=on_start)
     return 0

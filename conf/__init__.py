@@ -82,6 +82,18 @@ def _rate_limits(name: str, value: str) -> tuple:
     return tuple(limits)
 
 
+def _switch(name: str, value) -> bool:
+    """on/off, true/false, yes/no, 1/0 (or a bool)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "1"):
+        return True
+    if text in ("off", "false", "no", "0", ""):
+        return False
+    raise ConfigError(f"{name} must be on or off, got {value!r}")
+
+
 def _count_per_seconds(name: str, value: str) -> tuple:
     """`10/300` -> (10, 300)."""
     m = re.match(r"^\s*(\d+)\s*/\s*(\d+)\s*$", value)
@@ -117,11 +129,20 @@ class Settings:
     client_token_ttl: int = 300
     id_token_ttl: int = 3600
     sandbox_token_ttl: int = 1800
+    # A rotated signing key is in the JWKS this long before it signs; the JWKS's Cache-Control
+    # max-age is never longer (see keys/signing.py). 0: a new key signs at once.
+    key_prepublish_seconds: int = 300
     presigned_url_ttl: int = 900
     invitation_ttl: int = 7 * 24 * 3600
     # Networks allowed to call the REST API (empty: any); proxies whose X-Forwarded-* we trust.
     rest_allowed_networks: tuple = ()
     trusted_proxies: tuple = ()
+    # The sandbox EHR (hub, settings page, sign-in links, POST /v1/sandbox/launches) is a testing
+    # tool: off unless SVC_SANDBOX=on (serve --demo turns it on). Its browser sessions last
+    # sandbox_session_ttl; a sign-in link works once within sandbox_link_ttl.
+    sandbox: bool = False
+    sandbox_session_ttl: int = 12 * 3600
+    sandbox_link_ttl: int = 900
     max_body_bytes: int = 64 * 1024
     # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
     rate_limits: tuple = ()
@@ -191,11 +212,20 @@ class Settings:
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
-                     "db_threads", "console_idle_timeout"):
+                     "db_threads", "sandbox_session_ttl", "sandbox_link_ttl",
+                     "console_idle_timeout"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
+        try:
+            merged["key_prepublish_seconds"] = int(merged["key_prepublish_seconds"])
+            if merged["key_prepublish_seconds"] < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError("SVC_KEY_PREPUBLISH_SECONDS must be 0 or more seconds, "
+                              f"got {merged['key_prepublish_seconds']!r}") from None
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
+        merged["sandbox"] = _switch("SVC_SANDBOX", merged["sandbox"])
         for name in ("auth_failure_limit", "auth_address_failure_limit", "console_signin_failure_limit"):
             if isinstance(merged[name], str):
                 merged[name] = _count_per_seconds("SVC_" + name.upper(), merged[name])
@@ -217,6 +247,12 @@ class Settings:
         values.pop("extra")
         values.update(changes)
         return Settings.build(**values)
+
+    @property
+    def jwks_max_age(self) -> int:
+        """How long relying parties may cache the JWKS: at most the key pre-publication time, so a
+        new key is in every cached copy before it signs."""
+        return min(300, self.key_prepublish_seconds)
 
     @property
     def issuer_claim(self) -> str:

@@ -9,10 +9,37 @@ import tornado.web
 
 from conf.logging import redact
 from oauth.errors import ApiError, OAuthError, invalid_request
+from oauth.params import MAX_JSON_DEPTH, check_fields
 from partner_api.network import client_address
 from ops.observability import bind_request_id
 
 log = logging.getLogger("svc_auth.http")
+
+
+def _nesting_exceeds(text: str, limit: int) -> bool:
+    """True when brackets outside strings nest deeper than `limit` (checked before parsing, so
+    a deep document never reaches the recursive parser)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
 
 
 class BaseHandler(tornado.web.RequestHandler):
@@ -58,12 +85,15 @@ class BaseHandler(tornado.web.RequestHandler):
         if content_type == "application/json" or (not content_type and text.lstrip().startswith("{")):
             if not text.strip():
                 return {}
+            if _nesting_exceeds(text, MAX_JSON_DEPTH):
+                raise invalid_request(f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.")
             try:
                 value = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise invalid_request("The request body is not valid JSON.") from None
             if not isinstance(value, dict):
                 raise invalid_request("The JSON body must be an object.")
+            check_fields(value)
             return value
         if allow_form and content_type in ("application/x-www-form-urlencoded", ""):
             pairs = parse_qsl(text, keep_blank_values=True)
@@ -72,6 +102,7 @@ class BaseHandler(tornado.web.RequestHandler):
                 if key in params:
                     raise invalid_request(f"The {key} parameter is repeated.")
                 params[key] = value
+            check_fields(params)
             return params
         accepted = "application/json or application/x-www-form-urlencoded" if allow_form else "application/json"
         # RFC 6749-shaped (error + error_description) so OAuth clients can read it too.
@@ -87,6 +118,7 @@ class BaseHandler(tornado.web.RequestHandler):
                 params[key] = values[0].decode("utf-8")
             except UnicodeDecodeError:
                 raise invalid_request(f"The {key} parameter is not valid UTF-8.") from None
+        check_fields(params)
         return params
 
     # -- output --------------------------------------------------------------------------

@@ -4,13 +4,14 @@ from __future__ import annotations
 import html
 
 from handlers.base import BaseHandler
-from models.application import Application
 from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import authenticate_client
 from oauth.errors import ApiError, AuthorizeError
 from oauth.redirects import with_query
-from oauth.resource import active_user_token, bearer_value, introspection_response, userinfo
-from oauth.token_endpoint import token_response
+from oauth.params import text_param
+from oauth.resource import active_client_token, active_user_token, bearer_value, introspection_response, userinfo
+from oauth.revocation import revoke_token
+from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
 from lifecycle.sandbox import sandbox_user
 from lifecycle.verification import record_platform_verification
@@ -49,8 +50,13 @@ class TokenHandler(VariantHandler):
     async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
-        response = await self.run(token_response, self.runtime, self.variant, self.body_params(),
-                                  self.request.headers.get("Authorization"), self.client_address())
+        params, authorization = self.body_params(), self.request.headers.get("Authorization")
+        if answers_in_memory(self.runtime, self.variant, params, authorization):
+            # No I/O at all (cached client, in-process failure counts): sign inline.
+            response = token_response(self.runtime, self.variant, params, authorization, self.client_address())
+        else:
+            response = await self.run(token_response, self.runtime, self.variant, params, authorization,
+                                      self.client_address())
         self.write_json(response)
 
 
@@ -87,13 +93,32 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
         if claims is not None and claims["sub"] != platform_user.id:
             claims = None
         if claims is not None:
-            app = Application.by_client_id(claims["client_id"])
+            app = runtime.applications.by_client_id(claims["client_id"])
             record_platform_verification(runtime, app, platform_user)
     else:
-        app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
+        app = authenticate_client(runtime, params, authorization, address)
         if claims is not None and claims["client_id"] != app.client_id:
             claims = None
+        if claims is None:
+            claims = active_client_token(runtime, token, app)  # the client's own client-credentials token
     return introspection_response(claims)
+
+
+class RevocationHandler(VariantHandler):
+    """RFC 7009: an authenticated client revokes one of its own tokens; 200 whatever the token was."""
+
+    async def post(self):
+        self.set_header("Cache-Control", "no-store")
+        params = self.body_params()
+        await self.run(revoke, self.runtime, params, self.request.headers.get("Authorization"), self.client_address())
+        self.set_status(200)
+        self.finish()
+
+
+def revoke(runtime, params: dict, authorization: str | None, address: str) -> None:
+    app = authenticate_client(runtime, params, authorization, address)
+    token = text_param(params, "token", max_length=8000)
+    revoke_token(runtime, app, token)
 
 
 def routes(runtime) -> list:
@@ -105,5 +130,6 @@ def routes(runtime) -> list:
             (rf"{p}/oauth/token", TokenHandler, {"variant": variant}),
             (rf"{p}/oauth/userinfo", UserInfoHandler, {"variant": variant}),
             (rf"{p}/oauth/introspect", IntrospectionHandler, {"variant": variant}),
+            (rf"{p}/oauth/revoke", RevocationHandler, {"variant": variant}),
         ]
     return table

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 from handlers.base import BaseHandler
 from lifecycle.launches import create_launch
-from lifecycle.sandbox import sandbox_user
+from lifecycle.sandbox import require_sandbox_on, sandbox_user
 from oauth.params import text_param
 from oauth.resource import bearer_value
 
 
 class SandboxLaunchesHandler(BaseHandler):
+    async def prepare(self):
+        super().prepare()
+        require_sandbox_on(self.svc_settings)  # 404 while the sandbox is off
+
     async def post(self):
         token = bearer_value(self.request.headers.get("Authorization"))
         user = await self.run(sandbox_user, self.runtime, token)

@@ -1,7 +1,12 @@
-"""The sandbox EHR: the hub page that frames apps, its settings page, and the hub's app list.
+"""The sandbox EHR: sign-in, the hub page that frames apps, its settings page, the hub's app list.
 
-- `GET /sandbox/hub?user=<id>[&app=<application id>]`: the hub of a sandbox user.
-- `GET /sandbox/settings?user=<id>`: shows the user's 30-minute sandbox token.
+All of it answers 404 unless SVC_SANDBOX=on (lifecycle.sandbox), and only sandbox users get in.
+- `GET /sandbox/signin/<token>`: a one-time sign-in link (`svc-auth sandbox signin-link`); it opens
+  a server-side session (HttpOnly, SameSite=Lax cookie; Secure under https) and lands on the hub
+  (`?app=` with a deep link) or the settings page. Failed attempts are throttled per address.
+- `GET /sandbox/signin`: the sign-in page; says how to get a link. `POST /sandbox/signout` ends the session.
+- `GET /sandbox/hub[?app=<application id>]`: the signed-in user's hub; without a session, 302 to sign-in.
+- `GET /sandbox/settings`: the signed-in user's 30-minute sandbox token.
 - `GET /sandbox/api/apps` (Bearer sandbox token): the hub's app list as JSON, re-read after a
   launch completes and every `HUB_REFRESH_SECONDS`.
 The hub's browser code (static/hub/hub.js) creates launches with `POST /v1/sandbox/launches` and
@@ -12,12 +17,16 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from urllib.parse import urlencode
 
 import tornado.escape
 import tornado.template
 
 from handlers.base import BaseHandler
 from lifecycle.hub import frame_origins, hub_entries_for_token, hub_view, origin_of
+from lifecycle.sandbox import (SESSION_COOKIE, end_session, open_session_from_link, require_sandbox_on,
+                               session_of, signed_in_at)
+from oauth.clients import throttle_check, throttle_failure
 from oauth.errors import ApiError
 from oauth.resource import bearer_value
 
@@ -30,13 +39,35 @@ IFRAME_SANDBOX = "allow-scripts allow-same-origin allow-forms allow-popups"
 # The hub re-reads its app list this often, so an activation change shows without a reload.
 HUB_REFRESH_SECONDS = 3
 
+SIGNIN_PATH = "/sandbox/signin"
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
 
-class SandboxPageHandler(BaseHandler):
-    async def page_view(self):
-        user_id = self.query_params().get("user")
-        if not user_id:
-            raise ApiError(400, "invalid_request", "The user parameter is required (?user=<user id>).")
-        return await self.run(hub_view, self.runtime, user_id)
+
+class SandboxHandler(BaseHandler):
+    """Every sandbox route: 404 while the sandbox is off."""
+
+    async def prepare(self):
+        super().prepare()
+        require_sandbox_on(self.svc_settings)
+
+
+class SandboxPageHandler(SandboxHandler):
+    def secure_cookies(self) -> bool:
+        return self.svc_settings.public_url.startswith("https://") or self.request.protocol == "https"
+
+    def set_session_cookie(self, session_id: str) -> None:
+        self.set_cookie(SESSION_COOKIE, session_id, path="/sandbox", httponly=True, samesite="Lax",
+                        secure=self.secure_cookies(), expires_days=None,
+                        max_age=self.svc_settings.sandbox_session_ttl)
+
+    async def signed_in(self):
+        """(user, session) of this browser's sandbox session, or None after redirecting to sign-in."""
+        found = await self.run(session_of, self.runtime, self.get_cookie(SESSION_COOKIE))
+        if found is None:
+            self.set_header("Cache-Control", "no-store")
+            self.redirect(SIGNIN_PATH)
+        return found
 
     def render_page(self, name: str, csp: str, **values) -> None:
         self.set_header("Content-Type", "text/html; charset=UTF-8")
@@ -48,37 +79,82 @@ class SandboxPageHandler(BaseHandler):
         self.finish(TEMPLATES.load(name).generate(static_url=self.static_url, **values))
 
 
+class SignInPageHandler(SandboxPageHandler):
+    """Where a browser without a session lands: how to get a sign-in link."""
+
+    async def get(self):  # a template, no I/O
+        self.render_page("signin.html", PAGE_CSP, error=None)
+
+
+class SignInLinkHandler(SandboxPageHandler):
+    """A one-time sign-in link: opens the session, then the hub (or the app, or settings)."""
+
+    async def get(self, token):
+        address = self.client_address()
+        throttle = self.runtime.sandbox_signin_throttle
+        try:
+            await self.run(throttle_check, throttle, None, address)
+            session_id, user, link = await self.run(open_session_from_link, self.runtime, token)
+        except ApiError as err:
+            if err.error == "invalid_signin_link":
+                await self.run(throttle_failure, throttle, None, address)
+            self.set_status(err.status)
+            for name, value in err.headers.items():
+                self.set_header(name, value)
+            return self.render_page("signin.html", PAGE_CSP, error=err.message)
+        self.set_session_cookie(session_id)
+        self.set_header("Cache-Control", "no-store")
+        if link.target == "settings":
+            return self.redirect("/sandbox/settings")
+        self.redirect("/sandbox/hub" + (f"?{urlencode({'app': link.application_id})}" if link.application_id else ""))
+
+
+class SignOutHandler(SandboxPageHandler):
+    async def post(self):
+        await self.run(end_session, self.runtime, self.get_cookie(SESSION_COOKIE))
+        self.clear_cookie(SESSION_COOKIE, path="/sandbox")
+        self.set_header("Cache-Control", "no-store")
+        self.redirect(SIGNIN_PATH)
+
+
 class HubHandler(SandboxPageHandler):
     async def get(self):
-        view = await self.page_view()
-        user, entries = view.user, view.entries
+        found = await self.signed_in()
+        if found is None:
+            return
+        user, session = found
+        view = await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
+        user, entries, token, organization = view.user, view.entries, view.sandbox_token, view.organization
         own = origin_of(self.svc_settings.public_url)
         frames = " ".join(dict.fromkeys(["'self'", own, *frame_origins(entries)]))
         csp = (f"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                f"connect-src 'self' {own}; frame-src {frames}; frame-ancestors 'none'; base-uri 'none'; "
                f"form-action 'self'; object-src 'none'")
         data = {"user": {"id": user.id, "name": user.display_name},
-                "organizationId": user.organization_id, "sandboxToken": view.sandbox_token,
+                "organizationId": user.organization_id, "sandboxToken": token,
                 "apiBase": self.svc_settings.public_url + "/v1", "appsUrl": "/sandbox/api/apps",
                 "openApp": self.query_params().get("app"), "apps": [e.as_dict() for e in entries],
                 "refreshSeconds": HUB_REFRESH_SECONDS}
-        self.render_page("hub.html", csp, user=user, organization=view.organization, entries=entries,
+        self.render_page("hub.html", csp, user=user, organization=organization, entries=entries,
                          sandbox=IFRAME_SANDBOX, data_json=tornado.escape.json_encode(data))
 
 
 class SettingsHandler(SandboxPageHandler):
     async def get(self):
-        view = await self.page_view()
+        found = await self.signed_in()
+        if found is None:
+            return
+        user, session = found
+        view = await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
+        user, apps, token, organization = view.user, view.entries, view.sandbox_token, view.organization
         ttl = self.svc_settings.sandbox_token_ttl
         expires = (self.runtime.clock.now() + dt.timedelta(seconds=ttl)).replace(microsecond=0).isoformat() + "Z"
-        csp = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
-        self.render_page("settings.html", csp, user=view.user, organization=view.organization,
-                         token=view.sandbox_token, ttl_minutes=ttl // 60, expires_at=expires, apps=view.entries,
+        self.render_page("settings.html", PAGE_CSP, user=user, organization=organization, token=token,
+                         ttl_minutes=ttl // 60, expires_at=expires, apps=apps,
                          launches_url=self.svc_settings.public_url + "/v1/sandbox/launches")
 
 
-class HubAppsHandler(BaseHandler):
+class HubAppsHandler(SandboxHandler):
     """The hub's app list for the bearer of a sandbox token."""
 
     async def get(self):
@@ -93,4 +169,7 @@ def routes(runtime) -> list:
         (r"/sandbox/hub", HubHandler),
         (r"/sandbox/settings", SettingsHandler),
         (r"/sandbox/api/apps", HubAppsHandler),
+        (r"/sandbox/signin", SignInPageHandler),
+        (r"/sandbox/signin/([^/]+)", SignInLinkHandler),
+        (r"/sandbox/signout", SignOutHandler),
     ]

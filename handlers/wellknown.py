@@ -5,13 +5,22 @@ from handlers.base import BaseHandler
 from oauth.discovery import openid_configuration
 
 
-class JWKSHandler(BaseHandler):
+class PublicMetadataHandler(BaseHandler):
+    """Public documents any origin may read (browser-based clients fetch them): GET only."""
+
+    def set_default_headers(self):
+        super().set_default_headers()
+        if self.request.method in ("GET", "HEAD"):
+            self.set_header("Access-Control-Allow-Origin", "*")
+
+
+class JWKSHandler(PublicMetadataHandler):
     async def get(self):  # from the keyring in memory: no I/O
-        self.set_header("Cache-Control", "public, max-age=300")
+        self.set_header("Cache-Control", f"public, max-age={self.svc_settings.jwks_max_age}")
         self.write_json(self.runtime.keyring.jwks())
 
 
-class OpenIDConfigurationHandler(BaseHandler):
+class OpenIDConfigurationHandler(PublicMetadataHandler):
     async def get(self):
         self.set_header("Cache-Control", "public, max-age=300")
         self.write_json(openid_configuration(self.svc_settings))

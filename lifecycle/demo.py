@@ -11,7 +11,7 @@ import logging
 import peewee
 
 from lifecycle.registry import create_organization, create_user, install_application, register_application
-from lifecycle.sandbox import issue_sandbox_token
+from lifecycle.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from models.directory import Organization, User
 
@@ -61,7 +61,9 @@ def seed_demo(runtime, app_base_url: str | None = None) -> dict:
         "application_id": app_id,
         "client_id": DEMO_CLIENT_ID,
         "client_secret": secret,
-        "hub_url": f"{settings.public_url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}",
+        # A one-time sign-in link into the physician's hub (the hub itself needs a sandbox session).
+        "hub_url": (create_signin_link(runtime, DEMO_PHYSICIAN_ID) if settings.sandbox
+                    else f"{settings.public_url}/sandbox/hub"),
         "sandbox_token": issue_sandbox_token(runtime, physician),
     }
 
@@ -77,6 +79,13 @@ def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
                          authorized_users=frozenset({DEMO_PHYSICIAN_ID}))
 
 
+def demo_signin_links(runtime, info: dict) -> dict:
+    """More one-time sign-in links for the demo banner (the hub link is `info["hub_url"]`)."""
+    return {"physician_app": create_signin_link(runtime, DEMO_PHYSICIAN_ID, info["application_id"]),
+            "staff_hub": create_signin_link(runtime, DEMO_OTHER_ID),
+            "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings")}
+
+
 def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
     """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look."""
     import tornado.httpserver
@@ -87,9 +96,12 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
     info = seed_demo(runtime, demo_app_url(app_port))
     server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
     server.listen(app_port, address="127.0.0.1")
-    log.info("demo data ready; open the hub at %s", info["hub_url"])
-    print(f"\nsvc-auth demo\n  hub (physician): {info['hub_url']}\n"
-          f"  hub (staff, refused by the app): {runtime.settings.public_url}/sandbox/hub?user={DEMO_OTHER_ID}\n"
-          f"  settings (sandbox token): {runtime.settings.public_url}/sandbox/settings?user={DEMO_PHYSICIAN_ID}\n"
+    log.info("demo data ready; sign in to the hub with the one-time links printed below")
+    links = demo_signin_links(runtime, info)
+    print(f"\nsvc-auth demo (one-time sign-in links; `svc-auth sandbox signin-link --user ID` makes more)\n"
+          f"  hub (physician): {info['hub_url']}\n"
+          f"  example app opened at once (physician): {links['physician_app']}\n"
+          f"  hub (staff, refused by the app): {links['staff_hub']}\n"
+          f"  settings (sandbox token): {links['physician_settings']}\n"
           f"  example partner app: {demo_app_url(app_port)} (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n", flush=True)

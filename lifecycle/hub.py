@@ -68,14 +68,16 @@ class HubView:
     sandbox_token: str
 
 
-def hub_view(runtime, user_id: str) -> HubView:
-    """The sandbox user `user_id` with their organization, installed apps and a fresh sandbox token."""
+def hub_view(runtime, user_id: str, auth_time: float | None = None) -> HubView:
+    """The sandbox user `user_id` with their organization, installed apps and a fresh sandbox token
+    (`auth_time`: when the person signed in, epoch seconds)."""
     from lifecycle.sandbox import issue_sandbox_token
     from oauth.errors import ApiError
     user = User.with_organization(user_id)
     if user is None:
         raise ApiError(404, "user_not_found", f"No sandbox user has id {user_id!r}.")
-    return HubView(user, user.organization, hub_entries(user), issue_sandbox_token(runtime, user))
+    return HubView(user, user.organization, hub_entries(user),
+                   issue_sandbox_token(runtime, user, auth_time=auth_time))
 
 
 def hub_entries_for_token(runtime, token: str | None) -> list[HubEntry]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from hotcache.applications import TOPIC as APPLICATIONS
 from models.application import USER_FIELDS, Application
 from models.audit import AuditEvent
 from oauth.errors import ApiError
-from oauth.redirects import redirect_uri_allowed
+from oauth.redirects import RedirectUriError, normalise_redirect_uri, redirect_uri_allowed
 
 # The spec's subsections of "User permissions (read)", in its order.
 PERMISSION_GROUPS = (
@@ -71,6 +72,11 @@ def validate(changes: dict) -> dict:
         elif key in ("launch_url", "redirect_uri"):
             value = (value or "").strip() if isinstance(value, str) else ""
             problem = url_problem(URL_LABELS[key], value)
+            if not problem and key == "redirect_uri":
+                try:  # the authorize rule's own normalisation (RFC 3986) must accept it
+                    normalise_redirect_uri(value)
+                except RedirectUriError as exc:
+                    problem = f"The redirect base URL cannot be used: {exc}."
             if problem:
                 errors[key] = problem
         elif key == "token_endpoint":
@@ -120,8 +126,14 @@ def update_manifest(runtime, application_id: str, actor: str, **changes) -> Appl
     changed = {key: value for key, value in clean.items() if before[key] != value}
     if not changed:
         return app
+    columns = dict(changed)
+    if "redirect_uri" in changed and app.redirect_uri_match == "exact":
+        # In exact mode the manifest URI is the first registered one: it is replaced, the others stay.
+        columns["redirect_uris"] = [changed["redirect_uri"],
+                                    *[u for u in app.redirect_uris if u not in (app.redirect_uri, changed["redirect_uri"])]]
     with runtime.db.atomic():
-        Application.update(**changed).where(Application.id == app.id).execute()
+        Application.update(**columns).where(Application.id == app.id).execute()
         AuditEvent.record(actor, "application.manifest_updated", app.id,
                           before={k: before[k] for k in changed}, after=changed)
+    runtime.changes.announce(APPLICATIONS)  # every process drops its cached copy now
     return Application.get_by_id(app.id)

@@ -1,16 +1,21 @@
-"""Registering clinics, users, applications and installations (CLI and invitations use these)."""
+"""Registering clinics, users, applications and installations (CLI and invitations use these).
+
+Every change to an application ends with `runtime.changes.announce(APPLICATIONS)`: each process
+keeps applications in memory (hotcache) and drops them when it hears of a change.
+"""
 from __future__ import annotations
 
 import re
 
 import peewee
 
+from hotcache.applications import TOPIC as APPLICATIONS
 from models.application import BILLING_PLANS, USER_FIELDS, Application, Installation
 from models.audit import AuditEvent
 from models.directory import Organization, User
 from models.ids import new_secret
 from oauth.errors import ApiError
-from oauth.redirects import redirect_uri_allowed
+from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri, redirect_uri_allowed
 
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 NPI = re.compile(r"^\d{10}$")
@@ -24,6 +29,46 @@ def _http_url(name: str, value: str) -> str:
     if not redirect_uri_allowed(value, value):
         raise invalid(f"{name} must be an absolute http(s) URL without a fragment, got {value!r}.")
     return value
+
+
+def _redirect_policy(redirect_uri: str, mode: str, redirect_uris) -> list[str]:
+    """Validate a redirect registration; returns the list of exact URIs (empty in prefix mode)."""
+    if mode not in MATCH_MODES:
+        raise invalid(f"redirect_uri_match must be one of {', '.join(MATCH_MODES)}, got {mode!r}.")
+    uris = [redirect_uri, *[u for u in redirect_uris if u != redirect_uri]]
+    for uri in uris:
+        try:
+            normalise_redirect_uri(uri)
+        except RedirectUriError as exc:
+            raise invalid(f"{uri!r} cannot be a redirect URI: {exc}.") from None
+    if mode == "prefix" and len(uris) > 1:
+        raise invalid("Several redirect URIs need redirect_uri_match=exact; prefix mode has one base URL.")
+    return uris if mode == "exact" else []
+
+
+def set_redirect_policy(runtime, application_id: str, mode: str, redirect_uris=(), actor: str = "operator") -> Application:
+    """Switch an app between prefix and exact redirect_uri matching (CLI and console use this)."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app.redirect_uris = _redirect_policy(app.redirect_uri, mode, redirect_uris)
+    app.redirect_uri_match = mode
+    app.save()
+    AuditEvent.record(actor, "application.redirect_policy_set", app.id, mode=mode, redirect_uris=app.redirect_uris)
+    runtime.changes.announce(APPLICATIONS)
+    return app
+
+
+def set_require_pkce(runtime, application_id: str, required: bool, actor: str = "operator") -> Application:
+    """Make PKCE (S256) mandatory, or optional again, for one app's authorization requests."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app.require_pkce = bool(required)
+    app.save()
+    AuditEvent.record(actor, "application.require_pkce_set", app.id, required=app.require_pkce)
+    runtime.changes.announce(APPLICATIONS)
+    return app
 
 
 def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None) -> Organization:
@@ -61,12 +106,14 @@ def create_user(organization_id: str, email: str, given_name: str | None = None,
 def register_application(runtime, name: str, redirect_uri: str, launch_url: str, token_endpoint: str | None = None,
                          billing_plan: str = "paid", user_fields=("email",), allowed_origins=(),
                          application_id: str | None = None, client_id: str | None = None,
-                         client_secret: str | None = None) -> tuple[Application, str]:
+                         client_secret: str | None = None, redirect_uri_match: str = "prefix",
+                         redirect_uris=(), require_pkce: bool = False) -> tuple[Application, str]:
     """Register an app; returns it and its client secret (shown once, stored only hashed)."""
     name = (name or "").strip()
     if not name:
         raise invalid("An application needs a name.")
     _http_url("redirect_uri", redirect_uri)
+    exact_uris = _redirect_policy(redirect_uri, redirect_uri_match, redirect_uris)
     _http_url("launch_url", launch_url)
     if token_endpoint:
         _http_url("token_endpoint", token_endpoint)
@@ -80,13 +127,15 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
     secret = client_secret or new_secret()
     fields = dict(name=name, redirect_uri=redirect_uri, launch_url=launch_url, token_endpoint=token_endpoint,
                   billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(allowed_origins),
-                  client_secret_hash=runtime.hasher.digest(secret))
+                  client_secret_hash=runtime.hasher.digest(secret), redirect_uri_match=redirect_uri_match,
+                  redirect_uris=exact_uris, require_pkce=bool(require_pkce))
     if application_id:
         fields["id"] = application_id
     if client_id:
         fields["client_id"] = client_id
     app = Application.create(**fields)
     AuditEvent.record("operator", "application.created", app.id, client_id=app.client_id)
+    runtime.changes.announce(APPLICATIONS)
     return app, secret
 
 
@@ -109,10 +158,11 @@ def generate_fallback_secret(runtime, application_id: str, actor: str = "operato
     secret = new_secret()
     Application.update(fallback_secret_hash=runtime.hasher.digest(secret)).where(Application.id == app.id).execute()
     AuditEvent.record(actor, "application.secret.fallback_generated", app.id)
+    runtime.changes.announce(APPLICATIONS)
     return secret
 
 
-def activate_fallback_secret(application_id: str, actor: str = "operator") -> None:
+def activate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> None:
     """Rotation step 3: the pending fallback becomes the only valid secret; the old one stops working."""
     app = Application.get_or_none(Application.id == application_id)
     if app is None:
@@ -122,3 +172,20 @@ def activate_fallback_secret(application_id: str, actor: str = "operator") -> No
     (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None)
      .where(Application.id == app.id).execute())
     AuditEvent.record(actor, "application.secret.fallback_activated", app.id)
+    runtime.changes.announce(APPLICATIONS)
+
+
+def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str = "operator") -> list[str]:
+    """The networks (CIDRs) allowed to call the REST API as this application; empty: any network
+    SVC_REST_ALLOWED_NETWORKS allows."""
+    import ipaddress
+    if Application.get_or_none(Application.id == application_id) is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    try:
+        cidrs = [str(ipaddress.ip_network(n, strict=False)) for n in networks]
+    except ValueError as exc:
+        raise invalid(f"not a network: {exc}") from None
+    Application.update(rest_allowed_networks=cidrs).where(Application.id == application_id).execute()
+    AuditEvent.record(actor, "application.rest_allowed_networks_set", application_id, networks=cidrs)
+    runtime.changes.announce(APPLICATIONS)
+    return cidrs

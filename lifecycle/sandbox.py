@@ -1,24 +1,150 @@
-"""The sandbox EHR's settings-page token: who the platform user is, for 30 minutes."""
+"""The sandbox EHR, a testing tool that must not be a backdoor.
+
+- Off unless SVC_SANDBOX=on: `require_sandbox_on` is what every sandbox surface calls first.
+- Only users of sandbox organizations (EHR `sandbox`) get sandbox tokens, a hub or a settings page.
+- A person enters through a one-time sign-in link (`create_signin_link`, printed by the operator
+  CLI and by `serve --demo`), which opens a server-side session (`open_session_from_link`); the
+  browser holds only the session's random id in an HttpOnly cookie.
+- The settings-page token (`issue_sandbox_token`) names who the platform user is for 30 minutes.
+"""
 from __future__ import annotations
 
-from models.directory import User
-from oauth.errors import invalid_token
+import datetime as dt
+import secrets
+
+from models.application import Application
+from models.directory import Organization, User
+from models.sandbox import SandboxSession, SandboxSigninLink
+from oauth.errors import ApiError, invalid_token
 from oauth.tokens import SANDBOX_AUDIENCE, InvalidToken
 
+SANDBOX_EHR = "sandbox"
+SESSION_COOKIE = "svc_sandbox_session"
+LINK_TARGETS = ("hub", "settings")
 
-def issue_sandbox_token(runtime, user: User) -> str:
+
+class SandboxOff(ApiError):
+    def __init__(self):
+        super().__init__(404, "not_found", "No such resource.")
+
+
+def require_sandbox_on(settings) -> None:
+    """404, as for any unknown path, when the sandbox is off (SVC_SANDBOX)."""
+    if not settings.sandbox:
+        raise SandboxOff()
+
+
+def is_sandbox_user(user: User) -> bool:
+    org = Organization.get_or_none(Organization.id == user.organization_id)
+    return org is not None and org.ehr == SANDBOX_EHR
+
+
+def require_sandbox_user(user: User | None, user_id: str = "") -> User:
+    if user is None:
+        raise ApiError(404, "user_not_found", f"no user has id {user_id!r}.")
+    if not is_sandbox_user(user):
+        raise ApiError(403, "not_a_sandbox_user",
+                       "Only users of sandbox organizations (EHR 'sandbox') can use the sandbox EHR.")
+    return user
+
+
+def issue_sandbox_token(runtime, user: User, auth_time: float | None = None) -> str:
+    """A 30-minute sandbox token for a sandbox user; `auth_time` = when the person signed in
+    (epoch seconds; default now, for operator-issued tokens)."""
+    require_sandbox_user(user)
+    when = int(runtime.clock.time() if auth_time is None else auth_time)
     token, _ = runtime.tokens.access_token(user.id, SANDBOX_AUDIENCE, runtime.settings.sandbox_token_ttl,
-                                           org=user.organization_id)
+                                           org=user.organization_id, auth_time=when)
     return token
 
 
 def sandbox_user(runtime, token: str | None) -> User:
-    """The user a sandbox token names, or 401 "Authentication failed" (spec: expired token)."""
+    """The user a sandbox token names, or 401 "Authentication failed" (spec: expired token).
+
+    With the sandbox off, no sandbox token is accepted anywhere."""
+    if not runtime.settings.sandbox:
+        raise invalid_token(message="Authentication failed")
     try:
         claims = runtime.tokens.verify(token or "", SANDBOX_AUDIENCE)
     except InvalidToken:
         raise invalid_token(message="Authentication failed") from None
     user = User.get_or_none(User.id == claims["sub"])
-    if user is None:
+    if user is None or not is_sandbox_user(user):
         raise invalid_token(message="Authentication failed")
     return user
+
+
+# -- sign-in links and sessions ------------------------------------------------------------------
+
+def create_signin_link(runtime, user_id: str, application_id: str | None = None, target: str = "hub") -> str:
+    """A one-time sign-in URL for a sandbox user (absolute); with an app, the hub opens it at once."""
+    require_sandbox_on(runtime.settings)
+    user = require_sandbox_user(User.get_or_none(User.id == user_id), user_id)
+    if application_id is not None and Application.by_id(application_id) is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    if target not in LINK_TARGETS:
+        raise ApiError(400, "invalid_request", f"target must be one of {', '.join(LINK_TARGETS)}.")
+    token = secrets.token_urlsafe(32)
+    now = runtime.clock.now()
+    SandboxSigninLink.create(token_hash=runtime.hasher.digest(token), user=user.id, application=application_id,
+                             target=target, created_at=now,
+                             expires_at=now + dt.timedelta(seconds=runtime.settings.sandbox_link_ttl))
+    return f"{runtime.settings.public_url}/sandbox/signin/{token}"
+
+
+def open_session_from_link(runtime, token: str) -> tuple[str, User, SandboxSigninLink]:
+    """Redeem a sign-in link once: (session id for the cookie, the user, the link).
+    An unknown, used or expired link is one and the same 401 (nothing to learn by probing)."""
+    now = runtime.clock.now()
+    link_hash = runtime.hasher.digest(token or "")
+    claimed = (SandboxSigninLink.update(used_at=now)
+               .where((SandboxSigninLink.token_hash == link_hash) & SandboxSigninLink.used_at.is_null()
+                      & (SandboxSigninLink.expires_at > now)).execute())
+    if claimed != 1:
+        raise ApiError(401, "invalid_signin_link", "This sign-in link is not valid: it is unknown, was already "
+                       "used or has expired. Ask the operator for a new one (svc-auth sandbox signin-link).")
+    link = SandboxSigninLink.get_by_id(link_hash)
+    user = require_sandbox_user(User.get_or_none(User.id == link.user_id), link.user_id)
+    return open_session(runtime, user), user, link
+
+
+def open_session(runtime, user: User) -> str:
+    """Start a browser session for `user` (sign-in link or invitation); returns the cookie value.
+    The physician's EHR session is live from now on (the nightly sync may read for them)."""
+    from connectors.sessions import touch_session
+    session_id = secrets.token_urlsafe(32)
+    now = runtime.clock.now()
+    SandboxSession.create(session_hash=runtime.hasher.digest(session_id), user=user.id, signed_in_at=now,
+                          expires_at=now + dt.timedelta(seconds=runtime.settings.sandbox_session_ttl))
+    touch_session(runtime, user)
+    return session_id
+
+
+def session_of(runtime, session_id: str | None) -> tuple[User, SandboxSession] | None:
+    """The signed-in sandbox user of this cookie value, or None (unknown, ended, expired)."""
+    if not session_id:
+        return None
+    session = SandboxSession.get_or_none(SandboxSession.session_hash == runtime.hasher.digest(session_id))
+    if session is None or session.ended_at is not None or session.expires_at <= runtime.clock.now():
+        return None
+    user = User.get_or_none(User.id == session.user_id)
+    if user is None or not is_sandbox_user(user):
+        return None
+    return user, session
+
+
+def end_session(runtime, session_id: str | None) -> None:
+    """Sign out: the session ends, and with it the physician's EHR (connector) session."""
+    from connectors.sessions import end_session as end_connector_session
+    found = session_of(runtime, session_id)
+    if found is None:
+        return
+    user, session = found
+    SandboxSession.update(ended_at=runtime.clock.now()).where(
+        SandboxSession.session_hash == session.session_hash).execute()
+    end_connector_session(runtime, user)
+
+
+def signed_in_at(session: SandboxSession) -> float:
+    """Epoch seconds of the sign-in (the `auth_time` of tokens issued in this session)."""
+    return session.signed_in_at.replace(tzinfo=dt.timezone.utc).timestamp()

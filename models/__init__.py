@@ -3,7 +3,7 @@ from models.application import Application, Authorization, Installation  # noqa:
 from models.audit import AuditEvent  # noqa: F401
 from models.db import open_database  # noqa: F401
 from models.directory import Organization, User  # noqa: F401
-from models.grants import AuthorizationCode, IssuedToken, Launch  # noqa: F401
+from models.grants import AuthorizationCode, Launch  # noqa: F401
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment  # noqa: F401
 from models.charts import ChartRequest  # noqa: F401
 from models.invitations import Invitation  # noqa: F401

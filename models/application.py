@@ -28,6 +28,11 @@ class Application(BaseModel):
     user_fields = JSONText(default=lambda: ["email"])
     billing_plan = peewee.CharField(max_length=32, default="paid")
     rest_allowed_networks = JSONText(default=list)
+    # redirect_uri matching (oauth.redirects): "prefix" under `redirect_uri` (the manifest base), or
+    # "exact": one of `redirect_uris` (OIDC Core 3.1.2.1), compared after normalisation.
+    redirect_uri_match = peewee.CharField(max_length=16, default="prefix")
+    redirect_uris = JSONText(default=list)
+    require_pkce = peewee.BooleanField(default=False)  # authorize refuses requests without S256 PKCE
     created_at = peewee.DateTimeField(default=wall_now)
 
     @classmethod

@@ -12,6 +12,14 @@ from urllib.parse import urlsplit
 
 import peewee
 from playhouse.db_url import connect
+from playhouse.pool import PooledDatabase
+
+DATABASE_ERRORS = (peewee.OperationalError, peewee.InterfaceError)
+"""What a database that went away (or is locked past its timeout) raises: never a client's fault."""
+
+CONNECT_TIMEOUT_SECONDS = 3   # a PostgreSQL host that does not answer fails fast, not after minutes
+STALE_SECONDS = 300           # pooled connections older than this are reopened at checkout
+POOL_WAIT_SECONDS = 10        # a unit of work waits this long for a free pooled connection
 
 
 def wall_now() -> dt.datetime:
@@ -38,8 +46,12 @@ class BaseModel(peewee.Model):
         legacy_table_names = False
 
 
-def open_database(url: str) -> peewee.Database:
-    """A database for `url` (sqlite:///path or postgresql://...); not bound to the models yet."""
+def open_database(url: str, max_connections: int = 20) -> peewee.Database:
+    """A database for `url` (sqlite:///path or postgresql://...); not bound to the models yet.
+
+    PostgreSQL connections are pooled (`playhouse.pool`): each unit of work checks one out and
+    gives it back (`release`); a broken one is thrown away (`discard`) and the next unit of work
+    opens a fresh one, so the service recovers by itself when the server comes back."""
     if url.startswith("sqlite:"):
         path = urlsplit(url).path
         if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
@@ -50,4 +62,26 @@ def open_database(url: str) -> peewee.Database:
         # (several serve processes, the worker thread) wait instead of failing.
         return peewee.SqliteDatabase(path or ":memory:", pragmas={
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1, "synchronous": "normal"})
-    return connect(url, autorollback=True)
+    scheme, _, rest = url.partition("://")
+    pooled = {"postgres": "postgres+pool", "postgresql": "postgresql+pool"}.get(scheme, scheme)
+    return connect(f"{pooled}://{rest}", autorollback=True, max_connections=max_connections,
+                   stale_timeout=STALE_SECONDS, timeout=POOL_WAIT_SECONDS, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+
+
+def release(db: peewee.Database) -> None:
+    """End of a unit of work: give this thread's pooled connection back (SQLite keeps its own)."""
+    if isinstance(db, PooledDatabase) and not db.is_closed():
+        db.close()
+
+
+def discard(db: peewee.Database) -> None:
+    """This thread's connection failed: close it for good, and every idle pooled one with it (they
+    were opened before the same outage), so the next unit of work starts on a fresh connection."""
+    try:
+        if isinstance(db, PooledDatabase):
+            db.manual_close()
+            db.close_idle()
+        elif not db.is_closed():
+            db.close()
+    except DATABASE_ERRORS:
+        pass  # closing a dead connection may fail the same way; it is gone either way

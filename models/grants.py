@@ -1,14 +1,14 @@
-"""One-time artefacts of the launch flow (launches, authorization codes) and issued tokens."""
+"""One-time artefacts of the launch flow: launches and authorization codes."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 import peewee
 
 from models.application import Application, Installation
 from models.db import BaseModel, wall_now
 from models.directory import Organization, User
-from models.prepared import PreparedInsert, PreparedQuery
 
 
 class Launch(BaseModel):
@@ -40,80 +40,78 @@ class AuthorizationCode(BaseModel):
     launch = peewee.ForeignKeyField(Launch, null=True, on_delete="SET NULL")
     redirect_uri = peewee.CharField(max_length=1000)
     nonce = peewee.CharField(max_length=500, null=True)
+    code_challenge = peewee.CharField(max_length=64, null=True)  # PKCE S256 (oauth/pkce.py)
     created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
+    # The jtis of the access tokens the code's exchange issued (space-separated): a replay of the
+    # code puts them on the deny-list (oauth.denylist). Written by the consuming statement.
+    issued_jtis = peewee.CharField(max_length=500, null=True)
 
     @classmethod
-    def find_for_exchange(cls, code_hash: str) -> "AuthorizationCode | None":
-        """The code with its `user` and `installation` (of its app in its organization, or None)
-        read in one query: what a code exchange needs."""
-        return _CODE_FOR_EXCHANGE.first(code_hash)
+    def redeem(cls, db: peewee.Database, code_hash: str, application_id: str, now: dt.datetime,
+               jtis: str) -> "Redemption | None":
+        """Consume the code in ONE statement and read what the exchange needs with it.
 
-    @property
-    def installation(self) -> "Installation | None":
-        """The installation of the code's application in its organization (None if uninstalled)."""
-        if "_installation" not in self.__dict__:
-            self._installation = Installation.find(self.application_id, self.organization_id)
-        return self._installation
-
-    @installation.setter
-    def installation(self, value: "Installation | None") -> None:
-        self._installation = value
-
-    def consume(self, now: dt.datetime) -> bool:
-        """Mark the code used at `now`; True for exactly one concurrent caller."""
-        return _CONSUME_CODE.execute(self.code_hash, now) == 1
+        The UPDATE sets `used_at` and `issued_jtis` only if the code is unused (COALESCE keeps
+        the first use's values) and returns the row with the user's and the installation's
+        columns (scalar subqueries, which SQLite >= 3.35 and PostgreSQL both allow in RETURNING).
+        The row lock (PostgreSQL) or the write lock (SQLite) serialises concurrent exchanges:
+        the caller whose `jtis` came back consumed the code; anyone else sees the first use's
+        jtis, to revoke them. None: no such code for this application."""
+        p = db.param
+        row = db.execute_sql(_REDEEM_SQL.format(p=p), (
+            AuthorizationCode.used_at.db_value(now), jtis, code_hash, application_id)).fetchone()
+        if row is None:
+            return None
+        (used_at, issued, expires_at, redirect_uri, nonce, code_challenge, user_id, organization_id,
+         email, given_name, family_name, installation_id, activation_status, trial_started_at) = row
+        user = User(id=user_id, organization=organization_id, email=email, given_name=given_name,
+                    family_name=family_name)
+        installation = None
+        if installation_id is not None:
+            installation = Installation(id=installation_id, application=application_id, organization=organization_id,
+                                        activation_status=activation_status,
+                                        trial_started_at=Installation.trial_started_at.python_value(trial_started_at))
+        return Redemption(first_use=issued == jtis, issued_jtis=(issued or "").split(), code_hash=code_hash,
+                          expires_at=AuthorizationCode.expires_at.python_value(expires_at),
+                          used_at=AuthorizationCode.used_at.python_value(used_at),
+                          redirect_uri=redirect_uri, nonce=nonce, user=user, organization_id=organization_id,
+                          installation=installation, code_challenge=code_challenge)
 
     def expired(self, now: dt.datetime) -> bool:
         return self.expires_at <= now
 
 
-class IssuedToken(BaseModel):
-    """Every access token we sign, by `jti`, so it can be revoked before it expires."""
+@dataclass(frozen=True)
+class Redemption:
+    """What `AuthorizationCode.redeem` read: the code, its user and its installation (or None)."""
 
-    jti = peewee.CharField(primary_key=True, max_length=64)
-    kind = peewee.CharField(max_length=16)  # "access" (user) or "client" (client credentials)
-    application = peewee.ForeignKeyField(Application, on_delete="CASCADE")
-    user = peewee.ForeignKeyField(User, null=True, on_delete="CASCADE")
-    code_hash = peewee.CharField(max_length=128, null=True, index=True)
-    issued_at = peewee.DateTimeField(default=wall_now)
-    expires_at = peewee.DateTimeField(index=True)
-    revoked_at = peewee.DateTimeField(null=True)
-
-    @classmethod
-    def record(cls, **values) -> None:
-        """Insert the row of a token just signed (same columns and defaults as `create`, less CPU)."""
-        _INSERT_ISSUED_TOKEN.insert(**values)
-
-    @classmethod
-    def revoke_from_code(cls, code_hash: str, now: dt.datetime) -> int:
-        return (cls.update(revoked_at=now)
-                .where((cls.code_hash == code_hash) & cls.revoked_at.is_null()).execute())
-
-    @classmethod
-    def is_active(cls, jti: str, now: dt.datetime) -> bool:
-        row = _ISSUED_TOKEN_BY_JTI.first(jti) if isinstance(jti, str) else None
-        return row is not None and row.revoked_at is None and row.expires_at > now
+    first_use: bool
+    issued_jtis: list
+    code_hash: str
+    expires_at: dt.datetime
+    used_at: dt.datetime
+    redirect_uri: str
+    nonce: str | None
+    user: User
+    organization_id: str
+    installation: Installation | None
+    code_challenge: str | None = None  # PKCE S256 (oauth/pkce.py)
 
 
-_CODE_FOR_EXCHANGE = PreparedQuery(
-    lambda code_hash: (
-        AuthorizationCode.select(AuthorizationCode, User, Installation)
-        .join(User)
-        .switch(AuthorizationCode)
-        .join(Installation, peewee.JOIN.LEFT_OUTER, attr="installation",
-              on=((Installation.application == AuthorizationCode.application)
-                  & (Installation.organization == AuthorizationCode.organization)))
-        .where(AuthorizationCode.code_hash == code_hash)),
-    AuthorizationCode.code_hash, attach={User: "user", Installation: "installation"})
-_CONSUME_CODE = PreparedQuery(
-    lambda code_hash, now: (AuthorizationCode.update(used_at=now)
-                            .where((AuthorizationCode.code_hash == code_hash) & AuthorizationCode.used_at.is_null())),
-    AuthorizationCode.code_hash, AuthorizationCode.used_at)
-_INSERT_ISSUED_TOKEN = PreparedInsert(IssuedToken)
-_ISSUED_TOKEN_BY_JTI = PreparedQuery(
-    lambda jti: IssuedToken.select().where(IssuedToken.jti == jti).limit(1), IssuedToken.jti)
+_REDEEM_SQL = """UPDATE "authorization_code" SET used_at = COALESCE(used_at, {p}), issued_jtis = COALESCE(issued_jtis, {p})
+WHERE code_hash = {p} AND application_id = {p}
+RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, code_challenge, user_id, organization_id,
+ (SELECT u.email FROM "user" u WHERE u.id = "authorization_code".user_id),
+ (SELECT u.given_name FROM "user" u WHERE u.id = "authorization_code".user_id),
+ (SELECT u.family_name FROM "user" u WHERE u.id = "authorization_code".user_id),
+ (SELECT i.id FROM "installation" i WHERE i.application_id = "authorization_code".application_id
+   AND i.organization_id = "authorization_code".organization_id),
+ (SELECT i.activation_status FROM "installation" i WHERE i.application_id = "authorization_code".application_id
+   AND i.organization_id = "authorization_code".organization_id),
+ (SELECT i.trial_started_at FROM "installation" i WHERE i.application_id = "authorization_code".application_id
+   AND i.organization_id = "authorization_code".organization_id)"""
 
 
 def expiry(now: dt.datetime, seconds: int) -> dt.datetime:

@@ -6,29 +6,69 @@ numbered step in `MIGRATIONS`, applied once and recorded in `schema_version`.
 from __future__ import annotations
 
 import peewee
-from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
+from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate as migrate_columns
 
 from models.application import Application, Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
+from models.changes import ChangeVersion
 from models.charts import ChartRequest
 from models.db import BaseModel
+from models.denylist import DeniedToken
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
-from models.grants import AuthorizationCode, IssuedToken, Launch
+from models.grants import AuthorizationCode, Launch
 from models.invitations import Invitation
+from models.keys import SigningKeyRecord
+from models.sandbox import SandboxSession, SandboxSigninLink
 from models.schedule import ScheduledRun
 
 MODELS: list[type[peewee.Model]] = [
     Organization, User, Application, Installation, Authorization,
-    Launch, AuthorizationCode, IssuedToken, AuditEvent,
+    Launch, AuthorizationCode, AuditEvent, SigningKeyRecord, ChangeVersion, DeniedToken,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
+    SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession,
 ]
 
+
+
+def _add_missing_columns(table: str, *columns: tuple[str, peewee.Field]):
+    """A migration step adding columns (skipped where the table was just created with them)."""
+    def step(migrator):
+        present = {c.name for c in migrator.database.get_columns(table)}
+        fields = [migrator.add_column(table, name, field) for name, field in columns if name not in present]
+        if fields:
+            migrate_columns(*fields)
+    return step
+
+
+def _add_issued_jtis(migrator) -> None:
+    """Codes note the jtis their exchange issued (replaces one issued_token row per token)."""
+    columns = {c.name for c in migrator.database.get_columns("authorization_code")}
+    if "issued_jtis" not in columns:
+        migrate_columns(migrator.add_column("authorization_code", "issued_jtis", AuthorizationCode.issued_jtis))
+
+
+def _drop_issued_token(migrator) -> None:
+    """Tokens are no longer recorded one row each; revocation uses the deny-list."""
+    migrator.database.execute_sql('DROP TABLE IF EXISTS "issued_token"')
+
+
 # (version, description, function(migrator)) — append only.
-MIGRATIONS: list[tuple[int, str, object]] = []
+MIGRATIONS: list[tuple[int, str, object]] = [
+    (1, "authorization_code.issued_jtis", _add_issued_jtis),
+    (2, "drop issued_token (deny-list instead)", _drop_issued_token),
+    # Issue 12 numbers its steps 12xx.
+    (1201, "application.redirect_uri_match and redirect_uris: exact redirect_uri matching per app",
+     _add_missing_columns("application", ("redirect_uri_match", peewee.CharField(max_length=16, default="prefix")),
+                          ("redirect_uris", peewee.TextField(default="[]")))),
+    (1202, "PKCE: application.require_pkce",
+     _add_missing_columns("application", ("require_pkce", peewee.BooleanField(default=False)))),
+    (1203, "PKCE: authorization_code.code_challenge",
+     _add_missing_columns("authorization_code", ("code_challenge", peewee.CharField(max_length=64, null=True)))),
+]
 
 
 class SchemaVersion(BaseModel):

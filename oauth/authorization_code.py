@@ -2,18 +2,26 @@
 from __future__ import annotations
 
 from models.application import Application
-from models.grants import AuthorizationCode, IssuedToken, Launch, expiry
+from models.grants import AuthorizationCode, Launch, Redemption, expiry
 from models.ids import new_secret
 from oauth.claims import id_token_claims
 from oauth.errors import AuthorizeError, invalid_grant
 from oauth.params import text_param
-from oauth.redirects import redirect_uri_allowed, with_query
+from oauth.pkce import PkceError, challenge_of, verify
+from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
 from oauth.tokens import PLATFORM_AUDIENCE
 
 
 def _query_value(params: dict, name: str) -> str | None:
     value = params.get(name)
     return value if isinstance(value, str) and value else None
+
+
+def _normalised_or_none(uri: str) -> str | None:
+    try:
+        return normalise_redirect_uri(uri)
+    except RedirectUriError:
+        return None
 
 
 class AuthorizationRequest:
@@ -27,14 +35,19 @@ class AuthorizationRequest:
         client_id = _query_value(params, "client_id")
         if client_id is None:
             raise AuthorizeError("invalid_request", "The client_id parameter is required.")
-        app = Application.by_client_id(client_id)
+        app = self.runtime.applications.by_client_id(client_id)
         if app is None:
             raise AuthorizeError("invalid_client", "Unknown client_id.")
         redirect_uri = _query_value(params, "redirect_uri")
         if redirect_uri is None:
             raise AuthorizeError("invalid_request", "The redirect_uri parameter is required.")
-        if not redirect_uri_allowed(redirect_uri, app.redirect_uri):
-            raise AuthorizeError("invalid_request", "redirect_uri does not match the application manifest.")
+        try:
+            # From here on only the normalised URI is used: it is what was checked.
+            redirect_uri = match_redirect_uri(redirect_uri, app.redirect_uri, app.redirect_uri_match,
+                                              app.redirect_uris or ())
+        except RedirectUriError as exc:
+            raise AuthorizeError("invalid_request", f"redirect_uri does not match the application's "
+                                                    f"registration: {exc}.") from None
         return app, redirect_uri
 
     def issue_code(self, params: dict) -> str:
@@ -50,6 +63,10 @@ class AuthorizationRequest:
             raise fail("invalid_request", "The response_type parameter is required.")
         if response_type != "code":
             raise fail("unsupported_response_type", "Only response_type=code is supported.")
+        try:
+            challenge = challenge_of(params, required=app.require_pkce)
+        except PkceError as exc:
+            raise fail("invalid_request", str(exc)) from None
         launch_id = _query_value(params, "launch_id") or _query_value(params, "login_hint")
         if launch_id is None:
             raise fail("invalid_request", "The launch_id parameter is required.")
@@ -61,7 +78,7 @@ class AuthorizationRequest:
         AuthorizationCode.create(
             code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
-            nonce=_query_value(params, "nonce"), created_at=now,
+            nonce=_query_value(params, "nonce"), code_challenge=challenge, created_at=now,
             expires_at=expiry(now, self.runtime.settings.code_ttl))
         return with_query(redirect_uri, code=code, state=state)
 
@@ -75,36 +92,38 @@ class AuthorizationCodeGrant:
         self.runtime = runtime
 
     def exchange(self, app: Application, params: dict, with_billing: bool) -> dict:
+        """One database statement: the code is consumed and read, with its user and installation,
+        by `AuthorizationCode.redeem`, which also notes the jti of the access token issued here."""
         code = text_param(params, "code")
         redirect_uri = text_param(params, "redirect_uri", required=False)
-        code_hash = self.runtime.hasher.digest(code)
-        grant = AuthorizationCode.find_for_exchange(code_hash)
-        if grant is None or grant.application_id != app.id:
+        runtime = self.runtime
+        jti = new_secret(16)
+        grant = AuthorizationCode.redeem(runtime.db, runtime.hasher.digest(code), app.id, runtime.clock.now(), jti)
+        if grant is None:
             raise invalid_grant("The authorization code is invalid.")
-        now = self.runtime.clock.now()
-        if grant.used_at is not None or not grant.consume(now):
+        if not grant.first_use:
             # RFC 6749 4.1.2: a replayed code revokes what its first use issued.
-            IssuedToken.revoke_from_code(code_hash, now)
+            runtime.denylist.deny(grant.issued_jtis, until=runtime.clock.time() + runtime.settings.access_token_ttl)
             raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
-        if grant.expired(now):
+        if grant.expires_at <= grant.used_at:
             raise invalid_grant("The authorization code has expired.")
-        if redirect_uri is not None and redirect_uri != grant.redirect_uri:
+        if redirect_uri is not None and _normalised_or_none(redirect_uri) != grant.redirect_uri:
             raise invalid_grant("redirect_uri does not match the one the code was issued for.")
-        return self.tokens_for(app, grant, with_billing)
+        try:
+            verify(grant.code_challenge, params.get("code_verifier"))
+        except PkceError as exc:
+            raise invalid_grant(str(exc)) from None
+        return self.tokens_for(app, grant, with_billing, jti)
 
-    def tokens_for(self, app: Application, grant: AuthorizationCode, with_billing: bool) -> dict:
+    def tokens_for(self, app: Application, grant: Redemption, with_billing: bool, jti: str) -> dict:
         settings, tokens = self.runtime.settings, self.runtime.tokens
         now = self.runtime.clock.now()
         user = grant.user
-        access_token, access = tokens.access_token(
+        access_token, _ = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
-            client_id=app.client_id, org=grant.organization_id, scope="openid")
-        IssuedToken.record(jti=access["jti"], kind="access", application=app.id, user=user.id,
-                           code_hash=grant.code_hash, issued_at=now,
-                           expires_at=expiry(now, settings.access_token_ttl))
-        installation = grant.installation  # read with the code (same app and organization)
+            client_id=app.client_id, org=grant.organization_id, scope="openid", jti=jti)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         claims["auth_time"] = claims["iat"]
-        claims.update(id_token_claims(app, user, installation, with_billing, now, grant.nonce))
+        claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
         return {"access_token": access_token, "id_token": tokens.sign(claims), "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": "openid"}

@@ -1,8 +1,10 @@
-"""The client credentials grant: a partner API token bound to the application (at `/v1` only)."""
+"""The client credentials grant: a partner API token bound to the application (at `/v1` only).
+
+No database work: the application comes from the in-memory cache (`hotcache`), and the token is
+not recorded (a revocation would put its jti on the deny-list, `oauth.denylist`)."""
 from __future__ import annotations
 
 from models.application import Application
-from models.grants import IssuedToken, expiry
 from oauth.tokens import PARTNER_API_AUDIENCE
 
 
@@ -16,7 +18,4 @@ class ClientCredentialsGrant:
         lifetime = self.runtime.settings.client_token_ttl
         token, claims = self.runtime.tokens.access_token(
             app.id, PARTNER_API_AUDIENCE, lifetime, client_id=app.client_id, scope="partner_api")
-        now = self.runtime.clock.now()
-        IssuedToken.record(jti=claims["jti"], kind="client", application=app.id, issued_at=now,
-                           expires_at=expiry(now, lifetime))
         return {"access_token": token, "token_type": "Bearer", "expires_in": lifetime, "scope": "partner_api"}

@@ -12,6 +12,7 @@ from urllib.parse import unquote
 from models.application import Application
 from models.audit import AuditEvent
 from oauth.errors import ApiError, OAuthError, invalid_client, invalid_request
+from oauth.params import check_fields
 from ratelimit.failures import FailureThrottle, Throttled
 from ratelimit.limiter import RateLimiterUnavailable
 
@@ -27,7 +28,25 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     client_id, sep, secret = decoded.partition(":")
     if not sep:
         raise invalid_client("The Basic authorization header is malformed.", basic=True)
-    return unquote(client_id), unquote(secret)
+    client_id, secret = unquote(client_id), unquote(secret)
+    try:
+        check_fields({"client_id": client_id, "client_secret": secret})
+    except OAuthError as exc:
+        raise invalid_client(f"The Basic authorization header is malformed: {exc.message}", basic=True) from None
+    return client_id, secret
+
+
+def presented_credentials(params: dict, authorization: str | None) -> tuple[str, str] | None:
+    """(client_id, secret) as the request presents them, or None when they are missing or
+    malformed (`authenticate_client` then answers the right error)."""
+    try:
+        basic = _basic_credentials(authorization or "")
+    except OAuthError:
+        return None
+    client_id, secret = basic if basic else (params.get("client_id"), params.get("client_secret"))
+    if not isinstance(client_id, str) or not isinstance(secret, str):
+        return None
+    return client_id, secret
 
 
 def throttle_check(throttle: FailureThrottle | None, subject, address: str | None) -> None:
@@ -60,20 +79,22 @@ def throttle_failure(throttle: FailureThrottle | None, subject, address: str | N
                           limit=(throttle.policy.address if key[0] == "address" else throttle.policy.subject).count)
 
 
-def authenticate_client(params: dict, authorization: str | None, hasher,
-                        throttle: FailureThrottle | None = None, address: str | None = None) -> Application:
+def authenticate_client(runtime, params: dict, authorization: str | None, address: str | None = None) -> Application:
     """The application whose credentials the request carries, or 401 `invalid_client`.
 
-    With `throttle`, failures from `address` are counted and a locked attempt gets 429."""
+    The application comes from the process's cache (`runtime.applications`, no database round trip
+    when warm). With the runtime's throttle, failures from `address` are counted and a locked
+    attempt gets 429."""
+    throttle = runtime.client_auth_throttle
     try:
-        return _authenticate(params, authorization, hasher, throttle, address)
+        return _authenticate(params, authorization, runtime.applications, runtime.hasher, throttle, address)
     except OAuthError as exc:
         if exc.error == "invalid_client" and throttle is not None and not getattr(exc, "counted", False):
             throttle_failure(throttle, None, address)  # malformed or missing credentials: per address
         raise
 
 
-def _authenticate(params, authorization, hasher, throttle, address) -> Application:
+def _authenticate(params, authorization, applications, hasher, throttle, address) -> Application:
     try:
         basic = _basic_credentials(authorization or "")
     except OAuthError:
@@ -97,7 +118,7 @@ def _authenticate(params, authorization, hasher, throttle, address) -> Applicati
         raise invalid_request("client_id and client_secret must be strings.")
     subject = ("client", client_id)
     throttle_check(throttle, subject, address)
-    app = Application.by_client_id(client_id)
+    app = applications.by_client_id(client_id)
     if app is None or not app.has_secret(secret, hasher):
         throttle_failure(throttle, subject if app is not None else None, address)
         error = invalid_client("Unknown client or wrong client secret.", basic=bool(basic))

@@ -1,6 +1,7 @@
 """OpenID Provider metadata (OpenID Connect Discovery 1.0)."""
 from __future__ import annotations
 
+from oauth.pkce import SUPPORTED_METHODS
 from oauth.variants import V1
 
 
@@ -12,6 +13,8 @@ def openid_configuration(settings, variant=V1) -> dict:
         "token_endpoint": f"{base}/oauth/token",
         "userinfo_endpoint": f"{base}/oauth/userinfo",
         "introspection_endpoint": f"{base}/oauth/introspect",
+        "revocation_endpoint": f"{base}/oauth/revoke",
+        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "jwks_uri": f"{settings.issuer}/.well-known/jwks.json",
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],
@@ -24,6 +27,7 @@ def openid_configuration(settings, variant=V1) -> dict:
         "claims_supported": ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "email", "given_name",
                              "family_name", "application_billing_plan", "is_free_trial",
                              "days_until_end_of_trial"],
+        "code_challenge_methods_supported": list(SUPPORTED_METHODS),
         "claims_parameter_supported": False,
         "request_parameter_supported": False,
     }

@@ -47,6 +47,19 @@ def invalid_token(description: str = "The access token is missing, invalid, expi
     return error
 
 
+def dependency_unavailable(dependency: str, retry_after: int = 2) -> OAuthError:
+    """503 + Retry-After: a dependency (the database) cannot be reached; the request did nothing
+    that needs undoing and can be retried. RFC 6749's `temporarily_unavailable`, in both shapes."""
+    return OAuthError("temporarily_unavailable",
+                      f"The {dependency} cannot be reached right now; retry in {retry_after} seconds.",
+                      status=503, headers={"Retry-After": str(retry_after)})
+
+
+def missing_token(message: str = "A Bearer access token is required.") -> ApiError:
+    """401 when no token was sent: RFC 6750 3.1 says the challenge then carries no error code."""
+    return ApiError(401, "invalid_token", message, {"WWW-Authenticate": 'Bearer realm="svc-auth"'})
+
+
 class AuthorizeError(Exception):
     """An authorize-endpoint error. `redirect_uri` set: send it back to the client (RFC 6749
     4.1.2.1); unset: the client or redirect_uri is not trusted, so show it, never redirect."""

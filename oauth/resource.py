@@ -1,12 +1,10 @@
 """What a bearer of a user access token may read: userinfo, and introspection (RFC 7662)."""
 from __future__ import annotations
 
-from models.application import Application
 from models.directory import User
-from models.grants import IssuedToken
 from oauth.claims import userinfo_claims
-from oauth.errors import invalid_token
-from oauth.tokens import PLATFORM_AUDIENCE, InvalidToken
+from oauth.errors import invalid_token, missing_token
+from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
 
 
 def bearer_value(authorization: str | None) -> str | None:
@@ -29,17 +27,33 @@ def active_user_token(runtime, token: str | None) -> dict | None:
         claims = runtime.tokens.verify(token, PLATFORM_AUDIENCE)
     except InvalidToken:
         return None
-    if not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
+    if not isinstance(claims.get("jti"), str) or runtime.denylist.is_denied(claims["jti"]):
+        return None
+    return claims
+
+
+def active_client_token(runtime, token: str | None, app) -> dict | None:
+    """Claims of a live client-credentials token issued to `app`, else None."""
+    if not token:
+        return None
+    try:
+        claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
+    except InvalidToken:
+        return None
+    if claims.get("sub") != app.id or not isinstance(claims.get("jti"), str) \
+            or runtime.denylist.is_denied(claims["jti"]):
         return None
     return claims
 
 
 def userinfo(runtime, token: str | None) -> dict:
+    if not token:
+        raise missing_token("A Bearer access token is required: Authorization: Bearer <access_token>.")
     claims = active_user_token(runtime, token)
     if claims is None:
         raise invalid_token()
     user = User.with_organization(claims["sub"])
-    app = Application.by_client_id(claims.get("client_id"))
+    app = runtime.applications.by_client_id(claims.get("client_id"))
     if user is None or app is None:
         raise invalid_token()
     return userinfo_claims(app, user, user.organization, runtime.settings.claims_namespace)
@@ -48,6 +62,10 @@ def userinfo(runtime, token: str | None) -> dict:
 def introspection_response(claims: dict | None) -> dict:
     if claims is None:
         return {"active": False}
+    if claims.get("aud") == PARTNER_API_AUDIENCE:  # a client-credentials token: no user
+        return {"active": True, "scope": claims.get("scope", ""), "client_id": claims.get("client_id"),
+                "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
+                "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer"}
     return {"active": True, "scope": claims.get("scope", ""), "client_id": claims["client_id"],
             "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
             "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from oauth.authorization_code import AuthorizationCodeGrant
 from oauth.client_credentials import ClientCredentialsGrant
-from oauth.clients import authenticate_client
+from oauth.clients import authenticate_client, presented_credentials
 from oauth.errors import OAuthError
 from oauth.params import text_param
 from ops.metrics import count_token_issued
@@ -21,7 +21,23 @@ def token_response(runtime, variant, params: dict, authorization: str | None, ad
     if grant_type not in GRANTS or grant_type not in variant.grant_types:
         raise OAuthError("unsupported_grant_type",
                          f"grant_type must be one of: {', '.join(supported_grants(variant))}.")
-    app = authenticate_client(params, authorization, runtime.hasher, runtime.client_auth_throttle, address)
+    app = authenticate_client(runtime, params, authorization, address)
     response = GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
     count_token_issued(grant_type)
     return response
+
+
+def answers_in_memory(runtime, variant, params: dict, authorization: str | None) -> bool:
+    """True when `token_response` needs no I/O for this request: a `client_credentials` grant by
+    an application this process has cached, with its right secret, while failed attempts are
+    counted in this process (no SVC_REDIS_URL). The handler then answers on the IOLoop: the
+    work is one RS256 signature, and handing it to the pool costs more CPU than it saves
+    (BENCHMARKS.md, PostgreSQL one round trip away). Anything else goes to the pool."""
+    if runtime.settings.redis_url or params.get("grant_type") != "client_credentials" \
+            or "client_credentials" not in variant.grant_types or "client_secret" in params and authorization:
+        return False
+    credentials = presented_credentials(params, authorization)
+    if credentials is None:
+        return False
+    app = runtime.applications.cached(credentials[0])
+    return app is not None and app.has_secret(credentials[1], runtime.hasher)

@@ -2,7 +2,9 @@
 
 Unlike `tornado.process.fork_processes`, the parent forwards SIGTERM/SIGINT to its children (so a
 plain `kill <parent>` drains every worker gracefully, not only systemd's cgroup-wide signal) and
-restarts a worker that crashes while the service is not stopping.
+restarts a worker that crashes while the service is not stopping. On SIGTERM the parent also
+closes its own copy of the listening sockets at once: the kernel keeps accepting connections
+into a listening socket while any process still holds it, and the parent never answers them.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ log = logging.getLogger("svc_auth.processes")
 MAX_RESTARTS = 100
 
 
-def fork_workers(count: int) -> int:
-    """Return a worker index (0..count-1) in each forked worker; the parent never returns."""
+def fork_workers(count: int, sockets=()) -> int:
+    """Return a worker index (0..count-1) in each forked worker; the parent never returns.
+
+    `sockets`: the listening sockets the workers share; the parent closes its copies on SIGTERM."""
     children: dict[int, int] = {}
     stopping = False
     restarts = 0
@@ -40,6 +44,8 @@ def fork_workers(count: int) -> int:
     def forward(signum, frame):
         nonlocal stopping
         stopping = True
+        for sock in sockets:
+            sock.close()  # no restart will need them; new connections are refused once workers close theirs
         for pid in list(children):
             try:
                 os.kill(pid, signal.SIGTERM)

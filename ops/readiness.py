@@ -20,7 +20,12 @@ def register_check(name: str, check) -> None:
 
 
 def check_database(runtime):
-    runtime.db.execute_sql("SELECT 1").fetchone()
+    from models.db import DATABASE_ERRORS, discard
+    try:
+        runtime.db.execute_sql("SELECT 1").fetchone()
+    except DATABASE_ERRORS:
+        discard(runtime.db)  # a fresh connection next time: the check reports recovery truthfully
+        raise
 
 
 def check_redis(runtime):

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from models.application import Application
-from models.grants import IssuedToken
-from oauth.errors import invalid_token
+from oauth.errors import invalid_token, missing_token
 from oauth.resource import bearer_value
 from oauth.tokens import PARTNER_API_AUDIENCE, InvalidToken
 
@@ -15,14 +14,14 @@ def partner_application(runtime, authorization: str | None) -> Application:
     (a user access token or sandbox token carries another audience)."""
     token = bearer_value(authorization)
     if not token:
-        raise invalid_token("A Bearer access token from POST /v1/oauth/token is required.")
+        raise missing_token("A Bearer access token from POST /v1/oauth/token is required.")
     try:
         claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
     except InvalidToken:
         raise invalid_token() from None
-    if not IssuedToken.is_active(claims.get("jti", ""), runtime.clock.now()):
+    if not isinstance(claims.get("jti"), str) or runtime.denylist.is_denied(claims["jti"]):
         raise invalid_token()
-    app = Application.by_id(claims.get("sub"))
+    app = runtime.applications.by_id(claims.get("sub"))
     if app is None:
         raise invalid_token()
     return app

@@ -19,6 +19,16 @@ DATE_TIME = {"type": "string", "format": "date-time"}
 NULLABLE_DATE_TIME = {"type": ["string", "null"], "format": "date-time"}
 
 
+TOKEN_REQUEST_FIELDS = {
+    "grant_type": {"type": "string", "enum": ["authorization_code", "client_credentials"],
+                   "description": "`client_credentials` at /v1 only"},
+    "code": {"type": "string", "description": "authorization_code: the code from the authorize redirect"},
+    "redirect_uri": {"type": "string", "description": "authorization_code: when the authorize request had one"},
+    "client_id": {"type": "string", "description": "client authentication in the body (else HTTP Basic)"},
+    "client_secret": {"type": "string"},
+}
+
+
 def _object(properties: dict, required: list | None = None, additional: bool = False) -> dict:
     return {"type": "object", "properties": properties,
             "required": list(properties) if required is None else required, "additionalProperties": additional}
@@ -34,10 +44,12 @@ SCHEMAS = {
         "message": {"type": "string", "description": "a sentence for people"},
         "error_description": {"type": "string", "description": "OAuth endpoints: RFC 6749 5.2 description"},
     }},
-    "TokenRequest": {"type": "object", "required": ["grant_type"], "properties": {
-        "grant_type": {"type": "string", "enum": ["authorization_code", "client_credentials"]},
-        "client_id": {"type": "string"}, "client_secret": {"type": "string"}, "code": {"type": "string"},
-    }},
+    # The token body as JSON (the spec's shape) and as an RFC 6749 form: separate schemas, so code
+    # generators give each content type its own model (one shared schema broke generated clients).
+    "TokenRequestJson": {"type": "object", "required": ["grant_type"], "properties": TOKEN_REQUEST_FIELDS,
+                         "description": "JSON body; the client may authenticate in it or with HTTP Basic"},
+    "TokenRequestForm": {"type": "object", "required": ["grant_type"], "properties": TOKEN_REQUEST_FIELDS,
+                         "description": "RFC 6749 4.1.3 / 4.4.2 form body; each parameter at most once"},
     "TokenResponse": {"type": "object", "required": ["access_token", "token_type", "expires_in"], "properties": {
         "access_token": {"type": "string"}, "id_token": {"type": "string"},
         "token_type": {"type": "string", "enum": ["Bearer"]}, "expires_in": {"type": "integer"},
@@ -244,17 +256,21 @@ def _oauth_paths(prefix: str) -> dict:
                                   _header_refs(["Retry-After"], required=True)),
                     "503": _error("the failure counter's store (Redis) cannot be reached",
                                   _header_refs(["Retry-After"], required=True))}
-    form_or_json = {"application/json": {"schema": _ref("TokenRequest")},
-                    "application/x-www-form-urlencoded": {"schema": _ref("TokenRequest")}}
+    form_or_json = {"application/json": {"schema": _ref("TokenRequestJson")},
+                    "application/x-www-form-urlencoded": {"schema": _ref("TokenRequestForm")}}
+    # Unique operation ids: the /v1 names, prefixed for the /os-api/v2 copies.
+    op_id = (lambda name: name) if prefix == "/v1" else (lambda name: "os_api_v2_" + name)
     bearer_401 = _error("bad or expired token", _header_refs(["WWW-Authenticate"], required=True))
-    userinfo = {"summary": "OIDC UserInfo", "tags": ["oauth"], "security": [{"userToken": []}],
+    userinfo = {"summary": "OIDC UserInfo", "operationId": op_id("oauth_userinfo"), "tags": ["oauth"],
+                "security": [{"userToken": []}],
                 "responses": {"200": _json(_ref("UserInfo"), "claims the app declared"), "401": bearer_401,
                               "413": _error("request body too large")}}
     grants = "`authorization_code` or `client_credentials`" if prefix == "/v1" else "`authorization_code`"
     html = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": _ref("Error")}}
     return {
         f"{prefix}/oauth/authorize": {"get": {
-            "summary": "Authorization endpoint (code flow from a host-platform launch)", "tags": ["oauth"],
+            "summary": "Authorization endpoint (code flow from a host-platform launch)",
+            "operationId": op_id("oauth_authorize"), "tags": ["oauth"],
             "parameters": [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
                            for n in ("client_id", "redirect_uri", "launch_id", "response_type", "state",
                                      "login_hint", "nonce")],
@@ -262,18 +278,32 @@ def _oauth_paths(prefix: str) -> dict:
                           "400": {"description": "unknown client or untrusted redirect_uri: shown, never redirected",
                                   "content": html}}}},
         f"{prefix}/oauth/token": {"post": {
-            "summary": f"Token endpoint: {grants}; client auth by body or HTTP Basic", "tags": ["oauth"],
+            "summary": f"Token endpoint: {grants}; client auth by body or HTTP Basic",
+            "operationId": op_id("oauth_token"), "tags": ["oauth"],
             "security": [{}, {"clientBasic": []}],
-            "requestBody": {"required": True, "content": form_or_json},
+            # Not `required`: openapi-python-client (0.29) always types a body with several content
+            # types as optional and imports `Unset` only for optional bodies, so a required one made
+            # the generated module fail to import. A missing body is a 400 `invalid_request`.
+            "requestBody": {"required": False, "content": form_or_json},
             "responses": {"200": _json(_ref("TokenResponse"), "tokens"), **token_errors}}},
-        f"{prefix}/oauth/userinfo": {"get": userinfo, "post": copy.deepcopy(userinfo)},
+        f"{prefix}/oauth/userinfo": {"get": userinfo,
+                                     "post": {**copy.deepcopy(userinfo), "operationId": op_id("oauth_userinfo_post")}},
         f"{prefix}/oauth/introspect": {"post": {
-            "summary": "Token introspection (RFC 7662)", "tags": ["oauth"],
+            "summary": "Token introspection (RFC 7662)", "operationId": op_id("oauth_introspect"), "tags": ["oauth"],
             "security": [{"clientBasic": []}, {"sandboxToken": []}],
             "requestBody": {"required": True, "content": {
                 "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
                     "token": {"type": "string"}}, "required": ["token"]}}}},
             "responses": {"200": _json(_ref("Introspection"), "introspection result"),
+                          **token_errors}}},
+        f"{prefix}/oauth/revoke": {"post": {
+            "summary": "Token revocation (RFC 7009): a client revokes its own access token", "tags": ["oauth"],
+            "security": [{}, {"clientBasic": []}],
+            "requestBody": {"required": True, "content": {
+                "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
+                    "token": {"type": "string"}, "token_type_hint": {"type": "string"}}, "required": ["token"]}}}},
+            "responses": {"200": {"description": "revoked, or the token was invalid or not the caller's "
+                                                 "(RFC 7009 2.2: the same answer)"},
                           **token_errors}}},
     }
 
@@ -282,7 +312,8 @@ def _oauth_paths(prefix: str) -> dict:
 def _document(public_url: str) -> dict:
     paths = {**_oauth_paths("/v1"), **_oauth_paths("/os-api/v2"), **_rest_paths()}
     paths["/v1/sandbox/launches"] = {"post": {
-        "summary": "Testing operation: create a launch with a sandbox settings token", "tags": ["sandbox"],
+        "summary": "Testing operation: create a launch with a sandbox settings token",
+        "operationId": "sandbox_launch_create", "tags": ["sandbox"],
         "security": [{"sandboxToken": []}],
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("SandboxLaunchRequest")}}},
         "responses": {"201": _json(_ref("SandboxLaunch"), "launch created"),
@@ -291,14 +322,21 @@ def _document(public_url: str) -> dict:
                       "404": _error("unknown client"), "413": _error("request body too large"),
                       "415": _error("unsupported Content-Type")}}}
     paths["/invitations/{token}"] = {"get": {
-        "summary": "Invitation link: single use, expiring; activates the user and opens their sandbox hub",
-        "tags": ["partner"],
+        "summary": "Invitation link: single use, expiring; activates the user and signs them in to their "
+                   "sandbox hub (with SVC_SANDBOX=on)",
+        "operationId": "invitation_accept", "tags": ["partner"],
         "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"}}],
-        "responses": {"302": {"description": "to /sandbox/hub?user=<user id>"},
+        "responses": {"302": {"description": "to /sandbox/hub, with a sandbox session cookie"},
+                      "200": _json({"type": "object"}, "accepted (the sandbox is off: no hub to open)"),
                       "404": _error("`invitation_not_found`"),
                       "410": _error("`invitation_used` or `invitation_expired`")}}}
-    paths["/v1/openapi.json"] = {"get": {"summary": "This document", "tags": ["meta"],
+    paths["/v1/openapi.json"] = {"get": {"summary": "This document", "operationId": "openapi_document",
+                                         "tags": ["meta"],
                                          "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")}}}
+    paths["/v1/docs"] = {"get": {"summary": "This document as browsable documentation (Swagger UI, local assets)",
+                                 "operationId": "api_docs", "tags": ["meta"],
+                                 "responses": {"200": {"description": "an HTML page",
+                                                       "content": {"text/html": {"schema": {"type": "string"}}}}}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "svc-auth partner REST API and authorization server", "version": VERSION,
@@ -312,8 +350,11 @@ def _document(public_url: str) -> dict:
             "schemas": SCHEMAS,
             "headers": HEADERS,
             "securitySchemes": {
-                "partnerToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
-                                 "description": "access token from POST /v1/oauth/token (client_credentials)"},
+                "partnerToken": {"type": "oauth2", "flows": {"clientCredentials": {
+                                     "tokenUrl": f"{public_url}/v1/oauth/token", "scopes": {}}},
+                                 "description": "OAuth 2.0 client credentials: the access token from the token "
+                                                "operation (`grant_type=client_credentials`), sent as "
+                                                "`Authorization: Bearer <token>`"},
                 "userToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
                 "sandboxToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
                 "clientBasic": {"type": "http", "scheme": "basic"},

@@ -8,11 +8,15 @@ request limiter does). Three counters per failure:
 - the address (`("address", ip)`) across all subjects: catches one address trying many subjects;
 - the pair (subject, address): the attacker's own address for that subject.
 
-A request is refused (`Throttled`, 429 + Retry-After) while its address or its pair is over its
-limit, or while its subject is over its limit and the address is not *trusted* for that subject.
-An address becomes trusted for a subject when a request from it succeeded (`succeeded`), so the
-legitimate client with its right secret keeps working from its own address while an attacker
-who locked the subject from elsewhere stays locked out.
+A request is refused (`Throttled`, 429 + Retry-After) while any of its counters is over its
+limit, unless its address is *trusted* for the subject: an address becomes trusted for a subject
+when a request from it succeeded (`succeeded`, for `trust_seconds`). A trusted address is never
+locked out of that subject and its failures there are not counted: it has proved it holds the
+secret, so its failures are rotation or configuration noise (during a client-secret rotation an
+app tries its old secret first on every call). So the legitimate client with its right secret
+keeps working from its own address while an attacker who locked the subject stays locked out.
+(Caveat: an attacker behind the very same address as the legitimate client, e.g. a shared NAT,
+shares its trust; the secrets' entropy is the defence there, this throttle is the second line.)
 
 Counts live in Redis when SVC_REDIS_URL is set (all `serve` processes share them), else in this
 process's memory. The interface is synchronous: domain code calls it from `Runtime.run`'s pool.
@@ -165,16 +169,21 @@ class FailureThrottle:
         now = self.clock()
         keys = self._keys(subject, address, now)
         counts = self.store.counts([k[2] for k in keys], now)
+        trusted = None
         for (what, limit, _, reset), count in zip(keys, counts):
             if count < limit.count:
                 continue
-            if what == subject and address and self.store.trusted(self._trust_key(subject, address), now):
-                continue  # the subject is under attack from elsewhere; this address proved itself
+            if trusted is None:
+                trusted = bool(subject and address and self.store.trusted(self._trust_key(subject, address), now))
+            if trusted:
+                return  # under attack from elsewhere (or locked by others' failures); this address proved itself
             raise Throttled(what, reset)
 
     def failed(self, subject: Key | None, address: str | None) -> list[Key]:
         """Count one failure; returns the counters this failure just locked (audit them)."""
         now = self.clock()
+        if subject is not None and address and self.store.trusted(self._trust_key(subject, address), now):
+            return []  # an address that holds the secret (e.g. an app mid-rotation): not guessing
         keys = self._keys(subject, address, now)
         locked = []
         counts = self.store.add([(k[2], now + k[3]) for k in keys], now)

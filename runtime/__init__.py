@@ -11,14 +11,22 @@ import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
+from playhouse.pool import PooledDatabase
+from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+
 from conf import Settings
+from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
+from hotcache.changes import ChangeFeed
+from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key
-from keys.signing import KeyRing
+from keys.signing import TOPIC as SIGNING_KEYS, KeyRing
 from models.clock import Clock
-from models.db import open_database
+from models.db import DATABASE_ERRORS, discard, open_database, release
 from models.schema import bind_models
+from oauth.denylist import build_denylist
+from oauth.errors import dependency_unavailable
 from oauth.tokens import TokenService
-from ratelimit import build_rate_limiter
+from ratelimit import RateLimiterUnavailable, build_rate_limiter
 from ratelimit.failures import FailurePolicy, build_failure_throttle
 from ratelimit.policy import Limit
 
@@ -30,18 +38,32 @@ class Runtime:
     def __init__(self, settings: Settings, clock: Clock | None = None):
         self.settings = settings
         self.clock = clock or Clock()
-        self.db = open_database(settings.database_url)
+        # One pooled connection per pool thread, the task worker's threads and the scheduler.
+        self.db = open_database(settings.database_url,
+                                max_connections=settings.db_threads + settings.worker_threads + 2)
         bind_models(self.db)  # Peewee's Database.bind: the models now query this database
-        self.hasher = SecretHasher(load_hmac_key(settings.hmac_key, settings.keys_dir))
+        secret = load_hmac_key(settings.hmac_key, settings.keys_dir)
+        self.hasher = SecretHasher(secret)
         retain = max(settings.id_token_ttl, settings.access_token_ttl, settings.client_token_ttl,
                      settings.sandbox_token_ttl)
-        self.keyring = KeyRing(settings.keys_dir, retain_seconds=retain, clock=self.clock.time)
+        self.keyring = KeyRing(self.db, KeyCipher(secret), retain_seconds=retain,
+                               prepublish_seconds=settings.key_prepublish_seconds, clock=self.clock.time,
+                               legacy_dir=settings.keys_dir)
         self.tokens = TokenService(self.keyring, settings.issuer_claim, self.clock)
+        # Hot-path state in memory (applications, keys), refreshed on change; see hotcache/.
+        self.changes = ChangeFeed(self.db, settings.redis_url, settings.redis_namespace)
+        self.applications = ApplicationCache()
+        self.changes.subscribe(APPLICATIONS, self.applications.clear)
+        self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
+        self.denylist = build_denylist(settings, self.clock)
         # Partner REST API limits: Redis when configured (connects on first use), else in-memory.
         self.rate_limiter = build_rate_limiter(settings, self.clock)
         # Failed client authentication (token, introspect, revoke) per client_id and address.
         self.client_auth_throttle = build_failure_throttle(
             settings, "client_auth", self.failure_policy(), self.clock.time)
+        # Failed sandbox sign-in links, per address.
+        self.sandbox_signin_throttle = build_failure_throttle(
+            settings, "sandbox_signin", self.failure_policy(), self.clock.time)
         self._object_store = None
         self._task_queue = None
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
@@ -75,16 +97,37 @@ class Runtime:
         Every database, S3, Redis (sync client) and enqueue call made from a request goes through
         here, so a slow dependency occupies a pool thread, never the IOLoop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self.executor, functools.partial(self.unit_of_work, fn, *args, **kwargs))
+
+    def unit_of_work(self, fn, /, *args, **kwargs):
+        """`fn(*args, **kwargs)` on this thread's database connection, given back afterwards.
+
+        The one place dependency outages of blocking work are mapped: a database connection that
+        failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
+        the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
+        unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
+        try:
+            return fn(*args, **kwargs)
+        except DATABASE_ERRORS as exc:
+            discard(self.db)
+            raise dependency_unavailable("database") from exc
+        except (RateLimiterUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
+            raise dependency_unavailable("Redis") from exc
+        finally:
+            release(self.db)
 
     def migrate(self) -> list[str]:
         from models.schema import migrate
         return migrate(self.db)
 
     def close(self) -> None:
+        self.changes.stop()
+        self.denylist.close()
         self.executor.shutdown(wait=True)
         if self._task_queue is not None:
             self._task_queue.close()
             self._task_queue = None
         if not self.db.is_closed():
             self.db.close()
+        if isinstance(self.db, PooledDatabase):
+            self.db.close_all()  # every pooled connection, whichever thread last used it

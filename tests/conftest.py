@@ -32,7 +32,12 @@ BACKENDS = [b for b in os.environ.get("SVC_TEST_DATABASES", "sqlite,postgresql")
 
 @pytest.fixture(scope="session")
 def session_keys_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("keys")
+    """A key file in the pre-database layout: every test's fresh database imports it (the one-time
+    migration) instead of generating an RSA key per test."""
+    from keys.signing import generate_key_file
+    directory = tmp_path_factory.mktemp("keys")
+    generate_key_file(directory)
+    return directory
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +83,7 @@ def settings(backend, tmp_path, session_keys_dir, request) -> Settings:
     return Settings.build(
         issuer="http://127.0.0.1:8888", database_url=database_url(backend, tmp_path, request),
         var_dir=str(tmp_path / "var"), keys_dir=str(session_keys_dir), hmac_key="k" * 32,
+        sandbox=True,  # the sandbox EHR is a testing tool: on in the tests (tests/test_sandbox_access.py turns it off)
     )
 
 
@@ -102,6 +108,7 @@ def clock(runtime):
 def app(runtime):
     """The Tornado application pytest-tornado serves on a free port (real HTTP)."""
     from server import make_app
+    runtime.changes.start()  # as `serve` does: changes made by CLI child processes reach this process
     return make_app(runtime)
 
 
@@ -135,6 +142,18 @@ class Api:
 @pytest.fixture
 def api(app, http_client, base_url, runtime):
     return Api(http_client, base_url, runtime)
+
+
+async def sandbox_signin(api, runtime, user_id: str, app: str | None = None, target: str = "hub"):
+    """Sign in to the sandbox EHR the way a person does (a one-time link); returns (Cookie header
+    dict, the link's redirect Location)."""
+    from lifecycle.sandbox import SESSION_COOKIE, create_signin_link
+    url = create_signin_link(runtime, user_id, app, target=target)
+    status, headers, body = await api.call("GET", urllib.parse.urlsplit(url).path)
+    assert status == 302, body
+    cookies = [c for c in headers.get_list("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")]
+    assert cookies, headers
+    return {"Cookie": cookies[0].split(";")[0]}, headers["Location"]
 
 
 def basic_auth(client_id: str, secret: str) -> str:
@@ -223,6 +242,7 @@ def settings_env(settings: Settings, **extra) -> dict:
         value = getattr(settings, name)
         if value:
             env["SVC_" + name.upper()] = str(value)
+    env["SVC_SANDBOX"] = "on" if settings.sandbox else "off"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -21,7 +21,8 @@ def settings(backend, tmp_path, request):
     """Keys per test: this module rotates them."""
     from conftest import database_url
     return Settings.build(issuer="http://127.0.0.1:8888", database_url=database_url(backend, tmp_path, request),
-                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32)
+                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32,
+                          sandbox=True)
 
 
 def cli(settings, *args):
@@ -66,7 +67,7 @@ async def test_every_state_change_is_listed_by_the_cli(api, flow, world, setting
         (app.id, "installation.activation_status_set", subject),
         ("operator", "application.secret.fallback_generated", app.id),
         ("operator", "application.secret.fallback_activated", app.id),
-        ("operator", "keys.rotated", rotated["active_kid"]),
+        ("operator", "keys.rotated", rotated["kid"]),
     ]
     by_action = {(e["actor"], e["action"]): e for e in events}
     assert by_action[("platform", "installation.activation_status_set")]["detail"] == {
@@ -79,7 +80,7 @@ async def test_every_state_change_is_listed_by_the_cli(api, flow, world, setting
     # No secret ever reaches the audit trail.
     assert world["secret"] not in json.dumps(events) and fallback["fallback_secret"] not in json.dumps(events)
     # Filter by action; the text form names who, what and the subject on one line each.
-    assert [e["subject"] for e in audit_list(settings, "--action", "keys.rotated")] == [rotated["active_kid"]]
+    assert [e["subject"] for e in audit_list(settings, "--action", "keys.rotated")] == [rotated["kid"]]
     text = cli(settings, "audit", "list", "--limit", "2").splitlines()
     assert len(text) == 2 and "keys.rotated" in text[0] and "operator" in text[0]
     assert "application.secret.fallback_activated" in text[1]
@@ -90,5 +91,8 @@ def test_a_key_rotation_through_the_domain_function_is_audited(runtime):
     before = runtime.keyring.active.kid
     key = rotate_signing_key(runtime, actor="ops@example.com")
     event = AuditEvent.get(AuditEvent.action == "keys.rotated")
-    assert (event.actor, event.subject, event.detail) == ("ops@example.com", key.kid, {"previous_kid": before})
+    assert (event.actor, event.subject, event.detail) == (
+        "ops@example.com", key.kid, {"previous_kid": before, "signs_from": key.not_before})
+    assert runtime.keyring.active.kid == before  # pre-published first
+    runtime.clock.advance(runtime.settings.key_prepublish_seconds)
     assert runtime.keyring.active.kid == key.kid != before

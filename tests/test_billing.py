@@ -82,10 +82,10 @@ def test_concurrent_verifications_across_two_processes_bill_once(settings, world
     grant = AuthorizationCodeGrant(runtime)
     for i in range(12):
         launch, _ = create_launch(runtime, world["physician"], world["app"].client_id)
-        code = AuthorizationCode.create(code_hash=f"h{i}", application=world["app"].id, user=world["physician"].id,
-                                        organization=world["org"].id, redirect_uri=world["app"].redirect_uri,
-                                        expires_at=expiry(clock.now(), 60))
-        tokens.append(grant.tokens_for(world["app"], code, True)["access_token"])
+        AuthorizationCode.create(code_hash=runtime.hasher.digest(f"c{i}"), application=world["app"].id,
+                                 user=world["physician"].id, organization=world["org"].id,
+                                 redirect_uri=world["app"].redirect_uri, expires_at=expiry(runtime.clock.now(), 60))
+        tokens.append(grant.exchange(world["app"], {"code": f"c{i}"}, True)["access_token"])
     ports = [free_port(), free_port()]
     env = settings_env(settings)
     procs = [start_process(["serve", "--port", str(p)], env, p, log_path=tmp_path / f"s{p}.log") for p in ports]

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -41,7 +42,7 @@ class Demo:
         self.url = f"http://127.0.0.1:{self.port}"
         self.app_url = f"http://127.0.0.1:{self.app_port}"
         self.settings = Settings.build(issuer=self.url, database_url=f"sqlite:///{tmp}/svc.db", var_dir=str(tmp / "var"),
-                                       keys_dir=str(tmp / "keys"), hmac_key="b" * 32)
+                                       keys_dir=str(tmp / "keys"), hmac_key="b" * 32, sandbox=True)
         self.proc = start_process(["serve", "--port", str(self.port), "--demo", "--demo-app-port", str(self.app_port)],
                                   settings_env(self.settings), self.port, log_path=tmp / "serve.log")
         wait_for_port(self.app_port, proc=self.proc)
@@ -60,6 +61,14 @@ class Demo:
             return BillableUse.select().where(BillableUse.application == APP_ID).count()
         finally:
             runtime.close()
+
+    def signin(self, user_id: str, app: str | None = None) -> str:
+        """A one-time sign-in link from the operator CLI (`svc-auth sandbox signin-link`)."""
+        args = ["sandbox", "signin-link", "--user", user_id] + (["--app", app] if app else [])
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=settings_env(self.settings),
+                                cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
 
     def status(self) -> str | None:
         runtime = Runtime(self.settings)
@@ -103,7 +112,7 @@ def entry(page):
 
 def test_physician_launch_resolves_the_id_token_then_the_app_is_greyed_out(demo, page):
     demo.set_status(None)
-    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}")
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID))
     assert entry(page).get_attribute("aria-disabled") == "false"
     entry(page).click()
     frame = app_frame(page)
@@ -116,7 +125,9 @@ def test_physician_launch_resolves_the_id_token_then_the_app_is_greyed_out(demo,
     assert claims["application_billing_plan"] == "free_trial" and claims["is_free_trial"] is True
     # The app landed on its redirect_uri, and the SDK removed the single-use code from the URL.
     app_page = page.frame(url=lambda url: url.startswith(demo.app_url))
-    assert app_page.url == f"{demo.app_url}/app"
+    landed = urllib.parse.urlsplit(app_page.url)
+    assert f"{landed.scheme}://{landed.netloc}{landed.path}" == f"{demo.app_url}/app"
+    assert "code" not in urllib.parse.parse_qs(landed.query)  # (the app's own `state` may stay)
     # The SSO step worked too: the app opened its own session with the ID token.
     frame.locator("#app-session").filter(has_text="App session open").wait_for(timeout=TIMEOUT_MS)
     page.locator("#hub-status").filter(has_text="verified").wait_for(timeout=TIMEOUT_MS)
@@ -129,14 +140,14 @@ def test_physician_launch_resolves_the_id_token_then_the_app_is_greyed_out(demo,
     page.locator("#hub-status").filter(has_text="cannot be opened").wait_for(timeout=TIMEOUT_MS)
     assert page.locator("#app-frame").get_attribute("src") is None
     # A deep link does not open it either.
-    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID, APP_ID))
     page.locator("#hub-status").filter(has_text="cannot be opened").wait_for(timeout=TIMEOUT_MS)
     assert page.locator("#app-frame").get_attribute("src") is None
 
 
 def test_user_the_app_refuses_sees_the_403(demo, page):
     demo.set_status("Enabled")
-    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_OTHER_ID}&app={APP_ID}")
+    page.goto(demo.signin(DEMO_OTHER_ID, APP_ID))
     frame = app_frame(page)
     error = frame.locator("#sdk-error").inner_text()
     assert "403" in error and "not authorized" in error
@@ -148,7 +159,7 @@ def test_trial_expired_is_shown_by_the_app(demo, page):
     # The demo server runs in its own process, on the real clock.
     demo.set_status("Enabled", trial_started_at=Clock().now() - dt.timedelta(days=31))
     billed = demo.billable_users()
-    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID, APP_ID))
     error = app_frame(page).locator("#sdk-error").inner_text()
     assert error.startswith("403 trial_expired: ") and "free trial" in error
     # The SDK never handed a token to the hub, so the platform verified nothing: not billed,
@@ -161,7 +172,7 @@ def test_trial_expired_is_shown_by_the_app(demo, page):
 def test_enabled_app_opens_again_and_a_new_one_is_openable(demo, page):
     for status in ("Enabled", None):
         demo.set_status(status)
-        page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+        page.goto(demo.signin(DEMO_PHYSICIAN_ID, APP_ID))
         claims = json.loads(app_frame(page).locator("#id-token-claims").inner_text())
         assert claims["sub"] == DEMO_PHYSICIAN_ID
     assert demo.status() == "Disabled"  # the first completed initialization of a new installation
@@ -189,7 +200,7 @@ def test_enable_for_this_clinic_button(demo, page):
     if not activation_operation_available(demo):
         pytest.skip("the activation REST operation is not mounted on this branch")
     demo.set_status(None)
-    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}&app={APP_ID}")
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID, APP_ID))
     frame = app_frame(page)
     frame.locator("#enable-clinic:not([disabled])").click(timeout=TIMEOUT_MS)
     frame.locator("#activation-result").filter(has_text="Activation status: Enabled").wait_for(timeout=TIMEOUT_MS)
@@ -234,7 +245,7 @@ def test_the_hub_follows_the_activation_status_the_app_sets(demo, page):
     (it re-reads its list), and a reload shows the same."""
     credentials = demo_credentials(demo)
     demo.set_status("Disabled")  # as after the first completed SDK initialization
-    page.goto(f"{demo.url}/sandbox/hub?user={DEMO_PHYSICIAN_ID}")
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID))
     assert entry(page).get_attribute("aria-disabled") == "true"
 
     app_sets_own_status(demo, credentials, "Enabled")

@@ -57,8 +57,10 @@ def test_demo_seed_is_idempotent(cli):
     first = as_json(cli("demo", "seed", "--json"))
     second = as_json(cli("demo", "seed", "--json"))
     for key in ("organization_id", "physician_user_id", "other_user_id", "application_id", "client_id",
-                "client_secret", "hub_url"):
+                "client_secret"):
         assert first[key] == second[key], key
+    # hub_url is a fresh one-time sign-in link on each run (the hub needs a sandbox session).
+    assert first["hub_url"] != second["hub_url"] and "/sandbox/signin/" in first["hub_url"]
     assert set(first) == {"organization_id", "physician_user_id", "other_user_id", "application_id", "client_id",
                           "client_secret", "hub_url", "sandbox_token"}
 
@@ -66,7 +68,10 @@ def test_demo_seed_is_idempotent(cli):
 def test_keys_rotate_and_db_migrate(cli):
     before = as_json(cli("keys", "list", "--json"))
     rotated = as_json(cli("keys", "rotate", "--json"))
-    assert rotated["active_kid"] != before["active_kid"] and before["active_kid"] in rotated["published"]
+    # Published at once, signing only after the pre-publication time (SVC_KEY_PREPUBLISH_SECONDS).
+    assert rotated["kid"] != before["active_kid"] and rotated["active_kid"] == before["active_kid"]
+    assert {rotated["kid"], before["active_kid"]} <= set(rotated["published"])
+    assert [k["kid"] for k in rotated["upcoming"]] == [rotated["kid"]]
     assert "up to date" in cli("db", "migrate").stdout
 
 

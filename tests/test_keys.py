@@ -1,50 +1,104 @@
-"""Signing keys: RFC 7638 kid, rotation with overlap, shared across processes."""
+"""Signing keys in the database: RFC 7638 kid, encrypted at rest, pre-publication, retention,
+one-time import of the old key files, shared by every process."""
+import json
 from types import SimpleNamespace
 
 import pytest
 from jose import jwt
 from jwcrypto import jwk as jwcrypto_jwk
 
-from keys.signing import KeyRing
-from oauth.tokens import TokenService, InvalidToken
+from keys.encryption import KeyCipher, KeyDecryptionError
+from keys.signing import KeyRing, generate_key_file
+from lifecycle.signing_keys import rotate_signing_key
+from models.keys import SigningKeyRecord
+from oauth.tokens import InvalidToken, TokenService
 
 
-def test_kid_is_the_rfc7638_thumbprint(tmp_path):
-    ring = KeyRing(str(tmp_path), retain_seconds=3600)
-    published = ring.jwks()["keys"][0]
+def ring_of(runtime, clock=None, legacy_dir=None, secret=b"k" * 32, prepublish=300) -> KeyRing:
+    """Another process's view of the same database."""
+    return KeyRing(runtime.db, KeyCipher(secret), retain_seconds=3600, prepublish_seconds=prepublish,
+                   clock=clock or runtime.clock.time, legacy_dir=legacy_dir)
+
+
+def test_kid_is_the_rfc7638_thumbprint(runtime):
+    published = runtime.keyring.jwks()["keys"][0]
     assert published["kid"] == jwcrypto_jwk.JWK(**{k: published[k] for k in ("kty", "n", "e")}).thumbprint()
 
 
-def test_first_start_generates_one_key_shared_by_every_process(tmp_path):
-    first, second = KeyRing(str(tmp_path), 3600), KeyRing(str(tmp_path), 3600)
+def test_private_keys_are_encrypted_at_rest_under_the_hmac_key(runtime):
+    kid = runtime.keyring.active.kid
+    row = SigningKeyRecord.get_by_id(kid)
+    assert "PRIVATE KEY" not in row.private_key and row.private_key.startswith("v1:")
+    assert set(json.loads(row.public_jwk)) == {"kty", "use", "alg", "kid", "n", "e"}
+    assert b"PRIVATE KEY" in KeyCipher(b"k" * 32).open(kid, row.private_key)
+    with pytest.raises(KeyDecryptionError, match="SVC_HMAC_KEY"):
+        ring_of(runtime, secret=b"x" * 32).active
+    with pytest.raises(KeyDecryptionError):  # bound to its kid: a sealed key moved to another row does not open
+        KeyCipher(b"k" * 32).open("another-kid", row.private_key)
+
+
+def test_existing_key_files_are_imported_once(runtime, tmp_path):
+    SigningKeyRecord.delete().execute()
+    legacy = tmp_path / "old-keys"
+    old = generate_key_file(legacy, created=int(runtime.clock.time()) - 100)
+    newer = generate_key_file(legacy, created=int(runtime.clock.time()) - 10)
+    first, second = ring_of(runtime, legacy_dir=str(legacy)), ring_of(runtime, legacy_dir=str(legacy))
+    assert first.active.kid == second.active.kid == newer.stem.split("-", 2)[2]
+    assert {k["kid"] for k in first.jwks()["keys"]} == {old.stem.split("-", 2)[2], newer.stem.split("-", 2)[2]}
+    generate_key_file(legacy)  # files written later are not the keys any more: the database is
+    assert SigningKeyRecord.select().count() == 2
+    assert ring_of(runtime, legacy_dir=str(legacy)).active.kid == first.active.kid
+
+
+def test_without_files_the_first_start_generates_one_key_for_every_process(runtime, tmp_path):
+    SigningKeyRecord.delete().execute()
+    first, second = ring_of(runtime, legacy_dir=str(tmp_path / "none")), ring_of(runtime)
     assert first.active.kid == second.active.kid
-    assert len(list(tmp_path.glob("rsa-*.pem"))) == 1
-    assert oct(next(tmp_path.glob("rsa-*.pem")).stat().st_mode & 0o777) == "0o600"
+    assert SigningKeyRecord.select().count() == 1
 
 
-def test_rotation_keeps_old_key_published_until_its_tokens_expire(tmp_path):
+def test_rotation_prepublishes_then_signs_and_retains_the_old_key(runtime):
     now = [1_000_000.0]
-    ring = KeyRing(str(tmp_path), retain_seconds=3600, clock=lambda: now[0])
+    ring = ring_of(runtime, clock=lambda: now[0])
     tokens = TokenService(ring, "https://issuer/", SimpleNamespace(time=lambda: now[0]))
     old_kid = ring.active.kid
     old_token, _ = tokens.access_token("usr_1", "platform", 10**9)
-    now[0] += 10
     new = ring.rotate()
-    assert new.kid != old_kid and ring.active.kid == new.kid
+    # Published at once, not signing before the pre-publication time has passed.
     assert [k["kid"] for k in ring.jwks()["keys"]] == [new.kid, old_kid]
-    assert jwt.get_unverified_header(tokens.sign({"a": 1}))["kid"] == new.kid
+    assert ring.active.kid == old_kid and [k.kid for k in ring.upcoming] == [new.kid]
+    now[0] += 299
+    assert jwt.get_unverified_header(tokens.sign({"a": 1}))["kid"] == old_kid
+    now[0] += 1
+    assert jwt.get_unverified_header(tokens.sign({"a": 1}))["kid"] == new.kid and ring.upcoming == []
+    # The old key stays published until every token it signed has expired (retain_seconds after
+    # its successor started signing), then drops out.
+    now[0] += 3599
     assert tokens.verify(old_token, "platform")["sub"] == "usr_1"
-    now[0] += 3601
+    assert [k["kid"] for k in ring.jwks()["keys"]] == [new.kid, old_kid]
+    now[0] += 1
     assert [k["kid"] for k in ring.jwks()["keys"]] == [new.kid]
     with pytest.raises(InvalidToken):
         tokens.verify(old_token, "platform")
+    # The next rotation prunes the rows of keys nobody can need.
+    ring.rotate()
+    assert old_kid not in {row.kid for row in SigningKeyRecord.select()}
 
 
-def test_other_processes_pick_up_a_rotation(tmp_path):
-    ring_a, ring_b = KeyRing(str(tmp_path), 3600), KeyRing(str(tmp_path), 3600)
-    ring_b.RECHECK_SECONDS = 0
-    rotated = ring_a.rotate()
-    assert ring_b.active.kid == rotated.kid
+def test_another_process_hears_of_a_rotation(runtime):
+    other = ring_of(runtime)
+    runtime.changes.subscribe("signing_keys", other.load)  # as its change feed would call it
+    before = other.active.kid
+    key = rotate_signing_key(runtime)
+    assert key.kid in [k["kid"] for k in other.jwks()["keys"]] and other.active.kid == before
+    runtime.clock.advance(runtime.settings.key_prepublish_seconds)
+    assert other.active.kid == key.kid
+
+
+def test_key_objects_are_built_once(runtime):
+    first = runtime.keyring.active
+    runtime.keyring.load()
+    assert runtime.keyring.active.signer is first.signer
 
 
 @pytest.mark.gen_test
@@ -52,6 +106,8 @@ async def test_jwks_and_discovery_over_http(api, runtime):
     status, headers, jwks = await api.call("GET", "/.well-known/jwks.json")
     assert status == 200 and jwks["keys"][0]["kid"] == runtime.keyring.active.kid
     assert set(jwks["keys"][0]) == {"kty", "use", "alg", "kid", "n", "e"}  # never private members
+    # Cached no longer than a new key is pre-published.
+    assert headers["Cache-Control"] == f"public, max-age={min(300, runtime.settings.key_prepublish_seconds)}"
     status, _, config = await api.call("GET", "/.well-known/openid-configuration")
     assert config["issuer"] == "http://127.0.0.1:8888/"
     assert config["id_token_signing_alg_values_supported"] == ["RS256"]

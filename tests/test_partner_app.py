@@ -6,6 +6,7 @@ ports; the example app reaches the service's token, userinfo and JWKS endpoints 
 from __future__ import annotations
 
 import datetime as dt
+import base64
 import json
 import urllib.parse
 
@@ -28,7 +29,8 @@ def settings(backend, tmp_path, request, http_port):
     Keys are per test: one test rotates them."""
     from conftest import database_url
     return Settings.build(issuer=f"http://127.0.0.1:{http_port}", database_url=database_url(backend, tmp_path, request),
-                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32)
+                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32,
+                          sandbox=True)
 
 
 class Partner:
@@ -90,6 +92,8 @@ async def code_via_launch(api, p, user):
     assert status == 302, body
     location = urllib.parse.urlsplit(headers["Location"])
     assert location.netloc == f"127.0.0.1:{p.port}"
+    status, _, _ = await fetch(api, headers["Location"])  # the browser lands on the main page (state checked)
+    assert status == 200
     return urllib.parse.parse_qs(location.query)["code"][0], location
 
 
@@ -108,9 +112,34 @@ async def test_launch_redirects_to_authorize_with_the_spec_parameters(api, partn
     assert status == 302
     target = urllib.parse.urlsplit(headers["Location"])
     assert f"{target.scheme}://{target.netloc}{target.path}" == api.base_url.replace("localhost", "127.0.0.1") + "/v1/oauth/authorize"
-    assert dict(urllib.parse.parse_qsl(target.query)) == {
+    sent = dict(urllib.parse.parse_qsl(target.query))
+    assert {k: sent.pop(k) for k in ("launch_id", "client_id", "redirect_uri", "response_type")} == {
         "launch_id": query["launch_id"], "client_id": p.app.client_id, "redirect_uri": f"{p.url}/app",
         "response_type": "code"}
+    # state, nonce and PKCE S256, all fresh per launch
+    assert set(sent) == {"state", "nonce", "code_challenge", "code_challenge_method"}
+    assert sent["code_challenge_method"] == "S256" and len(sent["code_challenge"]) == 43
+    assert len(sent["state"]) >= 32 and len(sent["nonce"]) >= 32
+
+
+@pytest.mark.gen_test
+async def test_partner_app_exchanges_only_codes_of_its_own_requests(api, partner, world):
+    """The app keeps the PKCE verifier per state: a code without its state, or whose state was
+    forged, is never exchanged; a good one is exchanged with its verifier and nonce checked."""
+    p = partner()
+    status, headers, _ = await fetch(api, f"{p.url}/launch?{urllib.parse.urlencode(p.launch_query(world['physician']))}")
+    status, headers, _ = await fetch(api, headers["Location"])
+    location = urllib.parse.urlsplit(headers["Location"])
+    params = urllib.parse.parse_qs(location.query)
+    forged = location._replace(query=urllib.parse.urlencode({"code": params["code"][0], "state": "forged"}))
+    assert (await fetch(api, urllib.parse.urlunsplit(forged)))[0] == 200
+    status, _, body = await app_token(api, p, params["code"][0])
+    assert status == 400 and body["error"] == "invalid_grant"
+    code, _ = await code_via_launch(api, p, world["physician"])
+    status, _, body = await app_token(api, p, code)
+    assert status == 200, body
+    claims = json.loads(base64.urlsafe_b64decode(body["id_token"].split(".")[1] + "=="))
+    assert claims["nonce"]
 
 
 @pytest.mark.gen_test
@@ -181,10 +210,11 @@ async def test_rotation_retries_once_with_the_fallback_secret(api, partner, worl
     rotated = partner(client_id=p.app.client_id, client_secret=p.secret, fallback_secret=new_secret,
                       application_id=p.app.id)
     rotated.app = p.app
+    rotated.state.authorizations = p.state.authorizations  # the same app, restarted with new secrets
     code, _ = await code_via_launch(api, p, world["physician"])
     status, _, body = await app_token(api, rotated, code)
     assert status == 200 and rotated.state.platform.token_calls == 1  # current secret still valid
-    activate_fallback_secret(p.app.id)  # step 3: the old secret stops working
+    activate_fallback_secret(runtime, p.app.id)  # step 3: the old secret stops working
     code, _ = await code_via_launch(api, p, world["physician"])
     status, _, body = await app_token(api, rotated, code)
     assert status == 200, body
@@ -203,7 +233,8 @@ async def test_jwks_is_fetched_once_and_refreshed_for_an_unknown_kid(api, partne
         assert (await app_token(api, p, code))[0] == 200
     assert p.state.jwks.fetch_count == 1
     before = runtime.keyring.active.kid
-    assert runtime.keyring.rotate().kid != before  # the service signs with a new kid from now on
+    assert runtime.keyring.rotate().kid != before
+    runtime.clock.advance(runtime.settings.key_prepublish_seconds)  # the service signs with the new kid now
     code, _ = await code_via_launch(api, p, world["physician"])
     status, _, body = await app_token(api, p, code)
     assert status == 200, body

@@ -5,13 +5,13 @@ import json
 import urllib.parse
 
 import pytest
+from jose import jwt
 
 from lifecycle.registry import create_organization, create_user, install_application, register_application
 from lifecycle.verification import record_platform_verification
 from models.application import Installation
 from models.audit import AuditEvent
 from models.directory import Organization, User
-from models.grants import IssuedToken
 from models.invitations import Invitation
 from rest_helpers import complete_snapshot, partner_headers
 
@@ -45,8 +45,9 @@ async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api
     status, _, _ = await api.call("GET", path, headers=headers)
     assert status == 401
     clock.offset = 0
-    # revoked
-    IssuedToken.update(revoked_at=clock.now()).execute()
+    # revoked: its jti on the deny-list
+    token = headers["Authorization"].split(" ", 1)[1]
+    api.runtime.denylist.deny([jwt.get_unverified_claims(token)["jti"]], until=clock.time() + 300)
     status, _, _ = await api.call("GET", path, headers=headers)
     assert status == 401
 
@@ -155,7 +156,11 @@ async def test_invitation_creates_everything_once_and_link_works_once(api, world
     link = urllib.parse.urlsplit(body["invitation_url"]).path
     status, resp_headers, _ = await api.call("GET", link)
     assert status == 302
-    assert resp_headers["Location"] == f"{runtime.settings.public_url}/sandbox/hub?user={user.id}"
+    assert resp_headers["Location"] == f"{runtime.settings.public_url}/sandbox/hub"
+    cookie = resp_headers["Set-Cookie"]  # the invitation signs the user in to their hub
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    status, _, page = await api.call("GET", "/sandbox/hub", headers={"Cookie": cookie.split(";")[0]})
+    assert status == 200 and "Ann" in page
     assert User.get_by_id(user.id).activated_at is not None
     status, _, used = await api.call("GET", link)
     assert status == 410 and used["error"] == "invitation_used"

@@ -5,7 +5,7 @@ import ipaddress
 
 import pytest
 
-from models.application import Application
+from lifecycle.registry import set_rest_allowed_networks
 from partner_api.network import client_address
 from rest_helpers import partner_headers
 
@@ -39,10 +39,10 @@ async def test_per_application_allowlist(api, world, runtime):
     app = world["app"]
     headers = await partner_headers(api, app, world["secret"])
     path = f"/v1/applications/{app.id}/organizations"
-    Application.update(rest_allowed_networks=["192.0.2.0/24"]).where(Application.id == app.id).execute()
+    set_rest_allowed_networks(runtime, app.id, ["192.0.2.0/24"])
     status, _, body = await api.call("GET", path, headers=headers)
     assert status == 403 and body["error"] == "region_not_allowed"
-    Application.update(rest_allowed_networks=["127.0.0.0/8", "::1/128"]).where(Application.id == app.id).execute()
+    set_rest_allowed_networks(runtime, app.id, ["127.0.0.0/8", "::1/128"])
     status, _, _ = await api.call("GET", path, headers=headers)
     assert status == 200
 

@@ -104,3 +104,59 @@ def test_processes_share_metrics_and_all_stop_on_sigterm(settings, runtime, tmp_
         assert not any(alive(pid) for pid in workers)
     finally:
         stop_process(proc)
+
+
+@pytest.mark.slow
+def test_sigterm_under_processes_refuses_new_connections_at_once_and_finishes_in_flight(settings, world, tmp_path):
+    """Every process stops accepting: the parent closes its copy of the listening socket too (it
+    used to keep it, so the kernel accepted connections nobody would ever answer)."""
+    port = free_port()
+    proc = start_process(["serve", "--port", str(port), "--processes", "2"], settings_env(settings), port,
+                         log_path=tmp_path / "serve.log")
+    try:
+        deadline = time.time() + 10
+        while len(children_of(proc.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert get(port, "/healthz")[0] == 200
+        app = world["app"]
+        body = b"grant_type=client_credentials"
+        head = (f"POST /v1/oauth/token HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Authorization: {basic_auth(app.client_id, world['secret'])}\r\n"
+                f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+        slow.sendall(head + body[:10])  # in flight in one of the workers
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        # 0.5 s later a new connection is refused (before: accepted into the parent's socket, never answered).
+        try:
+            probe = socket.create_connection(("127.0.0.1", port), timeout=1)
+        except ConnectionRefusedError:
+            pass
+        else:  # accepted after all: then it must at least be answered (or reset) at once
+            probe.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            probe.settimeout(0.5)
+            try:
+                answer = probe.recv(100)
+            except ConnectionResetError:
+                answer = b"reset"
+            except socket.timeout:
+                pytest.fail("a new connection 0.5 s after SIGTERM was accepted and not answered")
+            finally:
+                probe.close()
+            assert answer, "accepted, then closed without an answer"
+        with pytest.raises(ConnectionRefusedError):  # and from then on it stays refused
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        assert proc.poll() is None, "the worker with a request in flight is still finishing it"
+        slow.sendall(body[10:])
+        response = b""
+        while not response.rstrip().endswith(b"}"):
+            chunk = slow.recv(65536)
+            if not chunk:
+                break
+            response += chunk
+        slow.close()
+        assert response.startswith(b"HTTP/1.1 200 OK"), response
+        assert proc.wait(15) == 0
+    finally:
+        stop_process(proc)

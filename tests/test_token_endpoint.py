@@ -102,7 +102,7 @@ async def test_fallback_secret_is_invalid_until_activated(flow, runtime, world):
     status, _, body = await flow.exchange(await flow.code(), secret=fallback)
     assert status == 401 and body["error"] == "invalid_client"
     assert (await flow.exchange(await flow.code()))[0] == 200  # current secret still works
-    activate_fallback_secret(app_id)
+    activate_fallback_secret(runtime, app_id)
     assert (await flow.exchange(await flow.code(), secret=world["secret"]))[0] == 401
     assert (await flow.exchange(await flow.code(), secret=fallback))[0] == 200
 

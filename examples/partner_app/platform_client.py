@@ -56,9 +56,11 @@ class PlatformClient:
         self.token_calls += 1
         return await self._call("POST", f"{self.config.base_url}/oauth/token", body)
 
-    async def exchange_code(self, code: str) -> Upstream:
+    async def exchange_code(self, code: str, code_verifier: str | None = None) -> Upstream:
         """Rotation step 2: current secret first; on a 4xx, once more with the fallback secret."""
         body = {"grant_type": "authorization_code", "client_id": self.config.client_id, "code": code}
+        if code_verifier:
+            body["code_verifier"] = code_verifier  # PKCE (RFC 7636)
         return await self._with_secrets(body)
 
     async def client_credentials(self) -> Upstream:

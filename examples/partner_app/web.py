@@ -8,6 +8,7 @@ from urllib.parse import quote, urlencode
 
 import tornado.web
 
+from examples.partner_app.authorizations import PendingAuthorizations
 from examples.partner_app.config import PartnerConfig, origin_of
 from examples.partner_app.cors import origin_allowed
 from examples.partner_app.id_tokens import IdTokenVerifier, InvalidIdToken, JwksCache
@@ -112,8 +113,10 @@ class LaunchHandler(PartnerHandler):
         redirect_uri = config.redirect_base
         if config.multi_tenant and org_id:
             redirect_uri += "/" + quote(org_id, safe="")
+        # state (CSRF), nonce (ID token replay) and PKCE S256 (code injection): RFC 9700 2.1.
         query = urlencode({"launch_id": launch_id, "client_id": config.client_id,
-                           "redirect_uri": redirect_uri, "response_type": "code"})
+                           "redirect_uri": redirect_uri, "response_type": "code",
+                           **self.partner.authorizations.start()})
         self.set_header("Cache-Control", "no-store")
         self.redirect(f"{config.base_url}/oauth/authorize?{query}")
 
@@ -135,7 +138,12 @@ class AppTokenHandler(PartnerHandler):
         if not isinstance(code, str) or not code:
             raise PartnerError(400, "invalid_request", "code is required.")
         partner = self.partner
-        answer = await partner.platform.exchange_code(code)
+        pending = partner.authorizations.take(code)
+        if pending is None:
+            raise PartnerError(400, "invalid_grant", "This code did not come back from an authorization request "
+                                                     "this app started (unknown or reused state).")
+        verifier, nonce = pending
+        answer = await partner.platform.exchange_code(code, verifier)
         if answer.status == 401 or answer.status >= 500:
             raise PartnerError(502, "token_exchange_failed", f"The service refused the exchange: {answer.describe()}")
         if not answer.ok:
@@ -145,6 +153,8 @@ class AppTokenHandler(PartnerHandler):
             claims = await partner.verifier.verify(answer.body.get("id_token", ""))
         except InvalidIdToken as exc:
             raise PartnerError(502, "invalid_id_token", f"The ID token failed verification: {exc}") from None
+        if claims.get("nonce") != nonce:
+            raise PartnerError(502, "invalid_id_token", "The ID token's nonce is not the one this app sent.")
         info = await partner.platform.userinfo(answer.body["access_token"])
         organization = organization_claim(info.body if info.ok else None)
         try:
@@ -218,6 +228,10 @@ class MainPageHandler(PartnerHandler):
 
     def get(self, organization_id=None):
         config = self.partner.config
+        code = self.get_query_argument("code", None)
+        if code is not None:
+            # Tie the code to the authorization request its state names; otherwise it is never exchanged.
+            self.partner.authorizations.redeem(self.get_query_argument("state", None), code)
         frame_ancestors = " ".join(config.platform_origins)
         self.set_header("Content-Security-Policy",
                         f"default-src 'self'; script-src 'self' {origin_of(config.sdk_url)}; connect-src 'self'; "
@@ -237,6 +251,7 @@ class PartnerApp:
         self.verifier = IdTokenVerifier(self.jwks, config.issuer_claim, config.client_id)
         self.records = UserRecords(config.authorized_users, config.upgraded_organizations)
         self.sessions = SessionStore(config.session_ttl)
+        self.authorizations = PendingAuthorizations()
 
     def use_secrets(self, client_secret: str, fallback_secret: str = "") -> None:
         """Rotation steps 2 and 4 without a restart: configure (current, fallback), then promote.

@@ -68,7 +68,7 @@ class ActivateFallbackHandler(AppPage):
         if self.form("confirm") != "yes":
             return self.render_app(app, confirm=True)
         try:
-            await self.run(activate_fallback_secret, app.id, actor_of(self.developer))
+            await self.run(activate_fallback_secret, self.runtime, app.id, actor_of(self.developer))
         except ApiError as exc:
             return self.render_app(app, 409, errors={"secret": exc.message})
         self.redirect(f"/console/apps/{app.id}?notice=activated", status=303)

@@ -1,10 +1,9 @@
 """`POST /v1/invitations` and the invitation link's page (`GET /invitations/{token}`)."""
 from __future__ import annotations
 
-from urllib.parse import urlencode
-
 from handlers.base import BaseHandler
 from handlers.rest.base import PartnerApiHandler
+from lifecycle.sandbox import SESSION_COOKIE, is_sandbox_user, open_session
 from partner_api.invitations import accept, invite
 
 
@@ -17,12 +16,20 @@ class InvitationsHandler(PartnerApiHandler):
 
 
 class InvitationLinkHandler(BaseHandler):
-    """The link in the invitation: works once, then sends the user to their sandbox hub."""
+    """The link in the invitation: works once, then signs the user in to their sandbox hub
+    (a sandbox session, as a sign-in link opens). With the sandbox off it only activates them."""
 
     async def get(self, token):
         user = await self.run(accept, self.runtime, token)
         self.set_header("Cache-Control", "no-store")
-        self.redirect(f"{self.svc_settings.public_url}/sandbox/hub?{urlencode({'user': user.id})}")
+        if not self.svc_settings.sandbox or not await self.run(is_sandbox_user, user):
+            return self.write_json({"status": "accepted", "user_id": user.id,
+                                    "message": "Your invitation is accepted."})
+        session_id = await self.run(open_session, self.runtime, user)
+        self.set_cookie(SESSION_COOKIE, session_id, path="/sandbox", httponly=True, samesite="Lax",
+                        secure=self.svc_settings.public_url.startswith("https://"),
+                        max_age=self.svc_settings.sandbox_session_ttl)
+        self.redirect(f"{self.svc_settings.public_url}/sandbox/hub")
 
 
 def routes(runtime) -> list:

@@ -1,8 +1,18 @@
-"""`GET /v1/openapi.json`: the OpenAPI 3.1 document of the REST API and the OAuth endpoints."""
+"""`GET /v1/openapi.json` (the OpenAPI 3.1 document of the REST API and the OAuth endpoints) and
+`GET /v1/docs`, the same document as browsable documentation: Swagger UI, vendored under
+static/docs/swagger-ui/ (npm `swagger-ui-dist`, `make vendor-swagger-ui`), no CDN.
+"""
 from __future__ import annotations
+
+import tornado.escape
 
 from handlers.base import BaseHandler
 from partner_api.openapi import openapi_document
+
+# Only this origin: the page loads the vendored assets and the document, and sends nothing
+# elsewhere. Swagger UI styles some elements inline; it needs no inline script.
+DOCS_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 
 
 class OpenApiHandler(BaseHandler):
@@ -11,5 +21,31 @@ class OpenApiHandler(BaseHandler):
         self.write_json(openapi_document(self.svc_settings.public_url))
 
 
+class DocsHandler(BaseHandler):
+    async def get(self):
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.set_header("Content-Security-Policy", DOCS_CSP)
+        self.set_header("X-Frame-Options", "DENY")
+        def asset(path: str) -> str:
+            return tornado.escape.xhtml_escape(self.static_url(path))
+        self.finish(f"""<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <title>svc-auth API reference</title>
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <link rel="icon" type="image/png" href="{asset("docs/swagger-ui/favicon-32x32.png")}">
+  <link rel="stylesheet" href="{asset("docs/swagger-ui/swagger-ui.css")}">
+  <script src="{asset("docs/swagger-ui/swagger-ui-bundle.js")}" defer></script>
+  <script src="{asset("docs/docs.js")}" defer></script>
+</head>
+<body>
+  <noscript>This page needs JavaScript; the document itself is <a href="/v1/openapi.json">/v1/openapi.json</a>.</noscript>
+  <div id="swagger-ui" data-spec-url="/v1/openapi.json"></div>
+</body>
+</html>
+""")
+
+
 def routes(runtime) -> list:
-    return [(r"/v1/openapi.json", OpenApiHandler)]
+    return [(r"/v1/openapi.json", OpenApiHandler), (r"/v1/docs", DocsHandler)]

@@ -1,6 +1,9 @@
+// src/core.js
 /*!
- * svc-sdk.js: the client SDK for apps embedded in the svc-auth host hub. No build step: load it
- * with <script src="{service}/static/sdk/svc-sdk.js"></script> and call
+ * svc-sdk: the client SDK for apps embedded in the svc-auth host hub (npm package `@svc-auth/sdk`,
+ * sdk/js/; the service serves its browser build at /static/sdk/svc-sdk.js). Load it with
+ * <script src="{service}/static/sdk/svc-sdk.js"></script> (or `import { loadSdk } from "@svc-auth/sdk"`)
+ * and call
  *
  *   const instance = await window.svcSdk.initializeSvcSDK({ tokenEndpoint: "/api/token" });
  *   const { idToken } = await instance.sessionContext.getIdToken();
@@ -17,15 +20,16 @@
  * Messages are only sent to the platform origin and only accepted from window.parent at that
  * origin. The platform origin is `options.platformOrigin`, else the origin this script was served
  * from (the service serves the SDK and the hub), else the embedding page's origin.
+ *
+ * This file is the SDK's logic: `createSdk(window)` builds it; src/index.js (ESM/CommonJS) and
+ * src/browser.js (script tag: window.svcSdk) are the entry points that build.mjs bundles into dist/.
  */
-(function (global) {
+function createSdk(global) {
   "use strict";
-
   var SDK_CHANNEL = "svc-sdk";
   var PLATFORM_CHANNEL = "svc-platform";
-  var DEFAULT_TIMEOUT_MS = 15000;
-
-  var scriptOrigin = (function () {
+  var DEFAULT_TIMEOUT_MS = 15e3;
+  var scriptOrigin = (function() {
     try {
       var script = global.document && global.document.currentScript;
       return script && script.src ? new URL(script.src, global.location.href).origin : null;
@@ -33,8 +37,7 @@
       return null;
     }
   })();
-
-  function SvcSdkError(code, message, status, body) {
+  function SvcSdkError2(code, message, status, body) {
     var error = new Error(message);
     error.name = "SvcSdkError";
     error.code = code;
@@ -42,24 +45,20 @@
     error.body = body || null;
     return error;
   }
-
   function platformOriginFor(options) {
     if (options.platformOrigin) return new URL(options.platformOrigin).origin;
     if (scriptOrigin && scriptOrigin !== global.location.origin) return scriptOrigin;
     var ancestors = global.location.ancestorOrigins;
     if (ancestors && ancestors.length) return ancestors[0];
-    throw SvcSdkError("platform_unknown", "Cannot tell the platform origin; pass options.platformOrigin.");
+    throw SvcSdkError2("platform_unknown", "Cannot tell the platform origin; pass options.platformOrigin.");
   }
-
-  /** One request/response exchange with the hub over postMessage, correlated by id. */
   function PlatformChannel(origin, timeoutMs) {
     this.origin = origin;
     this.timeoutMs = timeoutMs;
     this.pending = {};
     this.counter = 0;
     var self = this;
-    global.addEventListener("message", function (event) {
-      // Origin check, both ways: only our parent, only at the platform origin.
+    global.addEventListener("message", function(event) {
       if (event.source !== global.parent || event.origin !== self.origin) return;
       var data = event.data;
       if (!data || data.channel !== PLATFORM_CHANNEL || !self.pending[data.id]) return;
@@ -69,37 +68,37 @@
       waiter.resolve(data);
     });
   }
-
-  PlatformChannel.prototype.request = function (type, payload) {
+  PlatformChannel.prototype.request = function(type, payload) {
     var self = this;
-    var id = "m" + (++self.counter) + "-" + Math.random().toString(36).slice(2);
-    return new Promise(function (resolve, reject) {
-      var timer = setTimeout(function () {
+    var id = "m" + ++self.counter + "-" + Math.random().toString(36).slice(2);
+    return new Promise(function(resolve, reject) {
+      var timer = setTimeout(function() {
         delete self.pending[id];
-        reject(SvcSdkError("platform_timeout", "The platform did not answer '" + type + "' in time."));
+        reject(SvcSdkError2("platform_timeout", "The platform did not answer '" + type + "' in time."));
       }, self.timeoutMs);
-      self.pending[id] = { resolve: resolve, timer: timer };
-      global.parent.postMessage(Object.assign({ channel: SDK_CHANNEL, type: type, id: id }, payload || {}),
-        self.origin);
+      self.pending[id] = { resolve, timer };
+      global.parent.postMessage(
+        Object.assign({ channel: SDK_CHANNEL, type, id }, payload || {}),
+        self.origin
+      );
     });
   };
-
-  PlatformChannel.prototype.notify = function (type, payload) {
-    global.parent.postMessage(Object.assign({ channel: SDK_CHANNEL, type: type }, payload || {}), this.origin);
+  PlatformChannel.prototype.notify = function(type, payload) {
+    global.parent.postMessage(Object.assign({ channel: SDK_CHANNEL, type }, payload || {}), this.origin);
   };
-
   function takeCodeFromUrl() {
     var url = new URL(global.location.href);
     var code = url.searchParams.get("code");
     if (code) {
-      // The code is single-use: keep it out of history and reloads.
       url.searchParams.delete("code");
-      try { global.history.replaceState(global.history.state, "", url.toString()); } catch (e) { /* ignore */ }
+      try {
+        global.history.replaceState(global.history.state, "", url.toString());
+      } catch (e) {
+      }
     }
     var error = url.searchParams.get("error");
-    return { code: code, error: error, description: url.searchParams.get("error_description") };
+    return { code, error, description: url.searchParams.get("error_description") };
   }
-
   async function exchangeCode(tokenEndpoint, code) {
     var response;
     try {
@@ -107,32 +106,37 @@
         method: "POST",
         credentials: "same-origin",
         headers: { "Content-Type": "application/json", "Accept": "application/json" },
-        body: JSON.stringify({ code: code })
+        body: JSON.stringify({ code })
       });
     } catch (e) {
-      throw SvcSdkError("token_endpoint_unreachable", "The app token endpoint could not be reached: " + e.message);
+      throw SvcSdkError2("token_endpoint_unreachable", "The app token endpoint could not be reached: " + e.message);
     }
     var body = null;
-    try { body = await response.json(); } catch (e) { body = null; }
+    try {
+      body = await response.json();
+    } catch (e) {
+      body = null;
+    }
     if (response.status === 403) {
       if (body && body.error === "trial_expired") {
-        throw SvcSdkError("trial_expired", "403 trial_expired: " + (body.message || "The free trial has ended."),
-          403, body);
+        throw SvcSdkError2(
+          "trial_expired",
+          "403 trial_expired: " + (body.message || "The free trial has ended."),
+          403,
+          body
+        );
       }
-      throw SvcSdkError("forbidden", "403 Forbidden: " + ((body && body.message) ||
-        "the application does not authorize this user."), 403, body);
+      throw SvcSdkError2("forbidden", "403 Forbidden: " + (body && body.message || "the application does not authorize this user."), 403, body);
     }
     if (!response.ok || !body || !body.access_token) {
-      throw SvcSdkError((body && body.error) || "token_exchange_failed", "The app token endpoint answered " +
-        response.status + ((body && body.message) ? ": " + body.message : "."), response.status, body);
+      throw SvcSdkError2(body && body.error || "token_exchange_failed", "The app token endpoint answered " + response.status + (body && body.message ? ": " + body.message : "."), response.status, body);
     }
     return body;
   }
-
-  async function initializeSvcSDK(options) {
+  async function initializeSvcSDK2(options) {
     options = options || {};
     if (global.parent === global) {
-      throw SvcSdkError("not_embedded", "The SDK runs inside the host hub's iframe; open the app from the hub.");
+      throw SvcSdkError2("not_embedded", "The SDK runs inside the host hub's iframe; open the app from the hub.");
     }
     var channel = new PlatformChannel(platformOriginFor(options), options.timeoutMs || DEFAULT_TIMEOUT_MS);
     var accessToken = options.accessToken || null;
@@ -141,42 +145,59 @@
       if (!accessToken) {
         var found = takeCodeFromUrl();
         if (found.error) {
-          throw SvcSdkError(found.error, "Authorization failed: " + found.error +
-            (found.description ? " (" + found.description + ")" : ""));
+          throw SvcSdkError2(found.error, "Authorization failed: " + found.error + (found.description ? " (" + found.description + ")" : ""));
         }
-        if (!found.code) throw SvcSdkError("missing_code", "The page URL has no authorization code.");
+        if (!found.code) throw SvcSdkError2("missing_code", "The page URL has no authorization code.");
         var tokenEndpoint = options.tokenEndpoint || options.appTokenEndpoint;
         if (!tokenEndpoint) {
           var context = await channel.request("context");
           tokenEndpoint = context.tokenEndpoint;
           if (!tokenEndpoint) {
-            throw SvcSdkError("no_token_endpoint", "No app token endpoint in the options or the app manifest.");
+            throw SvcSdkError2("no_token_endpoint", "No app token endpoint in the options or the app manifest.");
           }
         }
         var tokens = await exchangeCode(tokenEndpoint, found.code);
         accessToken = tokens.access_token;
         idToken = tokens.id_token;
       }
-      var verdict = await channel.request("verify", { accessToken: accessToken });
+      var verdict = await channel.request("verify", { accessToken });
       if (verdict.type !== "verified") {
-        throw SvcSdkError(verdict.error || "verification_failed",
-          "The platform did not verify the access token: " + (verdict.message || verdict.error || "refused"));
+        throw SvcSdkError2(
+          verdict.error || "verification_failed",
+          "The platform did not verify the access token: " + (verdict.message || verdict.error || "refused")
+        );
       }
     } catch (error) {
-      try { channel.notify("error", { error: error.code || "error", message: error.message }); } catch (e) { /* ignore */ }
+      try {
+        channel.notify("error", { error: error.code || "error", message: error.message });
+      } catch (e) {
+      }
       throw error;
     }
     var token = idToken;
     return {
       platformOrigin: channel.origin,
       sessionContext: {
-        getIdToken: function () { return Promise.resolve({ idToken: token }); }
+        getIdToken: function() {
+          return Promise.resolve({ idToken: token });
+        }
       }
     };
   }
+  var sdk2 = { initializeSvcSDK: initializeSvcSDK2, loadSdk: initializeSvcSDK2, SvcSdkError: SvcSdkError2 };
+  return sdk2;
+}
 
-  var sdk = { initializeSvcSDK: initializeSvcSDK, loadSdk: initializeSvcSDK, SvcSdkError: SvcSdkError };
-  global.svcSdk = sdk;
-  global.loadSdk = initializeSvcSDK;
-  if (typeof module === "object" && module.exports) module.exports = sdk;
-})(typeof window !== "undefined" ? window : this);
+// src/index.js
+var sdk = createSdk(typeof window !== "undefined" ? window : globalThis);
+var initializeSvcSDK = sdk.initializeSvcSDK;
+var loadSdk = sdk.loadSdk;
+var SvcSdkError = sdk.SvcSdkError;
+var index_default = sdk;
+export {
+  SvcSdkError,
+  createSdk,
+  index_default as default,
+  initializeSvcSDK,
+  loadSdk
+};

@@ -1,0 +1,73 @@
+"""Revoked access tokens (by `jti`) until they expire: the only per-token state we keep.
+
+Tokens are not recorded when issued. A revocation (a replayed authorization code revokes what the
+code issued) puts the jtis on this list; userinfo, introspection and the REST API refuse a token
+whose jti is on it. Redis when configured (a key per jti that expires with the token), else a
+database table (expired rows are removed when new ones are added).
+"""
+from __future__ import annotations
+
+from models.denylist import DeniedToken
+from oauth.errors import ApiError
+
+
+def _unavailable() -> ApiError:
+    # Fail closed: without the deny-list a revoked token cannot be told apart from a live one.
+    return ApiError(503, "temporarily_unavailable", "The revocation list (Redis) cannot be reached; retry shortly.",
+                    {"Retry-After": "5"})
+
+
+class DatabaseDenyList:
+    def __init__(self, clock):
+        self.clock = clock
+
+    def deny(self, jtis, until: float) -> None:
+        now = int(self.clock.time())
+        rows = [{"jti": jti, "expires_at": int(until)} for jti in jtis if jti]
+        if rows:
+            DeniedToken.insert_many(rows).on_conflict_ignore().execute()
+        DeniedToken.delete().where(DeniedToken.expires_at < now).execute()
+
+    def is_denied(self, jti: str) -> bool:
+        return (DeniedToken.select(DeniedToken.jti)
+                .where((DeniedToken.jti == jti) & (DeniedToken.expires_at >= int(self.clock.time())))
+                .exists())
+
+    def close(self) -> None:
+        pass
+
+
+class RedisDenyList:
+    def __init__(self, url: str, namespace: str, clock):
+        import redis
+        self.clock = clock
+        self.prefix = f"{namespace}:denied:"
+        self.client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+
+    def deny(self, jtis, until: float) -> None:
+        from redis.exceptions import RedisError
+        ttl = max(1, int(until - self.clock.time()) + 1)
+        pipe = self.client.pipeline(transaction=False)
+        for jti in jtis:
+            if jti:
+                pipe.set(self.prefix + jti, b"1", ex=ttl)
+        try:
+            pipe.execute()
+        except (RedisError, OSError):
+            raise _unavailable() from None
+
+    def is_denied(self, jti: str) -> bool:
+        from redis.exceptions import RedisError
+        try:
+            return bool(self.client.exists(self.prefix + jti))
+        except (RedisError, OSError):
+            raise _unavailable() from None
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def build_denylist(settings, clock):
+    if settings.redis_url:
+        return RedisDenyList(settings.redis_url, settings.redis_namespace, clock)
+    return DatabaseDenyList(clock)

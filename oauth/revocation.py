@@ -1,0 +1,40 @@
+"""Token revocation (RFC 7009): a client revokes its own access tokens.
+
+`revoke_jti` is the one place this module revokes: it puts the jti on the deny-list
+(`oauth.denylist`, `runtime.denylist`) until the token would have expired anyway; userinfo,
+introspection and the partner API refuse a denied jti."""
+from __future__ import annotations
+
+from models.application import Application
+from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
+
+
+def revoke_jti(runtime, jti: str, expires_at: float) -> None:
+    """Revoke the token `jti` (valid until `expires_at`, epoch seconds)."""
+    runtime.denylist.deny([jti], until=expires_at)
+
+
+def token_owner_claims(runtime, token: str) -> tuple[str | None, dict] | None:
+    """(client_id the token was issued to, its claims) for a signed, unexpired access token of ours."""
+    for audience in (PLATFORM_AUDIENCE, PARTNER_API_AUDIENCE):
+        try:
+            claims = runtime.tokens.verify(token, audience)
+        except InvalidToken:
+            continue
+        if audience == PLATFORM_AUDIENCE:
+            return claims.get("client_id"), claims
+        app = runtime.applications.by_id(claims.get("sub"))  # a client-credentials token names its app
+        return (app.client_id if app else None), claims
+    return None
+
+
+def revoke_token(runtime, app: Application, token: str) -> None:
+    """RFC 7009 2.1: revoke `token` if `app` owns it. Unknown, invalid, expired or another
+    client's tokens change nothing and answer the same (2.2), so nothing leaks about them."""
+    found = token_owner_claims(runtime, token)
+    if found is None:
+        return
+    client_id, claims = found
+    if client_id != app.client_id or not isinstance(claims.get("jti"), str):
+        return
+    revoke_jti(runtime, claims["jti"], float(claims.get("exp") or runtime.clock.time()))

@@ -1,0 +1,232 @@
+var __defProp = Object.defineProperty;
+var __getOwnPropDesc = Object.getOwnPropertyDescriptor;
+var __getOwnPropNames = Object.getOwnPropertyNames;
+var __hasOwnProp = Object.prototype.hasOwnProperty;
+var __export = (target, all) => {
+  for (var name in all)
+    __defProp(target, name, { get: all[name], enumerable: true });
+};
+var __copyProps = (to, from, except, desc) => {
+  if (from && typeof from === "object" || typeof from === "function") {
+    for (let key of __getOwnPropNames(from))
+      if (!__hasOwnProp.call(to, key) && key !== except)
+        __defProp(to, key, { get: () => from[key], enumerable: !(desc = __getOwnPropDesc(from, key)) || desc.enumerable });
+  }
+  return to;
+};
+var __toCommonJS = (mod) => __copyProps(__defProp({}, "__esModule", { value: true }), mod);
+
+// src/index.js
+var index_exports = {};
+__export(index_exports, {
+  SvcSdkError: () => SvcSdkError,
+  createSdk: () => createSdk,
+  default: () => index_default,
+  initializeSvcSDK: () => initializeSvcSDK,
+  loadSdk: () => loadSdk
+});
+module.exports = __toCommonJS(index_exports);
+
+// src/core.js
+/*!
+ * svc-sdk: the client SDK for apps embedded in the svc-auth host hub (npm package `@svc-auth/sdk`,
+ * sdk/js/; the service serves its browser build at /static/sdk/svc-sdk.js). Load it with
+ * <script src="{service}/static/sdk/svc-sdk.js"></script> (or `import { loadSdk } from "@svc-auth/sdk"`)
+ * and call
+ *
+ *   const instance = await window.svcSdk.initializeSvcSDK({ tokenEndpoint: "/api/token" });
+ *   const { idToken } = await instance.sessionContext.getIdToken();
+ *
+ * What initialization does (spec: "Initialization sequence", step 4 and 5):
+ *   1. asks the hub (window.parent) for the launch context: the app token endpoint of the manifest;
+ *   2. reads `code` from the page URL and POSTs {"code"} to the app token endpoint (the app's own
+ *      backend exchanges it with its client secret, which never reaches the browser);
+ *   3. hands the access token to the hub over postMessage; the hub has the platform verify it;
+ *   4. resolves with the platform instance once the hub confirms. A 403 from the app token endpoint
+ *      (the app refused the user) or 403 trial_expired rejects with an SvcSdkError.
+ * `options.accessToken` skips steps 1-2 (the identity-provider variant).
+ *
+ * Messages are only sent to the platform origin and only accepted from window.parent at that
+ * origin. The platform origin is `options.platformOrigin`, else the origin this script was served
+ * from (the service serves the SDK and the hub), else the embedding page's origin.
+ *
+ * This file is the SDK's logic: `createSdk(window)` builds it; src/index.js (ESM/CommonJS) and
+ * src/browser.js (script tag: window.svcSdk) are the entry points that build.mjs bundles into dist/.
+ */
+function createSdk(global) {
+  "use strict";
+  var SDK_CHANNEL = "svc-sdk";
+  var PLATFORM_CHANNEL = "svc-platform";
+  var DEFAULT_TIMEOUT_MS = 15e3;
+  var scriptOrigin = (function() {
+    try {
+      var script = global.document && global.document.currentScript;
+      return script && script.src ? new URL(script.src, global.location.href).origin : null;
+    } catch (e) {
+      return null;
+    }
+  })();
+  function SvcSdkError2(code, message, status, body) {
+    var error = new Error(message);
+    error.name = "SvcSdkError";
+    error.code = code;
+    error.status = status || null;
+    error.body = body || null;
+    return error;
+  }
+  function platformOriginFor(options) {
+    if (options.platformOrigin) return new URL(options.platformOrigin).origin;
+    if (scriptOrigin && scriptOrigin !== global.location.origin) return scriptOrigin;
+    var ancestors = global.location.ancestorOrigins;
+    if (ancestors && ancestors.length) return ancestors[0];
+    throw SvcSdkError2("platform_unknown", "Cannot tell the platform origin; pass options.platformOrigin.");
+  }
+  function PlatformChannel(origin, timeoutMs) {
+    this.origin = origin;
+    this.timeoutMs = timeoutMs;
+    this.pending = {};
+    this.counter = 0;
+    var self = this;
+    global.addEventListener("message", function(event) {
+      if (event.source !== global.parent || event.origin !== self.origin) return;
+      var data = event.data;
+      if (!data || data.channel !== PLATFORM_CHANNEL || !self.pending[data.id]) return;
+      var waiter = self.pending[data.id];
+      delete self.pending[data.id];
+      clearTimeout(waiter.timer);
+      waiter.resolve(data);
+    });
+  }
+  PlatformChannel.prototype.request = function(type, payload) {
+    var self = this;
+    var id = "m" + ++self.counter + "-" + Math.random().toString(36).slice(2);
+    return new Promise(function(resolve, reject) {
+      var timer = setTimeout(function() {
+        delete self.pending[id];
+        reject(SvcSdkError2("platform_timeout", "The platform did not answer '" + type + "' in time."));
+      }, self.timeoutMs);
+      self.pending[id] = { resolve, timer };
+      global.parent.postMessage(
+        Object.assign({ channel: SDK_CHANNEL, type, id }, payload || {}),
+        self.origin
+      );
+    });
+  };
+  PlatformChannel.prototype.notify = function(type, payload) {
+    global.parent.postMessage(Object.assign({ channel: SDK_CHANNEL, type }, payload || {}), this.origin);
+  };
+  function takeCodeFromUrl() {
+    var url = new URL(global.location.href);
+    var code = url.searchParams.get("code");
+    if (code) {
+      url.searchParams.delete("code");
+      try {
+        global.history.replaceState(global.history.state, "", url.toString());
+      } catch (e) {
+      }
+    }
+    var error = url.searchParams.get("error");
+    return { code, error, description: url.searchParams.get("error_description") };
+  }
+  async function exchangeCode(tokenEndpoint, code) {
+    var response;
+    try {
+      response = await fetch(tokenEndpoint, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "Accept": "application/json" },
+        body: JSON.stringify({ code })
+      });
+    } catch (e) {
+      throw SvcSdkError2("token_endpoint_unreachable", "The app token endpoint could not be reached: " + e.message);
+    }
+    var body = null;
+    try {
+      body = await response.json();
+    } catch (e) {
+      body = null;
+    }
+    if (response.status === 403) {
+      if (body && body.error === "trial_expired") {
+        throw SvcSdkError2(
+          "trial_expired",
+          "403 trial_expired: " + (body.message || "The free trial has ended."),
+          403,
+          body
+        );
+      }
+      throw SvcSdkError2("forbidden", "403 Forbidden: " + (body && body.message || "the application does not authorize this user."), 403, body);
+    }
+    if (!response.ok || !body || !body.access_token) {
+      throw SvcSdkError2(body && body.error || "token_exchange_failed", "The app token endpoint answered " + response.status + (body && body.message ? ": " + body.message : "."), response.status, body);
+    }
+    return body;
+  }
+  async function initializeSvcSDK2(options) {
+    options = options || {};
+    if (global.parent === global) {
+      throw SvcSdkError2("not_embedded", "The SDK runs inside the host hub's iframe; open the app from the hub.");
+    }
+    var channel = new PlatformChannel(platformOriginFor(options), options.timeoutMs || DEFAULT_TIMEOUT_MS);
+    var accessToken = options.accessToken || null;
+    var idToken = options.idToken || null;
+    try {
+      if (!accessToken) {
+        var found = takeCodeFromUrl();
+        if (found.error) {
+          throw SvcSdkError2(found.error, "Authorization failed: " + found.error + (found.description ? " (" + found.description + ")" : ""));
+        }
+        if (!found.code) throw SvcSdkError2("missing_code", "The page URL has no authorization code.");
+        var tokenEndpoint = options.tokenEndpoint || options.appTokenEndpoint;
+        if (!tokenEndpoint) {
+          var context = await channel.request("context");
+          tokenEndpoint = context.tokenEndpoint;
+          if (!tokenEndpoint) {
+            throw SvcSdkError2("no_token_endpoint", "No app token endpoint in the options or the app manifest.");
+          }
+        }
+        var tokens = await exchangeCode(tokenEndpoint, found.code);
+        accessToken = tokens.access_token;
+        idToken = tokens.id_token;
+      }
+      var verdict = await channel.request("verify", { accessToken });
+      if (verdict.type !== "verified") {
+        throw SvcSdkError2(
+          verdict.error || "verification_failed",
+          "The platform did not verify the access token: " + (verdict.message || verdict.error || "refused")
+        );
+      }
+    } catch (error) {
+      try {
+        channel.notify("error", { error: error.code || "error", message: error.message });
+      } catch (e) {
+      }
+      throw error;
+    }
+    var token = idToken;
+    return {
+      platformOrigin: channel.origin,
+      sessionContext: {
+        getIdToken: function() {
+          return Promise.resolve({ idToken: token });
+        }
+      }
+    };
+  }
+  var sdk2 = { initializeSvcSDK: initializeSvcSDK2, loadSdk: initializeSvcSDK2, SvcSdkError: SvcSdkError2 };
+  return sdk2;
+}
+
+// src/index.js
+var sdk = createSdk(typeof window !== "undefined" ? window : globalThis);
+var initializeSvcSDK = sdk.initializeSvcSDK;
+var loadSdk = sdk.loadSdk;
+var SvcSdkError = sdk.SvcSdkError;
+var index_default = sdk;
+// Annotate the CommonJS export names for ESM import in node:
+0 && (module.exports = {
+  SvcSdkError,
+  createSdk,
+  initializeSvcSDK,
+  loadSdk
+});

@@ -1,0 +1,63 @@
+/** TypeScript declarations of the svc-auth JS SDK (`@svc-auth/sdk`); see docs/hub-and-sdk.md. */
+
+export interface SvcSdkOptions {
+  /** The app token endpoint; default: the manifest's token endpoint, which the hub tells the SDK. */
+  tokenEndpoint?: string;
+  /** Same as `tokenEndpoint`. */
+  appTokenEndpoint?: string;
+  /** Skip the code exchange (the identity-provider variant). */
+  accessToken?: string;
+  /** With `accessToken`: the ID token `getIdToken()` returns (else `null`). */
+  idToken?: string | null;
+  /** The hub's origin; default: the origin the SDK script was loaded from, else the embedding page's. */
+  platformOrigin?: string;
+  /** How long to wait for the hub's answers, in milliseconds (default 15000). */
+  timeoutMs?: number;
+}
+
+export interface SessionContext {
+  getIdToken(): Promise<{ idToken: string | null }>;
+}
+
+/** What `initializeSvcSDK` / `loadSdk` resolve with once the platform verified the access token. */
+export interface SvcPlatformInstance {
+  platformOrigin: string;
+  sessionContext: SessionContext;
+}
+
+/** A rejection: `code` is e.g. "forbidden", "trial_expired", "not_embedded", "platform_timeout". */
+export interface SvcSdkError extends Error {
+  name: "SvcSdkError";
+  code: string;
+  status: number | null;
+  body: unknown;
+}
+
+/** Makes an SvcSdkError (a plain `Error` with the fields above; call it without `new`). */
+export declare function SvcSdkError(code: string, message: string, status?: number | null,
+                                    body?: unknown): SvcSdkError;
+
+export declare function initializeSvcSDK(options?: SvcSdkOptions): Promise<SvcPlatformInstance>;
+
+/** The same as `initializeSvcSDK`. */
+export declare function loadSdk(options?: SvcSdkOptions): Promise<SvcPlatformInstance>;
+
+export interface SvcSdk {
+  initializeSvcSDK: typeof initializeSvcSDK;
+  loadSdk: typeof loadSdk;
+  SvcSdkError: typeof SvcSdkError;
+}
+
+/** An SDK bound to another window-like object (tests, other frames). */
+export declare function createSdk(global: object): SvcSdk;
+
+declare const sdk: SvcSdk;
+export default sdk;
+
+declare global {
+  interface Window {
+    /** Set by the script-tag build (/static/sdk/svc-sdk.js). */
+    svcSdk: SvcSdk;
+    loadSdk: typeof loadSdk;
+  }
+}

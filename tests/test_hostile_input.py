@@ -1,0 +1,73 @@
+"""Inputs that used to get a 500 and a traceback: deep JSON, a garbled Basic header, NUL and lone surrogates."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rest_helpers import partner_headers
+
+INVITE = {"email": "ann@clinic.example", "given_name": "Ann", "family_name": "Example",
+          "organization_name": "Ann's Clinic"}
+
+
+def nested(depth: int) -> str:
+    return '{"grant_type": ' + "[" * depth + "]" * depth + "}"
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("depth", [1000, 20000])
+async def test_deeply_nested_json_is_400_invalid_request(api, world, depth, caplog):
+    status, _, body = await api.call("POST", "/v1/oauth/token", body=nested(depth),
+                                     headers={"Content-Type": "application/json"})
+    assert status == 400 and body["error"] == "invalid_request" and "nested" in body["message"]
+    headers = await partner_headers(api, world["app"], world["secret"])
+    status, _, body = await api.call("POST", "/v1/invitations", body=nested(depth),
+                                     headers={**headers, "Content-Type": "application/json"})
+    assert status == 400 and body["error"] == "invalid_request"
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.gen_test
+async def test_moderate_nesting_inside_strings_is_fine(api, world):
+    # Brackets inside strings do not count as nesting.
+    status, _, body = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": world["app"].client_id,
+        "client_secret": world["secret"], "note": "[" * 100})
+    assert status == 200, body
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("value", ["Basic \xff\xfe", "Basic \u00e9t\u00e9", "Basic ////", "Basic AA==",
+                                   "Basic " + "YQBiOmM=",  # "a\0b:c"
+                                   ])
+async def test_malformed_basic_header_is_invalid_client(api, value):
+    status, headers, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
+                                           headers={"Content-Type": "application/x-www-form-urlencoded",
+                                                    "Authorization": value})
+    assert status == 401 and body["error"] == "invalid_client", body
+    assert headers["WWW-Authenticate"].startswith("Basic")
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("bad", ["a\u0000b", "x\ud800y", "\udfff"])
+async def test_nul_and_lone_surrogates_are_refused_naming_the_field(api, world, bad, caplog):
+    headers = await partner_headers(api, world["app"], world["secret"])
+    for field in ("given_name", "organization_name", "email"):
+        raw = json.dumps({**INVITE, field: bad})  # ensure_ascii: "\u0000" / "\ud800" escapes
+        status, _, body = await api.call("POST", "/v1/invitations", body=raw,
+                                         headers={**headers, "Content-Type": "application/json"})
+        assert status == 400 and body["error"] == "invalid_request", body
+        assert field in body["message"]
+    # The same rule at the OAuth endpoints, in JSON, forms and query strings.
+    status, _, body = await api.call("POST", "/v1/oauth/token", body=json.dumps({
+        "grant_type": "client_credentials", "client_id": bad, "client_secret": "x"}),
+        headers={"Content-Type": "application/json"})
+    assert status == 400 and "client_id" in body["message"]
+    status, _, body = await api.call("POST", "/v1/oauth/introspect", body="token=a%00b",
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 400 and "token" in body["message"]
+    status, _, body = await api.call("GET", "/v1/oauth/authorize?client_id=a%00b&response_type=code",
+                                     headers={"Accept": "application/json"})
+    assert status == 400 and "client_id" in body["message"]
+    assert "Traceback" not in caplog.text

@@ -1,0 +1,239 @@
+"""Hot paths: database round trips per request, one-statement code exchange, deny-list revocation,
+and the in-memory application cache following changes."""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+
+import pytest
+from jose import jwt
+
+from conftest import REDIS_URL, basic_auth
+from lifecycle.registry import activate_fallback_secret, generate_fallback_secret
+from models.application import Organization
+from models.grants import AuthorizationCode
+from oauth.denylist import DatabaseDenyList, RedisDenyList
+
+
+class StatementCounter:
+    """Counts the SQL statements the runtime's database runs (the round trips), by wrapping
+    `execute_sql` on the database object itself: every Peewee query goes through it. The change
+    feed's own threads (a poll every 0.5 s, off the request path) are not requests: not counted."""
+
+    def __init__(self, db):
+        self.db = db
+        self.statements: list[str] = []
+        self._original = db.execute_sql
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        def counting(sql, params=None, *args, **kwargs):
+            if not threading.current_thread().name.startswith("svc-changes"):
+                with self._lock:
+                    self.statements.append(sql)
+            return self._original(sql, params, *args, **kwargs)
+        self.db.execute_sql = counting
+        return self
+
+    def __exit__(self, *exc):
+        del self.db.execute_sql
+
+    def reset(self) -> None:
+        self.statements.clear()
+
+
+@pytest.fixture(params=["database", "redis"])
+def denylist(request, runtime, redis_namespace):
+    """Both deny-lists: the database table (no SVC_REDIS_URL) and Redis keys."""
+    if request.param == "redis":
+        runtime.denylist = RedisDenyList(REDIS_URL, redis_namespace, runtime.clock)
+    else:
+        runtime.denylist = DatabaseDenyList(runtime.clock)
+    yield request.param
+    runtime.denylist.close()
+
+
+async def client_token(api, world):
+    return await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
+                          headers={"Authorization": basic_auth(world["app"].client_id, world["secret"])})
+
+
+@pytest.mark.gen_test
+async def test_client_credentials_warm_makes_no_database_round_trip(api, world, runtime):
+    assert (await client_token(api, world))[0] == 200  # warms the application cache and the keys
+    with StatementCounter(runtime.db) as counter:
+        for _ in range(3):
+            status, _, body = await client_token(api, world)
+            assert status == 200, body
+    assert counter.statements == []
+
+
+@pytest.mark.gen_test
+async def test_code_exchange_is_one_statement(api, flow, world, runtime):
+    await client_token(api, world)  # warm
+    code = await flow.code()
+    with StatementCounter(runtime.db) as counter:
+        status, _, body = await flow.exchange(code)
+    assert status == 200, body
+    assert len(counter.statements) == 1 and counter.statements[0].lstrip().upper().startswith("UPDATE")
+    # A replay: the same one statement, plus the deny-list write of the first use's jti.
+    with StatementCounter(runtime.db) as counter:
+        status, _, _ = await flow.exchange(code)
+    assert status == 400
+    assert counter.statements[0].lstrip().upper().startswith("UPDATE")
+
+
+@pytest.mark.gen_test
+async def test_code_replay_revokes_through_the_deny_list(api, flow, world, runtime, denylist):
+    code = await flow.code()
+    status, _, first = await flow.exchange(code)
+    assert status == 200
+    auth = {"Authorization": f"Bearer {first['access_token']}"}
+    introspect = {"token": first["access_token"], "client_id": world["app"].client_id,
+                  "client_secret": world["secret"]}
+    assert (await api.call("GET", "/v1/oauth/userinfo", headers=auth))[0] == 200
+    assert (await api.call("POST", "/v1/oauth/introspect", introspect))[2]["active"] is True
+    jti = jwt.get_unverified_claims(first["access_token"])["jti"]
+    assert AuthorizationCode.get(AuthorizationCode.used_at.is_null(False)).issued_jtis == jti  # noted on the code
+    status, _, body = await flow.exchange(code)
+    assert status == 400 and body["error"] == "invalid_grant"
+    assert runtime.denylist.is_denied(jti)
+    status, headers, _ = await api.call("GET", "/v1/oauth/userinfo", headers=auth)
+    assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"]
+    assert (await api.call("POST", "/v1/oauth/introspect", introspect))[2] == {"active": False}
+    # Other tokens stay valid.
+    other = await flow.tokens()
+    assert (await api.call("GET", "/v1/oauth/userinfo",
+                           headers={"Authorization": f"Bearer {other['access_token']}"}))[0] == 200
+
+
+@pytest.mark.gen_test
+async def test_a_denied_client_token_is_refused_by_the_rest_api(api, world, runtime, denylist):
+    status, _, body = await client_token(api, world)
+    headers = {"Authorization": f"Bearer {body['access_token']}"}
+    path = f"/v1/applications/{world['app'].id}/organizations"
+    assert (await api.call("GET", path, headers=headers))[0] == 200
+    runtime.denylist.deny([jwt.get_unverified_claims(body["access_token"])["jti"]], until=runtime.clock.time() + 300)
+    assert (await api.call("GET", path, headers=headers))[0] == 401
+
+
+def test_concurrent_exchanges_of_one_code_issue_once(runtime, world):
+    """The consuming statement decides: of many racing exchanges exactly one gets tokens."""
+    from oauth.authorization_code import AuthorizationCodeGrant
+    from oauth.errors import OAuthError
+    from models.grants import expiry
+    app = world["app"]
+    AuthorizationCode.create(code_hash=runtime.hasher.digest("race"), application=app.id,
+                             user=world["physician"].id, organization=world["org"].id,
+                             redirect_uri=app.redirect_uri, expires_at=expiry(runtime.clock.now(), 60))
+    results, barrier = [], threading.Barrier(6)
+
+    def exchange():
+        barrier.wait()
+        try:
+            results.append(AuthorizationCodeGrant(runtime).exchange(app, {"code": "race"}, True))
+        except OAuthError as exc:
+            results.append(exc.error)
+        finally:
+            runtime.db.close()
+
+    threads = [threading.Thread(target=exchange) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, dict) for r in results) == 1 and results.count("invalid_grant") == 5
+
+
+def test_redeem_reads_the_user_and_the_installation(runtime, world):
+    from models.grants import expiry
+    app, now = world["app"], runtime.clock.now()
+    AuthorizationCode.create(code_hash="h1", application=app.id, user=world["physician"].id,
+                             organization=world["org"].id, redirect_uri=app.redirect_uri, nonce="n",
+                             expires_at=expiry(runtime.clock.now(), 60))
+    grant = AuthorizationCode.redeem(runtime.db, "h1", app.id, now, "jti-1")
+    assert grant.first_use and grant.issued_jtis == ["jti-1"] and grant.nonce == "n"
+    assert (grant.user.id, grant.user.email, grant.user.given_name) == (
+        world["physician"].id, "doc@example.com", "Doc")
+    assert grant.installation is not None and grant.installation.trial_started_at is None
+    assert grant.expires_at > now
+    again = AuthorizationCode.redeem(runtime.db, "h1", app.id, now, "jti-2")
+    assert not again.first_use and again.issued_jtis == ["jti-1"]
+    assert AuthorizationCode.redeem(runtime.db, "h1", "app_other", now, "jti-3") is None
+    assert AuthorizationCode.redeem(runtime.db, "unknown", app.id, now, "jti-4") is None
+    elsewhere = Organization.create(name="Elsewhere")
+    AuthorizationCode.create(code_hash="h2", application=app.id, user=world["physician"].id,
+                             organization=elsewhere.id, redirect_uri=app.redirect_uri, expires_at=expiry(runtime.clock.now(), 60))
+    assert AuthorizationCode.redeem(runtime.db, "h2", app.id, now, "jti-5").installation is None
+
+
+@pytest.mark.gen_test
+async def test_secret_rotation_reaches_the_warm_cache(api, world, runtime):
+    app_id = world["app"].id
+    assert (await client_token(api, world))[0] == 200  # cached now
+    fallback = generate_fallback_secret(runtime, app_id)
+    activate_fallback_secret(runtime, app_id)
+    assert (await client_token(api, world))[0] == 401
+    world = {**world, "secret": fallback}
+    assert (await client_token(api, world))[0] == 200
+
+
+def test_change_feed_poll_refreshes_listeners_of_changed_topics(runtime):
+    heard = []
+    runtime.changes.subscribe("applications", lambda: heard.append("applications"))
+    assert runtime.changes.poll() == [] or heard  # the first poll may catch up once
+    heard.clear()
+    # Another process's change: only the version row moves.
+    p = runtime.db.param
+    runtime.db.execute_sql(
+        f'INSERT INTO "change_version" (topic, version) VALUES ({p}, 1) '
+        f'ON CONFLICT (topic) DO UPDATE SET version = "change_version".version + 1', ("applications",))
+    assert runtime.changes.poll() == ["applications"] and heard == ["applications"]
+    assert runtime.changes.poll() == []
+
+
+@pytest.mark.gen_test
+async def test_deny_list_unreachable_is_503_not_a_live_token(api, flow, runtime):
+    from conftest import free_port
+    tokens = await flow.tokens()
+    runtime.denylist = RedisDenyList(f"redis://127.0.0.1:{free_port()}/0", "nowhere", runtime.clock)
+    # Raw fetch: the OpenAPI document's 503 responses are the outage work's (issue 11, item 3).
+    response = await api.http.fetch(api.base_url + "/v1/oauth/userinfo", raise_error=False,
+                                    headers={"Authorization": f"Bearer {tokens['access_token']}"})
+    assert response.code == 503 and response.headers["Retry-After"]
+    assert json.loads(response.body)["error"] == "temporarily_unavailable"
+
+
+def test_an_older_database_is_migrated(runtime):
+    """A database of the previous version: codes without `issued_jtis`, one `issued_token` row per
+    token. `migrate` adds the column and drops the table, once."""
+    from models.schema import SchemaVersion
+    db = runtime.db
+    db.execute_sql('ALTER TABLE "authorization_code" DROP COLUMN "issued_jtis"')
+    db.execute_sql('CREATE TABLE "issued_token" ("jti" VARCHAR(64) PRIMARY KEY)')
+    SchemaVersion.delete().execute()
+    done = runtime.migrate()
+    assert any("issued_jtis" in step for step in done) and any("issued_token" in step for step in done)
+    assert "issued_jtis" in {c.name for c in db.get_columns("authorization_code")}
+    assert "issued_token" not in db.get_tables()
+    assert not any(step.startswith("migration") for step in runtime.migrate())
+
+
+def test_only_a_cached_client_with_its_right_secret_is_answered_without_the_pool(runtime, world):
+    from oauth.token_endpoint import answers_in_memory
+    from oauth.variants import VARIANTS
+    v1 = next(v for v in VARIANTS if v.prefix == "/v1")
+    app = world["app"]
+    good = {"grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world["secret"]}
+    basic = basic_auth(app.client_id, world["secret"])
+    runtime.applications.clear()
+    assert not answers_in_memory(runtime, v1, good, None)  # not cached yet: the pool reads it
+    runtime.applications.by_client_id(app.client_id)
+    assert answers_in_memory(runtime, v1, good, None)
+    assert answers_in_memory(runtime, v1, {"grant_type": "client_credentials"}, basic)
+    assert not answers_in_memory(runtime, v1, {**good, "client_secret": "wrong"}, None)  # failures are counted
+    assert not answers_in_memory(runtime, v1, {**good, "grant_type": "authorization_code"}, None)
+    assert not answers_in_memory(runtime, v1, good, basic)  # both methods: the error comes from the pool path
+    runtime.settings = runtime.settings.replace(redis_url=REDIS_URL)  # shared failure counts are I/O
+    assert not answers_in_memory(runtime, v1, good, None)

@@ -1,0 +1,156 @@
+"""The database and Redis may go away: real servers of the test's own, stopped under load.
+
+`svc-auth serve --processes 2` runs as a subprocess against a PostgreSQL (initdb + pg_ctl) or a
+Redis (`redis-server --port N`) that only this test uses. While the dependency is down, requests
+that need it answer 503 + Retry-After (never a 500); `/healthz` and the JWKS keep answering; once
+it is back the service recovers by itself, with no restart, and `/readyz` says so.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from bench.instances import LocalPostgres, LocalRedis
+from bench.outage import NO_LIMITS, client_token, load_for, run_outage, seed
+from conf import Settings
+from tests.conftest import free_port, settings_env, start_process, stop_process
+
+RECOVERY_SECONDS = 5.0
+
+
+def assert_survived(result: dict, needs_dependency: list[str]) -> None:
+    kinds = result["kinds"]
+    for kind, figures in kinds.items():
+        assert figures["status_500"] == 0, (kind, figures)
+        assert figures["no_answer"] == 0, (kind, figures)
+        assert figures["503_without_retry_after"] == 0, (kind, figures)
+    for kind in ("healthz", "jwks"):
+        assert set(kinds[kind]["statuses"]) == {"200"}, kinds[kind]
+    assert kinds["organizations"]["status_503"] > 0, kinds["organizations"]  # the outage was seen
+    for kind in needs_dependency:
+        assert kinds[kind]["first_success_after_s"] is not None, kinds[kind]
+        assert kinds[kind]["first_success_after_s"] <= RECOVERY_SECONDS, kinds[kind]
+        assert (kinds[kind]["last_failure_after_s"] or 0) <= RECOVERY_SECONDS, kinds[kind]
+
+
+@pytest.mark.slow
+def test_postgresql_stopped_under_load_gives_503s_then_recovers_by_itself(tmp_path):
+    pg = LocalPostgres()
+    proc = None
+    try:
+        pg.start()
+        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=pg.url, var_dir=str(tmp_path / "var"),
+                                  keys_dir=str(tmp_path / "keys"), hmac_key="o" * 32)
+        seeded = seed(settings)
+        port = free_port()
+        proc = start_process(["serve", "--port", str(port), "--processes", "2"],
+                             settings_env(settings, SVC_RATE_LIMITS=NO_LIMITS), port, log_path=tmp_path / "serve.log")
+        token = client_token(port, seeded)
+        result = run_outage(port, load_for(port, seeded, token), pg.stop, pg.start, outage_seconds=3.0, after=6.0)
+        print(json.dumps(result))
+        assert_survived(result, ["organizations", "token"])  # token: until the client cache (i11-keys) serves it
+        assert result["readyz"]["during"]["status"] == 503
+        assert result["readyz"]["during"]["checks"]["database"] == "failed"
+        assert result["readyz"]["after"]["status"] == 200, result["readyz"]
+        assert proc.poll() is None  # recovered without a restart
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        pg.destroy()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+@pytest.mark.slow
+def test_redis_stopped_under_load_gives_503s_then_recovers_by_itself(tmp_path):
+    redis = LocalRedis()
+    proc = None
+    try:
+        redis.start()
+        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=f"sqlite:///{tmp_path / 'svc.db'}",
+                                  redis_url=redis.url, var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"),
+                                  hmac_key="r" * 32)
+        seeded = seed(settings)
+        port = free_port()
+        proc = start_process(["serve", "--port", str(port), "--processes", "2"],
+                             settings_env(settings, SVC_RATE_LIMITS=NO_LIMITS), port, log_path=tmp_path / "serve.log")
+        token = client_token(port, seeded)
+        result = run_outage(port, load_for(port, seeded, token), redis.stop, redis.start, outage_seconds=3.0,
+                            after=6.0)
+        print(json.dumps(result))
+        assert_survived(result, ["organizations"])
+        assert result["readyz"]["during"]["checks"]["redis"] == "failed"
+        assert result["readyz"]["after"]["status"] == 200, result["readyz"]
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        redis.destroy()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+class DatabaseLock:
+    """Hold a write lock from another connection: SQLite's database write lock (BEGIN IMMEDIATE),
+    or a PostgreSQL table lock (LOCK TABLE ... ACCESS EXCLUSIVE) on `table`."""
+
+    def __init__(self, settings: Settings, table: str):
+        url = settings.database_url
+        if url.startswith("sqlite"):
+            import sqlite3
+            self.conn = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+        else:
+            import psycopg2
+            self.conn = psycopg2.connect(url)
+            self.conn.cursor().execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+
+    def release(self) -> None:
+        self.conn.rollback() if hasattr(self.conn, "autocommit") else self.conn.execute("ROLLBACK")
+        self.conn.close()
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_healthz_and_jwks_stay_fast_while_a_token_request_waits_on_a_locked_database(api, flow, settings):
+    import asyncio
+    code = await flow.code()
+    lock = DatabaseLock(settings, "authorization_code")
+    try:
+        slow = asyncio.ensure_future(flow.exchange(code))  # consuming the code is a write: it waits
+        await asyncio.sleep(0.5)
+        assert not slow.done()
+        latencies = []
+        for i in range(80):
+            started = time.perf_counter()
+            status, _, _ = await api.call("GET", "/healthz" if i % 2 else "/.well-known/jwks.json")
+            latencies.append(time.perf_counter() - started)
+            assert status == 200
+        assert not slow.done(), "the token request is still waiting on the lock"
+        latencies.sort()
+        p99 = latencies[int(len(latencies) * 0.99) - 1]
+        assert p99 < 0.2, f"p99 {p99 * 1000:.1f} ms while a request waits on the database"  # loose: shared CPU
+    finally:
+        lock.release()
+    status, _, body = await slow
+    assert status == 200 and body["token_type"] == "Bearer", body
+
+
+def test_unit_of_work_maps_dependency_failures_to_503(runtime):
+    """The one mapping: a database error discards the connection and answers 503 + Retry-After; so
+    does Redis unreachable from blocking work (e.g. the failed-authentication counts)."""
+    import peewee
+    from oauth.errors import ApiError
+    from ratelimit import RateLimiterUnavailable
+
+    def database_gone():
+        runtime.db.execute_sql("SELECT 1")
+        raise peewee.OperationalError("server closed the connection unexpectedly")
+
+    def redis_gone():
+        raise RateLimiterUnavailable("Connection refused")
+
+    for fn in (database_gone, redis_gone):
+        with pytest.raises(ApiError) as caught:
+            runtime.unit_of_work(fn)
+        assert caught.value.status == 503 and caught.value.headers["Retry-After"]
+        assert caught.value.body()["error"] == "temporarily_unavailable"
+    assert runtime.unit_of_work(lambda: runtime.db.execute_sql("SELECT 1").fetchone()) == (1,)  # a fresh connection
