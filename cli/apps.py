@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from cli import emit, with_runtime
 from lifecycle.manifest import update_manifest
-from lifecycle.registry import activate_fallback_secret, generate_fallback_secret, register_application
+from lifecycle.registry import activate_fallback_secret, generate_fallback_secret, register_application, \
+    set_redirect_policy, set_require_pkce
 
 
 def register(commands) -> None:
@@ -39,6 +40,12 @@ def register(commands) -> None:
     origins.add_argument("--allowed-origin", action="append", help="replaces the list; repeat for several")
     origins.add_argument("--no-allowed-origins", action="store_true", help="empty the list")
     p.add_argument("--user-fields", help="comma-separated: email,name,ehrUsername,organization ('' for none)")
+    pkce = p.add_mutually_exclusive_group()
+    pkce.add_argument("--require-pkce", dest="require_pkce", action="store_const", const=True,
+                      help="authorize refuses requests without an S256 code_challenge")
+    pkce.add_argument("--no-require-pkce", dest="require_pkce", action="store_const", const=False)
+    p.add_argument("--redirect-uri-match", choices=["prefix", "exact"],
+                   help="prefix: under the base URL; exact: the registered URIs only (the base URL first)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=with_runtime(_update))
 
@@ -77,9 +84,15 @@ def _update(runtime, args):
     if args.user_fields is not None:
         changes["user_fields"] = [f.strip() for f in args.user_fields.split(",") if f.strip()]
     app = update_manifest(runtime, args.app, "operator", **changes)
+    if args.require_pkce is not None:
+        app = set_require_pkce(runtime, app.id, args.require_pkce)
+    if args.redirect_uri_match is not None:
+        app = set_redirect_policy(runtime, app.id, args.redirect_uri_match, app.redirect_uris)
     emit({"application_id": app.id, "client_id": app.client_id, "name": app.name, "redirect_uri": app.redirect_uri,
           "launch_url": app.launch_url, "token_endpoint": app.token_endpoint, "billing_plan": app.billing_plan,
-          "user_fields": app.user_fields, "allowed_origins": app.allowed_origins}, args.json)
+          "user_fields": app.user_fields, "allowed_origins": app.allowed_origins,
+          "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
+          "require_pkce": app.require_pkce}, args.json)
 
 
 def _generate_fallback(runtime, args):

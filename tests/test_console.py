@@ -93,6 +93,12 @@ def test_apps_update_cli(settings, runtime, world):
     out = json.loads(cli("apps", "update", "--app", app_id, "--redirect-uri", "https://new.example/cb",
                          "--user-fields", "email,organization", "--no-token-endpoint", "--json").stdout)
     assert out["redirect_uri"] == "https://new.example/cb" and out["user_fields"] == ["email", "organization"]
+    out = json.loads(cli("apps", "update", "--app", app_id, "--require-pkce", "--redirect-uri-match", "exact",
+                         "--json").stdout)
+    assert out["require_pkce"] is True and out["redirect_uris"] == ["https://new.example/cb"]
+    out = json.loads(cli("apps", "update", "--app", app_id, "--redirect-uri", "https://new.example/v3",
+                         "--no-require-pkce", "--json").stdout)
+    assert out["require_pkce"] is False and out["redirect_uris"] == ["https://new.example/v3"]  # exact list follows
     assert "launch URL" in cli("apps", "update", "--app", app_id, "--launch-url", "mailto:x", expect=2).stderr
     assert "No application" in cli("apps", "update", "--app", "app_nope", "--name", "x", expect=2).stderr
     invite = json.loads(cli("developers", "invite", "--app", app_id, "--email", "Dev@Partner.example", "--json").stdout)
