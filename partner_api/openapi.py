@@ -297,7 +297,8 @@ def _oauth_paths(prefix: str) -> dict:
             "responses": {"200": _json(_ref("Introspection"), "introspection result"),
                           **token_errors}}},
         f"{prefix}/oauth/revoke": {"post": {
-            "summary": "Token revocation (RFC 7009): a client revokes its own access token", "tags": ["oauth"],
+            "summary": "Token revocation (RFC 7009): a client revokes its own access token",
+            "operationId": op_id("oauth_revoke"), "tags": ["oauth"],
             "security": [{}, {"clientBasic": []}],
             "requestBody": {"required": True, "content": {
                 "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
