@@ -217,14 +217,14 @@ def sign_in(runtime, throttle, email: str, password: str, totp_code: str, addres
         for locked in throttle.failed(subject, address):
             AuditEvent.record(f"address:{address}", "developer.signin_locked", "console", counter=locked[0])
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
-    # No `throttle.succeeded`: it would trust this address for the account and stop counting its
-    # failures, but a console password is a person's guessable secret and the contract is strict
-    # (5 failures per account, and per address, in 15 minutes -> 429), shared NAT included.
+    throttle.succeeded(subject, address)  # a no-op for this policy (exempt_trusted=False)
     return start_session(runtime, developer)
 
 
 def signin_throttle(runtime) -> FailureThrottle:
     """The console's failure throttle: SVC_CONSOLE_SIGNIN_FAILURE_LIMIT per account and per address."""
     limit = Limit(*runtime.settings.console_signin_failure_limit)
-    return build_failure_throttle(runtime.settings, "console_signin", FailurePolicy(subject=limit, address=limit),
-                                  lambda: runtime.clock.time())
+    # exempt_trusted=False: a console password is a person's guessable secret, so every failure
+    # counts, even from an address that signed in before (5 per account, and per address -> 429).
+    policy = FailurePolicy(subject=limit, address=limit, exempt_trusted=False)
+    return build_failure_throttle(runtime.settings, "console_signin", policy, runtime.clock.time)
