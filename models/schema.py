@@ -68,6 +68,12 @@ MIGRATIONS: list[tuple[int, str, object]] = [
      _add_missing_columns("application", ("require_pkce", peewee.BooleanField(default=False)))),
     (1203, "PKCE: authorization_code.code_challenge",
      _add_missing_columns("authorization_code", ("code_challenge", peewee.CharField(max_length=64, null=True)))),
+    # Issue 13 numbers its steps 13xx.
+    (1301, "chart_request lease: re-queue requests whose worker died",
+     _add_missing_columns("chart_request", ("lease_owner", peewee.CharField(max_length=64, null=True)),
+                          ("lease_until", peewee.DateTimeField(null=True)))),
+    (1302, "snapshot.lease_until: replace snapshots whose worker died",
+     _add_missing_columns("snapshot", ("lease_until", peewee.DateTimeField(null=True)))),
 ]
 
 

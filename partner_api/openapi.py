@@ -59,8 +59,12 @@ SCHEMAS = {
         "sub": {"type": "string"}, "email": {"type": "string"}, "given_name": {"type": "string"},
         "family_name": {"type": "string"}}, "additionalProperties": True,
         "description": "Also `https://{claims_namespace}/ehrUsername` and `.../organization` when declared."},
-    "Introspection": {"type": "object", "required": ["active"], "properties": {"active": {"type": "boolean"}},
-                      "additionalProperties": True},
+    "Introspection": {"type": "object", "required": ["active"], "properties": {
+        "active": {"type": "boolean"},
+        "id_token": {"type": ["string", "null"], "description":
+                     "Only for the platform (Bearer: the sandbox token of the token's user) and an active token: "
+                     "the ID token issued with this access token, which the hub hands to the app's SDK."}},
+        "additionalProperties": True},
     "SandboxLaunchRequest": _object({"client_id": {"type": "string"}}, additional=True),
     "SandboxLaunch": _object({"launch_id": {"type": "string"}, "launch_url": {"type": "string", "format": "uri"},
                               "expires_in": {"type": "integer"}}),
