@@ -16,6 +16,7 @@ from models.changes import ChangeVersion
 from models.charts import ChartRequest
 from models.db import BaseModel
 from models.denylist import DeniedToken
+from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, Launch
 from models.invitations import Invitation
@@ -28,6 +29,7 @@ MODELS: list[type[peewee.Model]] = [
     Launch, AuthorizationCode, AuditEvent, SigningKeyRecord, ChangeVersion, DeniedToken,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
+    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession,
 ]
 
 
