@@ -12,7 +12,7 @@ import sys
 from conf import ConfigError, Settings
 
 COMMAND_MODULES = ["cli.serve", "cli.directory", "cli.apps", "cli.keys", "cli.db", "cli.sandbox", "cli.demo",
-                   "cli.workers", "cli.billing"]
+                   "cli.workers", "cli.billing", "cli.developers"]
 
 
 class UsageError(Exception):

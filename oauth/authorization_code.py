@@ -119,11 +119,16 @@ class AuthorizationCodeGrant:
         settings, tokens = self.runtime.settings, self.runtime.tokens
         now = self.runtime.clock.now()
         user = grant.user
-        access_token, _ = tokens.access_token(
-            user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
-            client_id=app.client_id, org=grant.organization_id, scope="openid", jti=jti)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         claims["auth_time"] = claims["iat"]
         claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
-        return {"access_token": access_token, "id_token": tokens.sign(claims), "token_type": "Bearer",
+        id_token = tokens.sign(claims)
+        access_token, _ = tokens.access_token(
+            user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
+            client_id=app.client_id, org=grant.organization_id, scope="openid", jti=jti,
+            # The ID token issued with this access token, sealed so only this service can read it:
+            # the platform's verification returns it to the hub for the app's SDK (identity-provider
+            # variant; lifecycle.verification.platform_introspection). Nothing is stored.
+            svc_idt=self.runtime.hasher.seal(id_token, jti))
+        return {"access_token": access_token, "id_token": id_token, "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": "openid"}

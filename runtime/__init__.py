@@ -37,7 +37,8 @@ class Runtime:
 
     def __init__(self, settings: Settings, clock: Clock | None = None):
         self.settings = settings
-        self.clock = clock or Clock()
+        # SVC_CLOCK_OFFSET is test-only: child processes of the tests run "tomorrow night" with it.
+        self.clock = clock or Clock(settings.clock_offset)
         # One pooled connection per pool thread, the task worker's threads and the scheduler.
         self.db = open_database(settings.database_url,
                                 max_connections=settings.db_threads + settings.worker_threads + 2)
