@@ -58,8 +58,11 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
           on_start=None) -> None:
     """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
     first = Runtime(settings)  # once, before forking; also creates the keys every process shares
-    first.migrate()
-    first.close()
+    try:
+        first.migrate()
+        first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
+    finally:
+        first.close()
     sockets = tornado.netutil.bind_sockets(port, address=address)
     processes = processes or os.cpu_count() or 1
     if processes > 1:

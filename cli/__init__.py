@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"svc-auth {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ConfigError as exc:  # found once running, e.g. signing keys sealed under another SVC_HMAC_KEY
+        print(f"svc-auth: configuration error: {exc}", file=sys.stderr)
+        return 2
 
 
 def with_runtime(command):
