@@ -17,7 +17,7 @@ $(STAMP): setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# The `jose` npm package, for the test that verifies our ID tokens from JavaScript.
+# npm packages of the tests: `jose` (verifies our ID tokens from JavaScript), `axe-core` (console accessibility).
 tests/js/node_modules/.package-lock.json: tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --silent --no-audit --no-fund
 

@@ -17,7 +17,7 @@ import tornado.web
 
 from conf import Settings
 from runtime import Runtime
-from handlers import oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
+from handlers import console, oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
 from handlers.static import STATIC_DIR, StaticAssets
 from handlers.rest import appointments as rest_appointments, billing as rest_billing, directory as rest_directory, \
@@ -30,7 +30,8 @@ log = logging.getLogger("svc_auth")
 
 
 ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub, objects, ops,
-                 rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi]
+                 rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi,
+                 console]
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
 # Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones
@@ -45,8 +46,11 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
     routes = []
     for module in ROUTE_MODULES:
         routes += module.routes(runtime)
+    # xsrf_cookies stays off: only the developer console's forms check the token (ConsoleHandler).
+    xsrf_cookie_kwargs = {"httponly": True, "samesite": "Lax", "path": "/console",
+                          "secure": runtime.settings.issuer.startswith("https:")}
     return ObservedApplication(routes, runtime=runtime, default_handler_class=NotFoundHandler,
-                               xsrf_cookies=False, static_path=str(STATIC_DIR), static_handler_class=StaticAssets,
+                               xsrf_cookies=False, xsrf_cookie_kwargs=xsrf_cookie_kwargs, static_path=str(STATIC_DIR), static_handler_class=StaticAssets,
                                **tornado_settings)
 
 
@@ -67,7 +71,10 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         raise bind_error(exc, port, address) from None
     # Once, before forking: also creates the keys every process shares.
     first = open_runtime(settings, check_redis=True)
-    first.close()
+    try:
+        first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
+    finally:
+        first.close()
     try:
         sockets = tornado.netutil.bind_sockets(port, address=address)
     except OSError as exc:

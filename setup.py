@@ -38,6 +38,8 @@ setup(
         "boto3==1.44.5",
         "fpdf2==2.8.9",
         "prometheus-client==0.26.0",
+        "argon2-cffi==25.1.0",  # developer-console passwords: Argon2id, a maintained password hash
+        "pyotp==2.12.0",  # the console's optional TOTP second factor (RFC 6238)
     ],
     extras_require={
         "test": [

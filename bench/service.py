@@ -46,6 +46,8 @@ class BenchService:
         self.env.update({"SVC_ISSUER": self.url, "SVC_DATABASE_URL": self.database_url,
                          "SVC_VAR_DIR": str(self.tmp / "var"), "SVC_CODE_TTL": "3600",
                          "SVC_LAUNCH_TTL": "3600", "SVC_LOG_LEVEL": "INFO",
+                         # Codes are minted through sandbox launches (a testing tool, off by default).
+                         "SVC_SANDBOX": "on",
                          # The secret every host shares (secret hashes, sealed signing keys).
                          "SVC_HMAC_KEY": secrets.token_hex(32)})
         self.env.update(extra_env or {})

@@ -12,7 +12,7 @@ import sys
 from conf import ConfigError, Settings
 
 COMMAND_MODULES = ["cli.serve", "cli.directory", "cli.apps", "cli.keys", "cli.db", "cli.sandbox", "cli.demo",
-                   "cli.workers", "cli.billing"]
+                   "cli.workers", "cli.billing", "cli.developers"]
 
 
 class UsageError(Exception):
@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(settings, args) or 0
     except UsageError as exc:
         print(f"svc-auth {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:  # found once running, e.g. signing keys sealed under another SVC_HMAC_KEY
+        print(f"svc-auth: configuration error: {exc}", file=sys.stderr)
         return 2
     except StartupError as exc:
         print(f"svc-auth {args.command}: {exc}", file=sys.stderr)

@@ -1,9 +1,10 @@
-"""`svc-auth apps create|list|show|delete` and client-secret rotation (`apps update` is the console's)."""
+"""`svc-auth apps create|list|show|delete`, `apps update` (the manifest) and client-secret rotation."""
 from __future__ import annotations
 
 from cli import UsageError, add_json_flag, emit, emit_list, with_runtime
-from lifecycle.registry import (activate_fallback_secret, delete_application, generate_fallback_secret,
-                                register_application)
+from lifecycle.manifest import update_manifest
+from lifecycle.registry import activate_fallback_secret, delete_application, generate_fallback_secret, \
+    register_application, set_redirect_policy, set_require_pkce
 from models.application import Application, Installation
 from models.clock import utc_iso
 
@@ -31,6 +32,29 @@ def register(commands) -> None:
                         "introspect and revoke endpoints with this app's client_id (CORS); repeatable")
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create))
+
+    p = apps.add_parser("update", help="change the manifest; only the options given change")
+    p.add_argument("--app", required=True, help="application id")
+    p.add_argument("--name", help="new name")
+    p.add_argument("--launch-url", help="new launch URL")
+    p.add_argument("--redirect-uri", help="the redirect base URL")
+    endpoint = p.add_mutually_exclusive_group()
+    endpoint.add_argument("--token-endpoint", help="new token endpoint URL")
+    endpoint.add_argument("--no-token-endpoint", action="store_true",
+                          help="remove the token endpoint (the identity-provider variant)")
+    origins = p.add_mutually_exclusive_group()
+    origins.add_argument("--allowed-origin", action="append", help="replaces the list; repeat for several")
+    origins.add_argument("--no-allowed-origins", action="store_true", help="empty the list")
+    p.add_argument("--user-fields", help="comma-separated: email,name,ehrUsername,organization ('' for none)")
+    pkce = p.add_mutually_exclusive_group()
+    pkce.add_argument("--require-pkce", dest="require_pkce", action="store_const", const=True,
+                      help="authorize refuses requests without an S256 code_challenge")
+    pkce.add_argument("--no-require-pkce", dest="require_pkce", action="store_const", const=False,
+                      help="PKCE optional again")
+    p.add_argument("--redirect-uri-match", choices=["prefix", "exact"],
+                   help="prefix: under the base URL; exact: the registered URIs only (the base URL first)")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_update))
 
     p = apps.add_parser("list", help="list every application")
     add_json_flag(p)
@@ -68,6 +92,28 @@ def _create(runtime, args):
           "billing_plan": app.billing_plan, "user_fields": app.user_fields,
           "allowed_origins": app.allowed_origins, "redirect_uri_match": app.redirect_uri_match,
           "redirect_uris": app.redirect_uris, "require_pkce": app.require_pkce}, args.json)
+
+
+def _update(runtime, args):
+    changes = {key: value for key, value in (("name", args.name), ("launch_url", args.launch_url),
+                                             ("redirect_uri", args.redirect_uri),
+                                             ("token_endpoint", args.token_endpoint)) if value is not None}
+    if args.no_token_endpoint:
+        changes["token_endpoint"] = None
+    if args.allowed_origin is not None or args.no_allowed_origins:
+        changes["allowed_origins"] = args.allowed_origin or []
+    if args.user_fields is not None:
+        changes["user_fields"] = [f.strip() for f in args.user_fields.split(",") if f.strip()]
+    app = update_manifest(runtime, args.app, "operator", **changes)
+    if args.require_pkce is not None:
+        app = set_require_pkce(runtime, app.id, args.require_pkce)
+    if args.redirect_uri_match is not None:
+        app = set_redirect_policy(runtime, app.id, args.redirect_uri_match, app.redirect_uris)
+    emit({"application_id": app.id, "client_id": app.client_id, "name": app.name, "redirect_uri": app.redirect_uri,
+          "launch_url": app.launch_url, "token_endpoint": app.token_endpoint, "billing_plan": app.billing_plan,
+          "user_fields": app.user_fields, "allowed_origins": app.allowed_origins,
+          "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
+          "require_pkce": app.require_pkce}, args.json)
 
 
 def app_dict(app: Application) -> dict:

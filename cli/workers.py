@@ -24,7 +24,8 @@ def register(commands) -> None:
 
     snapshot = commands.add_parser("snapshot", help="appointment snapshots").add_subparsers(dest="action", required=True)
     p = snapshot.add_parser("run", help="build a night's appointment snapshots now, in this process")
-    p.add_argument("--date", help="the night, YYYY-MM-DD (default: today, UTC)")
+    p.add_argument("--date", help="the night, YYYY-MM-DD (default: the coming night: the one whose sync window "
+                                  "is open now, else the next one)")
     p.add_argument("--org", action="append", help="only this organization (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(run_snapshot))
@@ -55,7 +56,10 @@ def run_worker(runtime, args) -> int:
     else:
         queue.start_worker(args.threads)
     log.info("worker consuming %s", ", ".join(sorted(args.queues or queue.broker.get_declared_queues())))
+    from workers.recovery import start_recovery_thread
+    stop_recovery = start_recovery_thread(runtime)  # re-queues the work of workers that died
     stop.wait()
+    stop_recovery.set()
     log.info("worker stopping: finishing the tasks in hand")
     return 0  # with_runtime closes the runtime, which stops the worker
 
@@ -77,9 +81,9 @@ def run_scheduler_command(runtime, args) -> int:
 
 def run_snapshot(runtime, args) -> int:
     from models.directory import Organization
-    from workers.snapshot import run_night
+    from workers.snapshot import coming_night, run_night
     try:
-        night = dt.date.fromisoformat(args.date) if args.date else runtime.clock.now().date()
+        night = dt.date.fromisoformat(args.date) if args.date else coming_night(runtime.settings, runtime.clock.now())
     except ValueError:
         raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
     for org_id in args.org or ():

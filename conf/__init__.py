@@ -161,6 +161,16 @@ class Settings:
     # Threads per serve process that run blocking work (database, S3, queue) off the IOLoop.
     db_threads: int = 8
     connector_session_ttl: int = 24 * 3600
+    # Developer console: a session unused for this long is signed out.
+    console_idle_timeout: int = 30 * 60
+    # Console sign-in: failures allowed per account and per source address in a window, "COUNT/SECONDS".
+    console_signin_failure_limit: tuple = (5, 900)
+    # A chart request or snapshot whose worker died is found and re-queued within this many
+    # seconds (the delivery guarantee of docs/workers.md).
+    task_recovery_seconds: int = 120
+    # TEST ONLY: seconds added to the wall clock of this process (child processes of the tests run
+    # "tomorrow night" this way). Never set it in a deployment.
+    clock_offset: float = 0.0
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -208,8 +218,15 @@ class Settings:
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
-                     "db_threads", "sandbox_session_ttl", "sandbox_link_ttl"):
+                     "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
+                     "console_idle_timeout"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
+        if merged["task_recovery_seconds"] < 3:
+            raise ConfigError(f"SVC_TASK_RECOVERY_SECONDS must be at least 3, got {merged['task_recovery_seconds']}")
+        try:
+            merged["clock_offset"] = float(merged["clock_offset"])
+        except ValueError:
+            raise ConfigError(f"SVC_CLOCK_OFFSET must be a number of seconds, got {merged['clock_offset']!r}") from None
         try:
             merged["key_prepublish_seconds"] = int(merged["key_prepublish_seconds"])
             if merged["key_prepublish_seconds"] < 0:
@@ -221,7 +238,7 @@ class Settings:
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
         merged["sandbox"] = _switch("SVC_SANDBOX", merged["sandbox"])
-        for name in ("auth_failure_limit", "auth_address_failure_limit"):
+        for name in ("auth_failure_limit", "auth_address_failure_limit", "console_signin_failure_limit"):
             if isinstance(merged[name], str):
                 merged[name] = _count_per_seconds("SVC_" + name.upper(), merged[name])
         if isinstance(merged["rate_limits"], str):

@@ -3,6 +3,13 @@
 Every value derives from a hash of (organization id, what is asked), so the same question gives
 the same answer on every machine and run, and nothing is stored. All people are synthetic.
 
+The schedule lives: every appointment has a date it was booked on (most weeks ahead, a share only
+days ahead) and some are cancelled on a later date, both derived from the appointment. Asked on
+date D, the EHR shows the appointments booked before D and not cancelled before D, so from one day
+to the next new bookings appear and cancelled appointments disappear, deterministically from the
+date. `fetch_appointments` answers as of its `start` (the nightly sync reads at the start of its
+window), or as of `as_of` when given.
+
 For testing error handling, the organization's `ehr_url` can ask the sandbox to misbehave:
 `?outage=1` makes every call fail as unavailable (retried), `?latency=SECONDS` delays every call.
 """
@@ -23,6 +30,9 @@ SLOT_MINUTES = 30
 DAY_START_UTC = dt.time(13, 0)   # 09:00 US Eastern
 DAY_END_UTC = dt.time(21, 0)
 HISTORY_START = dt.date(2016, 1, 4)
+RECENT_BOOKING_SHARE = 0.4   # appointments booked at most RECENT_BOOKING_DAYS ahead (seen late)
+RECENT_BOOKING_DAYS = 10
+CANCELLATION_SHARE = 0.1     # appointments cancelled some day between their booking and the visit
 
 FIRST_F = ["Avery", "Brooke", "Camila", "Dana", "Elena", "Fiona", "Grace", "Hana", "Iris", "Jade", "Kira",
            "Lena", "Maya", "Nora", "Olive", "Paige", "Quinn", "Rosa", "Sage", "Tara", "Uma", "Vera", "Willa", "Zoe"]
@@ -98,14 +108,31 @@ class SandboxConnector:
         if self.outage:
             raise ConnectorUnavailable("The sandbox EHR is unavailable (simulated outage).")
 
-    def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
+    def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime,
+                           as_of: dt.datetime | None = None):
+        """The provider's appointments in [start, end) as the EHR shows them at `as_of` (default `start`)."""
         self._call()
         panel = patient_panel(self.organization_id)
+        today = (as_of or start).date()
         day = start.date()
         while day <= end.date():
             if day.weekday() < 5:  # clinics are closed at weekends
-                yield from self._day(provider, day, panel, start, end)
+                for appointment in self._day(provider, day, panel, start, end):
+                    booked_on, cancelled_on = self.booking(provider, appointment.start)
+                    if booked_on < today and (cancelled_on is None or cancelled_on >= today):
+                        yield appointment
             day += dt.timedelta(days=1)
+
+    def booking(self, provider: Provider, slot: dt.datetime) -> tuple[dt.date, dt.date | None]:
+        """(booked on, cancelled on or None) of the appointment of `provider` at `slot`."""
+        rng = _rng(self.organization_id, provider.npi, slot.isoformat(), "booking")
+        recent = rng.random() < RECENT_BOOKING_SHARE
+        lead = rng.randint(1, RECENT_BOOKING_DAYS) if recent else rng.randint(RECENT_BOOKING_DAYS + 1, 120)
+        booked_on = slot.date() - dt.timedelta(days=lead)
+        cancelled_on = None
+        if rng.random() < CANCELLATION_SHARE:
+            cancelled_on = booked_on + dt.timedelta(days=rng.randint(1, lead))
+        return booked_on, cancelled_on
 
     def _day(self, provider: Provider, day: dt.date, panel, start: dt.datetime, end: dt.datetime):
         rng = _rng(self.organization_id, provider.npi, day.isoformat())
@@ -117,7 +144,7 @@ class SandboxConnector:
                 visit_type, minutes = rng.choice(VISIT_TYPES)
                 appointment_end = min(slot + dt.timedelta(minutes=minutes), close)
                 patient = panel[rng.randrange(len(panel))]
-                status = "cancelled" if rng.random() < 0.06 else rng.choice(["booked", "booked", "confirmed"])
+                status = rng.choice(["booked", "booked", "confirmed"])  # cancelled ones disappear (booking())
                 if start <= slot < end:
                     yield Appointment(
                         id=f"apt_{_hex(self.organization_id, provider.npi, slot.isoformat())}",

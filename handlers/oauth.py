@@ -13,8 +13,7 @@ from oauth.resource import active_client_token, active_user_token, bearer_value,
 from oauth.revocation import revoke_token
 from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
-from lifecycle.sandbox import sandbox_user
-from lifecycle.verification import record_platform_verification
+from lifecycle.verification import platform_introspection
 
 
 class VariantHandler(BaseHandler):
@@ -123,21 +122,16 @@ class IntrospectionHandler(CorsHandler):
 
 
 def introspect(runtime, params: dict, token: str, authorization: str, address: str) -> dict:
-    """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool)."""
-    claims = active_user_token(runtime, token)
+    """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool). The platform
+    (Bearer sandbox token) verifies the token for its user, and learns the ID token issued with it."""
     if authorization.lower().startswith("bearer "):
-        platform_user = sandbox_user(runtime, authorization[7:].strip())
-        if claims is not None and claims["sub"] != platform_user.id:
-            claims = None
-        if claims is not None:
-            app = runtime.applications.by_client_id(claims["client_id"])
-            record_platform_verification(runtime, app, platform_user)
-    else:
-        app = authenticate_client(runtime, params, authorization, address)
-        if claims is not None and claims["client_id"] != app.client_id:
-            claims = None
-        if claims is None:
-            claims = active_client_token(runtime, token, app)  # the client's own client-credentials token
+        return platform_introspection(runtime, authorization[7:].strip(), token)
+    claims = active_user_token(runtime, token)
+    app = authenticate_client(runtime, params, authorization, address)
+    if claims is not None and claims["client_id"] != app.client_id:
+        claims = None
+    if claims is None:
+        claims = active_client_token(runtime, token, app)  # the client's own client-credentials token
     return introspection_response(claims)
 
 

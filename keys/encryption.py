@@ -14,12 +14,15 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from conf import ConfigError
+
 FORMAT = "v1"
 INFO = b"svc-auth signing-key encryption v1"
 
 
-class KeyDecryptionError(Exception):
-    """A stored private key does not open under this host's key-encryption key."""
+class KeyDecryptionError(ConfigError):
+    """A stored private key does not open under this host's key-encryption key: SVC_HMAC_KEY is not
+    the one the other hosts use (a configuration error: the command stops with that message)."""
 
 
 class KeyCipher:

@@ -1,4 +1,4 @@
-"""Keyed hashing of bearer secrets (client secrets, codes) and the server HMAC key.
+"""Keyed hashing of bearer secrets (client secrets, codes), sealing of stored ones, and the server HMAC key.
 
 Our secrets carry 256 bits of randomness, so a keyed HMAC-SHA-256 is as strong as a slow password
 hash against guessing and costs microseconds instead of capping the token endpoint.
@@ -10,6 +10,9 @@ import hashlib
 import hmac
 import secrets
 from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from keys.files import directory_lock, write_private
 
@@ -37,6 +40,24 @@ class SecretHasher:
 
     def verify(self, message: str, signature: str) -> bool:
         return hmac.compare_digest(self.sign(message), signature or "")
+
+    def seal(self, plaintext: str, context: str) -> str:
+        """`plaintext` encrypted at rest (AES-256-GCM under a key derived from the server key), bound
+        to `context` (e.g. the row's id) so a sealed value cannot be moved to another row."""
+        nonce = secrets.token_bytes(12)
+        sealed = AESGCM(self._seal_key()).encrypt(nonce, plaintext.encode("utf-8"), context.encode("utf-8"))
+        return base64.urlsafe_b64encode(nonce + sealed).decode()
+
+    def unseal(self, sealed: str, context: str) -> str | None:
+        """What `seal` sealed for `context`, or None if it was not (tampered, other key or row)."""
+        try:
+            raw = base64.urlsafe_b64decode(sealed.encode())
+            return AESGCM(self._seal_key()).decrypt(raw[:12], raw[12:], context.encode("utf-8")).decode("utf-8")
+        except (InvalidTag, ValueError):
+            return None
+
+    def _seal_key(self) -> bytes:
+        return hmac.new(self._key, b"svc-auth seal v1", hashlib.sha256).digest()
 
 
 def load_hmac_key(configured: str, keys_dir: str) -> bytes:

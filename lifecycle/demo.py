@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import peewee
 
+from connectors.sandbox import patient_panel
 from lifecycle.registry import (create_organization, create_user, delete_application, install_application,
                                 register_application, update_organization)
 from lifecycle.sandbox import create_signin_link, issue_sandbox_token
@@ -25,6 +26,13 @@ DEMO_PHYSICIAN_ID = "usr_demo_physician"
 DEMO_OTHER_ID = "usr_demo_staff"
 DEMO_CLIENT_ID = "demo-partner-app"
 EXAMPLE_APP_PORT = 8889
+
+
+def demo_patient():
+    """The demo clinic's documented patient (docs/rest-api.md): the first of its sandbox EHR panel,
+    pat_b15c092f2447b7a2, Lena Mercado. The sandbox derives its patients from the organization id,
+    so she is the same on every run; a chart request for her builds a real archive."""
+    return patient_panel(DEMO_ORG_ID)[0]
 
 
 def demo_app_url(port: int = EXAMPLE_APP_PORT) -> str:
@@ -151,6 +159,7 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT, sockets=None) -> None:
     except OSError as exc:
         raise bind_error(exc, app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
     info = seed_demo(runtime, demo_app_url(app_port))
+    patient = demo_patient()
     server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
     server.add_sockets(sockets)
     log.info("demo data ready; sign in to the hub with the one-time links printed below")
@@ -162,4 +171,6 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT, sockets=None) -> None:
           f"  hub (staff, refused by the app): {links['staff_hub']}\n"
           f"  settings (sandbox token): {links['physician_settings']}\n"
           f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
-          f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n", flush=True)
+          f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n"
+          f"  demo patient (chart requests): {patient.id} ({patient.first_name} {patient.last_name})\n"
+          f"  appointments: open the app in the physician's hub, then run `svc-auth snapshot run`\n", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
+from connectors.sessions import touch_session
 from models.application import Application, Installation
 from models.directory import User
 
@@ -81,6 +82,13 @@ def hub_view(runtime, user_id: str, auth_time: float | None = None) -> HubView:
 
 
 def hub_entries_for_token(runtime, token: str | None) -> list[HubEntry]:
-    """The hub's app list for the bearer of a sandbox token (401 when the token is not valid)."""
+    """The hub's app list for the bearer of a sandbox token (401 when the token is not valid).
+
+    The open hub re-reads it every few seconds (`GET /sandbox/api/apps`): a hub that stays open is
+    the user being active in the EHR, so this renews their connector session (`touch_session`
+    writes at most once a minute however often the hub polls)."""
     from lifecycle.sandbox import sandbox_user
-    return hub_entries(sandbox_user(runtime, token))
+    user = sandbox_user(runtime, token)
+    touch_session(runtime, user)
+    return hub_entries(user)
+

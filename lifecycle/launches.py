@@ -1,6 +1,7 @@
 """Creating a launch: the host platform opens an installed app for one of its users."""
 from __future__ import annotations
 
+from connectors.sessions import touch_session
 from models.application import Application, Installation
 from models.directory import User
 from models.grants import Launch, expiry
@@ -11,7 +12,9 @@ from oauth.redirects import with_query
 
 def create_launch(runtime, user: User, client_id: str, auth_time: int | None = None) -> tuple[Launch, str]:
     """A new launch of the app `client_id` for `user`, and the app's launch URL to load.
-    `auth_time` (epoch seconds): when the user authenticated with the platform (default now)."""
+    `auth_time` (epoch seconds): when the user authenticated with the platform (default now).
+
+    Opening an app is activity in the hub: it opens or renews the user's connector session."""
     app = Application.get_or_none(Application.client_id == client_id)
     if app is None:
         raise ApiError(404, "unknown_client", "No application has this client_id.")
@@ -25,6 +28,7 @@ def create_launch(runtime, user: User, client_id: str, auth_time: int | None = N
     launch = Launch.create(id=new_secret(24), application=app.id, user=user.id, organization=user.organization_id,
                            created_at=now, expires_at=expiry(now, runtime.settings.launch_ttl),
                            auth_time=int(runtime.clock.time()) if auth_time is None else auth_time)
+    touch_session(runtime, user)
     org = user.organization
     url = with_query(app.launch_url, launch_id=launch.id, svc_organization_id=org.id, ehr_url=org.ehr_url or None)
     return launch, url

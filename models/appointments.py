@@ -19,6 +19,9 @@ class Snapshot(BaseModel):
     status = peewee.CharField(max_length=16, default="building")  # building | complete
     started_at = peewee.DateTimeField(default=wall_now)
     completed_at = peewee.DateTimeField(null=True)
+    # A `building` snapshot's worker renews this while it writes; once it lapses the worker is gone
+    # and the sweep (workers.recovery) removes the snapshot and re-queues its organization's night.
+    lease_until = peewee.DateTimeField(null=True)
 
     class Meta:
         indexes = ((("organization", "status", "snapshot_date"), False),)

@@ -28,3 +28,8 @@ class ChartRequest(BaseModel):
     error = peewee.TextField(null=True)
     object_key = peewee.CharField(max_length=300, null=True)
     attempts = peewee.IntegerField(default=0)
+    # Lease of the build (workers.recovery): the Dramatiq message that may build it now, and until
+    # when. A worker renews it while it builds; an expired lease of a pending request means its
+    # worker died, and the sweep re-queues it.
+    lease_owner = peewee.CharField(max_length=64, null=True)
+    lease_until = peewee.DateTimeField(null=True)

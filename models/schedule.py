@@ -16,11 +16,11 @@ class ScheduledRun(BaseModel):
         indexes = ((("job", "run_date"), True),)
 
     @classmethod
-    def claim(cls, job: str, run_date, claimed_by: str = "") -> bool:
+    def claim(cls, job: str, run_date, claimed_by: str = "", claimed_at=None) -> bool:
         """True for exactly one caller per (job, date), however many schedulers race for it."""
         try:
             with cls._meta.database.atomic():
-                cls.create(job=job, run_date=run_date, claimed_by=claimed_by[:200])
+                cls.create(job=job, run_date=run_date, claimed_by=claimed_by[:200], claimed_at=claimed_at or wall_now())
             return True
         except peewee.IntegrityError:
             return False

@@ -16,6 +16,7 @@ from models.changes import ChangeVersion
 from models.charts import ChartRequest
 from models.db import BaseModel
 from models.denylist import DeniedToken
+from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, Launch
 from models.invitations import Invitation
@@ -28,6 +29,7 @@ MODELS: list[type[peewee.Model]] = [
     Launch, AuthorizationCode, AuditEvent, SigningKeyRecord, ChangeVersion, DeniedToken,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
+    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession,
 ]
 
 
@@ -66,6 +68,12 @@ MIGRATIONS: list[tuple[int, str, object]] = [
      _add_missing_columns("application", ("require_pkce", peewee.BooleanField(default=False)))),
     (1203, "PKCE: authorization_code.code_challenge",
      _add_missing_columns("authorization_code", ("code_challenge", peewee.CharField(max_length=64, null=True)))),
+    # Issue 13 numbers its steps 13xx.
+    (1301, "chart_request lease: re-queue requests whose worker died",
+     _add_missing_columns("chart_request", ("lease_owner", peewee.CharField(max_length=64, null=True)),
+                          ("lease_until", peewee.DateTimeField(null=True)))),
+    (1302, "snapshot.lease_until: replace snapshots whose worker died",
+     _add_missing_columns("snapshot", ("lease_until", peewee.DateTimeField(null=True)))),
     # Issue 14 numbers its steps 14xx.
     (1401, "launches and authorization codes carry auth_time; codes carry their scope",
      lambda m: (_add_missing_columns("launch", ("auth_time", peewee.BigIntegerField(null=True)))(m),

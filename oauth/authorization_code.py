@@ -165,13 +165,18 @@ class AuthorizationCodeGrant:
         now = self.runtime.clock.now()
         user = grant.user
         scope = grant.scope or "openid"
-        access_token, _ = tokens.access_token(
-            user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
-            client_id=app.client_id, org=grant.organization_id, scope=scope, jti=jti)
         claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
         # When the user authenticated with the platform (carried from the sandbox token through
         # the launch), so every flow of one platform session carries the same auth_time.
         claims["auth_time"] = grant.auth_time if grant.auth_time is not None else claims["iat"]
         claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
-        return {"access_token": access_token, "id_token": tokens.sign(claims), "token_type": "Bearer",
+        id_token = tokens.sign(claims)
+        access_token, _ = tokens.access_token(
+            user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
+            client_id=app.client_id, org=grant.organization_id, scope=scope, jti=jti,
+            # The ID token issued with this access token, sealed so only this service can read it:
+            # the platform's verification returns it to the hub for the app's SDK (identity-provider
+            # variant; lifecycle.verification.platform_introspection). Nothing is stored.
+            svc_idt=self.runtime.hasher.seal(id_token, jti))
+        return {"access_token": access_token, "id_token": id_token, "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": scope}

@@ -70,3 +70,4 @@ def introspection_response(claims: dict | None) -> dict:
             "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
             "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",
             "svc_organization_id": claims.get("org")}
+

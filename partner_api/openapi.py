@@ -59,8 +59,12 @@ SCHEMAS = {
         "sub": {"type": "string"}, "email": {"type": "string"}, "given_name": {"type": "string"},
         "family_name": {"type": "string"}}, "additionalProperties": True,
         "description": "Also `https://{claims_namespace}/ehrUsername` and `.../organization` when declared."},
-    "Introspection": {"type": "object", "required": ["active"], "properties": {"active": {"type": "boolean"}},
-                      "additionalProperties": True},
+    "Introspection": {"type": "object", "required": ["active"], "properties": {
+        "active": {"type": "boolean"},
+        "id_token": {"type": ["string", "null"], "description":
+                     "Only for the platform (Bearer: the sandbox token of the token's user) and an active token: "
+                     "the ID token issued with this access token, which the hub hands to the app's SDK."}},
+        "additionalProperties": True},
     "SandboxLaunchRequest": _object({"client_id": {"type": "string"}}, additional=True),
     "SandboxLaunch": _object({"launch_id": {"type": "string"}, "launch_url": {"type": "string", "format": "uri"},
                               "expires_in": {"type": "integer"}}),
@@ -297,7 +301,8 @@ def _oauth_paths(prefix: str) -> dict:
             "responses": {"200": _json(_ref("Introspection"), "introspection result"),
                           **token_errors}}},
         f"{prefix}/oauth/revoke": {"post": {
-            "summary": "Token revocation (RFC 7009): a client revokes its own access token", "tags": ["oauth"],
+            "summary": "Token revocation (RFC 7009): a client revokes its own access token",
+            "operationId": op_id("oauth_revoke"), "tags": ["oauth"],
             "security": [{}, {"clientBasic": []}],
             "requestBody": {"required": True, "content": {
                 "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {

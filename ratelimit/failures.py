@@ -48,6 +48,10 @@ class FailurePolicy:
     subject: Limit = Limit(10, 300)    # failures per subject (and per subject+address) per window
     address: Limit = Limit(50, 300)    # failures per address, all subjects, per window
     trust_seconds: int = 30 * 24 * 3600  # how long a success trusts its address for the subject
+    # True (client secrets): a trusted address is never locked out of its subject and its failures
+    # there are not counted. False (e.g. passwords typed by people): trust is not used at all, so
+    # the subject and pair limits apply to everyone.
+    exempt_trusted: bool = True
 
 
 def _text(key: Key) -> str:
@@ -174,7 +178,8 @@ class FailureThrottle:
             if count < limit.count:
                 continue
             if trusted is None:
-                trusted = bool(subject and address and self.store.trusted(self._trust_key(subject, address), now))
+                trusted = bool(self.policy.exempt_trusted and subject and address
+                               and self.store.trusted(self._trust_key(subject, address), now))
             if trusted:
                 return  # under attack from elsewhere (or locked by others' failures); this address proved itself
             raise Throttled(what, reset)
@@ -182,7 +187,8 @@ class FailureThrottle:
     def failed(self, subject: Key | None, address: str | None) -> list[Key]:
         """Count one failure; returns the counters this failure just locked (audit them)."""
         now = self.clock()
-        if subject is not None and address and self.store.trusted(self._trust_key(subject, address), now):
+        if self.policy.exempt_trusted and subject is not None and address \
+                and self.store.trusted(self._trust_key(subject, address), now):
             return []  # an address that holds the secret (e.g. an app mid-rotation): not guessing
         keys = self._keys(subject, address, now)
         locked = []
@@ -194,7 +200,7 @@ class FailureThrottle:
 
     def succeeded(self, subject: Key, address: str | None) -> None:
         """A success consumes nothing; it trusts this address for the subject."""
-        if address:
+        if address and self.policy.exempt_trusted:
             now = self.clock()
             self.store.trust(self._trust_key(subject, address), now + self.policy.trust_seconds, now)
 

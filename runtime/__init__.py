@@ -21,7 +21,7 @@ from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key
 from keys.signing import TOPIC as SIGNING_KEYS, KeyRing
 from models.clock import Clock
-from models.db import DATABASE_ERRORS, discard, open_database, release
+from models.db import DATABASE_ERRORS, HeldConnections, open_database
 from models.schema import bind_models
 from oauth.denylist import build_denylist
 from oauth.errors import dependency_unavailable
@@ -37,10 +37,12 @@ class Runtime:
 
     def __init__(self, settings: Settings, clock: Clock | None = None):
         self.settings = settings
-        self.clock = clock or Clock()
+        # SVC_CLOCK_OFFSET is test-only: child processes of the tests run "tomorrow night" with it.
+        self.clock = clock or Clock(settings.clock_offset)
         # One pooled connection per pool thread, the task worker's threads and the scheduler.
         self.db = open_database(settings.database_url,
                                 max_connections=settings.db_threads + settings.worker_threads + 2)
+        self.connections = HeldConnections(self.db)
         bind_models(self.db)  # Peewee's Database.bind: the models now query this database
         secret = load_hmac_key(settings.hmac_key, settings.keys_dir)
         self.hasher = SecretHasher(secret)
@@ -100,21 +102,20 @@ class Runtime:
         return await loop.run_in_executor(self.executor, functools.partial(self.unit_of_work, fn, *args, **kwargs))
 
     def unit_of_work(self, fn, /, *args, **kwargs):
-        """`fn(*args, **kwargs)` on this thread's database connection, given back afterwards.
+        """`fn(*args, **kwargs)` on this thread's database connection, which the thread keeps.
 
         The one place dependency outages of blocking work are mapped: a database connection that
         failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
         the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
         unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
+        self.connections.begin()
         try:
             return fn(*args, **kwargs)
         except DATABASE_ERRORS as exc:
-            discard(self.db)
+            self.connections.failed()
             raise dependency_unavailable("database") from exc
         except (RateLimiterUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
             raise dependency_unavailable("Redis") from exc
-        finally:
-            release(self.db)
 
     def migrate(self) -> list[str]:
         from models.schema import migrate

@@ -22,7 +22,7 @@ def test_every_operation_has_a_unique_operation_id():
     doc = openapi_document("https://auth.example")
     ids = [op.get("operationId") for _, _, op in operations(doc)]
     assert None not in ids, [f"{m.upper()} {p}" for p, m, op in operations(doc) if "operationId" not in op]
-    assert len(ids) == len(set(ids)) == 23
+    assert len(ids) == len(set(ids)) and len(ids) >= 25
     assert all(re.fullmatch(r"[a-z][a-z0-9_]*", i) for i in ids), ids
 
 

@@ -117,3 +117,19 @@ def test_redis_counts_are_shared_between_processes(redis_namespace):
         second.check(("client", "c1"), "10.0.0.1")  # its own pair is locked regardless
     now[0] += 60
     second.check(("client", "c1"), "10.0.0.2")
+
+
+def test_without_trust_exemption_the_subject_locks_for_everyone():
+    """`exempt_trusted=False` (people's passwords): earlier successes do not shield an address."""
+    now = [1_000_000.0]
+    throttle = FailureThrottle("console_signin", FailurePolicy(subject=Limit(5, 900), address=Limit(100, 900),
+                                                               exempt_trusted=False), lambda: now[0])
+    throttle.succeeded(("account", "a@x.example"), "10.0.0.1")
+    for _ in range(5):
+        throttle.check(("account", "a@x.example"), "10.0.0.1")
+        throttle.failed(("account", "a@x.example"), "10.0.0.1")
+    with pytest.raises(Throttled):
+        throttle.check(("account", "a@x.example"), "10.0.0.1")
+    with pytest.raises(Throttled):
+        throttle.check(("account", "a@x.example"), "10.0.0.2")
+    throttle.check(("account", "b@x.example"), "10.0.0.1")  # another account from that address

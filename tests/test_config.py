@@ -36,3 +36,12 @@ def test_environment_and_dotenv(tmp_path):
 def test_bad_values_are_refused_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=name):
         Settings.from_env(env, dotenv=None)
+
+
+def test_key_prepublication_bounds_the_jwks_cache_lifetime():
+    assert Settings.build().key_prepublish_seconds == 300 and Settings.build().jwks_max_age == 300
+    assert Settings.build(key_prepublish_seconds="60").jwks_max_age == 60
+    assert Settings.build(key_prepublish_seconds="3600").jwks_max_age == 300
+    assert Settings.build(key_prepublish_seconds="0").jwks_max_age == 0
+    with pytest.raises(ConfigError, match="SVC_KEY_PREPUBLISH_SECONDS"):
+        Settings.build(key_prepublish_seconds="-1")

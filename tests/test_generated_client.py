@@ -109,6 +109,8 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     verdict = (await call("oauth_introspect", call.client(world["sandbox_token"]), 200,
                           body=m.OauthIntrospectBody(token=tokens.access_token))).parsed
     assert verdict.active is True
+    await call("oauth_revoke", call.client(basic, "Basic"), 200, body=m.OauthRevokeBody(token=tokens.access_token))
+    await call("oauth_userinfo", call.client(tokens.access_token), 401)  # revoked
 
     # /os-api/v2: form token body with HTTP Basic client authentication.
     tokens = (await call("os_api_v2_oauth_token", call.client(basic, "Basic"), 200, body=m.TokenRequestForm(
@@ -118,6 +120,8 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     verdict = (await call("os_api_v2_oauth_introspect", call.client(basic, "Basic"), 200,
                           body=m.OsApiV2OauthIntrospectBody(token=tokens.access_token))).parsed
     assert verdict.active is True
+    await call("os_api_v2_oauth_revoke", call.client(basic, "Basic"), 200,
+               body=m.OsApiV2OauthRevokeBody(token=tokens.access_token))
 
     # The partner API with a client-credentials token (the oauth2 scheme's tokenUrl operation).
     cc = (await call("oauth_token", call.client(basic, "Basic"), 200, body=m.TokenRequestForm(

@@ -15,7 +15,7 @@ from jose import jwk, jwt
 
 from conftest import REDIS_URL, ROOT, basic_auth, free_port, settings_env, start_process, stop_process
 
-PREPUBLISH = 3
+PREPUBLISH = 4  # long enough to observe "published, not signing yet" on a busy machine
 
 
 def http(port: int, path: str, body: bytes | None = None, headers=None) -> tuple[int, dict]:
@@ -152,3 +152,12 @@ def test_secret_activation_on_one_host_reaches_every_warm_host(hosts, world, run
     for port in h.ports:
         assert wait_until(lambda: client_token(port, app.client_id, world["secret"])[0] == 401, 1.0) < 1.0
         assert client_token(port, app.client_id, fallback)[0] == 200
+
+
+def test_a_host_with_another_hmac_key_stops_with_a_message_naming_it(settings, runtime, tmp_path):
+    runtime.keyring.active  # noqa: B018  (the keys exist, sealed under the session's SVC_HMAC_KEY)
+    env = settings_env(settings, SVC_HMAC_KEY="x" * 40, SVC_VAR_DIR=tmp_path / "other")
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "serve", "--port", str(free_port())],
+                            env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "SVC_HMAC_KEY" in result.stderr and "Traceback" not in result.stderr

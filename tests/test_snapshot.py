@@ -87,8 +87,11 @@ def test_only_when_the_connector_session_is_active_during_the_window(runtime, cl
     late = create_user(org.id, "late@example.com", "Late", "Doc", "ldoc", "1003000126")
     gone = create_user(org.id, "gone@example.com", "Gone", "Doc", "gdoc", "1003000134")
     stale = create_user(org.id, "stale@example.com", "Stale", "Doc", "sdoc", "1003000142")
+    # Verification is activity in the hub too: done long before, its session lapsed before the window.
+    move_clock_to(runtime.clock, at(settings, minutes=-settings.connector_session_ttl // 60 - 120))
     for user in (late, gone, stale):
         record_platform_verification(runtime, clinic["app"], user)
+    move_clock_to(runtime.clock, at(settings, minutes=-6 * 60))
     touch_session(runtime, gone)
     end_session(runtime, gone)                               # signed out before the window
     move_clock_to(runtime.clock, at(settings, minutes=-settings.connector_session_ttl // 60 - 60))

@@ -51,7 +51,7 @@ def settings(settings, s3_endpoint, monkeypatch, redis_namespace):
         monkeypatch.setenv(name, value)
     configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
                                   s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", task_max_retries=2,
-                                  task_min_backoff_ms=100, task_max_backoff_ms=300)
+                                  task_min_backoff_ms=100, task_max_backoff_ms=300, task_recovery_seconds=6)
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
     return configured
 
@@ -60,7 +60,8 @@ def settings(settings, s3_endpoint, monkeypatch, redis_namespace):
 def child_env(settings):
     return settings_env(settings, SVC_TASK_MAX_RETRIES=settings.task_max_retries,
                         SVC_TASK_MIN_BACKOFF_MS=settings.task_min_backoff_ms,
-                        SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms, **AWS)
+                        SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms,
+                        SVC_TASK_RECOVERY_SECONDS=settings.task_recovery_seconds, **AWS)
 
 
 @pytest.fixture
@@ -168,8 +169,7 @@ def test_a_worker_killed_mid_build_leaves_the_request_retryable_and_a_retry_make
     assert bucket_keys(runtime.settings) == []
 
     set_ehr_url(world["org"], "https://ehr.example/test")
-    start_worker()
-    charts.enqueue_chart_build(runtime, request.id)
+    start_worker()  # its recovery sweep re-queues the request once the dead worker's lease lapses
     charts.enqueue_chart_build(runtime, request.id)  # a duplicate delivery is harmless too
     done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="the retry")
     assert done.status == "ready"

@@ -68,7 +68,15 @@ class TaskQueue:
 
     def send(self, task_fn, *args, delay_ms: int | None = None) -> dramatiq.Message:
         """Enqueue `task_fn(runtime, *args)` on this queue's broker (a blocking call: off the IOLoop)."""
-        return self.broker.enqueue(self.actors[task_fn.__name__].message(*args), delay=delay_ms)
+        return self.send_message(self.message(task_fn, *args), delay_ms=delay_ms)
+
+    def message(self, task_fn, *args) -> dramatiq.Message:
+        """The message of `task_fn(runtime, *args)`, not sent yet: its id is known before it is
+        sent (workers.recovery hands a lease to it)."""
+        return self.actors[task_fn.__name__].message(*args)
+
+    def send_message(self, message: dramatiq.Message, delay_ms: int | None = None) -> dramatiq.Message:
+        return self.broker.enqueue(message, delay=delay_ms)
 
     def last_attempt(self) -> bool:
         from workers.tasks import current_message_is_last_attempt

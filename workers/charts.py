@@ -6,20 +6,25 @@ organization's connector, writes the archive to a temporary directory, stores it
 it visible only when complete), checks it is there, and only then marks the request `ready`.
 A worker killed on the way leaves the request `pending` and re-running it yields one object.
 Outages are retried with backoff; when retries run out, or for permanent errors, the request is
-marked `failed` with a reason the API shows.
+marked `failed` with a reason the API shows. Builds are leased and a stopped worker's requests are
+re-queued by the sweep (workers.recovery), so every request ends `ready` or `failed`, once.
 """
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import logging
+import secrets
 import tempfile
+
+from dramatiq.middleware import CurrentMessage
 
 from connectors import ConnectorError, ConnectorUnavailable, connector_for
 from connectors.sandbox import SandboxConnector, patient_panel
 from models.charts import ChartRequest
 from workers.tasks import task
 from workers.chart_archive import write_chart_zip
+from workers.leases import chart_lease_keeper, claim_chart, extend_chart_lease, lease_seconds
 
 log = logging.getLogger("svc_auth.charts")
 
@@ -32,23 +37,40 @@ def chart_key(request_id: str) -> str:
     return f"charts/{request_id}.zip"
 
 
-def build_chart_archive(runtime, request_id: str) -> ChartRequest | None:
-    """Build and store the ZIP of a pending request, then mark it ready. Safe to run again."""
+def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> ChartRequest | None:
+    """Build and store the ZIP of a pending request, then mark it ready. Safe to run again.
+
+    The build is leased to `owner` (the task's message id; a direct call gets a one-off id) and
+    the lease is renewed while it runs (workers.recovery); a request another delivery is building
+    right now is left to it."""
     request = ChartRequest.get_or_none(ChartRequest.id == request_id)
     if request is None or request.status != "pending":
         return request  # gone, or already done by an earlier delivery of the same task
-    ChartRequest.update(attempts=ChartRequest.attempts + 1).where(ChartRequest.id == request_id).execute()
-    chart = connector_for(request.organization).fetch_chart(request.patient_id)
-    key = chart_key(request_id)
-    store = runtime.object_store
-    with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:
-        path = write_chart_zip(chart, request_id, request.application_id, directory)
-        store.put_file(key, path)
-    if not store.exists(key):
-        raise OSError(f"{key} is not in the object store after its upload")
+    owner = owner or f"direct-{secrets.token_hex(8)}"
+    if not claim_chart(runtime, request_id, owner):
+        log.info("chart %s: another delivery holds its lease", request_id)
+        return request
+    with chart_lease_keeper(runtime, request_id, owner):
+        chart = connector_for(request.organization).fetch_chart(request.patient_id)
+        key = chart_key(request_id)
+        store = runtime.object_store
+        with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:
+            path = write_chart_zip(chart, request_id, request.application_id, directory)
+            store.put_file(key, path)
+        if not store.exists(key):
+            raise OSError(f"{key} is not in the object store after its upload")
     (ChartRequest.update(status="ready", ready_at=runtime.clock.now(), object_key=key, error=None)
      .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute())
     return ChartRequest.get_by_id(request_id)
+
+
+def _hold_for_retry(runtime, request_id: str, owner: str) -> None:
+    """A retry is coming after Dramatiq's backoff: keep the lease until then, so the sweep waits."""
+    settings = runtime.settings
+    message = CurrentMessage.get_current_message()
+    retries = message.options.get("retries", 0) if message is not None else 0
+    backoff_ms = min(settings.task_min_backoff_ms * 2 ** (retries + 1), settings.task_max_backoff_ms)
+    extend_chart_lease(runtime, request_id, owner, backoff_ms / 1000 + lease_seconds(settings))
 
 
 def mark_failed(request_id: str, reason: str) -> None:
@@ -58,14 +80,17 @@ def mark_failed(request_id: str, reason: str) -> None:
 
 @task(queue_name="charts")
 def build_chart(runtime, request_id: str) -> None:
+    message = CurrentMessage.get_current_message()
+    owner = message.message_id if message is not None else None
     try:
-        build_chart_archive(runtime, request_id)
+        build_chart_archive(runtime, request_id, owner)
     except ConnectorUnavailable as exc:
         if runtime.task_queue.last_attempt():
             request = ChartRequest.get_or_none(ChartRequest.id == request_id)
             attempts = request.attempts if request else 0
             mark_failed(request_id, f"The EHR did not answer after {attempts} attempts: {exc}")
             return
+        _hold_for_retry(runtime, request_id, owner)
         raise
     except ConnectorError as exc:
         mark_failed(request_id, str(exc))
@@ -74,6 +99,7 @@ def build_chart(runtime, request_id: str) -> None:
         if runtime.task_queue.last_attempt():
             mark_failed(request_id, "The chart archive could not be built.")
             return
+        _hold_for_retry(runtime, request_id, owner)
         raise
 
 

@@ -13,11 +13,12 @@ import socket
 import threading
 
 from models.schedule import ScheduledRun
-from workers.snapshot import enqueue_night, night_window
+from workers.recovery import sweep
+from workers.snapshot import NIGHTLY_JOB, enqueue_night, night_window
 
 log = logging.getLogger("svc_auth.scheduler")
 
-JOB = "nightly-sync"
+JOB = NIGHTLY_JOB
 
 
 def night_due(settings, now: dt.datetime) -> dt.date | None:
@@ -49,6 +50,7 @@ def run_scheduler(runtime, stop: threading.Event, interval: float = 30.0) -> Non
     while not stop.is_set():
         try:
             tick(runtime)
+            sweep(runtime)  # also re-queue the work of workers that died (workers.recovery)
         except Exception:
             log.exception("scheduler tick failed; trying again in %ss", interval)
         finally:

@@ -23,6 +23,7 @@ from models.application import Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization, User
 from models.prepared import PreparedInsert
+from workers.leases import lease_seconds, record_sync_failure, snapshot_lease_keeper
 from workers.tasks import task
 
 log = logging.getLogger("svc_auth.snapshot")
@@ -31,6 +32,7 @@ COVERAGE = dt.timedelta(days=10)
 INSERT_CHUNK = 500  # rows per INSERT: well under SQLite's bound-variable limit
 _INSERT_APPOINTMENT = PreparedInsert(SnapshotAppointment)  # SQL text built once, rows sent in bulk
 KEEP_NIGHTS = 2     # complete snapshots of older nights are pruned beyond this many
+NIGHTLY_JOB = "nightly-sync"  # the scheduler's claim of a night (models.schedule.ScheduledRun)
 
 
 def night_window(settings, night: dt.date) -> tuple[dt.datetime, dt.datetime]:
@@ -41,6 +43,14 @@ def night_window(settings, night: dt.date) -> tuple[dt.datetime, dt.datetime]:
     if end <= start:
         end += dt.timedelta(days=1)
     return start, end
+
+
+def coming_night(settings, now: dt.datetime) -> dt.date:
+    """The night whose sync window is open at `now`, else the next one to open (`snapshot run`'s default)."""
+    for night in (now.date() - dt.timedelta(days=1), now.date()):
+        if now < night_window(settings, night)[1]:
+            return night
+    return now.date() + dt.timedelta(days=1)
 
 
 def eligible_providers(settings, organization_id: str, night: dt.date) -> list[User]:
@@ -66,21 +76,29 @@ def _rows(snapshot_id: int, user: User, appointments):
 
 
 def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
-    """Fetch and store `night`'s snapshot of one organization, then publish it atomically."""
-    settings, db = runtime.settings, runtime.db
+    """Fetch and store `night`'s snapshot of one organization, then publish it atomically.
+
+    The `building` snapshot carries a lease renewed while it is written: if this process dies,
+    the recovery sweep (workers.recovery) removes it and queues the night again."""
+    settings, db, clock = runtime.settings, runtime.db, runtime.clock
     organization = Organization.get_by_id(organization_id)
     connector = connector_for(organization)
     window_start, _ = night_window(settings, night)
     providers = eligible_providers(settings, organization_id, night)
-    snapshot = Snapshot.create(organization=organization_id, snapshot_date=night, status="building")
+    now = clock.now()
+    snapshot = Snapshot.create(organization=organization_id, snapshot_date=night, status="building", started_at=now,
+                               lease_until=now + dt.timedelta(seconds=lease_seconds(settings)))
     try:
         count = 0
-        for user in providers:
-            provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
-            rows = _rows(snapshot.id, user, connector.fetch_appointments(provider, window_start, window_start + COVERAGE))
-            for chunk in peewee.chunked(rows, INSERT_CHUNK):
-                with db.atomic():
-                    count += _INSERT_APPOINTMENT.insert_many(chunk)
+        with snapshot_lease_keeper(runtime, snapshot.id):
+            for user in providers:
+                provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name,
+                                    ehr_username=user.ehr_username)
+                rows = _rows(snapshot.id, user,
+                             connector.fetch_appointments(provider, window_start, window_start + COVERAGE))
+                for chunk in peewee.chunked(rows, INSERT_CHUNK):
+                    with db.atomic():
+                        count += _INSERT_APPOINTMENT.insert_many(chunk)
     except BaseException:
         _discard(db, snapshot.id)
         raise
@@ -164,3 +182,4 @@ def sync_organization(runtime, organization_id: str, night: str) -> None:
         raise  # retried; yesterday's snapshot keeps being served meanwhile
     except (ConnectorError, Organization.DoesNotExist) as exc:
         log.error("snapshot of %s for %s failed for good: %s", organization_id, night, exc)
+        record_sync_failure(organization_id, dt.date.fromisoformat(night))

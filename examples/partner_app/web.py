@@ -117,6 +117,12 @@ class LaunchHandler(PartnerHandler):
         query = urlencode({"launch_id": launch_id, "client_id": config.client_id,
                            "redirect_uri": redirect_uri, "response_type": "code",
                            **self.partner.authorizations.start()})
+        # Demonstrates the SDK's identity-provider variant (app.js reads this cookie): the page
+        # exchanges the code through the app's backend itself and gives the SDK the access token.
+        if self.get_query_argument("variant", "") == "identity-provider":
+            self.set_cookie("sdk_variant", "identity-provider", path="/app", samesite="Lax")
+        else:
+            self.clear_cookie("sdk_variant", path="/app")
         self.set_header("Cache-Control", "no-store")
         self.redirect(f"{config.base_url}/oauth/authorize?{query}")
 

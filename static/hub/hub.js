@@ -3,10 +3,12 @@
 // SDK protocol (postMessage; both sides check origin and source):
 //   app -> hub  {channel:"svc-sdk", type:"context", id}          hub -> app {channel:"svc-platform", type:"context", id, tokenEndpoint, clientId, organizationId}
 //   app -> hub  {channel:"svc-sdk", type:"verify", id, accessToken}
-//                                     hub -> app {channel:"svc-platform", type:"verified"|"rejected", id, error?, message?}
+//                                     hub -> app {channel:"svc-platform", type:"verified"|"rejected", id, idToken?, error?, message?}
 //   app -> hub  {channel:"svc-sdk", type:"error", error, message}  (the SDK failed; shown in the hub)
 // The hub verifies the access token with POST {base}/oauth/introspect using the user's sandbox
-// token as Bearer: that is the platform verification. The hub never sees the client secret.
+// token as Bearer: that is the platform verification. Its answer carries the ID token the service
+// issued with that access token, which `verified` hands to the app's SDK (identity-provider variant:
+// the SDK only got the access token). The hub never sees the client secret.
 (function () {
   "use strict";
 
@@ -82,7 +84,7 @@
     });
     var result = await response.json().catch(function () { return {}; });
     if (response.ok && result.active && result.client_id === entry.client_id && result.sub === data.user.id) {
-      reply(event, { type: "verified", id: event.data.id });
+      reply(event, { type: "verified", id: event.data.id, idToken: result.id_token || null });
       setStatus(entry.name + " is open; the platform verified its access token.");
     } else {
       reply(event, { type: "rejected", id: event.data.id, error: "invalid_token",

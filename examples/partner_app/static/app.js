@@ -25,12 +25,31 @@
     return body;
   }
 
+  // Identity-provider variant (launch URL with ?variant=identity-provider sets a cookie, see web.py): the app's
+  // own code exchanges the authorization code through its backend and hands the SDK only the
+  // access token; getIdToken() still resolves the ID token, which the platform returns.
+  async function identityProviderTokens() {
+    if (!/(^|;\s*)sdk_variant=identity-provider(;|$)/.test(document.cookie)) return null;
+    var url = new URL(window.location.href);
+    var code = url.searchParams.get("code");
+    url.searchParams.delete("code");
+    window.history.replaceState(null, "", url.toString());
+    var response = await fetch("/api/token", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ code: code })
+    });
+    var body = await response.json().catch(function () { return {}; });
+    if (!response.ok) throw new Error(response.status + " " + (body.error || "error") + ": " + (body.message || ""));
+    $("backend-id-token").textContent = body.id_token;
+    return body;
+  }
+
   async function start() {
     var sdk;
     try {
+      var tokens = await identityProviderTokens();
       // The token endpoint comes from the app manifest (the hub tells the SDK); pass
       // { tokenEndpoint: "/api/token" } to set it here instead.
-      sdk = await window.svcSdk.initializeSvcSDK();
+      sdk = await window.svcSdk.initializeSvcSDK(tokens ? { accessToken: tokens.access_token } : undefined);
     } catch (error) {
       $("sdk-status").textContent = "The SDK did not initialize.";
       $("sdk-error").textContent = error.message;
@@ -38,6 +57,7 @@
       return;
     }
     var idToken = (await sdk.sessionContext.getIdToken()).idToken;
+    $("sdk-id-token").textContent = idToken || "";
     var claims = decodeJwtPayload(idToken);
     $("id-token-claims").textContent = JSON.stringify(claims, null, 2);
     $("sdk-status").textContent = "Signed in as " + (claims.given_name || "") + " " + (claims.family_name || "") +

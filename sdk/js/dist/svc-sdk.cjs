@@ -44,7 +44,9 @@ module.exports = __toCommonJS(index_exports);
  *   3. hands the access token to the hub over postMessage; the hub has the platform verify it;
  *   4. resolves with the platform instance once the hub confirms. A 403 from the app token endpoint
  *      (the app refused the user) or 403 trial_expired rejects with an SvcSdkError.
- * `options.accessToken` skips steps 1-2 (the identity-provider variant).
+ * `options.accessToken` skips steps 1-2 (the identity-provider variant): the hub has the platform
+ * verify that access token, and the platform answers with the ID token the service issued with it,
+ * which getIdToken() then resolves (an `options.idToken` given by the app wins).
  *
  * Messages are only sent to the platform origin and only accepted from window.parent at that
  * origin. The platform origin is `options.platformOrigin`, else the origin this script was served
@@ -170,6 +172,7 @@ function createSdk(global) {
     var channel = new PlatformChannel(platformOriginFor(options), options.timeoutMs || DEFAULT_TIMEOUT_MS);
     var accessToken = options.accessToken || null;
     var idToken = options.idToken || null;
+    var verdict = null;
     try {
       if (!accessToken) {
         var found = takeCodeFromUrl();
@@ -189,7 +192,7 @@ function createSdk(global) {
         accessToken = tokens.access_token;
         idToken = tokens.id_token;
       }
-      var verdict = await channel.request("verify", { accessToken });
+      verdict = await channel.request("verify", { accessToken });
       if (verdict.type !== "verified") {
         throw SvcSdkError2(
           verdict.error || "verification_failed",
@@ -203,7 +206,7 @@ function createSdk(global) {
       }
       throw error;
     }
-    var token = idToken;
+    var token = idToken || verdict.idToken || null;
     return {
       platformOrigin: channel.origin,
       sessionContext: {

@@ -14,7 +14,9 @@
  *   3. hands the access token to the hub over postMessage; the hub has the platform verify it;
  *   4. resolves with the platform instance once the hub confirms. A 403 from the app token endpoint
  *      (the app refused the user) or 403 trial_expired rejects with an SvcSdkError.
- * `options.accessToken` skips steps 1-2 (the identity-provider variant).
+ * `options.accessToken` skips steps 1-2 (the identity-provider variant): the hub has the platform
+ * verify that access token, and the platform answers with the ID token the service issued with it,
+ * which getIdToken() then resolves (an `options.idToken` given by the app wins).
  *
  * Messages are only sent to the platform origin and only accepted from window.parent at that
  * origin. The platform origin is `options.platformOrigin`, else the origin this script was served
@@ -144,6 +146,7 @@ export function createSdk(global) {
     var channel = new PlatformChannel(platformOriginFor(options), options.timeoutMs || DEFAULT_TIMEOUT_MS);
     var accessToken = options.accessToken || null;
     var idToken = options.idToken || null;
+    var verdict = null;
     try {
       if (!accessToken) {
         var found = takeCodeFromUrl();
@@ -164,7 +167,7 @@ export function createSdk(global) {
         accessToken = tokens.access_token;
         idToken = tokens.id_token;
       }
-      var verdict = await channel.request("verify", { accessToken: accessToken });
+      verdict = await channel.request("verify", { accessToken: accessToken });
       if (verdict.type !== "verified") {
         throw SvcSdkError(verdict.error || "verification_failed",
           "The platform did not verify the access token: " + (verdict.message || verdict.error || "refused"));
@@ -173,7 +176,8 @@ export function createSdk(global) {
       try { channel.notify("error", { error: error.code || "error", message: error.message }); } catch (e) { /* ignore */ }
       throw error;
     }
-    var token = idToken;
+    // Identity-provider variant: the ID token issued with the access token, from the platform's verification.
+    var token = idToken || verdict.idToken || null;
     return {
       platformOrigin: channel.origin,
       sessionContext: {

@@ -7,7 +7,7 @@ export interface SvcSdkOptions {
   appTokenEndpoint?: string;
   /** Skip the code exchange (the identity-provider variant). */
   accessToken?: string;
-  /** With `accessToken`: the ID token `getIdToken()` returns (else `null`). */
+  /** With `accessToken`: the ID token `getIdToken()` returns; default: the ID token the service issued with that access token, which the platform returns when it verifies it. */
   idToken?: string | null;
   /** The hub's origin; default: the origin the SDK script was loaded from, else the embedding page's. */
   platformOrigin?: string;

@@ -117,6 +117,13 @@ test("accessToken in the options (identity-provider variant) goes straight to ve
   assert.equal((await instance.sessionContext.getIdToken()).idToken, "idt-x");
 });
 
+test("identity-provider variant without an ID token: getIdToken resolves the one the platform returns", async () => {
+  const hub = hubThatVerifies({ type: "verified", idToken: "idt-issued-with-at-y" });
+  const { app } = framedApp("http://app.example/app", HUB, hub.answer);
+  const instance = await createSdk(app).loadSdk({ platformOrigin: HUB, accessToken: "at-y", timeoutMs: 2000 });
+  assert.equal((await instance.sessionContext.getIdToken()).idToken, "idt-issued-with-at-y");
+});
+
 test("a page that is not framed rejects with not_embedded", async () => {
   const alone = new FakeWindow("http://app.example/app?code=good");
   await assert.rejects(createSdk(alone).loadSdk({ platformOrigin: HUB }), { code: "not_embedded" });

@@ -1,0 +1,150 @@
+"""One application's pages: manifest and secrets, installations, billing (+ CSV) and audit.
+
+Every request re-checks that the signed-in developer was invited to the application (404 if not).
+Changes go through the lifecycle functions the CLI and REST API use, with the developer as actor."""
+from __future__ import annotations
+
+import csv
+import io
+
+from handlers.console.base import ConsoleHandler
+from lifecycle.activation import set_activation_status
+from lifecycle.billing import parse_month
+from partner_api.console import audit_view, billing_csv_rows, billing_view, installations_view
+from lifecycle.developers import actor_of
+from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
+from lifecycle.registry import activate_fallback_secret, generate_fallback_secret
+from models.application import Installation
+from oauth.errors import ApiError
+from partner_api.access import PATH_ID
+
+ACTIVATION_WARNING = ("Activating the fallback secret before your backend retries with the fallback "
+                      "breaks integrations: the current secret stops working at once.")
+
+
+class AppPage(ConsoleHandler):
+    def render_app(self, app, status=200, form=None, errors=None, **extra):
+        self.page("app.html", status, app=app, section="settings", form=form or manifest_of(app),
+                  errors=errors or {}, groups=PERMISSION_GROUPS, warning=ACTIVATION_WARNING,
+                  fallback_secret=extra.pop("fallback_secret", None), confirm=extra.pop("confirm", False),
+                  notice=extra.pop("notice", self.get_query_argument("notice", "")), **extra)
+
+
+class AppHandler(AppPage):
+    """`/console/apps/{id}`: the manifest form (POST saves it) and the secret rotation steps."""
+
+    async def get(self, application_id):
+        app = await self.own_application(application_id)
+        self.render_app(app)
+
+    async def post(self, application_id):
+        app = await self.own_application(application_id)
+        form = {"name": self.form("name"), "launch_url": self.form("launch_url"),
+                "redirect_uri": self.form("redirect_uri"), "token_endpoint": self.form("token_endpoint"),
+                "allowed_origins": self.form("allowed_origins").splitlines(),
+                "user_fields": self.form_list("user_fields")}
+        try:
+            await self.run(update_manifest, self.runtime, app.id, actor_of(self.developer), **form)
+        except ManifestInvalid as exc:
+            return self.render_app(app, 400, form=form, errors=exc.fields)
+        self.redirect(f"/console/apps/{app.id}?notice=saved", status=303)
+
+
+class FallbackSecretHandler(AppPage):
+    """Rotation step 1: the new secret is shown once, in this response only."""
+
+    async def post(self, application_id):
+        app = await self.own_application(application_id)
+        secret = await self.run(generate_fallback_secret, self.runtime, app.id, actor_of(self.developer))
+        app = await self.own_application(application_id)
+        self.render_app(app, fallback_secret=secret)
+
+
+class ActivateFallbackHandler(AppPage):
+    """Rotation step 3: first the warning and a `Confirm activation` button, then the change."""
+
+    async def post(self, application_id):
+        app = await self.own_application(application_id)
+        if self.form("confirm") != "yes":
+            return self.render_app(app, confirm=True)
+        try:
+            await self.run(activate_fallback_secret, self.runtime, app.id, actor_of(self.developer))
+        except ApiError as exc:
+            return self.render_app(app, 409, errors={"secret": exc.message})
+        self.redirect(f"/console/apps/{app.id}?notice=activated", status=303)
+
+
+class InstallationsHandler(ConsoleHandler):
+    async def get(self, application_id):
+        await self.show(await self.own_application(application_id))
+
+    async def show(self, app, errors=None, status=200):
+        rows = await self.run(installations_view, self.runtime, app)
+        self.page("installations.html", status, app=app, section="installations", rows=rows, errors=errors or {},
+                  notice=self.get_query_argument("notice", ""))
+
+
+class ActivationHandler(InstallationsHandler):
+    """The Enable/Disable switch of one clinic: the REST operation's rule (`set_activation_status`)."""
+
+    async def post(self, application_id, organization_id):
+        app = await self.own_application(application_id)
+        installation = (await self.run(Installation.find, app.id, organization_id)
+                        if PATH_ID.match(organization_id) else None)
+        if installation is None:
+            raise ApiError(404, "not_installed", "The application is not installed in this organization.")
+        try:
+            await self.run(set_activation_status, self.runtime, installation, self.form("status"),
+                           actor_of(self.developer))
+        except ApiError as exc:
+            return await self.show(app, {organization_id: exc.message}, exc.status)
+        self.redirect(f"/console/apps/{app.id}/installations?notice=saved", status=303)
+
+
+class BillingHandler(ConsoleHandler):
+    def month(self) -> str:
+        return self.get_query_argument("month", "") or self.runtime.clock.now().strftime("%Y-%m")
+
+    async def get(self, application_id):
+        app = await self.own_application(application_id)
+        month = self.month()
+        try:
+            parse_month(month)
+        except ApiError as exc:
+            return self.page("billing.html", 400, app=app, section="billing", month=month, bill=None,
+                             error=exc.message)
+        bill = await self.run(billing_view, app, month)
+        self.page("billing.html", app=app, section="billing", month=month, bill=bill, error=None)
+
+
+class BillingCsvHandler(BillingHandler):
+    async def get(self, application_id):
+        app = await self.own_application(application_id)
+        month = parse_month(self.month())
+        rows = await self.run(billing_csv_rows, app, month)
+        out = io.StringIO()
+        csv.writer(out).writerows(rows)
+        self.set_header("Content-Type", "text/csv; charset=UTF-8")
+        self.set_header("Content-Disposition", f'attachment; filename="billing-{app.id}-{month}.csv"')
+        self.finish(out.getvalue())
+
+
+class AuditHandler(ConsoleHandler):
+    async def get(self, application_id):
+        app = await self.own_application(application_id)
+        events = await self.run(audit_view, app)
+        self.page("audit.html", app=app, section="audit", events=events)
+
+
+def routes() -> list:
+    base = r"/console/apps/([^/]+)"
+    return [
+        (base, AppHandler),
+        (base + r"/secret/fallback", FallbackSecretHandler),
+        (base + r"/secret/activate", ActivateFallbackHandler),
+        (base + r"/installations", InstallationsHandler),
+        (base + r"/installations/([^/]+)/status", ActivationHandler),
+        (base + r"/billing", BillingHandler),
+        (base + r"/billing\.csv", BillingCsvHandler),
+        (base + r"/audit", AuditHandler),
+    ]

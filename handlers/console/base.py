@@ -1,0 +1,85 @@
+"""`ConsoleHandler`: HTML pages, the session cookie, the CSRF check and the developer's access."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import tornado.web
+
+from handlers.base import BaseHandler
+from lifecycle.developers import developer_application, session_developer
+from oauth.errors import ApiError
+
+TEMPLATE_DIR = str(Path(__file__).resolve().parent / "templates")
+SESSION_COOKIE = "svc_console"
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+       "base-uri 'none'")
+
+
+class ConsoleHandler(BaseHandler):
+    """A console page. `signed_in_only` pages send visitors without a session to the sign-in page."""
+
+    signed_in_only = True
+    developer = None
+
+    def get_template_path(self):
+        return TEMPLATE_DIR
+
+    def set_default_headers(self):
+        super().set_default_headers()
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Content-Security-Policy", CSP)
+        self.set_header("X-Frame-Options", "DENY")
+
+    async def prepare(self):
+        super().prepare()
+        if self.request.method not in ("GET", "HEAD", "OPTIONS"):
+            # xsrf_cookies stays off for the application (OAuth/REST clients post without it);
+            # every console form must carry the token: 403 without it.
+            self.check_xsrf_cookie()
+        self.developer = await self.run(session_developer, self.runtime, self.get_cookie(SESSION_COOKIE))
+        if self.developer is None and self.signed_in_only:
+            if self.get_cookie(SESSION_COOKIE):
+                self.clear_cookie(SESSION_COOKIE, path="/console")
+            self.redirect("/console/login", status=303 if self.request.method == "POST" else 302)
+
+    @property
+    def secure(self) -> bool:
+        return self.request.protocol == "https" or self.svc_settings.issuer.startswith("https:")
+
+    def set_session_cookie(self, token: str) -> None:
+        self.set_cookie(SESSION_COOKIE, token, path="/console", httponly=True, samesite="Lax", secure=self.secure)
+
+    async def own_application(self, application_id: str):
+        """The signed-in developer's application, checked on every request; anything else 404."""
+        return await self.run(developer_application, self.developer, application_id)
+
+    def form(self, name: str) -> str:
+        """A form field (the last value). Tornado replaces control characters, NUL included,
+        with spaces in form arguments, so none reaches the database."""
+        return self.get_body_argument(name, "", strip=False)
+
+    def form_list(self, name: str) -> list[str]:
+        return self.get_body_arguments(name, strip=False)
+
+    def page(self, template: str, status: int = 200, **values) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        values.setdefault("app", None)
+        values.setdefault("section", None)
+        self.render(template, developer=self.developer, **values)
+
+    def write_error(self, status_code: int, **kwargs):
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            message = exc.message
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
+        elif isinstance(exc, tornado.web.HTTPError) and status_code == 403:
+            message = "The form expired or did not come from this console (missing CSRF token). Reload and retry."
+        elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
+            message = {404: "No such page."}.get(status_code, exc.log_message or self._reason)
+        else:
+            message = "The server could not complete the request."
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.render("error.html", developer=self.developer, app=None, section=None, status=status_code,
+                    message=message)

@@ -1,0 +1,230 @@
+"""Console accounts: operator invitations, passwords (Argon2id), optional TOTP, server-side
+sessions with idle expiry, and which applications a developer may manage.
+
+Tokens (invitation links, session cookies) carry 256 random bits and are stored only as keyed
+hashes (`runtime.hasher`), like client secrets; passwords, which people choose, get Argon2id.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+
+import argon2
+import pyotp
+
+from lifecycle.registry import EMAIL
+from models.application import Application
+from models.audit import AuditEvent
+from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
+from models.ids import new_secret
+from oauth.errors import ApiError
+from ratelimit.failures import FailurePolicy, FailureThrottle, Throttled, build_failure_throttle
+from ratelimit.policy import Limit
+
+# The shape of our ids (as partner_api.access.PATH_ID): anything else is no application of anyone's.
+APPLICATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PASSWORD_MIN = 12
+PASSWORD_MAX = 1024
+_HASHER = argon2.PasswordHasher()
+# Verified when the e-mail is unknown, so an unknown account costs the same time as a wrong password.
+_DUMMY_HASH = _HASHER.hash("not a password of anyone")
+
+
+class FieldErrors(ApiError):
+    """400 with a message per form field (shown beside the field)."""
+
+    def __init__(self, fields: dict[str, str]):
+        super().__init__(400, "invalid_request", " ".join(fields.values()))
+        self.fields = fields
+
+
+def actor_of(developer: Developer) -> str:
+    """How the audit trail names a developer."""
+    return f"developer:{developer.email}"
+
+
+# -- invitations --------------------------------------------------------------------------------
+
+def invite_developer(runtime, application_id: str, email: str, actor: str = "operator") -> tuple[Developer, str, dt.datetime]:
+    """Grant `email` access to the application; returns (developer, one-time URL, expiry)."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    email = (email or "").strip().lower()
+    if not EMAIL.match(email) or len(email) > 254:
+        raise ApiError(400, "invalid_request", f"{email!r} is not a valid e-mail address.")
+    now = runtime.clock.now()
+    with runtime.db.atomic():
+        developer = Developer.get_or_none(Developer.email == email)
+        if developer is None:
+            developer = Developer.create(email=email, created_at=now)
+        DeveloperAccess.insert(developer=developer.id, application=app.id, granted_at=now).on_conflict_ignore().execute()
+        token = new_secret()
+        expires_at = now + dt.timedelta(seconds=runtime.settings.invitation_ttl)
+        DeveloperInvite.create(token_hash=runtime.hasher.digest(token), developer=developer.id, application=app.id,
+                               created_at=now, expires_at=expires_at)
+        AuditEvent.record(actor, "developer.invited", app.id, developer=email)
+    return developer, f"{runtime.settings.public_url}/console/invite/{token}", expires_at
+
+
+def open_invite(runtime, token: str) -> DeveloperInvite:
+    """The unused, unexpired invitation of `token`, with a TOTP secret to offer; else 404."""
+    invite = DeveloperInvite.get_or_none(DeveloperInvite.token_hash == runtime.hasher.digest(token or ""))
+    if invite is None or invite.used_at is not None or invite.expires_at <= runtime.clock.now():
+        raise ApiError(404, "invitation_not_found", "This invitation link is unknown, used or expired. "
+                                                     "Ask your operator for a new one.")
+    if not invite.totp_secret:
+        invite.totp_secret = pyotp.random_base32()
+        DeveloperInvite.update(totp_secret=invite.totp_secret).where(
+            (DeveloperInvite.token_hash == invite.token_hash) & DeveloperInvite.totp_secret.is_null()).execute()
+        invite = DeveloperInvite.get_by_id(invite.token_hash)
+    invite.developer  # noqa: B018  (loaded here, off the IOLoop, for the page)
+    return invite
+
+
+def totp_uri(invite: DeveloperInvite) -> str:
+    return pyotp.TOTP(invite.totp_secret).provisioning_uri(name=invite.developer.email, issuer_name="svc-auth console")
+
+
+def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: str = "") -> Developer:
+    """Set the password (and the TOTP factor when a code is given); the link then stops working."""
+    invite = open_invite(runtime, token)
+    if invite.developer.password_hash:
+        # A later invitation only grants another application; it never resets a password.
+        raise ApiError(409, "account_exists", "You already have a password: sign in with it.")
+    errors = {}
+    password = password or ""
+    if len(password) < PASSWORD_MIN:
+        errors["password"] = f"The password must have at least {PASSWORD_MIN} characters."
+    elif len(password) > PASSWORD_MAX:
+        errors["password"] = f"The password must have at most {PASSWORD_MAX} characters."
+    elif password != (confirm or ""):
+        errors["confirm"] = "The two passwords differ."
+    totp_code = (totp_code or "").replace(" ", "")
+    if totp_code and not pyotp.TOTP(invite.totp_secret).verify(totp_code, for_time=runtime.clock.time(),
+                                                              valid_window=1):
+        errors["totp_code"] = "This code does not match the authenticator key; check the device's clock."
+    if errors:
+        raise FieldErrors(errors)
+    now = runtime.clock.now()
+    with runtime.db.atomic():
+        used = (DeveloperInvite.update(used_at=now)
+                .where((DeveloperInvite.token_hash == invite.token_hash) & DeveloperInvite.used_at.is_null()).execute())
+        if not used:  # another request used the link first
+            raise ApiError(404, "invitation_not_found", "This invitation link has already been used.")
+        fields = {"password_hash": _HASHER.hash(password), "activated_at": now}
+        if totp_code:
+            fields["totp_secret"] = invite.totp_secret
+        Developer.update(**fields).where(Developer.id == invite.developer_id).execute()
+        AuditEvent.record(f"developer:{invite.developer.email}", "developer.password_set", invite.application_id,
+                          totp=bool(totp_code))
+    return Developer.get_by_id(invite.developer_id)
+
+
+# -- sign-in and sessions -------------------------------------------------------------------
+
+def check_credentials(runtime, email: str, password: str, totp_code: str = "") -> Developer | None:
+    """The developer when email, password (and TOTP code, if they set one) are right, else None."""
+    developer = Developer.get_or_none(Developer.email == (email or "").strip().lower())
+    stored = developer.password_hash if developer is not None and developer.password_hash else None
+    try:
+        _HASHER.verify(stored or _DUMMY_HASH, password or "")
+    except (argon2.exceptions.VerificationError, argon2.exceptions.InvalidHashError):
+        return None
+    if stored is None:
+        return None
+    if developer.totp_secret and not pyotp.TOTP(developer.totp_secret).verify(
+            (totp_code or "").replace(" ", ""), for_time=runtime.clock.time(), valid_window=1):
+        return None
+    if _HASHER.check_needs_rehash(stored):
+        Developer.update(password_hash=_HASHER.hash(password)).where(Developer.id == developer.id).execute()
+    return developer
+
+
+def start_session(runtime, developer: Developer) -> str:
+    """A new session; returns the cookie value (stored only hashed)."""
+    token = new_secret()
+    now = runtime.clock.now()
+    ConsoleSession.create(token_hash=runtime.hasher.digest(token), developer=developer.id, created_at=now,
+                          last_seen_at=now)
+    return token
+
+
+def session_developer(runtime, token: str | None) -> Developer | None:
+    """The developer of a live session, touching it; None when unknown or idle too long."""
+    if not token:
+        return None
+    digest = runtime.hasher.digest(token)
+    now = runtime.clock.now()
+    idle_since = now - dt.timedelta(seconds=runtime.settings.console_idle_timeout)
+    session = (ConsoleSession.select(ConsoleSession, Developer).join(Developer)
+               .where(ConsoleSession.token_hash == digest).first())
+    if session is None:
+        return None
+    if session.last_seen_at <= idle_since:
+        ConsoleSession.delete().where(ConsoleSession.token_hash == digest).execute()
+        return None
+    ConsoleSession.update(last_seen_at=now).where(ConsoleSession.token_hash == digest).execute()
+    return session.developer
+
+
+def end_session(runtime, token: str | None) -> None:
+    if token:
+        ConsoleSession.delete().where(ConsoleSession.token_hash == runtime.hasher.digest(token)).execute()
+
+
+# -- access ---------------------------------------------------------------------------------------
+
+def applications_of(developer: Developer) -> list[Application]:
+    return list(Application.select().join(DeveloperAccess, on=(DeveloperAccess.application == Application.id))
+                .where(DeveloperAccess.developer == developer.id).order_by(Application.name, Application.id))
+
+
+def developer_application(developer: Developer, application_id: str) -> Application:
+    """The application if this developer was invited to it; any other id is 404 (never 403, so
+    the console does not reveal which ids exist)."""
+    app = (Application.select().join(DeveloperAccess, on=(DeveloperAccess.application == Application.id))
+           .where((DeveloperAccess.developer == developer.id) & (Application.id == application_id)).first()
+           if isinstance(application_id, str) and APPLICATION_ID.match(application_id) else None)
+    if app is None:
+        raise ApiError(404, "application_not_found", "No application of yours has this id.")
+    return app
+
+
+__all__ = ["FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
+           "developer_application", "end_session", "invite_developer", "open_invite", "session_developer",
+           "sign_in", "signin_throttle", "start_session", "totp_uri"]
+
+
+def signin_subject(email: str) -> tuple:
+    """The throttle subject of an account: hashed, so no e-mail address is written to Redis."""
+    return ("account", hashlib.sha256((email or "").strip().lower().encode()).hexdigest()[:32])
+
+
+def sign_in(runtime, throttle, email: str, password: str, totp_code: str, address: str) -> str:
+    """A session token for right credentials. Failures go to the shared failure throttle
+    (`ratelimit.failures`, as at the token endpoint): past the limit per account or per source
+    address, 429 with Retry-After without checking the password."""
+    subject = signin_subject(email)
+    try:
+        throttle.check(subject, address)
+    except Throttled as exc:
+        raise ApiError(429, "too_many_attempts", f"Too many failed sign-ins. Try again in {exc.retry_after} seconds.",
+                       {"Retry-After": str(exc.retry_after)}) from None
+    developer = check_credentials(runtime, email, password, totp_code)
+    if developer is None:
+        for locked in throttle.failed(subject, address):
+            AuditEvent.record(f"address:{address}", "developer.signin_locked", "console", counter=locked[0])
+        raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
+    throttle.succeeded(subject, address)  # a no-op for this policy (exempt_trusted=False)
+    return start_session(runtime, developer)
+
+
+def signin_throttle(runtime) -> FailureThrottle:
+    """The console's failure throttle: SVC_CONSOLE_SIGNIN_FAILURE_LIMIT per account and per address."""
+    limit = Limit(*runtime.settings.console_signin_failure_limit)
+    # exempt_trusted=False: a console password is a person's guessable secret, so every failure
+    # counts, even from an address that signed in before (5 per account, and per address -> 429).
+    policy = FailurePolicy(subject=limit, address=limit, exempt_trusted=False)
+    return build_failure_throttle(runtime.settings, "console_signin", policy, runtime.clock.time)

@@ -1,0 +1,47 @@
+"""What the developer console shows about one application, read from the same functions as the
+partner REST API (organizations, users, billing) so both always agree. The console is the
+partner's other interface; the REST API's access rule is replaced by the developer's
+(`lifecycle.developers.developer_application`)."""
+from __future__ import annotations
+
+import peewee
+
+from lifecycle.billing import billing_report
+from models.application import Application, Installation
+from models.audit import AuditEvent
+from oauth.claims import trial_state
+from partner_api.billing import billing_of
+from partner_api.directory import organizations_of, users_of
+
+
+def installations_view(runtime, app: Application) -> list[dict]:
+    """Each clinic: the REST listing's fields, the trial state and its users."""
+    now = runtime.clock.now()
+    rows = []
+    for org in organizations_of(app):
+        installation = Installation.find(app.id, org["id"])
+        trial = trial_state(app.billing_plan, installation.trial_started_at if installation else None, now)
+        rows.append({**org, "is_free_trial": trial.is_free_trial, "days_left": trial.days_until_end_of_trial,
+                     "trial_started_at": installation.trial_started_at if installation else None,
+                     "users": users_of(app, org["id"])})
+    return rows
+
+
+def billing_view(app: Application, month: str) -> dict:
+    """The same object as `GET /v1/applications/{id}/billing?month=`."""
+    return billing_of(app, month)
+
+
+def billing_csv_rows(app: Application, month: str) -> list[list[str]]:
+    """One row per billable user, as `svc-auth billing report --format csv` writes them."""
+    from lifecycle.billing import report_rows
+    return report_rows(billing_report(month, app.id))
+
+
+def audit_view(app: Application, limit: int = 200) -> list[AuditEvent]:
+    """The application's audit trail, newest first: secret steps, manifest and activation changes."""
+    prefix = app.id + "/"  # activation events name "application/organization"
+    return list(AuditEvent.select()
+                .where((AuditEvent.subject == app.id)
+                       | (peewee.fn.SUBSTR(AuditEvent.subject, 1, len(prefix)) == prefix))
+                .order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(limit))

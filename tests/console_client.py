@@ -1,0 +1,64 @@
+"""A small browser-like client of the developer console over pytest-tornado's HTTP client:
+keeps cookies, reads the CSRF token from the last page, submits forms."""
+from __future__ import annotations
+
+import re
+import urllib.parse
+from http.cookies import SimpleCookie
+
+XSRF = re.compile(r'name="_xsrf" value="([^"]+)"')
+
+
+class ConsoleClient:
+    def __init__(self, http_client, base_url, address: str | None = None):
+        self.http, self.base_url = http_client, base_url
+        self.cookies: dict[str, str] = {}
+        self.last_html = ""
+        self.address = address  # sent as X-Forwarded-For (only read behind a trusted proxy)
+
+    def _headers(self, extra=None) -> dict:
+        headers = dict(extra or {})
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        if self.address:
+            headers["X-Forwarded-For"] = self.address
+        return headers
+
+    def _keep_cookies(self, response) -> None:
+        for header in response.headers.get_list("Set-Cookie"):
+            cookie = SimpleCookie()
+            cookie.load(header)
+            for name, morsel in cookie.items():
+                if morsel["expires"] and "1970" in morsel["expires"] or morsel.value == "":
+                    self.cookies.pop(name, None)
+                else:
+                    self.cookies[name] = morsel.value
+
+    async def get(self, path: str):
+        response = await self.http.fetch(self.base_url + path, headers=self._headers(), raise_error=False,
+                                         follow_redirects=False)
+        self._keep_cookies(response)
+        self.last_html = response.body.decode("utf-8", "replace")
+        return response
+
+    def xsrf(self) -> str:
+        match = XSRF.search(self.last_html)
+        assert match, "no CSRF token on the last page"
+        return match.group(1)
+
+    async def post(self, path: str, fields=(), xsrf: bool = True):
+        """POST a form; `fields` is a dict or a list of pairs (repeat a name for checkboxes)."""
+        pairs = list(fields.items()) if isinstance(fields, dict) else list(fields)
+        if xsrf:
+            pairs.append(("_xsrf", self.xsrf()))
+        response = await self.http.fetch(
+            self.base_url + path, method="POST", body=urllib.parse.urlencode(pairs), raise_error=False,
+            follow_redirects=False,
+            headers=self._headers({"Content-Type": "application/x-www-form-urlencoded"}))
+        self._keep_cookies(response)
+        self.last_html = response.body.decode("utf-8", "replace")
+        return response
+
+    async def sign_in(self, email: str, password: str, code: str = ""):
+        await self.get("/console/login")
+        return await self.post("/console/login", {"email": email, "password": password, "totp_code": code})

@@ -1,0 +1,343 @@
+"""The developer console over real HTTP (both database backends): invitations, passwords and
+TOTP, sessions, CSRF, the sign-in throttle, isolation between partners, and the manifest rule
+(`lifecycle.manifest`) as authorize and userinfo see it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.parse
+
+import pyotp
+import pytest
+
+from conftest import ROOT, settings_env
+from console_client import ConsoleClient
+from lifecycle.developers import check_credentials, invite_developer, sign_in, signin_throttle
+from lifecycle.manifest import ManifestInvalid, update_manifest
+from lifecycle.registry import create_organization, install_application, register_application
+from models.application import Application
+from models.audit import AuditEvent
+from oauth.errors import ApiError
+
+PASSWORD = "correct horse battery staple"
+
+
+def invite_path(runtime, app_id, email):
+    _, url, _ = invite_developer(runtime, app_id, email)
+    return urllib.parse.urlsplit(url).path
+
+
+async def developer(http_client, base_url, runtime, app_id, email, password=PASSWORD) -> ConsoleClient:
+    """A developer invited to `app_id`, password set, signed in."""
+    client = ConsoleClient(http_client, base_url)
+    path = invite_path(runtime, app_id, email)
+    assert (await client.get(path)).code == 200
+    response = await client.post(path, {"password": password, "confirm": password})
+    assert response.code == 303, client.last_html
+    assert (await client.sign_in(email, password)).code == 303, client.last_html
+    return client
+
+
+@pytest.fixture
+def partner_b(runtime):
+    org = create_organization("Other Clinic", "sandbox")
+    app, _ = register_application(runtime, "Other App", "https://b.example/app", "https://b.example/launch")
+    install_application(app.id, org.id)
+    return app
+
+
+# -- the manifest rule -----------------------------------------------------------------------
+
+def test_manifest_update_validates_each_field_and_audits_the_actor(runtime, world):
+    app = world["app"]
+    with pytest.raises(ManifestInvalid) as caught:
+        update_manifest(runtime, app.id, "developer:a@x.example", name=" ", launch_url="ftp://x", redirect_uri="https://a/#f",
+                        token_endpoint="nope", allowed_origins=["https://ok.example", "javascript:alert(1)"],
+                        user_fields=["email", "ssn"])
+    assert set(caught.value.fields) == {"name", "launch_url", "redirect_uri", "token_endpoint", "allowed_origins",
+                                        "user_fields"}
+    assert Application.get_by_id(app.id).name == "Test App"  # nothing applied
+    updated = update_manifest(runtime, app.id, "developer:a@x.example", name="Renamed", token_endpoint="",
+                              user_fields=["name", "email", "email"], allowed_origins=["https://idp.example"])
+    assert (updated.name, updated.token_endpoint, updated.user_fields, updated.allowed_origins) == \
+        ("Renamed", None, ["email", "name"], ["https://idp.example"])
+    event = AuditEvent.select().where(AuditEvent.action == "application.manifest_updated").get()
+    assert event.actor == "developer:a@x.example" and event.subject == app.id
+    assert event.detail["before"]["name"] == "Test App" and event.detail["after"]["name"] == "Renamed"
+    update_manifest(runtime, app.id, "operator", name="Renamed")  # no change: nothing recorded
+    assert AuditEvent.select().where(AuditEvent.action == "application.manifest_updated").count() == 1
+
+
+@pytest.mark.gen_test
+async def test_authorize_follows_the_new_base_url_and_userinfo_the_new_permissions(api, flow, world, runtime):
+    app = world["app"]
+    update_manifest(runtime, app.id, "operator", redirect_uri="https://new.example/cb", user_fields=["name"])
+    status, headers, _ = await flow.authorize(redirect_uri="https://app.example.com/main")
+    assert status == 400 and "Location" not in headers  # the old base is refused, never redirected to
+    status, headers, _ = await flow.authorize(redirect_uri="https://new.example/cb/done")
+    assert status == 302 and headers["Location"].startswith("https://new.example/cb/done?code=")
+    world["app"] = Application.get_by_id(app.id)
+    tokens = await flow.tokens()
+    status, _, info = await api.call("GET", "/v1/oauth/userinfo", headers={"Authorization": tokens["access_token"]})
+    assert status == 200 and "email" not in info and info["given_name"] == "Doc"
+
+
+def test_apps_update_cli(settings, runtime, world):
+    def cli(*args, expect=0):
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings),
+                                cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert result.returncode == expect, result.stderr
+        return result
+    app_id = world["app"].id
+    out = json.loads(cli("apps", "update", "--app", app_id, "--redirect-uri", "https://new.example/cb",
+                         "--user-fields", "email,organization", "--no-token-endpoint", "--json").stdout)
+    assert out["redirect_uri"] == "https://new.example/cb" and out["user_fields"] == ["email", "organization"]
+    out = json.loads(cli("apps", "update", "--app", app_id, "--require-pkce", "--redirect-uri-match", "exact",
+                         "--json").stdout)
+    assert out["require_pkce"] is True and out["redirect_uris"] == ["https://new.example/cb"]
+    out = json.loads(cli("apps", "update", "--app", app_id, "--redirect-uri", "https://new.example/v3",
+                         "--no-require-pkce", "--json").stdout)
+    assert out["require_pkce"] is False and out["redirect_uris"] == ["https://new.example/v3"]  # exact list follows
+    assert "launch URL" in cli("apps", "update", "--app", app_id, "--launch-url", "mailto:x", expect=2).stderr
+    assert "No application" in cli("apps", "update", "--app", "app_nope", "--name", "x", expect=2).stderr
+    invite = json.loads(cli("developers", "invite", "--app", app_id, "--email", "Dev@Partner.example", "--json").stdout)
+    assert invite["invite_url"].startswith(settings.public_url + "/console/invite/")
+    assert invite["email"] == "dev@partner.example"
+    cli("developers", "invite", "--app", app_id, "--email", "not-an-email", expect=2)
+
+
+# -- accounts and pages ------------------------------------------------------------------------
+
+@pytest.mark.gen_test(timeout=60)
+async def test_invite_set_password_sign_in_pages_and_sign_out(http_client, base_url, runtime, world):
+    app = world["app"]
+    client = ConsoleClient(http_client, base_url)
+    assert (await client.get("/console")).headers["Location"] == "/console/login"
+    path = invite_path(runtime, app.id, "dev@partner.example")
+    page = await client.get(path)
+    assert page.code == 200 and "Confirm password" in client.last_html and "Set password" in client.last_html
+    short = await client.post(path, {"password": "short", "confirm": "short"})
+    assert short.code == 400 and 'id="password-error"' in client.last_html
+    differ = await client.post(path, {"password": PASSWORD, "confirm": PASSWORD + "x"})
+    assert differ.code == 400 and 'id="confirm-error"' in client.last_html
+    assert (await client.post(path, {"password": PASSWORD, "confirm": PASSWORD})).code == 303
+    assert (await client.get(path)).code == 404  # one-time link
+    assert (await client.sign_in("dev@partner.example", "wrong password!")).code == 401
+    signed_in = await client.sign_in("DEV@partner.example", PASSWORD)
+    assert signed_in.code == 303
+    set_cookie = ";".join(signed_in.headers.get_list("Set-Cookie")).lower()
+    assert "svc_console=" in set_cookie and "httponly" in set_cookie and "samesite=lax" in set_cookie
+    home = await client.get("/console")
+    assert home.code == 200 and f'href="/console/apps/{app.id}">Test App</a>' in client.last_html
+    for suffix in ("", "/installations", "/billing", "/billing?month=2026-01", "/audit"):
+        response = await client.get(f"/console/apps/{app.id}{suffix}")
+        assert response.code == 200, (suffix, client.last_html)
+    assert "Installations" in client.last_html and "developer.password_set" in client.last_html
+    bad_month = await client.get(f"/console/apps/{app.id}/billing?month=2026-13")
+    assert bad_month.code == 400 and 'id="month-error"' in client.last_html
+    csv_response = await client.get(f"/console/apps/{app.id}/billing.csv?month=2026-01")
+    assert csv_response.code == 200 and client.last_html.startswith("month,application_id")
+    # A second invitation (another application) grants access; it cannot reset the password.
+    second, _ = register_application(runtime, "Second App", "https://two.example/app", "https://two.example/launch")
+    again = invite_path(runtime, second.id, "dev@partner.example")
+    assert (await client.get(again)).code == 200 and "already have an account" in client.last_html
+    reset = await client.post(again, {"password": "another password!", "confirm": "another password!"})
+    assert reset.code == 409 and check_credentials(runtime, "dev@partner.example", PASSWORD)
+    await client.get("/console")
+    assert "Second App" in client.last_html and "Test App" in client.last_html
+    out = await client.post("/console/logout")
+    assert out.code == 303 and "svc_console" not in client.cookies
+    assert (await client.get(f"/console/apps/{app.id}")).code == 302
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_manifest_form_errors_beside_fields_and_secret_steps(http_client, base_url, runtime, world):
+    app = world["app"]
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    await client.get(f"/console/apps/{app.id}")
+    form = [("name", "Test App"), ("launch_url", "https://app.example.com/launch"),
+            ("redirect_uri", "not a url"), ("token_endpoint", ""), ("allowed_origins", ""),
+            ("user_fields", "email")]
+    bad = await client.post(f"/console/apps/{app.id}", form)
+    assert bad.code == 400 and 'id="redirect_uri-error"' in client.last_html and 'value="not a url"' in client.last_html
+    form[2] = ("redirect_uri", "https://app.example.com/v2")
+    assert (await client.post(f"/console/apps/{app.id}", form)).code == 303
+    assert Application.get_by_id(app.id).redirect_uri == "https://app.example.com/v2"
+
+    await client.get(f"/console/apps/{app.id}")
+    generated = await client.post(f"/console/apps/{app.id}/secret/fallback")
+    assert generated.code == 200 and 'id="fallback-secret"' in client.last_html
+    import re
+    fallback = re.search(r'id="fallback-secret" type="text" readonly value="([^"]+)"', client.last_html).group(1)
+    stored = Application.get_by_id(app.id)
+    assert stored.has_secret(world["secret"], runtime.hasher) and not stored.has_secret(fallback, runtime.hasher)
+    await client.get(f"/console/apps/{app.id}")
+    assert fallback not in client.last_html  # shown once
+    ask = await client.post(f"/console/apps/{app.id}/secret/activate")
+    assert ask.code == 200 and "breaks integrations" in client.last_html and "Confirm activation" in client.last_html
+    assert Application.get_by_id(app.id).has_secret(world["secret"], runtime.hasher)  # not yet
+    done = await client.post(f"/console/apps/{app.id}/secret/activate", {"confirm": "yes"})
+    assert done.code == 303
+    assert Application.get_by_id(app.id).has_secret(fallback, runtime.hasher)
+    actors = {(e.action, e.actor) for e in AuditEvent.select().where(AuditEvent.subject == app.id)}
+    assert {("application.manifest_updated", "developer:dev@partner.example"),
+            ("application.secret.fallback_generated", "developer:dev@partner.example"),
+            ("application.secret.fallback_activated", "developer:dev@partner.example")} <= actors
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_totp_second_factor(http_client, base_url, runtime, world):
+    client = ConsoleClient(http_client, base_url)
+    path = invite_path(runtime, world["app"].id, "otp@partner.example")
+    await client.get(path)
+    import re
+    secret = re.search(r'id="totp-secret">([A-Z2-7]+)<', client.last_html).group(1)
+    wrong = await client.post(path, {"password": PASSWORD, "confirm": PASSWORD, "totp_code": "000000"})
+    assert wrong.code == 400 and 'id="totp-error"' in client.last_html
+    code = pyotp.TOTP(secret).at(runtime.clock.time())
+    assert (await client.post(path, {"password": PASSWORD, "confirm": PASSWORD, "totp_code": code})).code == 303
+    assert (await client.sign_in("otp@partner.example", PASSWORD)).code == 401
+    assert (await client.sign_in("otp@partner.example", PASSWORD, pyotp.TOTP(secret).now())).code == 303
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_idle_session_expires(http_client, base_url, runtime, world):
+    client = await developer(http_client, base_url, runtime, world["app"].id, "dev@partner.example")
+    assert (await client.get("/console")).code == 200
+    runtime.clock.advance(runtime.settings.console_idle_timeout - 60)
+    assert (await client.get("/console")).code == 200  # activity keeps it alive
+    runtime.clock.advance(runtime.settings.console_idle_timeout + 1)
+    assert (await client.get("/console")).headers["Location"] == "/console/login"
+
+
+# -- isolation, CSRF, throttling ---------------------------------------------------------------
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_developer_sees_and_changes_only_their_own_applications(http_client, base_url, runtime, world,
+                                                                        partner_b):
+    a = await developer(http_client, base_url, runtime, world["app"].id, "dev@a.example")
+    b = await developer(http_client, base_url, runtime, partner_b.id, "dev@b.example")
+    await a.get("/console")
+    assert "Test App" in a.last_html and "Other App" not in a.last_html
+    await b.get("/console")
+    assert "Other App" in b.last_html and "Test App" not in b.last_html
+    other_org = Application.get_by_id(partner_b.id).installations.get().organization_id
+    for client, foreign in ((a, partner_b.id), (b, world["app"].id)):
+        for suffix in ("", "/installations", "/billing", "/billing.csv", "/audit"):
+            assert (await client.get(f"/console/apps/{foreign}{suffix}")).code == 404, suffix
+        await client.get("/console")
+        for suffix, form in (("", {"name": "Hijacked", "launch_url": "https://evil.example/l",
+                                   "redirect_uri": "https://evil.example/r"}),
+                             ("/secret/fallback", {}), ("/secret/activate", {"confirm": "yes"}),
+                             (f"/installations/{other_org}/status", {"status": "Enabled"})):
+            await client.get("/console")
+            assert (await client.post(f"/console/apps/{foreign}{suffix}", form)).code == 404, suffix
+    for app_id in (world["app"].id, partner_b.id):
+        stored = Application.get_by_id(app_id)
+        assert stored.name != "Hijacked" and stored.fallback_secret_hash is None
+    # Access is checked on every request, not only at sign-in: revoking it takes effect at once.
+    from models.developers import DeveloperAccess
+    DeveloperAccess.delete().execute()
+    assert (await a.get(f"/console/apps/{world['app'].id}")).code == 404
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_a_post_without_the_csrf_token_is_403(api, http_client, base_url, runtime, world):
+    app = world["app"]
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    for path, form in ((f"/console/apps/{app.id}", {"name": "Changed", "launch_url": app.launch_url,
+                                                    "redirect_uri": app.redirect_uri}),
+                       (f"/console/apps/{app.id}/secret/fallback", {}), ("/console/logout", {}),
+                       ("/console/login", {"email": "dev@partner.example", "password": PASSWORD})):
+        response = await client.post(path, form, xsrf=False)
+        assert response.code == 403, path
+    assert client.cookies.get("_xsrf")  # the cookie alone is not enough: the form must carry the token
+    stored = Application.get_by_id(app.id)
+    assert stored.name == "Test App" and stored.fallback_secret_hash is None
+    assert (await client.get("/console")).code == 200  # still signed in: the logout was refused
+    # The OAuth and REST endpoints take no CSRF token.
+    status, _, body = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world["secret"]})
+    assert status == 200, body
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_sign_in_throttle_per_account_and_per_address(http_client, base_url, runtime, world):
+    app = world["app"]
+    await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    client = ConsoleClient(http_client, base_url)
+    for _ in range(5):
+        assert (await client.sign_in("dev@partner.example", "wrong password!")).code == 401
+    refused = await client.sign_in("dev@partner.example", PASSWORD)  # even the right password
+    assert refused.code == 429 and 0 < int(refused.headers["Retry-After"]) <= 900
+    assert "Too many failed sign-ins" in client.last_html
+    # The source address (127.0.0.1 here) is throttled too: another account from it is refused.
+    assert (await client.sign_in("someone@else.example", "whatever it is")).code == 429
+
+
+def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtime, world):
+    invite_developer(runtime, world["app"].id, "dev@partner.example")
+    from models.developers import Developer
+    import argon2
+    Developer.update(password_hash=argon2.PasswordHasher().hash(PASSWORD)).execute()
+    throttle = signin_throttle(runtime)  # in memory: these settings have no SVC_REDIS_URL
+    for n in range(5):
+        with pytest.raises(ApiError) as caught:
+            sign_in(runtime, throttle, "dev@partner.example", "bad", "", f"10.0.0.{n}")
+        assert caught.value.status == 401
+    with pytest.raises(ApiError) as caught:
+        sign_in(runtime, throttle, "dev@partner.example", PASSWORD, "", "10.0.1.1")
+    assert caught.value.status == 429 and caught.value.headers["Retry-After"]
+    with pytest.raises(ApiError) as caught:  # another account from another address: not throttled
+        sign_in(runtime, throttle, "other@partner.example", "bad", "", "10.0.1.2")
+    assert caught.value.status == 401
+    runtime.clock.advance(15 * 60 + 1)  # the window has passed
+    assert sign_in(runtime, throttle, "dev@partner.example", PASSWORD, "", "10.0.1.1")
+    assert check_credentials(runtime, "dev@partner.example", PASSWORD) is not None
+
+
+def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespace):
+    """Two processes' throttles on one Redis: failures counted by one refuse attempts at the other."""
+    from conftest import REDIS_URL
+    invite_developer(runtime, world["app"].id, "dev@partner.example")
+    shared = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace)
+
+    class Process:  # what `signin_throttle` reads of a serve process's Runtime
+        settings, clock = shared, runtime.clock
+    first, second = signin_throttle(Process), signin_throttle(Process)
+    for n in range(5):
+        with pytest.raises(ApiError):
+            sign_in(runtime, first, "dev@partner.example", "bad", "", f"10.0.0.{n}")
+    with pytest.raises(ApiError) as caught:
+        sign_in(runtime, second, "dev@partner.example", "bad", "", "10.0.9.9")
+    assert caught.value.status == 429 and int(caught.value.headers["Retry-After"]) <= 900
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url, runtime, world):
+    app = world["app"]
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    await client.get(f"/console/apps/{app.id}")
+    token = client.xsrf()
+    headers = client._headers({"Content-Type": "application/x-www-form-urlencoded"})
+    for body in (b"name=%ff%fe&_xsrf=" + token.encode(), b"_xsrf=" + token.encode() + b"&user_fields=" + b"x" * 300):
+        response = await http_client.fetch(f"{base_url}/console/apps/{app.id}", method="POST", body=body,
+                                           headers=headers, raise_error=False)
+        assert 400 <= response.code < 500, response.body[:300]
+    for path in ("/console/apps/%00", "/console/apps/" + "a" * 300, "/console/apps/x/installations/%ff/status",
+                 f"/console/apps/{app.id}%00/audit"):
+        response = await client.get(path)
+        assert response.code in (400, 404), path
+    await client.get("/console")
+    for path, field, code in ((f"/console/apps/{app.id}", "launch_url", 400), ("/console/login", "email", 401)):
+        await client.get("/console")
+        nul = await client.post(path, {field: "https://a.example/\x00", "name": "x"})
+        assert nul.code == code, (path, client.last_html[-500:])
+    await client.get("/console")
+    nul_org = await client.post(f"/console/apps/{app.id}/installations/org%00/status", {"status": "Enabled"})
+    assert nul_org.code == 404
+    month = await client.get(f"/console/apps/{app.id}/billing.csv?month=junk")
+    assert month.code == 400 and "YYYY-MM" in client.last_html
+    status = await client.post(f"/console/apps/{app.id}/installations/{world['org'].id}/status", {"status": "On"})
+    assert status.code in (400, 409) and 'class="error"' in client.last_html

@@ -1,0 +1,133 @@
+"""Every accepted chart request ends, exactly once, and every started snapshot completes or is
+replaced, even when a real `svc-auth worker` is killed with SIGKILL mid-build (Redis broker, S3 on
+a moto server). SVC_TASK_RECOVERY_SECONDS is short here so the bound is tested in seconds."""
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+
+import boto3
+import pytest
+
+import workers.charts as charts
+from connectors.sandbox import patient_panel
+from connectors.sessions import touch_session
+from lifecycle.verification import record_platform_verification
+from models.appointments import Snapshot, SnapshotAppointment
+from models.charts import ChartRequest
+from workers.recovery import sweep_charts
+from workers.snapshot import sync_organization
+
+from conftest import REDIS_URL, settings_env, start_process, stop_process
+from test_workers_redis import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (s3_endpoint: a fixture)
+
+pytestmark = pytest.mark.slow
+
+RECOVERY_SECONDS = 6
+REQUESTS = 24
+
+
+@pytest.fixture
+def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
+                                  s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", task_recovery_seconds=RECOVERY_SECONDS)
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
+    return configured
+
+
+@pytest.fixture
+def start_worker(settings, tmp_path):
+    env = settings_env(settings, SVC_TASK_RECOVERY_SECONDS=RECOVERY_SECONDS, **AWS)
+    procs = []
+
+    def start():
+        proc = start_process(["worker", "--threads", "2"], env, log_path=tmp_path / f"worker{len(procs)}.log")
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        stop_process(proc)
+
+
+def wait_until(condition, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def statuses(ids) -> dict[str, str]:
+    return {r.id: r.status for r in ChartRequest.select().where(ChartRequest.id.in_(ids))}
+
+
+def test_a_worker_killed_mid_build_loses_no_chart_request_and_makes_one_object_each(runtime, world, start_worker):
+    set_ehr_url(world["org"], "https://ehr.example/test?latency=0.5")  # each build takes a while
+    victim = start_worker()
+    panel = patient_panel(world["org"].id)
+    ids = []
+    for index in range(REQUESTS):
+        request = ChartRequest.create(application=world["app"].id, organization=world["org"].id,
+                                      patient_id=panel[index].id)
+        charts.enqueue_chart_build(runtime, request.id)
+        ids.append(request.id)
+    # Kill it while some are done, some are being built and some were fetched but not started.
+    def mid_build():
+        requests = list(ChartRequest.select().where(ChartRequest.id.in_(ids)))
+        return (sum(r.status == "ready" for r in requests) >= 3
+                and any(r.status == "pending" and r.attempts > 0 for r in requests))
+    wait_until(mid_build, 60, "the first charts, and more being built")
+    victim.kill()
+    victim.wait()
+    killed_at = time.time()
+    left = [i for i, s in statuses(ids).items() if s == "pending"]
+    assert len(left) > 2, "the kill found work in progress and work not started"
+
+    start_worker()
+    # Re-queued within the bound, then built (0.5 s each, 2 threads): every request ends.
+    wait_until(lambda: set(statuses(ids).values()) <= {"ready", "failed"}, RECOVERY_SECONDS + len(left) + 15,
+               "every request to end")
+    assert time.time() - killed_at < RECOVERY_SECONDS + len(left) + 15
+    assert set(statuses(ids).values()) == {"ready"}
+    assert bucket_keys(runtime.settings) == sorted(f"charts/{i}.zip" for i in ids)  # one object each, no leftovers
+    time.sleep(1)  # duplicate deliveries (if any) change nothing
+    assert bucket_keys(runtime.settings) == sorted(f"charts/{i}.zip" for i in ids)
+    assert set(statuses(ids).values()) == {"ready"}
+
+
+def test_a_request_whose_workers_keep_dying_fails_once_its_tries_are_used_up(runtime, world):
+    request = ChartRequest.create(application=world["app"].id, organization=world["org"].id,
+                                  patient_id=patient_panel(world["org"].id)[0].id,
+                                  attempts=runtime.settings.task_max_retries + 1,
+                                  lease_owner="dead-worker", lease_until=runtime.clock.now() - dt.timedelta(seconds=1))
+    assert sweep_charts(runtime) == []
+    done = ChartRequest.get_by_id(request.id)
+    assert done.status == "failed" and "its worker stopped" in done.error
+
+
+def test_a_snapshot_whose_worker_is_killed_is_replaced_by_a_complete_one(runtime, world, start_worker):
+    org = world["org"]
+    record_platform_verification(runtime, world["app"], world["physician"])
+    touch_session(runtime, world["physician"])
+    night = runtime.clock.now().date() + dt.timedelta(days=1)  # the coming night: the session is active then
+    set_ehr_url(org, "https://ehr.example/test?latency=4")  # the snapshot takes 4 s to read
+    victim = start_worker()
+    runtime.task_queue.send(sync_organization, org.id, night.isoformat())
+    wait_until(lambda: Snapshot.select().where(Snapshot.organization == org.id).exists(), 30, "the build to start")
+    victim.kill()
+    victim.wait()
+    assert [s.status for s in Snapshot.select().where(Snapshot.organization == org.id)] == ["building"]
+
+    set_ehr_url(org, "https://ehr.example/test")
+    start_worker()
+    done = wait_until(lambda: Snapshot.latest_complete(org.id), RECOVERY_SECONDS + 15, "a complete snapshot")
+    assert done.snapshot_date == night
+    snapshots = list(Snapshot.select().where(Snapshot.organization == org.id))
+    assert [(s.id, s.status) for s in snapshots] == [(done.id, "complete")]  # the half-built one is gone
+    assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot != done.id).count() == 0
+    assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot == done.id).count() > 0

@@ -1,0 +1,163 @@
+"""Recovery: every accepted chart request and every started snapshot ends, even if its worker dies.
+
+Work is leased. A chart build claims its request (`lease_owner` = its Dramatiq message id,
+`lease_until` = now + the lease) and a snapshot build stamps its `building` snapshot; a thread
+renews the lease while the work runs (`LeaseKeeper`). A worker killed mid-task stops renewing, so
+its lease lapses. The sweep (`sweep`), run by every `svc-auth worker` and by the scheduler, then:
+
+- re-queues each `pending` chart request whose lease lapsed, or that was never started within a
+  lease (its message was fetched by a worker that died, or lost), handing the lease to the new
+  message so exactly one delivery builds it; a request whose tries are used up becomes `failed`;
+- deletes each `building` snapshot whose lease lapsed and re-queues its organization's night,
+  unless that night (or a later one) is already complete;
+- once a recent night's sync window has ended, queues again each organization with no snapshot of
+  that night (its message was lost before it started), unless its sync failed for good.
+
+With the lease at half of SVC_TASK_RECOVERY_SECONDS, renewed every sixth, and a sweep every
+quarter, a dead worker's work is re-queued within SVC_TASK_RECOVERY_SECONDS. Builds are idempotent
+(one object key per request; a night's publish replaces that night), so a duplicate delivery never
+makes a second object or a second snapshot.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+
+from models.appointments import Snapshot, SnapshotAppointment
+from models.charts import ChartRequest
+from models.schedule import ScheduledRun
+from workers.charts import build_chart, mark_failed
+from workers.leases import lease_seconds, sweep_interval, sync_job
+from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
+
+log = logging.getLogger("svc_auth.recovery")
+
+
+# -- chart requests ---------------------------------------------------------------------------
+
+def _stale_chart(now: dt.datetime, lease: float):
+    return ((ChartRequest.status == "pending")
+            & ((ChartRequest.lease_until.is_null() & (ChartRequest.created_at < now - dt.timedelta(seconds=lease)))
+               | (ChartRequest.lease_until < now)))
+
+
+def sweep_charts(runtime) -> list[str]:
+    """Re-queue (or fail, when its tries are used up) each pending request nobody is working on."""
+    settings = runtime.settings
+    now, lease = runtime.clock.now(), lease_seconds(settings)
+    requeued = []
+    for request in ChartRequest.select(ChartRequest.id, ChartRequest.attempts).where(_stale_chart(now, lease)):
+        if request.attempts > settings.task_max_retries:
+            mark_failed(request.id, f"The chart archive could not be built: its worker stopped "
+                                    f"{request.attempts} times.")
+            continue
+        message = runtime.task_queue.message(build_chart, request.id)
+        claimed = (ChartRequest.update(lease_owner=message.message_id,
+                                       lease_until=now + dt.timedelta(seconds=lease))
+                   .where((ChartRequest.id == request.id) & _stale_chart(now, lease)).execute())
+        if claimed:  # several sweepers may look at once: only the one that claimed re-queues
+            runtime.task_queue.send_message(message)
+            requeued.append(request.id)
+    if requeued:
+        log.warning("re-queued %d chart request(s) whose worker stopped: %s", len(requeued), ", ".join(requeued))
+    return requeued
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+def sweep_snapshots(runtime) -> list[tuple[str, dt.date]]:
+    """Remove each `building` snapshot whose worker stopped, and re-queue its night if still needed."""
+    now, lease = runtime.clock.now(), lease_seconds(runtime.settings)
+    stale = ((Snapshot.status == "building")
+             & ((Snapshot.lease_until.is_null() & (Snapshot.started_at < now - dt.timedelta(seconds=lease)))
+                | (Snapshot.lease_until < now)))
+    requeued = []
+    for snapshot in Snapshot.select().where(stale):
+        with runtime.db.atomic():
+            SnapshotAppointment.delete().where(
+                SnapshotAppointment.snapshot.in_(Snapshot.select(Snapshot.id).where((Snapshot.id == snapshot.id) & stale))
+            ).execute()
+            if not Snapshot.delete().where((Snapshot.id == snapshot.id) & stale).execute():
+                continue  # another sweeper took it, or its worker came back and published it
+        done = Snapshot.select().where((Snapshot.organization == snapshot.organization_id)
+                                       & (Snapshot.status == "complete")
+                                       & (Snapshot.snapshot_date >= snapshot.snapshot_date)).exists()
+        if not done:
+            runtime.task_queue.send(sync_organization, snapshot.organization_id, snapshot.snapshot_date.isoformat())
+            requeued.append((snapshot.organization_id, snapshot.snapshot_date))
+    if requeued:
+        log.warning("re-queued %d snapshot(s) whose worker stopped: %s", len(requeued), requeued)
+    return requeued
+
+
+def _retry_budget(settings) -> float:
+    """Seconds Dramatiq may spend retrying one task with backoff, plus a lease."""
+    backoffs = sum(min(settings.task_min_backoff_ms * 2 ** k, settings.task_max_backoff_ms)
+                   for k in range(1, settings.task_max_retries + 1))
+    return backoffs / 1000 + lease_seconds(settings)
+
+
+def sweep_unstarted_nights(runtime) -> list[tuple[str, dt.date]]:
+    """Queue again each organization that has no snapshot of a recent night once its window ended.
+
+    Covers what has no snapshot row to lease: a fan-out or `sync_organization` message lost with a
+    dead worker (or a scheduler killed between claiming the night and queuing it). An organization
+    whose sync failed for good (`record_sync_failure`) is left alone, and one is queued again at
+    most once per retry budget (while Dramatiq may still be retrying it)."""
+    settings = runtime.settings
+    now = runtime.clock.now()
+    nights = [r.run_date for r in ScheduledRun.select(ScheduledRun.run_date).where(
+        (ScheduledRun.job == NIGHTLY_JOB) & (ScheduledRun.run_date >= now.date() - dt.timedelta(days=1)))]
+    requeued = []
+    for night in nights:
+        if now < night_window(settings, night)[1]:
+            continue  # still the night's own window: its queue may just be long
+        seen = {row.organization_id for row in
+                Snapshot.select(Snapshot.organization).where(Snapshot.snapshot_date >= night).distinct()}
+        for org_id in organizations_to_sync():
+            if org_id in seen or ScheduledRun.select().where(
+                    (ScheduledRun.job == sync_job("sync-failed", org_id)) & (ScheduledRun.run_date == night)).exists():
+                continue
+            if _claim_requeue(sync_job("sync-requeued", org_id), night, now, _retry_budget(settings)):
+                runtime.task_queue.send(sync_organization, org_id, night.isoformat())
+                requeued.append((org_id, night))
+    if requeued:
+        log.warning("queued %d organization(s) again whose night never started: %s", len(requeued), requeued)
+    return requeued
+
+
+def _claim_requeue(job: str, night: dt.date, now: dt.datetime, every: float) -> bool:
+    """True for one caller per `every` seconds for (job, night), however many sweepers race."""
+    if ScheduledRun.claim(job, night, "recovery", now):
+        return True
+    return (ScheduledRun.update(claimed_at=now)
+            .where((ScheduledRun.job == job) & (ScheduledRun.run_date == night)
+                   & (ScheduledRun.claimed_at < now - dt.timedelta(seconds=every))).execute()) == 1
+
+
+def sweep(runtime) -> None:
+    sweep_charts(runtime)
+    sweep_snapshots(runtime)
+    sweep_unstarted_nights(runtime)
+
+
+def run_recovery(runtime, stop: threading.Event, interval: float | None = None) -> None:
+    """Sweep every `interval` seconds (default a quarter of SVC_TASK_RECOVERY_SECONDS) until `stop`."""
+    interval = interval or sweep_interval(runtime.settings)
+    try:
+        while not stop.wait(interval):
+            try:
+                sweep(runtime)
+            except Exception:
+                log.exception("recovery sweep failed; trying again in %ss", interval)
+    finally:
+        if not runtime.db.is_closed():
+            runtime.db.close()
+
+
+def start_recovery_thread(runtime) -> threading.Event:
+    """Sweep in a daemon thread (each `svc-auth worker`); set the returned event to stop."""
+    stop = threading.Event()
+    threading.Thread(target=run_recovery, args=(runtime, stop), name="svc-recovery", daemon=True).start()
+    return stop
