@@ -1,5 +1,8 @@
 # svc-auth: `make demo` runs the service with demo data; `make test` runs every test.
 PYTHON ?= python3
+# `make demo PORT=9000 APP_PORT=9001`: the service's and the example partner app's ports.
+PORT ?= 8888
+APP_PORT ?= 8889
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -45,7 +48,7 @@ system-deps:
 	  else echo "install Debian's chromium and nginx-light for the browser and proxy tests"; fi; fi
 
 demo: install
-	$(BIN)/svc-auth serve --demo
+	$(BIN)/svc-auth serve --demo --port $(PORT) --demo-app-port $(APP_PORT)
 
 test: install system-deps tests/js/node_modules/.package-lock.json sdk/js/node_modules/.package-lock.json
 	cd sdk/js && npm test --silent

@@ -57,13 +57,28 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
           on_start=None) -> None:
     """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
-    first = Runtime(settings)  # once, before forking; also creates the keys every process shares
+    from runtime.startup import open_runtime
+    from ops.startup import bind_error
+    # A port in use, or a dependency that is down, stops here with one line (StartupError),
+    # before any fork and before anything else is logged. The port is probed first (bound, not
+    # listened on: nobody may connect before the signal handlers are in place).
+    import socket
     try:
-        first.migrate()
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((address, port))
+    except OSError as exc:
+        raise bind_error(exc, port, address) from None
+    # Once, before forking: also creates the keys every process shares.
+    first = open_runtime(settings, check_redis=True)
+    try:
         first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
     finally:
         first.close()
-    sockets = tornado.netutil.bind_sockets(port, address=address)
+    try:
+        sockets = tornado.netutil.bind_sockets(port, address=address)
+    except OSError as exc:
+        raise bind_error(exc, port, address) from None
     processes = processes or os.cpu_count() or 1
     if processes > 1:
         # Every forked process counts into files in one directory; /metrics sums them.

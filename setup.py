@@ -53,6 +53,10 @@ setup(
             "pypdf==7.1.0",
             "moto[server]==5.2.5",
             "oic==1.7.0",  # pyoidc, an OpenID-certified relying party: interop test
+            # Authlib's OAuth/OIDC client (its Flask integration as the relying party), metadata
+            # (RFC 8414/9207) and ID token checks: the metadata and OIDC Core interop test.
+            "authlib==1.9.9",
+            "flask==3.1.3",
             "playwright==1.65.2",  # drives Debian's /usr/bin/chromium for the hub/SDK browser tests
             # Generates a Python client from /v1/openapi.json in tests/test_generated_client.py (the
             # generated code, and its template quirks, change between releases).

@@ -28,13 +28,58 @@ def emit(result: dict, as_json: bool) -> None:
             print(f"{key}: {value}")
 
 
+def emit_list(rows: list[dict], as_json: bool, columns: list[str]) -> None:
+    """Print a list: one JSON array with --json, else an aligned table of `columns`."""
+    if as_json:
+        print(json.dumps(rows, default=str))
+        return
+    cells = [[("" if row.get(c) is None else str(row.get(c))) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    for line in [columns, *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+
+
+def add_json_flag(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (one object, or one array for lists)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
     parser = argparse.ArgumentParser(prog="svc-auth", description="svc-auth authorization server and partner API")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
+                        help="print the installed version and exit")
+    parser.add_argument("--env-file", metavar="PATH",
+                        help="read settings from this file (KEY=VALUE lines, # comments: the format of systemd's "
+                             "EnvironmentFile) instead of ./.env; its variables (AWS_* too) are exported to the "
+                             "process, and the environment wins")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(commands)
     return parser
+
+
+def package_version() -> str:
+    """The installed distribution's version (setup.py), or "unknown" when run from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("svc-auth")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _export_env_file(path: str) -> None:
+    """Put the file's variables into os.environ (where boto3 and children read them too)."""
+    import os
+    from pathlib import Path
+    from conf import read_env_file
+    if not Path(path).is_file():
+        raise ConfigError(f"--env-file {path}: no such file")
+    try:
+        values = read_env_file(Path(path))
+    except OSError as exc:
+        raise ConfigError(f"--env-file {path}: {exc.strerror}") from None
+    for key, value in values.items():
+        os.environ.setdefault(key, value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env()
+        dotenv = ".env"
+        if args.env_file:
+            dotenv = None
+            _export_env_file(args.env_file)
+        settings = Settings.from_env(dotenv=dotenv)
     except ConfigError as exc:
         print(f"svc-auth: configuration error: {exc}", file=sys.stderr)
         return 2
     from conf.logging import configure_logging
     configure_logging(settings.log_level)
+    from ops.startup import StartupError, database_error, is_database_error
     try:
         return args.handler(settings, args) or 0
     except UsageError as exc:
@@ -56,15 +106,23 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # found once running, e.g. signing keys sealed under another SVC_HMAC_KEY
         print(f"svc-auth: configuration error: {exc}", file=sys.stderr)
         return 2
+    except StartupError as exc:
+        print(f"svc-auth {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001  (a database that went away: one line, not a traceback)
+        if not is_database_error(exc):
+            raise
+        print(f"svc-auth {args.command}: {database_error(exc, settings)}", file=sys.stderr)
+        return 1
 
 
-def with_runtime(command):
-    """Run `command(runtime, args)` against the configured database; domain errors exit 2."""
+def with_runtime(command, check_redis: bool = False):
+    """Run `command(runtime, args)` against the configured database; domain errors exit 2.
+    `check_redis`: the command needs SVC_REDIS_URL to answer (worker, scheduler)."""
     def handler(settings, args):
-        from runtime import Runtime
         from oauth.errors import ApiError
-        runtime = Runtime(settings)
-        runtime.migrate()
+        from runtime.startup import open_runtime
+        runtime = open_runtime(settings, check_redis=check_redis)
         try:
             return command(runtime, args)
         except ApiError as exc:
@@ -72,3 +130,4 @@ def with_runtime(command):
         finally:
             runtime.close()
     return handler
+

@@ -1,39 +1,45 @@
-"""`svc-auth apps create`, `apps update` (the manifest) and client-secret rotation."""
+"""`svc-auth apps create|list|show|delete`, `apps update` (the manifest) and client-secret rotation."""
 from __future__ import annotations
 
-from cli import emit, with_runtime
+from cli import UsageError, add_json_flag, emit, emit_list, with_runtime
 from lifecycle.manifest import update_manifest
-from lifecycle.registry import activate_fallback_secret, generate_fallback_secret, register_application, \
-    set_redirect_policy, set_require_pkce
+from lifecycle.registry import activate_fallback_secret, delete_application, generate_fallback_secret, \
+    register_application, set_redirect_policy, set_require_pkce
+from models.application import Application, Installation
+from models.clock import utc_iso
 
 
 def register(commands) -> None:
-    apps = commands.add_parser("apps", help="partner applications").add_subparsers(dest="action", required=True)
+    apps = commands.add_parser("apps", help="partner applications").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
     p = apps.add_parser("create", help="register an application; prints its client secret once")
-    p.add_argument("--name", required=True)
+    p.add_argument("--name", required=True, help="the app's name, as clinicians see it in the hub")
     p.add_argument("--redirect-uri", required=True, action="append",
                    help="the manifest's redirect base URL; repeat it with --redirect-uri-match exact to register "
                         "several exact redirect URIs")
     p.add_argument("--redirect-uri-match", choices=["prefix", "exact"], default="prefix",
                    help="prefix (default): redirect_uri equals the base or lies under it; exact: redirect_uri must "
                         "equal a registered URI after normalisation (OIDC Core 3.1.2.1)")
-    p.add_argument("--launch-url", required=True)
-    p.add_argument("--token-endpoint")
+    p.add_argument("--launch-url", required=True, help="the app's launch endpoint; the hub loads it with launch_id")
+    p.add_argument("--token-endpoint", help="the app's own token endpoint (the example app's /api/token)")
     p.add_argument("--require-pkce", action="store_true",
                    help="authorization requests must carry an S256 code_challenge (RFC 7636)")
-    p.add_argument("--billing-plan", choices=["free_trial", "paid"], default="paid")
+    p.add_argument("--billing-plan", choices=["free_trial", "paid"], default="paid",
+                   help="free_trial: 30 days from the first Enabled, then billed; paid: billed from the start")
     p.add_argument("--user-fields", default="email", help="comma-separated: email,name,ehrUsername,organization")
-    p.add_argument("--allowed-origin", action="append", default=[])
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="an origin (https://app.example) whose browser code may call the token, userinfo, "
+                        "introspect and revoke endpoints with this app's client_id (CORS); repeatable")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create))
 
     p = apps.add_parser("update", help="change the manifest; only the options given change")
     p.add_argument("--app", required=True, help="application id")
-    p.add_argument("--name")
-    p.add_argument("--launch-url")
+    p.add_argument("--name", help="new name")
+    p.add_argument("--launch-url", help="new launch URL")
     p.add_argument("--redirect-uri", help="the redirect base URL")
     endpoint = p.add_mutually_exclusive_group()
-    endpoint.add_argument("--token-endpoint")
+    endpoint.add_argument("--token-endpoint", help="new token endpoint URL")
     endpoint.add_argument("--no-token-endpoint", action="store_true",
                           help="remove the token endpoint (the identity-provider variant)")
     origins = p.add_mutually_exclusive_group()
@@ -43,20 +49,35 @@ def register(commands) -> None:
     pkce = p.add_mutually_exclusive_group()
     pkce.add_argument("--require-pkce", dest="require_pkce", action="store_const", const=True,
                       help="authorize refuses requests without an S256 code_challenge")
-    pkce.add_argument("--no-require-pkce", dest="require_pkce", action="store_const", const=False)
+    pkce.add_argument("--no-require-pkce", dest="require_pkce", action="store_const", const=False,
+                      help="PKCE optional again")
     p.add_argument("--redirect-uri-match", choices=["prefix", "exact"],
                    help="prefix: under the base URL; exact: the registered URIs only (the base URL first)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update))
 
-    secret = apps.add_parser("secret", help="client secret rotation").add_subparsers(dest="secret_action", required=True)
+    p = apps.add_parser("list", help="list every application")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_list))
+    p = apps.add_parser("show", help="show one application's manifest (never its secrets)")
+    p.add_argument("--app", required=True, help="application id (app_...)")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_show))
+    p = apps.add_parser("delete", help="delete an application with its installations and tokens")
+    p.add_argument("--app", required=True, help="application id (app_...)")
+    p.add_argument("--yes", action="store_true", help="confirm: the deletion cannot be undone")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_delete))
+
+    secret = apps.add_parser("secret", help="client secret rotation").add_subparsers(
+        dest="secret_action", metavar="ACTION", required=True)
     p = secret.add_parser("generate-fallback", help="rotation step 1: a new secret, not valid until activated")
-    p.add_argument("--app", required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--app", required=True, help="application id")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_generate_fallback))
     p = secret.add_parser("activate-fallback", help="rotation step 3: the fallback becomes the only valid secret")
-    p.add_argument("--app", required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--app", required=True, help="application id")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_activate_fallback))
 
 
@@ -93,6 +114,45 @@ def _update(runtime, args):
           "user_fields": app.user_fields, "allowed_origins": app.allowed_origins,
           "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
           "require_pkce": app.require_pkce}, args.json)
+
+
+def app_dict(app: Application) -> dict:
+    """An application's manifest as the operator sees it; secrets are never shown again."""
+    return {"application_id": app.id, "client_id": app.client_id, "name": app.name,
+            "redirect_uri": app.redirect_uri, "launch_url": app.launch_url, "token_endpoint": app.token_endpoint,
+            "billing_plan": app.billing_plan, "user_fields": app.user_fields, "allowed_origins": app.allowed_origins,
+            "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
+            "require_pkce": app.require_pkce, "fallback_secret_pending": bool(app.fallback_secret_hash),
+            "created_at": utc_iso(app.created_at)}
+
+
+def _find(application_id: str) -> Application:
+    app = Application.by_id(application_id)
+    if app is None:
+        raise UsageError(f"no application has id {application_id!r}")
+    return app
+
+
+def _list(runtime, args):
+    rows = [app_dict(a) for a in Application.select().order_by(Application.created_at, Application.id)]
+    emit_list(rows, args.json, ["application_id", "client_id", "name", "billing_plan", "redirect_uri"])
+
+
+def _show(runtime, args):
+    result = app_dict(_find(args.app))
+    result["installations"] = [
+        {"organization_id": i.organization_id, "activation_status": i.activation_status}
+        for i in Installation.select().where(Installation.application == args.app).order_by(Installation.id)]
+    emit(result, args.json)
+
+
+def _delete(runtime, args):
+    app = _find(args.app)
+    if not args.yes:
+        raise UsageError(f"this deletes {app.name!r} ({app.id}), its installations and tokens; "
+                         f"run again with --yes to confirm")
+    delete_application(runtime, app.id)
+    emit({"application_id": app.id, "deleted": True}, args.json)
 
 
 def _generate_fallback(runtime, args):

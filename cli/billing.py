@@ -16,14 +16,14 @@ def register(commands) -> None:
     p = billing.add_parser("report", help="billable users per organization for a month")
     p.add_argument("--month", required=True, help="YYYY-MM (UTC)")
     p.add_argument("--app", help="only this application id")
-    p.add_argument("--format", choices=["csv", "json"], default="json")
+    p.add_argument("--format", choices=["csv", "json"], default="json", help="output format (default json)")
     p.set_defaults(handler=with_runtime(_report))
 
     audit = commands.add_parser("audit", help="audit trail").add_subparsers(dest="action", required=True)
     p = audit.add_parser("list", help="recent state changes, newest first")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=int, default=50, help="at most this many events (default 50)")
     p.add_argument("--action", dest="audit_action", help="only this action, e.g. keys.rotated")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=with_runtime(_audit))
 
 

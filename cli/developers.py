@@ -11,8 +11,8 @@ def register(commands) -> None:
         dest="action", required=True)
     p = developers.add_parser("invite", help="give a developer access to an application; prints a one-time link")
     p.add_argument("--app", required=True, help="application id")
-    p.add_argument("--email", required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--email", required=True, help="the developer's e-mail address (the console sign-in name)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(_invite))
 
 

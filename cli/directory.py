@@ -1,37 +1,110 @@
-"""`svc-auth orgs|users|installs create`."""
+"""`svc-auth orgs|users|installs create|list|show|update`."""
 from __future__ import annotations
 
-from cli import emit, with_runtime
-from lifecycle.registry import create_organization, create_user, install_application
+from cli import UsageError, add_json_flag, emit, emit_list, with_runtime
+from lifecycle.activation import set_activation_status
+from lifecycle.registry import (create_organization, create_user, install_application, update_organization,
+                                update_user)
+from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
+from models.directory import Organization, User
 
 
 def register(commands) -> None:
-    orgs = commands.add_parser("orgs", help="organizations (clinics)").add_subparsers(dest="action", required=True)
+    orgs = commands.add_parser("orgs", help="organizations (clinics)").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
     p = orgs.add_parser("create", help="create an organization")
-    p.add_argument("--name", required=True)
-    p.add_argument("--ehr", default="sandbox")
-    p.add_argument("--ehr-url", default="")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--name", required=True, help="the clinic's name, as users see it")
+    p.add_argument("--ehr", default="sandbox", help="the clinic's EHR: 'sandbox' or a lower-case EHR name")
+    p.add_argument("--ehr-url", default="", help="base URL of the clinic's EHR (sent to apps as ehr_url)")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create_org))
+    p = orgs.add_parser("list", help="list every organization")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_list_orgs))
+    p = orgs.add_parser("show", help="show one organization with its users and installed apps")
+    p.add_argument("--org", required=True, help="organization id (org_...)")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_show_org))
+    p = orgs.add_parser("update", help="change an organization's name, EHR or EHR URL")
+    p.add_argument("--org", required=True, help="organization id (org_...)")
+    p.add_argument("--name", help="new name")
+    p.add_argument("--ehr", help="new EHR name")
+    p.add_argument("--ehr-url", help="new EHR base URL ('' clears it)")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_update_org))
 
-    users = commands.add_parser("users", help="users of an organization").add_subparsers(dest="action", required=True)
+    users = commands.add_parser("users", help="users of an organization").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
     p = users.add_parser("create", help="create a user")
-    p.add_argument("--org", required=True)
-    p.add_argument("--email", required=True)
-    p.add_argument("--given-name")
-    p.add_argument("--family-name")
-    p.add_argument("--ehr-username")
-    p.add_argument("--npi")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--org", required=True, help="organization id the user belongs to")
+    p.add_argument("--email", required=True, help="e-mail address (unique across the platform)")
+    p.add_argument("--given-name", help="given (first) name")
+    p.add_argument("--family-name", help="family (last) name")
+    p.add_argument("--ehr-username", help="the user's username in the clinic's EHR")
+    p.add_argument("--npi", help="10-digit National Provider Identifier (physicians only)")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create_user))
+    p = users.add_parser("list", help="list the users of an organization")
+    p.add_argument("--org", required=True, help="organization id")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_list_users))
+    p = users.add_parser("show", help="show one user")
+    p.add_argument("--user", required=True, help="user id (usr_...)")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_show_user))
+    p = users.add_parser("update", help="change a user's e-mail, names, EHR username or NPI")
+    p.add_argument("--user", required=True, help="user id (usr_...)")
+    p.add_argument("--email", help="new e-mail address")
+    p.add_argument("--given-name", help="new given name ('' clears it)")
+    p.add_argument("--family-name", help="new family name ('' clears it)")
+    p.add_argument("--ehr-username", help="new EHR username ('' clears it)")
+    p.add_argument("--npi", help="new 10-digit NPI ('' clears it)")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_update_user))
 
-    installs = commands.add_parser("installs", help="install apps in organizations").add_subparsers(dest="action", required=True)
+    installs = commands.add_parser("installs", help="install apps in organizations").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
     p = installs.add_parser("create", help="install an application in an organization")
-    p.add_argument("--app", required=True)
-    p.add_argument("--org", required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--app", required=True, help="application id (app_...)")
+    p.add_argument("--org", required=True, help="organization id (org_...)")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_install))
+    p = installs.add_parser("list", help="list installations, optionally of one application")
+    p.add_argument("--app", help="only this application id")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_list_installs))
+    p = installs.add_parser("update", help="set an installation's activation status (as the app would)")
+    p.add_argument("--app", required=True, help="application id")
+    p.add_argument("--org", required=True, help="organization id")
+    p.add_argument("--status", required=True, choices=ACTIVATION_STATUSES,
+                   help="Enabled or Disabled; allowed after the app's first SDK initialization there")
+    add_json_flag(p)
+    p.set_defaults(handler=with_runtime(_update_install))
+
+
+def org_dict(org: Organization) -> dict:
+    return {"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url,
+            "created_at": utc_iso(org.created_at)}
+
+
+def user_dict(user: User) -> dict:
+    return {"id": user.id, "organization_id": user.organization_id, "email": user.email,
+            "given_name": user.given_name, "family_name": user.family_name,
+            "ehr_username": user.ehr_username, "npi": user.npi}
+
+
+def install_dict(inst: Installation) -> dict:
+    return {"application_id": inst.application_id, "organization_id": inst.organization_id,
+            "installed_at": utc_iso(inst.installed_at), "activation_status": inst.activation_status,
+            "trial_started_at": utc_iso(inst.trial_started_at)}
+
+
+def _org(org_id: str) -> Organization:
+    org = Organization.get_or_none(Organization.id == org_id)
+    if org is None:
+        raise UsageError(f"no organization has id {org_id!r}")
+    return org
 
 
 def _create_org(runtime, args):
@@ -39,14 +112,66 @@ def _create_org(runtime, args):
     emit({"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url}, args.json)
 
 
+def _list_orgs(runtime, args):
+    rows = [org_dict(o) for o in Organization.select().order_by(Organization.created_at, Organization.id)]
+    emit_list(rows, args.json, ["id", "name", "ehr", "ehr_url"])
+
+
+def _show_org(runtime, args):
+    org = _org(args.org)
+    result = org_dict(org)
+    result["users"] = [u.id for u in User.select(User.id).where(User.organization == org.id).order_by(User.id)]
+    result["installed_applications"] = [
+        i.application_id for i in Installation.select().where(Installation.organization == org.id)]
+    emit(result, args.json)
+
+
+def _update_org(runtime, args):
+    if args.name is None and args.ehr is None and args.ehr_url is None:
+        raise UsageError("nothing to change: give --name, --ehr or --ehr-url")
+    emit(org_dict(update_organization(args.org, args.name, args.ehr, args.ehr_url)), args.json)
+
+
 def _create_user(runtime, args):
     user = create_user(args.org, args.email, args.given_name, args.family_name, args.ehr_username, args.npi)
-    emit({"id": user.id, "organization_id": user.organization_id, "email": user.email,
-          "given_name": user.given_name, "family_name": user.family_name,
-          "ehr_username": user.ehr_username, "npi": user.npi}, args.json)
+    emit(user_dict(user), args.json)
+
+
+def _list_users(runtime, args):
+    org = _org(args.org)
+    rows = [user_dict(u) for u in User.select().where(User.organization == org.id).order_by(User.created_at, User.id)]
+    emit_list(rows, args.json, ["id", "email", "given_name", "family_name", "npi"])
+
+
+def _show_user(runtime, args):
+    user = User.get_or_none(User.id == args.user)
+    if user is None:
+        raise UsageError(f"no user has id {args.user!r}")
+    emit(user_dict(user), args.json)
+
+
+def _update_user(runtime, args):
+    values = (args.email, args.given_name, args.family_name, args.ehr_username, args.npi)
+    if all(v is None for v in values):
+        raise UsageError("nothing to change: give --email, --given-name, --family-name, --ehr-username or --npi")
+    emit(user_dict(update_user(args.user, *values)), args.json)
 
 
 def _install(runtime, args):
     inst = install_application(args.app, args.org)
-    emit({"application_id": inst.application_id, "organization_id": inst.organization_id,
-          "installed_at": utc_iso(inst.installed_at), "activation_status": inst.activation_status}, args.json)
+    emit(install_dict(inst), args.json)
+
+
+def _list_installs(runtime, args):
+    query = Installation.select().order_by(Installation.installed_at, Installation.id)
+    if args.app:
+        query = query.where(Installation.application == args.app)
+    emit_list([install_dict(i) for i in query], args.json,
+              ["application_id", "organization_id", "activation_status", "installed_at"])
+
+
+def _update_install(runtime, args):
+    inst = Installation.find(args.app, args.org)
+    if inst is None:
+        raise UsageError(f"application {args.app!r} is not installed in organization {args.org!r}")
+    emit(install_dict(set_activation_status(runtime, inst, args.status, actor="operator")), args.json)

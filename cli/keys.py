@@ -11,10 +11,10 @@ def register(commands) -> None:
     keys = commands.add_parser("keys", help="signing keys").add_subparsers(dest="action", required=True)
     p = keys.add_parser("rotate", help="add a signing key: published at once, signing after "
                                        "SVC_KEY_PREPUBLISH_SECONDS; old keys stay published until their tokens expire")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(_rotate))
     p = keys.add_parser("list", help="published signing keys")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(_list))
 
 

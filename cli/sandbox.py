@@ -11,7 +11,7 @@ def register(commands) -> None:
     sandbox = commands.add_parser("sandbox", help="sandbox EHR (a testing tool; needs SVC_SANDBOX=on)").add_subparsers(
         dest="action", required=True)
     p = sandbox.add_parser("token", help="print a sandbox access token for a user of a sandbox clinic")
-    p.add_argument("--user", required=True)
+    p.add_argument("--user", required=True, help="user id (usr_...) of a sandbox organization")
     p.set_defaults(handler=with_runtime(_token))
     p = sandbox.add_parser("signin-link", help="print a one-time sign-in URL that opens the user's sandbox hub")
     p.add_argument("--user", required=True, help="user id (a user of a sandbox clinic)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 def register(commands) -> None:
     p = commands.add_parser("serve", help="run the HTTP server")
-    p.add_argument("--port", type=int, default=8888)
-    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8888, help="TCP port to listen on (default 8888)")
+    p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--processes", type=int, default=1, help="fork N processes sharing the socket (0 = one per core)")
     p.add_argument("--demo", action="store_true", help="seed demo data and start the example partner app")
     p.add_argument("--demo-app-port", type=int, default=8889, help="port of the example partner app (with --demo)")
@@ -22,10 +22,17 @@ def run(settings, args) -> int:
     on_start = None
     if args.demo:
         import functools
-        from lifecycle.demo import start_demo
+        from lifecycle.demo import demo_settings, start_demo
         if not 0 < args.demo_app_port < 65536 or args.demo_app_port == args.port:
             raise UsageError("--demo-app-port must be between 1 and 65535 and differ from --port")
-        on_start = functools.partial(start_demo, app_port=args.demo_app_port)
+        settings = demo_settings(settings, args.port)
+        import tornado.netutil
+        from ops.startup import bind_error
+        try:  # before anything starts: a taken APP_PORT is one line, like a taken --port
+            demo_sockets = tornado.netutil.bind_sockets(args.demo_app_port, address="127.0.0.1")
+        except OSError as exc:
+            raise bind_error(exc, args.demo_app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
+        on_start = functools.partial(start_demo, app_port=args.demo_app_port, sockets=demo_sockets)
         settings = settings.replace(sandbox=True)  # the demo is the sandbox EHR
     serve(settings, args.port, args.processes, args.address, on_start=on_start)
     return 0

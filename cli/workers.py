@@ -15,19 +15,19 @@ def register(commands) -> None:
     p = commands.add_parser("worker", help="run a Dramatiq worker (needs SVC_REDIS_URL)")
     p.add_argument("--threads", type=int, default=None, help="worker threads (default SVC_WORKER_THREADS)")
     p.add_argument("--queues", nargs="*", default=None, help="only consume these queues (snapshots, charts)")
-    p.set_defaults(handler=with_runtime(run_worker))
+    p.set_defaults(handler=with_runtime(run_worker, check_redis=True))
 
     p = commands.add_parser("scheduler", help="queue the nightly appointment sync at SVC_SYNC_WINDOW")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between checks (default 30)")
     p.add_argument("--once", action="store_true", help="check once and exit (for cron)")
-    p.set_defaults(handler=with_runtime(run_scheduler_command))
+    p.set_defaults(handler=with_runtime(run_scheduler_command, check_redis=True))
 
     snapshot = commands.add_parser("snapshot", help="appointment snapshots").add_subparsers(dest="action", required=True)
     p = snapshot.add_parser("run", help="build a night's appointment snapshots now, in this process")
     p.add_argument("--date", help="the night, YYYY-MM-DD (default: the coming night: the one whose sync window "
                                   "is open now, else the next one)")
     p.add_argument("--org", action="append", help="only this organization (repeatable)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(run_snapshot))
 
 

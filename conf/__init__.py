@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 _SYNC_WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
 
 
-def _read_dotenv(path: Path) -> dict[str, str]:
+def read_env_file(path: Path) -> dict[str, str]:
     """Parse a `.env`-style file: KEY=VALUE lines, `#` comments, optional quotes."""
     values: dict[str, str] = {}
     if not path.is_file():
@@ -178,7 +178,7 @@ class Settings:
         """Build settings from `environ` (default `os.environ`) over an optional `.env` file."""
         env: dict[str, str] = {}
         if dotenv:
-            env.update(_read_dotenv(Path(dotenv)))
+            env.update(read_env_file(Path(dotenv)))
         env.update(os.environ if environ is None else environ)
         kwargs: dict = {}
         for f in dataclasses.fields(cls):
@@ -249,6 +249,9 @@ class Settings:
         merged["keys_dir"] = merged["keys_dir"] or str(var / "keys")
         merged["objects_dir"] = merged["objects_dir"] or str(var / "objects")
         merged["log_level"] = str(merged["log_level"]).upper()
+        if merged["hmac_key"] and len(str(merged["hmac_key"]).encode("utf-8")) < 32:
+            raise ConfigError("SVC_HMAC_KEY must be at least 32 characters (for example the output of "
+                              "`openssl rand -hex 32`), or unset to generate one in SVC_KEYS_DIR")
         if merged["task_max_backoff_ms"] < merged["task_min_backoff_ms"]:
             raise ConfigError("SVC_TASK_MAX_BACKOFF_MS must not be below SVC_TASK_MIN_BACKOFF_MS")
         return cls(**merged)

@@ -5,9 +5,9 @@ import html
 
 from handlers.base import BaseHandler
 from oauth.authorization_code import AuthorizationRequest
-from oauth.clients import authenticate_client
+from oauth.clients import authenticate_client, claimed_client_id
+from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client, origin_registered
 from oauth.errors import ApiError, AuthorizeError
-from oauth.redirects import with_query
 from oauth.params import text_param
 from oauth.resource import active_client_token, active_user_token, bearer_value, introspection_response, userinfo
 from oauth.revocation import revoke_token
@@ -21,14 +21,45 @@ class VariantHandler(BaseHandler):
         self.variant = variant
 
 
+class CorsHandler(VariantHandler):
+    """An endpoint an application's browser code may call from an origin it registered
+    (`apps create --allowed-origin`); see oauth/cors.py for the rule."""
+
+    cors_origin: str | None = None
+
+    def set_default_headers(self):
+        super().set_default_headers()
+        self.set_header("Vary", "Origin")
+        if self.cors_origin:  # also after send_error's clear(): the error is readable too
+            self.set_header("Access-Control-Allow-Origin", self.cors_origin)
+            self.set_header("Access-Control-Expose-Headers", "WWW-Authenticate")
+
+    async def options(self):
+        origin = self.request.headers.get("Origin")
+        if origin and await self.run(origin_registered, origin):
+            self.set_header("Access-Control-Allow-Origin", origin)
+            self.set_header("Access-Control-Allow-Methods", ALLOWED_METHODS)
+            self.set_header("Access-Control-Allow-Headers", ALLOWED_HEADERS)
+            self.set_header("Access-Control-Max-Age", str(MAX_AGE_SECONDS))
+        self.set_status(204)
+        self.finish()
+
+    async def allow_origin_of(self, client_id: str | None) -> None:
+        """Let the request's origin read this response when `client_id` registered it."""
+        origin = self.request.headers.get("Origin")
+        if origin and client_id and await self.run(origin_allowed_for_client, client_id, origin):
+            self.cors_origin = origin
+            self.set_default_headers()
+
+
 class AuthorizeHandler(VariantHandler):
     async def get(self):
+        request = AuthorizationRequest(self.runtime)
         try:
-            location = await self.run(AuthorizationRequest(self.runtime).issue_code, self.query_params())
+            location = await self.run(request.issue_code, self.query_params())
         except AuthorizeError as err:
             if err.redirect_uri:
-                location = with_query(err.redirect_uri, error=err.error, error_description=err.description,
-                                      state=err.state)
+                location = request.error_location(err)
             else:
                 return self.render_untrusted_error(err)
         self.set_header("Cache-Control", "no-store")
@@ -45,11 +76,12 @@ class AuthorizeHandler(VariantHandler):
                     f"<p><code>{html.escape(err.error)}</code>: {html.escape(err.description)}</p>")
 
 
-class TokenHandler(VariantHandler):
+class TokenHandler(CorsHandler):
     async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
         params, authorization = self.body_params(), self.request.headers.get("Authorization")
+        await self.allow_origin_of(claimed_client_id(params, authorization))  # only with an Origin header
         if answers_in_memory(self.runtime, self.variant, params, authorization):
             # No I/O at all (cached client, in-process failure counts): sign inline.
             response = token_response(self.runtime, self.variant, params, authorization, self.client_address())
@@ -59,17 +91,20 @@ class TokenHandler(VariantHandler):
         self.write_json(response)
 
 
-class UserInfoHandler(VariantHandler):
+class UserInfoHandler(CorsHandler):
     async def get(self):
         self.set_header("Cache-Control", "no-store")
         token = bearer_value(self.request.headers.get("Authorization"))
+        if self.request.headers.get("Origin"):
+            claims = await self.run(active_user_token, self.runtime, token)
+            await self.allow_origin_of(claims and claims.get("client_id"))
         self.write_json(await self.run(userinfo, self.runtime, token))
 
     async def post(self):
         await self.get()
 
 
-class IntrospectionHandler(VariantHandler):
+class IntrospectionHandler(CorsHandler):
     """RFC 7662. Callers: a client authenticated as itself (sees only its own tokens), or the
     host platform with a sandbox user's token, whose successful check is the platform verifying
     the app's token for that user (it records the authorization)."""
@@ -77,10 +112,12 @@ class IntrospectionHandler(VariantHandler):
     async def post(self):
         self.set_header("Cache-Control", "no-store")
         params = self.body_params()
+        authorization = self.request.headers.get("Authorization") or ""
+        if not authorization.lower().startswith("bearer "):
+            await self.allow_origin_of(claimed_client_id(params, authorization))
         token = params.get("token")
         if not isinstance(token, str) or not token:
             raise ApiError(400, "invalid_request", "The token parameter is required.")
-        authorization = self.request.headers.get("Authorization") or ""
         self.write_json(await self.run(introspect, self.runtime, params, token, authorization, self.client_address()))
 
 
@@ -98,13 +135,14 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
     return introspection_response(claims)
 
 
-class RevocationHandler(VariantHandler):
+class RevocationHandler(CorsHandler):
     """RFC 7009: an authenticated client revokes one of its own tokens; 200 whatever the token was."""
 
     async def post(self):
         self.set_header("Cache-Control", "no-store")
-        params = self.body_params()
-        await self.run(revoke, self.runtime, params, self.request.headers.get("Authorization"), self.client_address())
+        params, authorization = self.body_params(), self.request.headers.get("Authorization")
+        await self.allow_origin_of(claimed_client_id(params, authorization))
+        await self.run(revoke, self.runtime, params, authorization, self.client_address())
         self.set_status(200)
         self.finish()
 

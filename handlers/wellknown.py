@@ -1,4 +1,4 @@
-"""Discovery at the issuer: JWKS and the OpenID Provider configuration."""
+"""Discovery at the issuer: JWKS, the OpenID Provider configuration and RFC 8414 metadata."""
 from __future__ import annotations
 
 from handlers.base import BaseHandler
@@ -30,4 +30,5 @@ def routes(runtime) -> list:
     return [
         (r"/\.well-known/jwks\.json", JWKSHandler),
         (r"/\.well-known/openid-configuration", OpenIDConfigurationHandler),
+        (r"/\.well-known/oauth-authorization-server", OpenIDConfigurationHandler),  # RFC 8414: same document
     ]

@@ -7,13 +7,16 @@ in the source.
 from __future__ import annotations
 
 import logging
+from urllib.parse import urlsplit
 
 import peewee
 
 from connectors.sandbox import patient_panel
-from lifecycle.registry import create_organization, create_user, install_application, register_application
+from lifecycle.registry import (create_organization, create_user, delete_application, install_application,
+                                register_application, update_organization)
 from lifecycle.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
+from oauth.cors import normalize_origin
 from models.directory import Organization, User
 
 log = logging.getLogger("svc_auth.demo")
@@ -36,7 +39,45 @@ def demo_app_url(port: int = EXAMPLE_APP_PORT) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def seed_demo(runtime, app_base_url: str | None = None) -> dict:
+def demo_settings(settings, port: int):
+    """`serve --demo --port N` with the issuer left at its default serves, and names in tokens and
+    links, http://127.0.0.1:N: the demo is where it says it is on any port."""
+    from conf import Settings
+    default = Settings().issuer
+    if settings.issuer != default or port == urlsplit(default).port:
+        return settings
+    here = f"http://127.0.0.1:{port}"
+    public_url = here if settings.public_url == default else settings.public_url
+    return settings.replace(issuer=here, public_url=public_url)
+
+
+def _app_base_url(app: Application) -> str:
+    """The example app's base URL its registration was made for (its launch URL less /launch)."""
+    return app.launch_url[: -len("/launch")] if app.launch_url.endswith("/launch") else app.launch_url
+
+
+def reset_demo(runtime) -> None:
+    """Remove the demo clinic (its users, installations, launches, codes, tokens) and the demo
+    app, so the next seed is the first-launch state again."""
+    with runtime.db.atomic():
+        app = Application.get_or_none(Application.id == runtime.settings.demo_application_id)
+        if app is not None:
+            delete_application(runtime, app.id, actor="demo-reset")
+        org = Organization.get_or_none(Organization.id == DEMO_ORG_ID)
+        if org is not None:
+            # recursive: users, installations and what hangs off them go with the clinic
+            org.delete_instance(recursive=True)
+
+
+def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> dict:
+    """Create the demo data (idempotent). `app_base_url`: where the example app runs; given,
+    the demo app is (re)registered for it, else an existing registration is kept. `reset`:
+    start from the first-launch state (no activation status, nothing authorized)."""
+    existing = Application.get_or_none(Application.id == runtime.settings.demo_application_id)
+    if app_base_url is None and existing is not None:
+        app_base_url = _app_base_url(existing)
+    if reset:
+        reset_demo(runtime)
     app_base_url = (app_base_url or demo_app_url()).rstrip("/")
     settings = runtime.settings
     # On SQLite take the write lock up front: a deferred transaction that reads first cannot upgrade
@@ -44,9 +85,12 @@ def seed_demo(runtime, app_base_url: str | None = None) -> dict:
     # busy_timeout does not help), and `serve --demo` seeds while its worker thread starts.
     immediate = {"lock_type": "IMMEDIATE"} if isinstance(runtime.db, peewee.SqliteDatabase) else {}
     with runtime.db.atomic(**immediate):
-        if Organization.get_or_none(Organization.id == DEMO_ORG_ID) is None:
-            create_organization("Sandbox Family Clinic", "sandbox", f"{settings.public_url}/sandbox/ehr",
-                                org_id=DEMO_ORG_ID)
+        ehr_url = f"{settings.public_url}/sandbox/ehr"
+        org = Organization.get_or_none(Organization.id == DEMO_ORG_ID)
+        if org is None:
+            create_organization("Sandbox Family Clinic", "sandbox", ehr_url, org_id=DEMO_ORG_ID)
+        elif org.ehr_url != ehr_url:
+            update_organization(DEMO_ORG_ID, ehr_url=ehr_url, actor="demo")
         if User.get_or_none(User.id == DEMO_PHYSICIAN_ID) is None:
             create_user(DEMO_ORG_ID, "dr.ada.lovelace@sandbox.example", "Ada", "Lovelace", "alovelace",
                         "1234567893", user_id=DEMO_PHYSICIAN_ID)
@@ -55,7 +99,12 @@ def seed_demo(runtime, app_base_url: str | None = None) -> dict:
                         user_id=DEMO_OTHER_ID)
         secret = runtime.hasher.sign("demo-client-secret")
         app_id = settings.demo_application_id
-        if Application.get_or_none(Application.id == app_id) is None:
+        app = Application.get_or_none(Application.id == app_id)
+        if app is not None and (_app_base_url(app) != app_base_url or app.allowed_origins != [normalize_origin(settings.public_url)]):
+            # The demo moved (other ports): register it again where it now runs.
+            delete_application(runtime, app_id, actor="demo")
+            app = None
+        if app is None:
             register_application(
                 runtime, "Example Partner App", f"{app_base_url}/app", f"{app_base_url}/launch",
                 f"{app_base_url}/api/token", "free_trial", ["email", "name", "ehrUsername", "organization"],
@@ -94,25 +143,34 @@ def demo_signin_links(runtime, info: dict) -> dict:
             "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings")}
 
 
-def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT) -> None:
-    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look."""
+def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT, sockets=None) -> None:
+    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look.
+    `sockets`: already bound to `app_port` (the CLI binds them first, so a taken port stops the
+    start with one line); bound here when not given."""
     import tornado.httpserver
     import tornado.process
     from examples.partner_app.web import make_partner_app
     if tornado.process.task_id() not in (None, 0):
         return  # with --processes N, the first worker seeds and runs the (single-process) example app
+    import tornado.netutil
+    from ops.startup import bind_error
+    try:
+        sockets = sockets or tornado.netutil.bind_sockets(app_port, address="127.0.0.1")
+    except OSError as exc:
+        raise bind_error(exc, app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
     info = seed_demo(runtime, demo_app_url(app_port))
     patient = demo_patient()
     server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
-    server.listen(app_port, address="127.0.0.1")
+    server.add_sockets(sockets)
     log.info("demo data ready; sign in to the hub with the one-time links printed below")
     links = demo_signin_links(runtime, info)
     print(f"\nsvc-auth demo (one-time sign-in links; `svc-auth sandbox signin-link --user ID` makes more)\n"
+          f"  service (discovery): {runtime.settings.issuer}/.well-known/openid-configuration\n"
           f"  hub (physician): {info['hub_url']}\n"
           f"  example app opened at once (physician): {links['physician_app']}\n"
           f"  hub (staff, refused by the app): {links['staff_hub']}\n"
           f"  settings (sandbox token): {links['physician_settings']}\n"
-          f"  example partner app: {demo_app_url(app_port)} (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
+          f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n"
           f"  demo patient (chart requests): {patient.id} ({patient.first_name} {patient.last_name})\n"
           f"  appointments: open the app in the physician's hub, then run `svc-auth snapshot run`\n", flush=True)

@@ -10,8 +10,9 @@ from oauth.errors import ApiError
 from oauth.redirects import with_query
 
 
-def create_launch(runtime, user: User, client_id: str) -> tuple[Launch, str]:
+def create_launch(runtime, user: User, client_id: str, auth_time: int | None = None) -> tuple[Launch, str]:
     """A new launch of the app `client_id` for `user`, and the app's launch URL to load.
+    `auth_time` (epoch seconds): when the user authenticated with the platform (default now).
 
     Opening an app is activity in the hub: it opens or renews the user's connector session."""
     app = Application.get_or_none(Application.client_id == client_id)
@@ -25,7 +26,8 @@ def create_launch(runtime, user: User, client_id: str) -> tuple[Launch, str]:
                        "This application is Disabled in this organization and cannot be opened.")
     now = runtime.clock.now()
     launch = Launch.create(id=new_secret(24), application=app.id, user=user.id, organization=user.organization_id,
-                           created_at=now, expires_at=expiry(now, runtime.settings.launch_ttl))
+                           created_at=now, expires_at=expiry(now, runtime.settings.launch_ttl),
+                           auth_time=int(runtime.clock.time()) if auth_time is None else auth_time)
     touch_session(runtime, user)
     org = user.organization
     url = with_query(app.launch_url, launch_id=launch.id, svc_organization_id=org.id, ehr_url=org.ehr_url or None)

@@ -14,6 +14,7 @@ from models.application import BILLING_PLANS, USER_FIELDS, Application, Installa
 from models.audit import AuditEvent
 from models.directory import Organization, User
 from models.ids import new_secret
+from oauth.cors import normalize_origin
 from oauth.errors import ApiError
 from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri, redirect_uri_allowed
 
@@ -122,11 +123,16 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
     unknown = [f for f in user_fields if f not in USER_FIELDS]
     if unknown:
         raise invalid(f"unknown user fields {', '.join(unknown)}; choose from {', '.join(USER_FIELDS)}.")
+    origins = []
     for origin in allowed_origins:
-        _http_url("allowed origin", origin)
+        normalized = normalize_origin(origin)
+        if normalized is None:
+            raise invalid(f"an allowed origin is scheme://host[:port] with no path, like https://app.example; "
+                          f"got {origin!r}.")
+        origins.append(normalized)
     secret = client_secret or new_secret()
     fields = dict(name=name, redirect_uri=redirect_uri, launch_url=launch_url, token_endpoint=token_endpoint,
-                  billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(allowed_origins),
+                  billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(dict.fromkeys(origins)),
                   client_secret_hash=runtime.hasher.digest(secret), redirect_uri_match=redirect_uri_match,
                   redirect_uris=exact_uris, require_pkce=bool(require_pkce))
     if application_id:
@@ -189,3 +195,75 @@ def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str
     AuditEvent.record(actor, "application.rest_allowed_networks_set", application_id, networks=cidrs)
     runtime.changes.announce(APPLICATIONS)
     return cidrs
+
+
+
+def update_organization(organization_id: str, name: str | None = None, ehr: str | None = None,
+                        ehr_url: str | None = None, actor: str = "operator") -> Organization:
+    """Change an organization's name, EHR or EHR URL (None: unchanged); audited."""
+    org = Organization.get_or_none(Organization.id == organization_id)
+    if org is None:
+        raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
+    changes = {}
+    if name is not None:
+        name = name.strip()
+        if not name or len(name) > 200:
+            raise invalid("An organization needs a name of 1 to 200 characters.")
+        changes["name"] = name
+    if ehr is not None:
+        if not re.match(r"^[a-z0-9_-]{1,64}$", ehr):
+            raise invalid("ehr must be a short lower-case EHR name such as 'sandbox'.")
+        changes["ehr"] = ehr
+    if ehr_url is not None:
+        if ehr_url:
+            _http_url("ehr_url", ehr_url)
+        changes["ehr_url"] = ehr_url
+    if changes:
+        Organization.update(**changes).where(Organization.id == org.id).execute()
+        AuditEvent.record(actor, "organization.updated", org.id, **changes)
+    return Organization.get_by_id(org.id)
+
+
+def update_user(user_id: str, email: str | None = None, given_name: str | None = None,
+                family_name: str | None = None, ehr_username: str | None = None, npi: str | None = None,
+                actor: str = "operator") -> User:
+    """Change a user's fields (None: unchanged; "" clears an optional field); audited."""
+    user = User.get_or_none(User.id == user_id)
+    if user is None:
+        raise ApiError(404, "user_not_found", f"No user has id {user_id!r}.")
+    changes: dict = {}
+    if email is not None:
+        email = email.strip().lower()
+        if not EMAIL.match(email) or len(email) > 254:
+            raise invalid(f"{email!r} is not a valid e-mail address.")
+        changes["email"] = email
+    for field, value in (("given_name", given_name), ("family_name", family_name), ("ehr_username", ehr_username)):
+        if value is not None:
+            changes[field] = value.strip() or None
+    if npi is not None:
+        if npi and not NPI.match(npi):
+            raise invalid("npi must be 10 digits.")
+        changes["npi"] = npi or None
+    if changes:
+        try:
+            with User._meta.database.atomic():
+                User.update(**changes).where(User.id == user.id).execute()
+        except peewee.IntegrityError:
+            raise ApiError(409, "email_taken", f"A user with e-mail {email} already exists.") from None
+        AuditEvent.record(actor, "user.updated", user.id, fields=sorted(changes))
+    return User.get_by_id(user.id)
+
+
+def delete_application(runtime, application_id: str, actor: str = "operator") -> Application:
+    """Remove an application with its installations, launches, codes and tokens (the foreign keys
+    cascade); its client credentials stop working at once. Audited."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    with Application._meta.database.atomic():
+        # recursive: peewee deletes the dependent rows itself, so SQLite without foreign-key
+        # enforcement and tables other parts add later behave the same.
+        app.delete_instance(recursive=True)
+        AuditEvent.record(actor, "application.deleted", app.id, client_id=app.client_id, name=app.name)
+    runtime.changes.announce(APPLICATIONS)  # every process forgets it: its credentials stop working
+    return app

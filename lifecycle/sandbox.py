@@ -62,6 +62,12 @@ def sandbox_user(runtime, token: str | None) -> User:
     """The user a sandbox token names, or 401 "Authentication failed" (spec: expired token).
 
     With the sandbox off, no sandbox token is accepted anywhere."""
+    return sandbox_session(runtime, token)[0]
+
+
+def sandbox_session(runtime, token: str | None) -> tuple[User, int]:
+    """`sandbox_user`, and when that user authenticated with the platform (the token's
+    `auth_time`, epoch seconds; its `iat` for a token from before auth_time existed)."""
     if not runtime.settings.sandbox:
         raise invalid_token(message="Authentication failed")
     try:
@@ -71,7 +77,8 @@ def sandbox_user(runtime, token: str | None) -> User:
     user = User.get_or_none(User.id == claims["sub"])
     if user is None or not is_sandbox_user(user):
         raise invalid_token(message="Authentication failed")
-    return user
+    auth_time = claims.get("auth_time")
+    return user, auth_time if isinstance(auth_time, int) else claims["iat"]
 
 
 # -- sign-in links and sessions ------------------------------------------------------------------

@@ -21,6 +21,8 @@ class Launch(BaseModel):
     created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
+    # When the user authenticated with the platform (epoch seconds): the ID token's auth_time.
+    auth_time = peewee.BigIntegerField(null=True)
 
     def consume(self, now: dt.datetime) -> bool:
         """Mark the launch used at `now`; True for exactly one caller (the database decides)."""
@@ -47,6 +49,8 @@ class AuthorizationCode(BaseModel):
     # The jtis of the access tokens the code's exchange issued (space-separated): a replay of the
     # code puts them on the deny-list (oauth.denylist). Written by the consuming statement.
     issued_jtis = peewee.CharField(max_length=500, null=True)
+    auth_time = peewee.BigIntegerField(null=True)  # copied from the launch
+    scope = peewee.CharField(max_length=200, null=True)  # granted scope (oauth.scopes)
 
     @classmethod
     def redeem(cls, db: peewee.Database, code_hash: str, application_id: str, now: dt.datetime,
@@ -64,8 +68,8 @@ class AuthorizationCode(BaseModel):
             AuthorizationCode.used_at.db_value(now), jtis, code_hash, application_id)).fetchone()
         if row is None:
             return None
-        (used_at, issued, expires_at, redirect_uri, nonce, code_challenge, user_id, organization_id,
-         email, given_name, family_name, installation_id, activation_status, trial_started_at) = row
+        (used_at, issued, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, user_id,
+         organization_id, email, given_name, family_name, installation_id, activation_status, trial_started_at) = row
         user = User(id=user_id, organization=organization_id, email=email, given_name=given_name,
                     family_name=family_name)
         installation = None
@@ -77,7 +81,8 @@ class AuthorizationCode(BaseModel):
                           expires_at=AuthorizationCode.expires_at.python_value(expires_at),
                           used_at=AuthorizationCode.used_at.python_value(used_at),
                           redirect_uri=redirect_uri, nonce=nonce, user=user, organization_id=organization_id,
-                          installation=installation, code_challenge=code_challenge)
+                          installation=installation, code_challenge=code_challenge, auth_time=auth_time,
+                          scope=scope)
 
     def expired(self, now: dt.datetime) -> bool:
         return self.expires_at <= now
@@ -98,11 +103,14 @@ class Redemption:
     organization_id: str
     installation: Installation | None
     code_challenge: str | None = None  # PKCE S256 (oauth/pkce.py)
+    auth_time: int | None = None  # when the user authenticated with the platform (from the launch)
+    scope: str | None = None      # the granted scope (oauth/scopes.py)
 
 
 _REDEEM_SQL = """UPDATE "authorization_code" SET used_at = COALESCE(used_at, {p}), issued_jtis = COALESCE(issued_jtis, {p})
 WHERE code_hash = {p} AND application_id = {p}
-RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, code_challenge, user_id, organization_id,
+RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, user_id,
+ organization_id,
  (SELECT u.email FROM "user" u WHERE u.id = "authorization_code".user_id),
  (SELECT u.given_name FROM "user" u WHERE u.id = "authorization_code".user_id),
  (SELECT u.family_name FROM "user" u WHERE u.id = "authorization_code".user_id),

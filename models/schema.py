@@ -74,6 +74,11 @@ MIGRATIONS: list[tuple[int, str, object]] = [
                           ("lease_until", peewee.DateTimeField(null=True)))),
     (1302, "snapshot.lease_until: replace snapshots whose worker died",
      _add_missing_columns("snapshot", ("lease_until", peewee.DateTimeField(null=True)))),
+    # Issue 14 numbers its steps 14xx.
+    (1401, "launches and authorization codes carry auth_time; codes carry their scope",
+     lambda m: (_add_missing_columns("launch", ("auth_time", peewee.BigIntegerField(null=True)))(m),
+                _add_missing_columns("authorization_code", ("auth_time", peewee.BigIntegerField(null=True)),
+                                     ("scope", peewee.CharField(max_length=200, null=True)))(m))),
 ]
 
 

@@ -5,6 +5,8 @@ not recorded (a revocation would put its jti on the deny-list, `oauth.denylist`)
 from __future__ import annotations
 
 from models.application import Application
+from oauth.params import text_param
+from oauth.scopes import PARTNER_API_SCOPE, InvalidScope
 from oauth.tokens import PARTNER_API_AUDIENCE
 
 
@@ -15,7 +17,10 @@ class ClientCredentialsGrant:
         self.runtime = runtime
 
     def exchange(self, app: Application, params: dict, with_billing: bool) -> dict:
+        requested = text_param(params, "scope", required=False)
+        if requested is not None and set(requested.split()) - {PARTNER_API_SCOPE}:
+            raise InvalidScope(f"The client credentials grant grants only the {PARTNER_API_SCOPE!r} scope.")
         lifetime = self.runtime.settings.client_token_ttl
         token, claims = self.runtime.tokens.access_token(
-            app.id, PARTNER_API_AUDIENCE, lifetime, client_id=app.client_id, scope="partner_api")
-        return {"access_token": token, "token_type": "Bearer", "expires_in": lifetime, "scope": "partner_api"}
+            app.id, PARTNER_API_AUDIENCE, lifetime, client_id=app.client_id, scope=PARTNER_API_SCOPE)
+        return {"access_token": token, "token_type": "Bearer", "expires_in": lifetime, "scope": PARTNER_API_SCOPE}

@@ -49,6 +49,16 @@ def presented_credentials(params: dict, authorization: str | None) -> tuple[str,
     return client_id, secret
 
 
+def claimed_client_id(params: dict, authorization: str | None) -> str | None:
+    """The client_id a request names (HTTP Basic or the body), not yet authenticated; for CORS."""
+    try:
+        basic = _basic_credentials(authorization or "")
+    except Exception:  # noqa: BLE001  (a malformed header names no client; authentication will refuse it)
+        return None
+    client_id = basic[0] if basic else params.get("client_id")
+    return client_id if isinstance(client_id, str) else None
+
+
 def throttle_check(throttle: FailureThrottle | None, subject, address: str | None) -> None:
     """429 + Retry-After while `subject`/`address` is locked; 503 when the shared store is down."""
     if throttle is None:

@@ -1,8 +1,23 @@
-"""OpenID Provider metadata (OpenID Connect Discovery 1.0)."""
+"""Authorization-server metadata: OpenID Connect Discovery 1.0 and RFC 8414 (one document).
+
+Both well-known paths answer the same JSON, so an OAuth-only client and an OpenID relying party
+see the same endpoints and capabilities. Everything advertised here is tested against
+openid-client (npm) and Authlib (tests/test_oidc_clients.py).
+"""
 from __future__ import annotations
 
 from oauth.pkce import SUPPORTED_METHODS
+from oauth.scopes import PARTNER_API_SCOPE, SUPPORTED_SCOPES
 from oauth.variants import V1
+
+ID_TOKEN_CLAIMS = ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "email", "given_name", "family_name",
+                   "application_billing_plan", "is_free_trial", "days_until_end_of_trial"]
+
+
+def claims_supported(settings) -> list[str]:
+    """Every claim an ID token or userinfo may carry (userinfo's custom claims are namespaced)."""
+    namespace = settings.claims_namespace
+    return ID_TOKEN_CLAIMS + [f"https://{namespace}/ehrUsername", f"https://{namespace}/organization"]
 
 
 def openid_configuration(settings, variant=V1) -> dict:
@@ -23,11 +38,15 @@ def openid_configuration(settings, variant=V1) -> dict:
         "id_token_signing_alg_values_supported": ["RS256"],
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
-        "scopes_supported": ["openid", "email", "profile"],
-        "claims_supported": ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "email", "given_name",
-                             "family_name", "application_billing_plan", "is_free_trial",
-                             "days_until_end_of_trial"],
+        "scopes_supported": list(SUPPORTED_SCOPES) + ([PARTNER_API_SCOPE] if "client_credentials" in variant.grant_types
+                                                     else []),
+        "claims_supported": claims_supported(settings),
         "code_challenge_methods_supported": list(SUPPORTED_METHODS),
         "claims_parameter_supported": False,
+        # No request objects (OIDC Core 6): `request` and `request_uri` are refused with
+        # request_not_supported / request_uri_not_supported. request_uri's default is true, so say so.
         "request_parameter_supported": False,
+        "request_uri_parameter_supported": False,
+        # RFC 9207: every authorization response, success or error, carries `iss`.
+        "authorization_response_iss_parameter_supported": True,
     }

@@ -101,3 +101,139 @@ def test_bad_configuration_exits_2(settings):
     result = subprocess.run([sys.executable, "-m", "cli.__main__", "db", "migrate"], env=env, cwd=str(ROOT),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "SVC_ISSUER" in result.stderr
+
+
+def test_version(cli):
+    from importlib.metadata import version
+    assert cli("--version").stdout.strip() == f"svc-auth {version('svc-auth')}"
+
+
+def test_list_show_update_for_orgs_users_installs(cli, world, runtime):
+    org_id, physician = world["org"].id, world["physician"]
+    orgs = as_json(cli("orgs", "list", "--json"))
+    assert isinstance(orgs, list) and [o["id"] for o in orgs] == [org_id]
+    assert "Test Clinic" in cli("orgs", "list").stdout
+    shown = as_json(cli("orgs", "show", "--org", org_id, "--json"))
+    assert set(shown["users"]) == {physician.id, world["staff"].id}
+    assert shown["installed_applications"] == [world["app"].id]
+    updated = as_json(cli("orgs", "update", "--org", org_id, "--name", "Renamed Clinic", "--ehr-url",
+                          "https://ehr.example/renamed", "--json"))
+    assert updated["name"] == "Renamed Clinic" and updated["ehr_url"] == "https://ehr.example/renamed"
+    assert as_json(cli("orgs", "show", "--org", org_id, "--json"))["name"] == "Renamed Clinic"
+
+    users = as_json(cli("users", "list", "--org", org_id, "--json"))
+    assert {u["email"] for u in users} == {"doc@example.com", "staff@example.com"}
+    user = as_json(cli("users", "update", "--user", physician.id, "--email", "New@Example.com", "--npi", "",
+                       "--json"))
+    assert user["email"] == "new@example.com" and user["npi"] is None
+    assert as_json(cli("users", "show", "--user", physician.id, "--json"))["email"] == "new@example.com"
+    assert "already exists" in cli("users", "update", "--user", world["staff"].id, "--email", "new@example.com",
+                                   expect=2).stderr
+
+    installs = as_json(cli("installs", "list", "--app", world["app"].id, "--json"))
+    assert installs == [{"application_id": world["app"].id, "organization_id": org_id, "activation_status": None,
+                         "installed_at": installs[0]["installed_at"], "trial_started_at": None}]
+    assert as_json(cli("installs", "list", "--app", "app_other", "--json")) == []
+    # The operator follows the same rule as the app: no status before the first SDK initialization.
+    assert "first SDK initialization" in cli("installs", "update", "--app", world["app"].id, "--org", org_id,
+                                             "--status", "Enabled", expect=2).stderr
+    from lifecycle.verification import record_platform_verification
+    record_platform_verification(runtime, world["app"], physician)
+    enabled = as_json(cli("installs", "update", "--app", world["app"].id, "--org", org_id, "--status", "Enabled",
+                          "--json"))
+    assert enabled["activation_status"] == "Enabled" and enabled["trial_started_at"]
+    from models.audit import AuditEvent
+    assert {e.action for e in AuditEvent.select()} >= {"organization.updated", "user.updated",
+                                                      "installation.activation_status_set"}
+
+
+def test_apps_list_show_and_delete_needs_yes(cli, world, runtime):
+    app = world["app"]
+    listed = as_json(cli("apps", "list", "--json"))
+    assert [a["client_id"] for a in listed] == [app.client_id]
+    assert not any("secret" in key and key != "fallback_secret_pending" for key in listed[0])
+    shown = as_json(cli("apps", "show", "--app", app.id, "--json"))
+    assert shown["redirect_uri"] == app.redirect_uri
+    assert shown["installations"] == [{"organization_id": world["org"].id, "activation_status": None}]
+    assert "no application" in cli("apps", "show", "--app", "app_missing", expect=2).stderr
+
+    refused = cli("apps", "delete", "--app", app.id, expect=2)
+    assert "--yes" in refused.stderr
+    assert as_json(cli("apps", "list", "--json")) != []
+    assert as_json(cli("apps", "delete", "--app", app.id, "--yes", "--json")) == {"application_id": app.id,
+                                                                                  "deleted": True}
+    assert as_json(cli("apps", "list", "--json")) == []
+    assert as_json(cli("installs", "list", "--json")) == []
+    assert "no application" in cli("apps", "delete", "--app", app.id, "--yes", expect=2).stderr
+
+
+def _help(*argv) -> str:
+    """`svc-auth ARGV --help`, in process (the real parser; argparse prints and exits)."""
+    import contextlib
+    import io
+    from cli import build_parser
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return out.getvalue()
+
+
+def _commands(path=()):
+    """Every leaf command, found by reading each level's help (sub-commands are listed indented)."""
+    import re
+    text = _help(*path)
+    section = text.split("positional arguments:", 1)[1].split("\n\n", 1)[0] if "positional arguments:" in text else ""
+    subs = re.findall(r"^    (\S+)\s", section + "\n", re.M)
+    if not subs:
+        yield path, text
+    for sub in subs:
+        yield from _commands(path + (sub,))
+
+
+def _options_without_help(text: str) -> list[str]:
+    lines = text.split("options:", 1)[1].splitlines() if "options:" in text else []
+    missing = []
+    for i, line in enumerate(lines):
+        if not line.startswith("  -") or line.strip().startswith("-h, --help"):
+            continue
+        has_inline_help = "  " in line.strip()
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if not has_inline_help and not (nxt.startswith(" " * 10) and nxt.strip()):
+            missing.append(line.strip())
+    return missing
+
+
+def test_every_option_has_help_text_and_every_command_is_in_the_readme(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    commands = dict(_commands())
+    assert {"serve", "worker", "scheduler", "orgs list", "apps delete", "installs update"} <= {
+        " ".join(p) for p in commands}
+    missing = {" ".join(path): opts for path, text in commands.items() if (opts := _options_without_help(text))}
+    assert missing == {}
+    readme = (ROOT / "README.md").read_text()
+    absent = sorted(" ".join(path) for path in commands if f"svc-auth {' '.join(path)}" not in readme)
+    assert absent == []
+
+
+def test_help_prints_for_every_command(cli):
+    out = cli("--help").stdout
+    for command in ("serve", "worker", "scheduler", "orgs", "users", "apps", "installs", "snapshot", "billing",
+                    "audit", "keys", "db", "demo", "sandbox"):
+        assert command in out
+    assert "--yes" in cli("apps", "delete", "--help").stdout
+
+
+def test_env_file_is_read_like_systemds_environment_file(settings, runtime, tmp_path):
+    env_file = tmp_path / "env"
+    env_file.write_text(f"# comment line, as in deploy/env.example\nSVC_DATABASE_URL={settings.database_url}\n"
+                        f"SVC_VAR_DIR={settings.var_dir}\nSVC_KEYS_DIR={settings.keys_dir}\n"
+                        f"SVC_HMAC_KEY={settings.hmac_key}\n")
+    env = {k: v for k, v in settings_env(settings).items() if not k.startswith("SVC_")}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(tmp_path),
+                                       capture_output=True, text=True, timeout=60)
+    result = run("--env-file", str(env_file), "orgs", "create", "--name", "Env Clinic", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [o["name"] for o in json.loads(run("--env-file", str(env_file), "orgs", "list", "--json").stdout)] \
+        == ["Env Clinic"]
+    missing = run("--env-file", str(tmp_path / "nope"), "orgs", "list")
+    assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "--env-file" in missing.stderr

@@ -36,3 +36,19 @@ def test_each_argument_must_appear_once(runtime):
     query = PreparedQuery(lambda a, b: Application.select().where(Application.id == a), Application.id, Application.name)
     with pytest.raises(ValueError):
         query.first("x", "y")
+
+
+def test_migration_1401_adds_auth_time_and_scope_to_an_older_schema(runtime):
+    """A database made before issue 14 (no auth_time/scope columns) gains them on migrate."""
+    import peewee
+    from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate as run
+    from models.grants import AuthorizationCode, Launch
+    from models.schema import SchemaVersion
+    db = runtime.db
+    migrator = SqliteMigrator(db) if isinstance(db, peewee.SqliteDatabase) else PostgresqlMigrator(db)
+    run(migrator.drop_column("launch", "auth_time"), migrator.drop_column("authorization_code", "auth_time"),
+        migrator.drop_column("authorization_code", "scope"))
+    SchemaVersion.delete().where(SchemaVersion.version == 1401).execute()
+    assert "migration 1401" in " ".join(runtime.migrate())
+    assert {"auth_time"} <= {c.name for c in db.get_columns(Launch._meta.table_name)}
+    assert {"auth_time", "scope"} <= {c.name for c in db.get_columns(AuthorizationCode._meta.table_name)}

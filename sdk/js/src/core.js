@@ -99,8 +99,10 @@ export function createSdk(global) {
     var url = new URL(global.location.href);
     var code = url.searchParams.get("code");
     if (code) {
-      // The code is single-use: keep it out of history and reloads.
+      // The code is single-use: keep it out of history and reloads (with the `iss` that RFC 9207
+      // adds to every authorization response).
       url.searchParams.delete("code");
+      url.searchParams.delete("iss");
       try { global.history.replaceState(global.history.state, "", url.toString()); } catch (e) { /* ignore */ }
     }
     var error = url.searchParams.get("error");

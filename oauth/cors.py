@@ -1,0 +1,56 @@
+"""CORS for an application's own browser code calling the OAuth endpoints (`--allowed-origin`).
+
+A preflight carries no credentials, so it is answered for any origin some application registered;
+the real response names the calling application (client_id in the body or HTTP Basic, or the
+access token's client) and carries `Access-Control-Allow-Origin` only when that application
+registered the request's origin. A browser on any other origin cannot read the answer.
+"""
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from models.application import Application
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+ALLOWED_METHODS = "GET, POST, OPTIONS"
+ALLOWED_HEADERS = "Authorization, Content-Type"
+MAX_AGE_SECONDS = 600
+
+
+def normalize_origin(value: str | None) -> str | None:
+    """`scheme://host[:port]` in lower case without a default port, or None when not an origin."""
+    if not value or not isinstance(value, str) or value == "null":
+        return None
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        return None
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}" + (f":{port}" if port and port != _DEFAULT_PORTS[scheme] else "")
+
+
+def _registered(app: Application) -> set[str]:
+    return {o for o in (normalize_origin(v) for v in app.allowed_origins or ()) if o}
+
+
+def origin_allowed_for_client(client_id: str | None, origin: str | None) -> bool:
+    """True when the application `client_id` registered `origin`."""
+    origin = normalize_origin(origin)
+    if origin is None or not isinstance(client_id, str):
+        return False
+    app = Application.by_client_id(client_id)
+    return app is not None and origin in _registered(app)
+
+
+def origin_registered(origin: str | None) -> bool:
+    """True when any application registered `origin` (enough to answer a preflight)."""
+    origin = normalize_origin(origin)
+    if origin is None:
+        return False
+    return any(origin in _registered(app) for app in Application.select(Application.allowed_origins))

@@ -1,0 +1,19 @@
+"""Building the process's Runtime at start, where a missing dependency is one line (StartupError)."""
+from __future__ import annotations
+
+from ops import startup
+from runtime import Runtime
+
+
+def open_runtime(settings, check_redis: bool = False) -> Runtime:
+    """A migrated Runtime; an unreachable database (or Redis, when asked) is a StartupError."""
+    if check_redis:
+        startup.check_redis(settings)
+    try:
+        runtime = Runtime(settings)
+        runtime.migrate()
+    except Exception as exc:  # noqa: BLE001  (only database errors are translated; the rest propagate)
+        if startup.is_database_error(exc):
+            raise startup.database_error(exc, settings) from None
+        raise
+    return runtime

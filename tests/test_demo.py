@@ -1,0 +1,144 @@
+"""The demo moves and resets: `make demo PORT=... APP_PORT=...` serves, and prints, exactly those
+ports; `svc-auth demo seed --reset` returns the demo to its first-launch state."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, free_port, settings_env
+
+BANNER_END = "client_secret:"
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def fetch(url, method="GET", body=None, headers=None):
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=20) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, err.read()
+
+
+def demo_env(settings, **extra):
+    """The test's database and keys, but the issuer left unset, as a new user's shell has it."""
+    env = settings_env(settings, **extra)
+    for name in ("SVC_ISSUER", "SVC_PUBLIC_URL", "SVC_CLAIMS_NAMESPACE"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def run_cli(env, *args, expect=0):
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == expect, result.stderr + result.stdout
+    return result
+
+
+@pytest.fixture
+def sqlite_only(backend):
+    if backend != "sqlite":
+        pytest.skip("one backend is enough for a process-level demo test")
+
+
+def test_make_demo_serves_and_prints_the_ports_it_was_given(settings, sqlite_only, tmp_path):
+    port, app_port = free_port(), free_port()
+    env = demo_env(settings)
+    proc = subprocess.Popen(["make", "--no-print-directory", "demo", f"PORT={port}", f"APP_PORT={app_port}"],
+                            cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "demo.log", "wb"),
+                            text=True, start_new_session=True)
+    try:
+        banner, deadline = [], time.time() + 300
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            banner.append(line)
+            if BANNER_END in line:
+                break
+        text = "".join(banner)
+        assert BANNER_END in text, text + (tmp_path / "demo.log").read_text()
+        urls = [u.rstrip(";,.") for u in re.findall(r"https?://[^\s)]+", text)]
+        assert urls
+        for url in urls:
+            assert urllib.parse.urlsplit(url).port in (port, app_port), url
+            status, _, _ = fetch(url)
+            # every printed URL is really served (the launch URL alone, without a launch, is a 400)
+            assert status in (200, 302) or (status == 400 and url.endswith("/launch")), (url, status)
+        assert f"http://127.0.0.1:{port}" in text and f"http://127.0.0.1:{app_port}" in text
+
+        # The README walkthrough, with the ports it was given: launch -> the app -> authorize -> code.
+        walk_env = demo_env(settings, SVC_ISSUER=f"http://127.0.0.1:{port}")
+        info = json.loads(run_cli(walk_env, "demo", "seed", "--json").stdout)
+        status, _, body = fetch(f"http://127.0.0.1:{port}/v1/sandbox/launches", "POST",
+                                json.dumps({"client_id": info["client_id"]}).encode(),
+                                {"Authorization": f"Bearer {info['sandbox_token']}", "Content-Type": "application/json"})
+        assert status == 201, body
+        launch_url = json.loads(body)["launch_url"]
+        assert launch_url.startswith(f"http://127.0.0.1:{app_port}/launch?")
+        query = urllib.parse.urlencode({"response_type": "code", "client_id": info["client_id"],
+                                        "redirect_uri": f"http://127.0.0.1:{app_port}/app",
+                                        "launch_id": json.loads(body)["launch_id"]})
+        status, headers, _ = fetch(f"http://127.0.0.1:{port}/v1/oauth/authorize?{query}")
+        assert status == 302 and headers["Location"].startswith(f"http://127.0.0.1:{app_port}/app?code=")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # make and the service it started (their own group)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
+    from lifecycle.launches import create_launch
+    from lifecycle.verification import record_platform_verification
+    from models.application import Application, Authorization, Installation
+    from models.directory import User
+    from oauth.errors import ApiError
+    env = demo_env(settings, SVC_ISSUER=settings.issuer)
+    first = json.loads(run_cli(env, "demo", "seed", "--app-url", "http://127.0.0.1:9101", "--json").stdout)
+
+    # The first launch completes: the installation becomes Disabled and launches are refused,
+    # which is where the README's curl walkthrough would stop with 403 application_disabled.
+    physician = User.get_by_id(first["physician_user_id"])
+    record_platform_verification(runtime, Application.get_by_id(first["application_id"]), physician)
+    assert Installation.get(Installation.application == first["application_id"]).activation_status == "Disabled"
+    with pytest.raises(ApiError) as refused:
+        create_launch(runtime, physician, first["client_id"])
+    assert refused.value.error == "application_disabled"
+
+    again = json.loads(run_cli(env, "demo", "seed", "--reset", "--json").stdout)
+    for key in ("organization_id", "physician_user_id", "other_user_id", "application_id", "client_id",
+                "client_secret"):
+        assert again[key] == first[key], key
+    installation = Installation.get(Installation.application == again["application_id"])
+    assert installation.activation_status is None and installation.trial_started_at is None
+    assert Authorization.select().count() == 0
+    assert Application.get_by_id(again["application_id"]).launch_url == "http://127.0.0.1:9101/launch"  # kept
+    launch, url = create_launch(runtime, User.get_by_id(again["physician_user_id"]), again["client_id"])
+    assert url.startswith("http://127.0.0.1:9101/launch?")
+
+
+def test_demo_seed_follows_the_app_port_only_when_told(settings, runtime):
+    from models.application import Application
+    env = demo_env(settings, SVC_ISSUER=settings.issuer)
+    first = json.loads(run_cli(env, "demo", "seed", "--app-url", "http://127.0.0.1:9201", "--json").stdout)
+    run_cli(env, "demo", "seed")  # no --app-url: the registration stays where the demo runs
+    assert Application.get_by_id(first["application_id"]).redirect_uri == "http://127.0.0.1:9201/app"
+    moved = json.loads(run_cli(env, "demo", "seed", "--app-url", "http://127.0.0.1:9202", "--json").stdout)
+    app = Application.get_by_id(moved["application_id"])
+    assert app.redirect_uri == "http://127.0.0.1:9202/app" and moved["client_secret"] == first["client_secret"]

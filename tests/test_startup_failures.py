@@ -1,0 +1,76 @@
+"""Start-up failures are one line on stderr naming what to fix, a non-zero exit, no traceback.
+
+Each case runs the real `svc-auth` process (issue 14, item 6)."""
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, free_port, settings_env
+
+
+def run_cli(env, *args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line(result, *needles):
+    assert result.returncode != 0, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def env(settings):
+    return settings_env(settings)
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["db", "migrate"], ["orgs", "list"], ["worker"]])
+def test_unreachable_database_is_one_line(env, command):
+    env["SVC_DATABASE_URL"] = f"postgresql://svc:secret-pw@127.0.0.1:{free_port()}/svc"
+    if command[0] == "serve":
+        command = ["serve", "--port", str(free_port())]
+    line = assert_one_line(run_cli(env, *command), "SVC_DATABASE_URL", "Connection refused")
+    assert "secret-pw" not in line  # the password never reaches a terminal or a log
+
+
+def test_missing_postgres_database_is_one_line(env):
+    env["SVC_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:5432/svc_auth_no_such_database"
+    assert_one_line(run_cli(env, "db", "migrate"), "SVC_DATABASE_URL", "does not exist")
+
+
+@pytest.mark.parametrize("command", ["serve", "worker", "scheduler"])
+def test_unreachable_redis_is_one_line(env, command):
+    env["SVC_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    args = ["serve", "--port", str(free_port())] if command == "serve" else [command]
+    assert_one_line(run_cli(env, *args), "SVC_REDIS_URL", "redis-server")
+
+
+def test_port_in_use_is_one_line(env):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = assert_one_line(run_cli(env, "serve", "--port", str(port)), f"port {port}", "already in use", "--port")
+
+
+def test_demo_app_port_in_use_is_one_line(env):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_one_line(run_cli(env, "serve", "--demo", "--port", str(free_port()), "--demo-app-port", str(port)),
+                        f"port {port}", "already in use", "APP_PORT")
+
+
+@pytest.mark.parametrize("variable,value", [("SVC_HMAC_KEY", "short"), ("SVC_ISSUER", "ftp://nope"),
+                                            ("SVC_ACCESS_TOKEN_TTL", "soon")])
+def test_bad_setting_is_one_line(env, variable, value):
+    env[variable] = value
+    for command in (["serve", "--port", str(free_port())], ["db", "migrate"]):
+        assert_one_line(run_cli(env, *command), variable)
