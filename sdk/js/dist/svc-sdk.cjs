@@ -122,6 +122,7 @@ function createSdk(global) {
     var code = url.searchParams.get("code");
     if (code) {
       url.searchParams.delete("code");
+      url.searchParams.delete("iss");
       try {
         global.history.replaceState(global.history.state, "", url.toString());
       } catch (e) {

@@ -94,6 +94,7 @@
       var code = url.searchParams.get("code");
       if (code) {
         url.searchParams.delete("code");
+        url.searchParams.delete("iss");
         try {
           global.history.replaceState(global.history.state, "", url.toString());
         } catch (e) {
