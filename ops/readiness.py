@@ -24,8 +24,14 @@ def check_database(runtime):
     try:
         runtime.db.execute_sql("SELECT 1").fetchone()
     except DATABASE_ERRORS:
-        discard(runtime.db)  # a fresh connection next time: the check reports recovery truthfully
-        raise
+        # This thread's held connection may predate an outage that is already over: what the
+        # database says now is what a fresh connection gets, so ask once more on one.
+        discard(runtime.db)
+        try:
+            runtime.db.execute_sql("SELECT 1").fetchone()
+        except DATABASE_ERRORS:
+            discard(runtime.db)
+            raise
 
 
 def check_redis(runtime):

@@ -154,3 +154,70 @@ def test_unit_of_work_maps_dependency_failures_to_503(runtime):
         assert caught.value.status == 503 and caught.value.headers["Retry-After"]
         assert caught.value.body()["error"] == "temporarily_unavailable"
     assert runtime.unit_of_work(lambda: runtime.db.execute_sql("SELECT 1").fetchone()) == (1,)  # a fresh connection
+
+
+@pytest.mark.slow
+def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reopen(tmp_path):
+    """Pool threads keep their connection between units of work (no `SELECT 1` per check-out). After
+    PostgreSQL restarts, those connections are dead: `/readyz`'s check must not report the old one,
+    and once one thread has failed, the others reopen before their next unit of work."""
+    import threading
+
+    from ops.readiness import readiness
+    from runtime import Runtime
+
+    pg = LocalPostgres()
+    runtime = None
+    try:
+        pg.start()
+        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=pg.url, var_dir=str(tmp_path / "var"),
+                                  keys_dir=str(tmp_path / "keys"), hmac_key="h" * 32)
+        runtime = Runtime(settings)
+        runtime.migrate()
+        select_one = lambda: runtime.db.execute_sql("SELECT 1").fetchone()  # noqa: E731
+
+        def on_own_thread(fn):
+            """Run `fn` on a thread of its own that holds its connection (as a pool thread does)."""
+            box, go, done = {}, threading.Event(), threading.Event()
+
+            def body():
+                while True:
+                    go.wait()
+                    go.clear()
+                    if box.get("stop"):
+                        return
+                    try:
+                        box["result"] = box["fn"]()
+                    except Exception as exc:  # noqa: BLE001 - the test reads it
+                        box["result"] = exc
+                    done.set()
+
+            thread = threading.Thread(target=body, daemon=True)
+            thread.start()
+
+            def call(f):
+                box["fn"] = f
+                done.clear()
+                go.set()
+                assert done.wait(30)
+                return box["result"]
+
+            call(fn)
+            return call, lambda: (box.update(stop=True), go.set())
+
+        held_ready, stop_ready = on_own_thread(lambda: runtime.unit_of_work(readiness, runtime))
+        held_a, stop_a = on_own_thread(lambda: runtime.unit_of_work(select_one))
+        held_b, stop_b = on_own_thread(lambda: runtime.unit_of_work(select_one))
+        pg.stop()
+        pg.start()
+        ready, checks = held_ready(lambda: runtime.unit_of_work(readiness, runtime))
+        assert ready, checks  # the old connection is dead, the database is not
+        first = held_a(lambda: runtime.unit_of_work(select_one))
+        assert getattr(first, "status", None) == 503  # this thread learns of the restart the hard way
+        assert held_b(lambda: runtime.unit_of_work(select_one)) == (1,)  # and the others reopen first
+        for stop in (stop_ready, stop_a, stop_b):
+            stop()
+    finally:
+        if runtime is not None:
+            runtime.close()
+        pg.stop()
