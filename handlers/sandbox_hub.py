@@ -69,6 +69,15 @@ class SandboxPageHandler(SandboxHandler):
             self.redirect(SIGNIN_PATH)
         return found
 
+    async def signed_in_view(self):
+        """The signed-in user's hub view (user, entries, sandbox token, organization), or None after
+        redirecting to sign-in."""
+        found = await self.signed_in()
+        if found is None:
+            return None
+        user, session = found
+        return await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
+
     def render_page(self, name: str, csp: str, **values) -> None:
         self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
@@ -119,11 +128,9 @@ class SignOutHandler(SandboxPageHandler):
 
 class HubHandler(SandboxPageHandler):
     async def get(self):
-        found = await self.signed_in()
-        if found is None:
+        view = await self.signed_in_view()
+        if view is None:
             return
-        user, session = found
-        view = await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
         user, entries, token, organization = view.user, view.entries, view.sandbox_token, view.organization
         own = origin_of(self.svc_settings.public_url)
         frames = " ".join(dict.fromkeys(["'self'", own, *frame_origins(entries)]))
@@ -141,11 +148,9 @@ class HubHandler(SandboxPageHandler):
 
 class SettingsHandler(SandboxPageHandler):
     async def get(self):
-        found = await self.signed_in()
-        if found is None:
+        view = await self.signed_in_view()
+        if view is None:
             return
-        user, session = found
-        view = await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
         user, apps, token, organization = view.user, view.entries, view.sandbox_token, view.organization
         ttl = self.svc_settings.sandbox_token_ttl
         expires = (self.runtime.clock.now() + dt.timedelta(seconds=ttl)).replace(microsecond=0).isoformat() + "Z"

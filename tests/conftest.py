@@ -279,3 +279,15 @@ def stop_process(proc, timeout: float = 10.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
+    """Poll `condition()` every 0.1 s until it returns something truthy (returned), or fail."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+

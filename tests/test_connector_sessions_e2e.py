@@ -10,7 +10,6 @@ spec's 24-hour lag.
 from __future__ import annotations
 
 import datetime as dt
-import time
 import urllib.parse
 
 import pytest
@@ -24,7 +23,7 @@ from models.appointments import ConnectorSession, Snapshot
 from models.directory import Organization
 from workers.snapshot import COVERAGE, night_window
 
-from conftest import REDIS_URL, settings_env, start_process, stop_process
+from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
 from rest_helpers import partner_headers
 
 pytestmark = pytest.mark.slow
@@ -48,15 +47,6 @@ def offset_to(when: dt.datetime) -> float:
 def settings(settings, redis_namespace):
     return settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, connector_session_ttl=TTL)
 
-
-def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pass_the_night(settings, night: dt.date, tmp_path) -> Snapshot:

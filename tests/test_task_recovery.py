@@ -19,7 +19,7 @@ from models.charts import ChartRequest
 from workers.recovery import sweep_charts
 from workers.snapshot import sync_organization
 
-from conftest import REDIS_URL, settings_env, start_process, stop_process
+from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
 from test_workers_redis import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (s3_endpoint: a fixture)
 
 pytestmark = pytest.mark.slow
@@ -51,15 +51,6 @@ def start_worker(settings, tmp_path):
     for proc in procs:
         stop_process(proc)
 
-
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def statuses(ids) -> dict[str, str]:

@@ -23,7 +23,7 @@ from models.schedule import ScheduledRun
 from workers.scheduler import night_due
 from workers.snapshot import fan_out_night
 
-from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_for_port
+from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_for_port, wait_until
 from test_chart_archive import open_archive
 
 pytestmark = pytest.mark.slow
@@ -76,15 +76,6 @@ def start_worker(child_env, tmp_path):
     for proc in procs:
         stop_process(proc)
 
-
-def wait_until(condition, timeout: float = 40.0, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def request_for(world, patient_index=0) -> ChartRequest:
