@@ -13,7 +13,7 @@ import re
 import argon2
 import pyotp
 
-from lifecycle.registry import EMAIL
+from lifecycle.registry import EMAIL, find_application
 from models.application import Application
 from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
@@ -48,9 +48,7 @@ def actor_of(developer: Developer) -> str:
 
 def invite_developer(runtime, application_id: str, email: str, actor: str = "operator") -> tuple[Developer, str, dt.datetime]:
     """Grant `email` access to the application; returns (developer, one-time URL, expiry)."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app = find_application(application_id)
     email = (email or "").strip().lower()
     if not EMAIL.match(email) or len(email) > 254:
         raise ApiError(400, "invalid_request", f"{email!r} is not a valid e-mail address.")
