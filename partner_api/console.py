@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import peewee
 
-from lifecycle.billing import billing_report
+from lifecycle.billing import billing_report, report_rows
 from models.application import Application, Installation
 from models.audit import AuditEvent
 from oauth.claims import trial_state
-from partner_api.billing import billing_of
 from partner_api.directory import organizations_of, users_of
 
 
@@ -29,14 +28,8 @@ def installations_view(runtime, app: Application) -> list[dict]:
     return rows
 
 
-def billing_view(app: Application, month: str) -> dict:
-    """The same object as `GET /v1/applications/{id}/billing?month=`."""
-    return billing_of(app, month)
-
-
 def billing_csv_rows(app: Application, month: str) -> list[list[str]]:
     """One row per billable user, as `svc-auth billing report --format csv` writes them."""
-    from lifecycle.billing import report_rows
     return report_rows(billing_report(month, app.id))
 
 
