@@ -81,6 +81,11 @@ def open_invite(runtime, token: str) -> DeveloperInvite:
     return invite
 
 
+def totp_matches(runtime, secret: str, code: str | None) -> bool:
+    """The authenticator code (spaces ignored) for `secret` now, or one step either side (clock drift)."""
+    return pyotp.TOTP(secret).verify((code or "").replace(" ", ""), for_time=runtime.clock.time(), valid_window=1)
+
+
 def totp_uri(invite: DeveloperInvite) -> str:
     return pyotp.TOTP(invite.totp_secret).provisioning_uri(name=invite.developer.email, issuer_name="svc-auth console")
 
@@ -100,8 +105,7 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
     elif password != (confirm or ""):
         errors["confirm"] = "The two passwords differ."
     totp_code = (totp_code or "").replace(" ", "")
-    if totp_code and not pyotp.TOTP(invite.totp_secret).verify(totp_code, for_time=runtime.clock.time(),
-                                                              valid_window=1):
+    if totp_code and not totp_matches(runtime, invite.totp_secret, totp_code):
         errors["totp_code"] = "This code does not match the authenticator key; check the device's clock."
     if errors:
         raise FieldErrors(errors)
@@ -132,8 +136,7 @@ def check_credentials(runtime, email: str, password: str, totp_code: str = "") -
         return None
     if stored is None:
         return None
-    if developer.totp_secret and not pyotp.TOTP(developer.totp_secret).verify(
-            (totp_code or "").replace(" ", ""), for_time=runtime.clock.time(), valid_window=1):
+    if developer.totp_secret and not totp_matches(runtime, developer.totp_secret, totp_code):
         return None
     if _HASHER.check_needs_rehash(stored):
         Developer.update(password_hash=_HASHER.hash(password)).where(Developer.id == developer.id).execute()
