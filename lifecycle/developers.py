@@ -13,7 +13,7 @@ import re
 import argon2
 import pyotp
 
-from lifecycle.registry import EMAIL, find_application
+from lifecycle.registry import clean_email, find_application
 from models.application import Application
 from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
@@ -49,9 +49,7 @@ def actor_of(developer: Developer) -> str:
 def invite_developer(runtime, application_id: str, email: str, actor: str = "operator") -> tuple[Developer, str, dt.datetime]:
     """Grant `email` access to the application; returns (developer, one-time URL, expiry)."""
     app = find_application(application_id)
-    email = (email or "").strip().lower()
-    if not EMAIL.match(email) or len(email) > 254:
-        raise ApiError(400, "invalid_request", f"{email!r} is not a valid e-mail address.")
+    email = clean_email(email)
     now = runtime.clock.now()
     with runtime.db.atomic():
         developer = Developer.get_or_none(Developer.email == email)

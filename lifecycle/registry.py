@@ -34,6 +34,14 @@ def find_application(application_id: str) -> Application:
     return app
 
 
+def clean_email(email: str | None) -> str:
+    """The address trimmed and lower-cased; 400 when it is not a plausible e-mail address."""
+    email = (email or "").strip().lower()
+    if not EMAIL.match(email) or len(email) > 254:
+        raise invalid(f"{email!r} is not a valid e-mail address.")
+    return email
+
+
 def _http_url(name: str, value: str) -> str:
     if not redirect_uri_allowed(value, value):
         raise invalid(f"{name} must be an absolute http(s) URL without a fragment, got {value!r}.")
@@ -93,9 +101,7 @@ def create_user(organization_id: str, email: str, given_name: str | None = None,
     org = Organization.get_or_none(Organization.id == organization_id)
     if org is None:
         raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
-    email = (email or "").strip().lower()
-    if not EMAIL.match(email) or len(email) > 254:
-        raise invalid(f"{email!r} is not a valid e-mail address.")
+    email = clean_email(email)
     if npi is not None and not NPI.match(npi):
         raise invalid("npi must be 10 digits.")
     fields = dict(organization=org.id, email=email, given_name=given_name or None, family_name=family_name or None,
@@ -231,10 +237,7 @@ def update_user(user_id: str, email: str | None = None, given_name: str | None =
         raise ApiError(404, "user_not_found", f"No user has id {user_id!r}.")
     changes: dict = {}
     if email is not None:
-        email = email.strip().lower()
-        if not EMAIL.match(email) or len(email) > 254:
-            raise invalid(f"{email!r} is not a valid e-mail address.")
-        changes["email"] = email
+        changes["email"] = email = clean_email(email)
     for field, value in (("given_name", given_name), ("family_name", family_name), ("ehr_username", ehr_username)):
         if value is not None:
             changes[field] = value.strip() or None
