@@ -39,6 +39,13 @@ def emit_list(rows: list[dict], as_json: bool, columns: list[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
 
 
+def existing(row, kind: str, row_id: str):
+    """`row` when the lookup found it, else the usage error `no <kind> has id '<row_id>'`."""
+    if row is None:
+        raise UsageError(f"no {kind} has id {row_id!r}")
+    return row
+
+
 def add_json_flag(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (one object, or one array for lists)")
 

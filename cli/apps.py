@@ -1,7 +1,7 @@
 """`svc-auth apps create|list|show|delete`, `apps update` (the manifest) and client-secret rotation."""
 from __future__ import annotations
 
-from cli import UsageError, add_json_flag, emit, emit_list, with_runtime
+from cli import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.manifest import update_manifest
 from lifecycle.registry import activate_fallback_secret, delete_application, generate_fallback_secret, \
     register_application, set_redirect_policy, set_require_pkce
@@ -81,17 +81,18 @@ def register(commands) -> None:
     p.set_defaults(handler=with_runtime(_activate_fallback))
 
 
+def _user_fields(text: str) -> list[str]:
+    return [f.strip() for f in text.split(",") if f.strip()]
+
+
 def _create(runtime, args):
-    fields = [f.strip() for f in args.user_fields.split(",") if f.strip()]
     app, secret = register_application(runtime, args.name, args.redirect_uri[0], args.launch_url, args.token_endpoint,
-                                       args.billing_plan, fields, args.allowed_origin,
+                                       args.billing_plan, _user_fields(args.user_fields), args.allowed_origin,
                                        redirect_uri_match=args.redirect_uri_match, redirect_uris=args.redirect_uri,
                                        require_pkce=args.require_pkce)
-    emit({"application_id": app.id, "client_id": app.client_id, "client_secret": secret, "name": app.name,
-          "redirect_uri": app.redirect_uri, "launch_url": app.launch_url, "token_endpoint": app.token_endpoint,
-          "billing_plan": app.billing_plan, "user_fields": app.user_fields,
-          "allowed_origins": app.allowed_origins, "redirect_uri_match": app.redirect_uri_match,
-          "redirect_uris": app.redirect_uris, "require_pkce": app.require_pkce}, args.json)
+    # The secret right after the ids: printed once, here only.
+    emit({"application_id": app.id, "client_id": app.client_id, "client_secret": secret, **manifest_dict(app)},
+         args.json)
 
 
 def _update(runtime, args):
@@ -103,34 +104,32 @@ def _update(runtime, args):
     if args.allowed_origin is not None or args.no_allowed_origins:
         changes["allowed_origins"] = args.allowed_origin or []
     if args.user_fields is not None:
-        changes["user_fields"] = [f.strip() for f in args.user_fields.split(",") if f.strip()]
+        changes["user_fields"] = _user_fields(args.user_fields)
     app = update_manifest(runtime, args.app, "operator", **changes)
     if args.require_pkce is not None:
         app = set_require_pkce(runtime, app.id, args.require_pkce)
     if args.redirect_uri_match is not None:
         app = set_redirect_policy(runtime, app.id, args.redirect_uri_match, app.redirect_uris)
-    emit({"application_id": app.id, "client_id": app.client_id, "name": app.name, "redirect_uri": app.redirect_uri,
-          "launch_url": app.launch_url, "token_endpoint": app.token_endpoint, "billing_plan": app.billing_plan,
-          "user_fields": app.user_fields, "allowed_origins": app.allowed_origins,
-          "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
-          "require_pkce": app.require_pkce}, args.json)
+    emit(manifest_dict(app), args.json)
 
 
-def app_dict(app: Application) -> dict:
-    """An application's manifest as the operator sees it; secrets are never shown again."""
+def manifest_dict(app: Application) -> dict:
+    """An application's manifest, as `apps create` and `apps update` print it."""
     return {"application_id": app.id, "client_id": app.client_id, "name": app.name,
             "redirect_uri": app.redirect_uri, "launch_url": app.launch_url, "token_endpoint": app.token_endpoint,
             "billing_plan": app.billing_plan, "user_fields": app.user_fields, "allowed_origins": app.allowed_origins,
             "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
-            "require_pkce": app.require_pkce, "fallback_secret_pending": bool(app.fallback_secret_hash),
+            "require_pkce": app.require_pkce}
+
+
+def app_dict(app: Application) -> dict:
+    """An application's manifest as the operator sees it; secrets are never shown again."""
+    return {**manifest_dict(app), "fallback_secret_pending": bool(app.fallback_secret_hash),
             "created_at": utc_iso(app.created_at)}
 
 
 def _find(application_id: str) -> Application:
-    app = Application.by_id(application_id)
-    if app is None:
-        raise UsageError(f"no application has id {application_id!r}")
-    return app
+    return existing(Application.by_id(application_id), "application", application_id)
 
 
 def _list(runtime, args):

@@ -1,7 +1,7 @@
 """`svc-auth orgs|users|installs create|list|show|update`."""
 from __future__ import annotations
 
-from cli import UsageError, add_json_flag, emit, emit_list, with_runtime
+from cli import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.activation import set_activation_status
 from lifecycle.registry import (create_organization, create_user, install_application, update_organization,
                                 update_user)
@@ -101,10 +101,7 @@ def install_dict(inst: Installation) -> dict:
 
 
 def _org(org_id: str) -> Organization:
-    org = Organization.get_or_none(Organization.id == org_id)
-    if org is None:
-        raise UsageError(f"no organization has id {org_id!r}")
-    return org
+    return existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
 
 
 def _create_org(runtime, args):
@@ -144,10 +141,7 @@ def _list_users(runtime, args):
 
 
 def _show_user(runtime, args):
-    user = User.get_or_none(User.id == args.user)
-    if user is None:
-        raise UsageError(f"no user has id {args.user!r}")
-    emit(user_dict(user), args.json)
+    emit(user_dict(existing(User.get_or_none(User.id == args.user), "user", args.user)), args.json)
 
 
 def _update_user(runtime, args):

@@ -6,7 +6,7 @@ import logging
 import signal
 import threading
 
-from cli import UsageError, emit, with_runtime
+from cli import UsageError, emit, existing, with_runtime
 
 log = logging.getLogger("svc_auth.workers")
 
@@ -87,8 +87,7 @@ def run_snapshot(runtime, args) -> int:
     except ValueError:
         raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
     for org_id in args.org or ():
-        if Organization.get_or_none(Organization.id == org_id) is None:
-            raise UsageError(f"no organization has id {org_id!r}")
+        existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
     results = run_night(runtime, night, args.org)
     emit({"snapshot_date": night.isoformat(), "organizations": results}, args.json)
     return 1 if any(isinstance(v, str) for v in results.values()) else 0

@@ -13,7 +13,7 @@ import re
 import argon2
 import pyotp
 
-from lifecycle.registry import EMAIL
+from lifecycle.registry import clean_email, find_application
 from models.application import Application
 from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
@@ -48,12 +48,8 @@ def actor_of(developer: Developer) -> str:
 
 def invite_developer(runtime, application_id: str, email: str, actor: str = "operator") -> tuple[Developer, str, dt.datetime]:
     """Grant `email` access to the application; returns (developer, one-time URL, expiry)."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
-    email = (email or "").strip().lower()
-    if not EMAIL.match(email) or len(email) > 254:
-        raise ApiError(400, "invalid_request", f"{email!r} is not a valid e-mail address.")
+    app = find_application(application_id)
+    email = clean_email(email)
     now = runtime.clock.now()
     with runtime.db.atomic():
         developer = Developer.get_or_none(Developer.email == email)
@@ -83,6 +79,11 @@ def open_invite(runtime, token: str) -> DeveloperInvite:
     return invite
 
 
+def totp_matches(runtime, secret: str, code: str | None) -> bool:
+    """The authenticator code (spaces ignored) for `secret` now, or one step either side (clock drift)."""
+    return pyotp.TOTP(secret).verify((code or "").replace(" ", ""), for_time=runtime.clock.time(), valid_window=1)
+
+
 def totp_uri(invite: DeveloperInvite) -> str:
     return pyotp.TOTP(invite.totp_secret).provisioning_uri(name=invite.developer.email, issuer_name="svc-auth console")
 
@@ -102,8 +103,7 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
     elif password != (confirm or ""):
         errors["confirm"] = "The two passwords differ."
     totp_code = (totp_code or "").replace(" ", "")
-    if totp_code and not pyotp.TOTP(invite.totp_secret).verify(totp_code, for_time=runtime.clock.time(),
-                                                              valid_window=1):
+    if totp_code and not totp_matches(runtime, invite.totp_secret, totp_code):
         errors["totp_code"] = "This code does not match the authenticator key; check the device's clock."
     if errors:
         raise FieldErrors(errors)
@@ -134,8 +134,7 @@ def check_credentials(runtime, email: str, password: str, totp_code: str = "") -
         return None
     if stored is None:
         return None
-    if developer.totp_secret and not pyotp.TOTP(developer.totp_secret).verify(
-            (totp_code or "").replace(" ", ""), for_time=runtime.clock.time(), valid_window=1):
+    if developer.totp_secret and not totp_matches(runtime, developer.totp_secret, totp_code):
         return None
     if _HASHER.check_needs_rehash(stored):
         Developer.update(password_hash=_HASHER.hash(password)).where(Developer.id == developer.id).execute()

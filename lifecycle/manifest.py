@@ -11,6 +11,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from hotcache.applications import TOPIC as APPLICATIONS
+from lifecycle.registry import find_application
 from models.application import USER_FIELDS, Application
 from models.audit import AuditEvent
 from oauth.errors import ApiError
@@ -118,9 +119,7 @@ def update_manifest(runtime, application_id: str, actor: str, **changes) -> Appl
 
     Returns the updated application. Unchanged values write nothing and record nothing.
     `runtime` is where the change is announced to every process (the application caches)."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app = find_application(application_id)
     clean = validate(changes)
     before = manifest_of(app)
     changed = {key: value for key, value in clean.items() if before[key] != value}

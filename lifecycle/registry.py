@@ -26,6 +26,22 @@ def invalid(message: str, error: str = "invalid_request") -> ApiError:
     return ApiError(400, error, message)
 
 
+def find_application(application_id: str) -> Application:
+    """The application with this id, else 404 `application_not_found`."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    return app
+
+
+def clean_email(email: str | None) -> str:
+    """The address trimmed and lower-cased; 400 when it is not a plausible e-mail address."""
+    email = (email or "").strip().lower()
+    if not EMAIL.match(email) or len(email) > 254:
+        raise invalid(f"{email!r} is not a valid e-mail address.")
+    return email
+
+
 def _http_url(name: str, value: str) -> str:
     if not redirect_uri_allowed(value, value):
         raise invalid(f"{name} must be an absolute http(s) URL without a fragment, got {value!r}.")
@@ -49,9 +65,7 @@ def _redirect_policy(redirect_uri: str, mode: str, redirect_uris) -> list[str]:
 
 def set_redirect_policy(runtime, application_id: str, mode: str, redirect_uris=(), actor: str = "operator") -> Application:
     """Switch an app between prefix and exact redirect_uri matching (CLI and console use this)."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app = find_application(application_id)
     app.redirect_uris = _redirect_policy(app.redirect_uri, mode, redirect_uris)
     app.redirect_uri_match = mode
     app.save()
@@ -62,9 +76,7 @@ def set_redirect_policy(runtime, application_id: str, mode: str, redirect_uris=(
 
 def set_require_pkce(runtime, application_id: str, required: bool, actor: str = "operator") -> Application:
     """Make PKCE (S256) mandatory, or optional again, for one app's authorization requests."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app = find_application(application_id)
     app.require_pkce = bool(required)
     app.save()
     AuditEvent.record(actor, "application.require_pkce_set", app.id, required=app.require_pkce)
@@ -89,9 +101,7 @@ def create_user(organization_id: str, email: str, given_name: str | None = None,
     org = Organization.get_or_none(Organization.id == organization_id)
     if org is None:
         raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
-    email = (email or "").strip().lower()
-    if not EMAIL.match(email) or len(email) > 254:
-        raise invalid(f"{email!r} is not a valid e-mail address.")
+    email = clean_email(email)
     if npi is not None and not NPI.match(npi):
         raise invalid("npi must be 10 digits.")
     fields = dict(organization=org.id, email=email, given_name=given_name or None, family_name=family_name or None,
@@ -146,8 +156,7 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
 
 
 def install_application(application_id: str, organization_id: str) -> Installation:
-    if Application.get_or_none(Application.id == application_id) is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    find_application(application_id)
     if Organization.get_or_none(Organization.id == organization_id) is None:
         raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
     existing = Installation.find(application_id, organization_id)
@@ -158,9 +167,7 @@ def install_application(application_id: str, organization_id: str) -> Installati
 
 def generate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> str:
     """Rotation step 1: a new random secret, stored as pending; not valid until activated."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app = find_application(application_id)
     secret = new_secret()
     Application.update(fallback_secret_hash=runtime.hasher.digest(secret)).where(Application.id == app.id).execute()
     AuditEvent.record(actor, "application.secret.fallback_generated", app.id)
@@ -170,9 +177,7 @@ def generate_fallback_secret(runtime, application_id: str, actor: str = "operato
 
 def activate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> None:
     """Rotation step 3: the pending fallback becomes the only valid secret; the old one stops working."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app = find_application(application_id)
     if not app.fallback_secret_hash:
         raise ApiError(409, "no_fallback_secret", "Generate a fallback secret first (apps secret generate-fallback).")
     (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None)
@@ -185,8 +190,7 @@ def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str
     """The networks (CIDRs) allowed to call the REST API as this application; empty: any network
     SVC_REST_ALLOWED_NETWORKS allows."""
     import ipaddress
-    if Application.get_or_none(Application.id == application_id) is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    find_application(application_id)
     try:
         cidrs = [str(ipaddress.ip_network(n, strict=False)) for n in networks]
     except ValueError as exc:
@@ -233,10 +237,7 @@ def update_user(user_id: str, email: str | None = None, given_name: str | None =
         raise ApiError(404, "user_not_found", f"No user has id {user_id!r}.")
     changes: dict = {}
     if email is not None:
-        email = email.strip().lower()
-        if not EMAIL.match(email) or len(email) > 254:
-            raise invalid(f"{email!r} is not a valid e-mail address.")
-        changes["email"] = email
+        changes["email"] = email = clean_email(email)
     for field, value in (("given_name", given_name), ("family_name", family_name), ("ehr_username", ehr_username)):
         if value is not None:
             changes[field] = value.strip() or None
@@ -257,9 +258,7 @@ def update_user(user_id: str, email: str | None = None, given_name: str | None =
 def delete_application(runtime, application_id: str, actor: str = "operator") -> Application:
     """Remove an application with its installations, launches, codes and tokens (the foreign keys
     cascade); its client credentials stop working at once. Audited."""
-    app = Application.get_or_none(Application.id == application_id)
-    if app is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    app = find_application(application_id)
     with Application._meta.database.atomic():
         # recursive: peewee deletes the dependent rows itself, so SQLite without foreign-key
         # enforcement and tables other parts add later behave the same.

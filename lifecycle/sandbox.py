@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 
-from models.application import Application
+from lifecycle.registry import find_application
 from models.directory import Organization, User
 from models.sandbox import SandboxSession, SandboxSigninLink
 from oauth.errors import ApiError, invalid_token
@@ -87,8 +87,8 @@ def create_signin_link(runtime, user_id: str, application_id: str | None = None,
     """A one-time sign-in URL for a sandbox user (absolute); with an app, the hub opens it at once."""
     require_sandbox_on(runtime.settings)
     user = require_sandbox_user(User.get_or_none(User.id == user_id), user_id)
-    if application_id is not None and Application.by_id(application_id) is None:
-        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    if application_id is not None:
+        find_application(application_id)
     if target not in LINK_TARGETS:
         raise ApiError(400, "invalid_request", f"target must be one of {', '.join(LINK_TARGETS)}.")
     token = secrets.token_urlsafe(32)

@@ -6,35 +6,30 @@ from __future__ import annotations
 
 import peewee
 
-from lifecycle.billing import billing_report
+from lifecycle.billing import billing_report, report_rows
 from models.application import Application, Installation
 from models.audit import AuditEvent
 from oauth.claims import trial_state
-from partner_api.billing import billing_of
 from partner_api.directory import organizations_of, users_of
 
 
 def installations_view(runtime, app: Application) -> list[dict]:
     """Each clinic: the REST listing's fields, the trial state and its users."""
     now = runtime.clock.now()
+    # One query for every clinic's trial start, not one per clinic.
+    trial_started = {i.organization_id: i.trial_started_at for i in Installation.select(
+        Installation.organization, Installation.trial_started_at).where(Installation.application == app.id)}
     rows = []
     for org in organizations_of(app):
-        installation = Installation.find(app.id, org["id"])
-        trial = trial_state(app.billing_plan, installation.trial_started_at if installation else None, now)
+        started = trial_started.get(org["id"])
+        trial = trial_state(app.billing_plan, started, now)
         rows.append({**org, "is_free_trial": trial.is_free_trial, "days_left": trial.days_until_end_of_trial,
-                     "trial_started_at": installation.trial_started_at if installation else None,
-                     "users": users_of(app, org["id"])})
+                     "trial_started_at": started, "users": users_of(app, org["id"])})
     return rows
-
-
-def billing_view(app: Application, month: str) -> dict:
-    """The same object as `GET /v1/applications/{id}/billing?month=`."""
-    return billing_of(app, month)
 
 
 def billing_csv_rows(app: Application, month: str) -> list[list[str]]:
     """One row per billable user, as `svc-auth billing report --format csv` writes them."""
-    from lifecycle.billing import report_rows
     return report_rows(billing_report(month, app.id))
 
 

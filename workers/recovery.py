@@ -109,15 +109,16 @@ def sweep_unstarted_nights(runtime) -> list[tuple[str, dt.date]]:
     now = runtime.clock.now()
     nights = [r.run_date for r in ScheduledRun.select(ScheduledRun.run_date).where(
         (ScheduledRun.job == NIGHTLY_JOB) & (ScheduledRun.run_date >= now.date() - dt.timedelta(days=1)))]
+    nights = [night for night in nights if now >= night_window(settings, night)[1]]  # else its queue may just be long
+    organizations = organizations_to_sync() if nights else []
     requeued = []
     for night in nights:
-        if now < night_window(settings, night)[1]:
-            continue  # still the night's own window: its queue may just be long
         seen = {row.organization_id for row in
                 Snapshot.select(Snapshot.organization).where(Snapshot.snapshot_date >= night).distinct()}
-        for org_id in organizations_to_sync():
-            if org_id in seen or ScheduledRun.select().where(
-                    (ScheduledRun.job == sync_job("sync-failed", org_id)) & (ScheduledRun.run_date == night)).exists():
+        failed = {row.job for row in ScheduledRun.select(ScheduledRun.job).where(
+            (ScheduledRun.run_date == night) & ScheduledRun.job.startswith(sync_job("sync-failed", "")))}
+        for org_id in organizations:
+            if org_id in seen or sync_job("sync-failed", org_id) in failed:
                 continue
             if _claim_requeue(sync_job("sync-requeued", org_id), night, now, _retry_budget(settings)):
                 runtime.task_queue.send(sync_organization, org_id, night.isoformat())

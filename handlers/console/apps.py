@@ -10,7 +10,8 @@ import io
 from handlers.console.base import ConsoleHandler
 from lifecycle.activation import set_activation_status
 from lifecycle.billing import parse_month
-from partner_api.console import audit_view, billing_csv_rows, billing_view, installations_view
+from partner_api.billing import billing_of
+from partner_api.console import audit_view, billing_csv_rows, installations_view
 from lifecycle.developers import actor_of
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from lifecycle.registry import activate_fallback_secret, generate_fallback_secret
@@ -113,7 +114,7 @@ class BillingHandler(ConsoleHandler):
         except ApiError as exc:
             return self.page("billing.html", 400, app=app, section="billing", month=month, bill=None,
                              error=exc.message)
-        bill = await self.run(billing_view, app, month)
+        bill = await self.run(billing_of, app, month)  # the object of GET /v1/applications/{id}/billing
         self.page("billing.html", app=app, section="billing", month=month, bill=bill, error=None)
 
 
