@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import re
 
 import argon2
@@ -79,9 +80,17 @@ def open_invite(runtime, token: str) -> DeveloperInvite:
     return invite
 
 
-def totp_matches(runtime, secret: str, code: str | None) -> bool:
-    """The authenticator code (spaces ignored) for `secret` now, or one step either side (clock drift)."""
-    return pyotp.TOTP(secret).verify((code or "").replace(" ", ""), for_time=runtime.clock.time(), valid_window=1)
+def totp_step(runtime, secret: str, code: str | None) -> int | None:
+    """The time step whose authenticator code (spaces ignored) for `secret` is `code`: now, or one
+    step either side (clock drift); None when it matches none of them."""
+    code = (code or "").replace(" ", "")
+    totp = pyotp.TOTP(secret)
+    now = runtime.clock.time()
+    for offset in (0, -1, 1):
+        at = now + offset * totp.interval
+        if hmac.compare_digest(totp.at(at), code):
+            return totp.timecode(dt.datetime.fromtimestamp(at, dt.timezone.utc))
+    return None
 
 
 def totp_uri(invite: DeveloperInvite) -> str:
@@ -103,7 +112,8 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
     elif password != (confirm or ""):
         errors["confirm"] = "The two passwords differ."
     totp_code = (totp_code or "").replace(" ", "")
-    if totp_code and not totp_matches(runtime, invite.totp_secret, totp_code):
+    totp_accepted = totp_step(runtime, invite.totp_secret, totp_code) if totp_code else None
+    if totp_code and totp_accepted is None:
         errors["totp_code"] = "This code does not match the authenticator key; check the device's clock."
     if errors:
         raise FieldErrors(errors)
@@ -116,6 +126,7 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
         fields = {"password_hash": _HASHER.hash(password), "activated_at": now}
         if totp_code:
             fields["totp_secret"] = invite.totp_secret
+            fields["totp_last_step"] = totp_accepted  # the code that set up the factor is spent
         Developer.update(**fields).where(Developer.id == invite.developer_id).execute()
         AuditEvent.record(f"developer:{invite.developer.email}", "developer.password_set", invite.application_id,
                           totp=bool(totp_code))
@@ -134,8 +145,17 @@ def check_credentials(runtime, email: str, password: str, totp_code: str = "") -
         return None
     if stored is None:
         return None
-    if developer.totp_secret and not totp_matches(runtime, developer.totp_secret, totp_code):
-        return None
+    if developer.totp_secret:
+        step = totp_step(runtime, developer.totp_secret, totp_code)
+        if step is None:
+            return None
+        # Each code is good once, also across processes: only a newer step than the last one
+        # accepted moves the mark (RFC 6238 5.2: a verifier must not accept a code twice).
+        accepted = (Developer.update(totp_last_step=step)
+                    .where((Developer.id == developer.id)
+                           & (Developer.totp_last_step.is_null() | (Developer.totp_last_step < step))).execute())
+        if not accepted:
+            return None
     if _HASHER.check_needs_rehash(stored):
         Developer.update(password_hash=_HASHER.hash(password)).where(Developer.id == developer.id).execute()
     return developer

@@ -16,6 +16,8 @@ class Developer(BaseModel):
     email = peewee.CharField(max_length=254, unique=True)
     password_hash = peewee.CharField(max_length=200, null=True)
     totp_secret = peewee.CharField(max_length=64, null=True)
+    # The time step of the last authenticator code accepted: a code is good once (RFC 6238 5.2).
+    totp_last_step = peewee.BigIntegerField(null=True)
     created_at = peewee.DateTimeField()
     activated_at = peewee.DateTimeField(null=True)
 

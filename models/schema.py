@@ -79,6 +79,9 @@ MIGRATIONS: list[tuple[int, str, object]] = [
      lambda m: (_add_missing_columns("launch", ("auth_time", peewee.BigIntegerField(null=True)))(m),
                 _add_missing_columns("authorization_code", ("auth_time", peewee.BigIntegerField(null=True)),
                                      ("scope", peewee.CharField(max_length=200, null=True)))(m))),
+    # Issue 15 numbers its steps 15xx.
+    (1501, "developer.totp_last_step: an authenticator code is accepted once",
+     _add_missing_columns("developer", ("totp_last_step", peewee.BigIntegerField(null=True)))),
 ]
 
 

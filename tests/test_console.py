@@ -198,7 +198,14 @@ async def test_totp_second_factor(http_client, base_url, runtime, world):
     code = pyotp.TOTP(secret).at(runtime.clock.time())
     assert (await client.post(path, {"password": PASSWORD, "confirm": PASSWORD, "totp_code": code})).code == 303
     assert (await client.sign_in("otp@partner.example", PASSWORD)).code == 401
-    assert (await client.sign_in("otp@partner.example", PASSWORD, pyotp.TOTP(secret).now())).code == 303
+    # An authenticator code is good once (RFC 6238 5.2): the one that set the factor up is spent,
+    # the next step's code signs in, and replaying it from another browser does not.
+    assert (await client.sign_in("otp@partner.example", PASSWORD, code)).code == 401
+    runtime.clock.advance(30)
+    fresh = pyotp.TOTP(secret).at(runtime.clock.time())
+    assert (await client.sign_in("otp@partner.example", PASSWORD, fresh)).code == 303
+    replay = ConsoleClient(http_client, base_url)
+    assert (await replay.sign_in("otp@partner.example", PASSWORD, fresh)).code == 401
 
 
 @pytest.mark.gen_test(timeout=60)
