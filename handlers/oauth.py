@@ -47,7 +47,7 @@ class CorsHandler(VariantHandler):
     async def allow_origin_of(self, client_id: str | None) -> None:
         """Let the request's origin read this response when `client_id` registered it."""
         origin = self.request.headers.get("Origin")
-        if origin and client_id and await self.run(origin_allowed_for_client, client_id, origin):
+        if origin and client_id and await self.run(origin_allowed_for_client, self.runtime.applications, client_id, origin):
             self.cors_origin = origin
             self.set_default_headers()
 
