@@ -95,10 +95,12 @@ class UserInfoHandler(CorsHandler):
     async def get(self):
         self.set_header("Cache-Control", "no-store")
         token = bearer_value(self.request.headers.get("Authorization"))
+        claims = None
         if self.request.headers.get("Origin"):
             claims = await self.run(active_user_token, self.runtime, token)
             await self.allow_origin_of(claims and claims.get("client_id"))
-        self.write_json(await self.run(userinfo, self.runtime, token))
+        # Verified (signature, deny-list) once: userinfo reuses the claims read for CORS.
+        self.write_json(await self.run(userinfo, self.runtime, token, claims))
 
     async def post(self):
         await self.get()

@@ -46,10 +46,12 @@ def active_client_token(runtime, token: str | None, app) -> dict | None:
     return claims
 
 
-def userinfo(runtime, token: str | None) -> dict:
+def userinfo(runtime, token: str | None, claims: dict | None = None) -> dict:
+    """The userinfo answer for `token`; `claims`: what `active_user_token` already returned for it."""
     if not token:
         raise missing_token("A Bearer access token is required: Authorization: Bearer <access_token>.")
-    claims = active_user_token(runtime, token)
+    if claims is None:
+        claims = active_user_token(runtime, token)
     if claims is None:
         raise invalid_token()
     user = User.with_organization(claims["sub"])
