@@ -128,8 +128,8 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
     (Bearer sandbox token) verifies the token for its user, and learns the ID token issued with it."""
     if authorization.lower().startswith("bearer "):
         return platform_introspection(runtime, authorization[7:].strip(), token)
+    app = authenticate_client(runtime, params, authorization, address)  # first: no token work for strangers
     claims = active_user_token(runtime, token)
-    app = authenticate_client(runtime, params, authorization, address)
     if claims is not None and claims["client_id"] != app.client_id:
         claims = None
     if claims is None:
