@@ -35,27 +35,29 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     return client_id, secret
 
 
-def presented_credentials(params: dict, authorization: str | None) -> tuple[str, str] | None:
-    """(client_id, secret) as the request presents them, or None when they are missing or
-    malformed (`authenticate_client` then answers the right error)."""
+def _presented(params: dict, authorization: str | None) -> tuple | None:
+    """(client_id, secret) as the request carries them (HTTP Basic, else the body), either possibly
+    missing or not a string; None when the Basic header is malformed."""
     try:
         basic = _basic_credentials(authorization or "")
     except OAuthError:
         return None
-    client_id, secret = basic if basic else (params.get("client_id"), params.get("client_secret"))
-    if not isinstance(client_id, str) or not isinstance(secret, str):
+    return basic if basic else (params.get("client_id"), params.get("client_secret"))
+
+
+def presented_credentials(params: dict, authorization: str | None) -> tuple[str, str] | None:
+    """(client_id, secret) as the request presents them, or None when they are missing or
+    malformed (`authenticate_client` then answers the right error)."""
+    found = _presented(params, authorization)
+    if found is None or not isinstance(found[0], str) or not isinstance(found[1], str):
         return None
-    return client_id, secret
+    return found
 
 
 def claimed_client_id(params: dict, authorization: str | None) -> str | None:
     """The client_id a request names (HTTP Basic or the body), not yet authenticated; for CORS."""
-    try:
-        basic = _basic_credentials(authorization or "")
-    except Exception:  # noqa: BLE001  (a malformed header names no client; authentication will refuse it)
-        return None
-    client_id = basic[0] if basic else params.get("client_id")
-    return client_id if isinstance(client_id, str) else None
+    found = _presented(params, authorization)
+    return found[0] if found is not None and isinstance(found[0], str) else None
 
 
 def throttle_check(throttle: FailureThrottle | None, subject, address: str | None) -> None:
