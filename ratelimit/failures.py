@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ratelimit.limiter import RateLimiterUnavailable
+from ratelimit.limiter import RateLimiterUnavailable, window_of
 from ratelimit.policy import Limit
 
 Key = tuple  # e.g. ("client", "abc"), ("address", "203.0.113.9")
@@ -143,22 +143,17 @@ class FailureThrottle:
         self.prefix = f"{namespace}:failures:{name}"
         self.store = _RedisStore(redis_url) if redis_url else _MemoryStore()
 
-    # Windows are aligned to the clock, one per limit length.
-    def _window(self, limit: Limit, now: float) -> tuple[int, int]:
-        index = int(now // limit.seconds)
-        return index, max(1, math.ceil((index + 1) * limit.seconds - now))
-
     def _keys(self, subject: Key | None, address: str | None, now: float) -> list[tuple[Key, Limit, str, int]]:
         """(what, its limit, store key, seconds until its window ends) of each counter of an attempt."""
         out = []
         if subject is not None:
-            index, reset = self._window(self.policy.subject, now)
+            index, reset = window_of(self.policy.subject, now)
             out.append((subject, self.policy.subject, f"{self.prefix}:s:{index}:{_text(subject)}", reset))
             if address:
                 pair = tuple(subject) + ("address", address)
                 out.append((pair, self.policy.subject, f"{self.prefix}:p:{index}:{_text(pair)}", reset))
         if address:
-            index, reset = self._window(self.policy.address, now)
+            index, reset = window_of(self.policy.address, now)
             out.append((("address", address), self.policy.address,
                         f"{self.prefix}:a:{index}:{_text(('address', address))}", reset))
         return out
