@@ -62,16 +62,23 @@ def _text(key: Key) -> str:
 class _MemoryStore:
     """Counters and trust marks in this process (the embedded default)."""
 
+    PRUNE_AT = 10000
+
     def __init__(self):
         self._counts: dict[str, tuple[int, float]] = {}  # key -> (count, expires_at)
         self._trusted: dict[str, float] = {}
         self._lock = threading.Lock()
+        # Sizes at which the tables are next pruned: twice what a prune kept, so a table of live
+        # entries is scanned again only after it doubled, not on every attempt (amortised O(1)).
+        self._prune_counts_at = self._prune_trusted_at = self.PRUNE_AT
 
     def _prune(self, now: float) -> None:
-        if len(self._counts) > 10000:
+        if len(self._counts) > self._prune_counts_at:
             self._counts = {k: v for k, v in self._counts.items() if v[1] > now}
-        if len(self._trusted) > 10000:
+            self._prune_counts_at = max(self.PRUNE_AT, 2 * len(self._counts))
+        if len(self._trusted) > self._prune_trusted_at:
             self._trusted = {k: v for k, v in self._trusted.items() if v > now}
+            self._prune_trusted_at = max(self.PRUNE_AT, 2 * len(self._trusted))
 
     def counts(self, keys: list[str], now: float) -> list[int]:
         with self._lock:
