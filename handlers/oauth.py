@@ -47,7 +47,7 @@ class CorsHandler(VariantHandler):
     async def allow_origin_of(self, client_id: str | None) -> None:
         """Let the request's origin read this response when `client_id` registered it."""
         origin = self.request.headers.get("Origin")
-        if origin and client_id and await self.run(origin_allowed_for_client, client_id, origin):
+        if origin and client_id and await self.run(origin_allowed_for_client, self.runtime.applications, client_id, origin):
             self.cors_origin = origin
             self.set_default_headers()
 
@@ -95,10 +95,12 @@ class UserInfoHandler(CorsHandler):
     async def get(self):
         self.set_header("Cache-Control", "no-store")
         token = bearer_value(self.request.headers.get("Authorization"))
+        claims = None
         if self.request.headers.get("Origin"):
             claims = await self.run(active_user_token, self.runtime, token)
             await self.allow_origin_of(claims and claims.get("client_id"))
-        self.write_json(await self.run(userinfo, self.runtime, token))
+        # Verified (signature, deny-list) once: userinfo reuses the claims read for CORS.
+        self.write_json(await self.run(userinfo, self.runtime, token, claims))
 
     async def post(self):
         await self.get()
@@ -126,8 +128,8 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
     (Bearer sandbox token) verifies the token for its user, and learns the ID token issued with it."""
     if authorization.lower().startswith("bearer "):
         return platform_introspection(runtime, authorization[7:].strip(), token)
+    app = authenticate_client(runtime, params, authorization, address)  # first: no token work for strangers
     claims = active_user_token(runtime, token)
-    app = authenticate_client(runtime, params, authorization, address)
     if claims is not None and claims["client_id"] != app.client_id:
         claims = None
     if claims is None:

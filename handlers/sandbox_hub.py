@@ -52,15 +52,14 @@ class SandboxHandler(BaseHandler):
         require_sandbox_on(self.svc_settings)
 
 
+def set_session_cookie(handler: BaseHandler, session_id: str) -> None:
+    """The sandbox session cookie (sign-in link, invitation link): HttpOnly, SameSite=Lax, Secure under https."""
+    secure = handler.svc_settings.public_url.startswith("https://") or handler.request.protocol == "https"
+    handler.set_cookie(SESSION_COOKIE, session_id, path="/sandbox", httponly=True, samesite="Lax",
+                       secure=secure, expires_days=None, max_age=handler.svc_settings.sandbox_session_ttl)
+
+
 class SandboxPageHandler(SandboxHandler):
-    def secure_cookies(self) -> bool:
-        return self.svc_settings.public_url.startswith("https://") or self.request.protocol == "https"
-
-    def set_session_cookie(self, session_id: str) -> None:
-        self.set_cookie(SESSION_COOKIE, session_id, path="/sandbox", httponly=True, samesite="Lax",
-                        secure=self.secure_cookies(), expires_days=None,
-                        max_age=self.svc_settings.sandbox_session_ttl)
-
     async def signed_in(self):
         """(user, session) of this browser's sandbox session, or None after redirecting to sign-in."""
         found = await self.run(session_of, self.runtime, self.get_cookie(SESSION_COOKIE))
@@ -111,7 +110,7 @@ class SignInLinkHandler(SandboxPageHandler):
             for name, value in err.headers.items():
                 self.set_header(name, value)
             return self.render_page("signin.html", PAGE_CSP, error=err.message)
-        self.set_session_cookie(session_id)
+        set_session_cookie(self, session_id)
         self.set_header("Cache-Control", "no-store")
         if link.target == "settings":
             return self.redirect("/sandbox/settings")

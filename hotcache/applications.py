@@ -38,23 +38,18 @@ class ApplicationCache:
 
     def by_client_id(self, client_id) -> Application | None:
         """The application with this client_id (shared, read-only object), or None."""
-        if not isinstance(client_id, str):
-            return None
-        app = self._by_client_id.get(client_id)
-        if app is None:
-            generation = self._generation
-            app = Application.by_client_id(client_id)
-            if app is not None:
-                self._remember(generation, app)
-        return app
+        return self._lookup(self._by_client_id, client_id, Application.by_client_id)
 
     def by_id(self, application_id) -> Application | None:
-        if not isinstance(application_id, str):
+        return self._lookup(self._by_id, application_id, Application.by_id)
+
+    def _lookup(self, index: dict, key, load) -> Application | None:
+        if not isinstance(key, str):
             return None
-        app = self._by_id.get(application_id)
+        app = index.get(key)
         if app is None:
             generation = self._generation
-            app = Application.by_id(application_id)
+            app = load(key)
             if app is not None:
                 self._remember(generation, app)
         return app

@@ -24,6 +24,8 @@ class SecretHasher:
         if len(key) < 32:
             raise ValueError("the HMAC key must be at least 32 bytes")
         self._key = key
+        # The sealing cipher, derived once (every code exchange seals the ID token into its access token).
+        self._sealer = AESGCM(hmac.new(key, b"svc-auth seal v1", hashlib.sha256).digest())
 
     def digest(self, secret: str) -> str:
         return hmac.new(self._key, secret.encode("utf-8"), hashlib.sha256).hexdigest()
@@ -45,19 +47,16 @@ class SecretHasher:
         """`plaintext` encrypted at rest (AES-256-GCM under a key derived from the server key), bound
         to `context` (e.g. the row's id) so a sealed value cannot be moved to another row."""
         nonce = secrets.token_bytes(12)
-        sealed = AESGCM(self._seal_key()).encrypt(nonce, plaintext.encode("utf-8"), context.encode("utf-8"))
+        sealed = self._sealer.encrypt(nonce, plaintext.encode("utf-8"), context.encode("utf-8"))
         return base64.urlsafe_b64encode(nonce + sealed).decode()
 
     def unseal(self, sealed: str, context: str) -> str | None:
         """What `seal` sealed for `context`, or None if it was not (tampered, other key or row)."""
         try:
             raw = base64.urlsafe_b64decode(sealed.encode())
-            return AESGCM(self._seal_key()).decrypt(raw[:12], raw[12:], context.encode("utf-8")).decode("utf-8")
+            return self._sealer.decrypt(raw[:12], raw[12:], context.encode("utf-8")).decode("utf-8")
         except (InvalidTag, ValueError):
             return None
-
-    def _seal_key(self) -> bytes:
-        return hmac.new(self._key, b"svc-auth seal v1", hashlib.sha256).digest()
 
 
 def load_hmac_key(configured: str, keys_dir: str) -> bytes:

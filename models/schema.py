@@ -44,13 +44,6 @@ def _add_missing_columns(table: str, *columns: tuple[str, peewee.Field]):
     return step
 
 
-def _add_issued_jtis(migrator) -> None:
-    """Codes note the jtis their exchange issued (replaces one issued_token row per token)."""
-    columns = {c.name for c in migrator.database.get_columns("authorization_code")}
-    if "issued_jtis" not in columns:
-        migrate_columns(migrator.add_column("authorization_code", "issued_jtis", AuthorizationCode.issued_jtis))
-
-
 def _drop_issued_token(migrator) -> None:
     """Tokens are no longer recorded one row each; revocation uses the deny-list."""
     migrator.database.execute_sql('DROP TABLE IF EXISTS "issued_token"')
@@ -58,7 +51,9 @@ def _drop_issued_token(migrator) -> None:
 
 # (version, description, function(migrator)) — append only.
 MIGRATIONS: list[tuple[int, str, object]] = [
-    (1, "authorization_code.issued_jtis", _add_issued_jtis),
+    # Codes note the jtis their exchange issued (replaces one issued_token row per token).
+    (1, "authorization_code.issued_jtis",
+     _add_missing_columns("authorization_code", ("issued_jtis", AuthorizationCode.issued_jtis))),
     (2, "drop issued_token (deny-list instead)", _drop_issued_token),
     # Issue 12 numbers its steps 12xx.
     (1201, "application.redirect_uri_match and redirect_uris: exact redirect_uri matching per app",

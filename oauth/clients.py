@@ -11,10 +11,9 @@ from urllib.parse import unquote
 
 from models.application import Application
 from models.audit import AuditEvent
-from oauth.errors import ApiError, OAuthError, invalid_client, invalid_request
+from oauth.errors import OAuthError, invalid_client, invalid_request
 from oauth.params import check_fields
 from ratelimit.failures import FailureThrottle, Throttled
-from ratelimit.limiter import RateLimiterUnavailable
 
 
 def _basic_credentials(authorization: str) -> tuple[str, str] | None:
@@ -36,31 +35,34 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     return client_id, secret
 
 
-def presented_credentials(params: dict, authorization: str | None) -> tuple[str, str] | None:
-    """(client_id, secret) as the request presents them, or None when they are missing or
-    malformed (`authenticate_client` then answers the right error)."""
+def _presented(params: dict, authorization: str | None) -> tuple | None:
+    """(client_id, secret) as the request carries them (HTTP Basic, else the body), either possibly
+    missing or not a string; None when the Basic header is malformed."""
     try:
         basic = _basic_credentials(authorization or "")
     except OAuthError:
         return None
-    client_id, secret = basic if basic else (params.get("client_id"), params.get("client_secret"))
-    if not isinstance(client_id, str) or not isinstance(secret, str):
+    return basic if basic else (params.get("client_id"), params.get("client_secret"))
+
+
+def presented_credentials(params: dict, authorization: str | None) -> tuple[str, str] | None:
+    """(client_id, secret) as the request presents them, or None when they are missing or
+    malformed (`authenticate_client` then answers the right error)."""
+    found = _presented(params, authorization)
+    if found is None or not isinstance(found[0], str) or not isinstance(found[1], str):
         return None
-    return client_id, secret
+    return found
 
 
 def claimed_client_id(params: dict, authorization: str | None) -> str | None:
     """The client_id a request names (HTTP Basic or the body), not yet authenticated; for CORS."""
-    try:
-        basic = _basic_credentials(authorization or "")
-    except Exception:  # noqa: BLE001  (a malformed header names no client; authentication will refuse it)
-        return None
-    client_id = basic[0] if basic else params.get("client_id")
-    return client_id if isinstance(client_id, str) else None
+    found = _presented(params, authorization)
+    return found[0] if found is not None and isinstance(found[0], str) else None
 
 
 def throttle_check(throttle: FailureThrottle | None, subject, address: str | None) -> None:
-    """429 + Retry-After while `subject`/`address` is locked; 503 when the shared store is down."""
+    """429 + Retry-After while `subject`/`address` is locked. The store (Redis) unreachable raises
+    `RateLimiterUnavailable`, which `Runtime.unit_of_work` (every caller's pool) answers with 503."""
     if throttle is None:
         return
     try:
@@ -69,21 +71,13 @@ def throttle_check(throttle: FailureThrottle | None, subject, address: str | Non
         raise OAuthError("too_many_attempts",
                          f"Too many failed authentication attempts; retry after {exc.retry_after} seconds.",
                          status=429, headers={"Retry-After": str(exc.retry_after)}) from None
-    except RateLimiterUnavailable:
-        raise ApiError(503, "temporarily_unavailable", "The failure counter's store (Redis) cannot be reached; "
-                       "retry shortly.", {"Retry-After": "5"}) from None
 
 
 def throttle_failure(throttle: FailureThrottle | None, subject, address: str | None) -> None:
     """Count a failed attempt; audit each counter this failure locked."""
     if throttle is None:
         return
-    try:
-        locked = throttle.failed(subject, address)
-    except RateLimiterUnavailable:
-        raise ApiError(503, "temporarily_unavailable", "The failure counter's store (Redis) cannot be reached; "
-                       "retry shortly.", {"Retry-After": "5"}) from None
-    for key in locked:
+    for key in throttle.failed(subject, address):
         AuditEvent.record(f"address:{address or 'unknown'}", "auth.lockout", ":".join(map(str, subject or ())),
                           throttle=throttle.name, locked=list(key), address=address,
                           limit=(throttle.policy.address if key[0] == "address" else throttle.policy.subject).count)

@@ -39,12 +39,13 @@ def _registered(app: Application) -> set[str]:
     return {o for o in (normalize_origin(v) for v in app.allowed_origins or ()) if o}
 
 
-def origin_allowed_for_client(client_id: str | None, origin: str | None) -> bool:
-    """True when the application `client_id` registered `origin`."""
+def origin_allowed_for_client(applications, client_id: str | None, origin: str | None) -> bool:
+    """True when the application `client_id` registered `origin` (`applications`: the runtime's
+    cache, which the same request's client authentication reads too)."""
     origin = normalize_origin(origin)
     if origin is None or not isinstance(client_id, str):
         return False
-    app = Application.by_client_id(client_id)
+    app = applications.by_client_id(client_id)
     return app is not None and origin in _registered(app)
 
 

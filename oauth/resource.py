@@ -19,12 +19,12 @@ def bearer_value(authorization: str | None) -> str | None:
     return None
 
 
-def active_user_token(runtime, token: str | None) -> dict | None:
-    """Claims of a live (signed, unexpired, unrevoked) user access token, else None."""
+def live_claims(runtime, token: str | None, audience: str) -> dict | None:
+    """Claims of a live (signed, unexpired, unrevoked) token for `audience`, else None."""
     if not token:
         return None
     try:
-        claims = runtime.tokens.verify(token, PLATFORM_AUDIENCE)
+        claims = runtime.tokens.verify(token, audience)
     except InvalidToken:
         return None
     if not isinstance(claims.get("jti"), str) or runtime.denylist.is_denied(claims["jti"]):
@@ -32,24 +32,23 @@ def active_user_token(runtime, token: str | None) -> dict | None:
     return claims
 
 
+def active_user_token(runtime, token: str | None) -> dict | None:
+    """Claims of a live user access token, else None."""
+    return live_claims(runtime, token, PLATFORM_AUDIENCE)
+
+
 def active_client_token(runtime, token: str | None, app) -> dict | None:
     """Claims of a live client-credentials token issued to `app`, else None."""
-    if not token:
-        return None
-    try:
-        claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
-    except InvalidToken:
-        return None
-    if claims.get("sub") != app.id or not isinstance(claims.get("jti"), str) \
-            or runtime.denylist.is_denied(claims["jti"]):
-        return None
-    return claims
+    claims = live_claims(runtime, token, PARTNER_API_AUDIENCE)
+    return claims if claims is not None and claims.get("sub") == app.id else None
 
 
-def userinfo(runtime, token: str | None) -> dict:
+def userinfo(runtime, token: str | None, claims: dict | None = None) -> dict:
+    """The userinfo answer for `token`; `claims`: what `active_user_token` already returned for it."""
     if not token:
         raise missing_token("A Bearer access token is required: Authorization: Bearer <access_token>.")
-    claims = active_user_token(runtime, token)
+    if claims is None:
+        claims = active_user_token(runtime, token)
     if claims is None:
         raise invalid_token()
     user = User.with_organization(claims["sub"])

@@ -1,17 +1,11 @@
 """Token revocation (RFC 7009): a client revokes its own access tokens.
 
-`revoke_jti` is the one place this module revokes: it puts the jti on the deny-list
-(`oauth.denylist`, `runtime.denylist`) until the token would have expired anyway; userinfo,
-introspection and the partner API refuse a denied jti."""
+A revoked token's jti goes on the deny-list (`oauth.denylist`, `runtime.denylist`) until the token
+would have expired anyway; userinfo, introspection and the partner API refuse a denied jti."""
 from __future__ import annotations
 
 from models.application import Application
 from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
-
-
-def revoke_jti(runtime, jti: str, expires_at: float) -> None:
-    """Revoke the token `jti` (valid until `expires_at`, epoch seconds)."""
-    runtime.denylist.deny([jti], until=expires_at)
 
 
 def token_owner_claims(runtime, token: str) -> tuple[str | None, dict] | None:
@@ -37,4 +31,4 @@ def revoke_token(runtime, app: Application, token: str) -> None:
     client_id, claims = found
     if client_id != app.client_id or not isinstance(claims.get("jti"), str):
         return
-    revoke_jti(runtime, claims["jti"], float(claims.get("exp") or runtime.clock.time()))
+    runtime.denylist.deny([claims["jti"]], until=float(claims.get("exp") or runtime.clock.time()))

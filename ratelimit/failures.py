@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ratelimit.limiter import RateLimiterUnavailable
+from ratelimit.limiter import RateLimiterUnavailable, window_of
 from ratelimit.policy import Limit
 
 Key = tuple  # e.g. ("client", "abc"), ("address", "203.0.113.9")
@@ -62,16 +62,23 @@ def _text(key: Key) -> str:
 class _MemoryStore:
     """Counters and trust marks in this process (the embedded default)."""
 
+    PRUNE_AT = 10000
+
     def __init__(self):
         self._counts: dict[str, tuple[int, float]] = {}  # key -> (count, expires_at)
         self._trusted: dict[str, float] = {}
         self._lock = threading.Lock()
+        # Sizes at which the tables are next pruned: twice what a prune kept, so a table of live
+        # entries is scanned again only after it doubled, not on every attempt (amortised O(1)).
+        self._prune_counts_at = self._prune_trusted_at = self.PRUNE_AT
 
     def _prune(self, now: float) -> None:
-        if len(self._counts) > 10000:
+        if len(self._counts) > self._prune_counts_at:
             self._counts = {k: v for k, v in self._counts.items() if v[1] > now}
-        if len(self._trusted) > 10000:
+            self._prune_counts_at = max(self.PRUNE_AT, 2 * len(self._counts))
+        if len(self._trusted) > self._prune_trusted_at:
             self._trusted = {k: v for k, v in self._trusted.items() if v > now}
+            self._prune_trusted_at = max(self.PRUNE_AT, 2 * len(self._trusted))
 
     def counts(self, keys: list[str], now: float) -> list[int]:
         with self._lock:
@@ -143,22 +150,17 @@ class FailureThrottle:
         self.prefix = f"{namespace}:failures:{name}"
         self.store = _RedisStore(redis_url) if redis_url else _MemoryStore()
 
-    # Windows are aligned to the clock, one per limit length.
-    def _window(self, limit: Limit, now: float) -> tuple[int, int]:
-        index = int(now // limit.seconds)
-        return index, max(1, math.ceil((index + 1) * limit.seconds - now))
-
     def _keys(self, subject: Key | None, address: str | None, now: float) -> list[tuple[Key, Limit, str, int]]:
         """(what, its limit, store key, seconds until its window ends) of each counter of an attempt."""
         out = []
         if subject is not None:
-            index, reset = self._window(self.policy.subject, now)
+            index, reset = window_of(self.policy.subject, now)
             out.append((subject, self.policy.subject, f"{self.prefix}:s:{index}:{_text(subject)}", reset))
             if address:
                 pair = tuple(subject) + ("address", address)
                 out.append((pair, self.policy.subject, f"{self.prefix}:p:{index}:{_text(pair)}", reset))
         if address:
-            index, reset = self._window(self.policy.address, now)
+            index, reset = window_of(self.policy.address, now)
             out.append((("address", address), self.policy.address,
                         f"{self.prefix}:a:{index}:{_text(('address', address))}", reset))
         return out

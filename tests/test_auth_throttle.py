@@ -133,3 +133,18 @@ def test_without_trust_exemption_the_subject_locks_for_everyone():
     with pytest.raises(Throttled):
         throttle.check(("account", "a@x.example"), "10.0.0.2")
     throttle.check(("account", "b@x.example"), "10.0.0.1")  # another account from that address
+
+
+def test_many_live_counters_do_not_make_every_attempt_scan_them_all():
+    """In memory, past 10,000 live counters (a spray of addresses within one window) each attempt
+    used to rebuild the whole table to prune it; pruning is now amortised, so an attempt stays cheap."""
+    import time
+    now = [1_000_000.0]
+    throttle = FailureThrottle("client_auth", FailurePolicy(), lambda: now[0])
+    for i in range(12_000):  # one live per-address counter each
+        throttle.failed(None, f"2001:db8::{i:x}")
+    started = time.perf_counter()
+    for i in range(2_000):
+        throttle.failed(("client", "c"), f"2001:db8:1::{i:x}")
+        throttle.succeeded(("client", "c"), f"2001:db8:2::{i:x}")
+    assert time.perf_counter() - started < 2.0

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from handlers.base import BaseHandler
 from handlers.rest.base import PartnerApiHandler
-from lifecycle.sandbox import SESSION_COOKIE, is_sandbox_user, open_session
+from handlers.sandbox_hub import set_session_cookie
+from lifecycle.sandbox import is_sandbox_user, open_session
 from partner_api.invitations import accept, invite
 
 
@@ -26,9 +27,7 @@ class InvitationLinkHandler(BaseHandler):
             return self.write_json({"status": "accepted", "user_id": user.id,
                                     "message": "Your invitation is accepted."})
         session_id = await self.run(open_session, self.runtime, user)
-        self.set_cookie(SESSION_COOKIE, session_id, path="/sandbox", httponly=True, samesite="Lax",
-                        secure=self.svc_settings.public_url.startswith("https://"),
-                        max_age=self.svc_settings.sandbox_session_ttl)
+        set_session_cookie(self, session_id)
         self.redirect(f"{self.svc_settings.public_url}/sandbox/hub")
 
 
