@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from models.application import Application
 from oauth.errors import invalid_token, missing_token
-from oauth.resource import bearer_value
-from oauth.tokens import PARTNER_API_AUDIENCE, InvalidToken
+from oauth.resource import bearer_value, live_claims
+from oauth.tokens import PARTNER_API_AUDIENCE
 
 
 def partner_application(runtime, authorization: str | None) -> Application:
@@ -15,11 +15,8 @@ def partner_application(runtime, authorization: str | None) -> Application:
     token = bearer_value(authorization)
     if not token:
         raise missing_token("A Bearer access token from POST /v1/oauth/token is required.")
-    try:
-        claims = runtime.tokens.verify(token, PARTNER_API_AUDIENCE)
-    except InvalidToken:
-        raise invalid_token() from None
-    if not isinstance(claims.get("jti"), str) or runtime.denylist.is_denied(claims["jti"]):
+    claims = live_claims(runtime, token, PARTNER_API_AUDIENCE)
+    if claims is None:
         raise invalid_token()
     app = runtime.applications.by_id(claims.get("sub"))
     if app is None:
