@@ -50,9 +50,10 @@ class BaseModel(peewee.Model):
 def open_database(url: str, max_connections: int = 20) -> peewee.Database:
     """A database for `url` (sqlite:///path or postgresql://...); not bound to the models yet.
 
-    PostgreSQL connections are pooled (`playhouse.pool`): each unit of work checks one out and
-    gives it back (`release`); a broken one is thrown away (`discard`) and the next unit of work
-    opens a fresh one, so the service recovers by itself when the server comes back."""
+    PostgreSQL connections are pooled (`playhouse.pool`), bounded by `max_connections`. Request
+    threads keep theirs between units of work (`HeldConnections`); the change feed gives its back
+    (`release`). A broken one is thrown away (`discard`) and the next unit of work opens a fresh
+    one, so the service recovers by itself when the server comes back."""
     if url.startswith("sqlite:"):
         path = urlsplit(url).path
         if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
