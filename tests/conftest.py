@@ -291,3 +291,15 @@ def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
+
+@pytest.fixture
+def live(settings, world, tmp_path):
+    """A real `svc-auth serve` on a free port over the test's database and `world`; yields its
+    issuer (its own address)."""
+    port = free_port()
+    issuer = f"http://127.0.0.1:{port}"
+    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer)
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    yield issuer
+    stop_process(proc)
+

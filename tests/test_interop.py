@@ -19,7 +19,6 @@ from jose import jwt as jose_jwt
 from jwcrypto import jwk as jwcrypto_jwk
 from jwcrypto import jwt as jwcrypto_jwt
 
-from conftest import free_port, settings_env, start_process, stop_process
 
 JS_DIR = Path(__file__).parent / "js"
 
@@ -38,15 +37,6 @@ def http(method, url, body=None, headers=None):
         return err.code, err.headers, err.read()
 
 
-@pytest.fixture
-def live(settings, world, tmp_path):
-    """A real `svc-auth serve` on a free port, issuer = its own address."""
-    port = free_port()
-    issuer = f"http://127.0.0.1:{port}"
-    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer)
-    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
-    yield issuer
-    stop_process(proc)
 
 
 def new_launch(issuer, runtime, world) -> str:

@@ -17,19 +17,12 @@ import urllib.parse
 
 import pytest
 
-from conftest import free_port, settings_env, start_process, stop_process
 from test_interop import JS_DIR, http
 
 
-@pytest.fixture
-def live(settings, world, tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTHLIB_INSECURE_TRANSPORT", "1")  # the test server speaks plain http
-    port = free_port()
-    issuer = f"http://127.0.0.1:{port}"
-    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer)
-    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
-    yield issuer
-    stop_process(proc)
+@pytest.fixture(autouse=True)
+def insecure_transport(monkeypatch):
+    monkeypatch.setenv("AUTHLIB_INSECURE_TRANSPORT", "1")  # the test server (conftest `live`) speaks plain http
 
 
 def sandbox_token(live, runtime, user, auth_time):
