@@ -7,6 +7,11 @@ function `connect(organization) -> Connector`. A connector does two things:
   (naive UTC datetimes), as `Appointment`s, in any order; may be a generator.
 - `fetch_chart(patient_id)`: the patient's `Chart`; its `encounters()` may stream from the EHR.
 
+For the platform FHIR API (`/fhir/r4/{org}`, SMART apps), a connector also answers, as FHIR R4 JSON:
+- `read_resource(resource_type, resource_id)`: one resource (a dict), or raise `ResourceNotFound`.
+- `search_resources(query)`: the resources matching a `ResourceQuery` (neutral terms: no FHIR
+  search syntax outside a connector), an iterator in a stable order.
+
 Errors: raise `ConnectorUnavailable` for anything worth retrying (timeouts, 5xx, maintenance);
 `PatientNotFound` / `ConnectorError` for permanent failures, which are not retried.
 """
@@ -29,6 +34,10 @@ class ConnectorUnavailable(ConnectorError):
 
 class PatientNotFound(ConnectorError):
     """The EHR has no such patient in this organization."""
+
+
+class ResourceNotFound(ConnectorError):
+    """The EHR has no such resource in this organization (the FHIR API answers 404)."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +95,38 @@ class Chart:
         return iter(self.encounter_source() if callable(self.encounter_source) else (self.encounter_source or ()))
 
 
+@dataclass(frozen=True)
+class ResourceQuery:
+    """A search of one resource type, in neutral terms; every field given must match.
+
+    `patient`: resources of this patient (for Patient: the patient itself); `practitioner`: for
+    Appointment, those the practitioner takes part in (for Practitioner: itself); `npi`: the
+    Practitioner with this NPI; `start`/`end`: the resource's date (Appointment start, Encounter
+    period start, Observation effective, Condition onset/recorded) in [start, end), naive UTC;
+    `ids`: only these resource ids. `offset`/`count`: the page wanted."""
+
+    resource_type: str
+    ids: tuple[str, ...] = ()
+    patient: str | None = None
+    practitioner: str | None = None
+    npi: str | None = None
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    offset: int = 0
+    count: int = 50
+
+
 class Connector(Protocol):
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime) -> Iterator[Appointment]:
         ...
 
     def fetch_chart(self, patient_id: str) -> Chart:
+        ...
+
+    def read_resource(self, resource_type: str, resource_id: str) -> dict:
+        ...
+
+    def search_resources(self, query: ResourceQuery) -> Iterator[dict]:
         ...
 
 
