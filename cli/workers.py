@@ -88,6 +88,7 @@ def run_snapshot(runtime, args) -> int:
         raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
     for org_id in args.org or ():
         existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
-    results = run_night(runtime, night, args.org)
-    emit({"snapshot_date": night.isoformat(), "organizations": results}, args.json)
-    return 1 if any(isinstance(v, str) for v in results.values()) else 0
+    report = run_night(runtime, night, args.org)
+    emit({"snapshot_date": night.isoformat(), "organizations": report.organizations,
+          "built": report.built, "found_built": report.found_built}, args.json)
+    return 0 if report.complete else 1

@@ -48,10 +48,12 @@ def _url(name: str, value: str) -> str:
 
 
 def _seconds(name: str, value: str) -> int:
+    """A positive whole number (seconds, milliseconds or bytes, as the setting's name says)."""
     try:
         number = int(value)
     except ValueError:
-        raise ConfigError(f"{name} must be a whole number of seconds, got {value!r}") from None
+        unit = "bytes" if name.endswith("_BYTES") else "milliseconds" if name.endswith("_MS") else "seconds"
+        raise ConfigError(f"{name} must be a whole number of {unit}, got {value!r}") from None
     if number <= 0:
         raise ConfigError(f"{name} must be positive, got {value!r}")
     return number
@@ -115,6 +117,9 @@ class Settings:
     redis_namespace: str = "svc-auth"
     s3_endpoint_url: str = ""
     s3_bucket: str = ""
+    # Chart ZIPs up to this size are one atomic PutObject; larger ones a multipart upload, which the
+    # recovery sweep aborts when its build's lease lapses.
+    s3_multipart_bytes: int = 64 * 1024 * 1024
     claims_namespace: str = ""
     demo_application_id: str = "demo-application"
     sync_window: str = "02:00-04:00"
@@ -219,7 +224,7 @@ class Settings:
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout"):
+                     "console_idle_timeout", "s3_multipart_bytes"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         if merged["task_recovery_seconds"] < 3:
             raise ConfigError(f"SVC_TASK_RECOVERY_SECONDS must be at least 3, got {merged['task_recovery_seconds']}")

@@ -31,6 +31,12 @@ class Snapshot(BaseModel):
         return _LATEST_COMPLETE.first(organization_id)
 
 
+# One builder per (organization, night): a second `building` row of the same night is refused
+# (workers.snapshot.claim_build), so builders never destroy each other's work.
+ONE_BUILDER = Snapshot.index(Snapshot.organization, Snapshot.snapshot_date, unique=True,
+                             where=(Snapshot.status == "building"), name="snapshot_one_builder")
+Snapshot.add_index(ONE_BUILDER)
+
 _LATEST_COMPLETE = PreparedQuery(
     lambda organization_id: (
         Snapshot.select().where((Snapshot.organization == organization_id) & (Snapshot.status == "complete"))

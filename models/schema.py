@@ -9,7 +9,7 @@ import peewee
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate as migrate_columns
 
 from models.application import Application, Authorization, Installation
-from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
+from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
 from models.changes import ChangeVersion
@@ -50,6 +50,21 @@ def _drop_issued_token(migrator) -> None:
 
 
 # (version, description, function(migrator)) — append only.
+def _one_snapshot_builder(migrator) -> None:
+    """Keep the newest `building` row of each (organization, night), then add the unique index."""
+    seen, extra = set(), []
+    for row in (Snapshot.select(Snapshot.id, Snapshot.organization, Snapshot.snapshot_date)
+                .where(Snapshot.status == "building").order_by(Snapshot.id.desc())):
+        night = (row.organization_id, row.snapshot_date)
+        if night in seen:
+            extra.append(row.id)
+        seen.add(night)
+    if extra:
+        SnapshotAppointment.delete().where(SnapshotAppointment.snapshot.in_(extra)).execute()
+        Snapshot.delete().where(Snapshot.id.in_(extra)).execute()
+    migrator.database.execute(ONE_BUILDER.safe())
+
+
 MIGRATIONS: list[tuple[int, str, object]] = [
     # Codes note the jtis their exchange issued (replaces one issued_token row per token).
     (1, "authorization_code.issued_jtis",
@@ -77,6 +92,8 @@ MIGRATIONS: list[tuple[int, str, object]] = [
     # Issue 15 numbers its steps 15xx.
     (1501, "developer.totp_last_step: an authenticator code is accepted once",
      _add_missing_columns("developer", ("totp_last_step", peewee.BigIntegerField(null=True)))),
+    # Issue 18 numbers its steps 18xx.
+    (1801, "snapshot: one building row per organization and night (builders cooperate)", _one_snapshot_builder),
 ]
 
 

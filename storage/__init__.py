@@ -5,12 +5,28 @@
 - `S3ObjectStore` (`SVC_S3_BUCKET`, optional `SVC_S3_ENDPOINT_URL`): boto3 against AWS S3, MinIO or
   any S3-compatible server; download URLs are presigned GET URLs.
 
-Both only ever make an object visible complete: `put_file` writes under a temporary name and
-renames/copies it into place, so a crash leaves no partial object at `key`.
+Both only ever make an object visible complete, and write nothing that can outlive its upload
+unnoticed: the local store writes a temporary file beside the target and renames it; S3 sends a
+small object as one atomic `PutObject` straight to its key, and a large one as a multipart upload,
+which is invisible until completed. What a killed writer leaves behind (a temporary file, an
+incomplete multipart upload, or a `_uploads/` staging object of versions before 1.6) is listed by
+`unfinished_uploads` and removed with `abort_upload` by the recovery sweep (workers.recovery).
 """
 from __future__ import annotations
 
-from typing import Protocol
+import datetime as dt
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+
+@dataclass(frozen=True)
+class UnfinishedUpload:
+    """Something a writer left: `key` is the object it was writing (None when unknown, as for an
+    old staging object), `started` when (naive UTC), `handle` what `abort_upload` needs."""
+
+    key: str | None
+    started: dt.datetime
+    handle: tuple
 
 
 class ObjectStore(Protocol):
@@ -26,11 +42,18 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None:
         """Remove the object (no error when it is absent)."""
 
+    def unfinished_uploads(self, prefix: str) -> Iterator[UnfinishedUpload]:
+        """Uploads under `prefix` that were started and not completed (live ones included)."""
+
+    def abort_upload(self, upload: UnfinishedUpload) -> None:
+        """Discard an unfinished upload (no error when it is already gone)."""
+
 
 def open_object_store(settings, hasher, clock) -> ObjectStore:
     """The store the configuration names: S3 when a bucket is configured, else the local one."""
     if settings.s3_bucket:
         from storage.s3 import S3ObjectStore
-        return S3ObjectStore(settings.s3_bucket, settings.s3_endpoint_url or None)
+        return S3ObjectStore(settings.s3_bucket, settings.s3_endpoint_url or None,
+                             multipart_bytes=settings.s3_multipart_bytes)
     from storage.local import LocalObjectStore
     return LocalObjectStore(settings.objects_dir, settings.public_url, hasher, clock)

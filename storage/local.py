@@ -1,15 +1,21 @@
 """The embedded object store: files under `var/objects/`, URLs signed with the server HMAC key."""
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import quote, urlencode
 
+from storage import UnfinishedUpload
 from storage.keys import check_key
 
 URL_PREFIX = "/objects/"
+# A temporary file beside its target: `.<name>.<random>.part` (`.upload-<random>.part` before 1.6).
+TEMP_FILE = re.compile(r"^\.(?:(?P<name>[A-Za-z0-9_-][A-Za-z0-9._-]*)\.[A-Za-z0-9_]+|upload-[A-Za-z0-9_]+)\.part$")
 
 
 def signed_message(key: str, expires: int) -> str:
@@ -31,7 +37,7 @@ class LocalObjectStore:
         target = self.path_of(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         # Copy next to the target, then rename: readers never see a partial file.
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".upload-", suffix=".part")
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
         try:
             with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
                 shutil.copyfileobj(src, out, 1024 * 1024)
@@ -42,6 +48,27 @@ class LocalObjectStore:
             if os.path.exists(temp):
                 os.unlink(temp)
             raise
+
+    def unfinished_uploads(self, prefix: str) -> Iterator[UnfinishedUpload]:
+        base = self.path_of(prefix.rstrip("/"))
+        for directory, _, files in os.walk(base):
+            for name in files:
+                match = TEMP_FILE.match(name)
+                if not match:
+                    continue
+                path = Path(directory) / name
+                try:
+                    started = dt.datetime.utcfromtimestamp(path.stat().st_mtime)
+                except FileNotFoundError:
+                    continue  # renamed into place meanwhile
+                key = (path.parent / match["name"]).relative_to(self.root).as_posix() if match["name"] else None
+                yield UnfinishedUpload(key, started, ("file", str(path)))
+
+    def abort_upload(self, upload: UnfinishedUpload) -> None:
+        try:
+            os.unlink(upload.handle[1])
+        except FileNotFoundError:
+            pass
 
     def exists(self, key: str) -> bool:
         return self.path_of(key).is_file()

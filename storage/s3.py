@@ -2,28 +2,48 @@
 
 Credentials and region come from the standard `AWS_*` environment variables / config files that
 boto3 reads; `SVC_S3_ENDPOINT_URL` points it at a non-AWS server.
+
+An object up to `multipart_bytes` is one `PutObject` to its final key, with its MD5 so the server
+refuses a damaged body: S3 stores it whole or not at all, so a killed writer leaves nothing. A
+larger one is a multipart upload, invisible until completed; a writer killed inside it leaves an
+incomplete upload, which the recovery sweep aborts (and the bucket lifecycle rule
+`AbortIncompleteMultipartUpload` is the backstop, docs/operations.md).
 """
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import hashlib
 import logging
-import os
 import threading
-import uuid
+from typing import Iterator
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from storage import UnfinishedUpload
 from storage.keys import check_key
 
 log = logging.getLogger("svc_auth.storage")
 
-TEMP_PREFIX = "_uploads/"
+LEGACY_STAGING_PREFIX = "_uploads/"  # where versions before 1.6 staged uploads before copying them
+MIN_PART_BYTES = 8 * 1024 * 1024     # S3's minimum is 5 MiB for every part but the last
+MAX_PARTS = 10_000
+
+
+def _md5(data: bytes) -> str:
+    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+
+
+def _naive_utc(moment: dt.datetime) -> dt.datetime:
+    return moment.astimezone(dt.timezone.utc).replace(tzinfo=None) if moment.tzinfo else moment
 
 
 class S3ObjectStore:
-    def __init__(self, bucket: str, endpoint_url: str | None = None):
+    def __init__(self, bucket: str, endpoint_url: str | None = None, multipart_bytes: int = 64 * 1024 * 1024):
         self.bucket = bucket
+        self.multipart_bytes = multipart_bytes
         session = boto3.session.Session()
         self.client = session.client(
             "s3", endpoint_url=endpoint_url, region_name=session.region_name or "us-east-1",
@@ -48,22 +68,54 @@ class S3ObjectStore:
     def put_file(self, key: str, path: str) -> None:
         check_key(key)
         self._ensure_bucket()
-        # Upload (streamed, multipart for big files) under a temporary key, check it, then copy it
-        # into place: `key` only ever holds a complete object, and a retry simply overwrites it.
-        temp = f"{TEMP_PREFIX}{uuid.uuid4().hex}"
-        self.client.upload_file(path, self.bucket, temp)
-        try:
+        with open(path, "rb") as source:
+            source.seek(0, 2)
+            size = source.tell()
+            source.seek(0)
+            if size <= self.multipart_bytes:
+                body = source.read()
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentMD5=_md5(body))
+            else:
+                self._put_multipart(key, source, size)
 
-            size = os.path.getsize(path)
-            stored = self.client.head_object(Bucket=self.bucket, Key=temp)["ContentLength"]
-            if stored != size:
-                raise IOError(f"uploaded {stored} bytes of {size} for {key}")
-            self.client.copy({"Bucket": self.bucket, "Key": temp}, self.bucket, key)
-        finally:
-            try:
-                self.client.delete_object(Bucket=self.bucket, Key=temp)
-            except ClientError:
-                log.warning("could not delete temporary upload %s", temp)
+    def _put_multipart(self, key: str, source, size: int) -> None:
+        part_bytes = max(MIN_PART_BYTES, -(-size // MAX_PARTS))
+        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            while chunk := source.read(part_bytes):
+                number = len(parts) + 1
+                etag = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                               Body=chunk, ContentMD5=_md5(chunk))["ETag"]
+                parts.append({"ETag": etag, "PartNumber": number})
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+        except BaseException:
+            self.abort_upload(UnfinishedUpload(key, dt.datetime.utcnow(), ("multipart", key, upload_id)))
+            raise
+
+    def unfinished_uploads(self, prefix: str) -> Iterator[UnfinishedUpload]:
+        check_key(prefix.rstrip("/"))
+        self._ensure_bucket()
+        for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix):
+            for upload in page.get("Uploads", []):
+                yield UnfinishedUpload(upload["Key"], _naive_utc(upload["Initiated"]),
+                                       ("multipart", upload["Key"], upload["UploadId"]))
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                           Prefix=LEGACY_STAGING_PREFIX):
+            for obj in page.get("Contents", []):
+                yield UnfinishedUpload(None, _naive_utc(obj["LastModified"]), ("object", obj["Key"]))
+
+    def abort_upload(self, upload: UnfinishedUpload) -> None:
+        try:
+            if upload.handle[0] == "multipart":
+                _, key, upload_id = upload.handle
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            else:
+                self.client.delete_object(Bucket=self.bucket, Key=upload.handle[1])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchUpload", "NoSuchKey", "NotFound"):
+                raise
 
     def exists(self, key: str) -> bool:
         check_key(key)

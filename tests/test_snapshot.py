@@ -151,8 +151,8 @@ def test_a_failed_night_leaves_the_previous_snapshot_served_and_nothing_half_wri
     settings, org = runtime.settings, clinic["org"]
     good = build_snapshot(runtime, org.id, NIGHT)
     Organization.update(ehr_url="https://ehr.example/test?outage=1").where(Organization.id == org.id).execute()
-    results = run_night(runtime, NIGHT)
-    assert results[org.id].startswith("failed")
+    report = run_night(runtime, NIGHT)
+    assert report.organizations[org.id].startswith("failed") and not report.complete
     assert Snapshot.latest_complete(org.id).id == good.id
     assert Snapshot.select().where(Snapshot.organization == org.id).count() == 1
 
@@ -172,7 +172,8 @@ def test_snapshot_run_command(runtime, clinic, settings):
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
     snapshot = Snapshot.latest_complete(clinic["org"].id)
-    assert body == {"snapshot_date": NIGHT.isoformat(), "organizations": {clinic["org"].id: len(appointments(snapshot))}}
+    assert body == {"snapshot_date": NIGHT.isoformat(), "organizations": {clinic["org"].id: len(appointments(snapshot))},
+                    "built": [clinic["org"].id], "found_built": []}
     assert snapshot.snapshot_date == NIGHT
     bad = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", "2030-13-01"],
                          env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
@@ -181,6 +182,6 @@ def test_snapshot_run_command(runtime, clinic, settings):
 
 def test_organizations_without_installations_are_not_synced(runtime, clinic):
     lonely = create_organization("No Apps Clinic", "sandbox")
-    assert lonely.id not in run_night(runtime, NIGHT)
+    assert lonely.id not in run_night(runtime, NIGHT).organizations
     install_application(clinic["app"].id, lonely.id)
-    assert run_night(runtime, NIGHT)[lonely.id] == 0  # installed but nobody eligible: empty night
+    assert run_night(runtime, NIGHT).organizations[lonely.id] == 0  # installed but nobody eligible: empty night

@@ -17,7 +17,7 @@ from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
 from models.charts import ChartRequest
 from workers.recovery import sweep_charts
-from workers.snapshot import sync_organization
+from workers.snapshot import coming_night, eligible_providers, sync_organization
 
 from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
 from test_workers_redis import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (s3_endpoint: a fixture)
@@ -105,7 +105,10 @@ def test_a_snapshot_whose_worker_is_killed_is_replaced_by_a_complete_one(runtime
     org = world["org"]
     record_platform_verification(runtime, world["app"], world["physician"])
     touch_session(runtime, world["physician"])
-    night = runtime.clock.now().date() + dt.timedelta(days=1)  # the coming night: the session is active then
+    # The night whose window is open now or opens next: the session is active in it at any time of
+    # day (the night after it would not be, before 02:00 UTC: CI went red that way once).
+    night = coming_night(runtime.settings, runtime.clock.now())
+    assert eligible_providers(runtime.settings, org.id, night), "the build has a physician to read, so it takes 4 s"
     set_ehr_url(org, "https://ehr.example/test?latency=4")  # the snapshot takes 4 s to read
     victim = start_worker()
     runtime.task_queue.send(sync_organization, org.id, night.isoformat())

@@ -33,8 +33,11 @@ TEST_ORGANIZATION = "123456789"
 TEST_CREATED = dt.datetime(2024, 1, 1)
 
 
+CHART_PREFIX = "charts/"
+
+
 def chart_key(request_id: str) -> str:
-    return f"charts/{request_id}.zip"
+    return f"{CHART_PREFIX}{request_id}.zip"
 
 
 def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> ChartRequest | None:

@@ -11,7 +11,10 @@ its lease lapses. The sweep (`sweep`), run by every `svc-auth worker` and by the
 - deletes each `building` snapshot whose lease lapsed and re-queues its organization's night,
   unless that night (or a later one) is already complete;
 - once a recent night's sync window has ended, queues again each organization with no snapshot of
-  that night (its message was lost before it started), unless its sync failed for good.
+  that night (its message was lost before it started), unless its sync failed for good;
+- aborts each unfinished upload in the object store whose build no longer holds a live lease (a
+  multipart upload or temporary file of a killed writer), and removes older versions' staging
+  objects, so the store holds exactly one object per ready request and nothing else.
 
 With the lease at half of SVC_TASK_RECOVERY_SECONDS, renewed every sixth, and a sweep every
 quarter, a dead worker's work is re-queued within SVC_TASK_RECOVERY_SECONDS. Builds are idempotent
@@ -27,7 +30,8 @@ import threading
 from models.appointments import Snapshot, SnapshotAppointment
 from models.charts import ChartRequest
 from models.schedule import ScheduledRun
-from workers.charts import build_chart, mark_failed
+from storage import UnfinishedUpload
+from workers.charts import CHART_PREFIX, build_chart, chart_key, mark_failed
 from workers.leases import lease_seconds, sweep_interval, sync_job
 from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
 
@@ -137,10 +141,38 @@ def _claim_requeue(job: str, night: dt.date, now: dt.datetime, every: float) -> 
                    & (ScheduledRun.claimed_at < now - dt.timedelta(seconds=every))).execute()) == 1
 
 
+# -- unfinished uploads -----------------------------------------------------------------------
+
+def _upload_is_live(upload: UnfinishedUpload, live_keys: set[str], now: dt.datetime, grace: float) -> bool:
+    """A chart's upload lives while its build holds a live lease; anything else gets `grace`
+    seconds from its start (a test-mode archive, or an older version's staging object)."""
+    if upload.key is not None and upload.key.startswith(CHART_PREFIX) and upload.key.count("/") == 1:
+        return upload.key in live_keys
+    return upload.started > now - dt.timedelta(seconds=grace)
+
+
+def sweep_uploads(runtime) -> list[str]:
+    """Abort the object store's unfinished uploads that no live build is writing; returns their keys."""
+    store = runtime.object_store
+    now = runtime.clock.now()
+    live_keys = {chart_key(r.id) for r in ChartRequest.select(ChartRequest.id).where(
+        (ChartRequest.status == "pending") & (ChartRequest.lease_until >= now))}
+    wall_now, grace = dt.datetime.utcnow(), lease_seconds(runtime.settings)  # upload times are the store's clock
+    aborted = []
+    for upload in list(store.unfinished_uploads(CHART_PREFIX)):
+        if not _upload_is_live(upload, live_keys, wall_now, grace):
+            store.abort_upload(upload)
+            aborted.append(upload.key or upload.handle[-1])
+    if aborted:
+        log.warning("aborted %d unfinished upload(s) of stopped writers: %s", len(aborted), ", ".join(aborted))
+    return aborted
+
+
 def sweep(runtime) -> None:
     sweep_charts(runtime)
     sweep_snapshots(runtime)
     sweep_unstarted_nights(runtime)
+    sweep_uploads(runtime)
 
 
 def run_recovery(runtime, stop: threading.Event, interval: float | None = None) -> None:

@@ -9,11 +9,18 @@ appointments of the next 10 days (from the start of the sync window) of every pr
 Rows are written into a `building` snapshot; `publish` then flips it to `complete` and removes the
 other snapshots of the same night in one transaction, so readers (`Snapshot.latest_complete`) see
 yesterday's snapshot until the instant today's is whole. Re-running a night replaces it.
+
+Builders cooperate: one `building` row per (organization, night) is allowed (a unique index), so
+a second builder of the same night never destroys the first one's work. A task leaves the night
+to the live builder; `snapshot run` waits for it and reports the night found built; a builder
+whose lease lapsed (it died) is taken over.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
+from dataclasses import dataclass, field
 
 import peewee
 
@@ -75,19 +82,46 @@ def _rows(snapshot_id: int, user: User, appointments):
                "patient_sex": a.patient.sex}
 
 
+class BuildInProgress(Exception):
+    """Another builder holds a live lease on this (organization, night)."""
+
+
+def claim_build(runtime, organization_id: str, night: dt.date) -> Snapshot | None:
+    """Start the build of (organization, night): its one `building` row, leased to this builder.
+
+    None while another builder holds a live lease (a unique index allows one `building` row per
+    organization and night). A lapsed lease is taken over: its rows are removed first."""
+    settings, db, clock = runtime.settings, runtime.db, runtime.clock
+    now = clock.now()
+    lease = dt.timedelta(seconds=lease_seconds(settings))
+    stale = ((Snapshot.organization == organization_id) & (Snapshot.snapshot_date == night)
+             & (Snapshot.status == "building")
+             & ((Snapshot.lease_until < now) | (Snapshot.lease_until.is_null() & (Snapshot.started_at < now - lease))))
+    with db.atomic():
+        SnapshotAppointment.delete().where(SnapshotAppointment.snapshot.in_(Snapshot.select(Snapshot.id).where(stale))).execute()
+        Snapshot.delete().where(stale).execute()
+    try:
+        with db.atomic():
+            return Snapshot.create(organization=organization_id, snapshot_date=night, status="building",
+                                   started_at=now, lease_until=now + lease)
+    except peewee.IntegrityError:
+        return None
+
+
 def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     """Fetch and store `night`'s snapshot of one organization, then publish it atomically.
 
     The `building` snapshot carries a lease renewed while it is written: if this process dies,
-    the recovery sweep (workers.recovery) removes it and queues the night again."""
-    settings, db, clock = runtime.settings, runtime.db, runtime.clock
+    the recovery sweep (workers.recovery) removes it and queues the night again. Raises
+    `BuildInProgress` when another builder is building the same night right now."""
+    settings, db = runtime.settings, runtime.db
     organization = Organization.get_by_id(organization_id)
     connector = connector_for(organization)
     window_start, _ = night_window(settings, night)
     providers = eligible_providers(settings, organization_id, night)
-    now = clock.now()
-    snapshot = Snapshot.create(organization=organization_id, snapshot_date=night, status="building", started_at=now,
-                               lease_until=now + dt.timedelta(seconds=lease_seconds(settings)))
+    snapshot = claim_build(runtime, organization_id, night)
+    if snapshot is None:
+        raise BuildInProgress(f"the snapshot of {organization_id} for {night} is being built by another process")
     try:
         count = 0
         with snapshot_lease_keeper(runtime, snapshot.id):
@@ -107,20 +141,50 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     return snapshot
 
 
+def build_or_await(runtime, organization_id: str, night: dt.date, poll: float = 0.5) -> tuple[str, Snapshot]:
+    """Build the night, or, while another builder holds a live lease, wait for it to end.
+
+    Returns ("built", ours) or ("found", theirs) when the other builder published it; when it
+    failed or died, its lease lapses and this builder takes over."""
+    while True:
+        waiting_since = runtime.clock.now()
+        try:
+            return "built", build_snapshot(runtime, organization_id, night)
+        except BuildInProgress:
+            pass
+        while _live_build(runtime, organization_id, night):
+            time.sleep(poll)
+        done = (Snapshot.select().where((Snapshot.organization == organization_id) & (Snapshot.snapshot_date == night)
+                                        & (Snapshot.status == "complete") & (Snapshot.completed_at >= waiting_since))
+                .first())
+        if done is not None:
+            return "found", done
+
+
+def _live_build(runtime, organization_id: str, night: dt.date) -> bool:
+    return Snapshot.select().where(
+        (Snapshot.organization == organization_id) & (Snapshot.snapshot_date == night)
+        & (Snapshot.status == "building") & (Snapshot.lease_until >= runtime.clock.now())).exists()
+
+
 def publish(runtime, snapshot: Snapshot) -> None:
-    """Make `snapshot` the one of its night, in one transaction (readers switch atomically)."""
+    """Make `snapshot` the one of its night, in one transaction (readers switch atomically).
+
+    It replaces the night's earlier complete snapshot and prunes complete ones of old nights; a
+    `building` one of an old night belongs to a live builder (or to the sweep) and is left alone."""
     org, night = snapshot.organization_id, snapshot.snapshot_date
     with runtime.db.atomic():
         replaced = [s.id for s in Snapshot.select(Snapshot.id).where(
             (Snapshot.organization == org) & (Snapshot.id != snapshot.id)
-            & ((Snapshot.snapshot_date == night) | (Snapshot.snapshot_date < night - dt.timedelta(days=KEEP_NIGHTS - 1))))]
+            & ((Snapshot.snapshot_date == night)
+               | ((Snapshot.snapshot_date < night - dt.timedelta(days=KEEP_NIGHTS - 1)) & (Snapshot.status == "complete"))))]
         if replaced:
             SnapshotAppointment.delete().where(SnapshotAppointment.snapshot.in_(replaced)).execute()
             Snapshot.delete().where(Snapshot.id.in_(replaced)).execute()
         updated = (Snapshot.update(status="complete", completed_at=runtime.clock.now())
                    .where((Snapshot.id == snapshot.id) & (Snapshot.status == "building")).execute())
-        if not updated:  # a concurrent run of the same night published first and removed ours
-            raise ConnectorUnavailable(f"snapshot {snapshot.id} was replaced while it was built; retrying")
+        if not updated:  # our lease lapsed (the sweep removed it): build again
+            raise ConnectorUnavailable(f"snapshot {snapshot.id} was removed while it was built; retrying")
     snapshot.status = "complete"
 
 
@@ -139,16 +203,34 @@ def organizations_to_sync() -> list[str]:
             Installation.select(Installation.organization).distinct().order_by(Installation.organization)]
 
 
-def run_night(runtime, night: dt.date, organization_ids: list[str] | None = None) -> dict:
-    """Build `night`'s snapshots now, in this process (`svc-auth snapshot run`)."""
-    results = {}
+@dataclass
+class NightReport:
+    """What `run_night` did: each organization's appointment count (or `failed: why`), and which
+    organizations it built and which it found built by another builder (the scheduler, another run)."""
+
+    organizations: dict = field(default_factory=dict)
+    built: list = field(default_factory=list)
+    found_built: list = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not any(isinstance(v, str) for v in self.organizations.values())
+
+
+def run_night(runtime, night: dt.date, organization_ids: list[str] | None = None) -> NightReport:
+    """Build `night`'s snapshots now, in this process (`svc-auth snapshot run`), cooperating with
+    any other builder of the same night (`build_or_await`)."""
+    report = NightReport()
     for org_id in organization_ids or organizations_to_sync():
         try:
-            snapshot = build_snapshot(runtime, org_id, night)
-            results[org_id] = SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id).count()
+            outcome, snapshot = build_or_await(runtime, org_id, night)
         except ConnectorError as exc:
-            results[org_id] = f"failed: {exc}"
-    return results
+            report.organizations[org_id] = f"failed: {exc}"
+            continue
+        (report.built if outcome == "built" else report.found_built).append(org_id)
+        report.organizations[org_id] = (SnapshotAppointment.select()
+                                        .where(SnapshotAppointment.snapshot == snapshot.id).count())
+    return report
 
 
 def enqueue_night(runtime, night: dt.date):
@@ -178,6 +260,10 @@ def sync_organization(runtime, organization_id: str, night: str) -> None:
     """One organization's snapshot; connector outages raise and are retried with backoff."""
     try:
         build_snapshot(runtime, organization_id, dt.date.fromisoformat(night))
+    except BuildInProgress as exc:
+        # Another builder (a `snapshot run`, a redelivery) has it: it publishes the night, or,
+        # if it dies, its lease lapses and the sweep queues the night again.
+        log.info("%s; leaving it to that builder", exc)
     except ConnectorUnavailable:
         raise  # retried; yesterday's snapshot keeps being served meanwhile
     except (ConnectorError, Organization.DoesNotExist) as exc:
