@@ -171,6 +171,10 @@ function createSdk(global) {
           "The platform did not verify the access token: " + (verdict.message || verdict.error || "refused")
         );
       }
+      idToken = idToken || verdict.idToken || null;
+      if (typeof idToken !== "string" || !idToken) {
+        throw SvcSdkError2("no_id_token", options.accessToken ? "No ID token: pass options.idToken, or an access token the platform issued with an ID token." : "The app's backend returned no id_token from its token endpoint; it must return both tokens.");
+      }
     } catch (error) {
       try {
         channel.notify("error", { error: error.code || "error", message: error.message });
@@ -178,7 +182,7 @@ function createSdk(global) {
       }
       throw error;
     }
-    var token = idToken || verdict.idToken || null;
+    var token = idToken;
     return {
       platformOrigin: channel.origin,
       sessionContext: {

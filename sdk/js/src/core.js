@@ -172,12 +172,18 @@ export function createSdk(global) {
         throw SvcSdkError(verdict.error || "verification_failed",
           "The platform did not verify the access token: " + (verdict.message || verdict.error || "refused"));
       }
+      // Identity-provider variant: the ID token issued with the access token, from the platform's verification.
+      idToken = idToken || verdict.idToken || null;
+      if (typeof idToken !== "string" || !idToken) {
+        throw SvcSdkError("no_id_token", options.accessToken
+          ? "No ID token: pass options.idToken, or an access token the platform issued with an ID token."
+          : "The app's backend returned no id_token from its token endpoint; it must return both tokens.");
+      }
     } catch (error) {
       try { channel.notify("error", { error: error.code || "error", message: error.message }); } catch (e) { /* ignore */ }
       throw error;
     }
-    // Identity-provider variant: the ID token issued with the access token, from the platform's verification.
-    var token = idToken || verdict.idToken || null;
+    var token = idToken;
     return {
       platformOrigin: channel.origin,
       sessionContext: {

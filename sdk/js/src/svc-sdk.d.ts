@@ -16,7 +16,8 @@ export interface SvcSdkOptions {
 }
 
 export interface SessionContext {
-  getIdToken(): Promise<{ idToken: string | null }>;
+  /** Always a string: an initialization without an ID token rejects with SvcSdkError `no_id_token`. */
+  getIdToken(): Promise<{ idToken: string }>;
 }
 
 /** What `initializeSvcSDK` / `loadSdk` resolve with once the platform verified the access token. */
@@ -25,7 +26,7 @@ export interface SvcPlatformInstance {
   sessionContext: SessionContext;
 }
 
-/** A rejection: `code` is e.g. "forbidden", "trial_expired", "not_embedded", "platform_timeout". */
+/** A rejection: `code` is e.g. "forbidden", "trial_expired", "not_embedded", "platform_timeout", "no_id_token". */
 export interface SvcSdkError extends Error {
   name: "SvcSdkError";
   code: string;

@@ -47,7 +47,7 @@ test("the script-tag build sets window.svcSdk and window.loadSdk; the platform o
   vm.runInContext(readFileSync(path.join(dist, "svc-sdk.js"), "utf8"), context);
   assert.deepEqual(Object.keys(app.svcSdk).sort(), ["SvcSdkError", "initializeSvcSDK", "loadSdk"]);
   assert.equal(app.loadSdk, app.svcSdk.loadSdk);
-  const instance = await app.svcSdk.loadSdk({ accessToken: "at", timeoutMs: 2000 });
+  const instance = await app.svcSdk.loadSdk({ accessToken: "at", idToken: "idt", timeoutMs: 2000 });
   assert.equal(instance.platformOrigin, hubOrigin);
 });
 
@@ -96,7 +96,7 @@ test("the TypeScript declarations type-check for ESM, CommonJS and script-tag us
   writeFileSync(path.join(work, "esm.mts"), `
     import sdk, { loadSdk, initializeSvcSDK, SvcSdkError, type SvcPlatformInstance } from "@svc-auth/sdk";
     const instance: Promise<SvcPlatformInstance> = loadSdk({ tokenEndpoint: "/api/token", timeoutMs: 1 });
-    instance.then(async (i) => { const t: string | null = (await i.sessionContext.getIdToken()).idToken; });
+    instance.then(async (i) => { const t: string = (await i.sessionContext.getIdToken()).idToken; t.toUpperCase(); });
     initializeSvcSDK({ accessToken: "a", idToken: null, platformOrigin: "https://hub" });
     const e: SvcSdkError = SvcSdkError("forbidden", "no", 403);
     const code: string = e.code;

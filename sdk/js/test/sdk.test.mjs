@@ -21,6 +21,7 @@ before(async () => {
       seen.push({ path: req.url, contentType: req.headers["content-type"], code });
       const answers = {
         good: [200, { access_token: "at-1", id_token: "idt-1", token_type: "Bearer", expires_in: 300 }],
+        no_id_token: [200, { access_token: "at-2", token_type: "Bearer", expires_in: 300 }],
         refused: [403, { error: "forbidden", message: "not one of our users" }],
         expired: [403, { error: "trial_expired", message: "The free trial has ended." }],
       };
@@ -57,6 +58,20 @@ test("a launch: code exchanged at the token endpoint, the hub verifies, getIdTok
   assert.deepEqual(seen.at(-1), { path: "/api/token", contentType: "application/json", code: "good" });
   // The code is single-use: it left the URL, the rest stayed.
   assert.equal(app.location.href, "http://app.example/app?state=s");
+});
+
+test("a backend that returns no id_token: the initialization rejects with SvcSdkError no_id_token", async () => {
+  const hub = hubThatVerifies();
+  const { app } = framedApp("http://app.example/app?code=no_id_token", HUB, hub.answer);
+  await assert.rejects(createSdk(app).loadSdk({ platformOrigin: HUB, tokenEndpoint: tokenUrl, timeoutMs: 2000 }),
+    (error) => error.name === "SvcSdkError" && error.code === "no_id_token" && /returned no id_token/.test(error.message));
+});
+
+test("an access token given without an ID token, and none issued with it: rejects with no_id_token", async () => {
+  const hub = hubThatVerifies({ type: "verified" });
+  const { app } = framedApp("http://app.example/app", HUB, hub.answer);
+  await assert.rejects(createSdk(app).loadSdk({ platformOrigin: HUB, accessToken: "at-z", timeoutMs: 2000 }),
+    (error) => error.name === "SvcSdkError" && error.code === "no_id_token");
 });
 
 test("tokenEndpoint in the options skips the context request", async () => {
