@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import peewee
 
 from connectors.sandbox import patient_panel
+from lifecycle.developers import invite_developer
 from lifecycle.registry import (create_organization, create_user, delete_application, install_application,
                                 register_application, update_organization)
 from lifecycle.sandbox import create_signin_link, issue_sandbox_token
@@ -25,6 +26,7 @@ DEMO_ORG_ID = "org_demo_clinic"
 DEMO_PHYSICIAN_ID = "usr_demo_physician"
 DEMO_OTHER_ID = "usr_demo_staff"
 DEMO_CLIENT_ID = "demo-partner-app"
+DEMO_DEVELOPER_EMAIL = "developer@demo-partner.example"  # the example app's developer, in the console
 EXAMPLE_APP_PORT = 8889
 
 
@@ -137,10 +139,13 @@ def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
 
 
 def demo_signin_links(runtime, info: dict) -> dict:
-    """More one-time sign-in links for the demo banner (the hub link is `info["hub_url"]`)."""
+    """More one-time links for the demo banner (the hub link is `info["hub_url"]`): sign-in links,
+    and a developer-console invitation for the example app's developer."""
+    _, console_invite, _ = invite_developer(runtime, info["application_id"], DEMO_DEVELOPER_EMAIL, actor="demo")
     return {"physician_app": create_signin_link(runtime, DEMO_PHYSICIAN_ID, info["application_id"]),
             "staff_hub": create_signin_link(runtime, DEMO_OTHER_ID),
-            "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings")}
+            "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings"),
+            "console_invite": console_invite}
 
 
 def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT, sockets=None) -> None:
@@ -171,6 +176,7 @@ def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT, sockets=None) -> None:
           f"  hub (staff, refused by the app): {links['staff_hub']}\n"
           f"  settings (sandbox token): {links['physician_settings']}\n"
           f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
+          f"  developer console ({DEMO_DEVELOPER_EMAIL}, one-time invitation): {links['console_invite']}\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n"
           f"  demo patient (chart requests): {patient.id} ({patient.first_name} {patient.last_name})\n"
           f"  appointments: open the app in the physician's hub, then run `svc-auth snapshot run`\n", flush=True)

@@ -73,6 +73,7 @@ def test_make_demo_serves_and_prints_the_ports_it_was_given(settings, sqlite_onl
         assert BANNER_END in text, text + (tmp_path / "demo.log").read_text()
         urls = [u.rstrip(";,.") for u in re.findall(r"https?://[^\s)]+", text)]
         assert urls
+        assert re.search(r"developer console .*: http://127\.0\.0\.1:%d/console/invite/\S+" % port, text), text
         for url in urls:
             assert urllib.parse.urlsplit(url).port in (port, app_port), url
             status, _, _ = fetch(url)
