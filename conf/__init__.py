@@ -9,7 +9,7 @@ import dataclasses
 import ipaddress
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -176,7 +176,6 @@ class Settings:
     # TEST ONLY: seconds added to the wall clock of this process (child processes of the tests run
     # "tomorrow night" this way). Never set it in a deployment.
     clock_offset: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: dict | None = None, dotenv: str | Path | None = ".env") -> "Settings":
@@ -187,8 +186,6 @@ class Settings:
         env.update(os.environ if environ is None else environ)
         kwargs: dict = {}
         for f in dataclasses.fields(cls):
-            if f.name == "extra":
-                continue
             name = "SVC_" + f.name.upper()
             if name in env and env[name] != "":
                 kwargs[f.name] = env[name]
@@ -199,7 +196,7 @@ class Settings:
         """Validate and normalise raw values (strings from the environment, or typed values)."""
         defaults = cls()
         merged = {f.name: values.get(f.name, getattr(defaults, f.name))
-                  for f in dataclasses.fields(cls) if f.name != "extra"}
+                  for f in dataclasses.fields(cls)}
         merged["issuer"] = _url("SVC_ISSUER", str(merged["issuer"]))
         merged["public_url"] = _url("SVC_PUBLIC_URL", str(merged["public_url"] or merged["issuer"]))
         if merged["s3_endpoint_url"] or merged["s3_bucket"]:
@@ -264,7 +261,6 @@ class Settings:
     def replace(self, **changes) -> "Settings":
         """A copy with some settings changed, validated again (tests and the demo use this)."""
         values = dataclasses.asdict(self)
-        values.pop("extra")
         values.update(changes)
         return Settings.build(**values)
 

@@ -38,10 +38,6 @@ class User(BaseModel):
         return _USER_WITH_ORGANIZATION.first(user_id) if isinstance(user_id, str) else None
 
     @property
-    def is_physician(self) -> bool:
-        return bool(self.npi)
-
-    @property
     def display_name(self) -> str:
         return " ".join(p for p in (self.given_name, self.family_name) if p) or self.email
 

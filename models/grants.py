@@ -84,9 +84,6 @@ class AuthorizationCode(BaseModel):
                           installation=installation, code_challenge=code_challenge, auth_time=auth_time,
                           scope=scope)
 
-    def expired(self, now: dt.datetime) -> bool:
-        return self.expires_at <= now
-
 
 @dataclass(frozen=True)
 class Redemption:

@@ -14,19 +14,9 @@ incomplete multipart upload, or a `_uploads/` staging object of versions before 
 """
 from __future__ import annotations
 
-import datetime as dt
-from dataclasses import dataclass
 from typing import Iterator, Protocol
 
-
-@dataclass(frozen=True)
-class UnfinishedUpload:
-    """Something a writer left: `key` is the object it was writing (None when unknown, as for an
-    old staging object), `started` when (naive UTC), `handle` what `abort_upload` needs."""
-
-    key: str | None
-    started: dt.datetime
-    handle: tuple
+from storage.uploads import UnfinishedUpload
 
 
 class ObjectStore(Protocol):

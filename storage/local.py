@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import quote, urlencode
 
-from storage import UnfinishedUpload
+from storage.uploads import UnfinishedUpload
 from storage.keys import check_key
 
 URL_PREFIX = "/objects/"

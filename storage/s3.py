@@ -22,7 +22,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from storage import UnfinishedUpload
+from storage.uploads import UnfinishedUpload
 from storage.keys import check_key
 
 log = logging.getLogger("svc_auth.storage")

@@ -30,7 +30,7 @@ import threading
 from models.appointments import Snapshot, SnapshotAppointment
 from models.charts import ChartRequest
 from models.schedule import ScheduledRun
-from storage import UnfinishedUpload
+from storage.uploads import UnfinishedUpload
 from workers.charts import CHART_PREFIX, build_chart, chart_key, mark_failed
 from workers.leases import lease_seconds, sweep_interval, sync_job
 from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
