@@ -10,11 +10,11 @@ import re
 import peewee
 
 from hotcache.applications import TOPIC as APPLICATIONS
-from models.application import BILLING_PLANS, USER_FIELDS, Application, Installation
+from models.application import BILLING_PLANS, Application, Installation
 from models.audit import AuditEvent
 from models.directory import Organization, User
 from models.ids import new_secret
-from oauth.cors import normalize_origin
+from lifecycle.manifest_validation import validate
 from oauth.errors import ApiError
 from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri, redirect_uri_allowed
 
@@ -119,31 +119,17 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
                          application_id: str | None = None, client_id: str | None = None,
                          client_secret: str | None = None, redirect_uri_match: str = "prefix",
                          redirect_uris=(), require_pkce: bool = False) -> tuple[Application, str]:
-    """Register an app; returns it and its client secret (shown once, stored only hashed)."""
-    name = (name or "").strip()
-    if not name:
-        raise invalid("An application needs a name.")
-    _http_url("redirect_uri", redirect_uri)
-    exact_uris = _redirect_policy(redirect_uri, redirect_uri_match, redirect_uris)
-    _http_url("launch_url", launch_url)
-    if token_endpoint:
-        _http_url("token_endpoint", token_endpoint)
+    """Register an app; returns it and its client secret (shown once, stored only hashed).
+
+    The manifest fields pass the one manifest validation (`lifecycle.manifest_validation`)."""
+    manifest = validate({"name": name, "launch_url": launch_url, "redirect_uri": redirect_uri,
+                         "token_endpoint": token_endpoint, "allowed_origins": list(allowed_origins or ()),
+                         "user_fields": list(user_fields or ())})
+    exact_uris = _redirect_policy(manifest["redirect_uri"], redirect_uri_match, redirect_uris)
     if billing_plan not in BILLING_PLANS:
         raise invalid(f"billing plan must be one of {', '.join(BILLING_PLANS)}.")
-    unknown = [f for f in user_fields if f not in USER_FIELDS]
-    if unknown:
-        raise invalid(f"unknown user fields {', '.join(unknown)}; choose from {', '.join(USER_FIELDS)}.")
-    origins = []
-    for origin in allowed_origins:
-        normalized = normalize_origin(origin)
-        if normalized is None:
-            raise invalid(f"an allowed origin is scheme://host[:port] with no path, like https://app.example; "
-                          f"got {origin!r}.")
-        origins.append(normalized)
     secret = client_secret or new_secret()
-    fields = dict(name=name, redirect_uri=redirect_uri, launch_url=launch_url, token_endpoint=token_endpoint,
-                  billing_plan=billing_plan, user_fields=list(user_fields), allowed_origins=list(dict.fromkeys(origins)),
-                  client_secret_hash=runtime.hasher.digest(secret), redirect_uri_match=redirect_uri_match,
+    fields = dict(**manifest, billing_plan=billing_plan, client_secret_hash=runtime.hasher.digest(secret), redirect_uri_match=redirect_uri_match,
                   redirect_uris=exact_uris, require_pkce=bool(require_pkce))
     if application_id:
         fields["id"] = application_id

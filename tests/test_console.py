@@ -348,3 +348,22 @@ async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url
     assert month.code == 400 and "YYYY-MM" in client.last_html
     status = await client.post(f"/console/apps/{app.id}/installations/{world['org'].id}/status", {"status": "On"})
     assert status.code in (400, 409) and 'class="error"' in client.last_html
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_an_allowed_origin_with_a_path_is_refused_beside_its_field(http_client, base_url, runtime, world):
+    """CORS matches origins only: the console once stored `https://app.example/home` and CORS then
+    ignored it silently. The one manifest validation refuses it, here as in `apps create`."""
+    app = world["app"]
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    await client.get(f"/console/apps/{app.id}")
+    form = [("name", "Test App"), ("launch_url", "https://app.example.com/launch"),
+            ("redirect_uri", "https://app.example.com/main"), ("token_endpoint", ""),
+            ("allowed_origins", "https://app.example/home"), ("user_fields", "email")]
+    bad = await client.post(f"/console/apps/{app.id}", form)
+    assert bad.code == 400 and 'id="allowed_origins-error"' in client.last_html
+    assert "scheme://host[:port] with no path" in client.last_html
+    assert Application.get_by_id(app.id).allowed_origins == []
+    form[4] = ("allowed_origins", "HTTPS://App.Example:443/")
+    assert (await client.post(f"/console/apps/{app.id}", form)).code == 303
+    assert Application.get_by_id(app.id).allowed_origins == ["https://app.example"]  # stored as CORS compares it
