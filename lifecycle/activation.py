@@ -2,10 +2,11 @@
 
 (none) -> Disabled happens at the first completed SDK initialization (`lifecycle.verification`).
 After that the application sets `Enabled` or `Disabled` itself; the first `Enabled` starts the
-30-day free trial of that installation. Every change is audited (it decides billing).
+30-day free trial of that installation (`oauth.free_trial`). Every change is audited (it decides billing).
 """
 from __future__ import annotations
 
+from oauth.free_trial import start_trial
 from models.application import ACTIVATION_STATUSES, Installation
 from models.audit import AuditEvent
 from oauth.errors import ApiError
@@ -22,9 +23,7 @@ def set_activation_status(runtime, installation: Installation, status, actor: st
     with runtime.db.atomic():
         Installation.update(activation_status=status).where(Installation.id == current.id).execute()
         if status == "Enabled":
-            # Only the first Enabled starts the trial, even when two requests race.
-            (Installation.update(trial_started_at=runtime.clock.now())
-             .where((Installation.id == current.id) & Installation.trial_started_at.is_null()).execute())
+            start_trial(current.id, runtime.clock.now())
         AuditEvent.record(actor, "installation.activation_status_set",
                           f"{current.application_id}/{current.organization_id}",
                           before=current.activation_status, after=status)

@@ -9,7 +9,7 @@ import peewee
 from lifecycle.billing import billing_report, report_rows
 from models.application import Application, Installation
 from models.audit import AuditEvent
-from oauth.claims import trial_state
+from oauth.free_trial import trial_state
 from partner_api.directory import organizations_of, users_of
 
 

@@ -146,6 +146,12 @@ def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.dateti
     pdf.output(path)
 
 
+def zip_password(application_id: str) -> str:
+    """The spec's rule: a chart ZIP's password is the identifier of the application that asked for it
+    (the test-mode archive's is SVC_DEMO_APPLICATION_ID, the test-mode application's identifier)."""
+    return application_id
+
+
 def write_chart_zip(chart: Chart, request_id: str, password: str, directory: str,
                     created: dt.datetime | None = None) -> str:
     """Write `<request_id>.zip` (AES-256, `password`) with `<request_id>.pdf` and `.json`; returns its path."""

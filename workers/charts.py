@@ -23,7 +23,7 @@ from connectors import ConnectorError, ConnectorUnavailable, connector_for
 from connectors.sandbox import SandboxConnector, patient_panel
 from models.charts import ChartRequest
 from workers.tasks import task
-from workers.chart_archive import write_chart_zip
+from workers.chart_archive import write_chart_zip, zip_password
 from workers.leases import chart_lease_keeper, claim_chart, extend_chart_lease, lease_seconds
 
 log = logging.getLogger("svc_auth.charts")
@@ -58,7 +58,7 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
         key = chart_key(request_id)
         store = runtime.object_store
         with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:
-            path = write_chart_zip(chart, request_id, request.application_id, directory)
+            path = write_chart_zip(chart, request_id, zip_password(request.application_id), directory)
             store.put_file(key, path)
         if not store.exists(key):
             raise OSError(f"{key} is not in the object store after its upload")
@@ -121,7 +121,7 @@ def test_mode_key(password: str) -> str:
 
 def test_mode_object(runtime) -> str:
     """The key of the fixed, de-identified test-mode ZIP (password SVC_DEMO_APPLICATION_ID), built once."""
-    password = runtime.settings.demo_application_id
+    password = zip_password(runtime.settings.demo_application_id)
     key = test_mode_key(password)
     store = runtime.object_store
     if not store.exists(key):
