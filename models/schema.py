@@ -24,13 +24,13 @@ from models.keys import SigningKeyRecord
 from models.sandbox import SandboxSession, SandboxSigninLink
 from models.schedule import ScheduledRun
 
-MODELS: list[type[peewee.Model]] = [
+MODELS: tuple[type[peewee.Model], ...] = (
     Organization, User, Application, Installation, Authorization,
     Launch, AuthorizationCode, AuditEvent, SigningKeyRecord, ChangeVersion, DeniedToken,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession,
-]
+)
 
 
 
@@ -65,7 +65,7 @@ def _one_snapshot_builder(migrator) -> None:
     migrator.database.execute(ONE_BUILDER.safe())
 
 
-MIGRATIONS: list[tuple[int, str, object]] = [
+MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Codes note the jtis their exchange issued (replaces one issued_token row per token).
     (1, "authorization_code.issued_jtis",
      _add_missing_columns("authorization_code", ("issued_jtis", AuthorizationCode.issued_jtis))),
@@ -94,19 +94,12 @@ MIGRATIONS: list[tuple[int, str, object]] = [
      _add_missing_columns("developer", ("totp_last_step", peewee.BigIntegerField(null=True)))),
     # Issue 18 numbers its steps 18xx.
     (1801, "snapshot: one building row per organization and night (builders cooperate)", _one_snapshot_builder),
-]
+)
 
 
 class SchemaVersion(BaseModel):
     version = peewee.IntegerField(primary_key=True)
     description = peewee.CharField(max_length=200)
-
-
-def register(*models: type[peewee.Model]) -> None:
-    """Add tables owned by another part of the service (workers, REST API)."""
-    for model in models:
-        if model not in MODELS:
-            MODELS.append(model)
 
 
 def bind_models(db: peewee.Database) -> None:

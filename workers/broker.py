@@ -15,9 +15,12 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Middleware
 
-import workers.charts  # noqa: F401  (declares its tasks)
-import workers.snapshot  # noqa: F401
-from workers.tasks import TASKS
+from workers.charts import build_chart
+from workers.snapshot import sync_night, sync_organization
+from workers.tasks import spec_of
+
+# Every background task, explicitly (each runtime's TaskQueue declares one actor per entry).
+TASK_FUNCTIONS = (build_chart, sync_night, sync_organization)
 
 log = logging.getLogger("svc_auth.workers")
 
@@ -55,7 +58,7 @@ class TaskQueue:
         self.worker: dramatiq.Worker | None = None
         retry = {"max_retries": settings.task_max_retries, "min_backoff": settings.task_min_backoff_ms,
                  "max_backoff": settings.task_max_backoff_ms}
-        self.actors = {name: self._actor(runtime, spec, retry) for name, spec in TASKS.items()}
+        self.actors = {spec.name: self._actor(runtime, spec, retry) for spec in map(spec_of, TASK_FUNCTIONS)}
         if self.embedded:
             self.start_worker()
 

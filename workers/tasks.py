@@ -1,7 +1,8 @@
-"""Declaring background tasks: `@task(...)` records a plain function `fn(runtime, *args)`.
+"""Declaring background tasks: `@task(...)` marks a plain function `fn(runtime, *args)`.
 
-Declarations are static (filled once at import, like a route table); `workers.broker.TaskQueue`
-turns each into a Dramatiq actor of its own broker, with its runtime bound as the first argument.
+The mark is an attribute of the function (`task_spec`), not an entry in a module-level registry:
+`workers.broker` lists the task functions explicitly, and each runtime's `TaskQueue` turns them
+into Dramatiq actors of its own broker, with its runtime bound as the first argument.
 """
 from __future__ import annotations
 
@@ -22,15 +23,20 @@ class TaskSpec:
         return self.fn.__name__
 
 
-TASKS: dict[str, TaskSpec] = {}
-
-
 def task(queue_name: str = "default", **options):
     """Declare a background task; the function stays callable directly as `fn(runtime, *args)`."""
     def decorate(fn):
-        TASKS[fn.__name__] = TaskSpec(fn, queue_name, options)
+        fn.task_spec = TaskSpec(fn, queue_name, options)
         return fn
     return decorate
+
+
+def spec_of(fn) -> TaskSpec:
+    """The declaration of a `@task` function (TypeError for anything else)."""
+    spec = getattr(fn, "task_spec", None)
+    if not isinstance(spec, TaskSpec):
+        raise TypeError(f"{fn!r} is not declared with @task")
+    return spec
 
 
 def current_message_is_last_attempt(broker: dramatiq.Broker) -> bool:
