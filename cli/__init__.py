@@ -5,53 +5,18 @@ Every command reads the same configuration as `serve`; a bad argument exits 2 wi
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
+from cli import apps, billing, db, demo, developers, directory, keys, sandbox, serve, workers
+from cli.common import UsageError
 from conf import ConfigError, Settings
 
-COMMAND_MODULES = ["cli.serve", "cli.directory", "cli.apps", "cli.keys", "cli.db", "cli.sandbox", "cli.demo",
-                   "cli.workers", "cli.billing", "cli.developers"]
-
-
-class UsageError(Exception):
-    """A bad argument discovered after parsing (unknown id, duplicate email...): exit 2."""
-
-
-def emit(result: dict, as_json: bool) -> None:
-    """Print a command's result: one JSON object with --json, else `key: value` lines."""
-    if as_json:
-        print(json.dumps(result, default=str))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
-
-
-def emit_list(rows: list[dict], as_json: bool, columns: list[str]) -> None:
-    """Print a list: one JSON array with --json, else an aligned table of `columns`."""
-    if as_json:
-        print(json.dumps(rows, default=str))
-        return
-    cells = [[("" if row.get(c) is None else str(row.get(c))) for c in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    for line in [columns, *cells]:
-        print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
-
-
-def existing(row, kind: str, row_id: str):
-    """`row` when the lookup found it, else the usage error `no <kind> has id '<row_id>'`."""
-    if row is None:
-        raise UsageError(f"no {kind} has id {row_id!r}")
-    return row
-
-
-def add_json_flag(parser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON (one object, or one array for lists)")
+# The subcommands, in `svc-auth --help` order; each module's `register(commands)` adds its own.
+COMMAND_MODULES = (serve, directory, apps, keys, db, sandbox, demo, workers, billing, developers)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import importlib
     parser = argparse.ArgumentParser(prog="svc-auth", description="svc-auth authorization server and partner API")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
                         help="print the installed version and exit")
@@ -60,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "EnvironmentFile) instead of ./.env; its variables (AWS_* too) are exported to the "
                              "process, and the environment wins")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(commands)
+    for module in COMMAND_MODULES:
+        module.register(commands)
     return parser
 
 
@@ -121,20 +86,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"svc-auth {args.command}: {database_error(exc, settings)}", file=sys.stderr)
         return 1
-
-
-def with_runtime(command, check_redis: bool = False):
-    """Run `command(runtime, args)` against the configured database; domain errors exit 2.
-    `check_redis`: the command needs SVC_REDIS_URL to answer (worker, scheduler)."""
-    def handler(settings, args):
-        from oauth.errors import ApiError
-        from runtime.startup import open_runtime
-        runtime = open_runtime(settings, check_redis=check_redis)
-        try:
-            return command(runtime, args)
-        except ApiError as exc:
-            raise UsageError(exc.message) from None
-        finally:
-            runtime.close()
-    return handler
-

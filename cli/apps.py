@@ -1,7 +1,7 @@
 """`svc-auth apps create|list|show|delete`, `apps update` (the manifest) and client-secret rotation."""
 from __future__ import annotations
 
-from cli import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
+from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.manifest import update_manifest
 from lifecycle.registry import activate_fallback_secret, delete_application, generate_fallback_secret, \
     register_application, set_redirect_policy, set_require_pkce

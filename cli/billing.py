@@ -5,7 +5,7 @@ import csv
 import json
 import sys
 
-from cli import emit, with_runtime
+from cli.common import emit, with_runtime
 from lifecycle.billing import billing_report, report_rows
 from models.audit import AuditEvent
 from models.clock import utc_iso
@@ -36,7 +36,7 @@ def _report(runtime, args):
 
 
 def _audit(runtime, args):
-    from cli import UsageError
+    from cli.common import UsageError
     if not 0 < args.limit <= 10000:
         raise UsageError("--limit must be between 1 and 10000")
     query = AuditEvent.select().order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(args.limit)

@@ -1,7 +1,7 @@
 """`svc-auth demo seed [--reset] [--json]`."""
 from __future__ import annotations
 
-from cli import emit, with_runtime
+from cli.common import emit, with_runtime
 from lifecycle.demo import seed_demo
 
 

@@ -1,7 +1,7 @@
 """`svc-auth developers invite`: a one-time link for a partner developer to the console."""
 from __future__ import annotations
 
-from cli import emit, with_runtime
+from cli.common import emit, with_runtime
 from lifecycle.developers import invite_developer
 from models.clock import utc_iso
 

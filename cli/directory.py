@@ -1,7 +1,7 @@
 """`svc-auth orgs|users|installs create|list|show|update`."""
 from __future__ import annotations
 
-from cli import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
+from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.activation import set_activation_status
 from lifecycle.registry import (create_organization, create_user, install_application, update_organization,
                                 update_user)

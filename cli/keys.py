@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from cli import emit, with_runtime
+from cli.common import emit, with_runtime
 from lifecycle.signing_keys import rotate_signing_key
 
 

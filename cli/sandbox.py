@@ -1,7 +1,7 @@
 """`svc-auth sandbox token|signin-link`: sandbox EHR access for operators (only with SVC_SANDBOX=on)."""
 from __future__ import annotations
 
-from cli import UsageError, emit, with_runtime
+from cli.common import UsageError, emit, with_runtime
 from lifecycle.sandbox import create_signin_link, issue_sandbox_token, require_sandbox_user
 from models.directory import User
 from oauth.errors import ApiError

@@ -13,7 +13,7 @@ def register(commands) -> None:
 
 
 def run(settings, args) -> int:
-    from cli import UsageError
+    from cli.common import UsageError
     from server import serve
     if args.processes < 0:
         raise UsageError("--processes must be 0 (one per core) or more")

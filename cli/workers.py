@@ -6,7 +6,7 @@ import logging
 import signal
 import threading
 
-from cli import UsageError, emit, existing, with_runtime
+from cli.common import UsageError, emit, existing, with_runtime
 
 log = logging.getLogger("svc_auth.workers")
 

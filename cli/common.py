@@ -1,0 +1,57 @@
+"""What every subcommand shares: usage errors, output (`emit`, `emit_list`, `--json`), and running
+a command against the configured runtime (`with_runtime`)."""
+from __future__ import annotations
+
+import json
+
+
+class UsageError(Exception):
+    """A bad argument discovered after parsing (unknown id, duplicate email...): exit 2."""
+
+
+def emit(result: dict, as_json: bool) -> None:
+    """Print a command's result: one JSON object with --json, else `key: value` lines."""
+    if as_json:
+        print(json.dumps(result, default=str))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+
+
+def emit_list(rows: list[dict], as_json: bool, columns: list[str]) -> None:
+    """Print a list: one JSON array with --json, else an aligned table of `columns`."""
+    if as_json:
+        print(json.dumps(rows, default=str))
+        return
+    cells = [[("" if row.get(c) is None else str(row.get(c))) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    for line in [columns, *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+
+
+def existing(row, kind: str, row_id: str):
+    """`row` when the lookup found it, else the usage error `no <kind> has id '<row_id>'`."""
+    if row is None:
+        raise UsageError(f"no {kind} has id {row_id!r}")
+    return row
+
+
+def add_json_flag(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (one object, or one array for lists)")
+
+
+def with_runtime(command, check_redis: bool = False):
+    """Run `command(runtime, args)` against the configured database; domain errors exit 2.
+    `check_redis`: the command needs SVC_REDIS_URL to answer (worker, scheduler)."""
+    def handler(settings, args):
+        from oauth.errors import ApiError
+        from runtime.startup import open_runtime
+        runtime = open_runtime(settings, check_redis=check_redis)
+        try:
+            return command(runtime, args)
+        except ApiError as exc:
+            raise UsageError(exc.message) from None
+        finally:
+            runtime.close()
+    return handler
+
