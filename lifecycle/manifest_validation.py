@@ -59,12 +59,13 @@ def validate(changes: dict) -> dict:
                 errors[key] = "The name must be 1 to 200 characters."
         elif key in ("launch_url", "redirect_uri"):
             value = (value or "").strip() if isinstance(value, str) else ""
-            problem = url_problem(URL_LABELS[key], value)
-            if not problem and key == "redirect_uri":
-                try:  # the authorize rule's own normalisation (RFC 3986) must accept it
+            problem = None
+            if key == "redirect_uri" and value:
+                try:  # the authorize rule's own normalisation (RFC 3986) must accept it, and says why not
                     normalise_redirect_uri(value)
                 except RedirectUriError as exc:
                     problem = f"The redirect base URL cannot be used: {exc}."
+            problem = problem or url_problem(URL_LABELS[key], value)
             if problem:
                 errors[key] = problem
         elif key == "token_endpoint":

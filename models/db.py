@@ -61,8 +61,11 @@ def open_database(url: str, max_connections: int = 20) -> peewee.Database:
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # WAL lets readers run beside a writer; busy_timeout makes concurrent writers
-        # (several serve processes, the worker thread) wait instead of failing.
-        return peewee.SqliteDatabase(path or ":memory:", pragmas={
+        # (several serve processes, the worker thread) wait instead of failing. Transactions begin
+        # IMMEDIATE: a deferred one that reads and then writes cannot upgrade its read snapshot once
+        # another connection has written, and fails at once with "database is locked" (busy_timeout
+        # does not apply); taking the write lock at BEGIN makes it wait its turn instead.
+        return peewee.SqliteDatabase(path or ":memory:", lock_type="IMMEDIATE", pragmas={
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1, "synchronous": "normal"})
     scheme, _, rest = url.partition("://")
     pooled = {"postgres": "postgres+pool", "postgresql": "postgresql+pool"}.get(scheme, scheme)
