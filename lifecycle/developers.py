@@ -236,14 +236,13 @@ def sign_in(runtime, throttle, email: str, password: str, totp_code: str, addres
         for locked in throttle.failed(subject, address):
             AuditEvent.record(f"address:{address}", "developer.signin_locked", "console", counter=locked[0])
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
-    throttle.succeeded(subject, address)  # a no-op for this policy (exempt_trusted=False)
     return start_session(runtime, developer)
 
 
 def signin_throttle(runtime) -> FailureThrottle:
     """The console's failure throttle: SVC_CONSOLE_SIGNIN_FAILURE_LIMIT per account and per address."""
     limit = Limit(*runtime.settings.console_signin_failure_limit)
-    # exempt_trusted=False: a console password is a person's guessable secret, so every failure
-    # counts, even from an address that signed in before (5 per account, and per address -> 429).
-    policy = FailurePolicy(subject=limit, address=limit, exempt_trusted=False)
+    # A console password is a person's guessable secret: every failure counts, and a locked account
+    # refuses even the right password (5 per account, and per address -> 429).
+    policy = FailurePolicy(subject=limit, address=limit)
     return build_failure_throttle(runtime.settings, "console_signin", policy, runtime.clock.time)

@@ -1,8 +1,14 @@
 """Client authentication (RFC 6749 2.3.1): HTTP Basic, or client_id/client_secret in the body.
 
-The one place a client's secret is checked (token, introspect and revoke endpoints). Failed
-attempts are counted per client_id and per source address (`ratelimit.failures`); past the
-limits an attempt is refused unchecked with 429 + Retry-After, and each lockout is audited."""
+The one place a client's secret is checked (token, introspect and revoke endpoints). The secret
+is checked first: the right secret of a cached application is answered with no network round
+trip (one constant-time HMAC compare) and is never refused, from any address, so a spray of wrong
+secrets for a public client_id cannot lock its owner out. Only a wrong secret consults the failure
+throttle (`ratelimit.failures`, in Redis when configured): every failure is counted per client_id,
+per source address and per pair, from any address; past a limit a wrong secret gets 429 +
+Retry-After, and each lockout is audited. Client secrets are 256-bit random values, so their
+entropy, not the throttle, is what stops guessing; the throttle bounds the cost of a spray and
+makes it visible."""
 from __future__ import annotations
 
 import base64
@@ -120,14 +126,12 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
         raise error
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
-    subject = ("client", client_id)
-    throttle_check(throttle, subject, address)
     app = applications.by_client_id(client_id)
-    if app is None or not app.has_secret(secret, hasher):
-        throttle_failure(throttle, subject if app is not None else None, address)
-        error = invalid_client("Unknown client or wrong client secret.", basic=bool(basic))
-        error.counted = True
-        raise error
-    if throttle is not None:
-        throttle.succeeded(subject, address)
-    return app
+    if app is not None and app.has_secret(secret, hasher):
+        return app  # the right secret: never refused, and no throttle round trip
+    subject = ("client", client_id) if app is not None else None
+    throttle_check(throttle, subject, address)
+    throttle_failure(throttle, subject, address)
+    error = invalid_client("Unknown client or wrong client secret.", basic=bool(basic))
+    error.counted = True
+    raise error

@@ -29,11 +29,11 @@ def token_response(runtime, variant, params: dict, authorization: str | None, ad
 
 def answers_in_memory(runtime, variant, params: dict, authorization: str | None) -> bool:
     """True when `token_response` needs no I/O for this request: a `client_credentials` grant by
-    an application this process has cached, with its right secret, while failed attempts are
-    counted in this process (no SVC_REDIS_URL). The handler then answers on the IOLoop: the
-    work is one RS256 signature, and handing it to the pool costs more CPU than it saves
-    (BENCHMARKS.md, PostgreSQL one round trip away). Anything else goes to the pool."""
-    if runtime.settings.redis_url or params.get("grant_type") != "client_credentials" \
+    an application this process has cached, with its right secret (checked before any throttle,
+    so not even Redis is asked, whatever the configuration). The handler then answers on the
+    IOLoop: the work is one HMAC compare and one RS256 signature, and handing it to the pool costs
+    more CPU than it saves (BENCHMARKS.md). Anything else goes to the pool."""
+    if params.get("grant_type") != "client_credentials" \
             or "client_credentials" not in variant.grant_types or "client_secret" in params and authorization:
         return False
     credentials = presented_credentials(params, authorization)

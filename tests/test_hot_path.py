@@ -7,6 +7,7 @@ import threading
 import urllib.parse
 
 import pytest
+import redis
 from jose import jwt
 
 from conftest import REDIS_URL, basic_auth
@@ -67,6 +68,37 @@ async def test_client_credentials_warm_makes_no_database_round_trip(api, world, 
             status, _, body = await client_token(api, world)
             assert status == 200, body
     assert counter.statements == []
+
+
+@pytest.mark.gen_test
+async def test_a_warm_right_secret_makes_no_redis_command_and_no_sql_with_redis_configured(api, world, runtime):
+    """Production shape (failure counts in Redis): the right secret of a cached client is one HMAC
+    compare and one signature; neither Redis (a server of this test's own, so every command it
+    counts is ours) nor the database is asked. A wrong secret does reach Redis: the counter works."""
+    from bench.instances import LocalRedis
+    from ratelimit.failures import build_failure_throttle
+    redis_server = LocalRedis()
+    redis_server.start()
+    try:
+        runtime.settings = runtime.settings.replace(redis_url=redis_server.url)
+        runtime.client_auth_throttle = build_failure_throttle(runtime.settings, "client_auth",
+                                                              runtime.failure_policy(), runtime.clock.time)
+        info = redis.Redis.from_url(redis_server.url)
+
+        def commands() -> int:  # the INFO call itself is one command
+            return int(info.info("stats")["total_commands_processed"])
+        assert (await client_token(api, world))[0] == 200  # warms the application cache and the keys
+        before = commands()
+        with StatementCounter(runtime.db) as counter:
+            for _ in range(5):
+                status, _, body = await client_token(api, world)
+                assert status == 200, body
+        assert commands() - before == 1 and counter.statements == []
+        status, _, _ = await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
+                                      headers={"Authorization": basic_auth(world["app"].client_id, "wrong")})
+        assert status == 401 and commands() - before > 2
+    finally:
+        redis_server.destroy()
 
 
 @pytest.mark.gen_test
@@ -235,5 +267,5 @@ def test_only_a_cached_client_with_its_right_secret_is_answered_without_the_pool
     assert not answers_in_memory(runtime, v1, {**good, "client_secret": "wrong"}, None)  # failures are counted
     assert not answers_in_memory(runtime, v1, {**good, "grant_type": "authorization_code"}, None)
     assert not answers_in_memory(runtime, v1, good, basic)  # both methods: the error comes from the pool path
-    runtime.settings = runtime.settings.replace(redis_url=REDIS_URL)  # shared failure counts are I/O
-    assert not answers_in_memory(runtime, v1, good, None)
+    runtime.settings = runtime.settings.replace(redis_url=REDIS_URL)  # the right secret never asks the throttle
+    assert answers_in_memory(runtime, v1, good, None)
