@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import tornado.httpserver
+import uvloop
 import tornado.netutil
 import tornado.web
 
@@ -29,9 +30,9 @@ from ops.processes import fork_workers
 log = logging.getLogger("svc_auth")
 
 
-ROUTE_MODULES = [wellknown, oauth, sandbox_api, sandbox_hub, objects, ops,
+ROUTE_MODULES = (wellknown, oauth, sandbox_api, sandbox_hub, objects, ops,
                  rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi,
-                 console]
+                 console)
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
 # Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones
@@ -85,7 +86,10 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROC_ENV)
                                      or Path(settings.var_dir) / "metrics" / f"serve-{port}")
         fork_workers(processes, sockets)
-    asyncio.run(_run(settings, sockets, on_start))
+    # uvloop: the event loop in C (libuv). Tornado runs on asyncio's loop interface, so only the
+    # loop changes; it is created after the fork, as each process needs its own.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_run(settings, sockets, on_start))
 
 
 async def _run(settings: Settings, sockets, on_start) -> None:

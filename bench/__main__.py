@@ -1,6 +1,8 @@
 """`python -m bench [--seconds S] [--only SECTION ...]`: run the benchmarks, print, save, update BENCHMARKS.md.
 
-Sections: `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
+Sections: `production` (the token endpoint in the shape operators run: `serve --processes 2` on
+PostgreSQL + Redis, beside the embedded shape, wrk 32 connections, CPU of every process counted;
+skipped with the reason when PostgreSQL or Redis is unreachable), `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
 `remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
 `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
 reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
@@ -125,7 +127,7 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("tokens", "remote_db", "appointments", "snapshot", "chart", "outage")
+SECTIONS = ("production", "tokens", "remote_db", "appointments", "snapshot", "chart", "outage")
 
 
 def section_header() -> dict:
@@ -162,6 +164,13 @@ def main(argv=None) -> int:
     report.pop("pending", None)
     say(f"machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, "
         f"load {report['machine']['load_average']}")
+    if "production" in sections:
+        from bench.production import production_benchmarks
+        header, skipped = section_header(), backends(args)
+        report["production"] = {**header, "skipped": skipped} if skipped else {
+            **header, **production_benchmarks(args.postgres_url, args.redis_url, args.seconds, say)}
+        if skipped:
+            say(f"production shape: skipped ({skipped})")
     if "tokens" in sections:
         header = section_header()
         cap = loadgen.capacity(min(args.seconds, 3.0))

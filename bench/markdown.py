@@ -129,9 +129,39 @@ def render_remote_db(d: dict) -> list[str]:
     return rows
 
 
+def render_production(p: dict) -> list[str]:
+    if p.get("skipped"):
+        return [f"**Production shape**: skipped ({p['skipped']}).", ""]
+    ceiling = p["signing_ceiling"]["per_second"]
+    t = p["targets"]
+    rows = [f"**Token endpoint, production shape beside embedded** (wrk {p['connections']} connections on the same "
+            f"{p['cores']}-core machine; one-core RS256 ceiling {ceiling:.0f} signatures/s, before and after; CPU = "
+            f"serve processes + their PostgreSQL backends + the Redis server; {_when(p)}):", "",
+            "| shape | `client_credentials` tokens/s | ÷ ceiling | tokens per CPU-s ÷ ceiling | CPU s (serve / PostgreSQL / Redis) "
+            "| code exchanges/s | exchanges per CPU-s ÷ (ceiling ÷ 2) |",
+            "|---|---|---|---|---|---|---|"]
+    for shape in p["shapes"]:
+        cc, ex, r = shape["client_credentials"], shape["authorization_code"], shape["ratios"]
+        cpu = cc["cpu_seconds"]
+        rows.append(f"| {shape['shape']} | {cc['rps']:,.0f} | {r['client_credentials_vs_ceiling']:.2f} | "
+                    f"{r['client_credentials_per_cpu_vs_ceiling']:.2f} | {cpu['serve']} / {cpu['postgres']} / {cpu['redis']} | "
+                    f"{ex['rps']:,.0f} | {r['authorization_code_per_cpu_vs_ceiling_per_exchange']:.2f} |")
+    prod = p["shapes"][0]["ratios"]
+    verdicts = []
+    for key, label in (("client_credentials_vs_ceiling", "tokens/s ÷ ceiling"),
+                       ("client_credentials_per_cpu_vs_ceiling", "tokens per CPU-s ÷ ceiling"),
+                       ("authorization_code_per_cpu_vs_ceiling_per_exchange", "exchanges per CPU-s ÷ (ceiling ÷ 2)")):
+        got, want = prod[key], t[key]
+        verdicts.append(f"{label} {got:.2f} (target ≥ {want}: " + ("meets" if got >= want else
+                        f"**misses by {want - got:.2f}**, {100 * (want - got) / want:.0f}%") + ")")
+    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""]
+
+
 def render(report: dict) -> str:
     m = report["machine"]
     tail = []
+    if report.get("production"):
+        tail += render_production(report["production"])
     if report.get("remote_db"):
         tail += render_remote_db(report["remote_db"])
     if report.get("outage"):

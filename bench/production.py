@@ -1,0 +1,142 @@
+"""The token endpoint in the shape operators run it, beside the embedded one, in one run.
+
+- **production**: `serve --processes 2` on a scratch PostgreSQL database with `SVC_REDIS_URL`
+  (a random namespace on the given Redis, removed afterwards);
+- **embedded**: `serve --processes 1` on SQLite, no Redis.
+
+Each shape gets `client_credentials` (HTTP Basic, RS256 JWT) and code exchanges (codes minted
+through the real endpoints, each used once) from wrk at 32 connections on the same machine, after
+a warm-up. CPU is counted for every process that does the work: the serve processes (the master and
+its forked children), their PostgreSQL backends and the Redis server. The ratios are against the
+one-core RS256 signing ceiling, measured before and after (mean):
+
+- tokens/s ÷ ceiling (target >= 0.9 in the production shape);
+- tokens per CPU-second ÷ ceiling (target >= 0.55);
+- code exchanges per CPU-second ÷ (ceiling ÷ 2), two signatures each (target >= 0.45).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from types import MappingProxyType
+
+from bench import loadgen
+from bench.fleet import redis_namespace, scratch_database
+from bench.remote_db import _proc_cpu, backend_pids
+from bench.service import BenchService
+from bench.signing import signing_ceiling
+
+CONNECTIONS = 32
+SIGNATURES_PER_EXCHANGE = 2
+TARGETS = MappingProxyType({"client_credentials_vs_ceiling": 0.9, "client_credentials_per_cpu_vs_ceiling": 0.55,
+                            "authorization_code_per_cpu_vs_ceiling_per_exchange": 0.45})
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the serve master and the processes it forked)."""
+    pids, index = [pid], 0
+    while index < len(pids):
+        current = pids[index]
+        index += 1
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                pids += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return pids
+
+
+def redis_server_pid(url: str) -> int | None:
+    """The Redis server's pid when it runs on this machine (its CPU counts too), else None."""
+    import redis
+    pid = int(redis.Redis.from_url(url).info("server").get("process_id", 0))
+    return pid if pid and Path(f"/proc/{pid}").exists() else None
+
+
+class Shape:
+    """One running service and the processes whose CPU its requests cost."""
+
+    def __init__(self, name: str, service: BenchService, admin_url: str | None = None, database: str | None = None,
+                 redis_pid: int | None = None):
+        self.name, self.service = name, service
+        self.admin_url, self.database, self.redis_pid = admin_url, database, redis_pid
+
+    def pids(self) -> dict[str, list[int]]:
+        return {"serve": process_tree(self.service.proc.pid),
+                "postgres": backend_pids(self.admin_url, self.database) if self.admin_url else [],
+                "redis": [self.redis_pid] if self.redis_pid else []}
+
+    def run(self, lua: str, env: dict, seconds: float) -> dict:
+        pids = self.pids()
+        before = {pid: _proc_cpu(pid) for group in pids.values() for pid in group}
+        result = loadgen.run(self.service.url + "/v1/oauth/token", lua, CONNECTIONS, seconds, env=env)
+        used = {group: round(sum(max(0.0, _proc_cpu(pid) - before[pid]) for pid in members), 2)
+                for group, members in pids.items()}
+        ok = result["rps"] * result["seconds"]
+        total = sum(used.values())
+        result.update({"cpu_seconds": used, "processes": {k: len(v) for k, v in pids.items()},
+                       "per_cpu_second": round(ok / max(total, 1e-9), 1)})
+        return result
+
+    def tokens(self, codes: list[str], seconds: float, say) -> dict:
+        service = self.service
+        cc_env = {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth}
+        loadgen.run(service.url + "/v1/oauth/token", "post", CONNECTIONS, min(seconds, 2.0), env=cc_env)  # warm-up
+        cc = self.run("post", cc_env, seconds)
+        codes_file = service.tmp / f"codes-{self.name}.txt"
+        codes_file.write_text("\n".join(codes) + "\n")
+        exchange = self.run("codes", {"BENCH_CODES_FILE": str(codes_file),
+                                      "BENCH_AUTHORIZATION": service.client_auth}, seconds)
+        exchange["codes_available"] = len(codes)
+        say(f"{self.name}: client_credentials {cc['rps']:.0f}/s ({cc['per_cpu_second']:.0f} per CPU-s, "
+            f"p99 {cc['p99_ms']:.2f} ms, errors {cc['errors'] or 'none'}); code exchanges {exchange['rps']:.0f}/s "
+            f"({exchange['per_cpu_second']:.0f} per CPU-s, errors {exchange['errors'] or 'none'}); "
+            f"CPU s {cc['cpu_seconds']}")
+        return {"client_credentials": cc, "authorization_code": exchange}
+
+
+def ratios(run: dict, ceiling: float) -> dict:
+    cc, exchange = run["client_credentials"], run["authorization_code"]
+    return {"client_credentials_vs_ceiling": round(cc["rps"] / ceiling, 3),
+            "client_credentials_per_cpu_vs_ceiling": round(cc["per_cpu_second"] / ceiling, 3),
+            "authorization_code_vs_ceiling_per_exchange": round(exchange["rps"] / (ceiling / SIGNATURES_PER_EXCHANGE), 3),
+            "authorization_code_per_cpu_vs_ceiling_per_exchange":
+                round(exchange["per_cpu_second"] / (ceiling / SIGNATURES_PER_EXCHANGE), 3)}
+
+
+def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say) -> dict:
+    per_run = int(2500 * seconds) + 500  # above the exchanges/s two processes reach here
+    namespace = f"svc-bench-{secrets.token_hex(4)}"
+    with scratch_database(postgres_url) as db_url, redis_namespace(redis_url, namespace):
+        database = db_url.rsplit("/", 1)[1]
+        production = BenchService(db_url, processes=2, extra_env={
+            "SVC_REDIS_URL": redis_url, "SVC_REDIS_NAMESPACE": namespace})
+        embedded = BenchService(None, processes=1)
+        try:
+            production.start()
+            embedded.start()
+            shapes = [Shape("production (PostgreSQL + Redis, 2 processes)", production, postgres_url, database,
+                            redis_server_pid(redis_url)),
+                      Shape("embedded (SQLite, 1 process)", embedded)]
+            codes = {shape.name: shape.service.mint_codes(per_run) for shape in shapes}
+            before = signing_ceiling(production.private_key, min(seconds, 3.0))
+            say(f"signing ceiling (before): {before['per_second']:.0f} RS256 signatures/s on one core")
+            runs = {shape.name: shape.tokens(codes[shape.name], seconds, say) for shape in shapes}
+            after = signing_ceiling(production.private_key, min(seconds, 3.0))
+            say(f"signing ceiling (after): {after['per_second']:.0f} RS256 signatures/s")
+        finally:
+            production.stop()
+            embedded.stop()
+    ceiling = (before["per_second"] + after["per_second"]) / 2
+    rows = []
+    for shape in shapes:
+        row = {"shape": shape.name, **runs[shape.name], "ratios": ratios(runs[shape.name], ceiling)}
+        rows.append(row)
+        r = row["ratios"]
+        say(f"{shape.name}: cc/ceiling {r['client_credentials_vs_ceiling']:.2f}, cc per CPU-s/ceiling "
+            f"{r['client_credentials_per_cpu_vs_ceiling']:.2f}, exchanges per CPU-s/(ceiling/2) "
+            f"{r['authorization_code_per_cpu_vs_ceiling_per_exchange']:.2f}")
+    return {"connections": CONNECTIONS, "signing_ceiling": {"before": before, "after": after,
+                                                            "per_second": round(ceiling, 1)},
+            "shapes": rows, "targets": dict(TARGETS), "cores": os.cpu_count()}
