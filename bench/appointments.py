@@ -41,9 +41,9 @@ def _appointment_rows(fleet, snapshots: dict, start_index: int, per_org: int):
                    dt.date(1970, 1, 1) + dt.timedelta(days=i % 9000), "female")
 
 
-APPOINTMENT_COLUMNS = ["snapshot_id", "ehr_appointment_id", "provider_id", "provider_npi", "provider_name", "start",
+APPOINTMENT_COLUMNS = ("snapshot_id", "ehr_appointment_id", "provider_id", "provider_npi", "provider_name", "start",
                        "end", "status", "appointment_type", "reason", "location", "patient_id",
-                       "patient_first_name", "patient_last_name", "patient_date_of_birth", "patient_sex"]
+                       "patient_first_name", "patient_last_name", "patient_date_of_birth", "patient_sex")
 
 
 def _explain(db, query) -> dict:

@@ -1,7 +1,8 @@
 """EHR connectors: how svc-auth reads a clinic's EHR.
 
-A connector is one module `connectors/<ehr>.py` (the organization's `ehr` field names it) with a
-function `connect(organization) -> Connector`. A connector does two things:
+A connector is one module `connectors/<ehr>.py` with a function `connect(organization) ->
+Connector`, listed in `CONNECTORS` under the name an organization's `ehr` field holds. The
+interface (`connectors.base`) is re-exported here. A connector does two things:
 
 - `fetch_appointments(provider, start, end)`: the provider's appointments starting in [start, end)
   (naive UTC datetimes), as `Appointment`s, in any order; may be a generator.
@@ -17,128 +18,19 @@ Errors: raise `ConnectorUnavailable` for anything worth retrying (timeouts, 5xx,
 """
 from __future__ import annotations
 
-import datetime as dt
-import importlib
-import re
-from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from types import MappingProxyType
 
+from connectors import sandbox
+from connectors.base import (Appointment, Chart, Connector, ConnectorError, ConnectorUnavailable, Encounter,  # noqa: F401
+                             Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery)
 
-class ConnectorError(Exception):
-    """A permanent failure: retrying will not help. The message is shown to API callers."""
-
-
-class ConnectorUnavailable(ConnectorError):
-    """The EHR did not answer (timeout, outage): the task is retried with backoff."""
-
-
-class PatientNotFound(ConnectorError):
-    """The EHR has no such patient in this organization."""
-
-
-class ResourceNotFound(ConnectorError):
-    """The EHR has no such resource in this organization (the FHIR API answers 404)."""
-
-
-@dataclass(frozen=True)
-class Provider:
-    user_id: str
-    npi: str
-    name: str
-    ehr_username: str | None = None
-
-
-@dataclass(frozen=True)
-class Patient:
-    id: str
-    first_name: str
-    last_name: str
-    date_of_birth: dt.date
-    sex: str
-
-
-@dataclass(frozen=True)
-class Appointment:
-    id: str
-    start: dt.datetime
-    end: dt.datetime
-    status: str
-    appointment_type: str
-    reason: str
-    location: str
-    patient: Patient
-
-
-@dataclass(frozen=True)
-class Encounter:
-    date: dt.date
-    encounter_type: str
-    provider: str
-    reason: str
-    vitals: dict
-    assessment: str
-    plan: str
-
-
-@dataclass
-class Chart:
-    """A patient's chart. `encounters()` can be called more than once and may stream."""
-
-    patient: Patient
-    organization_name: str
-    problems: list[dict] = field(default_factory=list)
-    medications: list[dict] = field(default_factory=list)
-    allergies: list[dict] = field(default_factory=list)
-    encounter_source: object = None
-
-    def encounters(self) -> Iterator[Encounter]:
-        return iter(self.encounter_source() if callable(self.encounter_source) else (self.encounter_source or ()))
-
-
-@dataclass(frozen=True)
-class ResourceQuery:
-    """A search of one resource type, in neutral terms; every field given must match.
-
-    `patient`: resources of this patient (for Patient: the patient itself); `practitioner`: for
-    Appointment, those the practitioner takes part in (for Practitioner: itself); `npi`: the
-    Practitioner with this NPI; `start`/`end`: the resource's date (Appointment start, Encounter
-    period start, Observation effective, Condition onset/recorded) in [start, end), naive UTC;
-    `ids`: only these resource ids. `offset`/`count`: the page wanted."""
-
-    resource_type: str
-    ids: tuple[str, ...] = ()
-    patient: str | None = None
-    practitioner: str | None = None
-    npi: str | None = None
-    start: dt.datetime | None = None
-    end: dt.datetime | None = None
-    offset: int = 0
-    count: int = 50
-
-
-class Connector(Protocol):
-    def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime) -> Iterator[Appointment]:
-        ...
-
-    def fetch_chart(self, patient_id: str) -> Chart:
-        ...
-
-    def read_resource(self, resource_type: str, resource_id: str) -> dict:
-        ...
-
-    def search_resources(self, query: ResourceQuery) -> Iterator[dict]:
-        ...
+CONNECTORS = MappingProxyType({"sandbox": sandbox.connect})
+"""Each EHR's `connect(organization) -> Connector`, by the name an organization's `ehr` field holds."""
 
 
 def connector_for(organization) -> Connector:
-    """The connector of the organization's EHR (`connectors.<ehr>.connect(organization)`)."""
-    name = organization.ehr or ""
-    if not re.match(r"^[a-z0-9_]+$", name):
-        raise ConnectorError(f"No connector for EHR {name!r}.")
-    try:
-        module = importlib.import_module(f"connectors.{name}")
-    except ModuleNotFoundError:
-        raise ConnectorError(f"No connector for EHR {name!r}.") from None
-    if not hasattr(module, "connect"):
-        raise ConnectorError(f"No connector for EHR {name!r}.")
-    return module.connect(organization)
+    """The connector of the organization's EHR."""
+    connect = CONNECTORS.get(organization.ehr or "")
+    if connect is None:
+        raise ConnectorError(f"No connector for EHR {organization.ehr!r}.")
+    return connect(organization)

@@ -22,8 +22,8 @@ import time
 from functools import lru_cache
 from urllib.parse import parse_qs, urlsplit
 
-from connectors import (Appointment, Chart, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
-                        Provider)
+from connectors.base import (Appointment, Chart, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
+                             Provider)
 
 PANEL_SIZE = 150
 SLOT_MINUTES = 30
@@ -34,37 +34,37 @@ RECENT_BOOKING_SHARE = 0.4   # appointments booked at most RECENT_BOOKING_DAYS a
 RECENT_BOOKING_DAYS = 10
 CANCELLATION_SHARE = 0.1     # appointments cancelled some day between their booking and the visit
 
-FIRST_F = ["Avery", "Brooke", "Camila", "Dana", "Elena", "Fiona", "Grace", "Hana", "Iris", "Jade", "Kira",
-           "Lena", "Maya", "Nora", "Olive", "Paige", "Quinn", "Rosa", "Sage", "Tara", "Uma", "Vera", "Willa", "Zoe"]
-FIRST_M = ["Aaron", "Blake", "Caleb", "Dario", "Eli", "Felix", "Gabe", "Hugo", "Ivan", "Jonah", "Kai", "Leo",
-           "Milo", "Nico", "Omar", "Pablo", "Reid", "Soren", "Theo", "Ulises", "Victor", "Wes", "Yusuf", "Zane"]
-LAST = ["Abbott", "Barrow", "Castillo", "Delgado", "Ellison", "Fairbanks", "Gallagher", "Hartley", "Ibarra",
+FIRST_F = ("Avery", "Brooke", "Camila", "Dana", "Elena", "Fiona", "Grace", "Hana", "Iris", "Jade", "Kira",
+           "Lena", "Maya", "Nora", "Olive", "Paige", "Quinn", "Rosa", "Sage", "Tara", "Uma", "Vera", "Willa", "Zoe")
+FIRST_M = ("Aaron", "Blake", "Caleb", "Dario", "Eli", "Felix", "Gabe", "Hugo", "Ivan", "Jonah", "Kai", "Leo",
+           "Milo", "Nico", "Omar", "Pablo", "Reid", "Soren", "Theo", "Ulises", "Victor", "Wes", "Yusuf", "Zane")
+LAST = ("Abbott", "Barrow", "Castillo", "Delgado", "Ellison", "Fairbanks", "Gallagher", "Hartley", "Ibarra",
         "Jennings", "Kowalski", "Lindqvist", "Mercado", "Nakamura", "Okafor", "Prescott", "Quintero", "Rasmussen",
-        "Sandoval", "Thibodeaux", "Underwood", "Valencia", "Whitfield", "Yamamoto", "Zielinski"]
-PROBLEMS = [("I10", "Essential (primary) hypertension"), ("E11.9", "Type 2 diabetes mellitus without complications"),
+        "Sandoval", "Thibodeaux", "Underwood", "Valencia", "Whitfield", "Yamamoto", "Zielinski")
+PROBLEMS = (("I10", "Essential (primary) hypertension"), ("E11.9", "Type 2 diabetes mellitus without complications"),
             ("E78.5", "Hyperlipidemia, unspecified"), ("J45.909", "Unspecified asthma, uncomplicated"),
             ("M54.50", "Low back pain, unspecified"), ("F41.1", "Generalized anxiety disorder"),
             ("K21.9", "Gastro-esophageal reflux disease without esophagitis"), ("E03.9", "Hypothyroidism, unspecified"),
             ("G43.909", "Migraine, unspecified"), ("M17.11", "Unilateral primary osteoarthritis, right knee"),
-            ("E66.9", "Obesity, unspecified"), ("N39.0", "Urinary tract infection, site not specified")]
-MEDICATIONS = [("Lisinopril", "10 mg", "once daily"), ("Metformin", "500 mg", "twice daily with meals"),
+            ("E66.9", "Obesity, unspecified"), ("N39.0", "Urinary tract infection, site not specified"))
+MEDICATIONS = (("Lisinopril", "10 mg", "once daily"), ("Metformin", "500 mg", "twice daily with meals"),
                ("Atorvastatin", "20 mg", "once daily at bedtime"), ("Albuterol HFA", "90 mcg/actuation", "2 puffs every 4-6 h as needed"),
                ("Levothyroxine", "50 mcg", "once daily before breakfast"), ("Omeprazole", "20 mg", "once daily"),
                ("Sertraline", "50 mg", "once daily"), ("Amlodipine", "5 mg", "once daily"),
-               ("Ibuprofen", "400 mg", "every 8 h as needed"), ("Sumatriptan", "50 mg", "at migraine onset, max 200 mg/day")]
-ALLERGIES = [("Penicillin", "Hives", "moderate"), ("Sulfonamides", "Rash", "mild"), ("Peanuts", "Anaphylaxis", "severe"),
-             ("Latex", "Contact dermatitis", "mild"), ("Shellfish", "Swelling of lips", "moderate")]
-VISIT_TYPES = [("Follow-up", 30), ("Annual physical", 30), ("New patient", 60), ("Telehealth", 30),
-               ("Acute visit", 30), ("Medication review", 30)]
-REASONS = ["Blood pressure check", "Diabetes follow-up", "Annual wellness exam", "Cough and congestion",
+               ("Ibuprofen", "400 mg", "every 8 h as needed"), ("Sumatriptan", "50 mg", "at migraine onset, max 200 mg/day"))
+ALLERGIES = (("Penicillin", "Hives", "moderate"), ("Sulfonamides", "Rash", "mild"), ("Peanuts", "Anaphylaxis", "severe"),
+             ("Latex", "Contact dermatitis", "mild"), ("Shellfish", "Swelling of lips", "moderate"))
+VISIT_TYPES = (("Follow-up", 30), ("Annual physical", 30), ("New patient", 60), ("Telehealth", 30),
+               ("Acute visit", 30), ("Medication review", 30))
+REASONS = ("Blood pressure check", "Diabetes follow-up", "Annual wellness exam", "Cough and congestion",
            "Medication refill", "Back pain", "Lab results review", "Headaches", "Knee pain", "Anxiety follow-up",
-           "Thyroid follow-up", "Heartburn"]
-ASSESSMENTS = ["Condition stable on current regimen.", "Symptoms improved since last visit.",
+           "Thyroid follow-up", "Heartburn")
+ASSESSMENTS = ("Condition stable on current regimen.", "Symptoms improved since last visit.",
                "Mild exacerbation; no red flags on exam.", "Labs within target range.",
-               "Patient reports good adherence and no side effects.", "Findings consistent with a viral illness."]
-PLANS = ["Continue current medications; follow up in 3 months.", "Order basic metabolic panel and HbA1c.",
+               "Patient reports good adherence and no side effects.", "Findings consistent with a viral illness.")
+PLANS = ("Continue current medications; follow up in 3 months.", "Order basic metabolic panel and HbA1c.",
          "Start home exercise program; recheck in 6 weeks.", "Increase dose as tolerated; call with side effects.",
-         "Supportive care, fluids and rest; return if worse.", "Refer to physical therapy."]
+         "Supportive care, fluids and rest; return if worse.", "Refer to physical therapy.")
 
 
 def _rng(*parts) -> random.Random:

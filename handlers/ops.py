@@ -3,8 +3,6 @@ reachable), `/metrics` (Prometheus). Keep them off the public internet (see depl
 from __future__ import annotations
 
 from handlers.base import BaseHandler
-from ops import metrics
-from ops.readiness import readiness
 
 
 class HealthHandler(BaseHandler):
@@ -15,7 +13,7 @@ class HealthHandler(BaseHandler):
 
 class ReadinessHandler(BaseHandler):
     async def get(self):
-        ready, checks = await self.run(readiness, self.runtime)
+        ready, checks = await self.run(self.runtime.readiness.report, self.runtime)
         self.set_header("Cache-Control", "no-store")
         self.write_json({"status": "ready" if ready else "unavailable", "checks": checks},
                         status=200 if ready else 503)
@@ -23,7 +21,7 @@ class ReadinessHandler(BaseHandler):
 
 class MetricsHandler(BaseHandler):
     async def get(self):
-        body, content_type = await self.run(metrics.exposition)  # queue depths may ask Redis
+        body, content_type = await self.run(self.runtime.metrics.exposition)  # queue depths may ask Redis
         self.set_header("Content-Type", content_type)
         self.set_header("Cache-Control", "no-store")
         self.finish(body)

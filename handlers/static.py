@@ -6,6 +6,8 @@ run time. Both directories sit beside server.py in a checkout and in an installe
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import os
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import tornado.web
 ROOT = Path(__file__).resolve().parent.parent
 STATIC_DIR = ROOT / "static"
 SDK_DIST_DIR = ROOT / "sdk" / "js" / "dist"
-MOUNTS = {"sdk/": SDK_DIST_DIR}
+MOUNTS = MappingProxyType({"sdk/": SDK_DIST_DIR})
 """URL path prefix under /static/ -> the directory that serves it instead of static/."""
 
 

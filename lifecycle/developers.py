@@ -211,9 +211,9 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
     return app
 
 
-__all__ = ["FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
+__all__ = ("FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
            "developer_application", "end_session", "invite_developer", "open_invite", "session_developer",
-           "sign_in", "signin_throttle", "start_session", "totp_uri"]
+           "sign_in", "signin_throttle", "start_session", "totp_uri")
 
 
 def signin_subject(email: str) -> tuple:

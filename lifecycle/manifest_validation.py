@@ -3,6 +3,8 @@ console and `svc-auth apps update` all call `validate`, so a value one of them a
 everywhere (an allowed origin is an origin, which CORS matches, never a URL with a path)."""
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from urllib.parse import urlsplit
 
 from models.application import USER_FIELDS
@@ -11,8 +13,8 @@ from oauth.errors import ApiError
 from oauth.redirects import RedirectUriError, normalise_redirect_uri, redirect_uri_allowed
 
 FIELDS = ("name", "launch_url", "redirect_uri", "token_endpoint", "allowed_origins", "user_fields")
-URL_LABELS = {"launch_url": "The launch URL", "redirect_uri": "The redirect base URL",
-              "token_endpoint": "The token endpoint URL"}
+URL_LABELS = MappingProxyType({"launch_url": "The launch URL", "redirect_uri": "The redirect base URL",
+                               "token_endpoint": "The token endpoint URL"})
 
 
 class ManifestInvalid(ApiError):

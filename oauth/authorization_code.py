@@ -16,7 +16,7 @@ from oauth.tokens import PLATFORM_AUDIENCE
 
 # OIDC Core 3.1.2.1 prompt values. There is no interactive login (the platform authenticated
 # the user before the launch), so `login` cannot be honoured and is answered login_required.
-PROMPT_VALUES = {"none", "login", "consent", "select_account"}
+PROMPT_VALUES = frozenset({"none", "login", "consent", "select_account"})
 
 
 def _query_value(params: dict, name: str) -> str | None:

@@ -7,11 +7,13 @@ registered the request's origin. A browser on any other origin cannot read the a
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from urllib.parse import urlsplit
 
 from models.application import Application
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+_DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 ALLOWED_HEADERS = "Authorization, Content-Type"
 MAX_AGE_SECONDS = 600

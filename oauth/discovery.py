@@ -10,14 +10,14 @@ from oauth.pkce import SUPPORTED_METHODS
 from oauth.scopes import PARTNER_API_SCOPE, SUPPORTED_SCOPES
 from oauth.variants import V1
 
-ID_TOKEN_CLAIMS = ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "email", "given_name", "family_name",
-                   "application_billing_plan", "is_free_trial", "days_until_end_of_trial"]
+ID_TOKEN_CLAIMS = ("sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "email", "given_name", "family_name",
+                   "application_billing_plan", "is_free_trial", "days_until_end_of_trial")
 
 
 def claims_supported(settings) -> list[str]:
     """Every claim an ID token or userinfo may carry (userinfo's custom claims are namespaced)."""
     namespace = settings.claims_namespace
-    return ID_TOKEN_CLAIMS + [f"https://{namespace}/ehrUsername", f"https://{namespace}/organization"]
+    return [*ID_TOKEN_CLAIMS, f"https://{namespace}/ehrUsername", f"https://{namespace}/organization"]
 
 
 def openid_configuration(settings, variant=V1) -> dict:

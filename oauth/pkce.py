@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import re
 
-SUPPORTED_METHODS = ["S256"]
+SUPPORTED_METHODS = ("S256",)
 _CHALLENGE = re.compile(r"^[A-Za-z0-9_-]{43}$")           # base64url of a SHA-256, no padding
 _VERIFIER = re.compile(r"^[A-Za-z0-9\-._~]{43,128}$")     # RFC 7636 4.1
 

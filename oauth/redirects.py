@@ -14,12 +14,15 @@ redirects to the normalised URI only, so what is checked is what the browser vis
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import re
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+_DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
 MATCH_MODES = ("prefix", "exact")
-RESPONSE_PARAMS = {"code", "state", "error", "error_description", "error_uri", "iss", "id_token", "access_token"}
+RESPONSE_PARAMS = frozenset({"code", "state", "error", "error_description", "error_uri", "iss", "id_token",
+                             "access_token"})
 _UNRESERVED = re.compile(r"[A-Za-z0-9\-._~]")
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _ALLOWED = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no space

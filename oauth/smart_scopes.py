@@ -10,14 +10,17 @@ Granting never widens: a requested scope is granted only as far as a declared sc
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import re
 from dataclasses import dataclass
 
 PERMISSION_ORDER = "cruds"
-V1_PERMISSIONS = {"read": "rs", "write": "cud", "*": "cruds"}
+V1_PERMISSIONS = MappingProxyType({"read": "rs", "write": "cud", "*": "cruds"})
 CONTEXTS = ("patient", "user", "system")
 # A declared context covers a requested one when it is at least as wide.
-_COVERS = {"system": {"system", "user", "patient"}, "user": {"user", "patient"}, "patient": {"patient"}}
+_COVERS = MappingProxyType({"system": frozenset({"system", "user", "patient"}), "user": frozenset({"user", "patient"}),
+                             "patient": frozenset({"patient"})})
 _SCOPE = re.compile(r"^(patient|user|system)/(\*|[A-Z][A-Za-z]{1,63})\.(read|write|\*|c?r?u?d?s?)$")
 
 

@@ -1,14 +1,15 @@
 """`POST /oauth/token`: client authentication, then the grant named by `grant_type`."""
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from oauth.authorization_code import AuthorizationCodeGrant
 from oauth.client_credentials import ClientCredentialsGrant
 from oauth.clients import authenticate_client, presented_credentials
 from oauth.errors import OAuthError
 from oauth.params import text_param
-from ops.metrics import count_token_issued
 
-GRANTS = {grant.grant_type: grant for grant in (AuthorizationCodeGrant, ClientCredentialsGrant)}
+GRANTS = MappingProxyType({grant.grant_type: grant for grant in (AuthorizationCodeGrant, ClientCredentialsGrant)})
 
 
 def supported_grants(variant) -> list[str]:
@@ -23,7 +24,7 @@ def token_response(runtime, variant, params: dict, authorization: str | None, ad
                          f"grant_type must be one of: {', '.join(supported_grants(variant))}.")
     app = authenticate_client(runtime, params, authorization, address)
     response = GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
-    count_token_issued(grant_type)
+    runtime.metrics.count_token_issued(grant_type)
     return response
 
 

@@ -13,7 +13,6 @@ import uuid
 import tornado.web
 
 from conf.logging import redact, request_id_var
-from ops import metrics
 from ops.proxy import client_address, warn_if_misconfigured
 
 access_log = logging.getLogger("svc_auth.access")
@@ -69,11 +68,12 @@ def log_request(handler) -> None:
     status = handler.get_status()
     seconds = request.request_time()
     route = route_of(handler)
-    metrics.observe_request(route, request.method, status, seconds)
     runtime = handler.application.settings.get("runtime")
     settings = runtime.settings if runtime is not None else None
+    if runtime is not None:
+        runtime.metrics.observe_request(route, request.method, status, seconds)
     if settings is not None and settings.trusted_proxies:
-        warn_if_misconfigured(request, settings, access_log)
+        warn_if_misconfigured(request, settings, access_log, handler.application.proxy_warnings)
     level = logging.INFO if status < 500 else logging.ERROR
     if access_log.isEnabledFor(level):
         access_log.log(level, "%s %s %d", request.method, route, status, extra={
@@ -107,6 +107,7 @@ class ObservedApplication(tornado.web.Application):
         super().__init__(*args, **kwargs)
         self.in_flight = 0
         self.route_patterns: dict = {}
+        self.proxy_warnings: set = set()  # external origins already warned about (ops.proxy)
 
     def get_handler_delegate(self, request, target_class, target_kwargs=None, path_args=None, path_kwargs=None):
         return _TrackedDelegate(self, request, target_class, target_kwargs, path_args, path_kwargs)

@@ -74,18 +74,16 @@ def external_base_url(request, settings) -> str:
     return f"{scheme}://{host}"
 
 
-_warned: set = set()
-
-
-def warn_if_misconfigured(request, settings, log) -> None:
-    """Log once per process and address when a trusted proxy says clients reach us at an origin
-    other than SVC_ISSUER / SVC_PUBLIC_URL: every URL we hand out would then point elsewhere."""
+def warn_if_misconfigured(request, settings, log, warned: set) -> None:
+    """Log once per external origin (remembered in `warned`, the application's set) when a trusted
+    proxy says clients reach us at an origin other than SVC_ISSUER / SVC_PUBLIC_URL: every URL we
+    hand out would then point elsewhere."""
     if not settings.trusted_proxies or not is_trusted_proxy(request.remote_ip, settings):
         return
     seen = external_base_url(request, settings)
-    if seen in _warned or seen in (settings.issuer, settings.public_url):
+    if seen in warned or seen in (settings.issuer, settings.public_url):
         return
-    _warned.add(seen)
+    warned.add(seen)
     log.warning("clients reach this service at %s but SVC_ISSUER is %s and SVC_PUBLIC_URL is %s; "
                 "tokens and links carry the configured addresses", seen, settings.issuer, settings.public_url,
                 extra={"external_base_url": seen})

@@ -1,8 +1,9 @@
-"""Readiness: can this process serve traffic? A small registry of named dependency checks.
+"""Readiness: can this process serve traffic? Named dependency checks, owned by the runtime.
 
 A check is `fn(runtime) -> None` that raises when its dependency is unreachable, or returns
-`SKIPPED` when the dependency is not configured. Other parts add theirs with
-`register_check("name", fn)` (the same name replaces a check, e.g. a richer object-store check).
+`SKIPPED` when the dependency is not configured. Each runtime has a `Readiness`
+(`runtime.readiness`) with the default checks; other parts add theirs with
+`runtime.readiness.add("name", fn)` (the same name replaces a check).
 Checks run inline with short timeouts: readiness probes are rare and must stay cheap.
 """
 from __future__ import annotations
@@ -11,13 +12,6 @@ import time
 
 SKIPPED = "skipped"
 TIMEOUT_SECONDS = 1.0
-
-_checks: dict = {}
-
-
-def register_check(name: str, check) -> None:
-    _checks[name] = check
-
 
 def check_database(runtime):
     from models.db import DATABASE_ERRORS, discard
@@ -61,25 +55,32 @@ def check_object_store(runtime):
     client.head_bucket(Bucket=settings.s3_bucket)
 
 
-register_check("database", check_database)
-register_check("redis", check_redis)
-register_check("object_store", check_object_store)
+DEFAULT_CHECKS = (("database", check_database), ("redis", check_redis), ("object_store", check_object_store))
 
 
-def readiness(runtime) -> tuple[bool, dict]:
-    """(ready, {check name: {"status": "ok"|"skipped"|"failed", "ms", "error"?}})."""
-    results, ready = {}, True
-    for name, check in list(_checks.items()):
-        started = time.perf_counter()
-        try:
-            outcome = check(runtime)
-            entry = {"status": SKIPPED if outcome == SKIPPED else "ok"}
-        except Exception as exc:  # any failure means "not ready"; the reason is for the operator
+class Readiness:
+    """The checks one runtime runs for `/readyz`."""
+
+    def __init__(self, checks=DEFAULT_CHECKS):
+        self.checks = dict(checks)
+
+    def add(self, name: str, check) -> None:
+        self.checks[name] = check
+
+    def report(self, runtime) -> tuple[bool, dict]:
+        """(ready, {check name: {"status": "ok"|"skipped"|"failed", "ms", "error"?}})."""
+        results, ready = {}, True
+        for name, check in list(self.checks.items()):
+            started = time.perf_counter()
+            try:
+                outcome = check(runtime)
+                entry = {"status": SKIPPED if outcome == SKIPPED else "ok"}
+            except Exception as exc:  # any failure means "not ready"; the reason is for the operator
+                ready = False
+                entry = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
+            entry["ms"] = round((time.perf_counter() - started) * 1000, 1)
+            results[name] = entry
+        if getattr(runtime, "draining", False):
             ready = False
-            entry = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
-        entry["ms"] = round((time.perf_counter() - started) * 1000, 1)
-        results[name] = entry
-    if getattr(runtime, "draining", False):
-        ready = False
-        results["shutdown"] = {"status": "failed", "error": "the process is shutting down"}
-    return ready, results
+            results["shutdown"] = {"status": "failed", "error": "the process is shutting down"}
+        return ready, results

@@ -22,7 +22,7 @@ log = logging.getLogger("svc_auth.charts")
 PENDING_RETRY_AFTER = 5
 """Seconds a client should wait before asking again about a pending chart."""
 
-CREATE_FIELDS = {"svc_organization_id", "patient_id"}
+CREATE_FIELDS = frozenset({"svc_organization_id", "patient_id"})
 
 
 def create_request(runtime, app: Application, body: dict) -> dict:

@@ -13,7 +13,7 @@ from models.ids import new_secret
 from models.invitations import Invitation
 from oauth.errors import ApiError
 
-INVITATION_FIELDS = {"email", "given_name", "family_name", "organization_name", "npi"}
+INVITATION_FIELDS = frozenset({"email", "given_name", "family_name", "organization_name", "npi"})
 REQUIRED = ("email", "given_name", "family_name", "organization_name")
 
 

@@ -8,25 +8,36 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from lifecycle.billing import MONTH
 from partner_api.access import PATH_ID
 from partner_api.appointments import MAX_LIMIT
 
 VERSION = "1.0.0"
-NULLABLE_STRING = {"type": ["string", "null"]}
-DATE_TIME = {"type": "string", "format": "date-time"}
-NULLABLE_DATE_TIME = {"type": ["string", "null"], "format": "date-time"}
+NULLABLE_STRING = MappingProxyType({"type": ["string", "null"]})
+DATE_TIME = MappingProxyType({"type": "string", "format": "date-time"})
+NULLABLE_DATE_TIME = MappingProxyType({"type": ["string", "null"], "format": "date-time"})
 
 
-TOKEN_REQUEST_FIELDS = {
+TOKEN_REQUEST_FIELDS = MappingProxyType({
     "grant_type": {"type": "string", "enum": ["authorization_code", "client_credentials"],
                    "description": "`client_credentials` at /v1 only"},
     "code": {"type": "string", "description": "authorization_code: the code from the authorize redirect"},
     "redirect_uri": {"type": "string", "description": "authorization_code: when the authorize request had one"},
     "client_id": {"type": "string", "description": "client authentication in the body (else HTTP Basic)"},
     "client_secret": {"type": "string"},
-}
+})
+
+
+def _plain(value):
+    """`value` with every read-only mapping (the constants above) as a plain dict, recursively."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _object(properties: dict, required: list | None = None, additional: bool = False) -> dict:
@@ -38,7 +49,7 @@ def _ref(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-SCHEMAS = {
+SCHEMAS = MappingProxyType({
     "Error": {"type": "object", "required": ["error", "message"], "properties": {
         "error": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "description": "snake_case error code"},
         "message": {"type": "string", "description": "a sentence for people"},
@@ -123,16 +134,16 @@ SCHEMAS = {
                              "status": {"type": "string", "enum": ["pending", "ready", "failed"]},
                              "created_at": DATE_TIME, "ready_at": NULLABLE_DATE_TIME, "error": NULLABLE_STRING}),
     "DownloadUrl": _object({"download_url": {"type": "string", "format": "uri"}, "expires_at": DATE_TIME}),
-}
+})
 
-HEADERS = {
+HEADERS = MappingProxyType({
     "RateLimit-Limit": {"description": "requests allowed per window for this client and operation",
                         "schema": {"type": "integer"}},
     "RateLimit-Remaining": {"description": "requests left in the current window", "schema": {"type": "integer"}},
     "RateLimit-Reset": {"description": "seconds until the window resets", "schema": {"type": "integer"}},
     "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}},
     "WWW-Authenticate": {"description": "RFC 6750 Bearer challenge", "schema": {"type": "string"}},
-}
+})
 LIMIT_HEADERS = ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset")
 
 
@@ -188,8 +199,8 @@ def _rest_operation(summary: str, operation_id: str, limited: bool, success: dic
     return operation
 
 
-BAD_ID = {"400": _error("a path identifier of the wrong shape")}
-NOT_FOUND = {"404": _error("unknown application, organization or request")}
+BAD_ID = MappingProxyType({"400": _error("a path identifier of the wrong shape")})
+NOT_FOUND = MappingProxyType({"404": _error("unknown application, organization or request")})
 
 
 def _rest_paths() -> dict:
@@ -342,7 +353,7 @@ def _document(public_url: str) -> dict:
                                  "operationId": "api_docs", "tags": ["meta"],
                                  "responses": {"200": {"description": "an HTML page",
                                                        "content": {"text/html": {"schema": {"type": "string"}}}}}}}
-    return {
+    return _plain({
         "openapi": "3.1.0",
         "info": {"title": "svc-auth partner REST API and authorization server", "version": VERSION,
                  "description": "Partner REST API (`/v1`, OAuth 2.0 client credentials) and the OAuth 2.0 / "
@@ -365,7 +376,7 @@ def _document(public_url: str) -> dict:
                 "clientBasic": {"type": "http", "scheme": "basic"},
             },
         },
-    }
+    })
 
 
 def openapi_document(public_url: str) -> dict:

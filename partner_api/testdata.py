@@ -15,16 +15,16 @@ from models.clock import utc_iso
 TEST_ORGANIZATION_ID = "123456789"
 TEST_APPOINTMENT_COUNT = 120
 
-_FIRST = ["Alex", "Sam", "Jordan", "Taylor", "Morgan", "Casey", "Riley", "Jamie", "Avery", "Quinn", "Drew", "Robin"]
-_LAST = ["Testpatient", "Sample", "Example", "Demo", "Placeholder", "Fictional", "Synthetic", "Mock"]
-_PROVIDERS = [("usr_test_provider_1", "1234567893", "Dr. Test Provider One"),
+_FIRST = ("Alex", "Sam", "Jordan", "Taylor", "Morgan", "Casey", "Riley", "Jamie", "Avery", "Quinn", "Drew", "Robin")
+_LAST = ("Testpatient", "Sample", "Example", "Demo", "Placeholder", "Fictional", "Synthetic", "Mock")
+_PROVIDERS = (("usr_test_provider_1", "1234567893", "Dr. Test Provider One"),
               ("usr_test_provider_2", "1245319599", "Dr. Test Provider Two"),
-              ("usr_test_provider_3", "1679576722", "Dr. Test Provider Three")]
-_TYPES = [("office_visit", "Follow-up visit"), ("new_patient", "New patient consultation"),
+              ("usr_test_provider_3", "1679576722", "Dr. Test Provider Three"))
+_TYPES = (("office_visit", "Follow-up visit"), ("new_patient", "New patient consultation"),
           ("annual_physical", "Annual physical"), ("telehealth", "Medication review"),
-          ("procedure", "Minor procedure")]
-_LOCATIONS = ["Test Clinic Room 1", "Test Clinic Room 2", "Telehealth"]
-_STATUSES = ["booked", "booked", "booked", "confirmed", "arrived"]
+          ("procedure", "Minor procedure"))
+_LOCATIONS = ("Test Clinic Room 1", "Test Clinic Room 2", "Telehealth")
+_STATUSES = ("booked", "booked", "booked", "confirmed", "arrived")
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,6 +1,9 @@
 """Which partner API operation allows how many requests per window (spec: Limits)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from dataclasses import dataclass
 
 from conf import ConfigError
@@ -12,7 +15,7 @@ class Limit:
     seconds: int
 
 
-DEFAULT_LIMITS: dict[str, Limit] = {
+DEFAULT_LIMITS: Mapping[str, Limit] = MappingProxyType({
     # The spec's Limits table.
     "invitations": Limit(10, 60),
     "organizations": Limit(10, 60),
@@ -24,7 +27,7 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "chart_request_status": Limit(50, 60),   # a poll, as cheap as the download-URL call it precedes
     "activation_status": Limit(10, 60),      # changes billing; rare by nature
     "billing": Limit(10, 60),                # a monthly report: a listing like organizations
-}
+})
 
 
 def limits_from_settings(settings) -> dict[str, Limit]:

@@ -26,6 +26,7 @@ from models.schema import bind_models
 from oauth.denylist import build_denylist
 from oauth.errors import dependency_unavailable
 from oauth.tokens import TokenService
+from ops.readiness import Readiness
 from ratelimit import RateLimiterUnavailable, build_rate_limiter
 from ratelimit.failures import FailurePolicy, build_failure_throttle
 from ratelimit.policy import Limit
@@ -68,6 +69,8 @@ class Runtime:
             settings, "sandbox_signin", self.failure_policy(), self.clock.time)
         self._object_store = None
         self._task_queue = None
+        self._metrics = None
+        self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
         self.executor = ThreadPoolExecutor(max_workers=settings.db_threads, thread_name_prefix="svc-blocking")
@@ -84,6 +87,14 @@ class Runtime:
             from storage import open_object_store
             self._object_store = open_object_store(self.settings, self.hasher, self.clock)
         return self._object_store
+
+    @property
+    def metrics(self):
+        """This process's Prometheus metrics (built on first use: after `serve` chose multiprocess mode)."""
+        if self._metrics is None:
+            from ops.metrics import Metrics
+            self._metrics = Metrics()
+        return self._metrics
 
     @property
     def task_queue(self):

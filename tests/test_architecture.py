@@ -1,7 +1,13 @@
 """Static checks of the code's shape: no import cycles, no async-unsafe handlers, no hidden globals.
 
 The import graph is read from the source (AST), every `import` counted, including those inside
-functions: a cycle deferred into a function body is still a cycle.
+functions: a cycle deferred into a function body is still a cycle. An `importlib.import_module`
+or `__import__` call counts as an import of every project module its name may start with.
+
+Module state is checked the same way: no module binds a mutable container (list, dict, set,
+their comprehensions and constructors) at its top level, and no function rebinds a module name
+(`global`). Process state belongs to the runtime; constants are tuples, frozensets or
+read-only mappings.
 """
 from __future__ import annotations
 
@@ -42,12 +48,31 @@ def imports_of(name: str, path: Path, modules: dict) -> set[str]:
             if node.level:
                 base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        targets += dynamic_import_targets(node, modules)
         for target in targets:
             while target and target not in modules:  # `a.b.c` where only `a.b` is a module
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
     return found
+
+
+def dynamic_import_targets(node, modules: dict) -> list[str]:
+    """The project modules an `importlib.import_module(...)` / `__import__(...)` call may load:
+    those named by its argument's constant text (an f-string's leading text is a prefix)."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return []
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called not in ("import_module", "__import__"):
+        return []
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        prefix = arg.values[0].value
+        return [name for name in modules if name.startswith(prefix)]
+    return list(modules)  # a name computed some other way could be any module
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -100,6 +125,50 @@ def test_the_packages_import_each_other_without_cycle():
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_a_dynamic_import_is_an_edge_of_the_graph():
+    modules = {"pkg": None, "pkg.one": None, "pkg.two": None, "other": None}
+    tree = ast.parse("import importlib\ndef load(n):\n    return importlib.import_module(f'pkg.{n}')")
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call))
+    assert set(dynamic_import_targets(call, modules)) == {"pkg.one", "pkg.two"}
+    assert dynamic_import_targets(ast.parse("__import__('other')").body[0].value, modules) == ["other"]
+
+
+MUTABLE_CONSTRUCTORS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "bytearray",
+                        "WeakValueDictionary", "WeakKeyDictionary", "WeakSet", "Lock", "RLock", "local"}
+
+
+def module_state(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, what) for every top-level binding of a mutable container and every `global`."""
+    found = []
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if value is None:
+            continue
+        called = None
+        if isinstance(value, ast.Call):
+            func = value.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) \
+                or called in MUTABLE_CONSTRUCTORS:
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            found.append((node.lineno, f"{ast.unparse(target)} = {type(value).__name__} {called or ''}".strip()))
+    found += [(node.lineno, "global " + ", ".join(node.names)) for node in ast.walk(tree) if isinstance(node, ast.Global)]
+    return found
+
+
+def test_no_module_holds_mutable_state():
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {what}" for name, path in project_modules().items()
+                 for line, what in module_state(ast.parse(path.read_text()))]
+    assert offenders == [], "module-level mutable state (give it to the runtime, or make it a constant):\n" + \
+        "\n".join(offenders)
+
+
+def test_the_module_state_check_sees_registries_and_globals():
+    source = "_checks: dict = {}\nSOURCES = []\nSEEN = set()\nNAMES = ('a',)\nLIMITS = frozenset()\n" \
+             "_lock = threading.Lock()\ndef f():\n    global _m\n    _m = 1\n"
+    assert [line for line, _ in module_state(ast.parse(source))] == [1, 2, 3, 6, 8]
 
 
 def test_conf_holds_settings_only():

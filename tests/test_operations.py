@@ -10,7 +10,7 @@ import pytest
 import tornado.httputil
 
 from conf.logging import JsonFormatter, redact
-from ops import readiness
+from ops.readiness import Readiness
 from ops.proxy import client_address, external_base_url
 from tests.conftest import REDIS_URL, basic_auth, free_port
 
@@ -73,14 +73,12 @@ async def test_readyz_checks_redis_when_configured(api, runtime):
 async def test_readyz_runs_registered_checks_and_fails_while_draining(api, runtime):
     def broken(rt):
         raise ConnectionError("broker unreachable")
-    readiness.register_check("test_broker", broken)
-    try:
-        status, _, body = await api.call("GET", "/readyz")
-        assert status == 503
-        assert body["checks"]["test_broker"] == {"status": "failed", "error": "ConnectionError: broker unreachable",
-                                                 "ms": body["checks"]["test_broker"]["ms"]}
-    finally:
-        readiness._checks.pop("test_broker")
+    runtime.readiness.add("test_broker", broken)
+    status, _, body = await api.call("GET", "/readyz")
+    assert status == 503
+    assert body["checks"]["test_broker"] == {"status": "failed", "error": "ConnectionError: broker unreachable",
+                                             "ms": body["checks"]["test_broker"]["ms"]}
+    assert "test_broker" not in Readiness().checks  # the check belongs to this runtime only
     runtime.draining = True
     status, _, body = await api.call("GET", "/readyz")
     assert status == 503 and body["checks"]["shutdown"]["status"] == "failed"
@@ -128,16 +126,13 @@ async def test_metrics_count_requests_by_route_pattern_and_tokens_by_grant(api, 
 
 @pytest.mark.gen_test
 async def test_metrics_hooks_for_rate_limits_jobs_and_queue_depth(api, runtime):
-    from ops import metrics
+    metrics = runtime.metrics
     _, _, before = await api.call("GET", "/metrics")
     metrics.count_rate_limit_rejection("get_appointments")
     metrics.count_job("build_chart_zip", "failed")
-    metrics.register_queue_depth(lambda: {"test-queue": 7})
-    metrics.register_queue_depth(lambda: 1 / 0)  # a broken source does not break the scrape
-    try:
-        status, _, after = await api.call("GET", "/metrics")
-    finally:
-        metrics._queue_depth_sources.clear()
+    metrics.add_queue_depth(lambda: {"test-queue": 7})
+    metrics.add_queue_depth(lambda: 1 / 0)  # a broken source does not break the scrape
+    status, _, after = await api.call("GET", "/metrics")
     assert status == 200
     assert sample(after, "svc_rate_limit_rejections_total", operation="get_appointments") - \
         sample(before, "svc_rate_limit_rejections_total", operation="get_appointments") == 1

@@ -41,6 +41,16 @@ class DatabaseConnection(Middleware):
     after_skip_message = after_process_message
 
 
+class JobMetrics(Middleware):
+    """Counts every finished attempt in the runtime's metrics (`svc_jobs_total`)."""
+
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        self.metrics.count_job(message.actor_name, "succeeded" if exception is None else "failed")
+
+
 class TaskQueue:
     """One runtime's broker and actors, and (embedded default) the worker thread that consumes it."""
 
@@ -55,6 +65,7 @@ class TaskQueue:
             self.embedded = True
         self.broker.add_middleware(CurrentMessage())
         self.broker.add_middleware(DatabaseConnection(runtime.db))
+        self.broker.add_middleware(JobMetrics(runtime.metrics))
         self.worker: dramatiq.Worker | None = None
         retry = {"max_retries": settings.task_max_retries, "min_backoff": settings.task_min_backoff_ms,
                  "max_backoff": settings.task_max_backoff_ms}

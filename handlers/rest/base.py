@@ -43,6 +43,7 @@ class PartnerApiHandler(BaseHandler):
         for name, value in self._limit_headers.items():
             self.set_header(name, value)
         if not decision.allowed:
+            self.runtime.metrics.count_rate_limit_rejection(operation)
             raise ApiError(429, "rate_limited",
                            f"Too many requests for this operation: the limit is {decision.limit} per "
                            f"{self.runtime.rate_limiter.limit_of(operation).seconds} seconds. "
