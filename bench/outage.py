@@ -128,7 +128,8 @@ NO_LIMITS = "organizations=100000000/60,activation_status=100000000/60"
 
 def seed(settings) -> dict:
     """Schema, a clinic, an application installed there (already initialized: `Disabled`)."""
-    from lifecycle.registry import create_organization, install_application, register_application
+    from lifecycle.applications import install_application, register_application
+    from lifecycle.organizations import create_organization
     from models.application import Installation
     from runtime import Runtime
     runtime = Runtime(settings)

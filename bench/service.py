@@ -57,7 +57,9 @@ class BenchService:
     def seed(self) -> None:
         from conf import Settings
         from runtime import Runtime
-        from lifecycle.registry import create_organization, create_user, install_application, register_application
+        from lifecycle.applications import install_application, register_application
+        from lifecycle.organizations import create_organization
+        from lifecycle.users import create_user
         from lifecycle.sandbox import issue_sandbox_token
         runtime = Runtime(Settings.from_env(self.env, dotenv=None))
         runtime.migrate()

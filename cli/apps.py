@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.manifest import update_manifest
-from lifecycle.registry import activate_fallback_secret, delete_application, generate_fallback_secret, \
-    register_application, set_redirect_policy, set_require_pkce
+from lifecycle.applications import delete_application, register_application, set_redirect_policy, set_require_pkce
+from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Application, Installation
 from models.clock import utc_iso
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.activation import set_activation_status
-from lifecycle.registry import (create_organization, create_user, install_application, update_organization,
-                                update_user)
+from lifecycle.applications import install_application
+from lifecycle.organizations import create_organization, update_organization
+from lifecycle.users import create_user, update_user
 from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
 from models.directory import Organization, User

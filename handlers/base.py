@@ -10,8 +10,8 @@ import tornado.web
 from conf.logging import redact
 from oauth.errors import ApiError, OAuthError, invalid_request
 from oauth.params import MAX_JSON_DEPTH, check_fields
-from partner_api.network import client_address
 from ops.observability import bind_request_id
+from ops.proxy import client_address
 
 log = logging.getLogger("svc_auth.http")
 
@@ -59,8 +59,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def client_address(self) -> str:
         """The caller's address (X-Forwarded-For only through SVC_TRUSTED_PROXIES)."""
-        return client_address(self.request.remote_ip, self.request.headers.get("X-Forwarded-For"),
-                              self.svc_settings.trusted_proxies)
+        return client_address(self.request, self.svc_settings)
 
     def set_default_headers(self):
         self.set_header("X-Content-Type-Options", "nosniff")

@@ -26,7 +26,7 @@ from handlers.base import BaseHandler
 from lifecycle.hub import frame_origins, hub_entries_for_token, hub_view, origin_of
 from lifecycle.sandbox import (SESSION_COOKIE, end_session, open_session_from_link, require_sandbox_on,
                                session_of, signed_in_at)
-from oauth.clients import throttle_check, throttle_failure
+from oauth.lockout import throttle_check, throttle_failure
 from oauth.errors import ApiError
 from oauth.resource import bearer_value
 

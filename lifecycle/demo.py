@@ -13,8 +13,9 @@ import peewee
 
 from connectors.sandbox import patient_panel
 from lifecycle.developers import invite_developer
-from lifecycle.registry import (create_organization, create_user, delete_application, install_application,
-                                register_application, update_organization)
+from lifecycle.applications import delete_application, install_application, register_application
+from lifecycle.organizations import create_organization, update_organization
+from lifecycle.users import create_user
 from lifecycle.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from oauth.cors import normalize_origin

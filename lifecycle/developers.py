@@ -14,14 +14,14 @@ import re
 import argon2
 import pyotp
 
-from lifecycle.registry import clean_email, find_application
+from lifecycle.applications import find_application
+from lifecycle.users import clean_email
 from models.application import Application
 from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import new_secret
 from oauth.errors import ApiError
-from ratelimit.failures import FailurePolicy, FailureThrottle, Throttled, build_failure_throttle
-from ratelimit.policy import Limit
+from oauth.lockout import throttle_check, throttle_failure
 
 # The shape of our ids (as partner_api.access.PATH_ID): anything else is no application of anyone's.
 APPLICATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -213,7 +213,7 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
 
 __all__ = ("FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
            "developer_application", "end_session", "invite_developer", "open_invite", "session_developer",
-           "sign_in", "signin_throttle", "start_session", "totp_uri")
+           "sign_in", "start_session", "totp_uri")
 
 
 def signin_subject(email: str) -> tuple:
@@ -226,23 +226,10 @@ def sign_in(runtime, throttle, email: str, password: str, totp_code: str, addres
     (`ratelimit.failures`, as at the token endpoint): past the limit per account or per source
     address, 429 with Retry-After without checking the password."""
     subject = signin_subject(email)
-    try:
-        throttle.check(subject, address)
-    except Throttled as exc:
-        raise ApiError(429, "too_many_attempts", f"Too many failed sign-ins. Try again in {exc.retry_after} seconds.",
-                       {"Retry-After": str(exc.retry_after)}) from None
+    throttle_check(throttle, subject, address, too_many="Too many failed sign-ins")
     developer = check_credentials(runtime, email, password, totp_code)
     if developer is None:
-        for locked in throttle.failed(subject, address):
-            AuditEvent.record(f"address:{address}", "developer.signin_locked", "console", counter=locked[0])
+        throttle_failure(throttle, subject, address)
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
     return start_session(runtime, developer)
 
-
-def signin_throttle(runtime) -> FailureThrottle:
-    """The console's failure throttle: SVC_CONSOLE_SIGNIN_FAILURE_LIMIT per account and per address."""
-    limit = Limit(*runtime.settings.console_signin_failure_limit)
-    # A console password is a person's guessable secret: every failure counts, and a locked account
-    # refuses even the right password (5 per account, and per address -> 429).
-    policy = FailurePolicy(subject=limit, address=limit)
-    return build_failure_throttle(runtime.settings, "console_signin", policy, runtime.clock.time)

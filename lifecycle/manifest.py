@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hotcache.applications import TOPIC as APPLICATIONS
 from lifecycle.manifest_validation import FIELDS, ManifestInvalid, validate  # noqa: F401  (ManifestInvalid: re-exported)
-from lifecycle.registry import find_application
+from lifecycle.applications import find_application
 from models.application import Application
 from models.audit import AuditEvent
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 
-from lifecycle.registry import find_application
+from lifecycle.applications import find_application
 from models.directory import Organization, User
 from models.sandbox import SandboxSession, SandboxSigninLink
 from oauth.errors import ApiError, invalid_token

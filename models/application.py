@@ -45,10 +45,6 @@ class Application(BaseModel):
         """The application with this id (every partner API call looks it up), or None."""
         return _APPLICATION_BY_ID.first(application_id) if isinstance(application_id, str) else None
 
-    def has_secret(self, secret: str, hasher) -> bool:
-        """True when `secret` is the current secret. A pending fallback is not valid yet."""
-        return hasher.matches(secret, self.client_secret_hash)
-
 
 _APPLICATION_BY_CLIENT_ID = PreparedQuery(
     lambda client_id: Application.select().where(Application.client_id == client_id).limit(1),

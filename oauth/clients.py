@@ -16,10 +16,10 @@ import binascii
 from urllib.parse import unquote
 
 from models.application import Application
-from models.audit import AuditEvent
 from oauth.errors import OAuthError, invalid_client, invalid_request
 from oauth.params import check_fields
-from ratelimit.failures import FailureThrottle, Throttled
+from oauth.secret_rotation import is_current_secret
+from oauth.lockout import throttle_check, throttle_failure
 
 
 def _basic_credentials(authorization: str) -> tuple[str, str] | None:
@@ -66,29 +66,6 @@ def claimed_client_id(params: dict, authorization: str | None) -> str | None:
     return found[0] if found is not None and isinstance(found[0], str) else None
 
 
-def throttle_check(throttle: FailureThrottle | None, subject, address: str | None) -> None:
-    """429 + Retry-After while `subject`/`address` is locked. The store (Redis) unreachable raises
-    `RateLimiterUnavailable`, which `Runtime.unit_of_work` (every caller's pool) answers with 503."""
-    if throttle is None:
-        return
-    try:
-        throttle.check(subject, address)
-    except Throttled as exc:
-        raise OAuthError("too_many_attempts",
-                         f"Too many failed authentication attempts; retry after {exc.retry_after} seconds.",
-                         status=429, headers={"Retry-After": str(exc.retry_after)}) from None
-
-
-def throttle_failure(throttle: FailureThrottle | None, subject, address: str | None) -> None:
-    """Count a failed attempt; audit each counter this failure locked."""
-    if throttle is None:
-        return
-    for key in throttle.failed(subject, address):
-        AuditEvent.record(f"address:{address or 'unknown'}", "auth.lockout", ":".join(map(str, subject or ())),
-                          throttle=throttle.name, locked=list(key), address=address,
-                          limit=(throttle.policy.address if key[0] == "address" else throttle.policy.subject).count)
-
-
 def authenticate_client(runtime, params: dict, authorization: str | None, address: str | None = None) -> Application:
     """The application whose credentials the request carries, or 401 `invalid_client`.
 
@@ -127,7 +104,7 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
     app = applications.by_client_id(client_id)
-    if app is not None and app.has_secret(secret, hasher):
+    if app is not None and is_current_secret(app, secret, hasher):
         return app  # the right secret: never refused, and no throttle round trip
     subject = ("client", client_id) if app is not None else None
     throttle_check(throttle, subject, address)

@@ -31,6 +31,8 @@ def _ip(value: str):
 @functools.lru_cache(maxsize=1024)
 def _in_networks(address: str, networks: tuple) -> bool:
     ip = _ip(address)
+    if ip is not None and getattr(ip, "ipv4_mapped", None):
+        ip = ip.ipv4_mapped  # ::ffff:10.0.0.2 is 10.0.0.2
     return ip is not None and any(ip in net for net in networks)
 
 
@@ -47,7 +49,8 @@ def _first_header_value(request, name: str) -> str | None:
 
 
 def client_address(request, settings) -> str:
-    """The address of the client this request comes from (what allowlists and logs should use)."""
+    """The address of the client this request comes from: the one answer that allowlists,
+    throttles and the access log use."""
     peer = request.remote_ip  # the socket peer: Tornado runs with xheaders=False
     if not is_trusted_proxy(peer, settings):
         return peer
@@ -56,7 +59,7 @@ def client_address(request, settings) -> str:
         ip = _ip(hop)
         if ip is None:
             return peer  # a malformed hop: trust nothing beyond our own proxy
-        if not any(ip in net for net in settings.trusted_proxies):
+        if not _in_networks(str(ip), settings.trusted_proxies):
             return str(ip)
     return str(_ip(hops[0])) if hops else peer
 

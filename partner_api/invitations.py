@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from lifecycle.registry import create_organization, create_user, install_application
+from lifecycle.applications import install_application
+from lifecycle.organizations import create_organization
+from lifecycle.users import create_user
 from models.application import Application
 from models.audit import AuditEvent
 from models.clock import utc_iso

@@ -1,7 +1,7 @@
 """The REST API's region rule (spec: US-only), as an allowlist of client networks.
 
-The client address is the connection's peer. Only when that peer is a trusted proxy
-(SVC_TRUSTED_PROXIES) is `X-Forwarded-For` read, right to left, skipping trusted proxies, so a
+The address checked is the one client address of a request (`ops.proxy.client_address`: the
+connection's peer, or `X-Forwarded-For` read right to left past SVC_TRUSTED_PROXIES only), so a
 client cannot claim an address by sending the header itself.
 """
 from __future__ import annotations
@@ -24,21 +24,6 @@ def _in(address, networks) -> bool:
     if getattr(address, "ipv4_mapped", None):
         address = address.ipv4_mapped
     return any(address.version == net.version and address in net for net in networks)
-
-
-def client_address(peer: str, forwarded_for: str | None, trusted_proxies) -> str:
-    """The address the request came from, as far as we can trust the chain of proxies."""
-    address = _address(peer)
-    if not trusted_proxies or not _in(address, trusted_proxies) or not forwarded_for:
-        return peer
-    hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
-    for hop in reversed(hops):
-        hop_address = _address(hop)
-        if hop_address is None:
-            return peer  # a garbled chain: trust only what we saw ourselves
-        if not _in(hop_address, trusted_proxies):
-            return hop
-    return hops[0] if hops else peer
 
 
 def require_allowed_network(address: str, *allowlists) -> None:

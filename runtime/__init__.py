@@ -67,6 +67,9 @@ class Runtime:
         # Failed sandbox sign-in links, per address.
         self.sandbox_signin_throttle = build_failure_throttle(
             settings, "sandbox_signin", self.failure_policy(), self.clock.time)
+        # Failed console sign-ins, per account and per address.
+        self.console_signin_throttle = build_failure_throttle(
+            settings, "console_signin", self.console_signin_policy(), self.clock.time)
         self._object_store = None
         self._task_queue = None
         self._metrics = None
@@ -79,6 +82,12 @@ class Runtime:
         """The configured failure limits (SVC_AUTH_FAILURE_LIMIT, SVC_AUTH_ADDRESS_FAILURE_LIMIT)."""
         return FailurePolicy(subject=Limit(*self.settings.auth_failure_limit),
                              address=Limit(*self.settings.auth_address_failure_limit))
+
+    def console_signin_policy(self) -> FailurePolicy:
+        """SVC_CONSOLE_SIGNIN_FAILURE_LIMIT per account and per address. A console password is a
+        person's guessable secret: a locked account refuses even the right password."""
+        limit = Limit(*self.settings.console_signin_failure_limit)
+        return FailurePolicy(subject=limit, address=limit)
 
     @property
     def object_store(self):

@@ -164,7 +164,9 @@ def basic_auth(client_id: str, secret: str) -> str:
 @pytest.fixture
 def world(runtime):
     """A clinic with a physician and a staff user, and an installed app (free-trial plan)."""
-    from lifecycle.registry import create_organization, create_user, install_application, register_application
+    from lifecycle.applications import install_application, register_application
+    from lifecycle.organizations import create_organization
+    from lifecycle.users import create_user
     from lifecycle.sandbox import issue_sandbox_token
     org = create_organization("Test Clinic", "sandbox", "https://ehr.example/test")
     physician = create_user(org.id, "doc@example.com", "Doc", "Tor", "dtor", "1234567893")

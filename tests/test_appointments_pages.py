@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle.registry import create_user
+from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from rest_helpers import complete_snapshot, partner_headers
 

@@ -105,7 +105,7 @@ async def test_launch_just_before_expiry_still_works(flow, runtime):
 
 @pytest.mark.gen_test
 async def test_launch_is_bound_to_its_client(flow, world, runtime):
-    from lifecycle.registry import install_application, register_application
+    from lifecycle.applications import install_application, register_application
     other, _ = register_application(runtime, "Other", "https://other.example/cb", "https://other.example/launch")
     install_application(other.id, world["org"].id)
     launch_id = await flow.launch(client_id=other.client_id)

@@ -129,7 +129,7 @@ async def test_billing_report_cli_json_and_csv(api, flow, world, settings, runti
 
 
 def test_audit_list_shows_state_changes(settings, world, runtime):
-    from lifecycle.registry import generate_fallback_secret
+    from oauth.secret_rotation import generate_fallback_secret
     generate_fallback_secret(runtime, world["app"].id)
     env = settings_env(settings)
     out = subprocess.run([sys.executable, "-m", "cli.__main__", "audit", "list", "--json"], env=env, cwd=str(ROOT),
@@ -173,7 +173,7 @@ async def test_billing_operation_shows_the_callers_billable_users_per_organizati
 
 @pytest.mark.gen_test
 async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world, runtime):
-    from lifecycle.registry import install_application, register_application
+    from lifecycle.applications import install_application, register_application
     from rest_helpers import partner_headers
     other, other_secret = register_application(runtime, "Other App", "https://other.example/main",
                                                "https://other.example/launch", billing_plan="paid")

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from conftest import ROOT, settings_env
+from oauth.secret_rotation import is_current_secret
 
 
 @pytest.fixture
@@ -46,10 +47,10 @@ def test_client_secret_rotation_commands(cli, runtime, world):
     app_id = world["app"].id
     fallback = cli("apps", "secret", "generate-fallback", "--app", app_id).stdout.strip()
     app = Application.get_by_id(app_id)
-    assert app.has_secret(world["secret"], runtime.hasher) and not app.has_secret(fallback, runtime.hasher)
+    assert is_current_secret(app, world["secret"], runtime.hasher) and not is_current_secret(app, fallback, runtime.hasher)
     cli("apps", "secret", "activate-fallback", "--app", app_id)
     app = Application.get_by_id(app_id)
-    assert app.has_secret(fallback, runtime.hasher) and not app.has_secret(world["secret"], runtime.hasher)
+    assert is_current_secret(app, fallback, runtime.hasher) and not is_current_secret(app, world["secret"], runtime.hasher)
     cli("apps", "secret", "activate-fallback", "--app", app_id, expect=2)  # nothing pending any more
 
 

@@ -16,7 +16,9 @@ import pytest
 
 from connectors import Provider
 from connectors.sandbox import connect
-from lifecycle.registry import create_organization, create_user, install_application
+from lifecycle.applications import install_application
+from lifecycle.organizations import create_organization
+from lifecycle.users import create_user
 from lifecycle.sandbox import end_session, issue_sandbox_token, open_session
 from models.application import Authorization
 from models.appointments import ConnectorSession, Snapshot

@@ -13,12 +13,15 @@ import pytest
 
 from conftest import ROOT, settings_env
 from console_client import ConsoleClient
-from lifecycle.developers import check_credentials, invite_developer, sign_in, signin_throttle
+from ratelimit.failures import build_failure_throttle
+from lifecycle.developers import check_credentials, invite_developer, sign_in
 from lifecycle.manifest import ManifestInvalid, update_manifest
-from lifecycle.registry import create_organization, install_application, register_application
+from lifecycle.applications import install_application, register_application
+from lifecycle.organizations import create_organization
 from models.application import Application
 from models.audit import AuditEvent
 from oauth.errors import ApiError
+from oauth.secret_rotation import is_current_secret
 
 PASSWORD = "correct horse battery staple"
 
@@ -171,15 +174,15 @@ async def test_manifest_form_errors_beside_fields_and_secret_steps(http_client, 
     import re
     fallback = re.search(r'id="fallback-secret" type="text" readonly value="([^"]+)"', client.last_html).group(1)
     stored = Application.get_by_id(app.id)
-    assert stored.has_secret(world["secret"], runtime.hasher) and not stored.has_secret(fallback, runtime.hasher)
+    assert is_current_secret(stored, world["secret"], runtime.hasher) and not is_current_secret(stored, fallback, runtime.hasher)
     await client.get(f"/console/apps/{app.id}")
     assert fallback not in client.last_html  # shown once
     ask = await client.post(f"/console/apps/{app.id}/secret/activate")
     assert ask.code == 200 and "breaks integrations" in client.last_html and "Confirm activation" in client.last_html
-    assert Application.get_by_id(app.id).has_secret(world["secret"], runtime.hasher)  # not yet
+    assert is_current_secret(Application.get_by_id(app.id), world["secret"], runtime.hasher)  # not yet
     done = await client.post(f"/console/apps/{app.id}/secret/activate", {"confirm": "yes"})
     assert done.code == 303
-    assert Application.get_by_id(app.id).has_secret(fallback, runtime.hasher)
+    assert is_current_secret(Application.get_by_id(app.id), fallback, runtime.hasher)
     actors = {(e.action, e.actor) for e in AuditEvent.select().where(AuditEvent.subject == app.id)}
     assert {("application.manifest_updated", "developer:dev@partner.example"),
             ("application.secret.fallback_generated", "developer:dev@partner.example"),
@@ -288,7 +291,7 @@ def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtim
     from models.developers import Developer
     import argon2
     Developer.update(password_hash=argon2.PasswordHasher().hash(PASSWORD)).execute()
-    throttle = signin_throttle(runtime)  # in memory: these settings have no SVC_REDIS_URL
+    throttle = runtime.console_signin_throttle  # in memory: these settings have no SVC_REDIS_URL
     for n in range(5):
         with pytest.raises(ApiError) as caught:
             sign_in(runtime, throttle, "dev@partner.example", "bad", "", f"10.0.0.{n}")
@@ -310,9 +313,8 @@ def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespac
     invite_developer(runtime, world["app"].id, "dev@partner.example")
     shared = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace)
 
-    class Process:  # what `signin_throttle` reads of a serve process's Runtime
-        settings, clock = shared, runtime.clock
-    first, second = signin_throttle(Process), signin_throttle(Process)
+    first, second = (build_failure_throttle(shared, "console_signin", runtime.console_signin_policy(), runtime.clock.time)
+                     for _ in range(2))  # what each serve process's runtime builds
     for n in range(5):
         with pytest.raises(ApiError):
             sign_in(runtime, first, "dev@partner.example", "bad", "", f"10.0.0.{n}")

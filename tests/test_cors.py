@@ -9,7 +9,7 @@ OTHER_ORIGIN = "https://evil.example"
 
 @pytest.fixture
 def cors_world(world, runtime):
-    from lifecycle.registry import install_application, register_application
+    from lifecycle.applications import install_application, register_application
     app, secret = register_application(runtime, "Browser App", "https://notes.example/app",
                                        "https://notes.example/launch", allowed_origins=["HTTPS://Notes.Example:443"])
     other, other_secret = register_application(runtime, "Other App", "https://other.example/app",
@@ -73,7 +73,7 @@ async def test_responses_are_readable_only_by_the_calling_apps_origin(api, cors_
 
 
 def test_allowed_origin_must_be_an_origin(runtime):
-    from lifecycle.registry import register_application
+    from lifecycle.applications import register_application
     from oauth.errors import ApiError
     with pytest.raises(ApiError, match="scheme://host"):
         register_application(runtime, "A", "https://a.example/app", "https://a.example/launch",

@@ -11,7 +11,7 @@ import redis
 from jose import jwt
 
 from conftest import REDIS_URL, basic_auth
-from lifecycle.registry import activate_fallback_secret, generate_fallback_secret
+from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Organization
 from models.grants import AuthorizationCode
 from oauth.denylist import DatabaseDenyList, RedisDenyList

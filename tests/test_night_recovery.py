@@ -7,7 +7,8 @@ import datetime as dt
 import time
 
 from connectors.sessions import touch_session
-from lifecycle.registry import create_organization, install_application
+from lifecycle.applications import install_application
+from lifecycle.organizations import create_organization
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot
 from models.schedule import ScheduledRun

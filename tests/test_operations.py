@@ -209,6 +209,9 @@ def test_forwarded_headers_only_from_trusted_proxies(settings):
     assert external_base_url(direct, trusted) == "http://10.0.0.5:8888"
     spoofed = _request("127.0.0.1", **{"X-Forwarded-For": "1.2.3.4, 203.0.113.9"})
     assert client_address(spoofed, trusted) == "203.0.113.9"  # the client-supplied 1.2.3.4 is not trusted
+    assert client_address(_request("10.0.0.2", **{"X-Forwarded-For": "garbage"}), trusted) == "10.0.0.2"
+    assert client_address(_request("10.0.0.2"), trusted) == "10.0.0.2"  # no header: the proxy itself
+    assert client_address(_request("::ffff:10.0.0.2", **{"X-Forwarded-For": "203.0.113.9"}), trusted) == "203.0.113.9"
     assert external_base_url(_request("127.0.0.1", **{"X-Forwarded-Host": "evil.example/x"}), trusted) \
         == "http://10.0.0.5:8888"
 

@@ -19,7 +19,8 @@ from conftest import free_port
 from examples.partner_app.config import PartnerConfig
 from examples.partner_app.web import make_partner_app
 from lifecycle.launches import create_launch
-from lifecycle.registry import activate_fallback_secret, generate_fallback_secret, install_application, register_application
+from lifecycle.applications import install_application, register_application
+from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
 
 

@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 
 from conftest import ROOT, settings_env
-from lifecycle.registry import install_application, register_application
+from lifecycle.applications import install_application, register_application
 from oauth.pkce import s256
 
 VERIFIER = "v" * 20 + "-._~" + "0123456789abcdefghijklmnop"

@@ -7,7 +7,7 @@ import urllib.parse
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lifecycle.registry import register_application
+from lifecycle.applications import register_application
 from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri
 
 BASE = "http://host/app"
@@ -149,7 +149,7 @@ async def test_authorize_redirects_to_the_normalised_uri_and_token_accepts_the_o
 
 @pytest.mark.gen_test
 async def test_exact_mode_app_accepts_only_registered_uris(flow, world, runtime):
-    from lifecycle.registry import install_application
+    from lifecycle.applications import install_application
     app, secret = register_application(runtime, "Exact", "https://exact.example/cb", "https://exact.example/launch",
                                        redirect_uri_match="exact",
                                        redirect_uris=["https://exact.example/cb", "https://exact.example/cb2"])

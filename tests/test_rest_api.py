@@ -7,7 +7,9 @@ import urllib.parse
 import pytest
 from jose import jwt
 
-from lifecycle.registry import create_organization, create_user, install_application, register_application
+from lifecycle.applications import install_application, register_application
+from lifecycle.organizations import create_organization
+from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from models.application import Installation
 from models.audit import AuditEvent

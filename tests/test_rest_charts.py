@@ -9,7 +9,7 @@ import pytest
 import pyzipper
 
 from connectors.sandbox import patient_panel
-from lifecycle.registry import register_application
+from lifecycle.applications import register_application
 from models.charts import ChartRequest
 from rest_helpers import partner_headers
 

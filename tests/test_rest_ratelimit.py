@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process
-from lifecycle.registry import register_application
+from lifecycle.applications import register_application
 from ratelimit import build_rate_limiter
 from rest_helpers import partner_headers
 

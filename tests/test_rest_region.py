@@ -1,17 +1,11 @@
 """The US-only rule as client network allowlists: global (SVC_REST_ALLOWED_NETWORKS) and per application."""
 from __future__ import annotations
 
-import ipaddress
 
 import pytest
 
-from lifecycle.registry import set_rest_allowed_networks
-from partner_api.network import client_address
+from lifecycle.applications import set_rest_allowed_networks
 from rest_helpers import partner_headers
-
-
-def nets(*cidrs):
-    return tuple(ipaddress.ip_network(c) for c in cidrs)
 
 
 @pytest.mark.gen_test
@@ -45,12 +39,3 @@ async def test_per_application_allowlist(api, world, runtime):
     set_rest_allowed_networks(runtime, app.id, ["127.0.0.0/8", "::1/128"])
     status, _, _ = await api.call("GET", path, headers=headers)
     assert status == 200
-
-
-def test_client_address_rules():
-    trusted = nets("10.0.0.0/8")
-    assert client_address("203.0.113.5", "1.2.3.4", trusted) == "203.0.113.5"
-    assert client_address("10.0.0.2", "1.2.3.4, 10.0.0.7", trusted) == "1.2.3.4"
-    assert client_address("10.0.0.2", "garbage", trusted) == "10.0.0.2"
-    assert client_address("10.0.0.2", None, trusted) == "10.0.0.2"
-    assert client_address("10.0.0.2", "1.2.3.4", ()) == "10.0.0.2"

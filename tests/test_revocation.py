@@ -6,7 +6,7 @@ import urllib.parse
 import pytest
 
 from conftest import basic_auth
-from lifecycle.registry import register_application
+from lifecycle.applications import register_application
 from rest_helpers import partner_headers
 
 

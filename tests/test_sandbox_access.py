@@ -11,7 +11,9 @@ import urllib.parse
 import pytest
 
 from conftest import ROOT, sandbox_signin, settings_env
-from lifecycle.registry import create_organization, create_user, install_application
+from lifecycle.applications import install_application
+from lifecycle.organizations import create_organization
+from lifecycle.users import create_user
 from lifecycle.sandbox import SESSION_COOKIE, create_signin_link, issue_sandbox_token
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession

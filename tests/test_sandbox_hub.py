@@ -6,7 +6,8 @@ import re
 import pytest
 
 from conftest import ROOT, sandbox_signin
-from lifecycle.registry import create_organization, install_application, register_application
+from lifecycle.applications import install_application, register_application
+from lifecycle.organizations import create_organization
 from models.application import Installation
 from oauth.tokens import SANDBOX_AUDIENCE
 

@@ -10,7 +10,9 @@ import threading
 import pytest
 
 from connectors.sessions import end_session, touch_session
-from lifecycle.registry import create_organization, create_user, install_application, register_application
+from lifecycle.applications import install_application, register_application
+from lifecycle.organizations import create_organization
+from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization

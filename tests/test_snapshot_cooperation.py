@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 from connectors.sessions import touch_session
-from lifecycle.registry import create_organization, create_user, install_application
+from lifecycle.applications import install_application
+from lifecycle.organizations import create_organization
+from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
 from models.schedule import ScheduledRun

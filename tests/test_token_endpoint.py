@@ -5,7 +5,8 @@ import urllib.parse
 import pytest
 
 from conftest import basic_auth
-from lifecycle.registry import activate_fallback_secret, generate_fallback_secret, register_application
+from lifecycle.applications import register_application
+from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.grants import AuthorizationCode
 from oauth.authorization_code import AuthorizationCodeGrant
 from oauth.errors import OAuthError

@@ -43,7 +43,7 @@ async def test_introspection_by_the_client_itself(api, flow, world):
 
 @pytest.mark.gen_test
 async def test_introspection_of_another_clients_token_is_inactive(api, flow, world, runtime):
-    from lifecycle.registry import register_application
+    from lifecycle.applications import register_application
     other, secret = register_application(runtime, "Other", "https://o.example/cb", "https://o.example/l")
     tokens = await flow.tokens()
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},

@@ -14,7 +14,9 @@ import redis
 import workers.charts as charts
 from connectors.sandbox import patient_panel
 from connectors.sessions import touch_session
-from lifecycle.registry import create_organization, create_user, install_application
+from lifecycle.applications import install_application
+from lifecycle.organizations import create_organization
+from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot
 from models.charts import ChartRequest

@@ -5,9 +5,7 @@ on every console POST, and only there: the OAuth and REST endpoints are not form
 from __future__ import annotations
 
 from handlers.console import account, apps
-from lifecycle.developers import signin_throttle
 
 
 def routes(runtime) -> list:
-    throttle = signin_throttle(runtime)  # one per process; shared through Redis when configured
-    return account.routes(throttle) + apps.routes()
+    return account.routes(runtime.console_signin_throttle) + apps.routes()

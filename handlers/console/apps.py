@@ -14,7 +14,7 @@ from partner_api.billing import billing_of
 from partner_api.console import audit_view, billing_csv_rows, installations_view
 from lifecycle.developers import actor_of
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
-from lifecycle.registry import activate_fallback_secret, generate_fallback_secret
+from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
 from oauth.errors import ApiError
 from partner_api.access import PATH_ID

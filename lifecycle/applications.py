@@ -1,0 +1,124 @@
+"""Applications and their installations: register, install, delete, and the redirect, PKCE and
+REST-network settings.
+
+Every change to an application ends with `runtime.changes.announce(APPLICATIONS)`: each process
+keeps applications in memory (hotcache) and drops them when it hears of a change.
+"""
+from __future__ import annotations
+
+from hotcache.applications import TOPIC as APPLICATIONS
+from lifecycle.manifest_validation import validate
+from lifecycle.organizations import find_organization, invalid
+from models.application import BILLING_PLANS, Application, Installation
+from models.audit import AuditEvent
+from models.ids import new_secret
+from oauth.errors import ApiError
+from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri
+
+
+def find_application(application_id: str) -> Application:
+    """The application with this id, else 404 `application_not_found`."""
+    app = Application.get_or_none(Application.id == application_id)
+    if app is None:
+        raise ApiError(404, "application_not_found", f"No application has id {application_id!r}.")
+    return app
+
+
+def _redirect_policy(redirect_uri: str, mode: str, redirect_uris) -> list[str]:
+    """Validate a redirect registration; returns the list of exact URIs (empty in prefix mode)."""
+    if mode not in MATCH_MODES:
+        raise invalid(f"redirect_uri_match must be one of {', '.join(MATCH_MODES)}, got {mode!r}.")
+    uris = [redirect_uri, *[u for u in redirect_uris if u != redirect_uri]]
+    for uri in uris:
+        try:
+            normalise_redirect_uri(uri)
+        except RedirectUriError as exc:
+            raise invalid(f"{uri!r} cannot be a redirect URI: {exc}.") from None
+    if mode == "prefix" and len(uris) > 1:
+        raise invalid("Several redirect URIs need redirect_uri_match=exact; prefix mode has one base URL.")
+    return uris if mode == "exact" else []
+
+
+def set_redirect_policy(runtime, application_id: str, mode: str, redirect_uris=(), actor: str = "operator") -> Application:
+    """Switch an app between prefix and exact redirect_uri matching (CLI and console use this)."""
+    app = find_application(application_id)
+    app.redirect_uris = _redirect_policy(app.redirect_uri, mode, redirect_uris)
+    app.redirect_uri_match = mode
+    app.save()
+    AuditEvent.record(actor, "application.redirect_policy_set", app.id, mode=mode, redirect_uris=app.redirect_uris)
+    runtime.changes.announce(APPLICATIONS)
+    return app
+
+
+def set_require_pkce(runtime, application_id: str, required: bool, actor: str = "operator") -> Application:
+    """Make PKCE (S256) mandatory, or optional again, for one app's authorization requests."""
+    app = find_application(application_id)
+    app.require_pkce = bool(required)
+    app.save()
+    AuditEvent.record(actor, "application.require_pkce_set", app.id, required=app.require_pkce)
+    runtime.changes.announce(APPLICATIONS)
+    return app
+
+
+def register_application(runtime, name: str, redirect_uri: str, launch_url: str, token_endpoint: str | None = None,
+                         billing_plan: str = "paid", user_fields=("email",), allowed_origins=(),
+                         application_id: str | None = None, client_id: str | None = None,
+                         client_secret: str | None = None, redirect_uri_match: str = "prefix",
+                         redirect_uris=(), require_pkce: bool = False) -> tuple[Application, str]:
+    """Register an app; returns it and its client secret (shown once, stored only hashed).
+
+    The manifest fields pass the one manifest validation (`lifecycle.manifest_validation`)."""
+    manifest = validate({"name": name, "launch_url": launch_url, "redirect_uri": redirect_uri,
+                         "token_endpoint": token_endpoint, "allowed_origins": list(allowed_origins or ()),
+                         "user_fields": list(user_fields or ())})
+    exact_uris = _redirect_policy(manifest["redirect_uri"], redirect_uri_match, redirect_uris)
+    if billing_plan not in BILLING_PLANS:
+        raise invalid(f"billing plan must be one of {', '.join(BILLING_PLANS)}.")
+    secret = client_secret or new_secret()
+    fields = dict(**manifest, billing_plan=billing_plan, client_secret_hash=runtime.hasher.digest(secret), redirect_uri_match=redirect_uri_match,
+                  redirect_uris=exact_uris, require_pkce=bool(require_pkce))
+    if application_id:
+        fields["id"] = application_id
+    if client_id:
+        fields["client_id"] = client_id
+    app = Application.create(**fields)
+    AuditEvent.record("operator", "application.created", app.id, client_id=app.client_id)
+    runtime.changes.announce(APPLICATIONS)
+    return app, secret
+
+
+def install_application(application_id: str, organization_id: str) -> Installation:
+    find_application(application_id)
+    find_organization(organization_id)
+    existing = Installation.find(application_id, organization_id)
+    if existing:
+        return existing
+    return Installation.create(application=application_id, organization=organization_id)
+
+
+def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str = "operator") -> list[str]:
+    """The networks (CIDRs) allowed to call the REST API as this application; empty: any network
+    SVC_REST_ALLOWED_NETWORKS allows."""
+    import ipaddress
+    find_application(application_id)
+    try:
+        cidrs = [str(ipaddress.ip_network(n, strict=False)) for n in networks]
+    except ValueError as exc:
+        raise invalid(f"not a network: {exc}") from None
+    Application.update(rest_allowed_networks=cidrs).where(Application.id == application_id).execute()
+    AuditEvent.record(actor, "application.rest_allowed_networks_set", application_id, networks=cidrs)
+    runtime.changes.announce(APPLICATIONS)
+    return cidrs
+
+
+def delete_application(runtime, application_id: str, actor: str = "operator") -> Application:
+    """Remove an application with its installations, launches, codes and tokens (the foreign keys
+    cascade); its client credentials stop working at once. Audited."""
+    app = find_application(application_id)
+    with Application._meta.database.atomic():
+        # recursive: peewee deletes the dependent rows itself, so SQLite without foreign-key
+        # enforcement and tables other parts add later behave the same.
+        app.delete_instance(recursive=True)
+        AuditEvent.record(actor, "application.deleted", app.id, client_id=app.client_id, name=app.name)
+    runtime.changes.announce(APPLICATIONS)  # every process forgets it: its credentials stop working
+    return app

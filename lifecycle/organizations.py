@@ -1,0 +1,66 @@
+"""Organizations (clinics): create, update, find. An organization's `ehr` names its connector."""
+from __future__ import annotations
+
+import re
+
+from models.audit import AuditEvent
+from models.directory import Organization
+from oauth.errors import ApiError
+from oauth.redirects import redirect_uri_allowed
+
+EHR_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
+
+
+def invalid(message: str, error: str = "invalid_request") -> ApiError:
+    return ApiError(400, error, message)
+
+
+def find_organization(organization_id: str) -> Organization:
+    """The organization with this id, else 404 `organization_not_found`."""
+    org = Organization.get_or_none(Organization.id == organization_id)
+    if org is None:
+        raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
+    return org
+
+
+def clean_name(name: str | None) -> str:
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise invalid("An organization needs a name of 1 to 200 characters.")
+    return name
+
+
+def clean_ehr(ehr: str | None) -> str:
+    if not EHR_NAME.match(ehr or ""):
+        raise invalid("ehr must be a short lower-case EHR name such as 'sandbox'.")
+    return ehr
+
+
+def clean_ehr_url(ehr_url: str) -> str:
+    if ehr_url and not redirect_uri_allowed(ehr_url, ehr_url):
+        raise invalid(f"ehr_url must be an absolute http(s) URL without a fragment, got {ehr_url!r}.")
+    return ehr_url
+
+
+def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None) -> Organization:
+    fields = {"name": clean_name(name), "ehr": clean_ehr(ehr), "ehr_url": ehr_url or ""}
+    if org_id:
+        fields["id"] = org_id
+    return Organization.create(**fields)
+
+
+def update_organization(organization_id: str, name: str | None = None, ehr: str | None = None,
+                        ehr_url: str | None = None, actor: str = "operator") -> Organization:
+    """Change an organization's name, EHR or EHR URL (None: unchanged); audited."""
+    org = find_organization(organization_id)
+    changes = {}
+    if name is not None:
+        changes["name"] = clean_name(name)
+    if ehr is not None:
+        changes["ehr"] = clean_ehr(ehr)
+    if ehr_url is not None:
+        changes["ehr_url"] = clean_ehr_url(ehr_url)
+    if changes:
+        Organization.update(**changes).where(Organization.id == org.id).execute()
+        AuditEvent.record(actor, "organization.updated", org.id, **changes)
+    return Organization.get_by_id(org.id)

@@ -1,0 +1,68 @@
+"""Users (clinicians) of an organization: create and update, with their e-mail and NPI rules."""
+from __future__ import annotations
+
+import re
+
+import peewee
+
+from lifecycle.organizations import find_organization, invalid
+from models.audit import AuditEvent
+from models.directory import User
+from oauth.errors import ApiError
+
+EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
+NPI = re.compile(r"^\d{10}$")
+
+
+def clean_email(email: str | None) -> str:
+    """The address trimmed and lower-cased; 400 when it is not a plausible e-mail address."""
+    email = (email or "").strip().lower()
+    if not EMAIL.match(email) or len(email) > 254:
+        raise invalid(f"{email!r} is not a valid e-mail address.")
+    return email
+
+
+def clean_npi(npi: str | None) -> str | None:
+    """A National Provider Identifier (10 digits), or None when empty; 400 otherwise."""
+    if npi and not NPI.match(npi):
+        raise invalid("npi must be 10 digits.")
+    return npi or None
+
+
+def create_user(organization_id: str, email: str, given_name: str | None = None, family_name: str | None = None,
+                ehr_username: str | None = None, npi: str | None = None, user_id: str | None = None) -> User:
+    org = find_organization(organization_id)
+    email = clean_email(email)
+    fields = dict(organization=org.id, email=email, given_name=given_name or None, family_name=family_name or None,
+                  ehr_username=ehr_username or None, npi=clean_npi(npi))
+    if user_id:
+        fields["id"] = user_id
+    try:
+        return User.create(**fields)
+    except peewee.IntegrityError:
+        raise ApiError(409, "email_taken", f"A user with e-mail {email} already exists.") from None
+
+
+def update_user(user_id: str, email: str | None = None, given_name: str | None = None,
+                family_name: str | None = None, ehr_username: str | None = None, npi: str | None = None,
+                actor: str = "operator") -> User:
+    """Change a user's fields (None: unchanged; "" clears an optional field); audited."""
+    user = User.get_or_none(User.id == user_id)
+    if user is None:
+        raise ApiError(404, "user_not_found", f"No user has id {user_id!r}.")
+    changes: dict = {}
+    if email is not None:
+        changes["email"] = email = clean_email(email)
+    for field, value in (("given_name", given_name), ("family_name", family_name), ("ehr_username", ehr_username)):
+        if value is not None:
+            changes[field] = value.strip() or None
+    if npi is not None:
+        changes["npi"] = clean_npi(npi)
+    if changes:
+        try:
+            with User._meta.database.atomic():
+                User.update(**changes).where(User.id == user.id).execute()
+        except peewee.IntegrityError:
+            raise ApiError(409, "email_taken", f"A user with e-mail {email} already exists.") from None
+        AuditEvent.record(actor, "user.updated", user.id, fields=sorted(changes))
+    return User.get_by_id(user.id)
