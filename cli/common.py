@@ -44,7 +44,7 @@ def with_runtime(command, check_redis: bool = False):
     """Run `command(runtime, args)` against the configured database; domain errors exit 2.
     `check_redis`: the command needs SVC_REDIS_URL to answer (worker, scheduler)."""
     def handler(settings, args):
-        from oauth.errors import ApiError
+        from errors import ApiError
         from runtime.startup import open_runtime
         runtime = open_runtime(settings, check_redis=check_redis)
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from cli.common import UsageError, emit, with_runtime
 from lifecycle.sandbox import create_signin_link, issue_sandbox_token, require_sandbox_user
 from models.directory import User
-from oauth.errors import ApiError
+from errors import ApiError
 
 
 def register(commands) -> None:

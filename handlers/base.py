@@ -8,7 +8,8 @@ from urllib.parse import parse_qsl
 import tornado.web
 
 from conf.logging import redact
-from oauth.errors import ApiError, OAuthError, invalid_request
+from errors import ApiError
+from oauth.errors import OAuthError, invalid_request
 from oauth.params import MAX_JSON_DEPTH, check_fields
 from ops.observability import bind_request_id
 from ops.proxy import client_address

@@ -5,12 +5,13 @@ import html
 
 from handlers.base import BaseHandler
 from oauth.authorization_code import AuthorizationRequest
-from oauth.clients import authenticate_client, claimed_client_id
+from oauth.clients import claimed_client_id
 from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client, origin_registered
-from oauth.errors import ApiError, AuthorizeError
-from oauth.params import text_param
-from oauth.resource import active_client_token, active_user_token, bearer_value, introspection_response, userinfo
-from oauth.revocation import revoke_token
+from errors import ApiError
+from oauth.errors import AuthorizeError
+from oauth.introspection import introspect
+from oauth.resource import active_user_token, bearer_value, userinfo
+from oauth.revocation import revoke
 from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
 from lifecycle.verification import platform_introspection
@@ -120,21 +121,8 @@ class IntrospectionHandler(CorsHandler):
         token = params.get("token")
         if not isinstance(token, str) or not token:
             raise ApiError(400, "invalid_request", "The token parameter is required.")
-        self.write_json(await self.run(introspect, self.runtime, params, token, authorization, self.client_address()))
-
-
-def introspect(runtime, params: dict, token: str, authorization: str, address: str) -> dict:
-    """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool). The platform
-    (Bearer sandbox token) verifies the token for its user, and learns the ID token issued with it."""
-    if authorization.lower().startswith("bearer "):
-        return platform_introspection(runtime, authorization[7:].strip(), token)
-    app = authenticate_client(runtime, params, authorization, address)  # first: no token work for strangers
-    claims = active_user_token(runtime, token)
-    if claims is not None and claims["client_id"] != app.client_id:
-        claims = None
-    if claims is None:
-        claims = active_client_token(runtime, token, app)  # the client's own client-credentials token
-    return introspection_response(claims)
+        self.write_json(await self.run(introspect, self.runtime, params, token, authorization,
+                                             self.client_address(), platform_introspection))
 
 
 class RevocationHandler(CorsHandler):
@@ -147,12 +135,6 @@ class RevocationHandler(CorsHandler):
         await self.run(revoke, self.runtime, params, authorization, self.client_address())
         self.set_status(200)
         self.finish()
-
-
-def revoke(runtime, params: dict, authorization: str | None, address: str) -> None:
-    app = authenticate_client(runtime, params, authorization, address)
-    token = text_param(params, "token", max_length=8000)
-    revoke_token(runtime, app, token)
 
 
 def routes(runtime) -> list:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from handlers.base import BaseHandler
-from oauth.errors import ApiError
+from errors import ApiError
 from storage.local import LocalObjectStore
 
 CHUNK = 256 * 1024

@@ -27,7 +27,7 @@ from lifecycle.hub import frame_origins, hub_entries_for_token, hub_view, origin
 from lifecycle.sandbox import (SESSION_COOKIE, end_session, open_session_from_link, require_sandbox_on,
                                session_of, signed_in_at)
 from oauth.lockout import throttle_check, throttle_failure
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.resource import bearer_value
 
 TEMPLATES = tornado.template.Loader(str(Path(__file__).resolve().parent / "templates"))

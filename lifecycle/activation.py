@@ -9,7 +9,7 @@ from __future__ import annotations
 from oauth.free_trial import start_trial
 from models.application import ACTIVATION_STATUSES, Installation
 from models.audit import AuditEvent
-from oauth.errors import ApiError
+from errors import ApiError
 
 
 def set_activation_status(runtime, installation: Installation, status, actor: str) -> Installation:

@@ -12,7 +12,7 @@ from lifecycle.organizations import find_organization, invalid
 from models.application import BILLING_PLANS, Application, Installation
 from models.audit import AuditEvent
 from models.ids import new_secret
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri
 
 

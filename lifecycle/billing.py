@@ -12,7 +12,7 @@ from collections import OrderedDict
 from models.billing import BillableUse
 from models.directory import Organization, User
 from oauth.free_trial import trial_state
-from oauth.errors import ApiError
+from errors import ApiError
 
 MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 

@@ -20,7 +20,7 @@ from models.application import Application
 from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import new_secret
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.lockout import throttle_check, throttle_failure
 
 # The shape of our ids (as partner_api.access.PATH_ID): anything else is no application of anyone's.

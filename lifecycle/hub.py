@@ -73,7 +73,7 @@ def hub_view(runtime, user_id: str, auth_time: float | None = None) -> HubView:
     """The sandbox user `user_id` with their organization, installed apps and a fresh sandbox token
     (`auth_time`: when the person signed in, epoch seconds)."""
     from lifecycle.sandbox import issue_sandbox_token
-    from oauth.errors import ApiError
+    from errors import ApiError
     user = User.with_organization(user_id)
     if user is None:
         raise ApiError(404, "user_not_found", f"No sandbox user has id {user_id!r}.")

@@ -6,7 +6,7 @@ from models.application import Application, Installation
 from models.directory import User
 from models.grants import Launch, expiry
 from models.ids import new_secret
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.redirects import with_query
 
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from models.application import USER_FIELDS
 from oauth.cors import normalize_origin
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.redirects import RedirectUriError, normalise_redirect_uri, redirect_uri_allowed
 
 FIELDS = ("name", "launch_url", "redirect_uri", "token_endpoint", "allowed_origins", "user_fields")

@@ -5,7 +5,7 @@ import re
 
 from models.audit import AuditEvent
 from models.directory import Organization
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.redirects import redirect_uri_allowed
 
 EHR_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")

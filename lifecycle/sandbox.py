@@ -15,7 +15,8 @@ import secrets
 from lifecycle.applications import find_application
 from models.directory import Organization, User
 from models.sandbox import SandboxSession, SandboxSigninLink
-from oauth.errors import ApiError, invalid_token
+from errors import ApiError
+from oauth.errors import invalid_token
 from oauth.tokens import SANDBOX_AUDIENCE, InvalidToken
 
 SANDBOX_EHR = "sandbox"

@@ -8,7 +8,7 @@ import peewee
 from lifecycle.organizations import find_organization, invalid
 from models.audit import AuditEvent
 from models.directory import User
-from oauth.errors import ApiError
+from errors import ApiError
 
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 NPI = re.compile(r"^\d{10}$")

@@ -11,7 +11,8 @@ from connectors.sessions import touch_session
 from lifecycle.billing import record_billable_use
 from models.application import Authorization, Installation
 from models.audit import AuditEvent
-from oauth.resource import active_user_token, introspection_response
+from oauth.introspection import introspection_response
+from oauth.resource import active_user_token
 
 
 def record_platform_verification(runtime, app, user) -> Installation | None:

@@ -8,7 +8,7 @@ database table (expired rows are removed when new ones are added).
 from __future__ import annotations
 
 from models.denylist import DeniedToken
-from oauth.errors import ApiError
+from errors import ApiError
 
 
 def _unavailable() -> ApiError:

@@ -1,19 +1,7 @@
-"""Errors every part of the service raises; `handlers.base` renders them (one place)."""
+"""OAuth's errors (RFC 6749 5.2, RFC 6750, authorize redirects) over `errors.ApiError`; `handlers.base` renders them."""
 from __future__ import annotations
 
-
-class ApiError(Exception):
-    """A client error with an HTTP status and a snake_case code: `{"error", "message"}`."""
-
-    def __init__(self, status: int, error: str, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.error = error
-        self.message = message
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict:
-        return {"error": self.error, "message": self.message}
+from errors import ApiError
 
 
 class OAuthError(ApiError):

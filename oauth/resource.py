@@ -56,17 +56,3 @@ def userinfo(runtime, token: str | None, claims: dict | None = None) -> dict:
     if user is None or app is None:
         raise invalid_token()
     return userinfo_claims(app, user, user.organization, runtime.settings.claims_namespace)
-
-
-def introspection_response(claims: dict | None) -> dict:
-    if claims is None:
-        return {"active": False}
-    if claims.get("aud") == PARTNER_API_AUDIENCE:  # a client-credentials token: no user
-        return {"active": True, "scope": claims.get("scope", ""), "client_id": claims.get("client_id"),
-                "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
-                "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer"}
-    return {"active": True, "scope": claims.get("scope", ""), "client_id": claims["client_id"],
-            "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
-            "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",
-            "svc_organization_id": claims.get("org")}
-

@@ -5,6 +5,8 @@ would have expired anyway; userinfo, introspection and the partner API refuse a 
 from __future__ import annotations
 
 from models.application import Application
+from oauth.clients import authenticate_client
+from oauth.params import text_param
 from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
 
 
@@ -32,3 +34,10 @@ def revoke_token(runtime, app: Application, token: str) -> None:
     if client_id != app.client_id or not isinstance(claims.get("jti"), str):
         return
     runtime.denylist.deny([claims["jti"]], until=float(claims.get("exp") or runtime.clock.time()))
+
+
+def revoke(runtime, params: dict, authorization: str | None, address: str) -> None:
+    """The revocation request: the client authenticates, then revokes `token` if it is its own."""
+    app = authenticate_client(runtime, params, authorization, address)
+    token = text_param(params, "token", max_length=8000)
+    revoke_token(runtime, app, token)

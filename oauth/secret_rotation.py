@@ -16,7 +16,7 @@ from hotcache.applications import TOPIC as APPLICATIONS
 from models.application import Application
 from models.audit import AuditEvent
 from models.ids import new_secret
-from oauth.errors import ApiError
+from errors import ApiError
 
 
 def _application(application_id: str) -> Application:

@@ -5,7 +5,7 @@ import re
 
 from models.application import Application, Installation
 from models.directory import Organization
-from oauth.errors import ApiError
+from errors import ApiError
 
 PATH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -20,7 +20,7 @@ from models.appointments import Snapshot, SnapshotAppointment
 from models.clock import utc_iso
 from models.directory import User
 from models.prepared import PreparedQuery
-from oauth.errors import ApiError
+from errors import ApiError
 from partner_api import testdata
 from partner_api.access import installation_of, path_id
 

@@ -13,7 +13,7 @@ import logging
 from models.application import Application
 from models.charts import ChartRequest
 from models.clock import utc_iso
-from oauth.errors import ApiError
+from errors import ApiError
 from partner_api.access import installation_of, path_id
 from workers.charts import TEST_CREATED, TEST_REQUEST_ID, enqueue_chart_build, test_mode_object
 

@@ -13,7 +13,7 @@ from models.application import Application, Authorization, Installation
 from models.clock import utc_iso
 from models.directory import Organization, User
 from models.grants import Launch
-from oauth.errors import ApiError
+from errors import ApiError
 from partner_api.access import installation_of, own_application
 
 

@@ -13,7 +13,7 @@ from models.clock import utc_iso
 from models.directory import User
 from models.ids import new_secret
 from models.invitations import Invitation
-from oauth.errors import ApiError
+from errors import ApiError
 
 INVITATION_FIELDS = frozenset({"email", "given_name", "family_name", "organization_name", "npi"})
 REQUIRED = ("email", "given_name", "family_name", "organization_name")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from oauth.errors import ApiError
+from errors import ApiError
 
 
 def _address(text: str):

@@ -20,7 +20,7 @@ from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
 from models.application import Application
 from models.audit import AuditEvent
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.secret_rotation import is_current_secret
 
 PASSWORD = "correct horse battery staple"

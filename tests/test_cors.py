@@ -74,7 +74,7 @@ async def test_responses_are_readable_only_by_the_calling_apps_origin(api, cors_
 
 def test_allowed_origin_must_be_an_origin(runtime):
     from lifecycle.applications import register_application
-    from oauth.errors import ApiError
+    from errors import ApiError
     with pytest.raises(ApiError, match="scheme://host"):
         register_application(runtime, "A", "https://a.example/app", "https://a.example/launch",
                              allowed_origins=["https://a.example/path"])

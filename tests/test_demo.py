@@ -109,7 +109,7 @@ def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
     from lifecycle.verification import record_platform_verification
     from models.application import Application, Authorization, Installation
     from models.directory import User
-    from oauth.errors import ApiError
+    from errors import ApiError
     env = demo_env(settings, SVC_ISSUER=settings.issuer)
     first = json.loads(run_cli(env, "demo", "seed", "--app-url", "http://127.0.0.1:9101", "--json").stdout)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.parse
 
 import pytest
 import redis

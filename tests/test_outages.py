@@ -138,7 +138,7 @@ def test_unit_of_work_maps_dependency_failures_to_503(runtime):
     """The one mapping: a database error discards the connection and answers 503 + Retry-After; so
     does Redis unreachable from blocking work (e.g. the failed-authentication counts)."""
     import peewee
-    from oauth.errors import ApiError
+    from errors import ApiError
     from ratelimit import RateLimiterUnavailable
 
     def database_gone():

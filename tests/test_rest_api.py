@@ -14,7 +14,6 @@ from lifecycle.verification import record_platform_verification
 from models.application import Installation
 from models.audit import AuditEvent
 from models.directory import Organization, User
-from models.invitations import Invitation
 from rest_helpers import complete_snapshot, partner_headers
 
 

@@ -18,7 +18,7 @@ from lifecycle.sandbox import SESSION_COOKIE, create_signin_link, issue_sandbox_
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession
 from models.audit import AuditEvent
-from oauth.errors import ApiError
+from errors import ApiError
 from oauth.tokens import SANDBOX_AUDIENCE
 from ratelimit.failures import build_failure_throttle
 

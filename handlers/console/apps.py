@@ -16,7 +16,7 @@ from lifecycle.developers import actor_of
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
-from oauth.errors import ApiError
+from errors import ApiError
 from partner_api.access import PATH_ID
 
 ACTIVATION_WARNING = ("Activating the fallback secret before your backend retries with the fallback "

@@ -7,7 +7,7 @@ import tornado.web
 
 from handlers.base import BaseHandler
 from lifecycle.developers import developer_application, session_developer
-from oauth.errors import ApiError
+from errors import ApiError
 
 TEMPLATE_DIR = str(Path(__file__).resolve().parent / "templates")
 SESSION_COOKIE = "svc_console"

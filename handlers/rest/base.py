@@ -8,7 +8,7 @@ when exceeded, 503 when the shared limiter cannot be reached).
 from __future__ import annotations
 
 from handlers.base import BaseHandler
-from oauth.errors import ApiError
+from errors import ApiError
 from partner_api.auth import partner_application
 from partner_api.network import parse_networks, require_allowed_network
 from ratelimit import RateLimiterUnavailable
