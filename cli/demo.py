@@ -1,8 +1,13 @@
-"""`svc-auth demo seed [--reset] [--json]`."""
+"""`svc-auth demo seed [--reset] [--json]`, and what `serve --demo` starts (`start_demo`)."""
 from __future__ import annotations
 
+import logging
+
 from cli.common import emit, with_runtime
-from lifecycle.demo import seed_demo
+from lifecycle.demo import (DEMO_DEVELOPER_EMAIL, demo_app_url, demo_patient, demo_signin_links, example_app_config,
+                            seed_demo)
+
+log = logging.getLogger("svc_auth.demo")
 
 
 def register(commands) -> None:
@@ -14,3 +19,31 @@ def register(commands) -> None:
                    help="first delete the demo clinic, users and app: back to the first-launch state")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(lambda runtime, args: emit(seed_demo(runtime, args.app_url, reset=args.reset), args.json)))
+
+
+def start_demo(runtime, app_port: int, sockets) -> None:
+    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look.
+    `sockets`: already bound to `app_port` (`serve` binds them first, so a taken port stops the
+    start with one line). The domain (lifecycle.demo) seeds; serving is the CLI's."""
+    import tornado.httpserver
+    import tornado.process
+    from examples.partner_app.web import make_partner_app
+    if tornado.process.task_id() not in (None, 0):
+        return  # with --processes N, the first worker seeds and runs the (single-process) example app
+    info = seed_demo(runtime, demo_app_url(app_port))
+    patient = demo_patient()
+    server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
+    server.add_sockets(sockets)
+    log.info("demo data ready; sign in to the hub with the one-time links printed below")
+    links = demo_signin_links(runtime, info)
+    print(f"\nsvc-auth demo (one-time sign-in links; `svc-auth sandbox signin-link --user ID` makes more)\n"
+          f"  service (discovery): {runtime.settings.issuer}/.well-known/openid-configuration\n"
+          f"  hub (physician): {info['hub_url']}\n"
+          f"  example app opened at once (physician): {links['physician_app']}\n"
+          f"  hub (staff, refused by the app): {links['staff_hub']}\n"
+          f"  settings (sandbox token): {links['physician_settings']}\n"
+          f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
+          f"  developer console ({DEMO_DEVELOPER_EMAIL}, one-time invitation): {links['console_invite']}\n"
+          f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n"
+          f"  demo patient (chart requests): {patient.id} ({patient.first_name} {patient.last_name})\n"
+          f"  appointments: open the app in the physician's hub, then run `svc-auth snapshot run`\n", flush=True)

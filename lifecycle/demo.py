@@ -6,7 +6,6 @@ in the source.
 """
 from __future__ import annotations
 
-import logging
 from urllib.parse import urlsplit
 
 import peewee
@@ -21,7 +20,6 @@ from models.application import Application
 from oauth.cors import normalize_origin
 from models.directory import Organization, User
 
-log = logging.getLogger("svc_auth.demo")
 
 DEMO_ORG_ID = "org_demo_clinic"
 DEMO_PHYSICIAN_ID = "usr_demo_physician"
@@ -147,37 +145,3 @@ def demo_signin_links(runtime, info: dict) -> dict:
             "staff_hub": create_signin_link(runtime, DEMO_OTHER_ID),
             "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings"),
             "console_invite": console_invite}
-
-
-def start_demo(runtime, app_port: int = EXAMPLE_APP_PORT, sockets=None) -> None:
-    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look.
-    `sockets`: already bound to `app_port` (the CLI binds them first, so a taken port stops the
-    start with one line); bound here when not given."""
-    import tornado.httpserver
-    import tornado.process
-    from examples.partner_app.web import make_partner_app
-    if tornado.process.task_id() not in (None, 0):
-        return  # with --processes N, the first worker seeds and runs the (single-process) example app
-    import tornado.netutil
-    from ops.startup import bind_error
-    try:
-        sockets = sockets or tornado.netutil.bind_sockets(app_port, address="127.0.0.1")
-    except OSError as exc:
-        raise bind_error(exc, app_port, "127.0.0.1", option="APP_PORT (--demo-app-port)") from None
-    info = seed_demo(runtime, demo_app_url(app_port))
-    patient = demo_patient()
-    server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
-    server.add_sockets(sockets)
-    log.info("demo data ready; sign in to the hub with the one-time links printed below")
-    links = demo_signin_links(runtime, info)
-    print(f"\nsvc-auth demo (one-time sign-in links; `svc-auth sandbox signin-link --user ID` makes more)\n"
-          f"  service (discovery): {runtime.settings.issuer}/.well-known/openid-configuration\n"
-          f"  hub (physician): {info['hub_url']}\n"
-          f"  example app opened at once (physician): {links['physician_app']}\n"
-          f"  hub (staff, refused by the app): {links['staff_hub']}\n"
-          f"  settings (sandbox token): {links['physician_settings']}\n"
-          f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
-          f"  developer console ({DEMO_DEVELOPER_EMAIL}, one-time invitation): {links['console_invite']}\n"
-          f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n"
-          f"  demo patient (chart requests): {patient.id} ({patient.first_name} {patient.last_name})\n"
-          f"  appointments: open the app in the physician's hub, then run `svc-auth snapshot run`\n", flush=True)

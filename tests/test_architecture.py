@@ -196,3 +196,15 @@ def test_no_module_global_runtime_database_clock_or_broker():
 def test_no_private_names_of_peewee():
     pattern = re.compile(r"_get_cursor_wrapper|\.__dict__\.update|\" VALUES \"")
     assert [name for name, path in project_modules().items() if pattern.search(path.read_text())] == []
+
+
+DOMAIN_PACKAGES = ("errors", "models", "oauth", "lifecycle", "partner_api", "workers", "connectors", "storage", "keys",
+                   "ratelimit", "hotcache", "runtime")
+
+
+def test_the_domain_never_serves_http():
+    """Only server.py, handlers/, ops/, cli/ and examples/ speak HTTP or bind sockets."""
+    offenders = [name for name, path in project_modules().items() if name.split(".")[0] in DOMAIN_PACKAGES
+                 and re.search(r"^\s*(import tornado|from tornado)|bind_sockets|\.listen\(|\.bind\(\(", path.read_text(), re.M)]
+    assert offenders == []
+

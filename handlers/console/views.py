@@ -1,4 +1,4 @@
-"""What the developer console shows about one application, read from the same functions as the
+"""What the developer console shows about one application (plain functions, no HTTP), read from the same functions as the
 partner REST API (organizations, users, billing) so both always agree. The console is the
 partner's other interface; the REST API's access rule is replaced by the developer's
 (`lifecycle.developers.developer_application`)."""
