@@ -208,3 +208,15 @@ def test_the_domain_never_serves_http():
                  and re.search(r"^\s*(import tornado|from tornado)|bind_sockets|\.listen\(|\.bind\(\(", path.read_text(), re.M)]
     assert offenders == []
 
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in support modules (conftest, *_support, rest_helpers...), so each
+    test module can be read, run and changed alone."""
+    offenders = []
+    for path in (ROOT / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.name} imports {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert offenders == []
+

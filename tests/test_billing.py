@@ -14,22 +14,11 @@ import pytest
 from conftest import ROOT, free_port, settings_env, start_process, stop_process
 from models.application import Installation
 from models.billing import BillableUse
+from partner_app_support import verify_on_platform, platform_verifies
 
 
-async def platform_verifies(api, world, access_token):
-    """What the hub does with the token the SDK hands it (with a fresh hub session token)."""
-    from lifecycle.sandbox import issue_sandbox_token
-    hub_token = issue_sandbox_token(api.runtime, world["physician"])
-    status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": access_token},
-                                     headers={"Authorization": f"Bearer {hub_token}"})
-    assert status == 200 and body["active"] is True
 
 
-async def verify_on_platform(api, flow, world):
-    """One launch, as the hub does it: tokens, then the platform verifies the access token."""
-    tokens = await flow.tokens()
-    await platform_verifies(api, world, tokens["access_token"])
-    return tokens
 
 
 def set_status(runtime, world, status, trial_days_ago=40):

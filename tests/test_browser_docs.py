@@ -14,7 +14,7 @@ import pytest
 from conf import Settings
 from conftest import ROOT, free_port, settings_env, start_process, stop_process
 from partner_api.openapi import openapi_document
-from test_browser_hub import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from browser_support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
 

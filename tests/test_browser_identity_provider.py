@@ -13,7 +13,7 @@ import pytest
 from runtime import Runtime
 from lifecycle.demo import DEMO_PHYSICIAN_ID
 from models.application import Application
-from test_browser_hub import APP_ID, app_frame, demo, page  # noqa: F401  (demo, page: fixtures)
+from browser_support import APP_ID, app_frame, demo, page  # noqa: F401  (fixtures: demo, page)
 
 pytestmark = pytest.mark.browser
 

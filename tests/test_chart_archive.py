@@ -1,18 +1,15 @@
 """Chart ZIPs through the embedded default: in-process worker thread, local store, signed URLs over HTTP."""
 from __future__ import annotations
 
-import io
-import json
 import time
 import urllib.parse
 
-import pypdf
 import pytest
-import pyzipper
 
 import workers.charts as charts
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
+from chart_support import open_archive
 
 
 def wait_for_status(request_id: str, timeout: float = 30.0) -> ChartRequest:
@@ -25,18 +22,6 @@ def wait_for_status(request_id: str, timeout: float = 30.0) -> ChartRequest:
     raise AssertionError(f"chart request {request_id} still pending after {timeout}s")
 
 
-def open_archive(data: bytes, request_id: str, password: str) -> tuple[str, dict]:
-    """The PDF's text and the JSON of a chart ZIP (fails without the right password)."""
-    with pyzipper.AESZipFile(io.BytesIO(data)) as archive:
-        assert sorted(archive.namelist()) == [f"{request_id}.json", f"{request_id}.pdf"]
-        for info in archive.infolist():
-            assert info.flag_bits & 0x1, "entries are encrypted"
-        with pytest.raises(RuntimeError):
-            archive.read(f"{request_id}.json", pwd=b"wrong-password")
-        archive.setpassword(password.encode())
-        pdf = pypdf.PdfReader(io.BytesIO(archive.read(f"{request_id}.pdf")))
-        text = "\n".join(page.extract_text() for page in pdf.pages)
-        return text, json.loads(archive.read(f"{request_id}.json"))
 
 
 def local_path(url: str) -> str:

@@ -17,8 +17,8 @@ from models.application import Application
 from models.directory import User
 
 from conftest import ROOT, settings_env
-from test_connector_sessions_e2e import Hub
-from test_rest_charts import fetch_zip
+from hub_client import Hub
+from chart_support import fetch_zip
 
 pytestmark = pytest.mark.slow
 

@@ -11,30 +11,19 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import jwt as pyjwt
 import pytest
 from jose import jwt as jose_jwt
 from jwcrypto import jwk as jwcrypto_jwk
 from jwcrypto import jwt as jwcrypto_jwt
+from js_support import JS_DIR, http
 
 
-JS_DIR = Path(__file__).parent / "js"
 
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None
 
 
-def http(method, url, body=None, headers=None):
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.build_opener(NoRedirect).open(request) as response:
-            return response.status, response.headers, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.headers, err.read()
 
 
 

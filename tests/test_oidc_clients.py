@@ -17,7 +17,7 @@ import urllib.parse
 
 import pytest
 
-from test_interop import JS_DIR, http
+from js_support import JS_DIR, http
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ from conf.logging import JsonFormatter, redact
 from ops.readiness import Readiness
 from ops.proxy import client_address, external_base_url
 from tests.conftest import REDIS_URL, basic_auth, free_port
+from metrics_support import sample
 
 
 @pytest.fixture
@@ -35,15 +36,6 @@ def json_logs():
     root.setLevel(old_level)
 
 
-def sample(metrics_text: str, name: str, **labels) -> float:
-    """The value of one sample in a Prometheus text exposition (0 when absent)."""
-    for line in metrics_text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line[len(name):line.rindex("}") + 1]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 @pytest.mark.gen_test

@@ -11,78 +11,19 @@ import json
 import urllib.parse
 
 import pytest
-import tornado.httpserver
 from jose import jwt
 
-from conf import Settings
-from conftest import free_port
-from examples.partner_app.config import PartnerConfig
-from examples.partner_app.web import make_partner_app
-from lifecycle.launches import create_launch
-from lifecycle.applications import install_application, register_application
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
+from partner_app_support import fetch, partner, settings  # noqa: F401  (fixtures: fetch, partner, settings)
 
 
-@pytest.fixture
-def settings(backend, tmp_path, request, http_port):
-    """The service's issuer is its real address here, so the app can fetch the JWKS from it.
-    Keys are per test: one test rotates them."""
-    from conftest import database_url
-    return Settings.build(issuer=f"http://127.0.0.1:{http_port}", database_url=database_url(backend, tmp_path, request),
-                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32,
-                          sandbox=True)
 
 
-class Partner:
-    """An example partner app registered with the service, served on its own port."""
-
-    def __init__(self, runtime, world, io_loop, **overrides):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.runtime, self.world = runtime, world
-        self.app, self.secret = register_application(
-            runtime, "Example Partner App", f"{self.url}/app", f"{self.url}/launch", f"{self.url}/api/token",
-            "free_trial", ["email", "name", "ehrUsername", "organization"], [runtime.settings.public_url])
-        install_application(self.app.id, world["org"].id)
-        fields = dict(auth_url=runtime.settings.issuer, base_url=runtime.settings.public_url + "/v1",
-                      client_id=self.app.client_id, client_secret=self.secret, application_id=self.app.id,
-                      public_url=self.url, authorized_users={world["physician"].id}, jwks_min_refresh_seconds=0)
-        fields.update(overrides)
-        self.config = PartnerConfig(**fields)
-        web = make_partner_app(self.config)
-        self.state = web.settings["partner"]
-        self.server = tornado.httpserver.HTTPServer(web)
-        self.server.listen(self.port, address="127.0.0.1")
-
-    def launch_query(self, user) -> dict:
-        launch, url = create_launch(self.runtime, user, self.app.client_id)
-        return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
 
 
-@pytest.fixture
-def partner(runtime, world, io_loop, http_server):
-    made = []
-
-    def make(**overrides):
-        made.append(Partner(runtime, world, io_loop, **overrides))
-        return made[-1]
-    yield make
-    for p in made:
-        p.server.stop()
 
 
-async def fetch(api, url, method="GET", body=None, headers=None):
-    """`api.call` for absolute URLs (the example app is on another port)."""
-    client = api.http
-    response = await client.fetch(url, method=method, headers=headers or {}, raise_error=False,
-                                  follow_redirects=False,
-                                  body=(json.dumps(body) if isinstance(body, dict) else body) if method != "GET" else None)
-    try:
-        payload = json.loads(response.body) if response.body else None
-    except ValueError:
-        payload = response.body.decode()
-    return response.code, response.headers, payload
 
 
 async def code_via_launch(api, p, user):

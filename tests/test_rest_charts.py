@@ -12,14 +12,11 @@ from connectors.sandbox import patient_panel
 from lifecycle.applications import register_application
 from models.charts import ChartRequest
 from rest_helpers import partner_headers
+from chart_support import fetch_zip
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
 
 
-async def fetch_zip(api, url, runtime):
-    path = url[len(runtime.settings.public_url):]
-    response = await api.http.fetch(api.base_url + path, raise_error=False)
-    return response
 
 
 async def wait_until_not_pending(api, headers, request_id, timeout=30.0):

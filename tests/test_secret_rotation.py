@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import urllib.parse
 
 import pytest
 
 from conftest import ROOT, settings_env
-from lifecycle.sandbox import issue_sandbox_token
 from models.application import Application
 from rest_helpers import partner_headers
-from test_partner_app import fetch, partner, settings  # noqa: F401  (fixtures: the app on a real port)
+from partner_app_support import partner, settings, LaunchTraffic  # noqa: F401  (fixtures: partner, settings)
 
 
 async def cli(settings, *args) -> dict:
@@ -32,61 +30,6 @@ async def cli(settings, *args) -> dict:
     return json.loads(out)
 
 
-class LaunchTraffic:
-    """Launches one after another until stopped; records each outcome with the rotation phase."""
-
-    def __init__(self, api, partner_app, user, runtime):
-        self.api, self.p, self.user, self.runtime = api, partner_app, user, runtime
-        self.phase = "before"
-        self.results: list[dict] = []
-        self._stop = asyncio.Event()
-        self._task = None
-
-    async def one_launch(self) -> dict:
-        # A fresh hub session token each time: some tests move the clock by days.
-        hub = {"Authorization": f"Bearer {issue_sandbox_token(self.runtime, self.user)}"}
-        status, _, body = await self.api.call("POST", "/v1/sandbox/launches", {"client_id": self.p.app.client_id},
-                                              headers=hub)
-        assert status == 201, body
-        status, headers, _ = await fetch(self.api, body["launch_url"])          # the app's launch endpoint
-        assert status == 302, status
-        status, headers, body = await fetch(self.api, headers["Location"])      # authorize
-        assert status == 302, body
-        code = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)["code"][0]
-        status, _, _ = await fetch(self.api, headers["Location"])  # the main page (the app checks state)
-        assert status == 200
-        phase, calls = self.phase, self.p.state.platform.token_calls
-        status, _, body = await fetch(self.api, f"{self.p.url}/api/token", "POST", {"code": code},
-                                      {"Content-Type": "application/json"})
-        outcome = {"phase": phase, "phase_after": self.phase, "status": status, "body": body,
-                   "token_calls": self.p.state.platform.token_calls - calls, "verified": False}
-        if status == 200:  # the SDK hands the access token to the platform, which verifies it
-            v_status, _, v_body = await self.api.call("POST", "/v1/oauth/introspect",
-                                                      {"token": body["access_token"]}, headers=hub)
-            outcome["verified"] = v_status == 200 and v_body["active"] is True
-        return outcome
-
-    async def _run(self):
-        while not self._stop.is_set():
-            self.results.append(await self.one_launch())
-
-    def start(self):
-        self._task = asyncio.ensure_future(self._run())
-
-    async def during(self, phase: str, launches: int = 3):
-        """Enter `phase` and let at least `launches` complete entirely inside it."""
-        self.phase = phase
-        while len(self.inside(phase)) < launches:
-            assert not self._task.done(), self._task.exception()
-            await asyncio.sleep(0.01)
-
-    def inside(self, phase: str) -> list[dict]:
-        return [r for r in self.results if r["phase"] == r["phase_after"] == phase]
-
-    async def stop(self) -> list[dict]:
-        self._stop.set()
-        await self._task
-        return self.results
 
 
 async def initialized_and_enabled(api, p, world, traffic) -> None:

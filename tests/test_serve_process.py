@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import basic_auth, free_port, settings_env, start_process, stop_process
-from tests.test_operations import sample
+from metrics_support import sample
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

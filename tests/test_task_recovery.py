@@ -20,7 +20,7 @@ from workers.recovery import sweep_charts
 from workers.snapshot import coming_night, eligible_providers, sync_organization
 
 from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
-from test_workers_redis import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (s3_endpoint: a fixture)
+from s3_support import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,7 @@ from jose import jwt
 
 from models.application import Installation
 from rest_helpers import partner_headers
-from test_billing import verify_on_platform
-from test_partner_app import partner, settings  # noqa: F401  (fixtures: the example app on a real port)
-from test_secret_rotation import LaunchTraffic
+from partner_app_support import verify_on_platform, partner, settings, LaunchTraffic  # noqa: F401  (fixtures: partner, settings)
 
 YEAR = dt.datetime.now(dt.timezone.utc).year + 1
 

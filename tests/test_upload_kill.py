@@ -21,7 +21,7 @@ from models.charts import ChartRequest
 
 from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
 from s3_hold import HoldingProxy
-from test_workers_redis import AWS, bucket_keys, s3_endpoint  # noqa: F401  (s3_endpoint: a fixture)
+from s3_support import AWS, bucket_keys, s3_endpoint  # noqa: F401  (fixtures: s3_endpoint)
 
 pytestmark = pytest.mark.slow
 

@@ -20,30 +20,18 @@ from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot
 from models.charts import ChartRequest
-from models.directory import Organization
 from models.schedule import ScheduledRun
 from workers.scheduler import night_due
 from workers.snapshot import fan_out_night
 
-from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_for_port, wait_until
-from test_chart_archive import open_archive
+from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
+from chart_support import open_archive
+from s3_support import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
 
 pytestmark = pytest.mark.slow
 
-AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory):
-    """moto's standalone S3-compatible server, a real HTTP server on a free loopback port."""
-    import os
-    port = free_port()
-    env = {**os.environ, **AWS}
-    proc = start_process(["-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env,
-                         log_path=tmp_path_factory.mktemp("moto") / "moto.log")
-    wait_for_port(port, proc=proc)
-    yield f"http://127.0.0.1:{port}"
-    stop_process(proc)
 
 
 @pytest.fixture
@@ -89,13 +77,8 @@ def status_of(request_id) -> ChartRequest:
     return ChartRequest.get_by_id(request_id)
 
 
-def bucket_keys(settings) -> list[str]:
-    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
-    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=settings.s3_bucket).get("Contents", []))
 
 
-def set_ehr_url(org, url: str) -> None:
-    Organization.update(ehr_url=url).where(Organization.id == org.id).execute()
 
 
 def test_chart_zip_built_by_a_worker_process_into_s3_and_fetched_over_a_presigned_url(runtime, world, start_worker):

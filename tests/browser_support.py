@@ -1,0 +1,96 @@
+"""The browser tests' Chromium, the demo service they drive, and the page fixtures."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import pytest
+from conf import Settings
+from runtime import Runtime
+from conftest import ROOT, free_port, settings_env, start_process, stop_process, wait_for_port
+from models.application import Installation
+from models.billing import BillableUse
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+APP_ID = "demo-application"
+
+
+TIMEOUT_MS = 20000
+
+
+class Demo:
+    """`svc-auth serve --demo` on free ports, and a way to set the demo installation's status."""
+
+    def __init__(self, tmp):
+        self.port, self.app_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app_url = f"http://127.0.0.1:{self.app_port}"
+        self.settings = Settings.build(issuer=self.url, database_url=f"sqlite:///{tmp}/svc.db", var_dir=str(tmp / "var"),
+                                       keys_dir=str(tmp / "keys"), hmac_key="b" * 32, sandbox=True)
+        self.proc = start_process(["serve", "--port", str(self.port), "--demo", "--demo-app-port", str(self.app_port)],
+                                  settings_env(self.settings), self.port, log_path=tmp / "serve.log")
+        wait_for_port(self.app_port, proc=self.proc)
+
+    def set_status(self, status: str | None, trial_started_at=None) -> None:
+        runtime = Runtime(self.settings)
+        try:
+            (Installation.update(activation_status=status, trial_started_at=trial_started_at)
+             .where(Installation.application == APP_ID).execute())
+        finally:
+            runtime.close()
+
+    def billable_users(self) -> int:
+        runtime = Runtime(self.settings)
+        try:
+            return BillableUse.select().where(BillableUse.application == APP_ID).count()
+        finally:
+            runtime.close()
+
+    def signin(self, user_id: str, app: str | None = None) -> str:
+        """A one-time sign-in link from the operator CLI (`svc-auth sandbox signin-link`)."""
+        args = ["sandbox", "signin-link", "--user", user_id] + (["--app", app] if app else [])
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=settings_env(self.settings),
+                                cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    def status(self) -> str | None:
+        runtime = Runtime(self.settings)
+        try:
+            return Installation.get(Installation.application == APP_ID).activation_status
+        finally:
+            runtime.close()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    service = Demo(tmp_path_factory.mktemp("browser-demo"))
+    yield service
+    stop_process(service.proc)
+
+
+@pytest.fixture
+def page(tmp_path):
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 760})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+def app_frame(page):
+    """The app's frame, once the app page has shown its outcome (claims or error)."""
+    page.wait_for_selector("#app-frame:not([hidden])", timeout=TIMEOUT_MS)
+    page.frame_locator("#app-frame").locator("#id-token-claims:not(:empty), #sdk-error:not(:empty)").first.wait_for(
+        timeout=TIMEOUT_MS)
+    return page.frame_locator("#app-frame")

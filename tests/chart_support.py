@@ -1,0 +1,29 @@
+"""Chart ZIPs in tests: fetch one through the REST API, open it with its password."""
+from __future__ import annotations
+
+import io
+import json
+import pytest
+import pyzipper
+
+
+async def fetch_zip(api, url, runtime):
+    path = url[len(runtime.settings.public_url):]
+    response = await api.http.fetch(api.base_url + path, raise_error=False)
+    return response
+
+import pypdf
+
+
+def open_archive(data: bytes, request_id: str, password: str) -> tuple[str, dict]:
+    """The PDF's text and the JSON of a chart ZIP (fails without the right password)."""
+    with pyzipper.AESZipFile(io.BytesIO(data)) as archive:
+        assert sorted(archive.namelist()) == [f"{request_id}.json", f"{request_id}.pdf"]
+        for info in archive.infolist():
+            assert info.flag_bits & 0x1, "entries are encrypted"
+        with pytest.raises(RuntimeError):
+            archive.read(f"{request_id}.json", pwd=b"wrong-password")
+        archive.setpassword(password.encode())
+        pdf = pypdf.PdfReader(io.BytesIO(archive.read(f"{request_id}.pdf")))
+        text = "\n".join(page.extract_text() for page in pdf.pages)
+        return text, json.loads(archive.read(f"{request_id}.json"))

@@ -1,0 +1,44 @@
+"""A sandbox hub session driven over HTTP, as a physician's browser would."""
+from __future__ import annotations
+
+import urllib.parse
+from lifecycle.sandbox import issue_sandbox_token
+
+
+class Hub:
+    """A user of the sandbox EHR, driving the hub's HTTP calls as hub.js does."""
+
+    def __init__(self, api, runtime, app, secret, user):
+        self.api, self.runtime, self.app, self.secret, self.user = api, runtime, app, secret, user
+        self.sandbox_token = issue_sandbox_token(runtime, user)
+        self.auth = {"Authorization": f"Bearer {self.sandbox_token}"}
+
+    async def open_app(self) -> str:
+        """Open the app (launch), the app's page gets a code, its backend exchanges it: the access token."""
+        status, _, body = await self.api.call("POST", "/v1/sandbox/launches", {"client_id": self.app.client_id},
+                                              headers=self.auth)
+        assert status == 201, body
+        query = {"client_id": self.app.client_id, "redirect_uri": self.app.redirect_uri, "response_type": "code",
+                 "launch_id": body["launch_id"]}
+        status, headers, body = await self.api.call("GET", f"/v1/oauth/authorize?{urllib.parse.urlencode(query)}")
+        assert status == 302, body
+        code = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)["code"][0]
+        status, _, tokens = await self.api.call("POST", "/v1/oauth/token", {
+            "grant_type": "authorization_code", "client_id": self.app.client_id, "client_secret": self.secret,
+            "code": code})
+        assert status == 200, tokens
+        return tokens["access_token"]
+
+    async def verify(self, access_token: str) -> None:
+        """The platform verifies the app's access token (the SDK hands it to the hub)."""
+        status, _, body = await self.api.call("POST", "/v1/oauth/introspect", {"token": access_token},
+                                              headers=self.auth)
+        assert status == 200 and body["active"], body
+
+    async def poll(self) -> None:
+        status, _, body = await self.api.call("GET", "/sandbox/api/apps", headers=self.auth)
+        assert status == 200 and body["apps"], body
+
+    async def complete_flow(self) -> None:
+        await self.verify(await self.open_app())
+        await self.poll()
