@@ -5,6 +5,9 @@ Set SVC_TEST_DATABASES=sqlite (or postgresql) to run one backend only.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import base64
 import json
 import os
@@ -161,8 +164,21 @@ def basic_auth(client_id: str, secret: str) -> str:
     return "Basic " + base64.b64encode(raw).decode()
 
 
+@dataclasses.dataclass
+class World:
+    """What `world` makes: a clinic, its physician and staff user, an installed app and its secret,
+    and each user's sandbox token."""
+    org: Any
+    physician: Any
+    staff: Any
+    app: Any
+    secret: str
+    sandbox_token: str
+    staff_sandbox_token: str
+
+
 @pytest.fixture
-def world(runtime):
+def world(runtime) -> World:
     """A clinic with a physician and a staff user, and an installed app (free-trial plan)."""
     from lifecycle.applications import install_application, register_application
     from lifecycle.organizations import create_organization
@@ -175,9 +191,9 @@ def world(runtime):
         runtime, "Test App", "https://app.example.com/main", "https://app.example.com/launch",
         billing_plan="free_trial", user_fields=["email", "name", "ehrUsername", "organization"])
     install_application(app.id, org.id)
-    return {"org": org, "physician": physician, "staff": staff, "app": app, "secret": secret,
-            "sandbox_token": issue_sandbox_token(runtime, physician),
-            "staff_sandbox_token": issue_sandbox_token(runtime, staff)}
+    return World(org=org, physician=physician, staff=staff, app=app, secret=secret,
+                 sandbox_token=issue_sandbox_token(runtime, physician),
+                 staff_sandbox_token=issue_sandbox_token(runtime, staff))
 
 
 class Flow:
@@ -188,15 +204,15 @@ class Flow:
 
     async def launch(self, sandbox_token=None, client_id=None):
         from lifecycle.sandbox import issue_sandbox_token
-        token = sandbox_token or issue_sandbox_token(self.runtime, self.world["physician"])
+        token = sandbox_token or issue_sandbox_token(self.runtime, self.world.physician)
         status, _, body = await self.api.call(
-            "POST", "/v1/sandbox/launches", {"client_id": client_id or self.world["app"].client_id},
+            "POST", "/v1/sandbox/launches", {"client_id": client_id or self.world.app.client_id},
             headers={"Authorization": f"Bearer {token}"})
         assert status == 201, body
         return body["launch_id"]
 
     async def authorize(self, prefix="/v1", **params):
-        app = self.world["app"]
+        app = self.world.app
         query = {"client_id": app.client_id, "redirect_uri": app.redirect_uri, "response_type": "code"}
         if "launch_id" not in params and "login_hint" not in params:
             query["launch_id"] = await self.launch()
@@ -211,9 +227,9 @@ class Flow:
         return urllib.parse.parse_qs(location.query)["code"][0]
 
     async def exchange(self, code, prefix="/v1", secret=None, **extra):
-        app = self.world["app"]
+        app = self.world.app
         body = {"grant_type": "authorization_code", "client_id": app.client_id,
-                "client_secret": secret or self.world["secret"], "code": code, **extra}
+                "client_secret": secret or self.world.secret, "code": code, **extra}
         return await self.api.call("POST", f"{prefix}/oauth/token", body)
 
     async def tokens(self, prefix="/v1"):

@@ -135,10 +135,10 @@ class Partner:
         self.app, self.secret = register_application(
             runtime, "Example Partner App", f"{self.url}/app", f"{self.url}/launch", f"{self.url}/api/token",
             "free_trial", ["email", "name", "ehrUsername", "organization"], [runtime.settings.public_url])
-        install_application(self.app.id, world["org"].id)
+        install_application(self.app.id, world.org.id)
         fields = dict(auth_url=runtime.settings.issuer, base_url=runtime.settings.public_url + "/v1",
                       client_id=self.app.client_id, client_secret=self.secret, application_id=self.app.id,
-                      public_url=self.url, authorized_users={world["physician"].id}, jwks_min_refresh_seconds=0)
+                      public_url=self.url, authorized_users={world.physician.id}, jwks_min_refresh_seconds=0)
         fields.update(overrides)
         self.config = PartnerConfig(**fields)
         web = make_partner_app(self.config)
@@ -159,7 +159,7 @@ from conftest import free_port
 async def platform_verifies(api, world, access_token):
     """What the hub does with the token the SDK hands it (with a fresh hub session token)."""
     from lifecycle.sandbox import issue_sandbox_token
-    hub_token = issue_sandbox_token(api.runtime, world["physician"])
+    hub_token = issue_sandbox_token(api.runtime, world.physician)
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": access_token},
                                      headers={"Authorization": f"Bearer {hub_token}"})
     assert status == 200 and body["active"] is True

@@ -38,17 +38,17 @@ def audit_list(settings, *args) -> list[dict]:
 
 @pytest.mark.gen_test
 async def test_every_state_change_is_listed_by_the_cli(api, flow, world, settings, runtime):
-    app, org = world["app"], world["org"]
+    app, org = world.app, world.org
     subject = f"{app.id}/{org.id}"
     # The platform verifies the first token: (none) -> Disabled, by the platform.
     tokens = await flow.tokens()
-    hub = {"Authorization": f"Bearer {issue_sandbox_token(runtime, world['physician'])}"}
+    hub = {"Authorization": f"Bearer {issue_sandbox_token(runtime, world.physician)}"}
     for _ in range(2):  # verified twice: the transition happens (and is audited) once
         status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
                                          headers=hub)
         assert status == 200 and body["active"] is True
     # The app enables itself through the REST API.
-    headers = await partner_headers(api, app, world["secret"])
+    headers = await partner_headers(api, app, world.secret)
     status, _, _ = await api.call("PUT", f"/v1/applications/{app.id}/organizations/{org.id}/activation-status",
                                   {"status": "Enabled"}, headers=headers)
     assert status == 200
@@ -71,14 +71,14 @@ async def test_every_state_change_is_listed_by_the_cli(api, flow, world, setting
     ]
     by_action = {(e["actor"], e["action"]): e for e in events}
     assert by_action[("platform", "installation.activation_status_set")]["detail"] == {
-        "before": None, "after": "Disabled", "user_id": world["physician"].id}
+        "before": None, "after": "Disabled", "user_id": world.physician.id}
     assert by_action[(app.id, "installation.activation_status_set")]["detail"] == {
         "before": "Disabled", "after": "Enabled"}
     # When: the service clock's time of the change (the CLI runs later, on the real clock).
     enabled_at = AuditEvent.get(AuditEvent.actor == app.id).at
     assert by_action[(app.id, "installation.activation_status_set")]["at"] == utc_iso(enabled_at)
     # No secret ever reaches the audit trail.
-    assert world["secret"] not in json.dumps(events) and fallback["fallback_secret"] not in json.dumps(events)
+    assert world.secret not in json.dumps(events) and fallback["fallback_secret"] not in json.dumps(events)
     # Filter by action; the text form names who, what and the subject on one line each.
     assert [e["subject"] for e in audit_list(settings, "--action", "keys.rotated")] == [rotated["kid"]]
     text = cli(settings, "audit", "list", "--limit", "2").splitlines()

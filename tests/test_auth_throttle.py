@@ -36,11 +36,11 @@ def use_redis(runtime, namespace):
 
 
 async def guess_secrets(api, world, runtime):
-    app = world["app"]
+    app = world.app
     runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)  # one window for the whole test
     trust_local_proxy(runtime)
     # The legitimate client works from its own address (which earns it nothing: no address is trusted).
-    assert (await client_token(api, app.client_id, world["secret"], LEGIT))[0] == 200
+    assert (await client_token(api, app.client_id, world.secret, LEGIT))[0] == 200
     # An attacker guesses: 10 wrong secrets are checked (401), then wrong secrets are refused (429).
     for n in range(10):
         status, _, body = await client_token(api, app.client_id, f"guess-{n}", ATTACKER)
@@ -59,11 +59,11 @@ async def guess_secrets(api, world, runtime):
     # The right secret is never refused: from its own address, a new one, even the attacker's
     # (a 256-bit secret is not guessable; refusing it would let anyone lock the client out).
     for address in (LEGIT, "192.0.2.44", ATTACKER):
-        status, _, body = await client_token(api, app.client_id, world["secret"], address)
+        status, _, body = await client_token(api, app.client_id, world.secret, address)
         assert status == 200, (address, body)
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials", headers={
         "Content-Type": "application/x-www-form-urlencoded", **via("192.0.2.45"),
-        "Authorization": basic_auth(app.client_id, world["secret"])})
+        "Authorization": basic_auth(app.client_id, world.secret)})
     assert status == 200, body
     # The lockout is audited.
     events = list(AuditEvent.select().where(AuditEvent.action == "auth.lockout"))
@@ -97,8 +97,8 @@ async def test_one_address_trying_many_clients_is_locked(api, world, runtime):
     status, _, _ = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials", headers={
         "Content-Type": "application/x-www-form-urlencoded", "Authorization": "Basic !!!", **via(ATTACKER)})
     assert status == 429
-    app = world["app"]
-    assert (await client_token(api, app.client_id, world["secret"], LEGIT))[0] == 200
+    app = world.app
+    assert (await client_token(api, app.client_id, world.secret, LEGIT))[0] == 200
 
 
 def test_redis_counts_are_shared_between_processes(redis_namespace):
@@ -156,10 +156,10 @@ async def test_a_spray_of_wrong_secrets_cannot_lock_the_client_out_of_a_new_host
     use_redis(runtime, redis_namespace)
     runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
     trust_local_proxy(runtime)  # the new host reaches us through a trusted proxy (X-Forwarded-For)
-    app = world["app"]
+    app = world.app
     statuses = [(await client_token(api, app.client_id, f"spray-{n}", ATTACKER))[0] for n in range(50)]
     assert statuses[:10] == [401] * 10 and set(statuses[10:]) == {429}
-    status, _, body = await client_token(api, app.client_id, world["secret"], "198.51.100.200")
+    status, _, body = await client_token(api, app.client_id, world.secret, "198.51.100.200")
     assert status == 200 and body["token_type"] == "Bearer", body
 
 
@@ -170,8 +170,8 @@ async def test_an_address_that_once_succeeded_is_throttled_like_any_other(api, w
     use_redis(runtime, redis_namespace)
     runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
     trust_local_proxy(runtime)
-    app = world["app"]
-    assert (await client_token(api, app.client_id, world["secret"], LEGIT))[0] == 200
+    app = world.app
+    assert (await client_token(api, app.client_id, world.secret, LEGIT))[0] == 200
     statuses = [(await client_token(api, app.client_id, f"wrong-{n}", LEGIT))[0] for n in range(12)]
     assert statuses == [401] * 10 + [429] * 2
 
@@ -195,7 +195,7 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
              for port in ports]
 
     def token(port: int, secret: str) -> tuple[int, dict, dict]:
-        body = json.dumps({"grant_type": "client_credentials", "client_id": world["app"].client_id,
+        body = json.dumps({"grant_type": "client_credentials", "client_id": world.app.client_id,
                            "client_secret": secret}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/oauth/token", data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
@@ -209,7 +209,7 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
         assert [token(first, f"wrong-{n}")[0] for n in range(10)] == [401] * 10
         status, headers, body = token(second, "wrong-at-the-other")
         assert status == 429 and body["error"] == "too_many_attempts" and 1 <= int(headers["Retry-After"]) <= 300
-        assert token(first, world["secret"])[0] == 200 and token(second, world["secret"])[0] == 200
+        assert token(first, world.secret)[0] == 200 and token(second, world.secret)[0] == 200
     finally:
         for proc in procs:
             stop_process(proc)

@@ -50,7 +50,7 @@ async def test_bad_redirect_uri_is_shown_never_redirected(flow):
 
 @pytest.mark.gen_test
 async def test_unknown_client_is_shown_never_redirected(api, world):
-    query = urllib.parse.urlencode({"client_id": "nope", "redirect_uri": world["app"].redirect_uri,
+    query = urllib.parse.urlencode({"client_id": "nope", "redirect_uri": world.app.redirect_uri,
                                     "response_type": "code", "launch_id": "x"})
     status, headers, body = await api.call("GET", f"/v1/oauth/authorize?{query}", headers={"Accept": "application/json"})
     assert status == 400 and "Location" not in headers
@@ -107,7 +107,7 @@ async def test_launch_just_before_expiry_still_works(flow, runtime):
 async def test_launch_is_bound_to_its_client(flow, world, runtime):
     from lifecycle.applications import install_application, register_application
     other, _ = register_application(runtime, "Other", "https://other.example/cb", "https://other.example/launch")
-    install_application(other.id, world["org"].id)
+    install_application(other.id, world.org.id)
     launch_id = await flow.launch(client_id=other.client_id)
     status, headers, _ = await flow.authorize(launch_id=launch_id)
     assert location_query(headers)["error"] == "invalid_request"

@@ -25,13 +25,13 @@ def set_status(runtime, world, status, trial_days_ago=40):
     """The installation's status; its free trial (started `trial_days_ago`) has ended unless told otherwise."""
     started = runtime.clock.now() - datetime.timedelta(days=trial_days_ago)
     Installation.update(activation_status=status, trial_started_at=started).where(
-        Installation.application == world["app"].id).execute()
+        Installation.application == world.app.id).execute()
 
 
 @pytest.mark.gen_test
 async def test_first_initialization_disables_and_does_not_bill(api, flow, world):
     await verify_on_platform(api, flow, world)
-    assert Installation.find(world["app"].id, world["org"].id).activation_status == "Disabled"
+    assert Installation.find(world.app.id, world.org.id).activation_status == "Disabled"
     assert BillableUse.select().count() == 0
 
 
@@ -47,7 +47,7 @@ async def test_billed_once_a_month_while_enabled(api, flow, world, runtime):
     await verify_on_platform(api, flow, world)
     rows = list(BillableUse.select())
     assert [(r.user_id, r.organization_id, r.month) for r in rows] == [
-        (world["physician"].id, world["org"].id, runtime.clock.now().strftime("%Y-%m"))]
+        (world.physician.id, world.org.id, runtime.clock.now().strftime("%Y-%m"))]
     runtime.clock.advance(32 * 86400)
     await verify_on_platform(api, flow, world)
     assert BillableUse.select().count() == 2
@@ -70,11 +70,11 @@ def test_concurrent_verifications_across_two_processes_bill_once(settings, world
     tokens = []
     grant = AuthorizationCodeGrant(runtime)
     for i in range(12):
-        launch, _ = create_launch(runtime, world["physician"], world["app"].client_id)
-        AuthorizationCode.create(code_hash=runtime.hasher.digest(f"c{i}"), application=world["app"].id,
-                                 user=world["physician"].id, organization=world["org"].id,
-                                 redirect_uri=world["app"].redirect_uri, expires_at=expiry(runtime.clock.now(), 60))
-        tokens.append(grant.exchange(world["app"], {"code": f"c{i}"}, True)["access_token"])
+        launch, _ = create_launch(runtime, world.physician, world.app.client_id)
+        AuthorizationCode.create(code_hash=runtime.hasher.digest(f"c{i}"), application=world.app.id,
+                                 user=world.physician.id, organization=world.org.id,
+                                 redirect_uri=world.app.redirect_uri, expires_at=expiry(runtime.clock.now(), 60))
+        tokens.append(grant.exchange(world.app, {"code": f"c{i}"}, True)["access_token"])
     ports = [free_port(), free_port()]
     env = settings_env(settings)
     procs = [start_process(["serve", "--port", str(p)], env, p, log_path=tmp_path / f"s{p}.log") for p in ports]
@@ -83,7 +83,7 @@ def test_concurrent_verifications_across_two_processes_bill_once(settings, world
             request = urllib.request.Request(
                 f"http://127.0.0.1:{ports[i % 2]}/v1/oauth/introspect", method="POST",
                 data=json.dumps({"token": tokens[i]}).encode(),
-                headers={"Content-Type": "application/json", "Authorization": f"Bearer {world['sandbox_token']}"})
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {world.sandbox_token}"})
             with urllib.request.urlopen(request, timeout=30) as response:
                 return json.loads(response.read())["active"]
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
@@ -109,7 +109,7 @@ async def test_billing_report_cli_json_and_csv(api, flow, world, settings, runti
 
     report = json.loads(cli("billing", "report", "--month", month, "--format", "json"))
     assert report["total_billable_users"] == 1
-    assert report["organizations"][0]["organization_id"] == world["org"].id
+    assert report["organizations"][0]["organization_id"] == world.org.id
     assert report["organizations"][0]["users"][0]["email"] == "doc@example.com"
     rows = list(csv.reader(io.StringIO(cli("billing", "report", "--month", month, "--format", "csv"))))
     assert rows[0][:3] == ["month", "application_id", "organization_id"] and len(rows) == 2
@@ -119,7 +119,7 @@ async def test_billing_report_cli_json_and_csv(api, flow, world, settings, runti
 
 def test_audit_list_shows_state_changes(settings, world, runtime):
     from oauth.secret_rotation import generate_fallback_secret
-    generate_fallback_secret(runtime, world["app"].id)
+    generate_fallback_secret(runtime, world.app.id)
     env = settings_env(settings)
     out = subprocess.run([sys.executable, "-m", "cli.__main__", "audit", "list", "--json"], env=env, cwd=str(ROOT),
                          capture_output=True, text=True, timeout=60)
@@ -136,27 +136,27 @@ def billing_path(app_id, month=None):
 @pytest.mark.gen_test
 async def test_billing_operation_shows_the_callers_billable_users_per_organization(api, flow, world, runtime):
     from rest_helpers import partner_headers
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     month = runtime.clock.now().strftime("%Y-%m")
-    status, _, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
-    assert status == 200 and body == {"application_id": world["app"].id, "month": month,
+    status, _, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
+    assert status == 200 and body == {"application_id": world.app.id, "month": month,
                                       "total_billable_users": 0, "organizations": []}
     set_status(runtime, world, "Enabled")
     await verify_on_platform(api, flow, world)
     await verify_on_platform(api, flow, world)  # the same user again this month: still one
-    status, response_headers, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
+    status, response_headers, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
     assert status == 200, body
     assert response_headers["RateLimit-Limit"] == "10"
     assert body["total_billable_users"] == 1
     [group] = body["organizations"]
     assert (group["organization_id"], group["organization_name"], group["billable_users"]) == (
-        world["org"].id, "Test Clinic", 1)
-    assert [(u["user_id"], u["email"]) for u in group["users"]] == [(world["physician"].id, "doc@example.com")]
+        world.org.id, "Test Clinic", 1)
+    assert [(u["user_id"], u["email"]) for u in group["users"]] == [(world.physician.id, "doc@example.com")]
     # The same numbers as the operators' report.
     from lifecycle.billing import billing_report
-    assert billing_report(month, world["app"].id)["organizations"][0]["users"] == group["users"]
+    assert billing_report(month, world.app.id)["organizations"][0]["users"] == group["users"]
     # Another month is empty.
-    status, _, body = await api.call("GET", billing_path(world["app"].id, "1999-01"), headers=headers)
+    status, _, body = await api.call("GET", billing_path(world.app.id, "1999-01"), headers=headers)
     assert status == 200 and body["total_billable_users"] == 0
 
 
@@ -166,14 +166,14 @@ async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world
     from rest_helpers import partner_headers
     other, other_secret = register_application(runtime, "Other App", "https://other.example/main",
                                                "https://other.example/launch", billing_plan="paid")
-    install_application(other.id, world["org"].id)
+    install_application(other.id, world.org.id)
     set_status(runtime, world, "Enabled")
     await verify_on_platform(api, flow, world)
     month = runtime.clock.now().strftime("%Y-%m")
     headers = await partner_headers(api, other, other_secret)
     status, _, body = await api.call("GET", billing_path(other.id, month), headers=headers)
     assert status == 200 and body["total_billable_users"] == 0  # the test app's row is not the other app's
-    status, _, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
+    status, _, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
     assert status == 403 and body["error"] == "forbidden"
     status, _, body = await api.call("GET", billing_path("no-such-app", month), headers=headers)
     assert status == 404 and body["error"] == "application_not_found"
@@ -182,21 +182,21 @@ async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world
 @pytest.mark.gen_test
 async def test_billing_operation_bad_month_and_auth(api, world):
     from rest_helpers import partner_headers
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     for month in (None, "", "2026-13", "2026-1", "26-01", "2026-01-01", "abcd-ef", "2026-00"):
-        status, _, body = await api.call("GET", billing_path(world["app"].id, month), headers=headers)
+        status, _, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
         assert status == 400 and body["error"] == "invalid_month", month
-    status, _, body = await api.call("GET", billing_path(world["app"].id) + "?month=2026-01&month=2026-02",
+    status, _, body = await api.call("GET", billing_path(world.app.id) + "?month=2026-01&month=2026-02",
                                      headers=headers)
     assert status == 400
-    status, headers_, body = await api.call("GET", billing_path(world["app"].id, "2026-01"))
+    status, headers_, body = await api.call("GET", billing_path(world.app.id, "2026-01"))
     assert status == 401 and "WWW-Authenticate" in headers_
 
 
 @pytest.mark.gen_test
 async def test_billing_operation_is_rate_limited(api, world):
     from rest_helpers import partner_headers
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     api.runtime.clock.offset = 0
     # Stay inside one window: start at its beginning.
     import math
@@ -204,7 +204,7 @@ async def test_billing_operation_is_rate_limited(api, world):
     api.runtime.clock.advance(math.ceil(now / 60) * 60 - now + 0.5)
     statuses = []
     for _ in range(11):
-        status, response_headers, _ = await api.call("GET", billing_path(world["app"].id, "2026-01"), headers=headers)
+        status, response_headers, _ = await api.call("GET", billing_path(world.app.id, "2026-01"), headers=headers)
         statuses.append(status)
     assert statuses == [200] * 10 + [429]
     assert int(response_headers["Retry-After"]) >= 1
@@ -219,13 +219,13 @@ async def test_the_free_trial_is_free_and_billing_starts_on_day_31(api, flow, wo
     assert BillableUse.select().count() == 0
     runtime.clock.advance(86400)  # day 31: the trial has ended; the app still returns the user
     await verify_on_platform(api, flow, world)
-    assert [r.user_id for r in BillableUse.select()] == [world["physician"].id]
+    assert [r.user_id for r in BillableUse.select()] == [world.physician.id]
 
 
 @pytest.mark.gen_test
 async def test_a_paid_plan_is_billed_from_the_first_enabled_verification(api, flow, world, runtime):
     from models.application import Application
-    Application.update(billing_plan="paid").where(Application.id == world["app"].id).execute()
+    Application.update(billing_plan="paid").where(Application.id == world.app.id).execute()
     set_status(runtime, world, "Enabled", trial_days_ago=0)
     await verify_on_platform(api, flow, world)
     assert BillableUse.select().count() == 1

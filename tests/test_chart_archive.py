@@ -37,8 +37,8 @@ async def download(api, path: str):
 
 @pytest.mark.gen_test(timeout=60)
 async def test_chart_zip_is_built_by_the_in_process_worker_and_downloaded_over_a_signed_url(runtime, world, api):
-    patient = patient_panel(world["org"].id)[7]
-    request = ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id=patient.id)
+    patient = patient_panel(world.org.id)[7]
+    request = ChartRequest.create(application=world.app.id, organization=world.org.id, patient_id=patient.id)
     charts.enqueue_chart_build(runtime, request.id)
     done = wait_for_status(request.id)
     assert (done.status, done.error, done.attempts) == ("ready", None, 1)
@@ -48,7 +48,7 @@ async def test_chart_zip_is_built_by_the_in_process_worker_and_downloaded_over_a
     status, headers, body = await download(api, local_path(url))
     assert status == 200 and headers["Content-Type"] == "application/zip"
     assert f'filename="{request.id}.zip"' in headers["Content-Disposition"]
-    text, data = open_archive(body, request.id, world["app"].id)
+    text, data = open_archive(body, request.id, world.app.id)
     assert f"{patient.first_name} {patient.last_name}" in text and "Encounters" in text
     assert data["patient"]["id"] == patient.id and data["request_id"] == request.id
     assert len(data["encounters"]) >= 3 and all(e["date"] in text for e in data["encounters"])
@@ -77,7 +77,7 @@ async def test_signed_urls_expire_and_cannot_be_forged(runtime, world, api, cloc
 
 
 def test_unknown_patient_fails_with_a_reason(runtime, world):
-    request = ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id="pat_nobody")
+    request = ChartRequest.create(application=world.app.id, organization=world.org.id, patient_id="pat_nobody")
     charts.enqueue_chart_build(runtime, request.id)
     done = wait_for_status(request.id)
     assert done.status == "failed" and "no patient pat_nobody" in done.error

@@ -44,13 +44,13 @@ def test_register_and_launch_setup_with_the_cli(cli, runtime):
 
 def test_client_secret_rotation_commands(cli, runtime, world):
     from models.application import Application
-    app_id = world["app"].id
+    app_id = world.app.id
     fallback = cli("apps", "secret", "generate-fallback", "--app", app_id).stdout.strip()
     app = Application.get_by_id(app_id)
-    assert is_current_secret(app, world["secret"], runtime.hasher) and not is_current_secret(app, fallback, runtime.hasher)
+    assert is_current_secret(app, world.secret, runtime.hasher) and not is_current_secret(app, fallback, runtime.hasher)
     cli("apps", "secret", "activate-fallback", "--app", app_id)
     app = Application.get_by_id(app_id)
-    assert is_current_secret(app, fallback, runtime.hasher) and not is_current_secret(app, world["secret"], runtime.hasher)
+    assert is_current_secret(app, fallback, runtime.hasher) and not is_current_secret(app, world.secret, runtime.hasher)
     cli("apps", "secret", "activate-fallback", "--app", app_id, expect=2)  # nothing pending any more
 
 
@@ -93,7 +93,7 @@ def test_bad_arguments_exit_2_with_a_clear_message(cli, args, needle):
 
 
 def test_duplicate_email_exits_2(cli, world):
-    result = cli("users", "create", "--org", world["org"].id, "--email", "doc@example.com", expect=2)
+    result = cli("users", "create", "--org", world.org.id, "--email", "doc@example.com", expect=2)
     assert "already exists" in result.stderr
 
 
@@ -110,13 +110,13 @@ def test_version(cli):
 
 
 def test_list_show_update_for_orgs_users_installs(cli, world, runtime):
-    org_id, physician = world["org"].id, world["physician"]
+    org_id, physician = world.org.id, world.physician
     orgs = as_json(cli("orgs", "list", "--json"))
     assert isinstance(orgs, list) and [o["id"] for o in orgs] == [org_id]
     assert "Test Clinic" in cli("orgs", "list").stdout
     shown = as_json(cli("orgs", "show", "--org", org_id, "--json"))
-    assert set(shown["users"]) == {physician.id, world["staff"].id}
-    assert shown["installed_applications"] == [world["app"].id]
+    assert set(shown["users"]) == {physician.id, world.staff.id}
+    assert shown["installed_applications"] == [world.app.id]
     updated = as_json(cli("orgs", "update", "--org", org_id, "--name", "Renamed Clinic", "--ehr-url",
                           "https://ehr.example/renamed", "--json"))
     assert updated["name"] == "Renamed Clinic" and updated["ehr_url"] == "https://ehr.example/renamed"
@@ -128,19 +128,19 @@ def test_list_show_update_for_orgs_users_installs(cli, world, runtime):
                        "--json"))
     assert user["email"] == "new@example.com" and user["npi"] is None
     assert as_json(cli("users", "show", "--user", physician.id, "--json"))["email"] == "new@example.com"
-    assert "already exists" in cli("users", "update", "--user", world["staff"].id, "--email", "new@example.com",
+    assert "already exists" in cli("users", "update", "--user", world.staff.id, "--email", "new@example.com",
                                    expect=2).stderr
 
-    installs = as_json(cli("installs", "list", "--app", world["app"].id, "--json"))
-    assert installs == [{"application_id": world["app"].id, "organization_id": org_id, "activation_status": None,
+    installs = as_json(cli("installs", "list", "--app", world.app.id, "--json"))
+    assert installs == [{"application_id": world.app.id, "organization_id": org_id, "activation_status": None,
                          "installed_at": installs[0]["installed_at"], "trial_started_at": None}]
     assert as_json(cli("installs", "list", "--app", "app_other", "--json")) == []
     # The operator follows the same rule as the app: no status before the first SDK initialization.
-    assert "first SDK initialization" in cli("installs", "update", "--app", world["app"].id, "--org", org_id,
+    assert "first SDK initialization" in cli("installs", "update", "--app", world.app.id, "--org", org_id,
                                              "--status", "Enabled", expect=2).stderr
     from lifecycle.verification import record_platform_verification
-    record_platform_verification(runtime, world["app"], physician)
-    enabled = as_json(cli("installs", "update", "--app", world["app"].id, "--org", org_id, "--status", "Enabled",
+    record_platform_verification(runtime, world.app, physician)
+    enabled = as_json(cli("installs", "update", "--app", world.app.id, "--org", org_id, "--status", "Enabled",
                           "--json"))
     assert enabled["activation_status"] == "Enabled" and enabled["trial_started_at"]
     from models.audit import AuditEvent
@@ -149,13 +149,13 @@ def test_list_show_update_for_orgs_users_installs(cli, world, runtime):
 
 
 def test_apps_list_show_and_delete_needs_yes(cli, world, runtime):
-    app = world["app"]
+    app = world.app
     listed = as_json(cli("apps", "list", "--json"))
     assert [a["client_id"] for a in listed] == [app.client_id]
     assert not any("secret" in key and key != "fallback_secret_pending" for key in listed[0])
     shown = as_json(cli("apps", "show", "--app", app.id, "--json"))
     assert shown["redirect_uri"] == app.redirect_uri
-    assert shown["installations"] == [{"organization_id": world["org"].id, "activation_status": None}]
+    assert shown["installations"] == [{"organization_id": world.org.id, "activation_status": None}]
     assert "no application" in cli("apps", "show", "--app", "app_missing", expect=2).stderr
 
     refused = cli("apps", "delete", "--app", app.id, expect=2)

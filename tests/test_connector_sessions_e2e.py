@@ -92,7 +92,7 @@ def ehr_ids(user, night, settings, as_of=None) -> set[str]:
 async def test_the_night_reads_for_physicians_active_in_the_hub_and_the_sandbox_schedule_lives(
         api, runtime, world, tmp_path):
     settings = runtime.settings
-    app, secret = world["app"], world["secret"]
+    app, secret = world.app, world.secret
     org = create_organization("Sessions Clinic", "sandbox", "https://ehr.example/sessions", org_id=ORG_ID)
     install_application(app.id, org.id)
     users = {name: create_user(org.id, f"{name}@sessions.example", name.title(), "Doc", name, npi)

@@ -53,7 +53,7 @@ def partner_b(runtime):
 # -- the manifest rule -----------------------------------------------------------------------
 
 def test_manifest_update_validates_each_field_and_audits_the_actor(runtime, world):
-    app = world["app"]
+    app = world.app
     with pytest.raises(ManifestInvalid) as caught:
         update_manifest(runtime, app.id, "developer:a@x.example", name=" ", launch_url="ftp://x", redirect_uri="https://a/#f",
                         token_endpoint="nope", allowed_origins=["https://ok.example", "javascript:alert(1)"],
@@ -74,13 +74,13 @@ def test_manifest_update_validates_each_field_and_audits_the_actor(runtime, worl
 
 @pytest.mark.gen_test
 async def test_authorize_follows_the_new_base_url_and_userinfo_the_new_permissions(api, flow, world, runtime):
-    app = world["app"]
+    app = world.app
     update_manifest(runtime, app.id, "operator", redirect_uri="https://new.example/cb", user_fields=["name"])
     status, headers, _ = await flow.authorize(redirect_uri="https://app.example.com/main")
     assert status == 400 and "Location" not in headers  # the old base is refused, never redirected to
     status, headers, _ = await flow.authorize(redirect_uri="https://new.example/cb/done")
     assert status == 302 and headers["Location"].startswith("https://new.example/cb/done?code=")
-    world["app"] = Application.get_by_id(app.id)
+    world.app = Application.get_by_id(app.id)
     tokens = await flow.tokens()
     status, _, info = await api.call("GET", "/v1/oauth/userinfo", headers={"Authorization": tokens["access_token"]})
     assert status == 200 and "email" not in info and info["given_name"] == "Doc"
@@ -92,7 +92,7 @@ def test_apps_update_cli(settings, runtime, world):
                                 cwd=str(ROOT), capture_output=True, text=True, timeout=60)
         assert result.returncode == expect, result.stderr
         return result
-    app_id = world["app"].id
+    app_id = world.app.id
     out = json.loads(cli("apps", "update", "--app", app_id, "--redirect-uri", "https://new.example/cb",
                          "--user-fields", "email,organization", "--no-token-endpoint", "--json").stdout)
     assert out["redirect_uri"] == "https://new.example/cb" and out["user_fields"] == ["email", "organization"]
@@ -114,7 +114,7 @@ def test_apps_update_cli(settings, runtime, world):
 
 @pytest.mark.gen_test(timeout=60)
 async def test_invite_set_password_sign_in_pages_and_sign_out(http_client, base_url, runtime, world):
-    app = world["app"]
+    app = world.app
     client = ConsoleClient(http_client, base_url)
     assert (await client.get("/console")).headers["Location"] == "/console/login"
     path = invite_path(runtime, app.id, "dev@partner.example")
@@ -156,7 +156,7 @@ async def test_invite_set_password_sign_in_pages_and_sign_out(http_client, base_
 
 @pytest.mark.gen_test(timeout=60)
 async def test_manifest_form_errors_beside_fields_and_secret_steps(http_client, base_url, runtime, world):
-    app = world["app"]
+    app = world.app
     client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
     await client.get(f"/console/apps/{app.id}")
     form = [("name", "Test App"), ("launch_url", "https://app.example.com/launch"),
@@ -174,12 +174,12 @@ async def test_manifest_form_errors_beside_fields_and_secret_steps(http_client, 
     import re
     fallback = re.search(r'id="fallback-secret" type="text" readonly value="([^"]+)"', client.last_html).group(1)
     stored = Application.get_by_id(app.id)
-    assert is_current_secret(stored, world["secret"], runtime.hasher) and not is_current_secret(stored, fallback, runtime.hasher)
+    assert is_current_secret(stored, world.secret, runtime.hasher) and not is_current_secret(stored, fallback, runtime.hasher)
     await client.get(f"/console/apps/{app.id}")
     assert fallback not in client.last_html  # shown once
     ask = await client.post(f"/console/apps/{app.id}/secret/activate")
     assert ask.code == 200 and "breaks integrations" in client.last_html and "Confirm activation" in client.last_html
-    assert is_current_secret(Application.get_by_id(app.id), world["secret"], runtime.hasher)  # not yet
+    assert is_current_secret(Application.get_by_id(app.id), world.secret, runtime.hasher)  # not yet
     done = await client.post(f"/console/apps/{app.id}/secret/activate", {"confirm": "yes"})
     assert done.code == 303
     assert is_current_secret(Application.get_by_id(app.id), fallback, runtime.hasher)
@@ -192,7 +192,7 @@ async def test_manifest_form_errors_beside_fields_and_secret_steps(http_client, 
 @pytest.mark.gen_test(timeout=60)
 async def test_totp_second_factor(http_client, base_url, runtime, world):
     client = ConsoleClient(http_client, base_url)
-    path = invite_path(runtime, world["app"].id, "otp@partner.example")
+    path = invite_path(runtime, world.app.id, "otp@partner.example")
     await client.get(path)
     import re
     secret = re.search(r'id="totp-secret">([A-Z2-7]+)<', client.last_html).group(1)
@@ -213,7 +213,7 @@ async def test_totp_second_factor(http_client, base_url, runtime, world):
 
 @pytest.mark.gen_test(timeout=60)
 async def test_idle_session_expires(http_client, base_url, runtime, world):
-    client = await developer(http_client, base_url, runtime, world["app"].id, "dev@partner.example")
+    client = await developer(http_client, base_url, runtime, world.app.id, "dev@partner.example")
     assert (await client.get("/console")).code == 200
     runtime.clock.advance(runtime.settings.console_idle_timeout - 60)
     assert (await client.get("/console")).code == 200  # activity keeps it alive
@@ -226,14 +226,14 @@ async def test_idle_session_expires(http_client, base_url, runtime, world):
 @pytest.mark.gen_test(timeout=90)
 async def test_a_developer_sees_and_changes_only_their_own_applications(http_client, base_url, runtime, world,
                                                                         partner_b):
-    a = await developer(http_client, base_url, runtime, world["app"].id, "dev@a.example")
+    a = await developer(http_client, base_url, runtime, world.app.id, "dev@a.example")
     b = await developer(http_client, base_url, runtime, partner_b.id, "dev@b.example")
     await a.get("/console")
     assert "Test App" in a.last_html and "Other App" not in a.last_html
     await b.get("/console")
     assert "Other App" in b.last_html and "Test App" not in b.last_html
     other_org = Application.get_by_id(partner_b.id).installations.get().organization_id
-    for client, foreign in ((a, partner_b.id), (b, world["app"].id)):
+    for client, foreign in ((a, partner_b.id), (b, world.app.id)):
         for suffix in ("", "/installations", "/billing", "/billing.csv", "/audit"):
             assert (await client.get(f"/console/apps/{foreign}{suffix}")).code == 404, suffix
         await client.get("/console")
@@ -243,18 +243,18 @@ async def test_a_developer_sees_and_changes_only_their_own_applications(http_cli
                              (f"/installations/{other_org}/status", {"status": "Enabled"})):
             await client.get("/console")
             assert (await client.post(f"/console/apps/{foreign}{suffix}", form)).code == 404, suffix
-    for app_id in (world["app"].id, partner_b.id):
+    for app_id in (world.app.id, partner_b.id):
         stored = Application.get_by_id(app_id)
         assert stored.name != "Hijacked" and stored.fallback_secret_hash is None
     # Access is checked on every request, not only at sign-in: revoking it takes effect at once.
     from models.developers import DeveloperAccess
     DeveloperAccess.delete().execute()
-    assert (await a.get(f"/console/apps/{world['app'].id}")).code == 404
+    assert (await a.get(f"/console/apps/{world.app.id}")).code == 404
 
 
 @pytest.mark.gen_test(timeout=60)
 async def test_a_post_without_the_csrf_token_is_403(api, http_client, base_url, runtime, world):
-    app = world["app"]
+    app = world.app
     client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
     for path, form in ((f"/console/apps/{app.id}", {"name": "Changed", "launch_url": app.launch_url,
                                                     "redirect_uri": app.redirect_uri}),
@@ -268,13 +268,13 @@ async def test_a_post_without_the_csrf_token_is_403(api, http_client, base_url, 
     assert (await client.get("/console")).code == 200  # still signed in: the logout was refused
     # The OAuth and REST endpoints take no CSRF token.
     status, _, body = await api.call("POST", "/v1/oauth/token", {
-        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world["secret"]})
+        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world.secret})
     assert status == 200, body
 
 
 @pytest.mark.gen_test(timeout=90)
 async def test_sign_in_throttle_per_account_and_per_address(http_client, base_url, runtime, world):
-    app = world["app"]
+    app = world.app
     await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
     client = ConsoleClient(http_client, base_url)
     for _ in range(5):
@@ -287,7 +287,7 @@ async def test_sign_in_throttle_per_account_and_per_address(http_client, base_ur
 
 
 def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtime, world):
-    invite_developer(runtime, world["app"].id, "dev@partner.example")
+    invite_developer(runtime, world.app.id, "dev@partner.example")
     from models.developers import Developer
     import argon2
     Developer.update(password_hash=argon2.PasswordHasher().hash(PASSWORD)).execute()
@@ -310,7 +310,7 @@ def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtim
 def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespace):
     """Two processes' throttles on one Redis: failures counted by one refuse attempts at the other."""
     from conftest import REDIS_URL
-    invite_developer(runtime, world["app"].id, "dev@partner.example")
+    invite_developer(runtime, world.app.id, "dev@partner.example")
     shared = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace)
 
     first, second = (build_failure_throttle(shared, "console_signin", runtime.console_signin_policy(), runtime.clock.time)
@@ -325,7 +325,7 @@ def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespac
 
 @pytest.mark.gen_test(timeout=60)
 async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url, runtime, world):
-    app = world["app"]
+    app = world.app
     client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
     await client.get(f"/console/apps/{app.id}")
     token = client.xsrf()
@@ -348,7 +348,7 @@ async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url
     assert nul_org.code == 404
     month = await client.get(f"/console/apps/{app.id}/billing.csv?month=junk")
     assert month.code == 400 and "YYYY-MM" in client.last_html
-    status = await client.post(f"/console/apps/{app.id}/installations/{world['org'].id}/status", {"status": "On"})
+    status = await client.post(f"/console/apps/{app.id}/installations/{world.org.id}/status", {"status": "On"})
     assert status.code in (400, 409) and 'class="error"' in client.last_html
 
 
@@ -356,7 +356,7 @@ async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url
 async def test_an_allowed_origin_with_a_path_is_refused_beside_its_field(http_client, base_url, runtime, world):
     """CORS matches origins only: the console once stored `https://app.example/home` and CORS then
     ignored it silently. The one manifest validation refuses it, here as in `apps create`."""
-    app = world["app"]
+    app = world.app
     client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
     await client.get(f"/console/apps/{app.id}")
     form = [("name", "Test App"), ("launch_url", "https://app.example.com/launch"),

@@ -1,21 +1,31 @@
 """`apps create --allowed-origin`: CORS for that application's browser calls, over real HTTP."""
+import dataclasses
+from typing import Any
+
 import pytest
 
-from conftest import basic_auth
+from conftest import World, basic_auth
 
 APP_ORIGIN = "https://notes.example"
 OTHER_ORIGIN = "https://evil.example"
 
 
+@dataclasses.dataclass
+class CorsWorld(World):
+    """`world` with a browser app (an allowed origin) in place of its app, and a second app."""
+    other: Any = None
+    other_secret: str = ""
+
+
 @pytest.fixture
-def cors_world(world, runtime):
+def cors_world(world, runtime) -> CorsWorld:
     from lifecycle.applications import install_application, register_application
     app, secret = register_application(runtime, "Browser App", "https://notes.example/app",
                                        "https://notes.example/launch", allowed_origins=["HTTPS://Notes.Example:443"])
     other, other_secret = register_application(runtime, "Other App", "https://other.example/app",
                                                "https://other.example/launch", allowed_origins=[OTHER_ORIGIN])
-    install_application(app.id, world["org"].id)
-    return {**world, "app": app, "secret": secret, "other": other, "other_secret": other_secret}
+    install_application(app.id, world.org.id)
+    return CorsWorld(**{**vars(world), "app": app, "secret": secret}, other=other, other_secret=other_secret)
 
 
 @pytest.mark.gen_test
@@ -35,7 +45,7 @@ async def test_preflight_is_answered_for_registered_origins_only(api, cors_world
 @pytest.mark.gen_test
 async def test_responses_are_readable_only_by_the_calling_apps_origin(api, cors_world, runtime):
     from conftest import Flow
-    app, secret = cors_world["app"], cors_world["secret"]
+    app, secret = cors_world.app, cors_world.secret
     code = await Flow(api, cors_world, runtime).code()
     body = {"grant_type": "authorization_code", "code": code, "client_id": app.client_id, "client_secret": secret}
     status, h, tokens = await api.call("POST", "/v1/oauth/token", body, headers={"Origin": APP_ORIGIN})

@@ -81,11 +81,11 @@ class Calls:
 async def test_generated_client_calls_every_operation(generated_client, http_server, base_url, world, runtime):
     m = importlib.import_module(f"{PACKAGE}.models")
     call = Calls(generated_client, base_url)
-    application, secret, org = world["app"], world["secret"], world["org"]
+    application, secret, org = world.app, world.secret, world.org
     basic = base64.b64encode(f"{application.client_id}:{secret}".encode()).decode()
 
     async def code_from_launch(prefix: str) -> str:
-        launch = (await call("sandbox_launch_create", call.client(world["sandbox_token"]), 201,
+        launch = (await call("sandbox_launch_create", call.client(world.sandbox_token), 201,
                              body=m.SandboxLaunchRequest(client_id=application.client_id))).parsed
         assert isinstance(launch, m.SandboxLaunch) and launch.expires_in > 0
         response = await call(prefix + "oauth_authorize", call.client(), 302, client_id=application.client_id,
@@ -105,8 +105,8 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     assert isinstance(tokens, m.TokenResponse) and tokens.id_token
     for operation in ("oauth_userinfo", "oauth_userinfo_post"):
         info = (await call(operation, call.client(tokens.access_token), 200)).parsed
-        assert info.sub == world["physician"].id
-    verdict = (await call("oauth_introspect", call.client(world["sandbox_token"]), 200,
+        assert info.sub == world.physician.id
+    verdict = (await call("oauth_introspect", call.client(world.sandbox_token), 200,
                           body=m.OauthIntrospectBody(token=tokens.access_token))).parsed
     assert verdict.active is True
     await call("oauth_revoke", call.client(basic, "Basic"), 200, body=m.OauthRevokeBody(token=tokens.access_token))
@@ -116,7 +116,7 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     tokens = (await call("os_api_v2_oauth_token", call.client(basic, "Basic"), 200, body=m.TokenRequestForm(
         grant_type=m.TokenRequestFormGrantType.AUTHORIZATION_CODE, code=code_v2))).parsed
     for operation in ("os_api_v2_oauth_userinfo", "os_api_v2_oauth_userinfo_post"):
-        assert (await call(operation, call.client(tokens.access_token), 200)).parsed.sub == world["physician"].id
+        assert (await call(operation, call.client(tokens.access_token), 200)).parsed.sub == world.physician.id
     verdict = (await call("os_api_v2_oauth_introspect", call.client(basic, "Basic"), 200,
                           body=m.OsApiV2OauthIntrospectBody(token=tokens.access_token))).parsed
     assert verdict.active is True
@@ -130,7 +130,7 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     orgs = (await call("organizations", partner(), 200, application_id=application.id)).parsed
     assert [o.id for o in orgs] == [org.id]
     users = (await call("users", partner(), 200, application_id=application.id, organization_id=org.id)).parsed
-    assert {u.id for u in users} == {world["physician"].id, world["staff"].id}
+    assert {u.id for u in users} == {world.physician.id, world.staff.id}
     status = (await call("activation_status", partner(), 200, application_id=application.id, organization_id=org.id,
                          body=m.ActivationStatusRequest(status=m.ActivationStatusRequestStatus.ENABLED))).parsed
     assert status.status == m.ActivationStatusStatus.ENABLED

@@ -21,7 +21,7 @@ async def test_deeply_nested_json_is_400_invalid_request(api, world, depth, capl
     status, _, body = await api.call("POST", "/v1/oauth/token", body=nested(depth),
                                      headers={"Content-Type": "application/json"})
     assert status == 400 and body["error"] == "invalid_request" and "nested" in body["message"]
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     status, _, body = await api.call("POST", "/v1/invitations", body=nested(depth),
                                      headers={**headers, "Content-Type": "application/json"})
     assert status == 400 and body["error"] == "invalid_request"
@@ -32,8 +32,8 @@ async def test_deeply_nested_json_is_400_invalid_request(api, world, depth, capl
 async def test_moderate_nesting_inside_strings_is_fine(api, world):
     # Brackets inside strings do not count as nesting.
     status, _, body = await api.call("POST", "/v1/oauth/token", {
-        "grant_type": "client_credentials", "client_id": world["app"].client_id,
-        "client_secret": world["secret"], "note": "[" * 100})
+        "grant_type": "client_credentials", "client_id": world.app.client_id,
+        "client_secret": world.secret, "note": "[" * 100})
     assert status == 200, body
 
 
@@ -52,7 +52,7 @@ async def test_malformed_basic_header_is_invalid_client(api, value):
 @pytest.mark.gen_test
 @pytest.mark.parametrize("bad", ["a\u0000b", "x\ud800y", "\udfff"])
 async def test_nul_and_lone_surrogates_are_refused_naming_the_field(api, world, bad, caplog):
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     for field in ("given_name", "organization_name", "email"):
         raw = json.dumps({**INVITE, field: bad})  # ensure_ascii: "\u0000" / "\ud800" escapes
         status, _, body = await api.call("POST", "/v1/invitations", body=raw,

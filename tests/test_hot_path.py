@@ -2,6 +2,8 @@
 and the in-memory application cache following changes."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import threading
 
@@ -56,7 +58,7 @@ def denylist(request, runtime, redis_namespace):
 
 async def client_token(api, world):
     return await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
-                          headers={"Authorization": basic_auth(world["app"].client_id, world["secret"])})
+                          headers={"Authorization": basic_auth(world.app.client_id, world.secret)})
 
 
 @pytest.mark.gen_test
@@ -94,7 +96,7 @@ async def test_a_warm_right_secret_makes_no_redis_command_and_no_sql_with_redis_
                 assert status == 200, body
         assert commands() - before == 1 and counter.statements == []
         status, _, _ = await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
-                                      headers={"Authorization": basic_auth(world["app"].client_id, "wrong")})
+                                      headers={"Authorization": basic_auth(world.app.client_id, "wrong")})
         assert status == 401 and commands() - before > 2
     finally:
         redis_server.destroy()
@@ -121,8 +123,8 @@ async def test_code_replay_revokes_through_the_deny_list(api, flow, world, runti
     status, _, first = await flow.exchange(code)
     assert status == 200
     auth = {"Authorization": f"Bearer {first['access_token']}"}
-    introspect = {"token": first["access_token"], "client_id": world["app"].client_id,
-                  "client_secret": world["secret"]}
+    introspect = {"token": first["access_token"], "client_id": world.app.client_id,
+                  "client_secret": world.secret}
     assert (await api.call("GET", "/v1/oauth/userinfo", headers=auth))[0] == 200
     assert (await api.call("POST", "/v1/oauth/introspect", introspect))[2]["active"] is True
     jti = jwt.get_unverified_claims(first["access_token"])["jti"]
@@ -143,7 +145,7 @@ async def test_code_replay_revokes_through_the_deny_list(api, flow, world, runti
 async def test_a_denied_client_token_is_refused_by_the_rest_api(api, world, runtime, denylist):
     status, _, body = await client_token(api, world)
     headers = {"Authorization": f"Bearer {body['access_token']}"}
-    path = f"/v1/applications/{world['app'].id}/organizations"
+    path = f"/v1/applications/{world.app.id}/organizations"
     assert (await api.call("GET", path, headers=headers))[0] == 200
     runtime.denylist.deny([jwt.get_unverified_claims(body["access_token"])["jti"]], until=runtime.clock.time() + 300)
     assert (await api.call("GET", path, headers=headers))[0] == 401
@@ -154,9 +156,9 @@ def test_concurrent_exchanges_of_one_code_issue_once(runtime, world):
     from oauth.authorization_code import AuthorizationCodeGrant
     from oauth.errors import OAuthError
     from models.grants import expiry
-    app = world["app"]
+    app = world.app
     AuthorizationCode.create(code_hash=runtime.hasher.digest("race"), application=app.id,
-                             user=world["physician"].id, organization=world["org"].id,
+                             user=world.physician.id, organization=world.org.id,
                              redirect_uri=app.redirect_uri, expires_at=expiry(runtime.clock.now(), 60))
     results, barrier = [], threading.Barrier(6)
 
@@ -179,14 +181,14 @@ def test_concurrent_exchanges_of_one_code_issue_once(runtime, world):
 
 def test_redeem_reads_the_user_and_the_installation(runtime, world):
     from models.grants import expiry
-    app, now = world["app"], runtime.clock.now()
-    AuthorizationCode.create(code_hash="h1", application=app.id, user=world["physician"].id,
-                             organization=world["org"].id, redirect_uri=app.redirect_uri, nonce="n",
+    app, now = world.app, runtime.clock.now()
+    AuthorizationCode.create(code_hash="h1", application=app.id, user=world.physician.id,
+                             organization=world.org.id, redirect_uri=app.redirect_uri, nonce="n",
                              expires_at=expiry(runtime.clock.now(), 60))
     grant = AuthorizationCode.redeem(runtime.db, "h1", app.id, now, "jti-1")
     assert grant.first_use and grant.issued_jtis == ["jti-1"] and grant.nonce == "n"
     assert (grant.user.id, grant.user.email, grant.user.given_name) == (
-        world["physician"].id, "doc@example.com", "Doc")
+        world.physician.id, "doc@example.com", "Doc")
     assert grant.installation is not None and grant.installation.trial_started_at is None
     assert grant.expires_at > now
     again = AuthorizationCode.redeem(runtime.db, "h1", app.id, now, "jti-2")
@@ -194,19 +196,19 @@ def test_redeem_reads_the_user_and_the_installation(runtime, world):
     assert AuthorizationCode.redeem(runtime.db, "h1", "app_other", now, "jti-3") is None
     assert AuthorizationCode.redeem(runtime.db, "unknown", app.id, now, "jti-4") is None
     elsewhere = Organization.create(name="Elsewhere")
-    AuthorizationCode.create(code_hash="h2", application=app.id, user=world["physician"].id,
+    AuthorizationCode.create(code_hash="h2", application=app.id, user=world.physician.id,
                              organization=elsewhere.id, redirect_uri=app.redirect_uri, expires_at=expiry(runtime.clock.now(), 60))
     assert AuthorizationCode.redeem(runtime.db, "h2", app.id, now, "jti-5").installation is None
 
 
 @pytest.mark.gen_test
 async def test_secret_rotation_reaches_the_warm_cache(api, world, runtime):
-    app_id = world["app"].id
+    app_id = world.app.id
     assert (await client_token(api, world))[0] == 200  # cached now
     fallback = generate_fallback_secret(runtime, app_id)
     activate_fallback_secret(runtime, app_id)
     assert (await client_token(api, world))[0] == 401
-    world = {**world, "secret": fallback}
+    world = dataclasses.replace(world, secret=fallback)
     assert (await client_token(api, world))[0] == 200
 
 
@@ -255,9 +257,9 @@ def test_only_a_cached_client_with_its_right_secret_is_answered_without_the_pool
     from oauth.token_endpoint import answers_in_memory
     from oauth.variants import VARIANTS
     v1 = next(v for v in VARIANTS if v.prefix == "/v1")
-    app = world["app"]
-    good = {"grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world["secret"]}
-    basic = basic_auth(app.client_id, world["secret"])
+    app = world.app
+    good = {"grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world.secret}
+    basic = basic_auth(app.client_id, world.secret)
     runtime.applications.clear()
     assert not answers_in_memory(runtime, v1, good, None)  # not cached yet: the pool reads it
     runtime.applications.by_client_id(app.client_id)

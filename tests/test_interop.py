@@ -31,8 +31,8 @@ from js_support import JS_DIR, http
 def new_launch(issuer, runtime, world) -> str:
     # a sandbox token as that service (issuer = its own address) issues it
     token = runtime.tokens.__class__(runtime.keyring, issuer + "/", runtime.clock).access_token(
-        world["physician"].id, "sandbox", 1800)[0]
-    status, _, body = http("POST", f"{issuer}/v1/sandbox/launches", json.dumps({"client_id": world["app"].client_id}).encode(),
+        world.physician.id, "sandbox", 1800)[0]
+    status, _, body = http("POST", f"{issuer}/v1/sandbox/launches", json.dumps({"client_id": world.app.client_id}).encode(),
                            {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     assert status == 201, body
     return json.loads(body)["launch_id"]
@@ -44,12 +44,12 @@ def test_certified_relying_party_library_completes_the_flow(live, runtime, world
     from oic.oic.message import AuthorizationResponse, RegistrationResponse
     from oic.utils.authn.client import CLIENT_AUTHN_METHOD
 
-    app = world["app"]
+    app = world.app
     client = Client(client_authn_method=CLIENT_AUTHN_METHOD)
     client.provider_config(live + "/")
     assert client.provider_info["issuer"] == live + "/"
     client.store_registration_info(RegistrationResponse(
-        client_id=app.client_id, client_secret=world["secret"], redirect_uris=[app.redirect_uri],
+        client_id=app.client_id, client_secret=world.secret, redirect_uris=[app.redirect_uri],
         token_endpoint_auth_method="client_secret_basic"))
     state, nonce = rndstr(), rndstr()
     request = client.construct_AuthorizationRequest(request_args={
@@ -63,20 +63,20 @@ def test_certified_relying_party_library_completes_the_flow(live, runtime, world
     tokens = client.do_access_token_request(state=state, request_args={"code": response["code"]},
                                             authn_method="client_secret_basic")
     id_token = tokens["id_token"]  # already validated by pyoidc: signature (JWKS), iss, aud, nonce
-    assert id_token["sub"] == world["physician"].id and id_token["nonce"] == nonce
+    assert id_token["sub"] == world.physician.id and id_token["nonce"] == nonce
     info = client.do_user_info_request(state=state, behavior="use_authorization_header")
-    assert info["sub"] == world["physician"].id and info["email"] == "doc@example.com"
+    assert info["sub"] == world.physician.id and info["email"] == "doc@example.com"
 
 
 def test_id_token_verifies_with_four_jwt_libraries_using_only_the_jwks(live, runtime, world):
-    app = world["app"]
+    app = world.app
     launch_id = new_launch(live, runtime, world)
     query = urllib.parse.urlencode({"client_id": app.client_id, "redirect_uri": app.redirect_uri,
                                     "response_type": "code", "launch_id": launch_id})
     status, headers, _ = http("GET", f"{live}/v1/oauth/authorize?{query}")
     code = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)["code"][0]
     status, _, body = http("POST", f"{live}/v1/oauth/token", json.dumps({
-        "grant_type": "authorization_code", "client_id": app.client_id, "client_secret": world["secret"],
+        "grant_type": "authorization_code", "client_id": app.client_id, "client_secret": world.secret,
         "code": code}).encode(), {"Content-Type": "application/json"})
     id_token = json.loads(body)["id_token"]
     config = json.loads(http("GET", f"{live}/.well-known/openid-configuration")[2])
@@ -100,7 +100,7 @@ def test_id_token_verifies_with_four_jwt_libraries_using_only_the_jwks(live, run
     assert result.returncode == 0, result.stderr
     verified["jose (npm)"] = json.loads(result.stdout)
     for library, claims in verified.items():
-        assert claims["sub"] == world["physician"].id, library
+        assert claims["sub"] == world.physician.id, library
         assert claims["aud"] == app.client_id, library
     # and a token for another audience is refused by the same library
     with pytest.raises(pyjwt.InvalidAudienceError):

@@ -10,15 +10,15 @@ async def test_launch_authorize_token_userinfo(api, flow, world):
     tokens = await flow.tokens()
     assert tokens["token_type"] == "Bearer" and tokens["expires_in"] == 300
     claims = jwt.get_unverified_claims(tokens["id_token"])
-    assert claims["sub"] == world["physician"].id
-    assert claims["aud"] == world["app"].client_id
+    assert claims["sub"] == world.physician.id
+    assert claims["aud"] == world.app.client_id
     assert claims["iss"] == "http://127.0.0.1:8888/"
     status, _, info = await api.call("GET", "/v1/oauth/userinfo",
                                       headers={"Authorization": tokens["access_token"]})
     assert status == 200
-    assert info["sub"] == world["physician"].id
+    assert info["sub"] == world.physician.id
     assert info["email"] == "doc@example.com"
-    assert info["https://127.0.0.1/organization"] == {"id": world["org"].id, "name": "Test Clinic"}
+    assert info["https://127.0.0.1/organization"] == {"id": world.org.id, "name": "Test Clinic"}
 
 
 @pytest.mark.gen_test

@@ -105,12 +105,12 @@ def shared_backends(backend: str, redis_namespace: str) -> dict:
 def test_key_rotation_on_one_host_reaches_every_host(hosts, world, runtime, backend, redis_namespace):
     h = hosts(**shared_backends(backend, redis_namespace))
     a, b = h.ports
-    app = world["app"]
+    app = world.app
     before = jwks_kids(a)
     assert jwks_kids(b) == before and len(before) == 1
     # Warm both (applications and keys in memory).
     for port in (a, b):
-        assert client_token(port, app.client_id, world["secret"])[0] == 200
+        assert client_token(port, app.client_id, world.secret)[0] == 200
 
     rotated = h.cli(0, "keys", "rotate")
     new_kid = rotated["kid"]
@@ -120,13 +120,13 @@ def test_key_rotation_on_one_host_reaches_every_host(hosts, world, runtime, back
         assert wait_until(lambda: new_kid in jwks_kids(port), timeout=1.0) < 1.0
     # ... and none signs with it before the pre-publication time is over.
     for port in (a, b):
-        token = client_token(port, app.client_id, world["secret"])[1]["access_token"]
+        token = client_token(port, app.client_id, world.secret)[1]["access_token"]
         assert jwt.get_unverified_header(token)["kid"] == before[0]
     assert time.time() < rotated_at(rotated)
     time.sleep(max(0.0, rotated_at(rotated) - time.time()) + 0.3)
     tokens = {}
     for port in (a, b):
-        status, body = client_token(port, app.client_id, world["secret"])
+        status, body = client_token(port, app.client_id, world.secret)
         assert status == 200 and jwt.get_unverified_header(body["access_token"])["kid"] == new_kid
         tokens[port] = body["access_token"]
     # Tokens signed by either host verify against either host's JWKS; the old key is still published.
@@ -144,13 +144,13 @@ def rotated_at(rotated: dict) -> float:
 @pytest.mark.slow
 def test_secret_activation_on_one_host_reaches_every_warm_host(hosts, world, runtime, backend, redis_namespace):
     h = hosts(**shared_backends(backend, redis_namespace))
-    app = world["app"]
+    app = world.app
     for port in h.ports:
-        assert client_token(port, app.client_id, world["secret"])[0] == 200  # cached on every host
+        assert client_token(port, app.client_id, world.secret)[0] == 200  # cached on every host
     fallback = h.cli(1, "apps", "secret", "generate-fallback", "--app", app.id)["fallback_secret"]
     h.cli(1, "apps", "secret", "activate-fallback", "--app", app.id)
     for port in h.ports:
-        assert wait_until(lambda: client_token(port, app.client_id, world["secret"])[0] == 401, 1.0) < 1.0
+        assert wait_until(lambda: client_token(port, app.client_id, world.secret)[0] == 401, 1.0) < 1.0
         assert client_token(port, app.client_id, fallback)[0] == 200
 
 

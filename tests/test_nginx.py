@@ -90,9 +90,9 @@ class ProxiedStack:
         return response.status, response.headers, payload
 
     def client_credentials_token(self) -> str:
-        app = self.world["app"]
+        app = self.world.app
         status, _, body = self.call("POST", "/v1/oauth/token", body="grant_type=client_credentials", headers={
-            "Authorization": basic_auth(app.client_id, self.world["secret"]),
+            "Authorization": basic_auth(app.client_id, self.world.secret),
             "Content-Type": "application/x-www-form-urlencoded"})
         assert status == 200, body
         return body["access_token"]
@@ -164,14 +164,14 @@ def proxied(settings, world, nginx_port, tmp_path):
 
 
 def test_full_launch_and_client_credentials_through_nginx(proxied, world):
-    app = world["app"]
+    app = world.app
     status, _, discovery = proxied.call("GET", "/.well-known/openid-configuration")
     assert status == 200 and discovery["issuer"] == proxied.url + "/"  # = the `iss` of our tokens
     assert discovery["token_endpoint"].startswith(proxied.url + "/")
     _, _, jwks = proxied.call("GET", "/.well-known/jwks.json")
 
     status, _, launch = proxied.call("POST", "/v1/sandbox/launches", {"client_id": app.client_id},
-                                     headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                     headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 201, launch
     query = urllib.parse.urlencode({"client_id": app.client_id, "redirect_uri": app.redirect_uri,
                                     "response_type": "code", "launch_id": launch["launch_id"], "state": "s1"})
@@ -180,15 +180,15 @@ def test_full_launch_and_client_credentials_through_nginx(proxied, world):
     location = urllib.parse.urlsplit(headers["Location"])
     code = urllib.parse.parse_qs(location.query)["code"][0]
     status, _, tokens = proxied.call("POST", "/v1/oauth/token", {
-        "grant_type": "authorization_code", "client_id": app.client_id, "client_secret": world["secret"],
+        "grant_type": "authorization_code", "client_id": app.client_id, "client_secret": world.secret,
         "code": code})
     assert status == 200, tokens
     claims = jwt.decode(tokens["id_token"], jwks, algorithms=["RS256"], audience=app.client_id,
                         issuer=proxied.url + "/", options={"verify_at_hash": False})
-    assert claims["sub"] == world["physician"].id
+    assert claims["sub"] == world.physician.id
     status, _, info = proxied.call("GET", "/v1/oauth/userinfo",
                                    headers={"Authorization": f"Bearer {tokens['access_token']}"})
-    assert status == 200 and info["sub"] == world["physician"].id
+    assert status == 200 and info["sub"] == world.physician.id
     partner_token = proxied.client_credentials_token()
     assert jwt.get_unverified_claims(partner_token)["aud"] == "partner-api"
 
@@ -209,8 +209,8 @@ def test_full_launch_and_client_credentials_through_nginx(proxied, world):
     # Neither the service's logs nor nginx's hold a secret of the flow.
     logs = proxied.all_logs()
     assert "does not match" not in logs and "SVC_ISSUER is" not in logs  # the proxy agrees with SVC_ISSUER
-    for secret in (world["secret"], code, launch["launch_id"], tokens["access_token"], tokens["id_token"],
-                   world["sandbox_token"], partner_token):
+    for secret in (world.secret, code, launch["launch_id"], tokens["access_token"], tokens["id_token"],
+                   world.sandbox_token, partner_token):
         assert secret not in logs
 
 
@@ -230,7 +230,7 @@ def test_rest_rate_limit_is_shared_by_both_processes_behind_nginx(proxied, world
     token = proxied.client_credentials_token()
     if time.time() % window > window - 15:  # keep the burst inside one fixed window
         time.sleep(window - time.time() % window + 0.5)
-    path = f"/v1/applications/{world['app'].id}/organizations"
+    path = f"/v1/applications/{world.app.id}/organizations"
     answers = [proxied.call("GET", path, headers={"Authorization": f"Bearer {token}"}) for _ in range(limit + 4)]
     statuses = [status for status, _, _ in answers]
     assert statuses == [200] * limit + [429] * 4, statuses

@@ -38,12 +38,12 @@ def test_an_organization_whose_night_never_started_is_queued_again_after_the_win
     settings = runtime.settings
     start, end = night_window(settings, NIGHT)
     move_clock_to(runtime.clock, start - dt.timedelta(hours=6))
-    record_platform_verification(runtime, world["app"], world["physician"])
-    touch_session(runtime, world["physician"])
+    record_platform_verification(runtime, world.app, world.physician)
+    touch_session(runtime, world.physician)
     done = create_organization("Done Clinic", "sandbox")
-    install_application(world["app"].id, done.id)
+    install_application(world.app.id, done.id)
     failed = create_organization("Failed Clinic", "sandbox")
-    install_application(world["app"].id, failed.id)
+    install_application(world.app.id, failed.id)
     assert ScheduledRun.claim(NIGHTLY_JOB, NIGHT, "scheduler")   # claimed; then the fan-out was lost
 
     move_clock_to(runtime.clock, start + dt.timedelta(minutes=5))
@@ -52,13 +52,13 @@ def test_an_organization_whose_night_never_started_is_queued_again_after_the_win
     assert sweep_unstarted_nights(runtime) == []      # the window is still open: the queue may be long
 
     move_clock_to(runtime.clock, end + dt.timedelta(minutes=1))
-    assert sweep_unstarted_nights(runtime) == [(world["org"].id, NIGHT)]
-    wait_for_snapshot(world["org"].id, NIGHT)
+    assert sweep_unstarted_nights(runtime) == [(world.org.id, NIGHT)]
+    wait_for_snapshot(world.org.id, NIGHT)
     assert sweep_unstarted_nights(runtime) == []      # every organization has its night now
 
     # Lost again: queued again only once Dramatiq's own retries would be over.
-    Snapshot.delete().where(Snapshot.organization == world["org"].id).execute()
+    Snapshot.delete().where(Snapshot.organization == world.org.id).execute()
     assert sweep_unstarted_nights(runtime) == []
     runtime.clock.advance(_retry_budget(settings) + 1)
-    assert sweep_unstarted_nights(runtime) == [(world["org"].id, NIGHT)]
-    wait_for_snapshot(world["org"].id, NIGHT)
+    assert sweep_unstarted_nights(runtime) == [(world.org.id, NIGHT)]
+    wait_for_snapshot(world.org.id, NIGHT)

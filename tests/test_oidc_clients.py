@@ -35,7 +35,7 @@ def sandbox_token(live, runtime, user, auth_time):
 
 def launch(live, world, token) -> str:
     status, _, body = http("POST", f"{live}/v1/sandbox/launches",
-                           json.dumps({"client_id": world["app"].client_id}).encode(),
+                           json.dumps({"client_id": world.app.client_id}).encode(),
                            {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     assert status == 201, body
     return json.loads(body)["launch_id"]
@@ -51,8 +51,8 @@ def rp(live, world, op, **extra):
     """One step of the openid-client relying party."""
     node = shutil.which("node")
     assert node and (JS_DIR / "node_modules" / "openid-client").exists(), "run `make test` (npm ci in tests/js)"
-    payload = {"op": op, "issuer": live + "/", "client_id": world["app"].client_id,
-               "client_secret": world["secret"], **extra}
+    payload = {"op": op, "issuer": live + "/", "client_id": world.app.client_id,
+               "client_secret": world.secret, **extra}
     result = subprocess.run([node, str(JS_DIR / "oidc_rp.mjs"), json.dumps(payload)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -60,7 +60,7 @@ def rp(live, world, op, **extra):
 
 
 def rp_authorize(live, world, **params):
-    base = {"redirect_uri": world["app"].redirect_uri, "scope": "openid"}
+    base = {"redirect_uri": world.app.redirect_uri, "scope": "openid"}
     return rp(live, world, "authorize_url", params={**base, **params})["url"]
 
 
@@ -93,7 +93,7 @@ def test_metadata_rfc8414_and_openid_discovery(live, world):
 
 def test_auth_time_is_the_platform_sign_in_across_flows_openid_client(live, runtime, world):
     signed_in = int(time.time()) - 120
-    token = sandbox_token(live, runtime, world["physician"], signed_in)
+    token = sandbox_token(live, runtime, world.physician, signed_in)
     seen = []
     for _ in range(2):  # two flows of one platform session
         state, nonce = secrets.token_urlsafe(8), secrets.token_urlsafe(8)
@@ -106,14 +106,14 @@ def test_auth_time_is_the_platform_sign_in_across_flows_openid_client(live, runt
         result = rp(live, world, "callback", callback_url=location, userinfo=True,
                     checks={"expectedState": state, "expectedNonce": nonce, "maxAge": 600})
         assert "claims" in result, result
-        assert result["claims"]["sub"] == world["physician"].id and result["userinfo"]["email"] == "doc@example.com"
+        assert result["claims"]["sub"] == world.physician.id and result["userinfo"]["email"] == "doc@example.com"
         assert result["scope"] == "openid email profile"
         seen.append(result["claims"]["auth_time"])
     assert seen == [signed_in, signed_in]
 
 
 def test_openid_client_refuses_a_response_without_iss(live, runtime, world):
-    token = sandbox_token(live, runtime, world["physician"], int(time.time()))
+    token = sandbox_token(live, runtime, world.physician, int(time.time()))
     location = follow(rp_authorize(live, world, state="s1", launch_id=launch(live, world, token)))
     without_iss = location.replace("&iss=" + urllib.parse.quote(live + "/", safe=""), "")
     assert without_iss != location
@@ -123,7 +123,7 @@ def test_openid_client_refuses_a_response_without_iss(live, runtime, world):
 @pytest.mark.parametrize("case", ["prompt_none_no_launch", "prompt_none_used_launch", "max_age_exceeded",
                                   "request", "request_uri", "unknown_scope", "prompt_login"])
 def test_authorization_errors_openid_client(live, runtime, world, case):
-    token = sandbox_token(live, runtime, world["physician"], int(time.time()) - 3600)
+    token = sandbox_token(live, runtime, world.physician, int(time.time()) - 3600)
     params = {"state": "st"}
     if case == "prompt_none_no_launch":
         params.update(prompt="none")
@@ -155,7 +155,7 @@ def test_authorization_errors_openid_client(live, runtime, world, case):
 
 
 def test_max_age_failure_leaves_the_launch_usable(live, runtime, world):
-    token = sandbox_token(live, runtime, world["physician"], int(time.time()) - 3600)
+    token = sandbox_token(live, runtime, world.physician, int(time.time()) - 3600)
     launch_id = launch(live, world, token)
     assert query_of(follow(rp_authorize(live, world, max_age="60", launch_id=launch_id)))["error"] == "login_required"
     assert "code" in query_of(follow(rp_authorize(live, world, max_age="7200", launch_id=launch_id)))
@@ -173,13 +173,13 @@ def authlib_rp(live, world, scope="openid email"):
     app = Flask("authlib-rp")
     app.secret_key = secrets.token_hex(16)
     oauth = OAuth(app)
-    oauth.register("svc", client_id=world["app"].client_id, client_secret=world["secret"],
+    oauth.register("svc", client_id=world.app.client_id, client_secret=world.secret,
                    server_metadata_url=f"{live}/.well-known/openid-configuration",
                    client_kwargs={"scope": scope, "token_endpoint_auth_method": "client_secret_basic"})
 
     @app.route("/login")
     def login():
-        return oauth.svc.authorize_redirect(world["app"].redirect_uri, **request.args.to_dict())
+        return oauth.svc.authorize_redirect(world.app.redirect_uri, **request.args.to_dict())
 
     @app.route("/main")
     def main():
@@ -206,13 +206,13 @@ def authlib_run(client, **params):
 
 def test_authlib_flow_auth_time_and_userinfo(live, runtime, world):
     signed_in = int(time.time()) - 300
-    token = sandbox_token(live, runtime, world["physician"], signed_in)
+    token = sandbox_token(live, runtime, world.physician, signed_in)
     client = authlib_rp(live, world)
     for _ in range(2):
         result = authlib_run(client, launch_id=launch(live, world, token), max_age="900")
         assert "claims" in result, result
         assert result["claims"]["auth_time"] == signed_in and result["scope"] == "openid email"
-        assert result["userinfo"]["sub"] == world["physician"].id
+        assert result["userinfo"]["sub"] == world.physician.id
 
 
 @pytest.mark.parametrize("params,expected", [
@@ -226,7 +226,7 @@ def test_authlib_sees_the_oidc_errors(live, runtime, world, params, expected):
     params = dict(params)
     client = authlib_rp(live, world, scope=params.pop("scope", "openid"))
     if params.pop("with_launch", False):
-        token = sandbox_token(live, runtime, world["physician"], int(time.time()) - 3600)
+        token = sandbox_token(live, runtime, world.physician, int(time.time()) - 3600)
         params["launch_id"] = launch(live, world, token)
     assert authlib_run(client, **params) == {"error": expected}
 
@@ -235,9 +235,9 @@ def test_client_credentials_scope(live, world):
     from authlib.integrations.requests_client import OAuth2Session
     from authlib.integrations.base_client.errors import OAuthError
     meta = json.loads(http("GET", f"{live}/.well-known/oauth-authorization-server")[2])
-    session = OAuth2Session(world["app"].client_id, world["secret"], scope="partner_api")
+    session = OAuth2Session(world.app.client_id, world.secret, scope="partner_api")
     assert session.fetch_token(meta["token_endpoint"], grant_type="client_credentials")["scope"] == "partner_api"
     with pytest.raises(OAuthError) as err:
-        OAuth2Session(world["app"].client_id, world["secret"], scope="admin").fetch_token(
+        OAuth2Session(world.app.client_id, world.secret, scope="admin").fetch_token(
             meta["token_endpoint"], grant_type="client_credentials")
     assert err.value.error == "invalid_scope"

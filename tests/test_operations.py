@@ -92,7 +92,7 @@ async def test_request_id_is_echoed_or_generated(api, runtime):
 async def test_metrics_count_requests_by_route_pattern_and_tokens_by_grant(api, flow, world):
     _, _, before = await api.call("GET", "/metrics")
     tokens = await flow.tokens()
-    app, secret = world["app"], world["secret"]
+    app, secret = world.app, world.secret
     status, _, _ = await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
                                   headers={"Authorization": basic_auth(app.client_id, secret)})
     assert status == 200
@@ -135,7 +135,7 @@ async def test_metrics_hooks_for_rate_limits_jobs_and_queue_depth(api, runtime):
 
 @pytest.mark.gen_test
 async def test_logs_are_json_with_request_ids_and_no_secrets(api, flow, world, json_logs):
-    app, secret = world["app"], world["secret"]
+    app, secret = world.app, world.secret
     launch_id = await flow.launch()
     status, headers, _ = await flow.authorize(launch_id=launch_id, state="st4te-secret-value")
     code = re.search(r"code=([^&]+)", headers["Location"]).group(1)
@@ -154,7 +154,7 @@ async def test_logs_are_json_with_request_ids_and_no_secrets(api, flow, world, j
     raw, lines = json_logs()
     assert lines, "the requests above must have been logged"
     for secret_value in (secret, code, launch_id, tokens["access_token"], tokens["id_token"],
-                         world["sandbox_token"], "st4te-secret-value"):
+                         world.sandbox_token, "st4te-secret-value"):
         assert secret_value not in raw
     access = [line for line in lines if line["logger"] == "svc_auth.access"]
     assert len(access) >= 8

@@ -49,7 +49,7 @@ async def app_token(api, p, code, origin=None):
 @pytest.mark.gen_test
 async def test_launch_redirects_to_authorize_with_the_spec_parameters(api, partner, world):
     p = partner()
-    query = p.launch_query(world["physician"])
+    query = p.launch_query(world.physician)
     status, headers, _ = await fetch(api, f"{p.url}/launch?{urllib.parse.urlencode(query)}")
     assert status == 302
     target = urllib.parse.urlsplit(headers["Location"])
@@ -69,7 +69,7 @@ async def test_partner_app_exchanges_only_codes_of_its_own_requests(api, partner
     """The app keeps the PKCE verifier per state: a code without its state, or whose state was
     forged, is never exchanged; a good one is exchanged with its verifier and nonce checked."""
     p = partner()
-    status, headers, _ = await fetch(api, f"{p.url}/launch?{urllib.parse.urlencode(p.launch_query(world['physician']))}")
+    status, headers, _ = await fetch(api, f"{p.url}/launch?{urllib.parse.urlencode(p.launch_query(world.physician))}")
     status, headers, _ = await fetch(api, headers["Location"])
     location = urllib.parse.urlsplit(headers["Location"])
     params = urllib.parse.parse_qs(location.query)
@@ -77,7 +77,7 @@ async def test_partner_app_exchanges_only_codes_of_its_own_requests(api, partner
     assert (await fetch(api, urllib.parse.urlunsplit(forged)))[0] == 200
     status, _, body = await app_token(api, p, params["code"][0])
     assert status == 400 and body["error"] == "invalid_grant"
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, _, body = await app_token(api, p, code)
     assert status == 200, body
     claims = json.loads(base64.urlsafe_b64decode(body["id_token"].split(".")[1] + "=="))
@@ -87,14 +87,14 @@ async def test_partner_app_exchanges_only_codes_of_its_own_requests(api, partner
 @pytest.mark.gen_test
 async def test_multi_tenant_redirect_uri_and_ehr_deny_list(api, partner, world):
     p = partner(multi_tenant=True, ehr_deny=("https://ehr.example/",))
-    query = p.launch_query(world["physician"])
+    query = p.launch_query(world.physician)
     status, _, body = await fetch(api, f"{p.url}/launch?{urllib.parse.urlencode(query)}")
     assert status == 403 and body["error"] == "ehr_not_allowed"
     query["ehr_url"] = "https://other-ehr.example/x"
     status, headers, _ = await fetch(api, f"{p.url}/launch?{urllib.parse.urlencode(query)}")
     assert status == 302
     redirect_uri = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(headers["Location"]).query))["redirect_uri"]
-    assert redirect_uri == f"{p.url}/app/{world['org'].id}"
+    assert redirect_uri == f"{p.url}/app/{world.org.id}"
     status, headers, _ = await fetch(api, headers["Location"])  # the service accepts it: under the base URL
     assert status == 302 and headers["Location"].startswith(redirect_uri + "?code=")
     status, _, body = await fetch(api, f"{p.url}/launch")
@@ -104,15 +104,15 @@ async def test_multi_tenant_redirect_uri_and_ehr_deny_list(api, partner, world):
 @pytest.mark.gen_test
 async def test_authorized_physician_gets_the_token_response(api, partner, world):
     p = partner()
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, headers, body = await app_token(api, p, code)
     assert status == 200, body
     assert headers["Cache-Control"] == "no-store"
     assert set(body) >= {"access_token", "id_token"}
     claims = jwt.get_unverified_claims(body["id_token"])
-    assert claims["sub"] == world["physician"].id and claims["aud"] == p.app.client_id
+    assert claims["sub"] == world.physician.id and claims["aud"] == p.app.client_id
     # The app learned the clinic from userinfo (used by "Enable for this clinic").
-    assert p.state.records.organization_of[world["physician"].id] == world["org"].id
+    assert p.state.records.organization_of[world.physician.id] == world.org.id
     # A code is single-use: the second exchange is refused, clearly.
     status, _, body = await app_token(api, p, code)
     assert status == 400 and body["error"] == "invalid_grant"
@@ -121,7 +121,7 @@ async def test_authorized_physician_gets_the_token_response(api, partner, world)
 @pytest.mark.gen_test
 async def test_user_not_in_the_app_records_gets_403(api, partner, world):
     p = partner()
-    code, _ = await code_via_launch(api, p, world["staff"])
+    code, _ = await code_via_launch(api, p, world.staff)
     status, _, body = await app_token(api, p, code)
     assert status == 403 and body["error"] == "forbidden"
 
@@ -131,15 +131,15 @@ async def test_trial_expired_unless_the_clinic_upgraded(api, partner, world, run
     p = partner()
     (Installation.update(activation_status="Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
      .where(Installation.application == p.app.id).execute())
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, _, body = await app_token(api, p, code)
     assert status == 403
     assert body["error"] == "trial_expired" and body["message"]
 
-    upgraded = partner(upgraded_organizations={world["org"].id})
+    upgraded = partner(upgraded_organizations={world.org.id})
     (Installation.update(activation_status="Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
      .where(Installation.application == upgraded.app.id).execute())
-    code, _ = await code_via_launch(api, upgraded, world["physician"])
+    code, _ = await code_via_launch(api, upgraded, world.physician)
     status, _, body = await app_token(api, upgraded, code)
     assert status == 200, body
     assert jwt.get_unverified_claims(body["id_token"])["is_free_trial"] is False
@@ -153,16 +153,16 @@ async def test_rotation_retries_once_with_the_fallback_secret(api, partner, worl
                       application_id=p.app.id)
     rotated.app = p.app
     rotated.state.authorizations = p.state.authorizations  # the same app, restarted with new secrets
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, _, body = await app_token(api, rotated, code)
     assert status == 200 and rotated.state.platform.token_calls == 1  # current secret still valid
     activate_fallback_secret(runtime, p.app.id)  # step 3: the old secret stops working
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, _, body = await app_token(api, rotated, code)
     assert status == 200, body
     assert rotated.state.platform.token_calls == 3  # 401 with the old secret, then the fallback
     # Without a fallback the app cannot exchange codes any more: a clear 502, not a crash.
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, _, body = await app_token(api, p, code)
     assert status == 502 and body["error"] == "token_exchange_failed"
 
@@ -171,13 +171,13 @@ async def test_rotation_retries_once_with_the_fallback_secret(api, partner, worl
 async def test_jwks_is_fetched_once_and_refreshed_for_an_unknown_kid(api, partner, world, runtime):
     p = partner()
     for _ in range(2):
-        code, _ = await code_via_launch(api, p, world["physician"])
+        code, _ = await code_via_launch(api, p, world.physician)
         assert (await app_token(api, p, code))[0] == 200
     assert p.state.jwks.fetch_count == 1
     before = runtime.keyring.active.kid
     assert runtime.keyring.rotate().kid != before
     runtime.clock.advance(runtime.settings.key_prepublish_seconds)  # the service signs with the new kid now
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, _, body = await app_token(api, p, code)
     assert status == 200, body
     assert p.state.jwks.fetch_count == 2
@@ -187,17 +187,17 @@ async def test_jwks_is_fetched_once_and_refreshed_for_an_unknown_kid(api, partne
 async def test_id_token_verification_rules(partner, runtime, world):
     p = partner(jwks_min_refresh_seconds=60)
     verifier = p.state.verifier
-    good = runtime.tokens.sign(runtime.tokens.base_claims(world["physician"].id, p.app.client_id, 600))
-    assert (await verifier.verify(good))["sub"] == world["physician"].id
+    good = runtime.tokens.sign(runtime.tokens.base_claims(world.physician.id, p.app.client_id, 600))
+    assert (await verifier.verify(good))["sub"] == world.physician.id
     from examples.partner_app.id_tokens import InvalidIdToken
-    other_aud = runtime.tokens.sign(runtime.tokens.base_claims(world["physician"].id, "someone-else", 600))
+    other_aud = runtime.tokens.sign(runtime.tokens.base_claims(world.physician.id, "someone-else", 600))
     with pytest.raises(InvalidIdToken):
         await verifier.verify(other_aud)
-    claims = runtime.tokens.base_claims(world["physician"].id, p.app.client_id, 600)
+    claims = runtime.tokens.base_claims(world.physician.id, p.app.client_id, 600)
     claims["iss"] = runtime.settings.issuer  # without the trailing slash: not the issuer claim
     with pytest.raises(InvalidIdToken):
         await verifier.verify(runtime.tokens.sign(claims))
-    expired = runtime.tokens.base_claims(world["physician"].id, p.app.client_id, 600)
+    expired = runtime.tokens.base_claims(world.physician.id, p.app.client_id, 600)
     expired["exp"] = expired["iat"] - 10
     with pytest.raises(InvalidIdToken):
         await verifier.verify(runtime.tokens.sign(expired))
@@ -227,10 +227,10 @@ async def test_cors_accepts_the_service_origin_and_refuses_others(api, partner, 
         status, headers, body = await fetch(api, f"{p.url}/api/token", "OPTIONS", headers={
             "Origin": origin, "Access-Control-Request-Method": "POST"})
         assert status == 403 and "Access-Control-Allow-Origin" not in headers
-        code, _ = await code_via_launch(api, p, world["physician"])
+        code, _ = await code_via_launch(api, p, world.physician)
         status, headers, body = await app_token(api, p, code, origin=origin)
         assert status == 403 and body["error"] == "origin_not_allowed"
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     status, headers, body = await app_token(api, p, code, origin=p_origin(api))
     assert status == 200 and headers["Access-Control-Allow-Origin"] == p_origin(api)
     status, headers, _ = await fetch(api, f"{p.url}/launch", "OPTIONS", headers={
@@ -245,12 +245,12 @@ def p_origin(api) -> str:
 @pytest.mark.gen_test
 async def test_sso_exchange_turns_the_id_token_into_an_app_session(api, partner, world):
     p = partner()
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     tokens = (await app_token(api, p, code))[2]
     status, _, body = await fetch(api, f"{p.url}/api/session", "POST", "{}",
                                   {"Authorization": f"Bearer {tokens['id_token']}"})
     assert status == 200, body
-    assert body["user"]["sub"] == world["physician"].id
+    assert body["user"]["sub"] == world.physician.id
     status, _, me = await fetch(api, f"{p.url}/api/me", headers={"Authorization": f"Bearer {body['session_token']}"})
     assert status == 200 and me["email"] == "doc@example.com"
     for bad in (tokens["access_token"], "nonsense", ""):
@@ -285,11 +285,11 @@ async def test_bad_input_gets_clear_4xx(api, partner):
 @pytest.mark.gen_test
 async def test_enable_for_this_clinic_calls_the_activation_operation(api, partner, world):
     p = partner()
-    probe = await api.call("PUT", f"/v1/applications/{p.app.id}/organizations/{world['org'].id}/activation-status",
+    probe = await api.call("PUT", f"/v1/applications/{p.app.id}/organizations/{world.org.id}/activation-status",
                            {"status": "Enabled"})
     if probe[0] == 404 and probe[2].get("error") == "not_found":
         pytest.skip("the activation REST operation is not mounted on this branch")
-    code, _ = await code_via_launch(api, p, world["physician"])
+    code, _ = await code_via_launch(api, p, world.physician)
     tokens = (await app_token(api, p, code))[2]
     # As after the first launch: the platform verified the token, the installation is Disabled.
     Installation.update(activation_status="Disabled").where(Installation.application == p.app.id).execute()
@@ -299,7 +299,7 @@ async def test_enable_for_this_clinic_calls_the_activation_operation(api, partne
                                   {"Authorization": f"Bearer {session['session_token']}"})
     assert status == 200, body
     assert body["status"] == "Enabled" and body["trial_started_at"]
-    assert Installation.find(p.app.id, world["org"].id).activation_status == "Enabled"
+    assert Installation.find(p.app.id, world.org.id).activation_status == "Enabled"
 
 
 @pytest.mark.gen_test

@@ -57,7 +57,7 @@ async def test_plain_and_malformed_challenges_are_invalid_request(flow, params):
 async def test_require_pkce_per_app(flow, world, runtime):
     app, secret = register_application(runtime, "Strict", "https://strict.example/cb", "https://strict.example/l",
                                        require_pkce=True)
-    install_application(app.id, world["org"].id)
+    install_application(app.id, world.org.id)
     launch_id = await flow.launch(client_id=app.client_id)
     query = {"client_id": app.client_id, "redirect_uri": "https://strict.example/cb", "response_type": "code",
              "launch_id": launch_id}

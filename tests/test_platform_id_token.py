@@ -11,7 +11,7 @@ from conftest import basic_auth
 async def test_platform_verification_returns_the_id_token_issued_with_the_access_token(api, flow, world):
     tokens = await flow.tokens()
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
-                                     headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                     headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 200 and body["active"] and body["id_token"] == tokens["id_token"]
 
 
@@ -20,12 +20,12 @@ async def test_nobody_else_learns_it(api, flow, world):
     tokens = await flow.tokens()
     # The client itself (it has the ID token already): plain RFC 7662.
     status, _, body = await api.call("POST", "/v1/oauth/introspect", body=f"token={tokens['access_token']}",
-                                     headers={"Authorization": basic_auth(world["app"].client_id, world["secret"]),
+                                     headers={"Authorization": basic_auth(world.app.client_id, world.secret),
                                               "Content-Type": "application/x-www-form-urlencoded"})
     assert status == 200 and body["active"] and "id_token" not in body
     # The platform on behalf of another user: not verified, nothing learnt.
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
-                                     headers={"Authorization": f"Bearer {world['staff_sandbox_token']}"})
+                                     headers={"Authorization": f"Bearer {world.staff_sandbox_token}"})
     assert status == 200 and body == {"active": False}
     # A revoked token (its code replayed): not active, nothing learnt.
     code = await flow.code()
@@ -33,7 +33,7 @@ async def test_nobody_else_learns_it(api, flow, world):
     assert status == 200
     await flow.exchange(code)
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": issued["access_token"]},
-                                     headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                     headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 200 and body == {"active": False}
 
 

@@ -13,7 +13,7 @@ def data(obj) -> dict:
 
 
 def test_application_lookups_match_peewee(runtime, world):
-    app = world["app"]
+    app = world.app
     expected = data(Application.get(Application.id == app.id))
     assert data(Application.by_client_id(app.client_id)) == expected
     assert data(Application.by_id(app.id)) == expected
@@ -26,9 +26,9 @@ def test_application_lookups_match_peewee(runtime, world):
 
 
 def test_user_with_organization(runtime, world):
-    user = User.with_organization(world["physician"].id)
-    assert data(user) == data(User.get_by_id(world["physician"].id))
-    assert data(user.organization) == data(Organization.get_by_id(world["org"].id))
+    user = User.with_organization(world.physician.id)
+    assert data(user) == data(User.get_by_id(world.physician.id))
+    assert data(user.organization) == data(Organization.get_by_id(world.org.id))
     assert User.with_organization("usr_nobody") is None
 
 

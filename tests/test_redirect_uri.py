@@ -118,7 +118,7 @@ def test_property_accepted_uris_stay_under_the_base(parts, joiner):
 # -- over HTTP -------------------------------------------------------------------------------------
 
 async def authorize(flow, redirect_uri, app=None):
-    app = app or flow.world["app"]
+    app = app or flow.world.app
     launch_id = await flow.launch(client_id=app.client_id)
     query = urllib.parse.urlencode({"client_id": app.client_id, "redirect_uri": redirect_uri,
                                     "response_type": "code", "launch_id": launch_id, "state": "s1"})
@@ -153,7 +153,7 @@ async def test_exact_mode_app_accepts_only_registered_uris(flow, world, runtime)
     app, secret = register_application(runtime, "Exact", "https://exact.example/cb", "https://exact.example/launch",
                                        redirect_uri_match="exact",
                                        redirect_uris=["https://exact.example/cb", "https://exact.example/cb2"])
-    install_application(app.id, world["org"].id)
+    install_application(app.id, world.org.id)
     assert (await authorize(flow, "https://exact.example/cb/deeper", app))[0] == 400
     status, headers, _ = await authorize(flow, "https://exact.example/cb2", app)
     assert status == 302 and headers["Location"].startswith("https://exact.example/cb2?code=")

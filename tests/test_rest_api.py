@@ -28,15 +28,15 @@ def other_app(runtime):
 
 @pytest.mark.gen_test
 async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api, world, flow, clock):
-    app = world["app"]
+    app = world.app
     path = f"/v1/applications/{app.id}/organizations"
-    headers = await partner_headers(api, app, world["secret"])
+    headers = await partner_headers(api, app, world.secret)
     status, _, body = await api.call("GET", path, headers=headers)
-    assert status == 200 and [o["id"] for o in body] == [world["org"].id]
+    assert status == 200 and [o["id"] for o in body] == [world.org.id]
 
     user_tokens = await flow.tokens()  # a user access token has another audience
     for bad in (None, "Bearer nonsense", f"Bearer {user_tokens['access_token']}",
-                f"Bearer {world['sandbox_token']}", "Basic Zm9vOmJhcg=="):
+                f"Bearer {world.sandbox_token}", "Basic Zm9vOmJhcg=="):
         status, resp_headers, body = await api.call("GET", path, headers={"Authorization": bad} if bad else {})
         assert status == 401, bad
         assert body["error"] == "invalid_token" and resp_headers["WWW-Authenticate"].startswith("Bearer")
@@ -56,16 +56,16 @@ async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api
 @pytest.mark.gen_test
 async def test_token_accepts_form_and_basic(api, world):
     from conftest import basic_auth
-    app = world["app"]
+    app = world.app
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
-                                     headers={"Authorization": basic_auth(app.client_id, world["secret"]),
+                                     headers={"Authorization": basic_auth(app.client_id, world.secret),
                                               "Content-Type": "application/x-www-form-urlencoded"})
     assert status == 200 and body["token_type"] == "Bearer" and body["expires_in"] == 300
     status, _, body = await api.call("POST", "/v1/oauth/token", {
         "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": "wrong"})
     assert status == 401 and body["error"] == "invalid_client"
     status, _, body = await api.call("POST", "/os-api/v2/oauth/token", {
-        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world["secret"]})
+        "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world.secret})
     assert status == 400 and body["error"] == "unsupported_grant_type"
 
 
@@ -73,13 +73,13 @@ async def test_token_accepts_form_and_basic(api, world):
 
 @pytest.mark.gen_test
 async def test_organizations_only_own_app_and_installations(api, world, other_app, runtime):
-    app = world["app"]
+    app = world.app
     elsewhere = create_organization("Elsewhere")
     install_application(other_app[0].id, elsewhere.id)
-    headers = await partner_headers(api, app, world["secret"])
+    headers = await partner_headers(api, app, world.secret)
     status, _, body = await api.call("GET", f"/v1/applications/{app.id}/organizations", headers=headers)
     assert status == 200
-    assert body == [{"id": world["org"].id, "name": "Test Clinic", "ehr": "sandbox",
+    assert body == [{"id": world.org.id, "name": "Test Clinic", "ehr": "sandbox",
                      "installed_at": body[0]["installed_at"], "activation_status": None, "user_count": 2}]
     status, _, body = await api.call("GET", f"/v1/applications/{other_app[0].id}/organizations", headers=headers)
     assert status == 403 and body["error"] == "forbidden"
@@ -97,12 +97,12 @@ async def test_organizations_only_own_app_and_installations(api, world, other_ap
 
 @pytest.mark.gen_test
 async def test_user_status_follows_what_happened(api, world, flow, runtime):
-    app = world["app"]
-    headers = await partner_headers(api, app, world["secret"])
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
     invited = (await api.call("POST", "/v1/invitations", {
         "email": "new@clinic.example", "given_name": "New", "family_name": "Person",
         "organization_name": "Invited Clinic"}, headers=headers))[2]
-    path = f"/v1/applications/{app.id}/organizations/{world['org'].id}/users"
+    path = f"/v1/applications/{app.id}/organizations/{world.org.id}/users"
 
     status, _, users = await api.call("GET", path, headers=headers)
     assert status == 200
@@ -111,7 +111,7 @@ async def test_user_status_follows_what_happened(api, world, flow, runtime):
     assert by_email["doc@example.com"]["authorized_at"] is None and by_email["doc@example.com"]["last_launch_at"] is None
 
     await flow.launch()  # a launch alone does not authorize
-    record_platform_verification(runtime, app, world["physician"])  # the platform verified the app's token
+    record_platform_verification(runtime, app, world.physician)  # the platform verified the app's token
     status, _, users = await api.call("GET", path, headers=headers)
     doc = {u["email"]: u for u in users}["doc@example.com"]
     assert doc["status"] == "authorized" and doc["authorized_at"] and doc["last_launch_at"]
@@ -136,8 +136,8 @@ INVITE = {"email": "Ann.Example@Clinic.example", "given_name": "Ann", "family_na
 
 @pytest.mark.gen_test
 async def test_invitation_creates_everything_once_and_link_works_once(api, world, runtime):
-    app = world["app"]
-    headers = await partner_headers(api, app, world["secret"])
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
     status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
     assert status == 201, body
     user = User.get_by_id(body["user_id"])
@@ -171,7 +171,7 @@ async def test_invitation_creates_everything_once_and_link_works_once(api, world
 
 @pytest.mark.gen_test
 async def test_invitation_link_expires(api, world, runtime, clock):
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
     assert status == 201
     clock.advance(runtime.settings.invitation_ttl + 1)
@@ -182,7 +182,7 @@ async def test_invitation_link_expires(api, world, runtime, clock):
 
 @pytest.mark.gen_test
 async def test_invitation_bad_input_is_a_clear_400(api, world):
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     json_headers = {**headers, "Content-Type": "application/json"}
     cases = [
         (b"{not json", "invalid_request"),
@@ -212,16 +212,16 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
 @pytest.fixture
 def clinic(world, runtime):
     """Two physicians, one of whom completed the app's auth flow, and a snapshot of both."""
-    second = create_user(world["org"].id, "doc2@example.com", "Second", "Doc", npi="1245319599")
-    record_platform_verification(runtime, world["app"], world["physician"])
-    snap = complete_snapshot(runtime.clock, world["org"], [world["physician"], second], per_provider=60)
+    second = create_user(world.org.id, "doc2@example.com", "Second", "Doc", npi="1245319599")
+    record_platform_verification(runtime, world.app, world.physician)
+    snap = complete_snapshot(runtime.clock, world.org, [world.physician, second], per_provider=60)
     return {"second": second, "snapshot": snap}
 
 
 @pytest.mark.gen_test
 async def test_appointments_pages_are_stable_and_only_authorized_providers(api, world, clinic, runtime):
-    headers = await partner_headers(api, world["app"], world["secret"])
-    path = f"/v1/appointments/{world['org'].id}"
+    headers = await partner_headers(api, world.app, world.secret)
+    path = f"/v1/appointments/{world.org.id}"
     status, _, first = await api.call("GET", path, headers=headers)
     assert status == 200
     assert (first["offset"], first["limit"], first["total"]) == (0, 50, 60)
@@ -230,7 +230,7 @@ async def test_appointments_pages_are_stable_and_only_authorized_providers(api, 
     assert (second["offset"], len(second["appointments"])) == (50, 10)
     seen = [a["id"] for a in first["appointments"] + second["appointments"]]
     assert len(seen) == len(set(seen)) == 60
-    assert all(a["provider"]["user_id"] == world["physician"].id for a in first["appointments"])
+    assert all(a["provider"]["user_id"] == world.physician.id for a in first["appointments"])
     keys = [(a["start"], a["id"]) for a in first["appointments"] + second["appointments"]]
     assert [k[0] for k in keys] == sorted(k[0] for k in keys)
     # small pages walk the same order
@@ -244,15 +244,15 @@ async def test_appointments_pages_are_stable_and_only_authorized_providers(api, 
                        "patient"]
     assert list(a["patient"]) == ["id", "first_name", "last_name", "date_of_birth", "sex"]
 
-    record_platform_verification(runtime, world["app"], clinic["second"])
+    record_platform_verification(runtime, world.app, clinic["second"])
     status, _, both = await api.call("GET", path, headers=headers)
     assert both["total"] == 120
 
 
 @pytest.mark.gen_test
 async def test_appointments_bad_paging_and_access(api, world, clinic, other_app):
-    headers = await partner_headers(api, world["app"], world["secret"])
-    path = f"/v1/appointments/{world['org'].id}"
+    headers = await partner_headers(api, world.app, world.secret)
+    path = f"/v1/appointments/{world.org.id}"
     for query in ("limit=51", "limit=-1", "limit=abc", "offset=-1", "offset=1.5", "limit=0", "limit=", "limit=1e2",
                   "limit=1&limit=2"):
         status, _, body = await api.call("GET", f"{path}?{query}", headers=headers)
@@ -264,7 +264,7 @@ async def test_appointments_bad_paging_and_access(api, world, clinic, other_app)
     assert status == 404
     # installed but no snapshot yet: an empty page
     org = create_organization("No Snapshot Yet")
-    install_application(world["app"].id, org.id)
+    install_application(world.app.id, org.id)
     status, _, body = await api.call("GET", f"/v1/appointments/{org.id}", headers=headers)
     assert status == 200 and body == {"appointments": [], "offset": 0, "limit": 50, "total": 0,
                                       "snapshot_date": None}
@@ -274,20 +274,20 @@ async def test_appointments_bad_paging_and_access(api, world, clinic, other_app)
 async def test_appointments_read_only_the_latest_complete_snapshot(api, world, clinic, runtime):
     import datetime as dt
     from models.appointments import Snapshot
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     tomorrow = clinic["snapshot"].snapshot_date + dt.timedelta(days=1)
-    Snapshot.create(organization=world["org"].id, snapshot_date=tomorrow, status="building")
-    status, _, body = await api.call("GET", f"/v1/appointments/{world['org'].id}", headers=headers)
+    Snapshot.create(organization=world.org.id, snapshot_date=tomorrow, status="building")
+    status, _, body = await api.call("GET", f"/v1/appointments/{world.org.id}", headers=headers)
     assert body["snapshot_date"] == clinic["snapshot"].snapshot_date.isoformat() and body["total"] == 60
-    complete_snapshot(runtime.clock, world["org"], [world["physician"]], per_provider=4, day=tomorrow)
-    status, _, body = await api.call("GET", f"/v1/appointments/{world['org'].id}", headers=headers)
+    complete_snapshot(runtime.clock, world.org, [world.physician], per_provider=4, day=tomorrow)
+    status, _, body = await api.call("GET", f"/v1/appointments/{world.org.id}", headers=headers)
     assert body["snapshot_date"] == tomorrow.isoformat() and body["total"] == 4
 
 
 @pytest.mark.gen_test
 async def test_test_organization_returns_the_fixed_data_set(api, world, other_app):
     pages = []
-    for app, secret in ((world["app"], world["secret"]), other_app):
+    for app, secret in ((world.app, world.secret), other_app):
         headers = await partner_headers(api, app, secret)
         got = []
         for offset in (0, 50, 100):
@@ -307,13 +307,13 @@ async def test_test_organization_returns_the_fixed_data_set(api, world, other_ap
 
 @pytest.mark.gen_test
 async def test_activation_status_lifecycle(api, world, runtime, clock):
-    app, org = world["app"], world["org"]
-    headers = await partner_headers(api, app, world["secret"])
+    app, org = world.app, world.org
+    headers = await partner_headers(api, app, world.secret)
     path = f"/v1/applications/{app.id}/organizations/{org.id}/activation-status"
     status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=headers)
     assert status == 409 and body["error"] == "not_initialized"
 
-    record_platform_verification(runtime, app, world["physician"])  # first SDK initialization: Disabled
+    record_platform_verification(runtime, app, world.physician)  # first SDK initialization: Disabled
     assert Installation.find(app.id, org.id).activation_status == "Disabled"
     for bad in ({"status": "enabled"}, {"status": 1}, {}, {"status": "Enabled", "extra": 1}):
         status, _, body = await api.call("PUT", path, bad, headers=headers)

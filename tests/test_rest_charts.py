@@ -33,11 +33,11 @@ async def wait_until_not_pending(api, headers, request_id, timeout=30.0):
 
 @pytest.mark.gen_test(timeout=60)
 async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, world, runtime, clock):
-    app = world["app"]
-    headers = await partner_headers(api, app, world["secret"])
-    patient = patient_panel(world["org"].id)[0]
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
+    patient = patient_panel(world.org.id)[0]
     status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
-        "svc_organization_id": world["org"].id, "patient_id": patient.id}, headers=headers)
+        "svc_organization_id": world.org.id, "patient_id": patient.id}, headers=headers)
     assert status == 202 and created["status"] == "pending"
     request_id = created["request_id"]
 
@@ -63,19 +63,19 @@ async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, worl
     clock.advance(runtime.settings.presigned_url_ttl + 1)
     response = await fetch_zip(api, body_url := (await api.call(
         "GET", f"/v1/chart-retrieval/download-url/{request_id}",
-        headers=await partner_headers(api, app, world["secret"])))[2]["download_url"], runtime)
+        headers=await partner_headers(api, app, world.secret)))[2]["download_url"], runtime)
     assert response.code == 200 and body_url  # a fresh URL works after the old one expired
 
 
 @pytest.mark.gen_test
 async def test_pending_is_202_with_retry_after_and_failed_is_409(api, world, runtime):
-    app = world["app"]
-    headers = await partner_headers(api, app, world["secret"])
-    pending = ChartRequest.create(application=app.id, organization=world["org"].id, patient_id="p1")
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
+    pending = ChartRequest.create(application=app.id, organization=world.org.id, patient_id="p1")
     status, resp_headers, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{pending.id}",
                                                 headers=headers)
     assert status == 202 and int(resp_headers["Retry-After"]) > 0 and body["status"] == "pending"
-    failed = ChartRequest.create(application=app.id, organization=world["org"].id, patient_id="p2",
+    failed = ChartRequest.create(application=app.id, organization=world.org.id, patient_id="p2",
                                  status="failed", error="Patient not found.")
     status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{failed.id}", headers=headers)
     assert status == 409 and body["error"] == "chart_failed" and "Patient not found" in body["message"]
@@ -85,9 +85,9 @@ async def test_pending_is_202_with_retry_after_and_failed_is_409(api, world, run
 
 @pytest.mark.gen_test
 async def test_chart_request_bad_input(api, world, runtime):
-    headers = await partner_headers(api, world["app"], world["secret"])
-    cases = [({"svc_organization_id": world["org"].id}, 400), ({"svc_organization_id": 1, "patient_id": "p"}, 400),
-             ({"svc_organization_id": world["org"].id, "patient_id": "p", "x": 1}, 400),
+    headers = await partner_headers(api, world.app, world.secret)
+    cases = [({"svc_organization_id": world.org.id}, 400), ({"svc_organization_id": 1, "patient_id": "p"}, 400),
+             ({"svc_organization_id": world.org.id, "patient_id": "p", "x": 1}, 400),
              ({"svc_organization_id": "../etc", "patient_id": "p"}, 400),
              ({"svc_organization_id": "org_unknown", "patient_id": "p"}, 404)]
     for body, expected in cases:
@@ -104,7 +104,7 @@ async def test_chart_request_bad_input(api, world, runtime):
 async def test_test_mode_chart_zip(api, world, runtime):
     status, _, _ = await api.call("GET", f"/v1/chart-retrieval/download-url/{TEST_ID}")
     assert status == 401
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{TEST_ID}", headers=headers)
     assert status == 200
     response = await fetch_zip(api, body["download_url"], runtime)

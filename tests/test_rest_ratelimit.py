@@ -25,18 +25,18 @@ async def exhaust(api, path, headers, limit):
 
 async def check_limits(api, world, runtime):
     clock = runtime.clock
-    app = world["app"]
-    headers = await partner_headers(api, app, world["secret"])
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
     path = f"/v1/applications/{app.id}/organizations"
     clock.advance(60 - clock.time() % 60 + 0.5)  # start of a window, so the test does not straddle two
-    headers = await partner_headers(api, app, world["secret"])
+    headers = await partner_headers(api, app, world.secret)
     await exhaust(api, path, headers, 10)
     status, resp_headers, body = await api.call("GET", path, headers=headers)
     assert status == 429 and body["error"] == "rate_limited"
     assert resp_headers["Retry-After"] == resp_headers["RateLimit-Reset"]
     assert resp_headers["RateLimit-Remaining"] == "0"
     # other operations and other clients have their own counts
-    status, resp_headers, _ = await api.call("GET", f"{path}/{world['org'].id}/users", headers=headers)
+    status, resp_headers, _ = await api.call("GET", f"{path}/{world.org.id}/users", headers=headers)
     assert status == 200 and resp_headers["RateLimit-Limit"] == "50"
     other, other_secret = register_application(runtime, "Other", "https://o.example/m", "https://o.example/l")
     other_headers = await partner_headers(api, other, other_secret)
@@ -47,7 +47,7 @@ async def check_limits(api, world, runtime):
     assert status == 404 and "RateLimit-Remaining" in resp_headers
     # the next window allows requests again
     clock.advance(60)
-    status, _, _ = await api.call("GET", path, headers=await partner_headers(api, app, world["secret"]))
+    status, _, _ = await api.call("GET", path, headers=await partner_headers(api, app, world.secret))
     assert status == 200
 
 
@@ -69,7 +69,7 @@ async def test_redis_limit(api, world, runtime, redis_namespace):
 async def test_redis_unreachable_is_a_clear_503(api, world, runtime):
     runtime.rate_limiter = build_rate_limiter(runtime.settings.replace(
         redis_url=f"redis://127.0.0.1:{free_port()}/0"), runtime.clock)
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     status, resp_headers, body = await api.call("GET", "/v1/appointments/123456789", headers=headers)
     assert status == 503 and body["error"] == "rate_limiter_unavailable" and "Redis" in body["message"]
     assert resp_headers["Retry-After"]
@@ -93,10 +93,10 @@ def test_two_serve_processes_share_one_redis_limit(world, settings, redis_namesp
     procs = [start_process(["serve", "--port", str(p)], env, p, log_path=tmp_path / f"serve-{p}.log")
              for p in ports]
     try:
-        app = world["app"]
+        app = world.app
         status, _, token = _get(ports[0], "/v1/oauth/token", {"Content-Type": "application/json"}, json.dumps({
             "grant_type": "client_credentials", "client_id": app.client_id,
-            "client_secret": world["secret"]}).encode())
+            "client_secret": world.secret}).encode())
         assert status == 200, token
         headers = {"Authorization": f"Bearer {token['access_token']}"}
         path = f"/v1/applications/{app.id}/organizations"

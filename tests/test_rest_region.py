@@ -10,8 +10,8 @@ from rest_helpers import partner_headers
 
 @pytest.mark.gen_test
 async def test_global_allowlist_and_trusted_proxy(api, world, runtime):
-    app = world["app"]
-    headers = await partner_headers(api, app, world["secret"])
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
     path = f"/v1/applications/{app.id}/organizations"
     runtime.settings = runtime.settings.replace(rest_allowed_networks="10.0.0.0/8")
     status, _, body = await api.call("GET", path, headers=headers)
@@ -30,8 +30,8 @@ async def test_global_allowlist_and_trusted_proxy(api, world, runtime):
 
 @pytest.mark.gen_test
 async def test_per_application_allowlist(api, world, runtime):
-    app = world["app"]
-    headers = await partner_headers(api, app, world["secret"])
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
     path = f"/v1/applications/{app.id}/organizations"
     set_rest_allowed_networks(runtime, app.id, ["192.0.2.0/24"])
     status, _, body = await api.call("GET", path, headers=headers)

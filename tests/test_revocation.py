@@ -20,7 +20,7 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 @pytest.mark.gen_test
 @pytest.mark.parametrize("prefix", ["/v1", "/os-api/v2"])
 async def test_a_client_revokes_its_own_user_token(api, flow, world, prefix):
-    app, secret = world["app"], world["secret"]
+    app, secret = world.app, world.secret
     tokens = await flow.tokens(prefix)
     bearer = {"Authorization": f"Bearer {tokens['access_token']}"}
     assert (await api.call("GET", f"{prefix}/oauth/userinfo", headers=bearer))[0] == 200
@@ -62,7 +62,7 @@ async def test_another_client_cannot_revoke(api, flow, world, runtime):
 
 @pytest.mark.gen_test
 async def test_revoked_client_token_fails_at_the_rest_api_and_introspection(api, world):
-    app, secret = world["app"], world["secret"]
+    app, secret = world.app, world.secret
     headers = await partner_headers(api, app, secret)
     token = headers["Authorization"].split()[1]
     path = f"/v1/applications/{app.id}/organizations"
@@ -83,7 +83,7 @@ async def test_revoked_client_token_fails_at_the_rest_api_and_introspection(api,
 
 @pytest.mark.gen_test
 async def test_another_clients_client_token_is_not_introspectable(api, world, runtime):
-    headers = await partner_headers(api, world["app"], world["secret"])
+    headers = await partner_headers(api, world.app, world.secret)
     other, other_secret = register_application(runtime, "Other", "https://o.example/cb", "https://o.example/l")
     status, _, body = await api.call("POST", "/v1/oauth/introspect", body=form(
         token=headers["Authorization"].split()[1], client_id=other.client_id, client_secret=other_secret),
@@ -93,7 +93,7 @@ async def test_another_clients_client_token_is_not_introspectable(api, world, ru
 
 @pytest.mark.gen_test
 async def test_no_error_code_in_the_challenge_when_no_token_was_sent(api, world):
-    for path in ("/v1/oauth/userinfo", "/os-api/v2/oauth/userinfo", f"/v1/applications/{world['app'].id}/organizations"):
+    for path in ("/v1/oauth/userinfo", "/os-api/v2/oauth/userinfo", f"/v1/applications/{world.app.id}/organizations"):
         status, headers, _ = await api.call("GET", path)
         assert status == 401
         assert headers["WWW-Authenticate"].startswith("Bearer") and "error=" not in headers["WWW-Authenticate"]

@@ -33,25 +33,25 @@ def cli(settings, *args):
 @pytest.mark.gen_test
 async def test_sandbox_off_every_route_is_404(api, world, runtime):
     runtime.settings = runtime.settings.replace(sandbox=False)
-    for path in SANDBOX_PAGES + [f"/sandbox/hub?user={world['physician'].id}",
-                                 f"/sandbox/settings?user={world['physician'].id}"]:
+    for path in SANDBOX_PAGES + [f"/sandbox/hub?user={world.physician.id}",
+                                 f"/sandbox/settings?user={world.physician.id}"]:
         status, _, body = await api.call("GET", path)
         assert status == 404 and body["error"] == "not_found", path
-    status, _, _ = await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
-                                  headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+    status, _, _ = await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
+                                  headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 404
     status, _, _ = await api.call("POST", "/sandbox/signout", body="")
     assert status == 404
     # No sandbox token verifies anything while the sandbox is off.
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": "x"},
-                                     headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                     headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 401
 
 
 def test_sandbox_cli_refuses_when_off_or_for_other_users(runtime, settings, world):
     off = settings.replace(sandbox=False)
-    for args in (["sandbox", "token", "--user", world["physician"].id],
-                 ["sandbox", "signin-link", "--user", world["physician"].id]):
+    for args in (["sandbox", "token", "--user", world.physician.id],
+                 ["sandbox", "signin-link", "--user", world.physician.id]):
         result = cli(off, *args)
         assert result.returncode != 0 and "SVC_SANDBOX" in result.stderr and not result.stdout
     clinic = create_organization("Real Clinic", "epic", "https://epic.example")
@@ -59,19 +59,19 @@ def test_sandbox_cli_refuses_when_off_or_for_other_users(runtime, settings, worl
     for args in (["sandbox", "token", "--user", real.id], ["sandbox", "signin-link", "--user", real.id]):
         result = cli(settings, *args)
         assert result.returncode != 0 and "sandbox" in result.stderr and not result.stdout
-    result = cli(settings, "sandbox", "signin-link", "--user", world["physician"].id, "--app", world["app"].id,
+    result = cli(settings, "sandbox", "signin-link", "--user", world.physician.id, "--app", world.app.id,
                  "--json")
     assert result.returncode == 0, result.stderr
     url = json.loads(result.stdout)["url"]
     assert url.startswith(settings.public_url + "/sandbox/signin/")
-    plain = cli(settings, "sandbox", "signin-link", "--user", world["physician"].id)
+    plain = cli(settings, "sandbox", "signin-link", "--user", world.physician.id)
     assert plain.returncode == 0 and plain.stdout.strip().startswith("http") and len(plain.stdout.split()) == 1
 
 
 @pytest.mark.gen_test
 async def test_user_parameter_identifies_nobody(api, world):
-    for path in ("/sandbox/hub", "/sandbox/settings", f"/sandbox/hub?user={world['physician'].id}",
-                 f"/sandbox/settings?user={world['physician'].id}"):
+    for path in ("/sandbox/hub", "/sandbox/settings", f"/sandbox/hub?user={world.physician.id}",
+                 f"/sandbox/settings?user={world.physician.id}"):
         status, headers, body = await api.call("GET", path)
         assert status == 302 and headers["Location"] == "/sandbox/signin", path
         assert "eyJ" not in str(body)  # no token in the answer
@@ -83,19 +83,19 @@ async def test_user_parameter_identifies_nobody(api, world):
 
 @pytest.mark.gen_test
 async def test_signin_link_works_once_and_sets_a_safe_cookie(api, world, runtime):
-    url = create_signin_link(runtime, world["physician"].id, world["app"].id)
+    url = create_signin_link(runtime, world.physician.id, world.app.id)
     path = urllib.parse.urlsplit(url).path
     status, headers, _ = await api.call("GET", path)
-    assert status == 302 and headers["Location"] == f"/sandbox/hub?app={world['app'].id}"
+    assert status == 302 and headers["Location"] == f"/sandbox/hub?app={world.app.id}"
     cookie = headers["Set-Cookie"]
     assert cookie.startswith(SESSION_COOKIE + "=") and "HttpOnly" in cookie and "SameSite=Lax" in cookie
     assert "Path=/sandbox" in cookie and "Secure" not in cookie
     status, _, page = await api.call("GET", headers["Location"], headers={"Cookie": cookie.split(";")[0]})
-    assert status == 200 and 'id="app-frame"' in page and world["physician"].display_name in page
+    assert status == 200 and 'id="app-frame"' in page and world.physician.display_name in page
     status, headers, page = await api.call("GET", path)  # the second use
     assert status == 401 and "Set-Cookie" not in headers and "not valid" in page
     # An expired link is refused the same way.
-    url = create_signin_link(runtime, world["physician"].id)
+    url = create_signin_link(runtime, world.physician.id)
     runtime.clock.advance(runtime.settings.sandbox_link_ttl + 1)
     assert (await api.call("GET", urllib.parse.urlsplit(url).path))[0] == 401
 
@@ -103,7 +103,7 @@ async def test_signin_link_works_once_and_sets_a_safe_cookie(api, world, runtime
 @pytest.mark.gen_test
 async def test_cookie_is_secure_under_https(api, world, runtime):
     runtime.settings = runtime.settings.replace(public_url="https://svc.example")
-    url = create_signin_link(runtime, world["physician"].id)
+    url = create_signin_link(runtime, world.physician.id)
     status, headers, _ = await api.call("GET", urllib.parse.urlsplit(url).path)
     assert status == 302 and "Secure" in headers["Set-Cookie"]
 
@@ -118,14 +118,14 @@ async def test_only_sandbox_users(api, world, runtime):
         issue_sandbox_token(runtime, real)
     # A sandbox-audience token for such a user (say, minted before the clinic moved EHR) is refused.
     token, _ = runtime.tokens.access_token(real.id, SANDBOX_AUDIENCE, 600, org=clinic.id)
-    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
+    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
                                      headers={"Authorization": f"Bearer {token}"})
     assert status == 401 and body == {"error": "invalid_token", "message": "Authentication failed"}
 
 
 @pytest.mark.gen_test
 async def test_sign_in_opens_and_sign_out_ends_the_sessions(api, world, runtime):
-    user = world["physician"]
+    user = world.physician
     signed_in_at = runtime.clock.time()
     cookie, location = await sandbox_signin(api, runtime, user.id)
     assert ConnectorSession.select().where((ConnectorSession.user == user.id)
@@ -154,7 +154,7 @@ async def test_signin_attempts_are_throttled_per_address(api, world, runtime):
                                                              runtime.failure_policy(), lambda: runtime.clock.time())
     for n in range(5):
         assert (await api.call("GET", f"/sandbox/signin/guess{n}"))[0] == 401
-    good = create_signin_link(runtime, world["physician"].id)
+    good = create_signin_link(runtime, world.physician.id)
     status, headers, _ = await api.call("GET", urllib.parse.urlsplit(good).path)
     assert status == 429 and int(headers["Retry-After"]) >= 1
     assert AuditEvent.select().where((AuditEvent.action == "auth.lockout")).count() == 1
@@ -166,7 +166,7 @@ async def test_signin_attempts_are_throttled_per_address(api, world, runtime):
 async def test_only_the_platform_records_a_verification(api, flow, world, runtime):
     """The attack of issue 12: a partner app lists users, takes one's token, runs the launch and
     the code exchange itself and introspects "as the platform". Each step is now closed."""
-    app, secret, user = world["app"], world["secret"], world["physician"]
+    app, secret, user = world.app, world.secret, world.physician
     # The settings page hands out nothing without a sandbox session.
     status, _, body = await api.call("GET", f"/sandbox/settings?user={user.id}")
     assert status == 302 and "eyJ" not in str(body)
@@ -183,7 +183,7 @@ async def test_only_the_platform_records_a_verification(api, flow, world, runtim
                                       headers={"Authorization": f"Bearer {bearer}"})
         assert status == 401
     assert Authorization.select().count() == 0
-    assert Installation.find(app.id, world["org"].id).activation_status is None
+    assert Installation.find(app.id, world.org.id).activation_status is None
     # The platform (the hub, with the signed-in user's sandbox token) records it.
     cookie, _ = await sandbox_signin(api, runtime, user.id)
     _, _, page = await api.call("GET", "/sandbox/hub", headers=cookie)
@@ -198,9 +198,9 @@ async def test_only_the_platform_records_a_verification(api, flow, world, runtim
 @pytest.mark.gen_test
 async def test_invitation_signs_in_only_with_the_sandbox_on(api, world, runtime):
     from partner_api.invitations import invite
-    answer = invite(runtime, world["app"], {"email": "new@clinic.example", "given_name": "New",
+    answer = invite(runtime, world.app, {"email": "new@clinic.example", "given_name": "New",
                                             "family_name": "Person", "organization_name": "New Clinic"})
     runtime.settings = runtime.settings.replace(sandbox=False)
     status, headers, body = await api.call("GET", urllib.parse.urlsplit(answer["invitation_url"]).path)
     assert status == 200 and body["status"] == "accepted" and "Set-Cookie" not in headers
-    install_application(world["app"].id, answer["organization_id"])
+    install_application(world.app.id, answer["organization_id"])

@@ -29,9 +29,9 @@ async def test_hub_lists_the_clinic_apps_and_frames_them_safely(api, world, runt
     other_org = create_organization("Elsewhere")
     elsewhere, _ = register_application(runtime, "Not Here", "https://x.example/app", "https://x.example/launch")
     install_application(elsewhere.id, other_org.id)
-    status, headers, page = await hub(api, world["physician"].id)
+    status, headers, page = await hub(api, world.physician.id)
     assert status == 200 and headers["Content-Type"].startswith("text/html")
-    app = world["app"]
+    app = world.app
     assert 'aria-disabled="false"' in entry_attrs(page, app.id)
     assert "Not Here" not in page
     frame = re.search(r'<iframe[^>]*id="app-frame"[^>]*>', page).group(0)
@@ -42,27 +42,27 @@ async def test_hub_lists_the_clinic_apps_and_frames_them_safely(api, world, runt
     assert "frame-ancestors 'none'" in csp and "script-src 'self';" in csp
     assert headers["X-Frame-Options"] == "DENY"
     # The hub never sees the app's client secret, in clear or hashed.
-    assert world["secret"] not in page and app.client_secret_hash not in page
+    assert world.secret not in page and app.client_secret_hash not in page
 
 
 @pytest.mark.gen_test
 async def test_platform_verification_greys_the_app_out_until_it_is_enabled(api, flow, world):
-    app, user = world["app"], world["physician"]
+    app, user = world.app, world.physician
     tokens = await flow.tokens()
     status, _, apps = await api.call("GET", "/sandbox/api/apps",
-                                      headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                      headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 200 and apps["apps"][0]["openable"] is True and apps["apps"][0]["activation_status"] is None
     # What hub.js does with the token the SDK hands it: introspect it as the platform.
     status, _, result = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
-                                        headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                        headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 200 and result["active"] is True and result["sub"] == user.id
     _, _, page = await hub(api, user.id)
     assert 'aria-disabled="true"' in entry_attrs(page, app.id)
     _, _, apps = await api.call("GET", "/sandbox/api/apps",
-                                headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert apps["apps"][0] == {**apps["apps"][0], "openable": False, "activation_status": "Disabled"}
     status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": app.client_id},
-                                      headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                      headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 403 and body["error"] == "application_disabled"
     Installation.update(activation_status="Enabled").where(Installation.application == app.id).execute()
     _, _, page = await hub(api, user.id)
@@ -72,22 +72,22 @@ async def test_platform_verification_greys_the_app_out_until_it_is_enabled(api, 
 
 @pytest.mark.gen_test
 async def test_deep_link_names_the_app_to_open(api, world):
-    status, _, page = await hub(api, world["physician"].id, app=world["app"].id)
+    status, _, page = await hub(api, world.physician.id, app=world.app.id)
     assert status == 200
-    assert f'"openApp": "{world["app"].id}"' in page
+    assert f'"openApp": "{world.app.id}"' in page
 
 
 @pytest.mark.gen_test
 async def test_settings_page_shows_a_30_minute_sandbox_token(api, world, runtime):
-    cookie, location = await sandbox_signin(api, runtime, world["staff"].id, target="settings")
+    cookie, location = await sandbox_signin(api, runtime, world.staff.id, target="settings")
     assert location == "/sandbox/settings"
     status, headers, page = await api.call("GET", location, headers=cookie)
     assert status == 200 and headers["Cache-Control"] == "no-store"
     token = re.search(r'<textarea id="sandbox-token"[^>]*>([^<]+)</textarea>', page).group(1).strip()
     claims = runtime.tokens.verify(token, SANDBOX_AUDIENCE)
-    assert claims["sub"] == world["staff"].id and claims["exp"] - claims["iat"] == 1800
+    assert claims["sub"] == world.staff.id and claims["exp"] - claims["iat"] == 1800
     assert "Valid for 30 minutes" in page
-    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
+    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
                                       headers={"Authorization": f"Bearer {token}"})
     assert status == 201 and body["launch_url"].startswith("https://app.example.com/launch?launch_id=")
 

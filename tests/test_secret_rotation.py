@@ -38,7 +38,7 @@ async def initialized_and_enabled(api, p, world, traffic) -> None:
     assert first["status"] == 200 and first["verified"], first
     headers = await partner_headers(api, p.app, p.secret)
     status, _, body = await api.call(
-        "PUT", f"/v1/applications/{p.app.id}/organizations/{world['org'].id}/activation-status",
+        "PUT", f"/v1/applications/{p.app.id}/organizations/{world.org.id}/activation-status",
         {"status": "Enabled"}, headers=headers)
     assert status == 200, body
 
@@ -63,7 +63,7 @@ async def refused_within_a_second(api, app, secret) -> None:
 async def test_four_rotation_steps_while_launches_keep_flowing(api, partner, world, runtime, settings):
     p = partner()
     old = p.secret
-    traffic = LaunchTraffic(api, p, world["physician"], runtime)
+    traffic = LaunchTraffic(api, p, world.physician, runtime)
     await initialized_and_enabled(api, p, world, traffic)
     traffic.start()
     await traffic.during("before")
@@ -109,7 +109,7 @@ async def test_four_rotation_steps_while_launches_keep_flowing(api, partner, wor
 async def test_activating_before_the_app_knows_the_fallback_breaks_launches(api, partner, world, runtime, settings):
     """The spec's warning: step 3 before step 2 invalidates the only secret the app has."""
     p = partner()
-    traffic = LaunchTraffic(api, p, world["physician"], runtime)
+    traffic = LaunchTraffic(api, p, world.physician, runtime)
     await initialized_and_enabled(api, p, world, traffic)
     traffic.start()
     await traffic.during("before")

@@ -38,10 +38,10 @@ def test_sigterm_finishes_the_request_in_flight(settings, world, tmp_path):
     log_path = tmp_path / "serve.log"
     proc = start_process(["serve", "--port", str(port)], settings_env(settings), port, log_path=log_path)
     try:
-        app = world["app"]
+        app = world.app
         body = b"grant_type=client_credentials"
         head = (f"POST /v1/oauth/token HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                f"Authorization: {basic_auth(app.client_id, world['secret'])}\r\n"
+                f"Authorization: {basic_auth(app.client_id, world.secret)}\r\n"
                 f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n"
                 f"X-Request-Id: slow-1\r\n\r\n").encode()
         slow = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -118,10 +118,10 @@ def test_sigterm_under_processes_refuses_new_connections_at_once_and_finishes_in
         while len(children_of(proc.pid)) < 2 and time.time() < deadline:
             time.sleep(0.05)
         assert get(port, "/healthz")[0] == 200
-        app = world["app"]
+        app = world.app
         body = b"grant_type=client_credentials"
         head = (f"POST /v1/oauth/token HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                f"Authorization: {basic_auth(app.client_id, world['secret'])}\r\n"
+                f"Authorization: {basic_auth(app.client_id, world.secret)}\r\n"
                 f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         slow = socket.create_connection(("127.0.0.1", port), timeout=10)
         slow.sendall(head + body[:10])  # in flight in one of the workers

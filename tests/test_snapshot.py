@@ -36,8 +36,8 @@ def move_clock_to(clock, when: dt.datetime) -> None:
 def clinic(runtime, world):
     """The `world` physician authorized the installed app and opened the hub the evening before."""
     move_clock_to(runtime.clock, at(runtime.settings, minutes=-6 * 60))
-    record_platform_verification(runtime, world["app"], world["physician"])
-    touch_session(runtime, world["physician"])
+    record_platform_verification(runtime, world.app, world.physician)
+    touch_session(runtime, world.physician)
     return world
 
 
@@ -110,12 +110,12 @@ def test_only_when_the_connector_session_is_active_during_the_window(runtime, cl
 
 
 def test_touch_session_extends_an_active_session_and_starts_a_new_one_after_the_ttl(runtime, world, clock):
-    first = touch_session(runtime, world["physician"])
+    first = touch_session(runtime, world.physician)
     clock.advance(3600)
-    assert touch_session(runtime, world["physician"]).id == first.id
+    assert touch_session(runtime, world.physician).id == first.id
     clock.advance(runtime.settings.connector_session_ttl + 1)
-    assert touch_session(runtime, world["physician"]).id != first.id
-    assert ConnectorSession.select().where(ConnectorSession.user == world["physician"].id).count() == 2
+    assert touch_session(runtime, world.physician).id != first.id
+    assert ConnectorSession.select().where(ConnectorSession.user == world.physician.id).count() == 2
 
 
 def test_rerunning_a_night_replaces_it(runtime, clinic):

@@ -25,17 +25,17 @@ CLINICS = 4
 
 def clinics(runtime, world) -> list[str]:
     """`CLINICS` organizations, each with an authorized physician in session tonight, slow to read."""
-    orgs = [world["org"]]
+    orgs = [world.org]
     for n in range(1, CLINICS):
         org = create_organization(f"Clinic {n}", "sandbox", "https://ehr.example/test")
         create_user(org.id, f"doc{n}@example.com", "Doc", f"Number{n}", f"doc{n}", "1234567893")
-        install_application(world["app"].id, org.id)
+        install_application(world.app.id, org.id)
         orgs.append(org)
     from models.directory import Organization, User
     for org in orgs:
         Organization.update(ehr_url="https://ehr.example/test?latency=0.7").where(Organization.id == org.id).execute()
         for user in User.select().where((User.organization == org.id) & User.npi.is_null(False)):
-            record_platform_verification(runtime, world["app"], user)
+            record_platform_verification(runtime, world.app, user)
             touch_session(runtime, user)
     return sorted(org.id for org in orgs)
 
@@ -82,7 +82,7 @@ def test_two_runs_of_a_night_after_a_killed_one_both_succeed_with_one_snapshot_e
 
 
 def test_a_task_that_finds_a_live_builder_leaves_the_night_to_it(runtime, world):
-    org = world["org"].id
+    org = world.org.id
     night = coming_night(runtime.settings, runtime.clock.now())
     ours = claim_build(runtime, org, night)  # another builder (a `snapshot run`) holds the night
     assert ours is not None and claim_build(runtime, org, night) is None

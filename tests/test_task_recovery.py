@@ -58,12 +58,12 @@ def statuses(ids) -> dict[str, str]:
 
 
 def test_a_worker_killed_mid_build_loses_no_chart_request_and_makes_one_object_each(runtime, world, start_worker):
-    set_ehr_url(world["org"], "https://ehr.example/test?latency=0.5")  # each build takes a while
+    set_ehr_url(world.org, "https://ehr.example/test?latency=0.5")  # each build takes a while
     victim = start_worker()
-    panel = patient_panel(world["org"].id)
+    panel = patient_panel(world.org.id)
     ids = []
     for index in range(REQUESTS):
-        request = ChartRequest.create(application=world["app"].id, organization=world["org"].id,
+        request = ChartRequest.create(application=world.app.id, organization=world.org.id,
                                       patient_id=panel[index].id)
         charts.enqueue_chart_build(runtime, request.id)
         ids.append(request.id)
@@ -92,8 +92,8 @@ def test_a_worker_killed_mid_build_loses_no_chart_request_and_makes_one_object_e
 
 
 def test_a_request_whose_workers_keep_dying_fails_once_its_tries_are_used_up(runtime, world):
-    request = ChartRequest.create(application=world["app"].id, organization=world["org"].id,
-                                  patient_id=patient_panel(world["org"].id)[0].id,
+    request = ChartRequest.create(application=world.app.id, organization=world.org.id,
+                                  patient_id=patient_panel(world.org.id)[0].id,
                                   attempts=runtime.settings.task_max_retries + 1,
                                   lease_owner="dead-worker", lease_until=runtime.clock.now() - dt.timedelta(seconds=1))
     assert sweep_charts(runtime) == []
@@ -102,9 +102,9 @@ def test_a_request_whose_workers_keep_dying_fails_once_its_tries_are_used_up(run
 
 
 def test_a_snapshot_whose_worker_is_killed_is_replaced_by_a_complete_one(runtime, world, start_worker):
-    org = world["org"]
-    record_platform_verification(runtime, world["app"], world["physician"])
-    touch_session(runtime, world["physician"])
+    org = world.org
+    record_platform_verification(runtime, world.app, world.physician)
+    touch_session(runtime, world.physician)
     # The night whose window is open now or opens next: the session is active in it at any time of
     # day (the night after it would not be, before 02:00 UTC: CI went red that way once).
     night = coming_night(runtime.settings, runtime.clock.now())

@@ -73,7 +73,7 @@ async def test_form_body_with_http_basic(api, flow, world):
     status, headers, body = await api.call(
         "POST", "/v1/oauth/token", body=urllib.parse.urlencode({"grant_type": "authorization_code", "code": code}),
         headers={"Content-Type": "application/x-www-form-urlencoded",
-                 "Authorization": basic_auth(world["app"].client_id, world["secret"])})
+                 "Authorization": basic_auth(world.app.client_id, world.secret)})
     assert status == 200 and body["id_token"]
 
 
@@ -82,7 +82,7 @@ async def test_wrong_basic_secret_gets_basic_challenge(api, flow, world):
     status, headers, body = await api.call(
         "POST", "/v1/oauth/token", body="grant_type=authorization_code&code=x",
         headers={"Content-Type": "application/x-www-form-urlencoded",
-                 "Authorization": basic_auth(world["app"].client_id, "nope")})
+                 "Authorization": basic_auth(world.app.client_id, "nope")})
     assert status == 401 and body["error"] == "invalid_client"
     assert headers["WWW-Authenticate"].startswith("Basic")
 
@@ -91,26 +91,26 @@ async def test_wrong_basic_secret_gets_basic_challenge(api, flow, world):
 async def test_two_client_authentication_methods_are_refused(api, flow, world):
     status, _, body = await api.call(
         "POST", "/v1/oauth/token", {"grant_type": "authorization_code", "code": await flow.code(),
-                                    "client_secret": world["secret"]},
-        headers={"Authorization": basic_auth(world["app"].client_id, world["secret"])})
+                                    "client_secret": world.secret},
+        headers={"Authorization": basic_auth(world.app.client_id, world.secret)})
     assert status == 400 and body["error"] == "invalid_request"
 
 
 @pytest.mark.gen_test
 async def test_fallback_secret_is_invalid_until_activated(flow, runtime, world):
-    app_id = world["app"].id
+    app_id = world.app.id
     fallback = generate_fallback_secret(runtime, app_id)
     status, _, body = await flow.exchange(await flow.code(), secret=fallback)
     assert status == 401 and body["error"] == "invalid_client"
     assert (await flow.exchange(await flow.code()))[0] == 200  # current secret still works
     activate_fallback_secret(runtime, app_id)
-    assert (await flow.exchange(await flow.code(), secret=world["secret"]))[0] == 401
+    assert (await flow.exchange(await flow.code(), secret=world.secret))[0] == 401
     assert (await flow.exchange(await flow.code(), secret=fallback))[0] == 200
 
 
 @pytest.mark.gen_test
 async def test_client_credentials_only_at_v1(api, world):
-    auth = {"Authorization": basic_auth(world["app"].client_id, world["secret"]),
+    auth = {"Authorization": basic_auth(world.app.client_id, world.secret),
             "Content-Type": "application/x-www-form-urlencoded"}
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials", headers=auth)
     assert status == 200 and body["token_type"] == "Bearer" and "id_token" not in body
@@ -149,7 +149,7 @@ async def test_malformed_token_requests_get_clear_4xx(api, case):
 @pytest.mark.gen_test
 async def test_missing_code_with_valid_client(flow, world):
     status, _, body = await flow.api.call("POST", "/v1/oauth/token", {
-        "grant_type": "authorization_code", "client_id": world["app"].client_id, "client_secret": world["secret"]})
+        "grant_type": "authorization_code", "client_id": world.app.client_id, "client_secret": world.secret})
     assert status == 400 and body["error"] == "invalid_request"
 
 
@@ -157,7 +157,7 @@ async def test_missing_code_with_valid_client(flow, world):
 async def test_concurrent_exchanges_of_one_code_exactly_one_wins(flow, runtime, world):
     """Threads with their own database connections race on one code: the UPDATE decides."""
     code = await flow.code()
-    app = world["app"]
+    app = world.app
     grant = AuthorizationCodeGrant(runtime)
     barrier = threading.Barrier(4)
     outcomes = []

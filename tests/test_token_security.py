@@ -60,7 +60,7 @@ async def test_forged_access_tokens_are_refused_at_userinfo_and_introspection(ap
         assert status == 401, name
         assert 'Bearer error="invalid_token"' in headers["WWW-Authenticate"], name
         status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": forged},
-                                         headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                         headers={"Authorization": f"Bearer {world.sandbox_token}"})
         assert status == 200 and body == {"active": False}, name
 
 
@@ -81,21 +81,21 @@ async def test_access_token_expires_after_five_minutes(api, flow, runtime):
 
 @pytest.mark.gen_test
 async def test_forged_sandbox_tokens_fail_with_authentication_failed(api, runtime, world):
-    claims = stored_claims(runtime, world["sandbox_token"])
+    claims = stored_claims(runtime, world.sandbox_token)
     for name, forged in forgeries(runtime, claims, "at+jwt").items():
-        status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
+        status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
                                          headers={"Authorization": f"Bearer {forged}"})
         assert (status, body) == (401, {"error": "invalid_token", "message": "Authentication failed"}), name
 
 
 @pytest.mark.gen_test
 async def test_sandbox_token_expires_after_thirty_minutes(api, runtime, world):
-    token = issue_sandbox_token(runtime, world["physician"])
+    token = issue_sandbox_token(runtime, world.physician)
     runtime.clock.advance(29 * 60)
-    assert (await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
+    assert (await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
                            headers={"Authorization": f"Bearer {token}"}))[0] == 201
     runtime.clock.advance(61)
-    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
+    status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
                                      headers={"Authorization": f"Bearer {token}"})
     assert status == 401 and body["message"] == "Authentication failed"
 
@@ -103,6 +103,6 @@ async def test_sandbox_token_expires_after_thirty_minutes(api, runtime, world):
 @pytest.mark.gen_test
 async def test_user_access_token_is_not_a_sandbox_token(api, flow, world):
     tokens = await flow.tokens()
-    status, _, _ = await api.call("POST", "/v1/sandbox/launches", {"client_id": world["app"].client_id},
+    status, _, _ = await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
                                   headers={"Authorization": f"Bearer {tokens['access_token']}"})
     assert status == 401

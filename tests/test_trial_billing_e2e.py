@@ -45,7 +45,7 @@ async def billing(api, app, secret, month) -> dict:
 
 @pytest.mark.gen_test
 async def test_days_until_end_of_trial_through_the_activation_and_token_endpoints(api, flow, world):
-    app, org = world["app"], world["org"]
+    app, org = world.app, world.org
 
     async def trial_claims():
         c = jwt.get_unverified_claims((await flow.tokens())["id_token"])
@@ -55,7 +55,7 @@ async def test_days_until_end_of_trial_through_the_activation_and_token_endpoint
     assert await trial_claims() == (True, None)      # installed, never enabled
     await verify_on_platform(api, flow, world)       # first SDK initialization: Disabled, not openable
     assert Installation.find(app.id, org.id).activation_status == "Disabled"
-    body = await set_activation(api, app, world["secret"], org.id, "Enabled")
+    body = await set_activation(api, app, world.secret, org.id, "Enabled")
     assert body["trial_started_at"] == f"{YEAR}-03-01T23:59:30Z"
     assert await trial_claims() == (True, 30)        # day 1
     for when, expected in [
@@ -68,8 +68,8 @@ async def test_days_until_end_of_trial_through_the_activation_and_token_endpoint
         set_clock(api.runtime.clock, when)
         assert await trial_claims() == expected, when
     # Disabling and enabling again does not restart the trial.
-    await set_activation(api, app, world["secret"], org.id, "Disabled")
-    body = await set_activation(api, app, world["secret"], org.id, "Enabled")
+    await set_activation(api, app, world.secret, org.id, "Disabled")
+    body = await set_activation(api, app, world.secret, org.id, "Enabled")
     assert body["trial_started_at"] == f"{YEAR}-03-01T23:59:30Z"
     assert await trial_claims() == (False, 0)
     # The other address variant never carries the billing claims.
@@ -79,9 +79,9 @@ async def test_days_until_end_of_trial_through_the_activation_and_token_endpoint
 
 @pytest.mark.gen_test
 async def test_trial_ended_app_keeps_returning_the_user_is_billed_then_403_is_not(api, partner, world, runtime):
-    org = world["org"]
+    org = world.org
     p = partner(upgraded_organizations={org.id})  # the app's records: this clinic upgraded
-    traffic = LaunchTraffic(api, p, world["physician"], runtime)
+    traffic = LaunchTraffic(api, p, world.physician, runtime)
 
     def launch_claims(outcome) -> tuple:
         c = jwt.get_unverified_claims(outcome["body"]["id_token"])
@@ -104,10 +104,10 @@ async def test_trial_ended_app_keeps_returning_the_user_is_billed_then_403_is_no
     set_clock(api.runtime.clock, dt.datetime(YEAR, 4, 9, 0, 0, 5))
     outcome = await traffic.one_launch()
     assert outcome["status"] == 200 and outcome["verified"] and launch_claims(outcome) == (False, 0)
-    assert await billing(api, p.app, p.secret, f"{YEAR}-04") == {org.id: [world["physician"].id]}
+    assert await billing(api, p.app, p.secret, f"{YEAR}-04") == {org.id: [world.physician.id]}
     again = await traffic.one_launch()  # the same month again: still one billable user
     assert again["verified"]
-    assert await billing(api, p.app, p.secret, f"{YEAR}-04") == {org.id: [world["physician"].id]}
+    assert await billing(api, p.app, p.secret, f"{YEAR}-04") == {org.id: [world.physician.id]}
 
     # A new month; the app's records now say "not upgraded": its token endpoint answers 403
     # trial_expired, the SDK never hands the token to the platform, nothing is billed.
@@ -118,4 +118,4 @@ async def test_trial_ended_app_keeps_returning_the_user_is_billed_then_403_is_no
     assert refused["verified"] is False
     assert Installation.find(p.app.id, org.id).activation_status == "Enabled"  # still Enabled, still not billed
     assert await billing(api, p.app, p.secret, f"{YEAR}-05") == {}
-    assert await billing(api, p.app, p.secret, f"{YEAR}-04") == {org.id: [world["physician"].id]}  # unchanged
+    assert await billing(api, p.app, p.secret, f"{YEAR}-04") == {org.id: [world.physician.id]}  # unchanged

@@ -54,7 +54,7 @@ async def test_id_token_walks_the_trial_through_http(flow, world, runtime):
     assert await claims() == (True, None)
     now = runtime.clock.now()
     Installation.update(trial_started_at=now, activation_status="Enabled").where(
-        Installation.application == world["app"].id).execute()
+        Installation.application == world.app.id).execute()
     assert await claims() == (True, 30)
     midnight_after = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time())
     runtime.clock.advance((midnight_after - now).total_seconds() + 28 * 86400 + 60)  # day 30
@@ -65,6 +65,6 @@ async def test_id_token_walks_the_trial_through_http(flow, world, runtime):
 
 @pytest.mark.gen_test
 async def test_paid_plan_claims(flow, world):
-    Application.update(billing_plan="paid").where(Application.id == world["app"].id).execute()
+    Application.update(billing_plan="paid").where(Application.id == world.app.id).execute()
     c = jwt.get_unverified_claims((await flow.tokens())["id_token"])
     assert (c["application_billing_plan"], c["is_free_trial"], c["days_until_end_of_trial"]) == ("paid", False, None)

@@ -60,8 +60,8 @@ def test_a_worker_killed_inside_an_upload_leaves_one_object_and_nothing_else(run
     env = settings_env(settings, SVC_TASK_RECOVERY_SECONDS=RECOVERY_SECONDS, SVC_S3_MULTIPART_BYTES=multipart_bytes,
                        **AWS)
     env["SVC_S3_ENDPOINT_URL"] = proxy.url
-    request = ChartRequest.create(application=world["app"].id, organization=world["org"].id,
-                                  patient_id=patient_panel(world["org"].id)[0].id)
+    request = ChartRequest.create(application=world.app.id, organization=world.org.id,
+                                  patient_id=patient_panel(world.org.id)[0].id)
     key = charts.chart_key(request.id)
     proxy.arm(rb"PUT /" + settings.s3_bucket.encode() + rb"/" + re.escape(key.encode()))
     victim = start_process(["worker", "--threads", "1"], env, log_path=tmp_path / "victim.log")

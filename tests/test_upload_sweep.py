@@ -22,10 +22,10 @@ def temp_file(runtime, key: str, name: str | None = None) -> str:
 
 def test_the_sweep_removes_temporary_files_of_stopped_builds_only(runtime, world):
     now = runtime.clock.now()
-    panel = patient_panel(world["org"].id)
-    live = ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id=panel[0].id,
+    panel = patient_panel(world.org.id)
+    live = ChartRequest.create(application=world.app.id, organization=world.org.id, patient_id=panel[0].id,
                                lease_owner="alive", lease_until=now + dt.timedelta(seconds=60))
-    dead = ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id=panel[1].id,
+    dead = ChartRequest.create(application=world.app.id, organization=world.org.id, patient_id=panel[1].id,
                                lease_owner="killed", lease_until=now - dt.timedelta(seconds=1))
     kept = temp_file(runtime, chart_key(live.id))
     removed = temp_file(runtime, chart_key(dead.id))

@@ -7,10 +7,10 @@ from models.application import Application, Authorization, Installation
 
 @pytest.mark.gen_test
 async def test_userinfo_returns_only_declared_fields(api, flow, world):
-    Application.update(user_fields=["email"]).where(Application.id == world["app"].id).execute()
+    Application.update(user_fields=["email"]).where(Application.id == world.app.id).execute()
     tokens = await flow.tokens()
     status, _, info = await api.call("GET", "/v1/oauth/userinfo", headers={"Authorization": f"Bearer {tokens['access_token']}"})
-    assert status == 200 and info == {"sub": world["physician"].id, "email": "doc@example.com"}
+    assert status == 200 and info == {"sub": world.physician.id, "email": "doc@example.com"}
 
 
 @pytest.mark.gen_test
@@ -18,9 +18,9 @@ async def test_userinfo_all_fields_under_claims_namespace(api, flow, world, runt
     tokens = await flow.tokens(prefix="/os-api/v2")
     status, _, info = await api.call("POST", "/os-api/v2/oauth/userinfo", headers={"Authorization": tokens["access_token"]})
     ns = runtime.settings.claims_namespace
-    assert info == {"sub": world["physician"].id, "email": "doc@example.com", "given_name": "Doc",
+    assert info == {"sub": world.physician.id, "email": "doc@example.com", "given_name": "Doc",
                     "family_name": "Tor", f"https://{ns}/ehrUsername": "dtor",
-                    f"https://{ns}/organization": {"id": world["org"].id, "name": "Test Clinic"}}
+                    f"https://{ns}/organization": {"id": world.org.id, "name": "Test Clinic"}}
 
 
 @pytest.mark.gen_test
@@ -32,13 +32,13 @@ async def test_userinfo_without_token_is_401(api):
 @pytest.mark.gen_test
 async def test_introspection_by_the_client_itself(api, flow, world):
     tokens = await flow.tokens()
-    auth = {"Authorization": basic_auth(world["app"].client_id, world["secret"]),
+    auth = {"Authorization": basic_auth(world.app.client_id, world.secret),
             "Content-Type": "application/x-www-form-urlencoded"}
     status, _, body = await api.call("POST", "/v1/oauth/introspect", body=f"token={tokens['access_token']}", headers=auth)
     assert status == 200 and body["active"] is True
-    assert body["sub"] == world["physician"].id and body["client_id"] == world["app"].client_id
+    assert body["sub"] == world.physician.id and body["client_id"] == world.app.client_id
     # a client's introspection has no lifecycle side effects
-    assert Installation.find(world["app"].id, world["org"].id).activation_status is None
+    assert Installation.find(world.app.id, world.org.id).activation_status is None
 
 
 @pytest.mark.gen_test
@@ -54,19 +54,19 @@ async def test_introspection_of_another_clients_token_is_inactive(api, flow, wor
 @pytest.mark.gen_test
 async def test_platform_verification_records_authorization_and_disables_new_installation(api, flow, world):
     tokens = await flow.tokens()
-    assert Installation.find(world["app"].id, world["org"].id).activation_status is None
+    assert Installation.find(world.app.id, world.org.id).activation_status is None
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
-                                     headers={"Authorization": f"Bearer {world['sandbox_token']}"})
+                                     headers={"Authorization": f"Bearer {world.sandbox_token}"})
     assert status == 200 and body["active"] is True
-    assert Installation.find(world["app"].id, world["org"].id).activation_status == "Disabled"
-    assert Authorization.select().where(Authorization.user == world["physician"].id).count() == 1
+    assert Installation.find(world.app.id, world.org.id).activation_status == "Disabled"
+    assert Authorization.select().where(Authorization.user == world.physician.id).count() == 1
 
 
 @pytest.mark.gen_test
 async def test_platform_cannot_verify_a_token_of_another_user(api, flow, world):
     tokens = await flow.tokens()  # issued for the physician
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
-                                     headers={"Authorization": f"Bearer {world['staff_sandbox_token']}"})
+                                     headers={"Authorization": f"Bearer {world.staff_sandbox_token}"})
     assert body == {"active": False}
     assert Authorization.select().count() == 0
 

@@ -27,8 +27,8 @@ def wait_for_http(url: str, timeout: float = 20.0) -> None:
 
 
 def test_serve_schedules_and_builds_the_night_in_process(runtime, world, settings, tmp_path, clock):
-    record_platform_verification(runtime, world["app"], world["physician"])
-    touch_session(runtime, world["physician"])
+    record_platform_verification(runtime, world.app, world.physician)
+    touch_session(runtime, world.physician)
     now = clock.now()
     window = f"{(now - dt.timedelta(minutes=1)):%H:%M}-{(now + dt.timedelta(minutes=30)):%H:%M}"
     env = settings_env(settings, SVC_SYNC_WINDOW=window)
@@ -39,9 +39,9 @@ def test_serve_schedules_and_builds_the_night_in_process(runtime, world, setting
         wait_for_http(f"http://127.0.0.1:{port}/.well-known/openid-configuration")
     try:
         deadline = time.time() + 40
-        while time.time() < deadline and not Snapshot.latest_complete(world["org"].id):
+        while time.time() < deadline and not Snapshot.latest_complete(world.org.id):
             time.sleep(0.1)
-        snapshot = Snapshot.latest_complete(world["org"].id)
+        snapshot = Snapshot.latest_complete(world.org.id)
         assert snapshot is not None, (tmp_path / "serve0.log").read_text()[-3000:]
         assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id).count() > 0
         assert ScheduledRun.select().count() == 1  # two processes, one claim

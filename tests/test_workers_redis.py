@@ -69,8 +69,8 @@ def start_worker(child_env, tmp_path):
 
 
 def request_for(world, patient_index=0) -> ChartRequest:
-    patient = patient_panel(world["org"].id)[patient_index]
-    return ChartRequest.create(application=world["app"].id, organization=world["org"].id, patient_id=patient.id)
+    patient = patient_panel(world.org.id)[patient_index]
+    return ChartRequest.create(application=world.app.id, organization=world.org.id, patient_id=patient.id)
 
 
 def status_of(request_id) -> ChartRequest:
@@ -95,8 +95,8 @@ def test_chart_zip_built_by_a_worker_process_into_s3_and_fetched_over_a_presigne
     with urllib.request.urlopen(url, timeout=10) as response:
         assert response.status == 200
         body = response.read()
-    patient = patient_panel(world["org"].id)[11]
-    text, data = open_archive(body, request.id, world["app"].id)
+    patient = patient_panel(world.org.id)[11]
+    text, data = open_archive(body, request.id, world.app.id)
     assert f"{patient.first_name} {patient.last_name}" in text
     assert data["patient"]["date_of_birth"] == patient.date_of_birth.isoformat()
 
@@ -109,20 +109,20 @@ def test_test_mode_zip_in_s3(runtime):
 
 
 def test_an_ehr_outage_is_retried_with_backoff_until_it_is_over(runtime, world, start_worker):
-    set_ehr_url(world["org"], "https://ehr.example/test?outage=1")
+    set_ehr_url(world.org, "https://ehr.example/test?outage=1")
     start_worker()
     request = request_for(world)
     charts.enqueue_chart_build(runtime, request.id)
     # `attempts` counts an attempt as it starts, before the connector reads the EHR address, so
     # only a second attempt proves the first one met the outage.
     wait_until(lambda: status_of(request.id).attempts >= 2, what="a retry after the outage")
-    set_ehr_url(world["org"], "https://ehr.example/test")
+    set_ehr_url(world.org, "https://ehr.example/test")
     done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="retry")
     assert done.status == "ready" and done.attempts >= 2
 
 
 def test_a_request_fails_with_a_reason_when_the_retries_run_out(runtime, world, start_worker):
-    set_ehr_url(world["org"], "https://ehr.example/test?outage=1")
+    set_ehr_url(world.org, "https://ehr.example/test?outage=1")
     start_worker()
     request = request_for(world)
     charts.enqueue_chart_build(runtime, request.id)
@@ -134,7 +134,7 @@ def test_a_request_fails_with_a_reason_when_the_retries_run_out(runtime, world, 
 
 def test_a_worker_killed_mid_build_leaves_the_request_retryable_and_a_retry_makes_one_object(
         runtime, world, start_worker):
-    set_ehr_url(world["org"], "https://ehr.example/test?latency=30")
+    set_ehr_url(world.org, "https://ehr.example/test?latency=30")
     victim = start_worker()
     request = request_for(world, 5)
     charts.enqueue_chart_build(runtime, request.id)
@@ -144,7 +144,7 @@ def test_a_worker_killed_mid_build_leaves_the_request_retryable_and_a_retry_make
     assert status_of(request.id).status == "pending"
     assert bucket_keys(runtime.settings) == []
 
-    set_ehr_url(world["org"], "https://ehr.example/test")
+    set_ehr_url(world.org, "https://ehr.example/test")
     start_worker()  # its recovery sweep re-queues the request once the dead worker's lease lapses
     charts.enqueue_chart_build(runtime, request.id)  # a duplicate delivery is harmless too
     done = wait_until(lambda: status_of(request.id).status != "pending" and status_of(request.id), what="the retry")
@@ -157,17 +157,17 @@ def test_a_worker_killed_mid_build_leaves_the_request_retryable_and_a_retry_make
 def eligible_clinic(runtime, world, name: str):
     org = create_organization(name, "sandbox")
     doc = create_user(org.id, f"doc@{org.id}.example", "Doc", name, None, "1679576722")
-    install_application(world["app"].id, org.id)
-    record_platform_verification(runtime, world["app"], doc)
+    install_application(world.app.id, org.id)
+    record_platform_verification(runtime, world.app, doc)
     touch_session(runtime, doc)
     return org
 
 
 def test_the_nightly_sync_fans_out_one_task_per_organization(runtime, world, start_worker, clock):
     night = clock.now().date()
-    record_platform_verification(runtime, world["app"], world["physician"])
-    touch_session(runtime, world["physician"])
-    orgs = [world["org"]] + [eligible_clinic(runtime, world, f"Clinic {n}") for n in range(2)]
+    record_platform_verification(runtime, world.app, world.physician)
+    touch_session(runtime, world.physician)
+    orgs = [world.org] + [eligible_clinic(runtime, world, f"Clinic {n}") for n in range(2)]
     assert fan_out_night(runtime, night.isoformat()) == 3  # what the sync_night task does
     client = redis.Redis.from_url(REDIS_URL)
     queue = f"{runtime.settings.redis_namespace}:tasks:snapshots"
@@ -196,8 +196,8 @@ def test_several_schedulers_queue_the_night_once(runtime, world, child_env, tmp_
         night = night_due(runtime.settings.replace(sync_window=window), now)
         assert [(r.job, r.run_date) for r in ScheduledRun.select()] == [("nightly-sync", night)]
         start_worker()
-        wait_until(lambda: Snapshot.latest_complete(world["org"].id), what="the night's snapshot")
-        assert Snapshot.latest_complete(world["org"].id).snapshot_date == night
+        wait_until(lambda: Snapshot.latest_complete(world.org.id), what="the night's snapshot")
+        assert Snapshot.latest_complete(world.org.id).snapshot_date == night
         client.close()
     finally:
         for proc in schedulers:
