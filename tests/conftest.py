@@ -82,11 +82,21 @@ def backend(request) -> str:
 
 @pytest.fixture
 def settings(backend, tmp_path, session_keys_dir, request) -> Settings:
-    """Settings of a service under test (free port, temp dirs); `var_dir` is per test."""
+    """Settings of a service under test (temp dirs; `var_dir` is per test), the one settings fixture.
+
+    A module or test adjusts them with `@pytest.mark.svc_settings(...)`: `own_keys=True` (signing
+    keys per test, for tests that rotate them), `real_issuer=True` (the issuer is the test HTTP
+    server's real address, for clients that fetch its JWKS), and any `Settings` field."""
+    marker = request.node.get_closest_marker("svc_settings")
+    options = dict(marker.kwargs) if marker else {}
+    own_keys, real_issuer = options.pop("own_keys", False), options.pop("real_issuer", False)
+    issuer = f"http://127.0.0.1:{request.getfixturevalue('http_port')}" if real_issuer else "http://127.0.0.1:8888"
     return Settings.build(
-        issuer="http://127.0.0.1:8888", database_url=database_url(backend, tmp_path, request),
-        var_dir=str(tmp_path / "var"), keys_dir=str(session_keys_dir), hmac_key="k" * 32,
+        issuer=issuer, database_url=database_url(backend, tmp_path, request),
+        var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys" if own_keys else session_keys_dir),
+        hmac_key="k" * 32,
         sandbox=True,  # the sandbox EHR is a testing tool: on in the tests (tests/test_sandbox_access.py turns it off)
+        **options,
     )
 
 

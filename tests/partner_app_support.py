@@ -1,20 +1,15 @@
-"""The example partner app on a real port, and traffic through it."""
+"""The example partner app on a real port, and traffic through it. Modules using `partner` mark
+themselves with `PARTNER_SETTINGS` (the issuer is the real port: the app fetches its JWKS).
+"""
 from __future__ import annotations
 
 import json
 import urllib.parse
 import pytest
-from conf import Settings
 
 
-@pytest.fixture
-def settings(backend, tmp_path, request, http_port):
-    """The service's issuer is its real address here, so the app can fetch the JWKS from it.
-    Keys are per test: one test rotates them."""
-    from conftest import database_url
-    return Settings.build(issuer=f"http://127.0.0.1:{http_port}", database_url=database_url(backend, tmp_path, request),
-                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32,
-                          sandbox=True)
+PARTNER_SETTINGS = pytest.mark.svc_settings(own_keys=True, real_issuer=True)
+"""Keys are per test (one test rotates them); the issuer is the service's real address."""
 
 
 @pytest.fixture
@@ -116,7 +111,6 @@ import json
 import urllib.parse
 import pytest
 import tornado.httpserver
-from conf import Settings
 from conftest import free_port
 from examples.partner_app.config import PartnerConfig
 from examples.partner_app.web import make_partner_app

@@ -1,10 +1,13 @@
 """moto's S3 server on loopback for the worker tests, and what a bucket holds."""
 from __future__ import annotations
 
+import uuid
+
 import boto3
 import pytest
+
+from conftest import REDIS_URL, free_port, start_process, stop_process, wait_for_port
 from models.directory import Organization
-from conftest import free_port, start_process, stop_process, wait_for_port
 
 
 AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -30,3 +33,14 @@ def bucket_keys(settings) -> list[str]:
 
 def set_ehr_url(org, url: str) -> None:
     Organization.update(ehr_url=url).where(Organization.id == org.id).execute()
+
+
+def worker_settings(settings, s3_endpoint: str, monkeypatch, redis_namespace: str, **fields):
+    """`settings` in the worker shape: Redis (a namespace of the test's own), a fresh bucket on
+    moto's S3 server (credentials in the environment), and `fields` (retries, recovery...)."""
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
+                                  s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", **fields)
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
+    return configured

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from conf import Settings
 from conftest import ROOT, settings_env
 from lifecycle.sandbox import issue_sandbox_token
 from models.audit import AuditEvent
@@ -16,13 +15,7 @@ from models.clock import utc_iso
 from rest_helpers import partner_headers
 
 
-@pytest.fixture
-def settings(backend, tmp_path, request):
-    """Keys per test: this module rotates them."""
-    from conftest import database_url
-    return Settings.build(issuer="http://127.0.0.1:8888", database_url=database_url(backend, tmp_path, request),
-                          var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"), hmac_key="k" * 32,
-                          sandbox=True)
+pytestmark = pytest.mark.svc_settings(own_keys=True)  # this module rotates keys
 
 
 def cli(settings, *args):

@@ -15,7 +15,9 @@ from jose import jwt
 
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
-from partner_app_support import fetch, partner, settings  # noqa: F401  (fixtures: fetch, partner, settings)
+from partner_app_support import PARTNER_SETTINGS, fetch, partner  # noqa: F401  (fixtures: fetch, partner)
+
+pytestmark = PARTNER_SETTINGS
 
 
 

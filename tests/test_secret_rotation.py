@@ -17,7 +17,9 @@ import pytest
 from conftest import ROOT, settings_env
 from models.application import Application
 from rest_helpers import partner_headers
-from partner_app_support import partner, settings, LaunchTraffic  # noqa: F401  (fixtures: partner, settings)
+from partner_app_support import PARTNER_SETTINGS, partner, LaunchTraffic  # noqa: F401  (fixtures: partner)
+
+pytestmark = PARTNER_SETTINGS
 
 
 async def cli(settings, *args) -> dict:

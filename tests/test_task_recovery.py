@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import uuid
 
-import boto3
 import pytest
 
 import workers.charts as charts
@@ -19,8 +17,8 @@ from models.charts import ChartRequest
 from workers.recovery import sweep_charts
 from workers.snapshot import coming_night, eligible_providers, sync_organization
 
-from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
-from s3_support import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
+from conftest import settings_env, start_process, stop_process, wait_until
+from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +28,7 @@ REQUESTS = 24
 
 @pytest.fixture
 def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
-    for name, value in AWS.items():
-        monkeypatch.setenv(name, value)
-    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
-                                  s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", task_recovery_seconds=RECOVERY_SECONDS)
-    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
-    return configured
+    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_recovery_seconds=RECOVERY_SECONDS)
 
 
 @pytest.fixture

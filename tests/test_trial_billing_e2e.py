@@ -17,7 +17,9 @@ from jose import jwt
 
 from models.application import Installation
 from rest_helpers import partner_headers
-from partner_app_support import verify_on_platform, partner, settings, LaunchTraffic  # noqa: F401  (fixtures: partner, settings)
+from partner_app_support import PARTNER_SETTINGS, verify_on_platform, partner, LaunchTraffic  # noqa: F401  (fixtures: partner)
+
+pytestmark = PARTNER_SETTINGS
 
 YEAR = dt.datetime.now(dt.timezone.utc).year + 1
 

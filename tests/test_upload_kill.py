@@ -9,7 +9,6 @@ staging object is removed too."""
 from __future__ import annotations
 
 import re
-import uuid
 from urllib.parse import urlsplit
 
 import boto3
@@ -19,9 +18,9 @@ import workers.charts as charts
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
 
-from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
+from conftest import settings_env, start_process, stop_process, wait_until
 from s3_hold import HoldingProxy
-from s3_support import AWS, bucket_keys, s3_endpoint  # noqa: F401  (fixtures: s3_endpoint)
+from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint  # noqa: F401  (fixtures: s3_endpoint)
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +29,7 @@ RECOVERY_SECONDS = 6
 
 @pytest.fixture
 def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
-    for name, value in AWS.items():
-        monkeypatch.setenv(name, value)
-    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
-                                  s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", task_recovery_seconds=RECOVERY_SECONDS)
-    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
-    return configured
+    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_recovery_seconds=RECOVERY_SECONDS)
 
 
 @pytest.fixture

@@ -5,9 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import urllib.request
-import uuid
 
-import boto3
 import pytest
 import redis
 
@@ -26,7 +24,7 @@ from workers.snapshot import fan_out_night
 
 from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
 from chart_support import open_archive
-from s3_support import AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
+from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
 
 pytestmark = pytest.mark.slow
 
@@ -35,15 +33,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def settings(settings, s3_endpoint, monkeypatch, redis_namespace):
+def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
     """The test's settings with Redis (a namespace of its own), S3 and fast retries."""
-    for name, value in AWS.items():
-        monkeypatch.setenv(name, value)
-    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
-                                  s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", task_max_retries=2,
-                                  task_min_backoff_ms=100, task_max_backoff_ms=300, task_recovery_seconds=6)
-    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
-    return configured
+    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_max_retries=2,
+                           task_min_backoff_ms=100, task_max_backoff_ms=300, task_recovery_seconds=6)
 
 
 @pytest.fixture
