@@ -1,0 +1,144 @@
+"""The authorize endpoint's checks, each named after what it requires, run in one list.
+
+Once the client and its redirect URI are trusted (`AuthorizationRequest.client_and_redirect`),
+`AuthorizationRequest.issue_code` runs `CHECKS` in order over one `Authorization` (as
+node-oidc-provider composes its actions). A check reads the request, records what it learnt
+(the PKCE challenge, the granted scope, the launch...) and raises `AuthorizeError` with the
+redirect URI, so the client is told. A dialect (SMART) adds its own checks to the list rather than
+branching inside these.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from models.application import Application
+from models.grants import Launch
+from oauth.errors import AuthorizeError
+from oauth.pkce import PkceError, challenge_of
+from oauth.scopes import InvalidScope, granted_scope
+
+# OIDC Core 3.1.2.1 prompt values. There is no interactive login (the platform authenticated
+# the user before the launch), so `login` cannot be honoured and is answered login_required.
+PROMPT_VALUES = frozenset({"none", "login", "consent", "select_account"})
+STALE_LAUNCH = "The launch is unknown, expired, already used or issued for another client."
+
+
+def query_value(params: dict, name: str) -> str | None:
+    value = params.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+@dataclasses.dataclass
+class Authorization:
+    """One authorization request as the checks see it, and what they established."""
+    runtime: object
+    app: Application
+    redirect_uri: str
+    params: dict
+    now: dt.datetime
+    challenge: str | None = None
+    scope: str | None = None
+    prompt: frozenset = frozenset()
+    max_age: int | None = None
+    launch: Launch | None = None
+    auth_time: int | None = None
+
+    @property
+    def state(self) -> str | None:
+        return query_value(self.params, "state")
+
+    def value(self, name: str) -> str | None:
+        return query_value(self.params, name)
+
+    def fail(self, error: str, description: str) -> AuthorizeError:
+        return AuthorizeError(error, description, redirect_uri=self.redirect_uri, state=self.state)
+
+    @property
+    def no_launch_error(self) -> str:
+        """Without a usable launch no user is signed in: with prompt=none that is login_required
+        (OIDC Core 3.1.2.6), otherwise a malformed request."""
+        return "login_required" if "none" in self.prompt else "invalid_request"
+
+
+def no_request_object(a: Authorization) -> None:
+    """First: with a request object the other parameters may be inside it."""
+    if "request" in a.params:
+        raise a.fail("request_not_supported", "Request objects (the request parameter) are not supported.")
+    if "request_uri" in a.params:
+        raise a.fail("request_uri_not_supported", "The request_uri parameter is not supported.")
+
+
+def response_type_code(a: Authorization) -> None:
+    response_type = a.value("response_type")
+    if response_type is None:
+        raise a.fail("invalid_request", "The response_type parameter is required.")
+    if response_type != "code":
+        raise a.fail("unsupported_response_type", "Only response_type=code is supported.")
+
+
+def pkce_challenge(a: Authorization) -> None:
+    """RFC 7636: an S256 challenge, required when the application requires PKCE."""
+    try:
+        a.challenge = challenge_of(a.params, required=a.app.require_pkce)
+    except PkceError as exc:
+        raise a.fail("invalid_request", str(exc)) from None
+
+
+def granted(a: Authorization) -> None:
+    try:
+        a.scope = granted_scope(a.value("scope"))
+    except InvalidScope as exc:
+        raise a.fail("invalid_scope", exc.message) from None
+
+
+def prompt_values(a: Authorization) -> None:
+    prompt = frozenset((a.value("prompt") or "").split())
+    if prompt - PROMPT_VALUES or ("none" in prompt and len(prompt) > 1):
+        raise a.fail("invalid_request", "prompt must be none, or any of login, consent, select_account.")
+    a.prompt = prompt
+
+
+def max_age_value(a: Authorization) -> None:
+    max_age = a.value("max_age")
+    if max_age is not None:
+        if not max_age.isdigit() or len(max_age) > 10:
+            raise a.fail("invalid_request", "max_age must be a whole number of seconds.")
+        a.max_age = int(max_age)
+
+
+def no_interactive_login(a: Authorization) -> None:
+    if "login" in a.prompt:
+        raise a.fail("login_required", "This server has no interactive login: the platform signs the user in "
+                                       "before it creates a launch.")
+
+
+def live_launch(a: Authorization) -> None:
+    """The launch (`launch_id`, or `login_hint`) was issued to this client, unused and unexpired."""
+    launch_id = a.value("launch_id") or a.value("login_hint")
+    if launch_id is None:
+        raise a.fail(a.no_launch_error, "The launch_id parameter is required: open the app from the platform.")
+    launch = Launch.get_or_none((Launch.id == launch_id) & (Launch.application == a.app.id))
+    if launch is None or launch.used_at is not None or launch.expires_at <= a.now:
+        raise a.fail(a.no_launch_error, STALE_LAUNCH)
+    a.launch = launch
+    a.auth_time = launch.auth_time
+    if a.auth_time is None:  # a launch created before auth_time was recorded
+        a.auth_time = int(launch.created_at.replace(tzinfo=dt.timezone.utc).timestamp())
+
+
+def recent_sign_in(a: Authorization) -> None:
+    """max_age: the user signed in to the platform recently enough. The launch stays unused, so
+    a fresher platform sign-in can still open the app."""
+    if a.max_age is not None and a.runtime.clock.time() - a.auth_time > a.max_age:
+        raise a.fail("login_required", "The user authenticated with the platform longer ago than max_age.")
+
+
+def launch_consumed(a: Authorization) -> None:
+    """Last: the launch is used once, by whoever consumes it first."""
+    if not a.launch.consume(a.now):
+        raise a.fail(a.no_launch_error, STALE_LAUNCH)
+
+
+CHECKS = (no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value,
+          no_interactive_login, live_launch, recent_sign_in, launch_consumed)
