@@ -4,7 +4,7 @@ from __future__ import annotations
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
-from lifecycle.organizations import create_organization, update_organization
+from lifecycle.organizations import FHIR_AUTH_MODES, create_organization, update_organization
 from lifecycle.users import create_user, update_user
 from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
@@ -16,8 +16,9 @@ def register(commands) -> None:
         dest="action", metavar="ACTION", required=True)
     p = orgs.add_parser("create", help="create an organization")
     p.add_argument("--name", required=True, help="the clinic's name, as users see it")
-    p.add_argument("--ehr", default="sandbox", help="the clinic's EHR: 'sandbox' or a lower-case EHR name")
+    p.add_argument("--ehr", default="sandbox", help="the clinic's EHR connector: 'sandbox' (default) or 'fhir'")
     p.add_argument("--ehr-url", default="", help="base URL of the clinic's EHR (sent to apps as ehr_url)")
+    add_fhir_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create_org))
     p = orgs.add_parser("list", help="list every organization")
@@ -30,8 +31,9 @@ def register(commands) -> None:
     p = orgs.add_parser("update", help="change an organization's name, EHR or EHR URL")
     p.add_argument("--org", required=True, help="organization id (org_...)")
     p.add_argument("--name", help="new name")
-    p.add_argument("--ehr", help="new EHR name")
+    p.add_argument("--ehr", help="new EHR connector: 'sandbox' or 'fhir'")
     p.add_argument("--ehr-url", help="new EHR base URL ('' clears it)")
+    add_fhir_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update_org))
 
@@ -84,8 +86,17 @@ def register(commands) -> None:
     p.set_defaults(handler=with_runtime(_update_install))
 
 
+def add_fhir_flags(p) -> None:
+    """`--ehr fhir`: the clinic's FHIR R4 base URL and svc-auth's registration at that EHR."""
+    p.add_argument("--fhir-base-url", help="the FHIR R4 base URL of the clinic's EHR (stored as its EHR URL)")
+    p.add_argument("--fhir-client-id", help="svc-auth's client id at that EHR (SMART Backend Services)")
+    p.add_argument("--fhir-auth", choices=FHIR_AUTH_MODES,
+                   help="smart-backend (default), or none for an open test server only")
+
+
 def org_dict(org: Organization) -> dict:
     return {"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url,
+            "fhir_client_id": org.fhir_client_id or None, "fhir_auth": org.fhir_auth if org.ehr == "fhir" else None,
             "created_at": utc_iso(org.created_at)}
 
 
@@ -105,9 +116,17 @@ def _org(org_id: str) -> Organization:
     return existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
 
 
+def _fhir_fields(args) -> dict:
+    fields = {"ehr_url": args.fhir_base_url, "fhir_client_id": args.fhir_client_id, "fhir_auth": args.fhir_auth}
+    if args.fhir_base_url is not None and args.ehr_url and args.ehr_url != args.fhir_base_url:
+        raise UsageError("give the FHIR base URL once: --fhir-base-url or --ehr-url")
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def _create_org(runtime, args):
-    org = create_organization(args.name, args.ehr, args.ehr_url)
-    emit({"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url}, args.json)
+    fields = _fhir_fields(args)
+    org = create_organization(args.name, args.ehr, fields.pop("ehr_url", args.ehr_url), **fields)
+    emit({k: v for k, v in org_dict(org).items() if k != "created_at"}, args.json)
 
 
 def _list_orgs(runtime, args):
@@ -125,9 +144,11 @@ def _show_org(runtime, args):
 
 
 def _update_org(runtime, args):
-    if args.name is None and args.ehr is None and args.ehr_url is None:
-        raise UsageError("nothing to change: give --name, --ehr or --ehr-url")
-    emit(org_dict(update_organization(args.org, args.name, args.ehr, args.ehr_url)), args.json)
+    fields = _fhir_fields(args)
+    ehr_url = fields.pop("ehr_url", args.ehr_url)
+    if args.name is None and args.ehr is None and ehr_url is None and not fields:
+        raise UsageError("nothing to change: give --name, --ehr, --ehr-url or a --fhir-* flag")
+    emit(org_dict(update_organization(args.org, args.name, args.ehr, ehr_url, **fields)), args.json)
 
 
 def _create_user(runtime, args):

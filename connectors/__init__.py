@@ -1,7 +1,8 @@
 """EHR connectors: how svc-auth reads a clinic's EHR.
 
-A connector is one module `connectors/<ehr>.py` with a function `connect(organization) ->
-Connector`, listed in `CONNECTORS` under the name an organization's `ehr` field holds. The
+A connector is one module `connectors/<ehr>.py` with a function `connect(runtime, organization)
+-> Connector`, listed in `CONNECTORS` under the name an organization's `ehr` field holds
+(`sandbox`: our generator; `fhir`: a FHIR R4 EHR over SMART Backend Services). The
 interface (`connectors.base`) is re-exported here. A connector does two things:
 
 - `fetch_appointments(provider, start, end)`: the provider's appointments starting in [start, end)
@@ -20,17 +21,17 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from connectors import sandbox
+from connectors import fhir, sandbox
 from connectors.base import (Appointment, Chart, Connector, ConnectorError, ConnectorUnavailable, Encounter,  # noqa: F401
                              Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery)
 
-CONNECTORS = MappingProxyType({"sandbox": sandbox.connect})
-"""Each EHR's `connect(organization) -> Connector`, by the name an organization's `ehr` field holds."""
+CONNECTORS = MappingProxyType({"sandbox": sandbox.connect, "fhir": fhir.connect})
+"""Each EHR's `connect(runtime, organization) -> Connector`, by the name an organization's `ehr` field holds."""
 
 
-def connector_for(organization) -> Connector:
+def connector_for(runtime, organization) -> Connector:
     """The connector of the organization's EHR."""
     connect = CONNECTORS.get(organization.ehr or "")
     if connect is None:
         raise ConnectorError(f"No connector for EHR {organization.ehr!r}.")
-    return connect(organization)
+    return connect(runtime, organization)

@@ -192,5 +192,5 @@ def _date(rng: random.Random) -> dt.date:
     return HISTORY_START + dt.timedelta(days=rng.randrange(0, 3000))
 
 
-def connect(organization) -> SandboxConnector:
+def connect(runtime, organization) -> SandboxConnector:
     return SandboxConnector(organization.id, organization.name, organization.ehr_url)

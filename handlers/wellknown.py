@@ -1,4 +1,5 @@
-"""Discovery at the issuer: JWKS, the OpenID Provider configuration and RFC 8414 metadata."""
+"""Discovery at the issuer: JWKS, the OpenID Provider configuration and RFC 8414 metadata, and the
+JWKS of svc-auth's client keys for EHRs (`/ehr/jwks.json`)."""
 from __future__ import annotations
 
 from handlers.base import BaseHandler
@@ -20,6 +21,14 @@ class JWKSHandler(PublicMetadataHandler):
         self.write_json(self.runtime.keyring.jwks())
 
 
+class EhrJWKSHandler(PublicMetadataHandler):
+    """svc-auth's client keys for EHRs (SMART Backend Services): the `jwks_uri` an EHR is given."""
+
+    async def get(self):
+        self.set_header("Cache-Control", "public, max-age=300")
+        self.write_json(await self.run(self.runtime.ehr_keys.jwks))
+
+
 class OpenIDConfigurationHandler(PublicMetadataHandler):
     async def get(self):
         self.set_header("Cache-Control", "public, max-age=300")
@@ -29,6 +38,7 @@ class OpenIDConfigurationHandler(PublicMetadataHandler):
 def routes(runtime) -> list:
     return [
         (r"/\.well-known/jwks\.json", JWKSHandler),
+        (r"/ehr/jwks\.json", EhrJWKSHandler),
         (r"/\.well-known/openid-configuration", OpenIDConfigurationHandler),
         (r"/\.well-known/oauth-authorization-server", OpenIDConfigurationHandler),  # RFC 8414: same document
     ]

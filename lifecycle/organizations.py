@@ -9,6 +9,7 @@ from errors import ApiError
 from oauth.redirects import redirect_uri_allowed
 
 EHR_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
+FHIR_AUTH_MODES = ("smart-backend", "none")
 
 
 def invalid(message: str, error: str = "invalid_request") -> ApiError:
@@ -36,22 +37,40 @@ def clean_ehr(ehr: str | None) -> str:
     return ehr
 
 
+def check_fhir(fields: dict) -> None:
+    """An organization on `fhir` needs a FHIR base URL, and a client id unless its server is open."""
+    if fields.get("fhir_auth") not in FHIR_AUTH_MODES:
+        raise invalid(f"fhir_auth must be one of {', '.join(FHIR_AUTH_MODES)}.")
+    if fields.get("ehr") != "fhir":
+        return
+    if not fields.get("ehr_url"):
+        raise invalid("An organization on the fhir EHR needs its FHIR base URL (--fhir-base-url).")
+    if fields["fhir_auth"] == "smart-backend" and not fields.get("fhir_client_id"):
+        raise invalid("An organization on the fhir EHR needs svc-auth's client id there (--fhir-client-id), "
+                      "or --fhir-auth none for an open test server.")
+
+
 def clean_ehr_url(ehr_url: str) -> str:
     if ehr_url and not redirect_uri_allowed(ehr_url, ehr_url):
         raise invalid(f"ehr_url must be an absolute http(s) URL without a fragment, got {ehr_url!r}.")
     return ehr_url
 
 
-def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None) -> Organization:
-    fields = {"name": clean_name(name), "ehr": clean_ehr(ehr), "ehr_url": ehr_url or ""}
+def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None,
+                        fhir_client_id: str = "", fhir_auth: str = "smart-backend") -> Organization:
+    fields = {"name": clean_name(name), "ehr": clean_ehr(ehr), "ehr_url": clean_ehr_url(ehr_url or ""),
+              "fhir_client_id": (fhir_client_id or "").strip(), "fhir_auth": fhir_auth}
     if org_id:
         fields["id"] = org_id
+    check_fhir(fields)
     return Organization.create(**fields)
 
 
 def update_organization(organization_id: str, name: str | None = None, ehr: str | None = None,
-                        ehr_url: str | None = None, actor: str = "operator") -> Organization:
-    """Change an organization's name, EHR or EHR URL (None: unchanged); audited."""
+                        ehr_url: str | None = None, actor: str = "operator", fhir_client_id: str | None = None,
+                        fhir_auth: str | None = None) -> Organization:
+    """Change an organization's name, EHR, EHR URL or FHIR registration (None: unchanged); audited.
+    A clinic can move between `sandbox` and `fhir`."""
     org = find_organization(organization_id)
     changes = {}
     if name is not None:
@@ -60,7 +79,13 @@ def update_organization(organization_id: str, name: str | None = None, ehr: str 
         changes["ehr"] = clean_ehr(ehr)
     if ehr_url is not None:
         changes["ehr_url"] = clean_ehr_url(ehr_url)
+    if fhir_client_id is not None:
+        changes["fhir_client_id"] = fhir_client_id.strip()
+    if fhir_auth is not None:
+        changes["fhir_auth"] = fhir_auth
     if changes:
+        check_fhir({"ehr": org.ehr, "ehr_url": org.ehr_url, "fhir_client_id": org.fhir_client_id,
+                    "fhir_auth": org.fhir_auth, **changes})
         Organization.update(**changes).where(Organization.id == org.id).execute()
         AuditEvent.record(actor, "organization.updated", org.id, **changes)
     return Organization.get_by_id(org.id)

@@ -14,7 +14,9 @@ class Organization(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=64, default=lambda: new_id("org"))
     name = peewee.CharField(max_length=200)
     ehr = peewee.CharField(max_length=64, default="sandbox")
-    ehr_url = peewee.CharField(max_length=500, default="")
+    ehr_url = peewee.CharField(max_length=500, default="")  # the FHIR base URL when `ehr` is `fhir`
+    fhir_client_id = peewee.CharField(max_length=200, default="")  # svc-auth's client id at that EHR
+    fhir_auth = peewee.CharField(max_length=32, default="smart-backend")  # or `none`: an open test server
     created_at = peewee.DateTimeField(default=wall_now)
 
 

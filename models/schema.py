@@ -20,6 +20,7 @@ from models.developers import ConsoleSession, Developer, DeveloperAccess, Develo
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, Launch
 from models.invitations import Invitation
+from models.ehr import EhrClientKey
 from models.keys import SigningKeyRecord
 from models.sandbox import SandboxSession, SandboxSigninLink
 from models.schedule import ScheduledRun
@@ -29,7 +30,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Launch, AuthorizationCode, AuditEvent, SigningKeyRecord, ChangeVersion, DeniedToken,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
-    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession,
+    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey,
 )
 
 
@@ -94,6 +95,10 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
      _add_missing_columns("developer", ("totp_last_step", peewee.BigIntegerField(null=True)))),
     # Issue 18 numbers its steps 18xx.
     (1801, "snapshot: one building row per organization and night (builders cooperate)", _one_snapshot_builder),
+    # Issue 20 numbers its steps 20xx.
+    (2001, "organization: the FHIR connector's client id and authentication",
+     _add_missing_columns("organization", ("fhir_client_id", peewee.CharField(max_length=200, default="")),
+                          ("fhir_auth", peewee.CharField(max_length=32, default="smart-backend")))),
 )
 
 

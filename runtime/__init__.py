@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutErr
 from conf import Settings
 from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
 from hotcache.changes import ChangeFeed
+from keys.ehr_client import EhrClientKeys
 from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key
 from keys.signing import TOPIC as SIGNING_KEYS, KeyRing
@@ -73,6 +74,8 @@ class Runtime:
         self._object_store = None
         self._task_queue = None
         self._metrics = None
+        self.ehr_keys = EhrClientKeys(self.keyring.cipher)  # svc-auth's key at FHIR EHRs (/ehr/jwks.json)
+        self._ehr_tokens = None
         self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
@@ -104,6 +107,14 @@ class Runtime:
             from ops.metrics import Metrics
             self._metrics = Metrics()
         return self._metrics
+
+    @property
+    def ehr_tokens(self):
+        """Bearer tokens of FHIR EHRs (SMART Backend Services), cached until shortly before expiry."""
+        if self._ehr_tokens is None:
+            from connectors.fhir import BearerTokens
+            self._ehr_tokens = BearerTokens()
+        return self._ehr_tokens
 
     @property
     def task_queue(self):

