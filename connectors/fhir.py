@@ -13,6 +13,8 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
 - **Appointments**: the Practitioner by NPI (`identifier=http://hl7.org/fhir/sid/us-npi|<npi>`),
   then its Appointments in the window with `_include=Appointment:patient` (no query per patient),
   following the Bundle's `next` links. Listed statuses: `LISTED_STATUSES`; the others are not.
+- **Charts**: the Patient, then searches by patient of Condition, MedicationRequest,
+  AllergyIntolerance and Encounter; encounters stream page by page into the PDF and JSON.
 - **Errors**: 401/403 and an OperationOutcome `login`/`forbidden` are permanent
   (`ConnectorError`, saying what to fix); 429, 5xx, timeouts and refused connections are retried
   with backoff, honouring `Retry-After`, then raised as `ConnectorUnavailable` (the task retries).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -30,10 +33,11 @@ from urllib.parse import urlencode, urlsplit
 import urllib3
 from jose import jwt
 
-from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Patient, Provider,
-                             ResourceQuery)
+from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Encounter, Patient,
+                             PatientNotFound, Provider, ResourceQuery)
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
+FHIR_ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")  # FHIR R4 id
 LISTED_STATUSES = ("proposed", "pending", "booked", "arrived", "checked-in")
 """FHIR Appointment statuses that are listed (the FHIR code is the API's `status`); `cancelled`,
 `noshow`, `entered-in-error`, `fulfilled` and `waitlist` are not."""
@@ -259,8 +263,30 @@ class FhirConnector:
         return steps
 
     def fetch_chart(self, patient_id: str) -> Chart:
-        raise ConnectorError("Charts are not read from FHIR EHRs yet: this clinic's EHR can feed the nightly "
-                             "appointments only.")
+        """The patient's chart from searches by patient: conditions, medication requests and
+        allergies read at once; encounters streamed page by page whenever they are written."""
+        if not FHIR_ID.match(patient_id or ""):
+            raise PatientNotFound(f"No patient has id {patient_id!r} in this EHR.")
+        try:
+            resource = self.client.get(f"Patient/{patient_id}")
+        except LookupError:
+            raise PatientNotFound(f"No patient has id {patient_id!r} in this EHR.") from None
+        patient = patient_of(resource)
+        if patient.date_of_birth is None:
+            raise ConnectorError(f"Patient {patient_id} has no birthDate in the EHR; a chart needs it.")
+        of_patient = {"patient": f"Patient/{patient_id}", "_count": PAGE_SIZE}
+        return Chart(patient=patient, organization_name=self.organization.name,
+                     problems=[problem_of(r) for r in self._all("Condition", of_patient)],
+                     medications=[medication_of(r) for r in self._all("MedicationRequest", of_patient)],
+                     allergies=[allergy_of(r) for r in self._all("AllergyIntolerance", of_patient)],
+                     encounter_source=lambda: (e for e in map(encounter_of, self._all("Encounter", of_patient)) if e.date))
+
+    def _all(self, resource_type: str, params: dict):
+        for page in self.client.pages(resource_type, params):
+            for entry in page.get("entry") or ():
+                resource = entry.get("resource") or {}
+                if resource.get("resourceType") == resource_type:
+                    yield resource
 
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
         raise ConnectorError("The platform FHIR API does not read from FHIR EHRs yet.")
@@ -288,6 +314,38 @@ def appointment_of(resource: dict, patients: dict) -> Appointment | None:
                        status=resource["status"], appointment_type=_text(resource.get("appointmentType")),
                        reason=_text((resource.get("reasonCode") or [None])[0]) or resource.get("description", ""),
                        location=location or "", patient=patient_of(patient))
+
+
+def problem_of(condition: dict) -> dict:
+    coding = next(iter((condition.get("code") or {}).get("coding") or ()), {})
+    return {"id": condition.get("id"), "code": coding.get("code", ""), "description": _text(condition.get("code")),
+            "onset": str(condition.get("onsetDateTime") or condition.get("recordedDate") or "")[:10]}
+
+
+def medication_of(request: dict) -> dict:
+    dosage = next(iter(request.get("dosageInstruction") or ()), {})
+    dose = next(iter(dosage.get("doseAndRate") or ()), {}).get("doseQuantity") or {}
+    return {"id": request.get("id"), "name": _text(request.get("medicationCodeableConcept"))
+            or (request.get("medicationReference") or {}).get("display", ""),
+            "dose": f"{dose.get('value', '')} {dose.get('unit', '')}".strip() or dosage.get("text", ""),
+            "frequency": dosage.get("text", "") if dose else (dosage.get("patientInstruction") or ""),
+            "started": str(request.get("authoredOn") or "")[:10], "status": request.get("status", "")}
+
+
+def allergy_of(allergy: dict) -> dict:
+    reaction = next(iter(allergy.get("reaction") or ()), {})
+    manifestation = next(iter(reaction.get("manifestation") or ()), None)
+    return {"id": allergy.get("id"), "substance": _text(allergy.get("code")), "reaction": _text(manifestation),
+            "severity": reaction.get("severity") or allergy.get("criticality") or ""}
+
+
+def encounter_of(encounter: dict) -> Encounter:
+    started = str((encounter.get("period") or {}).get("start") or "")[:10]
+    provider = next(((p.get("individual") or {}).get("display", "") for p in encounter.get("participant") or ()), "")
+    kind = _text(next(iter(encounter.get("type") or ()), None)) or (encounter.get("class") or {}).get("display", "")
+    return Encounter(date=dt.date.fromisoformat(started) if len(started) == 10 else None, encounter_type=kind,
+                     provider=provider, reason=_text(next(iter(encounter.get("reasonCode") or ()), None)),
+                     vitals={}, assessment="", plan="")
 
 
 def patient_of(resource: dict) -> Patient:

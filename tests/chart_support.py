@@ -1,8 +1,11 @@
-"""Chart ZIPs in tests: fetch one through the REST API, open it with its password."""
+"""Chart ZIPs in tests: fetch one through the REST API, wait for it, open it with its password."""
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+
+import pypdf
 import pytest
 import pyzipper
 
@@ -11,8 +14,6 @@ async def fetch_zip(api, url, runtime):
     path = url[len(runtime.settings.public_url):]
     response = await api.http.fetch(api.base_url + path, raise_error=False)
     return response
-
-import pypdf
 
 
 def open_archive(data: bytes, request_id: str, password: str) -> tuple[str, dict]:
@@ -27,3 +28,15 @@ def open_archive(data: bytes, request_id: str, password: str) -> tuple[str, dict
         pdf = pypdf.PdfReader(io.BytesIO(archive.read(f"{request_id}.pdf")))
         text = "\n".join(page.extract_text() for page in pdf.pages)
         return text, json.loads(archive.read(f"{request_id}.json"))
+
+
+async def wait_until_not_pending(api, headers, request_id, timeout=30.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}", headers=headers)
+        assert status == 200
+        if body["status"] != "pending":
+            return body
+        await asyncio.sleep(0.1)  # the in-process worker thread builds it
+    pytest.fail("the chart was not built in time")

@@ -19,6 +19,7 @@ from lifecycle.verification import record_platform_verification
 from models.directory import Organization
 from workers.snapshot import COVERAGE, night_window
 
+from chart_support import fetch_zip, open_archive, wait_until_not_pending
 from conftest import settings_env
 from fhir_support import appointment, fhir_ehr, patient, practitioner  # noqa: F401  (fixtures: fhir_ehr)
 from rest_helpers import partner_headers
@@ -166,6 +167,67 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     assert check.returncode == 1 and not verdict["ok"]
     token_step = next(s for s in verdict["steps"] if s["step"] == "token")
     assert not token_step["ok"] and CLIENT_ID in token_step["detail"] and "jwks" in token_step["detail"].lower()
+
+
+def chart_resources(patient_id: str, encounters: int) -> list[dict]:
+    """A US Core-shaped record: conditions, a medication request, an allergy and many encounters."""
+    ref = {"reference": f"Patient/{patient_id}"}
+    return [
+        {"resourceType": "Condition", "id": "cond-htn", "subject": ref, "onsetDateTime": "2019-04-02",
+         "clinicalStatus": {"coding": [{"code": "active"}]},
+         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "38341003"}], "text": "Essential hypertension"}},
+        {"resourceType": "Condition", "id": "cond-dm", "subject": ref, "onsetDateTime": "2021-09-15",
+         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "44054006", "display": "Type 2 diabetes"}]}},
+        {"resourceType": "MedicationRequest", "id": "med-1", "status": "active", "intent": "order", "subject": ref,
+         "authoredOn": "2021-09-20", "medicationCodeableConcept": {"text": "Metformin 500 mg tablet"},
+         "dosageInstruction": [{"text": "twice daily with meals",
+                                "doseAndRate": [{"doseQuantity": {"value": 500, "unit": "mg"}}]}]},
+        {"resourceType": "AllergyIntolerance", "id": "alg-1", "patient": ref, "criticality": "high",
+         "code": {"text": "Penicillin"}, "reaction": [{"manifestation": [{"text": "Hives"}], "severity": "moderate"}]},
+        {"resourceType": "Patient", "id": "someone-else", "name": [{"family": "Else", "given": ["Some"]}],
+         "birthDate": "1990-01-01", "gender": "other"},
+        {"resourceType": "Condition", "id": "cond-other", "subject": {"reference": "Patient/someone-else"},
+         "code": {"text": "Not this patient's"}},
+        *[{"resourceType": "Encounter", "id": f"enc-{n:03d}", "status": "finished", "subject": ref,
+           "class": {"code": "AMB", "display": "ambulatory"}, "type": [{"text": "Office visit"}],
+           "period": {"start": (dt.datetime(2024, 1, 1) + dt.timedelta(days=n)).isoformat() + "Z"},
+           "participant": [{"individual": {"reference": "Practitioner/pr-ana", "display": "Dr. Ana Lopez"}}],
+           "reasonCode": [{"text": f"Visit {n}"}]} for n in range(encounters)]]
+
+
+@pytest.mark.gen_test(timeout=180)
+async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patients_resources(
+        api, runtime, world, live, fhir_ehr):
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Charts Clinic")
+    install_application(world.app.id, org_id)
+    fhir_ehr.seed(patient("pt-7", "Doe", "Jane", "1970-01-02", "female"), *chart_resources("pt-7", encounters=230))
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests",
+                                        {"svc_organization_id": org_id, "patient_id": "pt-7"}, headers=headers)
+    assert status == 202, created
+    done = await wait_until_not_pending(api, headers, created["request_id"], timeout=120)
+    assert done["status"] == "ready", done
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{created['request_id']}", headers=headers)
+    response = await fetch_zip(api, body["download_url"], runtime)
+    text, chart = open_archive(response.body, created["request_id"], world.app.id)
+    assert chart["patient"] == {"id": "pt-7", "first_name": "Jane", "last_name": "Doe", "date_of_birth": "1970-01-02",
+                                "sex": "female"}
+    assert sorted(p["id"] for p in chart["problems"]) == ["cond-dm", "cond-htn"]   # not the other patient's
+    assert {p["description"] for p in chart["problems"]} == {"Essential hypertension", "Type 2 diabetes"}
+    assert chart["medications"] == [{"id": "med-1", "name": "Metformin 500 mg tablet", "dose": "500 mg",
+                                     "frequency": "twice daily with meals", "started": "2021-09-20",
+                                     "status": "active"}]
+    assert chart["allergies"] == [{"id": "alg-1", "substance": "Penicillin", "reaction": "Hives",
+                                   "severity": "moderate"}]
+    assert len(chart["encounters"]) == 230                                  # three pages of 100, followed
+    assert {e["provider"] for e in chart["encounters"]} == {"Dr. Ana Lopez"}
+    assert "Essential hypertension" in text and "Metformin 500 mg tablet" in text and "Penicillin: Hives" in text
+    assert "Office visit with Dr. Ana Lopez" in text
+
+    status, _, missing = await api.call("POST", "/v1/chart-retrieval/requests",
+                                        {"svc_organization_id": org_id, "patient_id": "no-such-patient"}, headers=headers)
+    failed = await wait_until_not_pending(api, headers, missing["request_id"], timeout=60)
+    assert failed["status"] == "failed" and "no-such-patient" in failed["error"]
 
 
 def test_an_organization_on_fhir_needs_its_base_url_and_client_id(runtime):

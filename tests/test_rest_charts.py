@@ -1,7 +1,6 @@
 """Chart retrieval over HTTP: request -> worker builds the ZIP -> download URL -> the encrypted archive."""
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 
@@ -12,23 +11,13 @@ from connectors.sandbox import patient_panel
 from lifecycle.applications import register_application
 from models.charts import ChartRequest
 from rest_helpers import partner_headers
-from chart_support import fetch_zip
+from chart_support import fetch_zip, wait_until_not_pending
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
 
 
 
 
-async def wait_until_not_pending(api, headers, request_id, timeout=30.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}", headers=headers)
-        assert status == 200
-        if body["status"] != "pending":
-            return body
-        await asyncio.sleep(0.1)  # the in-process worker thread builds it
-    pytest.fail("the chart was not built in time")
 
 
 @pytest.mark.gen_test(timeout=60)
