@@ -17,7 +17,7 @@ from ratelimit.failures import build_failure_throttle
 from lifecycle.developers import check_credentials, invite_developer, sign_in
 from lifecycle.manifest import ManifestInvalid, update_manifest
 from lifecycle.applications import install_application, register_application
-from lifecycle.organizations import create_organization
+from lifecycle.organizations import create_organization, update_organization
 from models.application import Application
 from models.audit import AuditEvent
 from errors import ApiError
@@ -136,6 +136,12 @@ async def test_invite_set_password_sign_in_pages_and_sign_out(http_client, base_
     for suffix in ("", "/installations", "/billing", "/billing?month=2026-01", "/audit"):
         response = await client.get(f"/console/apps/{app.id}{suffix}")
         assert response.code == 200, (suffix, client.last_html)
+        if suffix == "/installations":  # which EHR each clinic is on
+            assert "<td>Sandbox EHR</td>" in client.last_html
+            update_organization(world.org.id, ehr="fhir", ehr_url="https://ehr.example.com/fhir/R4",
+                                fhir_client_id="svc-auth")
+            await client.get(f"/console/apps/{app.id}{suffix}")
+            assert "<td>FHIR R4 (ehr.example.com)</td>" in client.last_html
     assert "Installations" in client.last_html and "developer.password_set" in client.last_html
     bad_month = await client.get(f"/console/apps/{app.id}/billing?month=2026-13")
     assert bad_month.code == 400 and 'id="month-error"' in client.last_html

@@ -4,10 +4,13 @@ partner's other interface; the REST API's access rule is replaced by the develop
 (`lifecycle.developers.developer_application`)."""
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import peewee
 
 from lifecycle.billing import billing_report, report_rows
 from models.application import Application, Installation
+from models.directory import Organization
 from models.audit import AuditEvent
 from oauth.free_trial import trial_state
 from partner_api.directory import organizations_of, users_of
@@ -19,13 +22,23 @@ def installations_view(runtime, app: Application) -> list[dict]:
     # One query for every clinic's trial start, not one per clinic.
     trial_started = {i.organization_id: i.trial_started_at for i in Installation.select(
         Installation.organization, Installation.trial_started_at).where(Installation.application == app.id)}
+    organizations = organizations_of(app)
+    ehrs = {o.id: ehr_label(o) for o in Organization.select(Organization.id, Organization.ehr, Organization.ehr_url)
+            .where(Organization.id.in_([org["id"] for org in organizations]))}
     rows = []
-    for org in organizations_of(app):
+    for org in organizations:
         started = trial_started.get(org["id"])
         trial = trial_state(app.billing_plan, started, now)
         rows.append({**org, "is_free_trial": trial.is_free_trial, "days_left": trial.days_until_end_of_trial,
-                     "trial_started_at": started, "users": users_of(app, org["id"])})
+                     "trial_started_at": started, "users": users_of(app, org["id"]), "ehr": ehrs.get(org["id"], "")})
     return rows
+
+
+def ehr_label(org: Organization) -> str:
+    """Which EHR the clinic is on, as a partner developer reads it."""
+    if org.ehr == "fhir":
+        return f"FHIR R4 ({urlsplit(org.ehr_url).hostname or org.ehr_url})"
+    return "Sandbox EHR" if org.ehr == "sandbox" else org.ehr
 
 
 def billing_csv_rows(app: Application, month: str) -> list[list[str]]:
