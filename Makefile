@@ -67,7 +67,7 @@ bench-deps:
 	  su postgres -c "psql -qc \"ALTER USER postgres PASSWORD 'postgres'\"" 2>/dev/null || true; \
 	  (redis-cli ping >/dev/null 2>&1 || redis-server --daemonize yes >/dev/null); fi
 
-bench: install bench-deps
+bench: install bench-deps tests/js/node_modules/.package-lock.json
 	$(BIN)/pip install -q 'py-spy>=0.3'  # the profile of the remote_db section
 	$(BIN)/python -m bench
 

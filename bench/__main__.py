@@ -4,7 +4,8 @@ Sections: `production` (the token endpoint in the shape operators run: `serve --
 PostgreSQL + Redis, beside the embedded shape, wrk 32 connections, CPU of every process counted;
 skipped with the reason when PostgreSQL or Redis is unreachable), `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
 `remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
-`appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
+`fhir_night` (100 clinics x 20 physicians on the test FHIR EHR, tests/js/fhir_ehr.mjs: appointments
+per second and the EHR's share of the time; PostgreSQL), `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
 reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
 `/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load). A run of some sections keeps the other sections of
 the previous `latest.json`, each with the time and load it was measured at.
@@ -127,7 +128,7 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("production", "tokens", "remote_db", "appointments", "snapshot", "chart", "outage")
+SECTIONS = ("production", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage")
 
 
 def section_header() -> dict:
@@ -199,6 +200,11 @@ def main(argv=None) -> int:
             **header, **snapshot_benchmarks(args.postgres_url, args.redis_url, say)}
         if skipped:
             say(f"nightly snapshot: skipped ({skipped})")
+    if "fhir_night" in sections:
+        from bench.fhir_night import fhir_night_benchmark
+        header, skipped = section_header(), backends(args)
+        report["fhir_night"] = {**header, "skipped": skipped} if skipped else {
+            **header, **fhir_night_benchmark(args.postgres_url, say)}
     if "chart" in sections:
         from bench.chart_zip import chart_zip_benchmarks
         report["chart_zip"] = {**section_header(), **chart_zip_benchmarks(say)}

@@ -109,7 +109,7 @@ def seed_fleet(db: peewee.Database, application_id: str, organizations: int, phy
     orgs, users = [], []
     for o in range(organizations):
         org_id = f"org_bench{o:05d}"
-        orgs.append((org_id, f"Bench Clinic {o}", "sandbox", f"https://ehr.example/bench/{o}", now))
+        orgs.append((org_id, f"Bench Clinic {o}", "sandbox", f"https://ehr.example/bench/{o}", "", "smart-backend", now))
         fleet[org_id] = []
         for p in range(physicians):
             user_id = f"usr_bench{o:05d}p{p:03d}"
@@ -117,7 +117,7 @@ def seed_fleet(db: peewee.Database, application_id: str, organizations: int, phy
             fleet[org_id].append((user_id, npi, f"Doctor {o}-{p}"))
             users.append((user_id, org_id, f"doc{o}-{p}@bench.example", "Doctor", f"{o}-{p}", f"d{o}p{p}", npi,
                           None, now, now))
-    copy_rows(db, Organization, ["id", "name", "ehr", "ehr_url", "created_at"], orgs)
+    copy_rows(db, Organization, ["id", "name", "ehr", "ehr_url", "fhir_client_id", "fhir_auth", "created_at"], orgs)
     copy_rows(db, User, ["id", "organization_id", "email", "given_name", "family_name", "ehr_username", "npi",
                          "invited_at", "activated_at", "created_at"], users)
     copy_rows(db, Installation, ["application_id", "organization_id", "installed_at", "activation_status",

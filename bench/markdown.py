@@ -44,6 +44,22 @@ def render_snapshot(s: dict) -> list[str]:
     return rows + [""]
 
 
+def render_fhir_night(f: dict) -> list[str]:
+    if f.get("skipped"):
+        return [f"**FHIR night**: skipped ({f['skipped']}).", ""]
+    return [f"**A night of FHIR clinics** ({f['organizations']} clinics x {f['physicians_per_organization']} physicians "
+            f"on the test FHIR EHR, tests/js/fhir_ehr.mjs: Medplum's in-memory FHIR engine behind SMART Backend "
+            f"Services tokens; one `snapshot run`, PostgreSQL; {_when(f)}):", "",
+            "| appointments | seconds | appointments/s | FHIR requests | token requests | EHR busy | EHR share of the time |",
+            "|---|---|---|---|---|---|---|",
+            f"| {f['appointments']:,} | {f['seconds']} | {f['appointments_per_second']} | {f['fhir_requests']:,} | "
+            f"{f['token_requests']} | {f['ehr_busy_seconds']} s | {100 * f['ehr_share']:.0f}% |", "",
+            "The EHR's own busy time (measured inside it) is nearly all of the night: MemoryRepository scans every "
+            "Appointment for each search (no index), so this figure measures the test EHR more than svc-auth. "
+            "svc-auth's side is one Practitioner search and one paged Appointment search per physician, no query "
+            "per patient, and one token per process.", ""]
+
+
 def render_chart(c: dict) -> list[str]:
     rows = [f"**Chart ZIP** (AES-256 + deflate; chart = the PDF + JSON the archive holds; peak = growth of the "
             f"process's peak RSS (VmHWM) while building, fresh process each; {_when(c)}):", "",
@@ -116,17 +132,20 @@ def render_remote_db(d: dict) -> list[str]:
              f"÷ one-core RS256 ceiling ({ceiling['per_cpu_second']:.0f} signatures per CPU-second) | "
              f"{r['client_credentials_per_cpu_second_vs_ceiling']:.2f} | ≥ 0.5 | "
              f"{ok(r['client_credentials_per_cpu_second_vs_ceiling'], 0.5)} |", ""]
-    p = d.get("profile") or {}
+    return rows + render_profile(d.get("profile") or {})
+
+
+def render_profile(p: dict) -> list[str]:
     if p.get("skipped"):
-        rows += [f"Profile: skipped ({p['skipped']}).", ""]
-    elif p:
-        rows += [f"Where a `client_credentials` token's CPU goes ({p['tool']}, {p['samples']} samples at "
-                 f"{p['profiled_rps']:.0f} tokens/s):", "", "| part (inclusive) | share of samples |", "|---|---|"]
-        rows += [f"| {label} | {share:.0%} |" for label, share in p["inclusive_share"].items()]
-        rows += ["", "| frame (own time) | share |", "|---|---|"]
-        rows += [f"| `{f['frame']}` | {f['share']:.0%} |" for f in p["top_own"]]
-        rows.append("")
-    return rows
+        return [f"Profile: skipped ({p['skipped']}).", ""]
+    if not p:
+        return []
+    rows = [f"Where a `client_credentials` token's CPU goes ({p['tool']}, {p['samples']} samples at "
+            f"{p['profiled_rps']:.0f} tokens/s):", "", "| part (inclusive) | share of samples |", "|---|---|"]
+    rows += [f"| {label} | {share:.0%} |" for label, share in p["inclusive_share"].items()]
+    rows += ["", "| frame (own time) | share |", "|---|---|"]
+    rows += [f"| `{f['frame']}` | {f['share']:.0%} |" for f in p["top_own"]]
+    return rows + [""]
 
 
 def render_production(p: dict) -> list[str]:
@@ -154,7 +173,7 @@ def render_production(p: dict) -> list[str]:
         got, want = prod[key], t[key]
         verdicts.append(f"{label} {got:.2f} (target ≥ {want}: " + ("meets" if got >= want else
                         f"**misses by {want - got:.2f}**, {100 * (want - got) / want:.0f}%") + ")")
-    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""]
+    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_profile(p.get("profile") or {})
 
 
 def render(report: dict) -> str:
@@ -170,6 +189,8 @@ def render(report: dict) -> str:
         tail += render_appointments(report["appointments"])
     if report.get("nightly_snapshot"):
         tail += render_snapshot(report["nightly_snapshot"])
+    if report.get("fhir_night"):
+        tail += render_fhir_night(report["fhir_night"])
     if report.get("chart_zip"):
         tail += render_chart(report["chart_zip"])
     if "http" not in report:

@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 from bench import loadgen
 from bench.fleet import redis_namespace, scratch_database
-from bench.remote_db import _proc_cpu, backend_pids
+from bench.remote_db import _proc_cpu, backend_pids, profile_client_credentials
 from bench.service import BenchService
 from bench.signing import signing_ceiling
 
@@ -125,6 +125,7 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
             runs = {shape.name: shape.tokens(codes[shape.name], seconds, say) for shape in shapes}
             after = signing_ceiling(production.private_key, min(seconds, 3.0))
             say(f"signing ceiling (after): {after['per_second']:.0f} RS256 signatures/s")
+            profile = profile_client_credentials(production, seconds, connections=CONNECTIONS)
         finally:
             production.stop()
             embedded.stop()
@@ -139,4 +140,4 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
             f"{r['authorization_code_per_cpu_vs_ceiling_per_exchange']:.2f}")
     return {"connections": CONNECTIONS, "signing_ceiling": {"before": before, "after": after,
                                                             "per_second": round(ceiling, 1)},
-            "shapes": rows, "targets": dict(TARGETS), "cores": os.cpu_count()}
+            "shapes": rows, "targets": dict(TARGETS), "cores": os.cpu_count(), "profile": profile}

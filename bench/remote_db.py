@@ -99,21 +99,25 @@ PROFILE_PARTS = (
     ("token_response (grant, client authentication, signing)", "token_response (oauth/token_endpoint.py"),
     ("authenticate_client (cached app, HMAC of the secret)", "authenticate_client (oauth/clients.py"),
     ("Tornado HTTP/1.1 parsing and writing", "tornado/http1connection.py"),
+    ("socket writes (IOStream.write_to_fd: the send syscall)", "write_to_fd (tornado/iostream.py"),
+    ("access log and request metrics (log_request)", "log_request (ops/observability.py"),
 )
 
 
-def profile_client_credentials(service: BenchService, seconds: float, top: int = 12) -> dict:
-    """Sample the serve process with py-spy (every thread) during `client_credentials` load: the
-    functions with the most own samples, and the inclusive share of the parts above."""
+def profile_client_credentials(service: BenchService, seconds: float, top: int = 12, connections: int = CONNECTIONS) -> dict:
+    """Sample the serve process and the processes it forked with py-spy (every thread) during
+    `client_credentials` load: the functions with the most own samples, and the inclusive share of
+    the parts above."""
     if not Path(PY_SPY).exists():
         return {"skipped": "py-spy is not installed (make bench-deps)"}
     out = service.tmp / "profile.txt"
     env = {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth}
-    loadgen.run(service.url + "/v1/oauth/token", "post", CONNECTIONS, min(seconds, 2.0), env=env)  # warm-up
-    spy = subprocess.Popen([PY_SPY, "record", "--pid", str(service.proc.pid), "--duration", str(int(seconds)),
+    loadgen.run(service.url + "/v1/oauth/token", "post", connections, min(seconds, 2.0), env=env)  # warm-up
+    spy = subprocess.Popen([PY_SPY, "record", "--pid", str(service.proc.pid), "--subprocesses",
+                            "--duration", str(int(seconds)),
                             "--rate", "200", "--format", "raw", "--output", str(out), "--nonblocking"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    run = loadgen.run(service.url + "/v1/oauth/token", "post", CONNECTIONS, seconds + 1, env=env)
+    run = loadgen.run(service.url + "/v1/oauth/token", "post", connections, seconds + 1, env=env)
     _, err = spy.communicate(timeout=seconds + 60)
     if spy.returncode != 0 or not out.exists():
         return {"skipped": f"py-spy failed: {err.decode(errors='replace').strip()[:300]}"}
@@ -135,7 +139,7 @@ def profile_client_credentials(service: BenchService, seconds: float, top: int =
             if any(needle in frame for frame in frames):
                 parts[label] += n
     top_own = sorted(own.items(), key=lambda item: item[1], reverse=True)[:top]
-    return {"tool": "py-spy record --rate 200 (all threads, busy samples only)", "samples": total,
+    return {"tool": "py-spy record --subprocesses --rate 200 (all threads, busy samples only)", "samples": total,
             "profiled_rps": run["rps"],
             "inclusive_share": {label: round(n / max(total, 1), 3) for label, n in parts.items()},
             "top_own": [{"frame": frame, "share": round(n / max(total, 1), 3)} for frame, n in top_own]}

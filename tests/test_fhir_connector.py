@@ -167,6 +167,11 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     assert check.returncode == 1 and not verdict["ok"]
     token_step = next(s for s in verdict["steps"] if s["step"] == "token")
     assert not token_step["ok"] and CLIENT_ID in token_step["detail"] and "jwks" in token_step["detail"].lower()
+    next_night = night + dt.timedelta(days=1)
+    eligible(runtime, world.app, ana, night_window(settings, next_night)[0] - dt.timedelta(hours=10))
+    refused = cli(settings, "snapshot", "run", "--date", next_night.isoformat(), "--json")
+    assert refused.returncode == 1
+    assert "failed: The EHR's token endpoint refused svc-auth" in json.loads(refused.stdout)["organizations"][org_id]
 
 
 def chart_resources(patient_id: str, encounters: int) -> list[dict]:
@@ -228,6 +233,22 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
                                         {"svc_organization_id": org_id, "patient_id": "no-such-patient"}, headers=headers)
     failed = await wait_until_not_pending(api, headers, missing["request_id"], timeout=60)
     assert failed["status"] == "failed" and "no-such-patient" in failed["error"]
+
+
+def test_a_fhir_clinics_physician_signs_in_to_the_sandbox_hub(runtime):
+    """With the sandbox on, its hub serves a FHIR clinic's users too (how they complete the flow in
+    tests and demos); a clinic on an EHR svc-auth has no connector for stays outside."""
+    settings = runtime.settings
+    created = cli(settings, "orgs", "create", "--name", "Hub Clinic", "--ehr", "fhir", "--fhir-base-url",
+                  "https://ehr.example/fhir/R4", "--fhir-client-id", CLIENT_ID, "--json")
+    org_id = json.loads(created.stdout)["id"]
+    doc = create_user(org_id, "doc@hub.example", "Doc", "Hub", "dhub", "1417000050")
+    link = cli(settings, "sandbox", "signin-link", "--user", doc.id, "--json")
+    assert link.returncode == 0 and json.loads(link.stdout)["url"].startswith(settings.public_url), link.stderr
+    other = cli(settings, "orgs", "create", "--name", "Elsewhere", "--ehr", "epic", "--json")
+    outsider = create_user(json.loads(other.stdout)["id"], "doc@elsewhere.example", "Doc", "Else", "delse")
+    refused = cli(settings, "sandbox", "signin-link", "--user", outsider.id)
+    assert refused.returncode != 0 and "sandbox or a FHIR EHR" in refused.stderr
 
 
 def test_an_organization_on_fhir_needs_its_base_url_and_client_id(runtime):

@@ -53,7 +53,7 @@ function makeProvider() {
 
 // Faults: the next `count` FHIR requests answer `status` (with Retry-After when given).
 let fault = null;
-const stats = { fhir: 0, token: 0, faults: 0 };
+const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0 };
 
 async function readBody(req) {
   const chunks = [];
@@ -167,7 +167,10 @@ const server = http.createServer(async (req, res) => {
   const url = new URL(req.url, origin);
   try {
     if (url.pathname.startsWith('/admin/')) return await admin(req, res, url.pathname);
-    if (url.pathname.startsWith('/fhir/R4')) return await fhir(req, res, url);
+    if (url.pathname.startsWith('/fhir/R4')) {
+      const began = performance.now();
+      try { return await fhir(req, res, url); } finally { stats.fhirBusyMs += performance.now() - began; }
+    }
     if (url.pathname.startsWith('/oauth')) {
       stats.token += 1;
       req.originalUrl = req.url;  // mounted at /oauth: oidc-provider derives its URLs from this
