@@ -11,6 +11,9 @@ from models.prepared import PreparedQuery
 USER_FIELDS = ("email", "name", "ehrUsername", "organization")
 BILLING_PLANS = ("free_trial", "paid")
 ACTIVATION_STATUSES = ("Disabled", "Enabled")
+DEFAULT_SMART_SCOPES = "launch launch/patient openid fhirUser profile patient/*.rs user/*.rs"
+"""What an application declares unless it says otherwise (`apps create|update --smart-scopes`): read
+and search of the clinic's FHIR resources, never write; authorize grants only what is also asked for."""
 
 
 class Application(BaseModel):
@@ -33,6 +36,11 @@ class Application(BaseModel):
     redirect_uri_match = peewee.CharField(max_length=16, default="prefix")
     redirect_uris = JSONText(default=list)
     require_pkce = peewee.BooleanField(default=False)  # authorize refuses requests without S256 PKCE
+    # SMART App Launch (oauth/smart_scopes.py): the scopes the app declared (space-separated; SMART
+    # resource scopes and launch/fhirUser), of which authorize grants what is also asked for.
+    smart_scopes = peewee.TextField(default=DEFAULT_SMART_SCOPES)
+    # A public client (token_endpoint_auth_method `none`): no secret, PKCE S256 required.
+    public = peewee.BooleanField(default=False)
     created_at = peewee.DateTimeField(default=wall_now)
 
     @classmethod

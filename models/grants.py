@@ -23,6 +23,8 @@ class Launch(BaseModel):
     used_at = peewee.DateTimeField(null=True)
     # When the user authenticated with the platform (epoch seconds): the ID token's auth_time.
     auth_time = peewee.BigIntegerField(null=True)
+    # SMART launch context: the patient the app was launched for (a FHIR Patient id), if any.
+    patient_id = peewee.CharField(max_length=64, null=True)
 
     def consume(self, now: dt.datetime) -> bool:
         """Mark the launch used at `now`; True for exactly one caller (the database decides)."""
@@ -50,7 +52,8 @@ class AuthorizationCode(BaseModel):
     # code puts them on the deny-list (oauth.denylist). Written by the consuming statement.
     issued_jtis = peewee.CharField(max_length=500, null=True)
     auth_time = peewee.BigIntegerField(null=True)  # copied from the launch
-    scope = peewee.CharField(max_length=200, null=True)  # granted scope (oauth.scopes)
+    scope = peewee.TextField(null=True)  # granted scope (oauth.scopes; SMART scopes can be long)
+    patient_id = peewee.CharField(max_length=64, null=True)  # copied from the launch (SMART context)
 
     @classmethod
     def redeem(cls, db: peewee.Database, code_hash: str, application_id: str, now: dt.datetime,

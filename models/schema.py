@@ -8,7 +8,7 @@ from __future__ import annotations
 import peewee
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate as migrate_columns
 
-from models.application import Application, Authorization, Installation
+from models.application import DEFAULT_SMART_SCOPES, Application, Authorization, Installation
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
@@ -48,6 +48,15 @@ def _add_missing_columns(table: str, *columns: tuple[str, peewee.Field]):
 def _drop_issued_token(migrator) -> None:
     """Tokens are no longer recorded one row each; revocation uses the deny-list."""
     migrator.database.execute_sql('DROP TABLE IF EXISTS "issued_token"')
+
+
+def _smart_launch(migrator) -> None:
+    _add_missing_columns("application", ("smart_scopes", peewee.TextField(default=DEFAULT_SMART_SCOPES)),
+                         ("public", peewee.BooleanField(default=False)))(migrator)
+    _add_missing_columns("launch", ("patient_id", peewee.CharField(max_length=64, null=True)))(migrator)
+    _add_missing_columns("authorization_code", ("patient_id", peewee.CharField(max_length=64, null=True)))(migrator)
+    if not isinstance(migrator.database, peewee.SqliteDatabase):  # SQLite does not enforce varchar lengths
+        migrator.database.execute_sql('ALTER TABLE "authorization_code" ALTER COLUMN "scope" TYPE TEXT')
 
 
 # (version, description, function(migrator)) — append only.
@@ -99,6 +108,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     (2001, "organization: the FHIR connector's client id and authentication",
      _add_missing_columns("organization", ("fhir_client_id", peewee.CharField(max_length=200, default="")),
                           ("fhir_auth", peewee.CharField(max_length=32, default="smart-backend")))),
+    # Issue 21 numbers its steps 21xx.
+    (2101, "SMART: declared scopes and public clients; a launch's and a code's patient; codes' scope as text",
+     _smart_launch),
 )
 
 
