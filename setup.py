@@ -16,7 +16,7 @@ setup(
     version="0.1.0",
     description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
     python_requires=">=3.11",
-    packages=find_packages(include=["conf*", "errors*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
+    packages=find_packages(include=["conf*", "errors*", "fhir_api*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
                                     "examples*", "ops*", "runtime*", "hotcache*"])
     + find_namespace_packages(include=["static", "static.*", "sdk.js.dist"]),

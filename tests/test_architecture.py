@@ -198,7 +198,7 @@ def test_no_private_names_of_peewee():
     assert [name for name, path in project_modules().items() if pattern.search(path.read_text())] == []
 
 
-DOMAIN_PACKAGES = ("errors", "models", "oauth", "lifecycle", "partner_api", "workers", "connectors", "storage", "keys",
+DOMAIN_PACKAGES = ("errors", "models", "oauth", "lifecycle", "partner_api", "workers", "connectors", "storage", "keys", "fhir_api",
                    "ratelimit", "hotcache", "runtime")
 
 
