@@ -74,9 +74,13 @@ def patient(p: Patient, identifier_system: str) -> dict:
 
 def practitioner(practitioner_id: str, given: str | None, family: str | None, npi: str | None) -> dict:
     """US Core Practitioner with the NPI identifier."""
+    name = {"family": family} if family else {}
+    if given:
+        name["given"] = [given]
     resource = {"resourceType": "Practitioner", "id": practitioner_id, **_meta("us-core-practitioner"),
-                "identifier": [{"system": NPI_SYSTEM, "value": npi}] if npi else [],
-                "name": [{"family": family or "", **({"given": [given]} if given else {}), "prefix": ["Dr."]}]}
+                "name": [{**name, "prefix": ["Dr."]}]}
+    if npi:
+        resource["identifier"] = [{"system": NPI_SYSTEM, "value": npi}]
     return resource
 
 

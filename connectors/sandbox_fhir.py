@@ -86,7 +86,7 @@ class SandboxFhir:
                 return iter(())
             found = (r for r in self._practitioners()
                      if (not query.practitioner or r["id"] == query.practitioner)
-                     and (not query.npi or any(i["value"] == query.npi for i in r["identifier"])))
+                     and (not query.npi or any(i["value"] == query.npi for i in r.get("identifier", ()))))
         elif kind == "Appointment":
             found = self._appointments(query.practitioner, query.patient, query.start, query.end)
         elif _KINDS.get(kind):
