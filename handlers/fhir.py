@@ -37,9 +37,9 @@ class FhirHandler(CorsHandler):
         return organization_id
 
     def accept_json(self) -> None:
-        check_format(self.request.query_arguments.get("_format") and
-                     search_arguments({"_format": self.request.query_arguments["_format"]})["_format"],
-                     self.request.headers.get("Accept"))
+        """406 unless the request admits JSON (`_format`, `Accept`)."""
+        raw = self.request.query_arguments.get("_format")
+        check_format(search_arguments({"_format": raw})["_format"] if raw else None, self.request.headers.get("Accept"))
 
     async def caller(self, organization_id: str):
         self.check_organization(organization_id)

@@ -3,6 +3,7 @@ process on both databases: metadata, read and search of every type on the sandbo
 clinic, app and scope checks, CORS, bad and hostile input, and the token of a real launch."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import urllib.parse
@@ -340,3 +341,48 @@ def test_the_token_of_a_real_launch_reads_what_its_scope_grants(live, runtime, w
     # Whatever was granted, the token is the clinic's only.
     other = create_organization("Elsewhere", "sandbox", "https://ehr.example/elsewhere")
     assert Fhir(live, other.id, tokens["access_token"]).get("/Patient")[0] == 404
+
+
+def test_an_ehr_that_is_down_answers_503_with_retry_after(live, runtime, world):
+    down = create_organization("Down Clinic", "sandbox", "https://ehr.example/down?outage=1")
+    doc = create_user(down.id, "down@example.com", "Do", "Wn", "dwn", "1003000126")
+    install_application(world.app.id, down.id)
+    fhir = Fhir(live, down.id, mint(runtime, live, doc, world.app, down.id))
+    for path in ("/Patient", "/Patient/pat_b15c092f2447b7a2"):
+        status, headers, body = fhir.get(path)
+        assert status == 503 and headers["Retry-After"] == "5" and outcome(body) == "transient", body
+    assert fhir.get("/metadata")[0] == 200  # no EHR call
+
+
+def test_date_parameters_become_half_open_utc_ranges():
+    from fhir_api.search import date_range
+    d = dt.datetime
+    assert date_range(["2026-03"], "date") == (d(2026, 3, 1), d(2026, 4, 1))
+    assert date_range(["2026-12"], "date") == (d(2026, 12, 1), d(2027, 1, 1))
+    assert date_range(["gt2026-03-01"], "date") == (d(2026, 3, 2), None)
+    assert date_range(["le2026"], "date") == (None, d(2027, 1, 1))
+    assert date_range(["ge2026-01-01", "lt2026-02-03T10:00:00+02:00"], "date") == (d(2026, 1, 1), d(2026, 2, 3, 8))
+    assert date_range(["eq2026-02-03T10:00Z"], "date") == (d(2026, 2, 3, 10), d(2026, 2, 3, 10, 1))
+    assert date_range(["lt2026", "gt2027"], "date") == (d(2028, 1, 1), d(2026, 1, 1))  # empty: the API answers none
+
+
+def test_the_sandbox_connector_reads_back_every_resource_it_finds(runtime, world):
+    """Every id a search returns reads back the same resource; ids of one kind never read as another."""
+    from connectors import ResourceNotFound, ResourceQuery, connector_for
+    connector = connector_for(runtime, world.org)
+    patient = connector.panel()[3].id
+    for resource_type in ALL_TYPES:
+        query = ResourceQuery(resource_type, patient=None if resource_type == "Practitioner" else patient, count=500)
+        found = list(connector.search_resources(query))
+        assert found or resource_type in ("MedicationRequest", "AllergyIntolerance"), resource_type
+        for resource in found:
+            assert connector.read_resource(resource_type, resource["id"]) == resource
+        if found and resource_type not in ("Patient", "Practitioner"):
+            assert [r["id"] for r in connector.search_resources(dataclasses.replace(query, offset=1))] == \
+                [r["id"] for r in found[1:]]
+            wrong = "Condition" if resource_type != "Condition" else "Encounter"
+            with pytest.raises(ResourceNotFound):
+                connector.read_resource(wrong, found[0]["id"])
+    for junk in ("pat_zz", "enc_0000000000000000_0", "obs_" + patient[4:] + "_0_xx", "cnd_" + patient[4:] + "_99"):
+        with pytest.raises(ResourceNotFound):
+            connector.read_resource("Condition" if junk.startswith("cnd") else "Encounter", junk)
