@@ -3,8 +3,8 @@
 - The token: a live platform access token (`oauth.resource.active_user_token`: signature, expiry,
   deny-list); none -> 401 without an error code (RFC 6750 3.1), a bad one -> 401 `invalid_token`.
 - The clinic: the token's `org` must be the path's, else 404 (another clinic is never revealed).
-- The app: the token's `client_id` must still exist and be installed in the clinic and not
-  `Disabled` there, else 403.
+- The app and the user: the token's `client_id` and `sub` must still exist (the user still in
+  the clinic), else 401; the app must be installed in the clinic and not `Disabled` there, else 403.
 - The scopes: `oauth.smart_scopes.access` on the token's `scope` and on the app's current
   `smart_scopes` (what it declares now: narrowing them takes effect at once); `r` read, `s` search.
   A `patient/` scope limits access to the token's `patient` (its compartment).
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fhir_api.outcome import FhirError
 from models.application import Installation
+from models.directory import User
 from oauth.resource import active_user_token, bearer_value
 from oauth.smart_scopes import ScopeSyntaxError, access
 
@@ -58,8 +59,9 @@ def authenticate(runtime, authorization: str | None, organization_id: str) -> Ca
     if claims.get("org") != organization_id:
         raise FhirError(404, "not-found", "No such FHIR base.")
     app = runtime.applications.by_client_id(claims.get("client_id"))
-    if app is None:
-        raise FhirError(401, "login", "The access token's application no longer exists.",
+    user = User.with_organization(claims.get("sub"))
+    if app is None or user is None or user.organization_id != organization_id:
+        raise FhirError(401, "login", "The access token's application or user no longer exists here.",
                         {"WWW-Authenticate": f'Bearer realm="{REALM}", error="invalid_token"'})
     installation = Installation.find(app.id, organization_id)
     if installation is None:

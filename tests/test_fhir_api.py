@@ -16,6 +16,7 @@ from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
 from models.application import Application, Installation
+from models.directory import User
 
 US_CORE = "http://hl7.org/fhir/us/core/StructureDefinition/"
 NPI = "http://hl7.org/fhir/sid/us-npi"
@@ -228,6 +229,13 @@ def test_tokens_that_are_missing_bad_expired_or_revoked_get_401(live, runtime, w
         {"Content-Type": "application/x-www-form-urlencoded"})
     assert status == 200
     status, headers, body = fhir.get("/Patient", {"_count": 1})
+    assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"]
+    # A user who left the clinic (deleted): their live token reads nothing.
+    leaver = create_user(world.org.id, "leaver@example.com", "Lea", "Ver", "lver")
+    fhir = Fhir(live, world.org.id, mint(runtime, live, leaver, world.app, world.org.id))
+    assert fhir.get("/Patient", {"_count": 1})[0] == 200
+    User.delete().where(User.id == leaver.id).execute()
+    status, headers, _ = fhir.get("/Patient", {"_count": 1})
     assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"]
     # An ID-token-shaped or partner-API token is not a platform access token.
     partner, _ = runtime.tokens.__class__(runtime.keyring, live + "/", runtime.clock).access_token(
