@@ -84,7 +84,7 @@ def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
                                           f"(needs patient/{resource_type}.{permission} or user/{resource_type}.{permission}).")
     if (by_token.patient_only or by_app.patient_only) and resource_type not in PATIENT_COMPARTMENT_FREE:
         if caller.patient is None:
-            raise FhirError(403, "forbidden", f"A patient/ scope needs a launch with a patient context.")
+            raise FhirError(403, "forbidden", "A patient/ scope needs a launch with a patient context.")
         return Grant(patient=caller.patient)
     return Grant()
 

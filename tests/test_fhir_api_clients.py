@@ -4,6 +4,7 @@ endpoints in it, and reads and searches with a launch's access token, through a 
 `svc-auth serve` process."""
 from __future__ import annotations
 
+import pytest
 from fhirclient import client
 from fhirclient.models.appointment import Appointment
 from fhirclient.models.condition import Condition
@@ -12,8 +13,6 @@ from fhirclient.models.observation import Observation
 from fhirclient.models.patient import Patient
 from fhirclient.models.practitioner import Practitioner
 from fhirclient.server import FHIRNotFoundException, FHIRPermissionDeniedException
-
-import pytest
 
 from fhir_api_support import Fhir, mint, resources
 
