@@ -12,6 +12,7 @@ from connectors import ConnectorError, ConnectorUnavailable, PatientNotFound, Re
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, grant_for, in_compartment
 from fhir_api.bundle import search_url, searchset
+from fhir_api.codes import matches as codes_match, token_filters
 from fhir_api.outcome import FhirError, not_found
 from fhir_api.search import SUPPORTED_TYPES, Unmatchable, parse_search, resource_id
 from models.directory import Organization
@@ -73,10 +74,16 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
             query = dataclasses.replace(query, patient=grant.patient)
     except Unmatchable:
         return searchset(base, [], 0, self_url, None)
+    filters = token_filters(args)
     try:
-        matches = iter(_connector(runtime, caller.organization_id).search_resources(query))
+        # Codings are filtered here, after the connector: it then pages from 0 and the offset is ours.
+        found = _connector(runtime, caller.organization_id).search_resources(
+            dataclasses.replace(query, offset=0) if filters else query)
+        matches = iter(found)
         if grant.patient is not None:
             matches = (r for r in matches if in_compartment(r, grant.patient))
+        if filters:
+            matches = itertools.islice((r for r in matches if codes_match(r, filters)), query.offset, None)
         page = list(itertools.islice(matches, query.count + 1))
         more = len(page) > query.count
         total = query.offset + len(page)

@@ -10,7 +10,7 @@ from fhir_api.search import SEARCH_PARAMS, SUPPORTED_TYPES
 SMART_OAUTH_URIS = "http://fhir-registry.smarthealthit.org/StructureDefinition/oauth-uris"
 SEARCH_PARAM_TYPES = MappingProxyType({"_id": "token", "identifier": "token", "date": "date", "onset-date": "date",
                                        "patient": "reference", "subject": "reference", "actor": "reference",
-                                       "practitioner": "reference"})
+                                       "practitioner": "reference", "code": "token", "category": "token"})
 
 
 def software_version() -> str:

@@ -5,6 +5,7 @@ Strict: a parameter this API does not support for the type is a 400, as is a mal
 `date` (and Condition's `onset-date`) takes one or two values with a prefix `eq|ge|gt|le|lt`
 (default `eq`) on a year, month, day or dateTime with a zone; the values intersect. References
 are `id`, `Type/id` or `{iss}/Type/id`. `_count` (default 50) is capped at 100; `_offset` pages.
+`code` and `category` (token search on codings) are `fhir_api.codes`'s.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ SEARCH_PARAMS = MappingProxyType({
     "Practitioner": ("_id", "identifier"),
     "Appointment": ("_id", "patient", "practitioner", "actor", "date"),
     "Encounter": ("_id", "patient", "subject", "date"),
-    "Condition": ("_id", "patient", "subject", "onset-date"),
-    "Observation": ("_id", "patient", "subject", "date"),
+    "Condition": ("_id", "patient", "subject", "onset-date", "code", "category"),
+    "Observation": ("_id", "patient", "subject", "date", "code", "category"),
     "MedicationRequest": ("_id", "patient", "subject"),
     "AllergyIntolerance": ("_id", "patient"),
 })

@@ -121,6 +121,19 @@ def test_read_and_search_every_type(live, runtime, world):
     day = encounters[0]["period"]["start"]
     assert encounters[0]["id"] in [e["id"] for e in resources(fhir.search("Encounter", {"patient": pid, "date": day}))]
     assert fhir.search("Encounter", {"patient": pid, "date": "lt2000"})["total"] == 0
+    # Token search on codings: code and category, with or without the system; a comma is OR.
+    heart = resources(fhir.search("Observation", {"patient": pid, "code": "http://loinc.org|8867-4", "_count": 100}))
+    assert len(heart) == len(encounters) and {o["code"]["coding"][0]["code"] for o in heart} == {"8867-4"}
+    both = fhir.search("Observation", {"patient": pid, "code": "8867-4,http://loinc.org|29463-7", "_count": 3,
+                                       "_offset": 2})
+    assert both["total"] == 2 * len(encounters) and len(resources(both)) == min(3, 2 * len(encounters) - 2)
+    assert fhir.search("Observation", {"patient": pid, "code": "urn:other|8867-4"})["total"] == 0
+    assert fhir.search("Observation", {"patient": pid, "category": "vital-signs"})["total"] == 4 * len(encounters)
+    assert fhir.search("Observation", {"patient": pid, "category": "laboratory"})["total"] == 0
+    assert fhir.search("Condition", {"patient": pid, "category": "problem-list-item"})["total"] == len(conditions)
+    first_code = conditions[0]["code"]["coding"][0]["code"]
+    assert conditions[0]["id"] in [c["id"] for c in resources(fhir.search("Condition", {"patient": pid,
+                                                                                        "code": first_code}))]
     for resource_type in ("MedicationRequest", "AllergyIntolerance"):
         for resource in resources(fhir.search(resource_type, {"patient": pid})):
             assert (resource.get("subject") or resource.get("patient"))["reference"] == patient_id
@@ -269,6 +282,8 @@ def test_bad_parameters_and_hostile_input_are_4xx_operation_outcomes(live, runti
         ("/Appointment", {"actor": "pat_b15c092f2447b7a2"}, 400),  # actor needs its type
         ("/Condition", {"patient": "Practitioner/usr_1"}, 400),
         ("/Condition", [("patient", "a"), ("patient", "b")], 400),
+        ("/Observation", {"code": "http://loinc.org|"}, 400),
+        ("/Encounter", {"code": "AMB"}, 400),                      # not a parameter of Encounter here
         ("/Patient", {"_count": "ten"}, 400),
         ("/Patient", {"_count": "0"}, 400),
         ("/Patient", {"_count": "-1"}, 400),
