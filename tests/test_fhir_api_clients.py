@@ -1,8 +1,12 @@
-"""A FHIR client library against the platform FHIR API: SMART Health IT's Python `fhirclient`
-(its strict R4 models parse every answer) reads the CapabilityStatement, finds the SMART OAuth
-endpoints in it, and reads and searches with a launch's access token, through a real
-`svc-auth serve` process."""
+"""FHIR clients against the platform FHIR API through a real `svc-auth serve` process: SMART Health
+IT's Python `fhirclient` (its strict R4 models parse every answer) reads the CapabilityStatement,
+finds the SMART OAuth endpoints in it, and reads and searches with a launch's access token; and
+the JS SDK's published build (`instance.fhir`) does the same from Node."""
 from __future__ import annotations
+
+import json
+import shutil
+import subprocess
 
 import pytest
 from fhirclient import client
@@ -15,6 +19,7 @@ from fhirclient.models.practitioner import Practitioner
 from fhirclient.server import FHIRNotFoundException, FHIRPermissionDeniedException
 
 from fhir_api_support import Fhir, mint, resources
+from js_support import JS_DIR
 
 
 def smart_client(live, world, token, patient_id=None):
@@ -72,3 +77,27 @@ def test_fhirclient_with_a_patient_launch_token(live, runtime, world):
                                             scope="openid patient/Patient.rs", patient=mine), patient_id=mine)
     with pytest.raises(FHIRPermissionDeniedException):
         Appointment.where(struct={"patient": mine}).perform_resources(narrow.server)
+
+
+def test_the_js_sdk_build_reads_and_searches_the_live_api(live, runtime, world):
+    """sdk/js/dist/svc-sdk.mjs, as a partner's code loads it: `instance.fhir` against the service."""
+    node = shutil.which("node")
+    assert node, "node is required (make test installs it)"
+    user_fhir = Fhir(live, world.org.id, mint(runtime, live, world.physician, world.app, world.org.id))
+    mine, other = [r["id"] for r in resources(user_fhir.search("Patient", {"_count": 2}))]
+    token = mint(runtime, live, world.physician, world.app, world.org.id, scope="openid launch/patient patient/*.rs",
+                 patient=mine)
+    calls = [["read", "Patient", mine], ["search", "Condition", {"patient": mine, "_count": 5}],
+             ["read", "Patient", other], ["search", "Practitioner", {"identifier": "x|y|"}]]
+    result = subprocess.run([node, str(JS_DIR / "sdk_fhir.mjs"), json.dumps(
+        {"platform": live, "accessToken": token, "calls": calls})], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["baseUrl"] == f"{live}/fhir/r4/{world.org.id}"  # from the token's org: no iss given
+    patient, conditions, refused, bad = answer["results"]
+    assert patient["ok"] and patient["value"]["id"] == mine
+    assert conditions["ok"] and conditions["value"]["type"] == "searchset"
+    assert {e["resource"]["subject"]["reference"] for e in conditions["value"]["entry"]} == {f"Patient/{mine}"}
+    assert not refused["ok"] and refused["status"] == 404 and refused["code"] == "not-found"
+    assert refused["body"]["resourceType"] == "OperationOutcome"
+    assert not bad["ok"] and bad["status"] == 400 and bad["code"] == "invalid"
