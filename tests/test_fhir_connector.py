@@ -3,12 +3,10 @@ node-oidc-provider): connected with the CLI, its night built by `snapshot run`, 
 listed by the partner REST API, and the EHR's faults handled as the connector promises."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,30 +18,11 @@ from models.directory import Organization
 from workers.snapshot import COVERAGE, night_window
 
 from chart_support import fetch_zip, open_archive, wait_until_not_pending
-from conftest import settings_env
-from fhir_support import appointment, fhir_ehr, patient, practitioner  # noqa: F401  (fixtures: fhir_ehr)
+from fhir_support import (CLIENT_ID, SECRET_NOTE, appointment, chart_record, cli, connect_clinic, fhir_ehr,  # noqa: F401
+                          patient, practitioner)
 from rest_helpers import partner_headers
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parent.parent
-CLIENT_ID = "svc-auth-at-the-test-ehr"
-
-
-def cli(settings, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings), cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=180)
-
-
-def connect_clinic(settings, ehr, jwks_uri: str, name: str = "FHIR Clinic") -> str:
-    """The operator's steps: register svc-auth at the EHR, then create the clinic on `fhir`."""
-    ehr.admin("reset", {})
-    ehr.register(CLIENT_ID, jwks_uri)
-    done = cli(settings, "orgs", "create", "--name", name, "--ehr", "fhir", "--fhir-base-url", ehr.base,
-               "--fhir-client-id", CLIENT_ID, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)["id"]
-
 
 def move_clock_to(clock, when: dt.datetime) -> None:
     clock.offset = 0.0
@@ -174,60 +153,89 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     assert "failed: The EHR's token endpoint refused svc-auth" in json.loads(refused.stdout)["organizations"][org_id]
 
 
-def chart_resources(patient_id: str, encounters: int) -> list[dict]:
-    """A US Core-shaped record: conditions, a medication request, an allergy and many encounters."""
-    ref = {"reference": f"Patient/{patient_id}"}
-    return [
-        {"resourceType": "Condition", "id": "cond-htn", "subject": ref, "onsetDateTime": "2019-04-02",
-         "clinicalStatus": {"coding": [{"code": "active"}]},
-         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "38341003"}], "text": "Essential hypertension"}},
-        {"resourceType": "Condition", "id": "cond-dm", "subject": ref, "onsetDateTime": "2021-09-15",
-         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "44054006", "display": "Type 2 diabetes"}]}},
-        {"resourceType": "MedicationRequest", "id": "med-1", "status": "active", "intent": "order", "subject": ref,
-         "authoredOn": "2021-09-20", "medicationCodeableConcept": {"text": "Metformin 500 mg tablet"},
-         "dosageInstruction": [{"text": "twice daily with meals",
-                                "doseAndRate": [{"doseQuantity": {"value": 500, "unit": "mg"}}]}]},
-        {"resourceType": "AllergyIntolerance", "id": "alg-1", "patient": ref, "criticality": "high",
-         "code": {"text": "Penicillin"}, "reaction": [{"manifestation": [{"text": "Hives"}], "severity": "moderate"}]},
-        {"resourceType": "Patient", "id": "someone-else", "name": [{"family": "Else", "given": ["Some"]}],
-         "birthDate": "1990-01-01", "gender": "other"},
-        {"resourceType": "Condition", "id": "cond-other", "subject": {"reference": "Patient/someone-else"},
-         "code": {"text": "Not this patient's"}},
-        *[{"resourceType": "Encounter", "id": f"enc-{n:03d}", "status": "finished", "subject": ref,
-           "class": {"code": "AMB", "display": "ambulatory"}, "type": [{"text": "Office visit"}],
-           "period": {"start": (dt.datetime(2024, 1, 1) + dt.timedelta(days=n)).isoformat() + "Z"},
-           "participant": [{"individual": {"reference": "Practitioner/pr-ana", "display": "Dr. Ana Lopez"}}],
-           "reasonCode": [{"text": f"Visit {n}"}]} for n in range(encounters)]]
-
-
-@pytest.mark.gen_test(timeout=180)
-async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patients_resources(
-        api, runtime, world, live, fhir_ehr):
-    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Charts Clinic")
-    install_application(world.app.id, org_id)
-    fhir_ehr.seed(patient("pt-7", "Doe", "Jane", "1970-01-02", "female"), *chart_resources("pt-7", encounters=230))
-    headers = await partner_headers(api, world.app, world.secret)
+async def chart_of(api, headers, runtime, app_id: str, org_id: str, patient_id: str) -> tuple[str, dict]:
+    """Request a patient's chart through the REST API; (the PDF's text, the JSON) of its ZIP."""
     status, _, created = await api.call("POST", "/v1/chart-retrieval/requests",
-                                        {"svc_organization_id": org_id, "patient_id": "pt-7"}, headers=headers)
+                                        {"svc_organization_id": org_id, "patient_id": patient_id}, headers=headers)
     assert status == 202, created
     done = await wait_until_not_pending(api, headers, created["request_id"], timeout=120)
     assert done["status"] == "ready", done
     status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{created['request_id']}", headers=headers)
     response = await fetch_zip(api, body["download_url"], runtime)
-    text, chart = open_archive(response.body, created["request_id"], world.app.id)
+    return open_archive(response.body, created["request_id"], app_id)
+
+
+def held_ids(chart: dict) -> dict[str, list[str]]:
+    """The FHIR ids a chart JSON holds, by resource type."""
+    return {"Condition": sorted(p["id"] for p in chart["problems"]),
+            "MedicationRequest": sorted(m["id"] for m in chart["medications"]),
+            "AllergyIntolerance": sorted(a["id"] for a in chart["allergies"]),
+            "Encounter": sorted(e["id"] for e in chart["encounters"]),
+            "Observation": sorted(o["id"] for o in chart["observations"]),
+            "DocumentReference": sorted(d["id"] for d in chart["documents"])}
+
+
+@pytest.mark.gen_test(timeout=300)
+async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patients_resources(
+        api, runtime, world, live, fhir_ehr):
+    """$everything where the CapabilityStatement offers it (read once per runtime), the searches by
+    patient where it does not: the same chart, holding exactly the patient's resources on the EHR."""
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Charts Clinic")
+    install_application(world.app.id, org_id)
+    fhir_ehr.seed(patient("pt-7", "Doe", "Jane", "1970-01-02", "female"),
+                  *chart_record("pt-7", encounters=230, observations=40, documents=3))
+    headers = await partner_headers(api, world.app, world.secret)
+    on_the_ehr = {kind: sorted(ids) for kind, ids in fhir_ehr.compartment("pt-7").items() if kind != "Patient"}
+    assert {kind: len(ids) for kind, ids in on_the_ehr.items()} == {
+        "Condition": 2, "MedicationRequest": 1, "AllergyIntolerance": 1, "Encounter": 230, "Observation": 42,
+        "DocumentReference": 3}
+
+    text, chart = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+    pages = fhir_ehr.stats()["pages"]
+    assert pages == {"Patient/$everything": 3}          # 279 resources, 100 a page, no searches
+    assert held_ids(chart) == on_the_ehr                # nothing of someone-else's, nothing missing
     assert chart["patient"] == {"id": "pt-7", "first_name": "Jane", "last_name": "Doe", "date_of_birth": "1970-01-02",
                                 "sex": "female"}
-    assert sorted(p["id"] for p in chart["problems"]) == ["cond-dm", "cond-htn"]   # not the other patient's
     assert {p["description"] for p in chart["problems"]} == {"Essential hypertension", "Type 2 diabetes"}
     assert chart["medications"] == [{"id": "med-1", "name": "Metformin 500 mg tablet", "dose": "500 mg",
                                      "frequency": "twice daily with meals", "started": "2021-09-20",
                                      "status": "active"}]
     assert chart["allergies"] == [{"id": "alg-1", "substance": "Penicillin", "reaction": "Hives",
                                    "severity": "moderate"}]
-    assert len(chart["encounters"]) == 230                                  # three pages of 100, followed
     assert {e["provider"] for e in chart["encounters"]} == {"Dr. Ana Lopez"}
+    observations = {o["id"]: o for o in chart["observations"]}
+    assert observations["obs-bp"] == {"id": "obs-bp", "date": "2024-03-01", "category": "Vital Signs",
+                                      "code": "85354-9", "name": "Blood pressure panel", "value": "128/82",
+                                      "unit": "mm[Hg]", "interpretation": ""}
+    assert observations["obs-a1c"] == {"id": "obs-a1c", "date": "2024-03-02", "category": "Laboratory",
+                                       "code": "4548-4", "name": "Hemoglobin A1c", "value": "7.1", "unit": "%",
+                                       "interpretation": "High"}
+    assert observations["obs-0007"]["value"] == "67" and observations["obs-0007"]["unit"] == "/min"
+    assert chart["documents"][0] == {"id": "doc-0", "date": "2024-02-01", "title": "Discharge summary 0",
+                                     "type": "Discharge summary", "category": "Clinical Note", "status": "current",
+                                     "content_type": "text/plain"}
+    flat = text.replace("\n", " ")
     assert "Essential hypertension" in text and "Metformin 500 mg tablet" in text and "Penicillin: Hives" in text
     assert "Office visit with Dr. Ana Lopez" in text
+    assert "Blood pressure panel: 128/82 mm[Hg]" in flat and "Hemoglobin A1c: 7.1 % [High]" in flat
+    assert "Discharge summary 2" in flat and "(Discharge summary, text/plain)" in flat
+    held = json.dumps(chart)   # what documents are, never their content
+    assert SECRET_NOTE not in text and SECRET_NOTE not in held and base64.b64encode(SECRET_NOTE.encode()).decode() not in held
+
+    _, again = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+    assert fhir_ehr.stats()["metadata"] == 1            # the CapabilityStatement is read once per runtime
+    assert held_ids(again) == on_the_ehr
+
+    # An EHR without $everything: the connector searches by patient, type by type, page by page.
+    fhir_ehr.offer_everything(False)
+    runtime.ehr_capabilities.drop(fhir_ehr.base)        # as an hour later
+    _, searched = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+    pages = fhir_ehr.stats()["pages"]
+    assert pages["Patient/$everything"] == 6 and pages["Encounter"] == 3 and pages["Observation"] == 1
+    assert pages["DocumentReference"] == 1 and pages["Condition"] == 1
+    assert held_ids(searched) == on_the_ehr
+    assert {k: v for k, v in searched.items() if k != "request_id"} == {k: v for k, v in chart.items()
+                                                                       if k != "request_id"}
 
     status, _, missing = await api.call("POST", "/v1/chart-retrieval/requests",
                                         {"svc_organization_id": org_id, "patient_id": "no-such-patient"}, headers=headers)
