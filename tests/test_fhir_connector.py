@@ -11,13 +11,19 @@ import time
 import pytest
 
 from connectors import Provider, connector_for
+from connectors.fhir import ATTEMPTS
+from connectors.sessions import touch_session
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
+from models.appointments import Snapshot, SnapshotAppointment
 from models.directory import Organization
-from workers.snapshot import COVERAGE, night_window
+from models.schedule import ScheduledRun
+from workers.leases import sync_job
+from workers.snapshot import COVERAGE, night_window, sync_organization
 
 from chart_support import fetch_zip, open_archive, wait_until_not_pending
+from conftest import wait_until
 from fhir_support import (CLIENT_ID, SECRET_NOTE, appointment, chart_record, cli, connect_clinic, fhir_ehr,  # noqa: F401
                           patient, practitioner)
 from rest_helpers import partner_headers
@@ -56,11 +62,14 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     ana = create_user(org_id, "ana@fhir.example", "Ana", "Lopez", "alopez", "1417000001")
     ben = create_user(org_id, "ben@fhir.example", "Ben", "Okafor", "bokafor", "1417000019")
     cal = create_user(org_id, "cal@fhir.example", "Cal", "Nguyen", "cnguyen", "1417000027")  # not in the hub
+    dee = create_user(org_id, "dee@fhir.example", "Dee", "Park", "dpark", "1417000068")  # never authorized the app
     night = runtime.clock.now().date() + dt.timedelta(days=30)   # a night whose window the test chooses
     start, _ = night_window(settings, night)
     for user in (ana, ben):
         eligible(runtime, world.app, user, start - dt.timedelta(hours=10))   # in the hub the afternoon before
     eligible(runtime, world.app, cal, start - dt.timedelta(days=20))        # long ago: no session that night
+    move_clock_to(runtime.clock, start - dt.timedelta(hours=10))
+    touch_session(runtime, dee)                                             # in the hub, the app never opened
     day = dt.timedelta(days=1)
     fhir_ehr.seed(
         practitioner("pr-ana", ana.npi, "Lopez", "Ana"), practitioner("pr-ben", ben.npi, "Okafor", "Ben"),
@@ -70,9 +79,12 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
         appointment("ana-arrived", "pr-ana", "pt-2", start + 3 * day + dt.timedelta(hours=13), status="arrived"),
         appointment("ana-cancelled", "pr-ana", "pt-1", start + 4 * day, status="cancelled"),
         appointment("ana-noshow", "pr-ana", "pt-1", start + 4 * day + dt.timedelta(hours=1), status="noshow"),
+        *[appointment(f"ana-{status}", "pr-ana", "pt-2", start + 5 * day + dt.timedelta(hours=n), status=status)
+          for n, status in enumerate(("proposed", "pending", "checked-in", "fulfilled", "waitlist", "entered-in-error"))],
         appointment("ana-after", "pr-ana", "pt-1", start + COVERAGE + dt.timedelta(hours=1)),
         appointment("ana-before", "pr-ana", "pt-1", start - dt.timedelta(hours=1)),
         appointment("cal-booked", "pr-cal", "pt-1", start + 2 * day),
+        practitioner("pr-dee", dee.npi, "Park", "Dee"), appointment("dee-booked", "pr-dee", "pt-1", start + 2 * day),
         appointment("x-booked", "pr-x", "pt-2", start + 2 * day),
         # More than a page (100) of Ben's: the connector follows the Bundle's next links.
         *[appointment(f"ben-{n:03d}", "pr-ben", f"pt-{1 + n % 2}", start + dt.timedelta(hours=8 + n * 1.5))
@@ -83,7 +95,8 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     assert org_id in json.loads(done.stdout)["built"], done.stderr
 
     rows = await listed(api, world.app, world.secret, org_id)
-    expected = {"ana-booked", "ana-arrived", *[f"ben-{n:03d}" for n in range(130)]}
+    expected = {"ana-booked", "ana-arrived", "ana-proposed", "ana-pending", "ana-checked-in",
+                *[f"ben-{n:03d}" for n in range(130)]}
     assert sorted(r["id"] for r in rows) == sorted(expected)
     booked = next(r for r in rows if r["id"] == "ana-booked")
     assert booked["status"] == "booked" and booked["appointment_type"] == "Follow-up"
@@ -99,7 +112,9 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     assert [s["step"] for s in verdict["steps"]] == ["discovery", "token", "practitioner", "appointments"]
 
 
-def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(runtime, world, live, fhir_ehr):
+@pytest.mark.svc_settings(task_min_backoff_ms=50, task_max_backoff_ms=200)
+def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(runtime, world, live, fhir_ehr,
+                                                                                caplog):
     settings = runtime.settings
     org_id = connect_clinic(settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Faulty Clinic")
     ana = create_user(org_id, "ana@faulty.example", "Ana", "Lopez", "alopez", "1417000043")
@@ -122,21 +137,38 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     assert time.monotonic() - began >= 3 * 0.4
     assert fhir_ehr.stats()["faults"] >= 3
 
-    # The EHR forgets svc-auth's token (a new token service): a 401, one new token, the read completes.
-    fhir_ehr.register(CLIENT_ID, f"{live}/ehr/jwks.json")
+    # svc-auth's token expires early at the EHR (401 invalid_token): one new token, the read completes.
+    fhir_ehr.expire_tokens()
     assert read() == ["a-1"]
     assert fhir_ehr.stats()["token"] == tokens + 1
+    # The EHR forgets every token (a new token service): the same, once more.
+    fhir_ehr.register(CLIENT_ID, f"{live}/ehr/jwks.json")
+    assert read() == ["a-1"]
+    assert fhir_ehr.stats()["token"] == tokens + 2
 
-    # The EHR down for a night: the run fails (retried later by the scheduler), then completes.
+    # The EHR down for the night's first attempt (every one of the connector's own tries answered
+    # 503): the task fails as unavailable, the queue retries it after its backoff, and the night
+    # completes with the EHR's appointment.
     night = runtime.clock.now().date() + dt.timedelta(days=30)
     install_application(world.app.id, org_id)
     eligible(runtime, world.app, ana, night_window(settings, night)[0] - dt.timedelta(hours=10))
-    fhir_ehr.fault(503, count=1000)
+    fhir_ehr.seed(appointment("a-night", "pr-ana", "pt-1", night_window(settings, night)[0] + dt.timedelta(hours=20)))
+    faults = fhir_ehr.stats()["faults"]
+    fhir_ehr.fault(503, count=ATTEMPTS, retry_after=0)
+    runtime.task_queue.send(sync_organization, org_id, night.isoformat())
+    wait_until(lambda: Snapshot.select().where((Snapshot.organization == org_id) & (Snapshot.snapshot_date == night)
+                                               & (Snapshot.status == "complete")).exists(), what="the night, retried")
+    assert fhir_ehr.stats()["faults"] == faults + ATTEMPTS        # the whole first attempt met the outage
+    snapshot = Snapshot.get((Snapshot.organization == org_id) & (Snapshot.snapshot_date == night))
+    assert [a.ehr_appointment_id for a in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot)] \
+        == ["a-night"]
+    # The EHR staying down: `snapshot run` says it is unavailable (the scheduler retries the night)
+    # and the night built before stays served.
+    fhir_ehr.fault(503, count=1000, retry_after=0)
     down = cli(settings, "snapshot", "run", "--date", night.isoformat(), "--json")
     assert down.returncode == 1 and "unavailable" in (down.stdout + down.stderr)
+    assert Snapshot.latest_complete(org_id).id == snapshot.id
     fhir_ehr.fault(503, count=0)
-    up = cli(settings, "snapshot", "run", "--date", night.isoformat(), "--json")
-    assert up.returncode == 0, up.stderr
 
     # A revoked registration: a permanent failure that says what to fix.
     fhir_ehr.revoke()
@@ -151,6 +183,14 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     refused = cli(settings, "snapshot", "run", "--date", next_night.isoformat(), "--json")
     assert refused.returncode == 1
     assert "failed: The EHR's token endpoint refused svc-auth" in json.loads(refused.stdout)["organizations"][org_id]
+    # The scheduled night: failed for good (not retried), with the same words in the log.
+    runtime.task_queue.send(sync_organization, org_id, next_night.isoformat())
+    wait_until(lambda: ScheduledRun.select().where((ScheduledRun.job == sync_job("sync-failed", org_id))
+                                                   & (ScheduledRun.run_date == next_night)).exists(),
+               what="the night failed for good")
+    logged = [r.getMessage() for r in caplog.records if r.name == "svc_auth.snapshot" and r.levelname == "ERROR"]
+    assert any("failed for good: The EHR's token endpoint refused svc-auth" in m and CLIENT_ID in m
+               and "/ehr/jwks.json" in m for m in logged), logged
 
 
 async def chart_of(api, headers, runtime, app_id: str, org_id: str, patient_id: str) -> tuple[str, dict]:
