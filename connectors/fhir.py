@@ -15,7 +15,8 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
   following the Bundle's `next` links. Listed statuses: `LISTED_STATUSES`; the others are not.
 - **Charts**: the Patient, then its resources page by page: `Patient/{id}/$everything` where the
   EHR's CapabilityStatement (`{base}/metadata`, read once per runtime and base, cached an hour)
-  offers an operation `everything` on Patient; else searches by patient of `CHART_TYPES`
+  offers an operation `everything` on Patient and does not refuse it (a 4xx on its first page
+  makes the connector fall back, remembered for the hour); else searches by patient of `CHART_TYPES`
   (Condition, MedicationRequest, AllergyIntolerance, Encounter, Observation, DocumentReference).
   Either way each page is spooled to disk (`connectors.fhir_chart`), so the EHR is read once and
   memory stays flat for thousands of resources; the PDF and JSON stream from the spool.
@@ -77,6 +78,15 @@ TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 PERMANENT_ISSUES = ("login", "forbidden", "security")
 
 log = logging.getLogger("svc_auth.connectors.fhir")
+
+
+class AccessRefused(ConnectorError):
+    """The EHR refused svc-auth's access (401/403, an OperationOutcome login/forbidden/security)."""
+
+
+class RequestRefused(ConnectorError):
+    """The EHR answered a request with a status that is neither success nor worth retrying (400,
+    405, 422...): permanent for that request."""
 
 
 class ExpiringCache:
@@ -181,12 +191,12 @@ class FhirClient:
                 continue
             break
         if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
-            raise ConnectorError(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
+            raise AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
                                  f"client registration and its scopes ({' '.join(SCOPES)}).")
         if status in (404, 410):  # unknown, or deleted
             raise LookupError(_issue_text(body))
         if status != 200 or not isinstance(body, dict):
-            raise ConnectorError(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {_issue_text(body)}")
+            raise RequestRefused(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {_issue_text(body)}")
         return body
 
     def pages(self, resource_type: str, params: dict):
@@ -340,10 +350,18 @@ class FhirConnector:
         else one search by patient per type of `CHART_TYPES`."""
         if self.client.offers_everything():
             params = {"_type": ",".join(CHART_TYPES), "_count": PAGE_SIZE}
-            for page in self.client.pages(f"Patient/{patient_id}/$everything", params):
-                for entry in page.get("entry") or ():
-                    yield entry.get("resource") or {}
-            return
+            pages = self.client.pages(f"Patient/{patient_id}/$everything", params)
+            try:
+                first = next(pages)
+            except (LookupError, RequestRefused, AccessRefused) as exc:  # listed, yet refused to this client
+                # (a registration refused altogether fails the searches below with what to fix)
+                log.warning("the EHR at %s refused $everything (%s): charts use searches", self.client.base, exc)
+                self.client.capabilities.put(self.client.base, False, CAPABILITIES_SECONDS)
+            else:
+                for page in itertools.chain((first,), pages):
+                    for entry in page.get("entry") or ():
+                        yield entry.get("resource") or {}
+                return
         of_patient = {"patient": f"Patient/{patient_id}", "_count": PAGE_SIZE}
         for resource_type in CHART_TYPES:
             yield from self._all(resource_type, of_patient)

@@ -52,8 +52,9 @@ class FhirEhr:
     def stats(self) -> dict:
         return self.admin("stats")
 
-    def offer_everything(self, offered: bool) -> None:
-        """Whether the CapabilityStatement offers (and the server serves) Patient $everything."""
+    def offer_everything(self, offered: bool | str) -> None:
+        """Whether the CapabilityStatement offers (and the server serves) Patient $everything;
+        `"listed"`: offered in the CapabilityStatement, refused when called (400 not-supported)."""
         self.admin("capabilities", {"everything": offered})
 
     def expire_tokens(self) -> None:

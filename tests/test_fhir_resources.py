@@ -145,3 +145,19 @@ def test_a_chart_of_thousands_of_observations_streams_page_by_page_with_flat_mem
     assert [o["id"] for o in data["observations"]][-3:] == ["obs-2997", "obs-2998", "obs-2999"]
     last = pdf.pages[len(pdf.pages) - 2].extract_text() + pdf.pages[-1].extract_text()
     assert "Heart rate: 99 /min" in last and "Discharge summary 39" in last
+
+
+def test_an_everything_listed_but_refused_falls_back_to_searches_and_is_remembered(runtime, connector, open_ehr):
+    open_ehr.seed(patient("pt-1", "Doe", "Jane", "1970-01-02", "female"),
+                  *chart_record("pt-1", encounters=3, observations=2, documents=1))
+    open_ehr.offer_everything("listed")      # in the CapabilityStatement, yet 400 not-supported when called
+    chart = connector.fetch_chart("pt-1")
+    assert [e.id for e in chart.encounters()] == ["enc-000", "enc-001", "enc-002"]
+    assert sorted(o["id"] for o in chart.observations()) == ["obs-0000", "obs-0001", "obs-a1c", "obs-bp"]
+    assert [d["id"] for d in chart.documents()] == ["doc-0"] and len(chart.problems) == 2
+    assert runtime.ehr_capabilities.get(open_ehr.base) is False
+    searched = open_ehr.stats()["pages"]
+    assert "Patient/$everything" not in searched and searched["Observation"] == 1
+    asked = open_ehr.stats()["fhir"]
+    connector.fetch_chart("pt-1")            # remembered: no metadata, no $everything, the 7 reads
+    assert open_ehr.stats()["fhir"] == asked + 7 and open_ehr.stats()["metadata"] == 1

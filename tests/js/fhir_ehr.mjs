@@ -33,7 +33,7 @@ for (const file of SEARCH_PARAMETER_BUNDLE_FILES) indexSearchParameterBundle(rea
 
 const router = new FhirRouter();
 router.add('GET', 'Patient/:id/$everything', (req) => {
-  if (!offerEverything) return [{ resourceType: 'OperationOutcome', issue: [{ severity: 'error', code: 'not-supported', details: { text: 'Unsupported operation' } }] }];
+  if (!serveEverything) return [{ resourceType: 'OperationOutcome', issue: [{ severity: 'error', code: 'not-supported', details: { text: 'Unsupported operation' } }] }];
   return patientEverything(req);
 });
 const repo = new MemoryRepository();
@@ -66,7 +66,10 @@ function makeProvider() {
 let fault = null;
 // `pages`: requests per search kind (`Observation`, `Patient/$everything`, ...), to show paging.
 const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0, metadata: 0, pages: {} };
-let offerEverything = true;    // /admin/capabilities {everything: false} hides the operation
+// /admin/capabilities {everything: false} hides and refuses the operation; {everything: "listed"}
+// lists it in the CapabilityStatement but refuses it (as EHRs that list what a client may not use).
+let offerEverything = true;
+let serveEverything = true;
 let liveTokens = new Set();    // tokens used so far; /admin/expire expires them (401 from then on)
 let expiredTokens = new Set();
 let compartments = new Map();  // $everything's matches per patient, until the next seed or reset
@@ -134,11 +137,15 @@ async function admin(req, res, path) {
     return send(res, 200, { created: created.map((r) => `${r.resourceType}/${r.id}`) }, 'application/json');
   }
   if (path === '/admin/reset') {
-    repo.clear(); compartments = new Map(); offerEverything = true;
+    repo.clear(); compartments = new Map(); offerEverything = true; serveEverything = true;
     stats.pages = {}; stats.metadata = 0;
     return send(res, 200, {}, 'application/json');
   }
-  if (path === '/admin/capabilities') { offerEverything = body.everything !== false; return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/capabilities') {
+    offerEverything = body.everything !== false;
+    serveEverything = body.everything === true || body.everything === undefined;
+    return send(res, 200, {}, 'application/json');
+  }
   if (path === '/admin/expire') { for (const jti of liveTokens) expiredTokens.add(jti); liveTokens = new Set(); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/client') {  // {client_id, jwks_uri}: register svc-auth (replaces any earlier)
     clients = [{ client_id: body.client_id, token_endpoint_auth_method: 'private_key_jwt',
