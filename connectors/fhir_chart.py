@@ -80,9 +80,10 @@ class ChartSpool:
         self.counts[kind] += 1
 
     def _of_patient(self, resource: dict) -> bool:
-        """Whether the resource's patient (`subject`, or `patient` for AllergyIntolerance) is this one."""
+        """Whether the resource's patient (`subject`, or `patient` for AllergyIntolerance) is this one
+        (`Patient/{id}`, absolute or versioned alike)."""
         reference = str(((resource.get("subject") or resource.get("patient")) or {}).get("reference") or "")
-        return reference.split("/")[-2:] == ["Patient", self.patient_id]
+        return reference.split("/_history/")[0].split("/")[-2:] == ["Patient", self.patient_id]
 
 
 def problem_of(condition: dict) -> dict:
