@@ -371,8 +371,8 @@ class FhirConnector:
         for page in self.client.pages(resource_type, params):
             for entry in page.get("entry") or ():
                 resource = entry.get("resource") or {}
-                if resource.get("resourceType") == resource_type and (entry.get("search") or {}).get("mode",
-                                                                                                      "match") == "match":
+                mode = (entry.get("search") or {}).get("mode", "match")  # not an `include`d or `outcome` entry
+                if resource.get("resourceType") == resource_type and mode == "match":
                     yield resource
 
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
