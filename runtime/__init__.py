@@ -76,6 +76,7 @@ class Runtime:
         self._metrics = None
         self.ehr_keys = EhrClientKeys(self.keyring.cipher)  # svc-auth's key at FHIR EHRs (/ehr/jwks.json)
         self._ehr_tokens = None
+        self._ehr_capabilities = None
         self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
@@ -112,9 +113,17 @@ class Runtime:
     def ehr_tokens(self):
         """Bearer tokens of FHIR EHRs (SMART Backend Services), cached until shortly before expiry."""
         if self._ehr_tokens is None:
-            from connectors.fhir import BearerTokens
-            self._ehr_tokens = BearerTokens()
+            from connectors.fhir import bearer_tokens
+            self._ehr_tokens = bearer_tokens()
         return self._ehr_tokens
+
+    @property
+    def ehr_capabilities(self):
+        """What each FHIR EHR's CapabilityStatement offers (Patient $everything), cached an hour."""
+        if self._ehr_capabilities is None:
+            from connectors.fhir import ExpiringCache
+            self._ehr_capabilities = ExpiringCache()
+        return self._ehr_capabilities
 
     @property
     def task_queue(self):
