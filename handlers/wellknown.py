@@ -1,9 +1,15 @@
-"""Discovery at the issuer: JWKS, the OpenID Provider configuration and RFC 8414 metadata, and the
-JWKS of svc-auth's client keys for EHRs (`/ehr/jwks.json`)."""
+"""Discovery at the issuer: JWKS, the OpenID Provider configuration and RFC 8414 metadata, the
+JWKS of svc-auth's client keys for EHRs (`/ehr/jwks.json`), and each clinic FHIR base's SMART
+configuration (`{iss}/.well-known/smart-configuration`)."""
 from __future__ import annotations
 
+import re
+
+from fhir_api import FHIR_PATH_PREFIX
 from handlers.base import BaseHandler
+from lifecycle.organizations import find_organization
 from oauth.discovery import openid_configuration
+from oauth.smart_configuration import smart_configuration
 
 
 class PublicMetadataHandler(BaseHandler):
@@ -35,10 +41,20 @@ class OpenIDConfigurationHandler(PublicMetadataHandler):
         self.write_json(openid_configuration(self.svc_settings))
 
 
+class SmartConfigurationHandler(PublicMetadataHandler):
+    """SMART App Launch discovery of one clinic's FHIR base; an unknown clinic is 404."""
+
+    async def get(self, organization_id):
+        await self.run(find_organization, organization_id)
+        self.set_header("Cache-Control", "public, max-age=300")
+        self.write_json(smart_configuration(self.svc_settings))
+
+
 def routes(runtime) -> list:
     return [
         (r"/\.well-known/jwks\.json", JWKSHandler),
         (r"/ehr/jwks\.json", EhrJWKSHandler),
         (r"/\.well-known/openid-configuration", OpenIDConfigurationHandler),
         (r"/\.well-known/oauth-authorization-server", OpenIDConfigurationHandler),  # RFC 8414: same document
+        (re.escape(FHIR_PATH_PREFIX) + r"/([^/]{1,64})/\.well-known/smart-configuration", SmartConfigurationHandler),
     ]
