@@ -88,12 +88,9 @@ def authenticate_client(runtime, params: dict, authorization: str | None, addres
         raise
 
 
-def _public_client(applications, client_id, secret, basic, allow_public) -> Application | None:
-    """The public application `client_id` names when it authenticates as one (no secret, in the
-    body); None when it is not a public client. A public client presenting a secret: invalid_client."""
-    app = applications.by_client_id(client_id) if isinstance(client_id, str) else None
-    if app is None or not app.public:
-        return None
+def _public_client(app: Application, secret, basic, allow_public) -> Application:
+    """The public application `app` when the request authenticates as it: `client_id` alone in the
+    body, where the endpoint allows it. A public client presenting a secret: invalid_client."""
     if secret is not None or basic:
         error = invalid_client("This is a public client: it has no secret; send client_id alone.", basic=bool(basic))
         error.counted = True  # nothing was guessed: a public client has no secret to guess
@@ -120,9 +117,9 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
             raise invalid_request("client_id in the body does not match the Basic credentials.")
     else:
         client_id, secret = body_id, body_secret
-    public = _public_client(applications, client_id, secret, basic, allow_public)
-    if public is not None:
-        return public
+    app = applications.by_client_id(client_id)  # None for a missing or non-string client_id
+    if app is not None and app.public:
+        return _public_client(app, secret, basic, allow_public)
     if client_id is None or secret is None:
         throttle_check(throttle, None, address)
         error = invalid_client("Client credentials are missing: send client_id and client_secret.", basic=bool(basic))
@@ -130,7 +127,6 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
         raise error
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
-    app = applications.by_client_id(client_id)
     if app is not None and is_current_secret(app, secret, hasher):
         return app  # the right secret: never refused, and no throttle round trip
     subject = ("client", client_id) if app is not None else None

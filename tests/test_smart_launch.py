@@ -338,3 +338,34 @@ def test_cli_public_app_and_smart_scopes(settings, runtime):
                             "--launch-url", "https://n.example/launch", "--json").stdout)
     assert normal["client_secret"] and normal["public"] is False
     assert normal["smart_scopes"] == "launch launch/patient openid fhirUser profile patient/*.rs user/*.rs"
+
+
+# -- console -----------------------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_console_shows_a_public_client_without_secret_rotation(http_client, base_url, runtime, world,
+                                                                      public_app):
+    from console_client import ConsoleClient
+    from lifecycle.developers import invite_developer
+    password = "correct horse battery staple"
+
+    async def signed_in(app_id, email):
+        client = ConsoleClient(http_client, base_url)
+        _, url, _ = invite_developer(runtime, app_id, email)
+        path = urllib.parse.urlsplit(url).path
+        assert (await client.get(path)).code == 200
+        assert (await client.post(path, {"password": password, "confirm": password})).code == 303
+        assert (await client.sign_in(email, password)).code == 303, client.last_html
+        return client
+
+    client = await signed_in(public_app.id, "dev@smart.example")
+    assert (await client.get(f"/console/apps/{public_app.id}")).code == 200
+    page = client.last_html
+    assert "Public client (no secret)" in page and "Generate fallback secret" not in page
+    assert 'id="smart-scopes">launch launch/patient openid fhirUser profile patient/*.rs user/*.rs<' in page
+    response = await client.post(f"/console/apps/{public_app.id}/secret/fallback")
+    assert 400 <= response.code < 500  # nothing to rotate, a clear refusal
+    client = await signed_in(world.app.id, "dev@test.example")
+    await client.get(f"/console/apps/{world.app.id}")
+    assert "Confidential client (client secret)" in client.last_html
+    assert "Generate fallback secret" in client.last_html
