@@ -307,6 +307,17 @@ async def test_hub_lists_appointments_and_opens_an_app_for_a_patient(api, world,
     assert "data-patient-id" not in page
 
 
+@pytest.mark.gen_test
+async def test_hub_still_opens_apps_when_the_ehr_is_down(api, world, runtime):
+    from models.directory import Organization
+    Organization.update(ehr_url="https://ehr.example/test?outage=1").where(Organization.id == world.org.id).execute()
+    cookie, location = await sandbox_signin(api, runtime, world.physician.id)
+    status, _, page = await api.call("GET", location, headers=cookie)
+    assert status == 200 and "data-patient-id" not in page
+    assert "EHR did not answer: The sandbox EHR is unavailable" in page
+    assert f'id="app-entry-{world.app.id}"' in page
+
+
 # -- CLI ---------------------------------------------------------------------------------------
 
 def test_cli_public_app_and_smart_scopes(settings, runtime):
