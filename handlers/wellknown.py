@@ -7,7 +7,9 @@ import re
 
 from fhir_api import FHIR_PATH_PREFIX
 from handlers.base import BaseHandler
+from errors import ApiError
 from lifecycle.organizations import find_organization
+from partner_api.access import PATH_ID
 from oauth.discovery import openid_configuration
 from oauth.smart_configuration import smart_configuration
 
@@ -45,6 +47,8 @@ class SmartConfigurationHandler(PublicMetadataHandler):
     """SMART App Launch discovery of one clinic's FHIR base; an unknown clinic is 404."""
 
     async def get(self, organization_id):
+        if not PATH_ID.match(organization_id):  # junk (NUL, encodings) is never looked up
+            raise ApiError(404, "organization_not_found", "No organization has this id.")
         await self.run(find_organization, organization_id)
         self.set_header("Cache-Control", "public, max-age=300")
         self.write_json(smart_configuration(self.svc_settings))
@@ -56,5 +60,5 @@ def routes(runtime) -> list:
         (r"/ehr/jwks\.json", EhrJWKSHandler),
         (r"/\.well-known/openid-configuration", OpenIDConfigurationHandler),
         (r"/\.well-known/oauth-authorization-server", OpenIDConfigurationHandler),  # RFC 8414: same document
-        (re.escape(FHIR_PATH_PREFIX) + r"/([^/]{1,64})/\.well-known/smart-configuration", SmartConfigurationHandler),
+        (re.escape(FHIR_PATH_PREFIX) + r"/([^/]+)/\.well-known/smart-configuration", SmartConfigurationHandler),
     ]

@@ -94,8 +94,11 @@ async def test_smart_configuration_of_an_existing_clinic(api, world):
                                         "permission-patient", "permission-user"}
     status, _, oidc = await api.call("GET", "/.well-known/openid-configuration")
     assert "none" in oidc["token_endpoint_auth_methods_supported"]
-    status, headers, body = await api.call("GET", "/fhir/r4/org_nope/.well-known/smart-configuration")
-    assert status == 404 and body["error"] == "organization_not_found"
+    for junk in ("org_nope", "%00", "org%00x", "..", "x" * 65, "%2e%2e", "org%0a"):
+        status, headers, body = await api.call("GET", f"/fhir/r4/{junk}/.well-known/smart-configuration")
+        assert status == 404 and body["error"] == "organization_not_found", (junk, body)
+    status, _, body = await api.call("GET", "/fhir/r4/%C3%28/.well-known/smart-configuration")
+    assert status == 400, body  # not UTF-8: a clear 4xx, never a lookup
 
 
 # -- authorize: launch, aud, scope -------------------------------------------------------------
