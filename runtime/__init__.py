@@ -15,6 +15,7 @@ from playhouse.pool import PooledDatabase
 from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
 from conf import Settings
+from fhir_api import fhir_base_url
 from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
 from hotcache.changes import ChangeFeed
 from keys.ehr_client import EhrClientKeys
@@ -81,6 +82,11 @@ class Runtime:
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
         self.executor = ThreadPoolExecutor(max_workers=settings.db_threads, thread_name_prefix="svc-blocking")
+
+    def fhir_base_url(self, organization_id: str) -> str:
+        """One clinic's FHIR base (`iss` of a SMART launch, the `aud` authorize accepts). Through the
+        runtime so the authorization server (oauth/) needs no import of the FHIR API that imports it."""
+        return fhir_base_url(self.settings, organization_id)
 
     def failure_policy(self) -> FailurePolicy:
         """The configured failure limits (SVC_AUTH_FAILURE_LIMIT, SVC_AUTH_ADDRESS_FAILURE_LIMIT)."""
