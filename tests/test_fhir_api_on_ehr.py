@@ -89,7 +89,7 @@ def patient_ref(resource: dict) -> str:
 
 
 def test_reads_and_searches_answer_what_the_ehr_holds_with_the_platforms_urls(clinic, fhir_ehr):  # noqa: F811
-    org_id, ana, fhir = clinic
+    _, _, fhir = clinic
     # Reads: each type by id, the fields that matter as the EHR holds them.
     held = {("Patient", "pt-a"): None, ("Practitioner", "pr-ana"): None, ("Appointment", "ana-01"): "Patient/pt-b",
             ("Encounter", "enc-000"): "Patient/pt-a", ("Condition", "cond-htn"): "Patient/pt-a",
@@ -189,7 +189,7 @@ def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(clinic, runtim
 
 
 def test_the_ehr_down_is_a_503_and_a_revoked_registration_a_502(clinic, fhir_ehr, tmp_path):  # noqa: F811
-    org_id, ana, fhir = clinic
+    org_id, _, fhir = clinic
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
     fhir_ehr.fault(503, count=1000, retry_after=0)
     try:
