@@ -173,7 +173,19 @@ def render_production(p: dict) -> list[str]:
         got, want = prod[key], t[key]
         verdicts.append(f"{label} {got:.2f} (target ≥ {want}: " + ("meets" if got >= want else
                         f"**misses by {want - got:.2f}**, {100 * (want - got) / want:.0f}%") + ")")
-    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_profile(p.get("profile") or {})
+    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_profile(p.get("profile") or {}) \
+        + render_cpu_split(p.get("cpu_split") or {})
+
+
+def render_cpu_split(c: dict) -> list[str]:
+    if c.get("skipped"):
+        return [f"CPU by library: skipped ({c['skipped']}).", ""]
+    if not c:
+        return []
+    rows = [f"The same load's CPU by library ({c['tool']}, {c['samples']} samples; py-spy above samples wall time, "
+            "so a process preempted inside `send` by the wrk thread it woke still counts there):", "",
+            "| library | share of on-CPU samples |", "|---|---|"]
+    return rows + [f"| {label} | {share:.0%} |" for label, share in c["shares"].items()] + [""]
 
 
 def render(report: dict) -> str:

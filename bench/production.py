@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from bench import loadgen
+from bench.cpu_split import cpu_by_library
 from bench.fleet import redis_namespace, scratch_database
 from bench.remote_db import _proc_cpu, backend_pids, profile_client_credentials
 from bench.service import BenchService
@@ -126,6 +127,10 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
             after = signing_ceiling(production.private_key, min(seconds, 3.0))
             say(f"signing ceiling (after): {after['per_second']:.0f} RS256 signatures/s")
             profile = profile_client_credentials(production, seconds, connections=CONNECTIONS)
+            cc_env = {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": production.client_auth}
+            cpu_split = cpu_by_library(
+                process_tree(production.proc.pid), seconds, production.tmp,
+                lambda: loadgen.run(production.url + "/v1/oauth/token", "post", CONNECTIONS, seconds + 1, env=cc_env))
         finally:
             production.stop()
             embedded.stop()
@@ -140,4 +145,5 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
             f"{r['authorization_code_per_cpu_vs_ceiling_per_exchange']:.2f}")
     return {"connections": CONNECTIONS, "signing_ceiling": {"before": before, "after": after,
                                                             "per_second": round(ceiling, 1)},
-            "shapes": rows, "targets": dict(TARGETS), "cores": os.cpu_count(), "profile": profile}
+            "shapes": rows, "targets": dict(TARGETS), "cores": os.cpu_count(), "profile": profile,
+            "cpu_split": cpu_split}
