@@ -152,9 +152,11 @@ def render_production(p: dict) -> list[str]:
     if p.get("skipped"):
         return [f"**Production shape**: skipped ({p['skipped']}).", ""]
     ceiling = p["signing_ceiling"]["per_second"]
+    cpu_ceiling = p["signing_ceiling"].get("per_cpu_second")
     t = p["targets"]
+    per_cpu = f" ({cpu_ceiling:.0f} per CPU-second of the signing thread: the CPU ratios' divisor)" if cpu_ceiling else ""
     rows = [f"**Token endpoint, production shape beside embedded** (wrk {p['connections']} connections on the same "
-            f"{p['cores']}-core machine; one-core RS256 ceiling {ceiling:.0f} signatures/s, before and after; CPU = "
+            f"{p['cores']}-core machine; one-core RS256 ceiling {ceiling:.0f} signatures/s{per_cpu}, before and after; CPU = "
             f"serve processes + their PostgreSQL backends + the Redis server; {_when(p)}):", "",
             "| shape | `client_credentials` tokens/s | ÷ ceiling | tokens per CPU-s ÷ ceiling | CPU s (serve / PostgreSQL / Redis) "
             "| code exchanges/s | exchanges per CPU-s ÷ (ceiling ÷ 2) |",

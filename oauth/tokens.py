@@ -31,6 +31,11 @@ def _b64url(data: bytes) -> bytes:
     return base64.urlsafe_b64encode(data).rstrip(b"=")
 
 
+def rsa_signature(private_key, signing_input: bytes) -> bytes:
+    """RS256: RSASSA-PKCS1-v1_5 with SHA-256 (its own frame, so profiles show the signature alone)."""
+    return private_key.sign(signing_input, _PKCS1V15, _SHA256)
+
+
 class InvalidToken(Exception):
     """The token failed verification; the message says why (for logs, not for clients)."""
 
@@ -55,7 +60,7 @@ class TokenService:
         directly, the header encoded once per key (a token's CPU is mostly this signature)."""
         key = self.keyring.active
         signing_input = self._header(key.kid, typ) + b"." + _b64url(_COMPACT_JSON.encode(claims).encode())
-        signature = key.private.sign(signing_input, _PKCS1V15, _SHA256)
+        signature = rsa_signature(key.private, signing_input)
         return (signing_input + b"." + _b64url(signature)).decode("ascii")
 
     def base_claims(self, subject: str, audience: str, lifetime: int) -> dict:
