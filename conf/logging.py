@@ -58,8 +58,8 @@ _LINE_JSON = json.JSONEncoder(default=str, separators=(",", ":"))  # built once,
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, message, request_id, extras, exc."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._second: tuple[float, str] = (-1.0, "")  # the last whole second and its ISO text
 
     def timestamp(self, created: float) -> str:
