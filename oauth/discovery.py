@@ -23,7 +23,9 @@ def claims_supported(settings) -> list[str]:
     return [*ID_TOKEN_CLAIMS, f"https://{namespace}/ehrUsername", f"https://{namespace}/organization"]
 
 
-def openid_configuration(settings, variant=V1) -> dict:
+def endpoints(settings, variant=V1) -> dict:
+    """The issuer, the JWKS and the endpoints of one prefix: what every discovery document names
+    (this one, and SMART's `oauth.smart_configuration`)."""
     base = settings.public_url + variant.prefix
     return {
         "issuer": settings.issuer_claim,
@@ -32,8 +34,15 @@ def openid_configuration(settings, variant=V1) -> dict:
         "userinfo_endpoint": f"{base}/oauth/userinfo",
         "introspection_endpoint": f"{base}/oauth/introspect",
         "revocation_endpoint": f"{base}/oauth/revoke",
-        "revocation_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "jwks_uri": f"{settings.issuer}/.well-known/jwks.json",
+    }
+
+
+def openid_configuration(settings, variant=V1) -> dict:
+    return {
+        **endpoints(settings, variant),
+        # A public client revokes its own tokens with client_id alone (oauth/revocation.py).
+        "revocation_endpoint_auth_methods_supported": list(TOKEN_ENDPOINT_AUTH_METHODS),
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],
         "grant_types_supported": list(variant.grant_types),

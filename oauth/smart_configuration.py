@@ -5,7 +5,7 @@ the OpenID configuration, and the capabilities this server really has. Served to
 """
 from __future__ import annotations
 
-from oauth.discovery import TOKEN_ENDPOINT_AUTH_METHODS
+from oauth.discovery import TOKEN_ENDPOINT_AUTH_METHODS, endpoints
 from oauth.pkce import SUPPORTED_METHODS
 from oauth.scopes import advertised_scopes
 from oauth.variants import V1
@@ -17,15 +17,8 @@ CAPABILITIES = ("launch-ehr", "client-public", "client-confidential-symmetric", 
 def smart_configuration(settings) -> dict:
     """The SMART configuration of a clinic's FHIR base: the same for every clinic (one authorization
     server; the clinic is told by the launch)."""
-    base = settings.public_url + V1.prefix
     return {
-        "issuer": settings.issuer_claim,
-        "jwks_uri": f"{settings.issuer}/.well-known/jwks.json",
-        "authorization_endpoint": f"{base}/oauth/authorize",
-        "token_endpoint": f"{base}/oauth/token",
-        "introspection_endpoint": f"{base}/oauth/introspect",
-        "revocation_endpoint": f"{base}/oauth/revoke",
-        "userinfo_endpoint": f"{base}/oauth/userinfo",
+        **endpoints(settings, V1),
         "grant_types_supported": list(V1.grant_types),
         "response_types_supported": ["code"],
         "code_challenge_methods_supported": list(SUPPORTED_METHODS),
