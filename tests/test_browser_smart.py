@@ -93,7 +93,7 @@ def test_physician_opens_the_smart_app_on_a_patient_row(demo, page):
     response = state["tokenResponse"]
     assert response["patient"] == patient_id and response["token_type"] == "Bearer"
     assert "patient/Patient.rs" in response["scope"].split()
-    assert "client_secret" not in state or not state["clientSecret"]
+    assert not state.get("clientSecret") and state["codeVerifier"]  # a public client: PKCE, no secret
     urls = [r.url for r in requests]
     assert f"{iss}/.well-known/smart-configuration" in urls
     (authorize,) = [r for r in requests if "code_challenge=" in r.url]
