@@ -44,12 +44,13 @@ def fhirclient_state(page, demo) -> dict:
     """fhirclient's own state (sessionStorage, as `FHIR.oauth2.ready()` left it): server URL,
     PKCE verifier and the token response."""
     app = page.frame(url=lambda url: url.startswith(f"{demo.app_url}/smart/"))
-    return app.evaluate("() => JSON.parse(sessionStorage.getItem(sessionStorage.getItem('SMART_KEY')))")
+    # fhirclient's BrowserStorage keeps JSON values: SMART_KEY holds the (JSON) key of the state.
+    return app.evaluate("() => JSON.parse(sessionStorage.getItem(JSON.parse(sessionStorage.getItem('SMART_KEY'))))")
 
 
 def record_requests(page) -> list:
     requests = []
-    page.context.on("request", requests.append)
+    page.context.on("request", lambda request: requests.append(request))
     return requests
 
 
