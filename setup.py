@@ -63,6 +63,9 @@ setup(
             # Generates a Python client from /v1/openapi.json in tests/test_generated_client.py (the
             # generated code, and its template quirks, change between releases).
             "openapi-python-client==0.29.1",
+            # SMART Health IT's Python FHIR client (strict R4 models): reads and searches the platform
+            # FHIR API in tests/test_fhir_api_clients.py.
+            "fhirclient==4.4.0",
             "build==1.6.1",  # builds the sdist and wheel in the packaging test (tests/test_packaging.py)
             # The build backend `build --no-isolation` uses there (offline); below 81, which dropped
             # pkg_resources that pytest-tornado imports.

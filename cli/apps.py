@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.manifest import update_manifest
-from lifecycle.applications import delete_application, register_application, set_redirect_policy, set_require_pkce
+from lifecycle.applications import (delete_application, register_application, set_public, set_redirect_policy,
+                                    set_require_pkce, set_smart_scopes)
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Application, Installation
 from models.clock import utc_iso
@@ -24,6 +25,12 @@ def register(commands) -> None:
     p.add_argument("--token-endpoint", help="the app's own token endpoint (the example app's /api/token)")
     p.add_argument("--require-pkce", action="store_true",
                    help="authorization requests must carry an S256 code_challenge (RFC 7636)")
+    p.add_argument("--public", action="store_true",
+                   help="a public client (token_endpoint_auth_method none, e.g. a browser-only SMART app): no "
+                        "client secret; PKCE S256 required; no client_credentials grant or partner API")
+    p.add_argument("--smart-scopes", metavar="SCOPES",
+                   help="the SMART scopes the app declares, space-separated (default: launch launch/patient "
+                        "openid fhirUser profile patient/*.rs user/*.rs); authorize grants at most these")
     p.add_argument("--billing-plan", choices=["free_trial", "paid"], default="paid",
                    help="free_trial: 30 days from the first Enabled, then billed; paid: billed from the start")
     p.add_argument("--user-fields", default="email", help="comma-separated: email,name,ehrUsername,organization")
@@ -53,6 +60,12 @@ def register(commands) -> None:
                       help="PKCE optional again")
     p.add_argument("--redirect-uri-match", choices=["prefix", "exact"],
                    help="prefix: under the base URL; exact: the registered URIs only (the base URL first)")
+    client_type = p.add_mutually_exclusive_group()
+    client_type.add_argument("--public", dest="public", action="store_const", const=True,
+                             help="make it a public client: its secrets stop working at once; PKCE S256 required")
+    client_type.add_argument("--no-public", dest="public", action="store_const", const=False,
+                             help="make it a confidential client again: prints a new client_secret once")
+    p.add_argument("--smart-scopes", metavar="SCOPES", help="the SMART scopes the app declares, space-separated")
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update))
 
@@ -89,10 +102,11 @@ def _create(runtime, args):
     app, secret = register_application(runtime, args.name, args.redirect_uri[0], args.launch_url, args.token_endpoint,
                                        args.billing_plan, _user_fields(args.user_fields), args.allowed_origin,
                                        redirect_uri_match=args.redirect_uri_match, redirect_uris=args.redirect_uri,
-                                       require_pkce=args.require_pkce)
-    # The secret right after the ids: printed once, here only.
-    emit({"application_id": app.id, "client_id": app.client_id, "client_secret": secret, **manifest_dict(app)},
-         args.json)
+                                       require_pkce=args.require_pkce, public=args.public,
+                                       smart_scopes=args.smart_scopes)
+    # The secret right after the ids: printed once, here only. A public client has none.
+    shown = {"client_secret": secret} if secret else {}
+    emit({"application_id": app.id, "client_id": app.client_id, **shown, **manifest_dict(app)}, args.json)
 
 
 def _update(runtime, args):
@@ -110,7 +124,12 @@ def _update(runtime, args):
         app = set_require_pkce(runtime, app.id, args.require_pkce)
     if args.redirect_uri_match is not None:
         app = set_redirect_policy(runtime, app.id, args.redirect_uri_match, app.redirect_uris)
-    emit(manifest_dict(app), args.json)
+    if args.smart_scopes is not None:
+        app = set_smart_scopes(runtime, app.id, args.smart_scopes)
+    secret = None
+    if args.public is not None:
+        app, secret = set_public(runtime, app.id, args.public)
+    emit({**manifest_dict(app), **({"client_secret": secret} if secret else {})}, args.json)
 
 
 def manifest_dict(app: Application) -> dict:
@@ -119,7 +138,9 @@ def manifest_dict(app: Application) -> dict:
             "redirect_uri": app.redirect_uri, "launch_url": app.launch_url, "token_endpoint": app.token_endpoint,
             "billing_plan": app.billing_plan, "user_fields": app.user_fields, "allowed_origins": app.allowed_origins,
             "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
-            "require_pkce": app.require_pkce}
+            "require_pkce": app.require_pkce, "public": app.public,
+            "token_endpoint_auth_method": "none" if app.public else "client_secret_basic",
+            "smart_scopes": app.smart_scopes}
 
 
 def app_dict(app: Application) -> dict:

@@ -7,7 +7,8 @@ interface (`connectors.base`) is re-exported here. A connector does two things:
 
 - `fetch_appointments(provider, start, end)`: the provider's appointments starting in [start, end)
   (naive UTC datetimes), as `Appointment`s, in any order; may be a generator.
-- `fetch_chart(patient_id)`: the patient's `Chart`; its `encounters()` may stream from the EHR.
+- `fetch_chart(patient_id)`: the patient's `Chart`; its `encounters()`, `observations()` and
+  `documents()` may stream (from the EHR, or from a spool of what was read from it).
 
 For the platform FHIR API (`/fhir/r4/{org}`, SMART apps), a connector also answers, as FHIR R4 JSON:
 - `read_resource(resource_type, resource_id)`: one resource (a dict), or raise `ResourceNotFound`.

@@ -60,11 +60,17 @@ class Encounter:
     vitals: dict
     assessment: str
     plan: str
+    id: str = ""  # the EHR's id, when the EHR has one
 
 
 @dataclass
 class Chart:
-    """A patient's chart. `encounters()` can be called more than once and may stream."""
+    """A patient's chart. `encounters()`, `observations()` and `documents()` can be called more
+    than once and may stream (a source is an iterable, or a callable returning one).
+
+    An observation is a dict `{id, date, category, code, name, value, unit, interpretation}` (a
+    vital sign or a lab result: `value` and `unit` as text), a document a dict `{id, date, title,
+    type, category, status, content_type}` (what the document is, never its content)."""
 
     patient: Patient
     organization_name: str
@@ -72,9 +78,21 @@ class Chart:
     medications: list[dict] = field(default_factory=list)
     allergies: list[dict] = field(default_factory=list)
     encounter_source: object = None
+    observation_source: object = None
+    document_source: object = None
 
     def encounters(self) -> Iterator[Encounter]:
-        return iter(self.encounter_source() if callable(self.encounter_source) else (self.encounter_source or ()))
+        return _iterate(self.encounter_source)
+
+    def observations(self) -> Iterator[dict]:
+        return _iterate(self.observation_source)
+
+    def documents(self) -> Iterator[dict]:
+        return _iterate(self.document_source)
+
+
+def _iterate(source) -> Iterator:
+    return iter(source() if callable(source) else (source or ()))
 
 
 @dataclass(frozen=True)

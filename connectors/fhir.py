@@ -13,8 +13,18 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
 - **Appointments**: the Practitioner by NPI (`identifier=http://hl7.org/fhir/sid/us-npi|<npi>`),
   then its Appointments in the window with `_include=Appointment:patient` (no query per patient),
   following the Bundle's `next` links. Listed statuses: `LISTED_STATUSES`; the others are not.
-- **Charts**: the Patient, then searches by patient of Condition, MedicationRequest,
-  AllergyIntolerance and Encounter; encounters stream page by page into the PDF and JSON.
+- **Charts**: the Patient, then its resources page by page: `Patient/{id}/$everything` where the
+  EHR's CapabilityStatement (`{base}/metadata`, read once per runtime and base, cached an hour)
+  offers an operation `everything` on Patient and does not refuse it (a 4xx on its first page
+  makes the connector fall back, remembered for the hour); else searches by patient of `CHART_TYPES`
+  (Condition, MedicationRequest, AllergyIntolerance, Encounter, Observation, DocumentReference).
+  Either way each page is spooled to disk (`connectors.fhir_chart`), so the EHR is read once and
+  memory stays flat for thousands of resources; the PDF and JSON stream from the spool.
+- **The platform FHIR API** (`read_resource`, `search_resources`): a read is `GET {base}/{type}/{id}`
+  (404/410: `ResourceNotFound`); a search translates the neutral `ResourceQuery` into this EHR's
+  search parameters (`SEARCH_DATE`, `PATIENT_SEARCH`) and yields the matches of the asked type
+  lazily, page by page. Ids, NPIs and types are validated before they reach a URL; a query that
+  cannot apply to the type (a date on Practitioner) matches nothing.
 - **Errors**: 401/403 and an OperationOutcome `login`/`forbidden` are permanent
   (`ConnectorError`, saying what to fix); 429, 5xx, timeouts and refused connections are retried
   with backoff, honouring `Retry-After`, then raised as `ConnectorUnavailable` (the task retries).
@@ -22,22 +32,35 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import logging
 import re
 import threading
 import time
 import uuid
+from types import MappingProxyType
 from urllib.parse import urlencode, urlsplit
 
 import urllib3
 from jose import jwt
 
-from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Encounter, Patient,
-                             PatientNotFound, Provider, ResourceQuery)
+from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Patient, PatientNotFound,
+                             Provider, ResourceNotFound, ResourceQuery)
+from connectors.fhir_chart import CHART_TYPES, ChartSpool, text_of
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
-FHIR_ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")  # FHIR R4 id
+FHIR_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")  # FHIR R4 id (always `fullmatch`ed)
+RESOURCE_TYPE = re.compile(r"[A-Z][A-Za-z]{1,63}")
+TOKEN_VALUE = re.compile(r"[A-Za-z0-9\-.]{1,64}")  # an identifier value: no `,` (OR) nor `|` (system)
+SEARCH_DATE = MappingProxyType({"Appointment": "date", "Encounter": "date", "Observation": "date",
+                                "Condition": "onset-date", "MedicationRequest": "authoredon",
+                                "AllergyIntolerance": "date", "DocumentReference": "date"})
+"""The search parameter of each type's date (a `ResourceQuery`'s start/end)."""
+PATIENT_SEARCH = frozenset(("Appointment", "Encounter", "Condition", "Observation", "MedicationRequest",
+                            "AllergyIntolerance", "DocumentReference"))
+"""Types searched by `patient`; Patient itself by `_id`."""
+PRACTITIONER_SEARCH = frozenset(("Appointment", "Encounter"))
 LISTED_STATUSES = ("proposed", "pending", "booked", "arrived", "checked-in")
 """FHIR Appointment statuses that are listed (the FHIR code is the API's `status`); `cancelled`,
 `noshow`, `entered-in-error`, `fulfilled` and `waitlist` are not."""
@@ -47,6 +70,7 @@ SCOPES = ("system/Practitioner.rs", "system/Appointment.rs", "system/Patient.rs"
 PAGE_SIZE = 100
 ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most 5 minutes)
 TOKEN_MARGIN_SECONDS = 30        # a cached token is renewed this long before it expires
+CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict is cached
 ATTEMPTS = 4                     # per request, for 429, 5xx, timeouts and refused connections
 BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
 MAX_RETRY_AFTER_SECONDS = 30.0   # a longer Retry-After ends the attempts: the task retries later
@@ -56,34 +80,52 @@ PERMANENT_ISSUES = ("login", "forbidden", "security")
 log = logging.getLogger("svc_auth.connectors.fhir")
 
 
-class BearerTokens:
-    """The access tokens of one runtime, per (token endpoint, client id), until they expire."""
+class AccessRefused(ConnectorError):
+    """The EHR refused svc-auth's access (401/403, an OperationOutcome login/forbidden/security)."""
 
-    def __init__(self):
+
+class RequestRefused(ConnectorError):
+    """The EHR answered a request with a status that is neither success nor worth retrying (400,
+    405, 422...): permanent for that request."""
+
+
+class ExpiringCache:
+    """Values of one runtime by key, each until `margin` seconds before it expires: the access
+    tokens per (token endpoint, client id), and what each EHR's CapabilityStatement offers."""
+
+    def __init__(self, margin: float = 0.0):
         self._lock = threading.Lock()
-        self._tokens: dict = {}
+        self._values: dict = {}
+        self.margin = margin
 
-    def get(self, key) -> str | None:
+    def get(self, key):
+        """The value, or None when there is none or it expired."""
         with self._lock:
-            token, expires = self._tokens.get(key, (None, 0.0))
-        return token if token and time.time() < expires - TOKEN_MARGIN_SECONDS else None
+            value, expires = self._values.get(key, (None, 0.0))
+        return value if time.time() < expires - self.margin else None
 
-    def put(self, key, token: str, expires_in: float) -> None:
+    def put(self, key, value, expires_in: float) -> None:
         with self._lock:
-            self._tokens[key] = (token, time.time() + expires_in)
+            self._values[key] = (value, time.time() + expires_in)
 
     def drop(self, key) -> None:
         with self._lock:
-            self._tokens.pop(key, None)
+            self._values.pop(key, None)
+
+
+def bearer_tokens() -> ExpiringCache:
+    """A runtime's EHR access tokens: renewed `TOKEN_MARGIN_SECONDS` before they expire."""
+    return ExpiringCache(margin=TOKEN_MARGIN_SECONDS)
 
 
 class FhirClient:
     """HTTP to one FHIR base: discovery, the backend-services token, JSON reads with retries."""
 
-    def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: BearerTokens,
-                 http: urllib3.PoolManager | None = None, sleep=time.sleep):
+    def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
+                 capabilities: ExpiringCache, http: urllib3.PoolManager | None = None, sleep=time.sleep):
         self.base = base_url.rstrip("/")
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
+        self.capabilities = capabilities
         self.http = http or urllib3.PoolManager(timeout=TIMEOUT, retries=False)
         self.sleep = sleep
         self._token_endpoint: str | None = None
@@ -149,12 +191,12 @@ class FhirClient:
                 continue
             break
         if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
-            raise ConnectorError(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
+            raise AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
                                  f"client registration and its scopes ({' '.join(SCOPES)}).")
-        if status == 404:
+        if status in (404, 410):  # unknown, or deleted
             raise LookupError(_issue_text(body))
         if status != 200 or not isinstance(body, dict):
-            raise ConnectorError(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {_issue_text(body)}")
+            raise RequestRefused(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {_issue_text(body)}")
         return body
 
     def pages(self, resource_type: str, params: dict):
@@ -167,6 +209,20 @@ class FhirClient:
             if not following:
                 return
             bundle = self.get(following)
+
+    def offers_everything(self) -> bool:
+        """Whether the EHR's CapabilityStatement offers `Patient/{id}/$everything` (cached per base)."""
+        offered = self.capabilities.get(self.base)
+        if offered is None:
+            try:
+                offered = offers_patient_everything(self.get("metadata"))
+            except ConnectorUnavailable:
+                raise
+            except (ConnectorError, LookupError) as exc:
+                log.warning("the EHR at %s serves no CapabilityStatement (%s): charts use searches", self.base, exc)
+                offered = False
+            self.capabilities.put(self.base, offered, CAPABILITIES_SECONDS)
+        return offered
 
     def _send(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
         """(status, parsed JSON or None, headers), retrying 429, 5xx, timeouts and refusals."""
@@ -263,9 +319,9 @@ class FhirConnector:
         return steps
 
     def fetch_chart(self, patient_id: str) -> Chart:
-        """The patient's chart from searches by patient: conditions, medication requests and
-        allergies read at once; encounters streamed page by page whenever they are written."""
-        if not FHIR_ID.match(patient_id or ""):
+        """The patient's chart: the Patient, then its resources (`chart_resources`) spooled page by
+        page; the PDF and JSON read encounters, observations and documents back from the spool."""
+        if not FHIR_ID.fullmatch(patient_id or ""):
             raise PatientNotFound(f"No patient has id {patient_id!r} in this EHR.")
         try:
             resource = self.client.get(f"Patient/{patient_id}")
@@ -274,25 +330,124 @@ class FhirConnector:
         patient = patient_of(resource)
         if patient.date_of_birth is None:
             raise ConnectorError(f"Patient {patient_id} has no birthDate in the EHR; a chart needs it.")
+        spool = ChartSpool(patient_id)
+        try:
+            for resource in self.chart_resources(patient_id):
+                spool.add(resource)
+        except BaseException:
+            spool.close()
+            raise
+        if spool.left_out:
+            log.warning("%d resources read for Patient %s name another patient: left out", spool.left_out, patient_id)
+        return Chart(patient=patient, organization_name=self.organization.name, problems=spool.problems,
+                     medications=spool.medications, allergies=spool.allergies,
+                     encounter_source=lambda: spool.read("encounters"),
+                     observation_source=lambda: spool.read("observations"),
+                     document_source=lambda: spool.read("documents"))
+
+    def chart_resources(self, patient_id: str):
+        """The patient's chart resources, a page at a time: `$everything` where the EHR offers it,
+        else one search by patient per type of `CHART_TYPES`."""
+        if self.client.offers_everything():
+            params = {"_type": ",".join(CHART_TYPES), "_count": PAGE_SIZE}
+            pages = self.client.pages(f"Patient/{patient_id}/$everything", params)
+            try:
+                first = next(pages)
+            except (LookupError, RequestRefused, AccessRefused) as exc:  # listed, yet refused to this client
+                # (a registration refused altogether fails the searches below with what to fix)
+                log.warning("the EHR at %s refused $everything (%s): charts use searches", self.client.base, exc)
+                self.client.capabilities.put(self.client.base, False, CAPABILITIES_SECONDS)
+            else:
+                for page in itertools.chain((first,), pages):
+                    for entry in page.get("entry") or ():
+                        yield entry.get("resource") or {}
+                return
         of_patient = {"patient": f"Patient/{patient_id}", "_count": PAGE_SIZE}
-        return Chart(patient=patient, organization_name=self.organization.name,
-                     problems=[problem_of(r) for r in self._all("Condition", of_patient)],
-                     medications=[medication_of(r) for r in self._all("MedicationRequest", of_patient)],
-                     allergies=[allergy_of(r) for r in self._all("AllergyIntolerance", of_patient)],
-                     encounter_source=lambda: (e for e in map(encounter_of, self._all("Encounter", of_patient)) if e.date))
+        for resource_type in CHART_TYPES:
+            yield from self._all(resource_type, of_patient)
 
     def _all(self, resource_type: str, params: dict):
+        """The matches of a search of `resource_type`, following its pages lazily."""
         for page in self.client.pages(resource_type, params):
             for entry in page.get("entry") or ():
                 resource = entry.get("resource") or {}
-                if resource.get("resourceType") == resource_type:
+                mode = (entry.get("search") or {}).get("mode", "match")  # not an `include`d or `outcome` entry
+                if resource.get("resourceType") == resource_type and mode == "match":
                     yield resource
 
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
-        raise ConnectorError("The platform FHIR API does not read from FHIR EHRs yet.")
+        """`GET {base}/{type}/{id}`; `ResourceNotFound` when the EHR has none (404, 410) or the id
+        cannot be a FHIR id."""
+        if not RESOURCE_TYPE.fullmatch(resource_type or "") or not FHIR_ID.fullmatch(resource_id or ""):
+            raise ResourceNotFound(f"No {str(resource_type)[:64]} has id {str(resource_id)[:64]!r} in this EHR.")
+        try:
+            resource = self.client.get(f"{resource_type}/{resource_id}")
+        except LookupError:
+            raise ResourceNotFound(f"No {resource_type} has id {resource_id!r} in this EHR.") from None
+        if resource.get("resourceType") != resource_type or resource.get("id") != resource_id:
+            raise ResourceNotFound(f"No {resource_type} has id {resource_id!r} in this EHR.")
+        return resource
 
     def search_resources(self, query: ResourceQuery):
-        raise ConnectorError("The platform FHIR API does not search FHIR EHRs yet.")
+        """The resources matching `query`, from `query.offset` on, in the EHR's order; pages are
+        read only as the caller iterates. A query the EHR cannot answer for the type matches nothing."""
+        params = search_params(query)
+        if params is None:
+            return iter(())
+        return itertools.islice(self._all(query.resource_type, {**params, "_count": PAGE_SIZE}), query.offset, None)
+
+
+def search_params(query: ResourceQuery) -> dict | None:
+    """The FHIR search parameters of a `ResourceQuery`, or None when nothing can match it (an
+    invalid id, or a field that does not apply to the type)."""
+    kind = query.resource_type
+    if not RESOURCE_TYPE.fullmatch(kind or ""):
+        return None
+    ids, narrowed = set(query.ids), bool(query.ids)
+    for own, value in (("Patient", query.patient), ("Practitioner", query.practitioner)):
+        if value is not None and kind == own:  # the patient (practitioner) itself
+            ids, narrowed = (ids & {value}) if narrowed else {value}, True
+    if narrowed and (not ids or not all(FHIR_ID.fullmatch(i or "") for i in ids)):
+        return None
+    params = {"_id": ",".join(sorted(ids))} if ids else {}
+    if query.patient is not None and kind != "Patient":
+        if kind not in PATIENT_SEARCH or not FHIR_ID.fullmatch(query.patient):
+            return None
+        params["patient"] = f"Patient/{query.patient}"
+    if query.practitioner is not None and kind != "Practitioner":
+        if kind not in PRACTITIONER_SEARCH or not FHIR_ID.fullmatch(query.practitioner):
+            return None
+        params["practitioner"] = f"Practitioner/{query.practitioner}"
+    if query.npi is not None:
+        if kind != "Practitioner" or not TOKEN_VALUE.fullmatch(query.npi):
+            return None
+        params["identifier"] = f"{NPI_SYSTEM}|{query.npi}"
+    if query.start is not None or query.end is not None:
+        if kind not in SEARCH_DATE:
+            return None
+        params[SEARCH_DATE[kind]] = ([f"ge{_instant(query.start)}"] if query.start else []) + \
+            ([f"lt{_instant(query.end)}"] if query.end else [])
+    return params
+
+
+def offers_patient_everything(statement) -> bool:
+    """Whether a CapabilityStatement offers Patient `$everything`: an operation named `everything`
+    on Patient (or defined by the standard Patient-everything OperationDefinition)."""
+    if not isinstance(statement, dict) or statement.get("resourceType") != "CapabilityStatement":
+        return False
+
+    def everything(operation) -> bool:
+        return isinstance(operation, dict) and (operation.get("name") in ("everything", "$everything") or str(
+            operation.get("definition") or "").endswith("/OperationDefinition/Patient-everything"))
+
+    for rest in statement.get("rest") or ():
+        if not isinstance(rest, dict) or rest.get("mode", "server") != "server":
+            continue
+        for resource in rest.get("resource") or ():
+            if isinstance(resource, dict) and resource.get("type") == "Patient" and any(
+                    map(everything, resource.get("operation") or ())):
+                return True
+    return False
 
 
 def appointment_of(resource: dict, patients: dict) -> Appointment | None:
@@ -311,41 +466,9 @@ def appointment_of(resource: dict, patients: dict) -> Appointment | None:
                      if str((p.get("actor") or {}).get("reference", "")).startswith("Location/")), "")
     start = _datetime(resource["start"])
     return Appointment(id=resource["id"], start=start, end=_datetime(resource.get("end") or resource["start"]),
-                       status=resource["status"], appointment_type=_text(resource.get("appointmentType")),
-                       reason=_text((resource.get("reasonCode") or [None])[0]) or resource.get("description", ""),
+                       status=resource["status"], appointment_type=text_of(resource.get("appointmentType")),
+                       reason=text_of((resource.get("reasonCode") or [None])[0]) or resource.get("description", ""),
                        location=location or "", patient=patient_of(patient))
-
-
-def problem_of(condition: dict) -> dict:
-    coding = next(iter((condition.get("code") or {}).get("coding") or ()), {})
-    return {"id": condition.get("id"), "code": coding.get("code", ""), "description": _text(condition.get("code")),
-            "onset": str(condition.get("onsetDateTime") or condition.get("recordedDate") or "")[:10]}
-
-
-def medication_of(request: dict) -> dict:
-    dosage = next(iter(request.get("dosageInstruction") or ()), {})
-    dose = next(iter(dosage.get("doseAndRate") or ()), {}).get("doseQuantity") or {}
-    return {"id": request.get("id"), "name": _text(request.get("medicationCodeableConcept"))
-            or (request.get("medicationReference") or {}).get("display", ""),
-            "dose": f"{dose.get('value', '')} {dose.get('unit', '')}".strip() or dosage.get("text", ""),
-            "frequency": dosage.get("text", "") if dose else (dosage.get("patientInstruction") or ""),
-            "started": str(request.get("authoredOn") or "")[:10], "status": request.get("status", "")}
-
-
-def allergy_of(allergy: dict) -> dict:
-    reaction = next(iter(allergy.get("reaction") or ()), {})
-    manifestation = next(iter(reaction.get("manifestation") or ()), None)
-    return {"id": allergy.get("id"), "substance": _text(allergy.get("code")), "reaction": _text(manifestation),
-            "severity": reaction.get("severity") or allergy.get("criticality") or ""}
-
-
-def encounter_of(encounter: dict) -> Encounter:
-    started = str((encounter.get("period") or {}).get("start") or "")[:10]
-    provider = next(((p.get("individual") or {}).get("display", "") for p in encounter.get("participant") or ()), "")
-    kind = _text(next(iter(encounter.get("type") or ()), None)) or (encounter.get("class") or {}).get("display", "")
-    return Encounter(date=dt.date.fromisoformat(started) if len(started) == 10 else None, encounter_type=kind,
-                     provider=provider, reason=_text(next(iter(encounter.get("reasonCode") or ()), None)),
-                     vitals={}, assessment="", plan="")
 
 
 def patient_of(resource: dict) -> Patient:
@@ -354,13 +477,6 @@ def patient_of(resource: dict) -> Patient:
     return Patient(id=resource["id"], first_name=" ".join(name.get("given") or ()), last_name=name.get("family", ""),
                    date_of_birth=dt.date.fromisoformat(birth) if len(birth) == 10 else None,
                    sex=resource.get("gender", "unknown"))
-
-
-def _text(concept) -> str:
-    if not isinstance(concept, dict):
-        return ""
-    coding = next(iter(concept.get("coding") or ()), {})
-    return concept.get("text") or coding.get("display") or coding.get("code") or ""
 
 
 def _instant(moment: dt.datetime) -> str:
@@ -408,5 +524,5 @@ def connect(runtime, organization) -> FhirConnector:
         raise ConnectorError(f"Organization {organization.id} has no FHIR client id "
                              f"(svc-auth orgs update --org {organization.id} --fhir-client-id ID).")
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
-                        runtime.ehr_keys, runtime.ehr_tokens)
+                        runtime.ehr_keys, runtime.ehr_tokens, runtime.ehr_capabilities)
     return FhirConnector(organization, client)

@@ -24,6 +24,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from connectors.base import (Appointment, Chart, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
                              Provider)
+from connectors.sandbox_fhir import SandboxFhir
+from models.directory import User
 
 PANEL_SIZE = 150
 SLOT_MINUTES = 30
@@ -90,10 +92,13 @@ def patient_panel(organization_id: str) -> tuple[Patient, ...]:
     return tuple(patients)
 
 
-class SandboxConnector:
-    def __init__(self, organization_id: str, organization_name: str, ehr_url: str = ""):
+class SandboxConnector(SandboxFhir):
+    """The sandbox EHR of one organization; `clock`: the runtime's (what "today" is for the FHIR API)."""
+
+    def __init__(self, organization_id: str, organization_name: str, ehr_url: str = "", clock=None):
         self.organization_id = organization_id
         self.organization_name = organization_name
+        self.clock = clock
         query = parse_qs(urlsplit(ehr_url or "").query)
         self.outage = query.get("outage", ["0"])[0] not in ("", "0")
         try:
@@ -107,6 +112,18 @@ class SandboxConnector:
             time.sleep(self.latency)
         if self.outage:
             raise ConnectorUnavailable("The sandbox EHR is unavailable (simulated outage).")
+
+    def now(self) -> dt.datetime:
+        """Naive UTC now, from the runtime's clock when there is one."""
+        return self.clock.now() if self.clock is not None else dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+    def panel(self) -> tuple[Patient, ...]:
+        return patient_panel(self.organization_id)
+
+    def physicians(self) -> list:
+        """The organization's physicians (users with an NPI), by id: the EHR's practitioners."""
+        return list(User.select().where((User.organization == self.organization_id) & User.npi.is_null(False)
+                                        & (User.npi != "")).order_by(User.id))
 
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime,
                            as_of: dt.datetime | None = None):
@@ -193,4 +210,4 @@ def _date(rng: random.Random) -> dt.date:
 
 
 def connect(runtime, organization) -> SandboxConnector:
-    return SandboxConnector(organization.id, organization.name, organization.ehr_url)
+    return SandboxConnector(organization.id, organization.name, organization.ehr_url, clock=runtime.clock)

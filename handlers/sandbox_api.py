@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from handlers.base import BaseHandler
-from lifecycle.launches import create_launch
+from lifecycle.launches import create_launch, valid_patient_id
 from lifecycle.sandbox import require_sandbox_on, sandbox_session
 from oauth.params import text_param
 from oauth.resource import bearer_value
@@ -16,8 +16,10 @@ class SandboxLaunchesHandler(BaseHandler):
     async def post(self):
         token = bearer_value(self.request.headers.get("Authorization"))
         user, auth_time = await self.run(sandbox_session, self.runtime, token)
-        client_id = text_param(self.body_params(allow_form=False), "client_id", max_length=64)
-        launch, url = await self.run(create_launch, self.runtime, user, client_id, auth_time)
+        body = self.body_params(allow_form=False)
+        client_id = text_param(body, "client_id", max_length=64)
+        patient_id = valid_patient_id(body.get("patient_id"))  # optional: the launch's patient context
+        launch, url = await self.run(create_launch, self.runtime, user, client_id, auth_time, patient_id)
         self.set_header("Cache-Control", "no-store")
         self.write_json({"launch_id": launch.id, "launch_url": url,
                          "expires_in": self.svc_settings.launch_ttl}, status=201)

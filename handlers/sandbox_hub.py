@@ -6,6 +6,9 @@ All of it answers 404 unless SVC_SANDBOX=on (lifecycle.sandbox), and only sandbo
   (`?app=` with a deep link) or the settings page. Failed attempts are throttled per address.
 - `GET /sandbox/signin`: the sign-in page; says how to get a link. `POST /sandbox/signout` ends the session.
 - `GET /sandbox/hub[?app=<application id>]`: the signed-in user's hub; without a session, 302 to sign-in.
+  A physician's hub lists their appointments of the next 7 days, one row per appointment
+  (`<tr data-patient-id>`) with an `Open {app}` button per openable app: it launches the app with
+  that patient in context (`patient_id` of `POST /v1/sandbox/launches`).
 - `GET /sandbox/settings`: the signed-in user's 30-minute sandbox token.
 - `GET /sandbox/api/apps` (Bearer sandbox token): the hub's app list as JSON, re-read after a
   launch completes and every `HUB_REFRESH_SECONDS`.
@@ -68,14 +71,14 @@ class SandboxPageHandler(SandboxHandler):
             self.redirect(SIGNIN_PATH)
         return found
 
-    async def signed_in_view(self):
-        """The signed-in user's hub view (user, entries, sandbox token, organization), or None after
-        redirecting to sign-in."""
+    async def signed_in_view(self, appointments: bool = False):
+        """The signed-in user's hub view (user, entries, sandbox token, organization; with
+        `appointments`, their upcoming appointments), or None after redirecting to sign-in."""
         found = await self.signed_in()
         if found is None:
             return None
         user, session = found
-        return await self.run(hub_view, self.runtime, user.id, signed_in_at(session))
+        return await self.run(hub_view, self.runtime, user.id, signed_in_at(session), appointments)
 
     def render_page(self, name: str, csp: str, **values) -> None:
         self.set_header("Content-Type", "text/html; charset=UTF-8")
@@ -127,7 +130,7 @@ class SignOutHandler(SandboxPageHandler):
 
 class HubHandler(SandboxPageHandler):
     async def get(self):
-        view = await self.signed_in_view()
+        view = await self.signed_in_view(appointments=True)
         if view is None:
             return
         user, entries, token, organization = view.user, view.entries, view.sandbox_token, view.organization
@@ -142,6 +145,7 @@ class HubHandler(SandboxPageHandler):
                 "openApp": self.query_params().get("app"), "apps": [e.as_dict() for e in entries],
                 "refreshSeconds": HUB_REFRESH_SECONDS}
         self.render_page("hub.html", csp, user=user, organization=organization, entries=entries,
+                         appointments=view.appointments, appointments_error=view.appointments_error,
                          sandbox=IFRAME_SANDBOX, data_json=tornado.escape.json_encode(data))
 
 

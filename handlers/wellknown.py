@@ -1,9 +1,17 @@
-"""Discovery at the issuer: JWKS, the OpenID Provider configuration and RFC 8414 metadata, and the
-JWKS of svc-auth's client keys for EHRs (`/ehr/jwks.json`)."""
+"""Discovery at the issuer: JWKS, the OpenID Provider configuration and RFC 8414 metadata, the
+JWKS of svc-auth's client keys for EHRs (`/ehr/jwks.json`), and each clinic FHIR base's SMART
+configuration (`{iss}/.well-known/smart-configuration`)."""
 from __future__ import annotations
 
+import re
+
+from fhir_api import FHIR_PATH_PREFIX
 from handlers.base import BaseHandler
+from errors import ApiError
+from lifecycle.organizations import find_organization
+from partner_api.access import PATH_ID
 from oauth.discovery import openid_configuration
+from oauth.smart_configuration import smart_configuration
 
 
 class PublicMetadataHandler(BaseHandler):
@@ -35,10 +43,22 @@ class OpenIDConfigurationHandler(PublicMetadataHandler):
         self.write_json(openid_configuration(self.svc_settings))
 
 
+class SmartConfigurationHandler(PublicMetadataHandler):
+    """SMART App Launch discovery of one clinic's FHIR base; an unknown clinic is 404."""
+
+    async def get(self, organization_id):
+        if not PATH_ID.match(organization_id):  # junk (NUL, encodings) is never looked up
+            raise ApiError(404, "organization_not_found", "No organization has this id.")
+        await self.run(find_organization, organization_id)
+        self.set_header("Cache-Control", "public, max-age=300")
+        self.write_json(smart_configuration(self.svc_settings))
+
+
 def routes(runtime) -> list:
     return [
         (r"/\.well-known/jwks\.json", JWKSHandler),
         (r"/ehr/jwks\.json", EhrJWKSHandler),
         (r"/\.well-known/openid-configuration", OpenIDConfigurationHandler),
         (r"/\.well-known/oauth-authorization-server", OpenIDConfigurationHandler),  # RFC 8414: same document
+        (re.escape(FHIR_PATH_PREFIX) + r"/([^/]+)/\.well-known/smart-configuration", SmartConfigurationHandler),
     ]

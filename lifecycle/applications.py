@@ -1,5 +1,5 @@
-"""Applications and their installations: register, install, delete, and the redirect, PKCE and
-REST-network settings.
+"""Applications and their installations: register, install, delete, and the redirect, PKCE,
+client type (public or confidential), declared SMART scopes and REST-network settings.
 
 Every change to an application ends with `runtime.changes.announce(APPLICATIONS)`: each process
 keeps applications in memory (hotcache) and drops them when it hears of a change.
@@ -14,6 +14,7 @@ from models.audit import AuditEvent
 from models.ids import new_secret
 from errors import ApiError
 from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri
+from oauth.scopes import InvalidScope, validate_declared
 
 
 def find_application(application_id: str) -> Application:
@@ -60,12 +61,51 @@ def set_require_pkce(runtime, application_id: str, required: bool, actor: str = 
     return app
 
 
+def declared_smart_scopes(scope: str) -> str:
+    """The SMART scopes an application declares (`--smart-scopes`), normalised; 400 for an unknown one."""
+    if not isinstance(scope, str) or len(scope) > 2000 or "\x00" in scope:
+        raise invalid("smart_scopes must be a space-separated list of scopes.")
+    try:
+        return validate_declared(scope)
+    except InvalidScope as exc:
+        raise invalid(f"smart_scopes: {exc.message}") from None
+
+
+def set_smart_scopes(runtime, application_id: str, scope: str, actor: str = "operator") -> Application:
+    """The SMART scopes the app declares: authorize grants at most these (oauth.scopes.granted_scope)."""
+    app = find_application(application_id)
+    app.smart_scopes = declared_smart_scopes(scope)
+    app.save()
+    AuditEvent.record(actor, "application.smart_scopes_set", app.id, smart_scopes=app.smart_scopes)
+    runtime.changes.announce(APPLICATIONS)
+    return app
+
+
+def set_public(runtime, application_id: str, public: bool, actor: str = "operator") -> tuple[Application, str | None]:
+    """Make the app a public client (no secret: every secret it had stops working at once, PKCE S256
+    required) or a confidential one again (a new secret, returned to be shown once)."""
+    app = find_application(application_id)
+    secret = None
+    if public:
+        app.client_secret_hash, app.fallback_secret_hash = "", None
+    elif app.public:
+        secret = new_secret()
+        app.client_secret_hash = runtime.hasher.digest(secret)
+    app.public = bool(public)
+    app.save()
+    AuditEvent.record(actor, "application.client_type_set", app.id, public=app.public)
+    runtime.changes.announce(APPLICATIONS)
+    return app, secret
+
+
 def register_application(runtime, name: str, redirect_uri: str, launch_url: str, token_endpoint: str | None = None,
                          billing_plan: str = "paid", user_fields=("email",), allowed_origins=(),
                          application_id: str | None = None, client_id: str | None = None,
                          client_secret: str | None = None, redirect_uri_match: str = "prefix",
-                         redirect_uris=(), require_pkce: bool = False) -> tuple[Application, str]:
-    """Register an app; returns it and its client secret (shown once, stored only hashed).
+                         redirect_uris=(), require_pkce: bool = False, public: bool = False,
+                         smart_scopes: str | None = None) -> tuple[Application, str | None]:
+    """Register an app; returns it and its client secret (shown once, stored only hashed), or None
+    for a public client (token_endpoint_auth_method `none`: no secret at all).
 
     The manifest fields pass the one manifest validation (`lifecycle.manifest_validation`)."""
     manifest = validate({"name": name, "launch_url": launch_url, "redirect_uri": redirect_uri,
@@ -74,9 +114,14 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
     exact_uris = _redirect_policy(manifest["redirect_uri"], redirect_uri_match, redirect_uris)
     if billing_plan not in BILLING_PLANS:
         raise invalid(f"billing plan must be one of {', '.join(BILLING_PLANS)}.")
-    secret = client_secret or new_secret()
-    fields = dict(**manifest, billing_plan=billing_plan, client_secret_hash=runtime.hasher.digest(secret), redirect_uri_match=redirect_uri_match,
-                  redirect_uris=exact_uris, require_pkce=bool(require_pkce))
+    if public and client_secret:
+        raise invalid("A public client has no client secret.")
+    secret = None if public else client_secret or new_secret()
+    fields = dict(**manifest, billing_plan=billing_plan, client_secret_hash=runtime.hasher.digest(secret) if secret else "",
+                  redirect_uri_match=redirect_uri_match, redirect_uris=exact_uris, require_pkce=bool(require_pkce),
+                  public=bool(public))
+    if smart_scopes is not None:
+        fields["smart_scopes"] = declared_smart_scopes(smart_scopes)
     if application_id:
         fields["id"] = application_id
     if client_id:

@@ -1,4 +1,5 @@
-"""What the sandbox hub shows a user: the apps installed in their clinic and whether each opens.
+"""What the sandbox hub shows a user: the apps installed in their clinic and whether each opens,
+and a physician's upcoming appointments, each of which opens an app with that patient in context.
 
 Spec (activation status): an installation with no status yet (its first SDK initialization has
 not completed) or `Enabled` can be opened; a `Disabled` one is greyed out and cannot.
@@ -6,9 +7,12 @@ not completed) or `Enabled` can be opened; a `Disabled` one is greyed out and ca
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import datetime as dt
+import itertools
+from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
+from connectors import ConnectorError, Provider, connector_for
 from connectors.sessions import touch_session
 from models.application import Application, Installation
 from models.directory import User
@@ -59,6 +63,41 @@ def frame_origins(entries: list[HubEntry]) -> list[str]:
     return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin)))
 
 
+APPOINTMENT_DAYS = 7      # the hub lists the physician's appointments of the next 7 days
+APPOINTMENT_ROWS = 100    # at most this many, the soonest first
+
+
+@dataclass(frozen=True)
+class HubAppointment:
+    """One upcoming appointment as the hub lists it: opening an app from its row launches the app
+    with this patient in context (`patient_id`: the connector's id, the FHIR Patient id)."""
+
+    start: dt.datetime
+    patient_id: str
+    patient_name: str
+    reason: str
+    status: str
+
+
+def upcoming_appointments(runtime, user: User) -> tuple[list[HubAppointment], str | None]:
+    """The physician's appointments from now to `APPOINTMENT_DAYS` ahead, read from the clinic's
+    connector, and None; or no rows and what went wrong (the hub still opens apps without them).
+    A user without an NPI is not a physician: no appointments."""
+    if not user.npi:
+        return [], None
+    now = runtime.clock.now().replace(tzinfo=None)
+    provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
+    try:
+        found = connector_for(runtime, user.organization).fetch_appointments(
+            provider, now, now + dt.timedelta(days=APPOINTMENT_DAYS))
+        rows = sorted(itertools.islice(found, 2000), key=lambda a: a.start)[:APPOINTMENT_ROWS]
+    except ConnectorError as exc:
+        return [], f"The clinic's EHR did not answer: {exc}"
+    return [HubAppointment(start=a.start, patient_id=a.patient.id,
+                           patient_name=f"{a.patient.first_name} {a.patient.last_name}".strip(),
+                           reason=a.reason, status=a.status) for a in rows], None
+
+
 @dataclass(frozen=True)
 class HubView:
     """Everything the hub and settings pages render, read in one blocking call."""
@@ -67,18 +106,22 @@ class HubView:
     organization: object
     entries: list
     sandbox_token: str
+    appointments: list = field(default_factory=list)
+    appointments_error: str | None = None
 
 
-def hub_view(runtime, user_id: str, auth_time: float | None = None) -> HubView:
+def hub_view(runtime, user_id: str, auth_time: float | None = None, appointments: bool = False) -> HubView:
     """The sandbox user `user_id` with their organization, installed apps and a fresh sandbox token
-    (`auth_time`: when the person signed in, epoch seconds)."""
+    (`auth_time`: when the person signed in, epoch seconds); with `appointments`, their upcoming
+    appointments too (the hub page)."""
     from lifecycle.sandbox import issue_sandbox_token
     from errors import ApiError
     user = User.with_organization(user_id)
     if user is None:
         raise ApiError(404, "user_not_found", f"No sandbox user has id {user_id!r}.")
+    rows, error = upcoming_appointments(runtime, user) if appointments else ([], None)
     return HubView(user, user.organization, hub_entries(user),
-                   issue_sandbox_token(runtime, user, auth_time=auth_time))
+                   issue_sandbox_token(runtime, user, auth_time=auth_time), rows, error)
 
 
 def hub_entries_for_token(runtime, token: str | None) -> list[HubEntry]:

@@ -1,5 +1,8 @@
-"""Creating a launch: the host platform opens an installed app for one of its users."""
+"""Creating a launch: the host platform opens an installed app for one of its users, optionally
+with a patient in context (SMART `launch/patient`)."""
 from __future__ import annotations
+
+import re
 
 from connectors.sessions import touch_session
 from models.application import Application, Installation
@@ -9,10 +12,27 @@ from models.ids import new_secret
 from errors import ApiError
 from oauth.redirects import with_query
 
+# A patient id as the launch carries it (the connector's id verbatim, the FHIR Patient id): FHIR's
+# id characters, plus `_` (sandbox patients look like `pat_b15c092f2447b7a2`).
+PATIENT_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
-def create_launch(runtime, user: User, client_id: str, auth_time: int | None = None) -> tuple[Launch, str]:
+
+def valid_patient_id(value) -> str | None:
+    """`value` when it is absent (None) or a short id string; 400 otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not PATIENT_ID.fullmatch(value):
+        raise ApiError(400, "invalid_request", "patient_id must be a patient id: 1 to 64 letters, digits, "
+                                               "'_', '-' or '.'.")
+    return value
+
+
+def create_launch(runtime, user: User, client_id: str, auth_time: int | None = None,
+                  patient_id: str | None = None) -> tuple[Launch, str]:
     """A new launch of the app `client_id` for `user`, and the app's launch URL to load.
     `auth_time` (epoch seconds): when the user authenticated with the platform (default now).
+    `patient_id`: the patient in context (the token response's `patient`), if any. The URL carries
+    the spec's `launch_id`, `svc_organization_id` and `ehr_url`, and SMART's `launch` and `iss`.
 
     Opening an app is activity in the hub: it opens or renews the user's connector session."""
     app = Application.get_or_none(Application.client_id == client_id)
@@ -24,11 +44,14 @@ def create_launch(runtime, user: User, client_id: str, auth_time: int | None = N
     if installation.activation_status == "Disabled":
         raise ApiError(403, "application_disabled",
                        "This application is Disabled in this organization and cannot be opened.")
+    patient_id = valid_patient_id(patient_id)
     now = runtime.clock.now()
     launch = Launch.create(id=new_secret(24), application=app.id, user=user.id, organization=user.organization_id,
                            created_at=now, expires_at=expiry(now, runtime.settings.launch_ttl),
-                           auth_time=int(runtime.clock.time()) if auth_time is None else auth_time)
+                           auth_time=int(runtime.clock.time()) if auth_time is None else auth_time,
+                           patient_id=patient_id)
     touch_session(runtime, user)
     org = user.organization
-    url = with_query(app.launch_url, launch_id=launch.id, svc_organization_id=org.id, ehr_url=org.ehr_url or None)
+    url = with_query(app.launch_url, launch_id=launch.id, svc_organization_id=org.id, ehr_url=org.ehr_url or None,
+                     launch=launch.id, iss=runtime.fhir_base_url(org.id))
     return launch, url

@@ -63,7 +63,8 @@ class AuthorizationRequest:
             code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
             nonce=request.value("nonce"), code_challenge=request.challenge, created_at=now,
-            expires_at=expiry(now, self.runtime.settings.code_ttl), auth_time=request.auth_time, scope=request.scope)
+            expires_at=expiry(now, self.runtime.settings.code_ttl), auth_time=request.auth_time, scope=request.scope,
+            patient_id=launch.patient_id)
         return with_query(redirect_uri, code=code, state=request.state, iss=self.runtime.settings.issuer_claim)
 
     def error_location(self, err: AuthorizeError) -> str:
@@ -114,13 +115,18 @@ class AuthorizationCodeGrant:
         # the launch), so every flow of one platform session carries the same auth_time.
         claims["auth_time"] = grant.auth_time if grant.auth_time is not None else claims["iat"]
         claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
+        granted = scope.split()
+        if "fhirUser" in granted:  # SMART: the user as a FHIR resource of the clinic's FHIR API
+            claims["fhirUser"] = f"{self.runtime.fhir_base_url(grant.organization_id)}/Practitioner/{user.id}"
         id_token = tokens.sign(claims)
+        # SMART launch context: only a launch with a patient puts one in the token and the response.
+        context = {"patient": grant.patient_id} if grant.patient_id else {}
         access_token, _ = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
             client_id=app.client_id, org=grant.organization_id, scope=scope, jti=jti,
             # The ID token issued with this access token, sealed so only this service can read it:
             # the platform's verification returns it to the hub for the app's SDK (identity-provider
             # variant; lifecycle.verification.platform_introspection). Nothing is stored.
-            svc_idt=self.runtime.hasher.seal(id_token, jti))
+            svc_idt=self.runtime.hasher.seal(id_token, jti), **context)
         return {"access_token": access_token, "id_token": id_token, "token_type": "Bearer",
-                "expires_in": settings.access_token_ttl, "scope": scope}
+                "expires_in": settings.access_token_ttl, "scope": scope, **context}

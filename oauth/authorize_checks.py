@@ -41,6 +41,7 @@ class Authorization:
     scope: str | None = None
     prompt: frozenset = frozenset()
     max_age: int | None = None
+    launch_id: str | None = None
     launch: Launch | None = None
     auth_time: int | None = None
 
@@ -78,16 +79,19 @@ def response_type_code(a: Authorization) -> None:
 
 
 def pkce_challenge(a: Authorization) -> None:
-    """RFC 7636: an S256 challenge, required when the application requires PKCE."""
+    """RFC 7636: an S256 challenge, required when the application requires PKCE and for every
+    public client (it has no secret: the verifier is what binds the code to it)."""
     try:
-        a.challenge = challenge_of(a.params, required=a.app.require_pkce)
+        a.challenge = challenge_of(a.params, required=a.app.require_pkce or a.app.public)
     except PkceError as exc:
         raise a.fail("invalid_request", str(exc)) from None
 
 
 def granted(a: Authorization) -> None:
+    """Platform scopes as asked; SMART scopes (launch, fhirUser, resource scopes) only as far as the
+    application declared them (`Application.smart_scopes`): never more than both say."""
     try:
-        a.scope = granted_scope(a.value("scope"))
+        a.scope = granted_scope(a.value("scope"), a.app.smart_scopes)
     except InvalidScope as exc:
         raise a.fail("invalid_scope", exc.message) from None
 
@@ -113,9 +117,17 @@ def no_interactive_login(a: Authorization) -> None:
                                        "before it creates a launch.")
 
 
+def smart_launch_alias(a: Authorization) -> None:
+    """SMART: `launch` names the launch as `launch_id` does; both given must agree."""
+    launch_id, launch = a.value("launch_id"), a.value("launch")
+    if launch_id is not None and launch is not None and launch_id != launch:
+        raise a.fail("invalid_request", "launch and launch_id name different launches.")
+    a.launch_id = launch_id or launch or a.value("login_hint")
+
+
 def live_launch(a: Authorization) -> None:
-    """The launch (`launch_id`, or `login_hint`) was issued to this client, unused and unexpired."""
-    launch_id = a.value("launch_id") or a.value("login_hint")
+    """The launch (`launch_id`, `launch`, or `login_hint`) was issued to this client, unused and unexpired."""
+    launch_id = a.launch_id
     if launch_id is None:
         raise a.fail(a.no_launch_error, "The launch_id parameter is required: open the app from the platform.")
     launch = Launch.get_or_none((Launch.id == launch_id) & (Launch.application == a.app.id))
@@ -125,6 +137,17 @@ def live_launch(a: Authorization) -> None:
     a.auth_time = launch.auth_time
     if a.auth_time is None:  # a launch created before auth_time was recorded
         a.auth_time = int(launch.created_at.replace(tzinfo=dt.timezone.utc).timestamp())
+
+
+def smart_audience(a: Authorization) -> None:
+    """SMART: `aud`, when given, is the FHIR base (`iss`) of the launch's clinic (a trailing slash
+    aside), so a token is never minted for a resource server the app did not mean."""
+    aud = a.value("aud")
+    if aud is None:
+        return
+    iss = a.runtime.fhir_base_url(a.launch.organization_id)
+    if aud.rstrip("/") != iss.rstrip("/"):
+        raise a.fail("invalid_request", f"aud must be this clinic's FHIR base URL ({iss}).")
 
 
 def recent_sign_in(a: Authorization) -> None:
@@ -141,4 +164,4 @@ def launch_consumed(a: Authorization) -> None:
 
 
 CHECKS = (no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value,
-          no_interactive_login, live_launch, recent_sign_in, launch_consumed)
+          no_interactive_login, smart_launch_alias, live_launch, smart_audience, recent_sign_in, launch_consumed)

@@ -5,6 +5,7 @@ not recorded (a revocation would put its jti on the deny-list, `oauth.denylist`)
 from __future__ import annotations
 
 from models.application import Application
+from oauth.errors import OAuthError
 from oauth.params import text_param
 from oauth.scopes import PARTNER_API_SCOPE, InvalidScope
 from oauth.tokens import PARTNER_API_AUDIENCE
@@ -17,6 +18,8 @@ class ClientCredentialsGrant:
         self.runtime = runtime
 
     def exchange(self, app: Application, params: dict, with_billing: bool) -> dict:
+        if app.public:  # no secret, so nothing proves who calls: never a partner API token
+            raise OAuthError("unauthorized_client", "A public client cannot use the client_credentials grant.")
         requested = text_param(params, "scope", required=False)
         if requested is not None and set(requested.split()) - {PARTNER_API_SCOPE}:
             raise InvalidScope(f"The client credentials grant grants only the {PARTNER_API_SCOPE!r} scope.")

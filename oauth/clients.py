@@ -8,7 +8,12 @@ throttle (`ratelimit.failures`, in Redis when configured): every failure is coun
 per source address and per pair, from any address; past a limit a wrong secret gets 429 +
 Retry-After, and each lockout is audited. Client secrets are 256-bit random values, so their
 entropy, not the throttle, is what stops guessing; the throttle bounds the cost of a spray and
-makes it visible."""
+makes it visible.
+
+A public client (`Application.public`, token_endpoint_auth_method `none`, e.g. a browser-only
+SMART app) has no secret: it names itself with `client_id` in the body alone, and only where the
+caller allows it (the token and revocation endpoints, never introspection). A secret presented for a
+public client is refused, and a confidential client without its secret stays `invalid_client`."""
 from __future__ import annotations
 
 import base64
@@ -66,22 +71,38 @@ def claimed_client_id(params: dict, authorization: str | None) -> str | None:
     return found[0] if found is not None and isinstance(found[0], str) else None
 
 
-def authenticate_client(runtime, params: dict, authorization: str | None, address: str | None = None) -> Application:
+def authenticate_client(runtime, params: dict, authorization: str | None, address: str | None = None,
+                        allow_public: bool = False) -> Application:
     """The application whose credentials the request carries, or 401 `invalid_client`.
 
     The application comes from the process's cache (`runtime.applications`, no database round trip
     when warm). With the runtime's throttle, failures from `address` are counted and a locked
-    attempt gets 429."""
+    attempt gets 429. `allow_public`: a public client may name itself by `client_id` alone."""
     throttle = runtime.client_auth_throttle
     try:
-        return _authenticate(params, authorization, runtime.applications, runtime.hasher, throttle, address)
+        return _authenticate(params, authorization, runtime.applications, runtime.hasher, throttle, address,
+                             allow_public)
     except OAuthError as exc:
         if exc.error == "invalid_client" and throttle is not None and not getattr(exc, "counted", False):
             throttle_failure(throttle, None, address)  # malformed or missing credentials: per address
         raise
 
 
-def _authenticate(params, authorization, applications, hasher, throttle, address) -> Application:
+def _public_client(app: Application, secret, basic, allow_public) -> Application:
+    """The public application `app` when the request authenticates as it: `client_id` alone in the
+    body, where the endpoint allows it. A public client presenting a secret: invalid_client."""
+    if secret is not None or basic:
+        error = invalid_client("This is a public client: it has no secret; send client_id alone.", basic=bool(basic))
+        error.counted = True  # nothing was guessed: a public client has no secret to guess
+        raise error
+    if not allow_public:
+        error = invalid_client("A public client cannot authenticate at this endpoint.")
+        error.counted = True
+        raise error
+    return app
+
+
+def _authenticate(params, authorization, applications, hasher, throttle, address, allow_public=False) -> Application:
     try:
         basic = _basic_credentials(authorization or "")
     except OAuthError:
@@ -96,6 +117,9 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
             raise invalid_request("client_id in the body does not match the Basic credentials.")
     else:
         client_id, secret = body_id, body_secret
+    app = applications.by_client_id(client_id)  # None for a missing or non-string client_id
+    if app is not None and app.public:
+        return _public_client(app, secret, basic, allow_public)
     if client_id is None or secret is None:
         throttle_check(throttle, None, address)
         error = invalid_client("Client credentials are missing: send client_id and client_secret.", basic=bool(basic))
@@ -103,7 +127,6 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
         raise error
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
-    app = applications.by_client_id(client_id)
     if app is not None and is_current_secret(app, secret, hasher):
         return app  # the right secret: never refused, and no throttle round trip
     subject = ("client", client_id) if app is not None else None

@@ -7,11 +7,14 @@ openid-client (npm) and Authlib (tests/test_oidc_clients.py).
 from __future__ import annotations
 
 from oauth.pkce import SUPPORTED_METHODS
-from oauth.scopes import PARTNER_API_SCOPE, SUPPORTED_SCOPES
+from oauth.scopes import PARTNER_API_SCOPE, advertised_scopes
 from oauth.variants import V1
 
 ID_TOKEN_CLAIMS = ("sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "email", "given_name", "family_name",
-                   "application_billing_plan", "is_free_trial", "days_until_end_of_trial")
+                   "application_billing_plan", "is_free_trial", "days_until_end_of_trial", "fhirUser")
+# Confidential clients authenticate with their secret; a public client (a browser-only SMART app) with
+# none: client_id alone, and PKCE S256 at authorize (oauth/clients.py).
+TOKEN_ENDPOINT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "none")
 
 
 def claims_supported(settings) -> list[str]:
@@ -36,9 +39,9 @@ def openid_configuration(settings, variant=V1) -> dict:
         "grant_types_supported": list(variant.grant_types),
         "subject_types_supported": ["public"],
         "id_token_signing_alg_values_supported": ["RS256"],
-        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+        "token_endpoint_auth_methods_supported": list(TOKEN_ENDPOINT_AUTH_METHODS),
         "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
-        "scopes_supported": list(SUPPORTED_SCOPES) + ([PARTNER_API_SCOPE] if "client_credentials" in variant.grant_types
+        "scopes_supported": advertised_scopes() + ([PARTNER_API_SCOPE] if "client_credentials" in variant.grant_types
                                                      else []),
         "claims_supported": claims_supported(settings),
         "code_challenge_methods_supported": list(SUPPORTED_METHODS),

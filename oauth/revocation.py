@@ -38,6 +38,6 @@ def revoke_token(runtime, app: Application, token: str) -> None:
 
 def revoke(runtime, params: dict, authorization: str | None, address: str) -> None:
     """The revocation request: the client authenticates, then revokes `token` if it is its own."""
-    app = authenticate_client(runtime, params, authorization, address)
+    app = authenticate_client(runtime, params, authorization, address, allow_public=True)
     token = text_param(params, "token", max_length=8000)
     revoke_token(runtime, app, token)

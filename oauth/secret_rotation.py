@@ -26,14 +26,21 @@ def _application(application_id: str) -> Application:
     return app
 
 
+def _not_public(app: Application) -> None:
+    if app.public:
+        raise ApiError(409, "public_client", "A public client has no secret to rotate.")
+
+
 def is_current_secret(app: Application, secret: str, hasher) -> bool:
-    """True when `secret` is the application's current secret (constant-time HMAC compare)."""
-    return hasher.matches(secret, app.client_secret_hash)
+    """True when `secret` is the application's current secret (constant-time HMAC compare). A
+    public client has none (its stored hash is empty), so nothing matches."""
+    return not app.public and hasher.matches(secret, app.client_secret_hash)
 
 
 def generate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> str:
     """Rotation step 1: a new random secret, stored as pending; not valid until activated."""
     app = _application(application_id)
+    _not_public(app)
     secret = new_secret()
     Application.update(fallback_secret_hash=runtime.hasher.digest(secret)).where(Application.id == app.id).execute()
     AuditEvent.record(actor, "application.secret.fallback_generated", app.id)
@@ -44,6 +51,7 @@ def generate_fallback_secret(runtime, application_id: str, actor: str = "operato
 def activate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> None:
     """Rotation step 3: the pending fallback becomes the only valid secret; the old one stops working."""
     app = _application(application_id)
+    _not_public(app)
     if not app.fallback_secret_hash:
         raise ApiError(409, "no_fallback_secret", "Generate a fallback secret first (apps secret generate-fallback).")
     (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None)

@@ -23,7 +23,7 @@ def token_response(runtime, variant, params: dict, authorization: str | None, ad
     if grant_type not in GRANTS or grant_type not in variant.grant_types:
         raise OAuthError("unsupported_grant_type",
                          f"grant_type must be one of: {', '.join(supported_grants(variant))}.")
-    app = authenticate_client(runtime, params, authorization, address)
+    app = authenticate_client(runtime, params, authorization, address, allow_public=True)
     response = GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
     runtime.metrics.count_token_issued(grant_type)
     return response

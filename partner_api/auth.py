@@ -19,6 +19,6 @@ def partner_application(runtime, authorization: str | None) -> Application:
     if claims is None:
         raise invalid_token()
     app = runtime.applications.by_id(claims.get("sub"))
-    if app is None:
+    if app is None or app.public:  # a public client has no secret: the partner API is never its
         raise invalid_token()
     return app

@@ -26,8 +26,10 @@ TOKEN_REQUEST_FIELDS = MappingProxyType({
                    "description": "`client_credentials` at /v1 only"},
     "code": {"type": "string", "description": "authorization_code: the code from the authorize redirect"},
     "redirect_uri": {"type": "string", "description": "authorization_code: when the authorize request had one"},
-    "client_id": {"type": "string", "description": "client authentication in the body (else HTTP Basic)"},
-    "client_secret": {"type": "string"},
+    "client_id": {"type": "string", "description": "client authentication in the body (else HTTP Basic); a public "
+                                                   "client sends client_id alone"},
+    "client_secret": {"type": "string", "description": "never for a public client (it has none)"},
+    "code_verifier": {"type": "string", "description": "authorization_code: the PKCE verifier (RFC 7636)"},
 })
 
 
@@ -64,7 +66,9 @@ SCHEMAS = MappingProxyType({
     "TokenResponse": {"type": "object", "required": ["access_token", "token_type", "expires_in"], "properties": {
         "access_token": {"type": "string"}, "id_token": {"type": "string"},
         "token_type": {"type": "string", "enum": ["Bearer"]}, "expires_in": {"type": "integer"},
-        "scope": {"type": "string"},
+        "scope": {"type": "string", "description": "the granted scope"},
+        "patient": {"type": "string", "description": "SMART: the launch's patient (a FHIR Patient id), only when "
+                                                     "the launch had a patient context"},
     }, "additionalProperties": False},
     "UserInfo": {"type": "object", "required": ["sub"], "properties": {
         "sub": {"type": "string"}, "email": {"type": "string"}, "given_name": {"type": "string"},
@@ -76,7 +80,10 @@ SCHEMAS = MappingProxyType({
                      "Only for the platform (Bearer: the sandbox token of the token's user) and an active token: "
                      "the ID token issued with this access token, which the hub hands to the app's SDK."}},
         "additionalProperties": True},
-    "SandboxLaunchRequest": _object({"client_id": {"type": "string"}}, additional=True),
+    "SandboxLaunchRequest": _object({"client_id": {"type": "string"},
+                                     "patient_id": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$",
+                                                    "description": "optional: the launch's patient context"}},
+                                    required=["client_id"], additional=True),
     "SandboxLaunch": _object({"launch_id": {"type": "string"}, "launch_url": {"type": "string", "format": "uri"},
                               "expires_in": {"type": "integer"}}),
     "InvitationRequest": _object({
@@ -287,8 +294,9 @@ def _oauth_paths(prefix: str) -> dict:
             "summary": "Authorization endpoint (code flow from a host-platform launch)",
             "operationId": op_id("oauth_authorize"), "tags": ["oauth"],
             "parameters": [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
-                           for n in ("client_id", "redirect_uri", "launch_id", "response_type", "state",
-                                     "login_hint", "nonce")],
+                           for n in ("client_id", "redirect_uri", "launch_id", "launch", "aud", "scope",
+                                     "response_type", "state", "login_hint", "nonce", "code_challenge",
+                                     "code_challenge_method")],
             "responses": {"302": {"description": "redirect to redirect_uri with `code` (or `error`)"},
                           "400": {"description": "unknown client or untrusted redirect_uri: shown, never redirected",
                                   "content": html}}}},

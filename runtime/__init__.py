@@ -15,6 +15,7 @@ from playhouse.pool import PooledDatabase
 from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
 from conf import Settings
+from fhir_api import fhir_base_url
 from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
 from hotcache.changes import ChangeFeed
 from keys.ehr_client import EhrClientKeys
@@ -76,10 +77,16 @@ class Runtime:
         self._metrics = None
         self.ehr_keys = EhrClientKeys(self.keyring.cipher)  # svc-auth's key at FHIR EHRs (/ehr/jwks.json)
         self._ehr_tokens = None
+        self._ehr_capabilities = None
         self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
         self.executor = ThreadPoolExecutor(max_workers=settings.db_threads, thread_name_prefix="svc-blocking")
+
+    def fhir_base_url(self, organization_id: str) -> str:
+        """One clinic's FHIR base (`iss` of a SMART launch, the `aud` authorize accepts). Through the
+        runtime so the authorization server (oauth/) needs no import of the FHIR API that imports it."""
+        return fhir_base_url(self.settings, organization_id)
 
     def failure_policy(self) -> FailurePolicy:
         """The configured failure limits (SVC_AUTH_FAILURE_LIMIT, SVC_AUTH_ADDRESS_FAILURE_LIMIT)."""
@@ -112,9 +119,17 @@ class Runtime:
     def ehr_tokens(self):
         """Bearer tokens of FHIR EHRs (SMART Backend Services), cached until shortly before expiry."""
         if self._ehr_tokens is None:
-            from connectors.fhir import BearerTokens
-            self._ehr_tokens = BearerTokens()
+            from connectors.fhir import bearer_tokens
+            self._ehr_tokens = bearer_tokens()
         return self._ehr_tokens
+
+    @property
+    def ehr_capabilities(self):
+        """What each FHIR EHR's CapabilityStatement offers (Patient $everything), cached an hour."""
+        if self._ehr_capabilities is None:
+            from connectors.fhir import ExpiringCache
+            self._ehr_capabilities = ExpiringCache()
+        return self._ehr_capabilities
 
     @property
     def task_queue(self):

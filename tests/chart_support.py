@@ -31,12 +31,19 @@ def open_archive(data: bytes, request_id: str, password: str) -> tuple[str, dict
 
 
 async def wait_until_not_pending(api, headers, request_id, timeout=30.0):
+    """Poll the request's status as a partner would: backing off to stay within the operation's
+    rate limit (50 a minute), and waiting out a 429's Retry-After, until it is no longer pending."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline, pause = loop.time() + timeout, 0.1
     while loop.time() < deadline:
-        status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}", headers=headers)
-        assert status == 200
+        status, response_headers, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}",
+                                                        headers=headers)
+        if status == 429:
+            await asyncio.sleep(float(response_headers["Retry-After"]))
+            continue
+        assert status == 200, (status, body)
         if body["status"] != "pending":
             return body
-        await asyncio.sleep(0.1)  # the in-process worker thread builds it
+        await asyncio.sleep(pause)  # the worker builds it
+        pause = min(pause * 1.5, 1.5)
     pytest.fail("the chart was not built in time")

@@ -275,7 +275,10 @@ def settings_env(settings: Settings, **extra) -> dict:
     return env
 
 
-def wait_for_port(port: int, timeout: float = 20.0, proc=None) -> None:
+def wait_for_port(port: int, timeout: float = 60.0, proc=None) -> None:
+    """Until something accepts on `port`; a `proc` that exits fails at once. The bound is long
+    because a Python process's imports can take tens of seconds on a loaded 2-core machine (a
+    clean-clone run beside other work missed 20 s once) and costs nothing when it starts."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:

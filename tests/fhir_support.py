@@ -2,18 +2,22 @@
 node-oidc-provider's SMART Backend Services tokens), started as a process on a free port."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, settings_env
 
-JS_DIR = Path(__file__).resolve().parent / "js"
+ROOT = Path(__file__).resolve().parent.parent
+JS_DIR = ROOT / "tests" / "js"
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
+CLIENT_ID = "svc-auth-at-the-test-ehr"
 
 
 class FhirEhr:
@@ -47,6 +51,35 @@ class FhirEhr:
 
     def stats(self) -> dict:
         return self.admin("stats")
+
+    def offer_everything(self, offered: bool | str) -> None:
+        """Whether the CapabilityStatement offers (and the server serves) Patient $everything;
+        `"listed"`: offered in the CapabilityStatement, refused when called (400 not-supported)."""
+        self.admin("capabilities", {"everything": offered})
+
+    def expire_tokens(self) -> None:
+        """Every token used so far expires: the EHR answers 401 to it from now on."""
+        self.admin("expire", {})
+
+    def compartment(self, patient_id: str) -> dict[str, list[str]]:
+        """The ids the EHR holds in the patient's compartment, by type (Medplum's own search over
+        its compartment definition; the test's ground truth)."""
+        return self.admin(f"compartment/{patient_id}")
+
+
+def cli(settings, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings), cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=180)
+
+
+def connect_clinic(settings, ehr, jwks_uri: str, name: str = "FHIR Clinic") -> str:
+    """The operator's steps: register svc-auth at the EHR, then create the clinic on `fhir`."""
+    ehr.admin("reset", {})
+    ehr.register(CLIENT_ID, jwks_uri)
+    done = cli(settings, "orgs", "create", "--name", name, "--ehr", "fhir", "--fhir-base-url", ehr.base,
+               "--fhir-client-id", CLIENT_ID, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["id"]
 
 
 def start_fhir_ehr(*flags: str, token_ttl: int = 300) -> FhirEhr:
@@ -96,3 +129,63 @@ def appointment(aid: str, practitioner_id: str, patient_id: str, start, minutes:
                             {"actor": {"reference": f"Patient/{patient_id}"}, "status": "accepted"},
                             {"actor": {"reference": "Location/main", "display": "Main Street Clinic"},
                              "status": "accepted"}]}
+
+
+SECRET_NOTE = "Document body: never copied into a chart"
+VITALS = "http://terminology.hl7.org/CodeSystem/observation-category"
+
+
+def chart_record(patient_id: str, encounters: int = 0, observations: int = 0, documents: int = 0) -> list[dict]:
+    """A US Core-shaped record: two conditions, a medication request, an allergy, `encounters`
+    encounters, a blood pressure and an HbA1c plus `observations` heart rates, `documents`
+    discharge summaries (with content); and another patient with a condition and an observation."""
+    ref = {"reference": f"Patient/{patient_id}"}
+    day = dt.datetime(2024, 1, 1)
+    return [
+        {"resourceType": "Condition", "id": "cond-htn", "subject": ref, "onsetDateTime": "2019-04-02",
+         "clinicalStatus": {"coding": [{"code": "active"}]},
+         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "38341003"}], "text": "Essential hypertension"}},
+        {"resourceType": "Condition", "id": "cond-dm", "subject": ref, "onsetDateTime": "2021-09-15",
+         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "44054006", "display": "Type 2 diabetes"}]}},
+        {"resourceType": "MedicationRequest", "id": "med-1", "status": "active", "intent": "order", "subject": ref,
+         "authoredOn": "2021-09-20", "medicationCodeableConcept": {"text": "Metformin 500 mg tablet"},
+         "dosageInstruction": [{"text": "twice daily with meals",
+                                "doseAndRate": [{"doseQuantity": {"value": 500, "unit": "mg"}}]}]},
+        {"resourceType": "AllergyIntolerance", "id": "alg-1", "patient": ref, "criticality": "high",
+         "code": {"text": "Penicillin"}, "reaction": [{"manifestation": [{"text": "Hives"}], "severity": "moderate"}]},
+        {"resourceType": "Patient", "id": "someone-else", "name": [{"family": "Else", "given": ["Some"]}],
+         "birthDate": "1990-01-01", "gender": "other"},
+        {"resourceType": "Condition", "id": "cond-other", "subject": {"reference": "Patient/someone-else"},
+         "code": {"text": "Not this patient's"}},
+        {"resourceType": "Observation", "id": "obs-other", "status": "final", "code": {"text": "Not this patient's"},
+         "subject": {"reference": "Patient/someone-else"}, "valueQuantity": {"value": 1, "unit": "kg"}},
+        *[{"resourceType": "Encounter", "id": f"enc-{n:03d}", "status": "finished", "subject": ref,
+           "class": {"code": "AMB", "display": "ambulatory"}, "type": [{"text": "Office visit"}],
+           "period": {"start": (day + dt.timedelta(days=n)).isoformat() + "Z"},
+           "participant": [{"individual": {"reference": "Practitioner/pr-ana", "display": "Dr. Ana Lopez"}}],
+           "reasonCode": [{"text": f"Visit {n}"}]} for n in range(encounters)],
+        {"resourceType": "Observation", "id": "obs-bp", "status": "final", "subject": ref,
+         "category": [{"coding": [{"system": VITALS, "code": "vital-signs", "display": "Vital Signs"}]}],
+         "code": {"coding": [{"system": "http://loinc.org", "code": "85354-9", "display": "Blood pressure panel"}]},
+         "effectiveDateTime": "2024-03-01T10:00:00Z",
+         "component": [{"code": {"coding": [{"system": "http://loinc.org", "code": "8480-6"}], "text": "Systolic"},
+                        "valueQuantity": {"value": 128, "unit": "mm[Hg]"}},
+                       {"code": {"coding": [{"system": "http://loinc.org", "code": "8462-4"}], "text": "Diastolic"},
+                        "valueQuantity": {"value": 82, "unit": "mm[Hg]"}}]},
+        {"resourceType": "Observation", "id": "obs-a1c", "status": "final", "subject": ref,
+         "category": [{"coding": [{"system": VITALS, "code": "laboratory", "display": "Laboratory"}]}],
+         "code": {"coding": [{"system": "http://loinc.org", "code": "4548-4"}], "text": "Hemoglobin A1c"},
+         "effectiveDateTime": "2024-03-02", "valueQuantity": {"value": 7.1, "unit": "%"},
+         "interpretation": [{"coding": [{"code": "H", "display": "High"}]}]},
+        *[{"resourceType": "Observation", "id": f"obs-{n:04d}", "status": "final", "subject": ref,
+           "category": [{"coding": [{"system": VITALS, "code": "vital-signs", "display": "Vital Signs"}]}],
+           "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4", "display": "Heart rate"}]},
+           "effectiveDateTime": (day + dt.timedelta(hours=n)).isoformat() + "Z",
+           "valueQuantity": {"value": 60 + n % 40, "unit": "/min"}} for n in range(observations)],
+        *[{"resourceType": "DocumentReference", "id": f"doc-{n}", "status": "current", "subject": ref,
+           "date": (dt.datetime(2024, 2, 1) + dt.timedelta(days=n)).isoformat() + "Z",
+           "type": {"coding": [{"system": "http://loinc.org", "code": "18842-5", "display": "Discharge summary"}]},
+           "category": [{"coding": [{"code": "clinical-note", "display": "Clinical Note"}]}],
+           "content": [{"attachment": {"contentType": "text/plain", "title": f"Discharge summary {n}",
+                                       "data": base64.b64encode(SECRET_NOTE.encode()).decode()}}]}
+          for n in range(documents)]]

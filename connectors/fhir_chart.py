@@ -1,0 +1,188 @@
+"""A FHIR patient's chart: R4 resources (US Core shapes) mapped to the chart's entries, and spooled.
+
+`ChartSpool` takes the patient's resources in any order and mix of types (the pages of
+`Patient/{id}/$everything`, or of searches by patient) and keeps them one page at a time:
+problems, medications and allergies in memory (a chart has tens), encounters, observations and
+documents appended to anonymous temporary files and read back line by line, as often as the PDF
+and the JSON ask. So a chart of thousands of resources is read from the EHR once and memory stays
+flat. A resource that names another patient is left out. No FHIR search syntax here (`connectors.fhir`).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import tempfile
+
+from connectors.base import Encounter
+
+CHART_TYPES = ("Condition", "MedicationRequest", "AllergyIntolerance", "Encounter", "Observation", "DocumentReference")
+"""The resource types a chart holds, in the order the search path reads them."""
+STREAMED = ("encounters", "observations", "documents")
+
+log = logging.getLogger("svc_auth.connectors.fhir")
+
+
+class ChartSpool:
+    """The chart entries of one patient's resources, fed by `add`, streamed back by `read`."""
+
+    def __init__(self, patient_id: str):
+        self.patient_id = patient_id
+        self.problems: list[dict] = []
+        self.medications: list[dict] = []
+        self.allergies: list[dict] = []
+        self.counts = dict.fromkeys(STREAMED, 0)
+        self.left_out = 0
+        self._files = {kind: tempfile.TemporaryFile(prefix="svc-fhir-chart-") for kind in STREAMED}
+
+    def add(self, resource: dict) -> None:
+        kind = resource.get("resourceType")
+        if kind not in CHART_TYPES:
+            return  # the Patient itself, and what a chart does not show (Appointment, Practitioner, ...)
+        if not self._of_patient(resource):
+            self.left_out += 1
+            return
+        if kind == "Condition":
+            self.problems.append(problem_of(resource))
+        elif kind == "MedicationRequest":
+            self.medications.append(medication_of(resource))
+        elif kind == "AllergyIntolerance":
+            self.allergies.append(allergy_of(resource))
+        elif kind == "Encounter":
+            encounter = encounter_of(resource)
+            if encounter.date is not None:  # a chart lists dated visits
+                self._append("encounters", {**encounter.__dict__, "date": encounter.date.isoformat()})
+        elif kind == "Observation":
+            self._append("observations", observation_of(resource))
+        else:
+            self._append("documents", document_of(resource))
+
+    def read(self, kind: str):
+        """The entries of `kind` (`STREAMED`) in the order added, one line at a time; several
+        readers may interleave (each keeps its own position)."""
+        spool, position = self._files[kind], 0
+        while True:
+            spool.seek(position)
+            line = spool.readline()
+            position = spool.tell()
+            if not line:
+                spool.seek(0, 2)  # back to the end for the next append
+                return
+            entry = json.loads(line)
+            yield Encounter(**{**entry, "date": dt.date.fromisoformat(entry["date"])}) if kind == "encounters" else entry
+
+    def close(self) -> None:
+        for spool in self._files.values():
+            spool.close()
+
+    def _append(self, kind: str, entry: dict) -> None:
+        self._files[kind].write(json.dumps(entry).encode() + b"\n")
+        self.counts[kind] += 1
+
+    def _of_patient(self, resource: dict) -> bool:
+        """Whether the resource's patient (`subject`, or `patient` for AllergyIntolerance) is this one
+        (`Patient/{id}`, absolute or versioned alike)."""
+        reference = str(((resource.get("subject") or resource.get("patient")) or {}).get("reference") or "")
+        return reference.split("/_history/")[0].split("/")[-2:] == ["Patient", self.patient_id]
+
+
+def problem_of(condition: dict) -> dict:
+    coding = next(iter((condition.get("code") or {}).get("coding") or ()), {})
+    return {"id": condition.get("id"), "code": coding.get("code", ""), "description": text_of(condition.get("code")),
+            "onset": str(condition.get("onsetDateTime") or condition.get("recordedDate") or "")[:10]}
+
+
+def medication_of(request: dict) -> dict:
+    dosage = next(iter(request.get("dosageInstruction") or ()), {})
+    dose = next(iter(dosage.get("doseAndRate") or ()), {}).get("doseQuantity") or {}
+    return {"id": request.get("id"), "name": text_of(request.get("medicationCodeableConcept"))
+            or (request.get("medicationReference") or {}).get("display", ""),
+            "dose": f"{dose.get('value', '')} {dose.get('unit', '')}".strip() or dosage.get("text", ""),
+            "frequency": dosage.get("text", "") if dose else (dosage.get("patientInstruction") or ""),
+            "started": str(request.get("authoredOn") or "")[:10], "status": request.get("status", "")}
+
+
+def allergy_of(allergy: dict) -> dict:
+    reaction = next(iter(allergy.get("reaction") or ()), {})
+    manifestation = next(iter(reaction.get("manifestation") or ()), None)
+    return {"id": allergy.get("id"), "substance": text_of(allergy.get("code")), "reaction": text_of(manifestation),
+            "severity": reaction.get("severity") or allergy.get("criticality") or ""}
+
+
+def encounter_of(encounter: dict) -> Encounter:
+    started = str((encounter.get("period") or {}).get("start") or "")[:10]
+    provider = next(((p.get("individual") or {}).get("display", "") for p in encounter.get("participant") or ()), "")
+    kind = text_of(next(iter(encounter.get("type") or ()), None)) or (encounter.get("class") or {}).get("display", "")
+    return Encounter(date=_date(started), encounter_type=kind, provider=provider,
+                     reason=text_of(next(iter(encounter.get("reasonCode") or ()), None)),
+                     vitals={}, assessment="", plan="", id=str(encounter.get("id") or ""))
+
+
+def observation_of(observation: dict) -> dict:
+    """A vital sign or lab result: its value and unit as text (components joined, e.g. a blood
+    pressure `120/80` `mm[Hg]`), or why it is absent."""
+    value, unit = _value(observation)
+    if not value and not observation.get("component"):
+        value = f"({text_of(observation.get('dataAbsentReason'))})" if observation.get("dataAbsentReason") else ""
+    elif not value:
+        parts = [(_value(c), text_of(c.get("code"))) for c in observation["component"]]
+        units = {u for (_, u), _ in parts}
+        if len(units) == 1:
+            value, unit = "/".join(v for (v, _), _ in parts), units.pop()
+        else:
+            value = "; ".join(f"{name} {v} {u}".strip() for (v, u), name in parts)
+    coding = next(iter((observation.get("code") or {}).get("coding") or ()), {})
+    effective = (observation.get("effectiveDateTime") or observation.get("effectiveInstant")
+                 or (observation.get("effectivePeriod") or {}).get("start") or observation.get("issued") or "")
+    return {"id": observation.get("id"), "date": str(effective)[:10],
+            "category": text_of(next(iter(observation.get("category") or ()), None)), "code": coding.get("code", ""),
+            "name": text_of(observation.get("code")), "value": value, "unit": unit,
+            "interpretation": text_of(next(iter(observation.get("interpretation") or ()), None))}
+
+
+def document_of(reference: dict) -> dict:
+    """What a DocumentReference is (title, date, type), never its content (no `data`, no `url`)."""
+    attachment = next((c.get("attachment") or {} for c in reference.get("content") or ()), {})
+    date = reference.get("date") or attachment.get("creation") or ((reference.get("context") or {}).get("period") or {}).get("start")
+    return {"id": reference.get("id"), "date": str(date or "")[:10],
+            "title": attachment.get("title") or reference.get("description") or text_of(reference.get("type")),
+            "type": text_of(reference.get("type")), "category": text_of(next(iter(reference.get("category") or ()), None)),
+            "status": reference.get("status", ""), "content_type": attachment.get("contentType", "")}
+
+
+def text_of(concept) -> str:
+    """A CodeableConcept's text, else its first coding's display, else its code."""
+    if not isinstance(concept, dict):
+        return ""
+    coding = next(iter(concept.get("coding") or ()), {})
+    return concept.get("text") or coding.get("display") or coding.get("code") or ""
+
+
+def _value(element: dict) -> tuple[str, str]:
+    """(value, unit) of an Observation's or a component's `value[x]` ("" when none)."""
+    if "valueQuantity" in element:
+        quantity = element["valueQuantity"] or {}
+        return _number(quantity.get("value")), str(quantity.get("unit") or quantity.get("code") or "")
+    if "valueCodeableConcept" in element:
+        return text_of(element["valueCodeableConcept"]), ""
+    if "valueBoolean" in element:
+        return ("true" if element["valueBoolean"] else "false"), ""
+    for key in ("valueString", "valueInteger", "valueDateTime", "valueTime"):
+        if key in element:
+            return _number(element[key]), ""
+    if "valueRange" in element:
+        low, high = (element["valueRange"].get(end) or {} for end in ("low", "high"))
+        return f"{_number(low.get('value'))}-{_number(high.get('value'))}", str(low.get("unit") or high.get("unit") or "")
+    return "", ""
+
+
+def _number(value) -> str:
+    """A FHIR decimal or integer as written (the JSON's own text for 7.1, 120 or 98.0)."""
+    return "" if value is None else str(value)
+
+
+def _date(text: str) -> dt.date | None:
+    try:
+        return dt.date.fromisoformat(text) if len(text) == 10 else None
+    except ValueError:
+        return None

@@ -1,0 +1,153 @@
+"""The sandbox EHR's FHIR side: `read_resource` and `search_resources` over the generator.
+
+What exists: the clinic's synthetic patients (`patient_panel`), its physicians (users with an NPI)
+as Practitioners (id = the user id), their appointments over a bounded window around today
+(`fetch_appointments`, as the EHR shows them today), and each patient's chart (`fetch_chart`):
+Encounters, their vital signs as Observations, Conditions, MedicationRequests and
+AllergyIntolerances. Chart resources have ids `{kind}_{patient hex}_{n}` (an Observation adds
+`_{vital}`), so a read finds its patient without a scan; ids are never reused across kinds.
+Rendering to FHIR is `connectors.fhir_render`'s.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import re
+from types import MappingProxyType
+
+from connectors import fhir_render
+from connectors.base import PatientNotFound, Provider, ResourceNotFound, ResourceQuery
+
+APPOINTMENT_PAST_DAYS = 30     # appointments the FHIR API shows: from today - 30 days ...
+APPOINTMENT_FUTURE_DAYS = 90   # ... to today + 90 days
+CHART_KINDS = (("Encounter", "enc"), ("Condition", "cnd"), ("Observation", "obs"),
+               ("MedicationRequest", "med"), ("AllergyIntolerance", "alg"))
+_KINDS = MappingProxyType(dict(CHART_KINDS))
+_CHART_ID = re.compile(r"^(enc|cnd|obs|med|alg)_([0-9a-f]{16})_(\d{1,4})(?:_(%s))?$" % "|".join(fhir_render.VITAL_SUFFIXES))
+PATIENT_PREFIX = "pat_"
+
+
+def _overlaps(day: dt.date | None, start: dt.datetime | None, end: dt.datetime | None) -> bool:
+    """Does the whole day `day` overlap [start, end)?"""
+    if start is None and end is None:
+        return True
+    if day is None:
+        return False
+    day_start = dt.datetime.combine(day, dt.time())
+    return (start is None or day_start + dt.timedelta(days=1) > start) and (end is None or day_start < end)
+
+
+def _date(value) -> dt.date | None:
+    try:
+        return dt.date.fromisoformat(str(value)[:10])
+    except ValueError:
+        return None
+
+
+class SandboxFhir:
+    """Mixed into `SandboxConnector` (which has `organization_id`, `now()`, `_call()`,
+    `physicians()`, `fetch_appointments` and `fetch_chart`)."""
+
+    # -- read --------------------------------------------------------------------------------
+    def read_resource(self, resource_type: str, resource_id: str) -> dict:
+        self._call()
+        found = None
+        if resource_type == "Patient":
+            found = next(self._patients((resource_id,)), None)
+        elif resource_type == "Practitioner":
+            found = next((r for r in self._practitioners() if r["id"] == resource_id), None)
+        elif resource_type == "Appointment":
+            found = next((r for r in self._appointments(None, None, None, None) if r["id"] == resource_id), None)
+        elif _KINDS.get(resource_type):
+            match = _CHART_ID.match(resource_id)
+            if match and match.group(1) == _KINDS.get(resource_type):
+                found = next((r for r in self._chart_resources(resource_type, PATIENT_PREFIX + match.group(2))
+                              if r["id"] == resource_id), None)
+        if found is None:
+            raise ResourceNotFound(f"No {resource_type} {resource_id!r} in this organization.")
+        return found
+
+    # -- search ------------------------------------------------------------------------------
+    def search_resources(self, query: ResourceQuery):
+        """The matches from `query.offset` on, in a stable order (lazily)."""
+        self._call()
+        return itertools.islice(self._matches(query), query.offset, None)
+
+    def _matches(self, query: ResourceQuery):
+        ids = set(query.ids)
+        kind = query.resource_type
+        if kind == "Patient":
+            if query.practitioner or query.npi or query.start or query.end:
+                return iter(())
+            wanted = (query.patient,) if query.patient else None
+            found = self._patients(wanted)
+        elif kind == "Practitioner":
+            if query.patient or query.start or query.end:
+                return iter(())
+            found = (r for r in self._practitioners()
+                     if (not query.practitioner or r["id"] == query.practitioner)
+                     and (not query.npi or any(i["value"] == query.npi for i in r.get("identifier", ()))))
+        elif kind == "Appointment":
+            found = self._appointments(query.practitioner, query.patient, query.start, query.end)
+        elif _KINDS.get(kind):
+            if query.practitioner or query.npi:
+                return iter(())
+            patients = (query.patient,) if query.patient else [p.id for p in self.panel()]
+            found = (r for pid in patients for r in self._chart_resources(kind, pid)
+                     if _overlaps(_date(_day_of(r)), query.start, query.end))
+        else:
+            return iter(())
+        return (r for r in found if not ids or r["id"] in ids)
+
+    # -- resources ---------------------------------------------------------------------------
+    def _patients(self, wanted):
+        system = f"urn:svc-auth:sandbox:{self.organization_id}:patient"
+        return (fhir_render.patient(p, system) for p in self.panel() if wanted is None or p.id in wanted)
+
+    def _practitioners(self):
+        return [fhir_render.practitioner(u.id, u.given_name, u.family_name, u.npi) for u in self.physicians()]
+
+    def _appointments(self, practitioner_id, patient_id, start, end):
+        today = dt.datetime.combine(self.now().date(), dt.time())
+        window_start = today - dt.timedelta(days=APPOINTMENT_PAST_DAYS)
+        window_end = today + dt.timedelta(days=APPOINTMENT_FUTURE_DAYS)
+        start, end = max(start or window_start, window_start), min(end or window_end, window_end)
+        found = []
+        for user in self.physicians():
+            if practitioner_id and user.id != practitioner_id:
+                continue
+            provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
+            for appointment in self.fetch_appointments(provider, start, end, as_of=today):
+                if not patient_id or appointment.patient.id == patient_id:
+                    found.append(fhir_render.appointment(appointment, user.id, f"Dr. {user.display_name}"))
+        found.sort(key=lambda r: (r["start"], r["id"]))
+        return iter(found)
+
+    def _chart_resources(self, resource_type: str, patient_id: str):
+        try:
+            chart = self.fetch_chart(patient_id)
+        except PatientNotFound:
+            return
+        key = patient_id[len(PATIENT_PREFIX):]
+        if resource_type == "Condition":
+            for n, problem in enumerate(chart.problems):
+                yield fhir_render.condition(f"cnd_{key}_{n}", patient_id, problem)
+        elif resource_type == "MedicationRequest":
+            for n, medication in enumerate(chart.medications):
+                yield fhir_render.medication_request(f"med_{key}_{n}", patient_id, medication)
+        elif resource_type == "AllergyIntolerance":
+            for n, allergy in enumerate(chart.allergies):
+                yield fhir_render.allergy_intolerance(f"alg_{key}_{n}", patient_id, allergy)
+        elif resource_type == "Encounter":
+            for n, encounter in enumerate(chart.encounters()):
+                yield fhir_render.encounter(f"enc_{key}_{n}", patient_id, encounter)
+        elif resource_type == "Observation":
+            for n, encounter in enumerate(chart.encounters()):
+                yield from fhir_render.observations(f"obs_{key}_{n}", patient_id, f"enc_{key}_{n}", encounter)
+
+
+def _day_of(resource: dict):
+    """The date a chart resource is searched by (`date`): Encounter period start, Observation
+    effective, Condition onset, MedicationRequest authored; None for AllergyIntolerance."""
+    return (resource.get("period", {}).get("start") or resource.get("effectiveDateTime")
+            or resource.get("onsetDateTime") or resource.get("authoredOn"))

@@ -1,0 +1,100 @@
+"""Read and search through the clinic's connector, within what the caller may see.
+
+Blocking (database, the EHR): handlers await these on the runtime pool. A connector that is down
+answers 503 with Retry-After; a permanent connector failure 502; a missing resource 404.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from connectors import ConnectorError, ConnectorUnavailable, PatientNotFound, ResourceNotFound, connector_for
+from fhir_api import fhir_base_url
+from fhir_api.access import Caller, grant_for, in_compartment
+from fhir_api.bundle import search_url, searchset
+from fhir_api.codes import matches as codes_match, token_filters
+from fhir_api.outcome import FhirError, not_found
+from fhir_api.search import SUPPORTED_TYPES, Unmatchable, parse_search, resource_id
+from models.directory import Organization
+
+RETRY_AFTER_SECONDS = 5
+TOTAL_SCAN_LIMIT = 1000
+"""Past one page, at most this many further matches are counted for `total`; beyond, it is left out."""
+
+
+def supported_type(resource_type: str) -> str:
+    if resource_type not in SUPPORTED_TYPES:
+        raise FhirError(404, "not-supported", f"{resource_type[:64]} is not served here; types: "
+                                              f"{', '.join(SUPPORTED_TYPES)}.")
+    return resource_type
+
+
+def _connector(runtime, organization_id: str):
+    organization = Organization.get_or_none(Organization.id == organization_id)
+    if organization is None:
+        raise FhirError(404, "not-found", "No such FHIR base.")
+    return connector_for(runtime, organization)
+
+
+def _unavailable(exc: ConnectorUnavailable) -> FhirError:
+    return FhirError(503, "transient", f"The clinic's EHR is unavailable: {exc}",
+                     {"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
+    """`GET {iss}/{Type}/{id}`: the resource, or 404 (also for one outside a patient/ grant)."""
+    grant = grant_for(caller, supported_type(resource_type), "r")
+    ident = resource_id(raw_id)
+    try:
+        resource = _connector(runtime, caller.organization_id).read_resource(resource_type, ident)
+    except (ResourceNotFound, PatientNotFound):
+        raise not_found(resource_type, ident) from None
+    except ConnectorUnavailable as exc:
+        raise _unavailable(exc) from None
+    except ConnectorError as exc:
+        raise FhirError(502, "exception", f"The clinic's EHR could not answer: {exc}") from None
+    if resource.get("resourceType") != resource_type or resource.get("id") != ident:
+        raise not_found(resource_type, ident)
+    if grant.patient is not None and not in_compartment(resource, grant.patient):
+        raise not_found(resource_type, ident)  # another patient's resource is indistinguishable from none
+    return resource
+
+
+def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str]]) -> dict:
+    """`GET {iss}/{Type}?params`: one page of matches as a searchset Bundle."""
+    grant = grant_for(caller, supported_type(resource_type), "s")
+    base = fhir_base_url(runtime.settings, caller.organization_id)
+    args = {name: values for name, values in args.items() if name != "_format"}
+    self_url = search_url(base, resource_type, args)
+    try:
+        query = parse_search(resource_type, args, base)
+        if grant.patient is not None:
+            if query.patient not in (None, grant.patient):
+                raise Unmatchable()
+            query = dataclasses.replace(query, patient=grant.patient)
+    except Unmatchable:
+        return searchset(base, [], 0, self_url, None)
+    filters = token_filters(args)
+    try:
+        # Codings are filtered here, after the connector: it then pages from 0 and the offset is ours.
+        found = _connector(runtime, caller.organization_id).search_resources(
+            dataclasses.replace(query, offset=0) if filters else query)
+        matches = iter(found)
+        if grant.patient is not None:
+            matches = (r for r in matches if in_compartment(r, grant.patient))
+        if filters:
+            matches = itertools.islice((r for r in matches if codes_match(r, filters)), query.offset, None)
+        page = list(itertools.islice(matches, query.count + 1))
+        more = len(page) > query.count
+        total = query.offset + len(page)
+        if more:
+            rest = sum(1 for _ in itertools.islice(matches, TOTAL_SCAN_LIMIT + 1))
+            total = None if rest > TOTAL_SCAN_LIMIT else total + rest
+    except PatientNotFound:
+        return searchset(base, [], 0, self_url, None)
+    except ConnectorUnavailable as exc:
+        raise _unavailable(exc) from None
+    except ConnectorError as exc:
+        raise FhirError(502, "exception", f"The clinic's EHR could not answer: {exc}") from None
+    next_url = search_url(base, resource_type, args, _count=query.count, _offset=query.offset + query.count) if more else None
+    return searchset(base, page[:query.count], total, self_url, next_url)

@@ -1,0 +1,51 @@
+"""The CapabilityStatement (`GET {iss}/metadata`): what this FHIR API serves and how to get a token."""
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from types import MappingProxyType
+
+from fhir_api import fhir_base_url
+from fhir_api.search import SEARCH_PARAMS, SUPPORTED_TYPES
+
+SMART_OAUTH_URIS = "http://fhir-registry.smarthealthit.org/StructureDefinition/oauth-uris"
+SEARCH_PARAM_TYPES = MappingProxyType({"_id": "token", "identifier": "token", "date": "date", "onset-date": "date",
+                                       "patient": "reference", "subject": "reference", "actor": "reference",
+                                       "practitioner": "reference", "code": "token", "category": "token"})
+
+
+def software_version() -> str:
+    try:
+        return version("svc-auth")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def capability_statement(settings, organization_id: str, published: str) -> dict:
+    """The clinic's CapabilityStatement (`published`: its date, YYYY-MM-DD)."""
+    issuer = settings.issuer.rstrip("/")
+    base = fhir_base_url(settings, organization_id)
+    oauth = [("authorize", f"{issuer}/v1/oauth/authorize"), ("token", f"{issuer}/v1/oauth/token"),
+             ("introspect", f"{issuer}/v1/oauth/introspect"), ("revoke", f"{issuer}/v1/oauth/revoke")]
+    resources = []
+    for resource_type in SUPPORTED_TYPES:
+        resources.append({
+            "type": resource_type,
+            "interaction": [{"code": "read"}, {"code": "search-type"}],
+            "searchParam": [{"name": name, "type": SEARCH_PARAM_TYPES.get(name, "string")}
+                            for name in SEARCH_PARAMS[resource_type]]})
+    return {
+        "resourceType": "CapabilityStatement",
+        "status": "active", "kind": "instance", "date": published,
+        "software": {"name": "svc-auth", "version": software_version()},
+        "implementation": {"description": "svc-auth platform FHIR API", "url": base},
+        "fhirVersion": "4.0.1", "format": ["json"],
+        "rest": [{
+            "mode": "server",
+            "security": {
+                "extension": [{"url": SMART_OAUTH_URIS,
+                               "extension": [{"url": name, "valueUri": uri} for name, uri in oauth]}],
+                "service": [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/restful-security-service",
+                                         "code": "SMART-on-FHIR"}], "text": "OAuth2 using SMART-on-FHIR profile"}],
+                "description": "Bearer access tokens of a SMART launch (scopes patient/*.rs, user/*.rs)."},
+            "resource": resources,
+            "searchParam": [{"name": "_count", "type": "number"}, {"name": "_offset", "type": "number"}]}]}

@@ -1,0 +1,66 @@
+"""The platform FHIR API under test: tokens minted as the live service signs them, and HTTP calls."""
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+from js_support import http
+from models.clock import Clock
+from oauth.tokens import PLATFORM_AUDIENCE
+
+ALL_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
+             "MedicationRequest", "AllergyIntolerance")
+
+
+def mint(runtime, live: str, user, app, org_id: str, scope: str = "openid user/*.rs", ttl: int = 600,
+         clock_offset: float = 0.0, **extra) -> str:
+    """A platform access token signed in-process with the shared keys, as the live service (its
+    issuer) signs it after a launch: `sub`, `client_id`, `org`, `scope`, and any `extra` (`patient`)."""
+    tokens = runtime.tokens.__class__(runtime.keyring, live + "/", Clock(clock_offset))
+    token, _ = tokens.access_token(user.id, PLATFORM_AUDIENCE, ttl, client_id=app.client_id, org=org_id,
+                                   scope=scope, **extra)
+    return token
+
+
+class Fhir:
+    """GETs against one clinic's FHIR base with one token: (status, headers, JSON body)."""
+
+    def __init__(self, live: str, org_id: str, token: str | None):
+        self.base = f"{live}/fhir/r4/{org_id}"
+        self.token = token
+
+    def get(self, path: str, params: dict | list | None = None, headers: dict | None = None, raw_path: bool = False):
+        url = path if path.startswith("http") else self.base + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        sent = {"Accept": "application/fhir+json"}
+        if self.token:
+            sent["Authorization"] = f"Bearer {self.token}"
+        sent.update(headers or {})
+        status, response_headers, body = http("GET", url, None, sent)
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            payload = body
+        return status, response_headers, payload
+
+    def ok(self, path: str, params=None) -> dict:
+        status, headers, body = self.get(path, params)
+        assert status == 200, (path, params, body)
+        assert headers["Content-Type"].startswith("application/fhir+json"), headers["Content-Type"]
+        return body
+
+    def search(self, resource_type: str, params=None) -> dict:
+        bundle = self.ok(f"/{resource_type}", params)
+        assert bundle["resourceType"] == "Bundle" and bundle["type"] == "searchset", bundle
+        return bundle
+
+
+def resources(bundle: dict) -> list[dict]:
+    return [entry["resource"] for entry in bundle.get("entry", ())]
+
+
+def outcome(body) -> str:
+    """The first issue's code of an OperationOutcome (asserting it is one)."""
+    assert isinstance(body, dict) and body.get("resourceType") == "OperationOutcome", body
+    return body["issue"][0]["code"]
