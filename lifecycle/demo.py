@@ -82,9 +82,7 @@ def _seed_smart_app(runtime, app_base_url: str) -> None:
         register_application(
             runtime, DEMO_SMART_APP_NAME, urls["redirect_uri"], urls["launch_url"], None, "paid", ["name"],
             [urls["allowed_origin"]], application_id=DEMO_SMART_APP_ID, client_id=DEMO_SMART_CLIENT_ID,
-            redirect_uri_match="exact", require_pkce=True)
-        Application.update(public=True, smart_scopes=DEMO_SMART_SCOPE).where(
-            Application.id == DEMO_SMART_APP_ID).execute()
+            redirect_uri_match="exact", public=True, smart_scopes=DEMO_SMART_SCOPE)
     install_application(DEMO_SMART_APP_ID, DEMO_ORG_ID)
 
 
