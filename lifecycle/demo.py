@@ -149,8 +149,6 @@ def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> 
         "application_id": app_id,
         "client_id": DEMO_CLIENT_ID,
         "client_secret": secret,
-        "smart_application_id": DEMO_SMART_APP_ID,
-        "smart_client_id": DEMO_SMART_CLIENT_ID,
         # A one-time sign-in link into the physician's hub (the hub itself needs a sandbox session).
         "hub_url": (create_signin_link(runtime, DEMO_PHYSICIAN_ID) if settings.sandbox
                     else f"{settings.public_url}/sandbox/hub"),
