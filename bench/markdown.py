@@ -152,9 +152,11 @@ def render_production(p: dict) -> list[str]:
     if p.get("skipped"):
         return [f"**Production shape**: skipped ({p['skipped']}).", ""]
     ceiling = p["signing_ceiling"]["per_second"]
+    cpu_ceiling = p["signing_ceiling"].get("per_cpu_second")
     t = p["targets"]
+    per_cpu = f" ({cpu_ceiling:.0f} per CPU-second of the signing thread: the CPU ratios' divisor)" if cpu_ceiling else ""
     rows = [f"**Token endpoint, production shape beside embedded** (wrk {p['connections']} connections on the same "
-            f"{p['cores']}-core machine; one-core RS256 ceiling {ceiling:.0f} signatures/s, before and after; CPU = "
+            f"{p['cores']}-core machine; one-core RS256 ceiling {ceiling:.0f} signatures/s{per_cpu}, before and after; CPU = "
             f"serve processes + their PostgreSQL backends + the Redis server; {_when(p)}):", "",
             "| shape | `client_credentials` tokens/s | ÷ ceiling | tokens per CPU-s ÷ ceiling | CPU s (serve / PostgreSQL / Redis) "
             "| code exchanges/s | exchanges per CPU-s ÷ (ceiling ÷ 2) |",
@@ -173,7 +175,19 @@ def render_production(p: dict) -> list[str]:
         got, want = prod[key], t[key]
         verdicts.append(f"{label} {got:.2f} (target ≥ {want}: " + ("meets" if got >= want else
                         f"**misses by {want - got:.2f}**, {100 * (want - got) / want:.0f}%") + ")")
-    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_profile(p.get("profile") or {})
+    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_profile(p.get("profile") or {}) \
+        + render_cpu_split(p.get("cpu_split") or {})
+
+
+def render_cpu_split(c: dict) -> list[str]:
+    if c.get("skipped"):
+        return [f"CPU by library: skipped ({c['skipped']}).", ""]
+    if not c:
+        return []
+    rows = [f"The same load's CPU by library ({c['tool']}, {c['samples']} samples; py-spy above samples wall time, "
+            "so a process preempted inside `send` by the wrk thread it woke still counts there):", "",
+            "| library | share of on-CPU samples |", "|---|---|"]
+    return rows + [f"| {label} | {share:.0%} |" for label, share in c["shares"].items()] + [""]
 
 
 def render(report: dict) -> str:

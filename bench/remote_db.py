@@ -95,7 +95,7 @@ PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 # Inclusive shares reported from the profile: (label, substring of a py-spy frame "name (file:line)").
 PROFILE_PARTS = (
     ("TokenService.sign (JWS: header/claims JSON, base64url, RSA)", "sign (oauth/tokens.py"),
-    ("RSA signature itself (cryptography)", "sign (jose/backends/cryptography_backend.py"),
+    ("RSA signature itself (cryptography)", "rsa_signature (oauth/tokens.py"),
     ("token_response (grant, client authentication, signing)", "token_response (oauth/token_endpoint.py"),
     ("authenticate_client (cached app, HMAC of the secret)", "authenticate_client (oauth/clients.py"),
     ("Tornado HTTP/1.1 parsing and writing", "tornado/http1connection.py"),

@@ -72,7 +72,7 @@ class BenchService:
         self.client_id, self.secret, self.redirect_uri = app.client_id, secret, app.redirect_uri
         self.application_id = app.id
         self.sandbox_token = issue_sandbox_token(runtime, user)
-        self.private_key = runtime.keyring.active.signer.prepared_key  # the service's own key object
+        self.private_key = runtime.keyring.active.private  # the service's own key object (cryptography)
         runtime.close()
 
     def start(self) -> "BenchService":

@@ -12,6 +12,7 @@ import contextvars
 import datetime as dt
 import json
 import logging
+import math
 import re
 import sys
 
@@ -50,23 +51,51 @@ def redact(text: str) -> str:
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "request_id"}
 
 
+_UNREDACTED = frozenset({"ts", "level", "logger", "request_id"})  # ours, never the caller's text
+_LINE_JSON = json.JSONEncoder(default=str, separators=(",", ":"))  # built once, not per line
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, message, request_id, extras, exc."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._second: tuple[float, str] = (-1.0, "")  # the last whole second and its ISO text
+
+    def timestamp(self, created: float) -> str:
+        """`created` as ISO 8601 UTC with milliseconds, as `datetime.isoformat(timespec="milliseconds")`
+        writes it (microseconds rounded the same way), the date and time formatted once a second."""
+        fraction, whole = math.modf(created)
+        micros = round(fraction * 1e6)
+        if micros >= 1_000_000:
+            whole, micros = whole + 1, micros - 1_000_000
+        second, text = self._second
+        if whole != second:
+            text = dt.datetime.fromtimestamp(whole, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+            self._second = (whole, text)
+        return f"{text}.{micros // 1000:03d}+00:00"
+
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "ts": self.timestamp(record.created),
             "level": record.levelname,
             "logger": record.name,
-            "message": redact(record.getMessage()),
+            "message": record.getMessage(),
             "request_id": getattr(record, "request_id", None) or request_id_var.get(),
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = redact(value) if isinstance(value, str) else value
+                entry[key] = value
+        texts = [value for value in entry.values() if isinstance(value, str)]
+        # One scan of every text field (joined by a newline, which no pattern crosses) decides
+        # whether any of them needs the four substitutions: most access-log lines need none.
+        if _MAY_HOLD_SECRET.search("\n".join(texts)):
+            for key, value in entry.items():
+                if key not in _UNREDACTED and isinstance(value, str):
+                    entry[key] = redact(value)
         if record.exc_info:
             entry["exc"] = redact(self.formatException(record.exc_info))
-        return json.dumps(entry, default=str, separators=(",", ":"))
+        return _LINE_JSON.encode(entry)
 
 
 def configure_logging(level: str = "INFO", stream=None) -> logging.Handler:

@@ -76,6 +76,7 @@ BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retr
 MAX_RETRY_AFTER_SECONDS = 30.0   # a longer Retry-After ends the attempts: the task retries later
 TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 PERMANENT_ISSUES = ("login", "forbidden", "security")
+MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made relative
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -386,7 +387,7 @@ class FhirConnector:
             raise ResourceNotFound(f"No {resource_type} has id {resource_id!r} in this EHR.") from None
         if resource.get("resourceType") != resource_type or resource.get("id") != resource_id:
             raise ResourceNotFound(f"No {resource_type} has id {resource_id!r} in this EHR.")
-        return resource
+        return relative_references(resource, self.client.base)
 
     def search_resources(self, query: ResourceQuery):
         """The resources matching `query`, from `query.offset` on, in the EHR's order; pages are
@@ -394,7 +395,25 @@ class FhirConnector:
         params = search_params(query)
         if params is None:
             return iter(())
-        return itertools.islice(self._all(query.resource_type, {**params, "_count": PAGE_SIZE}), query.offset, None)
+        found = self._all(query.resource_type, {**params, "_count": PAGE_SIZE})
+        return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
+
+
+def relative_references(value, base: str, depth: int = 0):
+    """`value` with each `reference` that is an absolute URL into this EHR's `base` made relative
+    (`{base}/Patient/x` -> `Patient/x`): the platform API serves its own base, never the EHR's.
+    Other references (relative, another server's, `#contained`) are kept as they are."""
+    if depth > MAX_REFERENCE_DEPTH:
+        return value
+    if isinstance(value, list):
+        return [relative_references(item, base, depth + 1) for item in value]
+    if not isinstance(value, dict):
+        return value
+    found = {key: relative_references(item, base, depth + 1) for key, item in value.items()}
+    reference = found.get("reference")
+    if isinstance(reference, str) and reference.startswith(base + "/"):
+        found["reference"] = reference[len(base) + 1:]
+    return found
 
 
 def search_params(query: ResourceQuery) -> dict | None:

@@ -90,10 +90,12 @@ def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
 
 
 def in_compartment(resource: dict, patient_id: str) -> bool:
-    """Is `resource` the patient, or does it reference them (subject, patient, a participant)?"""
+    """Is `resource` the patient, or does it reference them (subject, patient, a participant) by
+    `Patient/{id}`, versioned or not? (A connector makes its EHR's absolute references relative;
+    an absolute URL left is another server's patient, not this one.)"""
     if resource.get("resourceType") == "Patient":
         return resource.get("id") == patient_id
     wanted = f"Patient/{patient_id}"
     refs = [(resource.get("subject") or {}).get("reference"), (resource.get("patient") or {}).get("reference")]
     refs += [(p.get("actor") or {}).get("reference") for p in resource.get("participant") or () if isinstance(p, dict)]
-    return any(isinstance(r, str) and (r == wanted or r.endswith("/" + wanted)) for r in refs)
+    return any(isinstance(r, str) and r.split("/_history/")[0] == wanted for r in refs)

@@ -1,12 +1,15 @@
 """Read and search through the clinic's connector, within what the caller may see.
 
 Blocking (database, the EHR): handlers await these on the runtime pool. A connector that is down
-answers 503 with Retry-After; a permanent connector failure 502; a missing resource 404.
+answers 503 with Retry-After; a permanent connector failure (the EHR refusing svc-auth: a revoked
+registration, a refused request) 502; a missing resource 404. The connector's own words (the EHR's
+host, svc-auth's client id there) go to the log for the operator, never to the app.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 
 from connectors import ConnectorError, ConnectorUnavailable, PatientNotFound, ResourceNotFound, connector_for
 from fhir_api import fhir_base_url
@@ -20,6 +23,8 @@ from models.directory import Organization
 RETRY_AFTER_SECONDS = 5
 TOTAL_SCAN_LIMIT = 1000
 """Past one page, at most this many further matches are counted for `total`; beyond, it is left out."""
+
+log = logging.getLogger("svc_auth.fhir_api")
 
 
 def supported_type(resource_type: str) -> str:
@@ -36,9 +41,16 @@ def _connector(runtime, organization_id: str):
     return connector_for(runtime, organization)
 
 
-def _unavailable(exc: ConnectorUnavailable) -> FhirError:
-    return FhirError(503, "transient", f"The clinic's EHR is unavailable: {exc}",
+def _unavailable(organization_id: str, exc: ConnectorUnavailable) -> FhirError:
+    log.warning("FHIR API: the EHR of %s is unavailable: %s", organization_id, exc)
+    return FhirError(503, "transient", "The clinic's EHR is unavailable; try again later.",
                      {"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def _failed(organization_id: str, exc: ConnectorError) -> FhirError:
+    log.error("FHIR API: the EHR of %s failed for good: %s", organization_id, exc)
+    return FhirError(502, "exception", "The clinic's EHR refused svc-auth's request (not worth retrying): the "
+                                       "clinic's administrator must check svc-auth's access to its EHR.")
 
 
 def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
@@ -50,9 +62,9 @@ def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
     except (ResourceNotFound, PatientNotFound):
         raise not_found(resource_type, ident) from None
     except ConnectorUnavailable as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(caller.organization_id, exc) from None
     except ConnectorError as exc:
-        raise FhirError(502, "exception", f"The clinic's EHR could not answer: {exc}") from None
+        raise _failed(caller.organization_id, exc) from None
     if resource.get("resourceType") != resource_type or resource.get("id") != ident:
         raise not_found(resource_type, ident)
     if grant.patient is not None and not in_compartment(resource, grant.patient):
@@ -93,8 +105,8 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
     except ConnectorUnavailable as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(caller.organization_id, exc) from None
     except ConnectorError as exc:
-        raise FhirError(502, "exception", f"The clinic's EHR could not answer: {exc}") from None
+        raise _failed(caller.organization_id, exc) from None
     next_url = search_url(base, resource_type, args, _count=query.count, _offset=query.offset + query.count) if more else None
     return searchset(base, page[:query.count], total, self_url, next_url)

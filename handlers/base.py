@@ -16,6 +16,8 @@ from ops.proxy import client_address
 
 log = logging.getLogger("svc_auth.http")
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # every JSON response; built once, not per response
+
 
 def _nesting_exceeds(text: str, limit: int) -> bool:
     """True when brackets outside strings nest deeper than `limit` (checked before parsing, so
@@ -125,7 +127,7 @@ class BaseHandler(tornado.web.RequestHandler):
     def write_json(self, value, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=UTF-8")
-        self.finish(json.dumps(value, separators=(",", ":")))
+        self.finish(_COMPACT_JSON.encode(value))
 
     def write_error(self, status_code: int, **kwargs):
         exc = kwargs.get("exc_info", (None, None, None))[1]

@@ -82,7 +82,8 @@ class TokenHandler(CorsHandler):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
         params, authorization = self.body_params(), self.request.headers.get("Authorization")
-        await self.allow_origin_of(claimed_client_id(params, authorization))  # only with an Origin header
+        if "Origin" in self.request.headers:  # a browser's request (CORS); servers send none
+            await self.allow_origin_of(claimed_client_id(params, authorization))
         if answers_in_memory(self.runtime, self.variant, params, authorization):
             # No I/O at all (cached client, in-process failure counts): sign inline.
             response = token_response(self.runtime, self.variant, params, authorization, self.client_address())

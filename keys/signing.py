@@ -56,6 +56,7 @@ class SigningKey:
     signer: Key      # python-jose key object (private), built once
     verifier: Key    # python-jose key object (public), built once
     public_jwk: dict
+    private: rsa.RSAPrivateKey  # the same private key as a `cryptography` object: what signs tokens
 
 
 def public_jwk_of(private) -> dict:
@@ -117,7 +118,8 @@ class KeyRing:
             public = json.loads(row.public_jwk)
             key = SigningKey(kid=row.kid, created=row.created, not_before=row.not_before,
                              signer=jwk.construct(pem.decode(), ALGORITHM),
-                             verifier=jwk.construct(public, ALGORITHM), public_jwk=public)
+                             verifier=jwk.construct(public, ALGORITHM), public_jwk=public,
+                             private=serialization.load_pem_private_key(pem, password=None))
             self._built[row.kid] = key
         return key
 

@@ -54,7 +54,7 @@ def granted_scope(requested: str | None, declared: str | None = None) -> str:
     `smart_scopes`) covers them. Raises InvalidScope naming the first unknown or malformed scope."""
     names = (requested or "").split()
     _check_known(names)
-    declared_names = set((declared or "").split())
+    declared_names = tuple(dict.fromkeys((declared or "").split()))  # in declared order: the grant is stable
     try:
         declared_resources = smart_scopes.resource_scopes(" ".join(
             n for n in declared_names if smart_scopes.is_resource_scope(n)))

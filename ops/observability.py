@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-import uuid
+import secrets
 
 import tornado.web
 
@@ -27,7 +27,7 @@ def request_id_for(request) -> str:
     rid = getattr(request, "_svc_request_id", None)
     if rid is None:
         incoming = (request.headers.get(REQUEST_ID_HEADER) or "").strip()
-        rid = incoming if _SANE_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        rid = incoming if _SANE_REQUEST_ID.match(incoming) else secrets.token_hex(16)
         request._svc_request_id = rid
     return rid
 
@@ -76,12 +76,15 @@ def log_request(handler) -> None:
         warn_if_misconfigured(request, settings, access_log, handler.application.proxy_warnings)
     level = logging.INFO if status < 500 else logging.ERROR
     if access_log.isEnabledFor(level):
-        access_log.log(level, "%s %s %d", request.method, route, status, extra={
+        # The record is made here and handed to the logger's handlers as `Logger.log` would, less
+        # its walk up the stack for a caller (file, line) that the JSON line never shows.
+        access_log.handle(access_log.makeRecord(access_log.name, level, __file__, 0, "%s %s %d",
+                                                (request.method, route, status), None, "log_request", {
             "request_id": request_id_for(request),
             "method": request.method, "route": route, "path": redact(request.uri), "status": status,
             "duration_ms": round(seconds * 1000, 2),
             "client": client_address(request, settings) if settings is not None else request.remote_ip,
-        })
+        }))
 
 
 class _TrackedDelegate(tornado.web._HandlerDelegate):

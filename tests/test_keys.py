@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 from jose import jwt
-from jwcrypto import jwk as jwcrypto_jwk
+from jwcrypto import jwk as jwcrypto_jwk, jwt as jwcrypto_jwt
 
 from keys.encryption import KeyCipher, KeyDecryptionError
 from keys.signing import KeyRing, generate_key_file
@@ -99,6 +99,21 @@ def test_key_objects_are_built_once(runtime):
     first = runtime.keyring.active
     runtime.keyring.load()
     assert runtime.keyring.active.signer is first.signer
+
+
+def test_tokens_are_the_jws_python_jose_makes_and_verify_with_the_published_key(runtime):
+    """`TokenService.sign` signs with `cryptography` directly: byte for byte what python-jose's
+    `jwt.encode` makes of the same claims and headers (RS256 PKCS#1 v1.5 is deterministic), and
+    it verifies against the JWKS with python-jose and jwcrypto."""
+    key = runtime.keyring.active
+    claims = dict(runtime.tokens.base_claims("user-1", "client-1", 60), nonce="n\u00e9\"\u2028", scope="openid")
+    for typ in ("JWT", "at+jwt"):
+        token = runtime.tokens.sign(claims, typ=typ)
+        assert token == jwt.encode(claims, key.signer, algorithm="RS256", headers={"kid": key.kid, "typ": typ})
+        assert jwt.get_unverified_header(token) == {"alg": "RS256", "kid": key.kid, "typ": typ}
+    assert runtime.tokens.verify(token, "client-1", typ="at+jwt") == claims
+    public = jwcrypto_jwk.JWK(**runtime.keyring.jwks()["keys"][0])
+    assert json.loads(jwcrypto_jwt.JWT(jwt=token, key=public).claims) == claims
 
 
 @pytest.mark.gen_test

@@ -1,5 +1,6 @@
 """Operations over real HTTP: /healthz, /readyz, /metrics, request ids, JSON logs without secrets,
 and X-Forwarded-* honoured only from trusted proxies."""
+import datetime as dt
 import io
 import json
 import logging
@@ -174,6 +175,26 @@ def test_redact_covers_query_values_json_fields_credentials_and_jwts():
         assert secret not in out
     assert "client_id=app1" in out and '"name": "x"' in out
     assert redact("unicode=1&barcode=7") == "unicode=1&barcode=7"  # names, not substrings
+
+
+def test_json_lines_redact_a_secret_in_any_field_and_keep_the_rest():
+    """The formatter scans a line's text once and redacts field by field only when something may
+    be a secret; whichever field holds it, it never reaches the line, and the rest stays as is."""
+    formatter = JsonFormatter()
+    clean = logging.LogRecord("svc_auth.access", logging.INFO, __file__, 1, "%s %s %d", ("POST", "/v1/oauth/token", 200), None)
+    clean.route, clean.status = "/v1/oauth/token", 200
+    line = json.loads(formatter.format(clean))
+    assert line["message"] == "POST /v1/oauth/token 200" and line["route"] == "/v1/oauth/token" and line["status"] == 200
+    assert line["ts"] == dt.datetime.fromtimestamp(clean.created, dt.timezone.utc).isoformat(timespec="milliseconds")
+    for field in ("path", "note", "client"):
+        record = logging.LogRecord("svc_auth.access", logging.INFO, __file__, 1, "GET %s", ("/cb",), None)
+        record.route = "/v1/oauth/authorize"
+        setattr(record, field, "/cb?code=abc123&client_id=app1 Bearer tok.en.value")
+        line = json.loads(formatter.format(record))
+        assert line[field] == "/cb?code=[REDACTED]&client_id=app1 Bearer [REDACTED]"
+        assert line["route"] == "/v1/oauth/authorize" and line["message"] == "GET /cb"
+    secret_message = logging.LogRecord("x", logging.INFO, __file__, 1, "token=%s", ("s3cr3t",), None)
+    assert "s3cr3t" not in formatter.format(secret_message)
 
 
 def _request(peer: str, **headers) -> tornado.httputil.HTTPServerRequest:
