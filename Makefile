@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install sdk vendor-swagger-ui system-deps bench-deps bench clean
+.PHONY: demo test install sdk vendor-swagger-ui vendor-fhirclient system-deps bench-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,18 @@ vendor-swagger-ui:
 	tmp=$$(mktemp -d) && (cd $$tmp && npm pack --silent swagger-ui-dist@$(SWAGGER_UI_VERSION) >/dev/null && \
 	  tar xzf swagger-ui-dist-$(SWAGGER_UI_VERSION).tgz) && \
 	  (cd $$tmp/package && cp $(SWAGGER_UI_FILES) $(CURDIR)/static/docs/swagger-ui/) && rm -rf $$tmp
+
+# The example SMART app (examples/smart_app/) runs SMART Health IT's npm `fhirclient` in the browser:
+# its browser build (no polyfills: modern browsers) is committed under static/fhirclient/ with its
+# licence; this target re-vendors the version pinned in examples/smart_app/package.json (npm pack
+# checks the tarball's integrity against the registry).
+FHIRCLIENT_VERSION := $(shell sed -n 's/.*"fhirclient": "\([^"]*\)".*/\1/p' examples/smart_app/package.json)
+FHIRCLIENT_DIR := examples/smart_app/static/fhirclient
+vendor-fhirclient:
+	tmp=$$(mktemp -d) && (cd $$tmp && npm pack --silent fhirclient@$(FHIRCLIENT_VERSION) >/dev/null && \
+	  tar xzf fhirclient-$(FHIRCLIENT_VERSION).tgz) && \
+	  (cd $$tmp/package && cp build/fhir-client.pure.min.js build/fhir-client.pure.min.js.LICENSE.txt LICENSE \
+	    package.json $(CURDIR)/$(FHIRCLIENT_DIR)/) && rm -rf $$tmp
 
 install: $(STAMP)
 

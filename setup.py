@@ -9,6 +9,7 @@ DATA_PACKAGES = {
     "sdk.js.dist": ["*"],                               # the JS SDK's build, served at /static/sdk/
     "handlers": ["templates/*.html"],                   # the sandbox hub and settings pages
     "examples.partner_app": ["static/*", "templates/*"],  # the demo's example partner app
+    "examples.smart_app": ["static/*", "static/fhirclient/*"],  # the demo's example SMART app (fhirclient)
 }
 
 setup(

@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 
 from cli.common import emit, with_runtime
-from lifecycle.demo import (DEMO_DEVELOPER_EMAIL, demo_app_url, demo_patient, demo_signin_links, example_app_config,
-                            seed_demo)
+from lifecycle.demo import (DEMO_DEVELOPER_EMAIL, DEMO_SMART_APP_NAME, demo_app_url, demo_patient, demo_signin_links,
+                            example_app_config, seed_demo, smart_app_config, smart_app_urls)
 
 log = logging.getLogger("svc_auth.demo")
 
@@ -22,17 +22,22 @@ def register(commands) -> None:
 
 
 def start_demo(runtime, app_port: int, sockets) -> None:
-    """`serve --demo`: seed, start the example partner app on this IOLoop, print where to look.
+    """`serve --demo`: seed, start the example partner app (and the example SMART app under
+    /smart/ on the same port) on this IOLoop, print where to look.
     `sockets`: already bound to `app_port` (`serve` binds them first, so a taken port stops the
     start with one line). The domain (lifecycle.demo) seeds; serving is the CLI's."""
     import tornado.httpserver
     import tornado.process
+    from tornado.routing import AnyMatches, PathMatches, RuleRouter
     from examples.partner_app.web import make_partner_app
+    from examples.smart_app.web import PREFIX, make_smart_app
     if tornado.process.task_id() not in (None, 0):
         return  # with --processes N, the first worker seeds and runs the (single-process) example app
     info = seed_demo(runtime, demo_app_url(app_port))
     patient = demo_patient()
-    server = tornado.httpserver.HTTPServer(make_partner_app(example_app_config(runtime, info, app_port)))
+    router = RuleRouter([(PathMatches(PREFIX + ".*"), make_smart_app(smart_app_config(runtime, app_port))),
+                         (AnyMatches(), make_partner_app(example_app_config(runtime, info, app_port)))])
+    server = tornado.httpserver.HTTPServer(router)
     server.add_sockets(sockets)
     log.info("demo data ready; sign in to the hub with the one-time links printed below")
     links = demo_signin_links(runtime, info)
@@ -43,6 +48,8 @@ def start_demo(runtime, app_port: int, sockets) -> None:
           f"  hub (staff, refused by the app): {links['staff_hub']}\n"
           f"  settings (sandbox token): {links['physician_settings']}\n"
           f"  example partner app: {demo_app_url(app_port)}/app (launch URL {demo_app_url(app_port)}/launch; open it from the hub)\n"
+          f"  SMART example app (physician; click \"Open {DEMO_SMART_APP_NAME}\" on a patient's row): "
+          f"{links['physician_smart']} (launch URL {smart_app_urls(demo_app_url(app_port))['launch_url']})\n"
           f"  developer console ({DEMO_DEVELOPER_EMAIL}, one-time invitation): {links['console_invite']}\n"
           f"  client_id: {info['client_id']}\n  client_secret: {info['client_secret']}\n"
           f"  demo patient (chart requests): {patient.id} ({patient.first_name} {patient.last_name})\n"

@@ -1,4 +1,5 @@
-"""Demo data: a sandbox clinic, a physician and a staff user, the example partner app installed.
+"""Demo data: a sandbox clinic, a physician and a staff user, the example partner app and the
+example SMART app (a public client, examples/smart_app) installed.
 
 Seeding is idempotent: the same ids on every run against the same database. The demo client
 secret is derived from the server's HMAC key, so it is stable per deployment but never a constant
@@ -11,6 +12,7 @@ from urllib.parse import urlsplit
 import peewee
 
 from connectors.sandbox import patient_panel
+from fhir_api import fhir_base_url
 from lifecycle.developers import invite_developer
 from lifecycle.applications import delete_application, install_application, register_application
 from lifecycle.organizations import create_organization, update_organization
@@ -26,6 +28,11 @@ DEMO_PHYSICIAN_ID = "usr_demo_physician"
 DEMO_OTHER_ID = "usr_demo_staff"
 DEMO_CLIENT_ID = "demo-partner-app"
 DEMO_DEVELOPER_EMAIL = "developer@demo-partner.example"  # the example app's developer, in the console
+DEMO_SMART_APP_ID = "demo-smart-app"
+DEMO_SMART_CLIENT_ID = "demo-smart-app"
+DEMO_SMART_APP_NAME = "Example SMART App"
+# What the example SMART app asks for, and so declares: an EHR launch, who the user is, the patient.
+DEMO_SMART_SCOPE = "launch openid fhirUser patient/Patient.rs"
 EXAMPLE_APP_PORT = 8889
 
 
@@ -57,13 +64,35 @@ def _app_base_url(app: Application) -> str:
     return app.launch_url[: -len("/launch")] if app.launch_url.endswith("/launch") else app.launch_url
 
 
+def smart_app_urls(app_base_url: str) -> dict:
+    """The example SMART app's registration: served under /smart/ beside the example partner app."""
+    base = app_base_url.rstrip("/") + "/smart"
+    return {"launch_url": f"{base}/launch.html", "redirect_uri": f"{base}/index.html",
+            "allowed_origin": normalize_origin(app_base_url)}
+
+
+def _seed_smart_app(runtime, app_base_url: str) -> None:
+    """Register (or move) the example SMART app as a public client and install it in the demo clinic."""
+    urls = smart_app_urls(app_base_url)
+    app = Application.get_or_none(Application.id == DEMO_SMART_APP_ID)
+    if app is not None and (app.launch_url != urls["launch_url"] or app.allowed_origins != [urls["allowed_origin"]]):
+        delete_application(runtime, DEMO_SMART_APP_ID, actor="demo")
+        app = None
+    if app is None:
+        register_application(
+            runtime, DEMO_SMART_APP_NAME, urls["redirect_uri"], urls["launch_url"], None, "paid", ["name"],
+            [urls["allowed_origin"]], application_id=DEMO_SMART_APP_ID, client_id=DEMO_SMART_CLIENT_ID,
+            redirect_uri_match="exact", public=True, smart_scopes=DEMO_SMART_SCOPE)
+    install_application(DEMO_SMART_APP_ID, DEMO_ORG_ID)
+
+
 def reset_demo(runtime) -> None:
     """Remove the demo clinic (its users, installations, launches, codes, tokens) and the demo
-    app, so the next seed is the first-launch state again."""
+    apps, so the next seed is the first-launch state again."""
     with runtime.db.atomic():
-        app = Application.get_or_none(Application.id == runtime.settings.demo_application_id)
-        if app is not None:
-            delete_application(runtime, app.id, actor="demo-reset")
+        for app_id in (runtime.settings.demo_application_id, DEMO_SMART_APP_ID):
+            if Application.get_or_none(Application.id == app_id) is not None:
+                delete_application(runtime, app_id, actor="demo-reset")
         org = Organization.get_or_none(Organization.id == DEMO_ORG_ID)
         if org is not None:
             # recursive: users, installations and what hangs off them go with the clinic
@@ -111,6 +140,7 @@ def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> 
                 f"{app_base_url}/api/token", "free_trial", ["email", "name", "ehrUsername", "organization"],
                 [settings.public_url], application_id=app_id, client_id=DEMO_CLIENT_ID, client_secret=secret)
         install_application(app_id, DEMO_ORG_ID)
+        _seed_smart_app(runtime, app_base_url)
     physician = User.get_by_id(DEMO_PHYSICIAN_ID)
     return {
         "organization_id": DEMO_ORG_ID,
@@ -137,6 +167,21 @@ def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
                          authorized_users=frozenset({DEMO_PHYSICIAN_ID}))
 
 
+def demo_fhir_user(settings, user_id: str) -> str:
+    """The ID token's `fhirUser` for a demo user: `{iss}/Practitioner/{id}` (docs/smart.md)."""
+    return f"{fhir_base_url(settings, DEMO_ORG_ID)}/Practitioner/{user_id}"
+
+
+def smart_app_config(runtime, port: int = EXAMPLE_APP_PORT):
+    """The example SMART app's configuration for the demo: its client id and scope; it serves the
+    demo physician and refuses everyone else (the demo shows both outcomes, as the partner app's)."""
+    from examples.smart_app.web import SmartAppConfig
+    settings = runtime.settings
+    platform = tuple(dict.fromkeys(normalize_origin(url) for url in (settings.public_url, settings.issuer)))
+    return SmartAppConfig(client_id=DEMO_SMART_CLIENT_ID, scope=DEMO_SMART_SCOPE,
+                          authorized_users=(demo_fhir_user(settings, DEMO_PHYSICIAN_ID),), platform_origins=platform)
+
+
 def demo_signin_links(runtime, info: dict) -> dict:
     """More one-time links for the demo banner (the hub link is `info["hub_url"]`): sign-in links,
     and a developer-console invitation for the example app's developer."""
@@ -144,4 +189,5 @@ def demo_signin_links(runtime, info: dict) -> dict:
     return {"physician_app": create_signin_link(runtime, DEMO_PHYSICIAN_ID, info["application_id"]),
             "staff_hub": create_signin_link(runtime, DEMO_OTHER_ID),
             "physician_settings": create_signin_link(runtime, DEMO_PHYSICIAN_ID, target="settings"),
+            "physician_smart": create_signin_link(runtime, DEMO_PHYSICIAN_ID),
             "console_invite": console_invite}

@@ -74,6 +74,9 @@ def test_make_demo_serves_and_prints_the_ports_it_was_given(settings, sqlite_onl
         urls = [u.rstrip(";,.") for u in re.findall(r"https?://[^\s)]+", text)]
         assert urls
         assert re.search(r"developer console .*: http://127\.0\.0\.1:%d/console/invite/\S+" % port, text), text
+        # The SMART example app: a hub sign-in link to open it from, and its launch URL on the app port.
+        assert re.search(r"SMART example app .*: http://127\.0\.0\.1:%d/sandbox/signin/\S+ "
+                         r"\(launch URL http://127\.0\.0\.1:%d/smart/launch\.html\)" % (port, app_port), text), text
         for url in urls:
             assert urllib.parse.urlsplit(url).port in (port, app_port), url
             status, _, _ = fetch(url)
@@ -130,6 +133,13 @@ def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
     assert installation.activation_status is None and installation.trial_started_at is None
     assert Authorization.select().count() == 0
     assert Application.get_by_id(again["application_id"]).launch_url == "http://127.0.0.1:9101/launch"  # kept
+    # The example SMART app: a public client beside it, installed in the demo clinic.
+    from lifecycle.demo import DEMO_SMART_APP_ID, DEMO_SMART_CLIENT_ID
+    smart = Application.get_by_id(DEMO_SMART_APP_ID)
+    assert smart.public and smart.client_id == DEMO_SMART_CLIENT_ID
+    assert (smart.launch_url, smart.allowed_origins) == ("http://127.0.0.1:9101/smart/launch.html", ["http://127.0.0.1:9101"])
+    assert {"launch", "openid", "fhirUser", "patient/Patient.rs"} <= set(smart.smart_scopes.split())
+    assert Installation.get_or_none(Installation.application == smart.id) is not None
     launch, url = create_launch(runtime, User.get_by_id(again["physician_user_id"]), again["client_id"])
     assert url.startswith("http://127.0.0.1:9101/launch?")
 

@@ -32,7 +32,7 @@ from conftest import ROOT, free_port, stop_process, wait_for_port
 pytestmark = pytest.mark.slow
 
 SERVED_DIRS = ["static", "sdk/js/dist", "handlers/templates", "examples/partner_app/static",
-               "examples/partner_app/templates"]
+               "examples/partner_app/templates", "examples/smart_app/static"]
 """Every file under these is served (or rendered) by the service or the demo app."""
 
 
@@ -207,6 +207,12 @@ def test_installed_wheel_serves_discovery_sdk_hub_and_a_launch(installed):
     assert status == 200 and 'id="id-token-claims"' in body.decode()
     for asset in re.findall(r'(?:src|href)="(/static/[^"]+)"', body.decode()):
         assert fetch(svc.demo_app_url + asset.replace("&amp;", "&"))[0] == 200, asset
+    # The example SMART app beside it: its pages and the vendored fhirclient they load.
+    for page_name in ("launch.html", "index.html"):
+        status, _, body = fetch(f"{svc.demo_app_url}/smart/{page_name}")
+        assert status == 200, page_name
+        for asset in re.findall(r'(?:src|href)="([^":]+)"', body.decode()):
+            assert fetch(f"{svc.demo_app_url}/smart/{asset}")[0] == 200, asset
 
     # One flow: sandbox launch -> authorize -> code -> token.
     token = sandbox_token(svc, user["id"])

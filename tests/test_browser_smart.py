@@ -1,0 +1,152 @@
+"""A real SMART client end to end: the example SMART app (npm `fhirclient`, a browser-only public
+client) launched from the sandbox hub in headless Chromium.
+
+`svc-auth serve --demo` runs as a subprocess with the example SMART app under `/smart/` on the
+example app's port, registered as a public client and installed in the demo clinic. The physician
+signs in with a one-time link and clicks `Open Example SMART App` on a patient's row; inside
+`#app-frame` fhirclient reads `{iss}/.well-known/smart-configuration`, authorizes with `aud`,
+`launch`, `scope` and PKCE S256, exchanges the code with `client_id` and its verifier (no secret),
+then reads the patient from the platform's FHIR API. The requests the browser made are recorded
+to check the protocol; the patient shown is compared with what the FHIR API returns for that
+token and with what the sandbox EHR holds. The app refuses the demo's non-authorized user.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from conftest import ROOT
+from connectors.sandbox import patient_panel
+from fhir_api import fhir_base_url
+from lifecycle.demo import (DEMO_ORG_ID, DEMO_OTHER_ID, DEMO_PHYSICIAN_ID, DEMO_SMART_APP_ID, DEMO_SMART_APP_NAME,
+                            DEMO_SMART_CLIENT_ID, demo_fhir_user)
+from browser_support import TIMEOUT_MS, demo, page  # noqa: F401  (fixtures: demo, page)
+
+pytestmark = pytest.mark.browser
+
+OUTCOMES = "#smart-patient:not([hidden]), #smart-refused:not([hidden]), #smart-error:not([hidden])"
+
+
+def smart_frame(page):
+    """The SMART app's frame in the hub, once it shows an outcome (patient, refusal or error)."""
+    page.wait_for_selector("#app-frame:not([hidden])", timeout=TIMEOUT_MS)
+    frame = page.frame_locator("#app-frame")
+    frame.locator(OUTCOMES).first.wait_for(timeout=TIMEOUT_MS)
+    return frame
+
+
+def fhirclient_state(page, demo) -> dict:
+    """fhirclient's own state (sessionStorage, as `FHIR.oauth2.ready()` left it): server URL,
+    PKCE verifier and the token response."""
+    app = page.frame(url=lambda url: url.startswith(f"{demo.app_url}/smart/"))
+    # fhirclient's BrowserStorage keeps JSON values: SMART_KEY holds the (JSON) key of the state.
+    return app.evaluate("() => JSON.parse(sessionStorage.getItem(JSON.parse(sessionStorage.getItem('SMART_KEY'))))")
+
+
+def record_requests(page) -> list:
+    requests = []
+    page.context.on("request", lambda request: requests.append(request))
+    return requests
+
+
+def fhir_get(url: str, token: str | None) -> tuple[int, dict]:
+    headers = {"Accept": "application/fhir+json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def jwt_claims(token: str) -> dict:
+    """A JWT's payload, unverified (the signature is the interop tests' business)."""
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def human_name(patient: dict) -> str:
+    name = patient["name"][0]
+    return " ".join([*name.get("given", []), name["family"]])
+
+
+def test_physician_opens_the_smart_app_on_a_patient_row(demo, page):
+    requests = record_requests(page)
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID))
+    row = page.locator("tr[data-patient-id]").first
+    row.wait_for(timeout=TIMEOUT_MS)
+    patient_id = row.get_attribute("data-patient-id")
+    row.get_by_role("button", name=f"Open {DEMO_SMART_APP_NAME}", exact=True).click()
+    frame = smart_frame(page)
+    assert frame.locator("#smart-error").is_hidden(), frame.locator("#smart-error").inner_text()
+    assert frame.locator("#smart-refused").is_hidden()
+    shown = frame.locator("#smart-patient")
+    assert shown.get_attribute("data-patient-id") == patient_id
+
+    # fhirclient completed an EHR launch as a public client with PKCE.
+    iss = fhir_base_url(demo.settings, DEMO_ORG_ID)
+    state = fhirclient_state(page, demo)
+    assert state["serverUrl"] == iss and state["clientId"] == DEMO_SMART_CLIENT_ID
+    response = state["tokenResponse"]
+    assert response["patient"] == patient_id and response["token_type"] == "Bearer"
+    assert "patient/Patient.rs" in response["scope"].split()
+    assert not state.get("clientSecret") and state["codeVerifier"]  # a public client: PKCE, no secret
+    urls = [r.url for r in requests]
+    assert f"{iss}/.well-known/smart-configuration" in urls
+    (authorize,) = [r for r in requests if "code_challenge=" in r.url]
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(authorize.url).query)
+    assert query["aud"] == [iss] and query["client_id"] == [DEMO_SMART_CLIENT_ID]
+    assert query["code_challenge_method"] == ["S256"] and query["launch"][0]
+    assert query["redirect_uri"] == [f"{demo.app_url}/smart/index.html"]
+    assert {"launch", "openid", "fhirUser", "patient/Patient.rs"} <= set(query["scope"][0].split())
+    (exchange,) = [r for r in requests if r.method == "POST" and "grant_type=authorization_code" in (r.post_data or "")]
+    body = urllib.parse.parse_qs(exchange.post_data)
+    assert body["client_id"] == [DEMO_SMART_CLIENT_ID] and body["code_verifier"] == [state["codeVerifier"]]
+    assert "client_secret" not in body and "authorization" not in exchange.headers
+    # The ID token names the physician; the app let them in.
+    claims = jwt_claims(response["id_token"])
+    assert claims["sub"] == DEMO_PHYSICIAN_ID and claims["fhirUser"] == demo_fhir_user(demo.settings, DEMO_PHYSICIAN_ID)
+
+    # The patient shown is the one the FHIR API gives that token, and the one the EHR holds.
+    status, patient = fhir_get(f"{iss}/Patient/{patient_id}", response["access_token"])
+    assert status == 200 and patient["resourceType"] == "Patient" and patient["id"] == patient_id
+    assert frame.locator("#smart-patient-name").inner_text() == human_name(patient)
+    assert frame.locator("#smart-patient-birth-date").inner_text() == patient["birthDate"]
+    held = next(p for p in patient_panel(DEMO_ORG_ID) if p.id == patient_id)
+    assert human_name(patient) == f"{held.first_name} {held.last_name}"
+    assert patient["birthDate"] == str(held.date_of_birth)[:10]
+    assert any(r.url == f"{iss}/Patient/{patient_id}" for r in requests)  # the app read it itself
+
+    # The token reaches only its own clinic, and nothing without it.
+    other = fhir_base_url(demo.settings, "org_another_clinic")
+    assert fhir_get(f"{other}/Patient/{patient_id}", response["access_token"])[0] == 404
+    assert fhir_get(f"{iss}/Patient/{patient_id}", None)[0] == 401
+
+
+def test_the_smart_app_refuses_a_user_it_does_not_serve(demo, page):
+    requests = record_requests(page)
+    page.goto(demo.signin(DEMO_OTHER_ID, DEMO_SMART_APP_ID))  # the deep link: the hub opens the app at once
+    frame = smart_frame(page)
+    assert frame.locator("#smart-error").is_hidden(), frame.locator("#smart-error").inner_text()
+    assert "not authorized" in frame.locator("#smart-refused").inner_text()
+    assert frame.locator("#smart-patient").is_hidden()
+    assert frame.locator("#smart-patient-name").inner_text() == ""
+    # The launch itself completed (the refusal is the app's), and it read no FHIR resource.
+    state = fhirclient_state(page, demo)
+    assert jwt_claims(state["tokenResponse"]["id_token"])["sub"] == DEMO_OTHER_ID
+    iss = fhir_base_url(demo.settings, DEMO_ORG_ID)
+    assert not [r.url for r in requests if r.url.startswith(iss + "/") and "/.well-known/" not in r.url
+                and not r.url.endswith("/metadata")]
+
+
+def test_the_vendored_fhirclient_is_the_pinned_release():
+    """`make vendor-fhirclient` copies the release pinned in examples/smart_app/package.json."""
+    app = ROOT / "examples" / "smart_app"
+    pinned = json.loads((app / "package.json").read_text())["dependencies"]["fhirclient"]
+    vendored = json.loads((app / "static" / "fhirclient" / "package.json").read_text())
+    assert (vendored["name"], vendored["version"]) == ("fhirclient", pinned)
+    assert (app / "static" / "fhirclient" / "LICENSE").read_text().startswith("Copyright")
