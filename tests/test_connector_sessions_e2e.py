@@ -14,7 +14,7 @@ import datetime as dt
 import pytest
 
 from connectors import Provider
-from connectors.sandbox import connect
+from connectors.sandbox import SandboxConnector
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
@@ -85,7 +85,8 @@ def ehr_ids(user, night, settings, as_of=None) -> set[str]:
     start, _ = night_window(settings, night)
     provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name)
     organization = Organization.get_by_id(ORG_ID)
-    return {a.id for a in connect(None, organization).fetch_appointments(provider, start, start + COVERAGE, as_of)}
+    connector = SandboxConnector(organization.id, organization.name, organization.ehr_url)
+    return {a.id for a in connector.fetch_appointments(provider, start, start + COVERAGE, as_of)}
 
 
 @pytest.mark.gen_test(timeout=300)
