@@ -155,6 +155,9 @@ class Settings:
     # subject (a client_id, an account) and per source address; past them, 429 + Retry-After.
     auth_failure_limit: tuple = (10, 300)
     auth_address_failure_limit: tuple = (50, 300)
+    # After `apps secret activate-fallback`, the retired secret is answered "retired by rotation"
+    # (401, not counted as a failed guess) for this many seconds.
+    retired_secret_grace: int = 30 * 24 * 3600
     log_level: str = "INFO"
     # Background work: retries of a failed task (exponential backoff between the two bounds),
     # worker threads of the in-process worker, and how long a connector session stays active
@@ -221,7 +224,7 @@ class Settings:
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "s3_multipart_bytes"):
+                     "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         if merged["task_recovery_seconds"] < 3:
             raise ConfigError(f"SVC_TASK_RECOVERY_SECONDS must be at least 3, got {merged['task_recovery_seconds']}")

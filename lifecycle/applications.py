@@ -88,6 +88,7 @@ def set_public(runtime, application_id: str, public: bool, actor: str = "operato
     secret = None
     if public:
         app.client_secret_hash, app.fallback_secret_hash = "", None
+        app.retired_secret_hash, app.retired_secret_until = None, None
     elif app.public:
         secret = new_secret()
         app.client_secret_hash = runtime.hasher.digest(secret)

@@ -24,6 +24,10 @@ class Application(BaseModel):
     client_id = peewee.CharField(max_length=64, unique=True, default=lambda: new_id("cli"))
     client_secret_hash = peewee.CharField(max_length=128)
     fallback_secret_hash = peewee.CharField(max_length=128, null=True)
+    # The secret the last rotation retired (oauth/secret_rotation.py): recognised, not accepted,
+    # until `retired_secret_until` (activation + SVC_RETIRED_SECRET_GRACE).
+    retired_secret_hash = peewee.CharField(max_length=128, null=True)
+    retired_secret_until = peewee.DateTimeField(null=True)
     redirect_uri = peewee.CharField(max_length=500)
     launch_url = peewee.CharField(max_length=500)
     token_endpoint = peewee.CharField(max_length=500, null=True)

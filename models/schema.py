@@ -111,6 +111,10 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 21 numbers its steps 21xx.
     (2101, "SMART: declared scopes and public clients; a launch's and a code's patient; codes' scope as text",
      _smart_launch),
+    # Issue 29 numbers its steps 29xx.
+    (2903, "application.retired_secret_hash/_until: a secret retired by rotation is recognised, not counted",
+     _add_missing_columns("application", ("retired_secret_hash", peewee.CharField(max_length=128, null=True)),
+                          ("retired_secret_until", peewee.DateTimeField(null=True)))),
 )
 
 

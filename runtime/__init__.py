@@ -66,13 +66,13 @@ class Runtime:
         self.rate_limiter = build_rate_limiter(settings, self.clock)
         # Failed client authentication (token, introspect, revoke) per client_id and address.
         self.client_auth_throttle = build_failure_throttle(
-            settings, "client_auth", self.failure_policy(), self.clock.time)
+            settings, "client_auth", self.failure_policy(), self.clock.time, self.hasher)
         # Failed sandbox sign-in links, per address.
         self.sandbox_signin_throttle = build_failure_throttle(
-            settings, "sandbox_signin", self.failure_policy(), self.clock.time)
+            settings, "sandbox_signin", self.failure_policy(), self.clock.time, self.hasher)
         # Failed console sign-ins, per account and per address.
         self.console_signin_throttle = build_failure_throttle(
-            settings, "console_signin", self.console_signin_policy(), self.clock.time)
+            settings, "console_signin", self.console_signin_policy(), self.clock.time, self.hasher)
         self._object_store = None
         self._task_queue = None
         self._metrics = None
