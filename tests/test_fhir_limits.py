@@ -13,7 +13,7 @@ import pytest
 from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_until
 from fhir_api_support import Fhir, mint, outcome
 from fhir_support import cli
-from lifecycle.applications import install_application, register_application
+from lifecycle.applications import install_application, register_application, set_fhir_rate_limits
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
 from ratelimit import build_rate_limiter
@@ -111,10 +111,9 @@ def test_per_app_and_per_token_limits_in_memory(runtime, world, serving, setting
                                        what="the new limit applied")
     assert headers["RateLimit-Remaining"] == "2" and headers["RateLimit-Limit"] == "7"  # token: 7 - 5
     limited(*Fhir(base, world.org.id, token_b).get(path), limit=10, remaining=2)  # app: 10 - 8
-    # Back to the defaults.
-    done = cli(settings, "apps", "update", "--app", world.app.id, "--fhir-rate-limit", "default",
-               "--fhir-token-rate-limit", "default", "--json")
-    assert done.returncode == 0 and json.loads(done.stdout)["fhir_rate_limit"] == "default"
+    # Back to the defaults (what `apps update --fhir-rate-limit default` calls).
+    app = set_fhir_rate_limits(runtime, world.app.id, fhir_rate_limit=None, fhir_token_rate_limit=None)
+    assert (app.fhir_rate_limit, app.fhir_token_rate_limit) == (None, None)
     wait_until(lambda: fhir_a.get(path)[0] == 429, what="the default limit applied")
 
 
@@ -141,11 +140,20 @@ async def test_the_limiters_store_down_is_a_503_with_retry_after(api, runtime, w
     assert int(headers["Retry-After"]) > 0
 
 
-def test_apps_update_refuses_a_bad_fhir_rate_limit(settings, world):
-    for value, reason in (("10/fortnight", "COUNT/UNIT"), ("0/minute", "1 to"), ("10/0", "1 to 86400")):
-        done = cli(settings, "apps", "update", "--app", world.app.id, "--fhir-rate-limit", value)
-        assert done.returncode == 2, (value, done.stdout)
-        assert "--fhir-rate-limit" in done.stderr and reason in done.stderr, done.stderr
+def test_apps_update_refuses_a_bad_fhir_rate_limit(capsys):
+    # argparse refuses before anything is opened: the command's own parser, in this process.
+    from cli import build_parser
+    for flag in ("--fhir-rate-limit", "--fhir-token-rate-limit"):
+        for value, reason in (("10/fortnight", "COUNT/UNIT"), ("0/minute", "1 to"), ("10/0", "1 to 86400"),
+                              ("", "COUNT/UNIT")):
+            with pytest.raises(SystemExit) as exited:
+                build_parser().parse_args(["apps", "update", "--app", "app_x", flag, value])
+            assert exited.value.code == 2, value
+            error = capsys.readouterr().err
+            assert f"argument {flag}" in error and reason in error, error
+    args = build_parser().parse_args(["apps", "update", "--app", "app_x", "--fhir-rate-limit", "50/second",
+                                      "--fhir-token-rate-limit", "Default"])
+    assert (args.fhir_rate_limit.count, args.fhir_rate_limit.seconds, args.fhir_token_rate_limit) == (50, 1, "default")
 
 
 class HeldEhr:
