@@ -140,6 +140,21 @@ async def test_the_limiters_store_down_is_a_503_with_retry_after(api, runtime, w
     assert int(headers["Retry-After"]) > 0
 
 
+@pytest.mark.gen_test
+async def test_a_browser_app_reads_its_limits(api, runtime, world):
+    origin = "https://b.example"
+    app, _ = register_application(runtime, "Browser App", "https://b.example/main", "https://b.example/launch",
+                                  None, "paid", ["email"], [origin])
+    install_application(app.id, world.org.id)
+    token = mint(runtime, runtime.settings.issuer, world.physician, app, world.org.id)
+    status, headers, _ = await api.call("GET", f"/fhir/r4/{world.org.id}/Practitioner/{world.physician.id}",
+                                        headers={"Authorization": f"Bearer {token}", "Origin": origin})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
+    exposed = {h.strip() for h in headers["Access-Control-Expose-Headers"].split(",")}
+    assert {"Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} <= exposed
+    assert headers["RateLimit-Limit"] == "200" and headers["RateLimit-Remaining"] == "199"  # the defaults
+
+
 def test_apps_update_refuses_a_bad_fhir_rate_limit(capsys):
     # argparse refuses before anything is opened: the command's own parser, in this process.
     from cli import build_parser
