@@ -45,6 +45,10 @@ class Application(BaseModel):
     smart_scopes = peewee.TextField(default=DEFAULT_SMART_SCOPES)
     # A public client (token_endpoint_auth_method `none`): no secret, PKCE S256 required.
     public = peewee.BooleanField(default=False)
+    # FHIR API limits of this app (fhir_api/limits.py), "COUNT/SECONDS"; None: the configured default
+    # (SVC_FHIR_RATE_LIMIT per clinic, SVC_FHIR_TOKEN_RATE_LIMIT per access token).
+    fhir_rate_limit = peewee.CharField(max_length=32, null=True)
+    fhir_token_rate_limit = peewee.CharField(max_length=32, null=True)
     created_at = peewee.DateTimeField(default=wall_now)
 
     @classmethod

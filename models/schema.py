@@ -111,6 +111,10 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 21 numbers its steps 21xx.
     (2101, "SMART: declared scopes and public clients; a launch's and a code's patient; codes' scope as text",
      _smart_launch),
+    # Issue 28 numbers its steps 28xx (item 6: 2806).
+    (2806, "application: its own FHIR API rate limits (per clinic and per token)",
+     _add_missing_columns("application", ("fhir_rate_limit", peewee.CharField(max_length=32, null=True)),
+                          ("fhir_token_rate_limit", peewee.CharField(max_length=32, null=True)))),
     # Issue 29 numbers its steps 29xx.
     (2903, "application.retired_secret_hash/_until: a secret retired by rotation is recognised, not counted",
      _add_missing_columns("application", ("retired_secret_hash", peewee.CharField(max_length=128, null=True)),

@@ -31,6 +31,7 @@ from oauth.errors import dependency_unavailable
 from oauth.tokens import TokenService
 from ops.readiness import Readiness
 from ratelimit import RateLimiterUnavailable, build_rate_limiter
+from ratelimit.concurrency import ConcurrencyCap
 from ratelimit.failures import FailurePolicy, build_failure_throttle
 from ratelimit.policy import Limit
 
@@ -62,8 +63,10 @@ class Runtime:
         self.changes.subscribe(APPLICATIONS, self.applications.clear)
         self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
         self.denylist = build_denylist(settings, self.clock)
-        # Partner REST API limits: Redis when configured (connects on first use), else in-memory.
+        # Partner REST API and FHIR API limits: Redis when configured (connects on first use), else in-memory.
         self.rate_limiter = build_rate_limiter(settings, self.clock)
+        # FHIR API reads and searches in progress per clinic in this process (SVC_FHIR_EHR_CONCURRENCY).
+        self.ehr_concurrency = ConcurrencyCap(settings.fhir_ehr_concurrency)
         # Failed client authentication (token, introspect, revoke) per client_id and address.
         self.client_auth_throttle = build_failure_throttle(
             settings, "client_auth", self.failure_policy(), self.clock.time, self.hasher)
