@@ -1,4 +1,5 @@
-"""`svc-auth ehr check --org ORG [--json]`: can svc-auth read this clinic's FHIR EHR?"""
+"""`svc-auth ehr check --org ORG [--npi NPI]... [--json]`: can svc-auth read this clinic's FHIR EHR?
+`svc-auth ehr jwks`: svc-auth's EHR client public keys, for an EHR that takes an uploaded key set."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,9 @@ def register(commands) -> None:
     p.add_argument("--npi", action="append", help="look up this NPI (repeatable) instead of every physician's")
     p.add_argument("--json", action="store_true", help='print {"ok", "steps": [{"step", "ok", "detail"}]}')
     p.set_defaults(handler=with_runtime(_check))
+    p = ehr.add_parser("jwks", help="print svc-auth's EHR client public keys (JWKS), for EHRs that take an "
+                                    "uploaded key set (Oracle Health's System Account Management)")
+    p.set_defaults(handler=with_runtime(_jwks))
 
 
 def _check(runtime, args) -> int:
@@ -45,3 +49,9 @@ def _check(runtime, args) -> int:
         for s in steps:
             print(f"{s['step']}: {'ok' if s['ok'] else 'FAILED'}: {s['detail']}")
     return 0 if ok else 1
+
+
+def _jwks(runtime, args) -> int:
+    """The same document as `GET {SVC_ISSUER}/ehr/jwks.json`: public halves only."""
+    print(json.dumps(runtime.ehr_keys.jwks(), indent=1))
+    return 0

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import urllib.request
 
 import pytest
 
-from connectors import connector_for
+from connectors import ResourceQuery, connector_for
 from lifecycle.applications import install_application
 from lifecycle.hub import upcoming_appointments
 from lifecycle.users import create_user
@@ -122,6 +123,14 @@ def test_oracle_millennium_no_include_proposed_via_date_or_req_period_v1_scopes_
 
     chart = chart_json(runtime, org_id, "pt-7", tmp_path)
     assert chart["omitted"] == [] and len(chart["encounters"]) == 3 and len(chart["observations"]) == 4
+    # The platform API's search by id: `_id` alone, as Millennium requires (no `_count`).
+    found = connector_for(runtime, Organization.get_by_id(org_id)).search_resources(ResourceQuery("Patient", ids=("pt-7",)))
+    assert [r["id"] for r in found] == ["pt-7"]
+
+    # Millennium takes an uploaded key set (System Account Management): the CLI prints ours.
+    printed = json.loads(cli(settings, "ehr", "jwks").stdout)
+    with urllib.request.urlopen(f"{live}/ehr/jwks.json", timeout=30) as served:
+        assert printed == json.loads(served.read()) and all("d" not in k for k in printed["keys"])
 
     # Asking v2 scopes of a v1-only EHR: a token with no scope, every read refused, said so.
     assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-scopes", "v2").returncode == 0
