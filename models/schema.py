@@ -111,12 +111,12 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 21 numbers its steps 21xx.
     (2101, "SMART: declared scopes and public clients; a launch's and a code's patient; codes' scope as text",
      _smart_launch),
-    # Issue 26 numbers its steps 26xx.
-    (2601, "organization: the FHIR EHR's vendor profile, scope syntax and extra search parameters",
+    # Issue 26 numbers its steps 26xx (2651-2659: EHR vendor profiles, branch ehrvendors).
+    (2651, "organization: the FHIR EHR's vendor profile, scope syntax and extra search parameters",
      _add_missing_columns("organization", ("fhir_profile", peewee.CharField(max_length=32, default="generic")),
                           ("fhir_scopes", peewee.CharField(max_length=8, default="auto")),
                           ("fhir_search_params", peewee.TextField(default="[]")))),
-    (2602, "snapshot.skipped: what a night left out, by reason",
+    (2652, "snapshot.skipped: what a night left out, by reason",
      _add_missing_columns("snapshot", ("skipped", peewee.TextField(null=True)))),
 )
 
