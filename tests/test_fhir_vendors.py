@@ -231,3 +231,24 @@ def test_hostile_values_are_skipped_counted_and_named_in_the_night_and_the_hub(r
     runtime.clock.advance((start - runtime.clock.now()).total_seconds())
     rows, error = upcoming_appointments(runtime, User.with_organization(ana.id))
     assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-2", "pt-2"]
+
+
+def test_migration_2651_gives_an_older_schema_the_profile_columns(runtime):
+    """A database made before the vendor profiles gains them on migrate (existing clinics: generic, auto, none)."""
+    import peewee
+    from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate as run
+    from lifecycle.organizations import create_organization
+    from models.appointments import Snapshot
+    from models.schema import SchemaVersion
+    db = runtime.db
+    org = create_organization("Before profiles", "fhir", "https://ehr.example/fhir/R4", fhir_client_id="x")
+    migrator = SqliteMigrator(db) if isinstance(db, peewee.SqliteDatabase) else PostgresqlMigrator(db)
+    run(migrator.drop_column("organization", "fhir_profile"), migrator.drop_column("organization", "fhir_scopes"),
+        migrator.drop_column("organization", "fhir_search_params"), migrator.drop_column("snapshot", "skipped"))
+    SchemaVersion.delete().where(SchemaVersion.version.in_([2651, 2652])).execute()
+    done = " ".join(runtime.migrate())
+    assert "migration 2651" in done and "migration 2652" in done
+    assert {"fhir_profile", "fhir_scopes", "fhir_search_params"} <= {c.name for c in db.get_columns("organization")}
+    assert "skipped" in {c.name for c in db.get_columns(Snapshot._meta.table_name)}
+    again = Organization.get_by_id(org.id)
+    assert (again.fhir_profile, again.fhir_scopes, again.fhir_search_params) == ("generic", "auto", "[]")
