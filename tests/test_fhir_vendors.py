@@ -9,6 +9,16 @@ import json
 import urllib.request
 
 import pytest
+from fhir_support import (
+    CLIENT_ID,
+    appointment,
+    chart_record,
+    cli,
+    connect_clinic,
+    patient,
+    practitioner,
+    start_fhir_ehr,
+)
 
 from connectors import ResourceQuery, connector_for
 from lifecycle.applications import install_application
@@ -18,8 +28,6 @@ from lifecycle.verification import record_platform_verification
 from models.directory import Organization, User
 from workers.chart_archive import write_chart_json
 from workers.snapshot import night_window
-
-from fhir_support import CLIENT_ID, appointment, chart_record, cli, connect_clinic, patient, practitioner, start_fhir_ehr
 
 pytestmark = pytest.mark.slow
 PRACTICE = "Organization/a-1.Practice-195900"   # the test EHR's athena practice (FHIR_EHR_PRACTICE)
@@ -236,7 +244,9 @@ def test_hostile_values_are_skipped_counted_and_named_in_the_night_and_the_hub(r
 def test_migration_2651_gives_an_older_schema_the_profile_columns(runtime):
     """A database made before the vendor profiles gains them on migrate (existing clinics: generic, auto, none)."""
     import peewee
-    from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate as run
+    from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
+    from playhouse.migrate import migrate as run
+
     from lifecycle.organizations import create_organization
     from models.appointments import Snapshot
     from models.schema import SchemaVersion
