@@ -210,14 +210,20 @@ def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reop
         held_ready, stop_ready = on_own_thread(lambda: runtime.unit_of_work(runtime.readiness.report, runtime))
         held_a, stop_a = on_own_thread(lambda: runtime.unit_of_work(select_one))
         held_b, stop_b = on_own_thread(lambda: runtime.unit_of_work(select_one))
+
+        def in_transaction():
+            with runtime.db.atomic():  # found dead at BEGIN, before the transaction starts
+                return select_one()
+        held_c, stop_c = on_own_thread(lambda: runtime.unit_of_work(in_transaction))
         pg.stop()
         pg.start()
         ready, checks = held_ready(lambda: runtime.unit_of_work(runtime.readiness.report, runtime))
         assert ready, checks  # the old connection is dead, the database is not
         assert held_a(lambda: runtime.unit_of_work(select_one)) == (1,)
         assert held_b(lambda: runtime.unit_of_work(select_one)) == (1,)
+        assert held_c(lambda: runtime.unit_of_work(in_transaction)) == (1,)
         assert select_one() == (1,)  # this thread's connection (no unit of work, as a loop's) too
-        for stop in (stop_ready, stop_a, stop_b):
+        for stop in (stop_ready, stop_a, stop_b, stop_c):
             stop()
     finally:
         if runtime is not None:
