@@ -151,11 +151,9 @@ class Runtime:
         failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
         the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
         unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
-        self.connections.begin()
         try:
-            return fn(*args, **kwargs)
+            return self.connections.run(fn, *args, **kwargs)
         except DATABASE_ERRORS as exc:
-            self.connections.failed()
             raise dependency_unavailable("database") from exc
         except (RateLimiterUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
             raise dependency_unavailable("Redis") from exc
