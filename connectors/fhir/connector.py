@@ -65,7 +65,7 @@ class FhirConnector:
         patient = patient_of(resource)
         if patient.date_of_birth is None:
             raise ConnectorError(f"Patient {patient_id} has no birthDate in the EHR; a chart needs it.")
-        spool = ChartSpool(patient_id)
+        spool = ChartSpool(patient_id, self.client.base)
         try:
             for resource in self.chart_resources(patient_id):
                 spool.add(resource)
