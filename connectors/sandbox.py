@@ -127,6 +127,10 @@ class SandboxConnector(SandboxFhir):
         return list(User.select().where((User.organization == self.organization_id) & User.npi.is_null(False)
                                         & (User.npi != "")).order_by(User.id))
 
+    def user_practitioner(self, provider: Provider) -> str | None:
+        """The sandbox's Practitioner of a user: the user itself when it has an NPI (`physicians`)."""
+        return provider.user_id if provider.npi else None
+
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime,
                            as_of: dt.datetime | None = None):
         """The provider's appointments in [start, end) as the EHR shows them at `as_of` (default `start`)."""

@@ -7,10 +7,11 @@ import logging
 
 from connectors.base import Chart, ConnectorError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery
 from connectors.fhir import check as ehr_check
-from connectors.fhir.cache import FhirState
+from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
+                                   FhirState)
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
 from connectors.fhir.mapping import LISTED_STATUSES, appointment_of, patient_of, relative_references
-from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, instant, search_params
+from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 
 log = logging.getLogger("svc_auth.connectors.fhir")
@@ -19,9 +20,10 @@ log = logging.getLogger("svc_auth.connectors.fhir")
 class FhirConnector:
     """One organization's FHIR EHR, behind the connector interface."""
 
-    def __init__(self, organization, client: FhirClient):
+    def __init__(self, organization, client: FhirClient, practitioners: ExpiringCache | None = None):
         self.organization = organization
         self.client = client
+        self.practitioners = practitioners if practitioners is not None else ExpiringCache()
 
     def practitioner_id(self, npi: str) -> str | None:
         """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
@@ -31,6 +33,26 @@ class FhirConnector:
         if len(ids) > 1:
             log.warning("%d practitioners have NPI %s in %s; using the first", len(ids), npi, self.organization.id)
         return ids[0] if ids else None
+
+    def user_practitioner(self, provider: Provider) -> str | None:
+        """The id of the user's Practitioner in this EHR, found by NPI, or None when the EHR has
+        none (or did not answer: a sign-in does not fail on it). Cached per process by (base, NPI)."""
+        if not provider.npi or not TOKEN_VALUE.fullmatch(provider.npi):
+            return None
+        cache, key = self.practitioners, (self.client.base, provider.npi)
+        known = cache.get(key)
+        if known is not None:
+            return known or None
+        try:
+            found = self.practitioner_id(provider.npi)
+        except (ConnectorError, LookupError) as exc:
+            log.warning("fhirUser: the EHR of %s did not say which Practitioner has NPI %s (%s)",
+                        self.organization.id, provider.npi, exc)
+            cache.put(key, "", UNAVAILABLE_SECONDS)
+            return None
+        found = found if found and FHIR_ID.fullmatch(found) else ""
+        cache.put(key, found, PRACTITIONER_SECONDS if found else NO_PRACTITIONER_SECONDS)
+        return found or None
 
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
         practitioner = self.practitioner_id(provider.npi)
@@ -143,4 +165,4 @@ def connect(runtime, organization) -> FhirConnector:
     state = runtime.connector_state("fhir", FhirState)
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
                         runtime.ehr_keys, state.tokens, state.capabilities)
-    return FhirConnector(organization, client)
+    return FhirConnector(organization, client, state.practitioners)
