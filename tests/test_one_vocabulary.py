@@ -1,7 +1,8 @@
-"""One vocabulary whatever the clinic's EHR (CONTRACTS, "One vocabulary for every EHR"), on a
-sandbox clinic here (the FHIR clinic's side: tests/test_fhir_vocabulary.py): `fhirUser` resolves
-with the launch's own access token, appointment statuses are FHIR AppointmentStatus codes, and the
-chart JSON validates against the schema served at `GET /v1/schemas/chart.json`."""
+"""One vocabulary whatever the clinic's EHR (CONTRACTS, "One vocabulary for every EHR"), over HTTP
+on both databases: `fhirUser` resolves with the launch's own access token on a sandbox clinic and on
+a FHIR clinic (the Medplum-based test EHR), appointment statuses are FHIR AppointmentStatus codes,
+and the chart JSON validates against the schema served at `GET /v1/schemas/chart.json` (a FHIR
+clinic's chart and night: tests/test_fhir_connector.py)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -13,8 +14,10 @@ from jose import jwt
 from chart_support import chart_schema_validator, open_archive, wait_until_not_pending
 from connectors import APPOINTMENT_STATUSES, ResourceQuery, connector_for
 from connectors.sessions import touch_session
-from fhir_api_support import Fhir, resources
-from lifecycle.applications import set_smart_scopes
+from fhir_api_support import Fhir
+from fhir_support import connect_clinic, fhir_ehr, practitioner  # noqa: F401 (fhir_ehr: a fixture)
+from lifecycle.applications import install_application, set_smart_scopes
+from lifecycle.users import create_user, update_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
 from rest_helpers import partner_headers
@@ -109,3 +112,34 @@ async def test_every_appointment_status_of_a_sandbox_clinic_is_a_fhir_code(api, 
     _, _, page = await api.call("GET", f"/v1/appointments/{world.org.id}?limit=5", headers=headers)
     assert [a["status"] for a in page["appointments"]] == ["booked"] * len(page["appointments"])
 
+
+
+# -- a FHIR clinic (the Medplum-based test EHR) ---------------------------------------------------
+
+ANA_NPI, BEN_NPI, UNKNOWN_NPI = "1417000043", "1417000019", "1417000050"
+
+
+@pytest.mark.slow
+def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(smart_world, runtime, live, fhir_ehr):  # noqa: F811
+    world = smart_world
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="fhirUser Clinic")
+    fhir_ehr.seed(practitioner("pr-ana", ANA_NPI, "Lopez", "Ana"), practitioner("pr-ben", BEN_NPI, "Okafor", "Ben"))
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@fhir-user.example", "Ana", "Lopez", "alopez", ANA_NPI)
+    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, FHIR_USER_SCOPE)
+    fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
+    assert fhir_user == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ana"     # the EHR's, not svc-auth's user id
+    status, _, body = Fhir(live, org_id, tokens["access_token"]).get(fhir_user)
+    assert status == 200 and body["resourceType"] == "Practitioner" and body["id"] == "pr-ana", body
+    assert {"system": "http://hl7.org/fhir/sid/us-npi", "value": ANA_NPI} in body["identifier"]
+    # Cached per process by NPI: another launch asks the EHR nothing; a changed NPI is looked up anew.
+    searches = fhir_ehr.stats()["pages"].get("Practitioner", 0)
+    launch_tokens(live, runtime, ana, world.app, world.secret, FHIR_USER_SCOPE)
+    assert fhir_ehr.stats()["pages"].get("Practitioner", 0) == searches
+    update_user(ana.id, npi=BEN_NPI)
+    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, FHIR_USER_SCOPE)
+    assert jwt.get_unverified_claims(tokens["id_token"])["fhirUser"] == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ben"
+    # An NPI the EHR does not know: no fhirUser rather than one that would be a 404.
+    zed = create_user(org_id, "zed@fhir-user.example", "Zed", "Unknown", "zunknown", UNKNOWN_NPI)
+    tokens = launch_tokens(live, runtime, zed, world.app, world.secret, FHIR_USER_SCOPE)
+    assert "fhirUser" in tokens["scope"].split() and "fhirUser" not in jwt.get_unverified_claims(tokens["id_token"])
