@@ -28,7 +28,8 @@ DATE_ELEMENTS = MappingProxyType({
 })
 """The date of a resource, by type: the first of these elements present (a path into the resource;
 through a list, its first item). Types not listed have no date: a date range matches none of them."""
-PERIOD_END = MappingProxyType({"Encounter": ("period", "end"), "Observation": ("effectivePeriod", "end")})
+PERIOD_END = MappingProxyType({"Encounter": ("period", "end"), "Observation": ("effectivePeriod", "end"),
+                               "Condition": ("onsetPeriod", "end")})
 """Where a type's date is a period, its end (a missing end: the start's own precision)."""
 PATIENT_REFERENCES = ("subject", "patient")
 """The elements naming a resource's patient (besides an Appointment's participants)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from connectors.base import LISTED_STATUSES, Appointment, Patient  # noqa: F401 (the connector's listed statuses)
+from connectors.base import LISTED_STATUSES, Appointment, Patient
 from connectors.fhir.spool import text_of
 
 MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made relative
