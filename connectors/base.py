@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterator, Protocol
 
 
@@ -63,8 +64,25 @@ class Patient:
     sex: str
 
 
+APPOINTMENT_STATUSES = ("proposed", "pending", "booked", "arrived", "fulfilled", "cancelled", "noshow",
+                        "entered-in-error", "checked-in", "waitlist")
+"""FHIR R4 AppointmentStatus codes: an `Appointment.status` is one of them, whatever the EHR."""
+LISTED_STATUSES = ("proposed", "pending", "booked", "arrived", "checked-in")
+"""The statuses of appointments that are listed (snapshot, REST API): still expected to take place.
+`cancelled`, `noshow`, `entered-in-error`, `fulfilled` and `waitlist` are not."""
+LEGACY_STATUSES = MappingProxyType({"confirmed": "booked"})
+"""Statuses that snapshots built before every status was a FHIR code may hold, as FHIR codes."""
+
+
+def fhir_status(status: str) -> str:
+    """An appointment status as a FHIR AppointmentStatus code (a stored legacy value mapped)."""
+    return LEGACY_STATUSES.get(status, status)
+
+
 @dataclass(frozen=True)
 class Appointment:
+    """An appointment; `status` is a FHIR AppointmentStatus code (`APPOINTMENT_STATUSES`)."""
+
     id: str
     start: dt.datetime
     end: dt.datetime
@@ -150,6 +168,9 @@ class Connector(Protocol):
         ...
 
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
+        ...
+
+    def user_practitioner(self, provider: Provider) -> str | None:
         ...
 
     def search_resources(self, query: ResourceQuery) -> Iterator[dict]:

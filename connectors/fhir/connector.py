@@ -9,12 +9,13 @@ import logging
 from connectors.base import (Chart, ConnectorError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery,
                              Skipped)
 from connectors.fhir import check as ehr_check
-from connectors.fhir.cache import FhirState
+from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
+                                   FhirState)
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, instant, search_params
+from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 
 log = logging.getLogger("svc_auth.connectors.fhir")
@@ -27,12 +28,14 @@ class FhirConnector:
     `profile` with the clinic's `extra` search parameters appended to every search. `skipped`
     counts what the EHR sent that could not be listed, by reason."""
 
-    def __init__(self, organization, client: FhirClient, profile: Profile | None = None, extra=()):
+    def __init__(self, organization, client: FhirClient, profile: Profile | None = None, extra=(),
+                 practitioners: ExpiringCache | None = None):
         self.organization = organization
         self.client = client
         self.profile = profile or profile_named("generic")
         self.extra = tuple(extra)
         self.skipped = Skipped()
+        self.practitioners = practitioners if practitioners is not None else ExpiringCache()
 
     def search(self, params: dict) -> dict:
         """`params` as this EHR wants them: the clinic's extra parameters appended; with `_id`
@@ -58,6 +61,26 @@ class FhirConnector:
         if self.profile.appointment_include:
             params["_include"] = "Appointment:patient"
         return self.search(params)
+
+    def user_practitioner(self, provider: Provider) -> str | None:
+        """The id of the user's Practitioner in this EHR, found by NPI, or None when the EHR has
+        none (or did not answer: a sign-in does not fail on it). Cached per process by (base, NPI)."""
+        if not provider.npi or not TOKEN_VALUE.fullmatch(provider.npi):
+            return None
+        cache, key = self.practitioners, (self.client.base, provider.npi)
+        known = cache.get(key)
+        if known is not None:
+            return known or None
+        try:
+            found = self.practitioner_id(provider.npi)
+        except (ConnectorError, LookupError) as exc:
+            log.warning("fhirUser: the EHR of %s did not say which Practitioner has NPI %s (%s)",
+                        self.organization.id, provider.npi, exc)
+            cache.put(key, "", UNAVAILABLE_SECONDS)
+            return None
+        found = found if found and FHIR_ID.fullmatch(found) else ""
+        cache.put(key, found, PRACTITIONER_SECONDS if found else NO_PRACTITIONER_SECONDS)
+        return found or None
 
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
         practitioner = self.practitioner_id(provider.npi)
@@ -127,7 +150,7 @@ class FhirConnector:
             raise ConnectorError(f"Patient {patient_id} cannot be charted: {exc} in the EHR.") from None
         if patient.date_of_birth is None:
             raise ConnectorError(f"Patient {patient_id} has no birthDate in the EHR; a chart needs it.")
-        spool, omitted = ChartSpool(patient_id), []
+        spool, omitted = ChartSpool(patient_id, self.client.base), []
         try:
             for resource in self.chart_resources(patient_id, omitted):
                 spool.add(resource)
@@ -237,4 +260,4 @@ def connect(runtime, organization) -> FhirConnector:
         extra = [tuple(p) for p in json.loads(getattr(organization, "fhir_search_params", None) or "[]")]
     except ValueError:
         extra = []
-    return FhirConnector(organization, client, profile, extra)
+    return FhirConnector(organization, client, profile, extra, state.practitioners)

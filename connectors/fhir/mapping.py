@@ -5,13 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from connectors.base import Appointment, Patient
+from connectors.base import LISTED_STATUSES, Appointment, Patient
 from connectors.fhir.spool import text_of
 
 MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made relative
-LISTED_STATUSES = ("proposed", "pending", "booked", "arrived", "checked-in")
-"""FHIR Appointment statuses that are listed (the FHIR code is the API's `status`); `cancelled`,
-`noshow`, `entered-in-error`, `fulfilled` and `waitlist` are not."""
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
