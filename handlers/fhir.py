@@ -11,11 +11,13 @@ from types import MappingProxyType
 
 import tornado.web
 
+from audit.disclosures import disclosed
 from errors import ApiError
 from fhir_api import FHIR_PATH_PREFIX
 from fhir_api.access import authenticate
 from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
+from fhir_api.disclosure import describe_read, describe_search, fhir_disclosure
 from fhir_api.formats import check_format
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
 from fhir_api.search import RESOURCE_ID, search_arguments
@@ -47,6 +49,12 @@ class FhirHandler(CorsHandler):
         caller = await self.run(authenticate, self.runtime, self.request.headers.get("Authorization"), organization_id)
         await self.allow_origin_of(caller.claims.get("client_id"))
         return caller
+
+    async def disclose(self, caller, action: str, resource_type: str, path_id: str | None, describe, fn, *args):
+        """`fn(*args)` on the pool, its disclosure recorded (success or failure) before we answer."""
+        disclosure = fhir_disclosure(caller, action, resource_type, path_id, self.request.query_arguments,
+                                     self.request_disclosure(action))
+        return await self.run(disclosed, self.runtime, disclosure, describe, 200, fn, *args)
 
     def write_fhir(self, value: dict) -> None:
         self.set_header("Content-Type", f"{FHIR_JSON}; charset=UTF-8")
@@ -97,7 +105,8 @@ class ReadHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type, resource_id):
         caller = await self.caller(organization_id)
-        self.write_fhir(await self.run(read, self.runtime, caller, resource_type, resource_id))
+        self.write_fhir(await self.disclose(caller, "read", resource_type, resource_id, describe_read,
+                                            read, self.runtime, caller, resource_type, resource_id))
 
 
 class SearchHandler(FhirHandler):
@@ -108,8 +117,9 @@ class SearchHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type):
         caller = await self.caller(organization_id)
-        args = search_arguments(self.request.query_arguments)
-        self.write_fhir(await self.run(search, self.runtime, caller, resource_type, args))
+        raw = self.request.query_arguments
+        self.write_fhir(await self.disclose(caller, "search", resource_type, None, describe_search,
+                                            lambda: search(self.runtime, caller, resource_type, search_arguments(raw))))
 
 
 def routes(runtime) -> list:

@@ -16,6 +16,7 @@ from models.changes import ChangeVersion
 from models.charts import ChartRequest
 from models.db import BaseModel
 from models.denylist import DeniedToken
+from models.disclosures import DisclosureRecord, install_guard
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, Launch
@@ -30,7 +31,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Launch, AuthorizationCode, AuditEvent, SigningKeyRecord, ChangeVersion, DeniedToken,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
-    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey,
+    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
 )
 
 
@@ -111,6 +112,8 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 21 numbers its steps 21xx.
     (2101, "SMART: declared scopes and public clients; a launch's and a code's patient; codes' scope as text",
      _smart_launch),
+    # Issue 27 numbers its steps 27xx.
+    (2701, "disclosure_record: append-only on PostgreSQL (a trigger refuses UPDATE, DELETE, TRUNCATE)", install_guard),
 )
 
 
