@@ -142,12 +142,12 @@ class SandboxConnector(SandboxFhir):
         """The provider's appointments in [start, end) as the EHR shows them at `as_of` (default `start`)."""
         query = f"practitioner={provider.npi}&start={start.isoformat()}&end={end.isoformat()}"
         self._recorded_call("Appointment", query)
-        found = list(self._appointments(provider, start, end, as_of))
+        found = list(self._provider_appointments(provider, start, end, as_of))
         if self.recorder is not None:
             self.recorder("success", "Appointment", [a.id for a in found], [a.patient.id for a in found], query)
         yield from found
 
-    def _appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime, as_of: dt.datetime | None):
+    def _provider_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime, as_of: dt.datetime | None):
         panel = patient_panel(self.organization_id)
         today = (as_of or start).date()
         day = start.date()
