@@ -47,8 +47,8 @@ BEGIN
     IF TG_OP <> 'UPDATE' AND current_setting('svc_auth.disclosure_maintenance', true) = 'on' THEN
         RETURN NULL;  -- a statement-level trigger's result is ignored: the operation proceeds
     END IF;
-    RAISE EXCEPTION 'disclosure_record is append-only: % refused (see docs/audit.md)', TG_OP
-        USING ERRCODE = 'insufficient_privilege';
+    RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+        MESSAGE = 'disclosure_record is append-only: ' || TG_OP || ' refused (see docs/audit.md)';
 END
 $$ LANGUAGE plpgsql
 """
