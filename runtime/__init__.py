@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from playhouse.pool import PooledDatabase
@@ -76,8 +77,8 @@ class Runtime:
         self._task_queue = None
         self._metrics = None
         self.ehr_keys = EhrClientKeys(self.keyring.cipher)  # svc-auth's key at FHIR EHRs (/ehr/jwks.json)
-        self._ehr_tokens = None
-        self._ehr_capabilities = None
+        self._connector_states: dict = {}
+        self._connector_states_lock = threading.Lock()
         self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
@@ -115,21 +116,14 @@ class Runtime:
             self._metrics = Metrics()
         return self._metrics
 
-    @property
-    def ehr_tokens(self):
-        """Bearer tokens of FHIR EHRs (SMART Backend Services), cached until shortly before expiry."""
-        if self._ehr_tokens is None:
-            from connectors.fhir import bearer_tokens
-            self._ehr_tokens = bearer_tokens()
-        return self._ehr_tokens
-
-    @property
-    def ehr_capabilities(self):
-        """What each FHIR EHR's CapabilityStatement offers (Patient $everything), cached an hour."""
-        if self._ehr_capabilities is None:
-            from connectors.fhir import ExpiringCache
-            self._ehr_capabilities = ExpiringCache()
-        return self._ehr_capabilities
+    def connector_state(self, name: str, factory):
+        """What connector `name` keeps for this process (caches, tokens): built once by `factory()`,
+        owned by the connector's own module; the runtime only holds it."""
+        with self._connector_states_lock:
+            state = self._connector_states.get(name)
+            if state is None:
+                state = self._connector_states[name] = factory()
+            return state
 
     @property
     def task_queue(self):

@@ -1,9 +1,9 @@
-"""A FHIR chart's entries from US Core-shaped resources (connectors.fhir_chart), and its spool."""
+"""A FHIR chart's entries from US Core-shaped resources (connectors.fhir.spool), and its spool."""
 from __future__ import annotations
 
 import datetime as dt
 
-from connectors.fhir_chart import ChartSpool, document_of, observation_of
+from connectors.fhir.spool import ChartSpool, document_of, observation_of
 
 LOINC = "http://loinc.org"
 

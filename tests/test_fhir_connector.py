@@ -12,6 +12,7 @@ import pytest
 
 from connectors import Provider, connector_for
 from connectors.fhir import ATTEMPTS
+from connectors.fhir.cache import FhirState
 from connectors.sessions import touch_session
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
@@ -172,7 +173,7 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
 
     # A revoked registration: a permanent failure that says what to fix.
     fhir_ehr.revoke()
-    runtime.ehr_tokens.drop((f"{fhir_ehr.origin}/oauth/token", CLIENT_ID))
+    runtime.connector_state("fhir", FhirState).tokens.drop((f"{fhir_ehr.origin}/oauth/token", CLIENT_ID))
     check = cli(settings, "ehr", "check", "--org", org_id, "--json")
     verdict = json.loads(check.stdout)
     assert check.returncode == 1 and not verdict["ok"]
@@ -268,7 +269,7 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
 
     # An EHR without $everything: the connector searches by patient, type by type, page by page.
     fhir_ehr.offer_everything(False)
-    runtime.ehr_capabilities.drop(fhir_ehr.base)        # as an hour later
+    runtime.connector_state("fhir", FhirState).capabilities.drop(fhir_ehr.base)        # as an hour later
     _, searched = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
     pages = fhir_ehr.stats()["pages"]
     assert pages["Patient/$everything"] == 6 and pages["Encounter"] == 3 and pages["Observation"] == 1

@@ -5,7 +5,7 @@
 problems, medications and allergies in memory (a chart has tens), encounters, observations and
 documents appended to anonymous temporary files and read back line by line, as often as the PDF
 and the JSON ask. So a chart of thousands of resources is read from the EHR once and memory stays
-flat. A resource that names another patient is left out. No FHIR search syntax here (`connectors.fhir`).
+flat. A resource that names another patient is left out. No FHIR search syntax here (`connectors.fhir.query`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,40 @@
+"""The FHIR R4 connector (`ehr: fhir`): a clinic's EHR over HL7 FHIR R4 (US Core), reached with
+SMART Backend Services. The only module that knows FHIR search syntax.
+
+An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id at that EHR
+(`fhir_client_id`) and `fhir_auth`: `smart-backend` (default) or `none` (an open test server).
+
+- **Authentication** (SMART Backend Services): the token endpoint comes from
+  `{base}/.well-known/smart-configuration`; the token from the `client_credentials` grant with a
+  `private_key_jwt` client assertion (RFC 7523: `iss` = `sub` = client id, `aud` = the token
+  endpoint, a unique `jti`, `exp` 5 minutes ahead, RS384, the `kid` of a key published at
+  `{SVC_ISSUER}/ehr/jwks.json`). Tokens are cached per runtime until shortly before they expire,
+  and renewed once when the EHR answers 401.
+- **Appointments**: the Practitioner by NPI (`identifier=http://hl7.org/fhir/sid/us-npi|<npi>`),
+  then its Appointments in the window with `_include=Appointment:patient` (no query per patient),
+  following the Bundle's `next` links. Listed statuses: `LISTED_STATUSES`; the others are not.
+- **Charts**: the Patient, then its resources page by page: `Patient/{id}/$everything` where the
+  EHR's CapabilityStatement (`{base}/metadata`, read once per runtime and base, cached an hour)
+  offers an operation `everything` on Patient and does not refuse it (a 4xx on its first page
+  makes the connector fall back, remembered for the hour); else searches by patient of `CHART_TYPES`
+  (Condition, MedicationRequest, AllergyIntolerance, Encounter, Observation, DocumentReference).
+  Either way each page is spooled to disk (`connectors.fhir.spool`), so the EHR is read once and
+  memory stays flat for thousands of resources; the PDF and JSON stream from the spool.
+- **The platform FHIR API** (`read_resource`, `search_resources`): a read is `GET {base}/{type}/{id}`
+  (404/410: `ResourceNotFound`); a search translates the neutral `ResourceQuery` into this EHR's
+  search parameters (`SEARCH_DATE`, `PATIENT_SEARCH`) and yields the matches of the asked type
+  lazily, page by page. Ids, NPIs and types are validated before they reach a URL; a query that
+  cannot apply to the type (a date on Practitioner) matches nothing.
+- **Errors**: 401/403 and an OperationOutcome `login`/`forbidden` are permanent
+  (`ConnectorError`, saying what to fix); 429, 5xx, timeouts and refused connections are retried
+  with backoff, honouring `Retry-After`, then raised as `ConnectorUnavailable` (the task retries).
+"""
+from __future__ import annotations
+
+from connectors.fhir.client import ATTEMPTS, SCOPES, AccessRefused, RequestRefused  # noqa: F401
+from connectors.fhir.connector import FhirConnector, connect  # noqa: F401
+
+# The modules, by concern: `client` (transport, SMART Backend Services, paging), `cache` (what the
+# connector keeps per process), `capability` (the CapabilityStatement), `query` (FHIR search syntax),
+# `mapping` (resources as the interface's records; references), `spool` (a chart's resources),
+# `check` (`svc-auth ehr check`), `connector` (the interface).

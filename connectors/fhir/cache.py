@@ -1,0 +1,45 @@
+"""Caches the FHIR connector keeps per process (owned by the runtime's connector state):
+EHR access tokens and what each EHR's CapabilityStatement offers."""
+from __future__ import annotations
+
+import threading
+import time
+
+TOKEN_MARGIN_SECONDS = 30        # a cached token is renewed this long before it expires
+
+
+class ExpiringCache:
+    """Values of one runtime by key, each until `margin` seconds before it expires: the access
+    tokens per (token endpoint, client id), and what each EHR's CapabilityStatement offers."""
+
+    def __init__(self, margin: float = 0.0):
+        self._lock = threading.Lock()
+        self._values: dict = {}
+        self.margin = margin
+
+    def get(self, key):
+        """The value, or None when there is none or it expired."""
+        with self._lock:
+            value, expires = self._values.get(key, (None, 0.0))
+        return value if time.time() < expires - self.margin else None
+
+    def put(self, key, value, expires_in: float) -> None:
+        with self._lock:
+            self._values[key] = (value, time.time() + expires_in)
+
+    def drop(self, key) -> None:
+        with self._lock:
+            self._values.pop(key, None)
+
+
+def bearer_tokens() -> ExpiringCache:
+    """A runtime's EHR access tokens: renewed `TOKEN_MARGIN_SECONDS` before they expire."""
+    return ExpiringCache(margin=TOKEN_MARGIN_SECONDS)
+
+
+class FhirState:
+    """What the FHIR connector keeps for one process: tokens and CapabilityStatement verdicts."""
+
+    def __init__(self):
+        self.tokens = bearer_tokens()
+        self.capabilities = ExpiringCache()
