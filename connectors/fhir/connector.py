@@ -23,6 +23,15 @@ class FhirConnector:
         self.organization = organization
         self.client = client
 
+    @property
+    def recorder(self):
+        """The disclosure audit's callback (`connectors.connector_for`): the client calls it once per read."""
+        return self.client.recorder
+
+    @recorder.setter
+    def recorder(self, value) -> None:
+        self.client.recorder = value
+
     def practitioner_id(self, npi: str) -> str | None:
         """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
         bundle = self.client.get("Practitioner", {"identifier": f"{NPI_SYSTEM}|{npi}", "_elements": "id"})
