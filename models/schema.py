@@ -130,6 +130,11 @@ def bind_models(db: peewee.Database) -> None:
 def migrate(db: peewee.Database) -> list[str]:
     """Create missing tables in `db` and apply pending migrations; returns what was done."""
     done = []
+    existing = set(db.get_tables())
+    if all(m._meta.table_name in existing for m in (SchemaVersion, *MODELS)):
+        applied = {row.version for row in SchemaVersion.select(SchemaVersion.version)}
+        if all(version in applied for version, _, _ in MIGRATIONS):
+            return done  # up to date: no DDL, so a service role without CREATE rights starts (docs/operations.md)
     with db.atomic():
         existing = set(db.get_tables())
         db.create_tables([SchemaVersion, *MODELS], safe=True)
