@@ -366,3 +366,43 @@ def test_turning_the_audit_off_is_itself_audited(settings):
     cli(settings, "audit", "list", "--json", SVC_DISCLOSURE_AUDIT="off")
     events = json.loads(cli(settings, "audit", "list", "--json").stdout)["events"]
     assert [e["action"] for e in events if e["action"].startswith("audit.")] == ["audit.disclosures_off"]
+
+
+def test_a_service_role_with_select_and_insert_only_records_and_cannot_erase(runtime, backend, world):
+    """docs/operations.md: the services under a role that may only SELECT and INSERT the table."""
+    if backend != "postgresql":
+        pytest.skip("roles are PostgreSQL's")
+    import uuid
+    from conftest import PG_DSN
+    role, database = f"svc_audit_{uuid.uuid4().hex[:8]}", runtime.settings.database_url.rsplit("/", 1)[1]
+    admin = psycopg2.connect(f"{PG_DSN}/{database}")
+    admin.autocommit = True
+    cursor = admin.cursor()
+    cursor.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    try:
+        for grant in ("GRANT USAGE ON SCHEMA public TO {r}", "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {r}",
+                      "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {r}",
+                      "REVOKE UPDATE, DELETE, TRUNCATE ON disclosure_record FROM {r}"):
+            cursor.execute(grant.format(r=role))
+        host = PG_DSN.split("@", 1)[1]
+        url = f"postgresql://{role}:pw@{host}/{database}"
+        from runtime.startup import open_runtime
+        service = open_runtime(runtime.settings.replace(database_url=url))
+        try:
+            service.unit_of_work(record, service, Disclosure(action="read", organization_id=world.org.id),
+                                 "success", 200, ["pat_1"], ["pat_1"])
+            for sql in ('DELETE FROM "disclosure_record"', 'UPDATE "disclosure_record" SET "query" = \'x\'',
+                        'TRUNCATE "disclosure_record"', 'ALTER TABLE "disclosure_record" DISABLE TRIGGER USER'):
+                with pytest.raises(Exception) as refused:
+                    with service.db.atomic():
+                        service.db.execute_sql("SET LOCAL svc_auth.disclosure_maintenance = 'on'")
+                        service.db.execute_sql(sql)
+                assert "permission denied" in str(refused.value) or "must be owner" in str(refused.value)
+        finally:
+            service.close()
+        code, result = _verify_cli(runtime.settings.replace(database_url=url))
+        assert code == 0 and result["records"] == 1
+    finally:
+        cursor.execute(f"DROP OWNED BY {role}")
+        cursor.execute(f"DROP ROLE {role}")
+        admin.close()
