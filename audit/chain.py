@@ -60,28 +60,39 @@ def _lock(db) -> None:
         db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
 
 
-def _head():
-    return (DisclosureRecord.select(DisclosureRecord.seq, DisclosureRecord.mac)
-            .order_by(DisclosureRecord.seq.desc()).limit(1).first())
+_COLUMNS = (*CHAINED, "mac")
+
+
+def _head(db) -> tuple[int, str] | None:
+    """(seq, mac) of the last record (plain SQL: this runs once per batch of every request)."""
+    return db.execute_sql('SELECT "seq", "mac" FROM "disclosure_record" ORDER BY "seq" DESC LIMIT 1').fetchone()
+
+
+def _insert(db, rows: list[dict]) -> None:
+    """One multi-row INSERT (plain SQL, values converted by the model's own fields)."""
+    fields = DisclosureRecord._meta.fields
+    columns = ", ".join(f'"{c}"' for c in _COLUMNS)
+    one = "(" + ", ".join([db.param] * len(_COLUMNS)) + ")"
+    params = [fields[c].db_value(row[c]) for row in rows for c in _COLUMNS]
+    db.execute_sql(f'INSERT INTO "disclosure_record" ({columns}) VALUES {", ".join([one] * len(rows))}', params)
 
 
 def append(db, key: bytes, rows: list[dict], now) -> list[int]:
     """Append `rows` (field dicts without seq, at, mac) in one transaction; their seqs. `now()` is
     read under the lock, so `at` never goes backwards along the chain (within one clock)."""
-    seqs = []
     with db.atomic():
         _lock(db)
-        head = _head()
-        seq, previous = (head.seq, head.mac) if head else (0, GENESIS)
+        seq, previous = _head(db) or (0, GENESIS)
         at = to_ms(now())
+        records = []
         for fields in rows:
             seq += 1
-            values = {**{"patients": [], "resource_ids": [], "query": "", "resource_type": "", "detail": {}},
-                      **fields, "seq": seq, "at": at}
+            values = {**dict.fromkeys(CHAINED), "patients": [], "resource_ids": [], "query": "", "resource_type": "",
+                      "detail": {}, **fields, "seq": seq, "at": at}
             values["mac"] = previous = link(key, previous, values)
-            DisclosureRecord.insert(**values).execute()
-            seqs.append(seq)
-    return seqs
+            records.append(values)
+        _insert(db, records)
+    return [r["seq"] for r in records]
 
 
 def _fields(row: DisclosureRecord) -> dict:
@@ -143,8 +154,8 @@ def prune(db, key: bytes, before: dt.datetime, now, checkpoint: dict) -> dict:
         _lock(db)
         keep = (DisclosureRecord.select(DisclosureRecord.seq).where(DisclosureRecord.at >= before)
                 .order_by(DisclosureRecord.seq).limit(1).first())
-        head = _head()
-        through = (keep.seq - 1) if keep else (head.seq if head else 0)
+        head = _head(db)
+        through = (keep.seq - 1) if keep else (head[0] if head else 0)
         first = DisclosureRecord.select(peewee.fn.MIN(DisclosureRecord.seq)).scalar() or 0
         removed = 0
         if through >= first > 0:

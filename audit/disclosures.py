@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import peewee
 
-from audit.chain import KEY_LABEL, append
+from audit.chain import KEY_LABEL
 from errors import ApiError
 from models.db import DATABASE_ERRORS
 
@@ -67,7 +67,7 @@ def record(runtime, disclosure: Disclosure, outcome: str, status: int | None,
                   patients=unique(disclosure.patients if patients is None else patients),
                   resource_ids=unique(disclosure.resource_ids if resource_ids is None else resource_ids))
     try:
-        append(runtime.db, chain_key(runtime), [fields], runtime.clock.now)
+        runtime.disclosure_writer.write(fields)
     except DATABASE_ERRORS:
         raise  # Runtime.unit_of_work: the connection is discarded, the request answers 503 + Retry-After
     except peewee.PeeweeException as exc:
