@@ -406,3 +406,40 @@ def test_a_service_role_with_select_and_insert_only_records_and_cannot_erase(run
         cursor.execute(f"DROP OWNED BY {role}")
         cursor.execute(f"DROP ROLE {role}")
         admin.close()
+
+
+WRITER = """
+import sys
+from conf import Settings
+from runtime.startup import open_runtime
+from audit.disclosures import Disclosure, record
+runtime = open_runtime(Settings.from_env(dotenv=None))
+print("ready", flush=True)
+sys.stdin.readline()
+for i in range(25):
+    runtime.unit_of_work(record, runtime, Disclosure(action="read", organization_id="org_p", request_id=f"{sys.argv[1]}-{i}"),
+                         "success", 200, ["p"], [])
+runtime.close()
+"""
+
+
+def test_processes_appending_at_once_keep_one_chain(runtime, settings):
+    """Several serve processes and workers: one linear chain, and a reader never sees a false break."""
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(n)], env=settings_env(settings), cwd=str(ROOT),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for n in range(3)]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:  # released together
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        checks = []
+        while any(proc.poll() is None for proc in procs):
+            checks.append(verify(chain_key(runtime)))
+        assert [proc.wait() for proc in procs] == [0, 0, 0]
+    finally:
+        for proc in procs:
+            stop_process(proc)
+    assert checks and all(check["ok"] for check in checks), [c for c in checks if not c["ok"]]
+    assert verify(chain_key(runtime))["records"] == 75
+    assert [r.seq for r in DisclosureRecord.select().order_by(DisclosureRecord.seq)] == list(range(1, 76))
