@@ -19,6 +19,8 @@ def register(commands) -> None:
     p = actions.add_parser("list", help="recent configuration changes, newest first")
     p.add_argument("--limit", type=int, default=50, help="at most this many events (default 50)")
     p.add_argument("--action", dest="audit_action", help="only this action, e.g. keys.rotated")
+    p.add_argument("--subject", help="only events about this subject (an application, an organization...)")
+    p.add_argument("--from", dest="start", help="only events at or after this time (ISO 8601)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=with_runtime(_list))
 
@@ -51,6 +53,10 @@ def _list(runtime, args):
     query = AuditEvent.select().order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(args.limit)
     if args.audit_action:
         query = query.where(AuditEvent.action == args.audit_action)
+    if args.subject:
+        query = query.where(AuditEvent.subject == args.subject)
+    if args.start:
+        query = query.where(AuditEvent.at >= parse_time("--from", args.start))
     events = [{"at": utc_iso(e.at), "actor": e.actor, "action": e.action, "subject": e.subject, "detail": e.detail}
               for e in query]
     if args.json:

@@ -366,6 +366,10 @@ def test_turning_the_audit_off_is_itself_audited(settings):
     cli(settings, "audit", "list", "--json", SVC_DISCLOSURE_AUDIT="off")
     events = json.loads(cli(settings, "audit", "list", "--json").stdout)["events"]
     assert [e["action"] for e in events if e["action"].startswith("audit.")] == ["audit.disclosures_off"]
+    # `audit list` filters by subject and time
+    by_subject = json.loads(cli(settings, "audit", "list", "--subject", "SVC_DISCLOSURE_AUDIT", "--json").stdout)["events"]
+    assert [e["action"] for e in by_subject] == ["audit.disclosures_off"]
+    assert json.loads(cli(settings, "audit", "list", "--from", "2999-01-01", "--json").stdout)["events"] == []
 
 
 def test_a_service_role_with_select_and_insert_only_records_and_cannot_erase(runtime, backend, world):
