@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 from connectors import fhir, sandbox
 from connectors.base import (Appointment, Chart, Connector, ConnectorError, ConnectorUnavailable, Encounter,  # noqa: F401
-                             Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery)
+                             Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery, Skipped)
 
 CONNECTORS = MappingProxyType({"sandbox": sandbox.connect, "fhir": fhir.connect})
 """Each EHR's `connect(runtime, organization) -> Connector`, by the name an organization's `ehr` field holds."""

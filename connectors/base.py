@@ -22,6 +22,30 @@ class ResourceNotFound(ConnectorError):
     """The EHR has no such resource in this organization (the FHIR API answers 404)."""
 
 
+class Skipped:
+    """What a connector read from the EHR and left out, by reason: a count and the first ids
+    (`KEEP`), e.g. an appointment whose start is not an instant. A connector may expose one as
+    `skipped`; the night's report and log carry it."""
+
+    KEEP = 5
+
+    def __init__(self):
+        self.reasons: dict[str, dict] = {}
+
+    def add(self, reason: str, item_id=None) -> None:
+        entry = self.reasons.setdefault(reason, {"count": 0, "appointments": []})
+        entry["count"] += 1
+        if isinstance(item_id, str) and item_id and len(entry["appointments"]) < self.KEEP:
+            entry["appointments"].append(item_id[:64])
+
+    def as_dict(self) -> dict:
+        return {reason: {"count": e["count"], "appointments": list(e["appointments"])}
+                for reason, e in sorted(self.reasons.items())}
+
+    def total(self) -> int:
+        return sum(e["count"] for e in self.reasons.values())
+
+
 @dataclass(frozen=True)
 class Provider:
     user_id: str
@@ -80,6 +104,8 @@ class Chart:
     encounter_source: object = None
     observation_source: object = None
     document_source: object = None
+    omitted: list[dict] = field(default_factory=list)
+    """Resource types the EHR refused to this chart, each `{"resourceType", "reason"}`."""
 
     def encounters(self) -> Iterator[Encounter]:
         return _iterate(self.encounter_source)

@@ -39,7 +39,8 @@ def write_chart_json(chart: Chart, request_id: str, path: str) -> None:
     head = {"request_id": request_id, "organization": chart.organization_name,
             "patient": {"id": p.id, "first_name": p.first_name, "last_name": p.last_name,
                         "date_of_birth": p.date_of_birth.isoformat(), "sex": p.sex},
-            "problems": chart.problems, "medications": chart.medications, "allergies": chart.allergies}
+            "problems": chart.problems, "medications": chart.medications, "allergies": chart.allergies,
+            "omitted": [{"resourceType": o["resourceType"], "reason": o["reason"]} for o in chart.omitted]}
     with open(path, "w", encoding="utf-8") as out:
         out.write(json.dumps(head, indent=1)[:-2])
         _json_array(out, "encounters", (encounter_entry(e) for e in chart.encounters()))
@@ -156,6 +157,10 @@ def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.dateti
     for first in itertools.islice(documents, 1):
         pdf.heading("Documents")
         _bounded(pdf, itertools.chain((first,), documents), PDF_MAX_DOCUMENTS, "documents", _document_line)
+    if chart.omitted:  # what the EHR would not give: the chart says so rather than look complete
+        pdf.heading("Not available from the EHR")
+        for item in chart.omitted:
+            pdf.line_text(_latin1(f"{item['resourceType']}: {item['reason']}"))
     pdf.output(path)
 
 

@@ -26,6 +26,7 @@ BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retr
 MAX_RETRY_AFTER_SECONDS = 30.0   # a longer Retry-After ends the attempts: the task retries later
 TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 PERMANENT_ISSUES = ("login", "forbidden", "security")
+ERROR_EXCERPT_CHARS = 300        # how much of an EHR's error body a message keeps
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -43,13 +44,18 @@ class FhirClient:
     """HTTP to one FHIR base: discovery, the backend-services token, JSON reads with retries."""
 
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
-                 capabilities: ExpiringCache, http: urllib3.PoolManager | None = None, sleep=time.sleep):
+                 capabilities: ExpiringCache, http: urllib3.PoolManager | None = None, sleep=time.sleep,
+                 scopes=None):
+        """`scopes(smart_configuration) -> scopes to ask`: the profile's and discovery's choice
+        (`connectors.fhir.profiles`); by default `SCOPES`."""
         self.base = base_url.rstrip("/")
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
         self.capabilities = capabilities
         self.http = http or urllib3.PoolManager(timeout=TIMEOUT, retries=False)
         self.sleep = sleep
         self._token_endpoint: str | None = None
+        self._scopes_for = scopes or (lambda configuration: SCOPES)
+        self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for
         self.recorder = None  # the disclosure audit's (connectors.connector_for): one call per FHIR read
 
     # -- SMART Backend Services -------------------------------------------------------------
@@ -62,7 +68,9 @@ class FhirClient:
 
     def token_endpoint(self) -> str:
         if self._token_endpoint is None:
-            self._token_endpoint = self.smart_configuration()["token_endpoint"]
+            configuration = self.smart_configuration()
+            self.scopes = tuple(self._scopes_for(configuration))
+            self._token_endpoint = configuration["token_endpoint"]
         return self._token_endpoint
 
     def access_token(self) -> str | None:
@@ -79,7 +87,7 @@ class FhirClient:
         assertion = jwt.encode({"iss": self.client_id, "sub": self.client_id, "aud": endpoint,
                                 "jti": uuid.uuid4().hex, "iat": now, "exp": now + ASSERTION_SECONDS},
                                pem.decode(), algorithm="RS384", headers={"kid": kid})
-        form = urlencode({"grant_type": "client_credentials", "scope": " ".join(SCOPES),
+        form = urlencode({"grant_type": "client_credentials", "scope": " ".join(self.scopes),
                           "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
                           "client_assertion": assertion})
         status, body, _ = self._send("POST", endpoint, body=form.encode(),
@@ -140,7 +148,7 @@ class FhirClient:
             break
         if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
             raise AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
-                                 f"client registration and its scopes ({' '.join(SCOPES)}).")
+                                 f"client registration and its scopes ({' '.join(self.scopes)}).")
         if status in (404, 410):  # unknown, or deleted
             raise LookupError(_issue_text(body))
         if status != 200 or not isinstance(body, dict):
@@ -227,7 +235,19 @@ def _issue_code(body) -> str | None:
 
 
 def _issue_text(body) -> str:
+    """What the EHR said: an OperationOutcome's first issue, else a bounded, printable excerpt of
+    any other JSON body (e.g. `{"error": ...}`), else "no details"."""
     if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
         issue = next(iter(body.get("issue") or ()), {})
-        return (issue.get("details") or {}).get("text") or issue.get("diagnostics") or issue.get("code") or "no details"
-    return "no details"
+        issue = issue if isinstance(issue, dict) else {}
+        text = (issue.get("details") or {}).get("text") if isinstance(issue.get("details"), dict) else None
+        return _excerpt(text or issue.get("diagnostics") or issue.get("code") or "no details")
+    if body is None:
+        return "no details"
+    return _excerpt(json.dumps(body, ensure_ascii=True))
+
+
+def _excerpt(text, limit: int = ERROR_EXCERPT_CHARS) -> str:
+    """`text` as one printable ASCII line of at most `limit` characters."""
+    flat = " ".join("".join(c if c.isprintable() and ord(c) < 128 else " " for c in str(text)).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
