@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 
-from bench.fhir_reads import Measured, _sandbox_patient
+from bench.fhir_reads import NO_FHIR_LIMITS, Measured, _sandbox_patient
 from bench.fleet import redis_namespace, scratch_database
 from bench.production import redis_server_pid
 from bench.service import BenchService
@@ -40,7 +40,7 @@ def _shape(name: str, start, seconds: float, say) -> dict:
 
 
 def _embedded(audit: str, stack):
-    service = BenchService(None, processes=1, extra_env={"SVC_DISCLOSURE_AUDIT": audit}).start()
+    service = BenchService(None, processes=1, extra_env={**NO_FHIR_LIMITS, "SVC_DISCLOSURE_AUDIT": audit}).start()
     stack.callback(service.stop)
     return service, Measured(service)
 
@@ -50,7 +50,7 @@ def _production(postgres_url: str, redis_url: str):
         namespace = stack.enter_context(redis_namespace(redis_url, f"svc-bench-{secrets.token_hex(4)}"))
         db_url = stack.enter_context(scratch_database(postgres_url))
         service = BenchService(db_url, processes=2, extra_env={
-            "SVC_REDIS_URL": redis_url, "SVC_REDIS_NAMESPACE": namespace, "SVC_DISCLOSURE_AUDIT": audit}).start()
+            **NO_FHIR_LIMITS, "SVC_REDIS_URL": redis_url, "SVC_REDIS_NAMESPACE": namespace, "SVC_DISCLOSURE_AUDIT": audit}).start()
         stack.callback(service.stop)
         return service, Measured(service, postgres_url, db_url.rsplit("/", 1)[1], redis_server_pid(redis_url))
     return start
