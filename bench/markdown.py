@@ -207,6 +207,9 @@ def render(report: dict) -> str:
         tail += render_fhir_night(report["fhir_night"])
     if report.get("chart_zip"):
         tail += render_chart(report["chart_zip"])
+    if report.get("disclosure_audit"):
+        from bench.disclosure_audit import render as render_disclosure_audit
+        tail += render_disclosure_audit(report["disclosure_audit"])
     if "http" not in report:
         return "\n".join([f"Run {report['started_at']} on {m['cpu']}, {m['cores']} cores.", ""] + tail).rstrip()
     return render_tokens(report) + "\n\n" + "\n".join(tail).rstrip()

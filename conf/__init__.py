@@ -52,7 +52,8 @@ def _seconds(name: str, value: str) -> int:
     try:
         number = int(value)
     except ValueError:
-        unit = "bytes" if name.endswith("_BYTES") else "milliseconds" if name.endswith("_MS") else "seconds"
+        unit = ("bytes" if name.endswith("_BYTES") else "milliseconds" if name.endswith("_MS")
+                else "days" if name.endswith("_DAYS") else "seconds")
         raise ConfigError(f"{name} must be a whole number of {unit}, got {value!r}") from None
     if number <= 0:
         raise ConfigError(f"{name} must be positive, got {value!r}")
@@ -182,6 +183,10 @@ class Settings:
     # A chart request or snapshot whose worker died is found and re-queued within this many
     # seconds (the delivery guarantee of docs/workers.md).
     task_recovery_seconds: int = 120
+    # The disclosure audit (docs/audit.md): on by default; turning it off is audited at every start.
+    # Records older than the retention are removed only by `svc-auth audit prune` (6 years by default).
+    disclosure_audit: bool = True
+    disclosure_retention_days: int = 6 * 365 + 2
     # TEST ONLY: seconds added to the wall clock of this process (child processes of the tests run
     # "tomorrow night" this way). Never set it in a deployment.
     clock_offset: float = 0.0
@@ -230,7 +235,7 @@ class Settings:
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace"):
+                     "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "disclosure_retention_days"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         try:
             merged["fhir_ehr_concurrency"] = int(merged["fhir_ehr_concurrency"])
@@ -256,6 +261,7 @@ class Settings:
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
         merged["sandbox"] = _switch("SVC_SANDBOX", merged["sandbox"])
+        merged["disclosure_audit"] = _switch("SVC_DISCLOSURE_AUDIT", merged["disclosure_audit"])
         for name in ("auth_failure_limit", "auth_address_failure_limit", "console_signin_failure_limit",
                      "fhir_rate_limit", "fhir_token_rate_limit"):
             if isinstance(merged[name], str):

@@ -38,12 +38,17 @@ CONNECTORS = MappingProxyType({"sandbox": sandbox.connect, "fhir": fhir.connect}
 """Each EHR's `connect(runtime, organization) -> Connector`, by the name an organization's `ehr` field holds."""
 
 
-def connector_for(runtime, organization) -> Connector:
-    """The connector of the organization's EHR."""
+def connector_for(runtime, organization, recorder=None) -> Connector:
+    """The connector of the organization's EHR. `recorder`: the disclosure audit's callback
+    (`audit.disclosures.ehr_recorder`), which the connector calls once per request to its EHR
+    (once per call on the sandbox): `recorder(outcome, resource_type, resource_ids, patients, query)`."""
     connect = CONNECTORS.get(organization.ehr or "")
     if connect is None:
         raise ConnectorError(f"No connector for EHR {organization.ehr!r}.")
-    return connect(runtime, organization)
+    connector = connect(runtime, organization)
+    if recorder is not None:
+        connector.recorder = recorder
+    return connector
 
 
 def practitioner_of(runtime, organization_id: str, user_id: str) -> str | None:

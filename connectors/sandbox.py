@@ -22,7 +22,7 @@ import time
 from functools import lru_cache
 from urllib.parse import parse_qs, urlsplit
 
-from connectors.base import (Appointment, Chart, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
+from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
                              Provider)
 from connectors import fhir_render
 from connectors.fhir.spool import observation_of
@@ -131,10 +131,29 @@ class SandboxConnector(SandboxFhir):
         """The sandbox's Practitioner of a user: the user itself when it has an NPI (`physicians`)."""
         return provider.user_id if provider.npi else None
 
+    recorder = None
+    """`connectors.connector_for`'s recorder: called once per connector call (the disclosure audit's `ehr.fetch`)."""
+
+    def _recorded_call(self, resource_type: str, query: str, patients=()) -> None:
+        """`_call()`, its failure recorded; a success is recorded by the caller once it knows the patients."""
+        try:
+            self._call()
+        except ConnectorError:
+            if self.recorder is not None:
+                self.recorder("failure", resource_type, (), patients, query)
+            raise
+
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime,
                            as_of: dt.datetime | None = None):
         """The provider's appointments in [start, end) as the EHR shows them at `as_of` (default `start`)."""
-        self._call()
+        query = f"practitioner={provider.npi}&start={start.isoformat()}&end={end.isoformat()}"
+        self._recorded_call("Appointment", query)
+        found = list(self._provider_appointments(provider, start, end, as_of))
+        if self.recorder is not None:
+            self.recorder("success", "Appointment", [a.id for a in found], [a.patient.id for a in found], query)
+        yield from found
+
+    def _provider_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime, as_of: dt.datetime | None):
         panel = patient_panel(self.organization_id)
         today = (as_of or start).date()
         day = start.date()
@@ -181,10 +200,14 @@ class SandboxConnector(SandboxFhir):
                 slot += dt.timedelta(minutes=SLOT_MINUTES)
 
     def fetch_chart(self, patient_id: str) -> Chart:
-        self._call()
+        self._recorded_call("Patient", "chart", (patient_id,))
         patient = next((p for p in patient_panel(self.organization_id) if p.id == patient_id), None)
         if patient is None:
+            if self.recorder is not None:
+                self.recorder("failure", "Patient", (patient_id,), (patient_id,), "chart")
             raise PatientNotFound(f"The EHR has no patient {patient_id} in this organization.")
+        if self.recorder is not None:
+            self.recorder("success", "Patient", (patient_id,), (patient_id,), "chart")
         rng = _rng(self.organization_id, patient_id, "chart")
         key = patient_id[len("pat_"):]
         problems = [{"id": f"cnd_{key}_{n}", "code": code, "description": text, "onset": _date(rng).isoformat()}

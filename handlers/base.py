@@ -7,11 +7,12 @@ from urllib.parse import parse_qsl
 
 import tornado.web
 
+from audit.disclosures import Disclosure, without_signature
 from conf.logging import redact
 from errors import ApiError
 from oauth.errors import OAuthError, invalid_request
 from oauth.params import MAX_JSON_DEPTH, check_fields
-from ops.observability import bind_request_id
+from ops.observability import bind_request_id, request_id_for
 from ops.proxy import client_address
 
 log = logging.getLogger("svc_auth.http")
@@ -63,6 +64,11 @@ class BaseHandler(tornado.web.RequestHandler):
     def client_address(self) -> str:
         """The caller's address (X-Forwarded-For only through SVC_TRUSTED_PROXIES)."""
         return client_address(self.request, self.svc_settings)
+
+    def request_disclosure(self, action: str, **fields) -> Disclosure:
+        """The disclosure audit's view of this request: where from, its id, its query (audit/)."""
+        return Disclosure(action=action, source_address=self.client_address(), request_id=request_id_for(self.request),
+                          query=without_signature(self.request.query), **fields)
 
     def set_default_headers(self):
         self.set_header("X-Content-Type-Options", "nosniff")

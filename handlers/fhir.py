@@ -16,11 +16,13 @@ from types import MappingProxyType
 
 import tornado.web
 
+from audit.disclosures import disclosed
 from errors import ApiError
 from fhir_api import FHIR_PATH_PREFIX
 from fhir_api.access import authenticate
 from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
+from fhir_api.disclosure import describe_read, describe_search, fhir_disclosure
 from fhir_api.formats import check_format
 from fhir_api.limits import counters, refusal_message
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
@@ -83,16 +85,22 @@ class FhirHandler(CorsHandler):
             raise FhirError(429, "throttled", refusal_message(decision, dict(limits)[decision.key].seconds),
                             self._limit_headers)
 
-    async def through_ehr(self, fn, caller, *args):
+    def disclosure(self, caller, action: str, resource_type: str, path_id: str | None = None):
+        """The disclosure audit's view of this request (audit/; what it asked: fhir_api/disclosure.py)."""
+        return fhir_disclosure(caller, action, resource_type, path_id, self.request.query_arguments,
+                               self.request_disclosure(action))
+
+    async def through_ehr(self, disclosure, describe, fn, caller, *args):
         """`fn(runtime, caller, *args)` on the pool, holding one of the clinic's EHR slots of this
-        process; when none is free, 503 at once (the EHR's protection, not the caller's fault)."""
+        process (none free: 503 at once, the EHR's protection, not the caller's fault); its
+        disclosure is recorded (success or failure) before we answer (`audit.disclosures.disclosed`)."""
         cap, clinic = self.runtime.ehr_concurrency, caller.organization_id
         if not cap.try_acquire(clinic):
             raise FhirError(503, "transient", "Too many requests to this clinic's EHR are in progress; "
                                               f"retry after {EHR_BUSY_RETRY_AFTER} seconds.",
                             {"Retry-After": str(EHR_BUSY_RETRY_AFTER)})
         try:
-            return await self.run(fn, self.runtime, caller, *args)
+            return await self.run(disclosed, self.runtime, disclosure, describe, 200, fn, self.runtime, caller, *args)
         finally:
             cap.release(clinic)
 
@@ -148,7 +156,8 @@ class ReadHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type, resource_id):
         caller = await self.caller(organization_id)
-        self.write_fhir(await self.through_ehr(read, caller, resource_type, resource_id))
+        self.write_fhir(await self.through_ehr(self.disclosure(caller, "read", resource_type, resource_id), describe_read,
+                                               read, caller, resource_type, resource_id))
 
 
 class SearchHandler(FhirHandler):
@@ -159,8 +168,10 @@ class SearchHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type):
         caller = await self.caller(organization_id)
-        args = search_arguments(self.request.query_arguments)
-        self.write_fhir(await self.through_ehr(search, caller, resource_type, args))
+        self.write_fhir(await self.through_ehr(  # the arguments are parsed on the pool: a 400 is recorded too
+            self.disclosure(caller, "search", resource_type), describe_search,
+            lambda runtime, caller, raw: search(runtime, caller, resource_type, search_arguments(raw)),
+            caller, self.request.query_arguments))
 
 
 def routes(runtime) -> list:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 
+from audit.disclosures import disclosed
 from handlers.base import BaseHandler
 from errors import ApiError
+from partner_api.disclosure import download_disclosure
 from storage.local import LocalObjectStore
 
 CHUNK = 256 * 1024
@@ -26,7 +28,11 @@ class ObjectDownloadHandler(BaseHandler):
         if problem:
             raise ApiError(403, "invalid_signature", "This download URL is not valid.")
         try:
-            handle, size = await self.run(open_object, store.path_of(key))
+            # The disclosure record (audit/) is committed before the first byte is sent.
+            disclosure = await self.run(download_disclosure, self.request_disclosure("chart.download"), key)
+            handle, size = await self.run(disclosed, self.runtime, disclosure,
+                                          lambda _: (disclosure.patients, disclosure.resource_ids),
+                                          200, open_object, store.path_of(key))
         except FileNotFoundError:
             raise ApiError(404, "not_found", "No such object.") from None
         try:

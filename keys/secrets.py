@@ -35,6 +35,10 @@ class SecretHasher:
             return False
         return hmac.compare_digest(self.digest(secret), digest)
 
+    def derive(self, label: bytes) -> bytes:
+        """A key for one purpose (`label`), derived from the server key: HMAC-SHA-256(key, label)."""
+        return hmac.new(self._key, label, hashlib.sha256).digest()
+
     def sign(self, message: str) -> str:
         """A URL-safe MAC of `message` (local object-store URLs, invitation links)."""
         mac = hmac.new(self._key, message.encode("utf-8"), hashlib.sha256).digest()

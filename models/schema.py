@@ -16,6 +16,7 @@ from models.changes import ChangeVersion
 from models.charts import ChartRequest
 from models.db import BaseModel
 from models.denylist import DeniedToken
+from models.disclosures import DisclosureRecord, install_guard
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, Launch
@@ -30,7 +31,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Launch, AuthorizationCode, AuditEvent, SigningKeyRecord, ChangeVersion, DeniedToken,
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
-    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey,
+    Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
 )
 
 
@@ -126,6 +127,8 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     (2903, "application.retired_secret_hash/_until: a secret retired by rotation is recognised, not counted",
      _add_missing_columns("application", ("retired_secret_hash", peewee.CharField(max_length=128, null=True)),
                           ("retired_secret_until", peewee.DateTimeField(null=True)))),
+    # Issue 27 numbers its steps 27xx.
+    (2701, "disclosure_record: append-only on PostgreSQL (a trigger refuses UPDATE, DELETE, TRUNCATE)", install_guard),
 )
 
 
@@ -142,6 +145,11 @@ def bind_models(db: peewee.Database) -> None:
 def migrate(db: peewee.Database) -> list[str]:
     """Create missing tables in `db` and apply pending migrations; returns what was done."""
     done = []
+    existing = set(db.get_tables())
+    if all(m._meta.table_name in existing for m in (SchemaVersion, *MODELS)):
+        applied = {row.version for row in SchemaVersion.select(SchemaVersion.version)}
+        if all(version in applied for version, _, _ in MIGRATIONS):
+            return done  # up to date: no DDL, so a service role without CREATE rights starts (docs/operations.md)
     with db.atomic():
         existing = set(db.get_tables())
         db.create_tables([SchemaVersion, *MODELS], safe=True)

@@ -7,8 +7,8 @@ from oauth.resource import bearer_value, live_claims
 from oauth.tokens import PARTNER_API_AUDIENCE
 
 
-def partner_application(runtime, authorization: str | None) -> Application:
-    """The app behind `Authorization: Bearer <token>`, or 401 with `WWW-Authenticate`.
+def partner_caller(runtime, authorization: str | None) -> tuple[Application, dict]:
+    """(the app, the token's claims) behind `Authorization: Bearer <token>`, or 401 with `WWW-Authenticate`.
 
     Refused alike: no token, a token that is not ours, expired, revoked, or of another kind
     (a user access token or sandbox token carries another audience)."""
@@ -21,4 +21,4 @@ def partner_application(runtime, authorization: str | None) -> Application:
     app = runtime.applications.by_id(claims.get("sub"))
     if app is None or app.public:  # a public client has no secret: the partner API is never its
         raise invalid_token()
-    return app
+    return app, claims

@@ -90,3 +90,11 @@ def signed_download(runtime, key: str | None) -> dict:
     ttl = runtime.settings.presigned_url_ttl
     url = runtime.object_store.presigned_url(key, ttl)
     return {"download_url": url, "expires_at": utc_iso(runtime.clock.now() + dt.timedelta(seconds=ttl))}
+
+
+def download_url(runtime, app: Application, request_id: str) -> tuple[bool, dict]:
+    """(pending?, body): the request's status while it is pending, else its signed download URL."""
+    key, pending = download_target(app, request_id)
+    if pending is not None:
+        return True, pending
+    return False, signed_download(runtime, key)

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from playhouse.pool import PooledDatabase
 from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
+from audit.chain import KEY_LABEL as DISCLOSURE_KEY_LABEL
+from audit.writer import ChainWriter
 from conf import Settings
 from fhir_api import fhir_base_url
 from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
@@ -82,6 +84,8 @@ class Runtime:
         self.ehr_keys = EhrClientKeys(self.keyring.cipher)  # svc-auth's key at FHIR EHRs (/ehr/jwks.json)
         self._connector_states: dict = {}
         self._connector_states_lock = threading.Lock()
+        # The disclosure audit's chain (audit/): group-committed appends, under a key derived from SVC_HMAC_KEY.
+        self.disclosure_writer = ChainWriter(self.db, self.hasher.derive(DISCLOSURE_KEY_LABEL), self.clock.now)
         self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.

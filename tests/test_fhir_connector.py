@@ -19,6 +19,7 @@ from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
 from models.directory import Organization
+from models.disclosures import DisclosureRecord
 from models.schedule import ScheduledRun
 from workers.leases import sync_job
 from workers.snapshot import COVERAGE, night_window, sync_organization
@@ -238,6 +239,16 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
     assert all("vitals" not in e for e in chart["encounters"])
     pages = fhir_ehr.stats()["pages"]
     assert pages == {"Patient/$everything": 3}          # 279 resources, 100 a page, no searches
+    # The disclosure audit: one ehr.fetch record per read from the EHR (the Patient, 3 pages), each
+    # naming the patient whose data it carried (the CapabilityStatement is none).
+    fetches = list(DisclosureRecord.select().where((DisclosureRecord.organization_id == org_id)
+                                                   & (DisclosureRecord.action == "ehr.fetch")).order_by(DisclosureRecord.seq))
+    assert [(f.action, f.outcome, f.resource_type, f.status) for f in fetches] == [
+        ("ehr.fetch", "success", "Patient", None)] * 4
+    assert fetches[0].resource_ids == ["pt-7"] and fetches[1].query.startswith("_type=")
+    assert {p for f in fetches for p in f.patients} == {"pt-7"} and all(f.patients for f in fetches)
+    assert {(f.application_id, f.client_id, f.user_id) for f in fetches} == {(world.app.id, world.app.client_id, None)}
+    assert sum(len(f.resource_ids) for f in fetches[1:]) >= 279
     assert held_ids(chart) == on_the_ehr                # nothing of someone-else's, nothing missing
     assert chart["patient"] == {"id": "pt-7", "first_name": "Jane", "last_name": "Doe", "date_of_birth": "1970-01-02",
                                 "sex": "female"}
@@ -286,6 +297,8 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
                                         {"svc_organization_id": org_id, "patient_id": "no-such-patient"}, headers=headers)
     failed = await wait_until_not_pending(api, headers, missing["request_id"], timeout=60)
     assert failed["status"] == "failed" and "no-such-patient" in failed["error"]
+    last = DisclosureRecord.select().where(DisclosureRecord.action == "ehr.fetch").order_by(DisclosureRecord.seq.desc()).get()
+    assert (last.outcome, last.resource_type, last.patients) == ("failure", "Patient", ["no-such-patient"])
 
 
 def test_a_fhir_clinics_physician_signs_in_to_the_sandbox_hub(runtime):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import urllib3
 from jose import jwt
@@ -55,6 +56,7 @@ class FhirClient:
         self._token_endpoint: str | None = None
         self._scopes_for = scopes or (lambda configuration: SCOPES)
         self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for
+        self.recorder = None  # the disclosure audit's (connectors.connector_for): one call per FHIR read
 
     # -- SMART Backend Services -------------------------------------------------------------
     def smart_configuration(self) -> dict:
@@ -108,6 +110,32 @@ class FhirClient:
             url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
         if urlsplit(url).netloc != urlsplit(self.base).netloc:
             raise ConnectorError(f"The EHR sent a link to another server ({urlsplit(url).netloc}); not followed.")
+        try:
+            body = self._get(url)
+        except (ConnectorError, LookupError):
+            self._record("failure", url, None)
+            raise
+        self._record("success", url, body)
+        return body
+
+    def _record(self, outcome: str, url: str, body) -> None:
+        """One `ehr.fetch` disclosure record per read, through the recorder given to the connector:
+        the patients of what it returned, or (a failure) those its URL asked for."""
+        parts = urlsplit(url)
+        path = parts.path[len(urlsplit(self.base).path):].strip("/")
+        if self.recorder is None or path == "metadata":  # the CapabilityStatement is no patient data
+            return
+        if isinstance(body, dict) and body.get("resourceType") == "Bundle":
+            resources = [entry.get("resource") or {} for entry in body.get("entry") or ()]
+        else:
+            resources = [body] if isinstance(body, dict) else []
+        if body is None:
+            patients = [m[1] for m in _PATIENT_REFERENCE.finditer(unquote(url))]
+        else:
+            patients = [p for resource in resources for p in patients_in(resource)]
+        self.recorder(outcome, path.split("/")[0], [r.get("id") for r in resources], patients, parts.query)
+
+    def _get(self, url: str) -> dict:
         for renewed in (False, True):
             headers = {"Accept": "application/fhir+json"}
             token = self.access_token()
@@ -171,6 +199,19 @@ class FhirClient:
             log.info("EHR %s answered %s; retrying in %.1f s", urlsplit(url).netloc, outcome, wait)
             self.sleep(wait)
             delay *= 2
+
+
+_PATIENT_REFERENCE = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})")
+
+
+def patients_in(resource: dict) -> list[str]:
+    """The patients whose compartment `resource` is in: a Patient's id, or the `Patient/{id}` its
+    subject, patient or participants reference (absolute or relative, versioned or not)."""
+    if resource.get("resourceType") == "Patient":
+        return [resource["id"]] if isinstance(resource.get("id"), str) else []
+    refs = [(resource.get("subject") or {}).get("reference"), (resource.get("patient") or {}).get("reference")]
+    refs += [(p.get("actor") or {}).get("reference") for p in resource.get("participant") or () if isinstance(p, dict)]
+    return [m[1] for m in (_PATIENT_REFERENCE.search(r) for r in refs if isinstance(r, str)) if m]
 
 
 def _json(data: bytes):

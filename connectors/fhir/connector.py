@@ -44,6 +44,15 @@ class FhirConnector:
             return {k: v for k, v in params.items() if k != "_count"}
         return {**params, **{name: value for name, value in self.extra if name not in params}}
 
+    @property
+    def recorder(self):
+        """The disclosure audit's callback (`connectors.connector_for`): the client calls it once per read."""
+        return self.client.recorder
+
+    @recorder.setter
+    def recorder(self, value) -> None:
+        self.client.recorder = value
+
     def practitioner_id(self, npi: str) -> str | None:
         """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
         bundle = self.client.get("Practitioner", self.search({"identifier": f"{NPI_SYSTEM}|{npi}"}))

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 from handlers.rest.base import PartnerApiHandler
 from partner_api.appointments import appointments_page
+from partner_api.disclosure import describe_page
 
 
 class AppointmentsHandler(PartnerApiHandler):
     operations = {"GET": "appointments"}
 
     async def get(self, organization_id):
-        self.write_json(await self.run(appointments_page, self.runtime, self.partner_app, organization_id,
-                                       self.query_params()))
+        query = self.query_params()
+        self.write_json(await self.disclose("appointments", organization_id, describe_page, 200, appointments_page,
+                                            self.runtime, self.partner_app, organization_id, query,
+                                            resource_type="Appointment"))
 
 
 def routes(runtime) -> list:

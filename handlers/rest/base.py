@@ -7,9 +7,10 @@ when exceeded, 503 when the shared limiter cannot be reached).
 """
 from __future__ import annotations
 
+from audit.disclosures import disclosed
 from handlers.base import BaseHandler
 from errors import ApiError
-from partner_api.auth import partner_application
+from partner_api.auth import partner_caller
 from partner_api.network import parse_networks, require_allowed_network
 from ratelimit import RateLimiterUnavailable
 
@@ -19,6 +20,7 @@ class PartnerApiHandler(BaseHandler):
     """HTTP method -> rate-limit operation name (see `ratelimit.policy`)."""
 
     partner_app = None
+    partner_claims: dict = {}
     _limit_headers: dict = {}
 
     async def prepare(self):
@@ -26,7 +28,8 @@ class PartnerApiHandler(BaseHandler):
         self.set_header("Cache-Control", "no-store")
         address = self.client_address()
         require_allowed_network(address, self.svc_settings.rest_allowed_networks)
-        self.partner_app = await self.run(partner_application, self.runtime, self.request.headers.get("Authorization"))
+        self.partner_app, self.partner_claims = await self.run(partner_caller, self.runtime,
+                                                               self.request.headers.get("Authorization"))
         require_allowed_network(address, parse_networks(self.partner_app.rest_allowed_networks))
         operation = self.operations.get(self.request.method)
         if operation:
@@ -54,6 +57,16 @@ class PartnerApiHandler(BaseHandler):
         for name, value in self._limit_headers.items():
             self.set_header(name, value)
         super().write_error(status_code, **kwargs)
+
+    async def disclose(self, action: str, organization_id, describe, status: int, fn, *args, **asked):
+        """`fn(*args)` on the pool, its disclosure recorded (audit/) before we answer. Client
+        credentials: no user; `asked`: the resource type, ids and patients a failure names."""
+        app = self.partner_app
+        disclosure = self.request_disclosure(
+            action, organization_id=organization_id if isinstance(organization_id, str) else None,
+            application_id=app.id, client_id=app.client_id, jti=self.partner_claims.get("jti"),
+            scope=self.partner_claims.get("scope"), **asked)
+        return await self.run(disclosed, self.runtime, disclosure, describe, status, fn, *args)
 
     def json_body(self) -> dict:
         """The body as a JSON object (the REST API takes JSON only)."""

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from handlers.rest.base import PartnerApiHandler
-from partner_api.charts import PENDING_RETRY_AFTER, create_request, download_target, request_status, signed_download
+from partner_api.charts import PENDING_RETRY_AFTER, create_request, download_url, request_status
+from partner_api.disclosure import chart_of, describe_chart_request
 
 
 class ChartRequestsHandler(PartnerApiHandler):
@@ -10,7 +11,11 @@ class ChartRequestsHandler(PartnerApiHandler):
 
     async def post(self):
         body = self.json_body()
-        self.write_json(await self.run(create_request, self.runtime, self.partner_app, body), status=202)
+        patient = body.get("patient_id") if isinstance(body.get("patient_id"), str) else None
+        self.write_json(await self.disclose(
+            "chart.request", body.get("svc_organization_id"), lambda answer: describe_chart_request(answer, patient),
+            202, create_request, self.runtime, self.partner_app, body,
+            resource_type="ChartRequest", patients=(patient,) if patient else ()), status=202)
 
 
 class ChartRequestHandler(PartnerApiHandler):
@@ -24,11 +29,14 @@ class DownloadUrlHandler(PartnerApiHandler):
     operations = {"GET": "chart_download_url"}
 
     async def get(self, request_id):
-        key, pending = await self.run(download_target, self.partner_app, request_id)
-        if pending is not None:
+        organization_id, patient_id, _ = await self.run(chart_of, self.partner_app.id, request_id)
+        pending, body = await self.disclose(
+            "chart.url", organization_id, lambda answer: None if answer[0] else ([patient_id], [request_id]), 200,
+            download_url, self.runtime, self.partner_app, request_id,
+            resource_type="ChartRequest", resource_ids=(request_id,), patients=(patient_id,) if patient_id else ())
+        if pending:
             self.set_header("Retry-After", str(PENDING_RETRY_AFTER))
-            return self.write_json(pending, status=202)
-        body = await self.run(signed_download, self.runtime, key)  # S3 presigning, or the test-mode ZIP build
+            return self.write_json(body, status=202)
         self.write_json(body)
 
 

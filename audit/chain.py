@@ -1,0 +1,171 @@
+"""The keyed hash chain of `disclosure_record`: append under one lock, verify, prune with an anchor.
+
+Each row's `mac` is HMAC-SHA-256, under a key derived from SVC_HMAC_KEY, of the previous row's
+`mac` and the row's own fields (its `seq` included). Whoever edits the database cannot recompute
+it without the key, so `verify` finds an edited field, a deleted or inserted row, and, given a
+head seen earlier, a truncated tail. Appends are serialized (a transaction-level advisory lock on
+PostgreSQL, the IMMEDIATE write lock on SQLite), so the chain stays linear with many processes
+and `seq` is contiguous: the head is read and the next row written under the same lock.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+
+import peewee
+
+from models.disclosures import CHECKPOINT, DisclosureRecord
+
+KEY_LABEL = b"svc-auth disclosure chain v1"
+GENESIS = "0" * 64
+ADVISORY_LOCK_ID = 2_701_027_001
+"""pg_advisory_xact_lock key of the chain (any constant other parts of svc-auth do not use)."""
+MAINTENANCE_SETTING = "svc_auth.disclosure_maintenance"
+BATCH = 2000
+
+CHAINED = ("seq", "at", "action", "outcome", "status", "organization_id", "application_id", "client_id", "user_id",
+           "patients", "resource_type", "resource_ids", "query", "jti", "scope", "source_address", "request_id",
+           "detail")
+
+
+def iso_ms(value: dt.datetime) -> str:
+    """ISO 8601 UTC with milliseconds (`2026-11-25T14:05:57.123Z`): how records show their time."""
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def to_ms(value: dt.datetime) -> dt.datetime:
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def _canonical(fields: dict) -> bytes:
+    values = {name: fields.get(name) for name in CHAINED}
+    values["at"] = iso_ms(values["at"])
+    return json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def link(key: bytes, previous: str, fields: dict) -> str:
+    """The `mac` of a row with `fields` after a row whose `mac` is `previous`."""
+    return hmac.new(key, previous.encode("ascii") + b"\n" + _canonical(fields), hashlib.sha256).hexdigest()
+
+
+def _is_postgres(db) -> bool:
+    return not isinstance(db, peewee.SqliteDatabase)
+
+
+def _lock(db) -> None:
+    """Serialize appends until this transaction ends (SQLite: its IMMEDIATE transaction already does)."""
+    if _is_postgres(db):
+        db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
+
+
+_COLUMNS = (*CHAINED, "mac")
+
+
+def _head(db) -> tuple[int, str] | None:
+    """(seq, mac) of the last record (plain SQL: this runs once per batch of every request)."""
+    return db.execute_sql('SELECT "seq", "mac" FROM "disclosure_record" ORDER BY "seq" DESC LIMIT 1').fetchone()
+
+
+def _insert(db, rows: list[dict]) -> None:
+    """One multi-row INSERT (plain SQL, values converted by the model's own fields)."""
+    fields = DisclosureRecord._meta.fields
+    columns = ", ".join(f'"{c}"' for c in _COLUMNS)
+    one = "(" + ", ".join([db.param] * len(_COLUMNS)) + ")"
+    params = [fields[c].db_value(row[c]) for row in rows for c in _COLUMNS]
+    db.execute_sql(f'INSERT INTO "disclosure_record" ({columns}) VALUES {", ".join([one] * len(rows))}', params)
+
+
+def append(db, key: bytes, rows: list[dict], now) -> list[int]:
+    """Append `rows` (field dicts without seq, at, mac) in one transaction; their seqs. `now()` is
+    read under the lock, so `at` never goes backwards along the chain (within one clock)."""
+    with db.atomic():
+        _lock(db)
+        seq, previous = _head(db) or (0, GENESIS)
+        at = to_ms(now())
+        records = []
+        for fields in rows:
+            seq += 1
+            values = {**dict.fromkeys(CHAINED), "patients": [], "resource_ids": [], "query": "", "resource_type": "",
+                      "detail": {}, **fields, "seq": seq, "at": at}
+            values["mac"] = previous = link(key, previous, values)
+            records.append(values)
+        _insert(db, records)
+    return [r["seq"] for r in records]
+
+
+def _fields(row: DisclosureRecord) -> dict:
+    return {name: getattr(row, name) for name in CHAINED}
+
+
+def _anchor(first_seq: int) -> str | None:
+    """The `mac` before `first_seq`: GENESIS at the start, else what the prune checkpoint that
+    removed the rows before it recorded (trusted only once the walk verifies that checkpoint)."""
+    if first_seq == 1:
+        return GENESIS
+    for checkpoint in (DisclosureRecord.select().where(DisclosureRecord.action == CHECKPOINT)
+                       .order_by(DisclosureRecord.seq.desc())):
+        detail = checkpoint.detail or {}
+        if detail.get("pruned_through") == first_seq - 1 and isinstance(detail.get("anchor"), str):
+            return detail["anchor"]
+    return None
+
+
+def verify(key: bytes, head: str | None = None) -> dict:
+    """Walk the chain in seq order: `{"ok": True, "records", "head"}`, or `{"ok": False,
+    "first_bad", "reason"}` naming the first seq whose link fails (None when only the tail is missing)."""
+    count, previous, expected_seq, seen_head = 0, None, None, head is None
+    last = 0
+    while True:
+        rows = list(DisclosureRecord.select().where(DisclosureRecord.seq > last)
+                    .order_by(DisclosureRecord.seq).limit(BATCH))
+        if not rows:
+            break
+        for row in rows:
+            if previous is None:
+                previous = _anchor(row.seq)
+                if previous is None:
+                    return {"ok": False, "first_bad": row.seq,
+                            "reason": f"the chain starts at seq {row.seq}, and no prune checkpoint accounts for "
+                                      "the records before it: they were deleted"}
+            elif row.seq != expected_seq:
+                return {"ok": False, "first_bad": row.seq,
+                        "reason": f"seq {expected_seq} to {row.seq - 1} are missing: records were deleted"}
+            if not hmac.compare_digest(link(key, previous, _fields(row)), row.mac or ""):
+                return {"ok": False, "first_bad": row.seq,
+                        "reason": f"the link of seq {row.seq} does not verify: this record was edited or inserted, "
+                                  "or the one before it was deleted or edited"}
+            previous, expected_seq, last = row.mac, row.seq + 1, row.seq
+            count += 1
+            seen_head = seen_head or hmac.compare_digest(row.mac, head)
+    if not seen_head:
+        return {"ok": False, "first_bad": None,
+                "reason": f"the head {head} is not in the chain: records after seq {last} were removed "
+                          "(a truncated tail), or the head was not of this chain"}
+    return {"ok": True, "records": count, "head": previous or GENESIS}
+
+
+def prune(db, key: bytes, before: dt.datetime, now, checkpoint: dict) -> dict:
+    """Delete the records older than `before` (a prefix of the chain), then append a checkpoint
+    that records the `mac` of the last one removed, so the rest still verifies. PostgreSQL: the
+    trigger lets the DELETE through only inside this transaction."""
+    with db.atomic():
+        _lock(db)
+        keep = (DisclosureRecord.select(DisclosureRecord.seq).where(DisclosureRecord.at >= before)
+                .order_by(DisclosureRecord.seq).limit(1).first())
+        head = _head(db)
+        through = (keep.seq - 1) if keep else (head[0] if head else 0)
+        first = DisclosureRecord.select(peewee.fn.MIN(DisclosureRecord.seq)).scalar() or 0
+        removed = 0
+        if through >= first > 0:
+            anchor = DisclosureRecord.get(DisclosureRecord.seq == through).mac
+            if _is_postgres(db):
+                db.execute_sql(f"SET LOCAL {MAINTENANCE_SETTING} = 'on'")
+            removed = DisclosureRecord.delete().where(DisclosureRecord.seq <= through).execute()
+            if _is_postgres(db):
+                db.execute_sql(f"SET LOCAL {MAINTENANCE_SETTING} = 'off'")
+            detail = {**checkpoint, "before": iso_ms(before), "pruned_through": through, "anchor": anchor,
+                      "removed": removed}
+            append(db, key, [{"action": CHECKPOINT, "outcome": "success", "detail": detail}], now)
+    return {"removed": removed, "pruned_through": through if removed else None}
