@@ -18,8 +18,9 @@ from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
 from fhir_api.formats import check_format
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
-from fhir_api.search import RESOURCE_ID, search_arguments
+from fhir_api.search import search_arguments
 from handlers.oauth import CorsHandler
+from models.ids import is_id
 
 _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: "not-found", 405: "not-supported",
                            406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient"})
@@ -32,7 +33,7 @@ class FhirHandler(CorsHandler):
         super().initialize(variant)
 
     def check_organization(self, organization_id: str) -> str:
-        if not RESOURCE_ID.match(organization_id or ""):
+        if not is_id(organization_id):
             raise FhirError(404, "not-found", "No such FHIR base.")
         return organization_id
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from models.application import Application
+from errors import ApiError
+from models.application import Application, Installation
 from models.grants import Launch
 from oauth.errors import AuthorizeError
 from oauth.pkce import PkceError, challenge_of
@@ -139,6 +140,15 @@ def live_launch(a: Authorization) -> None:
         a.auth_time = int(launch.created_at.replace(tzinfo=dt.timezone.utc).timestamp())
 
 
+def openable_installation(a: Authorization) -> None:
+    """The app may still be opened in the launch's clinic (`lifecycle.activation`, through the
+    runtime): a launch created before the app was Disabled there opens nothing (`access_denied`)."""
+    try:
+        a.runtime.activation.require(Installation.find(a.app.id, a.launch.organization_id), a.runtime.activation.OPEN)
+    except ApiError as exc:
+        raise a.fail("access_denied", exc.message) from None
+
+
 def smart_audience(a: Authorization) -> None:
     """SMART: `aud`, when given, is the FHIR base (`iss`) of the launch's clinic (a trailing slash
     aside), so a token is never minted for a resource server the app did not mean."""
@@ -164,4 +174,4 @@ def launch_consumed(a: Authorization) -> None:
 
 
 CHECKS = (no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value,
-          no_interactive_login, smart_launch_alias, live_launch, smart_audience, recent_sign_in, launch_consumed)
+          no_interactive_login, smart_launch_alias, live_launch, openable_installation, smart_audience, recent_sign_in, launch_consumed)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from lifecycle.billing import MONTH
-from partner_api.access import PATH_ID
+from models.ids import ID_PATTERN
 from partner_api.appointments import MAX_LIMIT
 
 VERSION = "1.0.0"
@@ -133,8 +133,8 @@ SCHEMAS = MappingProxyType({
         "total": {"type": "integer", "minimum": 0},
         "snapshot_date": {"type": ["string", "null"], "format": "date",
                           "description": "date of the nightly snapshot read; null before the first one"}}),
-    "ChartRequestCreate": _object({"svc_organization_id": {"type": "string", "pattern": PATH_ID.pattern},
-                                   "patient_id": {"type": "string", "pattern": PATH_ID.pattern}}),
+    "ChartRequestCreate": _object({"svc_organization_id": {"type": "string", "pattern": ID_PATTERN},
+                                   "patient_id": {"type": "string", "pattern": ID_PATTERN}}),
     "ChartRequestAccepted": _object({"request_id": {"type": "string"},
                                      "status": {"type": "string", "enum": ["pending"]}}),
     "ChartRequest": _object({"request_id": {"type": "string"},
@@ -171,7 +171,7 @@ def _error(description: str, headers: dict | None = None) -> dict:
 
 def _path_param(name: str, description: str) -> dict:
     return {"name": name, "in": "path", "required": True, "description": description,
-            "schema": {"type": "string", "pattern": PATH_ID.pattern, "maxLength": 64}}
+            "schema": {"type": "string", "pattern": ID_PATTERN, "maxLength": 64}}
 
 
 def _rest_operation(summary: str, operation_id: str, limited: bool, success: dict, errors: dict,

@@ -10,7 +10,7 @@ from connectors.fhir import check as ehr_check
 from connectors.fhir.cache import FhirState
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
 from connectors.fhir.mapping import LISTED_STATUSES, appointment_of, patient_of, relative_references
-from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, instant, search_params
+from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 
 log = logging.getLogger("svc_auth.connectors.fhir")
@@ -56,7 +56,7 @@ class FhirConnector:
     def fetch_chart(self, patient_id: str) -> Chart:
         """The patient's chart: the Patient, then its resources (`chart_resources`) spooled page by
         page; the PDF and JSON read encounters, observations and documents back from the spool."""
-        if not FHIR_ID.fullmatch(patient_id or ""):
+        if not is_id(patient_id):
             raise PatientNotFound(f"No patient has id {patient_id!r} in this EHR.")
         try:
             resource = self.client.get(f"Patient/{patient_id}")
@@ -113,7 +113,7 @@ class FhirConnector:
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
         """`GET {base}/{type}/{id}`; `ResourceNotFound` when the EHR has none (404, 410) or the id
         cannot be a FHIR id."""
-        if not RESOURCE_TYPE.fullmatch(resource_type or "") or not FHIR_ID.fullmatch(resource_id or ""):
+        if not RESOURCE_TYPE.fullmatch(resource_type or "") or not is_id(resource_id):
             raise ResourceNotFound(f"No {str(resource_type)[:64]} has id {str(resource_id)[:64]!r} in this EHR.")
         try:
             resource = self.client.get(f"{resource_type}/{resource_id}")
