@@ -283,10 +283,12 @@ def _oauth_paths(prefix: str) -> dict:
     # Unique operation ids: the /v1 names, prefixed for the /os-api/v2 copies.
     op_id = (lambda name: name) if prefix == "/v1" else (lambda name: "os_api_v2_" + name)
     bearer_401 = _error("bad or expired token", _header_refs(["WWW-Authenticate"], required=True))
+    disabled_403 = _error("`application_disabled`: the application is Disabled in the user's organization "
+                          "(or `not_installed`: no longer installed there)")
     userinfo = {"summary": "OIDC UserInfo", "operationId": op_id("oauth_userinfo"), "tags": ["oauth"],
                 "security": [{"userToken": []}],
                 "responses": {"200": _json(_ref("UserInfo"), "claims the app declared"), "401": bearer_401,
-                              "413": _error("request body too large")}}
+                              "403": disabled_403, "413": _error("request body too large")}}
     grants = "`authorization_code` or `client_credentials`" if prefix == "/v1" else "`authorization_code`"
     html = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": _ref("Error")}}
     return {
@@ -308,7 +310,7 @@ def _oauth_paths(prefix: str) -> dict:
             # types as optional and imports `Unset` only for optional bodies, so a required one made
             # the generated module fail to import. A missing body is a 400 `invalid_request`.
             "requestBody": {"required": False, "content": form_or_json},
-            "responses": {"200": _json(_ref("TokenResponse"), "tokens"), **token_errors}}},
+            "responses": {"200": _json(_ref("TokenResponse"), "tokens"), "403": disabled_403, **token_errors}}},
         f"{prefix}/oauth/userinfo": {"get": userinfo,
                                      "post": {**copy.deepcopy(userinfo), "operationId": op_id("oauth_userinfo_post")}},
         f"{prefix}/oauth/introspect": {"post": {
