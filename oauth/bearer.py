@@ -11,8 +11,9 @@ installation there in one query), `own_clinic` (the FHIR API's path names the to
 (the partner API is never a public client's).
 
 Refusals share one challenge (`challenge`): no token at all is 401 `Bearer realm="svc-auth"`, with
-no error attribute (RFC 6750 3.1); a malformed, expired, revoked or orphaned token is 401 with
-`error="invalid_token"` and a description; a missing scope is 403 `insufficient_scope`. The body is
+no error attribute (RFC 6750 3.1); a malformed, expired, revoked or orphaned token is 401
+`Bearer error="invalid_token", error_description="…", realm="svc-auth"`; a missing scope is 403
+`insufficient_scope` with the `scope` that would do. The body is
 the resource's own (JSON `{"error", "message"}`; the FHIR API renders an OperationOutcome).
 """
 from __future__ import annotations
@@ -48,14 +49,18 @@ def _quoted(value: str) -> str:
 
 def challenge(realm: str = REALM, error: str | None = None, description: str | None = None,
               scope: str | None = None) -> str:
-    """The `WWW-Authenticate` value: `Bearer realm="…"[, error="…", error_description="…"][, scope="…"]`."""
-    params = [f'realm="{_quoted(realm)}"']
+    """The `WWW-Authenticate` value: `Bearer [error="…", error_description="…", [scope="…", ]]realm="…"`.
+
+    The error comes first, where CONTRACTS and clients look for it (`Bearer error="invalid_token"`);
+    RFC 7235 auth-params are unordered, so the realm closes the list."""
+    params = []
     if error:
         params.append(f'error="{error}"')
         if description:
             params.append(f'error_description="{_quoted(description)}"')
-    if scope:
-        params.append(f'scope="{_quoted(scope)}"')
+        if scope:
+            params.append(f'scope="{_quoted(scope)}"')
+    params.append(f'realm="{_quoted(realm)}"')
     return "Bearer " + ", ".join(params)
 
 
