@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 
 from errors import ApiError
-from models.application import Application, Installation
+from models.application import Application
 from models.grants import Launch
 from oauth.errors import AuthorizeError
 from oauth.pkce import PkceError, challenge_of
@@ -131,7 +131,7 @@ def live_launch(a: Authorization) -> None:
     launch_id = a.launch_id
     if launch_id is None:
         raise a.fail(a.no_launch_error, "The launch_id parameter is required: open the app from the platform.")
-    launch = Launch.get_or_none((Launch.id == launch_id) & (Launch.application == a.app.id))
+    launch = Launch.of_application(launch_id, a.app.id)  # with the app's installation in its clinic
     if launch is None or launch.used_at is not None or launch.expires_at <= a.now:
         raise a.fail(a.no_launch_error, STALE_LAUNCH)
     a.launch = launch
@@ -144,7 +144,7 @@ def openable_installation(a: Authorization) -> None:
     """The app may still be opened in the launch's clinic (`lifecycle.activation`, through the
     runtime): a launch created before the app was Disabled there opens nothing (`access_denied`)."""
     try:
-        a.runtime.activation.require(Installation.find(a.app.id, a.launch.organization_id), a.runtime.activation.OPEN)
+        a.runtime.activation.require(a.launch.installation, a.runtime.activation.OPEN)
     except ApiError as exc:
         raise a.fail("access_denied", exc.message) from None
 
