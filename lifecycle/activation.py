@@ -69,9 +69,9 @@ def installation_of(application_id: str, organization_id, purpose: str | None = 
     installation = Installation.find(application_id, organization_id)
     if installation is None and Organization.get_or_none(Organization.id == organization_id) is None:
         raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
-    if purpose is None:
-        return require(installation, USE) if installation is None else installation
-    return require(installation, purpose)
+    if installation is None or purpose is not None:
+        return require(installation, purpose)
+    return installation
 
 
 def set_activation_status(runtime, installation: Installation, status, actor: str) -> Installation:

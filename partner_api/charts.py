@@ -77,6 +77,7 @@ def download_target(app: Application, request_id: str) -> tuple[str | None, dict
     if request_id == TEST_REQUEST_ID:
         return None, None
     request = _own_request(app, request_id)
+    installation_of(app, request.organization_id, "svc_organization_id", USE)  # a Disabled app gets no chart
     if request.status == "pending":
         return None, request_status(app, request_id)
     if request.status == "failed" or not request.object_key:

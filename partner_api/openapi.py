@@ -188,7 +188,8 @@ def _rest_operation(summary: str, operation_id: str, limited: bool, success: dic
     responses["401"] = _error("missing, invalid, expired or revoked access token",
                               _header_refs(["WWW-Authenticate"], required=True))
     responses["403"] = _error("`region_not_allowed` (client network outside the allowlist) or not the caller's "
-                              "application/organization (`forbidden`, `not_installed`)")
+                              "application/organization (`forbidden`, `not_installed`), or, for a clinic's data "
+                              "(appointments, charts), `application_disabled`: the application is Disabled there")
     responses["413"] = _error("request body too large")
     if limited:
         responses["429"] = _error("`rate_limited`: too many requests for this operation",

@@ -175,10 +175,20 @@ async def refused_partner_chart_request(api, runtime, world, flow):
                           {"svc_organization_id": world.org.id, "patient_id": PATIENT}, headers=headers)
 
 
+async def refused_partner_chart_download(api, runtime, world, flow):
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests",
+                                        {"svc_organization_id": world.org.id, "patient_id": PATIENT}, headers=headers)
+    assert status == 202, created
+    disable(world)
+    return await api.call("GET", f"/v1/chart-retrieval/download-url/{created['request_id']}", headers=headers)
+
+
 @pytest.mark.gen_test
 @pytest.mark.parametrize("path", [refused_hub_open, refused_launch, refused_authorize, refused_token_exchange,
                                   refused_userinfo, refused_fhir_api, refused_partner_appointments,
-                                  refused_partner_chart_request], ids=lambda f: f.__name__)
+                                  refused_partner_chart_request, refused_partner_chart_download],
+                         ids=lambda f: f.__name__)
 async def test_a_disabled_installation_is_refused_alike_by_every_path(api, runtime, world, flow, path):
     status, _, body = await path(api, runtime, world, flow)
     assert status == 403 and body["error"] == "application_disabled", body
