@@ -12,6 +12,7 @@ from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClie
 from connectors.fhir.mapping import LISTED_STATUSES, appointment_of, patient_of, relative_references
 from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
+from models.ids import is_id
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
