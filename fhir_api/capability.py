@@ -6,8 +6,13 @@ from types import MappingProxyType
 
 from fhir_api import fhir_base_url
 from fhir_api.search import SEARCH_PARAMS, SUPPORTED_TYPES
+from oauth.discovery import endpoints
+from oauth.variants import V1
 
 SMART_OAUTH_URIS = "http://fhir-registry.smarthealthit.org/StructureDefinition/oauth-uris"
+SMART_OAUTH_URI_ENDPOINTS = (("authorize", "authorization_endpoint"), ("token", "token_endpoint"),
+                             ("introspect", "introspection_endpoint"), ("revoke", "revocation_endpoint"))
+"""The oauth-uris extension's names, each with the discovery document's endpoint it repeats."""
 SEARCH_PARAM_TYPES = MappingProxyType({"_id": "token", "identifier": "token", "date": "date", "onset-date": "date",
                                        "patient": "reference", "subject": "reference", "actor": "reference",
                                        "practitioner": "reference", "code": "token", "category": "token"})
@@ -22,10 +27,9 @@ def software_version() -> str:
 
 def capability_statement(settings, organization_id: str, published: str) -> dict:
     """The clinic's CapabilityStatement (`published`: its date, YYYY-MM-DD)."""
-    issuer = settings.issuer.rstrip("/")
     base = fhir_base_url(settings, organization_id)
-    oauth = [("authorize", f"{issuer}/v1/oauth/authorize"), ("token", f"{issuer}/v1/oauth/token"),
-             ("introspect", f"{issuer}/v1/oauth/introspect"), ("revoke", f"{issuer}/v1/oauth/revoke")]
+    urls = endpoints(settings, V1)  # the SMART configuration's own (`oauth.discovery`: the only builder)
+    oauth = [(name, urls[key]) for name, key in SMART_OAUTH_URI_ENDPOINTS]
     resources = []
     for resource_type in SUPPORTED_TYPES:
         resources.append({

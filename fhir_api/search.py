@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from connectors import ResourceQuery
 from fhir_api.outcome import invalid
+from models.ids import ID_RULE, is_id
 
 SUPPORTED_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
                    "MedicationRequest", "AllergyIntolerance")
@@ -35,8 +36,6 @@ MAX_OFFSET = 100_000
 MAX_IDS = 100
 MAX_VALUE_LENGTH = 512
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
-RESOURCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-._]{0,63}$")
-"""A resource id here: FHIR's id characters plus `_` (sandbox ids look like `pat_b15c092f2447b7a2`)."""
 _DATE = re.compile(r"^(eq|ge|gt|le|lt)?(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?"
                    r"(Z|[+-]\d{2}:\d{2}))?)?)?$")
 
@@ -47,8 +46,8 @@ class Unmatchable(Exception):
 
 def resource_id(value: str, what: str = "id") -> str:
     """A resource id of the shape ids have, else 400."""
-    if not isinstance(value, str) or not RESOURCE_ID.match(value):
-        raise invalid(f"{what} must be 1 to 64 letters, digits, '-', '.' or '_'.")
+    if not is_id(value):
+        raise invalid(f"{what} must be {ID_RULE}.")
     return value
 
 

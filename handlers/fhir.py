@@ -26,9 +26,10 @@ from fhir_api.disclosure import describe_read, describe_search, fhir_disclosure
 from fhir_api.formats import check_format
 from fhir_api.limits import counters, refusal_message
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
-from fhir_api.search import RESOURCE_ID, search_arguments
+from fhir_api.search import search_arguments
 from handlers.oauth import CorsHandler
 from ratelimit import RateLimiterUnavailable
+from models.ids import is_id
 
 _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: "not-found", 405: "not-supported",
                            406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient"})
@@ -51,7 +52,7 @@ class FhirHandler(CorsHandler):
             self.set_header("Access-Control-Expose-Headers", EXPOSED_HEADERS)
 
     def check_organization(self, organization_id: str) -> str:
-        if not RESOURCE_ID.match(organization_id or ""):
+        if not is_id(organization_id):
             raise FhirError(404, "not-found", "No such FHIR base.")
         return organization_id
 

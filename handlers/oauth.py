@@ -10,7 +10,7 @@ from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin
 from errors import ApiError
 from oauth.errors import AuthorizeError
 from oauth.introspection import introspect
-from oauth.resource import active_user_token, bearer_value, userinfo
+from oauth.resource import USERINFO, userinfo
 from oauth.revocation import revoke
 from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
@@ -96,13 +96,10 @@ class TokenHandler(CorsHandler):
 class UserInfoHandler(CorsHandler):
     async def get(self):
         self.set_header("Cache-Control", "no-store")
-        token = bearer_value(self.request.headers.get("Authorization"))
-        claims = None
+        caller = await self.run(USERINFO.caller, self.runtime, self.request.headers.get("Authorization"))
         if self.request.headers.get("Origin"):
-            claims = await self.run(active_user_token, self.runtime, token)
-            await self.allow_origin_of(claims and claims.get("client_id"))
-        # Verified (signature, deny-list) once: userinfo reuses the claims read for CORS.
-        self.write_json(await self.run(userinfo, self.runtime, token, claims))
+            await self.allow_origin_of(caller.app.client_id)
+        self.write_json(userinfo(self.runtime, caller))
 
     async def post(self):
         await self.get()

@@ -5,7 +5,6 @@ from handlers.base import BaseHandler
 from lifecycle.launches import create_launch, valid_patient_id
 from lifecycle.sandbox import require_sandbox_on, sandbox_session
 from oauth.params import text_param
-from oauth.resource import bearer_value
 
 
 class SandboxLaunchesHandler(BaseHandler):
@@ -14,8 +13,7 @@ class SandboxLaunchesHandler(BaseHandler):
         require_sandbox_on(self.svc_settings)  # 404 while the sandbox is off
 
     async def post(self):
-        token = bearer_value(self.request.headers.get("Authorization"))
-        user, auth_time = await self.run(sandbox_session, self.runtime, token)
+        user, auth_time = await self.run(sandbox_session, self.runtime, self.request.headers.get("Authorization"))
         body = self.body_params(allow_form=False)
         client_id = text_param(body, "client_id", max_length=64)
         patient_id = valid_patient_id(body.get("patient_id"))  # optional: the launch's patient context

@@ -9,7 +9,7 @@ from fhir_api import FHIR_PATH_PREFIX
 from handlers.base import BaseHandler
 from errors import ApiError
 from lifecycle.organizations import find_organization
-from partner_api.access import PATH_ID
+from models.ids import is_id
 from oauth.discovery import openid_configuration
 from oauth.smart_configuration import smart_configuration
 
@@ -47,7 +47,7 @@ class SmartConfigurationHandler(PublicMetadataHandler):
     """SMART App Launch discovery of one clinic's FHIR base; an unknown clinic is 404."""
 
     async def get(self, organization_id):
-        if not PATH_ID.match(organization_id):  # junk (NUL, encodings) is never looked up
+        if not is_id(organization_id):  # junk (NUL, encodings) is never looked up
             raise ApiError(404, "organization_not_found", "No organization has this id.")
         await self.run(find_organization, organization_id)
         self.set_header("Cache-Control", "public, max-age=300")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 
+from lifecycle.activation import is_billable_status
 from models.billing import BillableUse
 from models.directory import Organization, User
 from oauth.free_trial import trial_state
@@ -19,7 +20,7 @@ MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 
 def is_billable(app, installation, now) -> bool:
     """`Enabled` in the organization, and not within a free trial."""
-    if installation is None or installation.activation_status != "Enabled":
+    if installation is None or not is_billable_status(installation.activation_status):
         return False
     return not trial_state(app.billing_plan, installation.trial_started_at, now).is_free_trial
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
-import re
 
 import argon2
 import pyotp
@@ -19,12 +18,10 @@ from lifecycle.users import clean_email
 from models.application import Application
 from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
-from models.ids import new_secret
+from models.ids import is_id, new_secret
 from errors import ApiError
 from oauth.lockout import throttle_check, throttle_failure
 
-# The shape of our ids (as partner_api.access.PATH_ID): anything else is no application of anyone's.
-APPLICATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PASSWORD_MIN = 12
 PASSWORD_MAX = 1024
 _HASHER = argon2.PasswordHasher()
@@ -205,7 +202,7 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
     the console does not reveal which ids exist)."""
     app = (Application.select().join(DeveloperAccess, on=(DeveloperAccess.application == Application.id))
            .where((DeveloperAccess.developer == developer.id) & (Application.id == application_id)).first()
-           if isinstance(application_id, str) and APPLICATION_ID.match(application_id) else None)
+           if is_id(application_id) else None)
     if app is None:
         raise ApiError(404, "application_not_found", "No application of yours has this id.")
     return app
@@ -221,10 +218,11 @@ def signin_subject(email: str) -> tuple:
     return ("account", hashlib.sha256((email or "").strip().lower().encode()).hexdigest()[:32])
 
 
-def sign_in(runtime, throttle, email: str, password: str, totp_code: str, address: str) -> str:
-    """A session token for right credentials. Failures go to the shared failure throttle
-    (`ratelimit.failures`, as at the token endpoint): past the limit per account or per source
-    address, 429 with Retry-After without checking the password."""
+def sign_in(runtime, email: str, password: str, totp_code: str, address: str) -> str:
+    """A session token for right credentials. Failures go to `runtime.console_signin_throttle`
+    through `oauth.lockout`, as client authentication does: past the limit per account or per
+    source address, 429 with Retry-After without checking the password."""
+    throttle = runtime.console_signin_throttle
     subject = signin_subject(email)
     throttle_check(throttle, subject, address, too_many="Too many failed sign-ins")
     developer = check_credentials(runtime, email, password, totp_code)

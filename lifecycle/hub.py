@@ -1,9 +1,8 @@
 """What the sandbox hub shows a user: the apps installed in their clinic and whether each opens,
 and a physician's upcoming appointments, each of which opens an app with that patient in context.
 
-Spec (activation status): an installation with no status yet (its first SDK initialization has
-not completed) or `Enabled` can be opened; a `Disabled` one is greyed out and cannot.
-`lifecycle.launches.create_launch` enforces the same rule on the server side.
+Whether an app opens is `lifecycle.activation.may_open` (a `Disabled` one is greyed out);
+`lifecycle.launches.create_launch` asks the same rule on the server side.
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from urllib.parse import urlsplit
 
 from connectors import ConnectorError, Provider, connector_for
 from connectors.sessions import touch_session
+from lifecycle.activation import may_open
 from models.application import Application, Installation
 from models.directory import User
 
@@ -21,10 +21,6 @@ from models.directory import User
 def origin_of(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
-
-
-def is_openable(activation_status: str | None) -> bool:
-    return activation_status != "Disabled"
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ def hub_entries(user: User) -> list[HubEntry]:
             .order_by(Application.name, Application.id))
     return [HubEntry(application_id=row.application.id, name=row.application.name,
                      client_id=row.application.client_id, activation_status=row.activation_status,
-                     openable=is_openable(row.activation_status),
+                     openable=may_open(row.activation_status),
                      app_origin=origin_of(row.application.redirect_uri),
                      launch_origin=origin_of(row.application.launch_url),
                      token_endpoint=row.application.token_endpoint)
@@ -124,14 +120,14 @@ def hub_view(runtime, user_id: str, auth_time: float | None = None, appointments
                    issue_sandbox_token(runtime, user, auth_time=auth_time), rows, error)
 
 
-def hub_entries_for_token(runtime, token: str | None) -> list[HubEntry]:
-    """The hub's app list for the bearer of a sandbox token (401 when the token is not valid).
+def hub_entries_for_token(runtime, authorization: str | None) -> list[HubEntry]:
+    """The hub's app list for the bearer of a sandbox token (`Authorization`; 401 when not valid).
 
     The open hub re-reads it every few seconds (`GET /sandbox/api/apps`): a hub that stays open is
     the user being active in the EHR, so this renews their connector session (`touch_session`
     writes at most once a minute however often the hub polls)."""
     from lifecycle.sandbox import sandbox_user
-    user = sandbox_user(runtime, token)
+    user = sandbox_user(runtime, authorization)
     touch_session(runtime, user)
     return hub_entries(user)
 

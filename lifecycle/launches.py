@@ -2,28 +2,23 @@
 with a patient in context (SMART `launch/patient`)."""
 from __future__ import annotations
 
-import re
-
 from connectors.sessions import touch_session
+from lifecycle.activation import OPEN, require
 from models.application import Application, Installation
 from models.directory import User
 from models.grants import Launch, expiry
-from models.ids import new_secret
+from models.ids import ID_RULE, is_id, new_secret
 from errors import ApiError
 from oauth.redirects import with_query
 
-# A patient id as the launch carries it (the connector's id verbatim, the FHIR Patient id): FHIR's
-# id characters, plus `_` (sandbox patients look like `pat_b15c092f2447b7a2`).
-PATIENT_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
 
 def valid_patient_id(value) -> str | None:
-    """`value` when it is absent (None) or a short id string; 400 otherwise."""
+    """`value` when it is absent (None) or an id (`models.ids`: the grammar the FHIR API reads the
+    patient by, so a launch never carries a patient the FHIR API would refuse); 400 otherwise."""
     if value is None:
         return None
-    if not isinstance(value, str) or not PATIENT_ID.fullmatch(value):
-        raise ApiError(400, "invalid_request", "patient_id must be a patient id: 1 to 64 letters, digits, "
-                                               "'_', '-' or '.'.")
+    if not is_id(value):
+        raise ApiError(400, "invalid_request", f"patient_id must be a patient id: {ID_RULE}.")
     return value
 
 
@@ -38,12 +33,7 @@ def create_launch(runtime, user: User, client_id: str, auth_time: int | None = N
     app = Application.get_or_none(Application.client_id == client_id)
     if app is None:
         raise ApiError(404, "unknown_client", "No application has this client_id.")
-    installation = Installation.find(app.id, user.organization_id)
-    if installation is None:
-        raise ApiError(403, "not_installed", "This application is not installed in the user's organization.")
-    if installation.activation_status == "Disabled":
-        raise ApiError(403, "application_disabled",
-                       "This application is Disabled in this organization and cannot be opened.")
+    require(Installation.find(app.id, user.organization_id), OPEN)
     patient_id = valid_patient_id(patient_id)
     now = runtime.clock.now()
     launch = Launch.create(id=new_secret(24), application=app.id, user=user.id, organization=user.organization_id,

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import secrets
 
@@ -16,8 +17,9 @@ from lifecycle.applications import find_application
 from models.directory import Organization, User
 from models.sandbox import SandboxSession, SandboxSigninLink
 from errors import ApiError
-from oauth.errors import invalid_token
-from oauth.tokens import SANDBOX_AUDIENCE, InvalidToken
+from oauth.bearer import BearerGate
+from oauth.lockout import throttle_check, throttle_failure
+from oauth.tokens import SANDBOX_AUDIENCE
 
 SANDBOX_EHR = "sandbox"
 SANDBOX_EHRS = frozenset({SANDBOX_EHR, "fhir"})
@@ -63,27 +65,34 @@ def issue_sandbox_token(runtime, user: User, auth_time: float | None = None) -> 
     return token
 
 
-def sandbox_user(runtime, token: str | None) -> User:
-    """The user a sandbox token names, or 401 "Authentication failed" (spec: expired token).
+def sandbox_member(gate: BearerGate, runtime, caller, context: dict):
+    """The sandbox gate's requirement: the token names a user of a sandbox clinic."""
+    user = User.get_or_none(User.id == caller.claims.get("sub"))
+    if user is None or not is_sandbox_user(user):
+        raise gate.invalid()
+    return dataclasses.replace(caller, user=user)
 
-    With the sandbox off, no sandbox token is accepted anywhere."""
-    return sandbox_session(runtime, token)[0]
+
+SANDBOX = BearerGate(SANDBOX_AUDIENCE, app_claim=None, requirements=(sandbox_member,),
+                     message="Authentication failed")
+"""The sandbox API's gate (`POST /v1/sandbox/launches`, the hub's app list, the platform's
+verification): a live sandbox token of a sandbox user; every refusal says "Authentication failed"."""
 
 
-def sandbox_session(runtime, token: str | None) -> tuple[User, int]:
+def sandbox_user(runtime, authorization: str | None) -> User:
+    """The user the sandbox token of `Authorization: Bearer` names, or 401 "Authentication failed"
+    (spec: expired token). With the sandbox off, no sandbox token is accepted anywhere."""
+    return sandbox_session(runtime, authorization)[0]
+
+
+def sandbox_session(runtime, authorization: str | None) -> tuple[User, int]:
     """`sandbox_user`, and when that user authenticated with the platform (the token's
     `auth_time`, epoch seconds; its `iat` for a token from before auth_time existed)."""
     if not runtime.settings.sandbox:
-        raise invalid_token(message="Authentication failed")
-    try:
-        claims = runtime.tokens.verify(token or "", SANDBOX_AUDIENCE)
-    except InvalidToken:
-        raise invalid_token(message="Authentication failed") from None
-    user = User.get_or_none(User.id == claims["sub"])
-    if user is None or not is_sandbox_user(user):
-        raise invalid_token(message="Authentication failed")
-    auth_time = claims.get("auth_time")
-    return user, auth_time if isinstance(auth_time, int) else claims["iat"]
+        raise SANDBOX.invalid()
+    caller = SANDBOX.caller(runtime, authorization)
+    auth_time = caller.claims.get("auth_time")
+    return caller.user, auth_time if isinstance(auth_time, int) else caller.claims["iat"]
 
 
 # -- sign-in links and sessions ------------------------------------------------------------------
@@ -104,15 +113,20 @@ def create_signin_link(runtime, user_id: str, application_id: str | None = None,
     return f"{runtime.settings.public_url}/sandbox/signin/{token}"
 
 
-def open_session_from_link(runtime, token: str) -> tuple[str, User, SandboxSigninLink]:
+def open_session_from_link(runtime, token: str, address: str | None = None) -> tuple[str, User, SandboxSigninLink]:
     """Redeem a sign-in link once: (session id for the cookie, the user, the link).
-    An unknown, used or expired link is one and the same 401 (nothing to learn by probing)."""
+    An unknown, used or expired link is one and the same 401 (nothing to learn by probing). Failed
+    links count against `address` in `runtime.sandbox_signin_throttle` (`oauth.lockout`, as client
+    authentication does): past the limit, 429 with Retry-After before any link is looked up."""
+    throttle = runtime.sandbox_signin_throttle
+    throttle_check(throttle, None, address)
     now = runtime.clock.now()
     link_hash = runtime.hasher.digest(token or "")
     claimed = (SandboxSigninLink.update(used_at=now)
                .where((SandboxSigninLink.token_hash == link_hash) & SandboxSigninLink.used_at.is_null()
                       & (SandboxSigninLink.expires_at > now)).execute())
     if claimed != 1:
+        throttle_failure(throttle, None, address)
         raise ApiError(401, "invalid_signin_link", "This sign-in link is not valid: it is unknown, was already "
                        "used or has expired. Ask the operator for a new one (svc-auth sandbox signin-link).")
     link = SandboxSigninLink.get_by_id(link_hash)

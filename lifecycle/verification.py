@@ -36,15 +36,15 @@ def record_platform_verification(runtime, app, user) -> Installation | None:
     return installation
 
 
-def platform_introspection(runtime, sandbox_token: str, token: str) -> dict:
-    """`POST {p}/oauth/introspect` by the platform (Bearer: the sandbox token of the hub's user).
+def platform_introspection(runtime, authorization: str, token: str) -> dict:
+    """`POST {p}/oauth/introspect` by the platform (`authorization`: Bearer, the sandbox token of the hub's user).
 
     An access token that is active and was issued to that same user is the platform verification
     (`record_platform_verification`). Only then does the answer carry `id_token`: the ID token the
     service issued with that access token, which the hub passes to the app's SDK (`getIdToken()` in
     the identity-provider variant, where the app handed the SDK only its access token)."""
     from lifecycle.sandbox import sandbox_user
-    platform_user = sandbox_user(runtime, sandbox_token)
+    platform_user = sandbox_user(runtime, authorization)
     claims = active_user_token(runtime, token)
     if claims is None or claims["sub"] != platform_user.id:
         return introspection_response(None)

@@ -9,6 +9,7 @@ import peewee
 from models.application import Application, Installation
 from models.db import BaseModel, wall_now
 from models.directory import Organization, User
+from models.prepared import PreparedQuery
 
 
 class Launch(BaseModel):
@@ -26,12 +27,26 @@ class Launch(BaseModel):
     # SMART launch context: the patient the app was launched for (a FHIR Patient id), if any.
     patient_id = peewee.CharField(max_length=64, null=True)
 
+    @classmethod
+    def of_application(cls, launch_id: str, application_id: str) -> "Launch | None":
+        """The launch `launch_id` issued for `application_id`, with `launch.installation` (that app's
+        installation in the launch's clinic, or None) read in the same query."""
+        return _LAUNCH_WITH_INSTALLATION.first(launch_id, application_id)
+
     def consume(self, now: dt.datetime) -> bool:
         """Mark the launch used at `now`; True for exactly one caller (the database decides)."""
         claimed = (Launch.update(used_at=now)
                    .where((Launch.id == self.id) & Launch.used_at.is_null() & (Launch.expires_at > now))
                    .execute())
         return claimed == 1
+
+
+_LAUNCH_WITH_INSTALLATION = PreparedQuery(
+    lambda launch_id, application_id: Launch.select(Launch, Installation).join(
+        Installation, peewee.JOIN.LEFT_OUTER, on=((Installation.application == Launch.application)
+                                                  & (Installation.organization == Launch.organization)))
+    .where((Launch.id == launch_id) & (Launch.application == application_id)).limit(1),
+    Launch.id, Launch.application, attach={Installation: "installation"})
 
 
 class AuthorizationCode(BaseModel):

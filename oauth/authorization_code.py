@@ -8,12 +8,15 @@ from models.grants import AuthorizationCode, Redemption, expiry
 from models.ids import new_secret
 from oauth.claims import id_token_claims
 from oauth.authorize_checks import CHECKS, Authorization, query_value
-from oauth.errors import AuthorizeError, invalid_grant
+from errors import ApiError
+from oauth.errors import AuthorizeError, OAuthError, invalid_grant
 from oauth.params import text_param
 from oauth.pkce import PkceError, verify
 from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
 from oauth.tokens import PLATFORM_AUDIENCE
 
+LAUNCH_CONTEXT_SCOPES = frozenset({"launch", "launch/patient"})
+"""SMART: the scopes that let a token carry the launch's context (its patient)."""
 
 
 def _normalised_or_none(uri: str) -> str | None:
@@ -104,6 +107,10 @@ class AuthorizationCodeGrant:
             verify(grant.code_challenge, params.get("code_verifier"))
         except PkceError as exc:
             raise invalid_grant(str(exc)) from None
+        try:  # the installation (read with the code) still allows use: `lifecycle.activation`
+            runtime.activation.require(grant.installation, runtime.activation.USE)
+        except ApiError as exc:
+            raise OAuthError(exc.error, exc.message, status=exc.status) from None
         return self.tokens_for(app, grant, with_billing, jti)
 
     def tokens_for(self, app: Application, grant: Redemption, with_billing: bool, jti: str) -> dict:
@@ -116,14 +123,15 @@ class AuthorizationCodeGrant:
         # the launch), so every flow of one platform session carries the same auth_time.
         claims["auth_time"] = grant.auth_time if grant.auth_time is not None else claims["iat"]
         claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
-        granted = scope.split()
+        granted = frozenset(scope.split())
         if "fhirUser" in granted:  # SMART: the user as a FHIR resource of the clinic's FHIR API
             practitioner = practitioner_of(self.runtime, grant.organization_id, user.id)
             if practitioner is not None:  # never a reference that would not resolve
                 claims["fhirUser"] = f"{self.runtime.fhir_base_url(grant.organization_id)}/Practitioner/{practitioner}"
         id_token = tokens.sign(claims)
-        # SMART launch context: only a launch with a patient puts one in the token and the response.
-        context = {"patient": grant.patient_id} if grant.patient_id else {}
+        # SMART launch context: a launch with a patient puts it in the token and the response, and
+        # only when the app was granted `launch` or `launch/patient` (SMART App Launch 2, scopes).
+        context = {"patient": grant.patient_id} if grant.patient_id and granted & LAUNCH_CONTEXT_SCOPES else {}
         access_token, _ = tokens.access_token(
             user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
             client_id=app.client_id, org=grant.organization_id, scope=scope, jti=jti,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from errors import ApiError
 from models.application import Application
 from models.grants import Launch
 from oauth.errors import AuthorizeError
@@ -130,13 +131,22 @@ def live_launch(a: Authorization) -> None:
     launch_id = a.launch_id
     if launch_id is None:
         raise a.fail(a.no_launch_error, "The launch_id parameter is required: open the app from the platform.")
-    launch = Launch.get_or_none((Launch.id == launch_id) & (Launch.application == a.app.id))
+    launch = Launch.of_application(launch_id, a.app.id)  # with the app's installation in its clinic
     if launch is None or launch.used_at is not None or launch.expires_at <= a.now:
         raise a.fail(a.no_launch_error, STALE_LAUNCH)
     a.launch = launch
     a.auth_time = launch.auth_time
     if a.auth_time is None:  # a launch created before auth_time was recorded
         a.auth_time = int(launch.created_at.replace(tzinfo=dt.timezone.utc).timestamp())
+
+
+def openable_installation(a: Authorization) -> None:
+    """The app may still be opened in the launch's clinic (`lifecycle.activation`, through the
+    runtime): a launch created before the app was Disabled there opens nothing (`access_denied`)."""
+    try:
+        a.runtime.activation.require(a.launch.installation, a.runtime.activation.OPEN)
+    except ApiError as exc:
+        raise a.fail("access_denied", exc.message) from None
 
 
 def smart_audience(a: Authorization) -> None:
@@ -164,4 +174,4 @@ def launch_consumed(a: Authorization) -> None:
 
 
 CHECKS = (no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value,
-          no_interactive_login, smart_launch_alias, live_launch, smart_audience, recent_sign_in, launch_consumed)
+          no_interactive_login, smart_launch_alias, live_launch, openable_installation, smart_audience, recent_sign_in, launch_consumed)

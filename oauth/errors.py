@@ -1,4 +1,4 @@
-"""OAuth's errors (RFC 6749 5.2, RFC 6750, authorize redirects) over `errors.ApiError`; `handlers.base` renders them."""
+"""OAuth's errors (RFC 6749 5.2, authorize redirects; RFC 6750's are `oauth.bearer`'s) over `errors.ApiError`; `handlers.base` renders them."""
 from __future__ import annotations
 
 from errors import ApiError
@@ -27,25 +27,12 @@ def invalid_grant(description: str) -> OAuthError:
     return OAuthError("invalid_grant", description)
 
 
-def invalid_token(description: str = "The access token is missing, invalid, expired or revoked.",
-                  message: str | None = None) -> ApiError:
-    """401 for a bad bearer token, with the RFC 6750 challenge."""
-    error = ApiError(401, "invalid_token", message or description,
-                     {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{description}"'})
-    return error
-
-
 def dependency_unavailable(dependency: str, retry_after: int = 2) -> OAuthError:
     """503 + Retry-After: a dependency (the database) cannot be reached; the request did nothing
     that needs undoing and can be retried. RFC 6749's `temporarily_unavailable`, in both shapes."""
     return OAuthError("temporarily_unavailable",
                       f"The {dependency} cannot be reached right now; retry in {retry_after} seconds.",
                       status=503, headers={"Retry-After": str(retry_after)})
-
-
-def missing_token(message: str = "A Bearer access token is required.") -> ApiError:
-    """401 when no token was sent: RFC 6750 3.1 says the challenge then carries no error code."""
-    return ApiError(401, "invalid_token", message, {"WWW-Authenticate": 'Bearer realm="svc-auth"'})
 
 
 class AuthorizeError(Exception):

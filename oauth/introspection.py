@@ -16,7 +16,7 @@ from oauth.tokens import PARTNER_API_AUDIENCE
 def introspect(runtime, params: dict, token: str, authorization: str, address: str, platform_check) -> dict:
     """The RFC 7662 answer for this caller (blocking: runs on the runtime's pool)."""
     if authorization.lower().startswith("bearer "):
-        return platform_check(runtime, authorization[7:].strip(), token)
+        return platform_check(runtime, authorization, token)
     app = authenticate_client(runtime, params, authorization, address)  # first: no token work for strangers
     claims = active_user_token(runtime, token)
     if claims is not None and claims["client_id"] != app.client_id:

@@ -1,20 +1,17 @@
-"""What an application may see: its own id, and organizations where it is installed."""
+"""What an application may see: its own id, and organizations where it is installed (and, for
+the clinic's data, where its status allows use)."""
 from __future__ import annotations
 
-import re
-
+from lifecycle import activation
 from models.application import Application, Installation
-from models.directory import Organization
+from models.ids import ID_RULE, is_id
 from errors import ApiError
-
-PATH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def path_id(name: str, value: str) -> str:
     """A path identifier of the shape our ids have, else 400 (never a database lookup of junk)."""
-    if not PATH_ID.match(value or ""):
-        raise ApiError(400, "invalid_path_parameter",
-                       f"{name} must be 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or digit.")
+    if not is_id(value):
+        raise ApiError(400, "invalid_path_parameter", f"{name} must be {ID_RULE}.")
     return value
 
 
@@ -28,12 +25,8 @@ def own_application(app: Application, application_id: str) -> Application:
     raise ApiError(403, "forbidden", "An application may only read its own applicationId.")
 
 
-def installation_of(app: Application, organization_id: str, name: str = "organizationId") -> Installation:
-    """The app's installation in the organization; unknown org 404, not installed there 403."""
-    path_id(name, organization_id)
-    installation = Installation.find(app.id, organization_id)
-    if installation is not None:
-        return installation
-    if Organization.get_or_none(Organization.id == organization_id) is None:
-        raise ApiError(404, "organization_not_found", f"No organization has id {organization_id!r}.")
-    raise ApiError(403, "not_installed", "The application is not installed in this organization.")
+def installation_of(app: Application, organization_id: str, name: str = "organizationId",
+                    purpose: str | None = None) -> Installation:
+    """The app's installation in the organization (`lifecycle.activation.installation_of`): unknown
+    org 404, not installed there 403; with `purpose` (USE: the clinic's data), Disabled 403."""
+    return activation.installation_of(app.id, organization_id, purpose, name)

@@ -23,6 +23,7 @@ from models.directory import User
 from models.prepared import PreparedQuery
 from errors import ApiError
 from partner_api import testdata
+from lifecycle.activation import USE
 from partner_api.access import installation_of, path_id
 
 DEFAULT_LIMIT = 50
@@ -95,7 +96,7 @@ def appointments_page(runtime, app: Application, organization_id: str, query: di
     offset, limit = page_params(query)
     if organization_id == testdata.TEST_ORGANIZATION_ID:
         return testdata.appointments_page(runtime.clock.now().date(), offset, limit)
-    installation_of(app, organization_id, "svcOrganizationId")
+    installation_of(app, organization_id, "svcOrganizationId", USE)
     snapshot = Snapshot.latest_complete(organization_id)
     if snapshot is None:
         return {"appointments": [], "offset": offset, "limit": limit, "total": 0, "snapshot_date": None}

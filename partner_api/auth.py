@@ -2,23 +2,17 @@
 from __future__ import annotations
 
 from models.application import Application
-from oauth.errors import invalid_token, missing_token
-from oauth.resource import bearer_value, live_claims
+from oauth.bearer import BearerGate, confidential_client
 from oauth.tokens import PARTNER_API_AUDIENCE
+
+PARTNER_API = BearerGate(PARTNER_API_AUDIENCE, app_claim="sub", requirements=(confidential_client,),
+                         missing="A Bearer access token from POST /v1/oauth/token is required.")
+"""The partner API's gate: a live client-credentials token of a confidential client. Refused
+alike: a token that is not ours, expired, revoked, or of another kind (a user access token or a
+sandbox token carries another audience), or a public client's (it has no secret)."""
 
 
 def partner_caller(runtime, authorization: str | None) -> tuple[Application, dict]:
-    """(the app, the token's claims) behind `Authorization: Bearer <token>`, or 401 with `WWW-Authenticate`.
-
-    Refused alike: no token, a token that is not ours, expired, revoked, or of another kind
-    (a user access token or sandbox token carries another audience)."""
-    token = bearer_value(authorization)
-    if not token:
-        raise missing_token("A Bearer access token from POST /v1/oauth/token is required.")
-    claims = live_claims(runtime, token, PARTNER_API_AUDIENCE)
-    if claims is None:
-        raise invalid_token()
-    app = runtime.applications.by_id(claims.get("sub"))
-    if app is None or app.public:  # a public client has no secret: the partner API is never its
-        raise invalid_token()
-    return app, claims
+    """(the app, the token's claims) behind `Authorization: Bearer <token>`, or 401 with `WWW-Authenticate`."""
+    caller = PARTNER_API.caller(runtime, authorization)
+    return caller.app, caller.claims

@@ -14,6 +14,7 @@ from models.application import Application
 from models.charts import ChartRequest
 from models.clock import utc_iso
 from errors import ApiError
+from lifecycle.activation import USE
 from partner_api.access import installation_of, path_id
 from workers.charts import TEST_CREATED, TEST_REQUEST_ID, enqueue_chart_build, test_mode_object
 
@@ -34,7 +35,7 @@ def create_request(runtime, app: Application, body: dict) -> dict:
             raise ApiError(400, "invalid_request", f"{name} is required and must be a string.")
     organization_id = path_id("svc_organization_id", body["svc_organization_id"])
     patient_id = path_id("patient_id", body["patient_id"])
-    installation_of(app, organization_id, "svc_organization_id")
+    installation_of(app, organization_id, "svc_organization_id", USE)
     request = ChartRequest.create(application=app.id, organization=organization_id, patient_id=patient_id,
                                  created_at=runtime.clock.now())
     try:
@@ -76,6 +77,7 @@ def download_target(app: Application, request_id: str) -> tuple[str | None, dict
     if request_id == TEST_REQUEST_ID:
         return None, None
     request = _own_request(app, request_id)
+    installation_of(app, request.organization_id, "svc_organization_id", USE)  # a Disabled app gets no chart
     if request.status == "pending":
         return None, request_status(app, request_id)
     if request.status == "failed" or not request.object_key:

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from connectors.base import APPOINTMENT_STATUSES, LISTED_STATUSES
 from lifecycle.billing import MONTH
-from partner_api.access import PATH_ID
+from models.ids import ID_PATTERN
 from partner_api.appointments import MAX_LIMIT
 
 VERSION = "1.0.0"
@@ -137,8 +137,8 @@ SCHEMAS = MappingProxyType({
         "total": {"type": "integer", "minimum": 0},
         "snapshot_date": {"type": ["string", "null"], "format": "date",
                           "description": "date of the nightly snapshot read; null before the first one"}}),
-    "ChartRequestCreate": _object({"svc_organization_id": {"type": "string", "pattern": PATH_ID.pattern},
-                                   "patient_id": {"type": "string", "pattern": PATH_ID.pattern}}),
+    "ChartRequestCreate": _object({"svc_organization_id": {"type": "string", "pattern": ID_PATTERN},
+                                   "patient_id": {"type": "string", "pattern": ID_PATTERN}}),
     "ChartRequestAccepted": _object({"request_id": {"type": "string"},
                                      "status": {"type": "string", "enum": ["pending"]}}),
     "ChartRequest": _object({"request_id": {"type": "string"},
@@ -175,7 +175,7 @@ def _error(description: str, headers: dict | None = None) -> dict:
 
 def _path_param(name: str, description: str) -> dict:
     return {"name": name, "in": "path", "required": True, "description": description,
-            "schema": {"type": "string", "pattern": PATH_ID.pattern, "maxLength": 64}}
+            "schema": {"type": "string", "pattern": ID_PATTERN, "maxLength": 64}}
 
 
 def _rest_operation(summary: str, operation_id: str, limited: bool, success: dict, errors: dict,
@@ -192,7 +192,8 @@ def _rest_operation(summary: str, operation_id: str, limited: bool, success: dic
     responses["401"] = _error("missing, invalid, expired or revoked access token",
                               _header_refs(["WWW-Authenticate"], required=True))
     responses["403"] = _error("`region_not_allowed` (client network outside the allowlist) or not the caller's "
-                              "application/organization (`forbidden`, `not_installed`)")
+                              "application/organization (`forbidden`, `not_installed`), or, for a clinic's data "
+                              "(appointments, charts), `application_disabled`: the application is Disabled there")
     responses["413"] = _error("request body too large")
     if limited:
         responses["429"] = _error("`rate_limited`: too many requests for this operation",
@@ -287,10 +288,12 @@ def _oauth_paths(prefix: str) -> dict:
     # Unique operation ids: the /v1 names, prefixed for the /os-api/v2 copies.
     op_id = (lambda name: name) if prefix == "/v1" else (lambda name: "os_api_v2_" + name)
     bearer_401 = _error("bad or expired token", _header_refs(["WWW-Authenticate"], required=True))
+    disabled_403 = _error("`application_disabled`: the application is Disabled in the user's organization "
+                          "(or `not_installed`: no longer installed there)")
     userinfo = {"summary": "OIDC UserInfo", "operationId": op_id("oauth_userinfo"), "tags": ["oauth"],
                 "security": [{"userToken": []}],
                 "responses": {"200": _json(_ref("UserInfo"), "claims the app declared"), "401": bearer_401,
-                              "413": _error("request body too large")}}
+                              "403": disabled_403, "413": _error("request body too large")}}
     grants = "`authorization_code` or `client_credentials`" if prefix == "/v1" else "`authorization_code`"
     html = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": _ref("Error")}}
     return {
@@ -312,7 +315,7 @@ def _oauth_paths(prefix: str) -> dict:
             # types as optional and imports `Unset` only for optional bodies, so a required one made
             # the generated module fail to import. A missing body is a 400 `invalid_request`.
             "requestBody": {"required": False, "content": form_or_json},
-            "responses": {"200": _json(_ref("TokenResponse"), "tokens"), **token_errors}}},
+            "responses": {"200": _json(_ref("TokenResponse"), "tokens"), "403": disabled_403, **token_errors}}},
         f"{prefix}/oauth/userinfo": {"get": userinfo,
                                      "post": {**copy.deepcopy(userinfo), "operationId": op_id("oauth_userinfo_post")}},
         f"{prefix}/oauth/introspect": {"post": {

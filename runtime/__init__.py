@@ -25,6 +25,7 @@ from keys.ehr_client import EhrClientKeys
 from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key
 from keys.signing import TOPIC as SIGNING_KEYS, KeyRing
+from lifecycle import activation
 from models.clock import Clock
 from models.db import DATABASE_ERRORS, HeldConnections, open_database
 from models.schema import bind_models
@@ -65,6 +66,9 @@ class Runtime:
         self.changes.subscribe(APPLICATIONS, self.applications.clear)
         self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
         self.denylist = build_denylist(settings, self.clock)
+        # What an installation's status allows (`lifecycle.activation`), for oauth/ and fhir_api/,
+        # which lifecycle/ imports: they ask it here, as they ask `fhir_base_url`.
+        self.activation = activation
         # Partner REST API and FHIR API limits: Redis when configured (connects on first use), else in-memory.
         self.rate_limiter = build_rate_limiter(settings, self.clock)
         # FHIR API reads and searches in progress per clinic in this process (SVC_FHIR_EHR_CONCURRENCY).

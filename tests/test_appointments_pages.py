@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from lifecycle.users import create_user
+from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from rest_helpers import complete_snapshot, partner_headers
 
@@ -11,7 +12,8 @@ from rest_helpers import complete_snapshot, partner_headers
 @pytest.mark.gen_test
 async def test_total_on_every_page_including_past_the_end(api, world, runtime):
     second = create_user(world.org.id, "doc2@example.com", "Second", "Doc", npi="1245319599")
-    record_platform_verification(runtime, world.app, world.physician)
+    installation = record_platform_verification(runtime, world.app, world.physician)
+    set_activation_status(runtime, installation, "Enabled", "test")  # a Disabled app reads no appointments
     complete_snapshot(runtime.clock, world.org, [world.physician, second], per_provider=12)  # only 12 are authorized
     headers = await partner_headers(api, world.app, world.secret)
     path = f"/v1/appointments/{world.org.id}"

@@ -220,3 +220,40 @@ def test_no_test_module_imports_another():
             offenders += [f"{path.name} imports {n}" for n in names if n.split(".")[-1].startswith("test_")]
     assert offenders == []
 
+
+
+def test_one_gate_reads_bearer_tokens_and_writes_their_challenge():
+    """Only oauth/bearer.py takes a token out of `Authorization: Bearer`, writes a
+    `WWW-Authenticate: Bearer` challenge, or verifies an access token for a resource (oauth/tokens.py
+    defines `verify`; revocation verifies the token parameter RFC 7009 names, not a bearer)."""
+    gate, allowed_verify = "oauth.bearer", {"oauth.bearer", "oauth.tokens", "oauth.revocation"}
+    offenders = []
+    for name, path in project_modules().items():
+        source = path.read_text()
+        if name != gate and (re.search(r"""["']Bearer (realm|error)""", source)
+                             or re.search(r"^\s*def bearer_value\(", source, re.M)):
+            offenders.append(f"{name}: builds a Bearer challenge or reads a bearer token")
+        if name not in allowed_verify and re.search(r"tokens\.verify\(", source):
+            offenders.append(f"{name}: verifies an access token outside the gate")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_one_grammar_for_ids():
+    """models/ids.py holds the only id grammar (`ID`, `is_id`): no other module compiles an id pattern
+    (RESOURCE_ID, PATH_ID, PATIENT_ID, FHIR_ID... were four grammars that disagreed)."""
+    # (private parsers of a structure, `_CHART_ID`, or of a header, `_SANE_REQUEST_ID`, are not id grammars)
+    pattern = re.compile(r"^[A-Z][A-Z_]*ID\s*(:[^=]*)?=\s*re\.compile", re.M)
+    offenders = [name for name, path in project_modules().items()
+                 if name != "models.ids" and pattern.search(path.read_text())]
+    assert offenders == []
+
+
+def test_endpoint_urls_are_built_in_discovery_only():
+    """`oauth.discovery.endpoints` is the one builder of the authorization server's endpoint URLs that
+    the service advertises (the discovery documents, SMART's configuration, the CapabilityStatement).
+    Routes (handlers/), clients (examples/, bench/) and the OpenAPI document's paths are not builders."""
+    pattern = re.compile(r"""f["'][^"']*\}/(v1|os-api/v2)?/?oauth/(authorize|token|userinfo|introspect|revoke)""")
+    offenders = [name for name, path in project_modules().items()
+                 if name.split(".")[0] in DOMAIN_PACKAGES and name not in ("oauth.discovery", "partner_api.openapi")
+                 and pattern.search(path.read_text())]
+    assert offenders == []

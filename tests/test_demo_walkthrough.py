@@ -49,6 +49,10 @@ async def test_demo_appointments_after_snapshot_run_and_a_chart_of_the_demo_pati
         "grant_type": "client_credentials", "client_id": info["client_id"], "client_secret": info["client_secret"]})
     assert status == 200, token
     auth = {"Authorization": f"Bearer {token['access_token']}"}
+    # docs/rest-api.md step 4: the first launch left the app Disabled; it enables itself to read the clinic.
+    status, _, enabled = await api.call("PUT", f"/v1/applications/{app.id}/organizations/{DEMO_ORG_ID}/activation-status",
+                                        {"status": "Enabled"}, headers=auth)
+    assert status == 200, enabled
     status, _, page = await api.call("GET", f"/v1/appointments/{DEMO_ORG_ID}?limit=50", headers=auth)
     assert status == 200 and page["total"] == ran["organizations"][DEMO_ORG_ID] and page["snapshot_date"] == ran["snapshot_date"]
     assert {a["provider"]["user_id"] for a in page["appointments"]} == {DEMO_PHYSICIAN_ID}

@@ -14,6 +14,7 @@ from connectors import APPOINTMENT_STATUSES, Provider, connector_for
 from connectors.fhir import ATTEMPTS
 from connectors.fhir.cache import FhirState
 from connectors.sessions import touch_session
+from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
@@ -41,7 +42,9 @@ def eligible(runtime, app, user, when: dt.datetime) -> None:
     """The user completed the app's flow at `when` (the platform verified a token, which also
     opens their session in the hub)."""
     move_clock_to(runtime.clock, when)
-    record_platform_verification(runtime, app, user)
+    installation = record_platform_verification(runtime, app, user)
+    if installation.activation_status != "Enabled":  # the first launch left it Disabled: the app enables itself
+        set_activation_status(runtime, installation, "Enabled", app.id)
 
 
 async def listed(api, app, secret, org_id: str) -> list[dict]:

@@ -95,7 +95,8 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
         assert query["state"] == ["st"]
         return query["code"][0]
 
-    # Both launches first: the platform's first verification (introspection) disables a new installation.
+    # Both launches and both flows before the platform's first verification (introspection), which
+    # disables a new installation.
     code, code_v2 = await code_from_launch(""), await code_from_launch("os_api_v2_")
 
     # /v1: JSON token body with the secret in it; userinfo both ways; the platform's introspection.
@@ -106,11 +107,7 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     for operation in ("oauth_userinfo", "oauth_userinfo_post"):
         info = (await call(operation, call.client(tokens.access_token), 200)).parsed
         assert info.sub == world.physician.id
-    verdict = (await call("oauth_introspect", call.client(world.sandbox_token), 200,
-                          body=m.OauthIntrospectBody(token=tokens.access_token))).parsed
-    assert verdict.active is True
-    await call("oauth_revoke", call.client(basic, "Basic"), 200, body=m.OauthRevokeBody(token=tokens.access_token))
-    await call("oauth_userinfo", call.client(tokens.access_token), 401)  # revoked
+    v1_tokens = tokens
 
     # /os-api/v2: form token body with HTTP Basic client authentication.
     tokens = (await call("os_api_v2_oauth_token", call.client(basic, "Basic"), 200, body=m.TokenRequestForm(
@@ -122,6 +119,15 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     assert verdict.active is True
     await call("os_api_v2_oauth_revoke", call.client(basic, "Basic"), 200,
                body=m.OsApiV2OauthRevokeBody(token=tokens.access_token))
+
+    # Last of the user flows: the platform's first verification leaves the installation Disabled
+    # (codes, tokens and userinfo of a Disabled app are refused: lifecycle/activation.py).
+    tokens = v1_tokens
+    verdict = (await call("oauth_introspect", call.client(world.sandbox_token), 200,
+                          body=m.OauthIntrospectBody(token=tokens.access_token))).parsed
+    assert verdict.active is True
+    await call("oauth_revoke", call.client(basic, "Basic"), 200, body=m.OauthRevokeBody(token=tokens.access_token))
+    await call("oauth_userinfo", call.client(tokens.access_token), 401)  # revoked
 
     # The partner API with a client-credentials token (the oauth2 scheme's tokenUrl operation).
     cc = (await call("oauth_token", call.client(basic, "Basic"), 200, body=m.TokenRequestForm(

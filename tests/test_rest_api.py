@@ -10,6 +10,7 @@ from jose import jwt
 from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
+from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.application import Installation
 from models.audit import AuditEvent
@@ -213,7 +214,8 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
 def clinic(world, runtime):
     """Two physicians, one of whom completed the app's auth flow, and a snapshot of both."""
     second = create_user(world.org.id, "doc2@example.com", "Second", "Doc", npi="1245319599")
-    record_platform_verification(runtime, world.app, world.physician)
+    installation = record_platform_verification(runtime, world.app, world.physician)  # Disabled
+    set_activation_status(runtime, installation, "Enabled", "test")  # a Disabled app reads no clinic data
     snap = complete_snapshot(runtime.clock, world.org, [world.physician, second], per_provider=60)
     return {"second": second, "snapshot": snap}
 

@@ -15,8 +15,9 @@ from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClie
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
+from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
+from models.ids import is_id
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 PATIENT_BATCH = 20               # Patients read per `Patient?_id=a,b,...` (those an Appointment page did not include)
@@ -87,7 +88,7 @@ class FhirConnector:
                         self.organization.id, provider.npi, exc)
             cache.put(key, "", UNAVAILABLE_SECONDS)
             return None
-        found = found if found and FHIR_ID.fullmatch(found) else ""
+        found = found if found and is_id(found) else ""
         cache.put(key, found, PRACTITIONER_SECONDS if found else NO_PRACTITIONER_SECONDS)
         return found or None
 
@@ -129,7 +130,7 @@ class FhirConnector:
     def _read_patients(self, references: list[str], known: dict) -> None:
         """Read the Patients an Appointment page named but did not include, `PATIENT_BATCH` at a
         time (`Patient?_id=a,b,c`); an id the EHR does not return stays unknown (skipped, named)."""
-        ids = [r.split("/", 1)[1] for r in references if FHIR_ID.fullmatch(r.split("/", 1)[1])]
+        ids = [r.split("/", 1)[1] for r in references if is_id(r.split("/", 1)[1])]
         for first in range(0, len(ids), PATIENT_BATCH):
             batch = ids[first:first + PATIENT_BATCH]
             params = self.search({"_id": ",".join(batch), "_count": len(batch)})
@@ -147,7 +148,7 @@ class FhirConnector:
     def fetch_chart(self, patient_id: str) -> Chart:
         """The patient's chart: the Patient, then its resources (`chart_resources`) spooled page by
         page; the PDF and JSON read encounters, observations and documents back from the spool."""
-        if not FHIR_ID.fullmatch(patient_id or ""):
+        if not is_id(patient_id):
             raise PatientNotFound(f"No patient has id {patient_id!r} in this EHR.")
         try:
             resource = self.client.get(f"Patient/{patient_id}")
@@ -230,7 +231,7 @@ class FhirConnector:
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
         """`GET {base}/{type}/{id}`; `ResourceNotFound` when the EHR has none (404, 410) or the id
         cannot be a FHIR id."""
-        if not RESOURCE_TYPE.fullmatch(resource_type or "") or not FHIR_ID.fullmatch(resource_id or ""):
+        if not RESOURCE_TYPE.fullmatch(resource_type or "") or not is_id(resource_id):
             raise ResourceNotFound(f"No {str(resource_type)[:64]} has id {str(resource_id)[:64]!r} in this EHR.")
         try:
             resource = self.client.get(f"{resource_type}/{resource_id}")

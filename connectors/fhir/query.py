@@ -7,9 +7,9 @@ import re
 from types import MappingProxyType
 
 from connectors.base import ResourceQuery
+from models.ids import is_id
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
-FHIR_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")  # FHIR R4 id (always `fullmatch`ed)
 RESOURCE_TYPE = re.compile(r"[A-Z][A-Za-z]{1,63}")
 TOKEN_VALUE = re.compile(r"[A-Za-z0-9\-.]{1,64}")  # an identifier value: no `,` (OR) nor `|` (system)
 SEARCH_DATE = MappingProxyType({"Appointment": "date", "Encounter": "date", "Observation": "date",
@@ -33,15 +33,15 @@ def search_params(query: ResourceQuery) -> dict | None:
     for own, value in (("Patient", query.patient), ("Practitioner", query.practitioner)):
         if value is not None and kind == own:  # the patient (practitioner) itself
             ids, narrowed = (ids & {value}) if narrowed else {value}, True
-    if narrowed and (not ids or not all(FHIR_ID.fullmatch(i or "") for i in ids)):
+    if narrowed and (not ids or not all(is_id(i) for i in ids)):
         return None
     params = {"_id": ",".join(sorted(ids))} if ids else {}
     if query.patient is not None and kind != "Patient":
-        if kind not in PATIENT_SEARCH or not FHIR_ID.fullmatch(query.patient):
+        if kind not in PATIENT_SEARCH or not is_id(query.patient):
             return None
         params["patient"] = f"Patient/{query.patient}"
     if query.practitioner is not None and kind != "Practitioner":
-        if kind not in PRACTITIONER_SEARCH or not FHIR_ID.fullmatch(query.practitioner):
+        if kind not in PRACTITIONER_SEARCH or not is_id(query.practitioner):
             return None
         params["practitioner"] = f"Practitioner/{query.practitioner}"
     if query.npi is not None:

@@ -8,4 +8,4 @@ from handlers.console import account, apps
 
 
 def routes(runtime) -> list:
-    return account.routes(runtime.console_signin_throttle) + apps.routes()
+    return account.routes() + apps.routes()

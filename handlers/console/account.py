@@ -17,9 +17,6 @@ class HomeHandler(ConsoleHandler):
 class LoginHandler(ConsoleHandler):
     signed_in_only = False
 
-    def initialize(self, throttle):
-        self.throttle = throttle
-
     async def get(self):
         if self.developer is not None:
             return self.redirect("/console")
@@ -28,7 +25,7 @@ class LoginHandler(ConsoleHandler):
     async def post(self):
         email = self.form("email")
         try:
-            token = await self.run(sign_in, self.runtime, self.throttle, email, self.form("password"),
+            token = await self.run(sign_in, self.runtime, email, self.form("password"),
                                    self.form("totp_code"), self.client_address())
         except RateLimiterUnavailable:
             self.set_header("Retry-After", "5")
@@ -72,10 +69,10 @@ class InviteHandler(ConsoleHandler):
         self.redirect("/console/login?notice=password-set", status=303)
 
 
-def routes(throttle) -> list:
+def routes() -> list:
     return [
         (r"/console/?", HomeHandler),
-        (r"/console/login", LoginHandler, {"throttle": throttle}),
+        (r"/console/login", LoginHandler),
         (r"/console/logout", LogoutHandler),
         (r"/console/invite/([A-Za-z0-9_-]{1,100})", InviteHandler),
     ]

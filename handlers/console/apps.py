@@ -8,16 +8,14 @@ import csv
 import io
 
 from handlers.console.base import ConsoleHandler
-from lifecycle.activation import set_activation_status
+from lifecycle.activation import installation_of, set_activation_status
 from lifecycle.billing import parse_month
 from partner_api.billing import billing_of
 from handlers.console.views import audit_view, billing_csv_rows, installations_view
 from lifecycle.developers import actor_of
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
-from models.application import Installation
 from errors import ApiError
-from partner_api.access import PATH_ID
 
 ACTIVATION_WARNING = ("Activating the fallback secret before your backend retries with the fallback "
                       "breaks integrations: the current secret stops working at once.")
@@ -90,10 +88,10 @@ class ActivationHandler(InstallationsHandler):
 
     async def post(self, application_id, organization_id):
         app = await self.own_application(application_id)
-        installation = (await self.run(Installation.find, app.id, organization_id)
-                        if PATH_ID.match(organization_id) else None)
-        if installation is None:
-            raise ApiError(404, "not_installed", "The application is not installed in this organization.")
+        try:
+            installation = await self.run(installation_of, app.id, organization_id)
+        except ApiError as exc:  # a page never tells an unknown clinic from one the app is not in
+            raise ApiError(404, "not_installed", exc.message) from None
         try:
             await self.run(set_activation_status, self.runtime, installation, self.form("status"),
                            actor_of(self.developer))
