@@ -35,8 +35,12 @@ def supported_type(resource_type: str) -> str:
     return resource_type
 
 
-def _connector(runtime, organization_id: str):
-    organization = Organization.get_or_none(Organization.id == organization_id)
+def _connector(runtime, caller: Caller):
+    """The connector of the caller's clinic: the one the gate read with the user (no query), else looked up."""
+    user = caller.user
+    organization = getattr(user, "organization", None) if user is not None else None
+    if organization is None or organization.id != caller.organization_id:
+        organization = Organization.get_or_none(Organization.id == caller.organization_id)
     if organization is None:
         raise FhirError(404, "not-found", "No such FHIR base.")
     return connector_for(runtime, organization)
@@ -59,7 +63,7 @@ def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
     grant = grant_for(caller, supported_type(resource_type), "r")
     ident = resource_id(raw_id)
     try:
-        resource = _connector(runtime, caller.organization_id).read_resource(resource_type, ident)
+        resource = _connector(runtime, caller).read_resource(resource_type, ident)
     except (ResourceNotFound, PatientNotFound):
         raise not_found(resource_type, ident) from None
     except ConnectorUnavailable as exc:
@@ -92,7 +96,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         # Every answer passes the one matcher (an EHR that ignored a parameter widens nothing, and
         # a patient/ grant holds whatever the EHR sent) and the coding filters, so the connector
         # pages from 0 and the offset is ours.
-        found = _connector(runtime, caller.organization_id).search_resources(dataclasses.replace(query, offset=0))
+        found = _connector(runtime, caller).search_resources(dataclasses.replace(query, offset=0))
         matches = (r for r in found if resource_matches(r, query) and (not filters or codes_match(r, filters)))
         matches = itertools.islice(matches, query.offset, None)
         page = list(itertools.islice(matches, query.count + 1))

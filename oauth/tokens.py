@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
@@ -22,6 +23,8 @@ PARTNER_API_AUDIENCE = "partner-api"
 SANDBOX_AUDIENCE = "sandbox"
 ACCESS_TOKEN_TYPE = "at+jwt"
 
+VERIFIED_CACHE_SIZE = 4096     # verified tokens remembered per process (about 4 MB at most)
+VERIFIED_CACHE_SECONDS = 60.0  # how long a verification is trusted: a key retired by time stops within a minute
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # python-jose's JSON for JWS parts, built once
 _PKCS1V15 = padding.PKCS1v15()
 _SHA256 = hashes.SHA256()
@@ -46,6 +49,11 @@ class TokenService:
         self.clock = clock
         self.issuer = issuer_claim
         self._headers: dict[tuple[str, str], bytes] = {}  # (kid, typ) -> encoded JWS header
+        # (token, audience, typ) -> (claims, trusted until): a token presented again (an app's every
+        # FHIR read) skips the JWS parse and the RSA verification. Dropped when the key set changes.
+        self._verified: dict[tuple, tuple[dict, float]] = {}
+        self._verified_lock = threading.Lock()
+        self._generation = 0  # bumped by `forget`: a verification that raced with it is not remembered
 
     def _header(self, kid: str, typ: str) -> bytes:
         encoded = self._headers.get((kid, typ))
@@ -76,7 +84,32 @@ class TokenService:
         return self.sign(claims, typ=ACCESS_TOKEN_TYPE), claims
 
     def verify(self, token: str, audience: str, typ: str | None = ACCESS_TOKEN_TYPE) -> dict:
-        """Claims of `token` if it is ours, unexpired, RS256, of `typ`, for `audience`."""
+        """Claims of `token` if it is ours, unexpired, RS256, of `typ`, for `audience` (a copy: the
+        caller may change it). A verified token is remembered until it expires, at most
+        `VERIFIED_CACHE_SECONDS`, or until the key set changes (`forget`); revocation is not decided
+        here (the deny-list is asked on every use)."""
+        key = (token, audience, typ)
+        now = self.clock.time()
+        remembered = self._verified.get(key)
+        if remembered is not None and now < remembered[1]:
+            return dict(remembered[0])
+        generation = self._generation
+        claims = self._verify(token, audience, typ)
+        with self._verified_lock:
+            if generation != self._generation:
+                return dict(claims)
+            if len(self._verified) >= VERIFIED_CACHE_SIZE:  # drop the older half (dicts keep insertion order)
+                self._verified = dict(list(self._verified.items())[VERIFIED_CACHE_SIZE // 2:])
+            self._verified[key] = (claims, min(float(claims["exp"]), now + VERIFIED_CACHE_SECONDS))
+        return dict(claims)
+
+    def forget(self) -> None:
+        """Forget every verification (the key set changed: a removed key verifies nothing from now on)."""
+        with self._verified_lock:
+            self._generation += 1
+            self._verified = {}
+
+    def _verify(self, token: str, audience: str, typ: str | None) -> dict:
         if not isinstance(token, str) or token.count(".") != 2 or len(token) > 8192:
             raise InvalidToken("not a compact JWS")
         try:

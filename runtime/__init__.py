@@ -65,6 +65,7 @@ class Runtime:
         self.applications = ApplicationCache()
         self.changes.subscribe(APPLICATIONS, self.applications.clear)
         self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
+        self.changes.subscribe(SIGNING_KEYS, self.tokens.forget)
         self.denylist = build_denylist(settings, self.clock)
         # What an installation's status allows (`lifecycle.activation`), for oauth/ and fhir_api/,
         # which lifecycle/ imports: they ask it here, as they ask `fhir_base_url`.
