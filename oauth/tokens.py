@@ -24,7 +24,6 @@ SANDBOX_AUDIENCE = "sandbox"
 ACCESS_TOKEN_TYPE = "at+jwt"
 
 VERIFIED_CACHE_SIZE = 4096     # verified tokens remembered per process (about 4 MB at most)
-VERIFIED_CACHE_SECONDS = 60.0  # how long a verification is trusted: a key retired by time stops within a minute
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # python-jose's JSON for JWS parts, built once
 _PKCS1V15 = padding.PKCS1v15()
 _SHA256 = hashes.SHA256()
@@ -49,9 +48,10 @@ class TokenService:
         self.clock = clock
         self.issuer = issuer_claim
         self._headers: dict[tuple[str, str], bytes] = {}  # (kid, typ) -> encoded JWS header
-        # (token, audience, typ) -> (claims, trusted until): a token presented again (an app's every
-        # FHIR read) skips the JWS parse and the RSA verification. Dropped when the key set changes.
-        self._verified: dict[tuple, tuple[dict, float]] = {}
+        # (token, audience, typ) -> (claims, kid): a token presented again (an app's every FHIR read)
+        # skips the JWS parse and the RSA verification; its expiry and its key's publication are
+        # checked on every use. Dropped when the key set changes.
+        self._verified: dict[tuple, tuple[dict, str]] = {}
         self._verified_lock = threading.Lock()
         self._generation = 0  # bumped by `forget`: a verification that raced with it is not remembered
 
@@ -85,22 +85,26 @@ class TokenService:
 
     def verify(self, token: str, audience: str, typ: str | None = ACCESS_TOKEN_TYPE) -> dict:
         """Claims of `token` if it is ours, unexpired, RS256, of `typ`, for `audience` (a copy: the
-        caller may change it). A verified token is remembered until it expires, at most
-        `VERIFIED_CACHE_SECONDS`, or until the key set changes (`forget`); revocation is not decided
-        here (the deny-list is asked on every use)."""
+        caller may change it). A verified token is remembered (until the key set changes: `forget`),
+        so its next use checks only its expiry and that its key is still published; revocation is
+        not decided here (the deny-list is asked on every use)."""
         key = (token, audience, typ)
-        now = self.clock.time()
-        remembered = self._verified.get(key)
-        if remembered is not None and now < remembered[1]:
-            return dict(remembered[0])
+        remembered = self._verified.get(key) if isinstance(token, str) else None
+        if remembered is not None:
+            claims, kid = remembered
+            if claims["exp"] <= self.clock.time():
+                raise InvalidToken("expired")
+            if self.keyring.verifier(kid) is None:
+                raise InvalidToken("unknown kid")
+            return dict(claims)
         generation = self._generation
-        claims = self._verify(token, audience, typ)
+        claims, kid = self._verify(token, audience, typ)
         with self._verified_lock:
             if generation != self._generation:
                 return dict(claims)
             if len(self._verified) >= VERIFIED_CACHE_SIZE:  # drop the older half (dicts keep insertion order)
                 self._verified = dict(list(self._verified.items())[VERIFIED_CACHE_SIZE // 2:])
-            self._verified[key] = (claims, min(float(claims["exp"]), now + VERIFIED_CACHE_SECONDS))
+            self._verified[key] = (claims, kid)
         return dict(claims)
 
     def forget(self) -> None:
@@ -109,7 +113,8 @@ class TokenService:
             self._generation += 1
             self._verified = {}
 
-    def _verify(self, token: str, audience: str, typ: str | None) -> dict:
+    def _verify(self, token: str, audience: str, typ: str | None) -> tuple[dict, str]:
+        """(claims, kid) of a token checked in full."""
         if not isinstance(token, str) or token.count(".") != 2 or len(token) > 8192:
             raise InvalidToken("not a compact JWS")
         try:
@@ -120,7 +125,8 @@ class TokenService:
             raise InvalidToken(f"algorithm {header.get('alg')!r} not accepted")
         if typ is not None and str(header.get("typ", "")).lower() != typ:
             raise InvalidToken(f"token type {header.get('typ')!r} is not {typ!r}")
-        key = self.keyring.verifier(str(header.get("kid", "")))
+        kid = str(header.get("kid", ""))
+        key = self.keyring.verifier(kid)
         if key is None:
             raise InvalidToken("unknown kid")
         try:
@@ -132,4 +138,4 @@ class TokenService:
         exp = claims.get("exp")
         if not isinstance(exp, int) or exp <= self.clock.time():
             raise InvalidToken("expired")
-        return claims
+        return claims, kid

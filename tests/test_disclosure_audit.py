@@ -22,6 +22,7 @@ from conftest import ROOT, settings_env, start_process, stop_process, free_port
 from connectors.sandbox import patient_panel
 from connectors.sessions import touch_session
 from fhir_api_support import mint
+from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.audit import AuditEvent
 from models.disclosures import DisclosureRecord
@@ -153,7 +154,8 @@ async def test_appointment_pages_and_charts_are_recorded(api, world, runtime, cl
     org, app = world.org, world.app
     headers = await partner_headers(api, app, world.secret)
     jti = claims(headers["Authorization"].split()[1])["jti"]
-    record_platform_verification(runtime, app, world.physician)  # the physician authorized the app
+    installation = record_platform_verification(runtime, app, world.physician)  # the physician authorized the app
+    set_activation_status(runtime, installation, "Enabled", "test")  # a Disabled app reads no clinic data
     complete_snapshot(clock, org, [world.physician], per_provider=4)
     status, response_headers, page = await api.call("GET", f"/v1/appointments/{org.id}?limit=3", headers=headers)
     assert status == 200 and len(page["appointments"]) == 3

@@ -18,6 +18,7 @@ from fhir_api_support import Fhir
 from fhir_support import connect_clinic, fhir_ehr, practitioner  # noqa: F401 (fhir_ehr: a fixture)
 from lifecycle.applications import install_application, set_smart_scopes
 from lifecycle.users import create_user, update_user
+from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
 from rest_helpers import partner_headers
@@ -96,7 +97,8 @@ async def test_every_appointment_status_of_a_sandbox_clinic_is_a_fhir_code(api, 
     start = night_window(runtime.settings, NIGHT)[0]
     runtime.clock.offset = 0.0
     runtime.clock.advance((start - dt.timedelta(hours=6) - runtime.clock.now()).total_seconds())
-    record_platform_verification(runtime, world.app, world.physician)
+    installation = record_platform_verification(runtime, world.app, world.physician)
+    set_activation_status(runtime, installation, "Enabled", "test")  # a Disabled app reads no clinic data
     touch_session(runtime, world.physician)
     snapshot = build_snapshot(runtime, world.org.id, NIGHT)
     headers = await partner_headers(api, world.app, world.secret)
