@@ -18,7 +18,7 @@ def register(commands) -> None:
 
 
 def _check(runtime, args) -> int:
-    from connectors import connector_for
+    from connectors import Bounds, connector_for
     org_id = args.org or args.org_positional
     if not org_id:
         raise UsageError("give the organization: svc-auth ehr check --org ORG")
@@ -27,7 +27,7 @@ def _check(runtime, args) -> int:
         raise UsageError(f"organization {org.id} is on the {org.ehr!r} EHR; ehr check tries FHIR EHRs (--ehr fhir)")
     physician = (User.select().where((User.organization == org.id) & User.npi.is_null(False) & (User.npi != ""))
                  .order_by(User.id).first())
-    steps = connector_for(runtime, org).check(physician.npi if physician else None, runtime.clock.now())
+    steps = connector_for(runtime, org, Bounds.check(runtime.settings)).check(physician.npi if physician else None, runtime.clock.now())
     ok = len(steps) == 4 and all(s["ok"] for s in steps)
     if args.json:
         print(json.dumps({"ok": ok, "steps": steps}))

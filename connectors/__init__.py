@@ -16,23 +16,29 @@ For the platform FHIR API (`/fhir/r4/{org}`, SMART apps), a connector also answe
   search syntax outside a connector), an iterator in a stable order.
 
 Errors: raise `ConnectorUnavailable` for anything worth retrying (timeouts, 5xx, maintenance);
-`PatientNotFound` / `ConnectorError` for permanent failures, which are not retried.
+`PatientNotFound` / `ConnectorError` for permanent failures, which are not retried;
+`BoundExceeded` (`DeadlineExceeded` for time) when the EHR pushed a request past the caller's
+`Bounds` (`connectors.bounds`: `connect(runtime, organization, bounds)`); `EhrReportedError` when
+the EHR answered an error OperationOutcome.
 """
 from __future__ import annotations
 
 from types import MappingProxyType
 
 from connectors import fhir, sandbox
-from connectors.base import (Appointment, Chart, Connector, ConnectorError, ConnectorUnavailable, Encounter,  # noqa: F401
-                             Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery)
+from connectors.base import (Appointment, BoundExceeded, Chart, Connector, ConnectorError,  # noqa: F401
+                             ConnectorUnavailable, DeadlineExceeded, EhrReportedError, Encounter, Patient,
+                             PatientNotFound, Provider, ResourceNotFound, ResourceQuery)
+from connectors.bounds import Bounds  # noqa: F401
 
 CONNECTORS = MappingProxyType({"sandbox": sandbox.connect, "fhir": fhir.connect})
 """Each EHR's `connect(runtime, organization) -> Connector`, by the name an organization's `ehr` field holds."""
 
 
-def connector_for(runtime, organization) -> Connector:
-    """The connector of the organization's EHR."""
+def connector_for(runtime, organization, bounds: Bounds | None = None) -> Connector:
+    """The connector of the organization's EHR, held to the caller's `bounds` (default: the batch
+    bounds of the night and chart builds)."""
     connect = CONNECTORS.get(organization.ehr or "")
     if connect is None:
         raise ConnectorError(f"No connector for EHR {organization.ehr!r}.")
-    return connect(runtime, organization)
+    return connect(runtime, organization, bounds or Bounds.batch(runtime.settings))

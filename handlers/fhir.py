@@ -22,7 +22,8 @@ from fhir_api.search import RESOURCE_ID, search_arguments
 from handlers.oauth import CorsHandler
 
 _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: "not-found", 405: "not-supported",
-                           406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient"})
+                           406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient",
+                           504: "timeout"})
 
 
 class FhirHandler(CorsHandler):

@@ -19,7 +19,7 @@ import tempfile
 
 from dramatiq.middleware import CurrentMessage
 
-from connectors import ConnectorError, ConnectorUnavailable, connector_for
+from connectors import Bounds, ConnectorError, ConnectorUnavailable, connector_for
 from connectors.sandbox import SandboxConnector, patient_panel
 from models.charts import ChartRequest
 from workers.tasks import task
@@ -54,7 +54,7 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
         log.info("chart %s: another delivery holds its lease", request_id)
         return request
     with chart_lease_keeper(runtime, request_id, owner):
-        chart = connector_for(runtime, request.organization).fetch_chart(request.patient_id)
+        chart = connector_for(runtime, request.organization, Bounds.batch(runtime.settings)).fetch_chart(request.patient_id)
         key = chart_key(request_id)
         store = runtime.object_store
         with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:

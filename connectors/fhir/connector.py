@@ -6,6 +6,7 @@ import itertools
 import logging
 
 from connectors.base import Chart, ConnectorError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery
+from connectors.bounds import Bounds
 from connectors.fhir import check as ehr_check
 from connectors.fhir.cache import FhirState
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
@@ -133,7 +134,8 @@ class FhirConnector:
         return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
 
 
-def connect(runtime, organization) -> FhirConnector:
+def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnector:
+    """The clinic's FHIR connector, held to the caller's `bounds` (default: `Bounds.batch`)."""
     if not organization.ehr_url:
         raise ConnectorError(f"Organization {organization.id} is on FHIR but has no FHIR base URL "
                              f"(svc-auth orgs update --org {organization.id} --fhir-base-url URL).")
@@ -142,5 +144,5 @@ def connect(runtime, organization) -> FhirConnector:
                              f"(svc-auth orgs update --org {organization.id} --fhir-client-id ID).")
     state = runtime.connector_state("fhir", FhirState)
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
-                        runtime.ehr_keys, state.tokens, state.capabilities)
+                        runtime.ehr_keys, state.tokens, state.capabilities, bounds or Bounds.batch(runtime.settings))
     return FhirConnector(organization, client)
