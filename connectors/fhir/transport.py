@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 import time
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
 import urllib3
@@ -27,7 +28,7 @@ from connectors.bounds import Bounds
 
 BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
 CHUNK_BYTES = 64 * 1024          # a body is read this much at a time
-DEFAULT_PORTS = {"http": 80, "https": 443}
+DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
 _ENCODED_SEPARATOR = re.compile(r"%(2e|2f|5c|25)", re.IGNORECASE)  # `.`, `/`, `\`, `%` spelled encoded
 _PRINTABLE = re.compile(r"[!-~]+")
 
