@@ -129,20 +129,21 @@ class FhirClient:
         `max_pages`, each `next` inside the base and never one already followed. A page that is not
         a Bundle, or that carries an `outcome` entry of severity error or fatal, is `EhrReportedError`."""
         bundle, seen = self.get(resource_type, params), set()
-        for _ in range(self.bounds.max_pages):
+        for number in range(1, self.bounds.max_pages + 1):
             _searchset(bundle, resource_type)
             yield bundle
             following = next((link.get("url") for link in bundle.get("link") or ()
                               if isinstance(link, dict) and link.get("relation") == "next"), None)
             if not following:
                 return
+            if number == self.bounds.max_pages:
+                raise BoundExceeded("max_pages", f"A search of {resource_type} at {self.base} went past the "
+                                                 f"{self.bounds.name} limit of {self.bounds.max_pages} pages.")
             if not isinstance(following, str) or following in seen:
                 raise BoundExceeded("repeated_next", f"The EHR at {self.base} sent the same next link twice in a "
                                                      f"search of {resource_type}; not followed.")
             seen.add(following)
             bundle = self.get(following)
-        raise BoundExceeded("max_pages", f"A search of {resource_type} at {self.base} went past the "
-                                         f"{self.bounds.name} limit of {self.bounds.max_pages} pages.")
 
     def offers_everything(self) -> bool:
         """Whether the EHR's CapabilityStatement offers `Patient/{id}/$everything` (cached per base)."""
