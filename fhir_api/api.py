@@ -66,6 +66,17 @@ def _failure(organization_id: str, exc: ConnectorError) -> FhirError:
                                        "clinic's administrator must check svc-auth's access to its EHR.")
 
 
+def _counted(matches, total: int) -> int | None:
+    """`total` plus the matches after the page, or None past `TOTAL_SCAN_LIMIT` or when counting
+    them would take the EHR past a bound (the page itself is whole: it is served without a total)."""
+    try:
+        rest = sum(1 for _ in itertools.islice(matches, TOTAL_SCAN_LIMIT + 1))
+    except BoundExceeded as exc:
+        log.warning("FHIR API: the total was left out: %s", exc)
+        return None
+    return None if rest > TOTAL_SCAN_LIMIT else total + rest
+
+
 def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
     """`GET {iss}/{Type}/{id}`: the resource, or 404 (also for one outside a patient/ grant)."""
     grant = grant_for(caller, supported_type(resource_type), "r")
@@ -111,8 +122,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         more = len(page) > query.count
         total = query.offset + len(page)
         if more:
-            rest = sum(1 for _ in itertools.islice(matches, TOTAL_SCAN_LIMIT + 1))
-            total = None if rest > TOTAL_SCAN_LIMIT else total + rest
+            total = _counted(matches, total)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
     except ConnectorError as exc:
