@@ -7,7 +7,8 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   whose `next` leaves the FHIR base (another host name, the same host outside the base path, the
   way out spelled `%2e%2e`, spelled `..`, a sibling path `/fhir/R4x`);
 - `next-same`: an empty page whose `next` is the same URL, forever;
-- `next-endless`: a new empty page each time, forever;
+- `next-endless`: a new empty page each time, forever; `next-endless-full`: the same with 30 new
+  matches on each page;
 - `endless-body`: a 200 whose body never ends (chunked, as fast as it is read);
 - `drip`: a 200 whose body comes one byte a second;
 - `outcome-200`: a 200 OperationOutcome of severity `error`; `outcome-entry`: a searchset carrying
@@ -174,6 +175,9 @@ class _Handler(BaseHTTPRequestHandler):
                      "next-endless": f"{base}/{kind}?page={page + 1}"}.get(attack or "")
         if following and attack in ("next-same", "next-endless"):
             return self.send_json(200, searchset([], following))
+        if attack == "next-endless-full":
+            found = [{**observation(base), "id": f"obs-{page}-{n}"} for n in range(30)]
+            return self.send_json(200, searchset(found, f"{base}/{kind}?page={page + 1}"))
         matches = {"Practitioner": [practitioner()], "Patient": [patient(attack == "foreign-refs")],
                    "Appointment": [appointment(), patient()],
                    "Observation": [observation(base, attack == "foreign-refs")]}.get(kind, [])

@@ -174,6 +174,13 @@ def test_endless_pages_end_the_search_at_its_page_limit(clinic, hostile):
     assert len(hostile.requests()) == 20, len(hostile.requests())   # SVC_EHR_INTERACTIVE_MAX_PAGES
 
 
+def test_a_page_is_served_without_its_total_when_counting_would_pass_the_page_limit(clinic, hostile):
+    hostile.attack("next-endless-full", on="Observation")
+    status, body, _, _ = fhir(clinic, "/Observation?patient=pt-1")
+    assert status == 200 and len(body["entry"]) == 50 and "total" not in body, body
+    assert len(hostile.requests()) == 20, len(hostile.requests())
+
+
 def test_an_endless_body_on_a_read_is_cut_at_the_size_limit_and_serve_stays_small(clinic, hostile, served):
     _, proc = served
     status, body, _, _ = fhir(clinic, "/Patient/pt-1")
