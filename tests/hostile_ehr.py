@@ -22,6 +22,7 @@ sees what was (not) followed."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,7 +39,7 @@ class HostileEhr:
     """The running server: its base, the attacks switched on, and the requests it received."""
 
     def __init__(self):
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.server.ehr = self
         self.port = self.server.server_address[1]
@@ -126,6 +127,12 @@ def searchset(resources: list[dict], next_url: str | None = None, outcome: dict 
 def outcome(severity: str) -> dict:
     return {"resourceType": "OperationOutcome",
             "issue": [{"severity": severity, "code": "exception", "diagnostics": f"the EHR's {severity}"}]}
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], OSError):  # a reader that hangs up is what a bounded client does
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
