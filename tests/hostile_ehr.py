@@ -17,6 +17,9 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `foreign-refs`: resources whose references and attachment URLs name another host;
 - `redirect`: a 302 to another host; `retry-after`: 503 with `Retry-After: 30`.
 
+For a `smart-backend` clinic it serves `.well-known/smart-configuration` and a token endpoint
+(`/oauth/token`) that grants `TOKEN` to any client assertion.
+
 `requests()` lists every request's path (raw, as sent) and its `Authorization` header, so a test
 sees what was (not) followed."""
 from __future__ import annotations
@@ -32,6 +35,7 @@ NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 NPI = "1417000043"
 FOREIGN = "http://attacker.example/fhir"
 BASE_PATH = "/fhir/R4"
+TOKEN = "hostile-ehr-token"   # what its token endpoint grants svc-auth (`smart-backend` clinics)
 DRIP_SECONDS = 120          # a drip stops by itself after this long (the test has long failed by then)
 
 
@@ -146,9 +150,19 @@ class _Handler(BaseHTTPRequestHandler):
     def ehr(self) -> HostileEhr:
         return self.server.ehr
 
+    def do_POST(self):  # noqa: N802: the token endpoint of a `smart-backend` clinic grants any assertion
+        self.ehr.record(self.path, self.headers.get("Authorization"))
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path != "/oauth/token":
+            return self.send_json(404, outcome("error"))
+        self.send_json(200, {"access_token": TOKEN, "token_type": "Bearer", "expires_in": 300})
+
     def do_GET(self):  # noqa: N802 (http.server's name)
         self.ehr.record(self.path, self.headers.get("Authorization"))
         parts = urlsplit(self.path)
+        if parts.path == f"{BASE_PATH}/.well-known/smart-configuration":
+            return self.send_json(200, {"token_endpoint": f"{self.ehr.origin}/oauth/token",
+                                        "token_endpoint_auth_methods_supported": ["private_key_jwt"]})
         if parts.path != BASE_PATH and not parts.path.startswith(BASE_PATH + "/"):
             return self.send_json(404, outcome("error"))
         rest = parts.path[len(BASE_PATH) + 1:].split("/")

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT, free_port, settings_env, start_process, stop_process
 from fhir_api_support import mint
-from hostile_ehr import NPI, HostileEhr
+from hostile_ehr import NPI, TOKEN, HostileEhr
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
@@ -156,6 +156,26 @@ def test_a_next_link_or_redirect_outside_the_base_is_refused_before_any_request(
     assert "127.0.0.1" not in json.dumps(body) and "localhost" not in json.dumps(body)
     assert len(hostile.requests()) == 1, hostile.requests()    # the first page only: the way out was not taken
     inside_base(hostile)
+
+
+def test_svc_auth_s_bearer_token_never_leaves_the_base_of_a_smart_backend_clinic(runtime, world, served, hostile):
+    hostile.calm()
+    done, _, _ = cli(runtime.settings, "orgs", "create", "--name", "Hostile SMART Clinic", "--ehr", "fhir",
+                     "--fhir-base-url", hostile.base, "--fhir-client-id", "svc-auth-at-hostile", "--json")
+    assert done.returncode == 0, done.stderr
+    org_id = json.loads(done.stdout)["id"]
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@smart-hostile.example", "Ana", "Lopez", "alopez", NPI)
+    issuer, _ = served
+    smart = (org_id, ana, mint(runtime, issuer, ana, world.app, org_id), issuer)
+    status, body, _, _ = fhir(smart, "/Observation?patient=pt-1")
+    assert status == 200 and body["total"] == 1, body                                   # the control
+    hostile.attack("next-outside-base", on="Observation")
+    status, body, _, _ = fhir(smart, "/Observation?patient=pt-1")
+    assert_outcome(status, body, 502, "exception")
+    bearer = [path for path, authorization in hostile.requests() if authorization == f"Bearer {TOKEN}"]
+    assert len(bearer) == 2 and all(p.startswith("/fhir/R4/Observation?") for p in bearer), hostile.requests()
+    assert not any("admin" in path for path, _ in hostile.requests()), hostile.requests()
 
 
 # -- 1. bounds: loops, endless pages, endless bodies, drips, Retry-After ------------------------
