@@ -345,3 +345,31 @@ def test_the_night_fails_loudly_for_the_attacked_clinic_and_the_others_go_on(run
     assert world.org.id in report["built"], report                      # the sandbox clinic's night is built
     assert peak < NIGHT_PEAK_BYTES, f"a child's peak RSS reached {peak >> 20} MiB"
     inside_base(hostile)
+
+
+# -- the base, normalised ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url, inside", [
+    ("https://ehr.example/fhir/R4/Patient/x", True),
+    ("HTTPS://EHR.example:443/fhir/R4/Patient/x", True),          # scheme and host case, the default port
+    ("https://ehr.example/fhir/R4", True),
+    ("https://ehr.example/fhir/R4/Appointment?page=2&_getpages=abc", True),
+    ("https://ehr.example/fhir/R4x/Patient/x", False),           # a sibling path: the boundary is a `/`
+    ("https://ehr.example/fhir/R4/../admin", False),
+    ("https://ehr.example/fhir/R4/./Patient/x", False),
+    ("https://ehr.example/fhir/R4/%2e%2e/admin", False),
+    ("https://ehr.example/fhir/R4/%2E%2E%2Fadmin", False),
+    ("https://ehr.example/fhir/R4/%252e%252e/admin", False),     # encoded twice
+    ("https://ehr.example/fhir/R4\\..\\admin", False),
+    ("https://ehr.example/fhir/R4/Patient/x\n", False),
+    ("https://user@ehr.example/fhir/R4/Patient/x", False),
+    ("https://ehr.example.attacker.example/fhir/R4/Patient/x", False),
+    ("https://ehr.example:8443/fhir/R4/Patient/x", False),
+    ("http://ehr.example/fhir/R4/Patient/x", False),             # not downgraded to http
+    ("//ehr.example/fhir/R4/Patient/x", False),
+    ("ftp://ehr.example/fhir/R4/Patient/x", False),
+    ("https://ehr.example/admin", False),
+])
+def test_the_base_is_compared_after_normalising(url, inside):
+    from connectors.fhir.transport import inside_base
+    assert inside_base(url, "https://ehr.example/fhir/R4/") is inside
