@@ -31,7 +31,7 @@ def check(connector, npi: str | None, now: dt.datetime) -> list[dict]:
 
     def practitioner():
         params = {"identifier": f"{NPI_SYSTEM}|{npi}"} if npi else {"_count": 1}
-        entries = connector.client.get("Practitioner", params).get("entry") or ()
+        entries = connector.client.search("Practitioner", params).get("entry") or ()
         found["id"] = next((e["resource"]["id"] for e in entries), None)
         if npi and found["id"] is None:
             raise ConnectorError(f"no Practitioner has NPI {npi}")
@@ -43,7 +43,7 @@ def check(connector, npi: str | None, now: dt.datetime) -> list[dict]:
         params = {"date": f"ge{instant(now)}", "_count": 1}
         if found.get("id"):
             params["practitioner"] = f"Practitioner/{found['id']}"
-        bundle = connector.client.get("Appointment", params)
+        bundle = connector.client.search("Appointment", params)
         return f"the search answered ({bundle.get('total', len(bundle.get('entry') or ()))} from now on)"
     step("appointments", appointments)
     return steps

@@ -124,6 +124,12 @@ class FhirClient:
             raise EhrReportedError(f"The EHR answered an error to {urlsplit(url).path}: {_issue_text(body)}")
         return body
 
+    def search(self, resource_type: str, params: dict) -> dict:
+        """A search's first page, a Bundle checked as `pages` checks each (no `next` followed)."""
+        bundle = self.get(resource_type, params)
+        _searchset(bundle, resource_type)
+        return bundle
+
     def pages(self, resource_type: str, params: dict):
         """A search's Bundles, one page at a time, along their `next` links: at most the bounds'
         `max_pages`, each `next` inside the base and never one already followed. A page that is not

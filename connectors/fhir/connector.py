@@ -26,7 +26,7 @@ class FhirConnector:
 
     def practitioner_id(self, npi: str) -> str | None:
         """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
-        bundle = self.client.get("Practitioner", {"identifier": f"{NPI_SYSTEM}|{npi}", "_elements": "id"})
+        bundle = self.client.search("Practitioner", {"identifier": f"{NPI_SYSTEM}|{npi}", "_elements": "id"})
         ids = [e["resource"]["id"] for e in bundle.get("entry") or () if e.get("resource", {}).get("resourceType")
                == "Practitioner"]
         if len(ids) > 1:
