@@ -57,12 +57,17 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
 
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
           on_start=None) -> None:
-    """Bind `port`, fork `processes` workers sharing the socket, and run until SIGTERM/SIGINT."""
+    """Listen on `port` with `processes` processes and run until SIGTERM/SIGINT.
+
+    Under `--processes N` every forked process listens on a socket of its own (SO_REUSEPORT): the
+    kernel spreads new connections over them, instead of one shared accept queue that hands a burst
+    to whichever process wakes first."""
     from runtime.startup import open_runtime
     from ops.startup import bind_error
     # A port in use, or a dependency that is down, stops here with one line (StartupError),
     # before any fork and before anything else is logged. The port is probed first (bound, not
-    # listened on: nobody may connect before the signal handlers are in place).
+    # listened on: nobody may connect before the signal handlers are in place), without
+    # SO_REUSEPORT, so that any other process listening on it is found, one with SO_REUSEPORT too.
     import socket
     try:
         with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
@@ -76,16 +81,21 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
     finally:
         first.close()
-    try:
-        sockets = tornado.netutil.bind_sockets(port, address=address)
-    except OSError as exc:
-        raise bind_error(exc, port, address) from None
     processes = processes or os.cpu_count() or 1
+
+    def listen() -> list:
+        try:
+            return tornado.netutil.bind_sockets(port, address=address, reuse_port=processes > 1)
+        except OSError as exc:
+            raise bind_error(exc, port, address) from None
+
     if processes > 1:
         # Every forked process counts into files in one directory; /metrics sums them.
         metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROC_ENV)
                                      or Path(settings.var_dir) / "metrics" / f"serve-{port}")
-        fork_workers(processes, sockets)
+        _, sockets = fork_workers(processes, listen)
+    else:
+        sockets = listen()
     # uvloop: the event loop in C (libuv). Tornado runs on asyncio's loop interface, so only the
     # loop changes; it is created after the fork, as each process needs its own.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

@@ -3,7 +3,8 @@
 Sections: `production` (the token endpoint in the shape operators run: `serve --processes 2` on
 PostgreSQL + Redis, beside the embedded shape, wrk 32 connections, CPU of every process counted;
 skipped with the reason when PostgreSQL or Redis is unreachable), `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
-`remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
+`fhir_reads` (the platform FHIR API's reads and searches per CPU-second beside `/healthz` and a token,
+in both shapes, and svc-auth's CPU per read proxied to the test FHIR EHR), `remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
 `fhir_night` (100 clinics x 20 physicians on the test FHIR EHR, tests/js/fhir_ehr.mjs: appointments
 per second and the EHR's share of the time; PostgreSQL), `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
 reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
@@ -128,7 +129,7 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("production", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage")
+SECTIONS = ("production", "fhir_reads", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage")
 
 
 def section_header() -> dict:
@@ -172,6 +173,14 @@ def main(argv=None) -> int:
             **header, **production_benchmarks(args.postgres_url, args.redis_url, args.seconds, say)}
         if skipped:
             say(f"production shape: skipped ({skipped})")
+    if "fhir_reads" in sections:
+        from bench.fhir_reads import fhir_reads_benchmarks
+        header, skipped = section_header(), backends(args)
+        report["fhir_reads"] = {**header, **fhir_reads_benchmarks(
+            None if skipped else args.postgres_url, None if skipped else args.redis_url, args.seconds, say)}
+        if skipped:
+            report["fhir_reads"]["production_skipped"] = skipped
+            say(f"FHIR reads, production shape: skipped ({skipped})")
     if "tokens" in sections:
         header = section_header()
         cap = loadgen.capacity(min(args.seconds, 3.0))

@@ -70,7 +70,7 @@ class BenchService:
             billing_plan="paid", user_fields=["email", "name", "ehrUsername", "organization"])
         install_application(app.id, org.id)
         self.client_id, self.secret, self.redirect_uri = app.client_id, secret, app.redirect_uri
-        self.application_id = app.id
+        self.application_id, self.organization_id, self.user_id = app.id, org.id, user.id
         self.sandbox_token = issue_sandbox_token(runtime, user)
         self.private_key = runtime.keyring.active.private  # the service's own key object (cryptography)
         runtime.close()
@@ -163,6 +163,21 @@ class BenchService:
         body = json.loads(response.read() or b"{}")
         conn.close()
         return response.status, body
+
+    def platform_token(self, scope: str = "openid fhirUser user/*.rs", organization_id: str | None = None,
+                       user_id: str | None = None, **extra) -> str:
+        """A platform access token for the FHIR API, signed with the service's own keys as a launch's
+        token is (the user, the app, the clinic, `scope`), valid for an hour."""
+        from conf import Settings
+        from oauth.tokens import PLATFORM_AUDIENCE
+        from runtime import Runtime
+        runtime = Runtime(Settings.from_env(self.env, dotenv=None))
+        try:
+            token, _ = runtime.tokens.access_token(user_id or self.user_id, PLATFORM_AUDIENCE, 3600, client_id=self.client_id,
+                                                   org=organization_id or self.organization_id, scope=scope, **extra)
+        finally:
+            runtime.close()
+        return token
 
     def user_access_token(self) -> str:
         code = self._mint_codes(1)[0]

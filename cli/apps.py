@@ -1,10 +1,13 @@
 """`svc-auth apps create|list|show|delete`, `apps update` (the manifest) and client-secret rotation."""
 from __future__ import annotations
 
+import argparse
+
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
+from fhir_api.limits import parse_rate
 from lifecycle.manifest import update_manifest
-from lifecycle.applications import (delete_application, register_application, set_public, set_redirect_policy,
-                                    set_require_pkce, set_smart_scopes)
+from lifecycle.applications import (delete_application, register_application, set_fhir_rate_limits, set_public,
+                                    set_redirect_policy, set_require_pkce, set_smart_scopes)
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Application, Installation
 from models.clock import utc_iso
@@ -66,6 +69,12 @@ def register(commands) -> None:
     client_type.add_argument("--no-public", dest="public", action="store_const", const=False,
                              help="make it a confidential client again: prints a new client_secret once")
     p.add_argument("--smart-scopes", metavar="SCOPES", help="the SMART scopes the app declares, space-separated")
+    p.add_argument("--fhir-rate-limit", type=_rate, metavar="N/UNIT",
+                   help="FHIR API requests this app may make per clinic, e.g. 1200/minute (UNIT: second, minute, "
+                        "hour, day, or a number of seconds); 'default' for SVC_FHIR_RATE_LIMIT (600/60)")
+    p.add_argument("--fhir-token-rate-limit", type=_rate, metavar="N/UNIT",
+                   help="FHIR API requests per access token of this app, e.g. 300/minute; 'default' for "
+                        "SVC_FHIR_TOKEN_RATE_LIMIT (200/60)")
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update))
 
@@ -92,6 +101,19 @@ def register(commands) -> None:
     p.add_argument("--app", required=True, help="application id")
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_activate_fallback))
+
+
+_DEFAULT = "default"
+
+
+def _rate(text: str):
+    """An argparse type: a FHIR rate (`Limit`), or `default`; anything else exits 2 with the reason."""
+    if text.strip().lower() == _DEFAULT:
+        return _DEFAULT
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _user_fields(text: str) -> list[str]:
@@ -126,6 +148,11 @@ def _update(runtime, args):
         app = set_redirect_policy(runtime, app.id, args.redirect_uri_match, app.redirect_uris)
     if args.smart_scopes is not None:
         app = set_smart_scopes(runtime, app.id, args.smart_scopes)
+    limits = {name: None if value == _DEFAULT else value
+              for name, value in (("fhir_rate_limit", args.fhir_rate_limit),
+                                  ("fhir_token_rate_limit", args.fhir_token_rate_limit)) if value is not None}
+    if limits:
+        app = set_fhir_rate_limits(runtime, app.id, **limits)
     secret = None
     if args.public is not None:
         app, secret = set_public(runtime, app.id, args.public)
@@ -140,7 +167,10 @@ def manifest_dict(app: Application) -> dict:
             "redirect_uri_match": app.redirect_uri_match, "redirect_uris": app.redirect_uris,
             "require_pkce": app.require_pkce, "public": app.public,
             "token_endpoint_auth_method": "none" if app.public else "client_secret_basic",
-            "smart_scopes": app.smart_scopes}
+            "smart_scopes": app.smart_scopes,
+            # COUNT/SECONDS, or "default" (SVC_FHIR_RATE_LIMIT, SVC_FHIR_TOKEN_RATE_LIMIT apply)
+            "fhir_rate_limit": app.fhir_rate_limit or _DEFAULT,
+            "fhir_token_rate_limit": app.fhir_token_rate_limit or _DEFAULT}
 
 
 def app_dict(app: Application) -> dict:

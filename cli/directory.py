@@ -4,7 +4,8 @@ from __future__ import annotations
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
-from lifecycle.organizations import FHIR_AUTH_MODES, create_organization, update_organization
+from connectors.fhir.profiles import PROFILE_NAMES, SCOPE_CHOICES, parse_search_params
+from lifecycle.organizations import FHIR_AUTH_MODES, create_organization, search_params_of, update_organization
 from lifecycle.users import create_user, update_user
 from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
@@ -92,11 +93,22 @@ def add_fhir_flags(p) -> None:
     p.add_argument("--fhir-client-id", help="svc-auth's client id at that EHR (SMART Backend Services)")
     p.add_argument("--fhir-auth", choices=FHIR_AUTH_MODES,
                    help="smart-backend (default), or none for an open test server only")
+    p.add_argument("--fhir-profile", choices=PROFILE_NAMES,
+                   help="the EHR's vendor rules: generic (default), epic, oracle or athena (docs/ehr-fhir.md)")
+    p.add_argument("--fhir-scopes", choices=SCOPE_CHOICES,
+                   help="SMART scope syntax asked of the EHR: auto (default: from its smart-configuration), v1 or v2")
+    p.add_argument("--fhir-search-param", action="append", metavar="NAME=VALUE",
+                   help="appended to every search of the EHR (repeatable), e.g. athena's "
+                        "ah-practice=Organization/a-1.Practice-195900; on update, replaces the list")
+    p.add_argument("--clear-fhir-search-params", action="store_true", help="remove every extra search parameter")
 
 
 def org_dict(org: Organization) -> dict:
     return {"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url,
             "fhir_client_id": org.fhir_client_id or None, "fhir_auth": org.fhir_auth if org.ehr == "fhir" else None,
+            "fhir_profile": org.fhir_profile if org.ehr == "fhir" else None,
+            "fhir_scopes": org.fhir_scopes if org.ehr == "fhir" else None,
+            "fhir_search_params": [f"{n}={v}" for n, v in search_params_of(org)] if org.ehr == "fhir" else None,
             "created_at": utc_iso(org.created_at)}
 
 
@@ -117,9 +129,17 @@ def _org(org_id: str) -> Organization:
 
 
 def _fhir_fields(args) -> dict:
-    fields = {"ehr_url": args.fhir_base_url, "fhir_client_id": args.fhir_client_id, "fhir_auth": args.fhir_auth}
+    fields = {"ehr_url": args.fhir_base_url, "fhir_client_id": args.fhir_client_id, "fhir_auth": args.fhir_auth,
+              "fhir_profile": args.fhir_profile, "fhir_scopes": args.fhir_scopes}
     if args.fhir_base_url is not None and args.ehr_url and args.ehr_url != args.fhir_base_url:
         raise UsageError("give the FHIR base URL once: --fhir-base-url or --ehr-url")
+    if args.fhir_search_param is not None:
+        try:
+            fields["fhir_search_params"] = parse_search_params(args.fhir_search_param)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    elif args.clear_fhir_search_params:
+        fields["fhir_search_params"] = ()
     return {name: value for name, value in fields.items() if value is not None}
 
 

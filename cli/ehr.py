@@ -1,20 +1,28 @@
-"""`svc-auth ehr check --org ORG [--json]`: can svc-auth read this clinic's FHIR EHR?"""
+"""`svc-auth ehr check --org ORG [--npi NPI]... [--json]`: can svc-auth read this clinic's FHIR EHR?
+`svc-auth ehr jwks`: svc-auth's EHR client public keys, for an EHR that takes an uploaded key set."""
 from __future__ import annotations
 
 import json
+import re
 
 from cli.common import UsageError, existing, with_runtime
 from models.directory import Organization, User
+
+NPI = re.compile(r"[0-9]{10}")
 
 
 def register(commands) -> None:
     ehr = commands.add_parser("ehr", help="a clinic's EHR connection").add_subparsers(
         dest="action", metavar="ACTION", required=True)
-    p = ehr.add_parser("check", help="try discovery, the token, one Practitioner and one Appointment search")
+    p = ehr.add_parser("check", help="try discovery, the token, the physicians' Practitioners and an Appointment search")
     p.add_argument("org_positional", nargs="?", metavar="ORG", help="organization id (or --org)")
     p.add_argument("--org", help="organization id (org_...)")
+    p.add_argument("--npi", action="append", help="look up this NPI (repeatable) instead of every physician's")
     p.add_argument("--json", action="store_true", help='print {"ok", "steps": [{"step", "ok", "detail"}]}')
     p.set_defaults(handler=with_runtime(_check))
+    p = ehr.add_parser("jwks", help="print svc-auth's EHR client public keys (JWKS), for EHRs that take an "
+                                    "uploaded key set (Oracle Health's System Account Management)")
+    p.set_defaults(handler=with_runtime(_jwks))
 
 
 def _check(runtime, args) -> int:
@@ -25,9 +33,15 @@ def _check(runtime, args) -> int:
     org = existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
     if org.ehr != "fhir":
         raise UsageError(f"organization {org.id} is on the {org.ehr!r} EHR; ehr check tries FHIR EHRs (--ehr fhir)")
-    physician = (User.select().where((User.organization == org.id) & User.npi.is_null(False) & (User.npi != ""))
-                 .order_by(User.id).first())
-    steps = connector_for(runtime, org, Bounds.check(runtime.settings)).check(physician.npi if physician else None, runtime.clock.now())
+    if args.npi:
+        bad = [n for n in args.npi if not NPI.fullmatch(n)]
+        if bad:
+            raise UsageError(f"--npi must be a 10-digit NPI, got {bad[0][:40]!r}")
+        npis = args.npi
+    else:  # every physician of the clinic, in a stable order
+        npis = [u.npi for u in User.select(User.npi).where(
+            (User.organization == org.id) & User.npi.is_null(False) & (User.npi != "")).order_by(User.npi, User.id)]
+    steps = connector_for(runtime, org, Bounds.check(runtime.settings)).check(npis, runtime.clock.now())
     ok = len(steps) == 4 and all(s["ok"] for s in steps)
     if args.json:
         print(json.dumps({"ok": ok, "steps": steps}))
@@ -35,3 +49,9 @@ def _check(runtime, args) -> int:
         for s in steps:
             print(f"{s['step']}: {'ok' if s['ok'] else 'FAILED'}: {s['detail']}")
     return 0 if ok else 1
+
+
+def _jwks(runtime, args) -> int:
+    """The same document as `GET {SVC_ISSUER}/ehr/jwks.json`: public halves only."""
+    print(json.dumps(runtime.ehr_keys.jwks(), indent=1))
+    return 0

@@ -90,5 +90,5 @@ def run_snapshot(runtime, args) -> int:
         existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
     report = run_night(runtime, night, args.org)
     emit({"snapshot_date": night.isoformat(), "organizations": report.organizations,
-          "built": report.built, "found_built": report.found_built}, args.json)
+          "built": report.built, "found_built": report.found_built, "skipped": report.skipped}, args.json)
     return 0 if report.complete else 1

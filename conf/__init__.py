@@ -152,10 +152,19 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
     rate_limits: tuple = ()
+    # FHIR API (docs/fhir-api.md, Limits): requests per application and clinic, and per access
+    # token, "COUNT/SECONDS" (an app may have its own: `apps update --fhir-rate-limit`); and how many
+    # proxied reads and searches one clinic's EHR may have in progress per serve process.
+    fhir_rate_limit: tuple = (600, 60)
+    fhir_token_rate_limit: tuple = (200, 60)
+    fhir_ehr_concurrency: int = 4
     # Failed authentication attempts (client secrets, sandbox sign-in): "COUNT/SECONDS" per
     # subject (a client_id, an account) and per source address; past them, 429 + Retry-After.
     auth_failure_limit: tuple = (10, 300)
     auth_address_failure_limit: tuple = (50, 300)
+    # After `apps secret activate-fallback`, the retired secret is answered "retired by rotation"
+    # (401, not counted as a failed guess) for this many seconds.
+    retired_secret_grace: int = 30 * 24 * 3600
     log_level: str = "INFO"
     # Background work: retries of a failed task (exponential backoff between the two bounds),
     # worker threads of the in-process worker, and how long a connector session stays active
@@ -232,10 +241,17 @@ class Settings:
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "s3_multipart_bytes", "ehr_interactive_deadline",
+                     "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
                      "ehr_batch_max_bytes", "ehr_batch_max_pages"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
+        try:
+            merged["fhir_ehr_concurrency"] = int(merged["fhir_ehr_concurrency"])
+            if merged["fhir_ehr_concurrency"] < 1:
+                raise ValueError
+        except ValueError:
+            raise ConfigError("SVC_FHIR_EHR_CONCURRENCY must be a whole number of requests, 1 or more, "
+                              f"got {merged['fhir_ehr_concurrency']!r}") from None
         if merged["task_recovery_seconds"] < 3:
             raise ConfigError(f"SVC_TASK_RECOVERY_SECONDS must be at least 3, got {merged['task_recovery_seconds']}")
         try:
@@ -253,7 +269,8 @@ class Settings:
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
         merged["sandbox"] = _switch("SVC_SANDBOX", merged["sandbox"])
-        for name in ("auth_failure_limit", "auth_address_failure_limit", "console_signin_failure_limit"):
+        for name in ("auth_failure_limit", "auth_address_failure_limit", "console_signin_failure_limit",
+                     "fhir_rate_limit", "fhir_token_rate_limit"):
             if isinstance(merged[name], str):
                 merged[name] = _count_per_seconds("SVC_" + name.upper(), merged[name])
         if isinstance(merged["rate_limits"], str):

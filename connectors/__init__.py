@@ -10,6 +10,9 @@ interface (`connectors.base`) is re-exported here. A connector does two things:
 - `fetch_chart(patient_id)`: the patient's `Chart`; its `encounters()`, `observations()` and
   `documents()` may stream (from the EHR, or from a spool of what was read from it).
 
+For SMART's `fhirUser`, `user_practitioner(provider)`: the id of the user's Practitioner in the
+EHR (found by NPI), or None when the EHR has none (`practitioner_of`).
+
 For the platform FHIR API (`/fhir/r4/{org}`, SMART apps), a connector also answers, as FHIR R4 JSON:
 - `read_resource(resource_type, resource_id)`: one resource (a dict), or raise `ResourceNotFound`.
 - `search_resources(query)`: the resources matching a `ResourceQuery` (neutral terms: no FHIR
@@ -23,13 +26,17 @@ the EHR answered an error OperationOutcome.
 """
 from __future__ import annotations
 
+import logging
 from types import MappingProxyType
 
 from connectors import fhir, sandbox
-from connectors.base import (Appointment, BoundExceeded, Chart, Connector, ConnectorError,  # noqa: F401
-                             ConnectorUnavailable, DeadlineExceeded, EhrReportedError, Encounter, Patient,
-                             PatientNotFound, Provider, ResourceNotFound, ResourceQuery)
+from connectors.base import (APPOINTMENT_STATUSES, LISTED_STATUSES, Appointment, BoundExceeded, Chart,  # noqa: F401
+                             Connector, ConnectorError, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
+                             Encounter, Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery, Skipped)
 from connectors.bounds import Bounds  # noqa: F401
+from models.directory import Organization, User
+
+log = logging.getLogger("svc_auth.connectors")
 
 CONNECTORS = MappingProxyType({"sandbox": sandbox.connect, "fhir": fhir.connect})
 """Each EHR's `connect(runtime, organization) -> Connector`, by the name an organization's `ehr` field holds."""
@@ -42,3 +49,20 @@ def connector_for(runtime, organization, bounds: Bounds | None = None) -> Connec
     if connect is None:
         raise ConnectorError(f"No connector for EHR {organization.ehr!r}.")
     return connect(runtime, organization, bounds or Bounds.batch(runtime.settings))
+
+
+def practitioner_of(runtime, organization_id: str, user_id: str) -> str | None:
+    """The id of the user's Practitioner in the EHR of their clinic (SMART `fhirUser`), or None when
+    there is none to point at: no NPI, an NPI the EHR does not know, an EHR svc-auth has no
+    connector for, or an EHR that did not answer (logged)."""
+    user = User.get_or_none((User.id == user_id) & (User.organization == organization_id))
+    organization = Organization.get_or_none(Organization.id == organization_id)
+    if user is None or organization is None or not user.npi:
+        return None
+    try:
+        connector = connector_for(runtime, organization, Bounds.interactive(runtime.settings))  # a token waits
+        return connector.user_practitioner(Provider(user_id=user.id, npi=user.npi, name=user.display_name,
+                                                    ehr_username=user.ehr_username))
+    except ConnectorError as exc:
+        log.warning("fhirUser: no Practitioner for user %s of %s: %s", user.id, organization_id, exc)
+        return None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterator, Protocol
 
 
@@ -41,6 +42,30 @@ class ResourceNotFound(ConnectorError):
     """The EHR has no such resource in this organization (the FHIR API answers 404)."""
 
 
+class Skipped:
+    """What a connector read from the EHR and left out, by reason: a count and the first ids
+    (`KEEP`), e.g. an appointment whose start is not an instant. A connector may expose one as
+    `skipped`; the night's report and log carry it."""
+
+    KEEP = 5
+
+    def __init__(self):
+        self.reasons: dict[str, dict] = {}
+
+    def add(self, reason: str, item_id=None) -> None:
+        entry = self.reasons.setdefault(reason, {"count": 0, "appointments": []})
+        entry["count"] += 1
+        if isinstance(item_id, str) and item_id and len(entry["appointments"]) < self.KEEP:
+            entry["appointments"].append(item_id[:64])
+
+    def as_dict(self) -> dict:
+        return {reason: {"count": e["count"], "appointments": list(e["appointments"])}
+                for reason, e in sorted(self.reasons.items())}
+
+    def total(self) -> int:
+        return sum(e["count"] for e in self.reasons.values())
+
+
 @dataclass(frozen=True)
 class Provider:
     user_id: str
@@ -58,8 +83,25 @@ class Patient:
     sex: str
 
 
+APPOINTMENT_STATUSES = ("proposed", "pending", "booked", "arrived", "fulfilled", "cancelled", "noshow",
+                        "entered-in-error", "checked-in", "waitlist")
+"""FHIR R4 AppointmentStatus codes: an `Appointment.status` is one of them, whatever the EHR."""
+LISTED_STATUSES = ("proposed", "pending", "booked", "arrived", "checked-in")
+"""The statuses of appointments that are listed (snapshot, REST API): still expected to take place.
+`cancelled`, `noshow`, `entered-in-error`, `fulfilled` and `waitlist` are not."""
+LEGACY_STATUSES = MappingProxyType({"confirmed": "booked"})
+"""Statuses that snapshots built before every status was a FHIR code may hold, as FHIR codes."""
+
+
+def fhir_status(status: str) -> str:
+    """An appointment status as a FHIR AppointmentStatus code (a stored legacy value mapped)."""
+    return LEGACY_STATUSES.get(status, status)
+
+
 @dataclass(frozen=True)
 class Appointment:
+    """An appointment; `status` is a FHIR AppointmentStatus code (`APPOINTMENT_STATUSES`)."""
+
     id: str
     start: dt.datetime
     end: dt.datetime
@@ -99,6 +141,8 @@ class Chart:
     encounter_source: object = None
     observation_source: object = None
     document_source: object = None
+    omitted: list[dict] = field(default_factory=list)
+    """Resource types the EHR refused to this chart, each `{"resourceType", "reason"}`."""
 
     def encounters(self) -> Iterator[Encounter]:
         return _iterate(self.encounter_source)
@@ -143,6 +187,9 @@ class Connector(Protocol):
         ...
 
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
+        ...
+
+    def user_practitioner(self, provider: Provider) -> str | None:
         ...
 
     def search_resources(self, query: ResourceQuery) -> Iterator[dict]:

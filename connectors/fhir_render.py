@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from types import MappingProxyType
 
-from connectors.base import Appointment, Encounter, Patient
+from connectors.base import Appointment, Encounter, Patient, fhir_status
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 ICD10_SYSTEM = "http://hl7.org/fhir/sid/icd-10-cm"
@@ -25,9 +24,6 @@ CONDITION_CATEGORY = "http://terminology.hl7.org/CodeSystem/condition-category"
 OBSERVATION_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
 ACT_CODE = "http://terminology.hl7.org/CodeSystem/v3-ActCode"
 PARTICIPATION_TYPE = "http://terminology.hl7.org/CodeSystem/v3-ParticipationType"
-APPOINTMENT_STATUS = MappingProxyType({"booked": "booked", "confirmed": "booked", "arrived": "arrived",
-                                       "cancelled": "cancelled", "noshow": "noshow", "fulfilled": "fulfilled",
-                                       "pending": "pending", "proposed": "proposed"})
 VITALS = (
     # (key in Encounter.vitals, id suffix, LOINC code, display, US Core profile, UCUM unit)
     ("blood_pressure", "bp", "85354-9", "Blood pressure panel with all children optional", "us-core-blood-pressure",
@@ -87,7 +83,7 @@ def practitioner(practitioner_id: str, given: str | None, family: str | None, np
 def appointment(a: Appointment, practitioner_id: str, practitioner_name: str) -> dict:
     """An Appointment of a patient with a practitioner (US Core has no Appointment profile)."""
     return {"resourceType": "Appointment", "id": a.id,
-            "status": APPOINTMENT_STATUS.get(a.status, "booked"),
+            "status": fhir_status(a.status),
             "appointmentType": {"text": a.appointment_type},
             "reasonCode": [{"text": a.reason}],
             "start": _instant(a.start), "end": _instant(a.end),
@@ -129,7 +125,12 @@ def condition(condition_id: str, patient_id: str, problem: dict) -> dict:
 
 def _quantity(text: str, unit: str) -> dict | None:
     match = _NUMBER.search(text or "")
-    return {"value": float(match.group()), "unit": unit, "system": UCUM, "code": unit} if match else None
+    return {"value": _number(match.group()), "unit": unit, "system": UCUM, "code": unit} if match else None
+
+
+def _number(text: str):
+    """A measured value as written: an integer stays one (72, not 72.0)."""
+    return float(text) if "." in text else int(text)
 
 
 def observations(id_prefix: str, patient_id: str, encounter_id: str, e: Encounter) -> list[dict]:
@@ -152,9 +153,9 @@ def observations(id_prefix: str, patient_id: str, encounter_id: str, e: Encounte
                 continue
             resource["component"] = [
                 {"code": {"coding": [_coding(LOINC, "8480-6", "Systolic blood pressure")]},
-                 "valueQuantity": {"value": float(values[0]), "unit": unit, "system": UCUM, "code": unit}},
+                 "valueQuantity": {"value": _number(values[0]), "unit": unit, "system": UCUM, "code": unit}},
                 {"code": {"coding": [_coding(LOINC, "8462-4", "Diastolic blood pressure")]},
-                 "valueQuantity": {"value": float(values[1]), "unit": unit, "system": UCUM, "code": unit}}]
+                 "valueQuantity": {"value": _number(values[1]), "unit": unit, "system": UCUM, "code": unit}}]
         else:
             quantity = _quantity(text, unit)
             if quantity is None:

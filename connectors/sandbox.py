@@ -24,6 +24,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from connectors.base import (Appointment, Chart, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
                              Provider)
+from connectors import fhir_render
+from connectors.fhir.spool import observation_of
 from connectors.sandbox_fhir import SandboxFhir
 from models.directory import User
 
@@ -125,6 +127,10 @@ class SandboxConnector(SandboxFhir):
         return list(User.select().where((User.organization == self.organization_id) & User.npi.is_null(False)
                                         & (User.npi != "")).order_by(User.id))
 
+    def user_practitioner(self, provider: Provider) -> str | None:
+        """The sandbox's Practitioner of a user: the user itself when it has an NPI (`physicians`)."""
+        return provider.user_id if provider.npi else None
+
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime,
                            as_of: dt.datetime | None = None):
         """The provider's appointments in [start, end) as the EHR shows them at `as_of` (default `start`)."""
@@ -161,7 +167,8 @@ class SandboxConnector(SandboxFhir):
                 visit_type, minutes = rng.choice(VISIT_TYPES)
                 appointment_end = min(slot + dt.timedelta(minutes=minutes), close)
                 patient = panel[rng.randrange(len(panel))]
-                status = rng.choice(["booked", "booked", "confirmed"])  # cancelled ones disappear (booking())
+                rng.randrange(3)  # the draw of a status the sandbox no longer varies (keeps every later draw)
+                status = "booked"  # FHIR: confirmed to go ahead; cancelled ones disappear (booking())
                 if start <= slot < end:
                     yield Appointment(
                         id=f"apt_{_hex(self.organization_id, provider.npi, slot.isoformat())}",
@@ -179,21 +186,27 @@ class SandboxConnector(SandboxFhir):
         if patient is None:
             raise PatientNotFound(f"The EHR has no patient {patient_id} in this organization.")
         rng = _rng(self.organization_id, patient_id, "chart")
-        problems = [{"code": code, "description": text, "onset": _date(rng).isoformat()}
-                    for code, text in rng.sample(PROBLEMS, rng.randint(1, 5))]
-        medications = [{"name": name, "dose": dose, "frequency": freq, "started": _date(rng).isoformat()}
-                       for name, dose, freq in rng.sample(MEDICATIONS, rng.randint(0, 5))]
-        allergies = [{"substance": s, "reaction": r, "severity": sev}
-                     for s, r, sev in rng.sample(ALLERGIES, rng.randint(0, 2))]
+        key = patient_id[len("pat_"):]
+        problems = [{"id": f"cnd_{key}_{n}", "code": code, "description": text, "onset": _date(rng).isoformat()}
+                    for n, (code, text) in enumerate(rng.sample(PROBLEMS, rng.randint(1, 5)))]
+        medications = [{"id": f"med_{key}_{n}", "name": name, "dose": dose, "frequency": freq,
+                        "started": _date(rng).isoformat(), "status": "active"}
+                       for n, (name, dose, freq) in enumerate(rng.sample(MEDICATIONS, rng.randint(0, 5)))]
+        allergies = [{"id": f"alg_{key}_{n}", "substance": s, "reaction": r, "severity": sev}
+                     for n, (s, r, sev) in enumerate(rng.sample(ALLERGIES, rng.randint(0, 2)))]
         count = rng.randint(3, 40)
         return Chart(patient=patient, organization_name=self.organization_name, problems=problems,
                      medications=medications, allergies=allergies,
-                     encounter_source=lambda: self._encounters(patient_id, count))
+                     encounter_source=lambda: self._encounters(patient_id, count),
+                     observation_source=lambda: self._vital_signs(patient_id, count))
 
     def _encounters(self, patient_id: str, count: int):
+        """The patient's visits, ids `enc_{key}_{n}` as the sandbox's FHIR API serves them; their
+        `vitals` are generated here and charted as Observations (`_vital_signs`)."""
         rng = _rng(self.organization_id, patient_id, "encounters")
         day = HISTORY_START + dt.timedelta(days=rng.randrange(0, 200))
-        for _ in range(count):
+        key = patient_id[len("pat_"):]
+        for n in range(count):
             visit_type, _minutes = rng.choice(VISIT_TYPES)
             yield Encounter(
                 date=day, encounter_type=visit_type, provider=f"Dr. {rng.choice(FIRST_F + FIRST_M)} {rng.choice(LAST)}",
@@ -201,8 +214,16 @@ class SandboxConnector(SandboxFhir):
                 vitals={"blood_pressure": f"{rng.randint(104, 152)}/{rng.randint(64, 96)} mmHg",
                         "heart_rate": f"{rng.randint(56, 98)} bpm", "temperature": f"{rng.uniform(36.3, 37.6):.1f} C",
                         "weight": f"{rng.uniform(48, 118):.1f} kg"},
-                assessment=rng.choice(ASSESSMENTS), plan=rng.choice(PLANS))
+                assessment=rng.choice(ASSESSMENTS), plan=rng.choice(PLANS), id=f"enc_{key}_{n}")
             day += dt.timedelta(days=rng.randint(20, 120))
+
+    def _vital_signs(self, patient_id: str, count: int):
+        """The vital signs of every visit as chart observations: the FHIR Observations the
+        sandbox's FHIR API serves, read as a FHIR EHR's are (`connectors.fhir.spool.observation_of`)."""
+        key = patient_id[len("pat_"):]
+        for n, encounter in enumerate(self._encounters(patient_id, count)):
+            for resource in fhir_render.observations(f"obs_{key}_{n}", patient_id, f"enc_{key}_{n}", encounter):
+                yield observation_of(resource)
 
 
 def _date(rng: random.Random) -> dt.date:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from connectors import fhir_render
 from connectors.base import PatientNotFound, Provider, ResourceNotFound, ResourceQuery
+from connectors.matching import matches
 
 APPOINTMENT_PAST_DAYS = 30     # appointments the FHIR API shows: from today - 30 days ...
 APPOINTMENT_FUTURE_DAYS = 90   # ... to today + 90 days
@@ -25,23 +26,6 @@ CHART_KINDS = (("Encounter", "enc"), ("Condition", "cnd"), ("Observation", "obs"
 _KINDS = MappingProxyType(dict(CHART_KINDS))
 _CHART_ID = re.compile(r"^(enc|cnd|obs|med|alg)_([0-9a-f]{16})_(\d{1,4})(?:_(%s))?$" % "|".join(fhir_render.VITAL_SUFFIXES))
 PATIENT_PREFIX = "pat_"
-
-
-def _overlaps(day: dt.date | None, start: dt.datetime | None, end: dt.datetime | None) -> bool:
-    """Does the whole day `day` overlap [start, end)?"""
-    if start is None and end is None:
-        return True
-    if day is None:
-        return False
-    day_start = dt.datetime.combine(day, dt.time())
-    return (start is None or day_start + dt.timedelta(days=1) > start) and (end is None or day_start < end)
-
-
-def _date(value) -> dt.date | None:
-    try:
-        return dt.date.fromisoformat(str(value)[:10])
-    except ValueError:
-        return None
 
 
 class SandboxFhir:
@@ -74,30 +58,22 @@ class SandboxFhir:
         return itertools.islice(self._matches(query), query.offset, None)
 
     def _matches(self, query: ResourceQuery):
-        ids = set(query.ids)
+        """The candidates the generator can narrow to cheaply, then the one matcher decides
+        (`connectors.matching.matches`): the sandbox searches as the FHIR API and charts match."""
         kind = query.resource_type
         if kind == "Patient":
-            if query.practitioner or query.npi or query.start or query.end:
-                return iter(())
-            wanted = (query.patient,) if query.patient else None
-            found = self._patients(wanted)
+            wanted = set(query.ids) | ({query.patient} if query.patient else set())
+            found = self._patients(wanted or None)
         elif kind == "Practitioner":
-            if query.patient or query.start or query.end:
-                return iter(())
-            found = (r for r in self._practitioners()
-                     if (not query.practitioner or r["id"] == query.practitioner)
-                     and (not query.npi or any(i["value"] == query.npi for i in r.get("identifier", ()))))
+            found = iter(self._practitioners())
         elif kind == "Appointment":
             found = self._appointments(query.practitioner, query.patient, query.start, query.end)
         elif _KINDS.get(kind):
-            if query.practitioner or query.npi:
-                return iter(())
             patients = (query.patient,) if query.patient else [p.id for p in self.panel()]
-            found = (r for pid in patients for r in self._chart_resources(kind, pid)
-                     if _overlaps(_date(_day_of(r)), query.start, query.end))
+            found = (r for pid in patients for r in self._chart_resources(kind, pid))
         else:
             return iter(())
-        return (r for r in found if not ids or r["id"] in ids)
+        return (r for r in found if matches(r, query))
 
     # -- resources ---------------------------------------------------------------------------
     def _patients(self, wanted):
@@ -145,9 +121,3 @@ class SandboxFhir:
             for n, encounter in enumerate(chart.encounters()):
                 yield from fhir_render.observations(f"obs_{key}_{n}", patient_id, f"enc_{key}_{n}", encounter)
 
-
-def _day_of(resource: dict):
-    """The date a chart resource is searched by (`date`): Encounter period start, Observation
-    effective, Condition onset, MedicationRequest authored; None for AllergyIntolerance."""
-    return (resource.get("period", {}).get("start") or resource.get("effectiveDateTime")
-            or resource.get("onsetDateTime") or resource.get("authoredOn"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from connectors import matching
 from fhir_api.outcome import FhirError
 from models.application import Installation
 from models.directory import User
@@ -90,12 +91,8 @@ def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
 
 
 def in_compartment(resource: dict, patient_id: str) -> bool:
-    """Is `resource` the patient, or does it reference them (subject, patient, a participant) by
-    `Patient/{id}`, versioned or not? (A connector makes its EHR's absolute references relative;
-    an absolute URL left is another server's patient, not this one.)"""
-    if resource.get("resourceType") == "Patient":
-        return resource.get("id") == patient_id
-    wanted = f"Patient/{patient_id}"
-    refs = [(resource.get("subject") or {}).get("reference"), (resource.get("patient") or {}).get("reference")]
-    refs += [(p.get("actor") or {}).get("reference") for p in resource.get("participant") or () if isinstance(p, dict)]
-    return any(isinstance(r, str) and r.split("/_history/")[0] == wanted for r in refs)
+    """Is `resource` the patient, or does it name them as its patient (subject, patient, a
+    participant) by `Patient/{id}`, versioned or not? The one matcher's rule
+    (`connectors.matching.in_compartment`) with no EHR base: a connector makes its EHR's absolute
+    references relative, so an absolute URL left is another server's patient, not this one."""
+    return matching.in_compartment(resource, patient_id)

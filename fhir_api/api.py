@@ -16,6 +16,7 @@ import logging
 
 from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
                         PatientNotFound, ResourceNotFound, connector_for)
+from connectors.matching import matches as resource_matches
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, grant_for, in_compartment
 from fhir_api.bundle import search_url, searchset
@@ -110,14 +111,12 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         return searchset(base, [], 0, self_url, None)
     filters = token_filters(args)
     try:
-        # Codings are filtered here, after the connector: it then pages from 0 and the offset is ours.
-        found = _connector(runtime, caller.organization_id).search_resources(
-            dataclasses.replace(query, offset=0) if filters else query)
-        matches = iter(found)
-        if grant.patient is not None:
-            matches = (r for r in matches if in_compartment(r, grant.patient))
-        if filters:
-            matches = itertools.islice((r for r in matches if codes_match(r, filters)), query.offset, None)
+        # Every answer passes the one matcher (an EHR that ignored a parameter widens nothing, and
+        # a patient/ grant holds whatever the EHR sent) and the coding filters, so the connector
+        # pages from 0 and the offset is ours.
+        found = _connector(runtime, caller.organization_id).search_resources(dataclasses.replace(query, offset=0))
+        matches = (r for r in found if resource_matches(r, query) and (not filters or codes_match(r, filters)))
+        matches = itertools.islice(matches, query.offset, None)
         page = list(itertools.islice(matches, query.count + 1))
         more = len(page) > query.count
         total = query.offset + len(page)

@@ -3,6 +3,11 @@
 Thin: `fhir_api` decides. Every answer is `application/fhir+json`, errors OperationOutcomes.
 CORS: metadata answers any origin; read and search answer the calling application's registered
 origins (`oauth/cors.py`), preflight included.
+
+Limits (docs/fhir-api.md): after authentication, one `hit_all` of the rate limiter per request
+(per app and clinic, per token: `fhir_api.limits`; 429 `throttled` + Retry-After, `RateLimit-*`
+headers on every answer after it); then a slot of the clinic's EHR in this process
+(`runtime.ehr_concurrency`; none free: 503 `transient` + Retry-After) while the read or search runs.
 """
 from __future__ import annotations
 
@@ -17,20 +22,32 @@ from fhir_api.access import authenticate
 from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
 from fhir_api.formats import check_format
+from fhir_api.limits import counters, refusal_message
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
 from fhir_api.search import RESOURCE_ID, search_arguments
 from handlers.oauth import CorsHandler
+from ratelimit import RateLimiterUnavailable
 
 _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: "not-found", 405: "not-supported",
                            406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient",
                            504: "timeout"})
+LIMITER_RETRY_AFTER = 5   # seconds: the rate limiter's store (Redis) is unreachable
+EHR_BUSY_RETRY_AFTER = 2  # seconds: every slot of the clinic's EHR is in use in this process
+EXPOSED_HEADERS = "WWW-Authenticate, Retry-After, RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset"
 
 
 class FhirHandler(CorsHandler):
     """Base of the FHIR handlers: FHIR JSON out, OperationOutcome errors, the caller's CORS."""
 
+    _limit_headers: dict = {}
+
     def initialize(self, variant=None):
         super().initialize(variant)
+
+    def set_default_headers(self):
+        super().set_default_headers()
+        if self.cors_origin:  # an app's browser code reads its limits too
+            self.set_header("Access-Control-Expose-Headers", EXPOSED_HEADERS)
 
     def check_organization(self, organization_id: str) -> str:
         if not RESOURCE_ID.match(organization_id or ""):
@@ -47,7 +64,38 @@ class FhirHandler(CorsHandler):
         self.accept_json()
         caller = await self.run(authenticate, self.runtime, self.request.headers.get("Authorization"), organization_id)
         await self.allow_origin_of(caller.claims.get("client_id"))
+        await self.apply_limits(caller)
         return caller
+
+    async def apply_limits(self, caller) -> None:
+        """Count the request against the caller's limits (one limiter call): 429 when over one."""
+        limits = counters(self.svc_settings, caller)
+        try:
+            decision = await self.runtime.rate_limiter.hit_all(limits)
+        except RateLimiterUnavailable:
+            raise FhirError(503, "transient", "The rate limiter's store cannot be reached; the request was not "
+                                              "processed. Retry shortly.",
+                            {"Retry-After": str(LIMITER_RETRY_AFTER)}) from None
+        self._limit_headers = decision.headers()
+        for name, value in self._limit_headers.items():
+            self.set_header(name, value)
+        if not decision.allowed:
+            self.runtime.metrics.count_rate_limit_rejection(decision.key.split(":", 1)[0])
+            raise FhirError(429, "throttled", refusal_message(decision, dict(limits)[decision.key].seconds),
+                            self._limit_headers)
+
+    async def through_ehr(self, fn, caller, *args):
+        """`fn(runtime, caller, *args)` on the pool, holding one of the clinic's EHR slots of this
+        process; when none is free, 503 at once (the EHR's protection, not the caller's fault)."""
+        cap, clinic = self.runtime.ehr_concurrency, caller.organization_id
+        if not cap.try_acquire(clinic):
+            raise FhirError(503, "transient", "Too many requests to this clinic's EHR are in progress; "
+                                              f"retry after {EHR_BUSY_RETRY_AFTER} seconds.",
+                            {"Retry-After": str(EHR_BUSY_RETRY_AFTER)})
+        try:
+            return await self.run(fn, self.runtime, caller, *args)
+        finally:
+            cap.release(clinic)
 
     def write_fhir(self, value: dict) -> None:
         self.set_header("Content-Type", f"{FHIR_JSON}; charset=UTF-8")
@@ -64,6 +112,9 @@ class FhirHandler(CorsHandler):
             body = operation_outcome(_ISSUE.get(status_code, "invalid"), exc.log_message or self._reason)
         else:
             body = operation_outcome("exception", "The server could not complete the request.")
+        # send_error() cleared our headers; an answer after the limiter keeps its RateLimit-* headers.
+        for name, value in self._limit_headers.items():
+            self.set_header(name, value)
         if isinstance(exc, ApiError):
             for name, value in exc.headers.items():
                 self.set_header(name, value)
@@ -98,7 +149,7 @@ class ReadHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type, resource_id):
         caller = await self.caller(organization_id)
-        self.write_fhir(await self.run(read, self.runtime, caller, resource_type, resource_id))
+        self.write_fhir(await self.through_ehr(read, caller, resource_type, resource_id))
 
 
 class SearchHandler(FhirHandler):
@@ -110,7 +161,7 @@ class SearchHandler(FhirHandler):
     async def get(self, organization_id, resource_type):
         caller = await self.caller(organization_id)
         args = search_arguments(self.request.query_arguments)
-        self.write_fhir(await self.run(search, self.runtime, caller, resource_type, args))
+        self.write_fhir(await self.through_ehr(search, caller, resource_type, args))
 
 
 def routes(runtime) -> list:

@@ -3,6 +3,11 @@
 Changes to applications are rare (registration, secret rotation, manifest edits) and each one is
 announced on the `applications` topic, so dropping the whole cache then is simple and cheap. A
 lookup that raced with a drop does not store what it read: it may be older than the change.
+
+A client_id or id that is not there is remembered too (up to `MAX_MISSING` of them, then they
+are forgotten all at once), so a spray of wrong secrets for unknown client_ids costs no database
+round trip after the first, and an unknown client_id is answered as fast as a known one: timing
+does not tell which exist either. A new application is announced like any change, which drops them.
 """
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ TOPIC = "applications"
 
 
 class ApplicationCache:
+    MAX_MISSING = 10_000
+
     def __init__(self):
         self._by_client_id: dict[str, Application] = {}
         self._by_id: dict[str, Application] = {}
+        self._missing: set[tuple[str, str]] = set()  # (index, key) known to have no application
         self._generation = 0
         self._lock = threading.Lock()
 
@@ -25,6 +33,14 @@ class ApplicationCache:
             self._generation += 1
             self._by_client_id = {}
             self._by_id = {}
+            self._missing = set()
+
+    def _remember_missing(self, generation: int, entry: tuple[str, str]) -> None:
+        with self._lock:
+            if generation == self._generation:
+                if len(self._missing) >= self.MAX_MISSING:
+                    self._missing = set()
+                self._missing.add(entry)
 
     def _remember(self, generation: int, app: Application) -> None:
         with self._lock:
@@ -38,18 +54,22 @@ class ApplicationCache:
 
     def by_client_id(self, client_id) -> Application | None:
         """The application with this client_id (shared, read-only object), or None."""
-        return self._lookup(self._by_client_id, client_id, Application.by_client_id)
+        return self._lookup(self._by_client_id, "client_id", client_id, Application.by_client_id)
 
     def by_id(self, application_id) -> Application | None:
-        return self._lookup(self._by_id, application_id, Application.by_id)
+        return self._lookup(self._by_id, "id", application_id, Application.by_id)
 
-    def _lookup(self, index: dict, key, load) -> Application | None:
+    def _lookup(self, index: dict, name: str, key, load) -> Application | None:
         if not isinstance(key, str):
             return None
         app = index.get(key)
         if app is None:
+            if (name, key) in self._missing:
+                return None
             generation = self._generation
             app = load(key)
             if app is not None:
                 self._remember(generation, app)
+            else:
+                self._remember_missing(generation, (name, key))
         return app

@@ -7,6 +7,7 @@ keeps applications in memory (hotcache) and drops them when it hears of a change
 from __future__ import annotations
 
 from hotcache.applications import TOPIC as APPLICATIONS
+from fhir_api.limits import rate_text
 from lifecycle.manifest_validation import validate
 from lifecycle.organizations import find_organization, invalid
 from models.application import BILLING_PLANS, Application, Installation
@@ -81,6 +82,23 @@ def set_smart_scopes(runtime, application_id: str, scope: str, actor: str = "ope
     return app
 
 
+def set_fhir_rate_limits(runtime, application_id: str, actor: str = "operator", **limits) -> Application:
+    """The app's own FHIR API limits (`fhir_rate_limit` per clinic, `fhir_token_rate_limit` per
+    token): a `ratelimit.Limit`, or None for the configured default. Every process applies them at
+    once (the application caches are dropped)."""
+    app = find_application(application_id)
+    unknown = set(limits) - {"fhir_rate_limit", "fhir_token_rate_limit"}
+    if unknown:
+        raise ValueError(f"not a FHIR limit: {', '.join(sorted(unknown))}")
+    for name, limit in limits.items():
+        setattr(app, name, rate_text(limit) if limit is not None else None)
+    app.save()
+    AuditEvent.record(actor, "application.fhir_rate_limits_set", app.id,
+                      **{name: getattr(app, name) for name in limits})
+    runtime.changes.announce(APPLICATIONS)
+    return app
+
+
 def set_public(runtime, application_id: str, public: bool, actor: str = "operator") -> tuple[Application, str | None]:
     """Make the app a public client (no secret: every secret it had stops working at once, PKCE S256
     required) or a confidential one again (a new secret, returned to be shown once)."""
@@ -88,6 +106,7 @@ def set_public(runtime, application_id: str, public: bool, actor: str = "operato
     secret = None
     if public:
         app.client_secret_hash, app.fallback_secret_hash = "", None
+        app.retired_secret_hash, app.retired_secret_until = None, None
     elif app.public:
         secret = new_secret()
         app.client_secret_hash = runtime.hasher.digest(secret)

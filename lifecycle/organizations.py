@@ -1,8 +1,11 @@
 """Organizations (clinics): create, update, find. An organization's `ehr` names its connector."""
 from __future__ import annotations
 
+import json
 import re
 
+from connectors.fhir.profiles import (PROFILE_NAMES, SCOPE_CHOICES, check_search_params, missing_required,
+                                      profile_named)
 from models.audit import AuditEvent
 from models.directory import Organization
 from errors import ApiError
@@ -48,6 +51,36 @@ def check_fhir(fields: dict) -> None:
     if fields["fhir_auth"] == "smart-backend" and not fields.get("fhir_client_id"):
         raise invalid("An organization on the fhir EHR needs svc-auth's client id there (--fhir-client-id), "
                       "or --fhir-auth none for an open test server.")
+    profile = profile_named(fields.get("fhir_profile"))
+    missing = missing_required(profile, json.loads(fields.get("fhir_search_params") or "[]"))
+    if missing:
+        raise invalid(f"The {profile.label} profile needs the search parameter {', '.join(missing)} on every "
+                      f"search (--fhir-search-param {missing[0]}=VALUE; see docs/ehr-fhir.md).")
+
+
+def clean_fhir_profile(fields: dict, profile: str | None, scopes: str | None, search_params) -> None:
+    """Validate and add the FHIR profile, scope syntax and extra search parameters given (None: unchanged)."""
+    if profile is not None:
+        if profile not in PROFILE_NAMES:
+            raise invalid(f"fhir_profile must be one of {', '.join(PROFILE_NAMES)}.")
+        fields["fhir_profile"] = profile
+    if scopes is not None:
+        if scopes not in SCOPE_CHOICES:
+            raise invalid(f"fhir_scopes must be one of {', '.join(SCOPE_CHOICES)}.")
+        fields["fhir_scopes"] = scopes
+    if search_params is not None:
+        try:
+            fields["fhir_search_params"] = json.dumps([list(p) for p in check_search_params(search_params)])
+        except ValueError as exc:
+            raise invalid(f"Invalid FHIR search parameter: {exc}.") from None
+
+
+def search_params_of(org: Organization) -> list[tuple[str, str]]:
+    """The clinic's extra search parameters, as stored (validated on the way in)."""
+    try:
+        return [tuple(p) for p in json.loads(org.fhir_search_params or "[]")]
+    except ValueError:
+        return []
 
 
 def clean_ehr_url(ehr_url: str) -> str:
@@ -57,9 +90,11 @@ def clean_ehr_url(ehr_url: str) -> str:
 
 
 def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None,
-                        fhir_client_id: str = "", fhir_auth: str = "smart-backend") -> Organization:
+                        fhir_client_id: str = "", fhir_auth: str = "smart-backend", fhir_profile: str = "generic",
+                        fhir_scopes: str = "auto", fhir_search_params=()) -> Organization:
     fields = {"name": clean_name(name), "ehr": clean_ehr(ehr), "ehr_url": clean_ehr_url(ehr_url or ""),
               "fhir_client_id": (fhir_client_id or "").strip(), "fhir_auth": fhir_auth}
+    clean_fhir_profile(fields, fhir_profile, fhir_scopes, fhir_search_params)
     if org_id:
         fields["id"] = org_id
     check_fhir(fields)
@@ -68,7 +103,8 @@ def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_
 
 def update_organization(organization_id: str, name: str | None = None, ehr: str | None = None,
                         ehr_url: str | None = None, actor: str = "operator", fhir_client_id: str | None = None,
-                        fhir_auth: str | None = None) -> Organization:
+                        fhir_auth: str | None = None, fhir_profile: str | None = None, fhir_scopes: str | None = None,
+                        fhir_search_params=None) -> Organization:
     """Change an organization's name, EHR, EHR URL or FHIR registration (None: unchanged); audited.
     A clinic can move between `sandbox` and `fhir`."""
     org = find_organization(organization_id)
@@ -83,9 +119,11 @@ def update_organization(organization_id: str, name: str | None = None, ehr: str 
         changes["fhir_client_id"] = fhir_client_id.strip()
     if fhir_auth is not None:
         changes["fhir_auth"] = fhir_auth
+    clean_fhir_profile(changes, fhir_profile, fhir_scopes, fhir_search_params)
     if changes:
         check_fhir({"ehr": org.ehr, "ehr_url": org.ehr_url, "fhir_client_id": org.fhir_client_id,
-                    "fhir_auth": org.fhir_auth, **changes})
+                    "fhir_auth": org.fhir_auth, "fhir_profile": org.fhir_profile,
+                    "fhir_search_params": org.fhir_search_params, **changes})
         Organization.update(**changes).where(Organization.id == org.id).execute()
         AuditEvent.record(actor, "organization.updated", org.id, **changes)
     return Organization.get_by_id(org.id)

@@ -24,6 +24,10 @@ class Application(BaseModel):
     client_id = peewee.CharField(max_length=64, unique=True, default=lambda: new_id("cli"))
     client_secret_hash = peewee.CharField(max_length=128)
     fallback_secret_hash = peewee.CharField(max_length=128, null=True)
+    # The secret the last rotation retired (oauth/secret_rotation.py): recognised, not accepted,
+    # until `retired_secret_until` (activation + SVC_RETIRED_SECRET_GRACE).
+    retired_secret_hash = peewee.CharField(max_length=128, null=True)
+    retired_secret_until = peewee.DateTimeField(null=True)
     redirect_uri = peewee.CharField(max_length=500)
     launch_url = peewee.CharField(max_length=500)
     token_endpoint = peewee.CharField(max_length=500, null=True)
@@ -41,6 +45,10 @@ class Application(BaseModel):
     smart_scopes = peewee.TextField(default=DEFAULT_SMART_SCOPES)
     # A public client (token_endpoint_auth_method `none`): no secret, PKCE S256 required.
     public = peewee.BooleanField(default=False)
+    # FHIR API limits of this app (fhir_api/limits.py), "COUNT/SECONDS"; None: the configured default
+    # (SVC_FHIR_RATE_LIMIT per clinic, SVC_FHIR_TOKEN_RATE_LIMIT per access token).
+    fhir_rate_limit = peewee.CharField(max_length=32, null=True)
+    fhir_token_rate_limit = peewee.CharField(max_length=32, null=True)
     created_at = peewee.DateTimeField(default=wall_now)
 
     @classmethod

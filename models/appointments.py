@@ -22,6 +22,8 @@ class Snapshot(BaseModel):
     # A `building` snapshot's worker renews this while it writes; once it lapses the worker is gone
     # and the sweep (workers.recovery) removes the snapshot and re-queues its organization's night.
     lease_until = peewee.DateTimeField(null=True)
+    # JSON {reason: {"count", "appointments": [first ids]}}: what the EHR sent that the night left out.
+    skipped = peewee.TextField(null=True)
 
     class Meta:
         indexes = ((("organization", "status", "snapshot_date"), False),)

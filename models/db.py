@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
+import select
 import threading
 from urllib.parse import urlsplit
 
 import peewee
-from playhouse.db_url import connect
-from playhouse.pool import PooledDatabase
+from playhouse.db_url import parse
+from playhouse.pool import PooledDatabase, PooledPostgresqlDatabase
+
+log = logging.getLogger("svc_auth.db")
 
 DATABASE_ERRORS = (peewee.OperationalError, peewee.InterfaceError)
 """What a database that went away (or is locked past its timeout) raises: never a client's fault."""
@@ -52,8 +56,9 @@ def open_database(url: str, max_connections: int = 20) -> peewee.Database:
 
     PostgreSQL connections are pooled (`playhouse.pool`), bounded by `max_connections`. Request
     threads keep theirs between units of work (`HeldConnections`); the change feed gives its back
-    (`release`). A broken one is thrown away (`discard`) and the next unit of work opens a fresh
-    one, so the service recovers by itself when the server comes back."""
+    (`release`). A connection found dead is replaced before it is used, a read it broke under is
+    read again once (`ResilientPostgresqlDatabase`), and a failed one is thrown away (`discard`), so
+    every thread and loop recovers by itself when the server comes back."""
     if url.startswith("sqlite:"):
         path = urlsplit(url).path
         if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
@@ -67,10 +72,59 @@ def open_database(url: str, max_connections: int = 20) -> peewee.Database:
         # does not apply); taking the write lock at BEGIN makes it wait its turn instead.
         return peewee.SqliteDatabase(path or ":memory:", lock_type="IMMEDIATE", pragmas={
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1, "synchronous": "normal"})
-    scheme, _, rest = url.partition("://")
-    pooled = {"postgres": "postgres+pool", "postgresql": "postgresql+pool"}.get(scheme, scheme)
-    return connect(f"{pooled}://{rest}", autorollback=True, max_connections=max_connections,
-                   stale_timeout=STALE_SECONDS, timeout=POOL_WAIT_SECONDS, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    if url.partition("://")[0] not in ("postgres", "postgresql", "postgresext", "postgresqlext"):
+        raise ValueError("SVC_DATABASE_URL must be sqlite:///path or postgresql://...")
+    return ResilientPostgresqlDatabase(**parse(url), autorollback=True, max_connections=max_connections,
+                                       stale_timeout=STALE_SECONDS, timeout=POOL_WAIT_SECONDS,
+                                       connect_timeout=CONNECT_TIMEOUT_SECONDS)
+
+
+def found_dead(conn) -> bool:
+    """Whether an idle psycopg2 connection is known to be unusable, without a round trip.
+
+    An idle connection receives nothing from the server. When PostgreSQL stops or restarts (or an
+    administrator terminates the backend), it sends a FATAL message and closes the socket, so the
+    socket turns readable: one `poll` system call tells, where asking the server costs a `SELECT 1`."""
+    if conn.closed:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
+def _is_read(sql: str) -> bool:
+    return sql.lstrip()[:6].upper() == "SELECT"
+
+
+class ResilientPostgresqlDatabase(PooledPostgresqlDatabase):
+    """Peewee's pooled PostgreSQL database that survives a server restart.
+
+    - A connection found dead (`found_dead`) before a statement outside a transaction (a `BEGIN`
+      included) is replaced, with every idle pooled one, before anything is sent on it: a thread
+      or loop that held its connection across a restart carries on, with no error.
+    - A statement that cannot have taken effect is retried once on a fresh connection: a read
+      (`SELECT`) outside a transaction whose connection broke under it. A write whose connection
+      broke may have committed before the break, so it is never repeated; its error goes up (a
+      503 for a request, a logged failure and the next tick for a loop)."""
+
+    def cursor(self, named_cursor=None):
+        if not self.is_closed() and not self.in_transaction() and found_dead(self.connection()):
+            log.info("database connection found dead; opening a fresh one")
+            discard(self)
+        return super().cursor(named_cursor)
+
+    def execute_sql(self, sql, params=None):
+        try:
+            return super().execute_sql(sql, params)
+        except DATABASE_ERRORS:
+            if self.in_transaction() or self.is_closed() or not self.connection().closed or not _is_read(sql):
+                raise
+            log.info("database connection broke under a read; reading again on a fresh one")
+            discard(self)
+            return super().execute_sql(sql, params)
 
 
 def release(db: peewee.Database) -> None:
@@ -118,4 +172,15 @@ class HeldConnections:
         self.epoch += 1
         self._seen.epoch = self.epoch
         discard(self.db)
+
+    def run(self, fn, /, *args, **kwargs):
+        """`fn(*args, **kwargs)` on this thread's held connection; a database error drops it (and
+        starts a new epoch) and goes up. Requests use it through `Runtime.unit_of_work`; the
+        scheduler and the worker's sweeps run each tick through it."""
+        self.begin()
+        try:
+            return fn(*args, **kwargs)
+        except DATABASE_ERRORS:
+            self.failed()
+            raise
 

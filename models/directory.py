@@ -17,6 +17,9 @@ class Organization(BaseModel):
     ehr_url = peewee.CharField(max_length=500, default="")  # the FHIR base URL when `ehr` is `fhir`
     fhir_client_id = peewee.CharField(max_length=200, default="")  # svc-auth's client id at that EHR
     fhir_auth = peewee.CharField(max_length=32, default="smart-backend")  # or `none`: an open test server
+    fhir_profile = peewee.CharField(max_length=32, default="generic")  # connectors.fhir.profiles: the vendor's rules
+    fhir_scopes = peewee.CharField(max_length=8, default="auto")  # SMART scope syntax: auto (discovered), v1, v2
+    fhir_search_params = peewee.TextField(default="[]")  # JSON [[name, value]]: appended to every search
     created_at = peewee.DateTimeField(default=wall_now)
 
 

@@ -111,6 +111,21 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 21 numbers its steps 21xx.
     (2101, "SMART: declared scopes and public clients; a launch's and a code's patient; codes' scope as text",
      _smart_launch),
+    # Issue 26 numbers its steps 26xx (2651-2659: EHR vendor profiles, branch ehrvendors).
+    (2651, "organization: the FHIR EHR's vendor profile, scope syntax and extra search parameters",
+     _add_missing_columns("organization", ("fhir_profile", peewee.CharField(max_length=32, default="generic")),
+                          ("fhir_scopes", peewee.CharField(max_length=8, default="auto")),
+                          ("fhir_search_params", peewee.TextField(default="[]")))),
+    (2652, "snapshot.skipped: what a night left out, by reason",
+     _add_missing_columns("snapshot", ("skipped", peewee.TextField(null=True)))),
+    # Issue 28 numbers its steps 28xx (item 6: 2806).
+    (2806, "application: its own FHIR API rate limits (per clinic and per token)",
+     _add_missing_columns("application", ("fhir_rate_limit", peewee.CharField(max_length=32, null=True)),
+                          ("fhir_token_rate_limit", peewee.CharField(max_length=32, null=True)))),
+    # Issue 29 numbers its steps 29xx.
+    (2903, "application.retired_secret_hash/_until: a secret retired by rotation is recognised, not counted",
+     _add_missing_columns("application", ("retired_secret_hash", peewee.CharField(max_length=128, null=True)),
+                          ("retired_secret_until", peewee.DateTimeField(null=True)))),
 )
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+from connectors import practitioner_of
 from models.application import Application
 from models.grants import AuthorizationCode, Redemption, expiry
 from models.ids import new_secret
@@ -117,7 +118,9 @@ class AuthorizationCodeGrant:
         claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
         granted = scope.split()
         if "fhirUser" in granted:  # SMART: the user as a FHIR resource of the clinic's FHIR API
-            claims["fhirUser"] = f"{self.runtime.fhir_base_url(grant.organization_id)}/Practitioner/{user.id}"
+            practitioner = practitioner_of(self.runtime, grant.organization_id, user.id)
+            if practitioner is not None:  # never a reference that would not resolve
+                claims["fhirUser"] = f"{self.runtime.fhir_base_url(grant.organization_id)}/Practitioner/{practitioner}"
         id_token = tokens.sign(claims)
         # SMART launch context: only a launch with a patient puts one in the token and the response.
         context = {"patient": grant.patient_id} if grant.patient_id else {}

@@ -4,11 +4,19 @@ The one place a client's secret is checked (token, introspect and revoke endpoin
 is checked first: the right secret of a cached application is answered with no network round
 trip (one constant-time HMAC compare) and is never refused, from any address, so a spray of wrong
 secrets for a public client_id cannot lock its owner out. Only a wrong secret consults the failure
-throttle (`ratelimit.failures`, in Redis when configured): every failure is counted per client_id,
-per source address and per pair, from any address; past a limit a wrong secret gets 429 +
-Retry-After, and each lockout is audited. Client secrets are 256-bit random values, so their
-entropy, not the throttle, is what stops guessing; the throttle bounds the cost of a spray and
-makes it visible.
+throttle (`ratelimit.failures`, in Redis when configured): every failure is counted per presented
+client_id, whether or not it exists, per source address and per pair, from any address; past a
+limit a wrong secret gets 429 + Retry-After, and each lockout is audited. An unknown client_id and
+a known one with a wrong secret get the same answers in the same order, so the answers never tell
+which client_ids exist. Client secrets are 256-bit random values, so their entropy, not the
+throttle, is what stops guessing; the throttle bounds the cost of a spray and makes it visible.
+
+The secret the last rotation retired (`oauth.secret_rotation`, within its grace period) is not a
+guess: it gets 401 `invalid_client` saying it was retired, and is not counted.
+
+A presented client_id is 1 to 64 visible ASCII characters (what a client_id can be); anything
+else (overlong, control characters, non-ASCII, a broken %-encoding in Basic) is refused as
+malformed before any lookup, and counted for the address only.
 
 A public client (`Application.public`, token_endpoint_auth_method `none`, e.g. a browser-only
 SMART app) has no secret: it names itself with `client_id` in the body alone, and only where the
@@ -18,13 +26,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from urllib.parse import unquote
 
 from models.application import Application
 from oauth.errors import OAuthError, invalid_client, invalid_request
 from oauth.params import check_fields
-from oauth.secret_rotation import is_current_secret
+from oauth.secret_rotation import CURRENT, RETIRED, presented_secret
 from oauth.lockout import throttle_check, throttle_failure
+
+CLIENT_ID_SYNTAX = re.compile(r"[\x21-\x7e]{1,64}")  # RFC 6749 VSCHAR without space; the column's length
+RETIRED_SECRET = ("This client secret was retired by a secret rotation and no longer authenticates; "
+                  "use the current client secret (the fallback secret that was activated).")
 
 
 def _basic_credentials(authorization: str) -> tuple[str, str] | None:
@@ -81,7 +94,7 @@ def authenticate_client(runtime, params: dict, authorization: str | None, addres
     throttle = runtime.client_auth_throttle
     try:
         return _authenticate(params, authorization, runtime.applications, runtime.hasher, throttle, address,
-                             allow_public)
+                             allow_public, runtime.clock)
     except OAuthError as exc:
         if exc.error == "invalid_client" and throttle is not None and not getattr(exc, "counted", False):
             throttle_failure(throttle, None, address)  # malformed or missing credentials: per address
@@ -102,7 +115,7 @@ def _public_client(app: Application, secret, basic, allow_public) -> Application
     return app
 
 
-def _authenticate(params, authorization, applications, hasher, throttle, address, allow_public=False) -> Application:
+def _authenticate(params, authorization, applications, hasher, throttle, address, allow_public, clock) -> Application:
     try:
         basic = _basic_credentials(authorization or "")
     except OAuthError:
@@ -117,6 +130,12 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
             raise invalid_request("client_id in the body does not match the Basic credentials.")
     else:
         client_id, secret = body_id, body_secret
+    if client_id == "":
+        client_id = None
+    if isinstance(client_id, str) and not CLIENT_ID_SYNTAX.fullmatch(client_id):
+        throttle_check(throttle, None, address)
+        raise invalid_client("The client_id is malformed: a client_id is 1 to 64 visible ASCII characters.",
+                             basic=bool(basic))  # counted for the address (authenticate_client)
     app = applications.by_client_id(client_id)  # None for a missing or non-string client_id
     if app is not None and app.public:
         return _public_client(app, secret, basic, allow_public)
@@ -127,9 +146,15 @@ def _authenticate(params, authorization, applications, hasher, throttle, address
         raise error
     if not isinstance(client_id, str) or not isinstance(secret, str):
         raise invalid_request("client_id and client_secret must be strings.")
-    if app is not None and is_current_secret(app, secret, hasher):
+    found = presented_secret(app, secret, hasher, clock)
+    if found == CURRENT:
         return app  # the right secret: never refused, and no throttle round trip
-    subject = ("client", client_id) if app is not None else None
+    if found == RETIRED:
+        error = invalid_client(RETIRED_SECRET, basic=bool(basic))
+        error.counted = True  # the partner's backend trying its old secret first: not a guess
+        raise error
+    # Known or not, the presented client_id is the subject: the same answers either way.
+    subject = ("client", client_id)
     throttle_check(throttle, subject, address)
     throttle_failure(throttle, subject, address)
     error = invalid_client("Unknown client or wrong client secret.", basic=bool(basic))

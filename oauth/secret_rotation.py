@@ -4,13 +4,21 @@
 2. The partner deploys it as its backend's fallback: the backend presents its current secret and,
    on a 4xx, retries once with the fallback.
 3. `activate_fallback_secret`: the fallback becomes the only valid secret; the old one stops.
+   Its keyed hash is kept as the retired secret for SVC_RETIRED_SECRET_GRACE (30 days).
 4. The partner makes the fallback its current secret.
 
-`is_current_secret` is the check every client authentication makes: only the current secret is
+`presented_secret` is the check every client authentication makes: only the current secret is
 valid, never a pending fallback, so the backend's retry with the fallback succeeds exactly when
-step 3 has happened. (CLI: `apps secret`; console: the application page.)
+step 3 has happened. Between steps 3 and 4 every exchange starts with the retired secret: it is
+recognised (`RETIRED`) and answered 401 "retired by rotation", and is not a failed guess (no
+throttle, no `auth.lockout`). We cannot see step 4 (it happens in the partner's backend), so the
+retired hash is recognised for the grace period from activation; the next activation replaces it.
+(CLI: `apps secret`; console: the application page.)
 """
 from __future__ import annotations
+
+import datetime as dt
+import hmac
 
 from hotcache.applications import TOPIC as APPLICATIONS
 from models.application import Application
@@ -31,10 +39,33 @@ def _not_public(app: Application) -> None:
         raise ApiError(409, "public_client", "A public client has no secret to rotate.")
 
 
+CURRENT, RETIRED = "current", "retired"
+_NO_HASH = "0" * 64  # compared against when there is no retired hash: the same work either way
+
+
 def is_current_secret(app: Application, secret: str, hasher) -> bool:
     """True when `secret` is the application's current secret (constant-time HMAC compare). A
     public client has none (its stored hash is empty), so nothing matches."""
     return not app.public and hasher.matches(secret, app.client_secret_hash)
+
+
+def presented_secret(app: Application | None, secret: str, hasher, clock) -> str | None:
+    """`CURRENT`, `RETIRED` (the secret the last rotation retired, before `clock.now()` passes the end of
+    its grace period) or None.
+
+    One HMAC of the secret, compared in constant time with the current hash and then, when it is
+    not the current one, with the retired hash (or a stand-in): which wrong secret was sent does
+    not change the work. For no application (an unknown client_id) the same HMAC is computed, so
+    an unknown client costs what a known one does. A public client has no secret: nothing matches."""
+    digest = hasher.digest(secret)
+    known = app is not None and not app.public
+    if hmac.compare_digest(digest, app.client_secret_hash if known else _NO_HASH) and known:
+        return CURRENT
+    retired = app.retired_secret_hash if known else None
+    live = bool(retired) and app.retired_secret_until is not None and clock.now() < app.retired_secret_until
+    if hmac.compare_digest(digest, retired if live else _NO_HASH) and live:
+        return RETIRED
+    return None
 
 
 def generate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> str:
@@ -49,12 +80,16 @@ def generate_fallback_secret(runtime, application_id: str, actor: str = "operato
 
 
 def activate_fallback_secret(runtime, application_id: str, actor: str = "operator") -> None:
-    """Rotation step 3: the pending fallback becomes the only valid secret; the old one stops working."""
+    """Rotation step 3: the pending fallback becomes the only valid secret; the old one stops working
+    and is kept as the retired secret (its keyed hash) for SVC_RETIRED_SECRET_GRACE seconds."""
     app = _application(application_id)
     _not_public(app)
     if not app.fallback_secret_hash:
         raise ApiError(409, "no_fallback_secret", "Generate a fallback secret first (apps secret generate-fallback).")
-    (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None)
+    until = runtime.clock.now() + dt.timedelta(seconds=runtime.settings.retired_secret_grace)
+    (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None,
+                        retired_secret_hash=Application.client_secret_hash, retired_secret_until=until)
      .where(Application.id == app.id).execute())
-    AuditEvent.record(actor, "application.secret.fallback_activated", app.id)
+    AuditEvent.record(actor, "application.secret.fallback_activated", app.id,
+                      retired_secret_until=until.isoformat() + "Z")
     runtime.changes.announce(APPLICATIONS)

@@ -15,6 +15,7 @@ import re
 
 import peewee
 
+from connectors.base import fhir_status
 from models.application import Application, Authorization
 from models.appointments import Snapshot, SnapshotAppointment
 from models.clock import utc_iso
@@ -49,7 +50,7 @@ def appointment_json(row: dict) -> dict:
     """One appointment as the API shows it, from a row of `SnapshotAppointment` as a dict."""
     return {
         "id": row["ehr_appointment_id"], "start": utc_iso(row["start"]), "end": utc_iso(row["end"]),
-        "status": row["status"], "appointment_type": row["appointment_type"], "reason": row["reason"],
+        "status": fhir_status(row["status"]), "appointment_type": row["appointment_type"], "reason": row["reason"],
         "location": row["location"],
         "provider": {"user_id": row["provider"], "npi": row["provider_npi"], "name": row["provider_name"]},
         "patient": {"id": row["patient_id"], "first_name": row["patient_first_name"],

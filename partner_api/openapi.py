@@ -11,6 +11,7 @@ import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from connectors.base import APPOINTMENT_STATUSES, LISTED_STATUSES
 from lifecycle.billing import MONTH
 from partner_api.access import PATH_ID
 from partner_api.appointments import MAX_LIMIT
@@ -121,7 +122,10 @@ SCHEMAS = MappingProxyType({
         "total_billable_users": {"type": "integer", "minimum": 0},
         "organizations": {"type": "array", "items": _ref("BillingOrganization")}}),
     "Appointment": _object({
-        "id": {"type": "string"}, "start": DATE_TIME, "end": DATE_TIME, "status": {"type": "string"},
+        "id": {"type": "string"}, "start": DATE_TIME, "end": DATE_TIME,
+        "status": {"type": "string", "enum": list(APPOINTMENT_STATUSES),
+                   "description": "a FHIR R4 AppointmentStatus code, whatever the clinic's EHR; listed: "
+                                  + ", ".join(LISTED_STATUSES)},
         "appointment_type": {"type": "string"}, "reason": {"type": "string"}, "location": {"type": "string"},
         "provider": _object({"user_id": {"type": "string"}, "npi": {"type": "string"}, "name": {"type": "string"}}),
         "patient": _object({"id": {"type": "string"}, "first_name": {"type": "string"},
@@ -357,6 +361,11 @@ def _document(public_url: str) -> dict:
     paths["/v1/openapi.json"] = {"get": {"summary": "This document", "operationId": "openapi_document",
                                          "tags": ["meta"],
                                          "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")}}}
+    paths["/v1/schemas/chart.json"] = {"get": {
+        "summary": "The JSON Schema (draft 2020-12) of a chart ZIP's JSON: one shape for every EHR",
+        "operationId": "chart_schema", "tags": ["meta"],
+        "responses": {"200": {"description": "the schema (cacheable for a day)",
+                              "content": {"application/schema+json": {"schema": {"type": "object"}}}}}}}
     paths["/v1/docs"] = {"get": {"summary": "This document as browsable documentation (Swagger UI, local assets)",
                                  "operationId": "api_docs", "tags": ["meta"],
                                  "responses": {"200": {"description": "an HTML page",

@@ -24,7 +24,7 @@ _TYPES = (("office_visit", "Follow-up visit"), ("new_patient", "New patient cons
           ("annual_physical", "Annual physical"), ("telehealth", "Medication review"),
           ("procedure", "Minor procedure"))
 _LOCATIONS = ("Test Clinic Room 1", "Test Clinic Room 2", "Telehealth")
-_STATUSES = ("booked", "booked", "booked", "confirmed", "arrived")
+_STATUSES = ("booked", "booked", "booked", "pending", "arrived")  # FHIR AppointmentStatus codes
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,13 +15,23 @@ the right secret is never refused (from a new host too) while guessing is counte
 (`oauth.clients`). Where people type it (console passwords), the caller checks the throttle
 first: a locked account refuses even the right password until its window ends.
 
+A subject is counted whether or not it exists (an unknown client_id like a known one), so the
+answers never tell which ones exist. Its key is a keyed hash of the subject (HMAC under the
+server key, 128 bits): fixed-size whatever was presented, and no presented value in Redis.
+Memory stays bounded: Redis keys expire with their window; in memory at most `MAX_ENTRIES`
+counters are kept, the least recently failed one dropped first when a spray of distinct
+subjects or addresses fills the table (it then forgets its oldest counts: a bigger guessing
+budget for that spray, never a lock-out of anyone).
+
 Counts live in Redis when SVC_REDIS_URL is set (all `serve` processes share them), else in this
 process's memory. The interface is synchronous: domain code calls it from `Runtime.run`'s pool.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,21 +62,28 @@ def _text(key: Key) -> str:
 
 
 class _MemoryStore:
-    """Counters in this process (the embedded default)."""
+    """Counters in this process (the embedded default), at most `max_entries` of them."""
 
-    PRUNE_AT = 10000
+    MAX_ENTRIES = 100_000
 
-    def __init__(self):
-        self._counts: dict[str, tuple[int, float]] = {}  # key -> (count, expires_at)
+    def __init__(self, max_entries: int = MAX_ENTRIES):
+        # key -> (count, expires_at), least recently failed first.
+        self._counts: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._lock = threading.Lock()
-        # Size at which the table is next pruned: twice what a prune kept, so a table of live
-        # entries is scanned again only after it doubled, not on every attempt (amortised O(1)).
-        self._prune_counts_at = self.PRUNE_AT
+        self.max_entries = max_entries
 
-    def _prune(self, now: float) -> None:
-        if len(self._counts) > self._prune_counts_at:
-            self._counts = {k: v for k, v in self._counts.items() if v[1] > now}
-            self._prune_counts_at = max(self.PRUNE_AT, 2 * len(self._counts))
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def _make_room(self, now: float) -> None:
+        """Drop expired counters from the old end, then the least recently failed ones past the cap;
+        O(1) amortised (each counter is dropped once)."""
+        counts = self._counts
+        while counts:
+            key, (_, expires_at) = next(iter(counts.items()))
+            if expires_at > now and len(counts) < self.max_entries:
+                break
+            counts.popitem(last=False)
 
     def counts(self, keys: list[str], now: float) -> list[int]:
         with self._lock:
@@ -74,10 +91,10 @@ class _MemoryStore:
 
     def add(self, keys: list[tuple[str, float]], now: float) -> list[int]:
         with self._lock:
-            self._prune(now)
             out = []
             for key, expires_at in keys:
-                count, exp = self._counts.get(key, (0, 0.0))
+                count, exp = self._counts.pop(key, (0, 0.0))
+                self._make_room(now)
                 count = (count if exp > now else 0) + 1
                 self._counts[key] = (count, expires_at)
                 out.append(count)
@@ -116,22 +133,32 @@ class FailureThrottle:
     """Counts failed attempts of one kind (`name`: "client_auth", "console_signin", ...)."""
 
     def __init__(self, name: str, policy: FailurePolicy, clock: Callable[[], float],
-                 redis_url: str = "", namespace: str = "svc-auth"):
+                 redis_url: str = "", namespace: str = "svc-auth", hasher=None):
         self.name = name
         self.policy = policy
         self.clock = clock
         self.prefix = f"{namespace}:failures:{name}"
         self.store = _RedisStore(redis_url) if redis_url else _MemoryStore()
+        self._hasher = hasher  # keys.secrets.SecretHasher (the server key); None: plain SHA-256
+
+    def _subject_key(self, subject: Key) -> str:
+        """A fixed-size keyed hash of the subject: its counter's name in the store."""
+        text = f"{self.name}\x00{_text(subject)}"
+        if self._hasher is not None:
+            return self._hasher.sign(f"failure-throttle\x00{text}")[:22]
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
     def _keys(self, subject: Key | None, address: str | None, now: float) -> list[tuple[Key, Limit, str, int]]:
         """(what, its limit, store key, seconds until its window ends) of each counter of an attempt."""
         out = []
         if subject is not None:
             index, reset = window_of(self.policy.subject, now)
-            out.append((subject, self.policy.subject, f"{self.prefix}:s:{index}:{_text(subject)}", reset))
+            hashed = self._subject_key(subject)
+            out.append((subject, self.policy.subject, f"{self.prefix}:s:{index}:{hashed}", reset))
             if address:
                 pair = tuple(subject) + ("address", address)
-                out.append((pair, self.policy.subject, f"{self.prefix}:p:{index}:{_text(pair)}", reset))
+                out.append((pair, self.policy.subject, f"{self.prefix}:p:{index}:{hashed}:{_text(('address', address))}",
+                            reset))
         if address:
             index, reset = window_of(self.policy.address, now)
             out.append((("address", address), self.policy.address,
@@ -161,6 +188,8 @@ class FailureThrottle:
         return locked
 
 
-def build_failure_throttle(settings, name: str, policy: FailurePolicy, clock: Callable[[], float]) -> FailureThrottle:
-    """Redis-backed when SVC_REDIS_URL is set (shared by every process), else in memory."""
-    return FailureThrottle(name, policy, clock, settings.redis_url, settings.redis_namespace)
+def build_failure_throttle(settings, name: str, policy: FailurePolicy, clock: Callable[[], float],
+                           hasher=None) -> FailureThrottle:
+    """Redis-backed when SVC_REDIS_URL is set (shared by every process), else in memory; subjects
+    keyed by `hasher` (the runtime's, under SVC_HMAC_KEY)."""
+    return FailureThrottle(name, policy, clock, settings.redis_url, settings.redis_namespace, hasher)

@@ -18,6 +18,7 @@ class Decision:
     limit: int
     remaining: int
     reset: int          # seconds until the window ends and the count starts again
+    key: str = ""       # hit_all: the counter this decision reports (the refusing one when refused)
 
     def headers(self) -> dict[str, str]:
         """`RateLimit-*` headers (IETF draft) for every limited response; `Retry-After` when refused."""
@@ -35,6 +36,17 @@ def window_of(limit: Limit, now: float) -> tuple[int, int]:
     return index, reset
 
 
+def binding(keys: list[str], counts: list[int], limits: list[Limit], resets: list[int], allowed: bool) -> Decision:
+    """The decision of several counters as one: when refused, the exhausted counter that frees
+    last; when allowed, the counter with the fewest requests left (what the headers report)."""
+    left = [max(0, limit.count - count) for count, limit in zip(counts, limits)]
+    if allowed:
+        i = min(range(len(limits)), key=lambda n: (left[n], -resets[n]))
+    else:
+        i = max((n for n in range(len(limits)) if counts[n] >= limits[n].count), key=lambda n: resets[n])
+    return Decision(allowed, limits[i].count, left[i], resets[i], keys[i])
+
+
 class RateLimiter:
     """Counts one request of `client` for `operation` and says whether it is allowed."""
 
@@ -48,6 +60,11 @@ class RateLimiter:
     async def hit(self, client: str, operation: str) -> Decision:
         raise NotImplementedError
 
+    async def hit_all(self, counters: list[tuple[str, Limit]]) -> Decision:
+        """One request against several counters (`(key, limit)`), atomically: allowed, and
+        counted in every counter, only when each is under its limit; a refusal counts nowhere."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release connections (a no-op for the in-memory limiter)."""
 
@@ -59,6 +76,7 @@ class MemoryRateLimiter(RateLimiter):
         super().__init__(limits, clock)
         self._counts: dict[tuple[str, str, int], int] = {}
         self._lock = threading.Lock()
+        self._keyed: dict[tuple[str, int, int], int] = {}  # hit_all: (key, window seconds, index) -> count
 
     async def hit(self, client: str, operation: str) -> Decision:
         limit = self.limit_of(operation)
@@ -76,3 +94,18 @@ class MemoryRateLimiter(RateLimiter):
                 self._counts = {k: v for k, v in self._counts.items()
                                 if k[2] >= int(self.clock.time() // self.limit_of(k[1]).seconds)}
         return Decision(allowed, limit.count, max(0, limit.count - count), reset)
+
+    async def hit_all(self, counters: list[tuple[str, Limit]]) -> Decision:
+        now = self.clock.time()
+        windows = [window_of(limit, now) for _, limit in counters]
+        keys = [(key, limit.seconds, index) for (key, limit), (index, _) in zip(counters, windows)]
+        limits = [limit for _, limit in counters]
+        with self._lock:
+            counts = [self._keyed.get(key, 0) for key in keys]
+            allowed = all(count < limit.count for count, limit in zip(counts, limits))
+            if allowed:
+                counts = [count + 1 for count in counts]
+                self._keyed.update(zip(keys, counts))
+            if len(self._keyed) > 10000:  # drop windows that have passed
+                self._keyed = {k: v for k, v in self._keyed.items() if k[2] >= int(now // k[1])}
+        return binding([key for key, _ in counters], counts, limits, [reset for _, reset in windows], allowed)

@@ -6,7 +6,8 @@ import asyncio
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from ratelimit.limiter import Decision, RateLimiter, RateLimiterUnavailable, window_of
+from ratelimit.limiter import Decision, RateLimiter, RateLimiterUnavailable, binding, window_of
+from ratelimit.policy import Limit
 
 # KEYS[1] = counter of this client, operation and window; ARGV = limit, window seconds.
 # Counts only allowed requests, so a refused burst does not push the window's count past the limit.
@@ -20,6 +21,29 @@ if count == 1 then
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]) + 1)
 end
 return {1, count}
+"""
+
+# hit_all: KEYS = one counter per limit of the request; ARGV = limit and window seconds of each, in
+# turn. All or nothing: counted in every counter only when each is under its limit.
+HIT_ALL_SCRIPT = """
+local counts = {}
+local allowed = 1
+for i = 1, #KEYS do
+  counts[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if counts[i] >= tonumber(ARGV[2 * i - 1]) then
+    allowed = 0
+  end
+end
+if allowed == 1 then
+  for i = 1, #KEYS do
+    counts[i] = redis.call('INCR', KEYS[i])
+    if counts[i] == 1 then
+      redis.call('EXPIRE', KEYS[i], tonumber(ARGV[2 * i]) + 1)
+    end
+  end
+end
+table.insert(counts, 1, allowed)
+return counts
 """
 
 
@@ -38,9 +62,13 @@ class RedisRateLimiter(RateLimiter):
         if entry is None or entry[0] is not loop:
             client = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout,
                                              socket_connect_timeout=self.timeout)
-            entry = (loop, client, client.register_script(HIT_SCRIPT))
+            entry = (loop, client, client.register_script(HIT_SCRIPT), client.register_script(HIT_ALL_SCRIPT))
             self._clients = {id(loop): entry}  # older loops are gone (tests run one loop per test)
         return entry[2]
+
+    def _all_script(self):
+        self._script()
+        return self._clients[id(asyncio.get_running_loop())][3]
 
     def key(self, client: str, operation: str, window: int) -> str:
         return f"{self.namespace}:ratelimit:{operation}:{client}:{window}"
@@ -54,3 +82,16 @@ class RedisRateLimiter(RateLimiter):
         except (RedisError, OSError) as exc:
             raise RateLimiterUnavailable(str(exc)) from exc
         return Decision(bool(allowed), limit.count, max(0, limit.count - int(count)), reset)
+
+    async def hit_all(self, counters: list[tuple[str, Limit]]) -> Decision:
+        now = self.clock.time()
+        windows = [window_of(limit, now) for _, limit in counters]
+        keys = [f"{self.namespace}:ratelimit:{key}:{limit.seconds}:{index}"
+                for (key, limit), (index, _) in zip(counters, windows)]
+        args = [n for _, limit in counters for n in (limit.count, limit.seconds)]
+        try:
+            allowed, *counts = await self._all_script()(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise RateLimiterUnavailable(str(exc)) from exc
+        return binding([key for key, _ in counters], [int(c) for c in counts], [limit for _, limit in counters],
+                       [reset for _, reset in windows], bool(allowed))

@@ -31,6 +31,7 @@ from oauth.errors import dependency_unavailable
 from oauth.tokens import TokenService
 from ops.readiness import Readiness
 from ratelimit import RateLimiterUnavailable, build_rate_limiter
+from ratelimit.concurrency import ConcurrencyCap
 from ratelimit.failures import FailurePolicy, build_failure_throttle
 from ratelimit.policy import Limit
 
@@ -62,17 +63,19 @@ class Runtime:
         self.changes.subscribe(APPLICATIONS, self.applications.clear)
         self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
         self.denylist = build_denylist(settings, self.clock)
-        # Partner REST API limits: Redis when configured (connects on first use), else in-memory.
+        # Partner REST API and FHIR API limits: Redis when configured (connects on first use), else in-memory.
         self.rate_limiter = build_rate_limiter(settings, self.clock)
+        # FHIR API reads and searches in progress per clinic in this process (SVC_FHIR_EHR_CONCURRENCY).
+        self.ehr_concurrency = ConcurrencyCap(settings.fhir_ehr_concurrency)
         # Failed client authentication (token, introspect, revoke) per client_id and address.
         self.client_auth_throttle = build_failure_throttle(
-            settings, "client_auth", self.failure_policy(), self.clock.time)
+            settings, "client_auth", self.failure_policy(), self.clock.time, self.hasher)
         # Failed sandbox sign-in links, per address.
         self.sandbox_signin_throttle = build_failure_throttle(
-            settings, "sandbox_signin", self.failure_policy(), self.clock.time)
+            settings, "sandbox_signin", self.failure_policy(), self.clock.time, self.hasher)
         # Failed console sign-ins, per account and per address.
         self.console_signin_throttle = build_failure_throttle(
-            settings, "console_signin", self.console_signin_policy(), self.clock.time)
+            settings, "console_signin", self.console_signin_policy(), self.clock.time, self.hasher)
         self._object_store = None
         self._task_queue = None
         self._metrics = None
@@ -148,11 +151,9 @@ class Runtime:
         failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
         the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
         unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
-        self.connections.begin()
         try:
-            return fn(*args, **kwargs)
+            return self.connections.run(fn, *args, **kwargs)
         except DATABASE_ERRORS as exc:
-            self.connections.failed()
             raise dependency_unavailable("database") from exc
         except (RateLimiterUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
             raise dependency_unavailable("Redis") from exc

@@ -47,3 +47,13 @@ async def wait_until_not_pending(api, headers, request_id, timeout=30.0):
         await asyncio.sleep(pause)  # the worker builds it
         pause = min(pause * 1.5, 1.5)
     pytest.fail("the chart was not built in time")
+
+
+async def chart_schema_validator(api):
+    """A validator of the chart JSON's schema as `GET /v1/schemas/chart.json` serves it (no token)."""
+    import jsonschema
+    response = await api.http.fetch(api.base_url + "/v1/schemas/chart.json", raise_error=False)
+    assert response.code == 200 and response.headers["Content-Type"] == "application/schema+json", response.code
+    schema = json.loads(response.body)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)

@@ -49,6 +49,10 @@ class FhirEhr:
         self.admin("fault", {"status": status, "count": count,
                              **({"retry_after": retry_after} if retry_after is not None else {})})
 
+    def hostile(self, *appointments: dict) -> None:
+        """Add these (unstorable) Appointments to the first page of every Appointment search."""
+        self.admin("hostile", {"appointments": list(appointments)})
+
     def stats(self) -> dict:
         return self.admin("stats")
 
@@ -72,17 +76,19 @@ def cli(settings, *args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
-def connect_clinic(settings, ehr, jwks_uri: str, name: str = "FHIR Clinic") -> str:
-    """The operator's steps: register svc-auth at the EHR, then create the clinic on `fhir`."""
+def connect_clinic(settings, ehr, jwks_uri: str, name: str = "FHIR Clinic", *flags: str) -> str:
+    """The operator's steps: register svc-auth at the EHR, then create the clinic on `fhir`
+    (`flags`: more of `orgs create`'s, e.g. `--fhir-profile oracle`)."""
     ehr.admin("reset", {})
     ehr.register(CLIENT_ID, jwks_uri)
     done = cli(settings, "orgs", "create", "--name", name, "--ehr", "fhir", "--fhir-base-url", ehr.base,
-               "--fhir-client-id", CLIENT_ID, "--json")
+               "--fhir-client-id", CLIENT_ID, *flags, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["id"]
 
 
 def start_fhir_ehr(*flags: str, token_ttl: int = 300) -> FhirEhr:
+    """The test EHR; `flags` e.g. `--open`, or `--vendor oracle|epic|athena` (tests/js/vendors.mjs)."""
     port = free_port()
     node_modules = JS_DIR / "node_modules" / "@medplum" / "fhir-router"
     assert node_modules.exists(), "run `make test` (installs tests/js: Medplum's FHIR engine, oidc-provider)"

@@ -32,7 +32,7 @@ def use_redis(runtime, namespace):
     from ratelimit.failures import build_failure_throttle
     settings = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=namespace)
     runtime.client_auth_throttle = build_failure_throttle(settings, "client_auth", runtime.failure_policy(),
-                                                          lambda: runtime.clock.time())
+                                                          lambda: runtime.clock.time(), runtime.hasher)
 
 
 async def guess_secrets(api, world, runtime):
@@ -194,8 +194,8 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
     procs = [start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / f"serve{port}.log")
              for port in ports]
 
-    def token(port: int, secret: str) -> tuple[int, dict, dict]:
-        body = json.dumps({"grant_type": "client_credentials", "client_id": world.app.client_id,
+    def token(port: int, secret: str, client_id: str = world.app.client_id) -> tuple[int, dict, dict]:
+        body = json.dumps({"grant_type": "client_credentials", "client_id": client_id,
                            "client_secret": secret}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/oauth/token", data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
@@ -210,6 +210,145 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
         status, headers, body = token(second, "wrong-at-the-other")
         assert status == 429 and body["error"] == "too_many_attempts" and 1 <= int(headers["Retry-After"]) <= 300
         assert token(first, world.secret)[0] == 200 and token(second, world.secret)[0] == 200
+        # A client_id that does not exist is counted across the processes just the same (no oracle).
+        unknown = "cli_" + "0" * 24
+        assert [token(second, f"wrong-{n}", unknown)[0] for n in range(10)] == [401] * 10
+        status, headers, body = token(first, "wrong-at-the-other", unknown)
+        assert status == 429 and body["error"] == "too_many_attempts" and 1 <= int(headers["Retry-After"]) <= 300
     finally:
         for proc in procs:
             stop_process(proc)
+
+
+# --- No existence oracle (issue 28, item 7) ---------------------------------------------------------
+
+def raw_basic(client_id: str, secret: str) -> str:
+    """A Basic header with these exact characters (`basic_auth` %-encodes them first)."""
+    import base64
+    return "Basic " + base64.b64encode(f"{client_id}:{secret}".encode()).decode()
+
+
+PER_REQUEST_HEADERS = frozenset({"date", "x-request-id", "server"})
+
+
+def answer(status, headers, body) -> tuple:
+    """What a client sees of an answer, without what differs on every request anyway."""
+    shown = sorted((k.lower(), v) for k, v in headers.get_all() if k.lower() not in PER_REQUEST_HEADERS)
+    return status, shown, body
+
+
+def without_countdown(one: tuple, other: tuple) -> tuple:
+    """`other` with `one`'s Retry-After (and the seconds in its description): the countdown moves
+    with the clock between two requests, by at most a second here."""
+    import re
+    status, headers, body = other
+    mine = dict(one[1]).get("retry-after")
+    theirs = dict(headers).get("retry-after")
+    if mine is None or theirs is None:
+        return other
+    assert abs(int(mine) - int(theirs)) <= 1
+    headers = [(k, mine if k == "retry-after" else v) for k, v in headers]
+    body = {k: re.sub(r"after \d+ seconds", f"after {mine} seconds", v) for k, v in body.items()}
+    return status, headers, body
+
+
+async def one_wrong(api, client_id, secret, address, basic: bool) -> tuple:
+    if basic:
+        return answer(*await api.call(
+            "POST", "/v1/oauth/token", body="grant_type=client_credentials",
+            headers={"Content-Type": "application/x-www-form-urlencoded", **via(address),
+                     "Authorization": basic_auth(client_id, secret)}))
+    return answer(*await client_token(api, client_id, secret, address))
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("basic", [False, True], ids=["body", "basic"])
+@pytest.mark.gen_test
+async def test_an_unknown_and_a_known_client_id_get_the_same_answers(api, world, runtime, redis_namespace,
+                                                                      store, basic):
+    """The oracle we measured: 40 wrong secrets for an unknown client_id got 401 x 40, for a known
+    one 401 x 8 then 429 x 32. Both are now counted: the same statuses, bodies and headers."""
+    if store == "redis":
+        use_redis(runtime, redis_namespace)
+    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)  # one window for the whole test
+    trust_local_proxy(runtime)
+    unknown = "cli_" + "7" * 24  # shaped like a real one
+    known, strange = [], []
+    for n in range(40):  # in turns, so that both see the same clock
+        known.append(await one_wrong(api, world.app.client_id, f"wrong-{n}", "198.51.100.1", basic))
+        strange.append(await one_wrong(api, unknown, f"wrong-{n}", "198.51.100.2", basic))
+    assert [a[0] for a in known] == [401] * 10 + [429] * 30
+    assert [without_countdown(k, u) for k, u in zip(known, strange)] == known
+    # Each client is locked on its own: its owner's right secret still works, from anywhere.
+    assert (await client_token(api, world.app.client_id, world.secret, "192.0.2.9"))[0] == 200
+    locks = {e.subject for e in AuditEvent.select().where(AuditEvent.action == "auth.lockout")}
+    assert locks == {f"client:{world.app.client_id}", f"client:{unknown}"}
+
+
+@pytest.mark.gen_test
+async def test_a_client_id_is_normalized_before_it_is_counted_and_junk_is_refused(api, world, runtime):
+    """A %-encoded client_id in Basic (RFC 6749 2.3.1) is the same client_id as in the body, so it
+    counts on the same counter; what cannot be a client_id is refused clearly, before any lookup."""
+    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
+    trust_local_proxy(runtime)
+    client_id = world.app.client_id
+    encoded = "".join(f"%{ord(c):02X}" for c in client_id)
+    for n in range(5):
+        assert (await client_token(api, client_id, f"wrong-{n}", "198.51.100.3"))[0] == 401
+    for n in range(5):
+        status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials", headers={
+            "Content-Type": "application/x-www-form-urlencoded", **via("198.51.100.4"),
+            "Authorization": raw_basic(encoded, f"wrong-basic-{n}")})
+        assert status == 401 and body["error"] == "invalid_client", body
+    assert (await client_token(api, client_id, "wrong-x", "198.51.100.5"))[0] == 429  # 10 on one counter
+
+    junk = {"overlong": "c" * 65, "a space": "cli 1", "non-ASCII": "cl\u00ee_1", "a newline": "cli_1\n",
+            "a broken %-encoding": "%C3%28"}
+    for what, value in junk.items():
+        status, headers, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
+                                               headers={"Content-Type": "application/x-www-form-urlencoded",
+                                                        **via("198.51.100.6"),
+                                                        "Authorization": raw_basic(value, "s")})
+        assert status == 401 and body["error"] == "invalid_client", (what, body)
+        assert "client_id is malformed" in body["error_description"] and "WWW-Authenticate" in headers, what
+        if what == "a broken %-encoding":
+            continue  # only Basic credentials are %-encoded; in a JSON body these are plain characters
+        status, _, body = await client_token(api, value, "s", "198.51.100.6")
+        assert status == 401 and "client_id is malformed" in body["error_description"], (what, body)
+    # NUL never reaches client authentication: the body is refused naming the field.
+    status, _, body = await client_token(api, "cli_\x001", "s", "198.51.100.6")
+    assert status == 400 and body["error"] == "invalid_request" and "client_id" in body["error_description"]
+    status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials", headers={
+        "Content-Type": "application/x-www-form-urlencoded", **via("198.51.100.6"),
+        "Authorization": raw_basic("cli_%001", "s")})
+    assert status == 401 and body["error"] == "invalid_client" and "NUL" in body["error_description"]
+
+
+def test_failure_counters_stay_bounded_and_hold_no_presented_value(redis_namespace):
+    """Every presented client_id is counted, so a spray of distinct ones must not grow memory without
+    bound: in memory at most `max_entries` counters live (the least recently failed go first); in
+    Redis every key expires with its window. Neither holds the presented value, only a keyed hash."""
+    import redis
+    from keys.secrets import SecretHasher
+    now = [1_000_000.0]
+    hasher = SecretHasher(b"k" * 32)
+    policy = FailurePolicy(subject=Limit(3, 60), address=Limit(10**6, 60))
+    memory = FailureThrottle("client_auth", policy, lambda: now[0], hasher=hasher)
+    memory.store.max_entries = 500
+    long_id = "x" * 64
+    for n in range(2_000):
+        memory.failed(("client", f"{long_id}-{n}"), "10.0.0.1")
+    assert len(memory.store) <= 500
+    # The one being guessed right now keeps its count while the spray goes on.
+    for _ in range(3):
+        memory.failed(("client", "target"), "10.0.0.2")
+        memory.failed(("client", f"{long_id}-again"), "10.0.0.3")
+    with pytest.raises(Throttled):
+        memory.check(("client", "target"), "10.0.0.4")
+
+    shared = FailureThrottle("client_auth", policy, lambda: now[0], REDIS_URL, redis_namespace, hasher)
+    shared.failed(("client", long_id), "10.0.0.1")
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = [k.decode() for k in client.scan_iter(f"{redis_namespace}:*")]
+    assert len(keys) == 3 and not any(long_id in k for k in keys)
+    assert all(0 < client.ttl(k) <= 62 for k in keys)

@@ -142,6 +142,9 @@ async def test_invite_set_password_sign_in_pages_and_sign_out(http_client, base_
                                 fhir_client_id="svc-auth")
             await client.get(f"/console/apps/{app.id}{suffix}")
             assert "<td>FHIR R4 (ehr.example.com)</td>" in client.last_html
+            update_organization(world.org.id, fhir_profile="epic")      # the vendor profile, shown read-only
+            await client.get(f"/console/apps/{app.id}{suffix}")
+            assert "<td>FHIR R4 (ehr.example.com, Epic profile)</td>" in client.last_html
     assert "Installations" in client.last_html and "developer.password_set" in client.last_html
     bad_month = await client.get(f"/console/apps/{app.id}/billing?month=2026-13")
     assert bad_month.code == 400 and 'id="month-error"' in client.last_html

@@ -48,9 +48,10 @@ def test_a_document_is_described_never_copied():
 
 
 def test_the_spool_keeps_only_the_patients_resources_and_streams_them_back_to_several_readers():
-    spool = ChartSpool("p-1")
+    spool = ChartSpool("p-1", "https://ehr.example/fhir/R4")  # the EHR's base: its absolute references are its own
     for n, reference in enumerate(("Patient/p-1", "https://ehr.example/fhir/R4/Patient/p-1",
-                                   "Patient/p-1/_history/3", "Patient/p-10", "Patient/p-2", "Group/p-1", "")):
+                                   "Patient/p-1/_history/3", "Patient/p-10", "Patient/p-2", "Group/p-1", "",
+                                   "https://other-ehr.example/fhir/R4/Patient/p-1")):
         spool.add(observation(id=f"o-{n}", subject={"reference": reference}, valueQuantity={"value": n}))
     spool.add({"resourceType": "AllergyIntolerance", "id": "a", "patient": {"reference": "Patient/p-1"},
                "code": {"text": "Latex"}})
@@ -58,7 +59,7 @@ def test_the_spool_keeps_only_the_patients_resources_and_streams_them_back_to_se
     spool.add({"resourceType": "Encounter", "id": "e", "subject": {"reference": "Patient/p-1"},
                "period": {"start": "2024-01-02T09:00:00Z"}, "type": [{"text": "Office visit"}]})
     spool.add({"resourceType": "Appointment", "id": "x", "participant": []})   # not part of a chart
-    assert spool.left_out == 4 and [a["substance"] for a in spool.allergies] == ["Latex"]
+    assert spool.left_out == 5 and [a["substance"] for a in spool.allergies] == ["Latex"]
     assert spool.counts == {"encounters": 1, "observations": 3, "documents": 0}
     first, second = spool.read("observations"), spool.read("observations")
     assert next(first)["id"] == "o-0" and next(second)["id"] == "o-0"          # each reader has its place

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from connectors import Provider, connector_for
+from connectors import APPOINTMENT_STATUSES, Provider, connector_for
 from connectors.fhir import ATTEMPTS
 from connectors.fhir.cache import FhirState
 from connectors.sessions import touch_session
@@ -23,7 +23,7 @@ from models.schedule import ScheduledRun
 from workers.leases import sync_job
 from workers.snapshot import COVERAGE, night_window, sync_organization
 
-from chart_support import fetch_zip, open_archive, wait_until_not_pending
+from chart_support import chart_schema_validator, fetch_zip, open_archive, wait_until_not_pending
 from conftest import wait_until
 from fhir_support import (CLIENT_ID, SECRET_NOTE, appointment, chart_record, cli, connect_clinic, fhir_ehr,  # noqa: F401
                           patient, practitioner)
@@ -106,6 +106,7 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     assert booked["patient"] == {"id": "pt-1", "first_name": "Jane", "last_name": "Doe",
                                  "date_of_birth": "1970-01-02", "sex": "female"}
     assert next(r for r in rows if r["id"] == "ana-arrived")["status"] == "arrived"
+    assert {r["status"] for r in rows} <= set(APPOINTMENT_STATUSES)   # FHIR codes, as on a sandbox clinic
 
     check = cli(settings, "ehr", "check", "--org", org_id, "--json")
     verdict = json.loads(check.stdout)
@@ -232,6 +233,9 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
         "DocumentReference": 3}
 
     text, chart = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+    validator = await chart_schema_validator(api)          # the one shape, as on a sandbox clinic
+    assert not [e.message for e in validator.iter_errors(chart)]
+    assert all("vitals" not in e for e in chart["encounters"])
     pages = fhir_ehr.stats()["pages"]
     assert pages == {"Patient/$everything": 3}          # 279 resources, 100 a page, no searches
     assert held_ids(chart) == on_the_ehr                # nothing of someone-else's, nothing missing
@@ -274,7 +278,7 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
     pages = fhir_ehr.stats()["pages"]
     assert pages["Patient/$everything"] == 6 and pages["Encounter"] == 3 and pages["Observation"] == 1
     assert pages["DocumentReference"] == 1 and pages["Condition"] == 1
-    assert held_ids(searched) == on_the_ehr
+    assert held_ids(searched) == on_the_ehr and not list(validator.iter_errors(searched))
     assert {k: v for k, v in searched.items() if k != "request_id"} == {k: v for k, v in chart.items()
                                                                        if k != "request_id"}
 

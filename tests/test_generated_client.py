@@ -156,5 +156,8 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     doc = await call("openapi_document", call.client(), 200)
     assert json.loads(doc.content)["openapi"] == "3.1.0"
     assert "swagger-ui" in (await call("api_docs", call.client(), 200)).content.decode()
+    schema = await call("chart_schema", call.client(), 200)
+    assert json.loads(schema.content)["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert {a.status for a in page.appointments} <= {s.value for s in m.AppointmentStatus}  # an enum now
 
     assert call.called == set(call.modules), set(call.modules) - call.called

@@ -270,3 +270,27 @@ def test_only_a_cached_client_with_its_right_secret_is_answered_without_the_pool
     assert not answers_in_memory(runtime, v1, good, basic)  # both methods: the error comes from the pool path
     runtime.settings = runtime.settings.replace(redis_url=REDIS_URL)  # the right secret never asks the throttle
     assert answers_in_memory(runtime, v1, good, None)
+
+
+@pytest.mark.gen_test
+async def test_an_unknown_client_id_costs_no_database_round_trip_once_seen(api, world, runtime):
+    """A wrong secret for an unknown client_id asked the database every time: a spray cost a query
+    per attempt and answered slower than a known client (a timing oracle). The application cache
+    now remembers the miss until an application changes."""
+    from lifecycle.applications import register_application
+    unknown = "cli_" + "5" * 24
+
+    async def attempt(secret="wrong"):
+        return await api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials"},
+                              headers={"Authorization": basic_auth(unknown, secret)})
+    with StatementCounter(runtime.db) as counter:
+        assert (await attempt())[0] == 401
+        assert any("application" in sql for sql in counter.statements)
+        counter.reset()
+        for _ in range(3):
+            assert (await attempt())[0] == 401
+        assert counter.statements == []
+    # Registering that client_id is announced: the miss is forgotten at once.
+    app, secret = register_application(runtime, "Late", "https://late.example/cb", "https://late.example/launch",
+                                       None, "paid", ["email"], [], client_id=unknown)
+    assert (await attempt(secret))[0] == 200

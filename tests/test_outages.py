@@ -160,7 +160,9 @@ def test_unit_of_work_maps_dependency_failures_to_503(runtime):
 def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reopen(tmp_path):
     """Pool threads keep their connection between units of work (no `SELECT 1` per check-out). After
     PostgreSQL restarts, those connections are dead: `/readyz`'s check must not report the old one,
-    and once one thread has failed, the others reopen before their next unit of work."""
+    and every thread finds its connection dead before using it and opens a fresh one, so none of
+    them fails (issue 29: one used to answer a 503 for the restart, and a thread without units of
+    work, the scheduler's, failed with `connection already closed` forever)."""
     import threading
 
     from runtime import Runtime
@@ -204,19 +206,84 @@ def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reop
             call(fn)
             return call, lambda: (box.update(stop=True), go.set())
 
+        assert select_one() == (1,)
         held_ready, stop_ready = on_own_thread(lambda: runtime.unit_of_work(runtime.readiness.report, runtime))
         held_a, stop_a = on_own_thread(lambda: runtime.unit_of_work(select_one))
         held_b, stop_b = on_own_thread(lambda: runtime.unit_of_work(select_one))
+
+        def in_transaction():
+            with runtime.db.atomic():  # found dead at BEGIN, before the transaction starts
+                return select_one()
+        held_c, stop_c = on_own_thread(lambda: runtime.unit_of_work(in_transaction))
         pg.stop()
         pg.start()
         ready, checks = held_ready(lambda: runtime.unit_of_work(runtime.readiness.report, runtime))
         assert ready, checks  # the old connection is dead, the database is not
-        first = held_a(lambda: runtime.unit_of_work(select_one))
-        assert getattr(first, "status", None) == 503  # this thread learns of the restart the hard way
-        assert held_b(lambda: runtime.unit_of_work(select_one)) == (1,)  # and the others reopen first
-        for stop in (stop_ready, stop_a, stop_b):
+        assert held_a(lambda: runtime.unit_of_work(select_one)) == (1,)
+        assert held_b(lambda: runtime.unit_of_work(select_one)) == (1,)
+        assert held_c(lambda: runtime.unit_of_work(in_transaction)) == (1,)
+        assert select_one() == (1,)  # this thread's connection (no unit of work, as a loop's) too
+        for stop in (stop_ready, stop_a, stop_b, stop_c):
             stop()
     finally:
         if runtime is not None:
             runtime.close()
         pg.stop()
+
+
+@pytest.mark.slow
+def test_a_read_broken_under_it_is_read_again_once_and_a_write_is_not(tmp_path):
+    """A statement that cannot have taken effect (a read) is retried once on a fresh connection
+    when its connection breaks under it; a write may have committed before the break, so its error
+    goes up, and the next statement runs on a fresh connection."""
+    import threading
+
+    import peewee
+    import psycopg2
+
+    from runtime import Runtime
+
+    pg = LocalPostgres()
+    runtime = admin = None
+    try:
+        pg.start()
+        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=pg.url, var_dir=str(tmp_path / "var"),
+                                  keys_dir=str(tmp_path / "keys"), hmac_key="h" * 32)
+        runtime = Runtime(settings)
+        runtime.migrate()
+        admin = psycopg2.connect(pg.url)
+        admin.autocommit = True
+
+        def terminate_when_sleeping(pid: int) -> threading.Thread:
+            """Terminate backend `pid` once it is running its pg_sleep (as a failover does mid-statement)."""
+            def run():
+                cursor = admin.cursor()
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND state = 'active' "
+                                   "AND query LIKE '%%pg_sleep%%'", (pid,))
+                    if cursor.fetchone():
+                        cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                        return
+                    time.sleep(0.01)
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            return thread
+
+        pid = runtime.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+        killer = terminate_when_sleeping(pid)
+        answered_by = runtime.db.execute_sql("SELECT pg_backend_pid() FROM pg_sleep(0.3)").fetchone()[0]
+        killer.join()
+        assert answered_by != pid  # read again, on a fresh connection
+
+        killer = terminate_when_sleeping(answered_by)
+        with pytest.raises((peewee.OperationalError, peewee.InterfaceError)):
+            runtime.db.execute_sql("INSERT INTO change_version (topic, version) SELECT 'probe', 1 FROM pg_sleep(0.3)")
+        killer.join()
+        assert runtime.db.execute_sql("SELECT count(*) FROM change_version WHERE topic = 'probe'").fetchone() == (0,)
+    finally:
+        if admin is not None:
+            admin.close()
+        if runtime is not None:
+            runtime.close()
+        pg.destroy()

@@ -129,3 +129,76 @@ async def test_activating_before_the_app_knows_the_fallback_breaks_launches(api,
     assert {(r["status"], r["body"]["error"]) for r in broken} == {(502, "token_exchange_failed")}
     assert all(not r["verified"] and r["token_calls"] == 1 for r in broken)  # no fallback to retry with
     assert {(r["status"], r["verified"]) for r in traffic.inside("repaired")} == {(200, True)}
+
+
+RETIRED = ("This client secret was retired by a secret rotation and no longer authenticates; "
+           "use the current client secret (the fallback secret that was activated).")
+
+
+class TokenCalls:
+    """Every token-endpoint answer the partner's backend gets, with the secret it sent: its retry
+    logic (`PlatformClient._with_secrets`) runs as it is; this only listens."""
+
+    def __init__(self, platform):
+        self.answers: list[tuple[str, int, dict]] = []
+        send = platform._token
+
+        async def listening(body):
+            answer = await send(body)
+            self.answers.append((body["client_secret"], answer.status, answer.body or {}))
+            return answer
+        platform._token = listening
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.gen_test(timeout=120)
+async def test_the_retired_secret_is_recognised_not_counted_as_a_guess(api, partner, world, runtime, settings,
+                                                                       redis_namespace, store):
+    """Issue 29, item 3: after activation every exchange of the partner's backend starts with the old
+    secret. 200 exchanges: each first try is 401 "retired by rotation", none is a 429, nothing is
+    audited as a lock-out. Wrong secrets that were never valid are still throttled."""
+    from conftest import REDIS_URL
+    from models.audit import AuditEvent
+    from ratelimit.failures import build_failure_throttle
+    if store == "redis":
+        shared = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace)
+        runtime.client_auth_throttle = build_failure_throttle(shared, "client_auth", runtime.failure_policy(),
+                                                              lambda: runtime.clock.time(), runtime.hasher)
+    p = partner()
+    old = p.secret
+    traffic = LaunchTraffic(api, p, world.physician, runtime)
+    await initialized_and_enabled(api, p, world, traffic)
+    new = (await cli(settings, "apps", "secret", "generate-fallback", "--app", p.app.id))["fallback_secret"]
+    p.state.use_secrets(old, new)  # step 2: the backend knows both
+    await cli(settings, "apps", "secret", "activate-fallback", "--app", p.app.id)  # step 3
+    await refused_within_a_second(api, p.app, old)
+
+    calls = TokenCalls(p.state.platform)
+    launches = [await traffic.one_launch() for _ in range(10)]  # code exchanges through the app
+    grants = [await p.state.platform.client_credentials() for _ in range(190)]
+    assert all(r["status"] == 200 and r["verified"] for r in launches), launches
+    assert all(g.ok for g in grants), [g.describe() for g in grants if not g.ok][:3]
+    first_tries = [(status, body) for secret, status, body in calls.answers if secret == old]
+    assert len(first_tries) == 200 and len(calls.answers) == 400
+    assert {(s, b.get("error")) for s, b in first_tries} == {(401, "invalid_client")}, \
+        sorted({(s, b.get("error")) for s, b in first_tries})
+    assert {b["error_description"] for _, b in first_tries} == {RETIRED}
+    assert not AuditEvent.select().where(AuditEvent.action == "auth.lockout").exists()
+
+    # Secrets that were never valid are counted as before: 10 answered, then 429.
+    async def token(secret):
+        return await api.call("POST", "/v1/oauth/token", {
+            "grant_type": "client_credentials", "client_id": p.app.client_id, "client_secret": secret})
+    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)  # a fresh failure window
+    statuses = [(await token(f"never-valid-{n}"))[0] for n in range(12)]
+    assert statuses == [401] * 10 + [429] * 2
+    assert AuditEvent.select().where(AuditEvent.action == "auth.lockout").exists()
+    # The retired secret is still told apart while the client is locked, and the new one works.
+    status, _, body = await token(old)
+    assert (status, body["error_description"]) == (401, RETIRED)
+    assert (await token(new))[0] == 200
+
+    # Past the grace period (SVC_RETIRED_SECRET_GRACE, 30 days) the old secret is a wrong secret.
+    runtime.clock.advance(runtime.settings.retired_secret_grace + 1)
+    status, _, body = await token(old)
+    assert (status, body["error_description"]) == (401, "Unknown client or wrong client secret.")

@@ -175,7 +175,7 @@ def test_snapshot_run_command(runtime, clinic, settings):
     body = json.loads(result.stdout)
     snapshot = Snapshot.latest_complete(clinic.org.id)
     assert body == {"snapshot_date": NIGHT.isoformat(), "organizations": {clinic.org.id: len(appointments(snapshot))},
-                    "built": [clinic.org.id], "found_built": []}
+                    "built": [clinic.org.id], "found_built": [], "skipped": {}}
     assert snapshot.snapshot_date == NIGHT
     bad = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", "2030-13-01"],
                          env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)

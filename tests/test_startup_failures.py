@@ -51,12 +51,19 @@ def test_unreachable_redis_is_one_line(env, command):
     assert_one_line(run_cli(env, *args), "SVC_REDIS_URL", "redis-server")
 
 
-def test_port_in_use_is_one_line(env):
+@pytest.mark.parametrize("processes", ["1", "2"])
+@pytest.mark.parametrize("reuse_port", [False, True])
+def test_port_in_use_is_one_line(env, processes, reuse_port):
+    """Also when the other process listens with SO_REUSEPORT, as each `serve --processes N` worker
+    does: the kernel would let our workers' SO_REUSEPORT sockets join it and share its connections."""
     with socket.socket() as taken:
+        if reuse_port:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        line = assert_one_line(run_cli(env, "serve", "--port", str(port)), f"port {port}", "already in use", "--port")
+        assert_one_line(run_cli(env, "serve", "--port", str(port), "--processes", processes),
+                        f"port {port}", "already in use", "--port")
 
 
 def test_demo_app_port_in_use_is_one_line(env):

@@ -20,6 +20,7 @@ from fpdf import FPDF
 from fpdf.enums import XPos, YPos
 
 from connectors import Chart
+from workers.chart_schema import entry
 
 PDF_MAX_ENCOUNTERS = 2000
 """Encounters the PDF shows (~400 pages); the JSON always has all of them. Bounds the PDF's memory."""
@@ -35,30 +36,34 @@ def _latin1(text) -> str:
 
 
 def write_chart_json(chart: Chart, request_id: str, path: str) -> None:
+    """The chart as JSON in the one shape of `workers.chart_schema` (GET /v1/schemas/chart.json)."""
     p = chart.patient
     head = {"request_id": request_id, "organization": chart.organization_name,
             "patient": {"id": p.id, "first_name": p.first_name, "last_name": p.last_name,
                         "date_of_birth": p.date_of_birth.isoformat(), "sex": p.sex},
-            "problems": chart.problems, "medications": chart.medications, "allergies": chart.allergies}
+            "problems": [entry("problems", e) for e in chart.problems],
+            "medications": [entry("medications", e) for e in chart.medications],
+            "allergies": [entry("allergies", e) for e in chart.allergies],
+            "omitted": [{"resourceType": o["resourceType"], "reason": o["reason"]} for o in chart.omitted]}
     with open(path, "w", encoding="utf-8") as out:
         out.write(json.dumps(head, indent=1)[:-2])
         _json_array(out, "encounters", (encounter_entry(e) for e in chart.encounters()))
-        _json_array(out, "observations", chart.observations())
-        _json_array(out, "documents", chart.documents())
+        _json_array(out, "observations", (entry("observations", o) for o in chart.observations()))
+        _json_array(out, "documents", (entry("documents", d) for d in chart.documents()))
         out.write("\n}\n")
 
 
 def encounter_entry(e) -> dict:
-    """An encounter in the JSON (with the EHR's `id` first when it has one)."""
-    return {**({"id": e.id} if e.id else {}), "date": e.date.isoformat(), "type": e.encounter_type,
-            "provider": e.provider, "reason": e.reason, "vitals": e.vitals, "assessment": e.assessment, "plan": e.plan}
+    """An encounter in the JSON (its vital signs are observations, not fields of the encounter)."""
+    return entry("encounters", {"id": e.id, "date": e.date.isoformat(), "type": e.encounter_type,
+                                "provider": e.provider, "reason": e.reason, "assessment": e.assessment, "plan": e.plan})
 
 
 def _json_array(out, name: str, entries) -> None:
     """`,\n "name": [...]`, one entry per line as it comes."""
     out.write(f',\n "{name}": [')
-    for index, entry in enumerate(entries):
-        out.write(("," if index else "") + "\n  " + json.dumps(entry))
+    for index, item in enumerate(entries):
+        out.write(("," if index else "") + "\n  " + json.dumps(item))
     out.write("\n ]")
 
 
@@ -156,16 +161,20 @@ def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.dateti
     for first in itertools.islice(documents, 1):
         pdf.heading("Documents")
         _bounded(pdf, itertools.chain((first,), documents), PDF_MAX_DOCUMENTS, "documents", _document_line)
+    if chart.omitted:  # what the EHR would not give: the chart says so rather than look complete
+        pdf.heading("Not available from the EHR")
+        for item in chart.omitted:
+            pdf.line_text(_latin1(f"{item['resourceType']}: {item['reason']}"))
     pdf.output(path)
 
 
 def _bounded(pdf: ChartPdf, entries, limit: int, noun: str, draw) -> None:
     """Draw the first `limit` entries; count the rest and say the JSON holds them."""
     total = 0
-    for entry in entries:
+    for item in entries:
         total += 1
         if total <= limit:
-            draw(pdf, entry)
+            draw(pdf, item)
     if total == 0:
         pdf.line_text("None recorded")
     elif total > limit:
@@ -179,8 +188,7 @@ def _encounter_lines(pdf: ChartPdf, e) -> None:
     pdf.set_font("Helvetica", "B", 10)
     pdf.line_text(f"{e.date.isoformat()}  {e.encounter_type}" + (f" with {e.provider}" if e.provider else ""))
     pdf.set_font("Helvetica", "", 10)
-    vitals = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in e.vitals.items())
-    lines = [("Reason", e.reason), ("Vitals", vitals), ("Assessment", e.assessment), ("Plan", e.plan)]
+    lines = [("Reason", e.reason), ("Assessment", e.assessment), ("Plan", e.plan)]  # vitals: under Observations
     pdf.line_text("\n".join(f"{label}: {value}" for label, value in lines if value))
     pdf.ln(2)
 

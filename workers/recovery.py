@@ -32,6 +32,7 @@ from models.charts import ChartRequest
 from models.schedule import ScheduledRun
 from storage.uploads import UnfinishedUpload
 from workers.charts import CHART_PREFIX, build_chart, chart_key, mark_failed
+from workers.loops import run_every
 from workers.leases import lease_seconds, sweep_interval, sync_job
 from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
 
@@ -176,17 +177,10 @@ def sweep(runtime) -> None:
 
 
 def run_recovery(runtime, stop: threading.Event, interval: float | None = None) -> None:
-    """Sweep every `interval` seconds (default a quarter of SVC_TASK_RECOVERY_SECONDS) until `stop`."""
-    interval = interval or sweep_interval(runtime.settings)
-    try:
-        while not stop.wait(interval):
-            try:
-                sweep(runtime)
-            except Exception:
-                log.exception("recovery sweep failed; trying again in %ss", interval)
-    finally:
-        if not runtime.db.is_closed():
-            runtime.db.close()
+    """Sweep every `interval` seconds (default a quarter of SVC_TASK_RECOVERY_SECONDS) until `stop`;
+    a failed sweep is logged and tried again, on a fresh connection (workers.loops)."""
+    run_every(runtime, stop, interval or sweep_interval(runtime.settings), sweep, "recovery sweep", log,
+              at_once=False)
 
 
 def start_recovery_thread(runtime) -> threading.Event:

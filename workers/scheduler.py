@@ -13,6 +13,7 @@ import socket
 import threading
 
 from models.schedule import ScheduledRun
+from workers.loops import run_every
 from workers.recovery import sweep
 from workers.snapshot import NIGHTLY_JOB, enqueue_night, night_window
 
@@ -45,18 +46,15 @@ def tick(runtime, now: dt.datetime | None = None) -> dt.date | None:
     return night
 
 
+def tick_and_sweep(runtime) -> None:
+    tick(runtime)
+    sweep(runtime)  # also re-queue the work of workers that died (workers.recovery)
+
+
 def run_scheduler(runtime, stop: threading.Event, interval: float = 30.0) -> None:
-    """Tick every `interval` seconds until `stop` is set."""
-    while not stop.is_set():
-        try:
-            tick(runtime)
-            sweep(runtime)  # also re-queue the work of workers that died (workers.recovery)
-        except Exception:
-            log.exception("scheduler tick failed; trying again in %ss", interval)
-        finally:
-            if threading.current_thread() is not threading.main_thread() and not runtime.db.is_closed():
-                runtime.db.close()
-        stop.wait(interval)
+    """Tick every `interval` seconds until `stop` is set; a failed tick (database or Redis away) is
+    logged and tried again, on a fresh connection (workers.loops)."""
+    run_every(runtime, stop, interval, tick_and_sweep, "scheduler tick", log)
 
 
 def start_scheduler_thread(runtime, interval: float = 30.0) -> threading.Event:

@@ -18,6 +18,7 @@ whose lease lapsed (it died) is taken over.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -136,6 +137,12 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     except BaseException:
         _discard(db, snapshot.id)
         raise
+    skipped = getattr(connector, "skipped", None)
+    if skipped is not None and skipped.total():
+        snapshot.skipped = json.dumps(skipped.as_dict())
+        log.warning("snapshot of %s for %s: %d appointments the EHR sent were left out: %s", organization_id, night,
+                    skipped.total(), "; ".join(f"{reason}: {e['count']} (e.g. {', '.join(e['appointments']) or '-'})"
+                                               for reason, e in skipped.as_dict().items()))
     publish(runtime, snapshot)
     log.info("snapshot of %s for %s: %d appointments of %d providers", organization_id, night, count, len(providers))
     return snapshot
@@ -181,7 +188,7 @@ def publish(runtime, snapshot: Snapshot) -> None:
         if replaced:
             SnapshotAppointment.delete().where(SnapshotAppointment.snapshot.in_(replaced)).execute()
             Snapshot.delete().where(Snapshot.id.in_(replaced)).execute()
-        updated = (Snapshot.update(status="complete", completed_at=runtime.clock.now())
+        updated = (Snapshot.update(status="complete", completed_at=runtime.clock.now(), skipped=snapshot.skipped)
                    .where((Snapshot.id == snapshot.id) & (Snapshot.status == "building")).execute())
         if not updated:  # our lease lapsed (the sweep removed it): build again
             raise ConnectorUnavailable(f"snapshot {snapshot.id} was removed while it was built; retrying")
@@ -205,10 +212,13 @@ def organizations_to_sync() -> list[str]:
 
 @dataclass
 class NightReport:
-    """What `run_night` did: each organization's appointment count (or `failed: why`), and which
-    organizations it built and which it found built by another builder (the scheduler, another run)."""
+    """What `run_night` did: each organization's appointment count (or `failed: why`), which
+    organizations it built and which it found built by another builder (the scheduler, another run),
+    and, per organization, what the EHR sent that the night left out (`{reason: {"count",
+    "appointments": [first ids]}}`)."""
 
     organizations: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
     built: list = field(default_factory=list)
     found_built: list = field(default_factory=list)
 
@@ -225,9 +235,12 @@ def run_night(runtime, night: dt.date, organization_ids: list[str] | None = None
         try:
             outcome, snapshot = build_or_await(runtime, org_id, night)
         except ConnectorError as exc:
+            log.error("snapshot of %s for %s failed: %s", org_id, night, exc)
             report.organizations[org_id] = f"failed: {exc}"
             continue
         (report.built if outcome == "built" else report.found_built).append(org_id)
+        if snapshot.skipped:
+            report.skipped[org_id] = json.loads(snapshot.skipped)
         report.organizations[org_id] = (SnapshotAppointment.select()
                                         .where(SnapshotAppointment.snapshot == snapshot.id).count())
     return report

@@ -25,6 +25,13 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
   search parameters (`SEARCH_DATE`, `PATIENT_SEARCH`) and yields the matches of the asked type
   lazily, page by page. Ids, NPIs and types are validated before they reach a URL; a query that
   cannot apply to the type (a date on Practitioner) matches nothing.
+- **Vendors** (`connectors.fhir.profiles`): a clinic's `fhir_profile` (generic, epic, oracle,
+  athena) holds what its vendor documents and discovery cannot tell (Oracle: no `_include`,
+  `-date-or-req-period`, `_id` alone; Epic: Observation by category; athena: a required practice
+  parameter); `fhir_scopes` (auto: discovered from the SMART configuration; v1; v2); and
+  `fhir_search_params`, appended to every search. Patients an Appointment page did not include
+  are read in batches by `_id`; what cannot be listed is counted in `FhirConnector.skipped`; a
+  chart type the EHR refuses is named in the chart's `omitted`.
 - **Errors**: 401/403 and an OperationOutcome `login`/`forbidden` are permanent
   (`ConnectorError`, saying what to fix); 429, 5xx, timeouts and refused connections are retried
   with backoff, honouring `Retry-After` up to a cap, then raised as `ConnectorUnavailable` (the
@@ -44,4 +51,4 @@ from connectors.fhir.connector import FhirConnector, connect  # noqa: F401
 # Services, reads, paging), `cache` (what the
 # connector keeps per process), `capability` (the CapabilityStatement), `query` (FHIR search syntax),
 # `mapping` (resources as the interface's records; references), `spool` (a chart's resources),
-# `check` (`svc-auth ehr check`), `connector` (the interface).
+# `check` (`svc-auth ehr check`), `profiles` (vendor rules, scopes), `connector` (the interface).

@@ -6,6 +6,9 @@ import threading
 import time
 
 TOKEN_MARGIN_SECONDS = 30        # a cached token is renewed this long before it expires
+PRACTITIONER_SECONDS = 3600      # how long the Practitioner id of an NPI is kept ...
+NO_PRACTITIONER_SECONDS = 300    # ... and that the EHR has none (a physician the EHR adds is seen soon)
+UNAVAILABLE_SECONDS = 60         # the EHR did not answer: sign-ins meanwhile do not wait on it again
 
 
 class ExpiringCache:
@@ -38,8 +41,11 @@ def bearer_tokens() -> ExpiringCache:
 
 
 class FhirState:
-    """What the FHIR connector keeps for one process: tokens and CapabilityStatement verdicts."""
+    """What the FHIR connector keeps for one process: tokens, CapabilityStatement verdicts, and
+    the Practitioner id of each NPI per EHR (`fhirUser`; "" = none), keyed by (base, NPI) so a
+    user whose NPI changes is looked up anew."""
 
     def __init__(self):
         self.tokens = bearer_tokens()
         self.capabilities = ExpiringCache()
+        self.practitioners = ExpiringCache()

@@ -1,5 +1,5 @@
-"""`svc-auth ehr check`: discovery, the token, a Practitioner search and an Appointment search, a
-verdict per step."""
+"""`svc-auth ehr check`: discovery, the token, a Practitioner search per physician's NPI and an
+Appointment search, a verdict per step."""
 from __future__ import annotations
 
 import datetime as dt
@@ -7,43 +7,89 @@ import datetime as dt
 from connectors.base import ConnectorError
 from connectors.fhir.query import NPI_SYSTEM, instant
 
+MAX_NPIS = 100                   # NPIs looked up by one check (the clinic's first, by user id)
 
-def check(connector, npi: str | None, now: dt.datetime) -> list[dict]:
-    """`svc-auth ehr check`: discovery, the token, one Practitioner search (by `npi` when given)
-    and one Appointment search; a verdict per step, stopping at the first failure."""
+
+def check(connector, npis, now: dt.datetime) -> list[dict]:
+    """`svc-auth ehr check`: discovery, the token, one Practitioner search per NPI of `npis` (in
+    the order given) and one Appointment search (of the first NPI the EHR knows); a verdict per
+    step, stopping at the first failure. The practitioner step also carries `npis`:
+    `{"known": {npi: "Practitioner/{id}"}, "unknown": [npi, ...]}`; it fails when the EHR knows none
+    of them."""
     steps = []
 
     def step(name: str, action):
         try:
-            steps.append({"step": name, "ok": True, "detail": action()})
+            outcome = action()
         except (ConnectorError, LookupError) as exc:
-            steps.append({"step": name, "ok": False, "detail": str(exc)})
+            steps.append({"step": name, "ok": False, "detail": str(exc), **getattr(exc, "extra", {})})
+        else:
+            detail, extra = outcome if isinstance(outcome, tuple) else (outcome, {})
+            steps.append({"step": name, "ok": True, "detail": detail, **extra})
         return steps[-1]["ok"]
 
-    client, found = connector.client, {}
+    client, known, unknown = connector.client, {}, []
+    npis = list(dict.fromkeys(n for n in (npis or ()) if n))
     open_server = client.auth == "none"
     if not step("discovery", lambda: "not used: an open server (--fhir-auth none)" if open_server
                 else f"token endpoint {client.token_endpoint()}"):
         return steps
     if not step("token", lambda: "not used: an open server" if open_server
-                else f"access token granted to {client.client_id}" if client.access_token() else "no token"):
+                else f"access token granted to {client.client_id} (scopes {' '.join(client.scopes)})"
+                if client.access_token() else "no token"):
         return steps
 
     def practitioner():
-        params = {"identifier": f"{NPI_SYSTEM}|{npi}"} if npi else {"_count": 1}
-        entries = connector.client.search("Practitioner", params).get("entry") or ()
-        found["id"] = next((e["resource"]["id"] for e in entries), None)
-        if npi and found["id"] is None:
-            raise ConnectorError(f"no Practitioner has NPI {npi}")
-        return f"Practitioner/{found['id']}" if found["id"] else "the search answered (no practitioners)"
+        if not npis:
+            params = connector.search({"_count": 1})
+            entries = connector.client.search("Practitioner", params).get("entry") or ()
+            first = next((e["resource"]["id"] for e in entries), None)
+            if first:
+                known[""] = f"Practitioner/{first}"
+            return "no physician (user with an NPI) to look up; the Practitioner search answered"
+        for npi in npis[:MAX_NPIS]:
+            found = connector.practitioner_id(npi)
+            if found:
+                known[npi] = f"Practitioner/{found}"
+            else:
+                unknown.append(npi)
+        summary = {"known": dict(known), "unknown": list(unknown)}
+        if not known:
+            raise _StepFailed(f"the EHR knows none of these NPIs ({NPI_SYSTEM}): {', '.join(npis[:MAX_NPIS])}",
+                              {"npis": summary})
+        detail = "known: " + ", ".join(f"{n} ({p})" for n, p in known.items())
+        if unknown:
+            detail += "; unknown (no appointments for them): " + ", ".join(unknown)
+        if len(npis) > MAX_NPIS:
+            detail += f"; {len(npis) - MAX_NPIS} more not checked"
+        return detail, {"npis": summary}
     if not step("practitioner", practitioner):
         return steps
 
     def appointments():
-        params = {"date": f"ge{instant(now)}", "_count": 1}
-        if found.get("id"):
-            params["practitioner"] = f"Practitioner/{found['id']}"
-        bundle = connector.client.search("Appointment", params)
-        return f"the search answered ({bundle.get('total', len(bundle.get('entry') or ()))} from now on)"
+        practitioner_ref = next(iter(known.values()), None)
+        if practitioner_ref:
+            params = connector.appointment_search(practitioner_ref.split("/", 1)[1], now, None)
+            params["_count"] = 1
+            params.pop("_include", None)
+        else:
+            params = connector.search({connector.profile.appointment_date: f"ge{instant(now)}", "_count": 1})
+        try:
+            bundle = connector.client.search("Appointment", params)
+        except ConnectorError as exc:
+            if connector.profile.schedule_search:
+                raise
+            raise ConnectorError(f"{exc} ({connector.profile.label} documents no FHIR R4 search of a "
+                                 f"practitioner's appointments)") from None
+        of = f" of {practitioner_ref}" if practitioner_ref else ""
+        return f"the search{of} answered ({bundle.get('total', len(bundle.get('entry') or ()))} from now on)"
     step("appointments", appointments)
     return steps
+
+
+class _StepFailed(ConnectorError):
+    """A failed step with more to report than its detail (`extra`: keys added to the step)."""
+
+    def __init__(self, message: str, extra: dict):
+        super().__init__(message)
+        self.extra = extra

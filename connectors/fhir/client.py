@@ -3,6 +3,7 @@ CapabilityStatement verdict. Knows authentication, not what is searched; every r
 `connectors.fhir.transport` under the caller's `Bounds` (retries, deadlines, sizes, the base)."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict
 ATTEMPTS = 4                     # per request in the background (`Bounds.batch`), for 429, 5xx, timeouts
 PERMANENT_ISSUES = ("login", "forbidden", "security")
 FAILED_SEVERITIES = ("error", "fatal")
+ERROR_EXCERPT_CHARS = 300        # how much of an EHR's error body a message keeps
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -44,13 +46,17 @@ class FhirClient:
 
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
                  capabilities: ExpiringCache, bounds: Bounds, http: urllib3.PoolManager | None = None,
-                 sleep=time.sleep):
+                 sleep=time.sleep, scopes=None):
+        """`bounds`: the caller's (`connectors.bounds`); `scopes(smart_configuration) -> scopes to
+        ask`: the profile's and discovery's choice (`connectors.fhir.profiles`); by default `SCOPES`."""
         self.base = base_url.rstrip("/")
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
         self.capabilities = capabilities
         self.bounds = bounds
         self.transport = Transport(self.base, bounds, http=http, sleep=sleep)
         self._token_endpoint: str | None = None
+        self._scopes_for = scopes or (lambda configuration: SCOPES)
+        self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for
 
     # -- SMART Backend Services -------------------------------------------------------------
     def smart_configuration(self) -> dict:
@@ -62,7 +68,9 @@ class FhirClient:
 
     def token_endpoint(self) -> str:
         if self._token_endpoint is None:
-            self._token_endpoint = self.smart_configuration()["token_endpoint"]
+            configuration = self.smart_configuration()
+            self.scopes = tuple(self._scopes_for(configuration))
+            self._token_endpoint = configuration["token_endpoint"]
         return self._token_endpoint
 
     def access_token(self) -> str | None:
@@ -79,7 +87,7 @@ class FhirClient:
         assertion = jwt.encode({"iss": self.client_id, "sub": self.client_id, "aud": endpoint,
                                 "jti": uuid.uuid4().hex, "iat": now, "exp": now + ASSERTION_SECONDS},
                                pem.decode(), algorithm="RS384", headers={"kid": kid})
-        form = urlencode({"grant_type": "client_credentials", "scope": " ".join(SCOPES),
+        form = urlencode({"grant_type": "client_credentials", "scope": " ".join(self.scopes),
                           "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
                           "client_assertion": assertion})
         status, body, _ = self._send("POST", endpoint, body=form.encode(),
@@ -115,7 +123,7 @@ class FhirClient:
             break
         if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
             raise AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
-                                 f"client registration and its scopes ({' '.join(SCOPES)}).")
+                                 f"client registration and its scopes ({' '.join(self.scopes)}).")
         if status in (404, 410):  # unknown, or deleted
             raise LookupError(_issue_text(body))
         if status != 200 or not isinstance(body, dict):
@@ -194,12 +202,21 @@ def _issue_code(body) -> str | None:
 
 
 def _issue_text(body) -> str:
+    """What the EHR said: an OperationOutcome's first issue, else a bounded, printable excerpt of
+    any other JSON body (e.g. `{"error": ...}`), else "no details"."""
     if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
         issue = next(iter(_issues(body)), {})
-        details = issue.get("details") if isinstance(issue.get("details"), dict) else {}
-        text = details.get("text") or issue.get("diagnostics") or issue.get("code") or "no details"
-        return str(text)[:500]
-    return "no details"
+        text = (issue.get("details") or {}).get("text") if isinstance(issue.get("details"), dict) else None
+        return _excerpt(text or issue.get("diagnostics") or issue.get("code") or "no details")
+    if body is None:
+        return "no details"
+    return _excerpt(json.dumps(body, ensure_ascii=True))
+
+
+def _excerpt(text, limit: int = ERROR_EXCERPT_CHARS) -> str:
+    """`text` as one printable ASCII line of at most `limit` characters."""
+    flat = " ".join("".join(c if c.isprintable() and ord(c) < 128 else " " for c in str(text)).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def _issues(outcome: dict) -> list[dict]:

@@ -3,35 +3,85 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import logging
 
-from connectors.base import Chart, ConnectorError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery
+from connectors.base import (Chart, ConnectorError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery,
+                             Skipped)
 from connectors.bounds import Bounds
 from connectors.fhir import check as ehr_check
-from connectors.fhir.cache import FhirState
+from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
+                                   FhirState)
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
-from connectors.fhir.mapping import LISTED_STATUSES, appointment_of, patient_of, relative_references
-from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, instant, search_params
+from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
+                                     relative_references)
+from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
+from connectors.fhir.query import FHIR_ID, NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 
 log = logging.getLogger("svc_auth.connectors.fhir")
+PATIENT_BATCH = 20               # Patients read per `Patient?_id=a,b,...` (those an Appointment page did not include)
+KNOWN_PATIENTS = 5000            # Patients kept while one physician's appointments are read
 
 
 class FhirConnector:
-    """One organization's FHIR EHR, behind the connector interface."""
+    """One organization's FHIR EHR, behind the connector interface, searched by its vendor's
+    `profile` with the clinic's `extra` search parameters appended to every search. `skipped`
+    counts what the EHR sent that could not be listed, by reason."""
 
-    def __init__(self, organization, client: FhirClient):
+    def __init__(self, organization, client: FhirClient, profile: Profile | None = None, extra=(),
+                 practitioners: ExpiringCache | None = None):
         self.organization = organization
         self.client = client
+        self.profile = profile or profile_named("generic")
+        self.extra = tuple(extra)
+        self.skipped = Skipped()
+        self.practitioners = practitioners if practitioners is not None else ExpiringCache()
+
+    def search(self, params: dict) -> dict:
+        """`params` as this EHR wants them: the clinic's extra parameters appended; with `_id`
+        on an EHR where `_id` must be alone (Oracle), no `_count` nor extra parameters."""
+        if "_id" in params and self.profile.id_search_alone:
+            return {k: v for k, v in params.items() if k != "_count"}
+        return {**params, **{name: value for name, value in self.extra if name not in params}}
 
     def practitioner_id(self, npi: str) -> str | None:
         """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
-        bundle = self.client.search("Practitioner", {"identifier": f"{NPI_SYSTEM}|{npi}", "_elements": "id"})
-        ids = [e["resource"]["id"] for e in bundle.get("entry") or () if e.get("resource", {}).get("resourceType")
-               == "Practitioner"]
+        bundle = self.client.search("Practitioner", self.search({"identifier": f"{NPI_SYSTEM}|{npi}"}))
+        ids = [e["resource"]["id"] for e in bundle.get("entry") or () if isinstance(e, dict) and isinstance(
+            e.get("resource"), dict) and e["resource"].get("resourceType") == "Practitioner"]
         if len(ids) > 1:
             log.warning("%d practitioners have NPI %s in %s; using the first", len(ids), npi, self.organization.id)
         return ids[0] if ids else None
+
+    def appointment_search(self, practitioner: str, start: dt.datetime, end: dt.datetime | None) -> dict:
+        """The search of a practitioner's listed appointments from `start` (to `end`), by the profile."""
+        dates = [f"ge{instant(start)}"] + ([f"lt{instant(end)}"] if end else [])
+        params = {"practitioner": f"Practitioner/{practitioner}", self.profile.appointment_date: dates,
+                  "status": ",".join(LISTED_STATUSES), "_count": PAGE_SIZE}
+        if self.profile.appointment_include:
+            params["_include"] = "Appointment:patient"
+        return self.search(params)
+
+    def user_practitioner(self, provider: Provider) -> str | None:
+        """The id of the user's Practitioner in this EHR, found by NPI, or None when the EHR has
+        none (or did not answer: a sign-in does not fail on it). Cached per process by (base, NPI)."""
+        if not provider.npi or not TOKEN_VALUE.fullmatch(provider.npi):
+            return None
+        cache, key = self.practitioners, (self.client.base, provider.npi)
+        known = cache.get(key)
+        if known is not None:
+            return known or None
+        try:
+            found = self.practitioner_id(provider.npi)
+        except (ConnectorError, LookupError) as exc:
+            log.warning("fhirUser: the EHR of %s did not say which Practitioner has NPI %s (%s)",
+                        self.organization.id, provider.npi, exc)
+            cache.put(key, "", UNAVAILABLE_SECONDS)
+            return None
+        found = found if found and FHIR_ID.fullmatch(found) else ""
+        cache.put(key, found, PRACTITIONER_SECONDS if found else NO_PRACTITIONER_SECONDS)
+        return found or None
 
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
         practitioner = self.practitioner_id(provider.npi)
@@ -39,20 +89,52 @@ class FhirConnector:
             log.warning("no Practitioner with NPI %s in the EHR of %s: no appointments", provider.npi,
                         self.organization.id)
             return
-        params = {"practitioner": f"Practitioner/{practitioner}", "date": [f"ge{instant(start)}", f"lt{instant(end)}"],
-                  "status": ",".join(LISTED_STATUSES), "_include": "Appointment:patient", "_count": PAGE_SIZE}
-        for page in self.client.pages("Appointment", params):  # a page at a time: memory stays flat
-            resources = [entry.get("resource") or {} for entry in page.get("entry") or ()]
-            patients = {f"Patient/{r.get('id')}": r for r in resources if r.get("resourceType") == "Patient"}
-            for resource in resources:
-                if resource.get("resourceType") == "Appointment":
-                    mapped = appointment_of(resource, patients)
+        known: dict[str, dict] = {}
+        try:
+            pages = self.client.pages("Appointment", self.appointment_search(practitioner, start, end))
+            for page in pages:  # a page at a time: memory stays flat
+                resources = [entry["resource"] for entry in page.get("entry") or ()
+                             if isinstance(entry, dict) and isinstance(entry.get("resource"), dict)]
+                if len(known) > KNOWN_PATIENTS:
+                    known.clear()
+                known.update({f"Patient/{r.get('id')}": r for r in resources if r.get("resourceType") == "Patient"})
+                appointments = [r for r in resources if r.get("resourceType") == "Appointment"]
+                wanted = {patient_reference(a) for a in appointments if a.get("status") in LISTED_STATUSES}
+                self._read_patients(sorted(r for r in wanted if r and r not in known), known)
+                for resource in appointments:
+                    try:
+                        mapped = appointment_of(resource, known)
+                    except Unlisted as exc:
+                        self.skipped.add(str(exc), resource.get("id"))
+                        continue
+                    except (AttributeError, TypeError, KeyError, IndexError, ValueError):
+                        self.skipped.add("malformed appointment", resource.get("id"))
+                        continue
                     if mapped is not None:
                         yield mapped
+        except RequestRefused as exc:
+            if self.profile.schedule_search:
+                raise
+            raise RequestRefused(f"{exc} ({self.profile.label} documents no FHIR R4 search of a practitioner's "
+                                 f"appointments; see docs/ehr-fhir.md)") from None
 
-    def check(self, npi: str | None, now: dt.datetime) -> list[dict]:
-        """`svc-auth ehr check` (`connectors.fhir.check`)."""
-        return ehr_check.check(self, npi, now)
+    def _read_patients(self, references: list[str], known: dict) -> None:
+        """Read the Patients an Appointment page named but did not include, `PATIENT_BATCH` at a
+        time (`Patient?_id=a,b,c`); an id the EHR does not return stays unknown (skipped, named)."""
+        ids = [r.split("/", 1)[1] for r in references if FHIR_ID.fullmatch(r.split("/", 1)[1])]
+        for first in range(0, len(ids), PATIENT_BATCH):
+            batch = ids[first:first + PATIENT_BATCH]
+            params = self.search({"_id": ",".join(batch), "_count": len(batch)})
+            for page in self.client.pages("Patient", params):
+                for entry in page.get("entry") or ():
+                    resource = entry.get("resource") if isinstance(entry, dict) else None
+                    if isinstance(resource, dict) and resource.get("resourceType") == "Patient" \
+                            and resource.get("id") in batch:
+                        known[f"Patient/{resource['id']}"] = resource
+
+    def check(self, npis, now: dt.datetime) -> list[dict]:
+        """`svc-auth ehr check` (`connectors.fhir.check`) for these NPIs (in order)."""
+        return ehr_check.check(self, npis, now)
 
     def fetch_chart(self, patient_id: str) -> Chart:
         """The patient's chart: the Patient, then its resources (`chart_resources`) spooled page by
@@ -63,12 +145,15 @@ class FhirConnector:
             resource = self.client.get(f"Patient/{patient_id}")
         except LookupError:
             raise PatientNotFound(f"No patient has id {patient_id!r} in this EHR.") from None
-        patient = patient_of(resource)
+        try:
+            patient = patient_of(resource)
+        except Unlisted as exc:
+            raise ConnectorError(f"Patient {patient_id} cannot be charted: {exc} in the EHR.") from None
         if patient.date_of_birth is None:
             raise ConnectorError(f"Patient {patient_id} has no birthDate in the EHR; a chart needs it.")
-        spool = ChartSpool(patient_id)
+        spool, omitted = ChartSpool(patient_id, self.client.base), []
         try:
-            for resource in self.chart_resources(patient_id):
+            for resource in self.chart_resources(patient_id, omitted):
                 spool.add(resource)
         except BaseException:
             spool.close()
@@ -79,11 +164,14 @@ class FhirConnector:
                      medications=spool.medications, allergies=spool.allergies,
                      encounter_source=lambda: spool.read("encounters"),
                      observation_source=lambda: spool.read("observations"),
-                     document_source=lambda: spool.read("documents"))
+                     document_source=lambda: spool.read("documents"), omitted=omitted)
 
-    def chart_resources(self, patient_id: str):
+    def chart_resources(self, patient_id: str, omitted: list | None = None):
         """The patient's chart resources, a page at a time: `$everything` where the EHR offers it,
-        else one search by patient per type of `CHART_TYPES`."""
+        else one search by patient per type of `CHART_TYPES` (Observation: one per category where
+        the profile says so). A type the EHR refuses is left out and named in `omitted`
+        (`{"resourceType", "reason"}`); when it refuses every type, the chart fails."""
+        omitted = [] if omitted is None else omitted
         if self.client.offers_everything():
             params = {"_type": ",".join(CHART_TYPES), "_count": PAGE_SIZE}
             pages = self.client.pages(f"Patient/{patient_id}/$everything", params)
@@ -99,12 +187,32 @@ class FhirConnector:
                         yield entry.get("resource") or {}
                 return
         of_patient = {"patient": f"Patient/{patient_id}", "_count": PAGE_SIZE}
+        refusals, searches = [], 0
         for resource_type in CHART_TYPES:
-            yield from self._all(resource_type, of_patient)
+            categories = self.profile.observation_categories if resource_type == "Observation" else ()
+            seen: set[str] = set()
+            for category in categories or (None,):
+                params = {**of_patient, "category": category} if category else of_patient
+                searches += 1
+                try:
+                    for resource in self._all(resource_type, params):
+                        if category:  # an observation of two categories comes twice
+                            if resource.get("id") in seen:
+                                continue
+                            seen.add(resource.get("id"))
+                        yield resource
+                except (LookupError, RequestRefused, AccessRefused) as exc:
+                    what = f"{resource_type}?category={category}" if category else resource_type
+                    reason = f"the EHR refused the search of {what}: {exc}"
+                    log.warning("chart of Patient %s in %s: %s; left out", patient_id, self.organization.id, reason)
+                    omitted.append({"resourceType": resource_type, "reason": reason[:500]})
+                    refusals.append(exc)
+        if refusals and len(refusals) == searches:
+            raise refusals[0]  # nothing could be read: a refused registration, not a type
 
     def _all(self, resource_type: str, params: dict):
         """The matches of a search of `resource_type`, following its pages lazily."""
-        for page in self.client.pages(resource_type, params):
+        for page in self.client.pages(resource_type, self.search(params)):
             for entry in page.get("entry") or ():
                 resource = entry.get("resource") or {}
                 mode = (entry.get("search") or {}).get("mode", "match")  # not an `include`d or `outcome` entry
@@ -143,6 +251,16 @@ def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnecto
         raise ConnectorError(f"Organization {organization.id} has no FHIR client id "
                              f"(svc-auth orgs update --org {organization.id} --fhir-client-id ID).")
     state = runtime.connector_state("fhir", FhirState)
+    profile = profile_named(getattr(organization, "fhir_profile", None))
+    chosen = getattr(organization, "fhir_scopes", "auto")
+
+    def scopes_for(configuration: dict) -> tuple[str, ...]:  # SMART v1 or v2: as set, else discovered
+        return scopes(chosen if chosen in ("v1", "v2") else scope_version(configuration, profile))
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
-                        runtime.ehr_keys, state.tokens, state.capabilities, bounds or Bounds.batch(runtime.settings))
-    return FhirConnector(organization, client)
+                        runtime.ehr_keys, state.tokens, state.capabilities, bounds or Bounds.batch(runtime.settings),
+                        scopes=scopes_for)
+    try:
+        extra = [tuple(p) for p in json.loads(getattr(organization, "fhir_search_params", None) or "[]")]
+    except ValueError:
+        extra = []
+    return FhirConnector(organization, client, profile, extra, state.practitioners)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from connectors.base import Appointment, Patient
+from connectors.base import LISTED_STATUSES, Appointment, Patient
 from connectors.fhir.spool import text_of
 from connectors.fhir.transport import relative_to_base
 
@@ -13,9 +13,6 @@ MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made 
 REFERENCE_KEYS = ("reference", "fullUrl", "url")
 EXTENSION_KEYS = ("extension", "modifierExtension")
 FOREIGN_DISPLAY = "A reference outside the clinic's EHR (removed)"
-LISTED_STATUSES = ("proposed", "pending", "booked", "arrived", "checked-in")
-"""FHIR Appointment statuses that are listed (the FHIR code is the API's `status`); `cancelled`,
-`noshow`, `entered-in-error`, `fulfilled` and `waitlist` are not."""
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -59,36 +56,87 @@ def _absolute(reference: str) -> bool:
     return reference.startswith("//") or (":" in head and not reference.lower().startswith("urn:"))
 
 
-def appointment_of(resource: dict, patients: dict) -> Appointment | None:
-    """Our Appointment for a FHIR Appointment (None when it is not listed or names no patient)."""
-    if resource.get("status") not in LISTED_STATUSES or not resource.get("start"):
+class Unlisted(ValueError):
+    """Why an appointment the EHR sent cannot be listed (its message is the night report's reason)."""
+
+
+def participants(resource: dict) -> list[dict]:
+    """The appointment's participants; `Unlisted` when one is not an object (a bare string...)."""
+    found = resource.get("participant") or []
+    if not isinstance(found, list) or not all(isinstance(p, dict) and isinstance(p.get("actor") or {}, dict)
+                                              for p in found):
+        raise Unlisted("malformed participant")
+    return found
+
+
+def patient_reference(resource: dict) -> str | None:
+    """`Patient/{id}` of the appointment's patient participant (None when none or malformed)."""
+    try:
+        found = participants(resource)
+    except Unlisted:
         return None
-    reference = next((p["actor"]["reference"] for p in resource.get("participant") or ()
-                      if str((p.get("actor") or {}).get("reference", "")).startswith("Patient/")), None)
+    return next((p["actor"]["reference"] for p in found if isinstance((p.get("actor") or {}).get("reference"), str)
+                 and p["actor"]["reference"].startswith("Patient/")), None)
+
+
+def appointment_of(resource: dict, patients: dict) -> Appointment | None:
+    """Our Appointment for a FHIR Appointment: None when its status is not listed; `Unlisted`
+    naming why when it should be listed and cannot be (no patient, an unparseable instant, an
+    impossible birthDate, a malformed participant...)."""
+    if resource.get("status") not in LISTED_STATUSES:
+        return None
+    if not isinstance(resource.get("id"), str) or not resource["id"]:
+        raise Unlisted("no id")
+    if not resource.get("start"):
+        raise Unlisted("no start")
+    start = _datetime(resource["start"], "start")
+    end = _datetime(resource.get("end") or resource["start"], "end")
+    found = participants(resource)
+    reference = patient_reference(resource)
+    if reference is None:
+        raise Unlisted("no patient participant")
     patient = patients.get(reference)
     if patient is None:
-        return None
+        raise Unlisted("patient not found in the EHR")
     if not patient.get("birthDate"):
-        log.warning("Patient %s has no birthDate: appointment %s is not listed", patient.get("id"), resource.get("id"))
-        return None
-    location = next(((p.get("actor") or {}).get("display", "") for p in resource.get("participant") or ()
+        raise Unlisted("patient has no birthDate")
+    location = next(((p.get("actor") or {}).get("display", "") for p in found
                      if str((p.get("actor") or {}).get("reference", "")).startswith("Location/")), "")
-    start = _datetime(resource["start"])
-    return Appointment(id=resource["id"], start=start, end=_datetime(resource.get("end") or resource["start"]),
-                       status=resource["status"], appointment_type=text_of(resource.get("appointmentType")),
-                       reason=text_of((resource.get("reasonCode") or [None])[0]) or resource.get("description", ""),
-                       location=location or "", patient=patient_of(patient))
+    return Appointment(id=resource["id"], start=start, end=end,
+                       status=resource["status"], appointment_type=text_of(_object(resource.get("appointmentType"))),
+                       reason=text_of(_object(next(iter(resource.get("reasonCode") if isinstance(resource.get("reasonCode"), list)
+                                                        else ()), None)))
+                       or _string(resource.get("description")),
+                       location=_string(location), patient=patient_of(patient))
 
 
 def patient_of(resource: dict) -> Patient:
-    name = next(iter(resource.get("name") or ()), {})
-    birth = resource.get("birthDate") or ""
-    return Patient(id=resource["id"], first_name=" ".join(name.get("given") or ()), last_name=name.get("family", ""),
-                   date_of_birth=dt.date.fromisoformat(birth) if len(birth) == 10 else None,
-                   sex=resource.get("gender", "unknown"))
+    """Our Patient for a FHIR Patient; `Unlisted` when its birthDate is not a real date."""
+    names = resource.get("name") if isinstance(resource.get("name"), list) else []
+    name = next((n for n in names if isinstance(n, dict)), {})
+    given = name.get("given") if isinstance(name.get("given"), list) else []
+    birth = resource.get("birthDate")
+    birth = birth if isinstance(birth, str) else ""
+    try:
+        born = dt.date.fromisoformat(birth) if len(birth) == 10 else None
+    except ValueError:
+        raise Unlisted("impossible birthDate") from None
+    return Patient(id=resource["id"], first_name=" ".join(g for g in given if isinstance(g, str)),
+                   last_name=_string(name.get("family")), date_of_birth=born, sex=_string(resource.get("gender")) or "unknown")
 
 
-def _datetime(text: str) -> dt.datetime:
-    """A FHIR instant as naive UTC."""
-    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+def _object(value) -> dict | None:
+    return value if isinstance(value, dict) else None
+
+
+def _string(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _datetime(text, field: str = "start") -> dt.datetime:
+    """A FHIR instant as naive UTC; `Unlisted` when it is not one."""
+    try:
+        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (AttributeError, TypeError, ValueError):
+        raise Unlisted(f"unparseable {field}") from None
     return value.astimezone(dt.timezone.utc).replace(tzinfo=None) if value.tzinfo else value

@@ -15,6 +15,7 @@ import logging
 import tempfile
 
 from connectors.base import Encounter
+from connectors.matching import day_of, in_compartment
 
 CHART_TYPES = ("Condition", "MedicationRequest", "AllergyIntolerance", "Encounter", "Observation", "DocumentReference")
 """The resource types a chart holds, in the order the search path reads them."""
@@ -26,8 +27,9 @@ log = logging.getLogger("svc_auth.connectors.fhir")
 class ChartSpool:
     """The chart entries of one patient's resources, fed by `add`, streamed back by `read`."""
 
-    def __init__(self, patient_id: str):
+    def __init__(self, patient_id: str, base: str | None = None):
         self.patient_id = patient_id
+        self.base = base  # the EHR's FHIR base: its absolute references are its own
         self.problems: list[dict] = []
         self.medications: list[dict] = []
         self.allergies: list[dict] = []
@@ -80,16 +82,15 @@ class ChartSpool:
         self.counts[kind] += 1
 
     def _of_patient(self, resource: dict) -> bool:
-        """Whether the resource's patient (`subject`, or `patient` for AllergyIntolerance) is this one
-        (`Patient/{id}`, absolute or versioned alike)."""
-        reference = str(((resource.get("subject") or resource.get("patient")) or {}).get("reference") or "")
-        return reference.split("/_history/")[0].split("/")[-2:] == ["Patient", self.patient_id]
+        """Whether the resource names this patient as its patient (`connectors.matching`:
+        `Patient/{id}`, versioned, or absolute under this EHR's base; never another server's)."""
+        return in_compartment(resource, self.patient_id, self.base)
 
 
 def problem_of(condition: dict) -> dict:
     coding = next(iter((condition.get("code") or {}).get("coding") or ()), {})
     return {"id": condition.get("id"), "code": coding.get("code", ""), "description": text_of(condition.get("code")),
-            "onset": str(condition.get("onsetDateTime") or condition.get("recordedDate") or "")[:10]}
+            "onset": day_of(condition)}
 
 
 def medication_of(request: dict) -> dict:
@@ -99,7 +100,7 @@ def medication_of(request: dict) -> dict:
             or (request.get("medicationReference") or {}).get("display", ""),
             "dose": f"{dose.get('value', '')} {dose.get('unit', '')}".strip() or dosage.get("text", ""),
             "frequency": dosage.get("text", "") if dose else (dosage.get("patientInstruction") or ""),
-            "started": str(request.get("authoredOn") or "")[:10], "status": request.get("status", "")}
+            "started": day_of(request), "status": request.get("status", "")}
 
 
 def allergy_of(allergy: dict) -> dict:
@@ -110,10 +111,9 @@ def allergy_of(allergy: dict) -> dict:
 
 
 def encounter_of(encounter: dict) -> Encounter:
-    started = str((encounter.get("period") or {}).get("start") or "")[:10]
     provider = next(((p.get("individual") or {}).get("display", "") for p in encounter.get("participant") or ()), "")
     kind = text_of(next(iter(encounter.get("type") or ()), None)) or (encounter.get("class") or {}).get("display", "")
-    return Encounter(date=_date(started), encounter_type=kind, provider=provider,
+    return Encounter(date=_date(day_of(encounter)), encounter_type=kind, provider=provider,
                      reason=text_of(next(iter(encounter.get("reasonCode") or ()), None)),
                      vitals={}, assessment="", plan="", id=str(encounter.get("id") or ""))
 
@@ -132,9 +132,7 @@ def observation_of(observation: dict) -> dict:
         else:
             value = "; ".join(f"{name} {v} {u}".strip() for (v, u), name in parts)
     coding = next(iter((observation.get("code") or {}).get("coding") or ()), {})
-    effective = (observation.get("effectiveDateTime") or observation.get("effectiveInstant")
-                 or (observation.get("effectivePeriod") or {}).get("start") or observation.get("issued") or "")
-    return {"id": observation.get("id"), "date": str(effective)[:10],
+    return {"id": observation.get("id"), "date": day_of(observation),
             "category": text_of(next(iter(observation.get("category") or ()), None)), "code": coding.get("code", ""),
             "name": text_of(observation.get("code")), "value": value, "unit": unit,
             "interpretation": text_of(next(iter(observation.get("interpretation") or ()), None))}
@@ -143,8 +141,7 @@ def observation_of(observation: dict) -> dict:
 def document_of(reference: dict) -> dict:
     """What a DocumentReference is (title, date, type), never its content (no `data`, no `url`)."""
     attachment = next((c.get("attachment") or {} for c in reference.get("content") or ()), {})
-    date = reference.get("date") or attachment.get("creation") or ((reference.get("context") or {}).get("period") or {}).get("start")
-    return {"id": reference.get("id"), "date": str(date or "")[:10],
+    return {"id": reference.get("id"), "date": day_of(reference),
             "title": attachment.get("title") or reference.get("description") or text_of(reference.get("type")),
             "type": text_of(reference.get("type")), "category": text_of(next(iter(reference.get("category") or ()), None)),
             "status": reference.get("status", ""), "content_type": attachment.get("contentType", "")}

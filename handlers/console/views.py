@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import peewee
 
+from connectors.fhir.profiles import profile_named
 from lifecycle.billing import billing_report, report_rows
 from models.application import Application, Installation
 from models.directory import Organization
@@ -23,7 +24,8 @@ def installations_view(runtime, app: Application) -> list[dict]:
     trial_started = {i.organization_id: i.trial_started_at for i in Installation.select(
         Installation.organization, Installation.trial_started_at).where(Installation.application == app.id)}
     organizations = organizations_of(app)
-    ehrs = {o.id: ehr_label(o) for o in Organization.select(Organization.id, Organization.ehr, Organization.ehr_url)
+    ehrs = {o.id: ehr_label(o) for o in Organization.select(Organization.id, Organization.ehr, Organization.ehr_url,
+                                                            Organization.fhir_profile)
             .where(Organization.id.in_([org["id"] for org in organizations]))}
     rows = []
     for org in organizations:
@@ -36,8 +38,10 @@ def installations_view(runtime, app: Application) -> list[dict]:
 
 def ehr_label(org: Organization) -> str:
     """Which EHR the clinic is on, as a partner developer reads it."""
-    if org.ehr == "fhir":
-        return f"FHIR R4 ({urlsplit(org.ehr_url).hostname or org.ehr_url})"
+    if org.ehr == "fhir":  # with its vendor profile, read-only (the operator sets it: orgs update --fhir-profile)
+        profile = profile_named(org.fhir_profile)
+        vendor = "" if profile.name == "generic" else f", {profile.label} profile"
+        return f"FHIR R4 ({urlsplit(org.ehr_url).hostname or org.ehr_url}{vendor})"
     return "Sandbox EHR" if org.ehr == "sandbox" else org.ehr
 
 

@@ -1,5 +1,5 @@
-"""`GET /v1/openapi.json` (the OpenAPI 3.1 document of the REST API and the OAuth endpoints) and
-`GET /v1/docs`, the same document as browsable documentation: Swagger UI, vendored under
+"""`GET /v1/openapi.json` (the OpenAPI 3.1 document of the REST API and the OAuth endpoints),
+`GET /v1/schemas/chart.json` (the JSON Schema of a chart ZIP's JSON) and `GET /v1/docs`, the same document as browsable documentation: Swagger UI, vendored under
 static/docs/swagger-ui/ (npm `swagger-ui-dist`, `make vendor-swagger-ui`), no CDN.
 """
 from __future__ import annotations
@@ -8,6 +8,7 @@ import tornado.escape
 
 from handlers.base import BaseHandler
 from partner_api.openapi import openapi_document
+from workers.chart_schema import CHART_SCHEMA_JSON
 
 # Only this origin: the page loads the vendored assets and the document, and sends nothing
 # elsewhere. Swagger UI styles some elements inline; it needs no inline script.
@@ -19,6 +20,16 @@ class OpenApiHandler(BaseHandler):
     async def get(self):
         self.set_header("Access-Control-Allow-Origin", "*")
         self.write_json(openapi_document(self.svc_settings.public_url))
+
+
+class ChartSchemaHandler(BaseHandler):
+    """`GET /v1/schemas/chart.json`: the chart JSON's schema (no token; the same for a day)."""
+
+    async def get(self):
+        self.set_header("Access-Control-Allow-Origin", "*")
+        self.set_header("Content-Type", "application/schema+json")
+        self.set_header("Cache-Control", "public, max-age=86400")
+        self.finish(CHART_SCHEMA_JSON)
 
 
 class DocsHandler(BaseHandler):
@@ -48,4 +59,5 @@ class DocsHandler(BaseHandler):
 
 
 def routes(runtime) -> list:
-    return [(r"/v1/openapi.json", OpenApiHandler), (r"/v1/docs", DocsHandler)]
+    return [(r"/v1/openapi.json", OpenApiHandler), (r"/v1/docs", DocsHandler),
+            (r"/v1/schemas/chart.json", ChartSchemaHandler)]

@@ -9,9 +9,11 @@
 // CapabilityStatement of what it serves, and $everything as the patient compartment (Medplum's
 // own compartmentdefinition-patient.json) searched with the repository's real search, paged.
 //
-//   node fhir_ehr.mjs --port P [--open]        prints "ready <base>" once listening
+//   node fhir_ehr.mjs --port P [--open] [--vendor oracle|epic|athena]   prints "ready <base>" once listening
+// (the vendor may also be given as FHIR_EHR_VENDOR; its documented behaviours: vendors.mjs)
 import http from 'node:http';
 import crypto from 'node:crypto';
+import { VENDORS, neededScope, vendorOffersEverything, vendorRequest, vendorScopes, vendorSmart } from './vendors.mjs';
 
 globalThis.WebSocket ??= class WebSocket {};  // Node 20: @medplum/core touches it at import
 
@@ -24,6 +26,8 @@ const { default: Provider } = await import('oidc-provider');
 const args = process.argv.slice(2);
 const port = Number(args[args.indexOf('--port') + 1]);
 const open = args.includes('--open');
+const vendor = args.includes('--vendor') ? args[args.indexOf('--vendor') + 1] : (process.env.FHIR_EHR_VENDOR || '');
+if (vendor && !VENDORS.includes(vendor)) throw new Error(`unknown vendor ${vendor}: one of ${VENDORS.join(', ')}`);
 const origin = `http://127.0.0.1:${port}`;
 const base = `${origin}/fhir/R4`;
 
@@ -49,7 +53,7 @@ function makeProvider() {
     features: { clientCredentials: { enabled: true }, devInteractions: { enabled: false } },
     clientAuthMethods: ['private_key_jwt'],
     enabledJWA: { clientAuthSigningAlgValues: ['RS384', 'ES384'] },
-    scopes: SCOPES,
+    scopes: vendor ? vendorScopes(vendor) : SCOPES,
     ttl: { ClientCredentials: Number(process.env.EHR_TOKEN_TTL || 300) },
     // svc-auth's jwks_uri is on loopback in the tests: the documented `fetch` hook lets the
     // provider reach it (its default refuses special-use addresses, as a real EHR should).
@@ -68,11 +72,14 @@ let fault = null;
 const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0, metadata: 0, pages: {} };
 // /admin/capabilities {everything: false} hides and refuses the operation; {everything: "listed"}
 // lists it in the CapabilityStatement but refuses it (as EHRs that list what a client may not use).
-let offerEverything = true;
-let serveEverything = true;
+let offerEverything = vendorOffersEverything(vendor);
+let serveEverything = offerEverything;
 let liveTokens = new Set();    // tokens used so far; /admin/expire expires them (401 from then on)
 let expiredTokens = new Set();
 let compartments = new Map();  // $everything's matches per patient, until the next seed or reset
+// /admin/hostile {appointments: [...]}: resources no FHIR server would store (an unparseable start,
+// a bare-string participant), added as matches to the first page of every Appointment search.
+let hostile = [];
 
 const SERVED = ['Patient', 'Practitioner', 'Appointment', 'Encounter', 'Condition', 'Observation',
   'MedicationRequest', 'AllergyIntolerance', 'DocumentReference'];
@@ -137,7 +144,7 @@ async function admin(req, res, path) {
     return send(res, 200, { created: created.map((r) => `${r.resourceType}/${r.id}`) }, 'application/json');
   }
   if (path === '/admin/reset') {
-    repo.clear(); compartments = new Map(); offerEverything = true; serveEverything = true;
+    repo.clear(); compartments = new Map(); hostile = []; offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
     stats.pages = {}; stats.metadata = 0;
     return send(res, 200, {}, 'application/json');
   }
@@ -146,6 +153,7 @@ async function admin(req, res, path) {
     serveEverything = body.everything === true || body.everything === undefined;
     return send(res, 200, {}, 'application/json');
   }
+  if (path === '/admin/hostile') { hostile = body.appointments || []; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/expire') { for (const jti of liveTokens) expiredTokens.add(jti); liveTokens = new Set(); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/client') {  // {client_id, jwks_uri}: register svc-auth (replaces any earlier)
     clients = [{ client_id: body.client_id, token_endpoint_auth_method: 'private_key_jwt',
@@ -165,14 +173,15 @@ async function admin(req, res, path) {
   return send(res, 404, {}, 'application/json');
 }
 
+// false, or the token's granted scope ('*' on an open server)
 async function authorized(req) {
-  if (open) return true;
+  if (open) return '*';
   const header = req.headers.authorization || '';
   if (!header.startsWith('Bearer ')) return false;
   const token = await provider.ClientCredentials.find(header.slice(7));
   if (!token || token.isExpired || expiredTokens.has(token.jti)) return false;
   liveTokens.add(token.jti);
-  return clients.some((c) => c.client_id === token.clientId);
+  return clients.some((c) => c.client_id === token.clientId) && (token.scope || ' ');
 }
 
 const outcome = (code, text) => ({ resourceType: 'OperationOutcome', issue: [{ severity: 'error', code, details: { text } }] });
@@ -221,27 +230,44 @@ async function fhir(req, res, url) {
   if (pathname === '/.well-known/smart-configuration') {
     return send(res, 200, { token_endpoint: `${origin}/oauth/token`, grant_types_supported: ['client_credentials'],
       token_endpoint_auth_methods_supported: ['private_key_jwt'], token_endpoint_auth_signing_alg_values_supported: ['RS384', 'ES384'],
-      scopes_supported: SCOPES, capabilities: ['client-confidential-asymmetric', 'permission-v2'] }, 'application/json');
+      scopes_supported: SCOPES, capabilities: ['client-confidential-asymmetric', 'permission-v2'], ...(vendor ? vendorSmart(vendor) : {}) }, 'application/json');
   }
   if (pathname === '/metadata') {  // public, as FHIR servers serve it
     stats.metadata += 1;
     return send(res, 200, capabilityStatement());
   }
-  if (!(await authorized(req))) {
+  const granted = await authorized(req);
+  if (!granted) {
     res.setHeader('WWW-Authenticate', 'Bearer realm="fhir"');
     return send(res, 401, outcome('login', 'Unauthorized'));
   }
   const query = {};
   for (const [k, v] of url.searchParams) query[k] = k in query ? [].concat(query[k], v) : v;
+  let served = url.search;  // what Medplum searches (paging links keep what the client sent)
+  if (vendor) {  // the vendor's scopes and search rules (vendors.mjs)
+    const type = pathname.split('/')[1];
+    const needed = neededScope(vendor, type);
+    if (needed && granted !== '*' && !granted.split(' ').includes(needed)) {
+      return send(res, 403, outcome('forbidden', `The access token lacks the ${needed} scope.`));
+    }
+    const refused = vendorRequest(vendor, type, pathname, query);
+    if (refused) return send(res, refused[0], refused[1], refused[2]);
+    const search = new URLSearchParams();
+    for (const [k, v] of Object.entries(query)) for (const one of [].concat(v)) search.append(k, one);
+    served = search.toString() ? `?${search}` : '';
+  }
   const body = req.method === 'GET' ? undefined : JSON.parse((await readBody(req)) || 'null');
   try {
     const [oc, resource] = await router.handleRequest(
-      { method: req.method, url: pathname + url.search, params: {}, query, body,
+      { method: req.method, url: pathname + served, params: {}, query, body,
         config: { searchOnReader: false } }, repo);
     if (resource && resource.resourceType === 'Bundle' && resource.type === 'searchset') {
       const kind = pathname.endsWith('/$everything') ? 'Patient/$everything' : pathname.slice(1);
       stats.pages[kind] = (stats.pages[kind] ?? 0) + 1;
       await completeSearchset(resource, url, pathname, query);
+      if (kind === 'Appointment' && hostile.length && !query._offset) {
+        resource.entry = [...(resource.entry ?? []), ...hostile.map((r) => ({ resource: r, search: { mode: 'match' } }))];
+      }
     }
     return send(res, getStatus(oc), resource ?? oc);
   } catch (err) {

@@ -1,0 +1,264 @@
+"""Clinics on EHRs that behave as their vendors document (tests/js/vendors.mjs: Oracle Health
+Millennium, Epic, athenahealth), each connected with its profile: the night (`snapshot run`),
+a chart and `ehr check` against each, and a hostile EHR's values (issue 28 item 4) skipped,
+counted and named without breaking the night or the hub."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import urllib.request
+
+import pytest
+from fhir_support import (
+    CLIENT_ID,
+    appointment,
+    chart_record,
+    cli,
+    connect_clinic,
+    patient,
+    practitioner,
+    start_fhir_ehr,
+)
+
+from connectors import ResourceQuery, connector_for
+from lifecycle.applications import install_application
+from lifecycle.hub import upcoming_appointments
+from lifecycle.users import create_user
+from lifecycle.verification import record_platform_verification
+from models.directory import Organization, User
+from workers.chart_archive import write_chart_json
+from workers.snapshot import night_window
+
+pytestmark = pytest.mark.slow
+PRACTICE = "Organization/a-1.Practice-195900"   # the test EHR's athena practice (FHIR_EHR_PRACTICE)
+
+
+def _ehr(vendor: str):
+    ehr = start_fhir_ehr("--vendor", vendor)
+    yield ehr
+    ehr.proc.terminate()
+    ehr.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def oracle_ehr():
+    yield from _ehr("oracle")
+
+
+@pytest.fixture(scope="module")
+def epic_ehr():
+    yield from _ehr("epic")
+
+
+@pytest.fixture(scope="module")
+def athena_ehr():
+    yield from _ehr("athena")
+
+
+def clinic_night(runtime, world, ehr, live, *flags: str):
+    """A clinic on `ehr` (connected with `flags`), a physician in the hub the night's afternoon and a
+    second whose NPI the EHR lacks; the night, its window's start and the physician."""
+    settings = runtime.settings
+    org_id = connect_clinic(settings, ehr, f"{live}/ehr/jwks.json", "Vendor Clinic", *flags)
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@vendor.example", "Ana", "Lopez", "alopez", "1417000001")
+    create_user(org_id, "zed@vendor.example", "Zed", "Unknown", "zunknown", "1417000993")
+    night = runtime.clock.now().date() + dt.timedelta(days=30)
+    start, _ = night_window(settings, night)
+    runtime.clock.offset = 0.0
+    runtime.clock.advance((start - dt.timedelta(hours=10) - runtime.clock.now()).total_seconds())
+    record_platform_verification(runtime, world.app, ana)
+    return org_id, night, start, ana
+
+
+def schedule(ana, start) -> list[dict]:
+    day = dt.timedelta(days=1)
+    return [practitioner("pr-ana", ana.npi, "Lopez", "Ana"), practitioner("pr-x", "1417000035", "Other", "Xavier"),
+            patient("pt-1", "Doe", "Jane", "1970-01-02", "female"), patient("pt-2", "Roe", "Rick", "1955-06-30", "male"),
+            appointment("a-booked", "pr-ana", "pt-1", start + day + dt.timedelta(hours=12)),
+            appointment("a-arrived", "pr-ana", "pt-2", start + 2 * day, status="arrived"),
+            appointment("a-proposed", "pr-ana", "pt-2", start + 3 * day, status="proposed"),
+            appointment("a-cancelled", "pr-ana", "pt-1", start + 3 * day, status="cancelled"),
+            appointment("x-booked", "pr-x", "pt-1", start + 2 * day)]
+
+
+def night_of(settings, night) -> tuple[int, dict]:
+    done = cli(settings, "snapshot", "run", "--date", night.isoformat(), "--json")
+    return done.returncode, {**json.loads(done.stdout), "stderr": done.stderr}
+
+
+def snapshot_ids(org_id: str) -> list[str]:
+    from models.appointments import Snapshot, SnapshotAppointment
+    snapshot = Snapshot.latest_complete(org_id)
+    return sorted(a.ehr_appointment_id for a in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot))
+
+
+def ehr_check(settings, org_id: str, *flags: str) -> tuple[int, dict]:
+    done = cli(settings, "ehr", "check", "--org", org_id, *flags, "--json")
+    return done.returncode, json.loads(done.stdout)
+
+
+def chart_json(runtime, org_id: str, patient_id: str, tmp_path) -> dict:
+    """The chart ZIP's JSON for this patient, as the chart worker writes it."""
+    chart = connector_for(runtime, Organization.get_by_id(org_id)).fetch_chart(patient_id)
+    path = tmp_path / "chart.json"
+    write_chart_json(chart, "req_test", str(path))
+    return json.loads(path.read_text())
+
+
+def test_oracle_millennium_no_include_proposed_via_date_or_req_period_v1_scopes_and_id_alone(
+        runtime, world, live, oracle_ehr, tmp_path):
+    settings = runtime.settings
+    org_id, night, start, ana = clinic_night(runtime, world, oracle_ehr, live, "--fhir-profile", "oracle")
+    oracle_ehr.seed(*schedule(ana, start), patient("pt-7", "Doe", "Jane", "1970-01-02", "female"),
+                    *chart_record("pt-7", encounters=3, observations=2, documents=1))
+
+    code, report = night_of(settings, night)
+    assert code == 0 and org_id in report["built"], report
+    # Patients read by _id (no _include on Millennium), proposed through -date-or-req-period.
+    assert snapshot_ids(org_id) == ["a-arrived", "a-booked", "a-proposed"]
+    assert report["skipped"] == {}
+    assert oracle_ehr.stats()["pages"]["Patient"] >= 1
+
+    code, verdict = ehr_check(settings, org_id)
+    assert code == 0 and verdict["ok"], verdict
+    token = next(s for s in verdict["steps"] if s["step"] == "token")
+    assert "system/Appointment.read" in token["detail"]          # v1 scopes, discovered
+    found = next(s for s in verdict["steps"] if s["step"] == "practitioner")
+    assert found["npis"] == {"known": {"1417000001": "Practitioner/pr-ana"}, "unknown": ["1417000993"]}
+    code, verdict = ehr_check(settings, org_id, "--npi", "1417000993")
+    assert code == 1 and "1417000993" in verdict["steps"][-1]["detail"] and verdict["steps"][-1]["step"] == "practitioner"
+
+    chart = chart_json(runtime, org_id, "pt-7", tmp_path)
+    assert chart["omitted"] == [] and len(chart["encounters"]) == 3 and len(chart["observations"]) == 4
+    # The platform API's search by id: `_id` alone, as Millennium requires (no `_count`).
+    found = connector_for(runtime, Organization.get_by_id(org_id)).search_resources(ResourceQuery("Patient", ids=("pt-7",)))
+    assert [r["id"] for r in found] == ["pt-7"]
+
+    # Millennium takes an uploaded key set (System Account Management): the CLI prints ours.
+    printed = json.loads(cli(settings, "ehr", "jwks").stdout)
+    with urllib.request.urlopen(f"{live}/ehr/jwks.json", timeout=30) as served:
+        assert printed == json.loads(served.read()) and all("d" not in k for k in printed["keys"])
+
+    # Asking v2 scopes of a v1-only EHR: a token with no scope, every read refused, said so.
+    assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-scopes", "v2").returncode == 0
+    code, verdict = ehr_check(settings, org_id)
+    assert code == 1 and "system/Practitioner.read" in verdict["steps"][-1]["detail"]
+
+
+def test_epic_observations_by_category_and_no_schedule_search(runtime, world, live, epic_ehr, tmp_path):
+    settings = runtime.settings
+    org_id, night, start, ana = clinic_night(runtime, world, epic_ehr, live, "--fhir-profile", "epic")
+    epic_ehr.seed(*schedule(ana, start), patient("pt-7", "Doe", "Jane", "1970-01-02", "female"),
+                  *chart_record("pt-7", encounters=2, observations=3, documents=1))
+
+    # Epic documents no FHIR R4 search of a provider's schedule: the night fails, naming its answer.
+    code, report = night_of(settings, night)
+    assert code == 1, report
+    failure = report["organizations"][org_id]
+    assert failure.startswith("failed: ") and "practitioner search parameter is not supported" in failure
+    assert "Epic documents no FHIR R4 search" in failure
+    code, verdict = ehr_check(settings, org_id)
+    assert code == 1 and [s["step"] for s in verdict["steps"]] == ["discovery", "token", "practitioner", "appointments"]
+    assert verdict["steps"][2]["ok"] and not verdict["steps"][3]["ok"]
+    assert "not supported" in verdict["steps"][3]["detail"]
+
+    # Observations one search per category: the whole chart, nothing omitted.
+    chart = chart_json(runtime, org_id, "pt-7", tmp_path)
+    assert chart["omitted"] == []
+    assert sorted(o["id"] for o in chart["observations"]) == ["obs-0000", "obs-0001", "obs-0002", "obs-a1c", "obs-bp"]
+    assert epic_ehr.stats()["pages"]["Observation"] >= 2
+
+    # Without the profile the Observation search is refused: left out and named, the rest charted.
+    assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-profile", "generic").returncode == 0
+    chart = chart_json(runtime, org_id, "pt-7", tmp_path)
+    assert [o["resourceType"] for o in chart["omitted"]] == ["Observation"]
+    assert "category or code parameter is required" in chart["omitted"][0]["reason"]
+    assert chart["observations"] == [] and len(chart["encounters"]) == 2 and len(chart["problems"]) == 2
+
+
+def test_athena_practice_parameter_on_every_search_and_its_error_body(runtime, world, live, athena_ehr, tmp_path):
+    settings = runtime.settings
+    missing = cli(settings, "orgs", "create", "--name", "No practice", "--ehr", "fhir", "--fhir-base-url",
+                  athena_ehr.base, "--fhir-client-id", CLIENT_ID, "--fhir-profile", "athena")
+    assert missing.returncode == 2 and "ah-practice" in missing.stderr
+    for bad in ("ah-practice", "ah-practice=a&b=c", "_count=5", "patient=Patient/x", "Ah=1", "x=" + "y" * 300):
+        refused = cli(settings, "orgs", "create", "--name", "Bad", "--ehr", "fhir", "--fhir-base-url", athena_ehr.base,
+                      "--fhir-client-id", CLIENT_ID, "--fhir-search-param", bad)
+        assert refused.returncode == 2 and "search" in refused.stderr.lower(), (bad, refused.stderr)
+    org_id, night, start, ana = clinic_night(runtime, world, athena_ehr, live, "--fhir-profile", "athena",
+                                             "--fhir-search-param", f"ah-practice={PRACTICE}")
+    shown = json.loads(cli(settings, "orgs", "show", "--org", org_id, "--json").stdout)
+    assert shown["fhir_profile"] == "athena" and shown["fhir_search_params"] == [f"ah-practice={PRACTICE}"]
+    athena_ehr.seed(*schedule(ana, start), patient("pt-7", "Doe", "Jane", "1970-01-02", "female"),
+                    *chart_record("pt-7", encounters=2, observations=1, documents=1))
+
+    code, report = night_of(settings, night)
+    assert code == 0 and org_id in report["built"], report
+    assert snapshot_ids(org_id) == ["a-arrived", "a-booked", "a-proposed"]
+    code, verdict = ehr_check(settings, org_id)
+    assert code == 0 and verdict["ok"], verdict
+    chart = chart_json(runtime, org_id, "pt-7", tmp_path)
+    assert chart["omitted"] == [] and len(chart["observations"]) == 3 and len(chart["documents"]) == 1
+
+    # Another practice's id: athena's own JSON error is named, not "no details".
+    assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-search-param",
+               "ah-practice=Organization/a-1.Practice-1").returncode == 0
+    runtime.clock.advance(dt.timedelta(days=1).total_seconds())
+    record_platform_verification(runtime, world.app, ana)      # in the hub the next night too
+    code, report = night_of(settings, night + dt.timedelta(days=1))
+    assert code == 1 and "Could not determine what practice the request was for" in report["organizations"][org_id]
+    assert "Could not determine what practice" in report["stderr"]      # the ERROR line names it too
+    code, verdict = ehr_check(settings, org_id)
+    assert code == 1 and "Could not determine what practice" in verdict["steps"][-1]["detail"]
+
+
+def test_hostile_values_are_skipped_counted_and_named_in_the_night_and_the_hub(runtime, world, live, oracle_ehr):
+    """Issue 28 item 4: an unparseable start, an impossible birthDate and a bare-string participant."""
+    settings = runtime.settings
+    org_id, night, start, ana = clinic_night(runtime, world, oracle_ehr, live, "--fhir-profile", "oracle")
+    soon = start + dt.timedelta(days=1)
+    oracle_ehr.seed(*schedule(ana, start), {**patient("pt-bad", "Bad", "Date", "1970-01-02", "other"),
+                                            "birthDate": "2023-02-30"},
+                    appointment("a-impossible-birth", "pr-ana", "pt-bad", soon + dt.timedelta(hours=2)))
+    unparseable = {**appointment("a-unparseable", "pr-ana", "pt-1", soon), "start": "2026-12-26T99:00:00Z"}
+    bare = appointment("a-bare-participant", "pr-ana", "pt-1", soon)
+    bare["participant"] = [bare["participant"][0], "Patient/pt-1"]
+    oracle_ehr.hostile(unparseable, bare)
+
+    code, report = night_of(settings, night)
+    assert code == 0 and org_id in report["built"], report
+    assert snapshot_ids(org_id) == ["a-arrived", "a-booked", "a-proposed"]
+    assert report["skipped"][org_id] == {
+        "impossible birthDate": {"count": 1, "appointments": ["a-impossible-birth"]},
+        "malformed participant": {"count": 1, "appointments": ["a-bare-participant"]},
+        "unparseable start": {"count": 1, "appointments": ["a-unparseable"]}}
+    assert "3 appointments the EHR sent were left out" in report["stderr"]
+
+    # The hub page's list of the physician's appointments survives the same answers.
+    runtime.clock.advance((start - runtime.clock.now()).total_seconds())
+    rows, error = upcoming_appointments(runtime, User.with_organization(ana.id))
+    assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-2", "pt-2"]
+
+
+def test_migration_2651_gives_an_older_schema_the_profile_columns(runtime):
+    """A database made before the vendor profiles gains them on migrate (existing clinics: generic, auto, none)."""
+    import peewee
+    from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
+    from playhouse.migrate import migrate as run
+
+    from lifecycle.organizations import create_organization
+    from models.appointments import Snapshot
+    from models.schema import SchemaVersion
+    db = runtime.db
+    org = create_organization("Before profiles", "fhir", "https://ehr.example/fhir/R4", fhir_client_id="x")
+    migrator = SqliteMigrator(db) if isinstance(db, peewee.SqliteDatabase) else PostgresqlMigrator(db)
+    run(migrator.drop_column("organization", "fhir_profile"), migrator.drop_column("organization", "fhir_scopes"),
+        migrator.drop_column("organization", "fhir_search_params"), migrator.drop_column("snapshot", "skipped"))
+    SchemaVersion.delete().where(SchemaVersion.version.in_([2651, 2652])).execute()
+    done = " ".join(runtime.migrate())
+    assert "migration 2651" in done and "migration 2652" in done
+    assert {"fhir_profile", "fhir_scopes", "fhir_search_params"} <= {c.name for c in db.get_columns("organization")}
+    assert "skipped" in {c.name for c in db.get_columns(Snapshot._meta.table_name)}
+    again = Organization.get_by_id(org.id)
+    assert (again.fhir_profile, again.fhir_scopes, again.fhir_search_params) == ("generic", "auto", "[]")

@@ -1,0 +1,145 @@
+"""One vocabulary whatever the clinic's EHR (CONTRACTS, "One vocabulary for every EHR"), over HTTP
+on both databases: `fhirUser` resolves with the launch's own access token on a sandbox clinic and on
+a FHIR clinic (the Medplum-based test EHR), appointment statuses are FHIR AppointmentStatus codes,
+and the chart JSON validates against the schema served at `GET /v1/schemas/chart.json` (a FHIR
+clinic's chart and night: tests/test_fhir_connector.py)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+from jose import jwt
+
+from chart_support import chart_schema_validator, open_archive, wait_until_not_pending
+from connectors import APPOINTMENT_STATUSES, ResourceQuery, connector_for
+from connectors.sessions import touch_session
+from fhir_api_support import Fhir
+from fhir_support import connect_clinic, fhir_ehr, practitioner  # noqa: F401 (fhir_ehr: a fixture)
+from lifecycle.applications import install_application, set_smart_scopes
+from lifecycle.users import create_user, update_user
+from lifecycle.verification import record_platform_verification
+from models.appointments import SnapshotAppointment
+from rest_helpers import partner_headers
+from smart_support import launch_tokens
+from workers.snapshot import build_snapshot, night_window
+
+FHIR_USER_SCOPE = "launch openid fhirUser user/Practitioner.rs"
+NIGHT = dt.date(2030, 3, 4)  # a Monday
+
+
+@pytest.fixture
+def smart_world(runtime, world):
+    """`world` with an app that declares fhirUser and may read Practitioners (set before `live` starts)."""
+    set_smart_scopes(runtime, world.app.id, FHIR_USER_SCOPE)
+    return world
+
+
+def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(smart_world, runtime, live):
+    world = smart_world
+    tokens = launch_tokens(live, runtime, world.physician, world.app, world.secret, FHIR_USER_SCOPE)
+    fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
+    assert fhir_user == f"{live}/fhir/r4/{world.org.id}/Practitioner/{world.physician.id}"
+    status, _, practitioner = Fhir(live, world.org.id, tokens["access_token"]).get(fhir_user)
+    assert status == 200 and practitioner["resourceType"] == "Practitioner", practitioner
+    assert practitioner["identifier"] == [{"system": "http://hl7.org/fhir/sid/us-npi", "value": world.physician.npi}]
+    # A user the EHR has no Practitioner for (no NPI) gets no fhirUser rather than a dangling one.
+    tokens = launch_tokens(live, runtime, world.staff, world.app, world.secret, FHIR_USER_SCOPE)
+    assert tokens["scope"] == "openid launch fhirUser user/Practitioner.rs"
+    assert "fhirUser" not in jwt.get_unverified_claims(tokens["id_token"])
+
+
+def test_the_chart_schema_is_served_without_a_token_and_is_cacheable(live):
+    from js_support import http
+    status, headers, body = http("GET", f"{live}/v1/schemas/chart.json")
+    assert status == 200 and headers["Content-Type"] == "application/schema+json", headers
+    assert "max-age=" in headers["Cache-Control"] and headers.get("Etag"), headers
+    schema = json.loads(body)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert "omitted" in schema["properties"] and "omitted" not in schema["required"]
+    status, _, _ = http("GET", f"{live}/v1/schemas/chart.json", None, {"If-None-Match": headers["Etag"]})
+    assert status == 304
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_a_sandbox_chart_has_the_one_shape_and_its_vitals_are_observations(api, runtime, world):
+    validator = await chart_schema_validator(api)
+    connector = connector_for(runtime, world.org)
+    patient = connector.panel()[5].id
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests",
+                                        {"svc_organization_id": world.org.id, "patient_id": patient}, headers=headers)
+    assert status == 202, created
+    request_id = created["request_id"]
+    assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
+    _, _, link = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}", headers=headers)
+    from chart_support import fetch_zip
+    response = await fetch_zip(api, link["download_url"], runtime)
+    text, chart = open_archive(response.body, request_id, world.app.id)
+    errors = [error.message for error in validator.iter_errors(chart)]
+    assert not errors, errors
+    # The vitals are observations, with the ids the sandbox's FHIR API serves; encounters carry none.
+    assert chart["encounters"] and all("vitals" not in e for e in chart["encounters"])
+    served = {o["id"]: o for o in connector.search_resources(ResourceQuery("Observation", patient=patient, count=1000))}
+    assert {o["id"] for o in chart["observations"]} == set(served)
+    heart = next(o for o in chart["observations"] if o["code"] == "8867-4")
+    assert heart["category"] == "Vital Signs" and heart["unit"] == "/min" and heart["value"].isdigit()
+    assert str(served[heart["id"]]["valueQuantity"]["value"]) == heart["value"]
+    assert {e["id"] for e in chart["encounters"]} == {
+        r["id"] for r in connector.search_resources(ResourceQuery("Encounter", patient=patient, count=1000))}
+    flat = text.replace("\n", " ")
+    assert f"Heart rate: {heart['value']} /min" in flat and "Vitals:" not in flat  # the PDF follows
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_every_appointment_status_of_a_sandbox_clinic_is_a_fhir_code(api, runtime, world):
+    start = night_window(runtime.settings, NIGHT)[0]
+    runtime.clock.offset = 0.0
+    runtime.clock.advance((start - dt.timedelta(hours=6) - runtime.clock.now()).total_seconds())
+    record_platform_verification(runtime, world.app, world.physician)
+    touch_session(runtime, world.physician)
+    snapshot = build_snapshot(runtime, world.org.id, NIGHT)
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, page = await api.call("GET", f"/v1/appointments/{world.org.id}?limit=50", headers=headers)
+    assert status == 200 and page["total"] > 0, page   # (the OpenAPI contract checks each against its enum too)
+    assert {a["status"] for a in page["appointments"]} <= set(APPOINTMENT_STATUSES)
+    # What the sandbox's FHIR API serves, and what a snapshot built before statuses were FHIR codes holds.
+    connector = connector_for(runtime, world.org)
+    served = list(connector.search_resources(ResourceQuery("Appointment", count=1000)))
+    assert served and {a["status"] for a in served} <= set(APPOINTMENT_STATUSES)
+    (SnapshotAppointment.update(status="confirmed")
+     .where(SnapshotAppointment.snapshot == snapshot.id).execute())
+    _, _, page = await api.call("GET", f"/v1/appointments/{world.org.id}?limit=5", headers=headers)
+    assert [a["status"] for a in page["appointments"]] == ["booked"] * len(page["appointments"])
+
+
+
+# -- a FHIR clinic (the Medplum-based test EHR) ---------------------------------------------------
+
+ANA_NPI, BEN_NPI, UNKNOWN_NPI = "1417000043", "1417000019", "1417000050"
+
+
+@pytest.mark.slow
+def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(smart_world, runtime, live, fhir_ehr):  # noqa: F811
+    world = smart_world
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="fhirUser Clinic")
+    fhir_ehr.seed(practitioner("pr-ana", ANA_NPI, "Lopez", "Ana"), practitioner("pr-ben", BEN_NPI, "Okafor", "Ben"))
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@fhir-user.example", "Ana", "Lopez", "alopez", ANA_NPI)
+    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, FHIR_USER_SCOPE)
+    fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
+    assert fhir_user == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ana"     # the EHR's, not svc-auth's user id
+    status, _, body = Fhir(live, org_id, tokens["access_token"]).get(fhir_user)
+    assert status == 200 and body["resourceType"] == "Practitioner" and body["id"] == "pr-ana", body
+    assert {"system": "http://hl7.org/fhir/sid/us-npi", "value": ANA_NPI} in body["identifier"]
+    # Cached per process by NPI: another launch asks the EHR nothing; a changed NPI is looked up anew.
+    searches = fhir_ehr.stats()["pages"].get("Practitioner", 0)
+    launch_tokens(live, runtime, ana, world.app, world.secret, FHIR_USER_SCOPE)
+    assert fhir_ehr.stats()["pages"].get("Practitioner", 0) == searches
+    update_user(ana.id, npi=BEN_NPI)
+    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, FHIR_USER_SCOPE)
+    assert jwt.get_unverified_claims(tokens["id_token"])["fhirUser"] == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ben"
+    # An NPI the EHR does not know: no fhirUser rather than one that would be a 404.
+    zed = create_user(org_id, "zed@fhir-user.example", "Zed", "Unknown", "zunknown", UNKNOWN_NPI)
+    tokens = launch_tokens(live, runtime, zed, world.app, world.secret, FHIR_USER_SCOPE)
+    assert "fhirUser" in tokens["scope"].split() and "fhirUser" not in jwt.get_unverified_claims(tokens["id_token"])
