@@ -34,7 +34,7 @@ class Bounds:
     operation_deadline: float | None = None
 
     @classmethod
-    def interactive(cls, settings) -> "Bounds":
+    def interactive(cls, settings) -> Bounds:
         """A person waits (the FHIR API's proxied reads and searches, the hub page): the whole call,
         every page of a search included, ends within `SVC_EHR_INTERACTIVE_DEADLINE`."""
         deadline = float(settings.ehr_interactive_deadline)
@@ -43,14 +43,14 @@ class Bounds:
                    max_pages=settings.ehr_interactive_max_pages, max_retry_after=min(2.0, deadline), attempts=3)
 
     @classmethod
-    def check(cls, settings) -> "Bounds":
+    def check(cls, settings) -> Bounds:
         """`svc-auth ehr check`: each step within the interactive deadline, one page per search."""
         deadline = float(settings.ehr_interactive_deadline)
         return cls("check", connect=min(3.0, deadline), request_deadline=deadline, max_bytes=settings.ehr_interactive_max_bytes,
                    max_pages=1, max_retry_after=min(2.0, deadline), attempts=3)
 
     @classmethod
-    def batch(cls, settings) -> "Bounds":
+    def batch(cls, settings) -> Bounds:
         """The nightly snapshot and chart builds: each request within `SVC_EHR_BATCH_DEADLINE`, each
         search within `SVC_EHR_BATCH_MAX_PAGES` pages."""
         deadline = float(settings.ehr_batch_deadline)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -114,7 +113,7 @@ def observation(base: str, foreign: bool = False) -> dict:
     if foreign:
         found["subject"] = {"reference": f"{FOREIGN}/Patient/pt-1"}
         found["performer"] = [{"reference": f"{FOREIGN}/Practitioner/x"},
-                              {"reference": f"//attacker.example/fhir/Practitioner/y", "display": "Dr. Y"},
+                              {"reference": "//attacker.example/fhir/Practitioner/y", "display": "Dr. Y"},
                               {"reference": f"{base}/Practitioner/pr-1"}]
         found["derivedFrom"] = [{"reference": "http://127.0.0.1:1/fhir/R4/Observation/z"}]
     return found
@@ -157,7 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self.send_json(404, outcome("error"))
         self.send_json(200, {"access_token": TOKEN, "token_type": "Bearer", "expires_in": 300})
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         self.ehr.record(self.path, self.headers.get("Authorization"))
         parts = urlsplit(self.path)
         if parts.path == f"{BASE_PATH}/.well-known/smart-configuration":

@@ -17,10 +17,10 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from conftest import ROOT, free_port, settings_env, start_process, stop_process
 from fhir_api_support import mint
 from hostile_ehr import NPI, TOKEN, HostileEhr
+
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
@@ -151,7 +151,7 @@ def test_a_next_link_or_redirect_outside_the_base_is_refused_before_any_request(
     assert status == 200 and [e["resource"]["id"] for e in body["entry"]] == ["obs-1"], body   # the control
     hostile.calm()
     hostile.attack(attack, on="Observation")
-    status, body, seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
     assert_outcome(status, body, 502, "exception")
     assert "127.0.0.1" not in json.dumps(body) and "localhost" not in json.dumps(body)
     assert len(hostile.requests()) == 1, hostile.requests()    # the first page only: the way out was not taken
@@ -182,14 +182,14 @@ def test_svc_auth_s_bearer_token_never_leaves_the_base_of_a_smart_backend_clinic
 
 def test_a_next_link_repeated_forever_ends_the_search(clinic, hostile):
     hostile.attack("next-same", on="Observation")
-    status, body, seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
     assert_outcome(status, body, 502, "exception")
     assert len(hostile.requests()) == 2, hostile.requests()    # the first page, then the loop once
 
 
 def test_endless_pages_end_the_search_at_its_page_limit(clinic, hostile):
     hostile.attack("next-endless", on="Observation")
-    status, body, seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
     assert_outcome(status, body, 502, "exception")
     assert len(hostile.requests()) == 20, len(hostile.requests())   # SVC_EHR_INTERACTIVE_MAX_PAGES
 
@@ -208,7 +208,7 @@ def test_an_endless_body_on_a_read_is_cut_at_the_size_limit_and_serve_stays_smal
     before = peak_rss(proc.pid)
     hostile.attack("endless-body", on="Patient")
     for _ in range(3):
-        status, body, seconds, _ = fhir(clinic, "/Patient/pt-1")
+        status, body, _seconds, _ = fhir(clinic, "/Patient/pt-1")
         assert_outcome(status, body, 502, "exception")
     status, body, _, _ = fhir(clinic, "/Appointment?patient=pt-1")
     assert status == 200, body                                           # the rest of the EHR still served
@@ -228,7 +228,7 @@ def test_a_slow_drip_hits_the_deadline_not_a_timeout_per_byte(clinic, hostile):
 
 def test_a_long_retry_after_is_not_waited_by_an_app_s_read(clinic, hostile):
     hostile.attack("retry-after", on="Patient")
-    status, body, seconds, headers = fhir(clinic, "/Patient/pt-1")
+    status, body, _seconds, headers = fhir(clinic, "/Patient/pt-1")
     assert_outcome(status, body, 503, "transient")
     assert headers["Retry-After"] == "5" and len(hostile.requests()) == 1, hostile.requests()
 
@@ -305,6 +305,7 @@ def test_ehr_check_names_the_failure_within_its_deadline(runtime, clinic, hostil
                            timeout=INTERACTIVE_DEADLINE + 3 * MARGIN)
     verdict = json.loads(done.stdout)
     assert done.returncode == 1 and not verdict["ok"], verdict
+    assert seconds <= INTERACTIVE_DEADLINE + 3 * MARGIN, seconds    # one step's deadline, and a process's start
     failed = verdict["steps"][-1]
     assert failed["step"] == "practitioner" and not failed["ok"], verdict
     assert {"drip": "deadline", "endless-body": "max_bytes", "outcome-200": "error"}[attack] in failed["detail"], failed
@@ -337,7 +338,7 @@ def test_the_night_fails_loudly_for_the_attacked_clinic_and_the_others_go_on(run
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["organizations"][org_id] == 1, report                # the control
     hostile.attack(attack, on="Appointment")
-    done, seconds, peak = cli(runtime.settings, "snapshot", "run", "--date", night.isoformat(), "--json",
+    done, _seconds, peak = cli(runtime.settings, "snapshot", "run", "--date", night.isoformat(), "--json",
                               timeout=SNAPSHOT_SECONDS)
     report = json.loads(done.stdout)
     assert done.returncode == 1, report

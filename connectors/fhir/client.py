@@ -12,8 +12,13 @@ from urllib.parse import urlencode, urlsplit
 import urllib3
 from jose import jwt
 
-from connectors.base import (BoundExceeded, ConnectorError, ConnectorUnavailable, DeadlineExceeded,
-                             EhrReportedError)
+from connectors.base import (
+    BoundExceeded,
+    ConnectorError,
+    ConnectorUnavailable,
+    DeadlineExceeded,
+    EhrReportedError,
+)
 from connectors.bounds import Bounds
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
