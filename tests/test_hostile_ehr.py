@@ -256,7 +256,7 @@ def test_references_to_a_foreign_host_never_reach_the_app(clinic, hostile):
     hostile.attack("foreign-refs", on="Observation")
     hostile.attack("foreign-refs", on="Patient")
     _, read, _, _ = fhir(clinic, "/Observation/obs-1")
-    _, searched, _, _ = fhir(clinic, "/Observation?patient=pt-1")
+    _, searched, _, _ = fhir(clinic, "/Observation")   # (by patient, it matches nothing: its subject is not pt-1)
     _, person, _, _ = fhir(clinic, "/Patient/pt-1")
     for answer in (read, searched, person):
         text = json.dumps(answer)
