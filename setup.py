@@ -42,6 +42,9 @@ setup(
         "prometheus-client==0.26.0",
         "argon2-cffi==25.1.0",  # developer-console passwords: Argon2id, a maintained password hash
         "pyotp==2.12.0",  # the console's optional TOTP second factor (RFC 6238)
+        # HTTP to clinics' EHRs (connectors/fhir/transport.py): streamed bodies (`read1`) and a
+        # deadline watchdog (`HTTPResponse.shutdown`, 2.3+); the version boto3 already brought in.
+        "urllib3==2.8.0",
     ],
     extras_require={
         "test": [

@@ -26,7 +26,7 @@ def register(commands) -> None:
 
 
 def _check(runtime, args) -> int:
-    from connectors import connector_for
+    from connectors import Bounds, connector_for
     org_id = args.org or args.org_positional
     if not org_id:
         raise UsageError("give the organization: svc-auth ehr check --org ORG")
@@ -41,7 +41,7 @@ def _check(runtime, args) -> int:
     else:  # every physician of the clinic, in a stable order
         npis = [u.npi for u in User.select(User.npi).where(
             (User.organization == org.id) & User.npi.is_null(False) & (User.npi != "")).order_by(User.npi, User.id)]
-    steps = connector_for(runtime, org).check(npis, runtime.clock.now())
+    steps = connector_for(runtime, org, Bounds.check(runtime.settings)).check(npis, runtime.clock.now())
     ok = len(steps) == 4 and all(s["ok"] for s in steps)
     if args.json:
         print(json.dumps({"ok": ok, "steps": steps}))

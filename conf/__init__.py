@@ -53,7 +53,7 @@ def _seconds(name: str, value: str) -> int:
         number = int(value)
     except ValueError:
         unit = ("bytes" if name.endswith("_BYTES") else "milliseconds" if name.endswith("_MS")
-                else "days" if name.endswith("_DAYS") else "seconds")
+                else "days" if name.endswith("_DAYS") else "pages" if name.endswith("_PAGES") else "seconds")
         raise ConfigError(f"{name} must be a whole number of {unit}, got {value!r}") from None
     if number <= 0:
         raise ConfigError(f"{name} must be positive, got {value!r}")
@@ -176,6 +176,16 @@ class Settings:
     # Threads per serve process that run blocking work (database, S3, queue) off the IOLoop.
     db_threads: int = 8
     connector_session_ttl: int = 24 * 3600
+    # Bounds on calls to a clinic's EHR (connectors/bounds.py; docs/security.md). Interactive: the
+    # FHIR API's proxied reads and searches and the hub page, each call whole within the deadline
+    # (seconds, every request, retry and page included), bodies up to MAX_BYTES, searches up to
+    # MAX_PAGES pages. Batch: the night and chart builds, each request within its deadline.
+    ehr_interactive_deadline: int = 10
+    ehr_interactive_max_bytes: int = 4 * 1024 * 1024
+    ehr_interactive_max_pages: int = 20
+    ehr_batch_deadline: int = 120
+    ehr_batch_max_bytes: int = 32 * 1024 * 1024
+    ehr_batch_max_pages: int = 1000
     # Developer console: a session unused for this long is signed out.
     console_idle_timeout: int = 30 * 60
     # Console sign-in: failures allowed per account and per source address in a window, "COUNT/SECONDS".
@@ -235,7 +245,10 @@ class Settings:
                      "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "disclosure_retention_days"):
+                     "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "disclosure_retention_days",
+                     "ehr_interactive_deadline",
+                     "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
+                     "ehr_batch_max_bytes", "ehr_batch_max_pages"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         try:
             merged["fhir_ehr_concurrency"] = int(merged["fhir_ehr_concurrency"])

@@ -19,7 +19,10 @@ For the platform FHIR API (`/fhir/r4/{org}`, SMART apps), a connector also answe
   search syntax outside a connector), an iterator in a stable order.
 
 Errors: raise `ConnectorUnavailable` for anything worth retrying (timeouts, 5xx, maintenance);
-`PatientNotFound` / `ConnectorError` for permanent failures, which are not retried.
+`PatientNotFound` / `ConnectorError` for permanent failures, which are not retried;
+`BoundExceeded` (`DeadlineExceeded` for time) when the EHR pushed a request past the caller's
+`Bounds` (`connectors.bounds`: `connect(runtime, organization, bounds)`); `EhrReportedError` when
+the EHR answered an error OperationOutcome.
 """
 from __future__ import annotations
 
@@ -27,9 +30,10 @@ import logging
 from types import MappingProxyType
 
 from connectors import fhir, sandbox
-from connectors.base import (APPOINTMENT_STATUSES, LISTED_STATUSES, Appointment, Chart, Connector,  # noqa: F401
-                             ConnectorError, ConnectorUnavailable, Encounter, Patient, PatientNotFound, Provider,
-                             ResourceNotFound, ResourceQuery, Skipped)
+from connectors.base import (APPOINTMENT_STATUSES, LISTED_STATUSES, Appointment, BoundExceeded, Chart,  # noqa: F401
+                             Connector, ConnectorError, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
+                             Encounter, Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery, Skipped)
+from connectors.bounds import Bounds  # noqa: F401
 from models.directory import Organization, User
 
 log = logging.getLogger("svc_auth.connectors")
@@ -38,14 +42,15 @@ CONNECTORS = MappingProxyType({"sandbox": sandbox.connect, "fhir": fhir.connect}
 """Each EHR's `connect(runtime, organization) -> Connector`, by the name an organization's `ehr` field holds."""
 
 
-def connector_for(runtime, organization, recorder=None) -> Connector:
-    """The connector of the organization's EHR. `recorder`: the disclosure audit's callback
+def connector_for(runtime, organization, bounds: Bounds | None = None, recorder=None) -> Connector:
+    """The connector of the organization's EHR, held to the caller's `bounds` (default: the batch
+    bounds of the night and chart builds). `recorder`: the disclosure audit's callback
     (`audit.disclosures.ehr_recorder`), which the connector calls once per request to its EHR
     (once per call on the sandbox): `recorder(outcome, resource_type, resource_ids, patients, query)`."""
     connect = CONNECTORS.get(organization.ehr or "")
     if connect is None:
         raise ConnectorError(f"No connector for EHR {organization.ehr!r}.")
-    connector = connect(runtime, organization)
+    connector = connect(runtime, organization, bounds or Bounds.batch(runtime.settings))
     if recorder is not None:
         connector.recorder = recorder
     return connector
@@ -60,7 +65,7 @@ def practitioner_of(runtime, organization_id: str, user_id: str) -> str | None:
     if user is None or organization is None or not user.npi:
         return None
     try:
-        connector = connector_for(runtime, organization)
+        connector = connector_for(runtime, organization, Bounds.interactive(runtime.settings))  # a token waits
         return connector.user_practitioner(Provider(user_id=user.id, npi=user.npi, name=user.display_name,
                                                     ehr_username=user.ehr_username))
     except ConnectorError as exc:

@@ -15,6 +15,25 @@ class ConnectorUnavailable(ConnectorError):
     """The EHR did not answer (timeout, outage): the task is retried with backoff."""
 
 
+class BoundExceeded(ConnectorError):
+    """The EHR made a request go past one of the caller's `Bounds` (its size, its pages, a repeated
+    or foreign `next` link, a redirect): the FHIR API answers 502, the night fails for the clinic.
+    `bound` names it (`max_bytes`, `max_pages`, `repeated_next`, `outside_base`, `redirect`...)."""
+
+    def __init__(self, bound: str, message: str):
+        super().__init__(f"{message} [bound: {bound}]")
+        self.bound = bound
+
+
+class DeadlineExceeded(BoundExceeded):
+    """The EHR did not answer within the caller's deadline (retries included): the FHIR API answers 504."""
+
+
+class EhrReportedError(ConnectorError):
+    """The EHR answered an OperationOutcome of severity `error` or `fatal` where a resource or a
+    searchset belongs: a failure (502 in the FHIR API), never an empty result."""
+
+
 class PatientNotFound(ConnectorError):
     """The EHR has no such patient in this organization."""
 

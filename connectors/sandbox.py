@@ -253,5 +253,6 @@ def _date(rng: random.Random) -> dt.date:
     return HISTORY_START + dt.timedelta(days=rng.randrange(0, 3000))
 
 
-def connect(runtime, organization) -> SandboxConnector:
+def connect(runtime, organization, bounds=None) -> SandboxConnector:
+    """The generator has no network to bound: `bounds` is not used."""
     return SandboxConnector(organization.id, organization.name, organization.ehr_url, clock=runtime.clock)

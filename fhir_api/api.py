@@ -1,9 +1,12 @@
 """Read and search through the clinic's connector, within what the caller may see.
 
-Blocking (database, the EHR): handlers await these on the runtime pool. A connector that is down
-answers 503 with Retry-After; a permanent connector failure (the EHR refusing svc-auth: a revoked
-registration, a refused request) 502; a missing resource 404. The connector's own words (the EHR's
-host, svc-auth's client id there) go to the log for the operator, never to the app.
+Blocking (database, the EHR): handlers await these on the runtime pool. The connector is held to
+`Bounds.interactive` (the whole call within `SVC_EHR_INTERACTIVE_DEADLINE`). A connector that is
+down answers 503 with Retry-After; the EHR past the deadline 504; past another bound (size, pages,
+a repeated or foreign `next`, a redirect) 502; an error OperationOutcome from the EHR 502; a
+permanent connector failure (the EHR refusing svc-auth: a revoked registration, a refused request)
+502; a missing resource 404. The connector's own words (the EHR's host, svc-auth's client id there)
+go to the log for the operator, never to the app.
 """
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import dataclasses
 import itertools
 import logging
 
-from connectors import ConnectorError, ConnectorUnavailable, PatientNotFound, ResourceNotFound, connector_for
+from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
+                        PatientNotFound, ResourceNotFound, connector_for)
 from connectors.matching import matches as resource_matches
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, grant_for, in_compartment
@@ -43,19 +47,39 @@ def _connector(runtime, caller: Caller):
         organization = Organization.get_or_none(Organization.id == caller.organization_id)
     if organization is None:
         raise FhirError(404, "not-found", "No such FHIR base.")
-    return connector_for(runtime, organization)
+    return connector_for(runtime, organization, Bounds.interactive(runtime.settings))
 
 
-def _unavailable(organization_id: str, exc: ConnectorUnavailable) -> FhirError:
-    log.warning("FHIR API: the EHR of %s is unavailable: %s", organization_id, exc)
-    return FhirError(503, "transient", "The clinic's EHR is unavailable; try again later.",
-                     {"Retry-After": str(RETRY_AFTER_SECONDS)})
-
-
-def _failed(organization_id: str, exc: ConnectorError) -> FhirError:
+def _failure(organization_id: str, exc: ConnectorError) -> FhirError:
+    """The app's answer to a connector failure (its details logged for the operator)."""
+    if isinstance(exc, ConnectorUnavailable):
+        log.warning("FHIR API: the EHR of %s is unavailable: %s", organization_id, exc)
+        return FhirError(503, "transient", "The clinic's EHR is unavailable; try again later.",
+                         {"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if isinstance(exc, DeadlineExceeded):
+        log.warning("FHIR API: the EHR of %s did not answer in time: %s", organization_id, exc)
+        return FhirError(504, "timeout", "The clinic's EHR did not answer in time.")
+    if isinstance(exc, BoundExceeded):
+        log.error("FHIR API: the EHR of %s went past a bound (%s): %s", organization_id, exc.bound, exc)
+        return FhirError(502, "exception", "The clinic's EHR answered beyond what svc-auth accepts (too large, too "
+                                           "many pages, or a link outside the clinic's FHIR base).")
+    if isinstance(exc, EhrReportedError):
+        log.error("FHIR API: the EHR of %s reported an error: %s", organization_id, exc)
+        return FhirError(502, "exception", "The clinic's EHR reported an error.")
     log.error("FHIR API: the EHR of %s failed for good: %s", organization_id, exc)
     return FhirError(502, "exception", "The clinic's EHR refused svc-auth's request (not worth retrying): the "
                                        "clinic's administrator must check svc-auth's access to its EHR.")
+
+
+def _counted(matches, total: int) -> int | None:
+    """`total` plus the matches after the page, or None past `TOTAL_SCAN_LIMIT` or when counting
+    them would take the EHR past a bound (the page itself is whole: it is served without a total)."""
+    try:
+        rest = sum(1 for _ in itertools.islice(matches, TOTAL_SCAN_LIMIT + 1))
+    except BoundExceeded as exc:
+        log.warning("FHIR API: the total was left out: %s", exc)
+        return None
+    return None if rest > TOTAL_SCAN_LIMIT else total + rest
 
 
 def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
@@ -66,10 +90,8 @@ def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
         resource = _connector(runtime, caller).read_resource(resource_type, ident)
     except (ResourceNotFound, PatientNotFound):
         raise not_found(resource_type, ident) from None
-    except ConnectorUnavailable as exc:
-        raise _unavailable(caller.organization_id, exc) from None
     except ConnectorError as exc:
-        raise _failed(caller.organization_id, exc) from None
+        raise _failure(caller.organization_id, exc) from None
     if resource.get("resourceType") != resource_type or resource.get("id") != ident:
         raise not_found(resource_type, ident)
     if grant.patient is not None and not in_compartment(resource, grant.patient):
@@ -103,13 +125,10 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         more = len(page) > query.count
         total = query.offset + len(page)
         if more:
-            rest = sum(1 for _ in itertools.islice(matches, TOTAL_SCAN_LIMIT + 1))
-            total = None if rest > TOTAL_SCAN_LIMIT else total + rest
+            total = _counted(matches, total)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
-    except ConnectorUnavailable as exc:
-        raise _unavailable(caller.organization_id, exc) from None
     except ConnectorError as exc:
-        raise _failed(caller.organization_id, exc) from None
+        raise _failure(caller.organization_id, exc) from None
     next_url = search_url(base, resource_type, args, _count=query.count, _offset=query.offset + query.count) if more else None
     return searchset(base, page[:query.count], total, self_url, next_url)

@@ -32,7 +32,8 @@ from ratelimit import RateLimiterUnavailable
 from models.ids import is_id
 
 _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: "not-found", 405: "not-supported",
-                           406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient"})
+                           406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient",
+                           504: "timeout"})
 LIMITER_RETRY_AFTER = 5   # seconds: the rate limiter's store (Redis) is unreachable
 EHR_BUSY_RETRY_AFTER = 2  # seconds: every slot of the clinic's EHR is in use in this process
 EXPOSED_HEADERS = "WWW-Authenticate, Retry-After, RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset"

@@ -11,7 +11,7 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
-from connectors import ConnectorError, Provider, connector_for
+from connectors import Bounds, ConnectorError, Provider, connector_for
 from connectors.sessions import touch_session
 from lifecycle.activation import may_open
 from models.application import Application, Installation
@@ -77,14 +77,15 @@ class HubAppointment:
 
 def upcoming_appointments(runtime, user: User) -> tuple[list[HubAppointment], str | None]:
     """The physician's appointments from now to `APPOINTMENT_DAYS` ahead, read from the clinic's
-    connector, and None; or no rows and what went wrong (the hub still opens apps without them).
+    connector within `Bounds.interactive` (the page answers within `SVC_EHR_INTERACTIVE_DEADLINE`),
+    and None; or no rows and what went wrong (the hub still opens apps without them).
     A user without an NPI is not a physician: no appointments."""
     if not user.npi:
         return [], None
     now = runtime.clock.now().replace(tzinfo=None)
     provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
     try:
-        found = connector_for(runtime, user.organization).fetch_appointments(
+        found = connector_for(runtime, user.organization, Bounds.interactive(runtime.settings)).fetch_appointments(
             provider, now, now + dt.timedelta(days=APPOINTMENT_DAYS))
         rows = sorted(itertools.islice(found, 2000), key=lambda a: a.start)[:APPOINTMENT_ROWS]
     except ConnectorError as exc:

@@ -268,8 +268,9 @@ def settings_env(settings: Settings, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
     for name in ("issuer", "public_url", "database_url", "redis_url", "s3_endpoint_url", "s3_bucket",
                  "claims_namespace", "redis_namespace", "demo_application_id", "sync_window", "var_dir", "keys_dir",
-                 "objects_dir", "hmac_key"):
-        value = getattr(settings, name)
+                 "objects_dir", "hmac_key", "ehr_interactive_deadline", "ehr_interactive_max_bytes",
+                 "ehr_interactive_max_pages", "ehr_batch_deadline", "ehr_batch_max_bytes", "ehr_batch_max_pages"):
+        value = getattr(settings, name, None)
         if value:
             env["SVC_" + name.upper()] = str(value)
     env["SVC_SANDBOX"] = "on" if settings.sandbox else "off"

@@ -32,6 +32,9 @@ def test_environment_and_dotenv(tmp_path):
     ({"SVC_ACCESS_TOKEN_TTL": "-5"}, "SVC_ACCESS_TOKEN_TTL"),
     ({"SVC_S3_ENDPOINT_URL": "http://127.0.0.1:9000"}, "SVC_S3_BUCKET"),
     ({"SVC_REST_ALLOWED_NETWORKS": "10.0.0.0/8,banana"}, "SVC_REST_ALLOWED_NETWORKS"),
+    ({"SVC_EHR_INTERACTIVE_DEADLINE": "0"}, "SVC_EHR_INTERACTIVE_DEADLINE"),
+    ({"SVC_EHR_BATCH_MAX_PAGES": "many"}, "SVC_EHR_BATCH_MAX_PAGES"),
+    ({"SVC_EHR_BATCH_MAX_BYTES": "-1"}, "SVC_EHR_BATCH_MAX_BYTES"),
 ])
 def test_bad_values_are_refused_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=name):

@@ -108,7 +108,8 @@ def test_reads_and_searches_answer_what_the_ehr_holds_with_the_platforms_urls(cl
     # The EHR's absolute references come out relative to the platform's base.
     assert fhir.ok("/Observation/obs-abs")["subject"] == {"reference": "Patient/pt-a"}
     assert fhir.ok("/Encounter/enc-b")["participant"][0]["individual"] == {"reference": "Practitioner/pr-ben"}
-    assert fhir.ok("/Observation/obs-foreign")["subject"] == {"reference": f"{FOREIGN}/Patient/pt-a"}  # kept
+    # Another server's reference is removed (docs/fhir-api.md, "References"): never a URL to a host we did not choose.
+    assert fhir.ok("/Observation/obs-foreign")["subject"] == {"display": "A reference outside the clinic's EHR (removed)"}
 
     # Unknown ids (and an id of another type): 404 OperationOutcomes.
     for path in ("/Patient/pt-zzz", "/Observation/pt-a", "/Appointment/nope"):

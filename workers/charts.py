@@ -20,7 +20,7 @@ import tempfile
 from dramatiq.middleware import CurrentMessage
 
 from audit.disclosures import ehr_recorder
-from connectors import ConnectorError, ConnectorUnavailable, connector_for
+from connectors import Bounds, ConnectorError, ConnectorUnavailable, connector_for
 from connectors.sandbox import SandboxConnector, patient_panel
 from models.charts import ChartRequest
 from workers.tasks import task
@@ -57,7 +57,8 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
     with chart_lease_keeper(runtime, request_id, owner):
         recorder = ehr_recorder(runtime, request.organization_id, request.application_id,
                                 request.application.client_id)
-        chart = connector_for(runtime, request.organization, recorder).fetch_chart(request.patient_id)
+        chart = connector_for(runtime, request.organization, Bounds.batch(runtime.settings),
+                              recorder).fetch_chart(request.patient_id)
         key = chart_key(request_id)
         store = runtime.object_store
         with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:

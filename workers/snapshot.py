@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import peewee
 
 from audit.disclosures import ehr_recorder
-from connectors import ConnectorError, ConnectorUnavailable, Provider, connector_for
+from connectors import Bounds, ConnectorError, ConnectorUnavailable, Provider, connector_for
 from connectors.sessions import active_during
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
@@ -118,7 +118,8 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     `BuildInProgress` when another builder is building the same night right now."""
     settings, db = runtime.settings, runtime.db
     organization = Organization.get_by_id(organization_id)
-    connector = connector_for(runtime, organization, ehr_recorder(runtime, organization_id))
+    connector = connector_for(runtime, organization, Bounds.batch(settings),  # a bound hit fails the night
+                              ehr_recorder(runtime, organization_id))
     window_start, _ = night_window(settings, night)
     providers = eligible_providers(settings, organization_id, night)
     snapshot = claim_build(runtime, organization_id, night)

@@ -34,14 +34,21 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
   chart type the EHR refuses is named in the chart's `omitted`.
 - **Errors**: 401/403 and an OperationOutcome `login`/`forbidden` are permanent
   (`ConnectorError`, saying what to fix); 429, 5xx, timeouts and refused connections are retried
-  with backoff, honouring `Retry-After`, then raised as `ConnectorUnavailable` (the task retries).
+  with backoff, honouring `Retry-After` up to a cap, then raised as `ConnectorUnavailable` (the
+  task retries). An OperationOutcome of severity error/fatal where a resource or searchset belongs
+  is `EhrReportedError`, never an empty result.
+- **Bounds** (`connectors.bounds.Bounds`, chosen by the caller; `transport`): every request under a
+  wall-clock deadline (retries and body included), a streamed body up to a size, searches up to a
+  number of pages and never the same `next` twice, nothing outside the configured base path, no
+  redirect followed; past one, `BoundExceeded` (`DeadlineExceeded`) naming it.
 """
 from __future__ import annotations
 
 from connectors.fhir.client import ATTEMPTS, SCOPES, AccessRefused, RequestRefused  # noqa: F401
 from connectors.fhir.connector import FhirConnector, connect  # noqa: F401
 
-# The modules, by concern: `client` (transport, SMART Backend Services, paging), `cache` (what the
+# The modules, by concern: `transport` (the one door: bounds, the base), `client` (SMART Backend
+# Services, reads, paging), `cache` (what the
 # connector keeps per process), `capability` (the CapabilityStatement), `query` (FHIR search syntax),
 # `mapping` (resources as the interface's records; references), `spool` (a chart's resources),
 # `check` (`svc-auth ehr check`), `profiles` (vendor rules, scopes), `connector` (the interface).

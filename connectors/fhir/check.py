@@ -42,7 +42,7 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
     def practitioner():
         if not npis:
             params = connector.search({"_count": 1})
-            entries = connector.client.get("Practitioner", params).get("entry") or ()
+            entries = connector.client.search("Practitioner", params).get("entry") or ()
             first = next((e["resource"]["id"] for e in entries), None)
             if first:
                 known[""] = f"Practitioner/{first}"
@@ -75,7 +75,7 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
         else:
             params = connector.search({connector.profile.appointment_date: f"ge{instant(now)}", "_count": 1})
         try:
-            bundle = connector.client.get("Appointment", params)
+            bundle = connector.client.search("Appointment", params)
         except ConnectorError as exc:
             if connector.profile.schedule_search:
                 raise

@@ -1,5 +1,6 @@
-"""HTTP to one FHIR base: the SMART Backend Services token, JSON reads with retries, paging and the
-CapabilityStatement verdict. Knows transport and authentication, not what is searched."""
+"""HTTP to one FHIR base: the SMART Backend Services token, JSON reads, paging and the
+CapabilityStatement verdict. Knows authentication, not what is searched; every request goes through
+`connectors.fhir.transport` under the caller's `Bounds` (retries, deadlines, sizes, the base)."""
 from __future__ import annotations
 
 import json
@@ -12,20 +13,26 @@ from urllib.parse import unquote, urlencode, urlsplit
 import urllib3
 from jose import jwt
 
-from connectors.base import ConnectorError, ConnectorUnavailable
+from connectors.base import (
+    BoundExceeded,
+    ConnectorError,
+    ConnectorUnavailable,
+    DeadlineExceeded,
+    EhrReportedError,
+)
+from connectors.bounds import Bounds
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
+from connectors.fhir.transport import Transport
 
 SCOPES = ("system/Practitioner.rs", "system/Appointment.rs", "system/Patient.rs", "system/Encounter.rs",
           "system/Condition.rs", "system/Observation.rs", "system/MedicationRequest.rs",
           "system/AllergyIntolerance.rs", "system/DocumentReference.rs")
 ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most 5 minutes)
 CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict is cached
-ATTEMPTS = 4                     # per request, for 429, 5xx, timeouts and refused connections
-BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
-MAX_RETRY_AFTER_SECONDS = 30.0   # a longer Retry-After ends the attempts: the task retries later
-TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
+ATTEMPTS = 4                     # per request in the background (`Bounds.batch`), for 429, 5xx, timeouts
 PERMANENT_ISSUES = ("login", "forbidden", "security")
+FAILED_SEVERITIES = ("error", "fatal")
 ERROR_EXCERPT_CHARS = 300        # how much of an EHR's error body a message keeps
 
 log = logging.getLogger("svc_auth.connectors.fhir")
@@ -44,15 +51,15 @@ class FhirClient:
     """HTTP to one FHIR base: discovery, the backend-services token, JSON reads with retries."""
 
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
-                 capabilities: ExpiringCache, http: urllib3.PoolManager | None = None, sleep=time.sleep,
-                 scopes=None):
-        """`scopes(smart_configuration) -> scopes to ask`: the profile's and discovery's choice
-        (`connectors.fhir.profiles`); by default `SCOPES`."""
+                 capabilities: ExpiringCache, bounds: Bounds, http: urllib3.PoolManager | None = None,
+                 sleep=time.sleep, scopes=None):
+        """`bounds`: the caller's (`connectors.bounds`); `scopes(smart_configuration) -> scopes to
+        ask`: the profile's and discovery's choice (`connectors.fhir.profiles`); by default `SCOPES`."""
         self.base = base_url.rstrip("/")
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
         self.capabilities = capabilities
-        self.http = http or urllib3.PoolManager(timeout=TIMEOUT, retries=False)
-        self.sleep = sleep
+        self.bounds = bounds
+        self.transport = Transport(self.base, bounds, http=http, sleep=sleep)
         self._token_endpoint: str | None = None
         self._scopes_for = scopes or (lambda configuration: SCOPES)
         self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for
@@ -104,12 +111,13 @@ class FhirClient:
 
     # -- FHIR reads ---------------------------------------------------------------------------
     def get(self, path_or_url: str, params: dict | None = None) -> dict:
-        """GET a FHIR JSON resource (a relative path or an absolute `next` link of this server)."""
-        url = path_or_url if path_or_url.startswith(("http://", "https://")) else f"{self.base}/{path_or_url}"
+        """GET a FHIR JSON resource (a relative path or an absolute `next` link of this server; a URL
+        outside the base is refused before any request). An OperationOutcome of severity error or
+        fatal, whatever the status, is `EhrReportedError`."""
+        url = path_or_url if "://" in path_or_url else f"{self.base}/{path_or_url}"
         if params:
             url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
-        if urlsplit(url).netloc != urlsplit(self.base).netloc:
-            raise ConnectorError(f"The EHR sent a link to another server ({urlsplit(url).netloc}); not followed.")
+        self.transport.confine(url)
         try:
             body = self._get(url)
         except (ConnectorError, LookupError):
@@ -153,17 +161,35 @@ class FhirClient:
             raise LookupError(_issue_text(body))
         if status != 200 or not isinstance(body, dict):
             raise RequestRefused(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {_issue_text(body)}")
+        if body.get("resourceType") == "OperationOutcome" and _failed(body):
+            raise EhrReportedError(f"The EHR answered an error to {urlsplit(url).path}: {_issue_text(body)}")
         return body
 
-    def pages(self, resource_type: str, params: dict):
-        """A search's Bundles, one page at a time, along their `next` links."""
+    def search(self, resource_type: str, params: dict) -> dict:
+        """A search's first page, a Bundle checked as `pages` checks each (no `next` followed)."""
         bundle = self.get(resource_type, params)
-        while True:
+        _searchset(bundle, resource_type)
+        return bundle
+
+    def pages(self, resource_type: str, params: dict):
+        """A search's Bundles, one page at a time, along their `next` links: at most the bounds'
+        `max_pages`, each `next` inside the base and never one already followed. A page that is not
+        a Bundle, or that carries an `outcome` entry of severity error or fatal, is `EhrReportedError`."""
+        bundle, seen = self.get(resource_type, params), set()
+        for number in range(1, self.bounds.max_pages + 1):
+            _searchset(bundle, resource_type)
             yield bundle
-            following = next((link.get("url") for link in bundle.get("link") or () if link.get("relation") == "next"),
-                             None)
+            following = next((link.get("url") for link in bundle.get("link") or ()
+                              if isinstance(link, dict) and link.get("relation") == "next"), None)
             if not following:
                 return
+            if number == self.bounds.max_pages:
+                raise BoundExceeded("max_pages", f"A search of {resource_type} at {self.base} went past the "
+                                                 f"{self.bounds.name} limit of {self.bounds.max_pages} pages.")
+            if not isinstance(following, str) or following in seen:
+                raise BoundExceeded("repeated_next", f"The EHR at {self.base} sent the same next link twice in a "
+                                                     f"search of {resource_type}; not followed.")
+            seen.add(following)
             bundle = self.get(following)
 
     def offers_everything(self) -> bool:
@@ -172,7 +198,7 @@ class FhirClient:
         if offered is None:
             try:
                 offered = offers_patient_everything(self.get("metadata"))
-            except ConnectorUnavailable:
+            except (ConnectorUnavailable, DeadlineExceeded):
                 raise
             except (ConnectorError, LookupError) as exc:
                 log.warning("the EHR at %s serves no CapabilityStatement (%s): charts use searches", self.base, exc)
@@ -181,24 +207,8 @@ class FhirClient:
         return offered
 
     def _send(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
-        """(status, parsed JSON or None, headers), retrying 429, 5xx, timeouts and refusals."""
-        delay = BACKOFF_SECONDS
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                response = self.http.request(method, url, body=body, headers=headers, redirect=False)
-            except urllib3.exceptions.HTTPError as exc:
-                outcome, wait = f"{type(exc).__name__}", delay
-            else:
-                if response.status != 429 and response.status < 500:
-                    return response.status, _json(response.data), response.headers
-                outcome = f"HTTP {response.status}"
-                wait = _retry_after(response.headers.get("Retry-After"), delay)
-            if attempt == ATTEMPTS or wait > MAX_RETRY_AFTER_SECONDS:
-                raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} is unavailable ({outcome}); "
-                                           f"the request will be retried.")
-            log.info("EHR %s answered %s; retrying in %.1f s", urlsplit(url).netloc, outcome, wait)
-            self.sleep(wait)
-            delay *= 2
+        """(status, parsed JSON or None, headers): `Transport.send`, under the bounds (retries included)."""
+        return self.transport.send(method, url, body=body, headers=headers)
 
 
 _PATIENT_REFERENCE = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})")
@@ -214,23 +224,27 @@ def patients_in(resource: dict) -> list[str]:
     return [m[1] for m in (_PATIENT_REFERENCE.search(r) for r in refs if isinstance(r, str)) if m]
 
 
-def _json(data: bytes):
-    try:
-        return json.loads(data) if data else None
-    except ValueError:
-        return None
+
+def _failed(outcome: dict) -> bool:
+    """Whether an OperationOutcome reports a failure (an issue of severity error or fatal)."""
+    return any(i.get("severity") in FAILED_SEVERITIES for i in _issues(outcome))
 
 
-def _retry_after(value: str | None, default: float) -> float:
-    try:
-        return max(0.0, float(value)) if value is not None else default
-    except ValueError:
-        return default
+def _searchset(bundle: dict, resource_type: str) -> None:
+    """A search page must be a Bundle without a failed `outcome` entry (warnings and information
+    entries are fine)."""
+    if bundle.get("resourceType") != "Bundle":
+        raise EhrReportedError(f"The EHR answered a {str(bundle.get('resourceType'))[:64]} where a searchset of "
+                               f"{resource_type} belongs.")
+    for entry in bundle.get("entry") or ():
+        resource = entry.get("resource") if isinstance(entry, dict) else None
+        if isinstance(resource, dict) and resource.get("resourceType") == "OperationOutcome" and _failed(resource):
+            raise EhrReportedError(f"The EHR's search of {resource_type} reported an error: {_issue_text(resource)}")
 
 
 def _issue_code(body) -> str | None:
     if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
-        return next((issue.get("code") for issue in body.get("issue") or ()), None)
+        return next((issue.get("code") for issue in _issues(body)), None)
     return None
 
 
@@ -238,8 +252,7 @@ def _issue_text(body) -> str:
     """What the EHR said: an OperationOutcome's first issue, else a bounded, printable excerpt of
     any other JSON body (e.g. `{"error": ...}`), else "no details"."""
     if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
-        issue = next(iter(body.get("issue") or ()), {})
-        issue = issue if isinstance(issue, dict) else {}
+        issue = next(iter(_issues(body)), {})
         text = (issue.get("details") or {}).get("text") if isinstance(issue.get("details"), dict) else None
         return _excerpt(text or issue.get("diagnostics") or issue.get("code") or "no details")
     if body is None:
@@ -251,3 +264,8 @@ def _excerpt(text, limit: int = ERROR_EXCERPT_CHARS) -> str:
     """`text` as one printable ASCII line of at most `limit` characters."""
     flat = " ".join("".join(c if c.isprintable() and ord(c) < 128 else " " for c in str(text)).split())
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def _issues(outcome: dict) -> list[dict]:
+    issues = outcome.get("issue")
+    return [i for i in issues if isinstance(i, dict)] if isinstance(issues, list) else []

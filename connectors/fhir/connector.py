@@ -8,6 +8,7 @@ import logging
 
 from connectors.base import (Chart, ConnectorError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery,
                              Skipped)
+from connectors.bounds import Bounds
 from connectors.fhir import check as ehr_check
 from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
                                    FhirState)
@@ -56,7 +57,7 @@ class FhirConnector:
 
     def practitioner_id(self, npi: str) -> str | None:
         """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
-        bundle = self.client.get("Practitioner", self.search({"identifier": f"{NPI_SYSTEM}|{npi}"}))
+        bundle = self.client.search("Practitioner", self.search({"identifier": f"{NPI_SYSTEM}|{npi}"}))
         ids = [e["resource"]["id"] for e in bundle.get("entry") or () if isinstance(e, dict) and isinstance(
             e.get("resource"), dict) and e["resource"].get("resourceType") == "Practitioner"]
         if len(ids) > 1:
@@ -251,7 +252,8 @@ class FhirConnector:
         return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
 
 
-def connect(runtime, organization) -> FhirConnector:
+def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnector:
+    """The clinic's FHIR connector, held to the caller's `bounds` (default: `Bounds.batch`)."""
     if not organization.ehr_url:
         raise ConnectorError(f"Organization {organization.id} is on FHIR but has no FHIR base URL "
                              f"(svc-auth orgs update --org {organization.id} --fhir-base-url URL).")
@@ -265,7 +267,8 @@ def connect(runtime, organization) -> FhirConnector:
     def scopes_for(configuration: dict) -> tuple[str, ...]:  # SMART v1 or v2: as set, else discovered
         return scopes(chosen if chosen in ("v1", "v2") else scope_version(configuration, profile))
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
-                        runtime.ehr_keys, state.tokens, state.capabilities, scopes=scopes_for)
+                        runtime.ehr_keys, state.tokens, state.capabilities, bounds or Bounds.batch(runtime.settings),
+                        scopes=scopes_for)
     try:
         extra = [tuple(p) for p in json.loads(getattr(organization, "fhir_search_params", None) or "[]")]
     except ValueError:

@@ -7,27 +7,53 @@ import logging
 
 from connectors.base import LISTED_STATUSES, Appointment, Patient
 from connectors.fhir.spool import text_of
+from connectors.fhir.transport import relative_to_base
 
-MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made relative
+MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made relative (deeper: left out)
+REFERENCE_KEYS = ("reference", "fullUrl", "url")
+EXTENSION_KEYS = ("extension", "modifierExtension")
+FOREIGN_DISPLAY = "A reference outside the clinic's EHR (removed)"
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
 
-def relative_references(value, base: str, depth: int = 0):
-    """`value` with each `reference` that is an absolute URL into this EHR's `base` made relative
-    (`{base}/Patient/x` -> `Patient/x`): the platform API serves its own base, never the EHR's.
-    Other references (relative, another server's, `#contained`) are kept as they are."""
+def relative_references(value, base: str, depth: int = 0, key: str | None = None):
+    """`value` with references pointing only at the platform (docs/fhir-api.md, "References"):
+
+    - a `reference`, `fullUrl` or `url` that is an absolute URL inside this EHR's `base` is made
+      relative (`{base}/Patient/x` -> `Patient/x`): the platform API serves its own base;
+    - any other absolute one (another host, or this host outside the base) is removed: a Reference
+      keeps its `display` (or gets `FOREIGN_DISPLAY`), a `fullUrl` or an attachment's `url` is dropped;
+    - relative references, `#contained` ones and `urn:` ids are kept; an extension's `url` (what
+      the extension is, not where to go) is kept.
+    Deeper than `MAX_REFERENCE_DEPTH`, an element is left out."""
     if depth > MAX_REFERENCE_DEPTH:
-        return value
+        return None
     if isinstance(value, list):
-        return [relative_references(item, base, depth + 1) for item in value]
+        return [relative_references(item, base, depth + 1, key) for item in value]
     if not isinstance(value, dict):
         return value
-    found = {key: relative_references(item, base, depth + 1) for key, item in value.items()}
-    reference = found.get("reference")
-    if isinstance(reference, str) and reference.startswith(base + "/"):
-        found["reference"] = reference[len(base) + 1:]
+    found = {name: relative_references(item, base, depth + 1, name) for name, item in value.items()}
+    for name in REFERENCE_KEYS:
+        if name == "url" and key in EXTENSION_KEYS:
+            continue
+        target = found.get(name)
+        if not isinstance(target, str) or not _absolute(target):
+            continue
+        relative = relative_to_base(target, base)
+        if relative is not None:
+            found[name] = relative
+            continue
+        del found[name]
+        if name == "reference" and not found.get("display"):
+            found["display"] = FOREIGN_DISPLAY
     return found
+
+
+def _absolute(reference: str) -> bool:
+    """Whether a reference names a server (`scheme://...`, `//host/...`, `scheme:` other than `urn:`)."""
+    head = reference.split("/", 1)[0]
+    return reference.startswith("//") or (":" in head and not reference.lower().startswith("urn:"))
 
 
 class Unlisted(ValueError):

@@ -1,0 +1,216 @@
+"""The one door to a clinic's FHIR base: every HTTP request to the EHR goes through `Transport.send`,
+held to the caller's `Bounds` (connectors/bounds.py).
+
+- A wall-clock deadline per request, retries, `Retry-After` waits and every byte included: a
+  watchdog shuts the socket at the deadline, so a body dripping a byte a second ends there, not
+  when the EHR stops; the connection and read timeouts never outlast it either.
+- The body is streamed and read up to `max_bytes`; past it the connection is dropped.
+- `Retry-After` is honoured up to `max_retry_after`; a longer one (or one past the deadline)
+  ends the attempts as `ConnectorUnavailable`.
+- Redirects are not followed: a 3xx is an error, never data.
+- `confine` refuses, before any request, a URL outside the configured base *path* (scheme, host,
+  port, path prefix at a `/` boundary; no `.`/`..` segments, no percent-encoded dots, slashes or
+  backslashes, no user info)."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from types import MappingProxyType
+from urllib.parse import urlsplit
+
+import urllib3
+
+from connectors.base import BoundExceeded, ConnectorUnavailable, DeadlineExceeded
+from connectors.bounds import Bounds
+
+BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
+CHUNK_BYTES = 64 * 1024          # a body is read this much at a time
+DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
+_ENCODED_SEPARATOR = re.compile(r"%(2e|2f|5c|25)", re.IGNORECASE)  # `.`, `/`, `\`, `%` spelled encoded
+_PRINTABLE = re.compile(r"[!-~]+")
+
+log = logging.getLogger("svc_auth.connectors.fhir")
+
+
+def _origin_and_path(url: str):
+    """(scheme, host, port, path) of an absolute http(s) URL, or None when it is not one we call."""
+    if not _PRINTABLE.fullmatch(url or "") or "\\" in url:
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname or parts.username is not None or parts.password is not None:
+        return None
+    segments = parts.path.split("/")
+    if any(s in (".", "..") for s in segments) or _ENCODED_SEPARATOR.search(parts.path):
+        return None
+    return scheme, parts.hostname.lower(), port or DEFAULT_PORTS[scheme], parts.path
+
+
+def inside_base(url: str, base: str) -> bool:
+    """Whether `url` is an absolute URL under the FHIR `base`: same scheme, host and port, and a path
+    that is the base's or below it at a `/` boundary (`/fhir/R4` holds `/fhir/R4/Patient`, not
+    `/fhir/R4x` nor `/fhir/R4/../admin`)."""
+    ours, theirs = _origin_and_path(base.rstrip("/")), _origin_and_path(url)
+    if ours is None or theirs is None or ours[:3] != theirs[:3]:
+        return False
+    prefix = ours[3].rstrip("/") + "/"
+    return theirs[3] == prefix[:-1] or theirs[3].startswith(prefix)
+
+
+def relative_to_base(url: str, base: str) -> str | None:
+    """`url` relative to the FHIR `base` (`{base}/Patient/x` -> `Patient/x`), or None when it is not inside it."""
+    if not inside_base(url, base):
+        return None
+    parts = urlsplit(url)
+    prefix = urlsplit(base.rstrip("/")).path.rstrip("/") + "/"
+    relative = parts.path[len(prefix):] if parts.path.startswith(prefix) else ""
+    return relative + (f"?{parts.query}" if parts.query else "")
+
+
+class Transport:
+    """HTTP to one FHIR base under one caller's `Bounds` (`operation_deadline` counts from here)."""
+
+    def __init__(self, base: str, bounds: Bounds, http: urllib3.PoolManager | None = None,
+                 sleep=time.sleep, clock=time.monotonic):
+        self.base = base.rstrip("/")
+        self.bounds = bounds
+        self.http = http or urllib3.PoolManager(retries=False)
+        self.sleep, self.clock = sleep, clock
+        self.started = clock()
+
+    def confine(self, url: str) -> str:
+        """`url`, when it is inside this EHR's base; else `BoundExceeded("outside_base")` (no request made)."""
+        if not inside_base(url, self.base):
+            raise BoundExceeded("outside_base", f"The EHR at {self.base} sent a link outside its FHIR base "
+                                                f"({url[:200]!r}); not followed.")
+        return url
+
+    def deadline(self) -> float:
+        """When the request starting now must be done (monotonic clock)."""
+        deadline = self.clock() + self.bounds.request_deadline
+        if self.bounds.operation_deadline is not None:
+            deadline = min(deadline, self.started + self.bounds.operation_deadline)
+        return deadline
+
+    def send(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
+        """(status, parsed JSON or None, headers), retrying 429, 5xx, timeouts and refused
+        connections within the bounds. Raises `DeadlineExceeded`, `BoundExceeded` (`max_bytes`,
+        `redirect`) or `ConnectorUnavailable` (attempts spent, or a `Retry-After` too long)."""
+        bounds, deadline, delay = self.bounds, self.deadline(), BACKOFF_SECONDS
+        host = urlsplit(url).netloc
+        for attempt in range(1, bounds.attempts + 1):
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                raise self._late(url)
+            timeout = urllib3.Timeout(connect=min(bounds.connect, remaining), read=remaining)
+            try:
+                response = self.http.request(method, url, body=body, headers=headers, redirect=False, retries=False,
+                                             preload_content=False, timeout=timeout)
+            except urllib3.exceptions.HTTPError as exc:
+                if self.clock() >= deadline:
+                    raise self._late(url) from None
+                outcome, wait = type(exc).__name__, delay
+            else:
+                status = response.status
+                if 300 <= status < 400:
+                    _drop(response)
+                    raise BoundExceeded("redirect", f"The EHR at {host} answered HTTP {status} (a redirect, to "
+                                                    f"{str(response.headers.get('Location'))[:200]!r}); not followed.")
+                if status != 429 and status < 500:
+                    return status, _json(self._read(response, url, deadline)), response.headers
+                _drop(response)
+                outcome = f"HTTP {status}"
+                wait = _retry_after(response.headers.get("Retry-After"), delay)
+            if attempt == bounds.attempts or wait > bounds.max_retry_after or self.clock() + wait >= deadline:
+                raise ConnectorUnavailable(f"The EHR at {host} is unavailable ({outcome}); the request will be "
+                                           f"retried.")
+            log.info("EHR %s answered %s; retrying in %.1f s", host, outcome, wait)
+            self.sleep(wait)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _read(self, response, url: str, deadline: float) -> bytes:
+        """The body, streamed: at most `max_bytes`, and over at `deadline` (a watchdog shuts the
+        socket then, so no byte-by-byte drip outlasts it)."""
+        limit = self.bounds.max_bytes
+        declared = response.headers.get("Content-Length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            _drop(response)
+            raise self._too_big(url)
+        cut = threading.Event()
+        watchdog = threading.Timer(max(0.0, deadline - self.clock()), _shut, (response, cut))
+        watchdog.daemon = True
+        watchdog.start()
+        chunks, size, whole = [], 0, False
+        try:
+            while True:
+                chunk = response.read1(CHUNK_BYTES)
+                if cut.is_set() or self.clock() >= deadline:
+                    raise self._late(url)
+                if not chunk:
+                    whole = True
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise self._too_big(url)
+                chunks.append(chunk)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if cut.is_set() or self.clock() >= deadline:
+                raise self._late(url) from None
+            raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer "
+                                       f"({type(exc).__name__}); the request will be retried.") from None
+        finally:
+            watchdog.cancel()
+            if whole:
+                response.release_conn()
+            else:
+                _drop(response)
+        return b"".join(chunks)
+
+    def _late(self, url: str) -> DeadlineExceeded:
+        return DeadlineExceeded("deadline", f"The EHR at {urlsplit(url).netloc} did not answer within the "
+                                            f"{self.bounds.name} deadline ({self.bounds.request_deadline:g} s per "
+                                            f"request, retries included).")
+
+    def _too_big(self, url: str) -> BoundExceeded:
+        return BoundExceeded("max_bytes", f"The EHR at {urlsplit(url).netloc} answered more than the "
+                                          f"{self.bounds.name} limit of {self.bounds.max_bytes} bytes "
+                                          f"({urlsplit(url).path[:200]}); not read further.")
+
+
+def _shut(response, cut: threading.Event) -> None:
+    """The watchdog: unblock a read waiting on the socket (urllib3's `HTTPResponse.shutdown`)."""
+    cut.set()
+    try:
+        response.shutdown()
+    except (ValueError, RuntimeError, OSError):
+        pass  # already closed or released
+
+
+def _drop(response) -> None:
+    """Close the response and its connection (unread bytes must not reach the next request)."""
+    try:
+        response.close()
+    finally:
+        response.release_conn()
+
+
+def _json(data: bytes):
+    try:
+        return json.loads(data) if data else None
+    except (ValueError, RecursionError):  # not JSON, or nested past what the parser follows
+        return None
+
+
+def _retry_after(value: str | None, default: float) -> float:
+    try:
+        return max(0.0, float(value)) if value is not None else default
+    except ValueError:
+        return default
