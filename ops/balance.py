@@ -173,8 +173,11 @@ class BalancedAcceptor:
         except OSError as exc:
             if exc.errno == errno.ECONNABORTED:
                 return False
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: try again a little later
                 log.error("cannot accept a connection: %s", exc)
+                self.unwatch()
+                if self.timer is None:
+                    self.timer = self.loop.call_later(self.IDLE_POLL_SECONDS, self.recheck)
                 return False
             raise
         connection.setblocking(False)
