@@ -184,9 +184,11 @@ def render_balance(b: dict) -> list[str]:
         return []
     rows = [f"**Balance, production shape**: each serve process's share of `client_credentials` requests, "
             f"{len(b['rounds'])} rounds of wrk's {b['connections']} new keep-alive connections "
-            f"({b['seconds']:g} s each):", "", "| round | requests | shares by process | smaller share |", "|---|---|---|---|"]
+            f"({b['seconds']:g} s each):", "", "| round | requests | shares by process | smaller share | connections by process | CPU-s by process |",
+            "|---|---|---|---|---|---|"]
     rows += [f"| {r['round']} | {r['requests']:,} | {' / '.join(f'{v:.3f}' for v in r['shares'].values())} | "
-             f"{r['smaller_share']:.3f} |" for r in b["rounds"]]
+             f"{r['smaller_share']:.3f} | {' / '.join(str(n) for n in r.get('connections', {}).values())} | "
+             f"{' / '.join(str(v) for v in r.get('cpu_seconds', {}).values())} |" for r in b["rounds"]]
     got, want = b["smallest_share"], b["target"]
     verdict = "meets" if got >= want else f"**misses by {want - got:.3f}**"
     return rows + ["", f"Smaller share in every round ≥ {want}: smallest {got:.3f} ({verdict}).", ""]

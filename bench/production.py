@@ -75,9 +75,33 @@ def requests_per_process(metrics_dir: Path, route: str) -> dict[int, float]:
     return counts
 
 
+def established_connections(pid: int, port: int) -> int:
+    """TCP connections established to `port` that `pid` holds (its socket inodes in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                count += 1
+    return count
+
+
 def balance_rounds(service: BenchService, seconds: float, say) -> dict:
     """Each serve process's share of `client_credentials` requests in BALANCE_ROUNDS rounds of
     wrk's CONNECTIONS new keep-alive connections (a new wrk each round: new connections)."""
+    import threading
     import time
     metrics_dir = service.tmp / "var" / "metrics" / f"serve-{service.port}"
     env = {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth}
@@ -86,7 +110,18 @@ def balance_rounds(service: BenchService, seconds: float, say) -> dict:
     for number in range(1, BALANCE_ROUNDS + 1):
         pids = process_tree(service.proc.pid)[1:]  # the forked processes
         before = requests_per_process(metrics_dir, route)
+        cpu_before = {pid: _proc_cpu(pid) for pid in pids}
+        connections: dict[int, int] = {}
+
+        def count_connections(connections=connections, pids=pids):  # halfway through the round: wrk's connections are all open
+            time.sleep(seconds / 2)
+            connections.update({pid: established_connections(pid, service.port) for pid in pids})
+
+        counter = threading.Thread(target=count_connections)
+        counter.start()
         result = loadgen.run(service.url + route, "post", CONNECTIONS, seconds, env=env)
+        counter.join()
+        cpu = {str(pid): round(_proc_cpu(pid) - cpu_before[pid], 2) for pid in pids}
         answered = result["requests"]  # wrk's completed responses (the server may count a few more, cut off at the end)
         deadline = time.time() + 10  # a request is counted just after its response is written
         while True:
@@ -99,10 +134,12 @@ def balance_rounds(service: BenchService, seconds: float, say) -> dict:
         shares = {str(pid): round(count / total, 3) for pid, count in served.items()}
         smaller = min(shares.values()) if len(shares) > 1 else 0.0
         rounds.append({"round": number, "requests": int(total), "rps": result["rps"], "shares": shares,
-                       "smaller_share": smaller})
+                       "smaller_share": smaller, "connections": {str(pid): n for pid, n in connections.items()},
+                       "cpu_seconds": cpu})
         say(f"balance round {number}: {int(total)} requests, shares by process "
             f"{' / '.join(f'{v:.3f}' for v in shares.values())}; smaller {smaller:.3f} "
-            f"({'meets' if smaller >= BALANCE_TARGET else 'MISSES'} >= {BALANCE_TARGET})")
+            f"({'meets' if smaller >= BALANCE_TARGET else 'MISSES'} >= {BALANCE_TARGET}); connections "
+            f"{' / '.join(str(n) for n in connections.values())}; CPU-s {' / '.join(str(v) for v in cpu.values())}")
     smallest = min(r["smaller_share"] for r in rounds)
     say(f"balance: smallest share over {BALANCE_ROUNDS} rounds {smallest:.3f} (target >= {BALANCE_TARGET} in every round: "
         f"{'meets' if smallest >= BALANCE_TARGET else 'misses'})")
