@@ -11,7 +11,6 @@ import signal
 import sys
 from pathlib import Path
 
-import tornado.httpserver
 import uvloop
 import tornado.netutil
 import tornado.web
@@ -25,7 +24,8 @@ from handlers.rest import appointments as rest_appointments, billing as rest_bil
     charts as rest_charts, invitations as rest_invitations, openapi as rest_openapi
 from ops import metrics
 from ops.observability import ObservedApplication
-from ops.processes import fork_workers
+from ops.balance import BalancedAcceptor, ConnectionCounts, CountingHTTPServer, Slot
+from ops.processes import Supervisor
 
 log = logging.getLogger("svc_auth")
 
@@ -59,15 +59,13 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
           on_start=None) -> None:
     """Listen on `port` with `processes` processes and run until SIGTERM/SIGINT.
 
-    Under `--processes N` every forked process listens on a socket of its own (SO_REUSEPORT): the
-    kernel spreads new connections over them, instead of one shared accept queue that hands a burst
-    to whichever process wakes first."""
+    Under `--processes N` the forked processes share one listening socket and take new connections
+    by least connections (`ops.balance`): a burst of keep-alive connections is split evenly."""
     from runtime.startup import open_runtime
     from ops.startup import bind_error
     # A port in use, or a dependency that is down, stops here with one line (StartupError),
     # before any fork and before anything else is logged. The port is probed first (bound, not
-    # listened on: nobody may connect before the signal handlers are in place), without
-    # SO_REUSEPORT, so that any other process listening on it is found, one with SO_REUSEPORT too.
+    # listened on: nobody may connect before the signal handlers are in place).
     import socket
     try:
         with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
@@ -82,27 +80,24 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
     finally:
         first.close()
     processes = processes or os.cpu_count() or 1
-
-    def listen() -> list:
-        try:
-            return tornado.netutil.bind_sockets(port, address=address, reuse_port=processes > 1)
-        except OSError as exc:
-            raise bind_error(exc, port, address) from None
-
+    try:
+        sockets = tornado.netutil.bind_sockets(port, address=address)
+    except OSError as exc:
+        raise bind_error(exc, port, address) from None
     if processes > 1:
         # Every forked process counts into files in one directory; /metrics sums them.
         metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROC_ENV)
                                      or Path(settings.var_dir) / "metrics" / f"serve-{port}")
-        _, sockets = fork_workers(processes, listen)
+        slot = Supervisor(processes, sockets).run()
     else:
-        sockets = listen()
+        slot = Slot(ConnectionCounts(1), 0)
     # uvloop: the event loop in C (libuv). Tornado runs on asyncio's loop interface, so only the
     # loop changes; it is created after the fork, as each process needs its own.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_run(settings, sockets, on_start))
+        runner.run(_run(settings, sockets, slot, on_start))
 
 
-async def _run(settings: Settings, sockets, on_start) -> None:
+async def _run(settings: Settings, sockets, slot: Slot, on_start) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
@@ -113,8 +108,9 @@ async def _run(settings: Settings, sockets, on_start) -> None:
     await runtime.run(runtime.keyring.load)
     runtime.changes.start()
     app = make_app(runtime)
-    server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT)
-    server.add_sockets(sockets)
+    server = CountingHTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT, slot=slot)
+    acceptor = BalancedAcceptor(server, sockets)
+    acceptor.start()
     stop_scheduler = None
     if not settings.redis_url:
         # Embedded default: tasks run in a worker thread of this process, and this process also
@@ -127,7 +123,7 @@ async def _run(settings: Settings, sockets, on_start) -> None:
     log.info("svc-auth listening on %s", ", ".join(str(s.getsockname()) for s in sockets))
     await stop.wait()
     runtime.draining = True  # /readyz says 503 from now on
-    server.stop()  # stop accepting; let in-flight requests finish
+    acceptor.stop()  # stop accepting at once, close this process's listening socket; let in-flight requests finish
     deadline = loop.time() + DRAIN_SECONDS
     while app.in_flight > 0 and loop.time() < deadline:
         await asyncio.sleep(0.02)

@@ -175,8 +175,23 @@ def render_production(p: dict) -> list[str]:
         got, want = prod[key], t[key]
         verdicts.append(f"{label} {got:.2f} (target ≥ {want}: " + ("meets" if got >= want else
                         f"**misses by {want - got:.2f}**, {100 * (want - got) / want:.0f}%") + ")")
-    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_profile(p.get("profile") or {}) \
-        + render_cpu_split(p.get("cpu_split") or {})
+    return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_balance(p.get("balance") or {}) \
+        + render_profile(p.get("profile") or {}) + render_cpu_split(p.get("cpu_split") or {})
+
+
+def render_balance(b: dict) -> list[str]:
+    if not b:
+        return []
+    rows = [f"**Balance, production shape**: each serve process's share of `client_credentials` requests, "
+            f"{len(b['rounds'])} rounds of wrk's {b['connections']} new keep-alive connections "
+            f"({b['seconds']:g} s each):", "", "| round | requests | shares by process | smaller share | connections by process | CPU-s by process |",
+            "|---|---|---|---|---|---|"]
+    rows += [f"| {r['round']} | {r['requests']:,} | {' / '.join(f'{v:.3f}' for v in r['shares'].values())} | "
+             f"{r['smaller_share']:.3f} | {' / '.join(str(n) for n in r.get('connections', {}).values())} | "
+             f"{' / '.join(str(v) for v in r.get('cpu_seconds', {}).values())} |" for r in b["rounds"]]
+    got, want = b["smallest_share"], b["target"]
+    verdict = "meets" if got >= want else f"**misses by {want - got:.3f}**"
+    return rows + ["", f"Smaller share in every round ≥ {want}: smallest {got:.3f} ({verdict}).", ""]
 
 
 def render_cpu_split(c: dict) -> list[str]:

@@ -16,6 +16,10 @@ one-core RS256 signing ceiling, measured before and after (mean):
 
 The two CPU ratios divide by the ceiling in signatures per CPU-second of the signing thread, the
 rate by signatures per wall second (equal on an idle machine; see `ratios`).
+
+Balance: BALANCE_ROUNDS rounds of wrk's 32 new keep-alive connections against the production
+shape, each serve process's share of the requests per round (from its own metric files), and the
+smaller share per round (target >= 0.35 in every round).
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ from bench.signing import signing_ceiling
 
 CONNECTIONS = 32
 SIGNATURES_PER_EXCHANGE = 2
+BALANCE_ROUNDS = 6
+BALANCE_TARGET = 0.35
 TARGETS = MappingProxyType({"client_credentials_vs_ceiling": 0.9, "client_credentials_per_cpu_vs_ceiling": 0.55,
                             "authorization_code_per_cpu_vs_ceiling_per_exchange": 0.45})
 
@@ -56,6 +62,89 @@ def redis_server_pid(url: str) -> int | None:
     import redis
     pid = int(redis.Redis.from_url(url).info("server").get("process_id", 0))
     return pid if pid and Path(f"/proc/{pid}").exists() else None
+
+
+def requests_per_process(metrics_dir: Path, route: str) -> dict[int, float]:
+    """Requests to `route` answered by each serve process (pid), from its own metric files."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+    counts = {}
+    for path in metrics_dir.glob("counter_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        counts[pid] = sum(s.value for metric in MultiProcessCollector.merge([str(path)]) for s in metric.samples
+                          if s.name == "svc_http_requests_total" and s.labels.get("route") == route)
+    return counts
+
+
+def established_connections(pid: int, port: int) -> int:
+    """TCP connections established to `port` that `pid` holds (its socket inodes in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def balance_rounds(service: BenchService, seconds: float, say) -> dict:
+    """Each serve process's share of `client_credentials` requests in BALANCE_ROUNDS rounds of
+    wrk's CONNECTIONS new keep-alive connections (a new wrk each round: new connections)."""
+    import threading
+    import time
+    metrics_dir = service.tmp / "var" / "metrics" / f"serve-{service.port}"
+    env = {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth}
+    route = "/v1/oauth/token"
+    rounds = []
+    for number in range(1, BALANCE_ROUNDS + 1):
+        pids = process_tree(service.proc.pid)[1:]  # the forked processes
+        before = requests_per_process(metrics_dir, route)
+        cpu_before = {pid: _proc_cpu(pid) for pid in pids}
+        connections: dict[int, int] = {}
+
+        def count_connections(connections=connections, pids=pids):  # halfway through the round: wrk's connections are all open
+            time.sleep(seconds / 2)
+            connections.update({pid: established_connections(pid, service.port) for pid in pids})
+
+        counter = threading.Thread(target=count_connections)
+        counter.start()
+        result = loadgen.run(service.url + route, "post", CONNECTIONS, seconds, env=env)
+        counter.join()
+        cpu = {str(pid): round(_proc_cpu(pid) - cpu_before[pid], 2) for pid in pids}
+        answered = result["requests"]  # wrk's completed responses (the server may count a few more, cut off at the end)
+        deadline = time.time() + 10  # a request is counted just after its response is written
+        while True:
+            after = requests_per_process(metrics_dir, route)
+            served = {pid: after.get(pid, 0) - before.get(pid, 0) for pid in pids}
+            if sum(served.values()) >= answered or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        total = sum(served.values()) or 1
+        shares = {str(pid): round(count / total, 3) for pid, count in served.items()}
+        smaller = min(shares.values()) if len(shares) > 1 else 0.0
+        rounds.append({"round": number, "requests": int(total), "rps": result["rps"], "shares": shares,
+                       "smaller_share": smaller, "connections": {str(pid): n for pid, n in connections.items()},
+                       "cpu_seconds": cpu})
+        say(f"balance round {number}: {int(total)} requests, shares by process "
+            f"{' / '.join(f'{v:.3f}' for v in shares.values())}; smaller {smaller:.3f} "
+            f"({'meets' if smaller >= BALANCE_TARGET else 'MISSES'} >= {BALANCE_TARGET}); connections "
+            f"{' / '.join(str(n) for n in connections.values())}; CPU-s {' / '.join(str(v) for v in cpu.values())}")
+    smallest = min(r["smaller_share"] for r in rounds)
+    say(f"balance: smallest share over {BALANCE_ROUNDS} rounds {smallest:.3f} (target >= {BALANCE_TARGET} in every round: "
+        f"{'meets' if smallest >= BALANCE_TARGET else 'misses'})")
+    return {"connections": CONNECTIONS, "seconds": seconds, "rounds": rounds, "smallest_share": smallest,
+            "target": BALANCE_TARGET}
 
 
 class Shape:
@@ -126,6 +215,7 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
             shapes = [Shape("production (PostgreSQL + Redis, 2 processes)", production, postgres_url, database,
                             redis_server_pid(redis_url)),
                       Shape("embedded (SQLite, 1 process)", embedded)]
+            balance = balance_rounds(production, seconds, say)
             codes = {shape.name: shape.service.mint_codes(per_run) for shape in shapes}
             before = signing_ceiling(production.private_key, min(seconds, 3.0))
             say(f"signing ceiling (before): {before['per_second']:.0f} RS256 signatures/s on one core")
@@ -154,4 +244,4 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
                                                             "per_second": round(ceiling, 1),
                                                             "per_cpu_second": round(cpu_ceiling, 1)},
             "shapes": rows, "targets": dict(TARGETS), "cores": os.cpu_count(), "profile": profile,
-            "cpu_split": cpu_split}
+            "cpu_split": cpu_split, "balance": balance}

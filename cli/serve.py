@@ -6,7 +6,7 @@ def register(commands) -> None:
     p = commands.add_parser("serve", help="run the HTTP server")
     p.add_argument("--port", type=int, default=8888, help="TCP port to listen on (default 8888)")
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--processes", type=int, default=1, help="fork N processes, each listening on the port (SO_REUSEPORT; 0 = one per core)")
+    p.add_argument("--processes", type=int, default=1, help="fork N processes, sharing the port, new connections to the one with the fewest (0 = one per core)")
     p.add_argument("--demo", action="store_true", help="seed demo data and start the example partner app")
     p.add_argument("--demo-app-port", type=int, default=8889, help="port of the example partner app (with --demo)")
     p.set_defaults(handler=run)

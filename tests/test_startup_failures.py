@@ -54,8 +54,8 @@ def test_unreachable_redis_is_one_line(env, command):
 @pytest.mark.parametrize("processes", ["1", "2"])
 @pytest.mark.parametrize("reuse_port", [False, True])
 def test_port_in_use_is_one_line(env, processes, reuse_port):
-    """Also when the other process listens with SO_REUSEPORT, as each `serve --processes N` worker
-    does: the kernel would let our workers' SO_REUSEPORT sockets join it and share its connections."""
+    """Also when the other process listens with SO_REUSEPORT: a socket of ours with SO_REUSEPORT
+    (the same user) would join it and share its connections."""
     with socket.socket() as taken:
         if reuse_port:
             taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
