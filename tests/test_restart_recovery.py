@@ -140,19 +140,22 @@ def restart_under_load(tmp_path: Path, dependency: str) -> dict:
             forget_the_night(pg.url)  # the next tick claims the night and cannot queue it
             first_line(shape.logs["scheduler"], "scheduler tick failed", after=stopped_wall)
             first_line(shape.logs["worker"], "Consumer encountered a connection error", after=stopped_wall)
+        # A loop may recover while `start()` is still returning: its log line is looked for from the
+        # moment the server was asked to start (`restarting_wall`), its delay counted from `back_wall`.
+        restarting_wall = time.time()
         server.start()
         back_wall, back = time.time(), time.monotonic()
         recovered = {
-            "scheduler": first_line(shape.logs["scheduler"], "scheduler tick succeeded again", after=back_wall,
+            "scheduler": first_line(shape.logs["scheduler"], "scheduler tick succeeded again", after=restarting_wall,
                                     timeout=RECOVERY_SECONDS)["at"] - back_wall}
         if dependency == "postgresql":
-            recovered["sweep"] = first_line(shape.logs["worker"], "recovery sweep succeeded again", after=back_wall,
+            recovered["sweep"] = first_line(shape.logs["worker"], "recovery sweep succeeded again", after=restarting_wall,
                                             timeout=RECOVERY_SECONDS)["at"] - back_wall
             forget_the_night(pg.url)
         # The scheduler queues the night again and the worker's consumer takes it.
-        recovered["night_queued"] = first_line(shape.logs["scheduler"], "queued the nightly sync", after=back_wall,
+        recovered["night_queued"] = first_line(shape.logs["scheduler"], "queued the nightly sync", after=restarting_wall,
                                                timeout=RECOVERY_SECONDS)["at"] - back_wall
-        recovered["night_consumed"] = first_line(shape.logs["worker"], "queued 1 organizations", after=back_wall,
+        recovered["night_consumed"] = first_line(shape.logs["worker"], "queued 1 organizations", after=restarting_wall,
                                                  timeout=RECOVERY_SECONDS)["at"] - back_wall
         recovered["first_200"] = shape.wait_for_answer(lambda status: status == 200, since=back) - back
         time.sleep(max(0.0, back + 3.0 - time.monotonic()))  # load on for at least 3 s after the restart
