@@ -205,11 +205,43 @@ def render_cpu_split(c: dict) -> list[str]:
     return rows + [f"| {label} | {share:.0%} |" for label, share in c["shares"].items()] + [""]
 
 
+def render_fhir_reads(f: dict) -> list[str]:
+    """The platform FHIR API's reads per CPU-second beside `/healthz` and a token (issue 29)."""
+    if f.get("skipped"):
+        return [f"**FHIR reads** ({_when(f)}): skipped ({f['skipped']}).", ""]
+    targets = f.get("targets", {})
+    rows = [f"**FHIR reads** ({_when(f)}), wrk {f['connections']} connections, requests per CPU-second of every "
+            "process doing the work (serve; in the production shape also its PostgreSQL backends and Redis):", "",
+            "| shape | `/healthz` | `client_credentials` token | `GET Patient/{id}` | ÷ `/healthz` | "
+            "`Observation?patient&_count=50` | ÷ `/healthz` |", "|---|---|---|---|---|---|---|"]
+    for shape in f.get("shapes", ()):
+        r = shape["ratios"]
+        rows.append(f"| {shape['shape']} | {shape['healthz']['per_cpu_second']:,.0f} | "
+                    f"{shape['client_credentials']['per_cpu_second']:,.0f} | {shape['patient_read']['per_cpu_second']:,.0f} | "
+                    f"{r['patient_read_vs_healthz']:.2f} | {shape['observation_search']['per_cpu_second']:,.0f} | "
+                    f"{r['observation_search_vs_healthz']:.2f} |")
+    rows += ["", f"Targets: `GET Patient/{{id}}` ÷ `/healthz` ≥ {targets.get('patient_read_vs_healthz')}, "
+                 f"a search page of 50 Observations ÷ `/healthz` ≥ {targets.get('observation_search_vs_healthz')}."]
+    proxied = f.get("proxied") or {}
+    if proxied.get("skipped"):
+        rows += ["", f"Proxied read: skipped ({proxied['skipped']}).", ""]
+    elif proxied:
+        read, healthz = proxied["read"], proxied["healthz"]
+        rows += ["", f"Through a FHIR clinic on the test EHR (embedded shape): `GET Patient/{{id}}` {read['rps']:,.0f}/s; "
+                     f"svc-auth {read['svc_cpu_ms_per_request']:.3f} CPU ms per proxied read against "
+                     f"{healthz['svc_cpu_ms_per_request']:.3f} per `/healthz`: **{proxied['svc_cpu_per_read_vs_healthz']}×** "
+                     f"(target ≤ {targets.get('proxied_read_cpu_vs_healthz_cpu')}); the EHR (Medplum in Node) "
+                     f"{read['ehr_cpu_ms_per_request']:.3f} CPU ms per read.", ""]
+    return rows
+
+
 def render(report: dict) -> str:
     m = report["machine"]
     tail = []
     if report.get("production"):
         tail += render_production(report["production"])
+    if report.get("fhir_reads"):
+        tail += render_fhir_reads(report["fhir_reads"])
     if report.get("remote_db"):
         tail += render_remote_db(report["remote_db"])
     if report.get("outage"):

@@ -5,6 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+import urllib3
+
+from connectors.fhir.transport import Watchdog
+
+POOL_CONNECTIONS_PER_HOST = 8   # kept-alive connections per EHR host and process (SVC_DB_THREADS' default)
 TOKEN_MARGIN_SECONDS = 30        # a cached token is renewed this long before it expires
 PRACTITIONER_SECONDS = 3600      # how long the Practitioner id of an NPI is kept ...
 NO_PRACTITIONER_SECONDS = 300    # ... and that the EHR has none (a physician the EHR adds is seen soon)
@@ -49,3 +54,10 @@ class FhirState:
         self.tokens = bearer_tokens()
         self.capabilities = ExpiringCache()
         self.practitioners = ExpiringCache()
+        # Each EHR's SMART configuration (its token endpoint, its scope syntax), by base, for an hour:
+        # not fetched again on every request (`ehr check` always fetches it anew).
+        self.configurations = ExpiringCache()
+        # Kept-alive connections to the EHRs (thread-safe; up to a pool thread's worth per EHR host), and
+        # the one thread that holds every body read to its deadline.
+        self.http = urllib3.PoolManager(retries=False, maxsize=POOL_CONNECTIONS_PER_HOST)
+        self.watchdog = Watchdog()

@@ -32,7 +32,7 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
     npis = list(dict.fromkeys(n for n in (npis or ()) if n))
     open_server = client.auth == "none"
     if not step("discovery", lambda: "not used: an open server (--fhir-auth none)" if open_server
-                else f"token endpoint {client.token_endpoint()}"):
+                else f"token endpoint {client.token_endpoint(fresh=True)}"):
         return steps
     if not step("token", lambda: "not used: an open server" if open_server
                 else f"access token granted to {client.client_id} (scopes {' '.join(client.scopes)})"

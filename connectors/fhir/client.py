@@ -52,14 +52,15 @@ class FhirClient:
 
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
                  capabilities: ExpiringCache, bounds: Bounds, http: urllib3.PoolManager | None = None,
-                 sleep=time.sleep, scopes=None):
+                 sleep=time.sleep, scopes=None, configurations: ExpiringCache | None = None, watchdog=None):
         """`bounds`: the caller's (`connectors.bounds`); `scopes(smart_configuration) -> scopes to
         ask`: the profile's and discovery's choice (`connectors.fhir.profiles`); by default `SCOPES`."""
         self.base = base_url.rstrip("/")
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
         self.capabilities = capabilities
         self.bounds = bounds
-        self.transport = Transport(self.base, bounds, http=http, sleep=sleep)
+        self.transport = Transport(self.base, bounds, http=http, sleep=sleep, watchdog=watchdog)
+        self.configurations = configurations if configurations is not None else ExpiringCache()
         self._token_endpoint: str | None = None
         self._scopes_for = scopes or (lambda configuration: SCOPES)
         self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for
@@ -73,9 +74,17 @@ class FhirClient:
                                  f"(.well-known/smart-configuration answered {status}); check the FHIR base URL.")
         return body
 
-    def token_endpoint(self) -> str:
-        if self._token_endpoint is None:
-            configuration = self.smart_configuration()
+    def discover(self) -> dict:
+        """The SMART configuration, fetched anew (and remembered for the process, an hour)."""
+        configuration = self.smart_configuration()
+        self.configurations.put(self.base, configuration, CAPABILITIES_SECONDS)
+        return configuration
+
+    def token_endpoint(self, fresh: bool = False) -> str:
+        if self._token_endpoint is None or fresh:
+            configuration = None if fresh else self.configurations.get(self.base)
+            if configuration is None:
+                configuration = self.discover()
             self.scopes = tuple(self._scopes_for(configuration))
             self._token_endpoint = configuration["token_endpoint"]
         return self._token_endpoint

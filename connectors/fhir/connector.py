@@ -268,7 +268,8 @@ def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnecto
         return scopes(chosen if chosen in ("v1", "v2") else scope_version(configuration, profile))
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
                         runtime.ehr_keys, state.tokens, state.capabilities, bounds or Bounds.batch(runtime.settings),
-                        scopes=scopes_for)
+                        http=state.http, scopes=scopes_for, configurations=state.configurations,
+                        watchdog=state.watchdog)
     try:
         extra = [tuple(p) for p in json.loads(getattr(organization, "fhir_search_params", None) or "[]")]
     except ValueError:

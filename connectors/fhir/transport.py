@@ -13,6 +13,8 @@ held to the caller's `Bounds` (connectors/bounds.py).
   backslashes, no user info)."""
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 import re
@@ -74,15 +76,66 @@ def relative_to_base(url: str, base: str) -> str | None:
     return relative + (f"?{parts.query}" if parts.query else "")
 
 
+class Watchdog:
+    """One thread per process that calls each watched function at its deadline (monotonic clock),
+    unless it was cancelled first: the deadline of every EHR body being read, without a thread per
+    request. Started on first use (after `serve` forked)."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._condition = threading.Condition()
+        self._heap: list = []          # (deadline, number, fn)
+        self._cancelled: set = set()   # numbers cancelled before their deadline (dropped when due)
+        self._numbers = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: float, fn) -> int:
+        """Call `fn()` at `deadline`; returns the number `cancel` takes."""
+        with self._condition:
+            number = next(self._numbers)
+            heapq.heappush(self._heap, (deadline, number, fn))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="svc-ehr-watchdog", daemon=True)
+                self._thread.start()
+            self._condition.notify()
+            return number
+
+    def cancel(self, number: int) -> None:
+        with self._condition:
+            self._cancelled.add(number)
+
+    def _due(self):
+        """The next function whose deadline has come (waiting for it), skipping cancelled ones."""
+        with self._condition:
+            while True:
+                while self._heap and self._heap[0][1] in self._cancelled:
+                    self._cancelled.discard(heapq.heappop(self._heap)[1])
+                now = self.clock()
+                if self._heap and self._heap[0][0] <= now:
+                    return heapq.heappop(self._heap)[2]
+                self._condition.wait(self._heap[0][0] - now if self._heap else None)
+
+    def _run(self) -> None:
+        while True:
+            fn = self._due()
+            try:
+                fn()
+            except Exception:  # a watched function must not stop the others' deadlines
+                log.exception("EHR watchdog: a deadline's function failed")
+
+
 class Transport:
-    """HTTP to one FHIR base under one caller's `Bounds` (`operation_deadline` counts from here)."""
+    """HTTP to one FHIR base under one caller's `Bounds` (`operation_deadline` counts from here).
+    `http` and `watchdog` are the process's (`connectors.fhir.cache.FhirState`): connections to the
+    EHR are kept alive from one request to the next, and one thread keeps every body's deadline."""
 
     def __init__(self, base: str, bounds: Bounds, http: urllib3.PoolManager | None = None,
-                 sleep=time.sleep, clock=time.monotonic):
+                 sleep=time.sleep, clock=time.monotonic, watchdog: Watchdog | None = None):
         self.base = base.rstrip("/")
         self.bounds = bounds
         self.http = http or urllib3.PoolManager(retries=False)
         self.sleep, self.clock = sleep, clock
+        self.watchdog = watchdog or Watchdog(clock)
         self.started = clock()
 
     def confine(self, url: str) -> str:
@@ -145,9 +198,7 @@ class Transport:
             _drop(response)
             raise self._too_big(url)
         cut = threading.Event()
-        watchdog = threading.Timer(max(0.0, deadline - self.clock()), _shut, (response, cut))
-        watchdog.daemon = True
-        watchdog.start()
+        watched = self.watchdog.watch(deadline, lambda: _shut(response, cut))
         chunks, size, whole = [], 0, False
         try:
             while True:
@@ -167,7 +218,7 @@ class Transport:
             raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer "
                                        f"({type(exc).__name__}); the request will be retried.") from None
         finally:
-            watchdog.cancel()
+            self.watchdog.cancel(watched)
             if whole:
                 response.release_conn()
             else:
