@@ -18,7 +18,7 @@ from jose import jwt
 from audit.chain import verify
 from audit.disclosures import Disclosure, chain_key, record
 from chart_support import fetch_zip, wait_until_not_pending
-from conftest import ROOT, settings_env, start_process, stop_process, free_port
+from helpers import ROOT, settings_env, start_process, stop_process, free_port
 from connectors.sandbox import patient_panel
 from connectors.sessions import touch_session
 from fhir_api_support import mint
@@ -379,7 +379,7 @@ def test_a_service_role_with_select_and_insert_only_records_and_cannot_erase(run
     if backend != "postgresql":
         pytest.skip("roles are PostgreSQL's")
     import uuid
-    from conftest import PG_DSN
+    from helpers import PG_DSN
     role, database = f"svc_audit_{uuid.uuid4().hex[:8]}", runtime.settings.database_url.rsplit("/", 1)[1]
     admin = psycopg2.connect(f"{PG_DSN}/{database}")
     admin.autocommit = True

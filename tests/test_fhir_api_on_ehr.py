@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import wait_until
+from helpers import wait_until
 from fhir_api_support import Fhir, mint, outcome, resources
 from fhir_support import (CLIENT_ID, appointment, chart_record, connect_clinic, fhir_ehr,  # noqa: F401
                           patient, practitioner)

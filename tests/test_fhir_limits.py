@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_until
+from helpers import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_until
 from fhir_api_support import Fhir, mint, outcome
 from fhir_support import cli
 from lifecycle.applications import install_application, register_application, set_fhir_rate_limits

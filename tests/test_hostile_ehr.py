@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import ROOT, free_port, settings_env, start_process, stop_process
+from helpers import ROOT, free_port, settings_env, start_process, stop_process
 from fhir_api_support import mint
 from hostile_ehr import NPI, TOKEN, HostileEhr
 

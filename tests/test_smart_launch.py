@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 from jose import jwt
 
-from conftest import ROOT, sandbox_signin, settings_env
+from helpers import ROOT, sandbox_signin, settings_env
 from lifecycle.applications import install_application, register_application, set_smart_scopes
 from oauth.pkce import s256
 from oauth.tokens import PLATFORM_AUDIENCE
@@ -248,7 +248,7 @@ async def test_public_client_gets_no_client_credentials_no_secret_and_no_partner
             {"grant_type": "client_credentials", "client_id": public_app.client_id, "client_secret": secret}),
             headers=form)
         assert status == 401 and body["error"] == "invalid_client", body
-    from conftest import basic_auth
+    from helpers import basic_auth
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
                                      headers={**form, "Authorization": basic_auth(public_app.client_id, "x")})
     assert status == 401 and body["error"] == "invalid_client"
