@@ -121,8 +121,8 @@ def world(runtime) -> World:
 
 @pytest.fixture
 def smart_world(runtime, world) -> SmartWorld:
-    """`world` with SMART apps: its app declaring every SMART scope, a public app with an allowed
-    origin, both installed in the clinic, and a patient of the clinic's sandbox EHR."""
+    """`world` with SMART apps: its app (confidential) and a public one with an allowed origin, both
+    installed in the clinic and declaring every SMART scope, and a patient of the clinic's sandbox EHR."""
     return world.smart(runtime)
 
 

@@ -21,7 +21,7 @@ import urllib.parse
 from pathlib import Path
 
 from conf import Settings
-from models.application import Application
+from models.application import DEFAULT_SMART_SCOPES, Application
 from models.directory import Organization, User
 from openapi_contract import check_response  # every response is checked against /v1/openapi.json
 
@@ -29,8 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = os.environ.get("SVC_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("SVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
 BACKENDS = tuple(b for b in os.environ.get("SVC_TEST_DATABASES", "sqlite,postgresql").split(",") if b)
-SMART_SCOPES = "launch launch/patient openid fhirUser profile patient/*.rs user/*.rs"
-"""What `smart_world`'s apps declare (every SMART scope the service grants)."""
 SMART_PATIENT = "pat_b15c092f2447b7a2"
 """A patient of every sandbox clinic's panel (the sandbox EHR's ids are derived, the same everywhere)."""
 
@@ -116,7 +114,7 @@ class World:
                    sandbox_token=issue_sandbox_token(runtime, physician),
                    staff_sandbox_token=issue_sandbox_token(runtime, staff))
 
-    def smart(self, runtime, scopes: str = SMART_SCOPES) -> "SmartWorld":
+    def smart(self, runtime, scopes: str = DEFAULT_SMART_SCOPES) -> "SmartWorld":
         """This world with SMART apps installed in its clinic (see `SmartWorld.build`)."""
         return SmartWorld.build(runtime, self, scopes)
 
@@ -137,9 +135,9 @@ class SmartWorld:
     PUBLIC_ORIGIN = "https://smart.example"
 
     @classmethod
-    def build(cls, runtime, world: World, scopes: str = SMART_SCOPES) -> "SmartWorld":
+    def build(cls, runtime, world: World, scopes: str = DEFAULT_SMART_SCOPES) -> "SmartWorld":
         from lifecycle.applications import install_application, register_application, set_smart_scopes
-        app = set_smart_scopes(runtime, world.app.id, scopes)
+        app = world.app if world.app.smart_scopes == scopes else set_smart_scopes(runtime, world.app.id, scopes)
         public, _ = register_application(runtime, "Smart Viewer", f"{cls.PUBLIC_ORIGIN}/app",
                                          f"{cls.PUBLIC_ORIGIN}/launch", allowed_origins=[cls.PUBLIC_ORIGIN],
                                          public=True, smart_scopes=scopes)
