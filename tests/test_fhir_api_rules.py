@@ -284,7 +284,7 @@ BAD_SEARCHES = [
     ("Patient", {"_id": "x" * 600}),
     ("Patient", {"_id": ",".join(f"p{i}" for i in range(101))}),
 ]
-BAD_IDS = ["a\x00b", "x" * 5000, "pat%2Fx", "..", "{\"a\":[[[[1]]]]}", "", "-pat"]
+BAD_IDS = ["a\x00b", "x" * 5000, "pat%2Fx", "..", "{\"a\":[[[[1]]]]}", "", ".", "pat_1\n"]
 """Ids as the handler hands them over (the path decoded once)."""
 
 
