@@ -177,11 +177,12 @@ def mint_platform_token(runtime, issuer: str | None, user: User, app: Applicatio
                         ttl: int = 600, clock_offset: float = 0.0, audience: str | None = None, **extra) -> str:
     """A platform access token as service `issuer` (None: the runtime's own) signs it after a launch
     of `app` by `user` in clinic `org` (an Organization or its id): `sub`, `client_id`, `org`,
-    `scope`, and any `extra` claim (`patient`). `clock_offset` seconds moves its clock; `audience`
-    defaults to the platform's."""
+    `scope`, and any `extra` claim (`patient`); `audience` defaults to the platform's. Signed at the
+    runtime's clock for the runtime itself, at the real time (+ `clock_offset` seconds) for another
+    service (a live process does not see the runtime's moved clock)."""
     from models.clock import Clock
     from oauth.tokens import PLATFORM_AUDIENCE
-    clock = Clock(clock_offset) if clock_offset else None
+    clock = None if issuer is None and not clock_offset else Clock(clock_offset)
     org_id = org if isinstance(org, str) else org.id
     token, _ = token_service(runtime, issuer, clock).access_token(
         user.id, audience or PLATFORM_AUDIENCE, ttl, client_id=app.client_id, org=org_id, scope=scope, **extra)
