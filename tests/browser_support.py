@@ -6,7 +6,7 @@ import sys
 import pytest
 from conf import Settings
 from runtime import Runtime
-from conftest import ROOT, free_port, settings_env, start_process, stop_process, wait_for_port
+from helpers import ROOT, free_port, settings_env, start_process, stop_process, wait_for_port
 from models.application import Installation
 from models.billing import BillableUse
 

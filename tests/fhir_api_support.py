@@ -1,25 +1,13 @@
-"""The platform FHIR API under test: tokens minted as the live service signs them, and HTTP calls."""
+"""The platform FHIR API under test over HTTP (tokens: `helpers.mint_platform_token`)."""
 from __future__ import annotations
 
 import json
 import urllib.parse
 
 from js_support import http
-from models.clock import Clock
-from oauth.tokens import PLATFORM_AUDIENCE
 
 ALL_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
              "MedicationRequest", "AllergyIntolerance")
-
-
-def mint(runtime, live: str, user, app, org_id: str, scope: str = "openid user/*.rs", ttl: int = 600,
-         clock_offset: float = 0.0, **extra) -> str:
-    """A platform access token signed in-process with the shared keys, as the live service (its
-    issuer) signs it after a launch: `sub`, `client_id`, `org`, `scope`, and any `extra` (`patient`)."""
-    tokens = runtime.tokens.__class__(runtime.keyring, live + "/", Clock(clock_offset))
-    token, _ = tokens.access_token(user.id, PLATFORM_AUDIENCE, ttl, client_id=app.client_id, org=org_id,
-                                   scope=scope, **extra)
-    return token
 
 
 class Fhir:

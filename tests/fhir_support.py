@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, settings_env
+from helpers import free_port, settings_env
 
 ROOT = Path(__file__).resolve().parent.parent
 JS_DIR = ROOT / "tests" / "js"

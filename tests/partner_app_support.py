@@ -111,7 +111,7 @@ import json
 import urllib.parse
 import pytest
 import tornado.httpserver
-from conftest import free_port
+from helpers import free_port
 from examples.partner_app.config import PartnerConfig
 from examples.partner_app.web import make_partner_app
 from lifecycle.launches import create_launch
@@ -147,7 +147,7 @@ class Partner:
 import json
 import urllib.request
 import pytest
-from conftest import free_port
+from helpers import free_port
 
 
 async def platform_verifies(api, world, access_token):

@@ -6,7 +6,7 @@ import uuid
 import boto3
 import pytest
 
-from conftest import REDIS_URL, free_port, start_process, stop_process, wait_for_port
+from helpers import REDIS_URL, free_port, start_process, stop_process, wait_for_port
 from models.directory import Organization
 
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 import json
 import urllib.parse
 
+from helpers import as_service
 from js_support import http
 
 
 def launch_tokens(live: str, runtime, user, app, secret: str, scope: str) -> dict:
     """The token response of a launch by `user` (signed in to the sandbox hub) of `app`, asking `scope`."""
     from lifecycle.sandbox import issue_sandbox_token
-    from oauth.tokens import TokenService
-    as_live = type("AsLive", (), {"tokens": TokenService(runtime.keyring, live + "/", runtime.clock),
-                                  "settings": runtime.settings, "clock": runtime.clock})()
+    as_live = as_service(runtime, live)
     status, _, body = http("POST", f"{live}/v1/sandbox/launches", json.dumps({"client_id": app.client_id}).encode(),
                            {"Authorization": f"Bearer {issue_sandbox_token(as_live, user)}",
                             "Content-Type": "application/json"})

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from partner_api.openapi import openapi_document
 
 SWAGGER_UI = ROOT / "static" / "docs" / "swagger-ui"

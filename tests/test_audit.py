@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, settings_env
+from helpers import ROOT, settings_env
 from lifecycle.sandbox import issue_sandbox_token
 from models.audit import AuditEvent
 from models.clock import utc_iso

@@ -5,7 +5,7 @@ import ipaddress
 
 import pytest
 
-from conftest import REDIS_URL, basic_auth
+from helpers import REDIS_URL, basic_auth
 from models.audit import AuditEvent
 from ratelimit.failures import FailurePolicy, FailureThrottle, Throttled
 from ratelimit.policy import Limit
@@ -183,7 +183,7 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
     import urllib.error
     import urllib.request
 
-    from conftest import free_port, settings_env, start_process, stop_process
+    from helpers import free_port, settings_env, start_process, stop_process
     import time
     ports = [free_port(), free_port()]
     # Both processes' clocks start a failure window (300 s) 1 s from now, so the spray never

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, free_port, settings_env, start_process, stop_process
+from helpers import ROOT, free_port, settings_env, start_process, stop_process
 from models.application import Installation
 from models.billing import BillableUse
 from partner_app_support import verify_on_platform, platform_verifies

@@ -28,7 +28,7 @@ import psycopg2
 import pytest
 
 from conf import Settings
-from conftest import PG_DSN, ROOT, free_port, settings_env, start_process, stop_process
+from helpers import PG_DSN, ROOT, free_port, settings_env, start_process, stop_process
 
 pytestmark = pytest.mark.browser
 

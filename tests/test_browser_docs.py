@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conf import Settings
-from conftest import ROOT, free_port, settings_env, start_process, stop_process
+from helpers import ROOT, free_port, settings_env, start_process, stop_process
 from partner_api.openapi import openapi_document
 from browser_support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 

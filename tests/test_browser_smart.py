@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from connectors.sandbox import patient_panel
 from fhir_api import fhir_base_url
 from lifecycle.demo import (DEMO_ORG_ID, DEMO_OTHER_ID, DEMO_PHYSICIAN_ID, DEMO_SMART_APP_ID, DEMO_SMART_APP_NAME,

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, settings_env
+from helpers import ROOT, settings_env
 from oauth.secret_rotation import is_current_secret
 
 

@@ -24,7 +24,7 @@ from models.appointments import ConnectorSession, Snapshot
 from models.directory import Organization
 from workers.snapshot import COVERAGE, night_window
 
-from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
+from helpers import REDIS_URL, settings_env, start_process, stop_process, wait_until
 from rest_helpers import partner_headers
 from hub_client import Hub
 

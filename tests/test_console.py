@@ -11,7 +11,7 @@ import urllib.parse
 import pyotp
 import pytest
 
-from conftest import ROOT, settings_env
+from helpers import ROOT, settings_env
 from console_client import ConsoleClient
 from ratelimit.failures import build_failure_throttle
 from lifecycle.developers import check_credentials, invite_developer, sign_in
@@ -318,7 +318,7 @@ def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtim
 
 def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespace):
     """Two processes' throttles on one Redis: failures counted by one refuse attempts at the other."""
-    from conftest import REDIS_URL
+    from helpers import REDIS_URL
     invite_developer(runtime, world.app.id, "dev@partner.example")
     shared = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace)
 

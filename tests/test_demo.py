@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, free_port, settings_env
+from helpers import ROOT, free_port, settings_env
 
 BANNER_END = "client_secret:"
 

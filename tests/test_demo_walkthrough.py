@@ -16,7 +16,7 @@ from lifecycle.demo import DEMO_ORG_ID, DEMO_PHYSICIAN_ID, demo_patient, seed_de
 from models.application import Application
 from models.directory import User
 
-from conftest import ROOT, settings_env
+from helpers import ROOT, settings_env
 from hub_client import Hub
 from chart_support import fetch_zip
 

@@ -18,10 +18,9 @@ from jose import jwt
 from audit.chain import verify
 from audit.disclosures import Disclosure, chain_key, record
 from chart_support import fetch_zip, wait_until_not_pending
-from conftest import ROOT, settings_env, start_process, stop_process, free_port
+from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
 from connectors.sandbox import patient_panel
 from connectors.sessions import touch_session
-from fhir_api_support import mint
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.audit import AuditEvent
@@ -74,8 +73,8 @@ async def test_fhir_reads_and_searches_are_recorded_field_by_field(api, world, r
     issuer = runtime.settings.issuer
     panel = patient_panel(org.id)
     mine, other = panel[0].id, panel[1].id
-    user_token = mint(runtime, issuer, doc, app, org.id, scope="openid user/*.rs")
-    patient_token = mint(runtime, issuer, doc, app, org.id, scope="openid launch/patient patient/*.rs", patient=mine)
+    user_token = mint_platform_token(runtime, issuer, doc, app, org.id, scope="openid user/*.rs")
+    patient_token = mint_platform_token(runtime, issuer, doc, app, org.id, scope="openid launch/patient patient/*.rs", patient=mine)
     common = {"organization_id": org.id, "application_id": app.id, "client_id": app.client_id, "user_id": doc.id}
     want = []
 
@@ -337,7 +336,7 @@ def test_deletions_and_log_levels_leave_the_records(runtime, world, settings, tm
     try:
         import urllib.request
         mine = patient_panel(world.org.id)[0].id
-        token = mint(runtime, issuer, world.physician, world.app, world.org.id)
+        token = mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id)
         request = urllib.request.Request(f"{issuer}/fhir/r4/{world.org.id}/Patient/{mine}",
                                          headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -354,7 +353,7 @@ def test_deletions_and_log_levels_leave_the_records(runtime, world, settings, tm
 
 @pytest.mark.gen_test(timeout=60)
 async def test_a_record_that_cannot_be_written_is_a_503_with_retry_after(api, world, runtime):
-    token = mint(runtime, runtime.settings.issuer, world.physician, world.app, world.org.id)
+    token = mint_platform_token(runtime, runtime.settings.issuer, world.physician, world.app, world.org.id)
     runtime.db.execute_sql('ALTER TABLE "disclosure_record" RENAME TO "disclosure_record_away"')
     try:
         status, headers, body = await fhir_get(api, world.org.id, token, "/Patient?_count=2")
@@ -379,7 +378,7 @@ def test_a_service_role_with_select_and_insert_only_records_and_cannot_erase(run
     if backend != "postgresql":
         pytest.skip("roles are PostgreSQL's")
     import uuid
-    from conftest import PG_DSN
+    from helpers import PG_DSN
     role, database = f"svc_audit_{uuid.uuid4().hex[:8]}", runtime.settings.database_url.rsplit("/", 1)[1]
     admin = psycopg2.connect(f"{PG_DSN}/{database}")
     admin.autocommit = True

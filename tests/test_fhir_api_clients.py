@@ -18,7 +18,8 @@ from fhirclient.models.patient import Patient
 from fhirclient.models.practitioner import Practitioner
 from fhirclient.server import FHIRNotFoundException, FHIRPermissionDeniedException
 
-from fhir_api_support import Fhir, mint, resources
+from fhir_api_support import Fhir, resources
+from helpers import mint_platform_token
 from js_support import JS_DIR
 
 
@@ -35,7 +36,7 @@ def smart_client(live, world, token, patient_id=None):
 
 
 def test_fhirclient_reads_and_searches_with_a_user_token(live, runtime, world):
-    token = mint(runtime, live, world.physician, world.app, world.org.id, scope="openid fhirUser user/*.rs")
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id, scope="openid fhirUser user/*.rs")
     smart = smart_client(live, world, token)
     statement = smart.server.capabilityStatement
     assert statement.fhirVersion == "4.0.1" and statement.rest[0].security.service[0].coding[0].code == "SMART-on-FHIR"
@@ -63,9 +64,9 @@ def test_fhirclient_reads_and_searches_with_a_user_token(live, runtime, world):
 
 
 def test_fhirclient_with_a_patient_launch_token(live, runtime, world):
-    user_token = mint(runtime, live, world.physician, world.app, world.org.id)
+    user_token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id)
     mine, other = [r["id"] for r in resources(Fhir(live, world.org.id, user_token).search("Patient", {"_count": 2}))]
-    token = mint(runtime, live, world.physician, world.app, world.org.id, scope="openid launch/patient patient/*.rs",
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id, scope="openid launch/patient patient/*.rs",
                  patient=mine)
     smart = smart_client(live, world, token, patient_id=mine)
     assert smart.patient.id == mine  # fhirclient reads the launch patient itself
@@ -73,7 +74,7 @@ def test_fhirclient_with_a_patient_launch_token(live, runtime, world):
     assert conditions and {c.subject.reference for c in conditions} == {f"Patient/{mine}"}
     with pytest.raises(FHIRNotFoundException):
         Patient.read(other, smart.server)
-    narrow = smart_client(live, world, mint(runtime, live, world.physician, world.app, world.org.id,
+    narrow = smart_client(live, world, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
                                             scope="openid patient/Patient.rs", patient=mine), patient_id=mine)
     with pytest.raises(FHIRPermissionDeniedException):
         Appointment.where(struct={"patient": mine}).perform_resources(narrow.server)
@@ -83,9 +84,9 @@ def test_the_js_sdk_build_reads_and_searches_the_live_api(live, runtime, world):
     """sdk/js/dist/svc-sdk.mjs, as a partner's code loads it: `instance.fhir` against the service."""
     node = shutil.which("node")
     assert node, "node is required (make test installs it)"
-    user_fhir = Fhir(live, world.org.id, mint(runtime, live, world.physician, world.app, world.org.id))
+    user_fhir = Fhir(live, world.org.id, mint_platform_token(runtime, live, world.physician, world.app, world.org.id))
     mine, other = [r["id"] for r in resources(user_fhir.search("Patient", {"_count": 2}))]
-    token = mint(runtime, live, world.physician, world.app, world.org.id, scope="openid launch/patient patient/*.rs",
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id, scope="openid launch/patient patient/*.rs",
                  patient=mine)
     calls = [["read", "Patient", mine], ["search", "Condition", {"patient": mine, "_count": 5}],
              ["read", "Patient", other], ["search", "Practitioner", {"identifier": "x|y|"}]]

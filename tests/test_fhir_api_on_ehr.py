@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from conftest import wait_until
-from fhir_api_support import Fhir, mint, outcome, resources
+from fhir_api_support import Fhir, outcome, resources
 from fhir_support import (CLIENT_ID, appointment, chart_record, connect_clinic, fhir_ehr,  # noqa: F401
                           patient, practitioner)
+from helpers import mint_platform_token, wait_until
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 
@@ -68,7 +68,7 @@ def clinic(runtime, world, live, fhir_ehr):  # noqa: F811
     seed(fhir_ehr)
     install_application(world.app.id, org_id)
     ana = create_user(org_id, "ana@fhir-api.example", "Ana", "Lopez", "alopez", ANA_NPI)
-    return org_id, ana, Fhir(live, org_id, mint(runtime, live, ana, world.app, org_id))
+    return org_id, ana, Fhir(live, org_id, mint_platform_token(runtime, live, ana, world.app, org_id))
 
 
 def no_ehr_url(body, ehr) -> None:
@@ -163,7 +163,7 @@ def test_reads_and_searches_answer_what_the_ehr_holds_with_the_platforms_urls(cl
 
 def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(clinic, runtime, world, live, fhir_ehr):  # noqa: F811
     org_id, ana, _ = clinic
-    fhir = Fhir(live, org_id, mint(runtime, live, ana, world.app, org_id,
+    fhir = Fhir(live, org_id, mint_platform_token(runtime, live, ana, world.app, org_id,
                                    scope="openid launch/patient patient/*.rs", patient="pt-a"))
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
     assert fhir.ok("/Observation/obs-abs")["subject"] == {"reference": "Patient/pt-a"}

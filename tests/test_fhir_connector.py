@@ -26,7 +26,7 @@ from workers.leases import sync_job
 from workers.snapshot import COVERAGE, night_window, sync_organization
 
 from chart_support import chart_schema_validator, fetch_zip, open_archive, wait_until_not_pending
-from conftest import wait_until
+from helpers import wait_until
 from fhir_support import (CLIENT_ID, SECRET_NOTE, appointment, chart_record, cli, connect_clinic, fhir_ehr,  # noqa: F401
                           patient, practitioner)
 from rest_helpers import partner_headers

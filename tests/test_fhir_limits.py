@@ -10,9 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process, wait_until
-from fhir_api_support import Fhir, mint, outcome
+from fhir_api_support import Fhir, outcome
 from fhir_support import cli
+from helpers import (REDIS_URL, free_port, mint_platform_token, settings_env, start_process, stop_process,
+                     wait_until)
 from lifecycle.applications import install_application, register_application, set_fhir_rate_limits
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
@@ -65,7 +66,7 @@ def check_limits(runtime, world, issuer: str, bases: list[str]):
     share one count when the limiter is shared."""
     org, user = world.org.id, world.physician
     patient = f"/Practitioner/{user.id}"
-    token_a = mint(runtime, issuer, user, world.app, org)
+    token_a = mint_platform_token(runtime, issuer, user, world.app, org)
     calls = iter(range(1000))
 
     def fhir(token):  # the next process in turn
@@ -76,15 +77,15 @@ def check_limits(runtime, world, issuer: str, bases: list[str]):
     throttled(*fhir(token_a).get(patient), whose="access token")
     throttled(*fhir(token_a).get(patient), whose="access token")
     # Another token of the same app: served until the app's 6 in this clinic are used.
-    token_b = mint(runtime, issuer, user, world.app, org)
+    token_b = mint_platform_token(runtime, issuer, user, world.app, org)
     limited(*fhir(token_b).get(patient), limit=6, remaining=1)
     limited(*fhir(token_b).get(patient), limit=6, remaining=0)
     throttled(*fhir(token_b).get(patient), whose="application in this clinic")
-    token_c = mint(runtime, issuer, user, world.app, org)
+    token_c = mint_platform_token(runtime, issuer, user, world.app, org)
     throttled(*fhir(token_c).get(f"/Patient/nobody"), whose="application in this clinic")
     # A second app in the same clinic is still served; an error after the limiter carries its headers.
     other = second_app(runtime, org)
-    token_o = mint(runtime, issuer, user, other, org)
+    token_o = mint_platform_token(runtime, issuer, user, other, org)
     limited(*fhir(token_o).get(patient), limit=4, remaining=3)
     status, headers, body = fhir(token_o).get("/Practitioner/nobody")
     assert status == 404 and outcome(body) == "not-found" and headers["RateLimit-Remaining"] == "2"
@@ -133,7 +134,7 @@ async def test_the_limiters_store_down_is_a_503_with_retry_after(api, runtime, w
     # Only the limiter's store is down (the deny-list and the rest of the process work).
     runtime.rate_limiter = build_rate_limiter(runtime.settings.replace(
         redis_url=f"redis://127.0.0.1:{free_port()}/0"), runtime.clock)
-    token = mint(runtime, runtime.settings.issuer, world.physician, world.app, world.org.id)
+    token = mint_platform_token(runtime, runtime.settings.issuer, world.physician, world.app, world.org.id)
     status, headers, body = await api.call("GET", f"/fhir/r4/{world.org.id}/Practitioner/{world.physician.id}",
                                            headers={"Authorization": f"Bearer {token}"})
     assert status == 503 and outcome(body) == "transient" and "rate limiter" in body["issue"][0]["diagnostics"]
@@ -146,7 +147,7 @@ async def test_a_browser_app_reads_its_limits(api, runtime, world):
     app, _ = register_application(runtime, "Browser App", "https://b.example/main", "https://b.example/launch",
                                   None, "paid", ["email"], [origin])
     install_application(app.id, world.org.id)
-    token = mint(runtime, runtime.settings.issuer, world.physician, app, world.org.id)
+    token = mint_platform_token(runtime, runtime.settings.issuer, world.physician, app, world.org.id)
     status, headers, _ = await api.call("GET", f"/fhir/r4/{world.org.id}/Practitioner/{world.physician.id}",
                                         headers={"Authorization": f"Bearer {token}", "Origin": origin})
     assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
@@ -213,7 +214,7 @@ def test_requests_in_progress_to_one_clinics_ehr_are_capped(runtime, world, serv
         user = create_user(clinic.id, "held@example.com", "Held", "Doc", "hdoc")
         install_application(world.app.id, clinic.id)
         issuer, base = serving(SVC_FHIR_EHR_CONCURRENCY="2")
-        fhir = Fhir(base, clinic.id, mint(runtime, issuer, user, world.app, clinic.id, scope="openid user/*.r"))
+        fhir = Fhir(base, clinic.id, mint_platform_token(runtime, issuer, user, world.app, clinic.id, scope="openid user/*.r"))
         answers = []
         readers = [threading.Thread(target=lambda n=n: answers.append(fhir.get(f"/Patient/p{n}"))) for n in range(2)]
         for reader in readers:
@@ -226,7 +227,7 @@ def test_requests_in_progress_to_one_clinics_ehr_are_capped(runtime, world, serv
         assert "RateLimit-Limit" in headers  # counted: it passed the rate limit
         assert ehr.count == 2
         # Another clinic on the same process is served meanwhile.
-        sandbox = Fhir(base, world.org.id, mint(runtime, issuer, world.physician, world.app, world.org.id))
+        sandbox = Fhir(base, world.org.id, mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id))
         assert sandbox.get(f"/Practitioner/{world.physician.id}")[0] == 200
         ehr.go.set()
         for reader in readers:

@@ -17,10 +17,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import ROOT, free_port, settings_env, start_process, stop_process
-from fhir_api_support import mint
-from hostile_ehr import NPI, TOKEN, HostileEhr
 
+from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
+from hostile_ehr import NPI, TOKEN, HostileEhr
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
@@ -85,7 +84,7 @@ def clinic(runtime, world, served, hostile):
     install_application(world.app.id, org_id)
     ana = create_user(org_id, "ana@hostile.example", "Ana", "Lopez", "alopez", NPI)
     issuer, _ = served
-    return org_id, ana, mint(runtime, issuer, ana, world.app, org_id), issuer
+    return org_id, ana, mint_platform_token(runtime, issuer, ana, world.app, org_id), issuer
 
 
 def get(url: str, token: str | None = None, timeout: float = INTERACTIVE_DEADLINE + MARGIN, headers=None):
@@ -167,7 +166,7 @@ def test_svc_auth_s_bearer_token_never_leaves_the_base_of_a_smart_backend_clinic
     install_application(world.app.id, org_id)
     ana = create_user(org_id, "ana@smart-hostile.example", "Ana", "Lopez", "alopez", NPI)
     issuer, _ = served
-    smart = (org_id, ana, mint(runtime, issuer, ana, world.app, org_id), issuer)
+    smart = (org_id, ana, mint_platform_token(runtime, issuer, ana, world.app, org_id), issuer)
     status, body, _, _ = fhir(smart, "/Observation?patient=pt-1")
     assert status == 200 and body["total"] == 1, body                                   # the control
     hostile.attack("next-outside-base", on="Observation")

@@ -10,7 +10,7 @@ import urllib.parse
 import pytest
 from jose import jwt
 
-from conftest import basic_auth
+from helpers import basic_auth
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.application import Installation

@@ -17,6 +17,7 @@ import pytest
 from jose import jwt as jose_jwt
 from jwcrypto import jwk as jwcrypto_jwk
 from jwcrypto import jwt as jwcrypto_jwt
+from helpers import token_service
 from js_support import JS_DIR, http
 
 
@@ -30,7 +31,7 @@ from js_support import JS_DIR, http
 
 def new_launch(issuer, runtime, world) -> str:
     # a sandbox token as that service (issuer = its own address) issues it
-    token = runtime.tokens.__class__(runtime.keyring, issuer + "/", runtime.clock).access_token(
+    token = token_service(runtime, issuer).access_token(
         world.physician.id, "sandbox", 1800)[0]
     status, _, body = http("POST", f"{issuer}/v1/sandbox/launches", json.dumps({"client_id": world.app.client_id}).encode(),
                            {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from jose import jwt
 
-from tests.conftest import BACKENDS, REDIS_URL, ROOT, basic_auth, free_port, settings_env, start_process, \
+from helpers import BACKENDS, REDIS_URL, ROOT, basic_auth, free_port, settings_env, start_process, \
     stop_process, wait_for_port
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"

@@ -12,11 +12,11 @@ import secrets
 import shutil
 import subprocess
 import time
-import types
 import urllib.parse
 
 import pytest
 
+from helpers import as_service
 from js_support import JS_DIR, http
 
 
@@ -28,8 +28,7 @@ def insecure_transport(monkeypatch):
 def sandbox_token(live, runtime, user, auth_time):
     """A sandbox token as the live service issues it (its issuer), signed in at `auth_time`."""
     from lifecycle.sandbox import issue_sandbox_token
-    as_live = types.SimpleNamespace(tokens=runtime.tokens.__class__(runtime.keyring, live + "/", runtime.clock),
-                                    settings=runtime.settings, clock=runtime.clock)
+    as_live = as_service(runtime, live)
     return issue_sandbox_token(as_live, user, auth_time=auth_time)
 
 

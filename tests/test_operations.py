@@ -13,7 +13,7 @@ import tornado.httputil
 from conf.logging import JsonFormatter, redact
 from ops.readiness import Readiness
 from ops.proxy import client_address, external_base_url
-from tests.conftest import REDIS_URL, basic_auth, free_port
+from helpers import REDIS_URL, basic_auth, free_port
 from metrics_support import sample
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, stop_process, wait_for_port
+from helpers import ROOT, free_port, stop_process, wait_for_port
 
 pytestmark = pytest.mark.slow
 

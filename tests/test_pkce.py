@@ -8,7 +8,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import ROOT, settings_env
+from helpers import ROOT, settings_env
 from lifecycle.applications import install_application, register_application
 from oauth.pkce import s256
 

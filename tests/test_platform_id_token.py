@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import basic_auth
+from helpers import basic_auth
 
 
 @pytest.mark.gen_test

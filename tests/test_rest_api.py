@@ -56,7 +56,7 @@ async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api
 
 @pytest.mark.gen_test
 async def test_token_accepts_form_and_basic(api, world):
-    from conftest import basic_auth
+    from helpers import basic_auth
     app = world.app
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
                                      headers={"Authorization": basic_auth(app.client_id, world.secret),

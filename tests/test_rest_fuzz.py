@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,
                                  response_schema_conformance, status_code_conformance)
 
-from conftest import ROOT, free_port, start_process, stop_process
+from helpers import ROOT, free_port, start_process, stop_process
 from partner_api.openapi import openapi_document
 from ratelimit import DEFAULT_LIMITS
 

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 import redis
 
-from conftest import REDIS_URL, free_port, settings_env, start_process, stop_process
+from helpers import REDIS_URL, free_port, settings_env, start_process, stop_process
 from lifecycle.applications import register_application
 from ratelimit import build_rate_limiter
 from rest_helpers import partner_headers

@@ -5,7 +5,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import basic_auth
+from helpers import basic_auth
 from lifecycle.applications import register_application
 from rest_helpers import partner_headers
 

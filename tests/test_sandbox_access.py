@@ -10,7 +10,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import ROOT, sandbox_signin, settings_env
+from helpers import ROOT, sandbox_signin, settings_env
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user

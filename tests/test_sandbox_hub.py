@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, sandbox_signin
+from helpers import ROOT, sandbox_signin
 from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
 from models.application import Installation

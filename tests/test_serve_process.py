@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import basic_auth, free_port, settings_env, start_process, stop_process
+from helpers import basic_auth, free_port, settings_env, start_process, stop_process
 from metrics_support import sample
 
 

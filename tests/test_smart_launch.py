@@ -13,14 +13,14 @@ import urllib.parse
 import pytest
 from jose import jwt
 
-from conftest import ROOT, sandbox_signin, settings_env
-from lifecycle.applications import install_application, register_application, set_smart_scopes
+from helpers import ROOT, SMART_PATIENT, SmartWorld, sandbox_signin, settings_env
+from lifecycle.applications import set_smart_scopes
 from oauth.pkce import s256
 from oauth.tokens import PLATFORM_AUDIENCE
 
 VERIFIER = "smart-" + "v" * 40 + "-._~0123456789"
-APP_ORIGIN = "https://smart.example"
-PATIENT = "pat_b15c092f2447b7a2"
+APP_ORIGIN = SmartWorld.PUBLIC_ORIGIN
+PATIENT = SMART_PATIENT
 
 
 def query_of(location: str) -> dict:
@@ -63,13 +63,10 @@ def claims_of(token: str) -> dict:
 
 
 @pytest.fixture
-def public_app(runtime, world):
+def public_app(smart_world):
     """A browser-only SMART app: a public client with an allowed origin, installed in the clinic."""
-    app, secret = register_application(runtime, "Smart Viewer", f"{APP_ORIGIN}/app", f"{APP_ORIGIN}/launch",
-                                       allowed_origins=[APP_ORIGIN], public=True)
-    assert secret is None and app.client_secret_hash == ""
-    install_application(app.id, world.org.id)
-    return app
+    assert smart_world.public_app.public and smart_world.public_app.client_secret_hash == ""
+    return smart_world.public_app
 
 
 # -- discovery ---------------------------------------------------------------------------------
@@ -248,7 +245,7 @@ async def test_public_client_gets_no_client_credentials_no_secret_and_no_partner
             {"grant_type": "client_credentials", "client_id": public_app.client_id, "client_secret": secret}),
             headers=form)
         assert status == 401 and body["error"] == "invalid_client", body
-    from conftest import basic_auth
+    from helpers import basic_auth
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
                                      headers={**form, "Authorization": basic_auth(public_app.client_id, "x")})
     assert status == 401 and body["error"] == "invalid_client"

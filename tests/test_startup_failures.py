@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, free_port, settings_env
+from helpers import ROOT, free_port, settings_env
 
 
 def run_cli(env, *args, timeout=60):

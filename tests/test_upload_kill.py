@@ -18,7 +18,7 @@ import workers.charts as charts
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
 
-from conftest import settings_env, start_process, stop_process, wait_until
+from helpers import settings_env, start_process, stop_process, wait_until
 from s3_hold import HoldingProxy
 from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint  # noqa: F401  (fixtures: s3_endpoint)
 

@@ -22,7 +22,7 @@ from models.schedule import ScheduledRun
 from workers.scheduler import night_due
 from workers.snapshot import fan_out_night
 
-from conftest import REDIS_URL, settings_env, start_process, stop_process, wait_until
+from helpers import REDIS_URL, settings_env, start_process, stop_process, wait_until
 from chart_support import open_archive
 from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
 
@@ -200,7 +200,7 @@ def test_several_schedulers_queue_the_night_once(runtime, world, child_env, tmp_
 def test_worker_without_redis_explains_itself(settings, tmp_path):
     import subprocess
     import sys
-    from conftest import ROOT
+    from helpers import ROOT
     env = settings_env(settings.replace(redis_url=""))
     env.pop("SVC_REDIS_URL", None)
     result = subprocess.run([sys.executable, "-m", "cli.__main__", "worker"], env=env, cwd=str(ROOT),
