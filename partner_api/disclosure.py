@@ -5,6 +5,7 @@ import dataclasses
 
 from audit.disclosures import Disclosure, unique
 from models.application import Application
+from models.ids import is_id
 from models.charts import ChartRequest
 from connectors.sandbox import patient_panel
 from workers.charts import TEST_ORGANIZATION, TEST_REQUEST_ID
@@ -24,6 +25,8 @@ def chart_of(application_id: str | None, request_id: str) -> tuple[str | None, s
     """(organization id, patient id, application id) of a chart request (the test-mode one too)."""
     if request_id == TEST_REQUEST_ID:
         return TEST_ORGANIZATION, patient_panel(TEST_ORGANIZATION)[0].id, application_id
+    if not is_id(request_id):  # NUL, overlong, slashes: no request has such an id (and no query is made)
+        return None, None, application_id
     query = ChartRequest.select().where(ChartRequest.id == request_id)
     if application_id is not None:
         query = query.where(ChartRequest.application == application_id)
@@ -36,7 +39,8 @@ def chart_of(application_id: str | None, request_id: str) -> tuple[str | None, s
 def download_disclosure(request: Disclosure, key: str) -> Disclosure:
     """A ZIP download's disclosure: the chart request whose ZIP is object `key` (the test-mode
     ZIP: the test clinic's patient, no application), its app and client id; no user, no token."""
-    chart = ChartRequest.select().where(ChartRequest.object_key == key).first()
+    chart = None if "\x00" in key or len(key) > 1024 else (
+        ChartRequest.select().where(ChartRequest.object_key == key).first())
     if chart is not None:
         app = Application.get_or_none(Application.id == chart.application_id)
         return dataclasses.replace(request, organization_id=chart.organization_id, application_id=chart.application_id,

@@ -86,6 +86,9 @@ async def test_chart_request_bad_input(api, world, runtime):
     assert status == 400
     status, _, _ = await api.call("GET", "/v1/chart-retrieval/download-url/ffffffffffffffffffff", headers=headers)
     assert status == 404
+    for junk in ("%00", "a%00b", "x" * 300):  # NUL reaches no query (PostgreSQL refuses it in text: a 500 once)
+        status, _, answer = await api.call("GET", f"/v1/chart-retrieval/download-url/{junk}", headers=headers)
+        assert status == 400, (junk, answer)
     assert ChartRequest.select().count() == 0
 
 
