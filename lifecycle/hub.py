@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 from connectors import Bounds, ConnectorError, Provider, connector_for
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.activation import may_open
 from models.application import Application, Installation
 from models.directory import User
@@ -125,10 +125,10 @@ def hub_entries_for_token(runtime, authorization: str | None) -> list[HubEntry]:
     """The hub's app list for the bearer of a sandbox token (`Authorization`; 401 when not valid).
 
     The open hub re-reads it every few seconds (`GET /sandbox/api/apps`): a hub that stays open is
-    the user being active in the EHR, so this renews their connector session (`touch_session`
+    the user being active in the EHR, so this renews their connector session (`record_activity`
     writes at most once a minute however often the hub polls)."""
     from lifecycle.sandbox import sandbox_user
     user = sandbox_user(runtime, authorization)
-    touch_session(runtime, user)
+    record_activity(runtime, user)
     return hub_entries(user)
 

@@ -137,12 +137,12 @@ def open_session_from_link(runtime, token: str, address: str | None = None) -> t
 def open_session(runtime, user: User) -> str:
     """Start a browser session for `user` (sign-in link or invitation); returns the cookie value.
     The physician's EHR session is live from now on (the nightly sync may read for them)."""
-    from connectors.sessions import touch_session
+    from workers.activity import record_activity
     session_id = secrets.token_urlsafe(32)
     now = runtime.clock.now()
     SandboxSession.create(session_hash=runtime.hasher.digest(session_id), user=user.id, signed_in_at=now,
                           expires_at=now + dt.timedelta(seconds=runtime.settings.sandbox_session_ttl))
-    touch_session(runtime, user)
+    record_activity(runtime, user)
     return session_id
 
 
@@ -161,14 +161,14 @@ def session_of(runtime, session_id: str | None) -> tuple[User, SandboxSession] |
 
 def end_session(runtime, session_id: str | None) -> None:
     """Sign out: the session ends, and with it the physician's EHR (connector) session."""
-    from connectors.sessions import end_session as end_connector_session
+    from workers.activity import end_activity
     found = session_of(runtime, session_id)
     if found is None:
         return
     user, session = found
     SandboxSession.update(ended_at=runtime.clock.now()).where(
         SandboxSession.session_hash == session.session_hash).execute()
-    end_connector_session(runtime, user)
+    end_activity(runtime, user)
 
 
 def signed_in_at(session: SandboxSession) -> float:

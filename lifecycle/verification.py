@@ -7,7 +7,7 @@ hub, so it opens or renews their connector session (the nightly sync reads those
 """
 from __future__ import annotations
 
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.billing import record_billable_use
 from models.application import Authorization, Installation
 from models.audit import AuditEvent
@@ -30,7 +30,7 @@ def record_platform_verification(runtime, app, user) -> Installation | None:
         # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
         AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
                           before=None, after="Disabled", user_id=user.id)
-    touch_session(runtime, user)
+    record_activity(runtime, user)
     installation = Installation.find(app.id, user.organization_id)
     record_billable_use(app, user, installation, now)
     return installation
