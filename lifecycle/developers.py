@@ -20,7 +20,7 @@ from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import is_id, new_secret
 from errors import ApiError
-from oauth.lockout import throttle_check, throttle_failure
+from ratelimit.lockout import throttle_check, throttle_failure
 
 PASSWORD_MIN = 12
 PASSWORD_MAX = 1024
@@ -220,7 +220,7 @@ def signin_subject(email: str) -> tuple:
 
 def sign_in(runtime, email: str, password: str, totp_code: str, address: str) -> str:
     """A session token for right credentials. Failures go to `runtime.console_signin_throttle`
-    through `oauth.lockout`, as client authentication does: past the limit per account or per
+    through `ratelimit.lockout`, as client authentication does: past the limit per account or per
     source address, 429 with Retry-After without checking the password."""
     throttle = runtime.console_signin_throttle
     subject = signin_subject(email)

@@ -18,7 +18,7 @@ from models.directory import Organization, User
 from models.sandbox import SandboxSession, SandboxSigninLink
 from errors import ApiError
 from oauth.bearer import BearerGate
-from oauth.lockout import throttle_check, throttle_failure
+from ratelimit.lockout import throttle_check, throttle_failure
 from oauth.tokens import SANDBOX_AUDIENCE
 
 SANDBOX_EHR = "sandbox"
@@ -116,7 +116,7 @@ def create_signin_link(runtime, user_id: str, application_id: str | None = None,
 def open_session_from_link(runtime, token: str, address: str | None = None) -> tuple[str, User, SandboxSigninLink]:
     """Redeem a sign-in link once: (session id for the cookie, the user, the link).
     An unknown, used or expired link is one and the same 401 (nothing to learn by probing). Failed
-    links count against `address` in `runtime.sandbox_signin_throttle` (`oauth.lockout`, as client
+    links count against `address` in `runtime.sandbox_signin_throttle` (`ratelimit.lockout`, as client
     authentication does): past the limit, 429 with Retry-After before any link is looked up."""
     throttle = runtime.sandbox_signin_throttle
     throttle_check(throttle, None, address)

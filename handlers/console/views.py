@@ -13,7 +13,7 @@ from lifecycle.billing import billing_report, report_rows
 from models.application import Application, Installation
 from models.directory import Organization
 from models.audit import AuditEvent
-from oauth.free_trial import trial_state
+from billing.free_trial import trial_state
 from partner_api.directory import organizations_of, users_of
 
 
