@@ -1,0 +1,2 @@
+"""The developer console's domain (plain functions, no HTTP): what it shows about an application
+(`console.views`). Its pages are `handlers/console/`, which call these through `self.run`."""
