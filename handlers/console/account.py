@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from handlers.console.base import SESSION_COOKIE, ConsoleHandler
-from lifecycle.developers import FieldErrors, accept_invite, applications_of, end_session, open_invite, sign_in, \
+from console.accounts import FieldErrors, accept_invite, applications_of, end_session, open_invite, sign_in, \
     totp_uri
 from errors import ApiError
 from ratelimit import RateLimiterUnavailable
