@@ -17,7 +17,7 @@ from console.accounts import invite_developer
 from lifecycle.applications import delete_application, install_application, register_application
 from lifecycle.organizations import create_organization, update_organization
 from lifecycle.users import create_user
-from lifecycle.sandbox import create_signin_link, issue_sandbox_token
+from hub.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from oauth.cors import normalize_origin
 from models.directory import Organization, User

@@ -14,7 +14,7 @@ from oauth.resource import USERINFO, userinfo
 from oauth.revocation import revoke
 from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
-from lifecycle.verification import platform_introspection
+from hub.introspection import platform_introspection
 
 
 class VariantHandler(BaseHandler):

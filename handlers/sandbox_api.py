@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from handlers.base import BaseHandler
-from lifecycle.launches import create_launch, valid_patient_id
-from lifecycle.sandbox import require_sandbox_on, sandbox_session
+from hub.launches import create_launch, valid_patient_id
+from hub.sandbox import require_sandbox_on, sandbox_session
 from oauth.params import text_param
 
 

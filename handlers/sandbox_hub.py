@@ -1,6 +1,6 @@
 """The sandbox EHR: sign-in, the hub page that frames apps, its settings page, the hub's app list.
 
-All of it answers 404 unless SVC_SANDBOX=on (lifecycle.sandbox), and only sandbox users get in.
+All of it answers 404 unless SVC_SANDBOX=on (hub.sandbox), and only sandbox users get in.
 - `GET /sandbox/signin/<token>`: a one-time sign-in link (`svc-auth sandbox signin-link`); it opens
   a server-side session (HttpOnly, SameSite=Lax cookie; Secure under https) and lands on the hub
   (`?app=` with a deep link) or the settings page. Failed attempts are throttled per address.
@@ -26,8 +26,8 @@ import tornado.escape
 import tornado.template
 
 from handlers.base import BaseHandler
-from lifecycle.hub import frame_origins, hub_entries_for_token, hub_view, origin_of
-from lifecycle.sandbox import (SESSION_COOKIE, end_session, open_session_from_link, require_sandbox_on,
+from hub.view import frame_origins, hub_entries_for_token, hub_view, origin_of
+from hub.sandbox import (SESSION_COOKIE, end_session, open_session_from_link, require_sandbox_on,
                                session_of, signed_in_at)
 from errors import ApiError
 

@@ -18,7 +18,7 @@ from connectors.sandbox import SandboxConnector
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
-from lifecycle.sandbox import end_session, open_session
+from hub.sandbox import end_session, open_session
 from models.application import Authorization
 from models.appointments import ConnectorSession, Snapshot
 from models.directory import Organization

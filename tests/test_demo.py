@@ -108,7 +108,7 @@ def test_make_demo_serves_and_prints_the_ports_it_was_given(settings, sqlite_onl
 
 
 def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
-    from lifecycle.launches import create_launch
+    from hub.launches import create_launch
     from lifecycle.verification import record_platform_verification
     from models.application import Application, Authorization, Installation
     from models.directory import User

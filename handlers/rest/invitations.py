@@ -4,7 +4,7 @@ from __future__ import annotations
 from handlers.base import BaseHandler
 from handlers.rest.base import PartnerApiHandler
 from handlers.sandbox_hub import set_session_cookie
-from lifecycle.sandbox import is_sandbox_user, open_session
+from hub.sandbox import is_sandbox_user, open_session
 from partner_api.invitations import accept, invite
 
 
