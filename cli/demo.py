@@ -5,7 +5,7 @@ import logging
 
 from cli.common import emit, with_runtime
 from cli.demo_seed import (DEMO_DEVELOPER_EMAIL, DEMO_SMART_APP_NAME, demo_app_url, demo_patient, demo_signin_links,
-                            example_app_config, seed_demo, smart_app_config, smart_app_urls)
+                           example_app_config, seed_demo, smart_app_config, smart_app_urls)
 
 log = logging.getLogger("svc_auth.demo")
 

@@ -1,10 +1,10 @@
 """Physician activity in the hub (stored as connector sessions): while it is live, the nightly sync may read for them.
 
 The platform opens or renews a user's session whenever they are active in the hub
-(`record_activity`): signing in (`hub.sandbox.open_session`), opening an app (`hub.launches.create_launch`),
+(`record_activity`): signing in (`hub.sandbox.open_sandbox_session`), opening an app (`hub.launches.create_launch`),
 the platform verifying an app's token (`lifecycle.verification.record_platform_verification`), and
 the hub staying open (its app-list poll, `hub.view.hub_entries_for_token`). Signing out ends it
-(`end_activity`, via `hub.sandbox.end_session`: `POST /sandbox/signout`). A session is active from its start until it ends
+(`end_activity`, via `hub.sandbox.end_sandbox_session`: `POST /sandbox/signout`). A session is active from its start until it ends
 or until it has not been seen for `SVC_CONNECTOR_SESSION_TTL` seconds.
 """
 from __future__ import annotations
