@@ -60,7 +60,7 @@ class BenchService:
         from lifecycle.applications import install_application, register_application
         from lifecycle.organizations import create_organization
         from lifecycle.users import create_user
-        from lifecycle.sandbox import issue_sandbox_token
+        from hub.sandbox import issue_sandbox_token
         runtime = Runtime(Settings.from_env(self.env, dotenv=None))
         runtime.migrate()
         org = create_organization("Bench Clinic", "sandbox", "https://ehr.example/bench")

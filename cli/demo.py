@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 
 from cli.common import emit, with_runtime
-from lifecycle.demo import (DEMO_DEVELOPER_EMAIL, DEMO_SMART_APP_NAME, demo_app_url, demo_patient, demo_signin_links,
-                            example_app_config, seed_demo, smart_app_config, smart_app_urls)
+from cli.demo_seed import (DEMO_DEVELOPER_EMAIL, DEMO_SMART_APP_NAME, demo_app_url, demo_patient, demo_signin_links,
+                           example_app_config, seed_demo, smart_app_config, smart_app_urls)
 
 log = logging.getLogger("svc_auth.demo")
 
@@ -25,7 +25,7 @@ def start_demo(runtime, app_port: int, sockets) -> None:
     """`serve --demo`: seed, start the example partner app (and the example SMART app under
     /smart/ on the same port) on this IOLoop, print where to look.
     `sockets`: already bound to `app_port` (`serve` binds them first, so a taken port stops the
-    start with one line). The domain (lifecycle.demo) seeds; serving is the CLI's."""
+    start with one line). `cli.demo_seed` seeds; this module serves."""
     import tornado.httpserver
     import tornado.process
     from tornado.routing import AnyMatches, PathMatches, RuleRouter

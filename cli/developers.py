@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cli.common import emit, with_runtime
-from lifecycle.developers import invite_developer
+from console.accounts import invite_developer
 from models.clock import utc_iso
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cli.common import UsageError, emit, with_runtime
-from lifecycle.sandbox import create_signin_link, issue_sandbox_token, require_sandbox_user
+from hub.sandbox import create_signin_link, issue_sandbox_token, require_sandbox_user
 from models.directory import User
 from errors import ApiError
 

@@ -23,7 +23,7 @@ def run(settings, args) -> int:
     if args.demo:
         import functools
         from cli.demo import start_demo
-        from lifecycle.demo import demo_settings
+        from cli.demo_seed import demo_settings
         if not 0 < args.demo_app_port < 65536 or args.demo_app_port == args.port:
             raise UsageError("--demo-app-port must be between 1 and 65535 and differ from --port")
         settings = demo_settings(settings, args.port)

@@ -27,7 +27,7 @@ from fhir_api.formats import check_format
 from fhir_api.limits import counters, refusal_message
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
 from fhir_api.search import search_arguments
-from handlers.oauth import CorsHandler
+from handlers.cors import CorsHandler
 from ratelimit import RateLimiterUnavailable
 from models.ids import is_id
 
@@ -43,9 +43,6 @@ class FhirHandler(CorsHandler):
     """Base of the FHIR handlers: FHIR JSON out, OperationOutcome errors, the caller's CORS."""
 
     _limit_headers: dict = {}
-
-    def initialize(self, variant=None):
-        super().initialize(variant)
 
     def set_default_headers(self):
         super().set_default_headers()

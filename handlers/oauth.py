@@ -4,9 +4,9 @@ from __future__ import annotations
 import html
 
 from handlers.base import BaseHandler
+from handlers.cors import CorsHandler
 from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import claimed_client_id
-from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client, origin_registered
 from errors import ApiError
 from oauth.errors import AuthorizeError
 from oauth.introspection import introspect
@@ -14,43 +14,12 @@ from oauth.resource import USERINFO, userinfo
 from oauth.revocation import revoke
 from oauth.token_endpoint import answers_in_memory, token_response
 from oauth.variants import VARIANTS
-from lifecycle.verification import platform_introspection
+from hub.introspection import platform_introspection
 
 
 class VariantHandler(BaseHandler):
     def initialize(self, variant):
         self.variant = variant
-
-
-class CorsHandler(VariantHandler):
-    """An endpoint an application's browser code may call from an origin it registered
-    (`apps create --allowed-origin`); see oauth/cors.py for the rule."""
-
-    cors_origin: str | None = None
-
-    def set_default_headers(self):
-        super().set_default_headers()
-        self.set_header("Vary", "Origin")
-        if self.cors_origin:  # also after send_error's clear(): the error is readable too
-            self.set_header("Access-Control-Allow-Origin", self.cors_origin)
-            self.set_header("Access-Control-Expose-Headers", "WWW-Authenticate")
-
-    async def options(self):
-        origin = self.request.headers.get("Origin")
-        if origin and await self.run(origin_registered, origin):
-            self.set_header("Access-Control-Allow-Origin", origin)
-            self.set_header("Access-Control-Allow-Methods", ALLOWED_METHODS)
-            self.set_header("Access-Control-Allow-Headers", ALLOWED_HEADERS)
-            self.set_header("Access-Control-Max-Age", str(MAX_AGE_SECONDS))
-        self.set_status(204)
-        self.finish()
-
-    async def allow_origin_of(self, client_id: str | None) -> None:
-        """Let the request's origin read this response when `client_id` registered it."""
-        origin = self.request.headers.get("Origin")
-        if origin and client_id and await self.run(origin_allowed_for_client, self.runtime.applications, client_id, origin):
-            self.cors_origin = origin
-            self.set_default_headers()
 
 
 class AuthorizeHandler(VariantHandler):
@@ -77,7 +46,7 @@ class AuthorizeHandler(VariantHandler):
                     f"<p><code>{html.escape(err.error)}</code>: {html.escape(err.description)}</p>")
 
 
-class TokenHandler(CorsHandler):
+class TokenHandler(CorsHandler, VariantHandler):
     async def post(self):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
@@ -93,7 +62,7 @@ class TokenHandler(CorsHandler):
         self.write_json(response)
 
 
-class UserInfoHandler(CorsHandler):
+class UserInfoHandler(CorsHandler, VariantHandler):
     async def get(self):
         self.set_header("Cache-Control", "no-store")
         caller = await self.run(USERINFO.caller, self.runtime, self.request.headers.get("Authorization"))
@@ -105,7 +74,7 @@ class UserInfoHandler(CorsHandler):
         await self.get()
 
 
-class IntrospectionHandler(CorsHandler):
+class IntrospectionHandler(CorsHandler, VariantHandler):
     """RFC 7662. Callers: a client authenticated as itself (sees only its own tokens), or the
     host platform with a sandbox user's token, whose successful check is the platform verifying
     the app's token for that user (it records the authorization)."""
@@ -123,7 +92,7 @@ class IntrospectionHandler(CorsHandler):
                                              self.client_address(), platform_introspection))
 
 
-class RevocationHandler(CorsHandler):
+class RevocationHandler(CorsHandler, VariantHandler):
     """RFC 7009: an authenticated client revokes one of its own tokens; 200 whatever the token was."""
 
     async def post(self):

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from handlers.base import BaseHandler
-from lifecycle.launches import create_launch, valid_patient_id
-from lifecycle.sandbox import require_sandbox_on, sandbox_session
+from hub.launches import create_launch, valid_patient_id
+from hub.sandbox import require_sandbox_on, sandbox_user_and_auth_time
 from oauth.params import text_param
 
 
@@ -13,7 +13,7 @@ class SandboxLaunchesHandler(BaseHandler):
         require_sandbox_on(self.svc_settings)  # 404 while the sandbox is off
 
     async def post(self):
-        user, auth_time = await self.run(sandbox_session, self.runtime, self.request.headers.get("Authorization"))
+        user, auth_time = await self.run(sandbox_user_and_auth_time, self.runtime, self.request.headers.get("Authorization"))
         body = self.body_params(allow_form=False)
         client_id = text_param(body, "client_id", max_length=64)
         patient_id = valid_patient_id(body.get("patient_id"))  # optional: the launch's patient context

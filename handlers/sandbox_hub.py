@@ -1,6 +1,6 @@
 """The sandbox EHR: sign-in, the hub page that frames apps, its settings page, the hub's app list.
 
-All of it answers 404 unless SVC_SANDBOX=on (lifecycle.sandbox), and only sandbox users get in.
+All of it answers 404 unless SVC_SANDBOX=on (hub.sandbox), and only sandbox users get in.
 - `GET /sandbox/signin/<token>`: a one-time sign-in link (`svc-auth sandbox signin-link`); it opens
   a server-side session (HttpOnly, SameSite=Lax cookie; Secure under https) and lands on the hub
   (`?app=` with a deep link) or the settings page. Failed attempts are throttled per address.
@@ -26,9 +26,9 @@ import tornado.escape
 import tornado.template
 
 from handlers.base import BaseHandler
-from lifecycle.hub import frame_origins, hub_entries_for_token, hub_view, origin_of
-from lifecycle.sandbox import (SESSION_COOKIE, end_session, open_session_from_link, require_sandbox_on,
-                               session_of, signed_in_at)
+from hub.view import frame_origins, hub_entries_for_token, hub_view, origin_of
+from hub.sandbox import (SESSION_COOKIE, end_sandbox_session, open_sandbox_session_from_link, require_sandbox_on,
+                         sandbox_session_of, signed_in_at)
 from errors import ApiError
 
 TEMPLATES = tornado.template.Loader(str(Path(__file__).resolve().parent / "templates"))
@@ -63,7 +63,7 @@ def set_session_cookie(handler: BaseHandler, session_id: str) -> None:
 class SandboxPageHandler(SandboxHandler):
     async def signed_in(self):
         """(user, session) of this browser's sandbox session, or None after redirecting to sign-in."""
-        found = await self.run(session_of, self.runtime, self.get_cookie(SESSION_COOKIE))
+        found = await self.run(sandbox_session_of, self.runtime, self.get_cookie(SESSION_COOKIE))
         if found is None:
             self.set_header("Cache-Control", "no-store")
             self.redirect(SIGNIN_PATH)
@@ -100,7 +100,7 @@ class SignInLinkHandler(SandboxPageHandler):
 
     async def get(self, token):
         try:
-            session_id, user, link = await self.run(open_session_from_link, self.runtime, token, self.client_address())
+            session_id, user, link = await self.run(open_sandbox_session_from_link, self.runtime, token, self.client_address())
         except ApiError as err:
             self.set_status(err.status)
             for name, value in err.headers.items():
@@ -115,7 +115,7 @@ class SignInLinkHandler(SandboxPageHandler):
 
 class SignOutHandler(SandboxPageHandler):
     async def post(self):
-        await self.run(end_session, self.runtime, self.get_cookie(SESSION_COOKIE))
+        await self.run(end_sandbox_session, self.runtime, self.get_cookie(SESSION_COOKIE))
         self.clear_cookie(SESSION_COOKIE, path="/sandbox")
         self.set_header("Cache-Control", "no-store")
         self.redirect(SIGNIN_PATH)

@@ -12,11 +12,11 @@ the token exchange, userinfo, the FHIR API, the partner API, billing):
 
 (none) -> Disabled happens at the first completed SDK initialization (`lifecycle.verification`).
 After that the application sets `Enabled` or `Disabled` itself; the first `Enabled` starts the
-30-day free trial of that installation (`oauth.free_trial`). Every change is audited (it decides billing).
+30-day free trial of that installation (`billing.free_trial`). Every change is audited (it decides billing).
 """
 from __future__ import annotations
 
-from oauth.free_trial import start_trial
+from billing.free_trial import start_trial
 from models.application import ACTIVATION_STATUSES, Installation
 from models.audit import AuditEvent
 from models.directory import Organization

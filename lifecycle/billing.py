@@ -12,7 +12,7 @@ from collections import OrderedDict
 from lifecycle.activation import is_billable_status
 from models.billing import BillableUse
 from models.directory import Organization, User
-from oauth.free_trial import trial_state
+from billing.free_trial import trial_state
 from errors import ApiError
 
 MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")

@@ -7,12 +7,10 @@ hub, so it opens or renews their connector session (the nightly sync reads those
 """
 from __future__ import annotations
 
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.billing import record_billable_use
 from models.application import Authorization, Installation
 from models.audit import AuditEvent
-from oauth.introspection import introspection_response
-from oauth.resource import active_user_token
 
 
 def record_platform_verification(runtime, app, user) -> Installation | None:
@@ -30,29 +28,7 @@ def record_platform_verification(runtime, app, user) -> Installation | None:
         # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
         AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
                           before=None, after="Disabled", user_id=user.id)
-    touch_session(runtime, user)
+    record_activity(runtime, user)
     installation = Installation.find(app.id, user.organization_id)
     record_billable_use(app, user, installation, now)
     return installation
-
-
-def platform_introspection(runtime, authorization: str, token: str) -> dict:
-    """`POST {p}/oauth/introspect` by the platform (`authorization`: Bearer, the sandbox token of the hub's user).
-
-    An access token that is active and was issued to that same user is the platform verification
-    (`record_platform_verification`). Only then does the answer carry `id_token`: the ID token the
-    service issued with that access token, which the hub passes to the app's SDK (`getIdToken()` in
-    the identity-provider variant, where the app handed the SDK only its access token)."""
-    from lifecycle.sandbox import sandbox_user
-    platform_user = sandbox_user(runtime, authorization)
-    claims = active_user_token(runtime, token)
-    if claims is None or claims["sub"] != platform_user.id:
-        return introspection_response(None)
-    app = runtime.applications.by_client_id(claims["client_id"])
-    if app is None:
-        return introspection_response(None)
-    record_platform_verification(runtime, app, platform_user)
-    body = introspection_response(claims)
-    sealed = claims.get("svc_idt")
-    body["id_token"] = runtime.hasher.unseal(sealed, claims["jti"]) if isinstance(sealed, str) else None
-    return body

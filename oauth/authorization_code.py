@@ -137,7 +137,7 @@ class AuthorizationCodeGrant:
             client_id=app.client_id, org=grant.organization_id, scope=scope, jti=jti,
             # The ID token issued with this access token, sealed so only this service can read it:
             # the platform's verification returns it to the hub for the app's SDK (identity-provider
-            # variant; lifecycle.verification.platform_introspection). Nothing is stored.
+            # variant; hub.introspection.platform_introspection). Nothing is stored.
             svc_idt=self.runtime.hasher.seal(id_token, jti), **context)
         return {"access_token": access_token, "id_token": id_token, "token_type": "Bearer",
                 "expires_in": settings.access_token_ttl, "scope": scope, **context}

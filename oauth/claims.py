@@ -1,9 +1,9 @@
 """What tokens and userinfo say about a user: ID token claims (with the free-trial state of
-`oauth.free_trial`), userinfo fields."""
+`billing.free_trial`), userinfo fields."""
 from __future__ import annotations
 
 import datetime as dt
-from oauth.free_trial import trial_state
+from billing.free_trial import trial_state
 from models.application import Application, Installation
 from models.directory import Organization, User
 

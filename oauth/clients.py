@@ -33,7 +33,7 @@ from models.application import Application
 from oauth.errors import OAuthError, invalid_client, invalid_request
 from oauth.params import check_fields
 from oauth.secret_rotation import CURRENT, RETIRED, presented_secret
-from oauth.lockout import throttle_check, throttle_failure
+from ratelimit.lockout import throttle_check, throttle_failure
 
 CLIENT_ID_SYNTAX = re.compile(r"[\x21-\x7e]{1,64}")  # RFC 6749 VSCHAR without space; the column's length
 RETIRED_SECRET = ("This client secret was retired by a secret rotation and no longer authenticates; "

@@ -1,17 +1,7 @@
 """OAuth's errors (RFC 6749 5.2, authorize redirects; RFC 6750's are `oauth.bearer`'s) over `errors.ApiError`; `handlers.base` renders them."""
 from __future__ import annotations
 
-from errors import ApiError
-
-
-class OAuthError(ApiError):
-    """RFC 6749 section 5.2 error: also carries `error_description`."""
-
-    def __init__(self, error: str, description: str, status: int = 400, headers: dict | None = None):
-        super().__init__(status, error, description, headers)
-
-    def body(self) -> dict:
-        return {"error": self.error, "error_description": self.message, "message": self.message}
+from errors import ApiError, OAuthError  # noqa: F401  (OAuthError lives in errors/: ratelimit/lockout.py raises it too)
 
 
 def invalid_request(description: str) -> OAuthError:

@@ -3,7 +3,7 @@
 Two callers: a client authenticated as itself, which learns about its own tokens only (a user's
 access token issued to it, or its client-credentials token); or the host platform presenting a
 sandbox user's token (`Authorization: Bearer`), whose check is the platform verifying the app's
-token for that user. That second answer is the platform's business (`lifecycle.verification`), so
+token for that user. That second answer is the platform's business (`hub.introspection`), so
 the caller passes it in as `platform_check`.
 """
 from __future__ import annotations

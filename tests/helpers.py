@@ -69,7 +69,7 @@ class Api:
 async def sandbox_signin(api, runtime, user_id: str, app: str | None = None, target: str = "hub"):
     """Sign in to the sandbox EHR the way a person does (a one-time link); returns (Cookie header
     dict, the link's redirect Location)."""
-    from lifecycle.sandbox import SESSION_COOKIE, create_signin_link
+    from hub.sandbox import SESSION_COOKIE, create_signin_link
     url = create_signin_link(runtime, user_id, app, target=target)
     status, headers, body = await api.call("GET", urllib.parse.urlsplit(url).path)
     assert status == 302, body
@@ -101,7 +101,7 @@ class World:
     def build(cls, runtime) -> "World":
         """A clinic with a physician and a staff user, and an installed app (free-trial plan)."""
         from lifecycle.applications import install_application, register_application
-        from lifecycle.sandbox import issue_sandbox_token
+        from hub.sandbox import issue_sandbox_token
         from lifecycle.users import create_user
         org, physician = clinic("Test Clinic", "https://ehr.example/test",
                                 ("doc@example.com", "Doc", "Tor", "dtor", "1234567893"))
@@ -167,7 +167,7 @@ def token_service(runtime, issuer: str | None = None, clock=None):
 
 
 def as_service(runtime, issuer: str):
-    """The runtime seen as the service at `issuer` signs: for `lifecycle.sandbox.issue_sandbox_token`
+    """The runtime seen as the service at `issuer` signs: for `hub.sandbox.issue_sandbox_token`
     and other functions that sign with `runtime.tokens`."""
     return type("AsService", (), {"tokens": token_service(runtime, issuer), "settings": runtime.settings,
                                   "clock": runtime.clock, "keyring": runtime.keyring})()
@@ -205,7 +205,7 @@ class Flow:
         self.api, self.world, self.runtime = api, world, runtime
 
     async def launch(self, sandbox_token=None, client_id=None):
-        from lifecycle.sandbox import issue_sandbox_token
+        from hub.sandbox import issue_sandbox_token
         token = sandbox_token or issue_sandbox_token(self.runtime, self.world.physician)
         status, _, body = await self.api.call(
             "POST", "/v1/sandbox/launches", {"client_id": client_id or self.world.app.client_id},

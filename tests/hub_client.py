@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import urllib.parse
-from lifecycle.sandbox import issue_sandbox_token
+from hub.sandbox import issue_sandbox_token
 
 
 class Hub:

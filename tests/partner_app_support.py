@@ -38,7 +38,7 @@ async def fetch(api, url, method="GET", body=None, headers=None):
 
 import asyncio
 import pytest
-from lifecycle.sandbox import issue_sandbox_token
+from hub.sandbox import issue_sandbox_token
 
 
 class LaunchTraffic:
@@ -114,7 +114,7 @@ import tornado.httpserver
 from helpers import free_port
 from examples.partner_app.config import PartnerConfig
 from examples.partner_app.web import make_partner_app
-from lifecycle.launches import create_launch
+from hub.launches import create_launch
 from lifecycle.applications import install_application, register_application
 from partner_app_support import fetch
 
@@ -152,7 +152,7 @@ from helpers import free_port
 
 async def platform_verifies(api, world, access_token):
     """What the hub does with the token the SDK hands it (with a fresh hub session token)."""
-    from lifecycle.sandbox import issue_sandbox_token
+    from hub.sandbox import issue_sandbox_token
     hub_token = issue_sandbox_token(api.runtime, world.physician)
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": access_token},
                                      headers={"Authorization": f"Bearer {hub_token}"})

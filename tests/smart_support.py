@@ -10,7 +10,7 @@ from js_support import http
 
 def launch_tokens(live: str, runtime, user, app, secret: str, scope: str) -> dict:
     """The token response of a launch by `user` (signed in to the sandbox hub) of `app`, asking `scope`."""
-    from lifecycle.sandbox import issue_sandbox_token
+    from hub.sandbox import issue_sandbox_token
     as_live = as_service(runtime, live)
     status, _, body = http("POST", f"{live}/v1/sandbox/launches", json.dumps({"client_id": app.client_id}).encode(),
                            {"Authorization": f"Bearer {issue_sandbox_token(as_live, user)}",

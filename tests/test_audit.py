@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers import ROOT, settings_env
-from lifecycle.sandbox import issue_sandbox_token
+from hub.sandbox import issue_sandbox_token
 from models.audit import AuditEvent
 from models.clock import utc_iso
 from rest_helpers import partner_headers

@@ -63,7 +63,7 @@ async def test_tokens_issued_but_not_verified_are_not_billed(flow, world, runtim
 
 def test_concurrent_verifications_across_two_processes_bill_once(settings, world, runtime, tmp_path, clock):
     set_status(runtime, world, "Enabled")
-    from lifecycle.launches import create_launch
+    from hub.launches import create_launch
     from oauth.authorization_code import AuthorizationCodeGrant
     from models.grants import AuthorizationCode, expiry
     # Mint several independent access tokens for the same user and app.

@@ -19,7 +19,7 @@ import pytest
 
 from models.clock import Clock
 from helpers import ROOT, settings_env
-from lifecycle.demo import DEMO_OTHER_ID, DEMO_PHYSICIAN_ID
+from cli.demo_seed import DEMO_OTHER_ID, DEMO_PHYSICIAN_ID
 from browser_support import APP_ID, TIMEOUT_MS, demo, page, app_frame  # noqa: F401  (fixtures: demo, page)
 
 pytestmark = pytest.mark.browser

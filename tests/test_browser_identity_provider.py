@@ -11,7 +11,7 @@ import json
 import pytest
 
 from runtime import Runtime
-from lifecycle.demo import DEMO_PHYSICIAN_ID
+from cli.demo_seed import DEMO_PHYSICIAN_ID
 from models.application import Application
 from browser_support import APP_ID, app_frame, demo, page  # noqa: F401  (fixtures: demo, page)
 

@@ -23,8 +23,8 @@ import pytest
 from helpers import ROOT
 from connectors.sandbox import patient_panel
 from fhir_api import fhir_base_url
-from lifecycle.demo import (DEMO_ORG_ID, DEMO_OTHER_ID, DEMO_PHYSICIAN_ID, DEMO_SMART_APP_ID, DEMO_SMART_APP_NAME,
-                            DEMO_SMART_CLIENT_ID, demo_fhir_user)
+from cli.demo_seed import (DEMO_ORG_ID, DEMO_OTHER_ID, DEMO_PHYSICIAN_ID, DEMO_SMART_APP_ID, DEMO_SMART_APP_NAME,
+                           DEMO_SMART_CLIENT_ID, demo_fhir_user)
 from browser_support import TIMEOUT_MS, demo, page  # noqa: F401  (fixtures: demo, page)
 
 pytestmark = pytest.mark.browser

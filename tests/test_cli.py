@@ -38,7 +38,7 @@ def test_register_and_launch_setup_with_the_cli(cli, runtime):
     assert install["activation_status"] is None
     token = cli("sandbox", "token", "--user", user["id"]).stdout.strip()
     assert token.count(".") == 2 and "\n" not in token
-    from lifecycle.sandbox import sandbox_user
+    from hub.sandbox import sandbox_user
     assert sandbox_user(runtime, token).id == user["id"]
 
 

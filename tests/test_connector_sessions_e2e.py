@@ -18,7 +18,7 @@ from connectors.sandbox import SandboxConnector
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
-from lifecycle.sandbox import end_session, open_session
+from hub.sandbox import end_sandbox_session, open_sandbox_session
 from models.application import Authorization
 from models.appointments import ConnectorSession, Snapshot
 from models.directory import Organization
@@ -112,9 +112,9 @@ async def test_the_night_reads_for_physicians_active_in_the_hub_and_the_sandbox_
     await Hub(api, runtime, app, secret, users["active"]).complete_flow()
     await Hub(api, runtime, app, secret, users["nonpi"]).complete_flow()
     await Hub(api, runtime, app, secret, users["unfinished"]).open_app()   # never verified by the platform
-    session = open_session(runtime, users["signedout"])       # signed in to the sandbox EHR
+    session = open_sandbox_session(runtime, users["signedout"])       # signed in to the sandbox EHR
     await Hub(api, runtime, app, secret, users["signedout"]).complete_flow()
-    end_session(runtime, session)                              # ... and signed out (POST /sandbox/signout)
+    end_sandbox_session(runtime, session)                              # ... and signed out (POST /sandbox/signout)
     # `never` completed the app's flow long ago (an authorization), but was never in the hub.
     Authorization.create(application=app.id, user=users["never"].id, first_verified_at=IN_HUB - dt.timedelta(days=90),
                          last_verified_at=IN_HUB - dt.timedelta(days=90))

@@ -14,7 +14,7 @@ import pytest
 from helpers import ROOT, settings_env
 from console_client import ConsoleClient
 from ratelimit.failures import build_failure_throttle
-from lifecycle.developers import check_credentials, invite_developer, sign_in
+from console.accounts import check_credentials, invite_developer, sign_in
 from lifecycle.manifest import ManifestInvalid, update_manifest
 from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization, update_organization

@@ -108,7 +108,7 @@ def test_make_demo_serves_and_prints_the_ports_it_was_given(settings, sqlite_onl
 
 
 def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
-    from lifecycle.launches import create_launch
+    from hub.launches import create_launch
     from lifecycle.verification import record_platform_verification
     from models.application import Application, Authorization, Installation
     from models.directory import User
@@ -134,7 +134,7 @@ def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
     assert Authorization.select().count() == 0
     assert Application.get_by_id(again["application_id"]).launch_url == "http://127.0.0.1:9101/launch"  # kept
     # The example SMART app: a public client beside it, installed in the demo clinic.
-    from lifecycle.demo import DEMO_SMART_APP_ID, DEMO_SMART_CLIENT_ID
+    from cli.demo_seed import DEMO_SMART_APP_ID, DEMO_SMART_CLIENT_ID
     smart = Application.get_by_id(DEMO_SMART_APP_ID)
     assert smart.public and smart.client_id == DEMO_SMART_CLIENT_ID
     assert (smart.launch_url, smart.allowed_origins) == ("http://127.0.0.1:9101/smart/launch.html", ["http://127.0.0.1:9101"])

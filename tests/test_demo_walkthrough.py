@@ -12,7 +12,7 @@ import sys
 import pyzipper
 import pytest
 
-from lifecycle.demo import DEMO_ORG_ID, DEMO_PHYSICIAN_ID, demo_patient, seed_demo
+from cli.demo_seed import DEMO_ORG_ID, DEMO_PHYSICIAN_ID, demo_patient, seed_demo
 from models.application import Application
 from models.directory import User
 

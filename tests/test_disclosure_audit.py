@@ -20,7 +20,7 @@ from audit.disclosures import Disclosure, chain_key, record
 from chart_support import fetch_zip, wait_until_not_pending
 from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
 from connectors.sandbox import patient_panel
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.audit import AuditEvent
@@ -198,7 +198,7 @@ def test_snapshot_fetches_are_recorded_and_pruning_snapshots_keeps_records(runti
     start = night_window(runtime.settings, night)[0]
     runtime.clock.advance((start - dt.timedelta(hours=6) - runtime.clock.now()).total_seconds())
     record_platform_verification(runtime, world.app, world.physician)
-    touch_session(runtime, world.physician)
+    record_activity(runtime, world.physician)
     old = complete_snapshot(runtime.clock, world.org, [world.physician], day=night)
     build_snapshot(runtime, world.org.id, night)  # publishing prunes the night's earlier snapshot
     from models.appointments import Snapshot

@@ -159,7 +159,7 @@ def test_cors_for_the_application_registered_origins(live, runtime, world):
 
 def test_the_token_of_a_real_launch_reads_what_its_scope_grants(live, runtime, world):
     """launch -> authorize -> token over HTTP, as an app does; the scope is what that flow grants."""
-    from lifecycle.sandbox import issue_sandbox_token
+    from hub.sandbox import issue_sandbox_token
     from oauth.smart_scopes import access
     sandbox = issue_sandbox_token(as_service(runtime, live), world.physician)
     status, _, body = http("POST", f"{live}/v1/sandbox/launches", json.dumps({"client_id": world.app.client_id}).encode(),

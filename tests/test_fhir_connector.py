@@ -13,7 +13,7 @@ import pytest
 from connectors import APPOINTMENT_STATUSES, Provider, connector_for
 from connectors.fhir import ATTEMPTS
 from connectors.fhir.cache import FhirState
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
@@ -74,7 +74,7 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
         eligible(runtime, world.app, user, start - dt.timedelta(hours=10))   # in the hub the afternoon before
     eligible(runtime, world.app, cal, start - dt.timedelta(days=20))        # long ago: no session that night
     move_clock_to(runtime.clock, start - dt.timedelta(hours=10))
-    touch_session(runtime, dee)                                             # in the hub, the app never opened
+    record_activity(runtime, dee)                                             # in the hub, the app never opened
     day = dt.timedelta(days=1)
     fhir_ehr.seed(
         practitioner("pr-ana", ana.npi, "Lopez", "Ana"), practitioner("pr-ben", ben.npi, "Okafor", "Ben"),

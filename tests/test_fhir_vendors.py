@@ -22,7 +22,7 @@ from fhir_support import (
 
 from connectors import ResourceQuery, connector_for
 from lifecycle.applications import install_application
-from lifecycle.hub import upcoming_appointments
+from hub.view import upcoming_appointments
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
 from models.directory import Organization, User

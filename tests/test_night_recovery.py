@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.verification import record_platform_verification
@@ -39,7 +39,7 @@ def test_an_organization_whose_night_never_started_is_queued_again_after_the_win
     start, end = night_window(settings, NIGHT)
     move_clock_to(runtime.clock, start - dt.timedelta(hours=6))
     record_platform_verification(runtime, world.app, world.physician)
-    touch_session(runtime, world.physician)
+    record_activity(runtime, world.physician)
     done = create_organization("Done Clinic", "sandbox")
     install_application(world.app.id, done.id)
     failed = create_organization("Failed Clinic", "sandbox")

@@ -27,7 +27,7 @@ def insecure_transport(monkeypatch):
 
 def sandbox_token(live, runtime, user, auth_time):
     """A sandbox token as the live service issues it (its issuer), signed in at `auth_time`."""
-    from lifecycle.sandbox import issue_sandbox_token
+    from hub.sandbox import issue_sandbox_token
     as_live = as_service(runtime, live)
     return issue_sandbox_token(as_live, user, auth_time=auth_time)
 

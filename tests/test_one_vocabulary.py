@@ -13,7 +13,7 @@ from jose import jwt
 
 from chart_support import chart_schema_validator, open_archive, wait_until_not_pending
 from connectors import APPOINTMENT_STATUSES, ResourceQuery, connector_for
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from fhir_api_support import Fhir
 from fhir_support import connect_clinic, fhir_ehr, practitioner  # noqa: F401 (fhir_ehr: a fixture)
 from lifecycle.applications import install_application, set_smart_scopes
@@ -99,7 +99,7 @@ async def test_every_appointment_status_of_a_sandbox_clinic_is_a_fhir_code(api, 
     runtime.clock.advance((start - dt.timedelta(hours=6) - runtime.clock.now()).total_seconds())
     installation = record_platform_verification(runtime, world.app, world.physician)
     set_activation_status(runtime, installation, "Enabled", "test")  # a Disabled app reads no clinic data
-    touch_session(runtime, world.physician)
+    record_activity(runtime, world.physician)
     snapshot = build_snapshot(runtime, world.org.id, NIGHT)
     headers = await partner_headers(api, world.app, world.secret)
     status, _, page = await api.call("GET", f"/v1/appointments/{world.org.id}?limit=50", headers=headers)

@@ -14,7 +14,7 @@ from helpers import ROOT, sandbox_signin, settings_env
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
-from lifecycle.sandbox import SESSION_COOKIE, create_signin_link, issue_sandbox_token
+from hub.sandbox import SESSION_COOKIE, create_signin_link, issue_sandbox_token
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession
 from models.audit import AuditEvent

@@ -357,7 +357,7 @@ def test_cli_public_app_and_smart_scopes(settings, runtime):
 async def test_console_shows_a_public_client_without_secret_rotation(http_client, base_url, runtime, world,
                                                                       public_app):
     from console_client import ConsoleClient
-    from lifecycle.developers import invite_developer
+    from console.accounts import invite_developer
     password = "correct horse battery staple"
 
     async def signed_in(app_id, email):

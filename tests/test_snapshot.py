@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from connectors.sessions import end_session, touch_session
+from workers.activity import end_activity, record_activity
 from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
@@ -37,7 +37,7 @@ def clinic(runtime, world):
     """The `world` physician authorized the installed app and opened the hub the evening before."""
     move_clock_to(runtime.clock, at(runtime.settings, minutes=-6 * 60))
     record_platform_verification(runtime, world.app, world.physician)
-    touch_session(runtime, world.physician)
+    record_activity(runtime, world.physician)
     return world
 
 
@@ -62,7 +62,7 @@ def test_covers_the_next_ten_days(runtime, clinic):
 def test_only_physicians_with_an_npi(runtime, clinic):
     staff = clinic.staff  # no NPI, but authorized and in session like the physician
     record_platform_verification(runtime, clinic.app, staff)
-    touch_session(runtime, staff)
+    record_activity(runtime, staff)
     rows = appointments(build_snapshot(runtime, clinic.org.id, NIGHT))
     assert rows and {r.provider_id for r in rows} == {clinic.physician.id}
 
@@ -70,7 +70,7 @@ def test_only_physicians_with_an_npi(runtime, clinic):
 def test_only_users_who_completed_the_auth_flow_of_an_installed_app(runtime, clinic):
     org = clinic.org
     other = create_user(org.id, "other.doc@example.com", "Other", "Doc", "odoc", "1245319599")
-    touch_session(runtime, other)
+    record_activity(runtime, other)
     rows = appointments(build_snapshot(runtime, org.id, NIGHT))
     assert other.id not in {r.provider_id for r in rows}
     # Completing the flow of an app that is NOT installed in the clinic does not count either.
@@ -94,27 +94,27 @@ def test_only_when_the_connector_session_is_active_during_the_window(runtime, cl
     for user in (late, gone, stale):
         record_platform_verification(runtime, clinic.app, user)
     move_clock_to(runtime.clock, at(settings, minutes=-6 * 60))
-    touch_session(runtime, gone)
-    end_session(runtime, gone)                               # signed out before the window
+    record_activity(runtime, gone)
+    end_activity(runtime, gone)                               # signed out before the window
     move_clock_to(runtime.clock, at(settings, minutes=-settings.connector_session_ttl // 60 - 60))
-    touch_session(runtime, stale)                            # last seen longer than the TTL before the window
+    record_activity(runtime, stale)                            # last seen longer than the TTL before the window
     move_clock_to(runtime.clock, at(settings, minutes=200))
-    touch_session(runtime, late)                             # first opened the hub after the window
+    record_activity(runtime, late)                             # first opened the hub after the window
     providers = {r.provider_id for r in appointments(build_snapshot(runtime, org.id, NIGHT))}
     assert providers == {clinic.physician.id}
     # A session still open from the day before the night counts (seen within the TTL).
     move_clock_to(runtime.clock, at(settings, NIGHT + dt.timedelta(days=1), minutes=-60))
-    touch_session(runtime, late)
+    record_activity(runtime, late)
     providers = {r.provider_id for r in appointments(build_snapshot(runtime, org.id, NIGHT + dt.timedelta(days=1)))}
     assert late.id in providers and gone.id not in providers
 
 
-def test_touch_session_extends_an_active_session_and_starts_a_new_one_after_the_ttl(runtime, world, clock):
-    first = touch_session(runtime, world.physician)
+def test_record_activity_extends_an_active_session_and_starts_a_new_one_after_the_ttl(runtime, world, clock):
+    first = record_activity(runtime, world.physician)
     clock.advance(3600)
-    assert touch_session(runtime, world.physician).id == first.id
+    assert record_activity(runtime, world.physician).id == first.id
     clock.advance(runtime.settings.connector_session_ttl + 1)
-    assert touch_session(runtime, world.physician).id != first.id
+    assert record_activity(runtime, world.physician).id != first.id
     assert ConnectorSession.select().where(ConnectorSession.user == world.physician.id).count() == 2
 
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
@@ -36,7 +36,7 @@ def clinics(runtime, world) -> list[str]:
         Organization.update(ehr_url="https://ehr.example/test?latency=0.7").where(Organization.id == org.id).execute()
         for user in User.select().where((User.organization == org.id) & User.npi.is_null(False)):
             record_platform_verification(runtime, world.app, user)
-            touch_session(runtime, user)
+            record_activity(runtime, user)
     return sorted(org.id for org in orgs)
 
 

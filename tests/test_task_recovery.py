@@ -10,7 +10,7 @@ import pytest
 
 import workers.charts as charts
 from connectors.sandbox import patient_panel
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
 from models.charts import ChartRequest
@@ -106,7 +106,7 @@ def test_a_request_whose_workers_keep_dying_fails_once_its_tries_are_used_up(run
 def test_a_snapshot_whose_worker_is_killed_is_replaced_by_a_complete_one(runtime, world, start_worker):
     org = world.org
     record_platform_verification(runtime, world.app, world.physician)
-    touch_session(runtime, world.physician)
+    record_activity(runtime, world.physician)
     # The night whose window is open now or opens next: the session is active in it at any time of
     # day (the night after it would not be, before 02:00 UTC: CI went red that way once).
     night = coming_night(runtime.settings, runtime.clock.now())

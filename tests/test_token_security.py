@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jose import jwt
 
-from lifecycle.sandbox import issue_sandbox_token
+from hub.sandbox import issue_sandbox_token
 
 
 def b64(data: bytes) -> str:

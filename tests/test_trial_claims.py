@@ -5,7 +5,7 @@ import pytest
 from jose import jwt
 
 from models.application import Application, Installation
-from oauth.free_trial import trial_state
+from billing.free_trial import trial_state
 
 START = dt.datetime(2026, 3, 1, 23, 59)  # late in the day: days count by UTC date, not 24 h spans
 

@@ -5,7 +5,7 @@ import datetime as dt
 import time
 import urllib.request
 
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
 from models.schedule import ScheduledRun
@@ -28,7 +28,7 @@ def wait_for_http(url: str, timeout: float = 20.0) -> None:
 
 def test_serve_schedules_and_builds_the_night_in_process(runtime, world, settings, tmp_path, clock):
     record_platform_verification(runtime, world.app, world.physician)
-    touch_session(runtime, world.physician)
+    record_activity(runtime, world.physician)
     now = clock.now()
     window = f"{(now - dt.timedelta(minutes=1)):%H:%M}-{(now + dt.timedelta(minutes=30)):%H:%M}"
     env = settings_env(settings, SVC_SYNC_WINDOW=window)

@@ -11,7 +11,7 @@ import redis
 
 import workers.charts as charts
 from connectors.sandbox import patient_panel
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
@@ -152,14 +152,14 @@ def eligible_clinic(runtime, world, name: str):
     doc = create_user(org.id, f"doc@{org.id}.example", "Doc", name, None, "1679576722")
     install_application(world.app.id, org.id)
     record_platform_verification(runtime, world.app, doc)
-    touch_session(runtime, doc)
+    record_activity(runtime, doc)
     return org
 
 
 def test_the_nightly_sync_fans_out_one_task_per_organization(runtime, world, start_worker, clock):
     night = clock.now().date()
     record_platform_verification(runtime, world.app, world.physician)
-    touch_session(runtime, world.physician)
+    record_activity(runtime, world.physician)
     orgs = [world.org] + [eligible_clinic(runtime, world, f"Clinic {n}") for n in range(2)]
     assert fan_out_night(runtime, night.isoformat()) == 3  # what the sync_night task does
     client = redis.Redis.from_url(REDIS_URL)

@@ -27,7 +27,7 @@ import peewee
 
 from audit.disclosures import ehr_recorder
 from connectors import Bounds, ConnectorError, ConnectorUnavailable, Provider, connector_for
-from connectors.sessions import active_during
+from workers.activity import active_during
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization, User

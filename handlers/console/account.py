@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from handlers.console.base import SESSION_COOKIE, ConsoleHandler
-from lifecycle.developers import FieldErrors, accept_invite, applications_of, end_session, open_invite, sign_in, \
+from console.accounts import FieldErrors, accept_invite, applications_of, end_console_session, open_invite, sign_in, \
     totp_uri
 from errors import ApiError
 from ratelimit import RateLimiterUnavailable
@@ -43,7 +43,7 @@ class LogoutHandler(ConsoleHandler):
     signed_in_only = False
 
     async def post(self):
-        await self.run(end_session, self.runtime, self.get_cookie(SESSION_COOKIE))
+        await self.run(end_console_session, self.runtime, self.get_cookie(SESSION_COOKIE))
         self.clear_cookie(SESSION_COOKIE, path="/console")
         self.redirect("/console/login?notice=signed-out", status=303)
 

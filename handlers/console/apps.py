@@ -11,8 +11,8 @@ from handlers.console.base import ConsoleHandler
 from lifecycle.activation import installation_of, set_activation_status
 from lifecycle.billing import parse_month
 from partner_api.billing import billing_of
-from handlers.console.views import audit_view, billing_csv_rows, installations_view
-from lifecycle.developers import actor_of
+from console.views import audit_view, billing_csv_rows, installations_view
+from console.accounts import actor_of
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from errors import ApiError

@@ -6,7 +6,7 @@ from pathlib import Path
 import tornado.web
 
 from handlers.base import BaseHandler
-from lifecycle.developers import developer_application, session_developer
+from console.accounts import developer_application, session_developer
 from errors import ApiError
 
 TEMPLATE_DIR = str(Path(__file__).resolve().parent / "templates")

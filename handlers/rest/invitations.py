@@ -4,7 +4,7 @@ from __future__ import annotations
 from handlers.base import BaseHandler
 from handlers.rest.base import PartnerApiHandler
 from handlers.sandbox_hub import set_session_cookie
-from lifecycle.sandbox import is_sandbox_user, open_session
+from hub.sandbox import is_sandbox_user, open_sandbox_session
 from partner_api.invitations import accept, invite
 
 
@@ -26,7 +26,7 @@ class InvitationLinkHandler(BaseHandler):
         if not self.svc_settings.sandbox or not await self.run(is_sandbox_user, user):
             return self.write_json({"status": "accepted", "user_id": user.id,
                                     "message": "Your invitation is accepted."})
-        session_id = await self.run(open_session, self.runtime, user)
+        session_id = await self.run(open_sandbox_session, self.runtime, user)
         set_session_cookie(self, session_id)
         self.redirect(f"{self.svc_settings.public_url}/sandbox/hub")
 

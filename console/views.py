@@ -1,7 +1,7 @@
 """What the developer console shows about one application (plain functions, no HTTP), read from the same functions as the
 partner REST API (organizations, users, billing) so both always agree. The console is the
 partner's other interface; the REST API's access rule is replaced by the developer's
-(`lifecycle.developers.developer_application`)."""
+(`console.accounts.developer_application`)."""
 from __future__ import annotations
 
 from urllib.parse import urlsplit
@@ -13,7 +13,7 @@ from lifecycle.billing import billing_report, report_rows
 from models.application import Application, Installation
 from models.directory import Organization
 from models.audit import AuditEvent
-from oauth.free_trial import trial_state
+from billing.free_trial import trial_state
 from partner_api.directory import organizations_of, users_of
 
 

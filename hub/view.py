@@ -2,7 +2,7 @@
 and a physician's upcoming appointments, each of which opens an app with that patient in context.
 
 Whether an app opens is `lifecycle.activation.may_open` (a `Disabled` one is greyed out);
-`lifecycle.launches.create_launch` asks the same rule on the server side.
+`hub.launches.create_launch` asks the same rule on the server side.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 from connectors import Bounds, ConnectorError, Provider, connector_for
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.activation import may_open
 from models.application import Application, Installation
 from models.directory import User
@@ -111,7 +111,7 @@ def hub_view(runtime, user_id: str, auth_time: float | None = None, appointments
     """The sandbox user `user_id` with their organization, installed apps and a fresh sandbox token
     (`auth_time`: when the person signed in, epoch seconds); with `appointments`, their upcoming
     appointments too (the hub page)."""
-    from lifecycle.sandbox import issue_sandbox_token
+    from hub.sandbox import issue_sandbox_token
     from errors import ApiError
     user = User.with_organization(user_id)
     if user is None:
@@ -125,10 +125,10 @@ def hub_entries_for_token(runtime, authorization: str | None) -> list[HubEntry]:
     """The hub's app list for the bearer of a sandbox token (`Authorization`; 401 when not valid).
 
     The open hub re-reads it every few seconds (`GET /sandbox/api/apps`): a hub that stays open is
-    the user being active in the EHR, so this renews their connector session (`touch_session`
+    the user being active in the EHR, so this renews their connector session (`record_activity`
     writes at most once a minute however often the hub polls)."""
-    from lifecycle.sandbox import sandbox_user
+    from hub.sandbox import sandbox_user
     user = sandbox_user(runtime, authorization)
-    touch_session(runtime, user)
+    record_activity(runtime, user)
     return hub_entries(user)
 

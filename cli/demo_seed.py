@@ -13,11 +13,11 @@ import peewee
 
 from connectors.sandbox import patient_panel
 from fhir_api import fhir_base_url
-from lifecycle.developers import invite_developer
+from console.accounts import invite_developer
 from lifecycle.applications import delete_application, install_application, register_application
 from lifecycle.organizations import create_organization, update_organization
 from lifecycle.users import create_user
-from lifecycle.sandbox import create_signin_link, issue_sandbox_token
+from hub.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from oauth.cors import normalize_origin
 from models.directory import Organization, User

@@ -2,7 +2,7 @@
 with a patient in context (SMART `launch/patient`)."""
 from __future__ import annotations
 
-from connectors.sessions import touch_session
+from workers.activity import record_activity
 from lifecycle.activation import OPEN, require
 from models.application import Application, Installation
 from models.directory import User
@@ -40,7 +40,7 @@ def create_launch(runtime, user: User, client_id: str, auth_time: int | None = N
                            created_at=now, expires_at=expiry(now, runtime.settings.launch_ttl),
                            auth_time=int(runtime.clock.time()) if auth_time is None else auth_time,
                            patient_id=patient_id)
-    touch_session(runtime, user)
+    record_activity(runtime, user)
     org = user.organization
     url = with_query(app.launch_url, launch_id=launch.id, svc_organization_id=org.id, ehr_url=org.ehr_url or None,
                      launch=launch.id, iss=runtime.fhir_base_url(org.id))

@@ -8,8 +8,8 @@ with the throttle's name.
 """
 from __future__ import annotations
 
+from errors import OAuthError
 from models.audit import AuditEvent
-from oauth.errors import OAuthError
 from ratelimit.failures import FailureThrottle, Throttled
 
 

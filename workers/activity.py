@@ -1,10 +1,10 @@
-"""Connector sessions: when a physician's EHR session is live, the nightly sync may read for them.
+"""Physician activity in the hub (stored as connector sessions): while it is live, the nightly sync may read for them.
 
 The platform opens or renews a user's session whenever they are active in the hub
-(`touch_session`): signing in (`lifecycle.sandbox.open_session`), opening an app (`lifecycle.launches.create_launch`),
+(`record_activity`): signing in (`hub.sandbox.open_sandbox_session`), opening an app (`hub.launches.create_launch`),
 the platform verifying an app's token (`lifecycle.verification.record_platform_verification`), and
-the hub staying open (its app-list poll, `lifecycle.hub.hub_entries_for_token`). Signing out ends it
-(`end_session`, via `lifecycle.sandbox.end_session`: `POST /sandbox/signout`). A session is active from its start until it ends
+the hub staying open (its app-list poll, `hub.view.hub_entries_for_token`). Signing out ends it
+(`end_activity`, via `hub.sandbox.end_sandbox_session`: `POST /sandbox/signout`). A session is active from its start until it ends
 or until it has not been seen for `SVC_CONNECTOR_SESSION_TTL` seconds.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _user_id(user) -> str:
     return user if isinstance(user, str) else user.id
 
 
-def touch_session(runtime, user) -> ConnectorSession:
+def record_activity(runtime, user) -> ConnectorSession:
     """The user is active in the hub: extend their active connector session, or start a new one.
 
     A session already seen within `HEARTBEAT_SECONDS` (or a tenth of the lifetime, if shorter)
@@ -41,7 +41,7 @@ def touch_session(runtime, user) -> ConnectorSession:
     return session
 
 
-def end_session(runtime, user) -> int:
+def end_activity(runtime, user) -> int:
     """The user signed out: end their open sessions. Returns how many ended."""
     return (ConnectorSession.update(ended_at=runtime.clock.now())
             .where((ConnectorSession.user == _user_id(user)) & ConnectorSession.ended_at.is_null())

@@ -3,7 +3,7 @@
 - Off unless SVC_SANDBOX=on: `require_sandbox_on` is what every sandbox surface calls first.
 - Only users of organizations on the `sandbox` or a `fhir` EHR get sandbox tokens, a hub or a settings page.
 - A person enters through a one-time sign-in link (`create_signin_link`, printed by the operator
-  CLI and by `serve --demo`), which opens a server-side session (`open_session_from_link`); the
+  CLI and by `serve --demo`), which opens a server-side session (`open_sandbox_session_from_link`); the
   browser holds only the session's random id in an HttpOnly cookie.
 - The settings-page token (`issue_sandbox_token`) names who the platform user is for 30 minutes.
 """
@@ -18,7 +18,7 @@ from models.directory import Organization, User
 from models.sandbox import SandboxSession, SandboxSigninLink
 from errors import ApiError
 from oauth.bearer import BearerGate
-from oauth.lockout import throttle_check, throttle_failure
+from ratelimit.lockout import throttle_check, throttle_failure
 from oauth.tokens import SANDBOX_AUDIENCE
 
 SANDBOX_EHR = "sandbox"
@@ -82,10 +82,10 @@ verification): a live sandbox token of a sandbox user; every refusal says "Authe
 def sandbox_user(runtime, authorization: str | None) -> User:
     """The user the sandbox token of `Authorization: Bearer` names, or 401 "Authentication failed"
     (spec: expired token). With the sandbox off, no sandbox token is accepted anywhere."""
-    return sandbox_session(runtime, authorization)[0]
+    return sandbox_user_and_auth_time(runtime, authorization)[0]
 
 
-def sandbox_session(runtime, authorization: str | None) -> tuple[User, int]:
+def sandbox_user_and_auth_time(runtime, authorization: str | None) -> tuple[User, int]:
     """`sandbox_user`, and when that user authenticated with the platform (the token's
     `auth_time`, epoch seconds; its `iat` for a token from before auth_time existed)."""
     if not runtime.settings.sandbox:
@@ -113,10 +113,10 @@ def create_signin_link(runtime, user_id: str, application_id: str | None = None,
     return f"{runtime.settings.public_url}/sandbox/signin/{token}"
 
 
-def open_session_from_link(runtime, token: str, address: str | None = None) -> tuple[str, User, SandboxSigninLink]:
+def open_sandbox_session_from_link(runtime, token: str, address: str | None = None) -> tuple[str, User, SandboxSigninLink]:
     """Redeem a sign-in link once: (session id for the cookie, the user, the link).
     An unknown, used or expired link is one and the same 401 (nothing to learn by probing). Failed
-    links count against `address` in `runtime.sandbox_signin_throttle` (`oauth.lockout`, as client
+    links count against `address` in `runtime.sandbox_signin_throttle` (`ratelimit.lockout`, as client
     authentication does): past the limit, 429 with Retry-After before any link is looked up."""
     throttle = runtime.sandbox_signin_throttle
     throttle_check(throttle, None, address)
@@ -131,22 +131,22 @@ def open_session_from_link(runtime, token: str, address: str | None = None) -> t
                        "used or has expired. Ask the operator for a new one (svc-auth sandbox signin-link).")
     link = SandboxSigninLink.get_by_id(link_hash)
     user = require_sandbox_user(User.get_or_none(User.id == link.user_id), link.user_id)
-    return open_session(runtime, user), user, link
+    return open_sandbox_session(runtime, user), user, link
 
 
-def open_session(runtime, user: User) -> str:
+def open_sandbox_session(runtime, user: User) -> str:
     """Start a browser session for `user` (sign-in link or invitation); returns the cookie value.
     The physician's EHR session is live from now on (the nightly sync may read for them)."""
-    from connectors.sessions import touch_session
+    from workers.activity import record_activity
     session_id = secrets.token_urlsafe(32)
     now = runtime.clock.now()
     SandboxSession.create(session_hash=runtime.hasher.digest(session_id), user=user.id, signed_in_at=now,
                           expires_at=now + dt.timedelta(seconds=runtime.settings.sandbox_session_ttl))
-    touch_session(runtime, user)
+    record_activity(runtime, user)
     return session_id
 
 
-def session_of(runtime, session_id: str | None) -> tuple[User, SandboxSession] | None:
+def sandbox_session_of(runtime, session_id: str | None) -> tuple[User, SandboxSession] | None:
     """The signed-in sandbox user of this cookie value, or None (unknown, ended, expired)."""
     if not session_id:
         return None
@@ -159,16 +159,16 @@ def session_of(runtime, session_id: str | None) -> tuple[User, SandboxSession] |
     return user, session
 
 
-def end_session(runtime, session_id: str | None) -> None:
+def end_sandbox_session(runtime, session_id: str | None) -> None:
     """Sign out: the session ends, and with it the physician's EHR (connector) session."""
-    from connectors.sessions import end_session as end_connector_session
-    found = session_of(runtime, session_id)
+    from workers.activity import end_activity
+    found = sandbox_session_of(runtime, session_id)
     if found is None:
         return
     user, session = found
     SandboxSession.update(ended_at=runtime.clock.now()).where(
         SandboxSession.session_hash == session.session_hash).execute()
-    end_connector_session(runtime, user)
+    end_activity(runtime, user)
 
 
 def signed_in_at(session: SandboxSession) -> float:

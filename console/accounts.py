@@ -20,7 +20,7 @@ from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import is_id, new_secret
 from errors import ApiError
-from oauth.lockout import throttle_check, throttle_failure
+from ratelimit.lockout import throttle_check, throttle_failure
 
 PASSWORD_MIN = 12
 PASSWORD_MAX = 1024
@@ -158,7 +158,7 @@ def check_credentials(runtime, email: str, password: str, totp_code: str = "") -
     return developer
 
 
-def start_session(runtime, developer: Developer) -> str:
+def start_console_session(runtime, developer: Developer) -> str:
     """A new session; returns the cookie value (stored only hashed)."""
     token = new_secret()
     now = runtime.clock.now()
@@ -185,7 +185,7 @@ def session_developer(runtime, token: str | None) -> Developer | None:
     return session.developer
 
 
-def end_session(runtime, token: str | None) -> None:
+def end_console_session(runtime, token: str | None) -> None:
     if token:
         ConsoleSession.delete().where(ConsoleSession.token_hash == runtime.hasher.digest(token)).execute()
 
@@ -209,8 +209,8 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
 
 
 __all__ = ("FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
-           "developer_application", "end_session", "invite_developer", "open_invite", "session_developer",
-           "sign_in", "start_session", "totp_uri")
+           "developer_application", "end_console_session", "invite_developer", "open_invite", "session_developer",
+           "sign_in", "start_console_session", "totp_uri")
 
 
 def signin_subject(email: str) -> tuple:
@@ -220,7 +220,7 @@ def signin_subject(email: str) -> tuple:
 
 def sign_in(runtime, email: str, password: str, totp_code: str, address: str) -> str:
     """A session token for right credentials. Failures go to `runtime.console_signin_throttle`
-    through `oauth.lockout`, as client authentication does: past the limit per account or per
+    through `ratelimit.lockout`, as client authentication does: past the limit per account or per
     source address, 429 with Retry-After without checking the password."""
     throttle = runtime.console_signin_throttle
     subject = signin_subject(email)
@@ -229,5 +229,5 @@ def sign_in(runtime, email: str, password: str, totp_code: str, address: str) ->
     if developer is None:
         throttle_failure(throttle, subject, address)
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
-    return start_session(runtime, developer)
+    return start_console_session(runtime, developer)
 
