@@ -1,24 +1,25 @@
 """Recording disclosures: what handlers and workers call, the one place a record is written.
 
 A handler describes its request once (`Disclosure`: who asked, from where, for what), then runs
-its domain call through `disclosed`, on the pool thread of the same unit of work: the record of
-the outcome (success with the patients the answer carries, or failure with the patients asked
-for) is committed before the handler writes a byte of the response. A record that cannot be
+its domain call through `disclosed`: the call runs on the runtime's pool, and in the same pool
+job the record of its outcome (success with the patients the answer carries, or failure with the
+patients asked for) joins the process's group commit (`audit.writer`); it is committed before the
+handler writes a byte of the response. Workers and connectors append with `record`, blocking. A record that cannot be
 written fails the request with 503 + Retry-After: there is no silent gap. Log levels play no part.
 SVC_DISCLOSURE_AUDIT=off turns recording off (audited at start, `audit.startup`).
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 
 import peewee
 
 from audit.chain import KEY_LABEL
+from audit.writer import audit_unavailable
 from errors import ApiError
 from models.db import DATABASE_ERRORS
-
-RETRY_AFTER_SECONDS = 2
 
 
 @dataclass(frozen=True)
@@ -55,41 +56,80 @@ def chain_key(runtime) -> bytes:
     return runtime.hasher.derive(KEY_LABEL)
 
 
-def record(runtime, disclosure: Disclosure, outcome: str, status: int | None,
-           patients=None, resource_ids=None) -> None:
-    """Append the record of `disclosure` (blocking: the runtime pool, or a worker thread)."""
-    if not runtime.settings.disclosure_audit:
-        return
+def _fields(disclosure: Disclosure, outcome: str, status: int | None, patients=None, resource_ids=None) -> dict:
+    """The record of `disclosure` with its outcome (the patients and ids asked for, unless given)."""
     fields = {name: getattr(disclosure, name) for name in (
         "action", "organization_id", "application_id", "client_id", "user_id", "jti", "scope", "source_address",
         "request_id", "query", "resource_type")}
     fields.update(outcome=outcome, status=status,
                   patients=unique(disclosure.patients if patients is None else patients),
                   resource_ids=unique(disclosure.resource_ids if resource_ids is None else resource_ids))
+    return fields
+
+
+def record(runtime, disclosure: Disclosure, outcome: str, status: int | None,
+           patients=None, resource_ids=None) -> None:
+    """Append the record of `disclosure` now (blocking: a worker thread, or the runtime's pool)."""
+    if not runtime.settings.disclosure_audit:
+        return
     try:
-        runtime.disclosure_writer.write(fields)
+        runtime.disclosure_writer.write(_fields(disclosure, outcome, status, patients, resource_ids))
     except DATABASE_ERRORS:
         raise  # Runtime.unit_of_work: the connection is discarded, the request answers 503 + Retry-After
     except peewee.PeeweeException as exc:
-        raise ApiError(503, "audit_unavailable", "The disclosure audit cannot record this request; nothing was "
-                                                 "disclosed. Retry shortly.",
-                       {"Retry-After": str(RETRY_AFTER_SECONDS)}) from exc
+        raise audit_unavailable() from exc
 
 
-def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, /, *args):
-    """`fn(*args)`, recorded: `describe(result)` -> (patients, resource ids) of a success, or None
-    when the answer is no disclosure (a pending chart). An `ApiError` is recorded as a failure with
-    its status and re-raised."""
+async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, /, *args):
+    """`fn(*args)` on the runtime's pool, recorded before it returns (a handler's domain call):
+    `describe(result)` -> (patients, resource ids) of a success, or None when the answer is no
+    disclosure (a pending chart). An `ApiError` is recorded as a failure with its status and
+    re-raised. The record joins the process's group commit in the same pool job
+    (`ChainWriter.enqueue`); this returns once it is committed."""
+    if not runtime.settings.disclosure_audit:
+        return await runtime.run(fn, *args)
+    committed = asyncio.get_running_loop().create_future()
+    try:
+        error, result = await runtime.run(_disclose, runtime, disclosure, describe, status, committed, fn, *args)
+    except BaseException:
+        committed.add_done_callback(_consume)  # this job's own error answers the request
+        raise
+    await committed
+    if error is not None:
+        raise error
+    return result
+
+
+def _disclose(runtime, disclosure: Disclosure, describe, status: int, committed, fn, /, *args):
+    """On the pool: the domain call, then its record handed to the group commit -> (error, result)."""
+    writer = runtime.disclosure_writer
+    writer.expect()
     try:
         result = fn(*args)
+        described = describe(result)
     except ApiError as exc:
-        record(runtime, disclosure, "failure", exc.status)
+        writer.enqueue(_fields(disclosure, "failure", exc.status), committed)
+        return exc, None
+    except BaseException:
+        writer.unexpect()
         raise
-    described = describe(result)
-    if described is not None:
+    if described is None:
+        writer.unexpect()
+        committed.get_loop().call_soon_threadsafe(_no_record, committed)
+    else:
         patients, resource_ids = described
-        record(runtime, disclosure, "success", status, patients, resource_ids)
-    return result
+        runtime.disclosure_writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), committed)
+    return None, result
+
+
+def _no_record(future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _consume(future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def ehr_recorder(runtime, organization_id: str, application_id: str | None = None, client_id: str | None = None):

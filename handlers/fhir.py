@@ -99,7 +99,7 @@ class FhirHandler(CorsHandler):
                                               f"retry after {EHR_BUSY_RETRY_AFTER} seconds.",
                             {"Retry-After": str(EHR_BUSY_RETRY_AFTER)})
         try:
-            return await self.run(disclosed, self.runtime, disclosure, describe, 200, fn, self.runtime, caller, *args)
+            return await disclosed(self.runtime, disclosure, describe, 200, fn, self.runtime, caller, *args)
         finally:
             cap.release(clinic)
 

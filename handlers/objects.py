@@ -30,9 +30,9 @@ class ObjectDownloadHandler(BaseHandler):
         try:
             # The disclosure record (audit/) is committed before the first byte is sent.
             disclosure = await self.run(download_disclosure, self.request_disclosure("chart.download"), key)
-            handle, size = await self.run(disclosed, self.runtime, disclosure,
-                                          lambda _: (disclosure.patients, disclosure.resource_ids),
-                                          200, open_object, store.path_of(key))
+            handle, size = await disclosed(self.runtime, disclosure,
+                                           lambda _: (disclosure.patients, disclosure.resource_ids),
+                                           200, open_object, store.path_of(key))
         except FileNotFoundError:
             raise ApiError(404, "not_found", "No such object.") from None
         try:

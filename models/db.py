@@ -35,11 +35,14 @@ def wall_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
 class JSONText(peewee.TextField):
     """JSON stored as text: the same on SQLite and PostgreSQL."""
 
     def db_value(self, value):
-        return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+        return None if value is None else _JSON(value)
 
     def python_value(self, value):
         return None if value is None else json.loads(value)
@@ -111,10 +114,19 @@ class ResilientPostgresqlDatabase(PooledPostgresqlDatabase):
       503 for a request, a logged failure and the next tick for a loop)."""
 
     def cursor(self, named_cursor=None):
+        self._replace_if_dead()
+        return super().cursor(named_cursor)
+
+    def _replace_if_dead(self) -> None:
         if not self.is_closed() and not self.in_transaction() and found_dead(self.connection()):
             log.info("database connection found dead; opening a fresh one")
             discard(self)
-        return super().cursor(named_cursor)
+
+    def ensure_connection(self) -> None:
+        """This thread's connection, open and (outside a transaction) not known dead: before a block
+        that manages its own transaction (Peewee's `connect` inside one would reset its state)."""
+        self._replace_if_dead()
+        self.connect(reuse_if_open=True)
 
     def execute_sql(self, sql, params=None):
         try:

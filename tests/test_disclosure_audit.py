@@ -5,6 +5,7 @@ Each FHIR/REST path is driven over HTTP against the test's service; the records 
 `svc-auth audit disclosures --json` (a real CLI process) and `audit verify` checks the chain."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import subprocess
@@ -25,6 +26,7 @@ from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.audit import AuditEvent
 from models.disclosures import DisclosureRecord
+from ratelimit.concurrency import ConcurrencyCap
 from rest_helpers import complete_snapshot, partner_headers
 from workers.snapshot import build_snapshot, night_window
 
@@ -448,3 +450,43 @@ def test_processes_appending_at_once_keep_one_chain(runtime, settings):
     assert checks and all(check["ok"] for check in checks), [c for c in checks if not c["ok"]]
     assert verify(chain_key(runtime))["records"] == 75
     assert [r.seq for r in DisclosureRecord.select().order_by(DisclosureRecord.seq)] == list(range(1, 76))
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_concurrent_reads_share_commits_and_each_is_recorded_once(api, world, runtime):
+    """The group commit: reads in flight together are committed together, each record once, in one chain."""
+    runtime.ehr_concurrency = ConcurrencyCap(64)  # the clinic's 4 EHR slots per process are another test's
+    token = mint_platform_token(runtime, runtime.settings.issuer, world.physician, world.app, world.org.id)
+    patients = [p.id for p in patient_panel(world.org.id)[:8]]
+    writer = runtime.disclosure_writer
+    commits_before, records_before = writer.commits, writer.committed
+    answers = await asyncio.gather(*(fhir_get(api, world.org.id, token, f"/Patient/{patients[n % 8]}")
+                                     for n in range(40)))
+    assert [status for status, _, _ in answers] == [200] * 40
+    request_ids = sorted(headers["X-Request-Id"] for _, headers, _ in answers)
+    rows = list(DisclosureRecord.select().where(DisclosureRecord.action == "read").order_by(DisclosureRecord.seq))
+    assert sorted(r.request_id for r in rows) == request_ids
+    assert all(r.patients == [r.resource_ids[0]] and r.resource_ids[0] in patients for r in rows)
+    assert writer.committed - records_before == 40
+    assert writer.commits - commits_before < 40  # at least one commit held several requests' records
+    assert verify(chain_key(runtime))["records"] == DisclosureRecord.select().count()
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_a_failed_group_commit_fails_every_waiting_read_and_strands_none(api, world, runtime):
+    """When the commit fails, every read that was waiting on it answers 503 (none hangs, none is
+    answered unrecorded), and the next reads are recorded again."""
+    runtime.ehr_concurrency = ConcurrencyCap(64)  # the clinic's 4 EHR slots per process are another test's
+    token = mint_platform_token(runtime, runtime.settings.issuer, world.physician, world.app, world.org.id)
+    patient = patient_panel(world.org.id)[0].id
+    runtime.db.execute_sql('ALTER TABLE "disclosure_record" RENAME TO "disclosure_record_away"')
+    try:
+        failed = await asyncio.gather(*(fhir_get(api, world.org.id, token, f"/Patient/{patient}") for _ in range(12)))
+    finally:
+        runtime.db.execute_sql('ALTER TABLE "disclosure_record_away" RENAME TO "disclosure_record"')
+    assert [status for status, _, _ in failed] == [503] * 12
+    assert all(headers["Retry-After"] and "name" not in body for _, headers, body in failed)
+    assert DisclosureRecord.select().count() == 0
+    again = await asyncio.gather(*(fhir_get(api, world.org.id, token, f"/Patient/{patient}") for _ in range(6)))
+    assert [status for status, _, _ in again] == [200] * 6
+    assert sorted(r.request_id for r in DisclosureRecord.select()) == sorted(h["X-Request-Id"] for _, h, _ in again)

@@ -66,7 +66,7 @@ class PartnerApiHandler(BaseHandler):
             action, organization_id=organization_id if isinstance(organization_id, str) else None,
             application_id=app.id, client_id=app.client_id, jti=self.partner_claims.get("jti"),
             scope=self.partner_claims.get("scope"), **asked)
-        return await self.run(disclosed, self.runtime, disclosure, describe, status, fn, *args)
+        return await disclosed(self.runtime, disclosure, describe, status, fn, *args)
 
     def json_body(self) -> dict:
         """The body as a JSON object (the REST API takes JSON only)."""
