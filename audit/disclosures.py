@@ -89,9 +89,11 @@ async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, 
     if not runtime.settings.disclosure_audit:
         return await runtime.run(fn, *args)
     committed = asyncio.get_running_loop().create_future()
+    runtime.disclosure_writer.expect(committed)
     try:
         error, result = await runtime.run(_disclose, runtime, disclosure, describe, status, committed, fn, *args)
     except BaseException:
+        runtime.disclosure_writer.unexpect(committed)
         committed.add_done_callback(_consume)  # this job's own error answers the request
         raise
     await committed
@@ -103,7 +105,6 @@ async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, 
 def _disclose(runtime, disclosure: Disclosure, describe, status: int, committed, fn, /, *args):
     """On the pool: the domain call, then its record handed to the group commit -> (error, result)."""
     writer = runtime.disclosure_writer
-    writer.expect()
     try:
         result = fn(*args)
         described = describe(result)
@@ -111,14 +112,14 @@ def _disclose(runtime, disclosure: Disclosure, describe, status: int, committed,
         writer.enqueue(_fields(disclosure, "failure", exc.status), committed)
         return exc, None
     except BaseException:
-        writer.unexpect()
+        writer.unexpect(committed)
         raise
     if described is None:
-        writer.unexpect()
+        writer.unexpect(committed)
         committed.get_loop().call_soon_threadsafe(_no_record, committed)
     else:
         patients, resource_ids = described
-        runtime.disclosure_writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), committed)
+        writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), committed)
     return None, result
 
 

@@ -24,7 +24,7 @@ from models.db import DATABASE_ERRORS
 
 RETRY_AFTER_SECONDS = 2
 GATHER_SECONDS = 0.002
-"""How long a leader waits for the records of requests whose domain call is still running in
+"""How long a leader waits for the records of requests whose domain call is queued or running in
 this process (PostgreSQL's commit_delay with commit_siblings, per process): one commit for them all."""
 
 
@@ -65,26 +65,27 @@ class ChainWriter:
         self._all_in = threading.Condition(self._lock)
         self._pending: list[tuple[dict, asyncio.Future]] = []
         self._writing = False
-        self._expected = 0
+        self._expected: set = set()  # futures of requests whose record is still to come
         self.commits = self.committed = 0  # group commits and the records they held, since start
 
     def write(self, fields: dict) -> None:
         """Append one record now (blocking); inside a transaction, as part of it."""
         append(self.db, self.key, [fields], self.now)
 
-    def expect(self) -> None:
-        """A request's domain call is starting on the pool: its record will follow (`enqueue`) or
-        not (`unexpect`). A leader waits a moment for expected records to join its batch."""
+    def expect(self, future: asyncio.Future) -> None:
+        """A request's domain call is on its way to the pool: its record will follow (`enqueue`)
+        or not (`unexpect`). A leader waits a moment for expected records to join its batch."""
         with self._lock:
-            self._expected += 1
+            self._expected.add(future)
 
-    def unexpect(self) -> None:
+    def unexpect(self, future: asyncio.Future) -> None:
+        """No record will follow for `future` (idempotent)."""
         with self._lock:
-            self._arrived()
+            self._arrived(future)
 
-    def _arrived(self) -> None:
-        self._expected -= 1
-        if self._expected <= 0 and self._writing:
+    def _arrived(self, future) -> None:
+        self._expected.discard(future)
+        if not self._expected and self._writing:
             self._all_in.notify()
 
     def enqueue(self, fields: dict, future: asyncio.Future) -> None:
@@ -94,14 +95,14 @@ class ChainWriter:
         so that unit of work discards the connection."""
         with self._lock:
             self._pending.append((fields, future))
-            self._arrived()
+            self._arrived(future)
             if self._writing:
                 return
             self._writing = True
         while True:
             with self._lock:
-                if self._expected > 0:  # other requests' calls are running: gather their records
-                    self._all_in.wait_for(lambda: self._expected <= 0, GATHER_SECONDS)
+                if self._expected:  # other requests' calls are queued or running: gather their records
+                    self._all_in.wait_for(lambda: not self._expected, GATHER_SECONDS)
                 batch, self._pending = self._pending, []
                 if not batch:
                     self._writing = False

@@ -38,7 +38,9 @@ def _total(runs: list[dict]) -> dict:
     for r in runs:
         for name, count in r["errors"].items():
             errors[name] = errors.get(name, 0) + count
+    by_process = {group: round(sum(r["cpu_seconds"][group] for r in runs), 3) for group in runs[0]["cpu_seconds"]}
     return {"reads": round(reads), "cpu_seconds": round(cpu, 3), "per_cpu_second": round(reads / max(cpu, 1e-9), 1),
+            "cpu_ms_per_read": {g: round(1000 * v / max(reads, 1), 3) for g, v in by_process.items() if v},
             "rounds": [r["per_cpu_second"] for r in runs], "errors": errors,
             "p50_ms": sorted(r["p50_ms"] for r in runs)[len(runs) // 2]}
 
