@@ -20,7 +20,7 @@ from bench.production import redis_server_pid
 from bench.service import BenchService
 
 TARGET = 0.85
-ROUNDS = 4
+ROUNDS = 6
 ORDER = (("off", "on"), ("on", "off"))
 
 
