@@ -16,7 +16,7 @@ import psycopg2
 import pytest
 from jose import jwt
 
-from audit.chain import verify
+from audit.chain import link, verify
 from audit.disclosures import Disclosure, chain_key, record
 from chart_support import fetch_zip, wait_until_not_pending
 from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
@@ -490,3 +490,13 @@ async def test_a_failed_group_commit_fails_every_waiting_read_and_strands_none(a
     again = await asyncio.gather(*(fhir_get(api, world.org.id, token, f"/Patient/{patient}") for _ in range(6)))
     assert [status for status, _, _ in again] == [200] * 6
     assert sorted(r.request_id for r in DisclosureRecord.select()) == sorted(h["X-Request-Id"] for _, h, _ in again)
+
+
+def test_a_link_is_the_same_bytes_as_every_chain_written_before():
+    """The link's canonical form never changes: a chain written by any earlier release still verifies.
+    The expected value was computed with the first release's formula (json.dumps with sort_keys,
+    strftime, hmac.new)."""
+    fields = {"seq": 7, "at": dt.datetime(2026, 11, 25, 14, 5, 57, 123456), "action": "read", "outcome": "success",
+              "status": 200, "organization_id": "org_1", "patients": ["pat_é", "pat_a"], "resource_type": "Patient",
+              "resource_ids": ["pat_é"], "query": "name=Zoë&_count=2", "detail": {"b": 1, "a": [1, {"z": 1, "y": 2}]}}
+    assert link(b"\x01" * 32, "ab" * 32, fields) == "a8cd5751c668a9134b2cf4f728c429619595dbe79f89b7a273a69cdd5c9211cc"
