@@ -4,8 +4,9 @@ A handler describes its request once (`Disclosure`: who asked, from where, for w
 its domain call through `disclosed`: the call runs on the runtime's pool, and in the same pool
 job the record of its outcome (success with the patients the answer carries, or failure with the
 patients asked for) joins the process's group commit (`audit.writer`); it is committed before the
-handler writes a byte of the response. Workers and connectors append with `record`, blocking. A record that cannot be
-written fails the request with 503 + Retry-After: there is no silent gap. Log levels play no part.
+handler writes a byte of the response. Workers and connectors append with `record`, blocking.
+A record that cannot be written fails the request with 503 + Retry-After: there is no silent gap.
+Log levels play no part.
 SVC_DISCLOSURE_AUDIT=off turns recording off (audited at start, `audit.startup`).
 """
 from __future__ import annotations
@@ -91,41 +92,38 @@ async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, 
     committed = asyncio.get_running_loop().create_future()
     runtime.disclosure_writer.expect(committed)
     try:
-        error, result = await runtime.run(_disclose, runtime, disclosure, describe, status, committed, fn, *args)
+        error, result, recorded = await runtime.run(_disclose, runtime, disclosure, describe, status, committed,
+                                                    fn, *args)
     except BaseException:
         runtime.disclosure_writer.unexpect(committed)
         committed.add_done_callback(_consume)  # this job's own error answers the request
         raise
-    await committed
+    if recorded:
+        await committed
     if error is not None:
         raise error
     return result
 
 
 def _disclose(runtime, disclosure: Disclosure, describe, status: int, committed, fn, /, *args):
-    """On the pool: the domain call, then its record handed to the group commit -> (error, result)."""
+    """On the pool: the domain call, then its record handed to the group commit -> (error, result,
+    whether a record was handed over)."""
     writer = runtime.disclosure_writer
     try:
         result = fn(*args)
         described = describe(result)
     except ApiError as exc:
         writer.enqueue(_fields(disclosure, "failure", exc.status), committed)
-        return exc, None
+        return exc, None, True
     except BaseException:
         writer.unexpect(committed)
         raise
     if described is None:
         writer.unexpect(committed)
-        committed.get_loop().call_soon_threadsafe(_no_record, committed)
-    else:
-        patients, resource_ids = described
-        writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), committed)
-    return None, result
-
-
-def _no_record(future) -> None:
-    if not future.done():
-        future.set_result(None)
+        return None, result, False
+    patients, resource_ids = described
+    writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), committed)
+    return None, result, True
 
 
 def _consume(future) -> None:

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import sys
 
-from cli.common import UsageError, emit, with_runtime
+from cli.common import add_json_flag, UsageError, emit, with_runtime
 from models.audit import AuditEvent
 from models.clock import utc_iso
 
@@ -21,7 +21,7 @@ def register(commands) -> None:
     p.add_argument("--action", dest="audit_action", help="only this action, e.g. keys.rotated")
     p.add_argument("--subject", help="only events about this subject (an application, an organization...)")
     p.add_argument("--from", dest="start", help="only events at or after this time (ISO 8601)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_list))
 
     p = actions.add_parser("disclosures", help="the accounting of disclosures of one clinic, oldest first")
@@ -38,12 +38,12 @@ def register(commands) -> None:
 
     p = actions.add_parser("verify", help="verify the disclosure chain (HMAC links, seq, an earlier head)")
     p.add_argument("--head", help="a head printed by an earlier verify: fails if the chain no longer contains it")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_verify))
 
     p = actions.add_parser("prune", help="delete disclosure records older than the retention (recorded)")
     p.add_argument("--before", help="ISO 8601; at most now minus SVC_DISCLOSURE_RETENTION_DAYS (the default)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_flag(p)
     p.set_defaults(handler=with_runtime(_prune))
 
 

@@ -60,6 +60,17 @@ def _seconds(name: str, value: str) -> int:
     return number
 
 
+def _at_least(name: str, value, minimum: int, what: str) -> int:
+    """A whole number of at least `minimum`; `what` is what the error says it must be."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return number
+
+
 def _networks(name: str, value: str) -> tuple:
     nets = []
     for item in filter(None, (p.strip() for p in value.split(","))):
@@ -250,26 +261,16 @@ class Settings:
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
                      "ehr_batch_max_bytes", "ehr_batch_max_pages"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
-        try:
-            merged["fhir_ehr_concurrency"] = int(merged["fhir_ehr_concurrency"])
-            if merged["fhir_ehr_concurrency"] < 1:
-                raise ValueError
-        except ValueError:
-            raise ConfigError("SVC_FHIR_EHR_CONCURRENCY must be a whole number of requests, 1 or more, "
-                              f"got {merged['fhir_ehr_concurrency']!r}") from None
+        merged["fhir_ehr_concurrency"] = _at_least("SVC_FHIR_EHR_CONCURRENCY", merged["fhir_ehr_concurrency"], 1,
+                                                   "a whole number of requests, 1 or more")
         if merged["task_recovery_seconds"] < 3:
             raise ConfigError(f"SVC_TASK_RECOVERY_SECONDS must be at least 3, got {merged['task_recovery_seconds']}")
         try:
             merged["clock_offset"] = float(merged["clock_offset"])
         except ValueError:
             raise ConfigError(f"SVC_CLOCK_OFFSET must be a number of seconds, got {merged['clock_offset']!r}") from None
-        try:
-            merged["key_prepublish_seconds"] = int(merged["key_prepublish_seconds"])
-            if merged["key_prepublish_seconds"] < 0:
-                raise ValueError
-        except ValueError:
-            raise ConfigError("SVC_KEY_PREPUBLISH_SECONDS must be 0 or more seconds, "
-                              f"got {merged['key_prepublish_seconds']!r}") from None
+        merged["key_prepublish_seconds"] = _at_least("SVC_KEY_PREPUBLISH_SECONDS", merged["key_prepublish_seconds"], 0,
+                                                     "0 or more seconds")
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])

@@ -157,6 +157,15 @@ def test_unit_of_work_maps_dependency_failures_to_503(runtime):
 
 
 @pytest.mark.slow
+def migrated_runtime(pg, tmp_path):
+    """A runtime on the test's own PostgreSQL `pg`, its schema migrated."""
+    from runtime import Runtime
+    runtime = Runtime(Settings.build(issuer="http://127.0.0.1:8888", database_url=pg.url, var_dir=str(tmp_path / "var"),
+                                     keys_dir=str(tmp_path / "keys"), hmac_key="h" * 32))
+    runtime.migrate()
+    return runtime
+
+
 def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reopen(tmp_path):
     """Pool threads keep their connection between units of work (no `SELECT 1` per check-out). After
     PostgreSQL restarts, those connections are dead: `/readyz`'s check must not report the old one,
@@ -165,16 +174,11 @@ def test_held_connections_after_a_restart_readiness_is_truthful_and_threads_reop
     work, the scheduler's, failed with `connection already closed` forever)."""
     import threading
 
-    from runtime import Runtime
-
     pg = LocalPostgres()
     runtime = None
     try:
         pg.start()
-        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=pg.url, var_dir=str(tmp_path / "var"),
-                                  keys_dir=str(tmp_path / "keys"), hmac_key="h" * 32)
-        runtime = Runtime(settings)
-        runtime.migrate()
+        runtime = migrated_runtime(pg, tmp_path)
         select_one = lambda: runtime.db.execute_sql("SELECT 1").fetchone()  # noqa: E731
 
         def on_own_thread(fn):
@@ -241,16 +245,11 @@ def test_a_read_broken_under_it_is_read_again_once_and_a_write_is_not(tmp_path):
     import peewee
     import psycopg2
 
-    from runtime import Runtime
-
     pg = LocalPostgres()
     runtime = admin = None
     try:
         pg.start()
-        settings = Settings.build(issuer="http://127.0.0.1:8888", database_url=pg.url, var_dir=str(tmp_path / "var"),
-                                  keys_dir=str(tmp_path / "keys"), hmac_key="h" * 32)
-        runtime = Runtime(settings)
-        runtime.migrate()
+        runtime = migrated_runtime(pg, tmp_path)
         admin = psycopg2.connect(pg.url)
         admin.autocommit = True
 
