@@ -21,6 +21,7 @@ from hub.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from oauth.cors import normalize_origin
 from models.directory import Organization, User
+from models.ids import fhir_id
 
 
 DEMO_ORG_ID = "org_demo_clinic"
@@ -168,8 +169,9 @@ def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
 
 
 def demo_fhir_user(settings, user_id: str) -> str:
-    """The ID token's `fhirUser` for a demo user: `{iss}/Practitioner/{id}` (docs/smart.md)."""
-    return f"{fhir_base_url(settings, DEMO_ORG_ID)}/Practitioner/{user_id}"
+    """The ID token's `fhirUser` for a demo user: `{iss}/Practitioner/{id}`, the user id in R4's
+    spelling (`usr-demo-physician`; docs/smart.md)."""
+    return f"{fhir_base_url(settings, DEMO_ORG_ID)}/Practitioner/{fhir_id(user_id)}"
 
 
 def smart_app_config(runtime, port: int = EXAMPLE_APP_PORT):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = os.environ.get("SVC_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("SVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
 BACKENDS = tuple(b for b in os.environ.get("SVC_TEST_DATABASES", "sqlite,postgresql").split(",") if b)
-SMART_PATIENT = "pat_b15c092f2447b7a2"
+SMART_PATIENT = "pat-b15c092f2447b7a2"
 """A patient of every sandbox clinic's panel (the sandbox EHR's ids are derived, the same everywhere)."""
 
 
