@@ -39,7 +39,7 @@ EXAMPLE_APP_PORT = 8889
 
 def demo_patient():
     """The demo clinic's documented patient (docs/rest-api.md): the first of its sandbox EHR panel,
-    pat_b15c092f2447b7a2, Lena Mercado. The sandbox derives its patients from the organization id,
+    pat-b15c092f2447b7a2, Lena Mercado. The sandbox derives its patients from the organization id,
     so she is the same on every run; a chart request for her builds a real archive."""
     return patient_panel(DEMO_ORG_ID)[0]
 
