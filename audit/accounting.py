@@ -12,10 +12,12 @@ import io
 import operator
 import uuid
 
+import peewee
+
 from audit.chain import iso_ms
 from models.audit import AuditEvent
 from models.disclosures import CHECKPOINT, DisclosureRecord
-from models.ids import id_spellings
+from models.ids import fhir_id, id_spellings
 
 FIELDS = ("seq", "at", "action", "outcome", "status", "application_id", "client_id", "user_id", "organization_id",
           "patients", "resource_type", "resource_ids", "query", "jti", "scope", "source_address", "request_id")
@@ -45,7 +47,9 @@ def disclosures(organization_id: str, patient: str | None = None, application_id
              .order_by(DisclosureRecord.seq))
     spellings = id_spellings(patient) if patient else ()
     if spellings:
-        narrowed = [DisclosureRecord.patients.contains(f'"{s}"') for s in spellings]  # checked exactly below
+        # A LIKE narrows (checked exactly below); the pattern is given as a Value the JSON field does
+        # not convert (a plain string without `_` or `%` went through JSONText and matched nothing).
+        narrowed = [DisclosureRecord.patients.contains(peewee.Value(f'"{s}"', converter=False)) for s in spellings]
         query = query.where(functools.reduce(operator.or_, narrowed))
     if application_id:
         query = query.where(DisclosureRecord.application_id == application_id)
@@ -102,9 +106,10 @@ def audit_event(record: dict, issuer: str) -> dict:
                        "who": {"identifier": {"system": f"{issuer}/users", "value": record["user_id"]}},
                        "requestor": True,
                        "policy": [f"urn:ietf:params:oauth:jti:{record['jti']}"] if record["jti"] else None})
-    entities = [{"what": {"reference": f"Patient/{p}"}, "type": _coding("http://hl7.org/fhir/resource-types", "Patient"),
+    # References in R4's id spelling: a record written before issue 35 keeps `pat_…`, its export says `pat-…`.
+    entities = [{"what": {"reference": f"Patient/{fhir_id(p)}"}, "type": _coding("http://hl7.org/fhir/resource-types", "Patient"),
                  "role": _coding(OBJECT_ROLE, "1", "Patient")} for p in record["patients"]]
-    entities += [{"what": {"reference": f"{record['resource_type']}/{i}"},
+    entities += [{"what": {"reference": f"{record['resource_type']}/{fhir_id(i)}"},
                   "type": _coding("http://hl7.org/fhir/resource-types", record["resource_type"]),
                   "role": _coding(OBJECT_ROLE, "4", "Domain Resource")} for i in record["resource_ids"]
                  if record["resource_type"] and record["resource_type"] != "Patient"]
