@@ -115,7 +115,7 @@ async def test_a_chart_request_naming_the_old_spelling_charts_that_patient(api, 
     request_id = created["request_id"]
     done = await wait_until_not_pending(api, headers, request_id)
     assert done["status"] == "ready", done
-    assert ChartRequest.get_by_id(request_id).patient_id == patient
+    assert patient.startswith("pat-") and ChartRequest.get_by_id(request_id).patient_id == patient
     status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}", headers=headers)
     _, chart = open_archive((await fetch_zip(api, body["download_url"], runtime)).body, request_id, world.app.id)
     assert chart["patient"]["id"] == patient
@@ -123,23 +123,33 @@ async def test_a_chart_request_naming_the_old_spelling_charts_that_patient(api, 
     assert requested.patients == [patient]
 
 
-def test_audit_finds_a_patient_under_both_spellings_and_exports_valid_r4(runtime, world):
-    """Records are append-only: one written before issue 35 keeps `pat_…`; `--patient` in either
-    spelling finds both, and the FHIR export (a BALP Bundle) passes both validators."""
-    asked = Disclosure(action="read", organization_id=world.org.id, resource_type="Patient", request_id="r-old")
-    record(runtime, asked, "success", 200, [OLD_PATIENT], [OLD_PATIENT])
-    record(runtime, Disclosure(action="search", organization_id=world.org.id, resource_type="Encounter",
+def _records_before_and_after(runtime, org_id: str) -> None:
+    """One record written before issue 35 (it keeps `pat_…`: records are append-only), two after."""
+    record(runtime, Disclosure(action="read", organization_id=org_id, resource_type="Patient", request_id="r-old"),
+           "success", 200, [OLD_PATIENT], [OLD_PATIENT])
+    record(runtime, Disclosure(action="search", organization_id=org_id, resource_type="Encounter",
                                query=f"patient={SMART_PATIENT}", request_id="r-new"),
            "success", 200, [SMART_PATIENT], [f"enc-{SMART_PATIENT[4:]}-0"])
-    record(runtime, Disclosure(action="read", organization_id=world.org.id, resource_type="Patient",
-                               request_id="r-other"), "success", 200, ["pat-0000000000000000"], ["pat-0000000000000000"])
+    record(runtime, Disclosure(action="read", organization_id=org_id, resource_type="Patient", request_id="r-other"),
+           "success", 200, ["pat-0000000000000000"], ["pat-0000000000000000"])
+
+
+def test_audit_finds_a_patient_under_both_spellings(runtime, world):
+    _records_before_and_after(runtime, world.org.id)
     for spelling in (OLD_PATIENT, SMART_PATIENT):
         found = json.loads(cli(runtime.settings, "audit", "disclosures", "--org", world.org.id, "--patient", spelling,
                                "--json").stdout)
         assert [r["request_id"] for r in found] == ["r-old", "r-new"], spelling
+
+
+def test_the_audits_fhir_export_is_valid_r4(runtime, world):
+    """`--format fhir` (IHE BALP AuditEvents) passes Medplum's validator (bdl-1: no `total` on a
+    collection) and HL7's R4 JSON Schema, an older record's references included."""
+    _records_before_and_after(runtime, world.org.id)
     bundle = json.loads(cli(runtime.settings, "audit", "disclosures", "--org", world.org.id, "--format", "fhir").stdout)
     assert bundle["type"] == "collection" and len(bundle["entry"]) == 3
     assert r4_problems([bundle]) == [[]]
+    assert f"Patient/{SMART_PATIENT}" in references(bundle["entry"][0]["resource"])  # the older record's
 
 
 def _previous_schema_with_old_ids(runtime, world) -> dict:
