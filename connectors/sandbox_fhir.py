@@ -31,9 +31,13 @@ _KINDS = MappingProxyType(dict(CHART_KINDS))
 _CHART_ID = re.compile(r"^(enc|cnd|obs|med|alg)-([0-9a-f]{16})-(\d{1,4})(?:-(%s))?$" % "|".join(fhir_render.VITAL_SUFFIXES))
 
 
+PATIENT_PREFIX = sandbox_id("pat", "")
+"""`pat-`: a sandbox patient id is this and 16 hex digits."""
+
+
 def patient_key(patient_id: str) -> str:
     """The hex of a sandbox patient id (`pat-{hex}`; the first release's `pat_{hex}` too)."""
-    return patient_id[len("pat-"):]
+    return patient_id[len(PATIENT_PREFIX):]
 
 
 class SandboxFhir:

@@ -1,10 +1,10 @@
 """Identifiers: the one id grammar, and new random ids and secrets.
 
 `ID` is the only grammar of an id anywhere in svc-auth (an application, clinic, user, request,
-patient or FHIR resource id; a path parameter): what we emit (`pat_b15c092f2447b7a2`, `org_…`) and
-what EHRs emit (FHIR R4's id, `[A-Za-z0-9\\-.]{1,64}`), i.e. their union, 1 to 64 of letters,
-digits, `_`, `-` and `.`, but never `.` or `..` alone (a path segment, not an id). It is always
-matched whole (`is_id`: `fullmatch`, so no trailing newline slips through).
+patient or FHIR resource id; a path parameter): what we emit (`org_…`, `usr_…`; the sandbox's
+`pat-b15c092f2447b7a2`) and what EHRs emit (FHIR R4's id, `[A-Za-z0-9\\-.]{1,64}`), i.e. their
+union, 1 to 64 of letters, digits, `_`, `-` and `.`, but never `.` or `..` alone (a path segment,
+not an id). It is always matched whole (`is_id`: `fullmatch`, so no trailing newline slips through).
 
 What the FHIR API serves is R4's id type (`R4_ID`): the sandbox makes its ids with `sandbox_id`
 (`pat-b15c092f2447b7a2`, `enc-{hex}-3`) and shows a user id as `fhir_id(user.id)` (`usr-…`). Ids
