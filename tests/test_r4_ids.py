@@ -48,7 +48,7 @@ def r4_id_type() -> re.Pattern:
 
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_every_id_the_fhir_api_serves_on_the_sandbox_is_r4_and_validates(live, runtime, world):
-    """A walk over every served type (a page of each, and one patient's), every resource read back."""
+    """A walk over every served type (a page of each, and one patient's); each type's first resources read back."""
     fhir = Fhir(live, world.org.id, mint_platform_token(runtime, live, world.physician, world.app, world.org.id))
     patient = patient_panel(world.org.id)[0].id
     served, bundles = {}, []
