@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import io
+import operator
 import uuid
+
+import peewee
 
 from audit.chain import iso_ms
 from models.audit import AuditEvent
 from models.disclosures import CHECKPOINT, DisclosureRecord
+from models.ids import fhir_id, id_spellings
 
 FIELDS = ("seq", "at", "action", "outcome", "status", "application_id", "client_id", "user_id", "organization_id",
           "patients", "resource_type", "resource_ids", "query", "jti", "scope", "source_address", "request_id")
@@ -34,12 +39,18 @@ def record_json(row: DisclosureRecord) -> dict:
 
 def disclosures(organization_id: str, patient: str | None = None, application_id: str | None = None,
                 user_id: str | None = None, start=None, end=None) -> list[dict]:
-    """The clinic's records, oldest first; `start` inclusive, `end` exclusive (naive UTC)."""
+    """The clinic's records, oldest first; `start` inclusive, `end` exclusive (naive UTC). A
+    `patient` is found under each of its spellings (`models.ids.id_spellings`): records are
+    append-only, so those written before issue 35 keep `pat_…` where newer ones have `pat-…`."""
     query = (DisclosureRecord.select().where((DisclosureRecord.organization_id == organization_id)
                                              & (DisclosureRecord.action != CHECKPOINT))
              .order_by(DisclosureRecord.seq))
-    if patient:
-        query = query.where(DisclosureRecord.patients.contains(f'"{patient}"'))  # narrowed; checked exactly below
+    spellings = id_spellings(patient) if patient else ()
+    if spellings:
+        # A LIKE narrows (checked exactly below); the pattern is given as a Value the JSON field does
+        # not convert (a plain string without `_` or `%` went through JSONText and matched nothing).
+        narrowed = [DisclosureRecord.patients.contains(peewee.Value(f'"{s}"', converter=False)) for s in spellings]
+        query = query.where(functools.reduce(operator.or_, narrowed))
     if application_id:
         query = query.where(DisclosureRecord.application_id == application_id)
     if user_id:
@@ -48,7 +59,7 @@ def disclosures(organization_id: str, patient: str | None = None, application_id
         query = query.where(DisclosureRecord.at >= start)
     if end is not None:
         query = query.where(DisclosureRecord.at < end)
-    return [record_json(row) for row in query.iterator() if not patient or patient in row.patients]
+    return [record_json(row) for row in query.iterator() if not spellings or set(spellings) & set(row.patients)]
 
 
 def read_accounting(actor: str, filters: dict, output: str, **query) -> list[dict]:
@@ -95,9 +106,10 @@ def audit_event(record: dict, issuer: str) -> dict:
                        "who": {"identifier": {"system": f"{issuer}/users", "value": record["user_id"]}},
                        "requestor": True,
                        "policy": [f"urn:ietf:params:oauth:jti:{record['jti']}"] if record["jti"] else None})
-    entities = [{"what": {"reference": f"Patient/{p}"}, "type": _coding("http://hl7.org/fhir/resource-types", "Patient"),
+    # References in R4's id spelling: a record written before issue 35 keeps `pat_…`, its export says `pat-…`.
+    entities = [{"what": {"reference": f"Patient/{fhir_id(p)}"}, "type": _coding("http://hl7.org/fhir/resource-types", "Patient"),
                  "role": _coding(OBJECT_ROLE, "1", "Patient")} for p in record["patients"]]
-    entities += [{"what": {"reference": f"{record['resource_type']}/{i}"},
+    entities += [{"what": {"reference": f"{record['resource_type']}/{fhir_id(i)}"},
                   "type": _coding("http://hl7.org/fhir/resource-types", record["resource_type"]),
                   "role": _coding(OBJECT_ROLE, "4", "Domain Resource")} for i in record["resource_ids"]
                  if record["resource_type"] and record["resource_type"] != "Patient"]
@@ -136,6 +148,8 @@ def _clean(value: dict) -> dict:
 
 
 def as_fhir_bundle(records: list[dict], issuer: str) -> dict:
-    return {"resourceType": "Bundle", "type": "collection", "total": len(records),
+    """The records as a `collection` Bundle of AuditEvents: valid R4, so no `total` (invariant
+    bdl-1: a total only on a searchset or history); the count is the number of entries."""
+    return {"resourceType": "Bundle", "type": "collection",
             "entry": [{"fullUrl": f"urn:uuid:{event['id']}", "resource": event}
                       for event in (audit_event(r, issuer) for r in records)]}

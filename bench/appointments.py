@@ -37,7 +37,7 @@ def _appointment_rows(fleet, snapshots: dict, start_index: int, per_org: int):
             user_id, npi, name = physicians[i % len(physicians)]
             start = base + dt.timedelta(days=rng.randrange(10), minutes=30 * rng.randrange(16))
             yield (snapshots[org_id], f"appt-{i}", user_id, npi, name, start, start + dt.timedelta(minutes=30),
-                   "booked", "Follow-up", "Blood pressure check", "Room 2", f"pat_{i % 150}", "Pat", f"Ient{i}",
+                   "booked", "Follow-up", "Blood pressure check", "Room 2", f"pat-{i % 150}", "Pat", f"Ient{i}",
                    dt.date(1970, 1, 1) + dt.timedelta(days=i % 9000), "female")
 
 

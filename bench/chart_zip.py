@@ -44,7 +44,7 @@ def synthetic_chart(megabytes: float):
                             vitals={"bp": f"{rng.randint(105, 150)}/{rng.randint(65, 95)}",
                                     "pulse": rng.randint(55, 100), "weight_kg": round(rng.uniform(50, 120), 1)},
                             assessment=note(70), plan=note(50))
-    return Chart(patient=Patient(id="pat_bench", first_name="Bench", last_name="Patient",
+    return Chart(patient=Patient(id="pat-bench", first_name="Bench", last_name="Patient",
                                  date_of_birth=dt.date(1960, 2, 29), sex="female"),
                  organization_name="Bench Clinic", encounter_source=encounters), count
 

@@ -21,6 +21,7 @@ from hub.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from oauth.cors import normalize_origin
 from models.directory import Organization, User
+from models.ids import fhir_id
 
 
 DEMO_ORG_ID = "org_demo_clinic"
@@ -38,7 +39,7 @@ EXAMPLE_APP_PORT = 8889
 
 def demo_patient():
     """The demo clinic's documented patient (docs/rest-api.md): the first of its sandbox EHR panel,
-    pat_b15c092f2447b7a2, Lena Mercado. The sandbox derives its patients from the organization id,
+    pat-b15c092f2447b7a2, Lena Mercado. The sandbox derives its patients from the organization id,
     so she is the same on every run; a chart request for her builds a real archive."""
     return patient_panel(DEMO_ORG_ID)[0]
 
@@ -168,8 +169,9 @@ def example_app_config(runtime, info: dict, port: int = EXAMPLE_APP_PORT):
 
 
 def demo_fhir_user(settings, user_id: str) -> str:
-    """The ID token's `fhirUser` for a demo user: `{iss}/Practitioner/{id}` (docs/smart.md)."""
-    return f"{fhir_base_url(settings, DEMO_ORG_ID)}/Practitioner/{user_id}"
+    """The ID token's `fhirUser` for a demo user: `{iss}/Practitioner/{id}`, the user id in R4's
+    spelling (`usr-demo-physician`; docs/smart.md)."""
+    return f"{fhir_base_url(settings, DEMO_ORG_ID)}/Practitioner/{fhir_id(user_id)}"
 
 
 def smart_app_config(runtime, port: int = EXAMPLE_APP_PORT):

@@ -135,13 +135,13 @@ def _number(text: str):
 
 def observations(id_prefix: str, patient_id: str, encounter_id: str, e: Encounter) -> list[dict]:
     """US Core vital signs of one encounter, LOINC coded: one Observation per measured vital,
-    with ids `{id_prefix}_{suffix}` (suffix from VITALS)."""
+    with ids `{id_prefix}-{suffix}` (suffix from VITALS)."""
     found = []
     for key, suffix, code, display, profile, unit in VITALS:
         text = (e.vitals or {}).get(key)
         if not text:
             continue
-        resource = {"resourceType": "Observation", "id": f"{id_prefix}_{suffix}", **_meta(profile),
+        resource = {"resourceType": "Observation", "id": f"{id_prefix}-{suffix}", **_meta(profile),
                     "status": "final",
                     "category": [{"coding": [_coding(OBSERVATION_CATEGORY, "vital-signs", "Vital Signs")]}],
                     "code": {"coding": [_coding(LOINC, code, display)], "text": display},

@@ -26,8 +26,9 @@ from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavai
                              Provider)
 from connectors import fhir_render
 from connectors.fhir.spool import observation_of
-from connectors.sandbox_fhir import SandboxFhir
+from connectors.sandbox_fhir import SandboxFhir, patient_key
 from models.directory import User
+from models.ids import fhir_id, sandbox_id
 
 PANEL_SIZE = 150
 SLOT_MINUTES = 30
@@ -89,7 +90,7 @@ def patient_panel(organization_id: str) -> tuple[Patient, ...]:
         sex = rng.choice(["female", "male"])
         first = rng.choice(FIRST_F if sex == "female" else FIRST_M)
         born = dt.date(1940, 1, 1) + dt.timedelta(days=rng.randrange(0, 365 * 80))
-        patients.append(Patient(id=f"pat_{_hex(organization_id, 'patient', index)}", first_name=first,
+        patients.append(Patient(id=sandbox_id("pat", _hex(organization_id, "patient", index)), first_name=first,
                                 last_name=rng.choice(LAST), date_of_birth=born, sex=sex))
     return tuple(patients)
 
@@ -129,7 +130,7 @@ class SandboxConnector(SandboxFhir):
 
     def user_practitioner(self, provider: Provider) -> str | None:
         """The sandbox's Practitioner of a user: the user itself when it has an NPI (`physicians`)."""
-        return provider.user_id if provider.npi else None
+        return fhir_id(provider.user_id) if provider.npi else None
 
     recorder = None
     """`connectors.connector_for`'s recorder: called once per connector call (the disclosure audit's `ehr.fetch`)."""
@@ -190,7 +191,7 @@ class SandboxConnector(SandboxFhir):
                 status = "booked"  # FHIR: confirmed to go ahead; cancelled ones disappear (booking())
                 if start <= slot < end:
                     yield Appointment(
-                        id=f"apt_{_hex(self.organization_id, provider.npi, slot.isoformat())}",
+                        id=sandbox_id("apt", _hex(self.organization_id, provider.npi, slot.isoformat())),
                         start=slot, end=appointment_end, status=status, appointment_type=visit_type,
                         reason=rng.choice(REASONS),
                         location="Telehealth" if visit_type == "Telehealth" else f"Exam Room {room}",
@@ -200,6 +201,7 @@ class SandboxConnector(SandboxFhir):
                 slot += dt.timedelta(minutes=SLOT_MINUTES)
 
     def fetch_chart(self, patient_id: str) -> Chart:
+        patient_id = fhir_id(patient_id)  # a chart request made before issue 35 names `pat_…`
         self._recorded_call("Patient", "chart", (patient_id,))
         patient = next((p for p in patient_panel(self.organization_id) if p.id == patient_id), None)
         if patient is None:
@@ -208,14 +210,14 @@ class SandboxConnector(SandboxFhir):
             raise PatientNotFound(f"The EHR has no patient {patient_id} in this organization.")
         if self.recorder is not None:
             self.recorder("success", "Patient", (patient_id,), (patient_id,), "chart")
-        rng = _rng(self.organization_id, patient_id, "chart")
-        key = patient_id[len("pat_"):]
-        problems = [{"id": f"cnd_{key}_{n}", "code": code, "description": text, "onset": _date(rng).isoformat()}
+        key = patient_key(patient_id)
+        rng = _rng(self.organization_id, _seed(key), "chart")
+        problems = [{"id": sandbox_id("cnd", key, n), "code": code, "description": text, "onset": _date(rng).isoformat()}
                     for n, (code, text) in enumerate(rng.sample(PROBLEMS, rng.randint(1, 5)))]
-        medications = [{"id": f"med_{key}_{n}", "name": name, "dose": dose, "frequency": freq,
+        medications = [{"id": sandbox_id("med", key, n), "name": name, "dose": dose, "frequency": freq,
                         "started": _date(rng).isoformat(), "status": "active"}
                        for n, (name, dose, freq) in enumerate(rng.sample(MEDICATIONS, rng.randint(0, 5)))]
-        allergies = [{"id": f"alg_{key}_{n}", "substance": s, "reaction": r, "severity": sev}
+        allergies = [{"id": sandbox_id("alg", key, n), "substance": s, "reaction": r, "severity": sev}
                      for n, (s, r, sev) in enumerate(rng.sample(ALLERGIES, rng.randint(0, 2)))]
         count = rng.randint(3, 40)
         return Chart(patient=patient, organization_name=self.organization_name, problems=problems,
@@ -224,11 +226,11 @@ class SandboxConnector(SandboxFhir):
                      observation_source=lambda: self._vital_signs(patient_id, count))
 
     def _encounters(self, patient_id: str, count: int):
-        """The patient's visits, ids `enc_{key}_{n}` as the sandbox's FHIR API serves them; their
+        """The patient's visits, ids `enc-{key}-{n}` as the sandbox's FHIR API serves them; their
         `vitals` are generated here and charted as Observations (`_vital_signs`)."""
-        rng = _rng(self.organization_id, patient_id, "encounters")
+        key = patient_key(patient_id)
+        rng = _rng(self.organization_id, _seed(key), "encounters")
         day = HISTORY_START + dt.timedelta(days=rng.randrange(0, 200))
-        key = patient_id[len("pat_"):]
         for n in range(count):
             visit_type, _minutes = rng.choice(VISIT_TYPES)
             yield Encounter(
@@ -237,16 +239,23 @@ class SandboxConnector(SandboxFhir):
                 vitals={"blood_pressure": f"{rng.randint(104, 152)}/{rng.randint(64, 96)} mmHg",
                         "heart_rate": f"{rng.randint(56, 98)} bpm", "temperature": f"{rng.uniform(36.3, 37.6):.1f} C",
                         "weight": f"{rng.uniform(48, 118):.1f} kg"},
-                assessment=rng.choice(ASSESSMENTS), plan=rng.choice(PLANS), id=f"enc_{key}_{n}")
+                assessment=rng.choice(ASSESSMENTS), plan=rng.choice(PLANS), id=sandbox_id("enc", key, n))
             day += dt.timedelta(days=rng.randint(20, 120))
 
     def _vital_signs(self, patient_id: str, count: int):
         """The vital signs of every visit as chart observations: the FHIR Observations the
         sandbox's FHIR API serves, read as a FHIR EHR's are (`connectors.fhir.spool.observation_of`)."""
-        key = patient_id[len("pat_"):]
+        key = patient_key(patient_id)
         for n, encounter in enumerate(self._encounters(patient_id, count)):
-            for resource in fhir_render.observations(f"obs_{key}_{n}", patient_id, f"enc_{key}_{n}", encounter):
+            for resource in fhir_render.observations(sandbox_id("obs", key, n), patient_id, sandbox_id("enc", key, n),
+                                                     encounter):
                 yield observation_of(resource)
+
+
+def _seed(key: str) -> str:
+    """What a patient's generated chart derives from: their id as first spelled (`pat_{key}`), so
+    every chart stayed the same when ids took R4's spelling (issue 35)."""
+    return f"pat_{key}"
 
 
 def _date(rng: random.Random) -> dt.date:

@@ -3,11 +3,13 @@
 A read or search names every patient its resources belong to (the Patient itself, or the
 `Patient/{id}` its subject, patient or participants reference); a failure names the patients it
 asked for: the path id of a Patient read, the `patient`/`subject`/`actor` (and a Patient search's
-`_id`) values, and the token's patient.
+`_id`) values, and the token's patient, in R4's spelling (`models.ids.fhir_id`, as the FHIR API
+reads them), so an old `pat_…` in a request is recorded as the patient's id, `pat-…`.
 """
 from __future__ import annotations
 
 from audit.disclosures import Disclosure
+from models.ids import fhir_id
 
 ASKING = ("patient", "subject", "actor", "patient:Patient", "subject:Patient")
 
@@ -44,13 +46,13 @@ def asked_patients(resource_type: str, path_id: str | None, raw_args: dict, toke
                 kind, _, ident = item.strip().rpartition("/")
                 if kind in ("", "Patient") or kind.endswith("/Patient"):
                     asked.append(ident)
-    return asked + ([token_patient] if token_patient else [])
+    return [fhir_id(p) for p in asked] + ([token_patient] if token_patient else [])
 
 
 def asked_ids(path_id: str | None, raw_args: dict) -> list[str]:
     if path_id:
-        return [path_id]
-    return [item for value in raw_args.get("_id", ()) for item in _text(value).split(",") if item]
+        return [fhir_id(path_id)]
+    return [fhir_id(item) for value in raw_args.get("_id", ()) for item in _text(value).split(",") if item]
 
 
 def fhir_disclosure(caller, action: str, resource_type: str, path_id: str | None, raw_args: dict,

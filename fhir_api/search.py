@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from connectors import ResourceQuery
 from fhir_api.outcome import invalid
-from models.ids import ID_RULE, is_id
+from models.ids import ID_RULE, fhir_id, is_id
 
 SUPPORTED_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
                    "MedicationRequest", "AllergyIntolerance")
@@ -45,10 +45,12 @@ class Unmatchable(Exception):
 
 
 def resource_id(value: str, what: str = "id") -> str:
-    """A resource id of the shape ids have, else 400."""
+    """A resource id of the shape ids have, in R4's spelling (`models.ids.fhir_id`: the spelling
+    before issue 35, `pat_…`, names the same resource as `pat-…`), else 400. Every id a FHIR
+    request names (the path's, `_id`, a reference) passes here."""
     if not is_id(value):
         raise invalid(f"{what} must be {ID_RULE}.")
-    return value
+    return fhir_id(value)
 
 
 def reference(value: str, types: tuple[str, ...], base_url: str, name: str) -> tuple[str, str | None]:

@@ -7,19 +7,20 @@ from lifecycle.activation import OPEN, require
 from models.application import Application, Installation
 from models.directory import User
 from models.grants import Launch, expiry
-from models.ids import ID_RULE, is_id, new_secret
+from models.ids import ID_RULE, fhir_id, is_id, new_secret
 from errors import ApiError
 from oauth.redirects import with_query
 
 
 def valid_patient_id(value) -> str | None:
-    """`value` when it is absent (None) or an id (`models.ids`: the grammar the FHIR API reads the
-    patient by, so a launch never carries a patient the FHIR API would refuse); 400 otherwise."""
+    """`value` in R4's spelling (`models.ids.fhir_id`) when it is an id (`models.ids`: the grammar
+    the FHIR API reads the patient by, so a launch never carries a patient the FHIR API would
+    refuse), None when absent; 400 otherwise."""
     if value is None:
         return None
     if not is_id(value):
         raise ApiError(400, "invalid_request", f"patient_id must be a patient id: {ID_RULE}.")
-    return value
+    return fhir_id(value)
 
 
 def create_launch(runtime, user: User, client_id: str, auth_time: int | None = None,

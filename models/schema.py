@@ -76,6 +76,19 @@ def _one_snapshot_builder(migrator) -> None:
     migrator.database.execute(ONE_BUILDER.safe())
 
 
+R4_ID_COLUMNS = ((SnapshotAppointment.patient_id, "pat"), (SnapshotAppointment.ehr_appointment_id, "apt"),
+                 (ChartRequest.patient_id, "pat"), (Launch.patient_id, "pat"), (AuthorizationCode.patient_id, "pat"))
+"""Where ids the sandbox made are stored, and their kind (disclosure_record is append-only: not here)."""
+
+
+def _r4_sandbox_ids(migrator) -> None:
+    """Stored sandbox ids take R4's spelling (`pat_b15c…` -> `pat-b15c…`, `models.ids.sandbox_id`),
+    one UPDATE per column. Rolling-upgrade safe: the previous release reads and serves the new
+    spelling as any id (its sandbox no longer finds those patients: it 404s, as for an unknown one)."""
+    for field, kind in R4_ID_COLUMNS:
+        field.model.update({field: peewee.fn.REPLACE(field, "_", "-")}).where(field.startswith(f"{kind}_")).execute()
+
+
 MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Codes note the jtis their exchange issued (replaces one issued_token row per token).
     (1, "authorization_code.issued_jtis",
@@ -129,6 +142,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
                           ("retired_secret_until", peewee.DateTimeField(null=True)))),
     # Issue 27 numbers its steps 27xx.
     (2701, "disclosure_record: append-only on PostgreSQL (a trigger refuses UPDATE, DELETE, TRUNCATE)", install_guard),
+    # Issue 35 numbers its steps 35xx (item 4, R4-valid ids: 3504).
+    (3504, "sandbox ids in R4's spelling (pat-…, apt-…) in appointments, chart requests, launches and codes",
+     _r4_sandbox_ids),
 )
 
 

@@ -23,6 +23,7 @@ from typing import Callable
 
 from errors import ApiError
 from models.application import user_with_installation
+from models.ids import fhir_id
 from oauth.tokens import InvalidToken
 
 REALM = "svc-auth"
@@ -118,9 +119,10 @@ class Caller:
 
     @property
     def patient(self) -> str | None:
-        """The SMART launch's patient context, when the token carries one."""
+        """The SMART launch's patient context, when the token carries one, in R4's spelling (a token
+        issued before issue 35 may carry `pat_…`: `models.ids.fhir_id`)."""
         value = self.claims.get("patient")
-        return value if isinstance(value, str) and value else None
+        return fhir_id(value) if isinstance(value, str) and value else None
 
 
 Requirement = Callable[["BearerGate", object, Caller, dict], Caller]

@@ -13,6 +13,7 @@ import logging
 from models.application import Application
 from models.charts import ChartRequest
 from models.clock import utc_iso
+from models.ids import fhir_id
 from errors import ApiError
 from lifecycle.activation import USE
 from partner_api.access import installation_of, path_id
@@ -34,7 +35,7 @@ def create_request(runtime, app: Application, body: dict) -> dict:
         if not isinstance(body.get(name), str):
             raise ApiError(400, "invalid_request", f"{name} is required and must be a string.")
     organization_id = path_id("svc_organization_id", body["svc_organization_id"])
-    patient_id = path_id("patient_id", body["patient_id"])
+    patient_id = fhir_id(path_id("patient_id", body["patient_id"]))  # `pat_…` (before issue 35) is `pat-…`
     installation_of(app, organization_id, "svc_organization_id", USE)
     request = ChartRequest.create(application=app.id, organization=organization_id, patient_id=patient_id,
                                  created_at=runtime.clock.now())

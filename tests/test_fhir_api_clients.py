@@ -21,6 +21,7 @@ from fhirclient.server import FHIRNotFoundException, FHIRPermissionDeniedExcepti
 from fhir_api_support import Fhir, resources
 from helpers import mint_platform_token
 from js_support import JS_DIR
+from models.ids import fhir_id
 
 
 def smart_client(live, world, token, patient_id=None):
@@ -45,7 +46,7 @@ def test_fhirclient_reads_and_searches_with_a_user_token(live, runtime, world):
     assert practitioner.identifier[0].value == world.physician.npi
     found = Practitioner.where(struct={"identifier": f"http://hl7.org/fhir/sid/us-npi|{world.physician.npi}"}) \
         .perform_resources(smart.server)
-    assert [p.id for p in found] == [world.physician.id]
+    assert [p.id for p in found] == [fhir_id(world.physician.id)]  # R4 spelling: usr-…
     appointments = Appointment.where(struct={"practitioner": world.physician.id, "_count": "20"}) \
         .perform_resources(smart.server)
     assert appointments and all(a.status == "booked" for a in appointments)

@@ -22,6 +22,7 @@ from lifecycle.applications import install_application, register_application
 from lifecycle.users import create_user
 from models.application import Application, Installation
 from models.directory import User
+from models.ids import fhir_id
 
 US_CORE = "http://hl7.org/fhir/us/core/StructureDefinition/"
 NPI = "http://hl7.org/fhir/sid/us-npi"
@@ -91,13 +92,14 @@ def test_read_and_search_every_type(runtime, world, doctor):
 
     # Patient: US Core shape, and the demo-style ids verbatim.
     patient = resources(fhir.search("Patient", {"_count": 1}))[0]
-    assert patient["id"].startswith("pat_") and patient["gender"] in ("male", "female")
+    assert patient["id"].startswith("pat-") and patient["gender"] in ("male", "female")
     assert patient["name"][0]["family"] and patient["birthDate"] and patient["identifier"]
     # Practitioner: the clinic's physician with the NPI identifier; found by NPI.
     practitioner = fhir.read("Practitioner", world.physician.id)
     assert practitioner["identifier"] == [{"system": NPI, "value": world.physician.npi}]
     by_npi = fhir.search("Practitioner", {"identifier": f"{NPI}|{world.physician.npi}"})
-    assert [r["id"] for r in resources(by_npi)] == [world.physician.id]
+    assert practitioner["id"] == fhir_id(world.physician.id)  # R4's spelling of the user id: usr-…
+    assert [r["id"] for r in resources(by_npi)] == [fhir_id(world.physician.id)]
     assert fhir.search("Practitioner", {"identifier": f"urn:other|{world.physician.npi}"})["total"] == 0
     assert fhir.search("Practitioner", {"identifier": "0000000000"})["total"] == 0
 
@@ -110,8 +112,8 @@ def test_read_and_search_every_type(runtime, world, doctor):
     for appointment in appointments:
         assert str(start) <= appointment["start"][:10] < str(end)
         actors = [p["actor"].get("reference") for p in appointment["participant"]]
-        assert f"Practitioner/{world.physician.id}" in actors
-        assert any(a and a.startswith("Patient/pat_") for a in actors)
+        assert f"Practitioner/{fhir_id(world.physician.id)}" in actors
+        assert any(a and a.startswith("Patient/pat-") for a in actors)
         assert appointment["status"] == "booked"
     patient_id = next(a for a in (p["actor"].get("reference") for p in appointments[0]["participant"])
                       if a and a.startswith("Patient/"))
@@ -191,7 +193,7 @@ def test_patient_scope_reaches_only_the_launch_patient(runtime, world, doctor):
     for appointment in resources(fhir.search("Appointment", {"_count": 100})):
         assert f"Patient/{mine}" in [p["actor"].get("reference") for p in appointment["participant"]]
     # A patient/ scope still reads the clinic's directory (no compartment).
-    assert fhir.read("Practitioner", world.physician.id)["id"] == world.physician.id
+    assert fhir.read("Practitioner", world.physician.id)["id"] == fhir_id(world.physician.id)
 
     # patient/Patient.rs only: no Appointments at all (403), still not the other patient (404).
     narrow = client(runtime, world.physician, world.app, world.org, scope="openid patient/Patient.rs", patient=mine)
@@ -271,7 +273,7 @@ BAD_SEARCHES = [
     ("Appointment", {"date": "2026-13-01"}),
     ("Appointment", {"date": "2026-01-01T10:00"}),         # a time needs a zone
     ("Appointment", [("date", "ge2026"), ("date", "le2027"), ("date", "lt2028")]),
-    ("Appointment", {"actor": "pat_b15c092f2447b7a2"}),    # actor needs its type
+    ("Appointment", {"actor": "pat-b15c092f2447b7a2"}),    # actor needs its type
     ("Condition", {"patient": "Practitioner/usr_1"}),
     ("Condition", [("patient", "a"), ("patient", "b")]),
     ("Observation", {"code": "http://loinc.org|"}),
@@ -307,7 +309,7 @@ def test_an_ehr_that_is_down_answers_503_with_retry_after(runtime, world):
                        ("down@example.com", "Do", "Wn", "dwn", "1003000126"))
     install_application(world.app.id, down.id)
     fhir = client(runtime, doc, world.app, down)
-    for call in ((fhir.search, "Patient"), (fhir.read, "Patient", "pat_b15c092f2447b7a2")):
+    for call in ((fhir.search, "Patient"), (fhir.read, "Patient", "pat-b15c092f2447b7a2")):
         refusal = refused(*call)
         assert (refusal.status, refusal.error, refusal.headers) == (503, "transient", {"Retry-After": "5"})
     assert capability_statement(runtime.settings, down.id, "2026-01-01")["rest"]  # no EHR call
@@ -341,6 +343,6 @@ def test_the_sandbox_connector_reads_back_every_resource_it_finds(runtime, world
             wrong = "Condition" if resource_type != "Condition" else "Encounter"
             with pytest.raises(ResourceNotFound):
                 connector.read_resource(wrong, found[0]["id"])
-    for junk in ("pat_zz", "enc_0000000000000000_0", "obs_" + patient[4:] + "_0_xx", "cnd_" + patient[4:] + "_99"):
+    for junk in ("pat_zz", "enc-0000000000000000-0", "obs-" + patient[4:] + "-0-xx", "cnd-" + patient[4:] + "-99"):
         with pytest.raises(ResourceNotFound):
             connector.read_resource("Condition" if junk.startswith("cnd") else "Encounter", junk)

@@ -17,7 +17,7 @@ from models.application import Installation
 from oauth.tokens import PLATFORM_AUDIENCE
 from rest_helpers import partner_headers
 
-PATIENT = "pat_b15c092f2447b7a2"
+PATIENT = "pat-b15c092f2447b7a2"
 DISABLED = "The application is Disabled in this organization"
 CHALLENGE = re.compile(r'Bearer (error="invalid_token", error_description="[^"\\]+", )?realm="svc-auth"')
 

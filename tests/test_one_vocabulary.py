@@ -21,6 +21,7 @@ from lifecycle.users import create_user, update_user
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
+from models.ids import fhir_id
 from rest_helpers import partner_headers
 from smart_support import launch_tokens
 from workers.snapshot import build_snapshot, night_window
@@ -40,7 +41,7 @@ def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(smart
     world = smart_world
     tokens = launch_tokens(live, runtime, world.physician, world.app, world.secret, FHIR_USER_SCOPE)
     fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
-    assert fhir_user == f"{live}/fhir/r4/{world.org.id}/Practitioner/{world.physician.id}"
+    assert fhir_user == f"{live}/fhir/r4/{world.org.id}/Practitioner/{fhir_id(world.physician.id)}"  # usr-…
     status, _, practitioner = Fhir(live, world.org.id, tokens["access_token"]).get(fhir_user)
     assert status == 200 and practitioner["resourceType"] == "Practitioner", practitioner
     assert practitioner["identifier"] == [{"system": "http://hl7.org/fhir/sid/us-npi", "value": world.physician.npi}]

@@ -15,6 +15,7 @@ from jose import jwt
 
 from helpers import ROOT, SMART_PATIENT, SmartWorld, sandbox_signin, settings_env
 from lifecycle.applications import set_smart_scopes
+from models.ids import fhir_id
 from oauth.pkce import s256
 from oauth.tokens import PLATFORM_AUDIENCE
 
@@ -175,7 +176,7 @@ async def test_patient_context_reaches_the_token_response_and_the_access_token(a
     assert access["patient"] == PATIENT and access["org"] == world.org.id and access["sub"] == world.physician.id
     assert access["scope"] == tokens["scope"]
     id_claims = claims_of(tokens["id_token"])
-    assert id_claims["fhirUser"] == f"{iss_of(world)}/Practitioner/{world.physician.id}"
+    assert id_claims["fhirUser"] == f"{iss_of(world)}/Practitioner/{fhir_id(world.physician.id)}"
     assert "patient" not in id_claims
     # without a patient context: no patient anywhere; without fhirUser granted: no fhirUser claim
     answer = await launch(api, world)

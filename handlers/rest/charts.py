@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from handlers.rest.base import PartnerApiHandler
 from partner_api.charts import PENDING_RETRY_AFTER, create_request, download_url, request_status
-from partner_api.disclosure import chart_of, describe_chart_request
+from partner_api.disclosure import chart_of, chart_request_patient, describe_chart_request
 
 
 class ChartRequestsHandler(PartnerApiHandler):
@@ -11,7 +11,7 @@ class ChartRequestsHandler(PartnerApiHandler):
 
     async def post(self):
         body = self.json_body()
-        patient = body.get("patient_id") if isinstance(body.get("patient_id"), str) else None
+        patient = chart_request_patient(body)
         self.write_json(await self.disclose(
             "chart.request", body.get("svc_organization_id"), lambda answer: describe_chart_request(answer, patient),
             202, create_request, self.runtime, self.partner_app, body,

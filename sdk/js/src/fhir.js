@@ -1,7 +1,7 @@
 /**
  * The platform FHIR R4 API from the app's browser code: `instance.fhir` of an initialized SDK.
  *
- *   const patient = await instance.fhir.read("Patient", "pat_b15c092f2447b7a2");
+ *   const patient = await instance.fhir.read("Patient", "pat-b15c092f2447b7a2");
  *   const bundle = await instance.fhir.search("Condition", { patient: patient.id, _count: 20 });
  *
  * Each call sends the instance's access token (`Authorization: Bearer`) to the clinic's FHIR base

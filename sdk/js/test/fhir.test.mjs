@@ -23,7 +23,7 @@ before(async () => {
     const [path] = req.url.split("?");
     let status = 200;
     let body;
-    if (path.endsWith("/Patient/pat_1")) body = { resourceType: "Patient", id: "pat_1" };
+    if (path.endsWith("/Patient/pat-1")) body = { resourceType: "Patient", id: "pat-1" };
     else if (path.endsWith("/Condition")) body = { resourceType: "Bundle", type: "searchset", total: 0, entry: [] };
     else {
       status = path.endsWith("/Appointment") ? 403 : 404;
@@ -49,8 +49,8 @@ test("read and search send the access token to the FHIR base and resolve the JSO
   const token = jwtWith({ org: "org_a" });
   const sdk = await instance({ iss: `${origin}/fhir/r4/org_a/` }, token);
   assert.equal(sdk.fhir.baseUrl, `${origin}/fhir/r4/org_a`);
-  assert.deepEqual(await sdk.fhir.read("Patient", "pat_1"), { resourceType: "Patient", id: "pat_1" });
-  assert.deepEqual(requests.at(-1), { url: "/fhir/r4/org_a/Patient/pat_1", authorization: `Bearer ${token}`,
+  assert.deepEqual(await sdk.fhir.read("Patient", "pat-1"), { resourceType: "Patient", id: "pat-1" });
+  assert.deepEqual(requests.at(-1), { url: "/fhir/r4/org_a/Patient/pat-1", authorization: `Bearer ${token}`,
     accept: "application/fhir+json" });
   const bundle = await sdk.fhir.search("Condition", { patient: "pat 1", date: ["ge2026-01-01", "lt2026-02-01"], _count: 5 });
   assert.equal(bundle.type, "searchset");
@@ -60,7 +60,7 @@ test("read and search send the access token to the FHIR base and resolve the JSO
 
 test("an OperationOutcome rejects with an SvcSdkError carrying it", async () => {
   const sdk = await instance({ fhirBaseUrl: `${origin}/fhir/r4/org_a` }, jwtWith({ org: "org_a" }));
-  await assert.rejects(sdk.fhir.search("Appointment", { patient: "pat_1" }), (error) =>
+  await assert.rejects(sdk.fhir.search("Appointment", { patient: "pat-1" }), (error) =>
     error.name === "SvcSdkError" && error.code === "forbidden" && error.status === 403 &&
     error.body.resourceType === "OperationOutcome" && /403: nope/.test(error.message));
   await assert.rejects(sdk.fhir.read("Patient", "../x"), { code: "not-found", status: 404 });
@@ -73,5 +73,5 @@ test("without an iss the base is the platform's, for the access token's clinic",
   assert.equal(sdk.fhir.baseUrl, `${HUB}/fhir/r4/org_b`);
   const opaque = await instance({}, "not-a-jwt");
   assert.equal(opaque.fhir.baseUrl, null);
-  await assert.rejects(opaque.fhir.read("Patient", "pat_1"), { code: "no_fhir_base" });
+  await assert.rejects(opaque.fhir.read("Patient", "pat-1"), { code: "no_fhir_base" });
 });
