@@ -7,8 +7,8 @@ records its route pattern, status and latency in the metrics. `BaseHandler` bind
 from __future__ import annotations
 
 import logging
+import random
 import re
-import secrets
 
 import tornado.web
 
@@ -23,20 +23,28 @@ UNMATCHED_ROUTE = "unmatched"
 
 
 def request_id_for(request) -> str:
-    """The caller's X-Request-Id if it is sane (letters, digits, `._:-`, at most 128), else a new one."""
+    """The caller's X-Request-Id if it is sane (letters, digits, `._:-`, at most 128), else a new
+    one: 32 hex digits from the process's random generator (an id to correlate lines, not a
+    secret: no `getrandom` syscall per request; `random` reseeds itself in a forked process)."""
     rid = getattr(request, "_svc_request_id", None)
     if rid is None:
-        incoming = (request.headers.get(REQUEST_ID_HEADER) or "").strip()
-        rid = incoming if _SANE_REQUEST_ID.match(incoming) else secrets.token_hex(16)
+        incoming = request.headers.get(REQUEST_ID_HEADER)
+        if incoming is not None and _SANE_REQUEST_ID.match(incoming := incoming.strip()):
+            rid = incoming
+        else:
+            rid = f"{random.getrandbits(128):032x}"
         request._svc_request_id = rid
     return rid
 
 
 def bind_request_id(handler) -> str:
-    """Make the request id current for log lines and echo it in the response."""
+    """Make the request id current for log lines and echo it in the response (once per handler:
+    `set_default_headers` and `prepare` both ask)."""
     rid = request_id_for(handler.request)
-    request_id_var.set(rid)
-    handler.set_header(REQUEST_ID_HEADER, rid)
+    if getattr(handler, "_svc_bound_request_id", None) != rid:
+        request_id_var.set(rid)
+        handler.set_header(REQUEST_ID_HEADER, rid)
+        handler._svc_bound_request_id = rid
     return rid
 
 
