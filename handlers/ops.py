@@ -6,7 +6,7 @@ from handlers.base import BaseHandler
 
 
 class HealthHandler(BaseHandler):
-    def get(self):  # no I/O (and no coroutine): answers even while every dependency is down
+    async def get(self):  # no I/O: answers even while every dependency is down
         self.set_header("Cache-Control", "no-store")
         self.write_json({"status": "ok"})
 
