@@ -173,7 +173,9 @@ class Shape:
         pids = self.pids()
         before = {pid: _proc_cpu(pid) for group in pids.values() for pid in group}
         result = loadgen.run(self.service.url + self.token_path, lua, CONNECTIONS, seconds, env=env)
-        used = {group: round(sum(max(0.0, _proc_cpu(pid) - before[pid]) for pid in members), 2)
+        for group, members in self.pids().items():  # a backend or process started during the run counts whole
+            pids[group] = sorted(set(pids[group]) | set(members))
+        used = {group: round(sum(max(0.0, _proc_cpu(pid) - before.get(pid, 0.0)) for pid in members), 2)
                 for group, members in pids.items()}
         ok = result["rps"] * result["seconds"]
         total = sum(used.values())

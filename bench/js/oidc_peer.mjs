@@ -51,7 +51,8 @@ if (cluster.isPrimary) {
   process.on('SIGINT', stop);
 } else {
   const { default: Provider } = await import('oidc-provider');
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: 10 });
+  // Idle connections are kept (svc-auth's pool keeps its own): none is reopened between rounds.
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: 10, idleTimeoutMillis: 0 });
 
   // node-oidc-provider's Adapter interface (lib/adapters/memory_adapter.js is its reference),
   // one row per model instance.
