@@ -79,7 +79,11 @@ bench-deps:
 	  su postgres -c "psql -qc \"ALTER USER postgres PASSWORD 'postgres'\"" 2>/dev/null || true; \
 	  (redis-cli ping >/dev/null 2>&1 || redis-server --daemonize yes >/dev/null); fi
 
-bench: install bench-deps tests/js/node_modules/.package-lock.json
+# The bench's peer, node-oidc-provider on PostgreSQL (bench/js/oidc_peer.mjs), pinned by bench/js's package-lock.json.
+bench/js/node_modules/.package-lock.json: bench/js/package.json bench/js/package-lock.json
+	cd bench/js && npm ci --silent --no-audit --no-fund
+
+bench: install bench-deps tests/js/node_modules/.package-lock.json bench/js/node_modules/.package-lock.json
 	$(BIN)/pip install -q 'py-spy>=0.3'  # the profile of the remote_db section
 	$(BIN)/python -m bench
 

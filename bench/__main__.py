@@ -2,7 +2,9 @@
 
 Sections: `production` (the token endpoint in the shape operators run: `serve --processes 2` on
 PostgreSQL + Redis, beside the embedded shape, wrk 32 connections, CPU of every process counted;
-skipped with the reason when PostgreSQL or Redis is unreachable), `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
+skipped with the reason when PostgreSQL or Redis is unreachable; with node-oidc-provider on PostgreSQL
+beside it, bench/peers.py), `floor` (`/healthz` and a token per CPU-second, this checkout against
+`--baseline REV` alternating, bench/floor.py), `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
 `fhir_reads` (the platform FHIR API's reads and searches per CPU-second beside `/healthz` and a token,
 in both shapes, and svc-auth's CPU per read proxied to the test FHIR EHR), `disclosure_audit` (FHIR
 reads per CPU-second with SVC_DISCLOSURE_AUDIT on and off, both shapes), `remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
@@ -130,7 +132,7 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("production", "fhir_reads", "disclosure_audit", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage")
+SECTIONS = ("production", "floor", "fhir_reads", "disclosure_audit", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage")
 
 
 def section_header() -> dict:
@@ -155,6 +157,8 @@ def main(argv=None) -> int:
                              "database is created there and dropped)")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
                         help="Redis for rate limits and workers (keys under a random namespace, removed)")
+    parser.add_argument("--baseline", default=os.environ.get("BENCH_BASELINE", "main"),
+                        help="the commit the `floor` section compares this checkout with (default: main)")
     parser.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     args = parser.parse_args(argv)
     sections = args.only or SECTIONS
@@ -174,6 +178,9 @@ def main(argv=None) -> int:
             **header, **production_benchmarks(args.postgres_url, args.redis_url, args.seconds, say)}
         if skipped:
             say(f"production shape: skipped ({skipped})")
+    if "floor" in sections:
+        from bench.floor import floor_benchmarks
+        report["floor"] = {**section_header(), **floor_benchmarks(args.baseline, args.seconds, say)}
     if "fhir_reads" in sections:
         from bench.fhir_reads import fhir_reads_benchmarks
         header, skipped = section_header(), backends(args)

@@ -176,7 +176,44 @@ def render_production(p: dict) -> list[str]:
         verdicts.append(f"{label} {got:.2f} (target ≥ {want}: " + ("meets" if got >= want else
                         f"**misses by {want - got:.2f}**, {100 * (want - got) / want:.0f}%") + ")")
     return rows + ["", "Production shape: " + "; ".join(verdicts) + ".", ""] + render_balance(p.get("balance") or {}) \
-        + render_profile(p.get("profile") or {}) + render_cpu_split(p.get("cpu_split") or {})
+        + render_peers(p.get("peers") or {}) + render_profile(p.get("profile") or {}) + render_cpu_split(p.get("cpu_split") or {})
+
+
+def render_peers(c: dict) -> list[str]:
+    """svc-auth's production shape against node-oidc-provider, alternating rounds (bench/peers.py)."""
+    if c.get("skipped"):
+        return [f"node-oidc-provider comparison: skipped ({c['skipped']}).", ""]
+    if not c:
+        return []
+    rows = [f"**Against node-oidc-provider 9** (bench/js/oidc_peer.mjs: PostgreSQL adapter over `pg`, its own "
+            f"database, client_secret_basic, RS256 JWT access tokens; {c['rounds']} rounds of {c['seconds']:g} s each, "
+            "alternating ABBA; CPU = every process of the service + its PostgreSQL backends (+ Redis for svc-auth)):", "",
+            "| service | tokens/s (median round) | slowest round | tokens per CPU-second | p99 (median round) |",
+            "|---|---|---|---|---|"]
+    for name in c["names"]:
+        shape = c["shapes"][name]
+        rows.append(f"| {name} | {shape['tokens_per_second_median']:,.0f} | {shape['min_round_rps']:,.0f} | "
+                    f"{shape['per_cpu_second']:,.0f} | {shape['p99_ms_median']:.1f} ms |")
+    got, want = c["per_cpu_second_ratio"], c["target"]
+    verdict = "meets" if got >= want else f"**misses by {want - got:.2f}**"
+    return rows + ["", f"svc-auth ÷ node-oidc-provider, tokens per CPU-second: {got:.2f} (target ≥ {want}: {verdict}).", ""]
+
+
+def render_floor(f: dict) -> list[str]:
+    """`/healthz` and a token per CPU-second, this checkout against a baseline commit (bench/floor.py)."""
+    names = f["names"]
+    rows = [f"**Per-request floor, this commit against {f['baseline'][:7]}** (embedded, one `serve` each, both up, "
+            f"wrk {f['connections']} connections, {f['rounds']} rounds of {f['seconds']:g} s alternating ABBA; "
+            f"{_when(f)}):", "",
+            "| load | " + " | ".join(f"{n} per CPU-s (CPU ms each, p99)" for n in names) + " | this ÷ baseline |",
+            "|---|---|---|---|"]
+    for load, ratio in f["ratios"].items():
+        cells = [f"{f['shapes'][n][load]['per_cpu_second']:,.0f} ({f['shapes'][n][load]['cpu_ms_per_request']:.3f}, "
+                 f"{f['shapes'][n][load]['p99_ms_median']:.1f} ms)" for n in names]
+        rows.append(f"| {load} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    got, want = f["ratios"]["/healthz"], f["target"]["/healthz"]
+    verdict = "meets" if got >= want else f"**misses by {want - got:.2f}**"
+    return rows + ["", f"`/healthz` per CPU-second ÷ the baseline's: {got:.2f} (target ≥ {want}: {verdict}).", ""]
 
 
 def render_balance(b: dict) -> list[str]:
@@ -240,6 +277,8 @@ def render(report: dict) -> str:
     tail = []
     if report.get("production"):
         tail += render_production(report["production"])
+    if report.get("floor"):
+        tail += render_floor(report["floor"])
     if report.get("fhir_reads"):
         tail += render_fhir_reads(report["fhir_reads"])
     if report.get("remote_db"):

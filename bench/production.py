@@ -31,6 +31,7 @@ from types import MappingProxyType
 from bench import loadgen
 from bench.cpu_split import cpu_by_library
 from bench.fleet import redis_namespace, scratch_database
+from bench.peers import OidcPeer, alternating_rounds, peer_unavailable
 from bench.remote_db import _proc_cpu, backend_pids, profile_client_credentials
 from bench.service import BenchService
 from bench.signing import signing_ceiling
@@ -39,6 +40,8 @@ CONNECTIONS = 32
 SIGNATURES_PER_EXCHANGE = 2
 BALANCE_ROUNDS = 6
 BALANCE_TARGET = 0.35
+PEER_ROUNDS = 4  # ABBA: svc-auth, peer, peer, svc-auth, ...
+PEER_TARGET = 1.1  # svc-auth's tokens per CPU-second ÷ node-oidc-provider's (issue 37)
 TARGETS = MappingProxyType({"client_credentials_vs_ceiling": 0.9, "client_credentials_per_cpu_vs_ceiling": 0.55,
                             "authorization_code_per_cpu_vs_ceiling_per_exchange": 0.45})
 
@@ -150,10 +153,16 @@ def balance_rounds(service: BenchService, seconds: float, say) -> dict:
 class Shape:
     """One running service and the processes whose CPU its requests cost."""
 
-    def __init__(self, name: str, service: BenchService, admin_url: str | None = None, database: str | None = None,
+    def __init__(self, name: str, service, admin_url: str | None = None, database: str | None = None,
                  redis_pid: int | None = None):
+        """`service`: a BenchService, or any service with `proc`, `url`, `client_auth` and a
+        `token_path` (the node-oidc-provider peer, bench/peers.py)."""
         self.name, self.service = name, service
         self.admin_url, self.database, self.redis_pid = admin_url, database, redis_pid
+        self.token_path = getattr(service, "token_path", "/v1/oauth/token")
+
+    def cc_env(self) -> dict:
+        return {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": self.service.client_auth}
 
     def pids(self) -> dict[str, list[int]]:
         return {"serve": process_tree(self.service.proc.pid),
@@ -163,8 +172,10 @@ class Shape:
     def run(self, lua: str, env: dict, seconds: float) -> dict:
         pids = self.pids()
         before = {pid: _proc_cpu(pid) for group in pids.values() for pid in group}
-        result = loadgen.run(self.service.url + "/v1/oauth/token", lua, CONNECTIONS, seconds, env=env)
-        used = {group: round(sum(max(0.0, _proc_cpu(pid) - before[pid]) for pid in members), 2)
+        result = loadgen.run(self.service.url + self.token_path, lua, CONNECTIONS, seconds, env=env)
+        for group, members in self.pids().items():  # a backend or process started during the run counts whole
+            pids[group] = sorted(set(pids[group]) | set(members))
+        used = {group: round(sum(max(0.0, _proc_cpu(pid) - before.get(pid, 0.0)) for pid in members), 2)
                 for group, members in pids.items()}
         ok = result["rps"] * result["seconds"]
         total = sum(used.values())
@@ -216,6 +227,7 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
                             redis_server_pid(redis_url)),
                       Shape("embedded (SQLite, 1 process)", embedded)]
             balance = balance_rounds(production, seconds, say)
+            peers = peer_comparison(postgres_url, shapes[0], processes=2, seconds=seconds, say=say)
             codes = {shape.name: shape.service.mint_codes(per_run) for shape in shapes}
             before = signing_ceiling(production.private_key, min(seconds, 3.0))
             say(f"signing ceiling (before): {before['per_second']:.0f} RS256 signatures/s on one core")
@@ -244,4 +256,26 @@ def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say
                                                             "per_second": round(ceiling, 1),
                                                             "per_cpu_second": round(cpu_ceiling, 1)},
             "shapes": rows, "targets": dict(TARGETS), "cores": os.cpu_count(), "profile": profile,
-            "cpu_split": cpu_split, "balance": balance}
+            "cpu_split": cpu_split, "balance": balance, "peers": peers}
+
+
+def peer_comparison(postgres_url: str, shape: Shape, processes: int, seconds: float, say) -> dict:
+    """svc-auth's production `shape` against node-oidc-provider on its own scratch PostgreSQL
+    database, PEER_ROUNDS alternating rounds each (bench/peers.py)."""
+    unavailable = peer_unavailable()
+    if unavailable:
+        say(f"node-oidc-provider comparison: skipped ({unavailable})")
+        return {"skipped": unavailable}
+    with scratch_database(postgres_url) as peer_url:
+        peer = OidcPeer(peer_url, processes=processes)
+        try:
+            peer.start()
+            peer_shape = Shape(f"node-oidc-provider ({processes} processes, PostgreSQL)", peer, postgres_url,
+                               peer_url.rsplit("/", 1)[1])
+            result = alternating_rounds([shape, peer_shape], PEER_ROUNDS, seconds, say)
+        finally:
+            peer.stop()
+    result["target"] = PEER_TARGET
+    say(f"svc-auth ÷ node-oidc-provider, tokens per CPU-second: {result['per_cpu_second_ratio']:.2f} "
+        f"(target >= {PEER_TARGET}: {'meets' if result['per_cpu_second_ratio'] >= PEER_TARGET else 'misses'})")
+    return result

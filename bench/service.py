@@ -34,9 +34,13 @@ class BenchService:
     """Seeds a clinic, a physician and an installed app, then runs `svc-auth serve` on a free port.
 
     database_url: SQLite in a temp dir by default (the embedded deployment), or any PostgreSQL URL.
+    root: the checkout whose code `serve` runs (another commit's tree, to compare with it; the
+    seeding always uses this checkout's code, so both must share the schema).
     """
 
-    def __init__(self, database_url: str | None = None, processes: int = 1, extra_env: dict | None = None):
+    def __init__(self, database_url: str | None = None, processes: int = 1, extra_env: dict | None = None,
+                 root: Path = ROOT):
+        self.root = root
         self.tmp = Path(tempfile.mkdtemp(prefix="svc-bench-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -86,7 +90,7 @@ class BenchService:
         self.proc = subprocess.Popen(
             [sys.executable, *(python_args or []), "-m", "cli.__main__", "serve", "--port", str(self.port),
              "--processes", str(self.processes)],
-            env=self.env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT)
+            env=self.env, cwd=str(self.root), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:

@@ -70,6 +70,10 @@ class BaseHandler(tornado.web.RequestHandler):
         return Disclosure(action=action, source_address=self.client_address(), request_id=request_id_for(self.request),
                           query=without_signature(self.request.query), **fields)
 
+    def clear(self):
+        self._svc_bound_request_id = None  # the headers go: set_default_headers binds the id again
+        super().clear()
+
     def set_default_headers(self):
         self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("Referrer-Policy", "no-referrer")

@@ -1,0 +1,141 @@
+"""The framework's per-request floor (issue 37): literal routes by lookup, log lines written once
+per IOLoop turn, and that neither changes what a request gets or what the log says."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+
+import pytest
+import tornado.httputil
+import tornado.web
+
+from conf.logging import JsonFormatter
+from ops.logwrites import LoopBatchedStream, batch_log_writes
+from ops.observability import ObservedApplication, exact_routes, literal_path
+from server import make_app
+
+
+def request_for(path: str) -> tornado.httputil.HTTPServerRequest:
+    return tornado.httputil.HTTPServerRequest(
+        start_line=tornado.httputil.RequestStartLine("GET", path, "HTTP/1.1"),
+        headers=tornado.httputil.HTTPHeaders({"Host": "127.0.0.1"}))
+
+
+def test_literal_path_only_for_patterns_without_regex_syntax():
+    assert literal_path("/healthz$") == "/healthz"
+    assert literal_path(r"/\.well-known/jwks\.json$") == "/.well-known/jwks.json"
+    for pattern in (r"/v1/apps/([^/]+)$", r"/static/(.*)$", r"/fhir/\d+$", "/v1/oauth/token", r"/a\$"[:-1]):
+        assert literal_path(pattern) is None, pattern
+
+
+def test_every_literal_route_is_the_rule_tornados_order_picks(runtime):
+    app = make_app(runtime)
+    assert "/healthz" in app.exact_routes and "/v1/oauth/token" in app.exact_routes
+    for path in app.exact_routes:
+        ordered = tornado.web.Application.find_handler(app, request_for(path))
+        looked_up = app.find_handler(request_for(path))
+        assert (looked_up.handler_class, looked_up.handler_kwargs) == (ordered.handler_class, ordered.handler_kwargs)
+
+
+class First(tornado.web.RequestHandler):
+    def get(self):
+        self.finish("first")
+
+
+class Second(tornado.web.RequestHandler):
+    def get(self):
+        self.finish("second")
+
+
+def test_a_literal_path_an_earlier_pattern_matches_is_left_to_tornado():
+    app = ObservedApplication([(r"/a/.*", First), (r"/a/b", Second), (r"/c", Second)], log_function=lambda h: None)
+    assert set(app.exact_routes) == {"/c"}
+    assert app.find_handler(request_for("/a/b")).handler_class is First
+    assert app.find_handler(request_for("/c")).handler_class is Second
+    assert exact_routes([]) == {}
+
+
+@pytest.mark.gen_test
+async def test_literal_and_pattern_routes_answer_over_http(api, world):
+    assert (await api.call("GET", "/healthz"))[0] == 200
+    status, _, body = await api.call("GET", "/.well-known/jwks.json")
+    assert status == 200 and body["keys"]
+    assert (await api.call("GET", "/healthz/"))[0] == 404  # not a literal route: Tornado's routing, as before
+
+
+class Recording:
+    """A stream that records each write and flush it gets."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+        self.flushes = 0
+
+    def write(self, text):
+        self.writes.append(text)
+
+    def flush(self):
+        self.flushes += 1
+
+
+def json_handler(stream) -> logging.StreamHandler:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler._svc_json = True
+    return handler
+
+
+def test_lines_logged_in_one_loop_turn_are_one_write_and_other_threads_write_at_once():
+    recording = Recording()
+    handler = json_handler(recording)
+    log = logging.getLogger("svc_auth.test_batched")
+    log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    loop = asyncio.new_event_loop()
+    try:
+        handler.setStream(LoopBatchedStream(recording, loop))
+
+        async def one_turn():
+            for number in range(3):
+                log.info("line %d", number)
+            assert recording.writes == []  # still this turn
+            await asyncio.sleep(0)  # the scheduled write runs before we resume
+            await asyncio.sleep(0)
+            assert len(recording.writes) == 1
+            lines = [json.loads(line) for line in recording.writes[0].splitlines()]
+            assert [line["message"] for line in lines] == ["line 0", "line 1", "line 2"]
+            log.info("pending")
+            thread = threading.Thread(target=log.info, args=("from a thread",))
+            thread.start()
+            thread.join()
+            # The thread's line is written at once, after the line pending from the loop's thread.
+            assert [json.loads(line)["message"] for line in recording.writes[1].splitlines()] == [
+                "pending", "from a thread"]
+
+        loop.run_until_complete(one_turn())
+    finally:
+        loop.close()
+        log.removeHandler(handler)
+
+
+def test_restoring_writes_what_is_pending_and_gives_the_stream_back():
+    recording = Recording()
+    handler = json_handler(recording)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    loop = asyncio.new_event_loop()
+    try:
+        async def run():
+            restore = batch_log_writes(asyncio.get_running_loop())
+            assert isinstance(handler.stream, LoopBatchedStream)
+            logging.getLogger("svc_auth.test_restore").warning("last words")
+            restore()  # before the loop turn ends
+            assert handler.stream is recording
+            assert any("last words" in text for text in recording.writes)
+
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+        root.removeHandler(handler)
