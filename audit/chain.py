@@ -230,8 +230,11 @@ class _Walk:
         if detail.get("resealed_from") != self.first:
             return True  # records it vouched for were pruned since; a later checkpoint accounts for the rest
         if detail.get("resealed_through") != row.seq - 1 or detail.get("digest") != self.digests[by].hexdigest():
-            self._fail(row.seq, f"the reseal checkpoint at seq {row.seq} does not match the records before it: "
-                                "a record before it was edited, inserted or deleted")
+            first = self.unvouched[0] if self.unvouched else row.seq
+            self.failure = {"ok": False, "first_bad": first,
+                            "reason": f"the records before seq {row.seq} do not match what its reseal checkpoint "
+                                      f"(`keys rekey`) vouches for: a record from seq {first} on was edited, inserted "
+                                      "or deleted"}
             return False
         self.unvouched, self.old = [], 0
         self.closed |= self.seen - {by}
