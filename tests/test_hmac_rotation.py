@@ -3,6 +3,7 @@ procedure (docs/operations.md) while a partner keeps getting tokens with its sec
 keeps verifying what it made until `keys rekey` says nothing needs it; a wrong key stops a host."""
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from helpers import ROOT, basic_auth, free_port, settings_env, start_process, st
 from keys.secrets import SecretHasher
 from lifecycle.applications import register_application
 from models.disclosures import DisclosureRecord
+from partner_api.invitations import invite
 from runtime import Runtime
 
 pytestmark = pytest.mark.svc_settings(own_keys=True)
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.svc_settings(own_keys=True)
 OLD, NEW = "k" * 32, "n" * 40  # the session's SVC_HMAC_KEY (conftest) and the one it rotates to
 
 
-def http(port: int, path: str, body: bytes | None = None, headers=None) -> tuple[int, bytes]:
+def call(port: int, path: str, body: bytes | None = None, headers=None) -> tuple[int, bytes]:
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -36,13 +38,13 @@ def http(port: int, path: str, body: bytes | None = None, headers=None) -> tuple
 
 
 def client_token(port: int, client_id: str, secret: str) -> int:
-    return http(port, "/v1/oauth/token", b"grant_type=client_credentials",
+    return call(port, "/v1/oauth/token", b"grant_type=client_credentials",
                 {"Authorization": basic_auth(client_id, secret),
                  "Content-Type": "application/x-www-form-urlencoded"})[0]
 
 
 def jwks_kids(port: int) -> set[str]:
-    return {k["kid"] for k in json.loads(http(port, "/.well-known/jwks.json")[1])["keys"]}
+    return {k["kid"] for k in json.loads(call(port, "/.well-known/jwks.json")[1])["keys"]}
 
 
 class Partner(threading.Thread):
@@ -95,7 +97,7 @@ def disclose(runtime, n: int) -> None:
 
 def test_rotating_the_hmac_key_under_load_locks_no_partner_out(settings, runtime, world, tmp_path):
     # What the old key made: signing keys (and their JWKS kids), an EHR client key, a secret that is
-    # never used during the rotation, a signed chart URL, disclosure records.
+    # never used during the rotation, a signed chart URL, an invitation link, disclosure records.
     old_kid = runtime.keyring.active.kid
     runtime.ehr_keys.current()
     idle, idle_secret = register_application(runtime, "Idle App", "https://idle.example/main",
@@ -104,6 +106,9 @@ def test_rotating_the_hmac_key_under_load_locks_no_partner_out(settings, runtime
     chart.write_bytes(b"PK\x05\x06" + b"\0" * 18)
     runtime.object_store.put_file("charts/rotation.zip", str(chart))
     url = urllib.parse.urlsplit(runtime.object_store.presigned_url("charts/rotation.zip", 3600))
+    invited = invite(runtime, world.app, {"email": "ann@clinic.example", "given_name": "Ann", "family_name": "Example",
+                                          "organization_name": "Ann's Clinic"})
+    invitation = urllib.parse.urlsplit(invited["invitation_url"]).path
     disclose(runtime, 5)
 
     def host(name: str, **keys) -> tuple[int, object, dict]:
@@ -136,8 +141,13 @@ def test_rotating_the_hmac_key_under_load_locks_no_partner_out(settings, runtime
         assert partner.errors == [] and len(partner.statuses) > 20
         assert set(partner.statuses) == {200}, {s: partner.statuses.count(s) for s in set(partner.statuses)}
         assert old_kid in jwks_kids(third)
-        status, body = http(third, f"{url.path}?{url.query}")
+        status, body = call(third, f"{url.path}?{url.query}")
         assert status == 200 and body == chart.read_bytes()
+        connection = http.client.HTTPConnection("127.0.0.1", third, timeout=30)
+        connection.request("GET", invitation)  # accepted: the sandbox user is signed in and sent to the hub
+        answer = connection.getresponse()
+        assert answer.status == 302 and answer.getheader("Location").endswith("/sandbox/hub"), answer.read()
+        connection.close()
         rotated = Runtime(settings.replace(hmac_key=NEW, hmac_key_previous=(OLD,)))
         try:
             disclose(rotated, 3)  # linked under the new key after the old key's records
