@@ -234,3 +234,32 @@ def test_a_host_with_a_key_that_opens_nothing_refuses_to_start_with_one_line(set
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "SVC_HMAC_KEY" in lines[0], result.stderr
+
+
+def test_a_prune_never_splits_what_a_reseal_checkpoint_vouches_for(settings, runtime):
+    """Records the old key linked go all at once: a prune of part of them would leave the rest
+    unverifiable once the old key is retired."""
+    import datetime as dt
+    from audit.chain import prune
+    from audit.disclosures import chain_key
+    from keys.rekey import rekey
+    earlier = Runtime(settings.replace(clock_offset=-3600))
+    try:
+        disclose(earlier, 2)  # an hour ago
+    finally:
+        earlier.close()
+    disclose(runtime, 2)
+    rotated = Runtime(settings.replace(hmac_key=NEW, hmac_key_previous=(OLD,)))
+    new_only = SecretHasher(NEW.encode()).derive_all(b"svc-auth disclosure chain v1")
+    try:
+        assert rekey(rotated)["resealed"] == 4
+        result = prune(rotated.db, chain_key(rotated), rotated.clock.now() - dt.timedelta(minutes=30),
+                       rotated.clock.now, {"actor": "test"})
+        assert result == {"removed": 0, "pruned_through": None}
+        assert verify(new_only) == {"ok": True, "records": 5, "head": verify(new_only)["head"]}
+        result = prune(rotated.db, chain_key(rotated), rotated.clock.now() + dt.timedelta(minutes=1),
+                       rotated.clock.now, {"actor": "test"})
+        assert result["removed"] == 5
+        assert verify(new_only)["ok"]
+    finally:
+        rotated.close()
