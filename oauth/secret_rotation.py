@@ -67,10 +67,11 @@ def presented_secret(app: Application | None, secret: str, hasher, clock) -> str
     """`CURRENT`, `RETIRED` (the secret the last rotation retired, before `clock.now()` passes the end of
     its grace period) or None.
 
-    One HMAC of the secret, compared in constant time with the current hash and then, when it is
-    not the current one, with the retired hash (or a stand-in): which wrong secret was sent does
-    not change the work. For no application (an unknown client_id) the same HMAC is computed, so
-    an unknown client costs what a known one does. A public client has no secret: nothing matches."""
+    One HMAC of the secret per key (SVC_HMAC_KEY, then each of SVC_HMAC_KEY_PREVIOUS), each compared
+    in constant time with the current hash and with the retired hash (or a stand-in): which wrong
+    secret was sent does not change the work. For no application (an unknown client_id) the same
+    HMACs are computed, so an unknown client costs what a known one does. A public client has no
+    secret: nothing matches."""
     digests = hasher.digests(secret)  # SVC_HMAC_KEY's, then SVC_HMAC_KEY_PREVIOUS's
     known = app is not None and not app.public
     current = retired_match = False
