@@ -3,13 +3,16 @@
 Each row's `mac` is HMAC-SHA-256, under a key derived from SVC_HMAC_KEY, of the previous row's
 `mac` and the row's own fields (its `seq` included). Whoever edits the database cannot recompute
 it without the key, so `verify` finds an edited field, a deleted or inserted row, and, given a
-head seen earlier, a truncated tail. Appends are serialized (a transaction-level advisory lock on
+head seen earlier, a truncated tail. Links are made under the current SVC_HMAC_KEY; `verify` also
+accepts SVC_HMAC_KEY_PREVIOUS's, and a reseal checkpoint (`svc-auth keys rekey`) lets the current
+key vouch for what they made, so they can be retired (`_Walk`). Appends are serialized (a transaction-level advisory lock on
 PostgreSQL, the IMMEDIATE write lock on SQLite), so the chain stays linear with many processes
 and `seq` is contiguous: the head is read and the next row written under the same lock.
 """
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import hmac
 import json
 
@@ -153,38 +156,166 @@ def _anchor(first_seq: int) -> str | None:
     return None
 
 
-def verify(key: bytes, head: str | None = None) -> dict:
-    """Walk the chain in seq order: `{"ok": True, "records", "head"}`, or `{"ok": False,
-    "first_bad", "reason"}` naming the first seq whose link fails (None when only the tail is missing)."""
-    count, previous, expected_seq, seen_head = 0, None, None, head is None
-    last = 0
+def _keys(keys) -> list[bytes]:
+    """One key (bytes) or the keys in order of preference: the current key's first."""
+    return [keys] if isinstance(keys, (bytes, bytearray)) else list(keys)
+
+
+def _is_reseal(detail) -> bool:
+    return isinstance(detail, dict) and isinstance(detail.get("resealed_through"), int)
+
+
+class _Walk:
+    """The chain walked in seq order under several keys (SVC_HMAC_KEY's, then the previous ones').
+
+    A link is accepted under any key not yet closed. A reseal checkpoint (`keys rekey`), linked
+    under key j, commits to a SHA-256 digest of every record before it that key j does not verify:
+    it vouches for them once the key that made them is retired, and closes every earlier key
+    (after it, a link under a retired key is refused, even if that key leaked). A record no key
+    verifies is an error unless a later reseal checkpoint vouches for it."""
+
+    def __init__(self, keys, head: str | None):
+        self.keys = _keys(keys)
+        self.head, self.seen_head = head, head is None
+        self.previous, self.expected = None, None
+        self.first = self.last = 0
+        self.count = 0
+        self.digests = [hashlib.sha256() for _ in self.keys]  # digests[i]: records key i does not verify
+        self.unvouched: list[int] = []  # seqs no available key verifies and no checkpoint vouched for yet
+        self.old = 0  # records only a previous key verifies, not yet vouched for by a reseal checkpoint
+        self.seen: set[int] = set()
+        self.closed: set[int] = set()
+        self.failure: dict | None = None
+
+    def _fail(self, seq, reason) -> None:
+        if self.unvouched and (seq is None or self.unvouched[0] < seq):
+            seq, reason = self.unvouched[0], _bad_link(self.unvouched[0])
+        self.failure = {"ok": False, "first_bad": seq, "reason": reason}
+
+    def feed(self, row) -> bool:
+        """Take the next row; False once the chain is known not to verify (see `failure`)."""
+        if self.previous is None:
+            self.previous, self.first = _anchor(row.seq), row.seq
+            if self.previous is None:
+                self._fail(row.seq, f"the chain starts at seq {row.seq}, and no prune checkpoint accounts for "
+                                    "the records before it: they were deleted")
+                return False
+        elif row.seq != self.expected:
+            self._fail(row.seq, f"seq {self.expected} to {row.seq - 1} are missing: records were deleted")
+            return False
+        fields = _fields(row)
+        mac = row.mac or ""
+        by = next((i for i, key in enumerate(self.keys)
+                   if i not in self.closed and hmac.compare_digest(link(key, self.previous, fields), mac)), None)
+        if by is None:
+            self.unvouched.append(row.seq)
+        else:
+            self.seen.add(by)
+            if by:
+                self.old += 1
+            if row.action == CHECKPOINT and _is_reseal(row.detail) and not self._vouch(row, by):
+                return False
+        data = _canonical(fields) + b"\n" + mac.encode("ascii", "replace")
+        for i, digest in enumerate(self.digests):
+            if i != by:
+                digest.update(data)
+        self.previous, self.expected, self.last = mac, row.seq + 1, row.seq
+        self.count += 1
+        self.seen_head = self.seen_head or hmac.compare_digest(mac, self.head)
+        return True
+
+    def _vouch(self, row, by: int) -> bool:
+        """A reseal checkpoint linked under key `by`: check what it commits to, then close older keys."""
+        detail = row.detail
+        if detail.get("resealed_from") != self.first:
+            return True  # records it vouched for were pruned since; a later checkpoint accounts for the rest
+        if detail.get("resealed_through") != row.seq - 1 or detail.get("digest") != self.digests[by].hexdigest():
+            first = self.unvouched[0] if self.unvouched else row.seq
+            self.failure = {"ok": False, "first_bad": first,
+                            "reason": f"the records before seq {row.seq} do not match what its reseal checkpoint "
+                                      f"(`keys rekey`) vouches for: a record from seq {first} on was edited, inserted "
+                                      "or deleted"}
+            return False
+        self.unvouched, self.old = [], 0
+        self.closed |= self.seen - {by}
+        return True
+
+    def result(self) -> dict:
+        if self.failure:
+            return self.failure
+        if self.unvouched:
+            self._fail(None, "")
+            return self.failure
+        if not self.seen_head:
+            return {"ok": False, "first_bad": None,
+                    "reason": f"the head {self.head} is not in the chain: records after seq {self.last} were removed "
+                              "(a truncated tail), or the head was not of this chain"}
+        return {"ok": True, "records": self.count, "head": self.previous or GENESIS}
+
+
+def _bad_link(seq: int) -> str:
+    return (f"the link of seq {seq} does not verify: this record was edited or inserted, "
+            "or the one before it was deleted or edited")
+
+
+def _rows_after(last: int):
+    """The rows after seq `last`, in seq order, read in batches."""
     while True:
         rows = list(DisclosureRecord.select().where(DisclosureRecord.seq > last)
                     .order_by(DisclosureRecord.seq).limit(BATCH))
         if not rows:
+            return
+        yield from rows
+        last = rows[-1].seq
+
+
+def _walk(walk: _Walk) -> _Walk:
+    for row in _rows_after(walk.last):
+        if not walk.feed(row):
             break
-        for row in rows:
-            if previous is None:
-                previous = _anchor(row.seq)
-                if previous is None:
-                    return {"ok": False, "first_bad": row.seq,
-                            "reason": f"the chain starts at seq {row.seq}, and no prune checkpoint accounts for "
-                                      "the records before it: they were deleted"}
-            elif row.seq != expected_seq:
-                return {"ok": False, "first_bad": row.seq,
-                        "reason": f"seq {expected_seq} to {row.seq - 1} are missing: records were deleted"}
-            if not hmac.compare_digest(link(key, previous, _fields(row)), row.mac or ""):
-                return {"ok": False, "first_bad": row.seq,
-                        "reason": f"the link of seq {row.seq} does not verify: this record was edited or inserted, "
-                                  "or the one before it was deleted or edited"}
-            previous, expected_seq, last = row.mac, row.seq + 1, row.seq
-            count += 1
-            seen_head = seen_head or hmac.compare_digest(row.mac, head)
-    if not seen_head:
-        return {"ok": False, "first_bad": None,
-                "reason": f"the head {head} is not in the chain: records after seq {last} were removed "
-                          "(a truncated tail), or the head was not of this chain"}
-    return {"ok": True, "records": count, "head": previous or GENESIS}
+    return walk
+
+
+def verify(keys, head: str | None = None) -> dict:
+    """Walk the chain in seq order: `{"ok": True, "records", "head"}`, or `{"ok": False,
+    "first_bad", "reason"}` naming the first seq whose link fails (None when only the tail is missing).
+    `keys`: the chain key, or the keys to try in order (the current key's, then the previous ones')."""
+    return _walk(_Walk(keys, head)).result()
+
+
+def reseal(db, keys, now, checkpoint: dict) -> dict:
+    """Let the current key (`keys[0]`) vouch for the records only a previous key verifies (`keys
+    rekey`): when there are any, append a reseal checkpoint committing to them. The chain is walked
+    without the lock, then its last records under it. `{"resealed": N, "still_old": M, "ok", ...}`:
+    with a chain that does not verify, nothing is appended (M counts what the walk found)."""
+    keys = _keys(keys)
+    walk = _walk(_Walk(keys, None))
+    if walk.failure:
+        return {**walk.failure, "resealed": 0, "still_old": walk.old + len(walk.unvouched)}
+    with db.atomic():
+        _lock(db)
+        _walk(walk)
+        result = walk.result()
+        if not result["ok"]:
+            return {**result, "resealed": 0, "still_old": walk.old + len(walk.unvouched)}
+        old = walk.old
+        if old:
+            detail = {**checkpoint, "resealed_from": walk.first, "resealed_through": walk.last,
+                      "digest": walk.digests[0].hexdigest(), "vouches_for": old}
+            append(db, keys[0], [{"action": CHECKPOINT, "outcome": "success", "detail": detail}], now)
+    return {"ok": True, "resealed": old, "still_old": 0}
+
+
+def _unsplit(through: int) -> int:
+    """`through` moved back so a prune never removes part of what a reseal checkpoint vouches for
+    (the rest could no longer be checked once the old key is retired): all of it goes at once."""
+    for row in (DisclosureRecord.select().where(DisclosureRecord.action == CHECKPOINT)
+                .order_by(DisclosureRecord.seq.desc())):
+        detail = row.detail or {}
+        if _is_reseal(detail) and isinstance(detail.get("resealed_from"), int):
+            if detail["resealed_from"] <= through < detail["resealed_through"]:
+                return detail["resealed_from"] - 1
+    return through
 
 
 def prune(db, key: bytes, before: dt.datetime, now, checkpoint: dict) -> dict:
@@ -196,7 +327,7 @@ def prune(db, key: bytes, before: dt.datetime, now, checkpoint: dict) -> dict:
         keep = (DisclosureRecord.select(DisclosureRecord.seq).where(DisclosureRecord.at >= before)
                 .order_by(DisclosureRecord.seq).limit(1).first())
         head = _head(db)
-        through = (keep.seq - 1) if keep else (head[0] if head else 0)
+        through = _unsplit((keep.seq - 1) if keep else (head[0] if head else 0))
         first = DisclosureRecord.select(peewee.fn.MIN(DisclosureRecord.seq)).scalar() or 0
         removed = 0
         if through >= first > 0:

@@ -54,7 +54,13 @@ def unique(values) -> list[str]:
 
 
 def chain_key(runtime) -> bytes:
+    """The key new links are made with (under SVC_HMAC_KEY)."""
     return runtime.hasher.derive(KEY_LABEL)
+
+
+def chain_keys(runtime) -> list[bytes]:
+    """The keys a link may have been made with: SVC_HMAC_KEY's, then SVC_HMAC_KEY_PREVIOUS's in order."""
+    return runtime.hasher.derive_all(KEY_LABEL)
 
 
 def _fields(disclosure: Disclosure, outcome: str, status: int | None, patients=None, resource_ids=None) -> dict:

@@ -100,8 +100,8 @@ def _disclosures(runtime, args):
 
 def _verify(runtime, args):
     from audit.chain import verify
-    from audit.disclosures import chain_key
-    result = verify(chain_key(runtime), args.head)
+    from audit.disclosures import chain_keys
+    result = verify(chain_keys(runtime), args.head)
     emit(result, args.json)
     return 0 if result["ok"] else 1
 

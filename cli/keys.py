@@ -1,4 +1,4 @@
-"""`svc-auth keys rotate|list`."""
+"""`svc-auth keys rotate|list|rekey`."""
 from __future__ import annotations
 
 import datetime as dt
@@ -16,6 +16,10 @@ def register(commands) -> None:
     p = keys.add_parser("list", help="published signing keys")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=with_runtime(_list))
+    p = keys.add_parser("rekey", help="after a change of SVC_HMAC_KEY: re-seal what SVC_HMAC_KEY_PREVIOUS sealed "
+                                      "under the new key, and report what still needs an old key")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=with_runtime(_rekey))
 
 
 def _when(epoch: int) -> str:
@@ -35,3 +39,10 @@ def _rotate(runtime, args):
 
 def _list(runtime, args):
     emit(_state(runtime), args.json)
+
+
+def _rekey(runtime, args):
+    from keys.rekey import rekey
+    result = rekey(runtime)
+    emit(result, args.json)
+    return 1 if "audit_error" in result else 0

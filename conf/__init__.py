@@ -71,6 +71,17 @@ def _at_least(name: str, value, minimum: int, what: str) -> int:
     return number
 
 
+def _hmac_keys(name: str, value) -> tuple:
+    """Comma-separated keys (or a sequence of them), each at least 32 characters, in order."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    keys = tuple(str(item).strip() for item in items if str(item).strip())
+    for key in keys:
+        if len(key.encode("utf-8")) < 32:
+            raise ConfigError(f"{name} must be a comma-separated list of keys of at least 32 characters each "
+                              "(the earlier values of SVC_HMAC_KEY)")
+    return keys
+
+
 def _networks(name: str, value: str) -> tuple:
     nets = []
     for item in filter(None, (p.strip() for p in value.split(","))):
@@ -139,6 +150,9 @@ class Settings:
     keys_dir: str = ""
     objects_dir: str = ""
     hmac_key: str = ""
+    # Earlier SVC_HMAC_KEYs, comma-separated, while rotating it (docs/operations.md): what they made
+    # still verifies and opens; everything new is made with SVC_HMAC_KEY.
+    hmac_key_previous: tuple = ()
     # Lifetimes, seconds.
     code_ttl: int = 60
     launch_ttl: int = 300
@@ -291,6 +305,7 @@ class Settings:
         if merged["hmac_key"] and len(str(merged["hmac_key"]).encode("utf-8")) < 32:
             raise ConfigError("SVC_HMAC_KEY must be at least 32 characters (for example the output of "
                               "`openssl rand -hex 32`), or unset to generate one in SVC_KEYS_DIR")
+        merged["hmac_key_previous"] = _hmac_keys("SVC_HMAC_KEY_PREVIOUS", merged["hmac_key_previous"])
         if merged["task_max_backoff_ms"] < merged["task_min_backoff_ms"]:
             raise ConfigError("SVC_TASK_MAX_BACKOFF_MS must not be below SVC_TASK_MIN_BACKOFF_MS")
         return cls(**merged)

@@ -64,7 +64,7 @@ def invite_developer(runtime, application_id: str, email: str, actor: str = "ope
 
 def open_invite(runtime, token: str) -> DeveloperInvite:
     """The unused, unexpired invitation of `token`, with a TOTP secret to offer; else 404."""
-    invite = DeveloperInvite.get_or_none(DeveloperInvite.token_hash == runtime.hasher.digest(token or ""))
+    invite = DeveloperInvite.get_or_none(DeveloperInvite.token_hash.in_(runtime.hasher.digests(token or "")))
     if invite is None or invite.used_at is not None or invite.expires_at <= runtime.clock.now():
         raise ApiError(404, "invitation_not_found", "This invitation link is unknown, used or expired. "
                                                      "Ask your operator for a new one.")
@@ -171,13 +171,13 @@ def session_developer(runtime, token: str | None) -> Developer | None:
     """The developer of a live session, touching it; None when unknown or idle too long."""
     if not token:
         return None
-    digest = runtime.hasher.digest(token)
     now = runtime.clock.now()
     idle_since = now - dt.timedelta(seconds=runtime.settings.console_idle_timeout)
     session = (ConsoleSession.select(ConsoleSession, Developer).join(Developer)
-               .where(ConsoleSession.token_hash == digest).first())
+               .where(ConsoleSession.token_hash.in_(runtime.hasher.digests(token))).first())
     if session is None:
         return None
+    digest = session.token_hash  # made under the current SVC_HMAC_KEY or a previous one
     if session.last_seen_at <= idle_since:
         ConsoleSession.delete().where(ConsoleSession.token_hash == digest).execute()
         return None
@@ -187,7 +187,7 @@ def session_developer(runtime, token: str | None) -> Developer | None:
 
 def end_console_session(runtime, token: str | None) -> None:
     if token:
-        ConsoleSession.delete().where(ConsoleSession.token_hash == runtime.hasher.digest(token)).execute()
+        ConsoleSession.delete().where(ConsoleSession.token_hash.in_(runtime.hasher.digests(token))).execute()
 
 
 # -- access ---------------------------------------------------------------------------------------

@@ -121,15 +121,15 @@ def open_sandbox_session_from_link(runtime, token: str, address: str | None = No
     throttle = runtime.sandbox_signin_throttle
     throttle_check(throttle, None, address)
     now = runtime.clock.now()
-    link_hash = runtime.hasher.digest(token or "")
+    link_hashes = runtime.hasher.digests(token or "")  # under the current SVC_HMAC_KEY, then previous ones
     claimed = (SandboxSigninLink.update(used_at=now)
-               .where((SandboxSigninLink.token_hash == link_hash) & SandboxSigninLink.used_at.is_null()
+               .where(SandboxSigninLink.token_hash.in_(link_hashes) & SandboxSigninLink.used_at.is_null()
                       & (SandboxSigninLink.expires_at > now)).execute())
     if claimed != 1:
         throttle_failure(throttle, None, address)
         raise ApiError(401, "invalid_signin_link", "This sign-in link is not valid: it is unknown, was already "
                        "used or has expired. Ask the operator for a new one (svc-auth sandbox signin-link).")
-    link = SandboxSigninLink.get_by_id(link_hash)
+    link = SandboxSigninLink.get(SandboxSigninLink.token_hash.in_(link_hashes))
     user = require_sandbox_user(User.get_or_none(User.id == link.user_id), link.user_id)
     return open_sandbox_session(runtime, user), user, link
 
@@ -150,7 +150,7 @@ def sandbox_session_of(runtime, session_id: str | None) -> tuple[User, SandboxSe
     """The signed-in sandbox user of this cookie value, or None (unknown, ended, expired)."""
     if not session_id:
         return None
-    session = SandboxSession.get_or_none(SandboxSession.session_hash == runtime.hasher.digest(session_id))
+    session = SandboxSession.get_or_none(SandboxSession.session_hash.in_(runtime.hasher.digests(session_id)))
     if session is None or session.ended_at is not None or session.expires_at <= runtime.clock.now():
         return None
     user = User.get_or_none(User.id == session.user_id)

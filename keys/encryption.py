@@ -2,7 +2,9 @@
 
 SVC_HMAC_KEY is the one secret every host already shares, so any host can read the keys another
 host created, and a database dump alone reveals no private key. The key id is the associated
-data: a sealed key copied onto another key's row does not open.
+data: a sealed key copied onto another key's row does not open. Keys are sealed under the current
+SVC_HMAC_KEY and opened under it or any of SVC_HMAC_KEY_PREVIOUS (`svc-auth keys rekey` re-seals
+them under the current one).
 """
 from __future__ import annotations
 
@@ -25,24 +27,33 @@ class KeyDecryptionError(ConfigError):
     the one the other hosts use (a configuration error: the command stops with that message)."""
 
 
+def _aead(secret: bytes) -> AESGCM:
+    return AESGCM(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=INFO).derive(secret))
+
+
 class KeyCipher:
-    def __init__(self, secret: bytes):
-        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=INFO).derive(secret)
-        self._aead = AESGCM(key)
+    def __init__(self, secret: bytes, previous: tuple[bytes, ...] | list[bytes] = ()):
+        self._aeads = tuple(_aead(k) for k in (secret, *(p for p in previous if p != secret)))
 
     def seal(self, kid: str, plaintext: bytes) -> str:
         nonce = os.urandom(12)
-        sealed = self._aead.encrypt(nonce, plaintext, kid.encode())
+        sealed = self._aeads[0].encrypt(nonce, plaintext, kid.encode())
         return f"{FORMAT}:" + base64.b64encode(nonce + sealed).decode()
 
-    def open(self, kid: str, sealed: str) -> bytes:
+    def open_with(self, kid: str, sealed: str) -> tuple[bytes, int]:
+        """(plaintext, which key opened it: 0 = SVC_HMAC_KEY, 1.. = SVC_HMAC_KEY_PREVIOUS in order)."""
         version, _, payload = sealed.partition(":")
         if version != FORMAT:
             raise KeyDecryptionError(f"signing key {kid}: unknown format {version!r}")
         raw = base64.b64decode(payload)
-        try:
-            return self._aead.decrypt(raw[:12], raw[12:], kid.encode())
-        except InvalidTag:
-            raise KeyDecryptionError(
-                f"signing key {kid} does not decrypt: SVC_HMAC_KEY differs from the host that created it "
-                "(every host must use the same SVC_HMAC_KEY)") from None
+        for index, aead in enumerate(self._aeads):
+            try:
+                return aead.decrypt(raw[:12], raw[12:], kid.encode()), index
+            except InvalidTag:
+                continue
+        raise KeyDecryptionError(
+            f"signing key {kid} does not decrypt: SVC_HMAC_KEY differs from the host that created it, and no key "
+            "of SVC_HMAC_KEY_PREVIOUS opens it either (every host must use the same SVC_HMAC_KEY)")
+
+    def open(self, kid: str, sealed: str) -> bytes:
+        return self.open_with(kid, sealed)[0]

@@ -109,7 +109,7 @@ def set_public(runtime, application_id: str, public: bool, actor: str = "operato
         app.retired_secret_hash, app.retired_secret_until = None, None
     elif app.public:
         secret = new_secret()
-        app.client_secret_hash = runtime.hasher.digest(secret)
+        app.client_secret_hash, app.secret_key_id = runtime.hasher.digest(secret), runtime.hasher.key_id
     app.public = bool(public)
     app.save()
     AuditEvent.record(actor, "application.client_type_set", app.id, public=app.public)
@@ -137,6 +137,7 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
         raise invalid("A public client has no client secret.")
     secret = None if public else client_secret or new_secret()
     fields = dict(**manifest, billing_plan=billing_plan, client_secret_hash=runtime.hasher.digest(secret) if secret else "",
+                  secret_key_id=runtime.hasher.key_id if secret else None,
                   redirect_uri_match=redirect_uri_match, redirect_uris=exact_uris, require_pkce=bool(require_pkce),
                   public=bool(public))
     if smart_scopes is not None:

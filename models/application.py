@@ -28,6 +28,10 @@ class Application(BaseModel):
     # until `retired_secret_until` (activation + SVC_RETIRED_SECRET_GRACE).
     retired_secret_hash = peewee.CharField(max_length=128, null=True)
     retired_secret_until = peewee.DateTimeField(null=True)
+    # Which SVC_HMAC_KEY made client_secret_hash / fallback_secret_hash (keys.secrets.key_id; NULL:
+    # not known, e.g. made before issue 36): what `svc-auth keys rekey` reports as still old.
+    secret_key_id = peewee.CharField(max_length=16, null=True)
+    fallback_key_id = peewee.CharField(max_length=16, null=True)
     redirect_uri = peewee.CharField(max_length=500)
     launch_url = peewee.CharField(max_length=500)
     token_endpoint = peewee.CharField(max_length=500, null=True)

@@ -140,6 +140,10 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     (2903, "application.retired_secret_hash/_until: a secret retired by rotation is recognised, not counted",
      _add_missing_columns("application", ("retired_secret_hash", peewee.CharField(max_length=128, null=True)),
                           ("retired_secret_until", peewee.DateTimeField(null=True)))),
+    # Issue 36 numbers its steps 36xx.
+    (3601, "application.secret_key_id/fallback_key_id: which SVC_HMAC_KEY made a secret's hash (rotation)",
+     _add_missing_columns("application", ("secret_key_id", peewee.CharField(max_length=16, null=True)),
+                          ("fallback_key_id", peewee.CharField(max_length=16, null=True)))),
     # Issue 27 numbers its steps 27xx.
     (2701, "disclosure_record: append-only on PostgreSQL (a trigger refuses UPDATE, DELETE, TRUNCATE)", install_guard),
     # Issue 35 numbers its steps 35xx (item 4, R4-valid ids: 3504).

@@ -92,7 +92,9 @@ class AuthorizationCodeGrant:
         redirect_uri = text_param(params, "redirect_uri", required=False)
         runtime = self.runtime
         jti = new_secret(16)
-        grant = AuthorizationCode.redeem(runtime.db, runtime.hasher.digest(code), app.id, runtime.clock.now(), jti)
+        grant = None
+        for code_hash in runtime.hasher.digests(code):  # SVC_HMAC_KEY's hash, then SVC_HMAC_KEY_PREVIOUS's
+            grant = grant or AuthorizationCode.redeem(runtime.db, code_hash, app.id, runtime.clock.now(), jti)
         if grant is None:
             raise invalid_grant("The authorization code is invalid.")
         if not grant.first_use:

@@ -32,7 +32,7 @@ from urllib.parse import unquote
 from models.application import Application
 from oauth.errors import OAuthError, invalid_client, invalid_request
 from oauth.params import check_fields
-from oauth.secret_rotation import CURRENT, RETIRED, presented_secret
+from oauth.secret_rotation import CURRENT, RETIRED, hashed_under_current_key, presented_secret, rehash_secret
 from ratelimit.lockout import throttle_check, throttle_failure
 
 CLIENT_ID_SYNTAX = re.compile(r"[\x21-\x7e]{1,64}")  # RFC 6749 VSCHAR without space; the column's length
@@ -93,12 +93,15 @@ def authenticate_client(runtime, params: dict, authorization: str | None, addres
     attempt gets 429. `allow_public`: a public client may name itself by `client_id` alone."""
     throttle = runtime.client_auth_throttle
     try:
-        return _authenticate(params, authorization, runtime.applications, runtime.hasher, throttle, address,
-                             allow_public, runtime.clock)
+        app = _authenticate(params, authorization, runtime.applications, runtime.hasher, throttle, address,
+                            allow_public, runtime.clock)
     except OAuthError as exc:
         if exc.error == "invalid_client" and throttle is not None and not getattr(exc, "counted", False):
             throttle_failure(throttle, None, address)  # malformed or missing credentials: per address
         raise
+    if not app.public and not hashed_under_current_key(app, runtime.hasher):
+        rehash_secret(runtime, app, presented_credentials(params, authorization)[1])  # SVC_HMAC_KEY rotation
+    return app
 
 
 def _public_client(app: Application, secret, basic, allow_public) -> Application:

@@ -44,26 +44,45 @@ _NO_HASH = "0" * 64  # compared against when there is no retired hash: the same 
 
 
 def is_current_secret(app: Application, secret: str, hasher) -> bool:
-    """True when `secret` is the application's current secret (constant-time HMAC compare). A
-    public client has none (its stored hash is empty), so nothing matches."""
+    """True when `secret` is the application's current secret (constant-time HMAC compare, under
+    SVC_HMAC_KEY or a previous key). A public client has none (its stored hash is empty), so nothing matches."""
     return not app.public and hasher.matches(secret, app.client_secret_hash)
+
+
+def hashed_under_current_key(app: Application, hasher) -> bool:
+    """True when the current SVC_HMAC_KEY is known to have made the application's secret hash
+    (else the next successful authentication re-hashes it: `rehash_secret`)."""
+    return app.secret_key_id == hasher.key_id
+
+
+def rehash_secret(runtime, app: Application, secret: str) -> None:
+    """Store `secret` (just authenticated) hashed under the current SVC_HMAC_KEY: what an earlier
+    key hashed keeps working once that key is retired. Every process reloads the application."""
+    (Application.update(client_secret_hash=runtime.hasher.digest(secret), secret_key_id=runtime.hasher.key_id)
+     .where((Application.id == app.id) & (Application.client_secret_hash == app.client_secret_hash)).execute())
+    runtime.changes.announce(APPLICATIONS)
 
 
 def presented_secret(app: Application | None, secret: str, hasher, clock) -> str | None:
     """`CURRENT`, `RETIRED` (the secret the last rotation retired, before `clock.now()` passes the end of
     its grace period) or None.
 
-    One HMAC of the secret, compared in constant time with the current hash and then, when it is
-    not the current one, with the retired hash (or a stand-in): which wrong secret was sent does
-    not change the work. For no application (an unknown client_id) the same HMAC is computed, so
-    an unknown client costs what a known one does. A public client has no secret: nothing matches."""
-    digest = hasher.digest(secret)
+    One HMAC of the secret per key (SVC_HMAC_KEY, then each of SVC_HMAC_KEY_PREVIOUS), each compared
+    in constant time with the current hash and with the retired hash (or a stand-in): which wrong
+    secret was sent does not change the work. For no application (an unknown client_id) the same
+    HMACs are computed, so an unknown client costs what a known one does. A public client has no
+    secret: nothing matches."""
+    digests = hasher.digests(secret)  # SVC_HMAC_KEY's, then SVC_HMAC_KEY_PREVIOUS's
     known = app is not None and not app.public
-    if hmac.compare_digest(digest, app.client_secret_hash if known else _NO_HASH) and known:
-        return CURRENT
+    current = retired_match = False
     retired = app.retired_secret_hash if known else None
     live = bool(retired) and app.retired_secret_until is not None and clock.now() < app.retired_secret_until
-    if hmac.compare_digest(digest, retired if live else _NO_HASH) and live:
+    for digest in digests:
+        current |= hmac.compare_digest(digest, app.client_secret_hash if known else _NO_HASH)
+        retired_match |= hmac.compare_digest(digest, retired if live else _NO_HASH)
+    if current and known:
+        return CURRENT
+    if retired_match and live:
         return RETIRED
     return None
 
@@ -73,7 +92,8 @@ def generate_fallback_secret(runtime, application_id: str, actor: str = "operato
     app = _application(application_id)
     _not_public(app)
     secret = new_secret()
-    Application.update(fallback_secret_hash=runtime.hasher.digest(secret)).where(Application.id == app.id).execute()
+    (Application.update(fallback_secret_hash=runtime.hasher.digest(secret), fallback_key_id=runtime.hasher.key_id)
+     .where(Application.id == app.id).execute())
     AuditEvent.record(actor, "application.secret.fallback_generated", app.id)
     runtime.changes.announce(APPLICATIONS)
     return secret
@@ -88,6 +108,7 @@ def activate_fallback_secret(runtime, application_id: str, actor: str = "operato
         raise ApiError(409, "no_fallback_secret", "Generate a fallback secret first (apps secret generate-fallback).")
     until = runtime.clock.now() + dt.timedelta(seconds=runtime.settings.retired_secret_grace)
     (Application.update(client_secret_hash=Application.fallback_secret_hash, fallback_secret_hash=None,
+                        secret_key_id=Application.fallback_key_id, fallback_key_id=None,
                         retired_secret_hash=Application.client_secret_hash, retired_secret_until=until)
      .where(Application.id == app.id).execute())
     AuditEvent.record(actor, "application.secret.fallback_activated", app.id,

@@ -8,7 +8,7 @@ from oauth.client_credentials import ClientCredentialsGrant
 from oauth.clients import authenticate_client, presented_credentials
 from oauth.errors import OAuthError
 from oauth.params import text_param
-from oauth.secret_rotation import is_current_secret
+from oauth.secret_rotation import hashed_under_current_key, is_current_secret
 
 GRANTS = MappingProxyType({grant.grant_type: grant for grant in (AuthorizationCodeGrant, ClientCredentialsGrant)})
 
@@ -42,4 +42,5 @@ def answers_in_memory(runtime, variant, params: dict, authorization: str | None)
     if credentials is None:
         return False
     app = runtime.applications.cached(credentials[0])
-    return app is not None and is_current_secret(app, credentials[1], runtime.hasher)
+    return (app is not None and is_current_secret(app, credentials[1], runtime.hasher)
+            and hashed_under_current_key(app, runtime.hasher))  # else the pool re-hashes it (authenticate_client)

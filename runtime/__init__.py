@@ -23,7 +23,7 @@ from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
 from hotcache.changes import ChangeFeed
 from keys.ehr_client import EhrClientKeys
 from keys.encryption import KeyCipher
-from keys.secrets import SecretHasher, load_hmac_key
+from keys.secrets import SecretHasher, load_hmac_key, previous_hmac_keys
 from keys.signing import TOPIC as SIGNING_KEYS, KeyRing
 from lifecycle import activation
 from models.clock import Clock
@@ -52,11 +52,13 @@ class Runtime:
                                 max_connections=settings.db_threads + settings.worker_threads + 2)
         self.connections = HeldConnections(self.db)
         bind_models(self.db)  # Peewee's Database.bind: the models now query this database
+        # SVC_HMAC_KEY makes everything; SVC_HMAC_KEY_PREVIOUS (a rotation) still verifies and opens.
         secret = load_hmac_key(settings.hmac_key, settings.keys_dir)
-        self.hasher = SecretHasher(secret)
+        previous = previous_hmac_keys(settings.hmac_key_previous)
+        self.hasher = SecretHasher(secret, previous)
         retain = max(settings.id_token_ttl, settings.access_token_ttl, settings.client_token_ttl,
                      settings.sandbox_token_ttl)
-        self.keyring = KeyRing(self.db, KeyCipher(secret), retain_seconds=retain,
+        self.keyring = KeyRing(self.db, KeyCipher(secret, previous), retain_seconds=retain,
                                prepublish_seconds=settings.key_prepublish_seconds, clock=self.clock.time,
                                legacy_dir=settings.keys_dir)
         self.tokens = TokenService(self.keyring, settings.issuer_claim, self.clock)
