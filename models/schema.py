@@ -141,7 +141,7 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
      _add_missing_columns("application", ("retired_secret_hash", peewee.CharField(max_length=128, null=True)),
                           ("retired_secret_until", peewee.DateTimeField(null=True)))),
     # Issue 36 numbers its steps 36xx.
-    (3601, "application.secret_key_id/fallback_key_id: which SVC_HMAC_KEY made a secret's hash (rotation)",
+    (3611, "application.secret_key_id/fallback_key_id: which SVC_HMAC_KEY made a secret's hash (rotation)",
      _add_missing_columns("application", ("secret_key_id", peewee.CharField(max_length=16, null=True)),
                           ("fallback_key_id", peewee.CharField(max_length=16, null=True)))),
     # Issue 27 numbers its steps 27xx.
