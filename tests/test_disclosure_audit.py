@@ -500,3 +500,39 @@ def test_a_link_is_the_same_bytes_as_every_chain_written_before():
               "status": 200, "organization_id": "org_1", "patients": ["pat_é", "pat_a"], "resource_type": "Patient",
               "resource_ids": ["pat_é"], "query": "name=Zoë&_count=2", "detail": {"b": 1, "a": [1, {"z": 1, "y": 2}]}}
     assert link(b"\x01" * 32, "ab" * 32, fields) == "a8cd5751c668a9134b2cf4f728c429619595dbe79f89b7a273a69cdd5c9211cc"
+
+
+def test_a_group_commit_leader_hands_leadership_on_after_max_rounds(runtime):
+    """Issue 36: a leader kept committing while records arrived, its own request held for as long
+    as others kept coming. Here one more record arrives during every commit (the writer's clock is
+    read inside each append): the leader's call ends after MAX_ROUNDS commits, a pool job leads on,
+    and all 40 records are committed once, in one chain."""
+    from audit.disclosures import _fields
+    from audit.writer import MAX_ROUNDS, ChainWriter
+    from audit.chain import KEY_LABEL
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        records = [(_fields(Disclosure(action="read", request_id=f"feed-{i}"), "success", 200, ["p1"], ["p1"]),
+                    loop.create_future()) for i in range(40)]
+        arriving = iter(records[1:])
+
+        def now():  # inside the leader's append: the next request's record arrives meanwhile
+            arrived = next(arriving, None)
+            if arrived is not None:
+                writer.enqueue(*arrived)  # a follower: returns at once
+            return runtime.clock.now()
+
+        writer = ChainWriter(runtime.db, runtime.hasher.derive(KEY_LABEL), now,
+                             handoff=lambda job: runtime.executor.submit(runtime.unit_of_work, job))
+        await runtime.run(writer.enqueue, *records[0])  # the first record's request: it leads
+        own_call = writer.commits
+        await asyncio.wait_for(asyncio.gather(*(future for _, future in records)), 60)
+        return writer, own_call
+
+    writer, own_call = asyncio.run(run())
+    assert own_call == MAX_ROUNDS, "the first request's call ends after MAX_ROUNDS commits"
+    assert writer.handoffs >= 1 and writer.committed == 40
+    assert [r.request_id for r in DisclosureRecord.select().order_by(DisclosureRecord.seq)
+            if r.request_id.startswith("feed-")] == [f"feed-{i}" for i in range(40)]
+    assert verify(chain_key(runtime))["ok"]
