@@ -84,7 +84,9 @@ class InstallationsHandler(ConsoleHandler):
 
 
 class ActivationHandler(InstallationsHandler):
-    """The Enable/Disable switch of one clinic: the REST operation's rule (`set_activation_status`)."""
+    """The Enable/Disable switch of one clinic: the REST operation's rule (`set_activation_status`).
+    A form's target only: a GET is 405 (it would reach the list's `get` with one argument too many)."""
+    SUPPORTED_METHODS = ("POST",)
 
     async def post(self, application_id, organization_id):
         app = await self.own_application(application_id)
