@@ -523,16 +523,25 @@ def test_a_group_commit_leader_hands_leadership_on_after_max_rounds(runtime):
                 writer.enqueue(*arrived)  # a follower: returns at once
             return runtime.clock.now()
 
-        writer = ChainWriter(runtime.db, runtime.hasher.derive(KEY_LABEL), now,
-                             handoff=lambda job: runtime.executor.submit(runtime.unit_of_work, job))
-        await runtime.run(writer.enqueue, *records[0])  # the first record's request: it leads
-        own_call = writer.commits
-        await asyncio.wait_for(asyncio.gather(*(future for _, future in records)), 60)
-        return writer, own_call
+        handoffs = []  # the commits made when each leader handed on
 
-    writer, own_call = asyncio.run(run())
-    assert own_call == MAX_ROUNDS, "the first request's call ends after MAX_ROUNDS commits"
-    assert writer.handoffs >= 1 and writer.committed == 40
+        def handoff(job):
+            handoffs.append(writer.commits)
+            return runtime.executor.submit(runtime.unit_of_work, job)
+
+        def first_request():  # the first record's pool job: it leads
+            writer.enqueue(*records[0])
+            return list(handoffs)
+
+        writer = ChainWriter(runtime.db, runtime.hasher.derive(KEY_LABEL), now, handoff=handoff)
+        at_return = await runtime.run(first_request)
+        await asyncio.wait_for(asyncio.gather(*(future for _, future in records)), 60)
+        return writer, at_return, handoffs
+
+    writer, at_return, handoffs = asyncio.run(run())
+    assert at_return[:1] == [MAX_ROUNDS], "the first request's call handed on after MAX_ROUNDS commits, then returned"
+    assert handoffs == [MAX_ROUNDS, 2 * MAX_ROUNDS, 3 * MAX_ROUNDS, 4 * MAX_ROUNDS]  # each leader: MAX_ROUNDS
+    assert writer.handoffs == 4 and writer.commits == writer.committed == 40
     assert [r.request_id for r in DisclosureRecord.select().order_by(DisclosureRecord.seq)
             if r.request_id.startswith("feed-")] == [f"feed-{i}" for i in range(40)]
     assert verify(chain_key(runtime))["ok"]
