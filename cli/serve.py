@@ -34,7 +34,7 @@ def run(settings, args) -> int:
     for option in ("restart_backoff_max", "heartbeat_timeout", "drain_timeout"):
         value = getattr(args, option)
         if not (0 < value < 86400):  # also refuses nan and inf
-            raise UsageError(f"--{option.replace('_', '-')} must be a number of seconds above 0")
+            raise UsageError(f"--{option.replace('_', '-')} must be a number of seconds above 0 and below 86400")
     policy = SupervisorPolicy(restart_budget=args.restart_budget, backoff_max=args.restart_backoff_max,
                               heartbeat_timeout=args.heartbeat_timeout, drain_timeout=args.drain_timeout)
     on_start = None
