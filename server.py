@@ -26,7 +26,7 @@ from ops import metrics
 from ops.observability import ObservedApplication
 from ops.balance import BalancedAcceptor, ConnectionCounts, CountingHTTPServer, Slot
 from ops.logwrites import batch_log_writes
-from ops.processes import Supervisor
+from ops.processes import Pulse, Supervisor, SupervisorPolicy
 
 log = logging.getLogger("svc_auth")
 
@@ -45,9 +45,6 @@ HARD_BODY_LIMIT = 8 * 1024 * 1024
 # request's body fit in 16 KB, where the default 64 KB cost a 64 KB memset per read.
 READ_CHUNK_SIZE = 16 * 1024
 
-# After SIGTERM, requests in flight get this long to finish (systemd's TimeoutStopSec is longer).
-DRAIN_SECONDS = 25.0
-
 
 def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
     routes = []
@@ -62,11 +59,13 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
 
 
 def serve(settings: Settings, port: int, processes: int = 1, address: str = "127.0.0.1",
-          on_start=None) -> None:
+          on_start=None, policy: SupervisorPolicy | None = None) -> None:
     """Listen on `port` with `processes` processes and run until SIGTERM/SIGINT.
 
     Under `--processes N` the forked processes share one listening socket and take new connections
-    by least connections (`ops.balance`): a burst of keep-alive connections is split evenly."""
+    by least connections (`ops.balance`): a burst of keep-alive connections is split evenly; the
+    parent supervises them under `policy` (`ops.processes`). After SIGTERM, requests in flight get
+    `policy.drain_timeout` seconds to finish (systemd's TimeoutStopSec is longer)."""
     from runtime.startup import open_runtime
     from ops.startup import bind_error
     # A port in use, or a dependency that is down, stops here with one line (StartupError),
@@ -94,25 +93,28 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         # Every forked process counts into files in one directory; /metrics sums them.
         metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROC_ENV)
                                      or Path(settings.var_dir) / "metrics" / f"serve-{port}")
-        slot = Supervisor(processes, sockets).run()
+        worker = Supervisor(processes, sockets, policy).run()
+        slot, pulse = worker.slot, worker.pulse
     else:
-        slot = Slot(ConnectionCounts(1), 0)
+        slot, pulse = Slot(ConnectionCounts(1), 0), None
     # uvloop: the event loop in C (libuv). Tornado runs on asyncio's loop interface, so only the
     # loop changes; it is created after the fork, as each process needs its own.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_run(settings, sockets, slot, on_start))
+        runner.run(_run(settings, sockets, slot, on_start, (policy or SupervisorPolicy()).drain_timeout, pulse))
 
 
-async def _run(settings: Settings, sockets, slot: Slot, on_start) -> None:
+async def _run(settings: Settings, sockets, slot: Slot, on_start, drain_seconds: float,
+               pulse: Pulse | None) -> None:
     restore_log_writes = batch_log_writes(asyncio.get_running_loop())  # one write per loop turn, not per line
     try:
-        await _serve_until_stopped(settings, sockets, slot, on_start)
+        await _serve_until_stopped(settings, sockets, slot, on_start, drain_seconds, pulse)
     finally:
         if restore_log_writes is not None:
             restore_log_writes()
 
 
-async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start) -> None:
+async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start, drain_seconds: float,
+                               pulse: Pulse | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
@@ -137,10 +139,12 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     if on_start:
         on_start(runtime)
     log.info("svc-auth listening on %s", ", ".join(str(s.getsockname()) for s in sockets))
+    if pulse is not None:
+        pulse.start()  # the supervisor's sign that this worker serves, then that its loop runs
     await stop.wait()
     runtime.draining = True  # /readyz says 503 from now on
     acceptor.stop()  # stop accepting at once, close this process's listening socket; let in-flight requests finish
-    deadline = loop.time() + DRAIN_SECONDS
+    deadline = loop.time() + drain_seconds
     while app.in_flight > 0 and loop.time() < deadline:
         await asyncio.sleep(0.02)
     if app.in_flight:

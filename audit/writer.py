@@ -5,7 +5,9 @@
 - `enqueue(fields, future)`, from a request's pool job right after its domain call: a group commit
   with no thread of its own and no extra pool hop. The first job that finds nobody writing leads:
   it appends every record waiting (its own included) in one transaction, again while more arrived
-  meanwhile, and settles their IOLoop futures once committed. A job that finds a leader at work
+  meanwhile (at most MAX_ROUNDS transactions: then it hands leadership on to a new pool job, so
+  its own request, committed in the first, is not held by a stream of others' records), and
+  settles their IOLoop futures once committed. A job that finds a leader at work
   leaves its record and returns at once, its thread free for the next request; its handler awaits
   the future. So a busy process pays one chain lock and one commit per batch, and no thread is woken
   per record (a pool hop per record cost a FHIR read 16% of its reads per CPU-second). Every request
@@ -26,6 +28,8 @@ RETRY_AFTER_SECONDS = 2
 GATHER_SECONDS = 0.002
 """How long a leader waits for the records of requests whose domain call is queued or running in
 this process (PostgreSQL's commit_delay with commit_siblings, per process): one commit for them all."""
+MAX_ROUNDS = 8
+"""Group commits one leader makes before it hands leadership on (`ChainWriter.handoff`)."""
 
 
 def audit_unavailable() -> ApiError:
@@ -57,16 +61,18 @@ def _notify(batch: list, failed: bool) -> None:
 
 
 class ChainWriter:
-    """Appends records to the chain for every thread of one process."""
+    """Appends records to the chain for every thread of one process. `handoff(job)` runs `job()` in
+    a new unit of work on the runtime's pool: where a leader past MAX_ROUNDS hands leadership on."""
 
-    def __init__(self, db, key: bytes, now):
-        self.db, self.key, self.now = db, key, now
+    def __init__(self, db, key: bytes, now, handoff):
+        self.db, self.key, self.now, self.handoff = db, key, now, handoff
         self._lock = threading.Lock()
         self._all_in = threading.Condition(self._lock)
         self._pending: list[tuple[dict, asyncio.Future]] = []
         self._writing = False
         self._expected: set = set()  # futures of requests whose record is still to come
         self.commits = self.committed = 0  # group commits and the records they held, since start
+        self.handoffs = 0  # times a leader handed leadership on (MAX_ROUNDS reached)
 
     def write(self, fields: dict) -> None:
         """Append one record now (blocking); inside a transaction, as part of it."""
@@ -99,7 +105,12 @@ class ChainWriter:
             if self._writing:
                 return
             self._writing = True
-        while True:
+        self._lead()
+
+    def _lead(self) -> None:
+        """As the leader: commit what waits, round after round, at most MAX_ROUNDS; then, if more
+        waits, hand leadership on (a new pool job leads) and return."""
+        for _ in range(MAX_ROUNDS):
             with self._lock:
                 if self._expected:  # other requests' calls are queued or running: gather their records
                     self._all_in.wait_for(lambda: not self._expected, GATHER_SECONDS)
@@ -110,12 +121,25 @@ class ChainWriter:
             try:
                 append(self.db, self.key, [fields for fields, _ in batch], self.now)
             except BaseException as exc:
-                with self._lock:  # what waits now fails too: nobody is left to write it
-                    batch, self._pending, self._writing = batch + self._pending, [], False
-                _notify(batch, failed=True)
+                self._fail(batch)
                 if isinstance(exc, DATABASE_ERRORS) or not isinstance(exc, peewee.PeeweeException):
                     raise
                 raise audit_unavailable() from exc
             with self._lock:
                 self.commits, self.committed = self.commits + 1, self.committed + len(batch)
             _notify(batch, failed=False)
+        with self._lock:
+            if not self._pending:
+                self._writing = False
+                return
+            self.handoffs += 1
+        try:  # still `_writing`: records arriving meanwhile wait for the next leader
+            self.handoff(self._lead)
+        except RuntimeError:  # the pool is shut down: nobody is left to write what waits
+            self._fail([])
+
+    def _fail(self, batch: list) -> None:
+        """`batch` and everything waiting fail (`audit_unavailable`); nobody leads any more."""
+        with self._lock:
+            batch, self._pending, self._writing = batch + self._pending, [], False
+        _notify(batch, failed=True)

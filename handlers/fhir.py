@@ -20,13 +20,13 @@ from audit.disclosures import disclosed
 from errors import ApiError
 from fhir_api import FHIR_PATH_PREFIX
 from fhir_api.access import authenticate
-from fhir_api.api import read, search
+from fhir_api.api import read, search, supported_type
 from fhir_api.capability import capability_statement
 from fhir_api.disclosure import describe_read, describe_search, fhir_disclosure
 from fhir_api.formats import check_format
 from fhir_api.limits import counters, refusal_message
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
-from fhir_api.search import search_arguments
+from fhir_api.search import resource_id as valid_resource_id, search_arguments
 from handlers.cors import CorsHandler
 from ratelimit import RateLimiterUnavailable
 from models.ids import is_id
@@ -155,6 +155,8 @@ class ReadHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type, resource_id):
         caller = await self.caller(organization_id)
+        supported_type(resource_type)  # 404 / 400 before the disclosure record holds them
+        valid_resource_id(resource_id)
         self.write_fhir(await self.through_ehr(self.disclosure(caller, "read", resource_type, resource_id), describe_read,
                                                read, caller, resource_type, resource_id))
 
@@ -167,6 +169,7 @@ class SearchHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type):
         caller = await self.caller(organization_id)
+        supported_type(resource_type)  # 404 before the disclosure record holds it
         self.write_fhir(await self.through_ehr(  # the arguments are parsed on the pool: a 400 is recorded too
             self.disclosure(caller, "search", resource_type), describe_search,
             lambda runtime, caller, raw: search(runtime, caller, resource_type, search_arguments(raw)),

@@ -31,6 +31,8 @@ class StaticAssets(tornado.web.StaticFileHandler):
         return super().get_absolute_path(root, path)
 
     def validate_absolute_path(self, root: str, absolute_path: str) -> str | None:
+        if "\x00" in absolute_path:  # os.stat refuses a NUL with ValueError: a 404, not a 500
+            raise tornado.web.HTTPError(404)
         # A mounted file is checked against its own directory (no escaping it with `..`).
         for directory in MOUNTS.values():
             if absolute_path.startswith(str(directory) + os.sep):

@@ -70,42 +70,57 @@ class RateLimiter:
 
 
 class MemoryRateLimiter(RateLimiter):
-    """Fixed-window counters in this process's memory; old windows are dropped as they pass."""
+    """Fixed-window counters in this process's memory, grouped by window (its length and index):
+    when a request opens a new window, every window that has passed is dropped whole, so pruning
+    costs one look at the few live windows per new window, never a pass over the counters
+    (issue 36: the table was rebuilt on every request once 10,000 counters were live)."""
 
     def __init__(self, limits: dict[str, Limit], clock):
         super().__init__(limits, clock)
-        self._counts: dict[tuple[str, str, int], int] = {}
         self._lock = threading.Lock()
-        self._keyed: dict[tuple[str, int, int], int] = {}  # hit_all: (key, window seconds, index) -> count
+        # (window seconds, window index) -> {counter key -> count}; `hit` keys are (client,
+        # operation) tuples, `hit_all` keys are strings: one table, no collision.
+        self._windows: dict[tuple[int, int], dict] = {}
+
+    def __len__(self) -> int:
+        """Counters held (of the windows not yet dropped)."""
+        with self._lock:
+            return sum(len(counters) for counters in self._windows.values())
+
+    def _window(self, seconds: int, index: int, now: float) -> dict:
+        """Under the lock: the counters of window (`seconds`, `index`); opening it drops the passed ones."""
+        counters = self._windows.get((seconds, index))
+        if counters is None:
+            for passed in [w for w in self._windows if w[1] < int(now // w[0])]:
+                del self._windows[passed]
+            counters = self._windows[(seconds, index)] = {}
+        return counters
 
     async def hit(self, client: str, operation: str) -> Decision:
         limit = self.limit_of(operation)
-        index, reset = window_of(limit, self.clock.time())
-        key = (client, operation, index)
+        now = self.clock.time()
+        index, reset = window_of(limit, now)
+        key = (client, operation)
         with self._lock:
-            count = self._counts.get(key, 0)
-            if count < limit.count:
+            counters = self._window(limit.seconds, index, now)
+            count = counters.get(key, 0)
+            allowed = count < limit.count
+            if allowed:
                 count += 1
-                self._counts[key] = count
-                allowed = True
-            else:
-                allowed = False
-            if len(self._counts) > 10000:
-                self._counts = {k: v for k, v in self._counts.items()
-                                if k[2] >= int(self.clock.time() // self.limit_of(k[1]).seconds)}
+                counters[key] = count
         return Decision(allowed, limit.count, max(0, limit.count - count), reset)
 
     async def hit_all(self, counters: list[tuple[str, Limit]]) -> Decision:
         now = self.clock.time()
         windows = [window_of(limit, now) for _, limit in counters]
-        keys = [(key, limit.seconds, index) for (key, limit), (index, _) in zip(counters, windows)]
         limits = [limit for _, limit in counters]
+        keys = [key for key, _ in counters]
         with self._lock:
-            counts = [self._keyed.get(key, 0) for key in keys]
+            tables = [self._window(limit.seconds, index, now) for limit, (index, _) in zip(limits, windows)]
+            counts = [table.get(key, 0) for table, key in zip(tables, keys)]
             allowed = all(count < limit.count for count, limit in zip(counts, limits))
             if allowed:
                 counts = [count + 1 for count in counts]
-                self._keyed.update(zip(keys, counts))
-            if len(self._keyed) > 10000:  # drop windows that have passed
-                self._keyed = {k: v for k, v in self._keyed.items() if k[2] >= int(now // k[1])}
-        return binding([key for key, _ in counters], counts, limits, [reset for _, reset in windows], allowed)
+                for table, key, count in zip(tables, keys, counts):
+                    table[key] = count
+        return binding(keys, counts, limits, [reset for _, reset in windows], allowed)

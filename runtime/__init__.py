@@ -92,7 +92,8 @@ class Runtime:
         self._connector_states: dict = {}
         self._connector_states_lock = threading.Lock()
         # The disclosure audit's chain (audit/): group-committed appends, under a key derived from SVC_HMAC_KEY.
-        self.disclosure_writer = ChainWriter(self.db, self.hasher.derive(DISCLOSURE_KEY_LABEL), self.clock.now)
+        self.disclosure_writer = ChainWriter(self.db, self.hasher.derive(DISCLOSURE_KEY_LABEL), self.clock.now,
+                                             handoff=lambda job: self.executor.submit(self.unit_of_work, job))
         self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.

@@ -500,3 +500,48 @@ def test_a_link_is_the_same_bytes_as_every_chain_written_before():
               "status": 200, "organization_id": "org_1", "patients": ["pat_é", "pat_a"], "resource_type": "Patient",
               "resource_ids": ["pat_é"], "query": "name=Zoë&_count=2", "detail": {"b": 1, "a": [1, {"z": 1, "y": 2}]}}
     assert link(b"\x01" * 32, "ab" * 32, fields) == "a8cd5751c668a9134b2cf4f728c429619595dbe79f89b7a273a69cdd5c9211cc"
+
+
+def test_a_group_commit_leader_hands_leadership_on_after_max_rounds(runtime):
+    """Issue 36: a leader kept committing while records arrived, its own request held for as long
+    as others kept coming. Here one more record arrives during every commit (the writer's clock is
+    read inside each append): the leader's call ends after MAX_ROUNDS commits, a pool job leads on,
+    and all 40 records are committed once, in one chain."""
+    from audit.disclosures import _fields
+    from audit.writer import MAX_ROUNDS, ChainWriter
+    from audit.chain import KEY_LABEL
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        records = [(_fields(Disclosure(action="read", request_id=f"feed-{i}"), "success", 200, ["p1"], ["p1"]),
+                    loop.create_future()) for i in range(40)]
+        arriving = iter(records[1:])
+
+        def now():  # inside the leader's append: the next request's record arrives meanwhile
+            arrived = next(arriving, None)
+            if arrived is not None:
+                writer.enqueue(*arrived)  # a follower: returns at once
+            return runtime.clock.now()
+
+        handoffs = []  # the commits made when each leader handed on
+
+        def handoff(job):
+            handoffs.append(writer.commits)
+            return runtime.executor.submit(runtime.unit_of_work, job)
+
+        def first_request():  # the first record's pool job: it leads
+            writer.enqueue(*records[0])
+            return list(handoffs)
+
+        writer = ChainWriter(runtime.db, runtime.hasher.derive(KEY_LABEL), now, handoff=handoff)
+        at_return = await runtime.run(first_request)
+        await asyncio.wait_for(asyncio.gather(*(future for _, future in records)), 60)
+        return writer, at_return, handoffs
+
+    writer, at_return, handoffs = asyncio.run(run())
+    assert at_return[:1] == [MAX_ROUNDS], "the first request's call handed on after MAX_ROUNDS commits, then returned"
+    assert handoffs == [MAX_ROUNDS, 2 * MAX_ROUNDS, 3 * MAX_ROUNDS, 4 * MAX_ROUNDS]  # each leader: MAX_ROUNDS
+    assert writer.handoffs == 4 and writer.commits == writer.committed == 40
+    assert [r.request_id for r in DisclosureRecord.select().order_by(DisclosureRecord.seq)
+            if r.request_id.startswith("feed-")] == [f"feed-{i}" for i in range(40)]
+    assert verify(chain_key(runtime))["ok"]

@@ -12,7 +12,7 @@ import pytest
 
 from connectors import APPOINTMENT_STATUSES, Provider, connector_for
 from connectors.fhir import ATTEMPTS
-from connectors.fhir.cache import FhirState
+from connectors.fhir.connector import fhir_state
 from workers.activity import record_activity
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
@@ -178,7 +178,7 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
 
     # A revoked registration: a permanent failure that says what to fix.
     fhir_ehr.revoke()
-    runtime.connector_state("fhir", FhirState).tokens.drop((f"{fhir_ehr.origin}/oauth/token", CLIENT_ID))
+    fhir_state(runtime).tokens.drop((f"{fhir_ehr.origin}/oauth/token", CLIENT_ID))
     check = cli(settings, "ehr", "check", "--org", org_id, "--json")
     verdict = json.loads(check.stdout)
     assert check.returncode == 1 and not verdict["ok"]
@@ -287,7 +287,7 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
 
     # An EHR without $everything: the connector searches by patient, type by type, page by page.
     fhir_ehr.offer_everything(False)
-    runtime.connector_state("fhir", FhirState).capabilities.drop(fhir_ehr.base)        # as an hour later
+    fhir_state(runtime).capabilities.drop(fhir_ehr.base)        # as an hour later
     _, searched = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
     pages = fhir_ehr.stats()["pages"]
     assert pages["Patient/$everything"] == 6 and pages["Encounter"] == 3 and pages["Observation"] == 1

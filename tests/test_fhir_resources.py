@@ -14,7 +14,7 @@ import pytest
 import pyzipper
 
 from connectors import ResourceNotFound, ResourceQuery, connector_for
-from connectors.fhir.cache import FhirState
+from connectors.fhir.connector import fhir_state
 from lifecycle.organizations import create_organization
 from workers.chart_archive import write_chart_zip
 
@@ -156,7 +156,7 @@ def test_an_everything_listed_but_refused_falls_back_to_searches_and_is_remember
     assert [e.id for e in chart.encounters()] == ["enc-000", "enc-001", "enc-002"]
     assert sorted(o["id"] for o in chart.observations()) == ["obs-0000", "obs-0001", "obs-a1c", "obs-bp"]
     assert [d["id"] for d in chart.documents()] == ["doc-0"] and len(chart.problems) == 2
-    assert runtime.connector_state("fhir", FhirState).capabilities.get(open_ehr.base) is False
+    assert fhir_state(runtime).capabilities.get(open_ehr.base) is False
     searched = open_ehr.stats()["pages"]
     assert "Patient/$everything" not in searched and searched["Observation"] == 1
     asked = open_ehr.stats()["fhir"]

@@ -23,8 +23,10 @@ from ratelimit import DEFAULT_LIMITS
 
 HOSTILE_CHARS = st.sampled_from(["\x00", "\ud800", "\udfff", "\\", "%00", "%2e", "..", "\u202e", "é", "𝕏",
                                  "'", '"', "{", "[", ":", "\n", "=", "&", "+", "%"])
+# Over-long values too (issue 36: an id past the 64-wide columns reached the audit as a 503 on PostgreSQL).
+LONG = st.tuples(st.sampled_from(["1", "x", "%00", "%252e", "é"]), st.integers(65, 400)).map(lambda p: p[0] * p[1])
 TEXT = st.one_of(st.text(max_size=30), st.lists(HOSTILE_CHARS, max_size=12).map("".join),
-                 st.integers(max_value=10**6).map(str))
+                 st.integers(max_value=10**6).map(str), LONG)
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
                            max_leaves=20)
@@ -160,7 +162,11 @@ REST = [("POST", "/v1/invitations"), ("GET", "/v1/applications/{app}/organizatio
         ("POST", "/v1/chart-retrieval/requests"), ("GET", "/v1/chart-retrieval/requests/{text}"),
         ("GET", "/v1/chart-retrieval/download-url/{text}"),
         ("PUT", "/v1/applications/{app}/organizations/{org}/activation-status"),
-        ("POST", "/v1/sandbox/launches")]
+        ("POST", "/v1/sandbox/launches"),
+        # every path id in turn (issue 36 item 5): hostile, over-long, double-encoded
+        ("GET", "/v1/appointments/{text}"), ("GET", "/v1/applications/{text}/organizations"),
+        ("GET", "/v1/applications/{app}/organizations/{text}/users"), ("GET", "/v1/applications/{text}/billing"),
+        ("PUT", "/v1/applications/{app}/organizations/{text}/activation-status")]
 
 
 @pytest.mark.slow

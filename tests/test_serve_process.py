@@ -1,6 +1,7 @@
 """`svc-auth serve` as a real process: graceful SIGTERM, `--processes N` metrics, JSON logs."""
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -258,3 +259,159 @@ def test_32_connections_at_once_are_split_evenly_before_and_after_a_restart(sett
         assert proc.wait(15) == 0
     finally:
         stop_process(proc)
+
+
+# --- the supervisor of `--processes N` (issue 36 item 6) --------------------------------------
+# The database does not matter to the supervisor: these run on SQLite only.
+supervisor_backend = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+SERVING = ") serving"  # the supervisor's "worker N (pid P) serving": its first heartbeat
+
+
+def start_supervised(settings, tmp_path, *options: str):
+    """`serve --processes 2` with supervisor `options`, once both workers serve."""
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    proc = start_process(["serve", "--port", str(port), "--processes", "2", *options], settings_env(settings), port,
+                         log_path=log_path)
+    wait_for_log(log_path, SERVING, 2)
+    return proc, port, log_path
+
+
+def wait_for_log(log_path: Path, text: str, count: int = 1, timeout: float = 60.0) -> str:
+    """Until `text` appears `count` times in the log (lines the supervisor writes as it acts)."""
+    deadline = time.time() + timeout
+    while (log := log_path.read_text()).count(text) < count:
+        assert time.time() < deadline, f"waiting for {count}x {text!r}:\n" + log[-3000:]
+        time.sleep(0.02)
+    return log
+
+
+def worker_pids(log_path: Path) -> dict[int, int]:
+    """slot -> pid of its current worker, from the supervisor's "worker N started (pid P)" lines."""
+    return {int(slot): int(pid) for slot, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", log_path.read_text())}
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_a_crash_loop_keeps_serving_with_backoff_and_never_gives_up(settings, runtime, tmp_path):
+    """105 crashes (more than the old MAX_RESTARTS=100 over the whole life): every one is replaced,
+    after a backoff that grows per slot, and the server keeps answering on both workers."""
+    proc, port, log_path = start_supervised(settings, tmp_path, "--restart-budget", "1000",
+                                            "--restart-backoff-max", "0.05")
+    try:
+        for crash in range(105):
+            victim = worker_pids(log_path)[crash % 2]
+            os.kill(victim, signal.SIGKILL)
+            wait_for_log(log_path, SERVING, 3 + crash)  # its replacement serves
+            assert get(port, "/healthz")[0] == 200
+        log = log_path.read_text()
+        assert "giving up" not in log
+        assert set(re.findall(r"restarting in ([\d.]+)s", log)) == {"0.05"}, "the backoff, capped at its maximum"
+        workers = children_of(proc.pid)
+        assert len(workers) == 2 and sorted(workers) == sorted(worker_pids(log_path).values())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_restarts_back_off_and_wait_once_the_budget_per_minute_is_spent(settings, runtime, tmp_path):
+    proc, port, log_path = start_supervised(settings, tmp_path, "--restart-budget", "2")
+    try:
+        for crash in range(2):  # the same slot twice: 0.1 s, then 0.2 s
+            os.kill(worker_pids(log_path)[0], signal.SIGKILL)
+            wait_for_log(log_path, SERVING, 3 + crash)
+        log = log_path.read_text()
+        assert re.search(r"worker 0 \(pid \d+\) was killed by SIGKILL; restarting in 0\.10s", log), log
+        assert re.search(r"worker 0 \(pid \d+\) was killed by SIGKILL; restarting in 0\.20s", log), log
+        os.kill(worker_pids(log_path)[1], signal.SIGKILL)  # the third in a minute waits for the budget
+        log = wait_for_log(log_path, "restart budget of 2 per minute spent")
+        waits = re.findall(r"restart budget of 2 per minute spent, restarting in ([\d.]+)s", log)
+        assert 30 < float(waits[0]) <= 60, waits
+        assert get(port, "/healthz")[0] == 200  # the other worker serves meanwhile
+        proc.send_signal(signal.SIGTERM)  # the pending restart is cancelled: the parent exits at once
+        assert proc.wait(15) == 0
+        assert log_path.read_text().count(SERVING) == 4
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_a_stopped_worker_is_killed_and_replaced(settings, runtime, tmp_path):
+    proc, port, log_path = start_supervised(settings, tmp_path, "--heartbeat-timeout", "1")
+    try:
+        victim = worker_pids(log_path)[0]
+        stopped_at = time.time()
+        os.kill(victim, signal.SIGSTOP)
+        wait_for_log(log_path, SERVING, 3, timeout=20)
+        assert time.time() - stopped_at < 10
+        log = log_path.read_text()
+        assert re.search(rf"worker 0 \(pid {victim}\) no heartbeat for [\d.]+s; sending SIGKILL", log), log
+        assert not alive(victim)
+        workers = children_of(proc.pid)
+        assert len(workers) == 2 and victim not in workers
+        assert get(port, "/healthz")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_sigterm_while_a_worker_is_stopped_kills_it_after_the_drain_timeout(settings, runtime, tmp_path):
+    proc, port, log_path = start_supervised(settings, tmp_path, "--drain-timeout", "1")
+    try:
+        workers = children_of(proc.pid)
+        os.kill(workers[0], signal.SIGSTOP)
+        started = time.time()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 1, "the parent exits, non-zero: it had to kill a worker"
+        assert time.time() - started < 1 + 5 + 3
+        assert not any(alive(pid) for pid in workers)
+        assert "still running 6.0s after SIGTERM; sending SIGKILL" in log_path.read_text()
+    finally:
+        for pid in children_of(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        stop_process(proc)
+
+
+# A worker that meets a setting only it reads (the parent's own checks passed): its Runtime raises.
+FAILING_WORKER = """
+import os, sys
+sys.path.insert(0, os.getcwd())
+import server
+from conf import ConfigError
+parent = os.getpid()
+real = server.Runtime
+def runtime(settings):
+    if os.getpid() != parent:
+        raise ConfigError("the worker cannot start (a setting only workers read)")
+    return real(settings)
+server.Runtime = runtime
+from cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_a_worker_failing_at_startup_stops_the_server_with_one_line(settings, runtime, tmp_path):
+    import subprocess
+    import sys
+    from helpers import ROOT
+    port = free_port()
+    env = settings_env(settings)
+    started = time.time()
+    out = subprocess.run([sys.executable, "-c", FAILING_WORKER, "serve", "--port", str(port), "--processes", "2"],
+                         env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert time.time() - started < 40
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"svc-auth serve: worker \d \(pid \d+\) exited with status 2 before it served "
+                        r"\(failed at startup; see its error above\); stopping the server", last), out.stderr
+    assert "svc-auth: configuration error: the worker cannot start" in out.stderr
+    assert "restarting" not in out.stderr

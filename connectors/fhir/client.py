@@ -52,15 +52,17 @@ class FhirClient:
 
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
                  capabilities: ExpiringCache, bounds: Bounds, http: urllib3.PoolManager | None = None,
-                 sleep=time.sleep, scopes=None, configurations: ExpiringCache | None = None, watchdog=None):
+                 sleep=time.sleep, scopes=None, configurations: ExpiringCache | None = None, watchdog=None,
+                 clock=time.time):
         """`bounds`: the caller's (`connectors.bounds`); `scopes(smart_configuration) -> scopes to
-        ask`: the profile's and discovery's choice (`connectors.fhir.profiles`); by default `SCOPES`."""
+        ask`: the profile's and discovery's choice (`connectors.fhir.profiles`); by default `SCOPES`.
+        `clock`: the runtime's wall clock (`runtime.clock.time`), for an HTTP-date `Retry-After`."""
         self.base = base_url.rstrip("/")
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
         self.capabilities = capabilities
         self.bounds = bounds
-        self.transport = Transport(self.base, bounds, http=http, sleep=sleep, watchdog=watchdog)
-        self.configurations = configurations if configurations is not None else ExpiringCache()
+        self.transport = Transport(self.base, bounds, http=http, sleep=sleep, watchdog=watchdog, wall=clock)
+        self.configurations = configurations if configurations is not None else ExpiringCache(clock)
         self._token_endpoint: str | None = None
         self._scopes_for = scopes or (lambda configuration: SCOPES)
         self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import json
 import logging
@@ -37,7 +38,7 @@ class FhirConnector:
         self.profile = profile or profile_named("generic")
         self.extra = tuple(extra)
         self.skipped = Skipped()
-        self.practitioners = practitioners if practitioners is not None else ExpiringCache()
+        self.practitioners = practitioners if practitioners is not None else ExpiringCache(client.transport.wall)
 
     def search(self, params: dict) -> dict:
         """`params` as this EHR wants them: the clinic's extra parameters appended; with `_id`
@@ -252,6 +253,11 @@ class FhirConnector:
         return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
 
 
+def fhir_state(runtime) -> FhirState:
+    """The FHIR connector's caches and connections of this process (on the runtime's clock)."""
+    return runtime.connector_state("fhir", functools.partial(FhirState, runtime.clock.time))
+
+
 def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnector:
     """The clinic's FHIR connector, held to the caller's `bounds` (default: `Bounds.batch`)."""
     if not organization.ehr_url:
@@ -260,7 +266,7 @@ def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnecto
     if organization.fhir_auth != "none" and not organization.fhir_client_id:
         raise ConnectorError(f"Organization {organization.id} has no FHIR client id "
                              f"(svc-auth orgs update --org {organization.id} --fhir-client-id ID).")
-    state = runtime.connector_state("fhir", FhirState)
+    state = fhir_state(runtime)
     profile = profile_named(getattr(organization, "fhir_profile", None))
     chosen = getattr(organization, "fhir_scopes", "auto")
 
@@ -269,7 +275,7 @@ def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnecto
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
                         runtime.ehr_keys, state.tokens, state.capabilities, bounds or Bounds.batch(runtime.settings),
                         http=state.http, scopes=scopes_for, configurations=state.configurations,
-                        watchdog=state.watchdog)
+                        watchdog=state.watchdog, clock=state.clock)
     try:
         extra = [tuple(p) for p in json.loads(getattr(organization, "fhir_search_params", None) or "[]")]
     except ValueError:

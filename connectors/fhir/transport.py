@@ -5,19 +5,25 @@ held to the caller's `Bounds` (connectors/bounds.py).
   watchdog shuts the socket at the deadline, so a body dripping a byte a second ends there, not
   when the EHR stops; the connection and read timeouts never outlast it either.
 - The body is streamed and read up to `max_bytes`; past it the connection is dropped.
-- `Retry-After` is honoured up to `max_retry_after`; a longer one (or one past the deadline)
-  ends the attempts as `ConnectorUnavailable`.
+- `Retry-After` (delay-seconds or an HTTP-date, RFC 9110 10.2.3, read against the runtime's wall
+  clock) is honoured up to `max_retry_after`; a longer one (or one past the deadline) ends the
+  attempts as `ConnectorUnavailable`.
+- Timeouts, refused or reset connections and TLS errors are retried as transient; a certificate
+  that does not verify is permanent (`ConnectorError`, no retry: the next try meets the same one).
 - Redirects are not followed: a 3xx is an error, never data.
 - `confine` refuses, before any request, a URL outside the configured base *path* (scheme, host,
   port, path prefix at a `/` boundary; no `.`/`..` segments, no percent-encoded dots, slashes or
   backslashes, no user info)."""
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import heapq
 import itertools
 import json
 import logging
 import re
+import ssl
 import threading
 import time
 from types import MappingProxyType
@@ -25,7 +31,7 @@ from urllib.parse import urlsplit
 
 import urllib3
 
-from connectors.base import BoundExceeded, ConnectorUnavailable, DeadlineExceeded
+from connectors.base import BoundExceeded, ConnectorError, ConnectorUnavailable, DeadlineExceeded
 from connectors.bounds import Bounds
 
 BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
@@ -127,14 +133,16 @@ class Watchdog:
 class Transport:
     """HTTP to one FHIR base under one caller's `Bounds` (`operation_deadline` counts from here).
     `http` and `watchdog` are the process's (`connectors.fhir.cache.FhirState`): connections to the
-    EHR are kept alive from one request to the next, and one thread keeps every body's deadline."""
+    EHR are kept alive from one request to the next, and one thread keeps every body's deadline.
+    `clock` measures the deadlines (monotonic); `wall` is the runtime's clock (`runtime.clock.time`),
+    against which an HTTP-date `Retry-After` is read."""
 
     def __init__(self, base: str, bounds: Bounds, http: urllib3.PoolManager | None = None,
-                 sleep=time.sleep, clock=time.monotonic, watchdog: Watchdog | None = None):
+                 sleep=time.sleep, clock=time.monotonic, watchdog: Watchdog | None = None, wall=time.time):
         self.base = base.rstrip("/")
         self.bounds = bounds
         self.http = http or urllib3.PoolManager(retries=False)
-        self.sleep, self.clock = sleep, clock
+        self.sleep, self.clock, self.wall = sleep, clock, wall
         self.watchdog = watchdog or Watchdog(clock)
         self.started = clock()
 
@@ -169,6 +177,9 @@ class Transport:
             except urllib3.exceptions.HTTPError as exc:
                 if self.clock() >= deadline:
                     raise self._late(url) from None
+                if _certificate_refused(exc):
+                    raise ConnectorError(f"The EHR at {host} presented a TLS certificate that does not verify "
+                                         f"({str(exc)[:300]}); check its certificate chain and the FHIR base URL.") from None
                 outcome, wait = type(exc).__name__, delay
             else:
                 status = response.status
@@ -180,7 +191,7 @@ class Transport:
                     return status, _json(self._read(response, url, deadline)), response.headers
                 _drop(response)
                 outcome = f"HTTP {status}"
-                wait = _retry_after(response.headers.get("Retry-After"), delay)
+                wait = _retry_after(response.headers.get("Retry-After"), delay, self.wall())
             if attempt == bounds.attempts or wait > bounds.max_retry_after or self.clock() + wait >= deadline:
                 raise ConnectorUnavailable(f"The EHR at {host} is unavailable ({outcome}); the request will be "
                                            f"retried.")
@@ -260,8 +271,36 @@ def _json(data: bytes):
         return None
 
 
-def _retry_after(value: str | None, default: float) -> float:
-    try:
-        return max(0.0, float(value)) if value is not None else default
-    except ValueError:
+def _retry_after(value: str | None, default: float, now: float) -> float:
+    """Seconds to wait from a `Retry-After` header: delay-seconds, or an HTTP-date taken against
+    `now` (the runtime's wall clock; a date passed is 0); `default` when absent or unreadable."""
+    if value is None:
         return default
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, float(value))  # not RFC 9110's grammar, but what some EHRs send ("0.5")
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return default
+    if when.tzinfo is None:  # "-0000", RFC 5322's unknown zone: HTTP-dates are GMT
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return max(0.0, when.timestamp() - now)
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    """Whether urllib3's error is a certificate that failed verification (permanent), as opposed to
+    a TLS handshake broken off or timed out (transient)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return True
+        inner = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+        exc = inner[0] if inner else (exc.__cause__ or exc.__context__)
+    return False
+

@@ -16,6 +16,7 @@ from console.accounts import actor_of
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from errors import ApiError
+from models.ids import is_id
 
 ACTIVATION_WARNING = ("Activating the fallback secret before your backend retries with the fallback "
                       "breaks integrations: the current secret stops working at once.")
@@ -85,6 +86,13 @@ class InstallationsHandler(ConsoleHandler):
 
 class ActivationHandler(InstallationsHandler):
     """The Enable/Disable switch of one clinic: the REST operation's rule (`set_activation_status`)."""
+
+    async def get(self, application_id, organization_id):
+        """The list (a reload of the form's target); a clinic id that is no id is 404."""
+        app = await self.own_application(application_id)
+        if not is_id(organization_id):
+            raise ApiError(404, "not_installed", "No such clinic.")
+        await self.show(app)
 
     async def post(self, application_id, organization_id):
         app = await self.own_application(application_id)

@@ -7,6 +7,7 @@ from partner_api.disclosure import describe_page
 
 
 class AppointmentsHandler(PartnerApiHandler):
+    path_names = ("svcOrganizationId",)
     operations = {"GET": "appointments"}
 
     async def get(self, organization_id):

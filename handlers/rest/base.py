@@ -1,7 +1,8 @@
 """`PartnerApiHandler`: the one place a REST call is admitted.
 
 In order: the client network against the global allowlist, the Bearer client-credentials token
-(401 + `WWW-Authenticate`), the application's own allowlist, then the rate limit of the
+(401 + `WWW-Authenticate`), the application's own allowlist, every path parameter against the id
+grammar (400 `invalid_path_parameter`, before any lookup or disclosure record holds it), then the rate limit of the
 operation for that client (`RateLimit-*` headers on every limited response, 429 + `Retry-After`
 when exceeded, 503 when the shared limiter cannot be reached).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from audit.disclosures import disclosed
 from handlers.base import BaseHandler
 from errors import ApiError
+from partner_api.access import path_id
 from partner_api.auth import partner_caller
 from partner_api.network import parse_networks, require_allowed_network
 from ratelimit import RateLimiterUnavailable
@@ -23,6 +25,9 @@ class PartnerApiHandler(BaseHandler):
     partner_claims: dict = {}
     _limit_headers: dict = {}
 
+    path_names: tuple[str, ...] = ()
+    """The names (as in the OpenAPI document) of the route's path parameters, all ids."""
+
     async def prepare(self):
         super().prepare()
         self.set_header("Cache-Control", "no-store")
@@ -31,6 +36,8 @@ class PartnerApiHandler(BaseHandler):
         self.partner_app, self.partner_claims = await self.run(partner_caller, self.runtime,
                                                                self.request.headers.get("Authorization"))
         require_allowed_network(address, parse_networks(self.partner_app.rest_allowed_networks))
+        for index, value in enumerate(self.path_args):  # before any lookup or audit record holds them
+            path_id(self.path_names[index] if index < len(self.path_names) else "path parameter", value)
         operation = self.operations.get(self.request.method)
         if operation:
             await self.apply_rate_limit(operation)

@@ -6,6 +6,7 @@ from partner_api.billing import own_billing
 
 
 class BillingHandler(PartnerApiHandler):
+    path_names = ("applicationId",)
     operations = {"GET": "billing"}
 
     async def get(self, application_id):

@@ -19,6 +19,7 @@ class ChartRequestsHandler(PartnerApiHandler):
 
 
 class ChartRequestHandler(PartnerApiHandler):
+    path_names = ("requestId",)
     operations = {"GET": "chart_request_status"}
 
     async def get(self, request_id):
@@ -26,6 +27,7 @@ class ChartRequestHandler(PartnerApiHandler):
 
 
 class DownloadUrlHandler(PartnerApiHandler):
+    path_names = ("requestId",)
     operations = {"GET": "chart_download_url"}
 
     async def get(self, request_id):

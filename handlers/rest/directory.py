@@ -6,6 +6,7 @@ from partner_api.directory import own_organizations, own_users, update_activatio
 
 
 class OrganizationsHandler(PartnerApiHandler):
+    path_names = ("applicationId",)
     operations = {"GET": "organizations"}
 
     async def get(self, application_id):
@@ -13,6 +14,7 @@ class OrganizationsHandler(PartnerApiHandler):
 
 
 class UsersHandler(PartnerApiHandler):
+    path_names = ("applicationId", "organizationId")
     operations = {"GET": "users"}
 
     async def get(self, application_id, organization_id):
@@ -20,6 +22,7 @@ class UsersHandler(PartnerApiHandler):
 
 
 class ActivationStatusHandler(PartnerApiHandler):
+    path_names = ("applicationId", "organizationId")
     operations = {"PUT": "activation_status"}
 
     async def put(self, application_id, organization_id):

@@ -1,0 +1,193 @@
+"""The EHR transport against real sockets (issue 36 item 7): an HTTP-date `Retry-After` is waited out
+against the runtime's clock; a TLS certificate that does not verify is permanent (one attempt), a
+TLS handshake broken off is transient (retried); the FHIR connector's `ExpiringCache` runs on the
+runtime's clock and stays bounded."""
+from __future__ import annotations
+
+import email.utils
+import socket
+import ssl
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from connectors.base import ConnectorError, ConnectorUnavailable
+from connectors.bounds import Bounds
+from connectors.fhir.cache import ExpiringCache
+from connectors.fhir.transport import Transport
+from models.clock import Clock
+
+BOUNDS = Bounds("test", connect=2.0, request_deadline=30.0, max_bytes=1 << 20, max_pages=5, max_retry_after=20.0,
+                attempts=3)
+
+
+class Busy:
+    """An EHR that answers 503 with `Retry-After: <header(clock)>` `busy` times, then 200 {}."""
+
+    def __init__(self, header, busy: int = 1):
+        self.header, self.busy, self.requests = header, busy, 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802
+                outer.requests += 1
+                status, headers = (503, {"Retry-After": outer.header()}) if outer.requests <= outer.busy else (200, {})
+                body = b"{}"
+                self.send_response(status)
+                for name, value in {**headers, "Content-Type": "application/fhir+json",
+                                    "Content-Length": str(len(body))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/fhir"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def http_date(when: float) -> str:
+    return email.utils.formatdate(when, usegmt=True)
+
+
+@pytest.fixture
+def clock():
+    """The runtime's clock, an hour ahead of the machine's (as a test that moved it, or SVC_CLOCK_OFFSET)."""
+    return Clock(offset_seconds=3600)
+
+
+def test_an_http_date_retry_after_is_waited_out_against_the_runtime_clock(clock):
+    ehr = Busy(lambda: http_date(clock.time() + 7))
+    waits: list[float] = []
+    try:
+        transport = Transport(ehr.base, BOUNDS, sleep=waits.append, wall=clock.time)
+        status, body, _ = transport.send("GET", f"{ehr.base}/Patient/p1")
+        assert (status, body) == (200, {})
+        assert ehr.requests == 2
+        assert len(waits) == 1 and 5.5 <= waits[0] <= 7.0, waits  # the date's second, not the 0.5 s default
+    finally:
+        ehr.close()
+
+
+def test_an_http_date_already_past_is_no_wait_and_one_too_far_ends_the_attempts(clock):
+    past = Busy(lambda: http_date(clock.time() - 60))
+    waits: list[float] = []
+    try:
+        assert Transport(past.base, BOUNDS, sleep=waits.append, wall=clock.time).send("GET", past.base)[0] == 200
+        assert waits == [0.0]
+    finally:
+        past.close()
+    far = Busy(lambda: http_date(clock.time() + 600), busy=10)
+    try:
+        with pytest.raises(ConnectorUnavailable):
+            Transport(far.base, BOUNDS, sleep=waits.append, wall=clock.time).send("GET", far.base)
+        assert far.requests == 1, "a Retry-After past max_retry_after is not waited for"
+    finally:
+        far.close()
+
+
+class TlsListener:
+    """A TLS port on loopback counting the connections it accepts: with `certificate` it completes
+    handshakes with that (self-signed) certificate; without, it hangs up during each handshake."""
+
+    def __init__(self, certificate: tuple[str, str] | None):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.context = None
+        if certificate:
+            self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.context.load_cert_chain(*certificate)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.context is None:
+                conn.recv(1024)  # the ClientHello, then hang up: a handshake broken off
+                conn.close()
+                continue
+            try:
+                self.context.wrap_socket(conn, server_side=True).close()
+            except (ssl.SSLError, OSError):
+                conn.close()  # the client refused our certificate
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory) -> tuple[str, str]:
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def test_a_certificate_that_does_not_verify_is_permanent_one_attempt(self_signed):
+    ehr = TlsListener(self_signed)
+    waits: list[float] = []
+    try:
+        base = f"https://127.0.0.1:{ehr.port}/fhir"
+        with pytest.raises(ConnectorError) as raised:
+            Transport(base, BOUNDS, sleep=waits.append).send("GET", f"{base}/metadata")
+        assert not isinstance(raised.value, ConnectorUnavailable), "permanent: retrying meets the same certificate"
+        assert "TLS certificate that does not verify" in str(raised.value) and "certificate verify failed" in str(raised.value)
+        assert ehr.accepted == 1 and waits == []
+    finally:
+        ehr.close()
+
+
+def test_a_tls_handshake_broken_off_is_transient_and_retried():
+    ehr = TlsListener(None)
+    waits: list[float] = []
+    try:
+        base = f"https://127.0.0.1:{ehr.port}/fhir"
+        with pytest.raises(ConnectorUnavailable):
+            Transport(base, BOUNDS, sleep=waits.append).send("GET", f"{base}/metadata")
+        assert ehr.accepted == BOUNDS.attempts and len(waits) == BOUNDS.attempts - 1
+    finally:
+        ehr.close()
+
+
+def test_the_expiring_cache_runs_on_the_runtime_clock(clock):
+    cache = ExpiringCache(clock.time, margin=30)
+    cache.put("token", "t1", expires_in=300)
+    assert cache.get("token") == "t1"
+    clock.advance(269)
+    assert cache.get("token") == "t1"
+    clock.advance(2)  # within the margin of its expiry, on the runtime's clock: renewed
+    assert cache.get("token") is None
+
+
+def test_the_expiring_cache_evicts_and_stays_bounded(clock):
+    cache = ExpiringCache(clock.time, max_entries=100)
+    for n in range(100):
+        cache.put(("npi", n), f"pr-{n}", expires_in=60)
+    clock.advance(61)  # all expired: the next put sweeps them
+    cache.put("fresh", "v", expires_in=60)
+    assert len(cache) == 1 and cache.get("fresh") == "v"
+    for n in range(1000):  # none expired: the oldest go, the newest stay
+        cache.put(("live", n), n, expires_in=3600)
+        assert len(cache) <= 100
+    assert cache.get(("live", 999)) == 999 and cache.get(("live", 0)) is None
+    cache.put("short", "v", expires_in=1)
+    clock.advance(2)
+    assert cache.get("short") is None and len(cache) <= 100
