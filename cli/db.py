@@ -35,9 +35,11 @@ def _open(settings):
 
 def sqlite_backup(db) -> str:
     """Copy the SQLite database beside itself with SQLite's online backup API (consistent while
-    other processes write); returns the line `db migrate` prints."""
+    other processes write); returns the line `db migrate` prints (None for a database still empty)."""
     import sqlite3
     from models.schema import schema_number
+    if not db.get_tables():
+        return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = f"{db.database}.schema-{schema_number(db)}.{stamp}.bak"
     target = sqlite3.connect(path)

@@ -259,7 +259,7 @@ def migrate(db: peewee.Database, before_change=None) -> list[str]:
     with migration_lock(db):
         if not pending_steps(db):
             return []  # another process migrated while this one waited for the lock
-        done = [before_change()] if before_change else []
+        done = [line for line in [before_change()] if line] if before_change else []
         if not isinstance(db, peewee.SqliteDatabase):
             with db.atomic():
                 return done + _apply(db, PostgresqlMigrator(db))
