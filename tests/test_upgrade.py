@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -77,6 +78,9 @@ def test_an_upgrade_keeps_every_row_and_everything_works(commit, backend, tmp_pa
     status = svc_auth(env, "db", "status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["pending"] == [], status.stdout
 
+    # The upgraded service runs an hour after the release's day (its invitation is valid 7 days).
+    made_at = jwt.decode(day["client_token"], options={"verify_signature": False})["iat"]
+    env["SVC_CLOCK_OFFSET"] = str(made_at + 3600 - time.time())
     port = free_port()
     proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
     try:
