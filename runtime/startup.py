@@ -6,12 +6,16 @@ from runtime import Runtime
 
 
 def open_runtime(settings, check_redis: bool = False) -> Runtime:
-    """A migrated Runtime; an unreachable database (or Redis, when asked) is a StartupError."""
+    """A migrated Runtime; an unreachable database (or Redis, when asked) is a StartupError, and so
+    is a schema behind the code's when SVC_AUTO_MIGRATE=off (the operator migrates explicitly)."""
     if check_redis:
         startup.check_redis(settings)
     try:
         runtime = Runtime(settings)
-        runtime.migrate()
+        if settings.auto_migrate:
+            runtime.migrate()
+        else:
+            _refuse_a_pending_schema(runtime)
         if not settings.disclosure_audit:  # ONC 170.315(d)(2): turning the audit off is itself audited
             from models.audit import AuditEvent
             AuditEvent.record("svc-auth", "audit.disclosures_off", "SVC_DISCLOSURE_AUDIT",
@@ -21,3 +25,14 @@ def open_runtime(settings, check_redis: bool = False) -> Runtime:
             raise startup.database_error(exc, settings) from None
         raise
     return runtime
+
+
+def _refuse_a_pending_schema(runtime: Runtime) -> None:
+    from models.schema import code_schema_number, pending_steps, schema_number
+    steps = pending_steps(runtime.db)
+    if steps:
+        found = schema_number(runtime.db)
+        runtime.close()
+        raise startup.StartupError(
+            f"the database schema ({found}) is behind this release's ({code_schema_number()}): {len(steps)} step(s) "
+            "pending and SVC_AUTO_MIGRATE=off; run `svc-auth db migrate` first")

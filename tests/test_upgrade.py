@@ -22,11 +22,16 @@ from pathlib import Path
 import jwt
 import pytest
 
-from helpers import ROOT, LiveHttp, form_xsrf, free_port, start_process, stop_process, table_counts
+from helpers import (REDIS_URL, RELEASE_FIXTURES, ROOT, LiveHttp, ReleaseCode, form_xsrf, free_port, start_process,
+                     stop_process, table_counts, wait_until)
 
-FIXTURES = ROOT / "tests" / "fixtures" / "releases"
+FIXTURES = RELEASE_FIXTURES
 SETTINGS = json.loads((FIXTURES / "settings.json").read_text())
-RELEASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and (p / "sqlite" / "day.json").exists())
+RELEASES = [line.split()[0] for line in (FIXTURES / "releases.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]  # oldest first; the last is the previous release
+# A rolling upgrade: the previous release runs on the schema the current code migrated to; and the
+# release of issue 36's report (its `orgs create` failed on a NOT NULL column without a default).
+ROLLING = (RELEASES[-1], "8cb07c3")
 BACKUP_LINE = re.compile(r"^backup of the database before migrating: (.+)$", re.M)
 
 
@@ -124,3 +129,102 @@ def works_as_before(http: LiveHttp, day: dict) -> None:
     # The invitation the partner sent still opens (and signs the new user in to the sandbox hub).
     status, headers, body = http.call("GET", urllib.parse.urlsplit(day["invitation"]["invitation_url"]).path)
     assert status == 302 and urllib.parse.urlsplit(headers["Location"]).path == "/sandbox/hub", (status, body)
+
+
+@pytest.mark.parametrize("commit", ROLLING)
+def test_the_previous_release_runs_on_the_upgraded_schema(commit, backend, tmp_path, scratch_database):
+    url, env, day = restore(commit, backend, tmp_path, scratch_database)
+    assert svc_auth(env, "db", "migrate").returncode == 0
+    previous = ReleaseCode(ReleaseCode.extract(commit, tmp_path / "code"), tmp_path, env)
+    org = json.loads(previous.cli("orgs", "create", "--name", "Rolling Clinic", "--json"))["id"]
+    user = json.loads(previous.cli("users", "create", "--org", org, "--email", "roll@clinic.example", "--given-name",
+                                   "Ro", "--family-name", "Ling", "--ehr-username", "rling", "--npi", "1245319599",
+                                   "--json"))["id"]
+    app = json.loads(previous.cli("apps", "create", "--name", "Rolling App", "--redirect-uri", "https://roll.example/cb",
+                                  "--launch-url", "https://roll.example/launch", "--json"))
+    previous.cli("installs", "create", "--app", app["application_id"], "--org", org)
+    sandbox = previous.cli("sandbox", "token", "--user", user).strip()
+    port = free_port()
+    proc = previous.serve(port)
+    try:  # the previous release's launch and code exchange write launches, codes and authorizations
+        http = LiveHttp(f"http://127.0.0.1:{port}")
+        status, _, body = http.call("POST", "/v1/sandbox/launches", {"client_id": app["client_id"]},
+                                    headers={"Authorization": f"Bearer {sandbox}"})
+        assert status == 201, body
+        query = {"client_id": app["client_id"], "redirect_uri": "https://roll.example/cb", "response_type": "code",
+                 "launch_id": body["launch_id"], "scope": "openid"}
+        status, headers, body = http.call("GET", "/v1/oauth/authorize?" + urllib.parse.urlencode(query))
+        assert status == 302, body
+        code = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)["code"][0]
+        status, _, tokens = http.call("POST", "/v1/oauth/token", {
+            "grant_type": "authorization_code", "client_id": app["client_id"], "client_secret": app["client_secret"],
+            "code": code})
+        assert status == 200 and tokens["id_token"], tokens
+    finally:
+        stop_process(proc)
+    shown = svc_auth(env, "orgs", "show", "--org", org, "--json")  # and the current code reads what it wrote
+    assert shown.returncode == 0 and json.loads(shown.stdout)["users"] == [user], shown.stdout + shown.stderr
+
+
+def hold_the_migration_lock(backend: str, url: str):
+    """Take the runner's lock as `models.schema.migration_lock` does; returns (release(), waiters())."""
+    from models.schema import MIGRATION_LOCK_KEY
+    if backend == "sqlite":
+        import fcntl
+        lock = open(url[len("sqlite:///"):] + ".migrate-lock", "a")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        inode = os.fstat(lock.fileno()).st_ino
+
+        def waiters() -> int:  # blocked flock()s on the file: `->` lines of /proc/locks
+            lines = Path("/proc/locks").read_text().splitlines()
+            return sum(1 for line in lines if "->" in line and line.split()[-3].endswith(f":{inode}"))
+        return lock.close, waiters
+    import psycopg2
+    con = psycopg2.connect(url)
+    con.autocommit = True
+    con.cursor().execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+
+    def waiters() -> int:
+        with con.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+                        "database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+            return cur.fetchone()[0]
+    return con.close, waiters
+
+
+def test_two_migrators_at_once_migrate_once(backend, tmp_path, scratch_database):
+    url, env, day = restore("8cb07c3", backend, tmp_path, scratch_database)
+    release, waiters = hold_the_migration_lock(backend, url)
+    try:
+        procs = [subprocess.Popen([sys.executable, "-m", "cli", "db", "migrate"], cwd=str(ROOT), env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        wait_until(lambda: waiters() == 2, what="both migrators waiting for the lock")
+    finally:
+        release()
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    migrated = [out for out, _ in outputs if "migration 2651" in out]
+    assert len(migrated) == 1 and "schema is up to date" in "".join(out for out, _ in outputs), outputs
+    assert (BACKUP_LINE.search(migrated[0]) is not None) == (backend == "sqlite")
+    after = table_counts(url)
+    assert {t: after[t] for t in day["counts"] if t != "schema_version"} == \
+        {t: n for t, n in day["counts"].items() if t != "schema_version"}
+
+
+def test_auto_migrate_off_refuses_a_pending_schema(backend, tmp_path, scratch_database, redis_namespace):
+    url, env, day = restore("8cb07c3", backend, tmp_path, scratch_database)
+    env.update(SVC_AUTO_MIGRATE="off", SVC_REDIS_URL=REDIS_URL, SVC_REDIS_NAMESPACE=redis_namespace)
+    status = svc_auth(env, "db", "status", "--json")
+    assert status.returncode == 3, status.stderr
+    found = json.loads(status.stdout)
+    assert found["schema"] == 2101 and found["code"] >= 3601 and {"table": "disclosure_record"} in found["pending"] \
+        and 2651 in [step.get("migration") for step in found["pending"]], found
+    for command in (["serve", "--port", str(free_port())], ["worker"], ["scheduler", "--once"]):
+        refused = svc_auth(env, *command)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode != 0 and len(lines) == 1 and "svc-auth db migrate" in lines[0], refused.stderr
+    assert table_counts(url) == day["counts"]  # nothing was touched
+    assert svc_auth(env, "db", "migrate").returncode == 0
+    assert svc_auth(env, "db", "status").returncode == 0
+    port = free_port()
+    stop_process(start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log"))
