@@ -228,3 +228,16 @@ def test_auto_migrate_off_refuses_a_pending_schema(backend, tmp_path, scratch_da
     assert svc_auth(env, "db", "status").returncode == 0
     port = free_port()
     stop_process(start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log"))
+
+
+def test_the_version_is_the_newest_release_of_the_changelog():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## (\d+\.\d+\.\d+)(?: \((\w+), )?", changelog, re.M)
+    printed = subprocess.run([sys.executable, "-m", "cli", "--version"], cwd=str(ROOT), capture_output=True, text=True)
+    assert printed.stdout.strip() == f"svc-auth {releases[0][0]}", (printed.stdout, releases[:2])
+    assert re.search(rf'version="{re.escape(releases[0][0])}"', (ROOT / "setup.py").read_text())
+    assert "## Unreleased" in changelog.split(f"## {releases[0][0]}")[0]  # where merged work goes
+    fixtures = dict(line.split() for line in (FIXTURES / "releases.txt").read_text().splitlines()
+                    if line.strip() and not line.startswith("#"))
+    assert {commit: version for version, commit in releases if commit in fixtures} == \
+        {commit: version for commit, version in fixtures.items()}
