@@ -241,3 +241,24 @@ def test_the_version_is_the_newest_release_of_the_changelog():
                     if line.strip() and not line.startswith("#"))
     assert {commit: version for version, commit in releases if commit in fixtures} == \
         {commit: version for commit, version in fixtures.items()}
+
+
+def columns_of(url: str) -> dict:
+    """{(table, column): ColumnMetadata} of a database, through Peewee's introspection."""
+    from models.db import open_database
+    db = open_database(url, max_connections=1)
+    try:
+        return {(table, column.name): column for table in db.get_tables() for column in db.get_columns(table)}
+    finally:
+        db.close()
+
+
+def test_what_an_upgrade_adds_to_a_table_the_previous_release_can_live_with(backend, tmp_path, scratch_database):
+    """The rolling-upgrade rule (docs/operations.md): a column the migrations add to a table the
+    previous release has is NULLable or has a DEFAULT in the database, or its inserts would fail."""
+    url, env, day = restore(RELEASES[-1], backend, tmp_path, scratch_database)
+    before = columns_of(url)
+    assert svc_auth(env, "db", "migrate").returncode == 0
+    old_tables = {table for table, _ in before}
+    added = {key: column for key, column in columns_of(url).items() if key not in before and key[0] in old_tables}
+    assert not [key for key, column in added.items() if not column.null and column.default is None], added
