@@ -53,10 +53,14 @@ def sqlite_backup(db) -> str:
 def _migrate(settings, args):
     import peewee
     from models.schema import migrate
+    from models.schema import MigrationError
+    from ops.startup import StartupError
     db = _open(settings)
     try:
         backup = (lambda: sqlite_backup(db)) if isinstance(db, peewee.SqliteDatabase) and db.database != ":memory:" else None
         done = migrate(db, before_change=backup)
+    except MigrationError as exc:
+        raise StartupError(str(exc)) from None
     finally:
         db.close()
     print("\n".join(done) if done else "schema is up to date", flush=True)

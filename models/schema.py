@@ -269,8 +269,10 @@ def migrate(db: peewee.Database, before_change=None) -> list[str]:
                 done += _apply(db, SqliteMigrator(db))
                 broken = db.execute_sql("PRAGMA foreign_key_check").fetchall()
                 if broken:
-                    raise MigrationError(f"migration would leave {len(broken)} rows with a dangling foreign key "
-                                         f"(first: {broken[0]}); rolled back")
+                    table, rowid, parent, _ = broken[0]
+                    raise MigrationError(f"migration rolled back, nothing changed: {len(broken)} row(s) would "
+                                         f"reference a missing row (first: {table} rowid {rowid} -> {parent}); "
+                                         "PRAGMA foreign_key_check lists them")
         finally:
             db.execute_sql("PRAGMA foreign_keys = ON")
         return done

@@ -1,6 +1,7 @@
 """Building the process's Runtime at start, where a missing dependency is one line (StartupError)."""
 from __future__ import annotations
 
+from models.schema import MigrationError
 from ops import startup
 from runtime import Runtime
 
@@ -20,6 +21,8 @@ def open_runtime(settings, check_redis: bool = False) -> Runtime:
             from models.audit import AuditEvent
             AuditEvent.record("svc-auth", "audit.disclosures_off", "SVC_DISCLOSURE_AUDIT",
                               message="SVC_DISCLOSURE_AUDIT=off: disclosures are not recorded by this process")
+    except MigrationError as exc:  # rolled back: one line, like a database that is down
+        raise startup.StartupError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001  (only database errors are translated; the rest propagate)
         if startup.is_database_error(exc):
             raise startup.database_error(exc, settings) from None

@@ -262,3 +262,20 @@ def test_what_an_upgrade_adds_to_a_table_the_previous_release_can_live_with(back
     old_tables = {table for table, _ in before}
     added = {key: column for key, column in columns_of(url).items() if key not in before and key[0] in old_tables}
     assert not [key for key, column in added.items() if not column.null and column.default is None], added
+
+
+def test_an_sqlite_migration_that_would_break_a_reference_changes_nothing(tmp_path, scratch_database):
+    """SQLite runs the steps with foreign keys off: `PRAGMA foreign_key_check` must be clean before
+    the commit, else everything rolls back and `db migrate` says so in one line."""
+    import sqlite3
+    url, env, day = restore("8cb07c3", "sqlite", tmp_path, scratch_database)
+    con = sqlite3.connect(tmp_path / "svc.db")  # Python's sqlite3 leaves foreign keys off
+    con.execute("""UPDATE "user" SET organization_id = 'org_gone' WHERE id = ?""", (day["seed"]["other_user_id"],))
+    con.commit()
+    con.close()
+    before = table_counts(url)
+    refused = svc_auth(env, "db", "migrate")
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1 and "rolled back, nothing changed" in lines[0], refused.stderr
+    assert table_counts(url) == before
+    assert json.loads(svc_auth(env, "db", "status", "--json").stdout)["schema"] == 2101
