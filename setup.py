@@ -14,7 +14,7 @@ DATA_PACKAGES = {
 
 setup(
     name="svc-auth",
-    version="0.1.0",
+    version="0.7.0",  # CHANGELOG.md: a version per release
     description="OAuth 2.0 / OpenID Connect authorization server and partner REST API for apps embedded in an EHR hub",
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "errors*", "fhir_api*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",

@@ -221,6 +221,9 @@ class Settings:
     # The disclosure audit (docs/audit.md): on by default; turning it off is audited at every start.
     # Records older than the retention are removed only by `svc-auth audit prune` (6 years by default).
     disclosure_audit: bool = True
+    # Processes bring an older schema up to date when they start (one at a time, under a lock). Off:
+    # they refuse a pending schema with one line, and the operator runs `svc-auth db migrate`.
+    auto_migrate: bool = True
     disclosure_retention_days: int = 6 * 365 + 2
     # TEST ONLY: seconds added to the wall clock of this process (child processes of the tests run
     # "tomorrow night" this way). Never set it in a deployment.
@@ -290,6 +293,7 @@ class Settings:
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])
         merged["sandbox"] = _switch("SVC_SANDBOX", merged["sandbox"])
         merged["disclosure_audit"] = _switch("SVC_DISCLOSURE_AUDIT", merged["disclosure_audit"])
+        merged["auto_migrate"] = _switch("SVC_AUTO_MIGRATE", merged["auto_migrate"])
         for name in ("auth_failure_limit", "auth_address_failure_limit", "console_signin_failure_limit",
                      "fhir_rate_limit", "fhir_token_rate_limit"):
             if isinstance(merged[name], str):

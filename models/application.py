@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import peewee
 
-from models.db import BaseModel, JSONText, wall_now
+from models.db import BaseModel, JSONText, db_default, wall_now
 from models.directory import Organization, User
 from models.ids import new_id
 from models.prepared import PreparedQuery
@@ -41,14 +41,15 @@ class Application(BaseModel):
     rest_allowed_networks = JSONText(default=list)
     # redirect_uri matching (oauth.redirects): "prefix" under `redirect_uri` (the manifest base), or
     # "exact": one of `redirect_uris` (OIDC Core 3.1.2.1), compared after normalisation.
-    redirect_uri_match = peewee.CharField(max_length=16, default="prefix")
-    redirect_uris = JSONText(default=list)
-    require_pkce = peewee.BooleanField(default=False)  # authorize refuses requests without S256 PKCE
+    redirect_uri_match = peewee.CharField(max_length=16, default="prefix", constraints=db_default("prefix"))
+    redirect_uris = JSONText(default=list, constraints=db_default("[]"))
+    # authorize refuses requests without S256 PKCE
+    require_pkce = peewee.BooleanField(default=False, constraints=db_default(False))
     # SMART App Launch (oauth/smart_scopes.py): the scopes the app declared (space-separated; SMART
     # resource scopes and launch/fhirUser), of which authorize grants what is also asked for.
-    smart_scopes = peewee.TextField(default=DEFAULT_SMART_SCOPES)
+    smart_scopes = peewee.TextField(default=DEFAULT_SMART_SCOPES, constraints=db_default(DEFAULT_SMART_SCOPES))
     # A public client (token_endpoint_auth_method `none`): no secret, PKCE S256 required.
-    public = peewee.BooleanField(default=False)
+    public = peewee.BooleanField(default=False, constraints=db_default(False))
     # FHIR API limits of this app (fhir_api/limits.py), "COUNT/SECONDS"; None: the configured default
     # (SVC_FHIR_RATE_LIMIT per clinic, SVC_FHIR_TOKEN_RATE_LIMIT per access token).
     fhir_rate_limit = peewee.CharField(max_length=32, null=True)

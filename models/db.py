@@ -196,3 +196,22 @@ class HeldConnections:
             self.failed()
             raise
 
+
+
+def sql_literal(value) -> str:
+    """`value` (a str, bool or number, as a field's `db_value` gives it) as an SQL literal for DDL,
+    the same on SQLite (3.23+) and PostgreSQL."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {type(value).__name__}")
+
+
+def db_default(value) -> list:
+    """`constraints=` of a field whose default lives in the database too (`DEFAULT <value>`), so a
+    release that does not know the column yet can still insert rows (docs/operations.md, rolling
+    upgrades). Peewee's `default=` alone is Python-side only."""
+    return [peewee.SQL("DEFAULT " + sql_literal(value))]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import peewee
 
-from models.db import BaseModel, wall_now
+from models.db import BaseModel, db_default, wall_now
 from models.ids import new_id
 from models.prepared import PreparedQuery
 
@@ -15,11 +15,17 @@ class Organization(BaseModel):
     name = peewee.CharField(max_length=200)
     ehr = peewee.CharField(max_length=64, default="sandbox")
     ehr_url = peewee.CharField(max_length=500, default="")  # the FHIR base URL when `ehr` is `fhir`
-    fhir_client_id = peewee.CharField(max_length=200, default="")  # svc-auth's client id at that EHR
-    fhir_auth = peewee.CharField(max_length=32, default="smart-backend")  # or `none`: an open test server
-    fhir_profile = peewee.CharField(max_length=32, default="generic")  # connectors.fhir.profiles: the vendor's rules
-    fhir_scopes = peewee.CharField(max_length=8, default="auto")  # SMART scope syntax: auto (discovered), v1, v2
-    fhir_search_params = peewee.TextField(default="[]")  # JSON [[name, value]]: appended to every search
+    # Columns added by migrations carry their default in the database too (db_default): a release
+    # that does not know them yet still inserts rows.
+    fhir_client_id = peewee.CharField(max_length=200, default="", constraints=db_default(""))  # our id at that EHR
+    # `smart-backend`, or `none`: an open test server
+    fhir_auth = peewee.CharField(max_length=32, default="smart-backend", constraints=db_default("smart-backend"))
+    # connectors.fhir.profiles: the vendor's rules
+    fhir_profile = peewee.CharField(max_length=32, default="generic", constraints=db_default("generic"))
+    # SMART scope syntax: auto (discovered), v1, v2
+    fhir_scopes = peewee.CharField(max_length=8, default="auto", constraints=db_default("auto"))
+    # JSON [[name, value]]: appended to every search
+    fhir_search_params = peewee.TextField(default="[]", constraints=db_default("[]"))
     created_at = peewee.DateTimeField(default=wall_now)
 
 

@@ -2,11 +2,26 @@
 
 New tables are created by listing their model in `MODELS`. A change to an existing table is a
 numbered step in `MIGRATIONS`, applied once and recorded in `schema_version`.
+
+The runner (`migrate`) holds a lock while it works, so of several processes starting together one
+migrates and the others find the schema up to date (PostgreSQL: an advisory lock; SQLite: an
+exclusive lock on `<database>.migrate-lock`). PostgreSQL runs every pending step in one transaction
+(transactional DDL). SQLite runs them in one transaction with foreign keys OFF (the pragma only
+takes effect outside a transaction): a step that rebuilds a table drops the old one, and with
+foreign keys on that DROP would cascade to every row that references it. `PRAGMA
+foreign_key_check` must come back empty before the transaction commits.
+
+Rolling upgrades: a step only adds what the previous release can live with (new tables; columns
+that are NULLable or have a DEFAULT in the database); `_add_missing_columns` gives a NOT NULL
+column its default in the database, and adds it with one `ALTER TABLE ... ADD COLUMN` (no rebuild).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+
 import peewee
-from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate as migrate_columns
+from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
 
 from models.application import DEFAULT_SMART_SCOPES, Application, Authorization, Installation
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
@@ -14,7 +29,7 @@ from models.audit import AuditEvent
 from models.billing import BillableUse
 from models.changes import ChangeVersion
 from models.charts import ChartRequest
-from models.db import BaseModel
+from models.db import BaseModel, db_default, sql_literal
 from models.denylist import DeniedToken
 from models.disclosures import DisclosureRecord, install_guard
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
@@ -37,13 +52,50 @@ MODELS: tuple[type[peewee.Model], ...] = (
 
 
 def _add_missing_columns(table: str, *columns: tuple[str, peewee.Field]):
-    """A migration step adding columns (skipped where the table was just created with them)."""
+    """A migration step adding columns (skipped where the table was just created with them).
+
+    Each is one `ALTER TABLE ... ADD COLUMN`; a NOT NULL column gets its Python default as a
+    DEFAULT in the database too (both databases fill the existing rows with it, SQLite without
+    rebuilding the table, and the previous release can still insert rows)."""
     def step(migrator):
-        present = {c.name for c in migrator.database.get_columns(table)}
-        fields = [migrator.add_column(table, name, field) for name, field in columns if name not in present]
-        if fields:
-            migrate_columns(*fields)
+        db = migrator.database
+        present = {c.name for c in db.get_columns(table)}
+        for name, field in columns:
+            if name in present:
+                continue
+            field = field.clone()
+            field.name = field.column_name = name
+            if not field.null and not field.constraints:
+                default = field.default() if callable(field.default) else field.default
+                if default is None:
+                    raise ValueError(f"{table}.{name} is NOT NULL without a default: the previous release "
+                                     "could not insert rows")
+                field.constraints = db_default(field.db_value(default))
+            ctx = migrator.make_context()
+            ctx.literal("ALTER TABLE ").sql(peewee.Entity(table)).literal(" ADD COLUMN ").sql(field.ddl(ctx))
+            db.execute(ctx)
     return step
+
+
+def _defaults_in_the_database(migrator) -> None:
+    """Columns earlier steps added NOT NULL with a Python-side default only (SQLite rebuilt the table
+    for them; PostgreSQL kept no DEFAULT) get their DEFAULT in the database, so a release that
+    does not know them can insert rows. On SQLite each is a table rebuild (foreign keys are off)."""
+    db = migrator.database
+    for model in (Organization, Application):
+        table = model._meta.table_name
+        columns = {c.name: c for c in db.get_columns(table)}
+        for field in model._meta.sorted_fields:
+            column = columns.get(field.column_name)
+            if column is None or column.null or column.default is not None or not field.constraints:
+                continue
+            default = field.default() if callable(field.default) else field.default
+            value = field.db_value(default)
+            if isinstance(migrator, SqliteMigrator):  # a literal peewee's SQLite rebuild keeps as it is
+                migrator.add_column_default(table, field.column_name,
+                                            str(int(value)) if isinstance(value, bool) else sql_literal(value)).run()
+            else:
+                migrator.add_column_default(table, field.column_name, peewee.SQL(sql_literal(value))).run()
 
 
 def _drop_issued_token(migrator) -> None:
@@ -149,6 +201,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 35 numbers its steps 35xx (item 4, R4-valid ids: 3504).
     (3504, "sandbox ids in R4's spelling (pat-…, apt-…) in appointments, chart requests, launches and codes",
      _r4_sandbox_ids),
+    # Issue 36 numbers its steps 36xx.
+    (3601, "organization, application: a DEFAULT in the database for every NOT NULL column steps added",
+     _defaults_in_the_database),
 )
 
 
@@ -162,24 +217,98 @@ def bind_models(db: peewee.Database) -> None:
     db.bind([SchemaVersion, *MODELS])
 
 
-def migrate(db: peewee.Database) -> list[str]:
-    """Create missing tables in `db` and apply pending migrations; returns what was done."""
+class MigrationError(RuntimeError):
+    """A migration that would leave the database inconsistent (rolled back; nothing changed)."""
+
+
+def pending_steps(db: peewee.Database) -> list[dict]:
+    """What `migrate` would do: `{"table": name}` to create, `{"migration": N, "description": ...}`
+    to apply (empty: up to date)."""
+    existing = set(db.get_tables())
+    todo = [{"table": m._meta.table_name} for m in (SchemaVersion, *MODELS) if m._meta.table_name not in existing]
+    applied = set()
+    if SchemaVersion._meta.table_name in existing:
+        applied = {row.version for row in SchemaVersion.select(SchemaVersion.version)}
+    return todo + [{"migration": version, "description": description} for version, description, _ in MIGRATIONS
+                   if version not in applied]
+
+
+def schema_number(db: peewee.Database) -> int:
+    """The database's schema number: the highest migration applied (0 when none, or no table)."""
+    if SchemaVersion._meta.table_name not in db.get_tables():
+        return 0
+    return SchemaVersion.select(peewee.fn.MAX(SchemaVersion.version)).scalar() or 0
+
+
+def code_schema_number() -> int:
+    """The schema number this code brings a database to: its highest migration."""
+    return max(version for version, _, _ in MIGRATIONS)
+
+
+@contextlib.contextmanager
+def migration_lock(db: peewee.Database):
+    """One migrator at a time, across processes and hosts: PostgreSQL's session advisory lock, or
+    an exclusive `flock` on `<database>.migrate-lock` beside an SQLite file (none for `:memory:`)."""
+    if isinstance(db, peewee.SqliteDatabase):
+        if db.database in ("", ":memory:"):
+            yield
+            return
+        with open(f"{db.database}.migrate-lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return
+    db.execute_sql("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    try:
+        yield
+    finally:
+        db.execute_sql("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+MIGRATION_LOCK_KEY = 0x5356_4341_3336  # pg_advisory_lock's key for the migration runner ("SVCA36")
+
+
+def migrate(db: peewee.Database, before_change=None) -> list[str]:
+    """Create missing tables in `db` and apply pending migrations, under `migration_lock`; returns
+    what was done (empty: it was up to date, and nothing was written). `before_change()` runs under
+    the lock just before the first change (`db migrate` writes its SQLite backup there)."""
+    if not pending_steps(db):
+        return []  # up to date: no DDL and no lock, so a service role without CREATE rights starts
+    with migration_lock(db):
+        if not pending_steps(db):
+            return []  # another process migrated while this one waited for the lock
+        done = [line for line in [before_change()] if line] if before_change else []
+        if not isinstance(db, peewee.SqliteDatabase):
+            with db.atomic():
+                return done + _apply(db, PostgresqlMigrator(db))
+        db.execute_sql("PRAGMA foreign_keys = OFF")  # outside the transaction, or it is ignored
+        try:
+            with db.atomic():
+                done += _apply(db, SqliteMigrator(db))
+                broken = db.execute_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    table, rowid, parent, _ = broken[0]
+                    raise MigrationError(f"migration rolled back, nothing changed: {len(broken)} row(s) would "
+                                         f"reference a missing row (first: {table} rowid {rowid} -> {parent}); "
+                                         "PRAGMA foreign_key_check lists them")
+        finally:
+            db.execute_sql("PRAGMA foreign_keys = ON")
+        return done
+
+
+def _apply(db: peewee.Database, migrator) -> list[str]:
+    """Create missing tables and apply the pending steps, in the caller's transaction."""
     done = []
     existing = set(db.get_tables())
-    if all(m._meta.table_name in existing for m in (SchemaVersion, *MODELS)):
-        applied = {row.version for row in SchemaVersion.select(SchemaVersion.version)}
-        if all(version in applied for version, _, _ in MIGRATIONS):
-            return done  # up to date: no DDL, so a service role without CREATE rights starts (docs/operations.md)
-    with db.atomic():
-        existing = set(db.get_tables())
-        db.create_tables([SchemaVersion, *MODELS], safe=True)
-        done += [f"created table {m._meta.table_name}" for m in MODELS if m._meta.table_name not in existing]
-        applied = {row.version for row in SchemaVersion.select()}
-        migrator = SqliteMigrator(db) if isinstance(db, peewee.SqliteDatabase) else PostgresqlMigrator(db)
-        for version, description, step in MIGRATIONS:
-            if version in applied:
-                continue
-            step(migrator)
-            SchemaVersion.create(version=version, description=description)
-            done.append(f"migration {version}: {description}")
+    db.create_tables([SchemaVersion, *MODELS], safe=True)
+    done += [f"created table {m._meta.table_name}" for m in MODELS if m._meta.table_name not in existing]
+    applied = {row.version for row in SchemaVersion.select()}
+    for version, description, step in MIGRATIONS:
+        if version in applied:
+            continue
+        step(migrator)
+        SchemaVersion.create(version=version, description=description)
+        done.append(f"migration {version}: {description}")
     return done

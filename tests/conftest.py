@@ -43,6 +43,27 @@ def postgres_url():
 
 
 @pytest.fixture
+def scratch_database():
+    """Makes empty PostgreSQL databases of this test (`scratch_database()` -> URL), dropped after it."""
+    names = []
+
+    def make() -> str:
+        names.append(f"svc_auth_scratch_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+        admin = psycopg2.connect(PG_DSN + "/postgres")
+        admin.autocommit = True
+        admin.cursor().execute(f'CREATE DATABASE "{names[-1]}"')
+        admin.close()
+        return f"{PG_DSN}/{names[-1]}"
+    yield make
+    if names:
+        admin = psycopg2.connect(PG_DSN + "/postgres")
+        admin.autocommit = True
+        for name in names:
+            admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
 def redis_namespace():
     """A Redis key namespace of this test only (the Redis is shared with other test sessions);
     its keys are deleted afterwards. Never FLUSHDB: other sessions use the same server."""

@@ -349,3 +349,112 @@ def references(value) -> list[str]:
     if isinstance(value, list):
         return [r for v in value for r in references(v)]
     return []
+
+
+# -- HTTP to a live process, and what a database holds --------------------------------------------
+
+class LiveHttp:
+    """A small client of a live process (urllib): keeps cookies, never follows redirects; JSON in,
+    (status, headers, body: parsed JSON or text) out. For processes of other releases too (the
+    release fixtures), so it checks no OpenAPI contract."""
+
+    def __init__(self, base: str):
+        import urllib.request
+        from http.cookiejar import CookieJar
+        self.base = base
+        no_redirect = type("NoRedirect", (urllib.request.HTTPRedirectHandler,),
+                           {"redirect_request": lambda *args, **kwargs: None})
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()), no_redirect)
+
+    def call(self, method: str, path: str, json_body=None, form=None, headers=None, raw: bool = False):
+        import urllib.error
+        import urllib.request
+        headers = dict(headers or {})
+        data = None
+        if json_body is not None:
+            data, headers["Content-Type"] = json.dumps(json_body).encode(), "application/json"
+        elif form is not None:
+            data, headers["Content-Type"] = urllib.parse.urlencode(form).encode(), "application/x-www-form-urlencoded"
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with self.opener.open(request, timeout=60) as response:
+                status, head, body = response.status, response.headers, response.read()
+        except urllib.error.HTTPError as exc:
+            status, head, body = exc.code, exc.headers, exc.read()
+        if raw:
+            return status, head, body
+        try:
+            return status, head, json.loads(body)
+        except ValueError:
+            return status, head, body.decode("utf-8", "replace")
+
+
+def form_xsrf(html: str) -> str:
+    """The `_xsrf` field of the last form on a page (the console's CSRF token)."""
+    import re
+    return re.findall(r'name="_xsrf" value="([^"]+)"', html)[-1]
+
+
+def table_counts(database_url: str) -> dict[str, int]:
+    """Rows per table of a database (SQLite path URL or PostgreSQL), read with plain SQL."""
+    if database_url.startswith("sqlite"):
+        import sqlite3
+        con = sqlite3.connect(database_url[len("sqlite:///"):])
+        try:
+            tables = [r[0] for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+            return {t: con.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] for t in tables}
+        finally:
+            con.close()
+    import psycopg2
+    con = psycopg2.connect(database_url)
+    try:
+        with con.cursor() as cur:
+            cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            counts = {}
+            for (table,) in cur.fetchall():
+                cur.execute(f'SELECT COUNT(*) FROM "{table}"')
+                counts[table] = cur.fetchone()[0]
+            return counts
+    finally:
+        con.close()
+
+
+# -- an earlier release's code (tests/fixtures/releases) --------------------------------------------
+
+RELEASE_FIXTURES = ROOT / "tests" / "fixtures" / "releases"
+
+
+class ReleaseCode:
+    """An earlier release's own code (`git archive COMMIT`), run as `svc-auth` with this venv's
+    python (PYTHONPATH=the archive) against `database_url`, with `env` (the SVC_* settings)."""
+
+    def __init__(self, code: Path, workdir: Path, env: dict):
+        self.code, self.workdir, self.env = code, workdir, {**env, "PYTHONPATH": str(code)}
+
+    @staticmethod
+    def extract(commit: str, target: Path) -> Path:
+        """The release's tree at `target` (made), from this repository's history."""
+        target.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+        return target
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=self.workdir, env=self.env,
+                              capture_output=True, text=True, timeout=300)
+
+    def cli(self, *args: str) -> str:
+        """`svc-auth ARGS` of the release: its stdout (a non-zero exit raises, with its stderr)."""
+        result = self.run(*args)
+        if result.returncode != 0:
+            raise RuntimeError(f"svc-auth {' '.join(args)}: exit {result.returncode}\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def serve(self, port: int):
+        """The release's `serve --port PORT`, listening (stop it with `stop_process`)."""
+        log = open(self.workdir / f"serve-{port}.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], cwd=self.workdir,
+                                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port(port, timeout=120, proc=proc)
+        return proc

@@ -1,0 +1,281 @@
+"""Upgrades from every earlier release lose nothing (issue 36), on SQLite and PostgreSQL.
+
+Each release fixture (tests/fixtures/releases/<commit>/<backend>/, written by that release's own
+code with `make_fixtures.py`) is restored, the current code's `svc-auth db migrate` runs on it as a
+real subprocess, every row is still there, and a real `serve` of the current code still does what
+the release did: the old client secret gets a token, the JWKS still has the old kids, the tokens
+issued before verify, the appointments page, the chart URL, console sign-in, the invitation link.
+A second `db migrate` changes nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import jwt
+import pytest
+
+from helpers import (REDIS_URL, RELEASE_FIXTURES, ROOT, LiveHttp, ReleaseCode, form_xsrf, free_port, start_process,
+                     stop_process, table_counts, wait_until)
+
+FIXTURES = RELEASE_FIXTURES
+SETTINGS = json.loads((FIXTURES / "settings.json").read_text())
+RELEASES = [line.split()[0] for line in (FIXTURES / "releases.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]  # oldest first; the last is the previous release
+# A rolling upgrade: the previous release runs on the schema the current code migrated to; and the
+# release of issue 36's report (its `orgs create` failed on a NOT NULL column without a default).
+ROLLING = (RELEASES[-1], "8cb07c3")
+BACKUP_LINE = re.compile(r"^backup of the database before migrating: (.+)$", re.M)
+
+
+def restore(commit: str, backend: str, tmp_path: Path, scratch_database) -> tuple[str, dict, dict]:
+    """The release's database and var/ under tmp_path: (database URL, child env, its day.json)."""
+    fixture = FIXTURES / commit / backend
+    day = json.loads((fixture / "day.json").read_text())
+    shutil.copytree(fixture / "var", tmp_path / "var")
+    if backend == "sqlite":
+        shutil.copy(fixture / "svc.db", tmp_path / "svc.db")
+        url = f"sqlite:///{tmp_path / 'svc.db'}"
+    else:
+        url = scratch_database()
+        subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(fixture / "dump.sql"), url],
+                       check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SVC_")}
+    env.update(SETTINGS)
+    env.update(SVC_DATABASE_URL=url, SVC_SANDBOX="on", SVC_VAR_DIR=str(tmp_path / "var"),
+               SVC_PUBLIC_URL=SETTINGS["SVC_ISSUER"])
+    return url, env, day
+
+
+def svc_auth(env: dict, *args: str) -> subprocess.CompletedProcess:
+    """The current code's `svc-auth ARGS` as a subprocess."""
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=str(ROOT), env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("commit", RELEASES)
+def test_an_upgrade_keeps_every_row_and_everything_works(commit, backend, tmp_path, scratch_database):
+    url, env, day = restore(commit, backend, tmp_path, scratch_database)
+    before = table_counts(url)
+    assert before == day["counts"]  # the fixture is what the release wrote
+
+    migrated = svc_auth(env, "db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    after = table_counts(url)
+    assert {t: after.get(t) for t in before if t != "schema_version"} == \
+        {t: n for t, n in before.items() if t != "schema_version"}
+    assert after["schema_version"] >= before["schema_version"]
+    if backend == "sqlite":  # a backup copy first, with every row
+        backup = BACKUP_LINE.search(migrated.stdout)
+        assert backup, migrated.stdout
+        assert table_counts(f"sqlite:///{backup.group(1)}") == before
+
+    again = svc_auth(env, "db", "migrate")
+    assert again.returncode == 0 and again.stdout.strip() == "schema is up to date", again.stdout + again.stderr
+    assert table_counts(url) == after
+    status = svc_auth(env, "db", "status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["pending"] == [], status.stdout
+
+    # The upgraded service runs an hour after the release's day (its invitation is valid 7 days).
+    made_at = jwt.decode(day["client_token"], options={"verify_signature": False})["iat"]
+    env["SVC_CLOCK_OFFSET"] = str(made_at + 3600 - time.time())
+    port = free_port()
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    try:
+        works_as_before(LiveHttp(f"http://127.0.0.1:{port}"), day)
+    finally:
+        stop_process(proc)
+
+
+def works_as_before(http: LiveHttp, day: dict) -> None:
+    seed = day["seed"]
+    # The old client secret still gets a token (the fallback made before is still pending).
+    status, _, token = http.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": seed["client_id"], "client_secret": seed["client_secret"]})
+    assert status == 200, token
+    partner = {"Authorization": f"Bearer {token['access_token']}"}
+    # The JWKS still publishes every kid the release published, and the tokens it issued verify.
+    status, _, jwks = http.call("GET", "/.well-known/jwks.json")
+    assert status == 200 and set(day["kids"]) <= {k["kid"] for k in jwks["keys"]}, jwks
+    keys = {k["kid"]: jwt.PyJWK(k).key for k in jwks["keys"]}
+    issued = {**day["launch_tokens"], "client_token": day["client_token"]}
+    for name, value in issued.items():
+        kid = jwt.get_unverified_header(value)["kid"]
+        claims = jwt.decode(value, keys[kid], algorithms=["RS256"], options={"verify_exp": False, "verify_aud": False})
+        assert claims["iss"] == SETTINGS["SVC_ISSUER"] + "/", (name, claims)
+    # The appointments page of the demo clinic: the snapshot the release built.
+    status, _, page = http.call("GET", f"/v1/appointments/{seed['organization_id']}?limit=50", headers=partner)
+    assert status == 200 and page["total"] == day["appointments_total"] and page["appointments"], page
+    # The chart: its download URL, and the archive behind it.
+    status, _, body = http.call("GET", f"/v1/chart-retrieval/download-url/{day['chart_request_id']}", headers=partner)
+    assert status == 200, body
+    status, _, archive = http.call("GET", urllib.parse.urlsplit(body["download_url"]).path + "?" +
+                                   urllib.parse.urlsplit(body["download_url"]).query, raw=True)
+    assert status == 200 and archive[:2] == b"PK", archive[:200]
+    # Console sign-in with the password set in the release.
+    status, _, page = http.call("GET", "/console/login")
+    assert status == 200, page
+    status, headers, page = http.call("POST", "/console/login", form={
+        "email": day["console"]["email"], "password": day["console"]["password"], "totp_code": "",
+        "_xsrf": form_xsrf(page)})
+    assert status == 303, page
+    # The invitation the partner sent still opens (and signs the new user in to the sandbox hub).
+    status, headers, body = http.call("GET", urllib.parse.urlsplit(day["invitation"]["invitation_url"]).path)
+    assert status == 302 and urllib.parse.urlsplit(headers["Location"]).path == "/sandbox/hub", (status, body)
+
+
+@pytest.mark.parametrize("commit", ROLLING)
+def test_the_previous_release_runs_on_the_upgraded_schema(commit, backend, tmp_path, scratch_database):
+    url, env, day = restore(commit, backend, tmp_path, scratch_database)
+    assert svc_auth(env, "db", "migrate").returncode == 0
+    previous = ReleaseCode(ReleaseCode.extract(commit, tmp_path / "code"), tmp_path, env)
+    org = json.loads(previous.cli("orgs", "create", "--name", "Rolling Clinic", "--json"))["id"]
+    user = json.loads(previous.cli("users", "create", "--org", org, "--email", "roll@clinic.example", "--given-name",
+                                   "Ro", "--family-name", "Ling", "--ehr-username", "rling", "--npi", "1245319599",
+                                   "--json"))["id"]
+    app = json.loads(previous.cli("apps", "create", "--name", "Rolling App", "--redirect-uri", "https://roll.example/cb",
+                                  "--launch-url", "https://roll.example/launch", "--json"))
+    previous.cli("installs", "create", "--app", app["application_id"], "--org", org)
+    sandbox = previous.cli("sandbox", "token", "--user", user).strip()
+    port = free_port()
+    proc = previous.serve(port)
+    try:  # the previous release's launch and code exchange write launches, codes and authorizations
+        http = LiveHttp(f"http://127.0.0.1:{port}")
+        status, _, body = http.call("POST", "/v1/sandbox/launches", {"client_id": app["client_id"]},
+                                    headers={"Authorization": f"Bearer {sandbox}"})
+        assert status == 201, body
+        query = {"client_id": app["client_id"], "redirect_uri": "https://roll.example/cb", "response_type": "code",
+                 "launch_id": body["launch_id"], "scope": "openid"}
+        status, headers, body = http.call("GET", "/v1/oauth/authorize?" + urllib.parse.urlencode(query))
+        assert status == 302, body
+        code = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)["code"][0]
+        status, _, tokens = http.call("POST", "/v1/oauth/token", {
+            "grant_type": "authorization_code", "client_id": app["client_id"], "client_secret": app["client_secret"],
+            "code": code})
+        assert status == 200 and tokens["id_token"], tokens
+    finally:
+        stop_process(proc)
+    shown = svc_auth(env, "orgs", "show", "--org", org, "--json")  # and the current code reads what it wrote
+    assert shown.returncode == 0 and json.loads(shown.stdout)["users"] == [user], shown.stdout + shown.stderr
+
+
+def hold_the_migration_lock(backend: str, url: str):
+    """Take the runner's lock as `models.schema.migration_lock` does; returns (release(), waiters())."""
+    from models.schema import MIGRATION_LOCK_KEY
+    if backend == "sqlite":
+        import fcntl
+        lock = open(url[len("sqlite:///"):] + ".migrate-lock", "a")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        inode = os.fstat(lock.fileno()).st_ino
+
+        def waiters() -> int:  # blocked flock()s on the file: `->` lines of /proc/locks
+            lines = Path("/proc/locks").read_text().splitlines()
+            return sum(1 for line in lines if "->" in line and line.split()[-3].endswith(f":{inode}"))
+        return lock.close, waiters
+    import psycopg2
+    con = psycopg2.connect(url)
+    con.autocommit = True
+    con.cursor().execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+
+    def waiters() -> int:
+        with con.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+                        "database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+            return cur.fetchone()[0]
+    return con.close, waiters
+
+
+def test_two_migrators_at_once_migrate_once(backend, tmp_path, scratch_database):
+    url, env, day = restore("8cb07c3", backend, tmp_path, scratch_database)
+    release, waiters = hold_the_migration_lock(backend, url)
+    try:
+        procs = [subprocess.Popen([sys.executable, "-m", "cli", "db", "migrate"], cwd=str(ROOT), env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        wait_until(lambda: waiters() == 2, what="both migrators waiting for the lock")
+    finally:
+        release()
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    migrated = [out for out, _ in outputs if "migration 2651" in out]
+    assert len(migrated) == 1 and "schema is up to date" in "".join(out for out, _ in outputs), outputs
+    assert (BACKUP_LINE.search(migrated[0]) is not None) == (backend == "sqlite")
+    after = table_counts(url)
+    assert {t: after[t] for t in day["counts"] if t != "schema_version"} == \
+        {t: n for t, n in day["counts"].items() if t != "schema_version"}
+
+
+def test_auto_migrate_off_refuses_a_pending_schema(backend, tmp_path, scratch_database, redis_namespace):
+    url, env, day = restore("8cb07c3", backend, tmp_path, scratch_database)
+    env.update(SVC_AUTO_MIGRATE="off", SVC_REDIS_URL=REDIS_URL, SVC_REDIS_NAMESPACE=redis_namespace)
+    status = svc_auth(env, "db", "status", "--json")
+    assert status.returncode == 3, status.stderr
+    found = json.loads(status.stdout)
+    assert found["schema"] == 2101 and found["code"] >= 3601 and {"table": "disclosure_record"} in found["pending"] \
+        and 2651 in [step.get("migration") for step in found["pending"]], found
+    for command in (["serve", "--port", str(free_port())], ["worker"], ["scheduler", "--once"]):
+        refused = svc_auth(env, *command)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode != 0 and len(lines) == 1 and "svc-auth db migrate" in lines[0], refused.stderr
+    assert table_counts(url) == day["counts"]  # nothing was touched
+    assert svc_auth(env, "db", "migrate").returncode == 0
+    assert svc_auth(env, "db", "status").returncode == 0
+    port = free_port()
+    stop_process(start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log"))
+
+
+def test_the_version_is_the_newest_release_of_the_changelog():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## (\d+\.\d+\.\d+)(?: \((\w+), )?", changelog, re.M)
+    printed = subprocess.run([sys.executable, "-m", "cli", "--version"], cwd=str(ROOT), capture_output=True, text=True)
+    assert printed.stdout.strip() == f"svc-auth {releases[0][0]}", (printed.stdout, releases[:2])
+    assert re.search(rf'version="{re.escape(releases[0][0])}"', (ROOT / "setup.py").read_text())
+    assert "## Unreleased" in changelog.split(f"## {releases[0][0]}")[0]  # where merged work goes
+    fixtures = dict(line.split() for line in (FIXTURES / "releases.txt").read_text().splitlines()
+                    if line.strip() and not line.startswith("#"))
+    assert {commit: version for version, commit in releases if commit in fixtures} == \
+        {commit: version for commit, version in fixtures.items()}
+
+
+def columns_of(url: str) -> dict:
+    """{(table, column): ColumnMetadata} of a database, through Peewee's introspection."""
+    from models.db import open_database
+    db = open_database(url, max_connections=1)
+    try:
+        return {(table, column.name): column for table in db.get_tables() for column in db.get_columns(table)}
+    finally:
+        db.close()
+
+
+def test_what_an_upgrade_adds_to_a_table_the_previous_release_can_live_with(backend, tmp_path, scratch_database):
+    """The rolling-upgrade rule (docs/operations.md): a column the migrations add to a table the
+    previous release has is NULLable or has a DEFAULT in the database, or its inserts would fail."""
+    url, env, day = restore(RELEASES[-1], backend, tmp_path, scratch_database)
+    before = columns_of(url)
+    assert svc_auth(env, "db", "migrate").returncode == 0
+    old_tables = {table for table, _ in before}
+    added = {key: column for key, column in columns_of(url).items() if key not in before and key[0] in old_tables}
+    assert not [key for key, column in added.items() if not column.null and column.default is None], added
+
+
+def test_an_sqlite_migration_that_would_break_a_reference_changes_nothing(tmp_path, scratch_database):
+    """SQLite runs the steps with foreign keys off: `PRAGMA foreign_key_check` must be clean before
+    the commit, else everything rolls back and `db migrate` says so in one line."""
+    import sqlite3
+    url, env, day = restore("8cb07c3", "sqlite", tmp_path, scratch_database)
+    con = sqlite3.connect(tmp_path / "svc.db")  # Python's sqlite3 leaves foreign keys off
+    con.execute("""UPDATE "user" SET organization_id = 'org_gone' WHERE id = ?""", (day["seed"]["other_user_id"],))
+    con.commit()
+    con.close()
+    before = table_counts(url)
+    refused = svc_auth(env, "db", "migrate")
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1 and "rolled back, nothing changed" in lines[0], refused.stderr
+    assert table_counts(url) == before
+    assert json.loads(svc_auth(env, "db", "status", "--json").stdout)["schema"] == 2101
