@@ -153,12 +153,25 @@ async def test_scopes_are_what_the_app_declared_and_asked_for(api, world, runtim
 
 
 @pytest.mark.gen_test
-@pytest.mark.parametrize("scope", ["openid admin", "patient/Patient.xyz", "patient/patient.rs", "group/*.rs",
-                                   "patient/Patient.rs?category=x"])
-async def test_unknown_or_malformed_scopes_are_invalid_scope(api, world, scope):
+@pytest.mark.parametrize("scope", ["admin", "patient/Patient.xyz", "patient/patient.rs", "group/*.rs",
+                                   "patient/Patient.rs?category=x", "offline_access", "openid partner_api"])
+async def test_nothing_grantable_or_partner_api_is_invalid_scope(api, world, scope):
     launch_id = (await launch(api, world))["launch_id"]
     result = await authorize(api, world.app, launch_id=launch_id, scope=scope)
     assert result["error"] == "invalid_scope", result
+
+
+@pytest.mark.gen_test
+async def test_scopes_not_granted_are_left_out_not_refused(api, world):
+    """RFC 6749 3.3, SMART 2.2: the token response's scope says what was granted."""
+    launch_id = (await launch(api, world))["launch_id"]
+    asked = ("launch openid fhirUser offline_access admin patient/Patient.xyz group/*.rs "
+             "patient/Observation.rs?category=x launch/encounter patient/*.read")
+    result = await authorize(api, world.app, launch=launch_id, scope=asked)
+    status, _, tokens = await exchange(api, world.app, result["code"], world.secret)
+    assert status == 200, tokens
+    # the default declaration has no offline_access: left out, as every unknown or malformed name
+    assert tokens["scope"] == "openid launch fhirUser patient/*.rs" and "refresh_token" not in tokens
 
 
 # -- token: patient, fhirUser ------------------------------------------------------------------
@@ -337,8 +350,10 @@ def test_cli_public_app_and_smart_scopes(settings, runtime):
     assert created["smart_scopes"] == "launch openid patient/Patient.rs"
     app_id = created["application_id"]
     cli("apps", "secret", "generate-fallback", "--app", app_id, expect=2)  # no secret to rotate
-    updated = json.loads(cli("apps", "update", "--app", app_id, "--smart-scopes", "openid user/*.rs", "--json").stdout)
-    assert updated["smart_scopes"] == "openid user/*.rs" and "client_secret" not in updated
+    updated = json.loads(cli("apps", "update", "--app", app_id, "--smart-scopes",
+                             "openid user/*.rs offline_access online_access", "--json").stdout)
+    assert updated["smart_scopes"] == "openid user/*.rs offline_access online_access"
+    assert "client_secret" not in updated
     bad = cli("apps", "update", "--app", app_id, "--smart-scopes", "openid admin", expect=2)
     assert "admin" in bad.stderr
     confidential = json.loads(cli("apps", "update", "--app", app_id, "--no-public", "--json").stdout)
