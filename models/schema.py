@@ -20,6 +20,7 @@ from models.disclosures import DisclosureRecord, install_guard
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, Launch
+from models.refresh import RefreshToken, SmartGrant
 from models.invitations import Invitation
 from models.ehr import EhrClientKey
 from models.keys import SigningKeyRecord
@@ -32,6 +33,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
+    SmartGrant, RefreshToken,
 )
 
 
@@ -129,6 +131,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
                           ("retired_secret_until", peewee.DateTimeField(null=True)))),
     # Issue 27 numbers its steps 27xx.
     (2701, "disclosure_record: append-only on PostgreSQL (a trigger refuses UPDATE, DELETE, TRUNCATE)", install_guard),
+    # Issue 34 numbers its steps 34xx (tables smart_grant and refresh_token are new: MODELS).
+    (3401, "application.offline_access_ttl: an app's own offline_access lifetime (NULL: SVC_OFFLINE_ACCESS_TTL)",
+     _add_missing_columns("application", ("offline_access_ttl", peewee.IntegerField(null=True)))),
 )
 
 

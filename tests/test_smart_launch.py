@@ -83,14 +83,17 @@ async def test_smart_configuration_of_an_existing_clinic(api, world):
     assert doc["jwks_uri"] == "http://127.0.0.1:8888/.well-known/jwks.json"
     assert doc["issuer"] == "http://127.0.0.1:8888/"
     assert doc["code_challenge_methods_supported"] == ["S256"] and doc["response_types_supported"] == ["code"]
-    assert "authorization_code" in doc["grant_types_supported"]
+    assert {"authorization_code", "refresh_token"} <= set(doc["grant_types_supported"])
     assert set(doc["token_endpoint_auth_methods_supported"]) == {"client_secret_basic", "client_secret_post", "none"}
     assert {"launch", "launch/patient", "fhirUser", "openid", "profile"} <= set(doc["scopes_supported"])
     assert set(doc["capabilities"]) == {"launch-ehr", "client-public", "client-confidential-symmetric",
                                         "sso-openid-connect", "context-ehr-patient", "permission-v2",
-                                        "permission-patient", "permission-user"}
+                                        "permission-patient", "permission-user", "permission-offline",
+                                        "permission-online"}
+    assert {"offline_access", "online_access"} <= set(doc["scopes_supported"])
     status, _, oidc = await api.call("GET", "/.well-known/openid-configuration")
     assert "none" in oidc["token_endpoint_auth_methods_supported"]
+    assert "refresh_token" in oidc["grant_types_supported"]
     for junk in ("org_nope", "%00", "org%00x", "..", "x" * 65, "%2e%2e", "org%0a"):
         status, headers, body = await api.call("GET", f"/fhir/r4/{junk}/.well-known/smart-configuration")
         assert status == 404 and body["error"] == "organization_not_found", (junk, body)
