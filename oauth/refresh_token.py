@@ -25,7 +25,7 @@ class RefreshTokenGrant:
 
     def exchange(self, app: Application, params: dict, with_billing: bool) -> dict:
         runtime = self.runtime
-        token = text_param(params, "refresh_token", max_length=200)
+        token = text_param(params, "refresh_token", max_length=8000)  # any token-shaped value: invalid_grant
         requested = text_param(params, "scope", required=False)
         jti = new_secret(16)
         grant, refresh_token, scope = rotate(runtime, app, token, requested, jti)

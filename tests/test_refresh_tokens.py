@@ -173,6 +173,27 @@ async def test_which_launches_get_a_refresh_token(confidential, smart, runtime):
     assert sdk["scope"] == "openid" and "refresh_token" not in sdk
 
 
+@pytest.mark.gen_test(timeout=60)
+async def test_bad_refresh_requests_are_clear_4xx(api, confidential, smart):
+    tokens = await confidential.tokens()
+    for form, status, error in (
+            ({"grant_type": "refresh_token"}, 400, "invalid_request"),                       # no refresh_token
+            ({"grant_type": "refresh_token", "refresh_token": "x" * 9000}, 400, "invalid_request"),
+            ({"grant_type": "refresh_token", "refresh_token": "not-a-token"}, 400, "invalid_grant"),
+            ({"grant_type": "refresh_token", "refresh_token": tokens["access_token"]}, 400, "invalid_grant"),
+            ({"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"], "scope": "a\x00b"}, 400,
+             "invalid_request")):
+        answer_status, body = await confidential.token(form)
+        assert (answer_status, body["error"]) == (status, error), (form, body)
+    for value in (42, ["x"], {"a": 1}, None):
+        answer, _, body = await api.call("POST", "/v1/oauth/token", {
+            "grant_type": "refresh_token", "refresh_token": value, "client_id": smart.app.client_id,
+            "client_secret": smart.secret})
+        assert answer == 400 and body["error"] == "invalid_request", (value, body)
+    status, body = await confidential.refresh(tokens["refresh_token"])  # none of that spent it
+    assert status == 200, body
+
+
 # -- how a grant ends -------------------------------------------------------------------------
 
 @pytest.mark.gen_test(timeout=60)

@@ -107,7 +107,10 @@ class RevokeGrantHandler(ConsoleHandler):
     async def post(self, application_id, grant_id):
         app = await self.own_application(application_id)
         # Only this app's grants: the filter names the application too.
-        await self.run(end_grants, self.runtime, actor_of(self.developer), grant_id=grant_id, application_id=app.id)
+        count = await self.run(end_grants, self.runtime, actor_of(self.developer), grant_id=grant_id,
+                               application_id=app.id)
+        if count == 0:  # already ended, or not this app's: nothing to tell apart
+            raise ApiError(404, "not_found", "No such active grant.")
         self.redirect(f"/console/apps/{app.id}/grants?notice=revoked", status=303)
 
 
