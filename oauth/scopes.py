@@ -63,13 +63,6 @@ def _check_known(names: list[str]) -> None:
                            f"{' '.join(SMART_CONTEXT_SCOPES)} and SMART resource scopes (patient/Type.rs).")
 
 
-def _resource(name: str) -> smart_scopes.ResourceScope | None:
-    try:
-        return smart_scopes.parse(name)
-    except smart_scopes.ScopeSyntaxError:
-        return None
-
-
 def granted_scope(requested: str | None, declared: str | None = None) -> str:
     """The scope string granted for `requested` (space-separated); `openid` is always granted.
     Platform scopes are granted as asked; SMART scopes only as far as `declared` (the application's
@@ -90,7 +83,7 @@ def granted_scope(requested: str | None, declared: str | None = None) -> str:
         before = len(granted)
         if name in SUPPORTED_SCOPES or (name in SMART_CONTEXT_SCOPES and name in declared_names):
             granted.append(name)
-        elif smart_scopes.is_resource_scope(name) and (asked := _resource(name)) is not None:
+        elif (asked := smart_scopes.parse_or_none(name)) is not None:
             granted += [str(s) for s in smart_scopes.grant([asked], declared_resources)]
         usable = usable or len(granted) > before or name == "openid"
     if names and not usable:

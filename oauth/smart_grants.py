@@ -111,14 +111,11 @@ def narrowed_scope(requested: str | None, granted: str) -> str:
     if requested is None:
         return granted
     granted_names = granted.split()
-    covering = smart_scopes.resource_scopes(" ".join(n for n in granted_names if smart_scopes.is_resource_scope(n)))
+    covering = smart_scopes.resource_scopes(granted)
     kept = []
     for name in requested.split():
         if name not in granted_names:
-            try:
-                asked = smart_scopes.parse(name) if smart_scopes.is_resource_scope(name) else None
-            except smart_scopes.ScopeSyntaxError:
-                asked = None
+            asked = smart_scopes.parse_or_none(name)
             if asked is None or str(asked) not in {str(s) for s in smart_scopes.grant([asked], covering)}:
                 raise InvalidScope(f"{name!r} was not granted: a refresh may narrow the scope, never widen it.")
         kept.append(name)
