@@ -68,22 +68,22 @@ def test_partner_edits_smart_settings_and_revokes_a_grant(live, runtime, world, 
     assert page.get_by_label("Confidential client").is_checked()
     assert page.get_by_label("Declared SMART scopes").input_value() == app.smart_scopes
     page.get_by_label("Declared SMART scopes").fill("launch openid admin")
-    page.get_by_role("button", name="Save SMART settings").click()
+    page.get_by_role("button", name="Update SMART settings").click()
     page.locator("#smart_scopes-error").filter(has_text="admin").wait_for()
     assert page.get_by_label("Declared SMART scopes").get_attribute("aria-invalid") == "true"
     page.get_by_label("Declared SMART scopes").fill("launch openid online_access patient/*.rs")
     page.get_by_label("Offline access lifetime (seconds)").fill("60")
-    page.get_by_role("button", name="Save SMART settings").click()
+    page.get_by_role("button", name="Update SMART settings").click()
     page.locator("#offline_access_ttl-error").wait_for()
     page.get_by_label("Offline access lifetime (seconds)").fill("86400")
     page.get_by_label("Public client").check()
-    page.get_by_role("button", name="Save SMART settings").click()
+    page.get_by_role("button", name="Update SMART settings").click()
     page.get_by_role("status").filter(has_text="SMART settings are saved").wait_for()
     saved = Application.get_by_id(app.id)
     assert saved.public and saved.smart_scopes == "launch openid online_access patient/*.rs"
     assert saved.offline_access_ttl == 86400 and "Public client" in page.locator("#client-type").inner_text()
     # confidential again: the new secret is shown once
     page.get_by_label("Confidential client").check()
-    page.get_by_role("button", name="Save SMART settings").click()
+    page.get_by_role("button", name="Update SMART settings").click()
     secret = page.get_by_label("New client secret").input_value()
     assert len(secret) >= 32 and not Application.get_by_id(app.id).public
