@@ -308,3 +308,36 @@ async def test_every_disclosure_of_a_refreshed_token_leads_to_its_launch(confide
     # the auditor's join (docs/audit.md): disclosure jti -> refresh_token.access_jti -> grant -> launch
     grant = SmartGrant.get_by_id(RefreshToken.get(RefreshToken.access_jti == record.jti).grant_id)
     assert grant.launch_id == launch_id and grant.user_id == record.user_id
+
+
+# -- the deny-list in Redis ----------------------------------------------------------------------
+
+@pytest.mark.gen_test(timeout=60)
+async def test_a_replay_denies_the_grants_access_tokens_in_redis(confidential, runtime, redis_namespace):
+    from helpers import REDIS_URL
+    from oauth.denylist import RedisDenyList
+    runtime.denylist = RedisDenyList(REDIS_URL, redis_namespace, runtime.clock)
+    tokens = await confidential.tokens()
+    status, second = await confidential.refresh(tokens["refresh_token"])
+    assert status == 200 and (await confidential.read_patient(second["access_token"]))[0] == 200
+    status, body = await confidential.refresh(tokens["refresh_token"])
+    assert status == 400 and body["error"] == "invalid_grant", body
+    assert (await confidential.read_patient(second["access_token"]))[0] == 401
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_revocation_with_the_deny_list_down_is_503_and_revokes_later(confidential, runtime):
+    from helpers import free_port
+    from oauth.denylist import RedisDenyList
+    tokens = await confidential.tokens()
+    status, second = await confidential.refresh(tokens["refresh_token"])
+    assert status == 200
+    working, runtime.denylist = runtime.denylist, RedisDenyList(f"redis://127.0.0.1:{free_port()}/0", "nowhere",
+                                                                 runtime.clock)
+    status, body = await confidential.refresh(tokens["refresh_token"])  # a replay, but nothing can be denied
+    assert status == 503, body
+    assert SmartGrant.get().revoked_at is None  # not half-revoked: nothing was marked
+    runtime.denylist = working
+    status, body = await confidential.refresh(tokens["refresh_token"])  # the replay is still seen
+    assert status == 400 and body["error"] == "invalid_grant"
+    assert (await confidential.read_patient(second["access_token"]))[0] == 401
