@@ -6,8 +6,9 @@ import argparse
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from fhir_api.limits import parse_rate
 from lifecycle.manifest import update_manifest
-from lifecycle.applications import (delete_application, register_application, set_fhir_rate_limits, set_public,
-                                    set_redirect_policy, set_require_pkce, set_smart_scopes)
+from lifecycle.applications import (delete_application, register_application, set_fhir_rate_limits,
+                                    set_offline_access_ttl, set_public, set_redirect_policy, set_require_pkce,
+                                    set_smart_scopes)
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Application, Installation
 from models.clock import utc_iso
@@ -68,7 +69,11 @@ def register(commands) -> None:
                              help="make it a public client: its secrets stop working at once; PKCE S256 required")
     client_type.add_argument("--no-public", dest="public", action="store_const", const=False,
                              help="make it a confidential client again: prints a new client_secret once")
-    p.add_argument("--smart-scopes", metavar="SCOPES", help="the SMART scopes the app declares, space-separated")
+    p.add_argument("--smart-scopes", metavar="SCOPES", help="the SMART scopes the app declares, space-separated "
+                                                            "(offline_access / online_access: refresh tokens)")
+    p.add_argument("--offline-access-ttl", type=_offline_ttl, metavar="SECONDS",
+                   help="how long the app's offline_access grants live (3600 to 5 years); 'default' for "
+                        "SVC_OFFLINE_ACCESS_TTL (90 days)")
     p.add_argument("--fhir-rate-limit", type=_rate, metavar="N/UNIT",
                    help="FHIR API requests this app may make per clinic, e.g. 1200/minute (UNIT: second, minute, "
                         "hour, day, or a number of seconds); 'default' for SVC_FHIR_RATE_LIMIT (600/60)")
@@ -116,6 +121,15 @@ def _rate(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _offline_ttl(text: str):
+    """An argparse type: whole seconds, or `default`."""
+    if text.strip().lower() == _DEFAULT:
+        return _DEFAULT
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError("a whole number of seconds, or 'default'")
+    return int(text)
+
+
 def _user_fields(text: str) -> list[str]:
     return [f.strip() for f in text.split(",") if f.strip()]
 
@@ -153,6 +167,9 @@ def _update(runtime, args):
                                   ("fhir_token_rate_limit", args.fhir_token_rate_limit)) if value is not None}
     if limits:
         app = set_fhir_rate_limits(runtime, app.id, **limits)
+    if args.offline_access_ttl is not None:
+        app = set_offline_access_ttl(runtime, app.id, None if args.offline_access_ttl == _DEFAULT
+                                     else args.offline_access_ttl)
     secret = None
     if args.public is not None:
         app, secret = set_public(runtime, app.id, args.public)
@@ -170,7 +187,9 @@ def manifest_dict(app: Application) -> dict:
             "smart_scopes": app.smart_scopes,
             # COUNT/SECONDS, or "default" (SVC_FHIR_RATE_LIMIT, SVC_FHIR_TOKEN_RATE_LIMIT apply)
             "fhir_rate_limit": app.fhir_rate_limit or _DEFAULT,
-            "fhir_token_rate_limit": app.fhir_token_rate_limit or _DEFAULT}
+            "fhir_token_rate_limit": app.fhir_token_rate_limit or _DEFAULT,
+            # seconds an offline_access grant lives, or "default" (SVC_OFFLINE_ACCESS_TTL)
+            "offline_access_ttl": app.offline_access_ttl or _DEFAULT}
 
 
 def app_dict(app: Application) -> dict:

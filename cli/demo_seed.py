@@ -33,7 +33,7 @@ DEMO_SMART_APP_ID = "demo-smart-app"
 DEMO_SMART_CLIENT_ID = "demo-smart-app"
 DEMO_SMART_APP_NAME = "Example SMART App"
 # What the example SMART app asks for, and so declares: an EHR launch, who the user is, the patient.
-DEMO_SMART_SCOPE = "launch openid fhirUser patient/Patient.rs"
+DEMO_SMART_SCOPE = "launch openid fhirUser online_access patient/Patient.rs"
 EXAMPLE_APP_PORT = 8889
 
 

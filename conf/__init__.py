@@ -160,6 +160,11 @@ class Settings:
     client_token_ttl: int = 300
     id_token_ttl: int = 3600
     sandbox_token_ttl: int = 1800
+    # SMART refresh tokens (docs/smart.md): an `online_access` grant lives no longer than the
+    # clinician's hub session and at most online_access_ttl; an `offline_access` grant
+    # offline_access_ttl (90 days) unless its app says otherwise (`apps update --offline-access-ttl`).
+    online_access_ttl: int = 12 * 3600
+    offline_access_ttl: int = 90 * 24 * 3600
     # A rotated signing key is in the JWKS this long before it signs; the JWKS's Cache-Control
     # max-age is never longer (see keys/signing.py). 0: a new key signs at once.
     key_prepublish_seconds: int = 300
@@ -270,7 +275,7 @@ class Settings:
         if not _SYNC_WINDOW.match(str(merged["sync_window"])):
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
-                     "sandbox_token_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
+                     "sandbox_token_ttl", "online_access_ttl", "offline_access_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
                      "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "disclosure_retention_days",

@@ -15,6 +15,8 @@ from models.directory import Organization
 from models.audit import AuditEvent
 from billing.free_trial import trial_state
 from partner_api.directory import organizations_of, users_of
+from models.directory import User
+from oauth.smart_grants import grant_dict, list_grants
 
 
 def installations_view(runtime, app: Application) -> list[dict]:
@@ -57,3 +59,19 @@ def audit_view(app: Application, limit: int = 200) -> list[AuditEvent]:
                 .where((AuditEvent.subject == app.id)
                        | (peewee.fn.SUBSTR(AuditEvent.subject, 1, len(prefix)) == prefix))
                 .order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(limit))
+
+
+def grants_view(runtime, app: Application) -> list[dict]:
+    """The app's live SMART refresh-token grants, by clinic (clinic name order), each with its user's name."""
+    grants = list_grants(runtime, application_id=app.id)
+    users = {u.id: u for u in User.select().where(User.id.in_({g.user_id for g in grants}))} if grants else {}
+    names = {o.id: o.name for o in Organization.select(Organization.id, Organization.name)
+             .where(Organization.id.in_({g.organization_id for g in grants}))} if grants else {}
+    clinics: dict[str, dict] = {}
+    for grant in grants:
+        clinic = clinics.setdefault(grant.organization_id, {"id": grant.organization_id,
+                                                            "name": names.get(grant.organization_id, ""),
+                                                            "grants": []})
+        user = users.get(grant.user_id)
+        clinic["grants"].append({**grant_dict(grant), "user": user.display_name if user else grant.user_id})
+    return sorted(clinics.values(), key=lambda c: (c["name"], c["id"]))

@@ -34,8 +34,9 @@ from errors import ApiError
 TEMPLATES = tornado.template.Loader(str(Path(__file__).resolve().parent / "templates"))
 
 # Capabilities the framed app gets: its own origin (needed for its fetches and for postMessage
-# origins), scripts, forms, popups. No top navigation, no downloads, no modals of the hub's.
-IFRAME_SANDBOX = "allow-scripts allow-same-origin allow-forms allow-popups"
+# origins), scripts, forms, popups, and its own dialogs (alert/confirm/prompt: apps as shipped report
+# with them). No top navigation, no downloads (docs/hub-and-sdk.md lists each flag and why).
+IFRAME_SANDBOX = "allow-scripts allow-same-origin allow-forms allow-popups allow-modals"
 
 # The hub re-reads its app list this often, so an activation change shows without a reload.
 HUB_REFRESH_SECONDS = 3

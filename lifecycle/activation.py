@@ -22,6 +22,8 @@ from models.audit import AuditEvent
 from models.directory import Organization
 from models.ids import ID_RULE, is_id
 from errors import ApiError
+from models.refresh import SmartGrant
+from oauth.smart_grants import revoke_grants
 
 DISABLED = "The application is Disabled in this organization"
 NOT_INSTALLED = "The application is not installed in this organization."
@@ -86,6 +88,9 @@ def set_activation_status(runtime, installation: Installation, status, actor: st
         Installation.update(activation_status=status).where(Installation.id == current.id).execute()
         if status == "Enabled":
             start_trial(current.id, runtime.clock.now())
+        else:  # Disabled ends the app's SMART refresh-token grants in the clinic (re-enabling revives none)
+            revoke_grants(runtime, (SmartGrant.application == current.application_id)
+                          & (SmartGrant.organization == current.organization_id), "installation_disabled")
         AuditEvent.record(actor, "installation.activation_status_set",
                           f"{current.application_id}/{current.organization_id}",
                           before=current.activation_status, after=status)

@@ -99,6 +99,20 @@ def set_fhir_rate_limits(runtime, application_id: str, actor: str = "operator", 
     return app
 
 
+def set_offline_access_ttl(runtime, application_id: str, seconds: int | None, actor: str = "operator") -> Application:
+    """How long this app's `offline_access` grants live (seconds, 1 hour to 5 years), or None for
+    SVC_OFFLINE_ACCESS_TTL. Applies to grants started from now on."""
+    if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)
+                                or not 3600 <= seconds <= 5 * 366 * 24 * 3600):
+        raise invalid("offline_access_ttl must be a whole number of seconds from 3600 (an hour) to 5 years.")
+    app = find_application(application_id)
+    app.offline_access_ttl = seconds
+    app.save()
+    AuditEvent.record(actor, "application.offline_access_ttl_set", app.id, seconds=seconds)
+    runtime.changes.announce(APPLICATIONS)
+    return app
+
+
 def set_public(runtime, application_id: str, public: bool, actor: str = "operator") -> tuple[Application, str | None]:
     """Make the app a public client (no secret: every secret it had stops working at once, PKCE S256
     required) or a confidential one again (a new secret, returned to be shown once)."""

@@ -54,6 +54,8 @@ class Application(BaseModel):
     # (SVC_FHIR_RATE_LIMIT per clinic, SVC_FHIR_TOKEN_RATE_LIMIT per access token).
     fhir_rate_limit = peewee.CharField(max_length=32, null=True)
     fhir_token_rate_limit = peewee.CharField(max_length=32, null=True)
+    # SMART offline_access grants of this app live this long (seconds); None: SVC_OFFLINE_ACCESS_TTL.
+    offline_access_ttl = peewee.IntegerField(null=True)
     created_at = peewee.DateTimeField(default=wall_now)
 
     @classmethod

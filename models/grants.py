@@ -86,8 +86,8 @@ class AuthorizationCode(BaseModel):
             AuthorizationCode.used_at.db_value(now), jtis, code_hash, application_id)).fetchone()
         if row is None:
             return None
-        (used_at, issued, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, patient_id, user_id,
-         organization_id, email, given_name, family_name, installation_id, activation_status, trial_started_at) = row
+        (used_at, issued, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, patient_id, launch_id,
+         user_id, organization_id, email, given_name, family_name, installation_id, activation_status, trial_started_at) = row
         user = User(id=user_id, organization=organization_id, email=email, given_name=given_name,
                     family_name=family_name)
         installation = None
@@ -100,7 +100,7 @@ class AuthorizationCode(BaseModel):
                           used_at=AuthorizationCode.used_at.python_value(used_at),
                           redirect_uri=redirect_uri, nonce=nonce, user=user, organization_id=organization_id,
                           installation=installation, code_challenge=code_challenge, auth_time=auth_time,
-                          scope=scope, patient_id=patient_id)
+                          scope=scope, patient_id=patient_id, launch_id=launch_id)
 
 
 @dataclass(frozen=True)
@@ -121,11 +121,13 @@ class Redemption:
     auth_time: int | None = None  # when the user authenticated with the platform (from the launch)
     scope: str | None = None      # the granted scope (oauth/scopes.py)
     patient_id: str | None = None  # the launch's patient context (SMART), if any
+    launch_id: str | None = None  # the launch the code came from (a SMART grant records it)
 
 
 _REDEEM_SQL = """UPDATE "authorization_code" SET used_at = COALESCE(used_at, {p}), issued_jtis = COALESCE(issued_jtis, {p})
 WHERE code_hash = {p} AND application_id = {p}
-RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, patient_id, user_id,
+RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, patient_id, launch_id,
+ user_id,
  organization_id,
  (SELECT u.email FROM "user" u WHERE u.id = "authorization_code".user_id),
  (SELECT u.given_name FROM "user" u WHERE u.id = "authorization_code".user_id),

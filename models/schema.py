@@ -35,6 +35,7 @@ from models.disclosures import DisclosureRecord, install_guard
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.directory import Organization, User
 from models.grants import AuthorizationCode, Launch
+from models.refresh import RefreshToken, SmartGrant
 from models.invitations import Invitation
 from models.ehr import EhrClientKey
 from models.keys import SigningKeyRecord
@@ -47,6 +48,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
+    SmartGrant, RefreshToken,
 )
 
 
@@ -204,6 +206,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 36 numbers its steps 36xx.
     (3601, "organization, application: a DEFAULT in the database for every NOT NULL column steps added",
      _defaults_in_the_database),
+    # Issue 34 numbers its steps 34xx (tables smart_grant and refresh_token are new: MODELS).
+    (3401, "application.offline_access_ttl: an app's own offline_access lifetime (NULL: SVC_OFFLINE_ACCESS_TTL)",
+     _add_missing_columns("application", ("offline_access_ttl", peewee.IntegerField(null=True)))),
 )
 
 

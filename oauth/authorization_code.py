@@ -6,14 +6,15 @@ from connectors import practitioner_of
 from models.application import Application
 from models.grants import AuthorizationCode, Redemption, expiry
 from models.ids import new_secret
-from oauth.claims import id_token_claims
 from oauth.authorize_checks import CHECKS, Authorization, query_value
 from errors import ApiError
 from oauth.errors import AuthorizeError, OAuthError, invalid_grant
 from oauth.params import text_param
 from oauth.pkce import PkceError, verify
 from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
-from oauth.tokens import PLATFORM_AUDIENCE
+from oauth.launch_tokens import launch_token_response
+from oauth.scopes import refresh_access
+from oauth.smart_grants import revoke_grants_of_jtis, start_grant
 
 LAUNCH_CONTEXT_SCOPES = frozenset({"launch", "launch/patient"})
 """SMART: the scopes that let a token carry the launch's context (its patient)."""
@@ -100,6 +101,7 @@ class AuthorizationCodeGrant:
         if not grant.first_use:
             # RFC 6749 4.1.2: a replayed code revokes what its first use issued.
             runtime.denylist.deny(grant.issued_jtis, until=runtime.clock.time() + runtime.settings.access_token_ttl)
+            revoke_grants_of_jtis(runtime, grant.issued_jtis, "code_replayed")  # and its refresh tokens
             raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
         if grant.expires_at <= grant.used_at:
             raise invalid_grant("The authorization code has expired.")
@@ -116,30 +118,21 @@ class AuthorizationCodeGrant:
         return self.tokens_for(app, grant, with_billing, jti)
 
     def tokens_for(self, app: Application, grant: Redemption, with_billing: bool, jti: str) -> dict:
-        settings, tokens = self.runtime.settings, self.runtime.tokens
-        now = self.runtime.clock.now()
+        runtime = self.runtime
         user = grant.user
         scope = grant.scope or "openid"
-        claims = tokens.base_claims(user.id, app.client_id, settings.id_token_ttl)
-        # When the user authenticated with the platform (carried from the sandbox token through
-        # the launch), so every flow of one platform session carries the same auth_time.
-        claims["auth_time"] = grant.auth_time if grant.auth_time is not None else claims["iat"]
-        claims.update(id_token_claims(app, user, grant.installation, with_billing, now, grant.nonce))
         granted = frozenset(scope.split())
+        fhir_user = None
         if "fhirUser" in granted:  # SMART: the user as a FHIR resource of the clinic's FHIR API
-            practitioner = practitioner_of(self.runtime, grant.organization_id, user.id)
+            practitioner = practitioner_of(runtime, grant.organization_id, user.id)
             if practitioner is not None:  # never a reference that would not resolve
-                claims["fhirUser"] = f"{self.runtime.fhir_base_url(grant.organization_id)}/Practitioner/{practitioner}"
-        id_token = tokens.sign(claims)
+                fhir_user = f"{runtime.fhir_base_url(grant.organization_id)}/Practitioner/{practitioner}"
         # SMART launch context: a launch with a patient puts it in the token and the response, and
         # only when the app was granted `launch` or `launch/patient` (SMART App Launch 2, scopes).
         context = {"patient": grant.patient_id} if grant.patient_id and granted & LAUNCH_CONTEXT_SCOPES else {}
-        access_token, _ = tokens.access_token(
-            user.id, PLATFORM_AUDIENCE, settings.access_token_ttl,
-            client_id=app.client_id, org=grant.organization_id, scope=scope, jti=jti,
-            # The ID token issued with this access token, sealed so only this service can read it:
-            # the platform's verification returns it to the hub for the app's SDK (identity-provider
-            # variant; hub.introspection.platform_introspection). Nothing is stored.
-            svc_idt=self.runtime.hasher.seal(id_token, jti), **context)
-        return {"access_token": access_token, "id_token": id_token, "token_type": "Bearer",
-                "expires_in": settings.access_token_ttl, "scope": scope, **context}
+        response = launch_token_response(runtime, app, user, grant.organization_id, grant.installation, scope,
+                                         context, grant.auth_time, with_billing, jti, grant.nonce, fhir_user)
+        access = refresh_access(scope)
+        if access is not None:  # SMART offline_access / online_access: the grant's first refresh token
+            response["refresh_token"] = start_grant(runtime, app, grant, access, context, fhir_user, jti)
+        return response

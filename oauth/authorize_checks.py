@@ -17,7 +17,7 @@ from models.application import Application
 from models.grants import Launch
 from oauth.errors import AuthorizeError
 from oauth.pkce import PkceError, challenge_of
-from oauth.scopes import InvalidScope, granted_scope
+from oauth.scopes import REFRESH_SCOPES, InvalidScope, granted_scope
 
 # OIDC Core 3.1.2.1 prompt values. There is no interactive login (the platform authenticated
 # the user before the launch), so `login` cannot be honoured and is answered login_required.
@@ -89,12 +89,18 @@ def pkce_challenge(a: Authorization) -> None:
 
 
 def granted(a: Authorization) -> None:
-    """Platform scopes as asked; SMART scopes (launch, fhirUser, resource scopes) only as far as the
-    application declared them (`Application.smart_scopes`): never more than both say."""
+    """Platform scopes as asked; SMART scopes (launch, fhirUser, resource scopes, offline_access or
+    online_access) only as far as the application declared them (`Application.smart_scopes`): never
+    more than both say; what cannot be granted is left out (`oauth.scopes`). Only a SMART launch
+    (the `launch` parameter) gets a refresh scope: the spec's own SDK flow (`launch_id`) issues an
+    access token that "cannot be refreshed"."""
     try:
-        a.scope = granted_scope(a.value("scope"), a.app.smart_scopes)
+        scope = granted_scope(a.value("scope"), a.app.smart_scopes)
     except InvalidScope as exc:
         raise a.fail("invalid_scope", exc.message) from None
+    if a.value("launch") is None:
+        scope = " ".join(n for n in scope.split() if n not in REFRESH_SCOPES)
+    a.scope = scope
 
 
 def prompt_values(a: Authorization) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from oauth.clients import authenticate_client
 from oauth.resource import active_client_token, active_user_token
+from oauth.smart_grants import introspected
 from oauth.tokens import PARTNER_API_AUDIENCE
 
 
@@ -23,6 +24,8 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
         claims = None
     if claims is None:
         claims = active_client_token(runtime, token, app)  # the client's own client-credentials token
+    if claims is None:
+        return introspected(runtime, app, token) or {"active": False}  # its SMART refresh token
     return introspection_response(claims)
 
 
@@ -33,7 +36,9 @@ def introspection_response(claims: dict | None) -> dict:
         return {"active": True, "scope": claims.get("scope", ""), "client_id": claims.get("client_id"),
                 "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
                 "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer"}
+    # A SMART launch token adds its launch context: `patient` and `fhirUser` when it has them.
+    context = {name: claims[name] for name in ("patient", "fhirUser") if isinstance(claims.get(name), str)}
     return {"active": True, "scope": claims.get("scope", ""), "client_id": claims["client_id"],
             "sub": claims["sub"], "aud": claims["aud"], "iss": claims["iss"], "exp": claims["exp"],
             "iat": claims["iat"], "jti": claims["jti"], "token_type": "Bearer",
-            "svc_organization_id": claims.get("org")}
+            "svc_organization_id": claims.get("org"), **context}

@@ -1,4 +1,5 @@
-"""Token revocation (RFC 7009): a client revokes its own access tokens.
+"""Token revocation (RFC 7009): a client revokes its own access tokens, and its SMART refresh
+tokens: revoking a refresh token ends its whole grant (`oauth.smart_grants`).
 
 A revoked token's jti goes on the deny-list (`oauth.denylist`, `runtime.denylist`) until the token
 would have expired anyway; userinfo, introspection and the partner API refuse a denied jti."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 from models.application import Application
 from oauth.clients import authenticate_client
 from oauth.params import text_param
+from oauth.smart_grants import revoke_by_token
 from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
 
 
@@ -29,6 +31,7 @@ def revoke_token(runtime, app: Application, token: str) -> None:
     client's tokens change nothing and answer the same (2.2), so nothing leaks about them."""
     found = token_owner_claims(runtime, token)
     if found is None:
+        revoke_by_token(runtime, app, token)  # a refresh token of this client's ends its grant
         return
     client_id, claims = found
     if client_id != app.client_id or not isinstance(claims.get("jti"), str):

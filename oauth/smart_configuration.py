@@ -11,7 +11,8 @@ from oauth.scopes import advertised_scopes
 from oauth.variants import V1
 
 CAPABILITIES = ("launch-ehr", "client-public", "client-confidential-symmetric", "sso-openid-connect",
-                "context-ehr-patient", "permission-v2", "permission-patient", "permission-user")
+                "context-ehr-patient", "permission-v2", "permission-patient", "permission-user",
+                "permission-offline", "permission-online")
 
 
 def smart_configuration(settings) -> dict:

@@ -56,6 +56,16 @@ def parse(name: str) -> ResourceScope:
     return ResourceScope(context, resource_type, permissions)
 
 
+def parse_or_none(name: str) -> ResourceScope | None:
+    """`parse(name)`, or None for anything that is not a resource scope this server understands."""
+    if not is_resource_scope(name):
+        return None
+    try:
+        return parse(name)
+    except ScopeSyntaxError:
+        return None
+
+
 def resource_scopes(scope: str | None) -> list[ResourceScope]:
     """The resource scopes in a space-separated scope string; other names are skipped."""
     return [parse(n) for n in (scope or "").split() if is_resource_scope(n)]

@@ -8,9 +8,11 @@ from oauth.client_credentials import ClientCredentialsGrant
 from oauth.clients import authenticate_client, presented_credentials
 from oauth.errors import OAuthError
 from oauth.params import text_param
+from oauth.refresh_token import RefreshTokenGrant
 from oauth.secret_rotation import hashed_under_current_key, is_current_secret
 
-GRANTS = MappingProxyType({grant.grant_type: grant for grant in (AuthorizationCodeGrant, ClientCredentialsGrant)})
+GRANTS = MappingProxyType({grant.grant_type: grant for grant in (AuthorizationCodeGrant, ClientCredentialsGrant,
+                                                                          RefreshTokenGrant)})
 
 
 def supported_grants(variant) -> list[str]:

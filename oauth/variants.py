@@ -11,6 +11,6 @@ class Variant:
     grant_types: tuple         # grants the token endpoint accepts
 
 
-V1 = Variant("/v1", billing_claims=True, grant_types=("authorization_code", "client_credentials"))
-V2 = Variant("/os-api/v2", billing_claims=False, grant_types=("authorization_code",))
+V1 = Variant("/v1", billing_claims=True, grant_types=("authorization_code", "client_credentials", "refresh_token"))
+V2 = Variant("/os-api/v2", billing_claims=False, grant_types=("authorization_code", "refresh_token"))
 VARIANTS = (V1, V2)

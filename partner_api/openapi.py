@@ -23,14 +23,16 @@ NULLABLE_DATE_TIME = MappingProxyType({"type": ["string", "null"], "format": "da
 
 
 TOKEN_REQUEST_FIELDS = MappingProxyType({
-    "grant_type": {"type": "string", "enum": ["authorization_code", "client_credentials"],
-                   "description": "`client_credentials` at /v1 only"},
+    "grant_type": {"type": "string", "enum": ["authorization_code", "client_credentials", "refresh_token"],
+                   "description": "`client_credentials` at /v1 only; `refresh_token`: a SMART app's refresh token"},
     "code": {"type": "string", "description": "authorization_code: the code from the authorize redirect"},
     "redirect_uri": {"type": "string", "description": "authorization_code: when the authorize request had one"},
     "client_id": {"type": "string", "description": "client authentication in the body (else HTTP Basic); a public "
                                                    "client sends client_id alone"},
     "client_secret": {"type": "string", "description": "never for a public client (it has none)"},
     "code_verifier": {"type": "string", "description": "authorization_code: the PKCE verifier (RFC 7636)"},
+    "refresh_token": {"type": "string", "description": "refresh_token: the SMART app's current refresh token"},
+    "scope": {"type": "string", "description": "refresh_token: the same or a narrower scope (default: the grant's)"},
 })
 
 
@@ -70,6 +72,8 @@ SCHEMAS = MappingProxyType({
         "scope": {"type": "string", "description": "the granted scope"},
         "patient": {"type": "string", "description": "SMART: the launch's patient (a FHIR Patient id), only when "
                                                      "the launch had a patient context"},
+        "refresh_token": {"type": "string", "description": "SMART: when `offline_access` or `online_access` was "
+                                                           "granted; a new one on every refresh (the old is spent)"},
     }, "additionalProperties": False},
     "UserInfo": {"type": "object", "required": ["sub"], "properties": {
         "sub": {"type": "string"}, "email": {"type": "string"}, "given_name": {"type": "string"},
@@ -294,7 +298,8 @@ def _oauth_paths(prefix: str) -> dict:
                 "security": [{"userToken": []}],
                 "responses": {"200": _json(_ref("UserInfo"), "claims the app declared"), "401": bearer_401,
                               "403": disabled_403, "413": _error("request body too large")}}
-    grants = "`authorization_code` or `client_credentials`" if prefix == "/v1" else "`authorization_code`"
+    grants = ("`authorization_code`, `client_credentials` or `refresh_token`" if prefix == "/v1"
+              else "`authorization_code` or `refresh_token`")
     html = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": _ref("Error")}}
     return {
         f"{prefix}/oauth/authorize": {"get": {
@@ -327,7 +332,8 @@ def _oauth_paths(prefix: str) -> dict:
             "responses": {"200": _json(_ref("Introspection"), "introspection result"),
                           **token_errors}}},
         f"{prefix}/oauth/revoke": {"post": {
-            "summary": "Token revocation (RFC 7009): a client revokes its own access token",
+            "summary": "Token revocation (RFC 7009): a client revokes its own access token, or its SMART refresh "
+                       "token (which ends the grant)",
             "operationId": op_id("oauth_revoke"), "tags": ["oauth"],
             "security": [{}, {"clientBasic": []}],
             "requestBody": {"required": True, "content": {

@@ -143,6 +143,66 @@ def test_the_smart_app_refuses_a_user_it_does_not_serve(demo, page):
                 and not r.url.endswith("/metadata")]
 
 
+def token_post(url: str, form: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=urllib.parse.urlencode(form).encode(), method="POST",
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_fhirclient_refreshes_with_online_access_and_a_replay_ends_the_grant(demo, page):
+    """npm fhirclient's own `client.refresh()` (issue 34): the demo app asks `online_access`; a
+    click refreshes in the hub's frame, rotating the refresh token; replaying the spent one (as a
+    thief would) revokes the grant, and the app's newest access token stops at the FHIR API."""
+    requests = record_requests(page)
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID))
+    row = page.locator("tr[data-patient-id]").first
+    row.wait_for(timeout=TIMEOUT_MS)
+    row.get_by_role("button", name=f"Open {DEMO_SMART_APP_NAME}", exact=True).click()
+    frame = smart_frame(page)
+    assert frame.locator("#smart-error").is_hidden(), frame.locator("#smart-error").inner_text()
+    first = fhirclient_state(page, demo)["tokenResponse"]
+    assert "online_access" in first["scope"].split() and first["refresh_token"]
+    patient_id = frame.locator("#smart-patient").get_attribute("data-patient-id")
+
+    frame.get_by_role("button", name="Refresh access token").click()
+    frame.locator("#smart-refreshed[data-count='1']").wait_for(timeout=TIMEOUT_MS)
+    assert frame.locator("#smart-error").is_hidden(), frame.locator("#smart-error").inner_text()
+    second = fhirclient_state(page, demo)["tokenResponse"]
+    assert second["refresh_token"] != first["refresh_token"] and second["access_token"] != first["access_token"]
+    assert second["patient"] == patient_id and second["scope"] == first["scope"]
+    (refresh,) = [r for r in requests if r.method == "POST" and "grant_type=refresh_token" in (r.post_data or "")]
+    body = urllib.parse.parse_qs(refresh.post_data)
+    assert body["refresh_token"] == [first["refresh_token"]] and body["client_id"] == [DEMO_SMART_CLIENT_ID]
+    iss = fhir_base_url(demo.settings, DEMO_ORG_ID)
+    assert fhir_get(f"{iss}/Patient/{patient_id}", second["access_token"])[0] == 200
+    assert [r for r in requests if r.url == f"{iss}/Patient/{patient_id}"][1:]  # re-read with the new token
+
+    token_endpoint = f"{demo.url}/v1/oauth/token"
+    status, answer = token_post(token_endpoint, {"grant_type": "refresh_token", "client_id": DEMO_SMART_CLIENT_ID,
+                                                 "refresh_token": first["refresh_token"]})
+    assert status == 400 and answer["error"] == "invalid_grant", answer
+    assert fhir_get(f"{iss}/Patient/{patient_id}", second["access_token"])[0] == 401
+    frame.get_by_role("button", name="Refresh access token").click()  # the app's own next refresh fails too
+    frame.locator("#smart-error:not([hidden])").wait_for(timeout=TIMEOUT_MS)
+    assert "invalid_grant" in frame.locator("#smart-error").inner_text() or \
+        "refresh" in frame.locator("#smart-error").inner_text().lower()
+
+
+def test_an_app_in_the_hub_frame_shows_its_own_dialogs(demo, page):
+    """The frame's sandbox has allow-modals: an app's alert() reaches the user (issue 34)."""
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID, DEMO_SMART_APP_ID))
+    smart_frame(page)
+    shown = []
+    page.on("dialog", lambda dialog: (shown.append((dialog.type, dialog.message)), dialog.accept()))
+    app = page.frame(url=lambda url: url.startswith(f"{demo.app_url}/smart/"))
+    app.evaluate("() => alert('No results for this patient.')")
+    assert shown == [("alert", "No results for this patient.")]
+
+
 def test_the_vendored_fhirclient_is_the_pinned_release():
     """`make vendor-fhirclient` copies the release pinned in examples/smart_app/package.json."""
     app = ROOT / "examples" / "smart_app"

@@ -4,7 +4,7 @@ against a real `svc-auth serve` process: `openid-client` (npm, tests/js/oidc_rp.
 Where no interactive login exists: prompt=none without a usable launch is login_required;
 auth_time is when the user authenticated with the platform (the sandbox token's auth_time,
 copied onto each launch), the same across flows; max_age older than that is login_required;
-`request`/`request_uri` are refused; unknown scopes are invalid_scope; every authorization
+`request`/`request_uri` are refused; a request of nothing grantable is invalid_scope; every authorization
 response carries `iss`.
 """
 import json
@@ -142,7 +142,7 @@ def test_authorization_errors_openid_client(live, runtime, world, case):
         params.update(request_uri="https://app.example.com/request.jwt", launch_id=launch(live, world, token))
         expected = "request_uri_not_supported"
     elif case == "unknown_scope":
-        params.update(scope="openid admin", launch_id=launch(live, world, token))
+        params.update(scope="admin", launch_id=launch(live, world, token))
         expected = "invalid_scope"
     else:
         params.update(prompt="login", launch_id=launch(live, world, token))
@@ -216,7 +216,7 @@ def test_authlib_flow_auth_time_and_userinfo(live, runtime, world):
 
 @pytest.mark.parametrize("params,expected", [
     ({"prompt": "none"}, "login_required"),
-    ({"scope": "openid admin", "with_launch": True}, "invalid_scope"),
+    ({"scope": "admin", "with_launch": True}, "invalid_scope"),
     ({"max_age": "5", "with_launch": True}, "login_required"),
     ({"request": "eyJhbGciOiJub25lIn0.e30.", "with_launch": True}, "request_not_supported"),
     ({"request_uri": "https://app.example.com/r.jwt", "with_launch": True}, "request_uri_not_supported"),

@@ -35,7 +35,7 @@ async def test_hub_lists_the_clinic_apps_and_frames_them_safely(api, world, runt
     assert 'aria-disabled="false"' in entry_attrs(page, app.id)
     assert "Not Here" not in page
     frame = re.search(r'<iframe[^>]*id="app-frame"[^>]*>', page).group(0)
-    assert 'sandbox="allow-scripts allow-same-origin allow-forms allow-popups"' in frame
+    assert 'sandbox="allow-scripts allow-same-origin allow-forms allow-popups allow-modals"' in frame
     assert "allow-top-navigation" not in frame
     csp = headers["Content-Security-Policy"]
     assert "frame-src 'self' http://127.0.0.1:8888 https://app.example.com;" in csp

@@ -84,14 +84,17 @@ async def test_smart_configuration_of_an_existing_clinic(api, world):
     assert doc["jwks_uri"] == "http://127.0.0.1:8888/.well-known/jwks.json"
     assert doc["issuer"] == "http://127.0.0.1:8888/"
     assert doc["code_challenge_methods_supported"] == ["S256"] and doc["response_types_supported"] == ["code"]
-    assert "authorization_code" in doc["grant_types_supported"]
+    assert {"authorization_code", "refresh_token"} <= set(doc["grant_types_supported"])
     assert set(doc["token_endpoint_auth_methods_supported"]) == {"client_secret_basic", "client_secret_post", "none"}
     assert {"launch", "launch/patient", "fhirUser", "openid", "profile"} <= set(doc["scopes_supported"])
     assert set(doc["capabilities"]) == {"launch-ehr", "client-public", "client-confidential-symmetric",
                                         "sso-openid-connect", "context-ehr-patient", "permission-v2",
-                                        "permission-patient", "permission-user"}
+                                        "permission-patient", "permission-user", "permission-offline",
+                                        "permission-online"}
+    assert {"offline_access", "online_access"} <= set(doc["scopes_supported"])
     status, _, oidc = await api.call("GET", "/.well-known/openid-configuration")
     assert "none" in oidc["token_endpoint_auth_methods_supported"]
+    assert "refresh_token" in oidc["grant_types_supported"]
     for junk in ("org_nope", "%00", "org%00x", "..", "x" * 65, "%2e%2e", "org%0a"):
         status, headers, body = await api.call("GET", f"/fhir/r4/{junk}/.well-known/smart-configuration")
         assert status == 404 and body["error"] == "organization_not_found", (junk, body)
@@ -154,12 +157,25 @@ async def test_scopes_are_what_the_app_declared_and_asked_for(api, world, runtim
 
 
 @pytest.mark.gen_test
-@pytest.mark.parametrize("scope", ["openid admin", "patient/Patient.xyz", "patient/patient.rs", "group/*.rs",
-                                   "patient/Patient.rs?category=x"])
-async def test_unknown_or_malformed_scopes_are_invalid_scope(api, world, scope):
+@pytest.mark.parametrize("scope", ["admin", "patient/Patient.xyz", "patient/patient.rs", "group/*.rs",
+                                   "patient/Patient.rs?category=x", "offline_access", "openid partner_api"])
+async def test_nothing_grantable_or_partner_api_is_invalid_scope(api, world, scope):
     launch_id = (await launch(api, world))["launch_id"]
     result = await authorize(api, world.app, launch_id=launch_id, scope=scope)
     assert result["error"] == "invalid_scope", result
+
+
+@pytest.mark.gen_test
+async def test_scopes_not_granted_are_left_out_not_refused(api, world):
+    """RFC 6749 3.3, SMART 2.2: the token response's scope says what was granted."""
+    launch_id = (await launch(api, world))["launch_id"]
+    asked = ("launch openid fhirUser offline_access admin patient/Patient.xyz group/*.rs "
+             "patient/Observation.rs?category=x launch/encounter patient/*.read")
+    result = await authorize(api, world.app, launch=launch_id, scope=asked)
+    status, _, tokens = await exchange(api, world.app, result["code"], world.secret)
+    assert status == 200, tokens
+    # the default declaration has no offline_access: left out, as every unknown or malformed name
+    assert tokens["scope"] == "openid launch fhirUser patient/*.rs" and "refresh_token" not in tokens
 
 
 # -- token: patient, fhirUser ------------------------------------------------------------------
@@ -338,8 +354,10 @@ def test_cli_public_app_and_smart_scopes(settings, runtime):
     assert created["smart_scopes"] == "launch openid patient/Patient.rs"
     app_id = created["application_id"]
     cli("apps", "secret", "generate-fallback", "--app", app_id, expect=2)  # no secret to rotate
-    updated = json.loads(cli("apps", "update", "--app", app_id, "--smart-scopes", "openid user/*.rs", "--json").stdout)
-    assert updated["smart_scopes"] == "openid user/*.rs" and "client_secret" not in updated
+    updated = json.loads(cli("apps", "update", "--app", app_id, "--smart-scopes",
+                             "openid user/*.rs offline_access online_access", "--json").stdout)
+    assert updated["smart_scopes"] == "openid user/*.rs offline_access online_access"
+    assert "client_secret" not in updated
     bad = cli("apps", "update", "--app", app_id, "--smart-scopes", "openid admin", expect=2)
     assert "admin" in bad.stderr
     confidential = json.loads(cli("apps", "update", "--app", app_id, "--no-public", "--json").stdout)

@@ -11,8 +11,10 @@ from handlers.console.base import ConsoleHandler
 from lifecycle.activation import installation_of, set_activation_status
 from lifecycle.billing import parse_month
 from partner_api.billing import billing_of
-from console.views import audit_view, billing_csv_rows, installations_view
+from console.views import audit_view, billing_csv_rows, grants_view, installations_view
 from console.accounts import actor_of
+from lifecycle.applications import declared_smart_scopes, set_offline_access_ttl, set_public, set_smart_scopes
+from lifecycle.grants import end_grants
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from errors import ApiError
@@ -24,8 +26,12 @@ ACTIVATION_WARNING = ("Activating the fallback secret before your backend retrie
 
 class AppPage(ConsoleHandler):
     def render_app(self, app, status=200, form=None, errors=None, **extra):
+        smart_form = extra.pop("smart_form", None) or {
+            "client_type": "public" if app.public else "confidential", "smart_scopes": app.smart_scopes,
+            "offline_access_ttl": str(app.offline_access_ttl or "")}
         self.page("app.html", status, app=app, section="settings", form=form or manifest_of(app),
-                  errors=errors or {}, groups=PERMISSION_GROUPS, warning=ACTIVATION_WARNING,
+                  errors=errors or {}, groups=PERMISSION_GROUPS, warning=ACTIVATION_WARNING, smart_form=smart_form,
+                  new_secret=extra.pop("new_secret", None),
                   fallback_secret=extra.pop("fallback_secret", None), confirm=extra.pop("confirm", False),
                   notice=extra.pop("notice", self.get_query_argument("notice", "")), **extra)
 
@@ -48,6 +54,65 @@ class AppHandler(AppPage):
         except ManifestInvalid as exc:
             return self.render_app(app, 400, form=form, errors=exc.fields)
         self.redirect(f"/console/apps/{app.id}?notice=saved", status=303)
+
+
+class SmartSettingsHandler(AppPage):
+    """`/console/apps/{id}/smart`: client type, declared SMART scopes and the offline_access
+    lifetime, validated by the same lifecycle functions as `apps update`."""
+
+    async def post(self, application_id):
+        app = await self.own_application(application_id)
+        client_type, scopes, ttl = self.form("client_type"), self.form("smart_scopes"), self.form("offline_access_ttl")
+        smart_form = {"client_type": client_type, "smart_scopes": scopes, "offline_access_ttl": ttl}
+        errors = {}
+        if client_type not in ("public", "confidential"):
+            errors["client_type"] = "Choose public or confidential."
+        try:
+            declared_smart_scopes(scopes)
+        except ApiError as exc:
+            errors["smart_scopes"] = exc.message
+        seconds = None
+        if ttl.strip():
+            if not ttl.strip().isdigit():
+                errors["offline_access_ttl"] = "A whole number of seconds, or empty for the default (90 days)."
+            else:
+                seconds = int(ttl.strip())
+        actor = actor_of(self.developer)
+        if not errors:
+            try:
+                await self.run(set_offline_access_ttl, self.runtime, app.id, seconds, actor)
+            except ApiError as exc:
+                errors["offline_access_ttl"] = exc.message
+        if errors:
+            return self.render_app(app, 400, errors=errors, smart_form=smart_form)
+        await self.run(set_smart_scopes, self.runtime, app.id, scopes, actor)
+        secret = None
+        if (client_type == "public") != app.public:
+            app, secret = await self.run(set_public, self.runtime, app.id, client_type == "public", actor)
+        if secret:  # confidential again: the new secret is shown once, in this response only
+            return self.render_app(await self.own_application(application_id), new_secret=secret, notice="smart")
+        self.redirect(f"/console/apps/{app.id}?notice=smart", status=303)
+
+
+class GrantsHandler(ConsoleHandler):
+    """`/console/apps/{id}/grants`: the app's live refresh-token grants per clinic, each with Revoke."""
+
+    async def get(self, application_id):
+        app = await self.own_application(application_id)
+        clinics = await self.run(grants_view, self.runtime, app)
+        self.page("grants.html", app=app, section="grants", clinics=clinics,
+                  notice=self.get_query_argument("notice", ""))
+
+
+class RevokeGrantHandler(ConsoleHandler):
+    async def post(self, application_id, grant_id):
+        app = await self.own_application(application_id)
+        # Only this app's grants: the filter names the application too.
+        count = await self.run(end_grants, self.runtime, actor_of(self.developer), grant_id=grant_id,
+                               application_id=app.id)
+        if count == 0:  # already ended, or not this app's: nothing to tell apart
+            raise ApiError(404, "not_found", "No such active grant.")
+        self.redirect(f"/console/apps/{app.id}/grants?notice=revoked", status=303)
 
 
 class FallbackSecretHandler(AppPage):
@@ -147,6 +212,9 @@ def routes() -> list:
     base = r"/console/apps/([^/]+)"
     return [
         (base, AppHandler),
+        (base + r"/smart", SmartSettingsHandler),
+        (base + r"/grants", GrantsHandler),
+        (base + r"/grants/([^/]+)/revoke", RevokeGrantHandler),
         (base + r"/secret/fallback", FallbackSecretHandler),
         (base + r"/secret/activate", ActivateFallbackHandler),
         (base + r"/installations", InstallationsHandler),

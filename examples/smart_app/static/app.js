@@ -20,7 +20,25 @@ function humanName(patient) {
   return [...(name.given || []), name.family].filter(Boolean).join(" ");
 }
 
+// SMART refresh (online_access): the next access token, with the same patient, from the refresh
+// token; the token endpoint rotates it. A public client names itself with client_id.
+async function refreshAndReread(client, patientId) {
+  const button = document.getElementById("smart-refresh");
+  button.disabled = true;
+  try {
+    await client.refresh();
+    const patient = await client.request("Patient/" + encodeURIComponent(patientId));
+    const refreshed = show("smart-refreshed", "Access token refreshed; read " + humanName(patient) + " again.");
+    refreshed.dataset.count = String(Number(refreshed.dataset.count || "0") + 1);
+  } catch (error) {
+    show("smart-error", "Refresh failed: " + String(error && error.message || error));
+  } finally {
+    button.disabled = false;
+  }
+}
+
 async function main() {
+  FHIR.oauth2.settings.refreshTokenWithClientId = true;
   const configResponse = await fetch("config.json");
   if (!configResponse.ok) throw new Error("config.json: HTTP " + configResponse.status);
   const config = await configResponse.json();
@@ -45,6 +63,7 @@ async function main() {
   document.getElementById("smart-user").textContent = "Signed in as " + fhirUser;
   const section = show("smart-patient");
   section.dataset.patientId = patient.id;
+  document.getElementById("smart-refresh").addEventListener("click", () => refreshAndReread(client, patient.id));
   status("Launched.");
 }
 
