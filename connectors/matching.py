@@ -5,6 +5,8 @@ has one matcher for its repository. FHIR search *syntax* is not here (`connector
 
 References: `Patient/{id}` names the patient, versioned (`.../_history/2`) or not; an absolute
 URL names them only when it is under the EHR's own FHIR base (`base`), never another server's.
+Which elements link a resource to its patient is `connectors.compartment`'s (R4's Patient
+CompartmentDefinition, as data).
 Dates: a FHIR date or dateTime is a period (a day, a month, a year, or an instant); a resource
 matches [start, end) when its period overlaps it, as FHIR's date search prefixes do.
 """
@@ -15,6 +17,7 @@ import re
 from types import MappingProxyType
 
 from connectors.base import ResourceQuery
+from connectors.compartment import in_compartment, reference_id  # noqa: F401
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 DATE_ELEMENTS = MappingProxyType({
@@ -31,48 +34,13 @@ through a list, its first item). Types not listed have no date: a date range mat
 PERIOD_END = MappingProxyType({"Encounter": ("period", "end"), "Observation": ("effectivePeriod", "end"),
                                "Condition": ("onsetPeriod", "end")})
 """Where a type's date is a period, its end (a missing end: the start's own precision)."""
-PATIENT_REFERENCES = ("subject", "patient")
-"""The elements naming a resource's patient (besides an Appointment's participants)."""
 _DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?"
                    r"(Z|[+-]\d{2}:\d{2})?)?)?)?$")
 
 
-# -- references and the patient compartment ---------------------------------------------------
+# -- references and the patient compartment: `connectors.compartment`'s (R4's CompartmentDefinition) --
 
-def reference_id(reference, resource_type: str, base: str | None = None) -> str | None:
-    """The id that `reference` names of `resource_type`: `Type/id`, versioned or not, or
-    `{base}/Type/id` under the EHR's own base; None for anything else (another type, another
-    server's URL, a contained `#id`, a `urn:`)."""
-    if not isinstance(reference, str):
-        return None
-    reference = reference.split("/_history/")[0]
-    if base and reference.startswith(base.rstrip("/") + "/"):
-        reference = reference[len(base.rstrip("/")) + 1:]
-    kind, slash, ident = reference.partition("/")
-    if kind != resource_type or not slash or not ident or "/" in ident:
-        return None
-    return ident
-
-
-def patient_references(resource: dict) -> list:
-    """Every reference that may name the resource's patient: `subject`, `patient`, and an
-    Appointment's (or any resource's) `participant[].actor`."""
-    found = [(resource.get(name) or {}).get("reference") for name in PATIENT_REFERENCES
-             if isinstance(resource.get(name), dict)]
-    found += [(p.get("actor") or {}).get("reference") for p in resource.get("participant") or ()
-              if isinstance(p, dict) and isinstance(p.get("actor"), dict)]
-    return found
-
-
-def in_compartment(resource: dict, patient_id: str, base: str | None = None) -> bool:
-    """Is `resource` the patient `patient_id`, or does it name them as its patient (`Patient/{id}`,
-    versioned, or absolute under `base`)?"""
-    if not isinstance(resource, dict) or not patient_id:
-        return False
-    if resource.get("resourceType") == "Patient":
-        return resource.get("id") == patient_id
-    return any(reference_id(r, "Patient", base) == patient_id for r in patient_references(resource))
-
+# `reference_id` and `in_compartment` are re-exported here: the matcher's callers ask one module.
 
 # -- the date of a resource ---------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import re
 from types import MappingProxyType
 
 from connectors.base import ResourceQuery
+from connectors.compartment import in_patient_compartment
 from models.ids import is_id
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
@@ -16,9 +17,9 @@ SEARCH_DATE = MappingProxyType({"Appointment": "date", "Encounter": "date", "Obs
                                 "Condition": "onset-date", "MedicationRequest": "authoredon",
                                 "AllergyIntolerance": "date", "DocumentReference": "date"})
 """The search parameter of each type's date (a `ResourceQuery`'s start/end)."""
-PATIENT_SEARCH = frozenset(("Appointment", "Encounter", "Condition", "Observation", "MedicationRequest",
-                            "AllergyIntolerance", "DocumentReference"))
-"""Types searched by `patient`; Patient itself by `_id`."""
+PATIENT_SEARCH = "patient"
+"""How a type of the patient compartment (`connectors.compartment`) is searched for one patient
+(every such type has R4's `patient` parameter); Patient itself by `_id`."""
 PRACTITIONER_SEARCH = frozenset(("Appointment", "Encounter"))
 PAGE_SIZE = 100
 
@@ -37,9 +38,9 @@ def search_params(query: ResourceQuery) -> dict | None:
         return None
     params = {"_id": ",".join(sorted(ids))} if ids else {}
     if query.patient is not None and kind != "Patient":
-        if kind not in PATIENT_SEARCH or not is_id(query.patient):
+        if not in_patient_compartment(kind) or not is_id(query.patient):
             return None
-        params["patient"] = f"Patient/{query.patient}"
+        params[PATIENT_SEARCH] = f"Patient/{query.patient}"
     if query.practitioner is not None and kind != "Practitioner":
         if kind not in PRACTITIONER_SEARCH or not is_id(query.practitioner):
             return None
