@@ -202,7 +202,11 @@ PROVENANCE_ROLE = "http://terminology.hl7.org/CodeSystem/provenance-participant-
 SUBSCRIBER_RELATIONSHIP = "http://terminology.hl7.org/CodeSystem/subscriber-relationship"
 COVERAGE_TYPE = "https://nahdo.org/sopt"
 NUCC = "http://nucc.org/provider-taxonomy"
-CLINIC_ADDRESS = {"line": ["100 Main Street"], "city": "Springfield", "state": "MA", "postalCode": "01103", "country": "US"}
+
+
+def _clinic_address() -> dict:
+    """The sandbox clinic's address (a new dict each time: resources never share one)."""
+    return {"line": ["100 Main Street"], "city": "Springfield", "state": "MA", "postalCode": "01103", "country": "US"}
 
 
 def _noon(day: str) -> str:
@@ -218,13 +222,13 @@ def organization(organization_id: str, name: str) -> dict:
     """US Core Organization: the clinic."""
     return {"resourceType": "Organization", "id": organization_id, **_meta("us-core-organization"), "active": True,
             "identifier": [{"system": "urn:svc-auth:organization", "value": organization_id}], "name": name,
-            "telecom": [{"system": "phone", "value": "555-0100", "use": "work"}], "address": [CLINIC_ADDRESS]}
+            "telecom": [{"system": "phone", "value": "555-0100", "use": "work"}], "address": [_clinic_address()]}
 
 
 def location(location_id: str, organization_id: str, name: str) -> dict:
     """US Core Location: the clinic's building."""
     return {"resourceType": "Location", "id": location_id, **_meta("us-core-location"), "status": "active",
-            "name": name, "address": CLINIC_ADDRESS, "managingOrganization": _ref("Organization", organization_id)}
+            "name": name, "address": _clinic_address(), "managingOrganization": _ref("Organization", organization_id)}
 
 
 def practitioner_role(role_id: str, practitioner_id: str, organization_id: str, location_id: str) -> dict:
