@@ -99,10 +99,10 @@ def appointment(a: Appointment, practitioner_id: str, practitioner_name: str) ->
                 {"actor": {"display": a.location}, "required": "information-only", "status": "accepted"}]}
 
 
-def encounter(encounter_id: str, patient_id: str, e: Encounter) -> dict:
-    """US Core Encounter: a finished ambulatory visit on its day."""
+def encounter(encounter_id: str, patient_id: str, e: Encounter, identifier_system: str) -> dict:
+    """US Core Encounter: a finished ambulatory visit on its day (its id, in the clinic's system, its identifier)."""
     return {"resourceType": "Encounter", "id": encounter_id, **_meta("us-core-encounter"),
-            "status": "finished",
+            "identifier": [{"system": identifier_system, "value": encounter_id}], "status": "finished",
             "class": _coding(ACT_CODE, "VR" if e.encounter_type == "Telehealth" else "AMB",
                              "virtual" if e.encounter_type == "Telehealth" else "ambulatory"),
             "type": [{"text": e.encounter_type}],

@@ -147,7 +147,8 @@ class SandboxFhir:
                 yield fhir_render.allergy_intolerance(f"alg_{key}_{n}", patient_id, allergy)
         elif resource_type == "Encounter":
             for n, encounter in enumerate(chart.encounters()):
-                yield fhir_render.encounter(f"enc_{key}_{n}", patient_id, encounter)
+                yield fhir_render.encounter(f"enc_{key}_{n}", patient_id, encounter,
+                                            f"urn:svc-auth:sandbox:{self.organization_id}:encounter")
         elif resource_type == "Observation":
             for n, encounter in enumerate(chart.encounters()):
                 yield from fhir_render.observations(f"obs_{key}_{n}", patient_id, f"enc_{key}_{n}", encounter)
