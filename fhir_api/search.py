@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from connectors import Criterion, ResourceQuery
 from connectors.matching import folded
-from connectors.us_core import INCLUDES, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES  # noqa: F401
+from connectors.us_core import INCLUDES, REFERENCE_TARGETS, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES  # noqa: F401
 from fhir_api.outcome import invalid
 from models.ids import ID_RULE, is_id
 
@@ -163,8 +163,8 @@ def _criterion(name: str, kind: str, values: list[str], base_url: str) -> Criter
         return Criterion(name, kind, tuple(found))
     if kind == "string":
         return Criterion(name, kind, tuple(folded(item) for item in items))
-    return Criterion(name, kind, tuple(reference(item, REFERENCE_TYPES, base_url, name, any_type=True)
-                                       for item in items))
+    found = [reference(item, REFERENCE_TYPES, base_url, name, any_type=True) for item in items]
+    return Criterion(name, kind, tuple((kind_ or REFERENCE_TARGETS.get(name), ident) for kind_, ident in found))
 
 
 def _control(name: str, resource_type: str, values: list[str]):
