@@ -6,8 +6,12 @@ import urllib.parse
 
 from js_support import http
 
-ALL_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
-             "MedicationRequest", "AllergyIntolerance")
+ALL_TYPES = ("AllergyIntolerance", "Appointment", "CarePlan", "CareTeam", "Condition", "Coverage", "Device",
+             "DiagnosticReport", "DocumentReference", "Encounter", "FamilyMemberHistory", "Goal", "Immunization",
+             "Location", "Medication", "MedicationDispense", "MedicationRequest", "Observation", "Organization", "Patient",
+             "Practitioner", "PractitionerRole", "Procedure", "Provenance", "QuestionnaireResponse", "RelatedPerson",
+             "ServiceRequest", "Specimen")
+"""US Core 6.1's types, FamilyMemberHistory and Appointment."""
 
 
 class Fhir:
