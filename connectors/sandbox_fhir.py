@@ -87,8 +87,12 @@ class SandboxFhir:
             found = self._patients(wanted or None)
         elif kind == "Practitioner":
             found = iter(self._practitioners())
-        elif kind == "Appointment":
-            found = self._appointments(query.practitioner, query.patient, query.start, query.end)
+        elif kind == "Appointment":  # narrowed to the `date` asked (the matcher checks it again)
+            start, end = query.start, query.end
+            for (low, high) in (c.values[0] for c in query.criteria if c.name == "date"):
+                start = low if start is None or (low is not None and low > start) else start
+                end = high if end is None or (high is not None and high < end) else end
+            found = self._appointments(query.practitioner, query.patient, start, end)
         elif kind in DIRECTORY:
             found = iter(self._directory(kind))
         elif kind == "Provenance" and not query.patient and any(c.name == "target" for c in query.criteria):
