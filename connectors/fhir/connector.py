@@ -16,7 +16,7 @@ from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClie
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
+from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, PATIENT_SEARCH, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 from models.ids import is_id
 
@@ -196,7 +196,7 @@ class FhirConnector:
                     for entry in page.get("entry") or ():
                         yield entry.get("resource") or {}
                 return
-        of_patient = {"patient": f"Patient/{patient_id}", "_count": PAGE_SIZE}
+        of_patient = {PATIENT_SEARCH: f"Patient/{patient_id}", "_count": PAGE_SIZE}
         refusals, searches = [], 0
         for resource_type in CHART_TYPES:
             categories = self.profile.observation_categories if resource_type == "Observation" else ()
