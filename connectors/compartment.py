@@ -76,20 +76,23 @@ def reference_id(reference, resource_type: str, base: str | None = None) -> str 
     return ident
 
 
-def _references(value, path: tuple[str, ...]):
-    """The `reference` strings at `path` in `value` (through lists at any step)."""
+def _references(value, path: tuple[str, ...]) -> list:
+    """The `reference` strings at `path` in `value` (through lists at any step); one step (the
+    usual `subject`, `patient`) without recursion: the matcher's hot path."""
+    if len(path) == 1 and isinstance(value, dict):
+        found = value.get(path[0])
+        if isinstance(found, dict):
+            return [found["reference"]] if isinstance(found.get("reference"), str) else []
+        if not isinstance(found, list):
+            return []
+        return [r["reference"] for r in found if isinstance(r, dict) and isinstance(r.get("reference"), str)]
     if isinstance(value, list):
-        for item in value:
-            yield from _references(item, path)
-        return
+        return [reference for item in value for reference in _references(item, path)]
     if not isinstance(value, dict):
-        return
+        return []
     if not path:
-        reference = value.get("reference")
-        if isinstance(reference, str):
-            yield reference
-        return
-    yield from _references(value.get(path[0]), path[1:])
+        return [value["reference"]] if isinstance(value.get("reference"), str) else []
+    return _references(value.get(path[0]), path[1:])
 
 
 def patients_of(resource: dict, base: str | None = None) -> list[str]:
