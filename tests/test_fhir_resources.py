@@ -13,7 +13,7 @@ import pypdf
 import pytest
 import pyzipper
 
-from connectors import ConnectorError, ResourceNotFound, ResourceQuery, connector_for
+from connectors import ConnectorError, Criterion, ResourceNotFound, ResourceQuery, connector_for
 from connectors.fhir.cache import FhirState
 from lifecycle.organizations import create_organization
 from workers.chart_archive import write_chart_zip
@@ -178,3 +178,16 @@ def test_a_failed_search_records_the_patient_it_asked_for(runtime, connector, op
     assert records == [("failure", "Encounter", ["pt-1"]), ("failure", "Patient", ["pt-1"])]
     assert [r["id"] for r in connector.search_resources(ResourceQuery("Encounter", patient="pt-1"))] == ["enc-000"]
     assert records[-1] == ("success", "Encounter", ["pt-1"])
+
+
+def test_an_ehr_refusing_a_searchs_parameters_is_asked_again_without_them(connector, open_ehr):
+    """The EHR narrows by each served parameter (`code=system|code`); one that refuses the search
+    (400) is asked again without them: the FHIR API's matcher narrows what comes back."""
+    seed_schedule(open_ehr)
+    a1c = ResourceQuery("Observation", patient="pt-1", criteria=(Criterion("code", "token", (("http://loinc.org", "4548-4"),)),))
+    assert ids(connector.search_resources(a1c)) == ["obs-a1c"]
+    every = sorted(ids(connector.search_resources(ResourceQuery("Observation", patient="pt-1"))))
+    assert len(every) > 1
+    open_ehr.fault(400, 1)
+    assert sorted(ids(connector.search_resources(a1c))) == every
+    assert open_ehr.stats()["faults"] >= 1

@@ -1,6 +1,7 @@
 """One organization's FHIR EHR behind the connector interface (see `connectors.fhir`)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -248,8 +249,28 @@ class FhirConnector:
         params = search_params(query)
         if params is None:
             return iter(())
-        found = self._all(query.resource_type, {**params, "_count": PAGE_SIZE})
+        found = self._criteria_or_not(query, params)
         return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
+
+    def _criteria_or_not(self, query: ResourceQuery, params: dict):
+        """The search with every parameter; an EHR that refuses it (400: a parameter it does not
+        support) before its first match is asked again without the `Criterion`s, which the FHIR
+        API's matcher applies to what comes back (logged: the EHR then sends more than needed)."""
+        found = self._all(query.resource_type, {**params, "_count": PAGE_SIZE})
+        if not query.criteria:
+            yield from found
+            return
+        try:
+            first = next(found, None)
+        except RequestRefused as exc:
+            log.warning("the EHR at %s refused a %s search with %s (%s): searching without them", self.client.base,
+                        query.resource_type, ", ".join(c.name for c in query.criteria), exc)
+            narrower = search_params(dataclasses.replace(query, criteria=()))
+            yield from self._all(query.resource_type, {**narrower, "_count": PAGE_SIZE})
+            return
+        if first is not None:
+            yield first
+            yield from found
 
 
 def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnector:
