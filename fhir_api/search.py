@@ -150,7 +150,7 @@ def _criterion(name: str, kind: str, values: list[str], base_url: str) -> Criter
         if start and end and start >= end:
             raise Unmatchable()
         return Criterion(name, kind, ((start, end),))
-    items = [item for item in values[0].split(",")]
+    items = values[0].split(",")
     if len(items) > MAX_OR_VALUES or not all(items):
         raise invalid(f"{name} takes 1 to {MAX_OR_VALUES} comma-separated values, none empty.")
     if kind == "token":
