@@ -148,8 +148,8 @@ def _clean(value: dict) -> dict:
 
 
 def as_fhir_bundle(records: list[dict], issuer: str) -> dict:
-    """The records as a `collection` Bundle of AuditEvents: valid R4, so no `total` (invariant
-    bdl-1: a total only on a searchset or history); the count is the number of entries."""
+    """The records as a `collection` Bundle of AuditEvents (no `total`: R4's bdl-1 keeps it to
+    searchset and history Bundles)."""
     return {"resourceType": "Bundle", "type": "collection",
             "entry": [{"fullUrl": f"urn:uuid:{event['id']}", "resource": event}
                       for event in (audit_event(r, issuer) for r in records)]}

@@ -31,7 +31,7 @@ from types import MappingProxyType
 
 from connectors import fhir, sandbox
 from connectors.base import (APPOINTMENT_STATUSES, LISTED_STATUSES, Appointment, BoundExceeded, Chart,  # noqa: F401
-                             Connector, ConnectorError, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
+                             Connector, ConnectorError, Criterion, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
                              Encounter, Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery, Skipped)
 from connectors.bounds import Bounds  # noqa: F401
 from models.directory import Organization, User

@@ -159,6 +159,19 @@ def _iterate(source) -> Iterator:
 
 
 @dataclass(frozen=True)
+class Criterion:
+    """One more condition of a `ResourceQuery`, in neutral terms: the search parameter `name` of the
+    type (`connectors.us_core.SEARCH_PARAMS`: its kind and the elements it reads) and its values,
+    any of which may match (OR). By kind: `token` ((system or None, code), ...); `string`
+    (lower-case prefixes, ...); `reference` ((type or None, id), ...); `date` ((start, end),): the
+    resource's date overlaps [start, end), naive UTC, either end open (None)."""
+
+    name: str
+    kind: str
+    values: tuple
+
+
+@dataclass(frozen=True)
 class ResourceQuery:
     """A search of one resource type, in neutral terms; every field given must match.
 
@@ -166,7 +179,8 @@ class ResourceQuery:
     Appointment, those the practitioner takes part in (for Practitioner: itself); `npi`: the
     Practitioner with this NPI; `start`/`end`: the resource's date (Appointment start, Encounter
     period start, Observation effective, Condition onset/recorded) in [start, end), naive UTC;
-    `ids`: only these resource ids. `offset`/`count`: the page wanted."""
+    `ids`: only these resource ids; `criteria`: `Criterion`s, all of which must match.
+    `offset`/`count`: the page wanted."""
 
     resource_type: str
     ids: tuple[str, ...] = ()
@@ -175,6 +189,7 @@ class ResourceQuery:
     npi: str | None = None
     start: dt.datetime | None = None
     end: dt.datetime | None = None
+    criteria: tuple[Criterion, ...] = ()
     offset: int = 0
     count: int = 50
 

@@ -5,6 +5,8 @@ has one matcher for its repository. FHIR search *syntax* is not here (`connector
 
 References: `Patient/{id}` names the patient, versioned (`.../_history/2`) or not; an absolute
 URL names them only when it is under the EHR's own FHIR base (`base`), never another server's.
+Which elements link a resource to its patient is `connectors.compartment`'s (R4's Patient
+CompartmentDefinition, as data).
 Dates: a FHIR date or dateTime is a period (a day, a month, a year, or an instant); a resource
 matches [start, end) when its period overlaps it, as FHIR's date search prefixes do.
 """
@@ -14,7 +16,11 @@ import datetime as dt
 import re
 from types import MappingProxyType
 
-from connectors.base import ResourceQuery
+import unicodedata
+
+from connectors.base import Criterion, ResourceQuery
+from connectors.compartment import in_compartment, reference_id  # noqa: F401
+from connectors.us_core import SEARCH_PARAMS
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 DATE_ELEMENTS = MappingProxyType({
@@ -31,48 +37,13 @@ through a list, its first item). Types not listed have no date: a date range mat
 PERIOD_END = MappingProxyType({"Encounter": ("period", "end"), "Observation": ("effectivePeriod", "end"),
                                "Condition": ("onsetPeriod", "end")})
 """Where a type's date is a period, its end (a missing end: the start's own precision)."""
-PATIENT_REFERENCES = ("subject", "patient")
-"""The elements naming a resource's patient (besides an Appointment's participants)."""
 _DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?"
                    r"(Z|[+-]\d{2}:\d{2})?)?)?)?$")
 
 
-# -- references and the patient compartment ---------------------------------------------------
+# -- references and the patient compartment: `connectors.compartment`'s (R4's CompartmentDefinition) --
 
-def reference_id(reference, resource_type: str, base: str | None = None) -> str | None:
-    """The id that `reference` names of `resource_type`: `Type/id`, versioned or not, or
-    `{base}/Type/id` under the EHR's own base; None for anything else (another type, another
-    server's URL, a contained `#id`, a `urn:`)."""
-    if not isinstance(reference, str):
-        return None
-    reference = reference.split("/_history/")[0]
-    if base and reference.startswith(base.rstrip("/") + "/"):
-        reference = reference[len(base.rstrip("/")) + 1:]
-    kind, slash, ident = reference.partition("/")
-    if kind != resource_type or not slash or not ident or "/" in ident:
-        return None
-    return ident
-
-
-def patient_references(resource: dict) -> list:
-    """Every reference that may name the resource's patient: `subject`, `patient`, and an
-    Appointment's (or any resource's) `participant[].actor`."""
-    found = [(resource.get(name) or {}).get("reference") for name in PATIENT_REFERENCES
-             if isinstance(resource.get(name), dict)]
-    found += [(p.get("actor") or {}).get("reference") for p in resource.get("participant") or ()
-              if isinstance(p, dict) and isinstance(p.get("actor"), dict)]
-    return found
-
-
-def in_compartment(resource: dict, patient_id: str, base: str | None = None) -> bool:
-    """Is `resource` the patient `patient_id`, or does it name them as its patient (`Patient/{id}`,
-    versioned, or absolute under `base`)?"""
-    if not isinstance(resource, dict) or not patient_id:
-        return False
-    if resource.get("resourceType") == "Patient":
-        return resource.get("id") == patient_id
-    return any(reference_id(r, "Patient", base) == patient_id for r in patient_references(resource))
-
+# `reference_id` and `in_compartment` are re-exported here: the matcher's callers ask one module.
 
 # -- the date of a resource ---------------------------------------------------------------------
 
@@ -186,4 +157,99 @@ def matches(resource: dict, query: ResourceQuery, base: str | None = None) -> bo
             return False
     if query.npi is not None and (kind != "Practitioner" or not has_npi(resource, query.npi)):
         return False
-    return in_range(resource, query.start, query.end)
+    if not in_range(resource, query.start, query.end):
+        return False
+    return all(meets(resource, criterion, base) for criterion in query.criteria)
+
+
+# -- criteria: a search parameter of `connectors.us_core.SEARCH_PARAMS` ---------------------------
+
+def values_at(value, path: tuple[str, ...]) -> list:
+    """The values at `path` in `value`, through lists at any step (a list at the end: its items)."""
+    if isinstance(value, list):
+        return [found for item in value for found in values_at(item, path)]
+    if not path:
+        return [] if value is None else [value]
+    if not isinstance(value, dict):
+        return []
+    return values_at(value.get(path[0]), path[1:])
+
+
+def _tokens(value) -> list[tuple[str | None, str]]:
+    """(system, code) of a code, Coding, CodeableConcept, Identifier or boolean."""
+    if isinstance(value, bool):
+        return [(None, "true" if value else "false")]
+    if isinstance(value, str):
+        return [(None, value)]
+    if not isinstance(value, dict):
+        return []
+    if isinstance(value.get("coding"), list):
+        return [t for coding in value["coding"] for t in _tokens(coding)]
+    code = value.get("code") if "code" in value else value.get("value")
+    return [(value.get("system"), code)] if isinstance(code, str) else []
+
+
+def _texts(value) -> list[str]:
+    """The words a string search looks at: a string, or a HumanName's / Address's parts."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, dict):
+        return []
+    found = []
+    for name in ("text", "family", "given", "prefix", "suffix", "line", "city", "district", "state", "postalCode",
+                 "country"):
+        item = value.get(name)
+        found += [item] if isinstance(item, str) else [i for i in item or () if isinstance(i, str)] if isinstance(item, list) else []
+    return found
+
+
+def folded(text: str) -> str:
+    """`text` as a string search compares it: case and accents ignored (R4 3.1.1.4.8)."""
+    return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c)).casefold()
+
+
+def _span(value) -> tuple[dt.datetime, dt.datetime] | None:
+    """[low, high) of a date, dateTime, instant or Period."""
+    if isinstance(value, str):
+        return period(value)
+    if isinstance(value, dict) and ("start" in value or "end" in value):
+        low, high = period(value.get("start")), period(value.get("end"))
+        if low is None and high is None:
+            return None
+        return (low[0] if low else dt.datetime.min), (high[1] if high else dt.datetime.max)
+    return None
+
+
+def meets(resource: dict, criterion: Criterion, base: str | None = None) -> bool:
+    """Does `resource` meet `criterion` (any of its values), as `SEARCH_PARAMS` defines the parameter?"""
+    kind, paths = SEARCH_PARAMS.get(resource.get("resourceType"), {}).get(criterion.name, (None, ()))
+    if kind != criterion.kind or not paths:
+        return False
+    if kind == "date":
+        (start, end), = criterion.values
+        found = next((values_at(resource, path)[0] for path in paths if values_at(resource, path)), None)
+        span = _span(found)
+        return span is not None and (start is None or span[1] > start) and (end is None or span[0] < end)
+    found = [value for path in paths for value in values_at(resource, path)]
+    if kind == "token":
+        have = [t for value in found for t in _tokens(value)]
+        return any(code == want and (system is None or system == has_system)
+                   for has_system, code in have for system, want in criterion.values)
+    if kind == "string":
+        words = [folded(text) for value in found for text in _texts(value)]
+        return any(word.startswith(prefix) for word in words for prefix in criterion.values)
+    if kind == "reference":
+        references = [value.get("reference") for value in found if isinstance(value, dict)]
+        return any(ident == wanted for reference in references for kind_, wanted in criterion.values
+                   for ident in (_referenced(reference, kind_, base),))
+    return False
+
+
+def _referenced(reference, resource_type: str | None, base: str | None) -> str | None:
+    """The id `reference` names (of `resource_type`, or of any type when None)."""
+    if resource_type is not None:
+        return reference_id(reference, resource_type, base)
+    if not isinstance(reference, str) or "/" not in reference:
+        return None
+    kind = reference.split("/_history/")[0].rsplit("/", 2)[-2] if reference.count("/") >= 1 else ""
+    return reference_id(reference, kind, base) if kind else None

@@ -71,6 +71,21 @@ PLANS = ("Continue current medications; follow up in 3 months.", "Order basic me
          "Start home exercise program; recheck in 6 weeks.", "Increase dose as tolerated; call with side effects.",
          "Supportive care, fluids and rest; return if worse.", "Refer to physical therapy.")
 
+# US Core data beyond the chart (`SandboxConnector.us_core_record`): (code, display) in each system.
+IMMUNIZATIONS = (("140", "Influenza, seasonal, injectable, preservative free"), ("208", "COVID-19, mRNA, LNP-S, PF, 30 mcg/0.3 mL dose"),
+                 ("113", "Td (adult), 5 Lf tetanus toxoid, preservative free, adsorbed"), ("33", "pneumococcal polysaccharide vaccine, 23 valent"),
+                 ("43", "hepatitis B vaccine, adult dosage"))
+PROCEDURES = (("73761001", "Colonoscopy"), ("80146002", "Excision of appendix"), ("71651007", "Mammography"),
+              ("399208008", "Plain chest X-ray"), ("29303009", "Electrocardiographic procedure"))
+DEVICES = (("14106009", "Cardiac pacemaker, device"), ("468063009", "Coated femoral hip prosthesis"))
+GOALS = ("Hemoglobin A1c below 7%", "Blood pressure below 130/80", "Walk 30 minutes five days a week", "Lose 5% of body weight")
+LAB_PANELS = (("24323-8", "Comprehensive metabolic 2000 panel - Serum or Plasma"), ("58410-2", "CBC panel - Blood by Automated count"),
+              ("57698-3", "Lipid panel with direct LDL - Serum or Plasma"), ("4548-4", "Hemoglobin A1c/Hemoglobin.total in Blood"))
+RELATIVES = (("MTH", "mother"), ("FTH", "father"), ("SIS", "sister"), ("BRO", "brother"))
+FAMILY_CONDITIONS = (("38341003", "Hypertensive disorder"), ("44054006", "Diabetes mellitus type 2"),
+                     ("22298006", "Myocardial infarction"), ("254837009", "Malignant neoplasm of breast"))
+PAYERS = ("Acme Health Plan", "Blue Meadow Insurance", "Medicare Part B", "Sunrise Medicaid")
+
 
 def _rng(*parts) -> random.Random:
     seed = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
@@ -122,6 +137,10 @@ class SandboxConnector(SandboxFhir):
 
     def panel(self) -> tuple[Patient, ...]:
         return patient_panel(self.organization_id)
+
+    def medication_catalogue(self) -> tuple:
+        """The medications the clinic prescribes: (name, dose, frequency)."""
+        return MEDICATIONS
 
     def physicians(self) -> list:
         """The organization's physicians (users with an NPI), by id: the EHR's practitioners."""
@@ -224,6 +243,25 @@ class SandboxConnector(SandboxFhir):
                      medications=medications, allergies=allergies,
                      encounter_source=lambda: self._encounters(patient_id, count),
                      observation_source=lambda: self._vital_signs(patient_id, count))
+
+    def us_core_record(self, patient_id: str) -> dict:
+        """The patient's US Core data beyond the chart, as plain values by kind, from its own draws
+        (the chart's are unchanged): immunizations, procedures, devices, goals, lab reports (each
+        with its order, specimen and note), family history, a related person, coverage, a care
+        plan, a questionnaire; rendered by `connectors.fhir_render`."""
+        rng = _rng(self.organization_id, patient_id, "us-core")
+        return {
+            "immunizations": [(code, text, _date(rng).isoformat()) for code, text in rng.sample(IMMUNIZATIONS, rng.randint(1, 3))],
+            "procedures": [(code, text, _date(rng).isoformat()) for code, text in rng.sample(PROCEDURES, rng.randint(0, 2))],
+            "devices": [rng.choice(DEVICES)] if rng.random() < 0.3 else [],
+            "goals": [(text, (_date(rng) + dt.timedelta(days=3000)).isoformat()) for text in rng.sample(GOALS, rng.randint(1, 2))],
+            "reports": [(code, text, _date(rng).isoformat()) for code, text in rng.sample(LAB_PANELS, rng.randint(1, 2))],
+            "family": [(rng.choice(RELATIVES), rng.choice(FAMILY_CONDITIONS)) for _ in range(rng.randint(1, 2))],
+            "related": (rng.choice(RELATIVES), rng.choice(FIRST_F + FIRST_M), rng.choice(LAST)),
+            "coverage": (rng.choice(PAYERS), f"{rng.randrange(10**8, 10**9)}", _date(rng).isoformat()),
+            "care_plan": (rng.choice(PLANS), _date(rng).isoformat()),
+            "questionnaire": ([rng.randint(0, 3) for _ in range(2)], _date(rng).isoformat()),
+        }
 
     def _encounters(self, patient_id: str, count: int):
         """The patient's visits, ids `enc-{key}-{n}` as the sandbox's FHIR API serves them; their

@@ -7,20 +7,21 @@
   must be installed in the clinic and its status allow use (`lifecycle.activation`), else 403.
 - The scopes: `oauth.smart_scopes.access` on the token's `scope` and on the app's current
   `smart_scopes` (what it declares now: narrowing them takes effect at once); `r` read, `s` search.
-  A `patient/` scope limits access to the token's `patient` (its compartment).
+  A `patient/` scope limits access to the token's `patient` (its compartment) for the types of
+  the Patient compartment (`connectors.compartment`); the others (the clinic's directory:
+  Practitioner, Organization, Location, Medication...) it reads whole.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from connectors import matching
+from connectors import compartment
+from connectors.compartment import in_patient_compartment
 from fhir_api.outcome import FhirError
 from oauth.bearer import BearerGate, Caller, insufficient_scope, known_user, own_clinic, usable_installation
 from oauth.smart_scopes import ScopeSyntaxError, access
 from oauth.tokens import PLATFORM_AUDIENCE
 
-PATIENT_COMPARTMENT_FREE = ("Practitioner",)
-"""Types outside any patient's compartment (the clinic's directory): a `patient/` scope reads them all."""
 
 FHIR_API = BearerGate(PLATFORM_AUDIENCE, requirements=(own_clinic, known_user, usable_installation))
 """The FHIR API's gate: userinfo's, and the path's clinic must be the token's."""
@@ -50,7 +51,7 @@ def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
         raise insufficient_scope(f"The token's scopes do not allow {verb} of {resource_type} (needs "
                                  f"patient/{resource_type}.{permission} or user/{resource_type}.{permission}).",
                                  scope=f"patient/{resource_type}.{permission} user/{resource_type}.{permission}")
-    if (by_token.patient_only or by_app.patient_only) and resource_type not in PATIENT_COMPARTMENT_FREE:
+    if (by_token.patient_only or by_app.patient_only) and in_patient_compartment(resource_type):
         if caller.patient is None:
             raise FhirError(403, "forbidden", "A patient/ scope needs a launch with a patient context.")
         return Grant(patient=caller.patient)
@@ -58,8 +59,7 @@ def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
 
 
 def in_compartment(resource: dict, patient_id: str) -> bool:
-    """Is `resource` the patient, or does it name them as its patient (subject, patient, a
-    participant) by `Patient/{id}`, versioned or not? The one matcher's rule
-    (`connectors.matching.in_compartment`) with no EHR base: a connector makes its EHR's absolute
-    references relative, so an absolute URL left is another server's patient, not this one."""
-    return matching.in_compartment(resource, patient_id)
+    """Is `resource` the patient, or in their compartment (`connectors.compartment`: R4's
+    CompartmentDefinition), by `Patient/{id}`, versioned or not? No EHR base: a connector makes
+    its EHR's absolute references relative, so an absolute URL left is another server's patient."""
+    return compartment.in_compartment(resource, patient_id)

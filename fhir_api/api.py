@@ -14,18 +14,19 @@ import dataclasses
 import itertools
 import logging
 
-from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
-                        PatientNotFound, ResourceNotFound, connector_for)
-from connectors.matching import matches as resource_matches
+from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion, DeadlineExceeded,
+                        EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for)
+from connectors.matching import matches as resource_matches, reference_id, values_at
 from fhir_api import fhir_base_url
-from fhir_api.access import Caller, grant_for, in_compartment
+from fhir_api.access import Caller, Grant, grant_for, in_compartment
 from fhir_api.bundle import search_url, searchset
-from fhir_api.codes import matches as codes_match, token_filters
 from fhir_api.outcome import FhirError, not_found
-from fhir_api.search import SUPPORTED_TYPES, Unmatchable, parse_search, resource_id
+from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id
 from models.directory import Organization
 
 RETRY_AFTER_SECONDS = 5
+MAX_REVINCLUDED = 100
+"""At most this many `_revinclude`d resources per page."""
 TOTAL_SCAN_LIMIT = 1000
 """Past one page, at most this many further matches are counted for `total`; beyond, it is left out."""
 
@@ -99,36 +100,84 @@ def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
     return resource
 
 
-def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str]]) -> dict:
-    """`GET {iss}/{Type}?params`: one page of matches as a searchset Bundle."""
+def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str]], strict: bool = False) -> dict:
+    """`GET {iss}/{Type}?params`: one page of matches as a searchset Bundle, with the `_include`d
+    and `_revinclude`d resources the caller may see (`strict`: `Prefer: handling=strict`)."""
     grant = grant_for(caller, supported_type(resource_type), "s")
     base = fhir_base_url(runtime.settings, caller.organization_id)
     args = {name: values for name, values in args.items() if name != "_format"}
-    self_url = search_url(base, resource_type, args)
-    try:
-        query = parse_search(resource_type, args, base)
-        if grant.patient is not None:
-            if query.patient not in (None, grant.patient):
-                raise Unmatchable()
-            query = dataclasses.replace(query, patient=grant.patient)
-    except Unmatchable:
+    asked = parse_search(resource_type, args, base, strict)
+    self_url = search_url(base, resource_type, asked.applied)
+    query = asked.query
+    if asked.unmatchable or (grant.patient is not None and query.patient not in (None, grant.patient)):
         return searchset(base, [], 0, self_url, None)
-    filters = token_filters(args)
+    if grant.patient is not None:
+        query = dataclasses.replace(query, patient=grant.patient)
+    connector = _connector(runtime, caller)
     try:
         # Every answer passes the one matcher (an EHR that ignored a parameter widens nothing, and
-        # a patient/ grant holds whatever the EHR sent) and the coding filters, so the connector
-        # pages from 0 and the offset is ours.
-        found = _connector(runtime, caller).search_resources(dataclasses.replace(query, offset=0))
-        matches = (r for r in found if resource_matches(r, query) and (not filters or codes_match(r, filters)))
-        matches = itertools.islice(matches, query.offset, None)
+        # a patient/ grant holds whatever the EHR sent), so the connector pages from 0 and the offset is ours.
+        found = connector.search_resources(dataclasses.replace(query, offset=0))
+        matches = itertools.islice((r for r in found if resource_matches(r, query)), query.offset, None)
         page = list(itertools.islice(matches, query.count + 1))
         more = len(page) > query.count
         total = query.offset + len(page)
         if more:
             total = _counted(matches, total)
+        page = page[:query.count]
+        included = included_resources(connector, caller, grant, asked, page)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
     except ConnectorError as exc:
         raise _failure(caller.organization_id, exc) from None
-    next_url = search_url(base, resource_type, args, _count=query.count, _offset=query.offset + query.count) if more else None
-    return searchset(base, page[:query.count], total, self_url, next_url)
+    next_url = search_url(base, resource_type, asked.applied, _count=query.count,
+                          _offset=query.offset + query.count) if more else None
+    return searchset(base, page, total, self_url, next_url, included)
+
+
+def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
+    """The caller's grant on `resource_type`, or None when its scopes do not reach it (an include
+    the token may not see is left out, never an error)."""
+    try:
+        return grant_for(caller, resource_type, permission)
+    except FhirError:
+        return None
+
+
+def included_resources(connector, caller: Caller, grant: Grant, asked, page: list[dict]) -> list[dict]:
+    """The `_include`d resources (read by reference) and `_revinclude`d ones (searched by their
+    reference to the page) that the caller's scopes reach; under a `patient/` grant only those in
+    the patient's compartment, or (a Provenance) whose every target is on the page or the patient."""
+    found, seen = [], {(r["resourceType"], r["id"]) for r in page}
+    for _, kind, path in asked.includes:
+        may = _may(caller, kind, "r")
+        if may is None:
+            continue
+        for resource in page:
+            for value in values_at(resource, path):
+                ident = reference_id(value.get("reference") if isinstance(value, dict) else None, kind)
+                if ident is None or (kind, ident) in seen:
+                    continue
+                seen.add((kind, ident))
+                try:
+                    resource = connector.read_resource(kind, ident)
+                except ResourceNotFound:
+                    continue
+                if may.patient is None or in_compartment(resource, may.patient):
+                    found.append(resource)
+    targets = tuple((r["resourceType"], r["id"]) for r in page)
+    on_page = {f"{kind}/{ident}" for kind, ident in targets} | ({f"Patient/{grant.patient}"} if grant.patient else set())
+    for _, kind, name in asked.revincludes:
+        may = _may(caller, kind, "s")
+        if may is None or not targets:
+            continue
+        query = ResourceQuery(kind, criteria=(Criterion(name, "reference", targets),), count=MAX_REVINCLUDED)
+        for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
+            if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
+                continue
+            references = [(t or {}).get("reference") for t in values_at(resource, (name,))]
+            if may.patient is not None and not all(r in on_page for r in references):
+                continue
+            seen.add((kind, resource.get("id")))
+            found.append(resource)
+    return found

@@ -13,12 +13,14 @@ def search_url(base_url: str, resource_type: str, args: dict[str, list[str]], **
 
 
 def searchset(base_url: str, resources: list[dict], total: int | None, self_url: str,
-              next_url: str | None) -> dict:
-    """The Bundle of one page of matches."""
+              next_url: str | None, included: list[dict] = ()) -> dict:
+    """The Bundle of one page of matches, then the resources `included` (`search.mode` include)."""
     bundle = {"resourceType": "Bundle", "type": "searchset"}
     if total is not None:
         bundle["total"] = total
     bundle["link"] = [{"relation": "self", "url": self_url}] + ([{"relation": "next", "url": next_url}] if next_url else [])
     bundle["entry"] = [{"fullUrl": f"{base_url}/{r['resourceType']}/{r['id']}", "resource": r,
                         "search": {"mode": "match"}} for r in resources]
+    bundle["entry"] += [{"fullUrl": f"{base_url}/{r['resourceType']}/{r['id']}", "resource": r,
+                         "search": {"mode": "include"}} for r in included]
     return bundle

@@ -5,7 +5,8 @@ from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
 
 from fhir_api import fhir_base_url
-from fhir_api.search import SEARCH_PARAMS, SUPPORTED_TYPES
+from connectors.us_core import (INCLUDES, PROFILES, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES, US_CORE_PROFILE,
+                               US_CORE_SERVER)
 from oauth.discovery import endpoints
 from oauth.variants import V1
 
@@ -13,9 +14,17 @@ SMART_OAUTH_URIS = "http://fhir-registry.smarthealthit.org/StructureDefinition/o
 SMART_OAUTH_URI_ENDPOINTS = (("authorize", "authorization_endpoint"), ("token", "token_endpoint"),
                              ("introspect", "introspection_endpoint"), ("revoke", "revocation_endpoint"))
 """The oauth-uris extension's names, each with the discovery document's endpoint it repeats."""
-SEARCH_PARAM_TYPES = MappingProxyType({"_id": "token", "identifier": "token", "date": "date", "onset-date": "date",
-                                       "patient": "reference", "subject": "reference", "actor": "reference",
-                                       "practitioner": "reference", "code": "token", "category": "token"})
+RESOURCES = tuple(MappingProxyType({
+    "type": kind,
+    **({"supportedProfile": [US_CORE_PROFILE + p for p in PROFILES[kind]]} if kind in PROFILES else {}),
+    "interaction": [{"code": "read"}, {"code": "search-type"}],
+    **({"searchInclude": [row[0] for row in INCLUDES[kind]]} if kind in INCLUDES else {}),
+    "searchRevInclude": [row[0] for row in REVINCLUDES],
+    "searchParam": [{"name": "_id", "type": "token"}] + [{"name": name, "type": kind_}
+                                                         for name, (kind_, _) in SEARCH_PARAMS[kind].items()],
+}) for kind in SUPPORTED_TYPES)
+"""Each type served, its US Core profiles, and every search parameter and include actually served:
+from the tables the search code uses (`connectors.us_core`)."""
 
 
 def software_version() -> str:
@@ -30,16 +39,10 @@ def capability_statement(settings, organization_id: str, published: str) -> dict
     base = fhir_base_url(settings, organization_id)
     urls = endpoints(settings, V1)  # the SMART configuration's own (`oauth.discovery`: the only builder)
     oauth = [(name, urls[key]) for name, key in SMART_OAUTH_URI_ENDPOINTS]
-    resources = []
-    for resource_type in SUPPORTED_TYPES:
-        resources.append({
-            "type": resource_type,
-            "interaction": [{"code": "read"}, {"code": "search-type"}],
-            "searchParam": [{"name": name, "type": SEARCH_PARAM_TYPES.get(name, "string")}
-                            for name in SEARCH_PARAMS[resource_type]]})
+    resources = [dict(resource) for resource in RESOURCES]
     return {
         "resourceType": "CapabilityStatement",
-        "status": "active", "kind": "instance", "date": published,
+        "status": "active", "kind": "instance", "date": published, "instantiates": [US_CORE_SERVER],
         "software": {"name": "svc-auth", "version": software_version()},
         "implementation": {"description": "svc-auth platform FHIR API", "url": base},
         "fhirVersion": "4.0.1", "format": ["json"],

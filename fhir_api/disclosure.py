@@ -1,26 +1,17 @@
 """What a FHIR API answer discloses: the patients whose compartments its resources are in.
 
-A read or search names every patient its resources belong to (the Patient itself, or the
-`Patient/{id}` its subject, patient or participants reference); a failure names the patients it
-asked for: the path id of a Patient read, the `patient`/`subject`/`actor` (and a Patient search's
-`_id`) values, and the token's patient, in R4's spelling (`models.ids.fhir_id`, as the FHIR API
-reads them), so an old `pat_…` in a request is recorded as the patient's id, `pat-…`.
+A read or search names every patient its resources belong to (`connectors.compartment`: the
+Patient itself, or the `Patient/{id}` its compartment's elements reference); a failure names the
+patients it asked for: the path id of a Patient read, the values of the type's compartment
+parameters (and a Patient search's `_id`), and the token's patient, in R4's spelling
+(`models.ids.fhir_id`, as the FHIR API reads them), so an old `pat_…` in a request is recorded as the
+patient's id, `pat-…`.
 """
 from __future__ import annotations
 
 from audit.disclosures import Disclosure
+from connectors.compartment import asked_patients as asked_in_search, patients_of
 from models.ids import fhir_id
-
-ASKING = ("patient", "subject", "actor", "patient:Patient", "subject:Patient")
-
-
-def patients_of(resource: dict) -> list[str]:
-    """The patients in whose compartment `resource` is (relative `Patient/{id}` references)."""
-    if resource.get("resourceType") == "Patient":
-        return [resource["id"]] if isinstance(resource.get("id"), str) else []
-    refs = [(resource.get("subject") or {}).get("reference"), (resource.get("patient") or {}).get("reference")]
-    refs += [(p.get("actor") or {}).get("reference") for p in resource.get("participant") or () if isinstance(p, dict)]
-    return [r.split("/_history/")[0][len("Patient/"):] for r in refs if isinstance(r, str) and r.startswith("Patient/")]
 
 
 def describe_read(resource: dict):
@@ -37,15 +28,10 @@ def _text(value) -> str:
 
 
 def asked_patients(resource_type: str, path_id: str | None, raw_args: dict, token_patient: str | None) -> list[str]:
-    """The patients a request asked for, from its path and (undecoded) query arguments."""
+    """The patients a request asked for, from its path and (undecoded) query arguments (the
+    compartment's parameters of the type: `connectors.compartment.asked_patients`)."""
     asked = [path_id] if resource_type == "Patient" and path_id else []
-    names = ASKING + (("_id",) if resource_type == "Patient" else ())
-    for name in names:
-        for value in raw_args.get(name, ()):
-            for item in _text(value).split(","):
-                kind, _, ident = item.strip().rpartition("/")
-                if kind in ("", "Patient") or kind.endswith("/Patient"):
-                    asked.append(ident)
+    asked += asked_in_search(resource_type, {name: [_text(v) for v in values] for name, values in raw_args.items()})
     return [fhir_id(p) for p in asked] + ([token_patient] if token_patient else [])
 
 

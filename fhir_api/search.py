@@ -1,41 +1,35 @@
 """FHIR search parameters -> the connector's neutral `ResourceQuery` (the API's only FHIR search
 parser; connectors other than the FHIR one never see search syntax).
 
-Strict: a parameter this API does not support for the type is a 400, as is a malformed value.
-`date` (and Condition's `onset-date`) takes one or two values with a prefix `eq|ge|gt|le|lt`
-(default `eq`) on a year, month, day or dateTime with a zone; the values intersect. References
-are `id`, `Type/id` or `{iss}/Type/id`. `_count` (default 50) is capped at 100; `_offset` pages.
-`code` and `category` (token search on codings) are `fhir_api.codes`'s.
+The parameters of each type are `connectors.us_core.SEARCH_PARAMS`'s (US Core 6.1), besides `_id`.
+Lenient by default (FHIR R4 "Handling Errors"): a parameter not served for the type is ignored
+and left out of the `self` link; `strict` (`Prefer: handling=strict`) makes it a 400 naming it. A
+malformed value of a served parameter is a 400 either way. A `date` parameter takes one or two
+values with a prefix `eq|ge|gt|le|lt` (default `eq`) on a year, month, day or dateTime with a
+zone; the values intersect. A token is `[system|]code`, a string matches a prefix (case and
+accents ignored), a reference is `id`, `Type/id` or `{iss}/Type/id`; a comma ORs values. `_count`
+(default 50) is capped at 100; `_offset` pages.
 """
 from __future__ import annotations
 
 import datetime as dt
 import re
-from types import MappingProxyType
+from dataclasses import dataclass
 
-from connectors import ResourceQuery
+from connectors import Criterion, ResourceQuery
+from connectors.matching import folded
+from connectors.us_core import INCLUDES, REFERENCE_TARGETS, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES  # noqa: F401
 from fhir_api.outcome import invalid
 from models.ids import ID_RULE, fhir_id, is_id
 
-SUPPORTED_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
-                   "MedicationRequest", "AllergyIntolerance")
-SEARCH_PARAMS = MappingProxyType({
-    "Patient": ("_id",),
-    "Practitioner": ("_id", "identifier"),
-    "Appointment": ("_id", "patient", "practitioner", "actor", "date"),
-    "Encounter": ("_id", "patient", "subject", "date"),
-    "Condition": ("_id", "patient", "subject", "onset-date", "code", "category"),
-    "Observation": ("_id", "patient", "subject", "date", "code", "category"),
-    "MedicationRequest": ("_id", "patient", "subject"),
-    "AllergyIntolerance": ("_id", "patient"),
-})
-CONTROL_PARAMS = ("_count", "_offset", "_format")
+CONTROL_PARAMS = ("_count", "_offset", "_format", "_include", "_revinclude")
+REFERENCE_TYPES = SUPPORTED_TYPES
+MAX_OR_VALUES = 20
 DEFAULT_COUNT = 50
 MAX_COUNT = 100
 MAX_OFFSET = 100_000
 MAX_IDS = 100
 MAX_VALUE_LENGTH = 512
-NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 _DATE = re.compile(r"^(eq|ge|gt|le|lt)?(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?"
                    r"(Z|[+-]\d{2}:\d{2}))?)?)?$")
 
@@ -53,12 +47,14 @@ def resource_id(value: str, what: str = "id") -> str:
     return fhir_id(value)
 
 
-def reference(value: str, types: tuple[str, ...], base_url: str, name: str) -> tuple[str, str | None]:
-    """(type, id) of a reference `id`, `Type/id` or `{base}/Type/id`; the type is None for a bare id."""
+def reference(value: str, types: tuple[str, ...], base_url: str, name: str,
+              any_type: bool = False) -> tuple[str, str | None]:
+    """(type, id) of a reference `id`, `Type/id` or `{base}/Type/id`; the type is None for a bare id.
+    `any_type`: any type served, else one of `types`."""
     if value.startswith(base_url + "/"):
         value = value[len(base_url) + 1:]
     kind, _, ident = value.rpartition("/")
-    if kind and kind not in types:
+    if kind and kind not in (REFERENCE_TYPES if any_type else types):
         raise invalid(f"{name} must reference {' or '.join(types)}.")
     return (kind or None), resource_id(ident, name)
 
@@ -129,16 +125,98 @@ def search_arguments(raw: dict) -> dict[str, list[str]]:
     return found
 
 
-def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str) -> ResourceQuery:
-    """The `ResourceQuery` for a search of `resource_type`; raises `Unmatchable` for a search
-    that cannot match anything."""
-    allowed = SEARCH_PARAMS[resource_type]
+def strict_handling(prefer: str | None) -> bool:
+    """Does the `Prefer` header ask for `handling=strict` (FHIR R4 3.1.1.2)? Lenient otherwise."""
+    return any(part.strip().lower().replace(" ", "") == "handling=strict"
+               for part in (prefer or "").replace(";", ",").split(","))
+
+
+@dataclass(frozen=True)
+class Search:
+    """A parsed search: the neutral `query`, the parameters `applied` (the Bundle's `self` link:
+    those ignored are left out), the `ignored` ones' names, and the `_include`s / `_revinclude`s
+    served (`connectors.us_core.INCLUDES`, `REVINCLUDES` rows)."""
+
+    query: ResourceQuery
+    applied: dict
+    ignored: tuple[str, ...] = ()
+    includes: tuple = ()
+    revincludes: tuple = ()
+    unmatchable: bool = False
+
+
+def _criterion(name: str, kind: str, values: list[str], base_url: str) -> Criterion:
+    """The neutral `Criterion` of one parameter (its values ANDed for a date, a comma ORs the others)."""
+    if kind == "date":
+        start, end = date_range(values, name)
+        if start and end and start >= end:
+            raise Unmatchable()
+        return Criterion(name, kind, ((start, end),))
+    items = values[0].split(",")
+    if len(items) > MAX_OR_VALUES or not all(items):
+        raise invalid(f"{name} takes 1 to {MAX_OR_VALUES} comma-separated values, none empty.")
+    if kind == "token":
+        found = []
+        for item in items:
+            system, bar, code = item.rpartition("|")
+            if not code:
+                raise invalid(f"{name} must be [system|]code[,[system|]code...].")
+            found.append((system if bar and system else None, code))
+        return Criterion(name, kind, tuple(found))
+    if kind == "string":
+        return Criterion(name, kind, tuple(folded(item) for item in items))
+    found = [reference(item, REFERENCE_TYPES, base_url, name, any_type=True) for item in items]
+    return Criterion(name, kind, tuple((kind_ or REFERENCE_TARGETS.get(name), ident) for kind_, ident in found))
+
+
+def _control(name: str, resource_type: str, values: list[str]):
+    """The served `_include` / `_revinclude` rows asked for (an unknown one: None, not served)."""
+    if name == "_include":
+        rows = {row[0]: row for row in INCLUDES.get(resource_type, ())}
+    else:
+        rows = {row[0]: row for row in REVINCLUDES}
+    found = [rows.get(value) for value in values]
+    return None if None in found else tuple(dict.fromkeys(found))
+
+
+def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, strict: bool = False) -> Search:
+    """The `Search` of `resource_type` with `args`. A parameter not served for the type (or a
+    modifier, or an `_include` not served) is ignored, or with `strict` a 400 naming it (FHIR R4
+    "Handling Errors"); a malformed value of a served one is a 400 either way."""
+    params = SEARCH_PARAMS[resource_type]
+    applied, ignored, includes, revincludes = {}, [], (), ()
     for name, values in args.items():
-        if name not in allowed and name not in CONTROL_PARAMS:
-            supported = ", ".join(allowed + CONTROL_PARAMS[:2])
-            raise invalid(f"Unknown search parameter {name[:60]!r} for {resource_type}; supported: {supported}.")
-        if len(values) > 1 and name not in ("date", "onset-date"):
+        if name in ("_include", "_revinclude"):
+            rows = _control(name, resource_type, values)
+            if rows is None:
+                if strict:
+                    raise invalid(f"{name}={values[0][:80]!r} is not served for {resource_type}; served: "
+                                  f"{', '.join(r[0] for r in (INCLUDES.get(resource_type, ()) if name == '_include' else REVINCLUDES)) or 'none'}.")
+                ignored.append(name)
+                continue
+            includes, revincludes = (rows, revincludes) if name == "_include" else (includes, rows)
+        elif name not in params and name not in ("_id",) + CONTROL_PARAMS:
+            if strict:
+                supported = ", ".join(("_id",) + tuple(params) + CONTROL_PARAMS[:2])
+                raise invalid(f"Unknown search parameter {name[:60]!r} for {resource_type}; supported: {supported}.")
+            ignored.append(name)
+            continue
+        elif len(values) > 1 and params.get(name, ("",))[0] != "date":
             raise invalid(f"The {name} parameter is repeated.")
+        applied[name] = values
+    try:
+        query = _query(resource_type, applied, base_url)
+    except Unmatchable:
+        query, unmatchable = None, True
+    else:
+        unmatchable = False
+    return Search(query, applied, tuple(ignored), includes, revincludes, unmatchable)
+
+
+def _query(resource_type: str, args: dict[str, list[str]], base_url: str) -> ResourceQuery:
+    """The `ResourceQuery` of the applied `args`; raises `Unmatchable` for a search that cannot
+    match anything."""
+    params = SEARCH_PARAMS[resource_type]
     one = {name: values[0] for name, values in args.items()}
     fields: dict = {"resource_type": resource_type}
     if "_id" in one:
@@ -150,7 +228,7 @@ def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str) 
     for name in ("patient", "subject"):
         if name in one:
             patients.add(reference(one[name], ("Patient",), base_url, name)[1])
-    if "practitioner" in one:
+    if "practitioner" in one and not params["practitioner"][1]:
         fields["practitioner"] = reference(one["practitioner"], ("Practitioner",), base_url, "practitioner")[1]
     if "actor" in one:
         kind, ident = reference(one["actor"], ("Patient", "Practitioner"), base_url, "actor")
@@ -164,18 +242,12 @@ def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str) 
         raise Unmatchable()
     if patients:
         fields["patient"] = patients.pop()
-    if "identifier" in one:
-        system, bar, value = one["identifier"].rpartition("|")
-        if not value:
-            raise invalid("identifier must be [system|]value.")
-        if bar and system and system != NPI_SYSTEM:
-            raise Unmatchable()
-        fields["npi"] = value
-    for name in ("date", "onset-date"):
-        if name in args:
-            fields["start"], fields["end"] = date_range(args[name], name)
-            if fields["start"] and fields["end"] and fields["start"] >= fields["end"]:
-                raise Unmatchable()
+    criteria = []
+    for name, values in args.items():
+        kind, paths = params.get(name, (None, ()))
+        if kind is not None and paths:
+            criteria.append(_criterion(name, kind, values, base_url))
+    fields["criteria"] = tuple(criteria)
     fields["count"] = _integer(one["_count"], "_count", 1, MAX_COUNT) if "_count" in one else DEFAULT_COUNT
     fields["offset"] = _integer(one["_offset"], "_offset", 0, MAX_OFFSET) if "_offset" in one else 0
     if fields["offset"] >= MAX_OFFSET:

@@ -26,7 +26,7 @@ from fhir_api.disclosure import describe_read, describe_search, fhir_disclosure
 from fhir_api.formats import check_format
 from fhir_api.limits import counters, refusal_message
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
-from fhir_api.search import resource_id as valid_resource_id, search_arguments
+from fhir_api.search import resource_id as valid_resource_id, search_arguments, strict_handling
 from handlers.cors import CorsHandler
 from ratelimit import RateLimiterUnavailable
 from models.ids import is_id
@@ -170,9 +170,10 @@ class SearchHandler(FhirHandler):
     async def get(self, organization_id, resource_type):
         caller = await self.caller(organization_id)
         supported_type(resource_type)  # 404 before the disclosure record holds it
+        strict = strict_handling(self.request.headers.get("Prefer"))
         self.write_fhir(await self.through_ehr(  # the arguments are parsed on the pool: a 400 is recorded too
             self.disclosure(caller, "search", resource_type), describe_search,
-            lambda runtime, caller, raw: search(runtime, caller, resource_type, search_arguments(raw)),
+            lambda runtime, caller, raw: search(runtime, caller, resource_type, search_arguments(raw), strict),
             caller, self.request.query_arguments))
 
 

@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.parse
+from pathlib import Path
 
 from js_support import http
 
-ALL_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
-             "MedicationRequest", "AllergyIntolerance")
+ALL_TYPES = ("AllergyIntolerance", "Appointment", "CarePlan", "CareTeam", "Condition", "Coverage", "Device",
+             "DiagnosticReport", "DocumentReference", "Encounter", "FamilyMemberHistory", "Goal", "Immunization",
+             "Location", "Medication", "MedicationDispense", "MedicationRequest", "Observation", "Organization", "Patient",
+             "Practitioner", "PractitionerRole", "Procedure", "Provenance", "QuestionnaireResponse", "RelatedPerson",
+             "ServiceRequest", "Specimen")
+"""US Core 6.1's types, FamilyMemberHistory and Appointment."""
 
 
 class Fhir:
@@ -52,3 +58,14 @@ def outcome(body) -> str:
     """The first issue's code of an OperationOutcome (asserting it is one)."""
     assert isinstance(body, dict) and body.get("resourceType") == "OperationOutcome", body
     return body["issue"][0]["code"]
+
+
+def r4_problems(bodies: list[dict]) -> list:
+    """What Medplum's validator (`validateResource` against R4's StructureDefinitions, in
+    tests/js/validate_fhir.mjs: a validator nobody here wrote) finds wrong in these bodies:
+    (type, id, issues) of each invalid one."""
+    js = Path(__file__).resolve().parent / "js"
+    done = subprocess.run(["node", str(js / "validate_fhir.mjs")], input=json.dumps(bodies), capture_output=True,
+                          text=True, timeout=120, cwd=js)
+    assert done.returncode == 0, done.stderr
+    return [(b.get("resourceType"), b.get("id"), issues) for b, issues in zip(bodies, json.loads(done.stdout)) if issues]

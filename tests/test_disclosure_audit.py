@@ -19,6 +19,7 @@ from jose import jwt
 from audit.chain import link, verify
 from audit.disclosures import Disclosure, chain_key, record
 from chart_support import fetch_zip, wait_until_not_pending
+from fhir_api_support import r4_problems
 from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
 from connectors.sandbox import patient_panel
 from workers.activity import record_activity
@@ -128,6 +129,7 @@ async def test_fhir_reads_and_searches_are_recorded_field_by_field(api, world, r
     bundle = json.loads(cli(runtime.settings, "audit", "disclosures", "--org", org.id, "--patient", mine,
                             "--format", "fhir").stdout)
     events = [e["resource"] for e in bundle["entry"]]
+    assert r4_problems([bundle]) == []                      # valid R4 (bdl-1: no `total` on a collection)
     assert [e["meta"]["profile"][0].rsplit("/", 1)[1] for e in events] == [
         "IHE.BasicAudit.PatientQuery", "IHE.BasicAudit.PatientQuery", "IHE.BasicAudit.PatientRead",
         "IHE.BasicAudit.PatientRead"]

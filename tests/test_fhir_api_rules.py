@@ -38,12 +38,12 @@ class Client:
     def read(self, resource_type: str, ident: str) -> dict:
         return read(self.runtime, self.caller, resource_type, ident)
 
-    def search(self, resource_type: str, params: dict | list | None = None) -> dict:
+    def search(self, resource_type: str, params: dict | list | None = None, strict: bool = False) -> dict:
         """As the handler does: the query arguments as bytes through `search_arguments`."""
         raw: dict[str, list[bytes]] = {}
         for name, value in (params.items() if isinstance(params, dict) else params or ()):
             raw.setdefault(name, []).append(str(value).encode())
-        bundle = search(self.runtime, self.caller, resource_type, search_arguments(raw))
+        bundle = search(self.runtime, self.caller, resource_type, search_arguments(raw), strict)
         assert bundle["resourceType"] == "Bundle" and bundle["type"] == "searchset", bundle
         return bundle
 
@@ -84,7 +84,7 @@ def test_read_and_search_every_type(runtime, world, doctor):
             assert resource["resourceType"] == resource_type
             assert entry["fullUrl"] == f"{fhir.base}/{resource_type}/{resource['id']}"
             assert entry["search"] == {"mode": "match"}
-            if resource_type != "Appointment":  # US Core profiles no Appointment
+            if resource_type not in ("Appointment", "FamilyMemberHistory"):  # US Core profiles neither
                 assert resource["meta"]["profile"][0].startswith(US_CORE), resource
         first = found[0]
         assert fhir.read(resource_type, first["id"]) == first
@@ -266,8 +266,8 @@ def test_a_user_who_left_the_clinic_or_another_audience_is_refused(runtime, worl
 
 
 BAD_SEARCHES = [
-    ("Patient", {"name": "Lena"}),                         # unsupported parameter: strict
-    ("Patient", {"_id:missing": "true"}),                  # modifiers are not supported
+    ("Patient", {"birthdate": "1970-02-30"}),              # a malformed value of a served parameter
+    ("Patient", {"name": ""}),
     ("Appointment", {"date": "tomorrow"}),
     ("Appointment", {"date": "ne2026-01-01"}),
     ("Appointment", {"date": "2026-13-01"}),
@@ -277,7 +277,7 @@ BAD_SEARCHES = [
     ("Condition", {"patient": "Practitioner/usr_1"}),
     ("Condition", [("patient", "a"), ("patient", "b")]),
     ("Observation", {"code": "http://loinc.org|"}),
-    ("Encounter", {"code": "AMB"}),                        # not a parameter of Encounter here
+    ("MedicationRequest", {"patient": "x", "intent": "order,,plan"}),
     ("Patient", {"_count": "ten"}),
     ("Patient", {"_count": "0"}),
     ("Patient", {"_count": "-1"}),
@@ -300,8 +300,34 @@ def test_bad_parameters_and_ids_are_400_invalid(world, doctor):
     refusal = refused(search_arguments, {"_id": [b"\xff"]})  # not UTF-8
     assert (refusal.status, refusal.error) == (400, "invalid")
     # A type not served: 404.
-    for call in ((doctor.read, "Medication", "x"), (doctor.search, "Medication")):
+    for call in ((doctor.read, "Basic", "x"), (doctor.search, "Basic")):
         assert refused(*call).status == 404
+
+
+UNSERVED = [("Patient", {"foo": "bar"}), ("Patient", {"_id:missing": "true"}), ("Observation", {"_sort": "-date"}),
+            ("Encounter", {"code": "AMB"}), ("Patient", {"_include": "Patient:organization"}),
+            ("Patient", {"_revinclude": "AuditEvent:entity"})]
+"""Parameters not served for the type: ignored (lenient, FHIR R4's default), or 400 when strict."""
+
+
+def test_an_unserved_parameter_is_ignored_unless_strict_and_never_widens_a_search(runtime, world, doctor):
+    every = doctor.search("Patient", {"_count": 100})
+    for resource_type, params in UNSERVED:
+        bundle = doctor.search(resource_type, {**params, "_count": 3})
+        name = next(iter(params))
+        self_link = bundle["link"][0]["url"]
+        assert bundle["link"][0]["relation"] == "self" and name.split(":")[0] not in self_link, self_link
+        assert "_count=3" in self_link and len(bundle["entry"]) <= 3
+        refusal = refused(doctor.search, resource_type, params, True)
+        assert (refusal.status, refusal.error) == (400, "invalid") and name in refusal.message, refusal.message
+    # Ignoring never widens: the served parameters still narrow, and a patient/ grant still holds.
+    one = every["entry"][0]["resource"]["id"]
+    narrowed = doctor.search("Patient", {"_id": one, "foo": "bar"})
+    assert [e["resource"]["id"] for e in narrowed["entry"]] == [one]
+    mine = client(runtime, world.physician, world.app, world.org, scope="openid launch/patient patient/*.rs", patient=one)
+    for params in ({"patient:missing": "true"}, {"subject:Patient": "x"}, {"_revinclude": "Condition:subject"}, {}):
+        found = [e["resource"] for e in mine.search("Condition", {**params, "_count": 100})["entry"]]
+        assert found and {r["subject"]["reference"] for r in found} == {f"Patient/{one}"}, params
 
 
 def test_an_ehr_that_is_down_answers_503_with_retry_after(runtime, world):
@@ -332,12 +358,14 @@ def test_the_sandbox_connector_reads_back_every_resource_it_finds(runtime, world
     connector = connector_for(runtime, world.org)
     patient = connector.panel()[3].id
     for resource_type in ALL_TYPES:
-        query = ResourceQuery(resource_type, patient=None if resource_type == "Practitioner" else patient, count=500)
+        directory = resource_type in ("Practitioner", "PractitionerRole", "Organization", "Location", "Medication")
+        query = ResourceQuery(resource_type, patient=None if directory else patient, count=500)
         found = list(connector.search_resources(query))
-        assert found or resource_type in ("MedicationRequest", "AllergyIntolerance"), resource_type
+        assert found or resource_type in ("MedicationRequest", "AllergyIntolerance", "MedicationDispense", "Device",
+                                          "Procedure"), resource_type
         for resource in found:
             assert connector.read_resource(resource_type, resource["id"]) == resource
-        if found and resource_type not in ("Patient", "Practitioner"):
+        if found and not directory:
             assert [r["id"] for r in connector.search_resources(dataclasses.replace(query, offset=1))] == \
                 [r["id"] for r in found[1:]]
             wrong = "Condition" if resource_type != "Condition" else "Encounter"

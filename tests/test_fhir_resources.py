@@ -13,7 +13,7 @@ import pypdf
 import pytest
 import pyzipper
 
-from connectors import ResourceNotFound, ResourceQuery, connector_for
+from connectors import ConnectorError, Criterion, ResourceNotFound, ResourceQuery, connector_for
 from connectors.fhir.connector import fhir_state
 from lifecycle.organizations import create_organization
 from workers.chart_archive import write_chart_zip
@@ -162,3 +162,32 @@ def test_an_everything_listed_but_refused_falls_back_to_searches_and_is_remember
     asked = open_ehr.stats()["fhir"]
     connector.fetch_chart("pt-1")            # remembered: no metadata, no $everything, the 7 reads
     assert open_ehr.stats()["fhir"] == asked + 7 and open_ehr.stats()["metadata"] == 1
+
+
+def test_a_failed_search_records_the_patient_it_asked_for(runtime, connector, open_ehr):
+    """An `ehr.fetch` failure names the patient of `patient=Patient/X` (and of `Patient/X` reads):
+    the compartment's parameters, not a regex over the URL (which missed `patient=`)."""
+    open_ehr.seed(patient("pt-1", "Doe", "Jane", "1970-01-02", "female"), *chart_record("pt-1", encounters=1))
+    records = []
+    connector.recorder = lambda outcome, kind, ids, patients, query: records.append((outcome, kind, list(patients)))
+    open_ehr.fault(400, 2)    # refused: not retried
+    with pytest.raises(ConnectorError):
+        list(connector.search_resources(ResourceQuery("Encounter", patient="pt-1")))
+    with pytest.raises(ConnectorError):
+        connector.read_resource("Patient", "pt-1")
+    assert records == [("failure", "Encounter", ["pt-1"]), ("failure", "Patient", ["pt-1"])]
+    assert [r["id"] for r in connector.search_resources(ResourceQuery("Encounter", patient="pt-1"))] == ["enc-000"]
+    assert records[-1] == ("success", "Encounter", ["pt-1"])
+
+
+def test_an_ehr_refusing_a_searchs_parameters_is_asked_again_without_them(connector, open_ehr):
+    """The EHR narrows by each served parameter (`code=system|code`); one that refuses the search
+    (400) is asked again without them: the FHIR API's matcher narrows what comes back."""
+    seed_schedule(open_ehr)
+    a1c = ResourceQuery("Observation", patient="pt-1", criteria=(Criterion("code", "token", (("http://loinc.org", "4548-4"),)),))
+    assert ids(connector.search_resources(a1c)) == ["obs-a1c"]
+    every = sorted(ids(connector.search_resources(ResourceQuery("Observation", patient="pt-1"))))
+    assert len(every) > 1
+    open_ehr.fault(400, 1)
+    assert sorted(ids(connector.search_resources(a1c))) == every
+    assert open_ehr.stats()["faults"] >= 1

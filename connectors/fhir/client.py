@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import uuid
-from urllib.parse import unquote, urlencode, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import urllib3
 from jose import jwt
@@ -21,6 +20,7 @@ from connectors.base import (
     EhrReportedError,
 )
 from connectors.bounds import Bounds
+from connectors.compartment import asked_patients, patients_of
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
 from connectors.fhir.transport import Transport
@@ -149,9 +149,9 @@ class FhirClient:
         else:
             resources = [body] if isinstance(body, dict) else []
         if body is None:
-            patients = [m[1] for m in _PATIENT_REFERENCE.finditer(unquote(url))]
+            patients = asked(path, parts.query)
         else:
-            patients = [p for resource in resources for p in patients_in(resource)]
+            patients = [p for resource in resources for p in patients_of(resource, self.base)]
         self.recorder(outcome, path.split("/")[0], [r.get("id") for r in resources], patients, parts.query)
 
     def _get(self, url: str) -> dict:
@@ -222,18 +222,14 @@ class FhirClient:
         return self.transport.send(method, url, body=body, headers=headers)
 
 
-_PATIENT_REFERENCE = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})")
-
-
-def patients_in(resource: dict) -> list[str]:
-    """The patients whose compartment `resource` is in: a Patient's id, or the `Patient/{id}` its
-    subject, patient or participants reference (absolute or relative, versioned or not)."""
-    if resource.get("resourceType") == "Patient":
-        return [resource["id"]] if isinstance(resource.get("id"), str) else []
-    refs = [(resource.get("subject") or {}).get("reference"), (resource.get("patient") or {}).get("reference")]
-    refs += [(p.get("actor") or {}).get("reference") for p in resource.get("participant") or () if isinstance(p, dict)]
-    return [m[1] for m in (_PATIENT_REFERENCE.search(r) for r in refs if isinstance(r, str)) if m]
-
+def asked(path: str, query: str) -> list[str]:
+    """The patients a request to the EHR asked for (its failure's record): a Patient's id in the
+    path (`Patient/{id}`, `Patient/{id}/$everything`), and the search's compartment parameters
+    (`connectors.compartment.asked_patients`: `patient=X`, `patient=Patient/X`, `subject=...`)."""
+    segments = path.split("/")
+    found = [segments[1]] if segments[0] == "Patient" and len(segments) > 1 and segments[1] else []
+    args = parse_qs(query, keep_blank_values=False)
+    return found + [p for p in asked_patients(segments[0], args) if p not in found]
 
 
 def _failed(outcome: dict) -> bool:

@@ -1,6 +1,7 @@
 """One organization's FHIR EHR behind the connector interface (see `connectors.fhir`)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import itertools
@@ -17,7 +18,7 @@ from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClie
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
+from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, PATIENT_SEARCH, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 from models.ids import is_id
 
@@ -197,7 +198,7 @@ class FhirConnector:
                     for entry in page.get("entry") or ():
                         yield entry.get("resource") or {}
                 return
-        of_patient = {"patient": f"Patient/{patient_id}", "_count": PAGE_SIZE}
+        of_patient = {PATIENT_SEARCH: f"Patient/{patient_id}", "_count": PAGE_SIZE}
         refusals, searches = [], 0
         for resource_type in CHART_TYPES:
             categories = self.profile.observation_categories if resource_type == "Observation" else ()
@@ -249,8 +250,28 @@ class FhirConnector:
         params = search_params(query)
         if params is None:
             return iter(())
-        found = self._all(query.resource_type, {**params, "_count": PAGE_SIZE})
+        found = self._criteria_or_not(query, params)
         return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
+
+    def _criteria_or_not(self, query: ResourceQuery, params: dict):
+        """The search with every parameter; an EHR that refuses it (400: a parameter it does not
+        support) before its first match is asked again without the `Criterion`s, which the FHIR
+        API's matcher applies to what comes back (logged: the EHR then sends more than needed)."""
+        found = self._all(query.resource_type, {**params, "_count": PAGE_SIZE})
+        if not query.criteria:
+            yield from found
+            return
+        try:
+            first = next(found, None)
+        except RequestRefused as exc:
+            log.warning("the EHR at %s refused a %s search with %s (%s): searching without them", self.client.base,
+                        query.resource_type, ", ".join(c.name for c in query.criteria), exc)
+            narrower = search_params(dataclasses.replace(query, criteria=()))
+            yield from self._all(query.resource_type, {**narrower, "_count": PAGE_SIZE})
+            return
+        if first is not None:
+            yield first
+            yield from found
 
 
 def fhir_state(runtime) -> FhirState:

@@ -6,7 +6,8 @@ import datetime as dt
 import re
 from types import MappingProxyType
 
-from connectors.base import ResourceQuery
+from connectors.base import Criterion, ResourceQuery
+from connectors.compartment import in_patient_compartment
 from models.ids import is_id
 
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
@@ -16,9 +17,9 @@ SEARCH_DATE = MappingProxyType({"Appointment": "date", "Encounter": "date", "Obs
                                 "Condition": "onset-date", "MedicationRequest": "authoredon",
                                 "AllergyIntolerance": "date", "DocumentReference": "date"})
 """The search parameter of each type's date (a `ResourceQuery`'s start/end)."""
-PATIENT_SEARCH = frozenset(("Appointment", "Encounter", "Condition", "Observation", "MedicationRequest",
-                            "AllergyIntolerance", "DocumentReference"))
-"""Types searched by `patient`; Patient itself by `_id`."""
+PATIENT_SEARCH = "patient"
+"""How a type of the patient compartment (`connectors.compartment`) is searched for one patient
+(every such type has R4's `patient` parameter); Patient itself by `_id`."""
 PRACTITIONER_SEARCH = frozenset(("Appointment", "Encounter"))
 PAGE_SIZE = 100
 
@@ -37,9 +38,9 @@ def search_params(query: ResourceQuery) -> dict | None:
         return None
     params = {"_id": ",".join(sorted(ids))} if ids else {}
     if query.patient is not None and kind != "Patient":
-        if kind not in PATIENT_SEARCH or not is_id(query.patient):
+        if not in_patient_compartment(kind) or not is_id(query.patient):
             return None
-        params["patient"] = f"Patient/{query.patient}"
+        params[PATIENT_SEARCH] = f"Patient/{query.patient}"
     if query.practitioner is not None and kind != "Practitioner":
         if kind not in PRACTITIONER_SEARCH or not is_id(query.practitioner):
             return None
@@ -53,7 +54,43 @@ def search_params(query: ResourceQuery) -> dict | None:
             return None
         params[SEARCH_DATE[kind]] = ([f"ge{instant(query.start)}"] if query.start else []) + \
             ([f"lt{instant(query.end)}"] if query.end else [])
+    for criterion in query.criteria:
+        value = criterion_value(criterion)
+        if value is None or criterion.name in params:
+            return None
+        params[criterion.name] = value
     return params
+
+
+def _escaped(value: str) -> str:
+    """A search value with FHIR's reserved characters (`\\ , |`) escaped (R4 3.1.1.4.6)."""
+    for char in ("\\", ",", "|"):
+        value = value.replace(char, "\\" + char)
+    return value
+
+
+def criterion_value(criterion: Criterion):
+    """The value(s) of a neutral `Criterion` as the FHIR search parameter of the same name takes
+    them (a list: the parameter repeated), or None when it cannot be written."""
+    if criterion.kind == "date":
+        (start, end), = criterion.values
+        return ([f"ge{moment(start)}"] if start else []) + ([f"lt{moment(end)}"] if end else []) or None
+    if criterion.kind == "token":
+        return ",".join(f"{_escaped(system)}|{_escaped(code)}" if system else _escaped(code)
+                        for system, code in criterion.values)
+    if criterion.kind == "string":
+        return ",".join(_escaped(text) for text in criterion.values)
+    if criterion.kind == "reference":
+        if not all(is_id(ident) and (kind is None or RESOURCE_TYPE.fullmatch(kind)) for kind, ident in criterion.values):
+            return None
+        return ",".join(f"{kind}/{ident}" if kind else ident for kind, ident in criterion.values)
+    return None
+
+
+def moment(value: dt.datetime) -> str:
+    """A bound of a date search: a day at midnight as the day (a date element compares as one),
+    else an instant."""
+    return value.date().isoformat() if value.time() == dt.time() else instant(value)
 
 
 def instant(moment: dt.datetime) -> str:
