@@ -15,8 +15,8 @@ import re
 from types import MappingProxyType
 
 from connectors.base import ResourceQuery
+from models.npi import NPI_SYSTEM
 
-NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 DATE_ELEMENTS = MappingProxyType({
     "Appointment": (("start",),),
     "Encounter": (("period", "start"),),

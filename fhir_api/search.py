@@ -16,6 +16,7 @@ from types import MappingProxyType
 from connectors import ResourceQuery
 from fhir_api.outcome import invalid
 from models.ids import ID_RULE, fhir_id, is_id
+from models.npi import NPI_SYSTEM
 
 SUPPORTED_TYPES = ("Patient", "Practitioner", "Appointment", "Encounter", "Condition", "Observation",
                    "MedicationRequest", "AllergyIntolerance")
@@ -35,7 +36,6 @@ MAX_COUNT = 100
 MAX_OFFSET = 100_000
 MAX_IDS = 100
 MAX_VALUE_LENGTH = 512
-NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 _DATE = re.compile(r"^(eq|ge|gt|le|lt)?(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?"
                    r"(Z|[+-]\d{2}:\d{2}))?)?)?$")
 

@@ -191,6 +191,8 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
         (json.dumps({**INVITE, "email": 5}).encode(), "invalid_request"),
         (json.dumps({**INVITE, "email": "not-an-email"}).encode(), "invalid_request"),
         (json.dumps({**INVITE, "npi": "12"}).encode(), "invalid_request"),
+        (json.dumps({**INVITE, "npi": "\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669\u0660"}).encode(),
+         "invalid_request"),  # Arabic-Indic digits are no NPI
         (json.dumps({k: v for k, v in INVITE.items() if k != "given_name"}).encode(), "invalid_request"),
         (json.dumps({**INVITE, "role": "admin"}).encode(), "unknown_field"),
         (b"\xff\xfe", "invalid_request"),

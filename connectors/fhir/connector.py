@@ -16,9 +16,10 @@ from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClie
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
+from connectors.fhir.query import PAGE_SIZE, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 from models.ids import is_id
+from models.npi import NPI_SYSTEM
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 PATIENT_BATCH = 20               # Patients read per `Patient?_id=a,b,...` (those an Appointment page did not include)
