@@ -19,6 +19,8 @@ from models.audit import AuditEvent
 from models.directory import Organization, User
 from models.ids import ID_PATTERN, is_id
 from models.npi import NPI_PATTERN, is_npi
+from partner_api.appointments import DEFAULT_LIMIT
+from partner_api.testdata import TEST_APPOINTMENT_COUNT
 from rest_helpers import complete_snapshot, partner_headers
 
 
@@ -292,21 +294,24 @@ async def test_appointments_read_only_the_latest_complete_snapshot(api, world, c
     assert body["snapshot_date"] == tomorrow.isoformat() and body["total"] == 4
 
 
+OFFSETS = range(0, TEST_APPOINTMENT_COUNT, DEFAULT_LIMIT)  # every page of the test organization's set
+
+
 @pytest.mark.gen_test
 async def test_test_organization_returns_the_fixed_data_set(api, world, other_app):
     pages = []
     for app, secret in ((world.app, world.secret), other_app):
         headers = await partner_headers(api, app, secret)
         got = []
-        for offset in (0, 50, 100):
+        for offset in OFFSETS:
             status, _, body = await api.call("GET", f"/v1/appointments/123456789?offset={offset}", headers=headers)
-            assert status == 200 and body["total"] == 120
+            assert status == 200 and body["total"] == TEST_APPOINTMENT_COUNT
             got.append(body)
         pages.append(got)
     assert pages[0] == pages[1]  # the same for any caller
     ids = [a["id"] for page in pages[0] for a in page["appointments"]]
-    assert len(ids) == len(set(ids)) == 120
-    assert [len(p["appointments"]) for p in pages[0]] == [50, 50, 20]
+    assert len(ids) == len(set(ids)) == TEST_APPOINTMENT_COUNT
+    assert [len(p["appointments"]) for p in pages[0]] == [min(DEFAULT_LIMIT, TEST_APPOINTMENT_COUNT - o) for o in OFFSETS]
     status, _, _ = await api.call("GET", "/v1/appointments/123456789")
     assert status == 401
 

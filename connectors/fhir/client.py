@@ -24,13 +24,13 @@ from connectors.bounds import Bounds
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
 from connectors.fhir.transport import Transport
+from models.ids import R4_ID
 
 SCOPES = ("system/Practitioner.rs", "system/Appointment.rs", "system/Patient.rs", "system/Encounter.rs",
           "system/Condition.rs", "system/Observation.rs", "system/MedicationRequest.rs",
           "system/AllergyIntolerance.rs", "system/DocumentReference.rs")
 ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most 5 minutes)
 CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict is cached
-ATTEMPTS = 4                     # per request in the background (`Bounds.batch`), for 429, 5xx, timeouts
 PERMANENT_ISSUES = ("login", "forbidden", "security")
 FAILED_SEVERITIES = ("error", "fatal")
 ERROR_EXCERPT_CHARS = 300        # how much of an EHR's error body a message keeps
@@ -220,7 +220,7 @@ class FhirClient:
         return self.transport.send(method, url, body=body, headers=headers)
 
 
-_PATIENT_REFERENCE = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})")
+_PATIENT_REFERENCE = re.compile(rf"(?:^|/)Patient/({R4_ID.pattern})")
 
 
 def patients_in(resource: dict) -> list[str]:
