@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench.fleet import copy_rows, scratch_database, seed_fleet
 from bench.service import BenchService
+from models.npi import NPI_SYSTEM
 
 ROOT = Path(__file__).resolve().parent.parent
 JS_DIR = ROOT / "tests" / "js"
@@ -83,7 +84,7 @@ def fhir_night_benchmark(postgres_url: str, say) -> dict:
                 for users in fleet.values():
                     for user_id, npi, _name in users:
                         resources.append({"resourceType": "Practitioner", "id": f"pr{npi}", "identifier": [
-                            {"system": "http://hl7.org/fhir/sid/us-npi", "value": npi}]})
+                            {"system": NPI_SYSTEM, "value": npi}]})
                         for n in range(APPOINTMENTS_PER_PHYSICIAN):
                             begins = start + dt.timedelta(hours=8 + n * 18)
                             resources.append({

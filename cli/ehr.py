@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import re
 
 from cli.common import UsageError, existing, with_runtime
 from models.directory import Organization, User
-
-NPI = re.compile(r"[0-9]{10}")
+from models.npi import is_npi
 
 
 def register(commands) -> None:
@@ -34,7 +32,7 @@ def _check(runtime, args) -> int:
     if org.ehr != "fhir":
         raise UsageError(f"organization {org.id} is on the {org.ehr!r} EHR; ehr check tries FHIR EHRs (--ehr fhir)")
     if args.npi:
-        bad = [n for n in args.npi if not NPI.fullmatch(n)]
+        bad = [n for n in args.npi if not is_npi(n)]
         if bad:
             raise UsageError(f"--npi must be a 10-digit NPI, got {bad[0][:40]!r}")
         npis = args.npi

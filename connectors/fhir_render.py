@@ -12,8 +12,8 @@ import html
 import re
 
 from connectors.base import Appointment, Encounter, Patient, fhir_status
+from models.npi import NPI_SYSTEM
 
-NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 ICD10_SYSTEM = "http://hl7.org/fhir/sid/icd-10-cm"
 LOINC = "http://loinc.org"
 UCUM = "http://unitsofmeasure.org"

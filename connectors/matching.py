@@ -21,8 +21,8 @@ import unicodedata
 from connectors.base import Criterion, ResourceQuery
 from connectors.compartment import in_compartment, reference_id  # noqa: F401
 from connectors.us_core import SEARCH_PARAMS
+from models.npi import NPI_SYSTEM
 
-NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 DATE_ELEMENTS = MappingProxyType({
     "Appointment": (("start",),),
     "Encounter": (("period", "start"),),

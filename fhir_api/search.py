@@ -21,6 +21,7 @@ from connectors.matching import folded
 from connectors.us_core import INCLUDES, REFERENCE_TARGETS, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES  # noqa: F401
 from fhir_api.outcome import invalid
 from models.ids import ID_RULE, fhir_id, is_id
+from models.npi import NPI_SYSTEM
 
 CONTROL_PARAMS = ("_count", "_offset", "_format", "_include", "_revinclude")
 REFERENCE_TYPES = SUPPORTED_TYPES

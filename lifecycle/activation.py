@@ -17,7 +17,7 @@ After that the application sets `Enabled` or `Disabled` itself; the first `Enabl
 from __future__ import annotations
 
 from billing.free_trial import start_trial
-from models.application import ACTIVATION_STATUSES, Installation
+from models.application import ACTIVATION_STATUSES, DISABLED, ENABLED, Installation
 from models.audit import AuditEvent
 from models.directory import Organization
 from models.ids import ID_RULE, is_id
@@ -25,29 +25,29 @@ from errors import ApiError
 from models.refresh import SmartGrant
 from oauth.smart_grants import revoke_grants
 
-DISABLED = "The application is Disabled in this organization"
+DISABLED_MESSAGE = f"The application is {DISABLED} in this organization"
 NOT_INSTALLED = "The application is not installed in this organization."
 OPEN, USE = "open", "use"
 
 
 def may_open(status: str | None) -> bool:
     """May a user open the app (the hub, a launch, authorize)? Not while `Disabled`."""
-    return status != "Disabled"
+    return status != DISABLED
 
 
 def may_use(status: str | None) -> bool:
     """May the app's tokens be issued and used (token exchange, userinfo, FHIR API, partner API)?"""
-    return status != "Disabled"
+    return status != DISABLED
 
 
 def is_billable_status(status: str | None) -> bool:
     """Billing applies only while `Enabled` (spec: "billing applies to users returned authorized while Enabled")."""
-    return status == "Enabled"
+    return status == ENABLED
 
 
 def disabled_error(purpose: str) -> ApiError:
     verb = "cannot be opened" if purpose == OPEN else "cannot be used"
-    return ApiError(403, "application_disabled", f"{DISABLED} and {verb}.")
+    return ApiError(403, "application_disabled", f"{DISABLED_MESSAGE} and {verb}.")
 
 
 def require(installation: Installation | None, purpose: str) -> Installation:
@@ -86,7 +86,7 @@ def set_activation_status(runtime, installation: Installation, status, actor: st
                        "in this organization.")
     with runtime.db.atomic():
         Installation.update(activation_status=status).where(Installation.id == current.id).execute()
-        if status == "Enabled":
+        if status == ENABLED:
             start_trial(current.id, runtime.clock.now())
         else:  # Disabled ends the app's SMART refresh-token grants in the clinic (re-enabling revives none)
             revoke_grants(runtime, (SmartGrant.application == current.application_id)

@@ -8,10 +8,10 @@ import peewee
 from lifecycle.organizations import find_organization, invalid
 from models.audit import AuditEvent
 from models.directory import User
+from models.npi import is_npi
 from errors import ApiError
 
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
-NPI = re.compile(r"^\d{10}$")
 
 
 def clean_email(email: str | None) -> str:
@@ -23,8 +23,9 @@ def clean_email(email: str | None) -> str:
 
 
 def clean_npi(npi: str | None) -> str | None:
-    """A National Provider Identifier (10 digits), or None when empty; 400 otherwise."""
-    if npi and not NPI.match(npi):
+    """A National Provider Identifier (`models.npi`: 10 ASCII digits, whole), or None when empty;
+    400 otherwise."""
+    if npi and not is_npi(npi):
         raise invalid("npi must be 10 digits.")
     return npi or None
 

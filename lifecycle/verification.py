@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from workers.activity import record_activity
 from lifecycle.billing import record_billable_use
-from models.application import Authorization, Installation
+from models.application import DISABLED, Authorization, Installation
 from models.audit import AuditEvent
 
 
@@ -20,14 +20,14 @@ def record_platform_verification(runtime, app, user) -> Installation | None:
                   update={Authorization.last_verified_at: now})
      .execute())
     first_initialization = (
-        Installation.update(activation_status="Disabled")
+        Installation.update(activation_status=DISABLED)
         .where((Installation.application == app.id) & (Installation.organization == user.organization_id)
                & Installation.activation_status.is_null())
         .execute())
     if first_initialization:
         # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
         AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
-                          before=None, after="Disabled", user_id=user.id)
+                          before=None, after=DISABLED, user_id=user.id)
     record_activity(runtime, user)
     installation = Installation.find(app.id, user.organization_id)
     record_billable_use(app, user, installation, now)

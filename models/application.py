@@ -10,7 +10,10 @@ from models.prepared import PreparedQuery
 
 USER_FIELDS = ("email", "name", "ehrUsername", "organization")
 BILLING_PLANS = ("free_trial", "paid")
-ACTIVATION_STATUSES = ("Disabled", "Enabled")
+DISABLED, ENABLED = "Disabled", "Enabled"
+ACTIVATION_STATUSES = (DISABLED, ENABLED)
+"""An installation's activation status (`Installation.activation_status`; None until the app's first
+SDK initialization in the clinic, which makes it `DISABLED`): the only spelling of these values."""
 DEFAULT_SMART_SCOPES = "launch launch/patient openid fhirUser profile patient/*.rs user/*.rs"
 """What an application declares unless it says otherwise (`apps create|update --smart-scopes`): read
 and search of the clinic's FHIR resources, never write; authorize grants only what is also asked for."""

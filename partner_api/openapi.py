@@ -13,7 +13,9 @@ from types import MappingProxyType
 
 from connectors.base import APPOINTMENT_STATUSES, LISTED_STATUSES
 from lifecycle.billing import MONTH
+from models.application import ACTIVATION_STATUSES
 from models.ids import ID_PATTERN
+from models.npi import NPI_PATTERN
 from partner_api.appointments import MAX_LIMIT
 
 VERSION = "1.0.0"
@@ -86,7 +88,7 @@ SCHEMAS = MappingProxyType({
                      "the ID token issued with this access token, which the hub hands to the app's SDK."}},
         "additionalProperties": True},
     "SandboxLaunchRequest": _object({"client_id": {"type": "string"},
-                                     "patient_id": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$",
+                                     "patient_id": {"type": "string", "pattern": ID_PATTERN,
                                                     "description": "optional: the launch's patient context"}},
                                     required=["client_id"], additional=True),
     "SandboxLaunch": _object({"launch_id": {"type": "string"}, "launch_url": {"type": "string", "format": "uri"},
@@ -96,14 +98,14 @@ SCHEMAS = MappingProxyType({
         "given_name": {"type": "string", "minLength": 1, "maxLength": 200},
         "family_name": {"type": "string", "minLength": 1, "maxLength": 200},
         "organization_name": {"type": "string", "minLength": 1, "maxLength": 200},
-        "npi": {"type": "string", "pattern": "^[0-9]{10}$"},
+        "npi": {"type": "string", "pattern": NPI_PATTERN},
     }, required=["email", "given_name", "family_name", "organization_name"]),
     "Invitation": _object({"invitation_url": {"type": "string", "format": "uri"}, "expires_at": DATE_TIME,
                            "organization_id": {"type": "string"}, "user_id": {"type": "string"}}),
     "Organization": _object({
         "id": {"type": "string"}, "name": {"type": "string"}, "ehr": {"type": "string"},
         "installed_at": DATE_TIME,
-        "activation_status": {"type": ["string", "null"], "enum": ["Disabled", "Enabled", None],
+        "activation_status": {"type": ["string", "null"], "enum": [*ACTIVATION_STATUSES, None],
                               "description": "null until the app's first SDK initialization in the organization"},
         "user_count": {"type": "integer", "minimum": 0}}),
     "User": _object({
@@ -111,8 +113,8 @@ SCHEMAS = MappingProxyType({
         "family_name": NULLABLE_STRING, "npi": NULLABLE_STRING,
         "status": {"type": "string", "enum": ["invited", "active", "authorized"]},
         "authorized_at": NULLABLE_DATE_TIME, "last_launch_at": NULLABLE_DATE_TIME}),
-    "ActivationStatusRequest": _object({"status": {"type": "string", "enum": ["Enabled", "Disabled"]}}),
-    "ActivationStatus": _object({"status": {"type": "string", "enum": ["Enabled", "Disabled"]},
+    "ActivationStatusRequest": _object({"status": {"type": "string", "enum": list(ACTIVATION_STATUSES)}}),
+    "ActivationStatus": _object({"status": {"type": "string", "enum": list(ACTIVATION_STATUSES)},
                                  "trial_started_at": NULLABLE_DATE_TIME}),
     "BillableUser": _object({"user_id": {"type": "string"}, "email": {"type": "string"},
                              "first_verified_at": {**DATE_TIME, "description": "first billable verification "

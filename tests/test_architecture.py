@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from types import MappingProxyType
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists() and p.name not in ("tests",))
@@ -246,6 +247,73 @@ def test_one_grammar_for_ids():
     offenders = [name for name, path in project_modules().items()
                  if name != "models.ids" and pattern.search(path.read_text())]
     assert offenders == []
+
+
+# An id's character class: only letters, digits, `_`, `.`, `-` (any order, escaped or not; `\w`
+# and `\d` count), holding letters and digits, repeated {1,64}. An NPI: ten digits. Resource types
+# (`[A-Z][A-Za-z]...`) wait for the FHIR search rewrite, which holds their copies today.
+_ID_CLASS = re.compile(r"\[((?:A-Z|a-z|0-9|\\[wd.\-]|[_.\-])+)\]\{1,64\}")
+_NPI_GRAMMAR = re.compile(r"(?:\\d|\[0-9\]|\[\\d\])\{10\}")
+NPI_SYSTEM_URI = "hl7.org/fhir/sid/us-npi"
+GRAMMAR_HOMES = MappingProxyType({"an id grammar": "models.ids", "an NPI grammar": "models.npi",
+                                  "the NPI system URI": "models.npi"})
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the docstring nodes of a module and its classes and functions (text, not patterns)."""
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _is_id_class(members: str) -> bool:
+    """Does a character class of letters, digits, `_`, `.`, `-` hold both letters and digits?"""
+    tokens = set(re.findall(r"A-Z|a-z|0-9|\\[wd.\-]|[_.\-]", members))
+    return ({"A-Z", "a-z"} <= tokens or "\\w" in tokens) and bool({"0-9", "\\d", "\\w"} & tokens)
+
+
+def grammar_literals(source: str) -> list[tuple[int, str]]:
+    """(line, what) for every string literal that spells an id or NPI grammar or the NPI system URI,
+    wherever it stands (a constant, a dict, a call's argument, an f-string's text); docstrings aside."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in skip:
+            continue
+        if any(_is_id_class(m[1]) for m in _ID_CLASS.finditer(node.value)):
+            found.append((node.lineno, "an id grammar"))
+        if _NPI_GRAMMAR.search(node.value):
+            found.append((node.lineno, "an NPI grammar"))
+        if NPI_SYSTEM_URI in node.value:
+            found.append((node.lineno, "the NPI system URI"))
+    return sorted(found)
+
+
+def test_the_id_and_npi_grammars_are_spelled_in_their_homes_only():
+    """models/ids.py holds the id grammar, models/npi.py the NPI grammar and system URI: every other
+    module imports them (a copy of the id pattern in the OpenAPI document admitted `.` and `..`; an
+    NPI spelled `\\d{10}` took Arabic-Indic digits), wherever the copy would stand."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {what} outside {GRAMMAR_HOMES[what]}"
+                 for name, path in project_modules().items()
+                 for line, what in grammar_literals(path.read_text()) if name != GRAMMAR_HOMES[what]]
+    assert offenders == [], "\n".join(offenders)
+
+
+GRAMMAR_PROBE = r'''"""A docstring may quote [A-Za-z0-9_.-]{1,64} and \d{10}."""
+SCHEMA = {"id": {"pattern": "^[A-Za-z0-9_.\\-]{1,64}$"}}
+ok = re.fullmatch(r"[\w.-]{1,64}", value)
+NPI = re.compile(r"^\d{10}$")
+def f(n):
+    return re.fullmatch(r"[0-9]{10}", n) or f"{n}|" + "http://hl7.org/fhir/sid/us-npi"
+PATTERN = rf"Patient/([A-Za-z0-9\-.]{{1,64}})"
+NOT_ONE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$|[a-z0-9_-]{1,64}|[A-Za-z0-9_-]{1,100}|\d{1,10}|[A-Z][A-Za-z]{1,63}")
+'''
+
+
+def test_the_grammar_check_sees_a_copy_wherever_it_stands():
+    assert grammar_literals(GRAMMAR_PROBE) == [(2, "an id grammar"), (3, "an id grammar"), (4, "an NPI grammar"),
+                                               (6, "an NPI grammar"), (6, "the NPI system URI"), (7, "an id grammar")]
 
 
 def test_endpoint_urls_are_built_in_discovery_only():

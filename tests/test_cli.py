@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from helpers import ROOT, settings_env
+from models.directory import User
 from oauth.secret_rotation import is_current_secret
 
 
@@ -95,6 +96,20 @@ def test_bad_arguments_exit_2_with_a_clear_message(cli, args, needle):
 def test_duplicate_email_exits_2(cli, world):
     result = cli("users", "create", "--org", world.org.id, "--email", "doc@example.com", expect=2)
     assert "already exists" in result.stderr
+
+
+@pytest.mark.parametrize("npi", ["\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669\u0660",  # Arabic-Indic
+                                 "\uff11\uff12\uff13\uff14\uff15\uff16\uff17\uff18\uff19\uff10",  # full-width
+                                 "1234567893\n", "123456789", "12345678931"])
+def test_an_npi_is_ten_ascii_digits_matched_whole(cli, world, npi):
+    """`\\d` takes any Unicode digit and `$` a trailing newline: such an NPI was stored, and the FHIR
+    connector, which cannot search by it, left the user without a `fhirUser`."""
+    created = cli("users", "create", "--org", world.org.id, "--email", "new@example.com", "--npi", npi, expect=2)
+    assert "npi must be 10 digits" in created.stderr
+    assert User.get_or_none(User.email == "new@example.com") is None
+    updated = cli("users", "update", "--user", world.physician.id, "--npi", npi, expect=2)
+    assert "npi must be 10 digits" in updated.stderr
+    assert User.get_by_id(world.physician.id).npi == world.physician.npi
 
 
 def test_bad_configuration_exits_2(settings):

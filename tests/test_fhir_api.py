@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 
+from connectors.sandbox import PANEL_SIZE
 from fhir_api_support import ALL_TYPES, Fhir, outcome, resources
 from helpers import as_service, clinic, mint_platform_token
 from js_support import http
@@ -52,7 +53,7 @@ def test_answers_and_refusals_over_http_are_fhir_json(live, runtime, world):
     fhir = Fhir(live, world.org.id, mint_platform_token(runtime, live, world.physician, world.app, world.org.id))
     bundle = fhir.search("Patient", {"_count": 2})
     mine, other = resources(bundle)
-    assert bundle["total"] == 150 and bundle["entry"][0]["fullUrl"] == f"{fhir.base}/Patient/{mine['id']}"
+    assert bundle["total"] == PANEL_SIZE and bundle["entry"][0]["fullUrl"] == f"{fhir.base}/Patient/{mine['id']}"
     assert [link["url"] for link in bundle["link"] if link["relation"] == "next"][0].startswith(fhir.base + "/Patient?")
     assert fhir.ok(f"/Patient/{mine['id']}") == mine
     assert fhir.ok(f"/Practitioner/{world.physician.id}")["identifier"][0]["value"] == world.physician.npi

@@ -11,11 +11,12 @@ import urllib.parse
 
 import pytest
 
+from connectors.sandbox import PANEL_SIZE
 from errors import ApiError
 from fhir_api import fhir_base_url
 from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
-from fhir_api.search import date_range, search_arguments
+from fhir_api.search import MAX_COUNT, date_range, search_arguments
 from fhir_api_support import ALL_TYPES, resources
 from helpers import clinic, fhir_caller, mint_platform_token
 from lifecycle.applications import install_application, register_application
@@ -162,7 +163,7 @@ def test_read_and_search_every_type(runtime, world, doctor):
 def test_paging_follows_next_links_to_the_end(doctor):
     fhir = doctor
     first = fhir.search("Patient", {"_count": 40})
-    assert first["total"] == 150
+    assert first["total"] == PANEL_SIZE
     seen, bundle, pages = [], first, 0
     while True:
         seen += [r["id"] for r in resources(bundle)]
@@ -172,9 +173,9 @@ def test_paging_follows_next_links_to_the_end(doctor):
             break
         assert following[0].startswith(fhir.base + "/Patient?")
         bundle = fhir.follow(following[0])
-    assert pages == 4 and len(seen) == len(set(seen)) == 150
-    assert fhir.search("Patient", {"_count": 1000})["total"] == 150  # capped at 100 a page
-    assert len(resources(fhir.search("Patient", {"_count": 1000}))) == 100
+    assert pages == -(-PANEL_SIZE // 40) and len(seen) == len(set(seen)) == PANEL_SIZE
+    assert fhir.search("Patient", {"_count": 1000})["total"] == PANEL_SIZE  # capped at MAX_COUNT a page
+    assert PANEL_SIZE > MAX_COUNT and len(resources(fhir.search("Patient", {"_count": 1000}))) == MAX_COUNT
 
 
 def test_patient_scope_reaches_only_the_launch_patient(runtime, world, doctor):

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from connectors import APPOINTMENT_STATUSES, Provider, connector_for
-from connectors.fhir import ATTEMPTS
+from connectors import APPOINTMENT_STATUSES, Bounds, Provider, connector_for
 from connectors.fhir.connector import fhir_state
 from workers.activity import record_activity
 from lifecycle.activation import set_activation_status
@@ -160,11 +159,12 @@ def test_ehr_faults_429_backoff_token_renewal_outage_and_a_revoked_registration(
     eligible(runtime, world.app, ana, night_window(settings, night)[0] - dt.timedelta(hours=10))
     fhir_ehr.seed(appointment("a-night", "pr-ana", "pt-1", night_window(settings, night)[0] + dt.timedelta(hours=20)))
     faults = fhir_ehr.stats()["faults"]
-    fhir_ehr.fault(503, count=ATTEMPTS, retry_after=0)
+    attempts = Bounds.batch(settings).attempts                    # the night's tries per request
+    fhir_ehr.fault(503, count=attempts, retry_after=0)
     runtime.task_queue.send(sync_organization, org_id, night.isoformat())
     wait_until(lambda: Snapshot.select().where((Snapshot.organization == org_id) & (Snapshot.snapshot_date == night)
                                                & (Snapshot.status == "complete")).exists(), what="the night, retried")
-    assert fhir_ehr.stats()["faults"] == faults + ATTEMPTS        # the whole first attempt met the outage
+    assert fhir_ehr.stats()["faults"] == faults + attempts        # the whole first attempt met the outage
     snapshot = Snapshot.get((Snapshot.organization == org_id) & (Snapshot.snapshot_date == night))
     assert [a.ehr_appointment_id for a in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot)] \
         == ["a-night"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 
 import pytest
@@ -11,10 +12,15 @@ from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
 from lifecycle.activation import set_activation_status
+from lifecycle.billing import MONTH
 from lifecycle.verification import record_platform_verification
 from models.application import Installation
 from models.audit import AuditEvent
 from models.directory import Organization, User
+from models.ids import ID_PATTERN, is_id
+from models.npi import NPI_PATTERN, is_npi
+from partner_api.appointments import DEFAULT_LIMIT
+from partner_api.testdata import TEST_APPOINTMENT_COUNT
 from rest_helpers import complete_snapshot, partner_headers
 
 
@@ -191,6 +197,8 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
         (json.dumps({**INVITE, "email": 5}).encode(), "invalid_request"),
         (json.dumps({**INVITE, "email": "not-an-email"}).encode(), "invalid_request"),
         (json.dumps({**INVITE, "npi": "12"}).encode(), "invalid_request"),
+        (json.dumps({**INVITE, "npi": "\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669\u0660"}).encode(),
+         "invalid_request"),  # Arabic-Indic digits are no NPI
         (json.dumps({k: v for k, v in INVITE.items() if k != "given_name"}).encode(), "invalid_request"),
         (json.dumps({**INVITE, "role": "admin"}).encode(), "unknown_field"),
         (b"\xff\xfe", "invalid_request"),
@@ -286,21 +294,24 @@ async def test_appointments_read_only_the_latest_complete_snapshot(api, world, c
     assert body["snapshot_date"] == tomorrow.isoformat() and body["total"] == 4
 
 
+OFFSETS = range(0, TEST_APPOINTMENT_COUNT, DEFAULT_LIMIT)  # every page of the test organization's set
+
+
 @pytest.mark.gen_test
 async def test_test_organization_returns_the_fixed_data_set(api, world, other_app):
     pages = []
     for app, secret in ((world.app, world.secret), other_app):
         headers = await partner_headers(api, app, secret)
         got = []
-        for offset in (0, 50, 100):
+        for offset in OFFSETS:
             status, _, body = await api.call("GET", f"/v1/appointments/123456789?offset={offset}", headers=headers)
-            assert status == 200 and body["total"] == 120
+            assert status == 200 and body["total"] == TEST_APPOINTMENT_COUNT
             got.append(body)
         pages.append(got)
     assert pages[0] == pages[1]  # the same for any caller
     ids = [a["id"] for page in pages[0] for a in page["appointments"]]
-    assert len(ids) == len(set(ids)) == 120
-    assert [len(p["appointments"]) for p in pages[0]] == [50, 50, 20]
+    assert len(ids) == len(set(ids)) == TEST_APPOINTMENT_COUNT
+    assert [len(p["appointments"]) for p in pages[0]] == [min(DEFAULT_LIMIT, TEST_APPOINTMENT_COUNT - o) for o in OFFSETS]
     status, _, _ = await api.call("GET", "/v1/appointments/123456789")
     assert status == 401
 
@@ -344,3 +355,34 @@ async def test_openapi_document_is_served_and_valid(api, runtime):
                  "/v1/chart-retrieval/download-url/{requestId}",
                  "/v1/applications/{applicationId}/organizations/{organizationId}/activation-status"):
         assert path in doc["paths"]
+
+
+def patterns_of(node, key: str = "") -> list[tuple[str, str]]:
+    """(the key that holds it, pattern) for every JSON Schema `pattern` in an OpenAPI document."""
+    if isinstance(node, list):
+        return [found for item in node for found in patterns_of(item, key)]
+    if not isinstance(node, dict):
+        return []
+    name = node.get("name", key) if "in" in node else key  # a parameter: its name
+    found = [(name, node["pattern"])] if isinstance(node.get("pattern"), str) else []
+    return found + [hit for k, v in node.items() for hit in patterns_of(v, name if k == "schema" else k)]
+
+
+@pytest.mark.gen_test
+async def test_the_served_openapi_patterns_are_the_products_grammars(api):
+    """Every id the document constrains has `models.ids`'s grammar (a hand copy once admitted `.`
+    and `..`, which the service refuses), every NPI `models.npi`'s."""
+    status, _, doc = await api.call("GET", "/v1/openapi.json")
+    assert status == 200
+    found = patterns_of(doc)
+    ids = {pattern for key, pattern in found if key.endswith(("_id", "Id"))}
+    npis = {pattern for key, pattern in found if key == "npi"}
+    assert ids == {ID_PATTERN} and npis == {NPI_PATTERN}
+    assert {pattern for _, pattern in found} - ids - npis <= {"^[a-z][a-z0-9_]*$", MONTH.pattern}  # no other grammar
+    for bad_id in (".", "..", "a/b", "x" * 65, ""):
+        assert re.search(ID_PATTERN, bad_id) is None and not is_id(bad_id), bad_id
+    for good_id in ("a.b", "..a", "pat-b15c092f2447b7a2", "usr_demo", "x" * 64):
+        assert re.search(ID_PATTERN, good_id) and is_id(good_id), good_id
+    for bad_npi in ("\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669\u0660", "123456789", "12345678931"):
+        assert re.search(NPI_PATTERN, bad_npi) is None and not is_npi(bad_npi), bad_npi
+    assert re.search(NPI_PATTERN, "1245319599") and is_npi("1245319599")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 from connectors.base import ConnectorError
-from connectors.fhir.query import NPI_SYSTEM, instant
+from connectors.fhir.query import instant
+from models.npi import NPI_SYSTEM
 
 MAX_NPIS = 100                   # NPIs looked up by one check (the clinic's first, by user id)
 

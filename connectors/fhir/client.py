@@ -30,7 +30,6 @@ SCOPES = ("system/Practitioner.rs", "system/Appointment.rs", "system/Patient.rs"
           "system/AllergyIntolerance.rs", "system/DocumentReference.rs")
 ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most 5 minutes)
 CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict is cached
-ATTEMPTS = 4                     # per request in the background (`Bounds.batch`), for 429, 5xx, timeouts
 PERMANENT_ISSUES = ("login", "forbidden", "security")
 FAILED_SEVERITIES = ("error", "fatal")
 ERROR_EXCERPT_CHARS = 300        # how much of an EHR's error body a message keeps

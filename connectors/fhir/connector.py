@@ -18,9 +18,10 @@ from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClie
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import NPI_SYSTEM, PAGE_SIZE, PATIENT_SEARCH, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
+from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 from models.ids import is_id
+from models.npi import NPI_SYSTEM, is_npi
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 PATIENT_BATCH = 20               # Patients read per `Patient?_id=a,b,...` (those an Appointment page did not include)
@@ -78,7 +79,7 @@ class FhirConnector:
     def user_practitioner(self, provider: Provider) -> str | None:
         """The id of the user's Practitioner in this EHR, found by NPI, or None when the EHR has
         none (or did not answer: a sign-in does not fail on it). Cached per process by (base, NPI)."""
-        if not provider.npi or not TOKEN_VALUE.fullmatch(provider.npi):
+        if not is_npi(provider.npi):
             return None
         cache, key = self.practitioners, (self.client.base, provider.npi)
         known = cache.get(key)

@@ -8,11 +8,11 @@ from types import MappingProxyType
 
 from connectors.base import Criterion, ResourceQuery
 from connectors.compartment import in_patient_compartment
-from models.ids import is_id
+from models.ids import R4_ID, is_id
+from models.npi import NPI_SYSTEM
 
-NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 RESOURCE_TYPE = re.compile(r"[A-Z][A-Za-z]{1,63}")
-TOKEN_VALUE = re.compile(r"[A-Za-z0-9\-.]{1,64}")  # an identifier value: no `,` (OR) nor `|` (system)
+TOKEN_VALUE = R4_ID  # an identifier value (R4 id characters): no `,` (OR) nor `|` (system)
 SEARCH_DATE = MappingProxyType({"Appointment": "date", "Encounter": "date", "Observation": "date",
                                 "Condition": "onset-date", "MedicationRequest": "authoredon",
                                 "AllergyIntolerance": "date", "DocumentReference": "date"})
