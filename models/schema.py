@@ -100,9 +100,10 @@ def _defaults_in_the_database(migrator) -> None:
                 migrator.add_column_default(table, field.column_name, peewee.SQL(sql_literal(value))).run()
 
 
-def _drop_issued_token(migrator) -> None:
-    """Tokens are no longer recorded one row each; revocation uses the deny-list."""
-    migrator.database.execute_sql('DROP TABLE IF EXISTS "issued_token"')
+def _keep_issued_token(migrator) -> None:
+    """Tokens are no longer recorded one row each (revocation uses the deny-list), and nothing reads
+    or writes `issued_token` any more; but an upgrade keeps its rows (0.1.0 wrote them), so this
+    step changes nothing. It used to drop the table, which lost 0.1.0's rows (issue 36)."""
 
 
 def _smart_launch(migrator) -> None:
@@ -147,7 +148,7 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Codes note the jtis their exchange issued (replaces one issued_token row per token).
     (1, "authorization_code.issued_jtis",
      _add_missing_columns("authorization_code", ("issued_jtis", AuthorizationCode.issued_jtis))),
-    (2, "drop issued_token (deny-list instead)", _drop_issued_token),
+    (2, "issued_token no longer written (deny-list instead); its rows are kept", _keep_issued_token),
     # Issue 12 numbers its steps 12xx.
     (1201, "application.redirect_uri_match and redirect_uris: exact redirect_uri matching per app",
      _add_missing_columns("application", ("redirect_uri_match", peewee.CharField(max_length=16, default="prefix")),

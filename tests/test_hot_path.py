@@ -240,16 +240,17 @@ async def test_deny_list_unreachable_is_503_not_a_live_token(api, flow, runtime)
 
 def test_an_older_database_is_migrated(runtime):
     """A database of the previous version: codes without `issued_jtis`, one `issued_token` row per
-    token. `migrate` adds the column and drops the table, once."""
+    token. `migrate` adds the column, keeps the table and its rows (issue 36), once."""
     from models.schema import SchemaVersion
     db = runtime.db
     db.execute_sql('ALTER TABLE "authorization_code" DROP COLUMN "issued_jtis"')
     db.execute_sql('CREATE TABLE "issued_token" ("jti" VARCHAR(64) PRIMARY KEY)')
+    db.execute_sql("""INSERT INTO "issued_token" ("jti") VALUES ('jti-of-an-older-release')""")
     SchemaVersion.delete().execute()
     done = runtime.migrate()
     assert any("issued_jtis" in step for step in done) and any("issued_token" in step for step in done)
     assert "issued_jtis" in {c.name for c in db.get_columns("authorization_code")}
-    assert "issued_token" not in db.get_tables()
+    assert db.execute_sql('SELECT "jti" FROM "issued_token"').fetchall() == [("jti-of-an-older-release",)]
     assert not any(step.startswith("migration") for step in runtime.migrate())
 
 
