@@ -55,7 +55,8 @@ class Partner(threading.Thread):
         super().__init__(daemon=True)
         self.client_id, self.secret = client_id, secret
         self.ports: list[int] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
+        self.busy: int | None = None  # the port of the request in flight
         self.statuses: list[int] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -64,7 +65,7 @@ class Partner(threading.Thread):
         turn = 0
         while not self.stop.is_set():
             with self.lock:
-                port = self.ports[turn % len(self.ports)] if self.ports else None
+                port = self.busy = self.ports[turn % len(self.ports)] if self.ports else None
             turn += 1
             if port is None:
                 continue
@@ -72,14 +73,21 @@ class Partner(threading.Thread):
                 self.statuses.append(client_token(port, self.client_id, self.secret))
             except OSError as exc:
                 self.errors.append(repr(exc))
+            finally:
+                with self.lock:
+                    self.busy = None
+                    self.lock.notify_all()
 
     def add(self, port: int):
         with self.lock:
             self.ports.append(port)
 
     def remove(self, port: int):
+        """Out of the rotation, once its request in flight (if any) has its answer: a load balancer
+        drains a host before it is stopped."""
         with self.lock:
             self.ports.remove(port)
+            self.lock.wait_for(lambda: self.busy != port, timeout=60)
 
 
 def cli(env: dict, *args) -> tuple[int, dict]:

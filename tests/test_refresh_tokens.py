@@ -16,6 +16,7 @@ from helpers import ROOT, settings_env
 from models.application import DEFAULT_SMART_SCOPES, Installation
 from models.disclosures import DisclosureRecord
 from models.refresh import RefreshToken, SmartGrant
+from models.ids import fhir_id
 from refresh_support import KIT_SCOPE, SmartClient, iss_of
 
 REFRESH_SCOPES = DEFAULT_SMART_SCOPES + " offline_access online_access"
@@ -55,7 +56,7 @@ async def test_kit_launch_gets_a_refresh_token_and_refresh_keeps_the_launch_cont
     first = await confidential.tokens(KIT_SCOPE)
     assert first["scope"] == "openid launch fhirUser offline_access patient/*.rs", first
     assert first["patient"] == confidential.patient and first["refresh_token"] and "." not in first["refresh_token"]
-    fhir_user = f"{iss_of(smart.org.id)}/Practitioner/{smart.physician.id}"
+    fhir_user = f"{iss_of(smart.org.id)}/Practitioner/{fhir_id(smart.physician.id)}"
     assert claims_of(first["id_token"])["fhirUser"] == fhir_user
     stored = RefreshToken.get()
     assert stored.token_hash != first["refresh_token"] and first["refresh_token"] not in stored.token_hash
