@@ -185,16 +185,16 @@ def hold_the_migration_lock(backend: str, url: str):
         fcntl.flock(lock, fcntl.LOCK_EX)
         inode = os.fstat(lock.fileno()).st_ino
 
-        def waiters() -> int:  # blocked flock()s on the file: `->` lines of /proc/locks
-            lines = Path("/proc/locks").read_text().splitlines()
-            return sum(1 for line in lines if "->" in line and line.split()[-3].endswith(f":{inode}"))
+        def waiters(pids) -> int:  # these processes' blocked flock()s on the file: `->` lines of /proc/locks
+            lines = [line.split() for line in Path("/proc/locks").read_text().splitlines() if "->" in line]
+            return sum(1 for f in lines if f[-3].endswith(f":{inode}") and int(f[-4]) in pids)
         return lock.close, waiters
     import psycopg2
     con = psycopg2.connect(url)
     con.autocommit = True
     con.cursor().execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
 
-    def waiters() -> int:
+    def waiters(pids) -> int:
         with con.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
                         "database = (SELECT oid FROM pg_database WHERE datname = current_database())")
@@ -208,7 +208,13 @@ def test_two_migrators_at_once_migrate_once(backend, tmp_path, scratch_database)
     try:
         procs = [subprocess.Popen([sys.executable, "-m", "cli", "db", "migrate"], cwd=str(ROOT), env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-        wait_until(lambda: waiters() == 2, what="both migrators waiting for the lock")
+        pids = {proc.pid for proc in procs}
+
+        def both_wait() -> bool:
+            gone = [proc for proc in procs if proc.poll() is not None]
+            assert not gone, [proc.communicate() for proc in gone]  # a migrator that ended before the lock: why
+            return waiters(pids) == 2
+        wait_until(both_wait, what="both migrators waiting for the lock")
     finally:
         release()
     outputs = [proc.communicate(timeout=300) for proc in procs]
