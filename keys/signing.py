@@ -5,7 +5,7 @@ A key signs from its `not_before` on. A rotated key gets `not_before` = now + th
 time, so it is in the JWKS (and in every relying party's cached copy of it) before it signs
 anything. An older key stays published until every token it could have signed has expired:
 `retain_seconds` after its successor started signing. Key objects are built once per key and
-cached; every process reloads the set when told the keys changed (`hotcache.changes`), never on
+cached; every process reloads the set when told the keys changed (`app_cache.changes`), never on
 the request path.
 """
 from __future__ import annotations

@@ -2,11 +2,11 @@
 client type (public or confidential), declared SMART scopes and REST-network settings.
 
 Every change to an application ends with `runtime.changes.announce(APPLICATIONS)`: each process
-keeps applications in memory (hotcache) and drops them when it hears of a change.
+keeps applications in memory (app_cache) and drops them when it hears of a change.
 """
 from __future__ import annotations
 
-from hotcache.applications import TOPIC as APPLICATIONS
+from app_cache.applications import TOPIC as APPLICATIONS
 from fhir_api.limits import rate_text
 from lifecycle.manifest_validation import validate
 from lifecycle.organizations import find_organization, invalid

@@ -8,7 +8,7 @@ application row on each request).
 """
 from __future__ import annotations
 
-from hotcache.applications import TOPIC as APPLICATIONS
+from app_cache.applications import TOPIC as APPLICATIONS
 from lifecycle.manifest_validation import FIELDS, ManifestInvalid, validate  # noqa: F401  (ManifestInvalid: re-exported)
 from lifecycle.applications import find_application
 from models.application import Application

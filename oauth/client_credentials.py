@@ -1,6 +1,6 @@
 """The client credentials grant: a partner API token bound to the application (at `/v1` only).
 
-No database work: the application comes from the in-memory cache (`hotcache`), and the token is
+No database work: the application comes from the in-memory cache (`app_cache`), and the token is
 not recorded (a revocation would put its jti on the deny-list, `oauth.denylist`)."""
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import hmac
 
-from hotcache.applications import TOPIC as APPLICATIONS
+from app_cache.applications import TOPIC as APPLICATIONS
 from models.application import Application
 from models.audit import AuditEvent
 from models.ids import new_secret

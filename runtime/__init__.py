@@ -19,8 +19,8 @@ from audit.chain import KEY_LABEL as DISCLOSURE_KEY_LABEL
 from audit.writer import ChainWriter
 from conf import Settings
 from fhir_api import fhir_base_url
-from hotcache.applications import TOPIC as APPLICATIONS, ApplicationCache
-from hotcache.changes import ChangeFeed
+from app_cache.applications import TOPIC as APPLICATIONS, ApplicationCache
+from app_cache.changes import ChangeFeed
 from keys.ehr_client import EhrClientKeys
 from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key, previous_hmac_keys
@@ -62,7 +62,7 @@ class Runtime:
                                prepublish_seconds=settings.key_prepublish_seconds, clock=self.clock.time,
                                legacy_dir=settings.keys_dir)
         self.tokens = TokenService(self.keyring, settings.issuer_claim, self.clock)
-        # Hot-path state in memory (applications, keys), refreshed on change; see hotcache/.
+        # Hot-path state in memory (applications, keys), refreshed on change; see app_cache/.
         self.changes = ChangeFeed(self.db, settings.redis_url, settings.redis_namespace)
         self.applications = ApplicationCache()
         self.changes.subscribe(APPLICATIONS, self.applications.clear)

@@ -200,7 +200,7 @@ def test_no_private_names_of_peewee():
 
 
 DOMAIN_PACKAGES = ("errors", "models", "oauth", "lifecycle", "partner_api", "workers", "connectors", "storage", "keys", "fhir_api",
-                   "ratelimit", "hotcache", "runtime", "billing", "console", "hub")
+                   "ratelimit", "app_cache", "runtime", "billing", "console", "hub")
 
 
 def test_the_domain_never_serves_http():

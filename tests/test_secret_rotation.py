@@ -54,7 +54,7 @@ async def secret_is_valid(api, app, secret) -> bool:
 
 async def refused_within_a_second(api, app, secret) -> None:
     """Every process keeps applications in memory; a change made by another process (the CLI)
-    reaches it within a second (hotcache): wait for that, and fail if it takes longer."""
+    reaches it within a second (app_cache): wait for that, and fail if it takes longer."""
     deadline = asyncio.get_running_loop().time() + 1.0
     while await secret_is_valid(api, app, secret):
         assert asyncio.get_running_loop().time() < deadline, "the change did not arrive within 1 s"

@@ -1,5 +1,5 @@
 """The FHIR R4 connector (`ehr: fhir`): a clinic's EHR over HL7 FHIR R4 (US Core), reached with
-SMART Backend Services. The only module that knows FHIR search syntax.
+SMART Backend Services. FHIR search syntax is `query.py`'s alone.
 
 An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id at that EHR
 (`fhir_client_id`) and `fhir_auth`: `smart-backend` (default) or `none` (an open test server).

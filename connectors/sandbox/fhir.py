@@ -14,7 +14,7 @@ in R4's spelling (`usr-…`, `models.ids.fhir_id`), the clinic's Organization it
 a patient's resources `{kind}-{patient hex}-{n}` (an Observation adds `-{vital}`), so a read finds its
 patient without a scan; ids are never reused across kinds. The FHIR API hands ids in already
 normalised (an old `pat_…` spelling is read as `pat-…`: `fhir_api.search.resource_id`). Rendering to FHIR is
-`connectors.fhir_render`'s.
+`connectors.sandbox.render`'s.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import itertools
 import re
 from types import MappingProxyType
 
-from connectors import fhir_render
+from connectors.sandbox import render
 from connectors.base import PatientNotFound, Provider, ResourceNotFound, ResourceQuery
 from connectors.matching import date_of, matches
 from models.ids import fhir_id, sandbox_id
@@ -42,7 +42,7 @@ _KINDS = MappingProxyType(dict(CHART_KINDS))
 RECORD_KINDS = frozenset(kind for kind, _ in CHART_KINDS[5:])
 """The record types beyond the chart's (`SandboxFhir._us_core`)."""
 _CHART_ID = re.compile(r"^(%s)-([0-9a-f]{16})-(\d{1,4})(?:-(%s))?$" % ("|".join(_KINDS.values()),
-                                                                    "|".join(fhir_render.VITAL_SUFFIXES)))
+                                                                    "|".join(render.VITAL_SUFFIXES)))
 PROVENANCE_OF = ("Condition", "AllergyIntolerance", "MedicationRequest", "Immunization", "Procedure")
 """The record entries each with a Provenance (in this order)."""
 DIRECTORY = ("Organization", "Location", "Medication", "PractitionerRole")
@@ -120,10 +120,10 @@ class SandboxFhir:
     # -- resources ---------------------------------------------------------------------------
     def _patients(self, wanted):
         system = f"urn:svc-auth:sandbox:{self.organization_id}:patient"
-        return (fhir_render.patient(p, system) for p in self.panel() if wanted is None or p.id in wanted)
+        return (render.patient(p, system) for p in self.panel() if wanted is None or p.id in wanted)
 
     def _practitioners(self):
-        return [fhir_render.practitioner(fhir_id(u.id), u.given_name, u.family_name, u.npi) for u in self.physicians()]
+        return [render.practitioner(fhir_id(u.id), u.given_name, u.family_name, u.npi) for u in self.physicians()]
 
     def _appointments(self, practitioner_id, patient_id, start, end):
         today = dt.datetime.combine(self.now().date(), dt.time())
@@ -137,7 +137,7 @@ class SandboxFhir:
             provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
             for appointment in self.fetch_appointments(provider, start, end, as_of=today):
                 if not patient_id or appointment.patient.id == patient_id:
-                    found.append(fhir_render.appointment(appointment, fhir_id(user.id), f"Dr. {user.display_name}"))
+                    found.append(render.appointment(appointment, fhir_id(user.id), f"Dr. {user.display_name}"))
         found.sort(key=lambda r: (r["start"], r["id"]))
         return iter(found)
 
@@ -151,21 +151,21 @@ class SandboxFhir:
             yield from self._us_core(resource_type, key, patient_id, chart)
         elif resource_type == "Condition":
             for n, problem in enumerate(chart.problems):
-                yield fhir_render.condition(sandbox_id("cnd", key, n), patient_id, problem)
+                yield render.condition(sandbox_id("cnd", key, n), patient_id, problem)
         elif resource_type == "MedicationRequest":
             for n, medication in enumerate(chart.medications):
-                yield fhir_render.medication_request(sandbox_id("med", key, n), patient_id, medication,
+                yield render.medication_request(sandbox_id("med", key, n), patient_id, medication,
                                                      self._medication_id(medication["name"]))
         elif resource_type == "AllergyIntolerance":
             for n, allergy in enumerate(chart.allergies):
-                yield fhir_render.allergy_intolerance(sandbox_id("alg", key, n), patient_id, allergy)
+                yield render.allergy_intolerance(sandbox_id("alg", key, n), patient_id, allergy)
         elif resource_type == "Encounter":
             for n, encounter in enumerate(chart.encounters()):
-                yield fhir_render.encounter(sandbox_id("enc", key, n), patient_id, encounter,
+                yield render.encounter(sandbox_id("enc", key, n), patient_id, encounter,
                                             f"urn:svc-auth:sandbox:{self.organization_id}:encounter")
         elif resource_type == "Observation":
             for n, encounter in enumerate(chart.encounters()):
-                yield from fhir_render.observations(sandbox_id("obs", key, n), patient_id, sandbox_id("enc", key, n),
+                yield from render.observations(sandbox_id("obs", key, n), patient_id, sandbox_id("enc", key, n),
                                                          encounter)
 
 
@@ -179,13 +179,13 @@ class SandboxFhir:
     def _directory(self, resource_type: str) -> list[dict]:
         org, location = fhir_id(self.organization_id), self._location_id()
         if resource_type == "Organization":
-            return [fhir_render.organization(org, self.organization_name)]
+            return [render.organization(org, self.organization_name)]
         if resource_type == "Location":
-            return [fhir_render.location(location, org, f"{self.organization_name} clinic")]
+            return [render.location(location, org, f"{self.organization_name} clinic")]
         if resource_type == "Medication":
-            return [fhir_render.medication(self._medication_id(name), name, dose)
+            return [render.medication(self._medication_id(name), name, dose)
                     for name, dose, _ in self.medication_catalogue()]
-        return [fhir_render.practitioner_role(sandbox_id("rol", u.id.rpartition('_')[2]), fhir_id(u.id), org, location)
+        return [render.practitioner_role(sandbox_id("rol", u.id.rpartition('_')[2]), fhir_id(u.id), org, location)
                 for u in self.physicians()]
 
     # -- the rest of a patient's US Core record ----------------------------------------------------
@@ -197,39 +197,39 @@ class SandboxFhir:
         def ident(n: int, of: str = prefix) -> str:
             return sandbox_id(of, key, n)
         if kind == "Immunization":
-            return [fhir_render.immunization(ident(n), patient_id, *item) for n, item in enumerate(record["immunizations"])]
+            return [render.immunization(ident(n), patient_id, *item) for n, item in enumerate(record["immunizations"])]
         if kind == "Procedure":
-            return [fhir_render.procedure(ident(n), patient_id, *item) for n, item in enumerate(record["procedures"])]
+            return [render.procedure(ident(n), patient_id, *item) for n, item in enumerate(record["procedures"])]
         if kind == "Device":
-            return [fhir_render.device(ident(n), patient_id, *item) for n, item in enumerate(record["devices"])]
+            return [render.device(ident(n), patient_id, *item) for n, item in enumerate(record["devices"])]
         if kind == "Goal":
-            return [fhir_render.goal(ident(n), patient_id, *item) for n, item in enumerate(record["goals"])]
+            return [render.goal(ident(n), patient_id, *item) for n, item in enumerate(record["goals"])]
         if kind == "ServiceRequest":
-            return [fhir_render.service_request(ident(n), patient_id, *item) for n, item in enumerate(record["reports"])]
+            return [render.service_request(ident(n), patient_id, *item) for n, item in enumerate(record["reports"])]
         if kind == "Specimen":
-            return [fhir_render.specimen(ident(n), patient_id, ident(n, "srq"), day)
+            return [render.specimen(ident(n), patient_id, ident(n, "srq"), day)
                     for n, (_, _, day) in enumerate(record["reports"])]
         if kind == "DiagnosticReport":
-            return [fhir_render.diagnostic_report(ident(n), patient_id, org, code, text, day, ident(n, "srq"), ident(n, "spc"))
+            return [render.diagnostic_report(ident(n), patient_id, org, code, text, day, ident(n, "srq"), ident(n, "spc"))
                     for n, (code, text, day) in enumerate(record["reports"])]
         if kind == "DocumentReference":
-            return [fhir_render.document_reference(ident(n), patient_id, org, text, day)
+            return [render.document_reference(ident(n), patient_id, org, text, day)
                     for n, (_, text, day) in enumerate(record["reports"])]
         if kind == "FamilyMemberHistory":
-            return [fhir_render.family_member_history(ident(n), patient_id, *item) for n, item in enumerate(record["family"])]
+            return [render.family_member_history(ident(n), patient_id, *item) for n, item in enumerate(record["family"])]
         if kind == "RelatedPerson":
-            return [fhir_render.related_person(ident(0), patient_id, *record["related"])]
+            return [render.related_person(ident(0), patient_id, *record["related"])]
         if kind == "Coverage":
-            return [fhir_render.coverage(ident(0), patient_id, *record["coverage"])]
+            return [render.coverage(ident(0), patient_id, *record["coverage"])]
         if kind == "CarePlan":
-            return [fhir_render.care_plan(ident(0), patient_id, *record["care_plan"])]
+            return [render.care_plan(ident(0), patient_id, *record["care_plan"])]
         if kind == "CareTeam":
-            return [fhir_render.care_team(ident(0), patient_id, org)]
+            return [render.care_team(ident(0), patient_id, org)]
         if kind == "QuestionnaireResponse":
-            return [fhir_render.questionnaire_response(ident(0), patient_id, *record["questionnaire"])]
+            return [render.questionnaire_response(ident(0), patient_id, *record["questionnaire"])]
         if kind == "MedicationDispense":
-            return [fhir_render.medication_dispense(ident(n), patient_id, self._medication_id(m["name"]), ident(n, "med"),
+            return [render.medication_dispense(ident(n), patient_id, self._medication_id(m["name"]), ident(n, "med"),
                                                     m.get("started")) for n, m in enumerate(chart.medications)]
         targets = [r for of in PROVENANCE_OF for r in self._chart_resources(of, patient_id)]  # Provenance
-        return [fhir_render.provenance(ident(n), patient_id, target, org, (date_of(target) or "2016-01-04")[:10])
+        return [render.provenance(ident(n), patient_id, target, org, (date_of(target) or "2016-01-04")[:10])
                 for n, target in enumerate(targets)]

@@ -1,4 +1,4 @@
-"""The sandbox EHR: deterministic, realistic, de-identified data generated per organization.
+"""The sandbox EHR's generator: deterministic, realistic, de-identified data generated per organization.
 
 Every value derives from a hash of (organization id, what is asked), so the same question gives
 the same answer on every machine and run, and nothing is stored. All people are synthetic.
@@ -24,9 +24,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
                              Provider)
-from connectors import fhir_render
+from connectors.sandbox import render
 from connectors.fhir.spool import observation_of
-from connectors.sandbox_fhir import SandboxFhir, patient_key
+from connectors.sandbox.fhir import SandboxFhir, patient_key
 from models.directory import User
 from models.ids import fhir_id, sandbox_id
 
@@ -248,7 +248,7 @@ class SandboxConnector(SandboxFhir):
         """The patient's US Core data beyond the chart, as plain values by kind, from its own draws
         (the chart's are unchanged): immunizations, procedures, devices, goals, lab reports (each
         with its order, specimen and note), family history, a related person, coverage, a care
-        plan, a questionnaire; rendered by `connectors.fhir_render`."""
+        plan, a questionnaire; rendered by `connectors.sandbox.render`."""
         rng = _rng(self.organization_id, patient_id, "us-core")
         return {
             "immunizations": [(code, text, _date(rng).isoformat()) for code, text in rng.sample(IMMUNIZATIONS, rng.randint(1, 3))],
@@ -285,7 +285,7 @@ class SandboxConnector(SandboxFhir):
         sandbox's FHIR API serves, read as a FHIR EHR's are (`connectors.fhir.spool.observation_of`)."""
         key = patient_key(patient_id)
         for n, encounter in enumerate(self._encounters(patient_id, count)):
-            for resource in fhir_render.observations(sandbox_id("obs", key, n), patient_id, sandbox_id("enc", key, n),
+            for resource in render.observations(sandbox_id("obs", key, n), patient_id, sandbox_id("enc", key, n),
                                                      encounter):
                 yield observation_of(resource)
 
