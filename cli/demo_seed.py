@@ -3,7 +3,7 @@ example SMART app (a public client, examples/smart_app) installed.
 
 Seeding is idempotent: the same ids on every run against the same database. The demo client
 secret is derived from the server's HMAC key, so it is stable per deployment but never a constant
-in the source.
+in the source; after a rotation of that key, seeding again gives the app the secret the new key derives.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from lifecycle.users import create_user
 from hub.sandbox import create_signin_link, issue_sandbox_token
 from models.application import Application
 from oauth.cors import normalize_origin
+from oauth.secret_rotation import is_current_secret, rehash_secret
 from models.directory import Organization, User
 from models.ids import fhir_id
 
@@ -140,6 +141,9 @@ def seed_demo(runtime, app_base_url: str | None = None, reset: bool = False) -> 
                 runtime, "Example Partner App", f"{app_base_url}/app", f"{app_base_url}/launch",
                 f"{app_base_url}/api/token", "free_trial", ["email", "name", "ehrUsername", "organization"],
                 [settings.public_url], application_id=app_id, client_id=DEMO_CLIENT_ID, client_secret=secret)
+        elif not is_current_secret(app, secret, runtime.hasher):
+            # SVC_HMAC_KEY was rotated: the secret derived from it changed, so the app gets the new one.
+            rehash_secret(runtime, app, secret)
         install_application(app_id, DEMO_ORG_ID)
         _seed_smart_app(runtime, app_base_url)
     physician = User.get_by_id(DEMO_PHYSICIAN_ID)

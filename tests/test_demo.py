@@ -153,3 +153,24 @@ def test_demo_seed_follows_the_app_port_only_when_told(settings, runtime):
     moved = json.loads(run_cli(env, "demo", "seed", "--app-url", "http://127.0.0.1:9202", "--json").stdout)
     app = Application.get_by_id(moved["application_id"])
     assert app.redirect_uri == "http://127.0.0.1:9202/app" and moved["client_secret"] == first["client_secret"]
+
+
+def test_the_demo_secret_it_prints_after_an_hmac_key_rotation_authenticates(settings, runtime):
+    """`demo seed` derives the demo app's secret from SVC_HMAC_KEY. After a rotation it prints the
+    secret derived from the new key, and that secret is the one the app now has: before, the stored
+    hash was still the old secret's, so the printed secret (and the example partner app) got 401."""
+    from oauth.clients import authenticate_client
+    from runtime import Runtime
+    env = demo_env(settings, SVC_ISSUER=settings.issuer)
+    first = json.loads(run_cli(env, "demo", "seed", "--app-url", "http://127.0.0.1:9101", "--json").stdout)
+    new_key = "r" * 40
+    rotated_env = dict(env, SVC_HMAC_KEY=new_key, SVC_HMAC_KEY_PREVIOUS=env["SVC_HMAC_KEY"])
+    again = json.loads(run_cli(rotated_env, "demo", "seed", "--json").stdout)
+    assert again["client_secret"] != first["client_secret"]
+    rotated = Runtime(settings.replace(hmac_key=new_key, hmac_key_previous=(env["SVC_HMAC_KEY"],)))
+    try:
+        app = authenticate_client(rotated, {"client_id": again["client_id"], "client_secret": again["client_secret"]},
+                                  None)
+        assert app.id == again["application_id"]
+    finally:
+        rotated.close()
