@@ -13,7 +13,7 @@ import re
 import tornado.routing
 import tornado.web
 
-from conf.logging import redact, request_id_var
+from conf.logging import AccessRecord, redact, request_id_var
 from ops.proxy import client_address, warn_if_misconfigured
 
 access_log = logging.getLogger("svc_auth.access")
@@ -87,13 +87,10 @@ def log_request(handler) -> None:
     if access_log.isEnabledFor(level):
         # The record is made here and handed to the logger's handlers as `Logger.log` would, less
         # its walk up the stack for a caller (file, line) that the JSON line never shows.
-        access_log.handle(access_log.makeRecord(access_log.name, level, __file__, 0, "%s %s %d",
-                                                (request.method, route, status), None, "log_request", {
-            "request_id": request_id_for(request),
-            "method": request.method, "route": route, "path": redact(request.uri), "status": status,
-            "duration_ms": round(seconds * 1000, 2),
-            "client": client_address(request, settings) if settings is not None else request.remote_ip,
-        }))
+        access_log.handle(AccessRecord(
+            access_log.name, level, request_id_for(request), request.method, route, redact(request.uri), status,
+            round(seconds * 1000, 2),
+            client_address(request, settings) if settings is not None else request.remote_ip))
 
 
 class _TrackedDelegate(tornado.web._HandlerDelegate):
