@@ -29,8 +29,8 @@ def request_id_for(request) -> str:
     secret: no `getrandom` syscall per request; `random` reseeds itself in a forked process)."""
     rid = getattr(request, "_svc_request_id", None)
     if rid is None:
-        incoming = request.headers.get(REQUEST_ID_HEADER)
-        if incoming is not None and _SANE_REQUEST_ID.match(incoming := incoming.strip()):
+        headers = request.headers  # `in` first: a missing header's `get` raises and catches a KeyError
+        if REQUEST_ID_HEADER in headers and _SANE_REQUEST_ID.match(incoming := headers[REQUEST_ID_HEADER].strip()):
             rid = incoming
         else:
             rid = f"{random.getrandbits(128):032x}"
