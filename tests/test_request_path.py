@@ -1,17 +1,21 @@
 """The framework's per-request floor (issue 37): literal routes by lookup, log lines written once
-per IOLoop turn, and that neither changes what a request gets or what the log says."""
+per IOLoop turn, Nagle off once per connection, and that none changes what a request gets or
+what the log says."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import socket
 import threading
 
 import pytest
 import tornado.httputil
+import tornado.netutil
 import tornado.web
 
 from conf.logging import JsonFormatter
+from ops.balance import BalancedAcceptor, ConnectionCounts, CountingHTTPServer, Slot
 from ops.logwrites import LoopBatchedStream, batch_log_writes
 from ops.observability import ObservedApplication, exact_routes, literal_path
 from server import make_app
@@ -139,3 +143,42 @@ def test_restoring_writes_what_is_pending_and_gives_the_stream_back():
     finally:
         loop.close()
         root.removeHandler(handler)
+
+
+class NoDelayReport(tornado.web.RequestHandler):
+    async def get(self):
+        sock = self.request.connection.stream.socket
+        self.finish(str(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0))
+
+
+def test_an_accepted_connection_keeps_nagle_off_for_every_request():
+    """TCP_NODELAY is set once when a connection is accepted and stays on (Tornado's toggling
+    per request, two setsockopt calls, is skipped): seen from the handler, request after request."""
+    loop = asyncio.new_event_loop()
+    listener = tornado.netutil.bind_sockets(0, "127.0.0.1")
+    port = listener[0].getsockname()[1]
+
+    async def run():
+        server = CountingHTTPServer(tornado.web.Application([(r"/nodelay", NoDelayReport)]),
+                                    slot=Slot(ConnectionCounts(1), 0))
+        acceptor = BalancedAcceptor(server, listener)
+        acceptor.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            answers = []
+            for _ in range(3):  # one keep-alive connection
+                writer.write(b"GET /nodelay HTTP/1.1\r\nHost: x\r\n\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                answers.append(await reader.readexactly(length))
+            writer.close()
+            assert answers == [b"True"] * 3
+        finally:
+            acceptor.stop()
+            await server.close_all_connections()
+
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
