@@ -13,7 +13,7 @@ import re
 import tornado.routing
 import tornado.web
 
-from conf.logging import AccessRecord, redact, request_id_var
+from conf.logging import AccessRecord, redact, request_id_var, sole_json_handler
 from ops.proxy import client_address, warn_if_misconfigured
 
 access_log = logging.getLogger("svc_auth.access")
@@ -85,12 +85,14 @@ def log_request(handler) -> None:
         warn_if_misconfigured(request, settings, access_log, handler.application.proxy_warnings)
     level = logging.INFO if status < 500 else logging.ERROR
     if access_log.isEnabledFor(level):
-        # The record is made here and handed to the logger's handlers as `Logger.log` would, less
-        # its walk up the stack for a caller (file, line) that the JSON line never shows.
-        access_log.handle(AccessRecord(
-            access_log.name, level, request_id_for(request), request.method, route, redact(request.uri), status,
-            round(seconds * 1000, 2),
-            client_address(request, settings) if settings is not None else request.remote_ip))
+        fields = (request_id_for(request), request.method, route, redact(request.uri), status, round(seconds * 1000, 2),
+                  client_address(request, settings) if settings is not None else request.remote_ip)
+        # Written straight to the JSON handler when it alone would get the record (`serve`), else
+        # the record goes to the logger's handlers as `Logger.log` would hand it, less its walk up
+        # the stack for a caller (file, line) that the JSON line never shows.
+        handler = sole_json_handler(access_log, level)
+        if handler is None or not handler.emit_access(access_log.name, level, *fields):
+            access_log.handle(AccessRecord(access_log.name, level, *fields))
 
 
 class _TrackedDelegate(tornado.web._HandlerDelegate):

@@ -4,6 +4,7 @@ what the log says."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import socket
@@ -14,7 +15,7 @@ import tornado.httputil
 import tornado.netutil
 import tornado.web
 
-from conf.logging import JsonFormatter
+from conf.logging import AccessRecord, JsonFormatter, JsonLineHandler, sole_json_handler
 from ops.balance import BalancedAcceptor, ConnectionCounts, CountingHTTPServer, Slot
 from ops.logwrites import LoopBatchedStream, batch_log_writes
 from ops.observability import ObservedApplication, exact_routes, literal_path
@@ -182,3 +183,44 @@ def test_an_accepted_connection_keeps_nagle_off_for_every_request():
         loop.run_until_complete(run())
     finally:
         loop.close()
+
+
+def test_the_access_line_written_directly_is_the_line_the_logger_writes():
+    """`serve`'s JSON handler, alone on the way up from a logger, writes an access line straight
+    to its stream: the bytes the record would have become (but for its own timestamp); with
+    anyone else on the way (a filter, another handler), the record goes the general way."""
+    stream = io.StringIO()
+    handler = JsonLineHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    parent, log = logging.getLogger("svc_auth.test_direct"), logging.getLogger("svc_auth.test_direct.access")
+    parent.addHandler(handler)
+    parent.propagate = False
+    try:
+        assert sole_json_handler(log, logging.INFO) is handler
+        fields = ("r" * 32, "GET", "/healthz", "/healthz/\u00e9\\x?y", 200, 0.25, "10.0.0.1")
+        for level, status in ((logging.INFO, 200), (logging.ERROR, 503)):
+            fields = fields[:4] + (status,) + fields[5:]
+            assert handler.emit_access(log.name, level, *fields)
+            direct = stream.getvalue().splitlines()[-1]
+            general = JsonFormatter().format(AccessRecord(log.name, level, *fields))
+            assert direct.split(",", 1)[1] == general.split(",", 1)[1] and direct.startswith('{"ts":"')
+            assert json.loads(direct)["status"] == status
+        # a text that may hold a secret: nothing written here, the general path redacts it
+        assert not handler.emit_access(log.name, logging.INFO, *fields[:3], "/cb?code=abc", *fields[4:])
+        quiet = logging.StreamHandler(io.StringIO())
+        quiet.setLevel(logging.ERROR)
+        parent.addHandler(quiet)
+        assert sole_json_handler(log, logging.INFO) is handler  # a handler above the level gets nothing
+        assert sole_json_handler(log, logging.ERROR) is None
+        parent.removeHandler(quiet)
+        log.addFilter(lambda record: True)
+        assert sole_json_handler(log, logging.INFO) is None
+        log.filters.clear()
+        handler.addFilter(lambda record: True)
+        assert sole_json_handler(log, logging.INFO) is None
+        handler.filters.clear()
+        parent.propagate = True  # the root's handlers (pytest's) would get it too
+        assert sole_json_handler(log, logging.INFO) is None or not logging.getLogger().handlers
+    finally:
+        parent.removeHandler(handler)
+        parent.propagate = True
