@@ -82,7 +82,8 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def prepare(self):
         bind_request_id(self)  # again: a subclass may override set_default_headers
-        if len(self.request.body or b"") > self.svc_settings.max_body_bytes:
+        body = self.request.body  # empty for most requests: no settings to look up then
+        if body and len(body) > self.svc_settings.max_body_bytes:
             raise ApiError(413, "request_too_large",
                            f"The request body is larger than {self.svc_settings.max_body_bytes} bytes.")
 
