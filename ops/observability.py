@@ -85,13 +85,14 @@ def log_request(handler) -> None:
         warn_if_misconfigured(request, settings, access_log, handler.application.proxy_warnings)
     level = logging.INFO if status < 500 else logging.ERROR
     if access_log.isEnabledFor(level):
-        fields = (request_id_for(request), request.method, route, redact(request.uri), status, round(seconds * 1000, 2),
+        fields = (request_id_for(request), request.method, route, redact(request.uri), status,
+                  round(seconds * 1000, 2),
                   client_address(request, settings) if settings is not None else request.remote_ip)
         # Written straight to the JSON handler when it alone would get the record (`serve`), else
         # the record goes to the logger's handlers as `Logger.log` would hand it, less its walk up
         # the stack for a caller (file, line) that the JSON line never shows.
-        handler = sole_json_handler(access_log, level)
-        if handler is None or not handler.emit_access(access_log.name, level, *fields):
+        json_handler = sole_json_handler(access_log, level)
+        if json_handler is None or not json_handler.emit_access(access_log.name, level, *fields):
             access_log.handle(AccessRecord(access_log.name, level, *fields))
 
 
