@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import sys
+import time
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("svc_request_id", default=None)
 """The id of the HTTP request this code runs for; set by the HTTP layer (`ops.observability`)."""
@@ -53,6 +54,101 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 
 _UNREDACTED = frozenset({"ts", "level", "logger", "request_id"})  # ours, never the caller's text
 _LINE_JSON = json.JSONEncoder(default=str, separators=(",", ":"))  # built once, not per line
+_JSON_TEXT = json.encoder.encode_basestring_ascii  # what _LINE_JSON writes for a str (C)
+
+
+class AccessRecord(logging.LogRecord):
+    """The record of one HTTP request's access line (`ops.observability.log_request`): a plain
+    `LogRecord` of message `"%s %s %d"` (method, route, status) with the access fields as
+    attributes, as `extra=` would give them. `JsonFormatter` writes it without walking the
+    record's attributes, byte for byte the line the general path writes."""
+
+    def __init__(self, name: str, level: int, request_id: str, method: str, route: str, path: str, status: int,
+                 duration_ms: float, client: str):
+        super().__init__(name, level, __file__, 0, "%s %s %d", (method, route, status), None, "log_request")
+        self.request_id, self.method, self.route, self.path = request_id, method, route, path
+        self.status, self.duration_ms, self.client = status, duration_ms, client
+        self._size = len(self.__dict__) + 1  # with `_size` itself: an attribute added later shows
+
+
+def _access_line(formatter: "JsonFormatter", record: AccessRecord) -> str | None:
+    """The JSON line of an access record, or None when the general path must write it (an
+    attribute added by a filter, a field of another type, a text that may hold a secret)."""
+    if len(record.__dict__) != record._size or record.exc_info:
+        return None
+    return access_line(formatter, record.created, record.levelname, record.name, record.getMessage(),
+                       record.request_id, record.method, record.route, record.path, record.status,
+                       record.duration_ms, record.client)
+
+
+def access_line(formatter: "JsonFormatter", created: float, levelname: str, name: str, message: str,
+                request_id: str, method: str, route: str, path: str, status: int, duration_ms: float,
+                client: str) -> str | None:
+    """The line JsonFormatter's general path writes for an access record of these fields, or None
+    when that path must write it (a field of another type, a text that may hold a secret)."""
+    if (not request_id or type(status) is not int or type(duration_ms) is not float
+            or not type(method) is type(route) is type(path) is type(client) is type(request_id) is str):
+        return None
+    if _MAY_HOLD_SECRET.search(f"{message}\n{method}\n{route}\n{path}\n{client}"):
+        return None
+    return (f'{{"ts":"{formatter.timestamp(created)}","level":{_JSON_TEXT(levelname)},'
+            f'"logger":{_JSON_TEXT(name)},"message":{_JSON_TEXT(message)},'
+            f'"request_id":{_JSON_TEXT(request_id)},'
+            f'"method":{_JSON_TEXT(method)},"route":{_JSON_TEXT(route)},"path":{_JSON_TEXT(path)},'
+            f'"status":{status!r},"duration_ms":{duration_ms!r},"client":{_JSON_TEXT(client)}}}')
+
+
+class JsonLineHandler(logging.StreamHandler):
+    """The JSON handler `configure_logging` installs on the root logger. When it is the only
+    handler an access record would reach (`sole_json_handler`), the access line is written to
+    its stream directly (`emit_access`): the bytes, the lock and the flush `Handler.handle` would
+    give, without making the record or walking the loggers for it."""
+
+    _svc_json = True
+
+    def emit_access(self, name: str, level: int, request_id: str, method: str, route: str, path: str,
+                    status: int, duration_ms: float, client: str) -> bool:
+        """Write the access line of these fields; False (nothing written) when the record must
+        go the general way (another formatter, a field it cannot vouch for)."""
+        formatter = self.formatter
+        if type(formatter) is not JsonFormatter:
+            return False
+        line = access_line(formatter, time.time(), logging.getLevelName(level), name, f"{method} {route} {status}",
+                           request_id, method, route, path, status, duration_ms, client)
+        if line is None:
+            return False
+        self.acquire()
+        try:
+            self.stream.write(line + self.terminator)
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(AccessRecord(name, level, request_id, method, route, path, status, duration_ms, client))
+        finally:
+            self.release()
+        return True
+
+
+def sole_json_handler(logger: logging.Logger, level: int) -> JsonLineHandler | None:
+    """The JsonLineHandler a record of `level` from `logger` would reach alone: none of the
+    logger's filters (the only logger filters a record meets), no other handler on the way up
+    and no handler filter; else None."""
+    if logger.filters or logger.disabled:
+        return None
+    found = None
+    current = logger
+    while current is not None:
+        for handler in current.handlers:
+            if level < handler.level:
+                continue
+            if found is not None or type(handler) is not JsonLineHandler or handler.filters:
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    return found
 
 
 class JsonFormatter(logging.Formatter):
@@ -76,6 +172,10 @@ class JsonFormatter(logging.Formatter):
         return f"{text}.{micros // 1000:03d}+00:00"
 
     def format(self, record: logging.LogRecord) -> str:
+        if type(record) is AccessRecord:  # one per request: written directly (same bytes)
+            line = _access_line(self, record)
+            if line is not None:
+                return line
         entry = {
             "ts": self.timestamp(record.created),
             "level": record.levelname,
@@ -104,9 +204,8 @@ def configure_logging(level: str = "INFO", stream=None) -> logging.Handler:
     for existing in list(root.handlers):
         if getattr(existing, "_svc_json", False):
             root.removeHandler(existing)
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = JsonLineHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
-    handler._svc_json = True
     # basicConfig-style plain handlers would print the same records again, unredacted.
     for existing in list(root.handlers):
         if type(existing) is logging.StreamHandler and getattr(existing, "stream", None) in (sys.stderr, sys.stdout):

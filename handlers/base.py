@@ -72,6 +72,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def clear(self):
         self._svc_bound_request_id = None  # the headers go: set_default_headers binds the id again
+        self._svc_no_store = False
         super().clear()
 
     def set_default_headers(self):
@@ -81,7 +82,8 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def prepare(self):
         bind_request_id(self)  # again: a subclass may override set_default_headers
-        if len(self.request.body or b"") > self.svc_settings.max_body_bytes:
+        body = self.request.body  # empty for most requests: no settings to look up then
+        if body and len(body) > self.svc_settings.max_body_bytes:
             raise ApiError(413, "request_too_large",
                            f"The request body is larger than {self.svc_settings.max_body_bytes} bytes.")
 
@@ -134,6 +136,18 @@ class BaseHandler(tornado.web.RequestHandler):
         return params
 
     # -- output --------------------------------------------------------------------------
+    def no_store(self) -> None:
+        """`Cache-Control: no-store`, and no `ETag`: nobody may keep this answer, so nobody can
+        revalidate it (If-None-Match), and hashing the body for a validator is waste."""
+        self.set_header("Cache-Control", "no-store")
+        self._svc_no_store = True
+
+    def compute_etag(self):
+        return None if self._svc_no_store else super().compute_etag()
+
+    def check_etag_header(self) -> bool:
+        return not self._svc_no_store and super().check_etag_header()
+
     def write_json(self, value, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=UTF-8")

@@ -32,12 +32,12 @@ class AuthorizeHandler(VariantHandler):
                 location = request.error_location(err)
             else:
                 return self.render_untrusted_error(err)
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.redirect(location)
 
     def render_untrusted_error(self, err: AuthorizeError):
         self.set_status(400)
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         if "application/json" in (self.request.headers.get("Accept") or ""):
             return self.write_json({"error": err.error, "error_description": err.description,
                                     "message": err.description}, 400)
@@ -48,7 +48,7 @@ class AuthorizeHandler(VariantHandler):
 
 class TokenHandler(CorsHandler, VariantHandler):
     async def post(self):
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.set_header("Pragma", "no-cache")
         params, authorization = self.body_params(), self.request.headers.get("Authorization")
         if "Origin" in self.request.headers:  # a browser's request (CORS); servers send none
@@ -64,7 +64,7 @@ class TokenHandler(CorsHandler, VariantHandler):
 
 class UserInfoHandler(CorsHandler, VariantHandler):
     async def get(self):
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         caller = await self.run(USERINFO.caller, self.runtime, self.request.headers.get("Authorization"))
         if self.request.headers.get("Origin"):
             await self.allow_origin_of(caller.app.client_id)
@@ -80,7 +80,7 @@ class IntrospectionHandler(CorsHandler, VariantHandler):
     the app's token for that user (it records the authorization)."""
 
     async def post(self):
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         params = self.body_params()
         authorization = self.request.headers.get("Authorization") or ""
         if not authorization.lower().startswith("bearer "):
@@ -96,7 +96,7 @@ class RevocationHandler(CorsHandler, VariantHandler):
     """RFC 7009: an authenticated client revokes one of its own tokens; 200 whatever the token was."""
 
     async def post(self):
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         params, authorization = self.body_params(), self.request.headers.get("Authorization")
         await self.allow_origin_of(claimed_client_id(params, authorization))
         await self.run(revoke, self.runtime, params, authorization, self.client_address())

@@ -7,14 +7,14 @@ from handlers.base import BaseHandler
 
 class HealthHandler(BaseHandler):
     async def get(self):  # no I/O: answers even while every dependency is down
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.write_json({"status": "ok"})
 
 
 class ReadinessHandler(BaseHandler):
     async def get(self):
         ready, checks = await self.run(self.runtime.readiness.report, self.runtime)
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.write_json({"status": "ready" if ready else "unavailable", "checks": checks},
                         status=200 if ready else 503)
 
@@ -23,7 +23,7 @@ class MetricsHandler(BaseHandler):
     async def get(self):
         body, content_type = await self.run(self.runtime.metrics.exposition)  # queue depths may ask Redis
         self.set_header("Content-Type", content_type)
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.finish(body)
 
 

@@ -60,6 +60,7 @@ class Metrics:
         self.queue_depths = _QueueDepthCollector()
         self.registry.register(self.queue_depths)
         self._children: dict = {}
+        self._request_children: dict = {}  # (route, method, status) -> (count child, latency child)
 
     def _child(self, metric, *labels):
         """`metric.labels(*labels)`, remembered: the lookup costs more than the increment. Routes,
@@ -71,8 +72,13 @@ class Metrics:
         return child
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self._child(self.requests, route, method, str(status)).inc()
-        self._child(self.latency, route, method).observe(seconds)
+        key = (route, method, status)  # one lookup per request for both children
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(route, method, str(status)), self._child(self.latency, route, method))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def count_token_issued(self, grant: str) -> None:
         self._child(self.tokens, grant).inc()

@@ -13,7 +13,7 @@ import re
 import tornado.routing
 import tornado.web
 
-from conf.logging import redact, request_id_var
+from conf.logging import AccessRecord, redact, request_id_var, sole_json_handler
 from ops.proxy import client_address, warn_if_misconfigured
 
 access_log = logging.getLogger("svc_auth.access")
@@ -29,8 +29,8 @@ def request_id_for(request) -> str:
     secret: no `getrandom` syscall per request; `random` reseeds itself in a forked process)."""
     rid = getattr(request, "_svc_request_id", None)
     if rid is None:
-        incoming = request.headers.get(REQUEST_ID_HEADER)
-        if incoming is not None and _SANE_REQUEST_ID.match(incoming := incoming.strip()):
+        headers = request.headers  # `in` first: a missing header's `get` raises and catches a KeyError
+        if REQUEST_ID_HEADER in headers and _SANE_REQUEST_ID.match(incoming := headers[REQUEST_ID_HEADER].strip()):
             rid = incoming
         else:
             rid = f"{random.getrandbits(128):032x}"
@@ -85,15 +85,15 @@ def log_request(handler) -> None:
         warn_if_misconfigured(request, settings, access_log, handler.application.proxy_warnings)
     level = logging.INFO if status < 500 else logging.ERROR
     if access_log.isEnabledFor(level):
-        # The record is made here and handed to the logger's handlers as `Logger.log` would, less
-        # its walk up the stack for a caller (file, line) that the JSON line never shows.
-        access_log.handle(access_log.makeRecord(access_log.name, level, __file__, 0, "%s %s %d",
-                                                (request.method, route, status), None, "log_request", {
-            "request_id": request_id_for(request),
-            "method": request.method, "route": route, "path": redact(request.uri), "status": status,
-            "duration_ms": round(seconds * 1000, 2),
-            "client": client_address(request, settings) if settings is not None else request.remote_ip,
-        }))
+        fields = (request_id_for(request), request.method, route, redact(request.uri), status,
+                  round(seconds * 1000, 2),
+                  client_address(request, settings) if settings is not None else request.remote_ip)
+        # Written straight to the JSON handler when it alone would get the record (`serve`), else
+        # the record goes to the logger's handlers as `Logger.log` would hand it, less its walk up
+        # the stack for a caller (file, line) that the JSON line never shows.
+        json_handler = sole_json_handler(access_log, level)
+        if json_handler is None or not json_handler.emit_access(access_log.name, level, *fields):
+            access_log.handle(AccessRecord(access_log.name, level, *fields))
 
 
 class _TrackedDelegate(tornado.web._HandlerDelegate):

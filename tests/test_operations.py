@@ -10,7 +10,7 @@ import uuid
 import pytest
 import tornado.httputil
 
-from conf.logging import JsonFormatter, redact
+from conf.logging import AccessRecord, JsonFormatter, redact
 from ops.readiness import Readiness
 from ops.proxy import client_address, external_base_url
 from helpers import REDIS_URL, basic_auth, free_port
@@ -49,6 +49,18 @@ async def test_healthz_and_readyz(api, runtime):
     assert body["checks"]["redis"]["status"] == "skipped"  # not configured: in-process broker
     assert body["checks"]["object_store"]["status"] == "skipped"
     assert headers["Cache-Control"] == "no-store"
+
+
+@pytest.mark.gen_test
+async def test_an_answer_nobody_may_store_has_no_etag_and_others_keep_theirs(api, runtime):
+    """`no-store` answers carry no validator (nothing can revalidate what was not kept), so an
+    If-None-Match gets the answer itself; a cacheable answer keeps its ETag (its 304:
+    tests/test_one_vocabulary.py)."""
+    for path in ("/healthz", "/readyz"):
+        status, headers, _ = await api.call("GET", path, headers={"If-None-Match": "*"})
+        assert status == 200 and headers["Cache-Control"] == "no-store" and "Etag" not in headers, path
+    status, headers, _ = await api.call("GET", "/v1/schemas/chart.json")
+    assert status == 200 and headers.get("Etag")
 
 
 @pytest.mark.gen_test
@@ -195,6 +207,33 @@ def test_json_lines_redact_a_secret_in_any_field_and_keep_the_rest():
         assert line["route"] == "/v1/oauth/authorize" and line["message"] == "GET /cb"
     secret_message = logging.LogRecord("x", logging.INFO, __file__, 1, "token=%s", ("s3cr3t",), None)
     assert "s3cr3t" not in formatter.format(secret_message)
+
+
+def test_an_access_record_is_written_as_the_general_path_writes_its_fields():
+    """The access line's direct path (`AccessRecord`) gives the same bytes as the general walk
+    over a record's attributes, and leaves any line it cannot vouch for to that walk."""
+    formatter = JsonFormatter()
+
+    def both(level=logging.INFO, rid="a" * 32, method="GET", route="/healthz", path="/healthz", status=200,
+             duration=0.12, client="127.0.0.1", added=None):
+        fields = {"request_id": rid, "method": method, "route": route, "path": path, "status": status,
+                  "duration_ms": duration, "client": client}
+        access = AccessRecord("svc_auth.access", level, **fields)
+        plain = logging.LogRecord("svc_auth.access", level, __file__, 0, "%s %s %d", (method, route, status), None)
+        plain.__dict__.update(fields, **(added or {}))
+        plain.created = access.created
+        access.__dict__.update(added or {})
+        return formatter.format(access), formatter.format(plain)
+
+    cases = [{}, {"level": logging.ERROR, "status": 503}, {"path": "/x/\\ \u00e9\u2603\n\t"}, {"path": '/x?a="b"'},
+             {"path": "/cb?code=abc123&client_id=app1"}, {"method": "eyJabcd.efghij.klm"}, {"rid": ""},
+             {"client": "2001:db8::1"}, {"duration": 1234.5}, {"added": {"note": "a filter's"}}]
+    for case in cases:
+        direct, general = both(**case)
+        assert direct == general, case
+        assert json.loads(direct)["status"] == case.get("status", 200)
+    assert "abc123" not in both(path="/cb?code=abc123")[0]
+    assert json.loads(both(added={"note": "x"})[0])["note"] == "x"
 
 
 def _request(peer: str, **headers) -> tornado.httputil.HTTPServerRequest:

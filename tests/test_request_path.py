@@ -1,17 +1,22 @@
 """The framework's per-request floor (issue 37): literal routes by lookup, log lines written once
-per IOLoop turn, and that neither changes what a request gets or what the log says."""
+per IOLoop turn, Nagle off once per connection, and that none changes what a request gets or
+what the log says."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import socket
 import threading
 
 import pytest
 import tornado.httputil
+import tornado.netutil
 import tornado.web
 
-from conf.logging import JsonFormatter
+from conf.logging import AccessRecord, JsonFormatter, JsonLineHandler, sole_json_handler
+from ops.balance import BalancedAcceptor, ConnectionCounts, CountingHTTPServer, Slot
 from ops.logwrites import LoopBatchedStream, batch_log_writes
 from ops.observability import ObservedApplication, exact_routes, literal_path
 from server import make_app
@@ -139,3 +144,83 @@ def test_restoring_writes_what_is_pending_and_gives_the_stream_back():
     finally:
         loop.close()
         root.removeHandler(handler)
+
+
+class NoDelayReport(tornado.web.RequestHandler):
+    async def get(self):
+        sock = self.request.connection.stream.socket
+        self.finish(str(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0))
+
+
+def test_an_accepted_connection_keeps_nagle_off_for_every_request():
+    """TCP_NODELAY is set once when a connection is accepted and stays on (Tornado's toggling
+    per request, two setsockopt calls, is skipped): seen from the handler, request after request."""
+    loop = asyncio.new_event_loop()
+    listener = tornado.netutil.bind_sockets(0, "127.0.0.1")
+    port = listener[0].getsockname()[1]
+
+    async def run():
+        server = CountingHTTPServer(tornado.web.Application([(r"/nodelay", NoDelayReport)]),
+                                    slot=Slot(ConnectionCounts(1), 0))
+        acceptor = BalancedAcceptor(server, listener)
+        acceptor.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            answers = []
+            for _ in range(3):  # one keep-alive connection
+                writer.write(b"GET /nodelay HTTP/1.1\r\nHost: x\r\n\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                answers.append(await reader.readexactly(length))
+            writer.close()
+            assert answers == [b"True"] * 3
+        finally:
+            acceptor.stop()
+            await server.close_all_connections()
+
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
+def test_the_access_line_written_directly_is_the_line_the_logger_writes():
+    """`serve`'s JSON handler, alone on the way up from a logger, writes an access line straight
+    to its stream: the bytes the record would have become (but for its own timestamp); with
+    anyone else on the way (a filter, another handler), the record goes the general way."""
+    stream = io.StringIO()
+    handler = JsonLineHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    parent, log = logging.getLogger("svc_auth.test_direct"), logging.getLogger("svc_auth.test_direct.access")
+    parent.addHandler(handler)
+    parent.propagate = False
+    try:
+        assert sole_json_handler(log, logging.INFO) is handler
+        fields = ("r" * 32, "GET", "/healthz", "/healthz/\u00e9\\x?y", 200, 0.25, "10.0.0.1")
+        for level, status in ((logging.INFO, 200), (logging.ERROR, 503)):
+            fields = fields[:4] + (status,) + fields[5:]
+            assert handler.emit_access(log.name, level, *fields)
+            direct = stream.getvalue().splitlines()[-1]
+            general = JsonFormatter().format(AccessRecord(log.name, level, *fields))
+            assert direct.split(",", 1)[1] == general.split(",", 1)[1] and direct.startswith('{"ts":"')
+            assert json.loads(direct)["status"] == status
+        # a text that may hold a secret: nothing written here, the general path redacts it
+        assert not handler.emit_access(log.name, logging.INFO, *fields[:3], "/cb?code=abc", *fields[4:])
+        quiet = logging.StreamHandler(io.StringIO())
+        quiet.setLevel(logging.ERROR)
+        parent.addHandler(quiet)
+        assert sole_json_handler(log, logging.INFO) is handler  # a handler above the level gets nothing
+        assert sole_json_handler(log, logging.ERROR) is None
+        parent.removeHandler(quiet)
+        log.addFilter(lambda record: True)
+        assert sole_json_handler(log, logging.INFO) is None
+        log.filters.clear()
+        handler.addFilter(lambda record: True)
+        assert sole_json_handler(log, logging.INFO) is None
+        handler.filters.clear()
+        parent.propagate = True  # the root's handlers (pytest's) would get it too
+        assert sole_json_handler(log, logging.INFO) is None or not logging.getLogger().handlers
+    finally:
+        parent.removeHandler(handler)
+        parent.propagate = True
