@@ -15,13 +15,15 @@ from types import MappingProxyType
 import re
 from dataclasses import dataclass
 
+from models.fhir_grammar import RESOURCE_TYPE
+
 PERMISSION_ORDER = "cruds"
 V1_PERMISSIONS = MappingProxyType({"read": "rs", "write": "cud", "*": "cruds"})
 CONTEXTS = ("patient", "user", "system")
 # A declared context covers a requested one when it is at least as wide.
 _COVERS = MappingProxyType({"system": frozenset({"system", "user", "patient"}), "user": frozenset({"user", "patient"}),
                              "patient": frozenset({"patient"})})
-_SCOPE = re.compile(r"^(patient|user|system)/(\*|[A-Z][A-Za-z]{1,63})\.(read|write|\*|c?r?u?d?s?)$")
+_SCOPE = re.compile(rf"(patient|user|system)/(\*|{RESOURCE_TYPE.pattern})\.(read|write|\*|c?r?u?d?s?)")
 
 
 class ScopeSyntaxError(ValueError):
@@ -45,7 +47,7 @@ def is_resource_scope(name: str) -> bool:
 
 def parse(name: str) -> ResourceScope:
     """One resource scope; raises ScopeSyntaxError for an unknown shape or an empty permission set."""
-    match = _SCOPE.match(name)
+    match = _SCOPE.fullmatch(name)
     if not match or "?" in name:
         raise ScopeSyntaxError(f"{name!r} is not a SMART resource scope (context/Type.permissions, e.g. "
                                f"patient/Patient.rs).")
