@@ -268,6 +268,8 @@ def test_a_user_who_left_the_clinic_or_another_audience_is_refused(runtime, worl
 
 BAD_SEARCHES = [
     ("Patient", {"birthdate": "1970-02-30"}),              # a malformed value of a served parameter
+    ("Patient", {"birthdate": "\u0661\u0669\u0667\u0660"}),  # 1970 in Arabic-Indic digits: not a FHIR date
+    ("Appointment", {"date": "ge\u0662\u0660\u0662\u0666-01-01"}),
     ("Patient", {"name": ""}),
     ("Appointment", {"date": "tomorrow"}),
     ("Appointment", {"date": "ne2026-01-01"}),
@@ -282,6 +284,7 @@ BAD_SEARCHES = [
     ("Patient", {"_count": "ten"}),
     ("Patient", {"_count": "0"}),
     ("Patient", {"_count": "-1"}),
+    ("Patient", {"_count": "\u0661\u0660"}),                # 10 in Arabic-Indic digits
     ("Patient", {"_offset": "99999999999"}),
     ("Patient", {"_id": "a\x00b"}),
     ("Patient", {"_id": "x" * 600}),
