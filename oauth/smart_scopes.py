@@ -1,4 +1,8 @@
-"""SMART App Launch 2.2 resource scopes (`patient/…`, `user/…`, `system/…`): parse, grant, enforce.
+"""SMART App Launch 2.2 scopes: the launch scopes, and resource scopes (`patient/…`, `user/…`,
+`system/…`): parse, grant, enforce.
+
+The launch scopes (`LAUNCH_SCOPES`: `launch`, `launch/patient`) are the only ones that let a token
+carry the launch's context (its patient); `oauth.scopes` grants them as declared.
 
 A resource scope is `<context>/<Type or *>.<permissions>`: context `patient` (the launch's patient
 only), `user` (whatever the user may see in the clinic) or `system`; permissions are SMART v2
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 
 from models.fhir_grammar import RESOURCE_TYPE
 
+LAUNCH_SCOPES = ("launch", "launch/patient")
+"""SMART: the scopes that let a token carry the launch's context (its patient)."""
 PERMISSION_ORDER = "cruds"
 V1_PERMISSIONS = MappingProxyType({"read": "rs", "write": "cud", "*": "cruds"})
 CONTEXTS = ("patient", "user", "system")
