@@ -11,10 +11,12 @@ search's date value less its comparator prefix, which is the search's own): `YYY
 Each is matched whole, digits `0-9` only (never `\\d`, which also takes Arabic-Indic and other
 Unicode digits that `int()` then reads as a year; nor `$`, which lets a trailing newline through).
 What a date *means* (the period it covers) is its reader's: `connectors.matching.period` for a
-resource's date, `fhir_api.search` for a search value's.
+resource's date, `fhir_api.search` for a search value's; `fhir_day` reads a date that is a day (a
+birthDate).
 """
 from __future__ import annotations
 
+import datetime as dt
 import re
 
 RESOURCE_TYPE = re.compile(r"[A-Z][A-Za-z]{1,63}")
@@ -34,3 +36,16 @@ def date_parts(value) -> tuple[str | None, ...] | None:
     parts it leaves out None; None when `value` is not one (a string that matches `DATE` whole)."""
     match = DATE.fullmatch(value) if isinstance(value, str) else None
     return match.groups() if match else None
+
+
+def fhir_day(value) -> dt.date | None:
+    """The day a FHIR date `YYYY-MM-DD` names; None for anything else (another precision, a
+    dateTime, an impossible day such as `1970-02-30`, or what Python's ISO parser alone would take,
+    `1970-W01-1`)."""
+    parts = date_parts(value)
+    if parts is None or parts[2] is None or parts[3] is not None:
+        return None
+    try:
+        return dt.date(int(parts[0]), int(parts[1]), int(parts[2]))
+    except ValueError:
+        return None
