@@ -15,6 +15,7 @@ from helpers import ROOT, free_port, settings_env, start_process, stop_process
 from models.application import Installation
 from models.billing import BillableUse
 from partner_app_support import verify_on_platform, platform_verifies
+from ratelimit.policy import DEFAULT_LIMITS
 
 
 
@@ -146,7 +147,7 @@ async def test_billing_operation_shows_the_callers_billable_users_per_organizati
     await verify_on_platform(api, flow, world)  # the same user again this month: still one
     status, response_headers, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
     assert status == 200, body
-    assert response_headers["RateLimit-Limit"] == "10"
+    assert response_headers["RateLimit-Limit"] == str(DEFAULT_LIMITS["billing"].count)
     assert body["total_billable_users"] == 1
     [group] = body["organizations"]
     assert (group["organization_id"], group["organization_name"], group["billable_users"]) == (
@@ -202,11 +203,11 @@ async def test_billing_operation_is_rate_limited(api, world):
     import math
     now = api.runtime.clock.time()
     api.runtime.clock.advance(math.ceil(now / 60) * 60 - now + 0.5)
-    statuses = []
-    for _ in range(11):
+    statuses, allowed = [], DEFAULT_LIMITS["billing"].count
+    for _ in range(allowed + 1):
         status, response_headers, _ = await api.call("GET", billing_path(world.app.id, "2026-01"), headers=headers)
         statuses.append(status)
-    assert statuses == [200] * 10 + [429]
+    assert statuses == [200] * allowed + [429]
     assert int(response_headers["Retry-After"]) >= 1
 
 

@@ -9,6 +9,7 @@ import json
 import urllib.parse
 
 from connectors.sandbox import PANEL_SIZE
+from fhir_api.api import RETRY_AFTER_SECONDS
 from fhir_api_support import ALL_TYPES, Fhir, outcome, resources
 from helpers import as_service, clinic, mint_platform_token
 from js_support import http
@@ -102,7 +103,7 @@ def test_answers_and_refusals_over_http_are_fhir_json(live, runtime, world):
     fhir = Fhir(live, down.id, mint_platform_token(runtime, live, doc, world.app, down.id))
     for path in ("/Patient", "/Patient/pat-b15c092f2447b7a2"):
         status, headers, body = fhir.get(path)
-        assert status == 503 and headers["Retry-After"] == "5" and outcome(body) == "transient", body
+        assert status == 503 and headers["Retry-After"] == str(RETRY_AFTER_SECONDS) and outcome(body) == "transient", body
     assert fhir.get("/metadata")[0] == 200
 
 
