@@ -184,9 +184,11 @@ async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world
 async def test_billing_operation_bad_month_and_auth(api, world):
     from rest_helpers import partner_headers
     headers = await partner_headers(api, world.app, world.secret)
-    for month in (None, "", "2026-13", "2026-1", "26-01", "2026-01-01", "abcd-ef", "2026-00"):
+    for month in (None, "", "2026-13", "2026-1", "26-01", "2026-01-01", "abcd-ef", "2026-00",
+                  "%D9%A2%D9%A0%D9%A2%D9%A6-01", "2026-01%0A"):  # Arabic-Indic digits; a trailing newline
         status, _, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
         assert status == 400 and body["error"] == "invalid_month", month
+    api.runtime.clock.advance(DEFAULT_LIMITS["billing"].seconds)  # a new window of the billing rate limit
     status, _, body = await api.call("GET", billing_path(world.app.id) + "?month=2026-01&month=2026-02",
                                      headers=headers)
     assert status == 400

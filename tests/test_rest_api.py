@@ -264,7 +264,7 @@ async def test_appointments_bad_paging_and_access(api, world, clinic, other_app)
     headers = await partner_headers(api, world.app, world.secret)
     path = f"/v1/appointments/{world.org.id}"
     for query in (f"limit={MAX_LIMIT + 1}", "limit=-1", "limit=abc", "offset=-1", "offset=1.5", "limit=0", "limit=", "limit=1e2",
-                  "limit=1&limit=2"):
+                  "limit=1&limit=2", "limit=%D9%A1%D9%A0", "limit=1%0A"):  # 10 in Arabic-Indic digits; a newline
         status, _, body = await api.call("GET", f"{path}?{query}", headers=headers)
         assert status == 400 and body["error"] in ("invalid_pagination", "invalid_request"), query
     other_headers = await partner_headers(api, *other_app)
