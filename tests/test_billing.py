@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from billing.free_trial import TRIAL_DAYS
 from helpers import ROOT, free_port, settings_env, start_process, stop_process
 from models.application import Installation
 from models.billing import BillableUse
@@ -217,7 +218,7 @@ async def test_billing_operation_is_rate_limited(api, world):
 async def test_the_free_trial_is_free_and_billing_starts_on_day_31(api, flow, world, runtime):
     set_status(runtime, world, "Enabled", trial_days_ago=0)  # day 1
     await verify_on_platform(api, flow, world)
-    runtime.clock.advance(29 * 86400)  # day 30: still in the trial
+    runtime.clock.advance((TRIAL_DAYS - 1) * 86400)  # day 30: still in the trial
     await verify_on_platform(api, flow, world)
     assert BillableUse.select().count() == 0
     runtime.clock.advance(86400)  # day 31: the trial has ended; the app still returns the user
