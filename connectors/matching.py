@@ -13,7 +13,6 @@ matches [start, end) when its period overlaps it, as FHIR's date search prefixes
 from __future__ import annotations
 
 import datetime as dt
-import re
 from types import MappingProxyType
 
 import unicodedata
@@ -21,6 +20,7 @@ import unicodedata
 from connectors.base import Criterion, ResourceQuery
 from connectors.compartment import in_compartment, reference_id  # noqa: F401
 from connectors.us_core import SEARCH_PARAMS
+from models.fhir_grammar import date_parts
 from models.npi import NPI_SYSTEM
 
 DATE_ELEMENTS = MappingProxyType({
@@ -37,8 +37,6 @@ through a list, its first item). Types not listed have no date: a date range mat
 PERIOD_END = MappingProxyType({"Encounter": ("period", "end"), "Observation": ("effectivePeriod", "end"),
                                "Condition": ("onsetPeriod", "end")})
 """Where a type's date is a period, its end (a missing end: the start's own precision)."""
-_DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?"
-                   r"(Z|[+-]\d{2}:\d{2})?)?)?)?$")
 
 
 # -- references and the patient compartment: `connectors.compartment`'s (R4's CompartmentDefinition) --
@@ -76,10 +74,10 @@ def day_of(resource: dict) -> str:
 def period(value: str | None) -> tuple[dt.datetime, dt.datetime] | None:
     """[low, high) in naive UTC of a FHIR date or dateTime (a dateTime without a zone is taken
     as UTC); None when it is not one."""
-    match = _DATE.match(value or "")
-    if not match:
+    parts = date_parts(value)
+    if parts is None:
         return None
-    year, month, day, hour, minute, second, fraction, zone = match.groups()
+    year, month, day, hour, minute, second, fraction, zone = parts
     try:
         if hour is not None:
             low = dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second or 0),

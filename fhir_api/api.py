@@ -23,6 +23,7 @@ from fhir_api.bundle import search_url, searchset
 from fhir_api.outcome import FhirError, not_found
 from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id
 from models.directory import Organization
+from models.fhir_grammar import is_resource_type
 
 RETRY_AFTER_SECONDS = 5
 MAX_REVINCLUDED = 100
@@ -34,9 +35,11 @@ log = logging.getLogger("svc_auth.fhir_api")
 
 
 def supported_type(resource_type: str) -> str:
+    """`resource_type` when it is served, else 404 `not-supported` (naming it only when it is a
+    resource type's name, `models.fhir_grammar`: any other path segment is not echoed)."""
     if resource_type not in SUPPORTED_TYPES:
-        raise FhirError(404, "not-supported", f"{resource_type[:64]} is not served here; types: "
-                                              f"{', '.join(SUPPORTED_TYPES)}.")
+        named = resource_type if is_resource_type(resource_type) else "That resource type"
+        raise FhirError(404, "not-supported", f"{named} is not served here; types: {', '.join(SUPPORTED_TYPES)}.")
     return resource_type
 
 

@@ -20,6 +20,7 @@ from connectors import Criterion, ResourceQuery
 from connectors.matching import folded
 from connectors.us_core import INCLUDES, REFERENCE_TARGETS, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES  # noqa: F401
 from fhir_api.outcome import invalid
+from models.fhir_grammar import date_parts
 from models.ids import ID_RULE, fhir_id, is_id
 from models.npi import NPI_SYSTEM
 
@@ -31,8 +32,8 @@ MAX_COUNT = 100
 MAX_OFFSET = 100_000
 MAX_IDS = 100
 MAX_VALUE_LENGTH = 512
-_DATE = re.compile(r"^(eq|ge|gt|le|lt)?(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?"
-                   r"(Z|[+-]\d{2}:\d{2}))?)?)?$")
+DATE_PREFIXES = ("eq", "ge", "gt", "le", "lt")
+"""A date search value's comparator prefix (the date after it: `models.fhir_grammar.DATE`)."""
 
 
 class Unmatchable(Exception):
@@ -61,10 +62,11 @@ def reference(value: str, types: tuple[str, ...], base_url: str, name: str,
 
 
 def _bounds(value: str, name: str) -> tuple[dt.datetime | None, dt.datetime | None]:
-    match = _DATE.match(value)
-    if not match:
+    prefix = value[:2] if value[:2] in DATE_PREFIXES else None
+    parts = date_parts(value[2:] if prefix else value)
+    if parts is None:
         raise invalid(f"{name} must be [eq|ge|gt|le|lt]YYYY[-MM[-DD[Thh:mm[:ss]+zone]]], e.g. ge2026-01-01.")
-    prefix, year, month, day, hour, minute, second, zone = match.groups()
+    year, month, day, hour, minute, second, _, zone = parts
     if hour is not None and zone is None:
         raise invalid(f"{name}: a time needs a zone (Z or +hh:mm).")
     try:
@@ -100,7 +102,7 @@ def date_range(values: list[str], name: str) -> tuple[dt.datetime | None, dt.dat
 
 
 def _integer(value: str, name: str, low: int, high: int) -> int:
-    if not re.fullmatch(r"\d{1,7}", value):
+    if not re.fullmatch(r"[0-9]{1,7}", value):
         raise invalid(f"{name} must be a whole number.")
     number = int(value)
     if number < low:

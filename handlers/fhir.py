@@ -181,6 +181,6 @@ def routes(runtime) -> list:
     base = rf"{FHIR_PATH_PREFIX}/([^/]+)"
     return [
         (rf"{base}/metadata", MetadataHandler),
-        (rf"{base}/([A-Z][A-Za-z]+)/([^/]+)", ReadHandler),
-        (rf"{base}/([A-Z][A-Za-z]+)", SearchHandler),
+        (rf"{base}/([^/]+)/([^/]+)", ReadHandler),  # the type: `supported_type` (models.fhir_grammar)
+        (rf"{base}/([^/]+)", SearchHandler),
     ]

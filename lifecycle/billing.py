@@ -15,7 +15,7 @@ from models.directory import Organization, User
 from billing.free_trial import trial_state
 from errors import ApiError
 
-MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")  # anchored for the OpenAPI document; matched whole
 
 
 def is_billable(app, installation, now) -> bool:
@@ -39,7 +39,7 @@ def record_billable_use(app, user, installation, now) -> bool:
 
 
 def parse_month(value) -> str:
-    if not isinstance(value, str) or not MONTH.match(value):
+    if not isinstance(value, str) or not MONTH.fullmatch(value):
         raise ApiError(400, "invalid_month", "month must look like YYYY-MM, e.g. 2026-11.")
     return value
 

@@ -15,9 +15,7 @@ from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redi
 from oauth.launch_tokens import launch_token_response
 from oauth.scopes import refresh_access
 from oauth.smart_grants import revoke_grants_of_jtis, start_grant
-
-LAUNCH_CONTEXT_SCOPES = frozenset({"launch", "launch/patient"})
-"""SMART: the scopes that let a token carry the launch's context (its patient)."""
+from oauth.smart_scopes import LAUNCH_SCOPES
 
 
 def _normalised_or_none(uri: str) -> str | None:
@@ -129,7 +127,7 @@ class AuthorizationCodeGrant:
                 fhir_user = f"{runtime.fhir_base_url(grant.organization_id)}/Practitioner/{practitioner}"
         # SMART launch context: a launch with a patient puts it in the token and the response, and
         # only when the app was granted `launch` or `launch/patient` (SMART App Launch 2, scopes).
-        context = {"patient": grant.patient_id} if grant.patient_id and granted & LAUNCH_CONTEXT_SCOPES else {}
+        context = {"patient": grant.patient_id} if grant.patient_id and granted.intersection(LAUNCH_SCOPES) else {}
         response = launch_token_response(runtime, app, user, grant.organization_id, grant.installation, scope,
                                          context, grant.auth_time, with_billing, jti, grant.nonce, fhir_user)
         access = refresh_access(scope)

@@ -31,7 +31,7 @@ SUPPORTED_SCOPES = ("openid", "email", "profile", "ehr_username", "organization"
 OFFLINE_ACCESS, ONLINE_ACCESS = "offline_access", "online_access"
 REFRESH_SCOPES = (OFFLINE_ACCESS, ONLINE_ACCESS)
 """SMART: the scopes that give a grant a refresh token (offline outlives the hub session, online not)."""
-SMART_CONTEXT_SCOPES = ("launch", "launch/patient", "fhirUser", *REFRESH_SCOPES)
+SMART_CONTEXT_SCOPES = (*smart_scopes.LAUNCH_SCOPES, "fhirUser", *REFRESH_SCOPES)
 """SMART scopes that are not resource scopes: granted only when declared."""
 SMART_EXAMPLE_RESOURCE_SCOPES = ("patient/*.rs", "user/*.rs")
 """Resource scopes as discovery documents advertise them (any `patient/`/`user/` type and permission works)."""

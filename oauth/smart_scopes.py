@@ -1,4 +1,8 @@
-"""SMART App Launch 2.2 resource scopes (`patient/…`, `user/…`, `system/…`): parse, grant, enforce.
+"""SMART App Launch 2.2 scopes: the launch scopes, and resource scopes (`patient/…`, `user/…`,
+`system/…`): parse, grant, enforce.
+
+The launch scopes (`LAUNCH_SCOPES`: `launch`, `launch/patient`) are the only ones that let a token
+carry the launch's context (its patient); `oauth.scopes` grants them as declared.
 
 A resource scope is `<context>/<Type or *>.<permissions>`: context `patient` (the launch's patient
 only), `user` (whatever the user may see in the clinic) or `system`; permissions are SMART v2
@@ -15,13 +19,17 @@ from types import MappingProxyType
 import re
 from dataclasses import dataclass
 
+from models.fhir_grammar import RESOURCE_TYPE
+
+LAUNCH_SCOPES = ("launch", "launch/patient")
+"""SMART: the scopes that let a token carry the launch's context (its patient)."""
 PERMISSION_ORDER = "cruds"
 V1_PERMISSIONS = MappingProxyType({"read": "rs", "write": "cud", "*": "cruds"})
 CONTEXTS = ("patient", "user", "system")
 # A declared context covers a requested one when it is at least as wide.
 _COVERS = MappingProxyType({"system": frozenset({"system", "user", "patient"}), "user": frozenset({"user", "patient"}),
                              "patient": frozenset({"patient"})})
-_SCOPE = re.compile(r"^(patient|user|system)/(\*|[A-Z][A-Za-z]{1,63})\.(read|write|\*|c?r?u?d?s?)$")
+_SCOPE = re.compile(rf"(patient|user|system)/(\*|{RESOURCE_TYPE.pattern})\.(read|write|\*|c?r?u?d?s?)")
 
 
 class ScopeSyntaxError(ValueError):
@@ -45,7 +53,7 @@ def is_resource_scope(name: str) -> bool:
 
 def parse(name: str) -> ResourceScope:
     """One resource scope; raises ScopeSyntaxError for an unknown shape or an empty permission set."""
-    match = _SCOPE.match(name)
+    match = _SCOPE.fullmatch(name)
     if not match or "?" in name:
         raise ScopeSyntaxError(f"{name!r} is not a SMART resource scope (context/Type.permissions, e.g. "
                                f"patient/Patient.rs).")

@@ -29,13 +29,13 @@ from partner_api.access import installation_of, path_id
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 50
 MAX_OFFSET = 2**31 - 1
-_INTEGER = re.compile(r"^\d{1,10}$")
+_INTEGER = re.compile(r"[0-9]{1,10}")  # ASCII digits, matched whole
 
 
 def _integer(name: str, raw: str | None, default: int, low: int, high: int) -> int:
     if raw is None:
         return default
-    if not _INTEGER.match(raw) or not low <= int(raw) <= high:
+    if not _INTEGER.fullmatch(raw) or not low <= int(raw) <= high:
         raise ApiError(400, "invalid_pagination", f"{name} must be an integer from {low} to {high}, got {raw!r}.")
     return int(raw)
 

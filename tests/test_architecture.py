@@ -250,13 +250,18 @@ def test_one_grammar_for_ids():
 
 
 # An id's character class: only letters, digits, `_`, `.`, `-` (any order, escaped or not; `\w`
-# and `\d` count), holding letters and digits, repeated {1,64}. An NPI: ten digits. Resource types
-# (`[A-Z][A-Za-z]...`) wait for the FHIR search rewrite, which holds their copies today.
+# and `\d` count), holding letters and digits, repeated {1,64}. An NPI: ten digits. A resource
+# type: a capital, then a class of letters of both cases (`[A-Za-z]`, `[a-zA-Z]`), repeated
+# (`+`, `*`, `{1,63}`); a capitalised word (`[A-Z][a-z]+`) is not one. A FHIR date: a year of four
+# digits, then an optional `-month` (`(\d{4})(?:-...`); a fixed day (`\d{4}-\d{2}-\d{2}`) is not one.
 _ID_CLASS = re.compile(r"\[((?:A-Z|a-z|0-9|\\[wd.\-]|[_.\-])+)\]\{1,64\}")
 _NPI_GRAMMAR = re.compile(r"(?:\\d|\[0-9\]|\[\\d\])\{10\}")
+_RESOURCE_TYPE_GRAMMAR = re.compile(r"\[A-Z\]\[(?:A-Za-z|a-zA-Z)\](?:[+*]|\{)")
+_FHIR_DATE_GRAMMAR = re.compile(r"(?:\\d|\[0-9\])\{4\}\)?\(\?:-")
 NPI_SYSTEM_URI = "hl7.org/fhir/sid/us-npi"
 GRAMMAR_HOMES = MappingProxyType({"an id grammar": "models.ids", "an NPI grammar": "models.npi",
-                                  "the NPI system URI": "models.npi"})
+                                  "the NPI system URI": "models.npi", "a resource type grammar": "models.fhir_grammar",
+                                  "a FHIR date grammar": "models.fhir_grammar"})
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
@@ -273,8 +278,9 @@ def _is_id_class(members: str) -> bool:
 
 
 def grammar_literals(source: str) -> list[tuple[int, str]]:
-    """(line, what) for every string literal that spells an id or NPI grammar or the NPI system URI,
-    wherever it stands (a constant, a dict, a call's argument, an f-string's text); docstrings aside."""
+    """(line, what) for every string literal that spells an id, NPI, resource type or FHIR date
+    grammar or the NPI system URI, wherever it stands (a constant, a dict, a call's argument, a route, an f-string's
+    text); docstrings aside."""
     tree = ast.parse(source)
     skip = _docstrings(tree)
     found = []
@@ -287,13 +293,19 @@ def grammar_literals(source: str) -> list[tuple[int, str]]:
             found.append((node.lineno, "an NPI grammar"))
         if NPI_SYSTEM_URI in node.value:
             found.append((node.lineno, "the NPI system URI"))
+        if _RESOURCE_TYPE_GRAMMAR.search(node.value):
+            found.append((node.lineno, "a resource type grammar"))
+        if _FHIR_DATE_GRAMMAR.search(node.value):
+            found.append((node.lineno, "a FHIR date grammar"))
     return sorted(found)
 
 
-def test_the_id_and_npi_grammars_are_spelled_in_their_homes_only():
-    """models/ids.py holds the id grammar, models/npi.py the NPI grammar and system URI: every other
-    module imports them (a copy of the id pattern in the OpenAPI document admitted `.` and `..`; an
-    NPI spelled `\\d{10}` took Arabic-Indic digits), wherever the copy would stand."""
+def test_the_id_npi_resource_type_and_date_grammars_are_spelled_in_their_homes_only():
+    """models/ids.py holds the id grammar, models/npi.py the NPI grammar and system URI,
+    models/fhir_grammar.py the resource type and FHIR date grammars: every other module imports them
+    (a copy of the id pattern in the OpenAPI document admitted `.` and `..`; an NPI or date spelled
+    with `\\d` took Arabic-Indic digits; the FHIR API's route took a type of any length), wherever
+    the copy stands."""
     offenders = [f"{path.relative_to(ROOT)}:{line}: {what} outside {GRAMMAR_HOMES[what]}"
                  for name, path in project_modules().items()
                  for line, what in grammar_literals(path.read_text()) if name != GRAMMAR_HOMES[what]]
@@ -307,13 +319,19 @@ NPI = re.compile(r"^\d{10}$")
 def f(n):
     return re.fullmatch(r"[0-9]{10}", n) or f"{n}|" + "http://hl7.org/fhir/sid/us-npi"
 PATTERN = rf"Patient/([A-Za-z0-9\-.]{{1,64}})"
-NOT_ONE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$|[a-z0-9_-]{1,64}|[A-Za-z0-9_-]{1,100}|\d{1,10}|[A-Z][A-Za-z]{1,63}")
+ROUTES = [(rf"{base}/([A-Z][A-Za-z]+)/([^/]+)", ReadHandler)]
+_SCOPE = re.compile(r"^(patient|user|system)/(\*|[A-Z][a-zA-Z]{1,63})\.(read|write)$")
+_DATE = re.compile(r"^(eq|ge)?(\d{4})(?:-(\d{2}))?$|[0-9]{4}(?:-[0-9]{2})?")
+NOT_ONE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$|[a-z0-9_-]{1,64}|[A-Za-z0-9_-]{1,100}|\d{1,10}|[A-Z][a-z]+|[A-Z]{2}"
+                     r"|^\d{4}-\d{2}-\d{2}$|^\d{4}-(0[1-9]|1[0-2])$")
 '''
 
 
 def test_the_grammar_check_sees_a_copy_wherever_it_stands():
     assert grammar_literals(GRAMMAR_PROBE) == [(2, "an id grammar"), (3, "an id grammar"), (4, "an NPI grammar"),
-                                               (6, "an NPI grammar"), (6, "the NPI system URI"), (7, "an id grammar")]
+                                               (6, "an NPI grammar"), (6, "the NPI system URI"), (7, "an id grammar"),
+                                               (8, "a resource type grammar"), (9, "a resource type grammar"),
+                                               (10, "a FHIR date grammar")]
 
 
 def test_endpoint_urls_are_built_in_discovery_only():

@@ -23,6 +23,15 @@ async def client_token(api, client_id, secret, address, path="/v1/oauth/token"):
                                          "client_secret": secret}, headers=via(address))
 
 
+def start_window(runtime) -> FailurePolicy:
+    """Move the clock to the start of a failure window (one window for the whole test) and give the
+    limits as configured (SVC_AUTH_FAILURE_LIMIT per client, SVC_AUTH_ADDRESS_FAILURE_LIMIT per address)."""
+    policy = runtime.failure_policy()
+    window = policy.subject.seconds
+    runtime.clock.advance(window - runtime.clock.time() % window + 0.5)
+    return policy
+
+
 def trust_local_proxy(runtime):
     """The test client connects from 127.0.0.1; let it speak for other addresses through XFF."""
     runtime.settings = runtime.settings.replace(trusted_proxies=(ipaddress.ip_network("127.0.0.1/32"),))
@@ -37,17 +46,17 @@ def use_redis(runtime, namespace):
 
 async def guess_secrets(api, world, runtime):
     app = world.app
-    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)  # one window for the whole test
+    limit = start_window(runtime).subject
     trust_local_proxy(runtime)
     # The legitimate client works from its own address (which earns it nothing: no address is trusted).
     assert (await client_token(api, app.client_id, world.secret, LEGIT))[0] == 200
-    # An attacker guesses: 10 wrong secrets are checked (401), then wrong secrets are refused (429).
-    for n in range(10):
+    # An attacker guesses: the allowed wrong secrets (10) are checked (401), then refused (429).
+    for n in range(limit.count):
         status, _, body = await client_token(api, app.client_id, f"guess-{n}", ATTACKER)
         assert status == 401 and body["error"] == "invalid_client", (n, body)
     status, headers, body = await client_token(api, app.client_id, "guess-x", ATTACKER)
     assert status == 429 and body["error"] == "too_many_attempts"
-    assert 1 <= int(headers["Retry-After"]) <= 300
+    assert 1 <= int(headers["Retry-After"]) <= limit.seconds
     # Wrong secrets from any other address are refused for this client as well, the legitimate
     # client's own address included (its earlier success does not exempt its failures) ...
     assert (await client_token(api, app.client_id, "guess-y", "203.0.113.10"))[0] == 429
@@ -70,7 +79,7 @@ async def guess_secrets(api, world, runtime):
     assert events and any(e.detail["address"] == ATTACKER for e in events)
     assert all(e.subject == f"client:{app.client_id}" for e in events)
     # The next window checks secrets again.
-    runtime.clock.advance(300)
+    runtime.clock.advance(limit.seconds)
     assert (await client_token(api, app.client_id, "guess-next", ATTACKER))[0] == 401
 
 
@@ -87,9 +96,9 @@ async def test_secret_guessing_is_throttled_in_redis(api, world, runtime, redis_
 
 @pytest.mark.gen_test
 async def test_one_address_trying_many_clients_is_locked(api, world, runtime):
-    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
+    address_limit = start_window(runtime).address
     trust_local_proxy(runtime)
-    for n in range(50):
+    for n in range(address_limit.count):
         status, _, _ = await client_token(api, f"client-{n}", "secret", ATTACKER)
         assert status == 401
     assert (await client_token(api, "client-x", "secret", ATTACKER))[0] == 429
@@ -154,11 +163,11 @@ async def test_a_spray_of_wrong_secrets_cannot_lock_the_client_out_of_a_new_host
     """The lock-out we measured: after 50 wrong secrets for a (public) client_id from one address,
     the partner's backend moved to a new host got 429 for 5 minutes. Its right secret is answered."""
     use_redis(runtime, redis_namespace)
-    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
+    allowed = start_window(runtime).subject.count
     trust_local_proxy(runtime)  # the new host reaches us through a trusted proxy (X-Forwarded-For)
     app = world.app
     statuses = [(await client_token(api, app.client_id, f"spray-{n}", ATTACKER))[0] for n in range(50)]
-    assert statuses[:10] == [401] * 10 and set(statuses[10:]) == {429}
+    assert statuses[:allowed] == [401] * allowed and set(statuses[allowed:]) == {429}
     status, _, body = await client_token(api, app.client_id, world.secret, "198.51.100.200")
     assert status == 200 and body["token_type"] == "Bearer", body
 
@@ -168,12 +177,12 @@ async def test_an_address_that_once_succeeded_is_throttled_like_any_other(api, w
     """The open door we measured: 200 wrong secrets from an address that once succeeded all got 401
     and were never throttled. Its failures count like anyone's."""
     use_redis(runtime, redis_namespace)
-    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
+    allowed = start_window(runtime).subject.count
     trust_local_proxy(runtime)
     app = world.app
     assert (await client_token(api, app.client_id, world.secret, LEGIT))[0] == 200
-    statuses = [(await client_token(api, app.client_id, f"wrong-{n}", LEGIT))[0] for n in range(12)]
-    assert statuses == [401] * 10 + [429] * 2
+    statuses = [(await client_token(api, app.client_id, f"wrong-{n}", LEGIT))[0] for n in range(allowed + 2)]
+    assert statuses == [401] * allowed + [429] * 2
 
 
 def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp_path, redis_namespace):
@@ -186,9 +195,10 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
     from helpers import free_port, settings_env, start_process, stop_process
     import time
     ports = [free_port(), free_port()]
+    allowed, window = settings.auth_failure_limit
     # Both processes' clocks start a failure window (300 s) 1 s from now, so the spray never
     # straddles a window boundary, where the counts start again.
-    offset = 300 - time.time() % 300 + 1
+    offset = window - time.time() % window + 1
     env = settings_env(settings, SVC_REDIS_URL=REDIS_URL, SVC_REDIS_NAMESPACE=redis_namespace,
                        SVC_CLOCK_OFFSET=offset)
     procs = [start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / f"serve{port}.log")
@@ -206,15 +216,15 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
             return err.code, dict(err.headers), json.loads(err.read())
     try:
         first, second = ports
-        assert [token(first, f"wrong-{n}")[0] for n in range(10)] == [401] * 10
+        assert [token(first, f"wrong-{n}")[0] for n in range(allowed)] == [401] * allowed
         status, headers, body = token(second, "wrong-at-the-other")
-        assert status == 429 and body["error"] == "too_many_attempts" and 1 <= int(headers["Retry-After"]) <= 300
+        assert status == 429 and body["error"] == "too_many_attempts" and 1 <= int(headers["Retry-After"]) <= window
         assert token(first, world.secret)[0] == 200 and token(second, world.secret)[0] == 200
         # A client_id that does not exist is counted across the processes just the same (no oracle).
         unknown = "cli_" + "0" * 24
-        assert [token(second, f"wrong-{n}", unknown)[0] for n in range(10)] == [401] * 10
+        assert [token(second, f"wrong-{n}", unknown)[0] for n in range(allowed)] == [401] * allowed
         status, headers, body = token(first, "wrong-at-the-other", unknown)
-        assert status == 429 and body["error"] == "too_many_attempts" and 1 <= int(headers["Retry-After"]) <= 300
+        assert status == 429 and body["error"] == "too_many_attempts" and 1 <= int(headers["Retry-After"]) <= window
     finally:
         for proc in procs:
             stop_process(proc)
@@ -270,14 +280,14 @@ async def test_an_unknown_and_a_known_client_id_get_the_same_answers(api, world,
     one 401 x 8 then 429 x 32. Both are now counted: the same statuses, bodies and headers."""
     if store == "redis":
         use_redis(runtime, redis_namespace)
-    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)  # one window for the whole test
+    allowed = start_window(runtime).subject.count
     trust_local_proxy(runtime)
     unknown = "cli_" + "7" * 24  # shaped like a real one
     known, strange = [], []
     for n in range(40):  # in turns, so that both see the same clock
         known.append(await one_wrong(api, world.app.client_id, f"wrong-{n}", "198.51.100.1", basic))
         strange.append(await one_wrong(api, unknown, f"wrong-{n}", "198.51.100.2", basic))
-    assert [a[0] for a in known] == [401] * 10 + [429] * 30
+    assert [a[0] for a in known] == [401] * allowed + [429] * (40 - allowed)
     assert [without_countdown(k, u) for k, u in zip(known, strange)] == known
     # Each client is locked on its own: its owner's right secret still works, from anywhere.
     assert (await client_token(api, world.app.client_id, world.secret, "192.0.2.9"))[0] == 200
@@ -289,18 +299,18 @@ async def test_an_unknown_and_a_known_client_id_get_the_same_answers(api, world,
 async def test_a_client_id_is_normalized_before_it_is_counted_and_junk_is_refused(api, world, runtime):
     """A %-encoded client_id in Basic (RFC 6749 2.3.1) is the same client_id as in the body, so it
     counts on the same counter; what cannot be a client_id is refused clearly, before any lookup."""
-    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
+    allowed = start_window(runtime).subject.count
     trust_local_proxy(runtime)
     client_id = world.app.client_id
     encoded = "".join(f"%{ord(c):02X}" for c in client_id)
-    for n in range(5):
+    for n in range(allowed // 2):
         assert (await client_token(api, client_id, f"wrong-{n}", "198.51.100.3"))[0] == 401
-    for n in range(5):
+    for n in range(allowed - allowed // 2):
         status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials", headers={
             "Content-Type": "application/x-www-form-urlencoded", **via("198.51.100.4"),
             "Authorization": raw_basic(encoded, f"wrong-basic-{n}")})
         assert status == 401 and body["error"] == "invalid_client", body
-    assert (await client_token(api, client_id, "wrong-x", "198.51.100.5"))[0] == 429  # 10 on one counter
+    assert (await client_token(api, client_id, "wrong-x", "198.51.100.5"))[0] == 429  # all on one counter
 
     junk = {"overlong": "c" * 65, "a space": "cli 1", "non-ASCII": "cl\u00ee_1", "a newline": "cli_1\n",
             "a broken %-encoding": "%C3%28"}

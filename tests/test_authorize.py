@@ -90,7 +90,7 @@ async def test_launch_is_single_use(flow):
 @pytest.mark.gen_test
 async def test_launch_expires_after_five_minutes(flow, runtime):
     launch_id = await flow.launch()
-    runtime.clock.advance(301)
+    runtime.clock.advance(runtime.settings.launch_ttl + 1)  # SVC_LAUNCH_TTL, 300 s
     status, headers, _ = await flow.authorize(launch_id=launch_id)
     assert location_query(headers)["error"] == "invalid_request"
 
@@ -98,7 +98,7 @@ async def test_launch_expires_after_five_minutes(flow, runtime):
 @pytest.mark.gen_test
 async def test_launch_just_before_expiry_still_works(flow, runtime):
     launch_id = await flow.launch()
-    runtime.clock.advance(299)
+    runtime.clock.advance(runtime.settings.launch_ttl - 1)
     status, headers, _ = await flow.authorize(launch_id=launch_id)
     assert "code" in location_query(headers)
 

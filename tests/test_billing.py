@@ -11,10 +11,12 @@ import urllib.request
 
 import pytest
 
+from billing.free_trial import TRIAL_DAYS
 from helpers import ROOT, free_port, settings_env, start_process, stop_process
 from models.application import Installation
 from models.billing import BillableUse
 from partner_app_support import verify_on_platform, platform_verifies
+from ratelimit.policy import DEFAULT_LIMITS
 
 
 
@@ -146,7 +148,7 @@ async def test_billing_operation_shows_the_callers_billable_users_per_organizati
     await verify_on_platform(api, flow, world)  # the same user again this month: still one
     status, response_headers, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
     assert status == 200, body
-    assert response_headers["RateLimit-Limit"] == "10"
+    assert response_headers["RateLimit-Limit"] == str(DEFAULT_LIMITS["billing"].count)
     assert body["total_billable_users"] == 1
     [group] = body["organizations"]
     assert (group["organization_id"], group["organization_name"], group["billable_users"]) == (
@@ -183,9 +185,11 @@ async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world
 async def test_billing_operation_bad_month_and_auth(api, world):
     from rest_helpers import partner_headers
     headers = await partner_headers(api, world.app, world.secret)
-    for month in (None, "", "2026-13", "2026-1", "26-01", "2026-01-01", "abcd-ef", "2026-00"):
+    for month in (None, "", "2026-13", "2026-1", "26-01", "2026-01-01", "abcd-ef", "2026-00",
+                  "%D9%A2%D9%A0%D9%A2%D9%A6-01", "2026-01%0A"):  # Arabic-Indic digits; a trailing newline
         status, _, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
         assert status == 400 and body["error"] == "invalid_month", month
+    api.runtime.clock.advance(DEFAULT_LIMITS["billing"].seconds)  # a new window of the billing rate limit
     status, _, body = await api.call("GET", billing_path(world.app.id) + "?month=2026-01&month=2026-02",
                                      headers=headers)
     assert status == 400
@@ -202,11 +206,11 @@ async def test_billing_operation_is_rate_limited(api, world):
     import math
     now = api.runtime.clock.time()
     api.runtime.clock.advance(math.ceil(now / 60) * 60 - now + 0.5)
-    statuses = []
-    for _ in range(11):
+    statuses, allowed = [], DEFAULT_LIMITS["billing"].count
+    for _ in range(allowed + 1):
         status, response_headers, _ = await api.call("GET", billing_path(world.app.id, "2026-01"), headers=headers)
         statuses.append(status)
-    assert statuses == [200] * 10 + [429]
+    assert statuses == [200] * allowed + [429]
     assert int(response_headers["Retry-After"]) >= 1
 
 
@@ -214,7 +218,7 @@ async def test_billing_operation_is_rate_limited(api, world):
 async def test_the_free_trial_is_free_and_billing_starts_on_day_31(api, flow, world, runtime):
     set_status(runtime, world, "Enabled", trial_days_ago=0)  # day 1
     await verify_on_platform(api, flow, world)
-    runtime.clock.advance(29 * 86400)  # day 30: still in the trial
+    runtime.clock.advance((TRIAL_DAYS - 1) * 86400)  # day 30: still in the trial
     await verify_on_platform(api, flow, world)
     assert BillableUse.select().count() == 0
     runtime.clock.advance(86400)  # day 31: the trial has ended; the app still returns the user

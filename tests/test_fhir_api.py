@@ -9,6 +9,7 @@ import json
 import urllib.parse
 
 from connectors.sandbox import PANEL_SIZE
+from fhir_api.api import RETRY_AFTER_SECONDS
 from fhir_api_support import ALL_TYPES, Fhir, outcome, resources
 from helpers import as_service, clinic, mint_platform_token
 from js_support import http
@@ -16,6 +17,7 @@ from js_support import http
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from models.application import Application, Installation
+from models.audit import AuditEvent
 from models.directory import User
 
 
@@ -101,8 +103,24 @@ def test_answers_and_refusals_over_http_are_fhir_json(live, runtime, world):
     fhir = Fhir(live, down.id, mint_platform_token(runtime, live, doc, world.app, down.id))
     for path in ("/Patient", "/Patient/pat-b15c092f2447b7a2"):
         status, headers, body = fhir.get(path)
-        assert status == 503 and headers["Retry-After"] == "5" and outcome(body) == "transient", body
+        assert status == 503 and headers["Retry-After"] == str(RETRY_AFTER_SECONDS) and outcome(body) == "transient", body
     assert fhir.get("/metadata")[0] == 200
+
+
+def test_a_path_segment_that_names_no_served_type_gets_the_unsupported_types_answer(live, runtime, world):
+    """Whatever stands where the type goes (a type not served, a name of 70 or 10,000 letters, one
+    with a digit or in lower case) gets the one FHIR answer: 404 `not-supported`, naming the type
+    only when it is a resource type's name (`models.fhir_grammar`), and no audit record."""
+    fhir = Fhir(live, world.org.id, mint_platform_token(runtime, live, world.physician, world.app, world.org.id))
+    recorded = AuditEvent.select().count()
+    for name in ("Basic", "B" + "x" * 69, "B" + "x" * 9_999, "patient", "Patient2", "Pati3nt", "Patient%0A"):
+        for path in (f"/{name}", f"/{name}/pat-b15c092f2447b7a2"):
+            status, headers, body = fhir.get(path)
+            assert status == 404 and headers["Content-Type"].startswith("application/fhir+json"), (path[:20], body)
+            assert outcome(body) == "not-supported", (path[:20], body)
+            diagnostics = body["issue"][0]["diagnostics"]
+            assert ("Basic" in diagnostics) == (name == "Basic") and "xxxxx" not in diagnostics, diagnostics
+    assert AuditEvent.select().count() == recorded
 
 
 def test_tokens_that_are_missing_bad_expired_or_revoked_get_401(live, runtime, world):

@@ -16,7 +16,7 @@ from errors import ApiError
 from fhir_api import fhir_base_url
 from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
-from fhir_api.search import MAX_COUNT, date_range, search_arguments
+from fhir_api.search import MAX_COUNT, MAX_IDS, MAX_VALUE_LENGTH, date_range, search_arguments
 from fhir_api_support import ALL_TYPES, resources
 from helpers import clinic, fhir_caller, mint_platform_token
 from lifecycle.applications import install_application, register_application
@@ -268,6 +268,8 @@ def test_a_user_who_left_the_clinic_or_another_audience_is_refused(runtime, worl
 
 BAD_SEARCHES = [
     ("Patient", {"birthdate": "1970-02-30"}),              # a malformed value of a served parameter
+    ("Patient", {"birthdate": "\u0661\u0669\u0667\u0660"}),  # 1970 in Arabic-Indic digits: not a FHIR date
+    ("Appointment", {"date": "ge\u0662\u0660\u0662\u0666-01-01"}),
     ("Patient", {"name": ""}),
     ("Appointment", {"date": "tomorrow"}),
     ("Appointment", {"date": "ne2026-01-01"}),
@@ -282,10 +284,11 @@ BAD_SEARCHES = [
     ("Patient", {"_count": "ten"}),
     ("Patient", {"_count": "0"}),
     ("Patient", {"_count": "-1"}),
+    ("Patient", {"_count": "\u0661\u0660"}),                # 10 in Arabic-Indic digits
     ("Patient", {"_offset": "99999999999"}),
     ("Patient", {"_id": "a\x00b"}),
-    ("Patient", {"_id": "x" * 600}),
-    ("Patient", {"_id": ",".join(f"p{i}" for i in range(101))}),
+    ("Patient", {"_id": "x" * (MAX_VALUE_LENGTH + 1)}),
+    ("Patient", {"_id": ",".join(f"p{i}" for i in range(MAX_IDS + 1))}),
 ]
 BAD_IDS = ["a\x00b", "x" * 5000, "pat%2Fx", "..", "{\"a\":[[[[1]]]]}", "", ".", "pat_1\n"]
 """Ids as the handler hands them over (the path decoded once)."""

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
+from connectors.fhir.mapping import Unlisted, patient_of
 from connectors.fhir.spool import ChartSpool, document_of, observation_of
 
 LOINC = "http://loinc.org"
@@ -69,3 +72,16 @@ def test_the_spool_keeps_only_the_patients_resources_and_streams_them_back_to_se
     [encounter] = spool.read("encounters")
     assert (encounter.id, encounter.date, encounter.encounter_type) == ("e", dt.date(2024, 1, 2), "Office visit")
     spool.close()
+
+
+def test_a_birth_date_is_read_by_the_fhir_date_grammar():
+    """A birthDate is a FHIR date (`models.fhir_grammar`): a day shaped otherwise (an ISO week date,
+    which Python's own parser takes, Arabic-Indic digits, an impossible day) is no birthDate."""
+    def born(birth):
+        return patient_of({"resourceType": "Patient", "id": "p-1", "birthDate": birth}).date_of_birth
+
+    assert born("1970-01-02") == dt.date(1970, 1, 2)
+    assert born("1970-01") is None and born("1970") is None and born("") is None  # not a whole day: none
+    for impossible in ("1970-02-30", "1970-W01-1", "\u0661\u0669\u0667\u0660-01-02", "1970/01/02"):
+        with pytest.raises(Unlisted):
+            born(impossible)

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fhir_api_support import Fhir, outcome
+from handlers.fhir import EHR_BUSY_RETRY_AFTER
 from fhir_support import cli
 from helpers import (REDIS_URL, free_port, mint_platform_token, settings_env, start_process, stop_process,
                      wait_until)
@@ -153,7 +154,8 @@ async def test_a_browser_app_reads_its_limits(api, runtime, world):
     assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
     exposed = {h.strip() for h in headers["Access-Control-Expose-Headers"].split(",")}
     assert {"Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} <= exposed
-    assert headers["RateLimit-Limit"] == "200" and headers["RateLimit-Remaining"] == "199"  # the defaults
+    per_token = runtime.settings.fhir_token_rate_limit[0]  # the default, SVC_FHIR_TOKEN_RATE_LIMIT
+    assert headers["RateLimit-Limit"] == str(per_token) and headers["RateLimit-Remaining"] == str(per_token - 1)
 
 
 def test_apps_update_refuses_a_bad_fhir_rate_limit(capsys):
@@ -223,7 +225,7 @@ def test_requests_in_progress_to_one_clinics_ehr_are_capped(runtime, world, serv
             assert ehr.arrived.acquire(timeout=60), "a read did not reach the EHR"
         # Both slots of the clinic are in use: refused at once, and the EHR never sees it.
         status, headers, body = fhir.get("/Patient/p3")
-        assert status == 503 and outcome(body) == "transient" and headers["Retry-After"] == "2", body
+        assert status == 503 and outcome(body) == "transient" and headers["Retry-After"] == str(EHR_BUSY_RETRY_AFTER), body
         assert "RateLimit-Limit" in headers  # counted: it passed the rate limit
         assert ehr.count == 2
         # Another clinic on the same process is served meanwhile.

@@ -8,7 +8,7 @@ from jose import jwt
 @pytest.mark.gen_test
 async def test_launch_authorize_token_userinfo(api, flow, world):
     tokens = await flow.tokens()
-    assert tokens["token_type"] == "Bearer" and tokens["expires_in"] == 300
+    assert tokens["token_type"] == "Bearer" and tokens["expires_in"] == api.runtime.settings.access_token_ttl
     claims = jwt.get_unverified_claims(tokens["id_token"])
     assert claims["sub"] == world.physician.id
     assert claims["aud"] == world.app.client_id

@@ -58,7 +58,9 @@ def test_a_date_range_matches_what_overlaps_it():
     query = ResourceQuery("Observation", start=dt.datetime(2024, 3, 5), end=dt.datetime(2024, 3, 6))
     for effective, expected in (("2024-03-05", True), ("2024-03", True), ("2024", True), ("2024-03-04", False),
                                 ("2024-03-06", False), ("2024-03-05T23:59:59Z", True), ("2024-03-06T00:00:00Z", False),
-                                ("2024-03-05T20:00:00-05:00", False), ("2024-03-06T01:00:00+02:00", True)):
+                                ("2024-03-05T20:00:00-05:00", False), ("2024-03-06T01:00:00+02:00", True),
+                                # not FHIR dates (Arabic-Indic digits, a trailing newline): no date, no match
+                                ("\u0662\u0660\u0662\u0664-03-05", False), ("2024-03-05\n", False)):
         assert matches(observation("Patient/p", effectiveDateTime=effective), query) is expected, effective
     assert not matches(observation("Patient/p"), query)            # a range, and no date: no match
     assert matches(observation("Patient/p"), ResourceQuery("Observation"))

@@ -13,6 +13,7 @@ import urllib.parse
 import pytest
 from jose import jwt
 
+from billing.free_trial import TRIAL_DAYS
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
 from partner_app_support import PARTNER_SETTINGS, fetch, partner  # noqa: F401  (fixtures: fetch, partner)
@@ -131,7 +132,7 @@ async def test_user_not_in_the_app_records_gets_403(api, partner, world):
 @pytest.mark.gen_test
 async def test_trial_expired_unless_the_clinic_upgraded(api, partner, world, runtime, clock):
     p = partner()
-    (Installation.update(activation_status="Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
+    (Installation.update(activation_status="Enabled", trial_started_at=clock.now() - dt.timedelta(days=TRIAL_DAYS + 1))
      .where(Installation.application == p.app.id).execute())
     code, _ = await code_via_launch(api, p, world.physician)
     status, _, body = await app_token(api, p, code)
@@ -139,7 +140,7 @@ async def test_trial_expired_unless_the_clinic_upgraded(api, partner, world, run
     assert body["error"] == "trial_expired" and body["message"]
 
     upgraded = partner(upgraded_organizations={world.org.id})
-    (Installation.update(activation_status="Enabled", trial_started_at=clock.now() - dt.timedelta(days=31))
+    (Installation.update(activation_status="Enabled", trial_started_at=clock.now() - dt.timedelta(days=TRIAL_DAYS + 1))
      .where(Installation.application == upgraded.app.id).execute())
     code, _ = await code_via_launch(api, upgraded, world.physician)
     status, _, body = await app_token(api, upgraded, code)

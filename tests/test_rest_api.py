@@ -19,7 +19,7 @@ from models.audit import AuditEvent
 from models.directory import Organization, User
 from models.ids import ID_PATTERN, is_id
 from models.npi import NPI_PATTERN, is_npi
-from partner_api.appointments import DEFAULT_LIMIT
+from partner_api.appointments import DEFAULT_LIMIT, MAX_LIMIT
 from partner_api.testdata import TEST_APPOINTMENT_COUNT
 from rest_helpers import complete_snapshot, partner_headers
 
@@ -49,7 +49,7 @@ async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api
         assert body["error"] == "invalid_token" and resp_headers["WWW-Authenticate"].startswith("Bearer")
 
     # expired
-    clock.advance(301)  # client_token_ttl is 300 s
+    clock.advance(api.runtime.settings.client_token_ttl + 1)  # 300 s
     status, _, _ = await api.call("GET", path, headers=headers)
     assert status == 401
     clock.offset = 0
@@ -67,7 +67,7 @@ async def test_token_accepts_form_and_basic(api, world):
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
                                      headers={"Authorization": basic_auth(app.client_id, world.secret),
                                               "Content-Type": "application/x-www-form-urlencoded"})
-    assert status == 200 and body["token_type"] == "Bearer" and body["expires_in"] == 300
+    assert status == 200 and body["token_type"] == "Bearer" and body["expires_in"] == api.runtime.settings.client_token_ttl
     status, _, body = await api.call("POST", "/v1/oauth/token", {
         "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": "wrong"})
     assert status == 401 and body["error"] == "invalid_client"
@@ -234,10 +234,10 @@ async def test_appointments_pages_are_stable_and_only_authorized_providers(api, 
     path = f"/v1/appointments/{world.org.id}"
     status, _, first = await api.call("GET", path, headers=headers)
     assert status == 200
-    assert (first["offset"], first["limit"], first["total"]) == (0, 50, 60)
+    assert (first["offset"], first["limit"], first["total"]) == (0, DEFAULT_LIMIT, 60)
     assert first["snapshot_date"] == clinic["snapshot"].snapshot_date.isoformat()
-    status, _, second = await api.call("GET", path + "?offset=50&limit=50", headers=headers)
-    assert (second["offset"], len(second["appointments"])) == (50, 10)
+    status, _, second = await api.call("GET", path + f"?offset={DEFAULT_LIMIT}&limit={MAX_LIMIT}", headers=headers)
+    assert (second["offset"], len(second["appointments"])) == (DEFAULT_LIMIT, 60 - DEFAULT_LIMIT)
     seen = [a["id"] for a in first["appointments"] + second["appointments"]]
     assert len(seen) == len(set(seen)) == 60
     assert all(a["provider"]["user_id"] == world.physician.id for a in first["appointments"])
@@ -263,8 +263,8 @@ async def test_appointments_pages_are_stable_and_only_authorized_providers(api, 
 async def test_appointments_bad_paging_and_access(api, world, clinic, other_app):
     headers = await partner_headers(api, world.app, world.secret)
     path = f"/v1/appointments/{world.org.id}"
-    for query in ("limit=51", "limit=-1", "limit=abc", "offset=-1", "offset=1.5", "limit=0", "limit=", "limit=1e2",
-                  "limit=1&limit=2"):
+    for query in (f"limit={MAX_LIMIT + 1}", "limit=-1", "limit=abc", "offset=-1", "offset=1.5", "limit=0", "limit=", "limit=1e2",
+                  "limit=1&limit=2", "limit=%D9%A1%D9%A0", "limit=1%0A"):  # 10 in Arabic-Indic digits; a newline
         status, _, body = await api.call("GET", f"{path}?{query}", headers=headers)
         assert status == 400 and body["error"] in ("invalid_pagination", "invalid_request"), query
     other_headers = await partner_headers(api, *other_app)
@@ -276,7 +276,7 @@ async def test_appointments_bad_paging_and_access(api, world, clinic, other_app)
     org = create_organization("No Snapshot Yet")
     install_application(world.app.id, org.id)
     status, _, body = await api.call("GET", f"/v1/appointments/{org.id}", headers=headers)
-    assert status == 200 and body == {"appointments": [], "offset": 0, "limit": 50, "total": 0,
+    assert status == 200 and body == {"appointments": [], "offset": 0, "limit": DEFAULT_LIMIT, "total": 0,
                                       "snapshot_date": None}
 
 

@@ -10,6 +10,7 @@ import pyzipper
 from connectors.sandbox import patient_panel
 from lifecycle.applications import register_application
 from models.charts import ChartRequest
+from ratelimit.policy import DEFAULT_LIMITS
 from rest_helpers import partner_headers
 from chart_support import fetch_zip, wait_until_not_pending
 
@@ -34,7 +35,7 @@ async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, worl
     assert done["status"] == "ready" and done["ready_at"] and done["error"] is None
     status, resp_headers, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}",
                                                 headers=headers)
-    assert status == 200 and resp_headers["RateLimit-Limit"] == "50"
+    assert status == 200 and resp_headers["RateLimit-Limit"] == str(DEFAULT_LIMITS["chart_download_url"].count)
     response = await fetch_zip(api, body["download_url"], runtime)
     assert response.code == 200
     with pyzipper.AESZipFile(io.BytesIO(response.body)) as archive:

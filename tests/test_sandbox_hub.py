@@ -85,7 +85,7 @@ async def test_settings_page_shows_a_30_minute_sandbox_token(api, world, runtime
     assert status == 200 and headers["Cache-Control"] == "no-store"
     token = re.search(r'<textarea id="sandbox-token"[^>]*>([^<]+)</textarea>', page).group(1).strip()
     claims = runtime.tokens.verify(token, SANDBOX_AUDIENCE)
-    assert claims["sub"] == world.staff.id and claims["exp"] - claims["iat"] == 1800
+    assert claims["sub"] == world.staff.id and claims["exp"] - claims["iat"] == runtime.settings.sandbox_token_ttl
     assert "Valid for 30 minutes" in page
     status, _, body = await api.call("POST", "/v1/sandbox/launches", {"client_id": world.app.client_id},
                                       headers={"Authorization": f"Bearer {token}"})

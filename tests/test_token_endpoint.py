@@ -37,7 +37,7 @@ async def test_code_replay_fails_and_revokes_first_tokens(api, flow):
 @pytest.mark.gen_test
 async def test_code_expires_after_sixty_seconds(flow, runtime):
     code = await flow.code()
-    runtime.clock.advance(61)
+    runtime.clock.advance(runtime.settings.code_ttl + 1)  # 60 s
     status, _, body = await flow.exchange(code)
     assert status == 400 and body["error"] == "invalid_grant"
 

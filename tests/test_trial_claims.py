@@ -5,7 +5,7 @@ import pytest
 from jose import jwt
 
 from models.application import Application, Installation
-from billing.free_trial import trial_state
+from billing.free_trial import TRIAL_DAYS, trial_state
 
 START = dt.datetime(2026, 3, 1, 23, 59)  # late in the day: days count by UTC date, not 24 h spans
 
@@ -55,9 +55,9 @@ async def test_id_token_walks_the_trial_through_http(flow, world, runtime):
     now = runtime.clock.now()
     Installation.update(trial_started_at=now, activation_status="Enabled").where(
         Installation.application == world.app.id).execute()
-    assert await claims() == (True, 30)
+    assert await claims() == (True, TRIAL_DAYS)
     midnight_after = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time())
-    runtime.clock.advance((midnight_after - now).total_seconds() + 28 * 86400 + 60)  # day 30
+    runtime.clock.advance((midnight_after - now).total_seconds() + (TRIAL_DAYS - 2) * 86400 + 60)  # day 30
     assert await claims() == (True, 1)
     runtime.clock.advance(86400)  # day 31
     assert await claims() == (False, 0)

@@ -18,8 +18,9 @@ from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClie
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, RESOURCE_TYPE, TOKEN_VALUE, instant, search_params
+from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
+from models.fhir_grammar import is_resource_type
 from models.ids import is_id
 from models.npi import NPI_SYSTEM, is_npi
 
@@ -235,7 +236,7 @@ class FhirConnector:
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
         """`GET {base}/{type}/{id}`; `ResourceNotFound` when the EHR has none (404, 410) or the id
         cannot be a FHIR id."""
-        if not RESOURCE_TYPE.fullmatch(resource_type or "") or not is_id(resource_id):
+        if not is_resource_type(resource_type) or not is_id(resource_id):
             raise ResourceNotFound(f"No {str(resource_type)[:64]} has id {str(resource_id)[:64]!r} in this EHR.")
         try:
             resource = self.client.get(f"{resource_type}/{resource_id}")

@@ -8,6 +8,7 @@ import logging
 from connectors.base import LISTED_STATUSES, Appointment, Patient
 from connectors.fhir.spool import text_of
 from connectors.fhir.transport import relative_to_base
+from models.fhir_grammar import fhir_day
 
 MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made relative (deeper: left out)
 REFERENCE_KEYS = ("reference", "fullUrl", "url")
@@ -117,10 +118,9 @@ def patient_of(resource: dict) -> Patient:
     given = name.get("given") if isinstance(name.get("given"), list) else []
     birth = resource.get("birthDate")
     birth = birth if isinstance(birth, str) else ""
-    try:
-        born = dt.date.fromisoformat(birth) if len(birth) == 10 else None
-    except ValueError:
-        raise Unlisted("impossible birthDate") from None
+    born = fhir_day(birth)
+    if born is None and len(birth) == 10:  # shaped as a day, and not one FHIR writes
+        raise Unlisted("impossible birthDate")
     return Patient(id=resource["id"], first_name=" ".join(g for g in given if isinstance(g, str)),
                    last_name=_string(name.get("family")), date_of_birth=born, sex=_string(resource.get("gender")) or "unknown")
 

@@ -3,15 +3,14 @@ FHIR search syntax."""
 from __future__ import annotations
 
 import datetime as dt
-import re
 from types import MappingProxyType
 
 from connectors.base import Criterion, ResourceQuery
 from connectors.compartment import in_patient_compartment
+from models.fhir_grammar import is_resource_type
 from models.ids import R4_ID, is_id
 from models.npi import NPI_SYSTEM
 
-RESOURCE_TYPE = re.compile(r"[A-Z][A-Za-z]{1,63}")
 TOKEN_VALUE = R4_ID  # an identifier value (R4 id characters): no `,` (OR) nor `|` (system)
 SEARCH_DATE = MappingProxyType({"Appointment": "date", "Encounter": "date", "Observation": "date",
                                 "Condition": "onset-date", "MedicationRequest": "authoredon",
@@ -28,7 +27,7 @@ def search_params(query: ResourceQuery) -> dict | None:
     """The FHIR search parameters of a `ResourceQuery`, or None when nothing can match it (an
     invalid id, or a field that does not apply to the type)."""
     kind = query.resource_type
-    if not RESOURCE_TYPE.fullmatch(kind or ""):
+    if not is_resource_type(kind):
         return None
     ids, narrowed = set(query.ids), bool(query.ids)
     for own, value in (("Patient", query.patient), ("Practitioner", query.practitioner)):
@@ -81,7 +80,7 @@ def criterion_value(criterion: Criterion):
     if criterion.kind == "string":
         return ",".join(_escaped(text) for text in criterion.values)
     if criterion.kind == "reference":
-        if not all(is_id(ident) and (kind is None or RESOURCE_TYPE.fullmatch(kind)) for kind, ident in criterion.values):
+        if not all(is_id(ident) and (kind is None or is_resource_type(kind)) for kind, ident in criterion.values):
             return None
         return ",".join(f"{kind}/{ident}" if kind else ident for kind, ident in criterion.values)
     return None
