@@ -123,7 +123,9 @@ def test_memory_limiter_drops_passed_windows_whole_and_never_rebuilds_its_table_
     from ratelimit.policy import Limit
 
     clock = Clock()
-    clock.advance(-(clock.time() % 60) + 1)  # 1 s into a minute: every hit below falls in the same window
+    # 1 s into an hour: every hit below falls in the same minute, and the minute's end below (+60 s)
+    # is not also the hour's (aligned to the minute only, the test failed when run at hh:59).
+    clock.advance(-(clock.time() % 3600) + 1)
     limiter = MemoryRateLimiter({"fhir_read": Limit(5, 60), "token": Limit(100, 3600)}, clock)
 
     async def run():
