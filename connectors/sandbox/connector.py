@@ -27,6 +27,7 @@ from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavai
 from connectors.sandbox import render
 from connectors.fhir.spool import observation_of
 from connectors.sandbox.fhir import SandboxFhir, patient_key
+from connectors.sandbox.rendered import RenderedResources
 from models.directory import User
 from models.ids import fhir_id, sandbox_id
 
@@ -113,8 +114,9 @@ def patient_panel(organization_id: str) -> tuple[Patient, ...]:
 class SandboxConnector(SandboxFhir):
     """The sandbox EHR of one organization; `clock`: the runtime's (what "today" is for the FHIR API)."""
 
-    def __init__(self, organization_id: str, organization_name: str, ehr_url: str = "", clock=None):
+    def __init__(self, organization_id: str, organization_name: str, ehr_url: str = "", clock=None, rendered=None):
         self.organization_id = organization_id
+        self.rendered = rendered  # the process's memory of rendered resources (`connectors.sandbox.rendered`)
         self.organization_name = organization_name
         self.clock = clock
         query = parse_qs(urlsplit(ehr_url or "").query)
@@ -301,5 +303,7 @@ def _date(rng: random.Random) -> dt.date:
 
 
 def connect(runtime, organization, bounds=None) -> SandboxConnector:
-    """The generator has no network to bound: `bounds` is not used."""
-    return SandboxConnector(organization.id, organization.name, organization.ehr_url, clock=runtime.clock)
+    """The generator has no network to bound: `bounds` is not used. Rendered resources are kept per
+    process (`connectors.sandbox.rendered`, held by the runtime)."""
+    return SandboxConnector(organization.id, organization.name, organization.ehr_url, clock=runtime.clock,
+                            rendered=runtime.connector_state("sandbox", RenderedResources))
