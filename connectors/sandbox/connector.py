@@ -222,6 +222,11 @@ class SandboxConnector(SandboxFhir):
                 slot += dt.timedelta(minutes=SLOT_MINUTES)
 
     def fetch_chart(self, patient_id: str) -> Chart:
+        return self.chart_of(self.chart_patient(patient_id))
+
+    def chart_patient(self, patient_id: str) -> Patient:
+        """The EHR's call for a patient's chart (recorded, as `fetch_chart`'s): the patient, or
+        PatientNotFound."""
         patient_id = fhir_id(patient_id)  # a chart request made before issue 35 names `pat_…`
         self._recorded_call("Patient", "chart", (patient_id,))
         patient = next((p for p in patient_panel(self.organization_id) if p.id == patient_id), None)
@@ -231,6 +236,11 @@ class SandboxConnector(SandboxFhir):
             raise PatientNotFound(f"The EHR has no patient {patient_id} in this organization.")
         if self.recorder is not None:
             self.recorder("success", "Patient", (patient_id,), (patient_id,), "chart")
+        return patient
+
+    def chart_of(self, patient: Patient) -> Chart:
+        """The chart of a patient `chart_patient` found (generated: no further call)."""
+        patient_id = patient.id
         key = patient_key(patient_id)
         rng = _rng(self.organization_id, _seed(key), "chart")
         problems = [{"id": sandbox_id("cnd", key, n), "code": code, "description": text, "onset": _date(rng).isoformat()}
