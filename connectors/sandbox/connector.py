@@ -119,7 +119,7 @@ class SandboxConnector(SandboxFhir):
         self.rendered = rendered  # the process's memory of rendered resources (`connectors.sandbox.rendered`)
         self.organization_name = organization_name
         self.clock = clock
-        query = parse_qs(urlsplit(ehr_url or "").query)
+        query = parse_qs(urlsplit(ehr_url).query) if "?" in (ehr_url or "") else {}  # built per request: parse only a query
         self.outage = query.get("outage", ["0"])[0] not in ("", "0")
         try:
             self.latency = max(0.0, float(query.get("latency", ["0"])[0]))
