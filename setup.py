@@ -45,6 +45,9 @@ setup(
         # HTTP to clinics' EHRs (connectors/fhir/transport.py): streamed bodies (`read1`) and a
         # deadline watchdog (`HTTPResponse.shutdown`, 2.3+); the version boto3 already brought in.
         "urllib3==2.8.0",
+        # The FHIR API's JSON bodies (handlers/fhir.py): a search page of 50 encodes in 27 us against
+        # json's 284 us, the same bytes (BENCHMARKS.md, issue 35).
+        "orjson==3.13.0",
     ],
     extras_require={
         "test": [

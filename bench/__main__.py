@@ -6,7 +6,8 @@ skipped with the reason when PostgreSQL or Redis is unreachable; with node-oidc-
 beside it, bench/peers.py), `floor` (`/healthz` and a token per CPU-second, this checkout against
 `--baseline REV` alternating, bench/floor.py), `tokens` (signing ceiling and every HTTP figure of one serve process, all in one run),
 `fhir_reads` (the platform FHIR API's reads and searches per CPU-second beside `/healthz` and a token,
-in both shapes, and svc-auth's CPU per read proxied to the test FHIR EHR), `disclosure_audit` (FHIR
+in both shapes, and svc-auth's CPU per read proxied to the test FHIR EHR; with `--baseline REV`, this
+checkout against REV alternating, bench/fhir_reads.py), `disclosure_audit` (FHIR
 reads per CPU-second with SVC_DISCLOSURE_AUDIT on and off, both shapes), `remote_db` (PostgreSQL behind a ~1 ms delay proxy vs loopback, tokens per CPU-second, py-spy profile),
 `fhir_night` (100 clinics x 20 physicians on the test FHIR EHR, tests/js/fhir_ehr.mjs: appointments
 per second and the EHR's share of the time; PostgreSQL), `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
@@ -157,8 +158,9 @@ def main(argv=None) -> int:
                              "database is created there and dropped)")
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
                         help="Redis for rate limits and workers (keys under a random namespace, removed)")
-    parser.add_argument("--baseline", default=os.environ.get("BENCH_BASELINE", "main"),
-                        help="the commit the `floor` section compares this checkout with (default: main)")
+    parser.add_argument("--baseline", default=os.environ.get("BENCH_BASELINE"),
+                        help="the commit the `floor` section compares this checkout with (default: main); "
+                             "given, `fhir_reads` also runs as this checkout against it, alternating")
     parser.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     args = parser.parse_args(argv)
     sections = args.only or SECTIONS
@@ -180,12 +182,13 @@ def main(argv=None) -> int:
             say(f"production shape: skipped ({skipped})")
     if "floor" in sections:
         from bench.floor import floor_benchmarks
-        report["floor"] = {**section_header(), **floor_benchmarks(args.baseline, args.seconds, say)}
+        report["floor"] = {**section_header(), **floor_benchmarks(args.baseline or "main", args.seconds, say)}
     if "fhir_reads" in sections:
         from bench.fhir_reads import fhir_reads_benchmarks
         header, skipped = section_header(), backends(args)
         report["fhir_reads"] = {**header, **fhir_reads_benchmarks(
-            None if skipped else args.postgres_url, None if skipped else args.redis_url, args.seconds, say)}
+            None if skipped else args.postgres_url, None if skipped else args.redis_url, args.seconds, say,
+            baseline=args.baseline)}
         if skipped:
             report["fhir_reads"]["production_skipped"] = skipped
             say(f"FHIR reads, production shape: skipped ({skipped})")

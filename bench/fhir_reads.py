@@ -11,9 +11,16 @@ production shape also their PostgreSQL backends and the Redis server):
   svc-auth's CPU per proxied read ÷ its CPU per `/healthz`, beside the EHR's own CPU per read.
 
 Shapes: embedded (SQLite, one process, no Redis) and production (PostgreSQL + Redis, 2 processes).
+
+With `--baseline REV` (issue 35 item 6), each shape runs this checkout and commit REV (`git archive`,
+this checkout's virtualenv: `bench.floor.baseline_tree`) both up, each on its own database, and
+drives every load against one and then the other, BASELINE_ROUNDS rounds in ABBA order, so the
+machine's drift falls on both alike: per CPU-second sums over the rounds, this ÷ baseline per
+load, and each side's reads ÷ its own `/healthz`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import subprocess
@@ -30,6 +37,12 @@ from bench.service import BenchService
 ROOT = Path(__file__).resolve().parent.parent
 JS_DIR = ROOT / "tests" / "js"
 CONNECTIONS = 16
+BASELINE_ROUNDS = 4
+"""Rounds of every load against each side with `--baseline` (ABBA order)."""
+OBSERVATIONS = 100
+"""The searched patient has this many Observations (or the nearest count): a page of 50 and a
+total counted over 100."""
+"""Rounds of every load against each side with `--baseline` (ABBA order)."""
 TARGETS = MappingProxyType({"patient_read_vs_healthz": 0.5, "observation_search_vs_healthz": 0.2,
                             "proxied_read_cpu_vs_healthz_cpu": 2.5})
 # The FHIR API's limits stay on (their limiter call is part of each read's cost) but are never
@@ -70,25 +83,43 @@ class Measured:
 
 
 def _sandbox_patient(service: BenchService, token: str) -> str:
-    status, bundle = service.get_json(f"/fhir/r4/{service.organization_id}/Patient?_count=1", token)
+    """The clinic's patient whose Observations number nearest OBSERVATIONS (the first of those):
+    the generator gives each patient 12 to 160 (its clinic id decides), so services compared in
+    one run (each seeds a clinic of its own) search pages and totals of the same size."""
+    base = f"/fhir/r4/{service.organization_id}"
+    status, bundle = service.get_json(f"{base}/Patient?_count=1000", token)
     if status != 200 or not bundle.get("entry"):
         raise RuntimeError(f"the sandbox clinic lists no patient: {status} {bundle}")
-    return bundle["entry"][0]["resource"]["id"]
+    best, best_total = None, None
+    for entry in bundle["entry"]:
+        ident = entry["resource"]["id"]
+        total = service.get_json(f"{base}/Observation?patient={ident}&_count=1", token)[1].get("total", 0)
+        if best is None or abs(total - OBSERVATIONS) < abs(best_total - OBSERVATIONS):
+            best, best_total = ident, total
+        if total == OBSERVATIONS:
+            break
+    return best
 
 
-def _shape(name: str, measured: Measured, seconds: float, say) -> dict:
-    service = measured.service
+def _loads(service: BenchService) -> dict[str, tuple[str, str, dict]]:
+    """The section's requests on `service`: name -> (path, wrk script, its environment)."""
     token = service.platform_token()
     bearer = {"BENCH_AUTHORIZATION": f"Bearer {token}"}
     patient = _sandbox_patient(service, token)
     base = f"/fhir/r4/{service.organization_id}"
-    runs = {
-        "healthz": measured.run("/healthz", "get", {}, seconds),
-        "client_credentials": measured.run("/v1/oauth/token", "post", {
-            "BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth}, seconds),
-        "patient_read": measured.run(f"{base}/Patient/{patient}", "get", bearer, seconds),
-        "observation_search": measured.run(f"{base}/Observation?patient={patient}&_count=50", "get", bearer, seconds),
-    }
+    return {"healthz": ("/healthz", "get", {}),
+            "client_credentials": ("/v1/oauth/token", "post", {
+                "BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth}),
+            "patient_read": (f"{base}/Patient/{patient}", "get", bearer),
+            "observation_search": (f"{base}/Observation?patient={patient}&_count=50", "get", bearer)}
+
+
+def _shape(name: str, measured: Measured, seconds: float, say) -> dict:
+    runs = {load: measured.run(path, lua, env, seconds) for load, (path, lua, env) in _loads(measured.service).items()}
+    return _shape_summary(name, runs, say)
+
+
+def _shape_summary(name: str, runs: dict, say) -> dict:
     floor = runs["healthz"]["per_cpu_second"]
     ratios = {f"{key}_vs_healthz": round(run["per_cpu_second"] / floor, 3) for key, run in runs.items()
               if key != "healthz"}
@@ -141,13 +172,98 @@ def _start_ehr():
     raise RuntimeError("the test FHIR EHR did not start")
 
 
-def fhir_reads_benchmarks(postgres_url: str, redis_url: str | None, seconds: float, say) -> dict:
+def _alternating(name: str, sides: dict[str, Measured], seconds: float, say) -> dict:
+    """Every load against each side (this checkout, the baseline), BASELINE_ROUNDS rounds in ABBA
+    order after a warm-up of each; per CPU-second sums over the rounds, and this ÷ baseline."""
+    loads = {side: _loads(measured.service) for side, measured in sides.items()}
+    for side, measured in sides.items():  # warm-up, not counted
+        for path, lua, env in loads[side].values():
+            loadgen.run(measured.service.url + path, lua, CONNECTIONS, min(seconds, 2.0), env=env)
+    names = list(sides)
+    runs: dict = {side: {load: [] for load in loads[side]} for side in names}
+    for number in range(BASELINE_ROUNDS):
+        for side in (names if number % 2 == 0 else names[::-1]):
+            for load, (path, lua, env) in loads[side].items():
+                run = sides[side].run(path, lua, env, seconds, warm_up=False)
+                runs[side][load].append(run)
+                say(f"{name} round {number + 1}, {side}, {load}: {run['rps']:.0f}/s, {run['per_cpu_second']:.0f} "
+                    f"per CPU-s, errors {run['errors'] or 'none'}")
+    summary = {}
+    for side in names:
+        summary[side] = {}
+        for load, load_runs in runs[side].items():
+            done = sum(r["rps"] * r["seconds"] for r in load_runs)
+            cpu = sum(v for r in load_runs for k, v in r["cpu_seconds"].items() if k != "ehr")
+            summary[side][load] = {"per_cpu_second": round(done / max(cpu, 1e-9), 1),
+                                   "svc_cpu_ms_per_request": round(1000 * cpu / max(done, 1), 4),
+                                   "errors": {k: v for r in load_runs for k, v in r["errors"].items()},
+                                   "rounds": load_runs}
+    for side in names:
+        floor = summary[side]["healthz"]["per_cpu_second"]
+        summary[side]["ratios"] = {f"{load}_vs_healthz": round(run["per_cpu_second"] / floor, 3)
+                                   for load, run in summary[side].items() if load not in ("healthz", "ratios")}
+    this, baseline = names
+    ratios = {load: round(summary[this][load]["per_cpu_second"] / max(summary[baseline][load]["per_cpu_second"], 1e-9), 3)
+              for load in loads[this]}
+    say(f"{name}: this ÷ {baseline} per CPU-second: " + ", ".join(f"{load} {r:.2f}" for load, r in ratios.items())
+        + f"; ÷ /healthz this {summary[this]['ratios']['patient_read_vs_healthz']:.2f} / "
+          f"{summary[this]['ratios']['observation_search_vs_healthz']:.2f}, baseline "
+          f"{summary[baseline]['ratios']['patient_read_vs_healthz']:.2f} / "
+          f"{summary[baseline]['ratios']['observation_search_vs_healthz']:.2f}")
+    return {"shape": name, "names": names, "sides": summary, "this_vs_baseline": ratios}
+
+
+def _against_baseline(baseline: str, postgres_url: str | None, redis_url: str | None, seconds: float, say) -> dict:
+    """This checkout and commit `baseline` both up, alternating (`_alternating`), in the embedded
+    shape and (PostgreSQL and Redis given) the production shape, each service on its own database."""
+    from bench.floor import baseline_tree
+    result: dict = {"rounds": BASELINE_ROUNDS, "seconds": seconds, "shapes": []}
+    with baseline_tree(baseline) as (tree, commit), contextlib.ExitStack() as stack:
+        result["baseline"] = commit
+        sides = {"this": {}, f"baseline {commit[:7]}": {"root": tree}}
+        services = {side: stack.enter_context(_started(BenchService(None, processes=1, extra_env=dict(NO_FHIR_LIMITS),
+                                                                    **kwargs)))
+                    for side, kwargs in sides.items()}
+        result["shapes"].append(_alternating("embedded (SQLite, 1 process)",
+                                             {side: Measured(s) for side, s in services.items()}, seconds, say))
+        stack.close()
+        if postgres_url and redis_url:
+            measured = {}
+            for side, kwargs in sides.items():
+                db_url = stack.enter_context(scratch_database(postgres_url))
+                namespace = f"svc-bench-{secrets.token_hex(4)}"
+                stack.enter_context(redis_namespace(redis_url, namespace))
+                service = stack.enter_context(_started(BenchService(db_url, processes=2, extra_env={
+                    **NO_FHIR_LIMITS, "SVC_REDIS_URL": redis_url, "SVC_REDIS_NAMESPACE": namespace}, **kwargs)))
+                measured[side] = Measured(service, postgres_url, db_url.rsplit("/", 1)[1], redis_server_pid(redis_url))
+            result["shapes"].append(_alternating("production (PostgreSQL + Redis, 2 processes)", measured, seconds, say))
+    return result
+
+
+@contextlib.contextmanager
+def _started(service: BenchService):
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def fhir_reads_benchmarks(postgres_url: str, redis_url: str | None, seconds: float, say,
+                          baseline: str | None = None) -> dict:
+    """The section; with `baseline` (a commit), each shape is measured as this checkout against it,
+    alternating (`_against_baseline`), and the shapes' figures are this checkout's from that run."""
     result: dict = {"connections": CONNECTIONS, "targets": dict(TARGETS), "shapes": []}
+    if baseline:
+        compared = result["against_baseline"] = _against_baseline(baseline, postgres_url, redis_url, seconds, say)
+        result["shapes"] = [{"shape": shape["shape"], **shape["sides"]["this"]} for shape in compared["shapes"]]
+        postgres_url = redis_url = None  # measured above
     embedded = BenchService(None, processes=1, extra_env=dict(NO_FHIR_LIMITS)).start()
     ehr = None
     try:
         measured = Measured(embedded)
-        result["shapes"].append(_shape("embedded (SQLite, 1 process)", measured, seconds, say))
+        if not baseline:
+            result["shapes"].append(_shape("embedded (SQLite, 1 process)", measured, seconds, say))
         if (JS_DIR / "node_modules" / "@medplum" / "fhir-router").exists():
             ehr, origin = _start_ehr()
             measured.extra_pids = [ehr.pid]

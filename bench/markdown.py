@@ -259,6 +259,22 @@ def render_fhir_reads(f: dict) -> list[str]:
                     f"{r['observation_search_vs_healthz']:.2f} |")
     rows += ["", f"Targets: `GET Patient/{{id}}` ÷ `/healthz` ≥ {targets.get('patient_read_vs_healthz')}, "
                  f"a search page of 50 Observations ÷ `/healthz` ≥ {targets.get('observation_search_vs_healthz')}."]
+    compared = f.get("against_baseline")
+    if compared:
+        rows += ["", f"**This commit against {compared['baseline'][:7]}** (both up, each on its own database, "
+                     f"{compared['rounds']} rounds of {compared['seconds']:g} s per load alternating ABBA; per CPU-second, "
+                     "CPU ms per request in brackets):", "",
+                 "| shape | load | this | baseline | this ÷ baseline |", "|---|---|---|---|---|"]
+        for shape in compared["shapes"]:
+            this, baseline = (shape["sides"][n] for n in shape["names"])
+            for load, ratio in shape["this_vs_baseline"].items():
+                rows.append(f"| {shape['shape']} | {load} | {this[load]['per_cpu_second']:,.0f} "
+                            f"({this[load]['svc_cpu_ms_per_request']:.3f}) | {baseline[load]['per_cpu_second']:,.0f} "
+                            f"({baseline[load]['svc_cpu_ms_per_request']:.3f}) | {ratio:.2f} |")
+            rows.append(f"| {shape['shape']} | reads ÷ `/healthz` | "
+                        f"{this['ratios']['patient_read_vs_healthz']:.2f} / {this['ratios']['observation_search_vs_healthz']:.2f} | "
+                        f"{baseline['ratios']['patient_read_vs_healthz']:.2f} / "
+                        f"{baseline['ratios']['observation_search_vs_healthz']:.2f} | |")
     proxied = f.get("proxied") or {}
     if proxied.get("skipped"):
         rows += ["", f"Proxied read: skipped ({proxied['skipped']}).", ""]

@@ -195,6 +195,11 @@ class ResourceQuery:
 
 
 class Connector(Protocol):
+    answers_matched: bool = False
+    """True when `search_resources` yields only resources that `connectors.matching.matches` accepts
+    for the very query given (the sandbox searches with it): the FHIR API then does not check each
+    one a second time. A connector to a real EHR leaves it False: its answers pass the matcher."""
+
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime) -> Iterator[Appointment]:
         ...
 

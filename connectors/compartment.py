@@ -115,10 +115,17 @@ def in_compartment(resource: dict, patient_id: str, base: str | None = None) -> 
     """Is `resource` the patient `patient_id`, or in their compartment?"""
     if not isinstance(resource, dict) or not patient_id:
         return False
-    if resource.get("resourceType") == "Patient":
+    kind = resource.get("resourceType")
+    if kind == "Patient":
         return resource.get("id") == patient_id
-    return any(reference_id(reference, "Patient", base) == patient_id
-               for path in COMPARTMENT_PATHS.get(resource.get("resourceType"), ()) for reference in _references(resource, path))
+    # `Patient/{id}` itself (nearly every reference) is compared as it is: `reference_id` would
+    # give `patient_id` for it too (an id without a `/` has no `/_history/` either).
+    direct = f"Patient/{patient_id}" if "/" not in patient_id else None
+    for path in COMPARTMENT_PATHS.get(kind, ()):
+        for reference in _references(resource, path):
+            if reference == direct or reference_id(reference, "Patient", base) == patient_id:
+                return True
+    return False
 
 
 def asked_patients(resource_type: str, args: dict, base: str | None = None) -> list[str]:

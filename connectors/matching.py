@@ -155,9 +155,9 @@ def matches(resource: dict, query: ResourceQuery, base: str | None = None) -> bo
             return False
     if query.npi is not None and (kind != "Practitioner" or not has_npi(resource, query.npi)):
         return False
-    if not in_range(resource, query.start, query.end):
+    if (query.start is not None or query.end is not None) and not in_range(resource, query.start, query.end):
         return False
-    return all(meets(resource, criterion, base) for criterion in query.criteria)
+    return not query.criteria or all(meets(resource, criterion, base) for criterion in query.criteria)
 
 
 # -- criteria: a search parameter of `connectors.us_core.SEARCH_PARAMS` ---------------------------

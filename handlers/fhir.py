@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from types import MappingProxyType
 
+import orjson
 import tornado.web
 
 from audit.disclosures import disclosed
@@ -37,6 +38,15 @@ _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: 
 LIMITER_RETRY_AFTER = 5   # seconds: the rate limiter's store (Redis) is unreachable
 EHR_BUSY_RETRY_AFTER = 2  # seconds: every slot of the clinic's EHR is in use in this process
 EXPOSED_HEADERS = "WWW-Authenticate, Retry-After, RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset"
+
+
+def fhir_json(value: dict) -> bytes:
+    """`value` as compact UTF-8 JSON: orjson (a search page of 50 in about a tenth of `json`'s time,
+    the same bytes for ASCII data); `json` for what orjson refuses (e.g. an integer past 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 class FhirHandler(CorsHandler):
@@ -106,7 +116,7 @@ class FhirHandler(CorsHandler):
     def write_fhir(self, value: dict) -> None:
         self.set_header("Content-Type", f"{FHIR_JSON}; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(value, separators=(",", ":")))
+        self.finish(fhir_json(value))
 
     def write_error(self, status_code: int, **kwargs):
         exc = kwargs.get("exc_info", (None, None, None))[1]

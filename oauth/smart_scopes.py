@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -112,10 +113,12 @@ class Access:
     patient_only: bool = False
 
 
+@functools.lru_cache(maxsize=4096)
 def access(scope: str | None, resource_type: str, permission: str) -> Access:
     """May a token with `scope` use `permission` (`r` read, `s` search) on `resource_type`?
     A `user/` or `system/` scope allows it in the whole clinic; a `patient/` scope only within the
-    launch patient's compartment."""
+    launch patient's compartment. Remembered per process (a pure function of its arguments: every
+    FHIR request asks it for its token's and its app's scopes)."""
     contexts = {s.context for s in resource_scopes(scope)
                 if s.resource_type in ("*", resource_type) and permission in s.permissions}
     if contexts & {"user", "system"}:

@@ -204,3 +204,19 @@ def test_the_token_of_a_real_launch_reads_what_its_scope_grants(live, runtime, w
     # Whatever was granted, the token is the clinic's only.
     other, _ = clinic("Elsewhere", "https://ehr.example/elsewhere")
     assert Fhir(live, other.id, tokens["access_token"]).get("/Patient")[0] == 404
+
+
+def test_a_revoked_token_is_refused_at_once_though_its_verification_is_kept(live, runtime, world):
+    """The serve process remembers a token's verification (oauth/tokens.py) across FHIR reads; the
+    deny-list is still asked on every request, so the first read after revocation is a 401 (issue 35 item 6)."""
+    from helpers import basic_auth
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id)
+    fhir = Fhir(live, world.org.id, token)
+    for _ in range(2):  # the second read uses the kept verification
+        assert fhir.get("/Patient", {"_count": 1})[0] == 200
+    status, _, _ = http("POST", f"{live}/v1/oauth/revoke", urllib.parse.urlencode({"token": token}).encode(),
+                        {"Content-Type": "application/x-www-form-urlencoded",
+                         "Authorization": basic_auth(world.app.client_id, world.secret)})
+    assert status == 200
+    status, headers, body = fhir.get("/Patient", {"_count": 1})
+    assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"] and outcome(body) == "login"

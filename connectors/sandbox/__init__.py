@@ -2,7 +2,8 @@
 
 - `connector.py`: the generator (patients, schedules, charts) and `SandboxConnector`;
 - `fhir.py`: its FHIR side (`read_resource`, `search_resources` over the generator);
-- `render.py`: its data as FHIR R4 JSON in US Core shapes, the one place that renders resources.
+- `render.py`: its data as FHIR R4 JSON in US Core shapes, the one place that renders resources;
+- `rendered.py`: the per-process memory of a patient's rendered resources (keyed on the date too).
 """
 from __future__ import annotations
 

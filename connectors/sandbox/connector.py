@@ -27,6 +27,7 @@ from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavai
 from connectors.sandbox import render
 from connectors.fhir.spool import observation_of
 from connectors.sandbox.fhir import SandboxFhir, patient_key
+from connectors.sandbox.rendered import RenderedResources
 from models.directory import User
 from models.ids import fhir_id, sandbox_id
 
@@ -113,11 +114,12 @@ def patient_panel(organization_id: str) -> tuple[Patient, ...]:
 class SandboxConnector(SandboxFhir):
     """The sandbox EHR of one organization; `clock`: the runtime's (what "today" is for the FHIR API)."""
 
-    def __init__(self, organization_id: str, organization_name: str, ehr_url: str = "", clock=None):
+    def __init__(self, organization_id: str, organization_name: str, ehr_url: str = "", clock=None, rendered=None):
         self.organization_id = organization_id
+        self.rendered = rendered  # the process's memory of rendered resources (`connectors.sandbox.rendered`)
         self.organization_name = organization_name
         self.clock = clock
-        query = parse_qs(urlsplit(ehr_url or "").query)
+        query = parse_qs(urlsplit(ehr_url).query) if "?" in (ehr_url or "") else {}  # built per request: parse only a query
         self.outage = query.get("outage", ["0"])[0] not in ("", "0")
         try:
             self.latency = max(0.0, float(query.get("latency", ["0"])[0]))
@@ -220,6 +222,11 @@ class SandboxConnector(SandboxFhir):
                 slot += dt.timedelta(minutes=SLOT_MINUTES)
 
     def fetch_chart(self, patient_id: str) -> Chart:
+        return self.chart_of(self.chart_patient(patient_id))
+
+    def chart_patient(self, patient_id: str) -> Patient:
+        """The EHR's call for a patient's chart (recorded, as `fetch_chart`'s): the patient, or
+        PatientNotFound."""
         patient_id = fhir_id(patient_id)  # a chart request made before issue 35 names `pat_…`
         self._recorded_call("Patient", "chart", (patient_id,))
         patient = next((p for p in patient_panel(self.organization_id) if p.id == patient_id), None)
@@ -229,6 +236,11 @@ class SandboxConnector(SandboxFhir):
             raise PatientNotFound(f"The EHR has no patient {patient_id} in this organization.")
         if self.recorder is not None:
             self.recorder("success", "Patient", (patient_id,), (patient_id,), "chart")
+        return patient
+
+    def chart_of(self, patient: Patient) -> Chart:
+        """The chart of a patient `chart_patient` found (generated: no further call)."""
+        patient_id = patient.id
         key = patient_key(patient_id)
         rng = _rng(self.organization_id, _seed(key), "chart")
         problems = [{"id": sandbox_id("cnd", key, n), "code": code, "description": text, "onset": _date(rng).isoformat()}
@@ -301,5 +313,7 @@ def _date(rng: random.Random) -> dt.date:
 
 
 def connect(runtime, organization, bounds=None) -> SandboxConnector:
-    """The generator has no network to bound: `bounds` is not used."""
-    return SandboxConnector(organization.id, organization.name, organization.ehr_url, clock=runtime.clock)
+    """The generator has no network to bound: `bounds` is not used. Rendered resources are kept per
+    process (`connectors.sandbox.rendered`, held by the runtime)."""
+    return SandboxConnector(organization.id, organization.name, organization.ehr_url, clock=runtime.clock,
+                            rendered=runtime.connector_state("sandbox", RenderedResources))

@@ -58,8 +58,14 @@ def patient_key(patient_id: str) -> str:
 
 class SandboxFhir:
     """Mixed into `SandboxConnector` (which has `organization_id`, `organization_name`, `now()`,
-    `_call()`, `physicians()`, `medication_catalogue()`, `fetch_appointments`, `fetch_chart` and
-    `us_core_record`)."""
+    `_call()`, `physicians()`, `medication_catalogue()`, `fetch_appointments`, `fetch_chart` (=
+    `chart_of(chart_patient(id))`), `us_core_record` and `rendered`)."""
+
+    answers_matched = True
+    """`search_resources` yields what `connectors.matching.matches` accepts for the query (`_matches`)."""
+
+    rendered = None
+    """The process's `RenderedResources` (`connectors.sandbox.rendered`), or None: render every time."""
 
     # -- read --------------------------------------------------------------------------------
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
@@ -142,10 +148,20 @@ class SandboxFhir:
         return iter(found)
 
     def _chart_resources(self, resource_type: str, patient_id: str):
+        """The patient's resources of `resource_type`: the EHR is called for the chart (and the call
+        recorded) every time; the chart's generation and rendering are kept per process when the
+        connector has a `rendered` memory (`connectors.sandbox.rendered`, keyed on today's date too)."""
         try:
-            chart = self.fetch_chart(patient_id)
+            patient = self.chart_patient(patient_id)
         except PatientNotFound:
             return
+        if self.rendered is None:
+            yield from self._render_chart(resource_type, patient_id, self.chart_of(patient))
+            return
+        key = (self.organization_id, self.organization_name, patient_id, resource_type, self.now().date())
+        yield from self.rendered.get(key, lambda: self._render_chart(resource_type, patient_id, self.chart_of(patient)))
+
+    def _render_chart(self, resource_type: str, patient_id: str, chart):
         key = patient_key(patient_id)
         if resource_type in RECORD_KINDS:
             yield from self._us_core(resource_type, key, patient_id, chart)
