@@ -165,7 +165,7 @@ class BaseHandler(tornado.web.RequestHandler):
         else:
             body = {"error": "server_error", "message": "The server could not complete the request."}
         self.set_header("Content-Type", "application/json; charset=UTF-8")
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.finish(json.dumps(body, separators=(",", ":")))
 
     def send_error(self, status_code: int = 500, **kwargs) -> None:

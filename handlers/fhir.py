@@ -115,7 +115,7 @@ class FhirHandler(CorsHandler):
 
     def write_fhir(self, value: dict) -> None:
         self.set_header("Content-Type", f"{FHIR_JSON}; charset=UTF-8")
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.finish(fhir_json(value))
 
     def write_error(self, status_code: int, **kwargs):

@@ -18,7 +18,7 @@ class SandboxLaunchesHandler(BaseHandler):
         client_id = text_param(body, "client_id", max_length=64)
         patient_id = valid_patient_id(body.get("patient_id"))  # optional: the launch's patient context
         launch, url = await self.run(create_launch, self.runtime, user, client_id, auth_time, patient_id)
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.write_json({"launch_id": launch.id, "launch_url": url,
                          "expires_in": self.svc_settings.launch_ttl}, status=201)
 

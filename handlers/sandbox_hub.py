@@ -66,7 +66,7 @@ class SandboxPageHandler(SandboxHandler):
         """(user, session) of this browser's sandbox session, or None after redirecting to sign-in."""
         found = await self.run(sandbox_session_of, self.runtime, self.get_cookie(SESSION_COOKIE))
         if found is None:
-            self.set_header("Cache-Control", "no-store")
+            self.no_store()
             self.redirect(SIGNIN_PATH)
         return found
 
@@ -81,7 +81,7 @@ class SandboxPageHandler(SandboxHandler):
 
     def render_page(self, name: str, csp: str, **values) -> None:
         self.set_header("Content-Type", "text/html; charset=UTF-8")
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.set_header("Content-Security-Policy", csp)
         # Top-level pages only: nothing of the hub's origin but the (script-free) authorize redirect
         # ever loads inside the app frame, so `allow-same-origin` there cannot reach the hub.
@@ -108,7 +108,7 @@ class SignInLinkHandler(SandboxPageHandler):
                 self.set_header(name, value)
             return self.render_page("signin.html", PAGE_CSP, error=err.message)
         set_session_cookie(self, session_id)
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         if link.target == "settings":
             return self.redirect("/sandbox/settings")
         self.redirect("/sandbox/hub" + (f"?{urlencode({'app': link.application_id})}" if link.application_id else ""))
@@ -118,7 +118,7 @@ class SignOutHandler(SandboxPageHandler):
     async def post(self):
         await self.run(end_sandbox_session, self.runtime, self.get_cookie(SESSION_COOKIE))
         self.clear_cookie(SESSION_COOKIE, path="/sandbox")
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.redirect(SIGNIN_PATH)
 
 
@@ -161,7 +161,7 @@ class HubAppsHandler(SandboxHandler):
 
     async def get(self):
         entries = await self.run(hub_entries_for_token, self.runtime, self.request.headers.get("Authorization"))
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.write_json({"apps": [e.as_dict() for e in entries]})
 
 

@@ -52,13 +52,17 @@ async def test_healthz_and_readyz(api, runtime):
 
 
 @pytest.mark.gen_test
-async def test_an_answer_nobody_may_store_has_no_etag_and_others_keep_theirs(api, runtime):
+async def test_an_answer_nobody_may_store_has_no_etag_and_others_keep_theirs(api, runtime, world):
     """`no-store` answers carry no validator (nothing can revalidate what was not kept), so an
     If-None-Match gets the answer itself; a cacheable answer keeps its ETag (its 304:
     tests/test_one_vocabulary.py)."""
     for path in ("/healthz", "/readyz"):
         status, headers, _ = await api.call("GET", path, headers={"If-None-Match": "*"})
         assert status == 200 and headers["Cache-Control"] == "no-store" and "Etag" not in headers, path
+    # The FHIR API's answers are no-store too (a CapabilityStatement here; a page of 50 was hashed for
+    # a tag nobody could use).
+    status, headers, _ = await api.call("GET", f"/fhir/r4/{world.org.id}/metadata", headers={"If-None-Match": "*"})
+    assert status == 200 and headers["Cache-Control"] == "no-store" and "Etag" not in headers
     status, headers, _ = await api.call("GET", "/v1/schemas/chart.json")
     assert status == 200 and headers.get("Etag")
 

@@ -26,7 +26,7 @@ class ConsoleHandler(BaseHandler):
 
     def set_default_headers(self):
         super().set_default_headers()
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         self.set_header("Content-Security-Policy", CSP)
         self.set_header("X-Frame-Options", "DENY")
 

@@ -30,7 +30,7 @@ class PartnerApiHandler(BaseHandler):
 
     async def prepare(self):
         super().prepare()
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         address = self.client_address()
         require_allowed_network(address, self.svc_settings.rest_allowed_networks)
         self.partner_app, self.partner_claims = await self.run(partner_caller, self.runtime,

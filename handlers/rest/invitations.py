@@ -22,7 +22,7 @@ class InvitationLinkHandler(BaseHandler):
 
     async def get(self, token):
         user = await self.run(accept, self.runtime, token)
-        self.set_header("Cache-Control", "no-store")
+        self.no_store()
         if not self.svc_settings.sandbox or not await self.run(is_sandbox_user, user):
             return self.write_json({"status": "accepted", "user_id": user.id,
                                     "message": "Your invitation is accepted."})
