@@ -1,5 +1,6 @@
-"""Shared fixtures (only fixtures: helpers live in tests/helpers.py): a real service on SQLite and on
-PostgreSQL, real HTTP, a movable clock, and the worlds tests start from.
+"""The tests' fixtures (only fixtures: helpers live in the tests/helpers/ package): a real service on
+SQLite and on PostgreSQL, real HTTP, a movable clock, the worlds tests start from, and the processes
+and browsers some tests drive. A fixture more than one test module uses is defined here, once.
 
 Every test that uses `app`/`runtime` runs once per database backend (`sqlite`, `postgresql`).
 Set SVC_TEST_DATABASES=sqlite (or postgresql) to run one backend only.
@@ -14,8 +15,15 @@ import psycopg2
 import pytest
 
 from conf import Settings
-from helpers import (BACKENDS, PG_DSN, REDIS_URL, Api, Flow, SmartWorld, World, database_url, free_port,
-                     settings_env, start_process, stop_process)
+from helpers.browser import CHROMIUM, CHROMIUM_ARGS, Demo
+from helpers.environment import BACKENDS, PG_DSN, REDIS_URL, database_url
+from helpers.fhir_ehr import start_fhir_ehr
+from helpers.http import Api
+from helpers.launch import Flow
+from helpers.partner_app import Partner
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
+from helpers.s3 import AWS
+from helpers.worlds import SmartWorld, World
 from models.schema import MODELS
 from runtime import Runtime
 
@@ -165,3 +173,63 @@ def live(settings, world, tmp_path):
     yield issuer
     stop_process(proc)
 
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """moto's standalone S3-compatible server, a real HTTP server on a free loopback port."""
+    port = free_port()
+    env = {**os.environ, **AWS}
+    proc = start_process(["-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env,
+                         log_path=tmp_path_factory.mktemp("moto") / "moto.log")
+    wait_for_port(port, proc=proc)
+    yield f"http://127.0.0.1:{port}"
+    stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def fhir_ehr():
+    """The real FHIR R4 EHR (tests/js/fhir_ehr.mjs) on a free port, one per test module."""
+    ehr = start_fhir_ehr()
+    yield ehr
+    ehr.proc.terminate()
+    ehr.proc.wait(timeout=10)
+
+
+# -- the example partner app -------------------------------------------------------------------
+
+@pytest.fixture
+def partner(runtime, world, io_loop, http_server):
+    """Makes example partner apps (`partner(**config overrides)`) served on their own ports, stopped
+    after the test; their modules carry `helpers.partner_app.PARTNER_SETTINGS`."""
+    made = []
+
+    def make(**overrides):
+        made.append(Partner(runtime, world, io_loop, **overrides))
+        return made[-1]
+    yield make
+    for p in made:
+        p.server.stop()
+
+
+# -- browsers ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """`svc-auth serve --demo` on free ports, one per test module (`helpers.browser.Demo`)."""
+    service = Demo(tmp_path_factory.mktemp("browser-demo"))
+    yield service
+    stop_process(service.proc)
+
+
+@pytest.fixture
+def page(tmp_path):
+    """A headless Chromium page (a persistent profile of the test's own, 1200x760)."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 760})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()

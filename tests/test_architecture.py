@@ -211,10 +211,10 @@ def test_the_domain_never_serves_http():
 
 
 def test_no_test_module_imports_another():
-    """Shared test code lives in support modules (helpers, *_support, rest_helpers...), so each
-    test module can be read, run and changed alone."""
+    """Shared test code lives in the tests/helpers/ package, so each test module can be read, run
+    and changed alone."""
     offenders = []
-    for path in (ROOT / "tests").glob("*.py"):
+    for path in [*(ROOT / "tests").glob("*.py"), *(ROOT / "tests" / "helpers").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
@@ -338,8 +338,8 @@ def conftest_imports(path: Path) -> list[str]:
 
 
 def test_no_test_module_imports_conftest():
-    """conftest.py holds fixtures only; the helpers tests share are `helpers`'s (tests/helpers.py).
-    A module that still says `from conftest import X` imports X from `helpers` instead."""
+    """conftest.py holds fixtures only; the helpers tests share are the tests/helpers/ package's.
+    A module that still says `from conftest import X` imports X from its `helpers` module instead."""
     offenders = [hit for path in sorted((ROOT / "tests").rglob("*.py")) if "node_modules" not in path.parts
                  for hit in conftest_imports(path)]
     assert offenders == [], "import these from helpers, not conftest: " + "; ".join(offenders)
@@ -348,7 +348,7 @@ def test_no_test_module_imports_conftest():
 def test_the_conftest_import_check_sees_every_spelling(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import conftest\nfrom conftest import World\nfrom tests.conftest import free_port\n"
-                     "def f():\n    from conftest import ROOT\nfrom helpers import World\n")
+                     "def f():\n    from conftest import ROOT\nfrom helpers.worlds import World\n")
     assert len(conftest_imports(probe)) == 4
 
 
@@ -358,9 +358,9 @@ def test_conftest_holds_fixtures_only_and_helpers_none():
         return any("fixture" in ast.unparse(d) for d in node.decorator_list)
 
     conftest = ast.parse((ROOT / "tests" / "conftest.py").read_text())
-    helpers = ast.parse((ROOT / "tests" / "helpers.py").read_text())
+    helpers = [ast.parse(path.read_text()) for path in sorted((ROOT / "tests" / "helpers").glob("*.py"))]
     defined = [n for n in conftest.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     assert [n.name for n in defined if isinstance(n, ast.ClassDef) or not is_fixture(n)] == []
     assert [ast.unparse(n) for n in conftest.body if isinstance(n, (ast.Assign, ast.AnnAssign))] == []
-    assert [n.name for n in ast.walk(helpers) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    assert [n.name for tree in helpers for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and is_fixture(n)] == []

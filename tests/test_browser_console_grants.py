@@ -10,12 +10,12 @@ import urllib.parse
 
 import pytest
 
-from browser_support import TIMEOUT_MS, page  # noqa: F401  (fixture: page)
+from helpers.browser import TIMEOUT_MS
+from helpers.http import http
+from helpers.smart import launch_tokens
 from console.accounts import invite_developer
-from js_support import http
 from lifecycle.applications import set_smart_scopes
 from models.application import DEFAULT_SMART_SCOPES, Application
-from smart_support import launch_tokens
 
 pytestmark = pytest.mark.browser
 PASSWORD = "a long console passphrase"

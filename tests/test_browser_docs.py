@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from conf import Settings
-from helpers import ROOT, free_port, settings_env, start_process, stop_process
+from helpers.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from helpers.environment import ROOT
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from partner_api.openapi import openapi_document
-from browser_support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
 

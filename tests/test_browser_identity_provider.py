@@ -13,7 +13,7 @@ import pytest
 from runtime import Runtime
 from cli.demo_seed import DEMO_PHYSICIAN_ID
 from models.application import Application
-from browser_support import APP_ID, app_frame, demo, page  # noqa: F401  (fixtures: demo, page)
+from helpers.browser import APP_ID, app_frame
 
 pytestmark = pytest.mark.browser
 

@@ -24,9 +24,10 @@ from models.appointments import ConnectorSession, Snapshot
 from models.directory import Organization
 from workers.snapshot import COVERAGE, night_window
 
-from helpers import REDIS_URL, settings_env, start_process, stop_process, wait_until
-from rest_helpers import partner_headers
-from hub_client import Hub
+from helpers.environment import REDIS_URL
+from helpers.hub import Hub
+from helpers.processes import settings_env, start_process, stop_process, wait_until
+from helpers.rest import partner_headers
 
 pytestmark = pytest.mark.slow
 

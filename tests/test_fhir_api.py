@@ -9,9 +9,10 @@ import json
 import urllib.parse
 
 from connectors.sandbox import PANEL_SIZE
-from fhir_api_support import ALL_TYPES, Fhir, outcome, resources
-from helpers import as_service, clinic, mint_platform_token
-from js_support import http
+from helpers.fhir_api import ALL_TYPES, Fhir, outcome, resources
+from helpers.http import http
+from helpers.tokens import as_service, mint_platform_token
+from helpers.worlds import clinic
 
 from lifecycle.applications import install_application
 from lifecycle.users import create_user

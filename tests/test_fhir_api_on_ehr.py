@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from fhir_api_support import Fhir, outcome, resources
-from fhir_support import (CLIENT_ID, appointment, chart_record, connect_clinic, fhir_ehr,  # noqa: F401
-                          patient, practitioner)
-from helpers import mint_platform_token, wait_until
+from helpers.fhir_api import Fhir, outcome, resources
+from helpers.fhir_ehr import CLIENT_ID, appointment, chart_record, connect_clinic, patient, practitioner
+from helpers.processes import wait_until
+from helpers.tokens import mint_platform_token
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 

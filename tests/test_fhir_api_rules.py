@@ -17,8 +17,9 @@ from fhir_api import fhir_base_url
 from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
 from fhir_api.search import MAX_COUNT, date_range, search_arguments
-from fhir_api_support import ALL_TYPES, resources
-from helpers import clinic, fhir_caller, mint_platform_token
+from helpers.fhir_api import ALL_TYPES, fhir_caller, resources
+from helpers.tokens import mint_platform_token
+from helpers.worlds import clinic
 from lifecycle.applications import install_application, register_application
 from lifecycle.users import create_user
 from models.application import Application, Installation

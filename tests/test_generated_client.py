@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from connectors.sandbox import patient_panel
-from openapi_contract import check_response
+from helpers.openapi import check_response
 from partner_api.openapi import openapi_document
 
 PACKAGE = "svc_auth_client"

@@ -18,8 +18,10 @@ import urllib.request
 
 import pytest
 
-from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
-from hostile_ehr import NPI, TOKEN, HostileEhr
+from helpers.environment import ROOT
+from helpers.hostile_ehr import NPI, TOKEN, HostileEhr
+from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.tokens import mint_platform_token
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from jose import jwt
 
-from helpers import BACKENDS, REDIS_URL, ROOT, basic_auth, free_port, settings_env, start_process, \
-    stop_process, wait_for_port
+from helpers.environment import BACKENDS, REDIS_URL, ROOT
+from helpers.http import basic_auth
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 SITE = ROOT / "deploy" / "nginx" / "svc-auth.conf"

@@ -15,7 +15,7 @@ from jose import jwt
 
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
-from partner_app_support import PARTNER_SETTINGS, fetch, partner  # noqa: F401  (fixtures: fetch, partner)
+from helpers.partner_app import PARTNER_SETTINGS, fetch
 
 pytestmark = PARTNER_SETTINGS
 

@@ -21,7 +21,7 @@ from models.ids import ID_PATTERN, is_id
 from models.npi import NPI_PATTERN, is_npi
 from partner_api.appointments import DEFAULT_LIMIT
 from partner_api.testdata import TEST_APPOINTMENT_COUNT
-from rest_helpers import complete_snapshot, partner_headers
+from helpers.rest import complete_snapshot, partner_headers
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api
 
 @pytest.mark.gen_test
 async def test_token_accepts_form_and_basic(api, world):
-    from helpers import basic_auth
+    from helpers.http import basic_auth
     app = world.app
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
                                      headers={"Authorization": basic_auth(app.client_id, world.secret),

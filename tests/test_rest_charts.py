@@ -10,8 +10,8 @@ import pyzipper
 from connectors.sandbox import patient_panel
 from lifecycle.applications import register_application
 from models.charts import ChartRequest
-from rest_helpers import partner_headers
-from chart_support import fetch_zip, wait_until_not_pending
+from helpers.charts import fetch_zip, wait_until_not_pending
+from helpers.rest import partner_headers
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
 

@@ -18,7 +18,8 @@ from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization
 from workers.snapshot import build_snapshot, night_window, run_night
 
-from helpers import ROOT, settings_env
+from helpers.environment import ROOT
+from helpers.processes import settings_env
 
 NIGHT = dt.date(2030, 3, 4)  # a Monday
 

@@ -17,8 +17,8 @@ from models.charts import ChartRequest
 from workers.recovery import sweep_charts
 from workers.snapshot import coming_night, eligible_providers, sync_organization
 
-from helpers import settings_env, start_process, stop_process, wait_until
-from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
+from helpers.processes import settings_env, start_process, stop_process, wait_until
+from helpers.s3 import AWS, bucket_keys, set_ehr_url, worker_settings
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,8 @@ import workers.charts as charts
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
 
-from helpers import settings_env, start_process, stop_process, wait_until
-from s3_hold import HoldingProxy
-from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint  # noqa: F401  (fixtures: s3_endpoint)
+from helpers.processes import settings_env, start_process, stop_process, wait_until
+from helpers.s3 import AWS, HoldingProxy, bucket_keys, worker_settings
 
 pytestmark = pytest.mark.slow
 

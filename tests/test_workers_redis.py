@@ -22,9 +22,10 @@ from models.schedule import ScheduledRun
 from workers.scheduler import night_due
 from workers.snapshot import fan_out_night
 
-from helpers import REDIS_URL, settings_env, start_process, stop_process, wait_until
-from chart_support import open_archive
-from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
+from helpers.charts import open_archive
+from helpers.environment import REDIS_URL
+from helpers.processes import settings_env, start_process, stop_process, wait_until
+from helpers.s3 import AWS, bucket_keys, set_ehr_url, worker_settings
 
 pytestmark = pytest.mark.slow
 
@@ -200,7 +201,7 @@ def test_several_schedulers_queue_the_night_once(runtime, world, child_env, tmp_
 def test_worker_without_redis_explains_itself(settings, tmp_path):
     import subprocess
     import sys
-    from helpers import ROOT
+    from helpers.environment import ROOT
     env = settings_env(settings.replace(redis_url=""))
     env.pop("SVC_REDIS_URL", None)
     result = subprocess.run([sys.executable, "-m", "cli.__main__", "worker"], env=env, cwd=str(ROOT),

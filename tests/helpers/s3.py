@@ -1,29 +1,19 @@
-"""moto's S3 server on loopback for the worker tests, and what a bucket holds."""
+"""S3 in the worker tests: moto's S3 server on loopback (the `s3_endpoint` fixture, conftest.py's), the
+settings of a worker that uses it, what a bucket holds, and a proxy that holds a writer inside an upload."""
 from __future__ import annotations
 
+import re
+import socket
+import threading
 import uuid
 
 import boto3
-import pytest
 
-from helpers import REDIS_URL, free_port, start_process, stop_process, wait_for_port
+from helpers.environment import REDIS_URL
 from models.directory import Organization
 
 
 AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory):
-    """moto's standalone S3-compatible server, a real HTTP server on a free loopback port."""
-    import os
-    port = free_port()
-    env = {**os.environ, **AWS}
-    proc = start_process(["-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env,
-                         log_path=tmp_path_factory.mktemp("moto") / "moto.log")
-    wait_for_port(port, proc=proc)
-    yield f"http://127.0.0.1:{port}"
-    stop_process(proc)
 
 
 def bucket_keys(settings) -> list[str]:
@@ -44,3 +34,78 @@ def worker_settings(settings, s3_endpoint: str, monkeypatch, redis_namespace: st
                                   s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", **fields)
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
     return configured
+
+
+class HoldingProxy:
+    """A TCP proxy in front of the S3 test server that can hold a writer inside an upload.
+
+    Armed with a pattern, it never forwards the first request whose bytes match (say, the `PUT` of a
+    chart object or of one of its parts) and sets `held`: the writer then sits inside that upload
+    for as long as the test wants, and a kill lands there every time. Everything else is forwarded
+    unchanged, both ways."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.pattern: re.Pattern | None = None
+        self.held = threading.Event()
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def arm(self, pattern: bytes) -> None:
+        """Hold the next request matching `pattern`."""
+        self.held.clear()
+        self.pattern = re.compile(pattern)
+
+    def disarm(self) -> None:
+        """Forward everything from now on, and drop the connections open until now (a held one too)."""
+        self.pattern = None
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self.disarm()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            with self.lock:
+                self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, from_client: bool) -> None:
+        holding = False
+        try:
+            while data := source.recv(65536):
+                pattern = self.pattern
+                if from_client and not holding and pattern is not None and pattern.search(data):
+                    holding = True  # this request, and whatever follows on its connection, goes nowhere
+                    self.held.set()
+                if not holding:
+                    target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, target):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
