@@ -22,7 +22,7 @@ from helpers.http import Api
 from helpers.launch import Flow
 from helpers.partner_app import Partner
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
-from helpers.s3 import AWS
+from helpers.s3 import AWS, worker_env, worker_settings
 from helpers.worlds import SmartWorld, World
 from models.schema import MODELS
 from runtime import Runtime
@@ -96,18 +96,31 @@ def settings(backend, tmp_path, session_keys_dir, request) -> Settings:
 
     A module or test adjusts them with `@pytest.mark.svc_settings(...)`: `own_keys=True` (signing
     keys per test, for tests that rotate them), `real_issuer=True` (the issuer is the test HTTP
-    server's real address, for clients that fetch its JWKS), and any `Settings` field."""
+    server's real address, for clients that fetch its JWKS), `public_port="FIXTURE"` (the issuer and
+    public address are 127.0.0.1 on the port that fixture gives, e.g. a proxy's), `redis=True` (the
+    shared Redis, under this test's own `redis_namespace`), `workers=True` (Redis as `redis=True`, and
+    a fresh bucket on moto's S3 server, its credentials in the environment: `helpers.s3`), and any
+    `Settings` field."""
     marker = request.node.get_closest_marker("svc_settings")
     options = dict(marker.kwargs) if marker else {}
     own_keys, real_issuer = options.pop("own_keys", False), options.pop("real_issuer", False)
+    public_port, redis, workers = options.pop("public_port", None), options.pop("redis", False), options.pop("workers", False)
     issuer = f"http://127.0.0.1:{request.getfixturevalue('http_port')}" if real_issuer else "http://127.0.0.1:8888"
-    return Settings.build(
+    if public_port:
+        issuer = options["public_url"] = f"http://127.0.0.1:{request.getfixturevalue(public_port)}"
+    if redis:
+        options.update(redis_url=REDIS_URL, redis_namespace=request.getfixturevalue("redis_namespace"))
+    built = Settings.build(
         issuer=issuer, database_url=database_url(backend, tmp_path, request),
         var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys" if own_keys else session_keys_dir),
         hmac_key="k" * 32,
         sandbox=True,  # the sandbox EHR is a testing tool: on in the tests (tests/test_sandbox_access.py turns it off)
         **options,
     )
+    if workers:
+        return worker_settings(built, request.getfixturevalue("s3_endpoint"), request.getfixturevalue("monkeypatch"),
+                               request.getfixturevalue("redis_namespace"))
+    return built
 
 
 @pytest.fixture
@@ -184,6 +197,22 @@ def s3_endpoint(tmp_path_factory):
     wait_for_port(port, proc=proc)
     yield f"http://127.0.0.1:{port}"
     stop_process(proc)
+
+
+@pytest.fixture
+def start_worker(settings, tmp_path):
+    """Starts `svc-auth worker --threads 2 [ARGS...]` processes on the test's settings (its task
+    settings and moto's S3 credentials in their environment); each is stopped after the test."""
+    env = worker_env(settings)
+    procs = []
+
+    def start(*args):
+        proc = start_process(["worker", "--threads", "2", *args], env, log_path=tmp_path / f"worker{len(procs)}.log")
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

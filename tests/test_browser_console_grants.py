@@ -29,7 +29,7 @@ def refresh(live, app, secret, refresh_token) -> tuple[int, dict]:
     return status, json.loads(body)
 
 
-def test_partner_edits_smart_settings_and_revokes_a_grant(live, runtime, world, page):  # noqa: F811
+def test_partner_edits_smart_settings_and_revokes_a_grant(live, runtime, world, page):
     app = set_smart_scopes(runtime, world.app.id, DEFAULT_SMART_SCOPES + " offline_access")
     scope = "launch openid offline_access patient/*.rs"
     doctor = launch_tokens(live, runtime, world.physician, app, world.secret, scope)

@@ -18,7 +18,7 @@ from helpers.browser import APP_ID, app_frame
 pytestmark = pytest.mark.browser
 
 
-def set_launch_url(demo, url: str) -> None:  # noqa: F811
+def set_launch_url(demo, url: str) -> None:
     runtime = Runtime(demo.settings)
     try:
         Application.update(launch_url=url).where(Application.id == APP_ID).execute()
@@ -26,7 +26,7 @@ def set_launch_url(demo, url: str) -> None:  # noqa: F811
         runtime.close()
 
 
-def test_identity_provider_variant_resolves_the_id_token_issued_with_the_access_token(demo, page):  # noqa: F811
+def test_identity_provider_variant_resolves_the_id_token_issued_with_the_access_token(demo, page):
     demo.set_status("Enabled")
     set_launch_url(demo, f"{demo.app_url}/launch?variant=identity-provider")
     try:

@@ -1,5 +1,5 @@
 """The FHIR API's own rules in-process, on both databases: `fhir_api.api.read` and `search` called
-with a runtime and the caller of a real token (`helpers.fhir_caller`), and `fhir_api.search`'s
+with a runtime and the caller of a real token (`helpers.fhir_api.fhir_caller`), and `fhir_api.search`'s
 parsing. Scopes, the patient compartment, the clinic, the app's installation and declared scopes,
 search parameters, paging, dates and an EHR that is down. What needs HTTP (headers, CORS, the 401
 challenge, formats, path decoding) is tests/test_fhir_api.py's, against a `svc-auth serve`."""

@@ -31,14 +31,14 @@ NIGHT = dt.date(2030, 3, 4)  # a Monday
 
 
 @pytest.fixture
-def smart_world(runtime, world):
+def fhir_user_world(runtime, world):
     """`world` with an app that declares fhirUser and may read Practitioners (set before `live` starts)."""
     set_smart_scopes(runtime, world.app.id, FHIR_USER_SCOPE)
     return world
 
 
-def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(smart_world, runtime, live):
-    world = smart_world
+def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(fhir_user_world, runtime, live):
+    world = fhir_user_world
     tokens = launch_tokens(live, runtime, world.physician, world.app, world.secret, FHIR_USER_SCOPE)
     fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
     assert fhir_user == f"{live}/fhir/r4/{world.org.id}/Practitioner/{fhir_id(world.physician.id)}"  # usr-…
@@ -123,8 +123,8 @@ ANA_NPI, BEN_NPI, UNKNOWN_NPI = "1417000043", "1417000019", "1417000050"
 
 
 @pytest.mark.slow
-def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(smart_world, runtime, live, fhir_ehr):  # noqa: F811
-    world = smart_world
+def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(fhir_user_world, runtime, live, fhir_ehr):
+    world = fhir_user_world
     org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="fhirUser Clinic")
     fhir_ehr.seed(practitioner("pr-ana", ANA_NPI, "Lopez", "Ana"), practitioner("pr-ben", BEN_NPI, "Okafor", "Ben"))
     install_application(world.app.id, org_id)

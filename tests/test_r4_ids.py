@@ -1,7 +1,7 @@
 """R4-valid ids (issue 35, item 4) and the disclosure audit's FHIR export (item 5).
 
 Every id the FHIR API serves on a sandbox clinic is R4's `id` type (the pattern of HL7's R4 JSON
-Schema), and what it serves validates (`helpers.r4_problems`: Medplum's `validateResource` and
+Schema), and what it serves validates (`helpers.r4.r4_problems`: Medplum's `validateResource` and
 HL7's R4 JSON Schema); a request naming an id in the spelling before issue 35 (`pat_…`, `usr_…`)
 is still answered; migration 3504 converts stored ids on SQLite and PostgreSQL, keeps every row,
 leaves the append-only disclosure records alone, and the previous release still reads the database.

@@ -19,16 +19,10 @@ from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
 
 from helpers.processes import settings_env, start_process, stop_process, wait_until
-from helpers.s3 import AWS, HoldingProxy, bucket_keys, worker_settings
-
-pytestmark = pytest.mark.slow
+from helpers.s3 import AWS, HoldingProxy, bucket_keys
 
 RECOVERY_SECONDS = 6
-
-
-@pytest.fixture
-def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
-    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_recovery_seconds=RECOVERY_SECONDS)
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_recovery_seconds=RECOVERY_SECONDS)]
 
 
 @pytest.fixture

@@ -25,40 +25,19 @@ from workers.snapshot import fan_out_night
 from helpers.charts import open_archive
 from helpers.environment import REDIS_URL
 from helpers.processes import settings_env, start_process, stop_process, wait_until
-from helpers.s3 import AWS, bucket_keys, set_ehr_url, worker_settings
+from helpers.s3 import bucket_keys, set_ehr_url, worker_env
 
-pytestmark = pytest.mark.slow
+# Redis (a namespace of the test's own), S3 and fast retries.
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_max_retries=2, task_min_backoff_ms=100,
+                                                         task_max_backoff_ms=300, task_recovery_seconds=6)]
 
 
 
-
-
-@pytest.fixture
-def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
-    """The test's settings with Redis (a namespace of its own), S3 and fast retries."""
-    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_max_retries=2,
-                           task_min_backoff_ms=100, task_max_backoff_ms=300, task_recovery_seconds=6)
 
 
 @pytest.fixture
 def child_env(settings):
-    return settings_env(settings, SVC_TASK_MAX_RETRIES=settings.task_max_retries,
-                        SVC_TASK_MIN_BACKOFF_MS=settings.task_min_backoff_ms,
-                        SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms,
-                        SVC_TASK_RECOVERY_SECONDS=settings.task_recovery_seconds, **AWS)
-
-
-@pytest.fixture
-def start_worker(child_env, tmp_path):
-    procs = []
-
-    def start(*args):
-        proc = start_process(["worker", "--threads", "2", *args], child_env, log_path=tmp_path / f"worker{len(procs)}.log")
-        procs.append(proc)
-        return proc
-    yield start
-    for proc in procs:
-        stop_process(proc)
+    return worker_env(settings)
 
 
 

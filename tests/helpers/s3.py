@@ -10,6 +10,7 @@ import uuid
 import boto3
 
 from helpers.environment import REDIS_URL
+from helpers.processes import settings_env
 from models.directory import Organization
 
 
@@ -34,6 +35,15 @@ def worker_settings(settings, s3_endpoint: str, monkeypatch, redis_namespace: st
                                   s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", **fields)
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
     return configured
+
+
+def worker_env(settings) -> dict:
+    """The environment of a child worker (or scheduler) on `settings` in the worker shape: its task
+    settings and moto's S3 credentials."""
+    return settings_env(settings, SVC_TASK_MAX_RETRIES=settings.task_max_retries,
+                        SVC_TASK_MIN_BACKOFF_MS=settings.task_min_backoff_ms,
+                        SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms,
+                        SVC_TASK_RECOVERY_SECONDS=settings.task_recovery_seconds, **AWS)
 
 
 class HoldingProxy:
