@@ -45,7 +45,6 @@ def offset_to(when: dt.datetime) -> float:
     return (when - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)).total_seconds()
 
 
-
 def pass_the_night(settings, night: dt.date, tmp_path) -> Snapshot:
     """A scheduler and a worker, started with their clock in `night`'s sync window, build it."""
     window_start, _ = night_window(settings, night)
@@ -59,8 +58,6 @@ def pass_the_night(settings, night: dt.date, tmp_path) -> Snapshot:
     finally:
         for proc in procs:
             assert stop_process(proc) == 0
-
-
 
 
 async def all_appointments(api, org_id, headers) -> tuple[list[dict], str]:

@@ -32,13 +32,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_max_
                                                          task_max_backoff_ms=300, task_recovery_seconds=6)]
 
 
-
-
-
 @pytest.fixture
 def child_env(settings):
     return worker_env(settings)
-
 
 
 def request_for(world, patient_index=0) -> ChartRequest:
@@ -48,10 +44,6 @@ def request_for(world, patient_index=0) -> ChartRequest:
 
 def status_of(request_id) -> ChartRequest:
     return ChartRequest.get_by_id(request_id)
-
-
-
-
 
 
 def test_chart_zip_built_by_a_worker_process_into_s3_and_fetched_over_a_presigned_url(runtime, world, start_worker):

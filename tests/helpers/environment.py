@@ -16,4 +16,3 @@ def database_url(backend: str, tmp_path: Path, request) -> str:
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'svc.db'}"
     return request.getfixturevalue("postgres_url")
-

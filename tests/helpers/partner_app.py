@@ -48,6 +48,7 @@ class Partner:
         launch, url = create_launch(self.runtime, user, self.app.client_id)
         return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
 
+
 async def fetch(api, url, method="GET", body=None, headers=None):
     """`api.call` for absolute URLs (the example app is on another port)."""
     client = api.http
@@ -59,6 +60,7 @@ async def fetch(api, url, method="GET", body=None, headers=None):
     except ValueError:
         payload = response.body.decode()
     return response.code, response.headers, payload
+
 
 class LaunchTraffic:
     """Launches one after another until stopped; records each outcome with the rotation phase."""
@@ -116,11 +118,13 @@ class LaunchTraffic:
         await self._task
         return self.results
 
+
 async def verify_on_platform(api, flow, world):
     """One launch, as the hub does it: tokens, then the platform verifies the access token."""
     tokens = await flow.tokens()
     await platform_verifies(api, world, tokens["access_token"])
     return tokens
+
 
 async def platform_verifies(api, world, access_token):
     """What the hub does with the token the SDK hands it (with a fresh hub session token)."""

@@ -11,7 +11,6 @@ SMART_PATIENT = "pat-b15c092f2447b7a2"
 """A patient of every sandbox clinic's panel (the sandbox EHR's ids are derived, the same everywhere)."""
 
 
-
 @dataclasses.dataclass
 class World:
     """What `world` makes: a clinic, its physician and staff user, an installed app and its secret,
