@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the partner REST API and the OAuth endpoints (`GET /v1/openapi.json`).
 
 Kept as Python so the repeated parts (errors, rate-limit headers, both OAuth address variants)
-are written once. `tests/openapi_contract.py` validates every response the test suite sees
+are written once. `tests/helpers/openapi.py` validates every response the test suite sees
 against it, and a schemathesis run fuzzes the live service with it.
 """
 from __future__ import annotations

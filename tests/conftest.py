@@ -1,5 +1,6 @@
-"""Shared fixtures (only fixtures: helpers live in tests/helpers.py): a real service on SQLite and on
-PostgreSQL, real HTTP, a movable clock, and the worlds tests start from.
+"""The tests' fixtures (only fixtures: helpers live in the tests/helpers/ package): a real service on
+SQLite and on PostgreSQL, real HTTP, a movable clock, the worlds tests start from, and the processes
+and browsers some tests drive. A fixture more than one test module uses is defined here, once.
 
 Every test that uses `app`/`runtime` runs once per database backend (`sqlite`, `postgresql`).
 Set SVC_TEST_DATABASES=sqlite (or postgresql) to run one backend only.
@@ -14,8 +15,15 @@ import psycopg2
 import pytest
 
 from conf import Settings
-from helpers import (BACKENDS, PG_DSN, REDIS_URL, Api, Flow, SmartWorld, World, database_url, free_port,
-                     settings_env, start_process, stop_process)
+from helpers.browser import CHROMIUM, CHROMIUM_ARGS, Demo
+from helpers.environment import BACKENDS, PG_DSN, REDIS_URL, database_url
+from helpers.fhir_ehr import start_fhir_ehr
+from helpers.http import Api
+from helpers.launch import Flow
+from helpers.partner_app import Partner
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
+from helpers.s3 import AWS, worker_env, worker_settings
+from helpers.worlds import SmartWorld, World
 from models.schema import MODELS
 from runtime import Runtime
 
@@ -88,18 +96,31 @@ def settings(backend, tmp_path, session_keys_dir, request) -> Settings:
 
     A module or test adjusts them with `@pytest.mark.svc_settings(...)`: `own_keys=True` (signing
     keys per test, for tests that rotate them), `real_issuer=True` (the issuer is the test HTTP
-    server's real address, for clients that fetch its JWKS), and any `Settings` field."""
+    server's real address, for clients that fetch its JWKS), `public_port="FIXTURE"` (the issuer and
+    public address are 127.0.0.1 on the port that fixture gives, e.g. a proxy's), `redis=True` (the
+    shared Redis, under this test's own `redis_namespace`), `workers=True` (Redis as `redis=True`, and
+    a fresh bucket on moto's S3 server, its credentials in the environment: `helpers.s3`), and any
+    `Settings` field."""
     marker = request.node.get_closest_marker("svc_settings")
     options = dict(marker.kwargs) if marker else {}
     own_keys, real_issuer = options.pop("own_keys", False), options.pop("real_issuer", False)
+    public_port, redis, workers = options.pop("public_port", None), options.pop("redis", False), options.pop("workers", False)
     issuer = f"http://127.0.0.1:{request.getfixturevalue('http_port')}" if real_issuer else "http://127.0.0.1:8888"
-    return Settings.build(
+    if public_port:
+        issuer = options["public_url"] = f"http://127.0.0.1:{request.getfixturevalue(public_port)}"
+    if redis:
+        options.update(redis_url=REDIS_URL, redis_namespace=request.getfixturevalue("redis_namespace"))
+    built = Settings.build(
         issuer=issuer, database_url=database_url(backend, tmp_path, request),
         var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys" if own_keys else session_keys_dir),
         hmac_key="k" * 32,
         sandbox=True,  # the sandbox EHR is a testing tool: on in the tests (tests/test_sandbox_access.py turns it off)
         **options,
     )
+    if workers:
+        return worker_settings(built, request.getfixturevalue("s3_endpoint"), request.getfixturevalue("monkeypatch"),
+                               request.getfixturevalue("redis_namespace"))
+    return built
 
 
 @pytest.fixture
@@ -165,3 +186,79 @@ def live(settings, world, tmp_path):
     yield issuer
     stop_process(proc)
 
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """moto's standalone S3-compatible server, a real HTTP server on a free loopback port."""
+    port = free_port()
+    env = {**os.environ, **AWS}
+    proc = start_process(["-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env,
+                         log_path=tmp_path_factory.mktemp("moto") / "moto.log")
+    wait_for_port(port, proc=proc)
+    yield f"http://127.0.0.1:{port}"
+    stop_process(proc)
+
+
+@pytest.fixture
+def start_worker(settings, tmp_path):
+    """Starts `svc-auth worker --threads 2 [ARGS...]` processes on the test's settings (its task
+    settings and moto's S3 credentials in their environment); each is stopped after the test."""
+    env = worker_env(settings)
+    procs = []
+
+    def start(*args):
+        proc = start_process(["worker", "--threads", "2", *args], env, log_path=tmp_path / f"worker{len(procs)}.log")
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def fhir_ehr():
+    """The real FHIR R4 EHR (tests/js/fhir_ehr.mjs) on a free port, one per test module."""
+    ehr = start_fhir_ehr()
+    yield ehr
+    ehr.proc.terminate()
+    ehr.proc.wait(timeout=10)
+
+
+# -- the example partner app -------------------------------------------------------------------
+
+@pytest.fixture
+def partner(runtime, world, io_loop, http_server):
+    """Makes example partner apps (`partner(**config overrides)`) served on their own ports, stopped
+    after the test; their modules carry `helpers.partner_app.PARTNER_SETTINGS`."""
+    made = []
+
+    def make(**overrides):
+        made.append(Partner(runtime, world, io_loop, **overrides))
+        return made[-1]
+    yield make
+    for p in made:
+        p.server.stop()
+
+
+# -- browsers ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """`svc-auth serve --demo` on free ports, one per test module (`helpers.browser.Demo`)."""
+    service = Demo(tmp_path_factory.mktemp("browser-demo"))
+    yield service
+    stop_process(service.proc)
+
+
+@pytest.fixture
+def page(tmp_path):
+    """A headless Chromium page (a persistent profile of the test's own, 1200x760)."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 760})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from helpers import ROOT
+from helpers.environment import ROOT
 from partner_api.openapi import openapi_document
 
 SWAGGER_UI = ROOT / "static" / "docs" / "swagger-ui"

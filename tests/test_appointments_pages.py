@@ -6,7 +6,7 @@ import pytest
 from lifecycle.users import create_user
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
-from rest_helpers import complete_snapshot, partner_headers
+from helpers.rest import complete_snapshot, partner_headers
 
 
 @pytest.mark.gen_test

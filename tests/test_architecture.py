@@ -211,10 +211,10 @@ def test_the_domain_never_serves_http():
 
 
 def test_no_test_module_imports_another():
-    """Shared test code lives in support modules (helpers, *_support, rest_helpers...), so each
-    test module can be read, run and changed alone."""
+    """Shared test code lives in the tests/helpers/ package, so each test module can be read, run
+    and changed alone."""
     offenders = []
-    for path in (ROOT / "tests").glob("*.py"):
+    for path in [*(ROOT / "tests").glob("*.py"), *(ROOT / "tests" / "helpers").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
@@ -356,8 +356,8 @@ def conftest_imports(path: Path) -> list[str]:
 
 
 def test_no_test_module_imports_conftest():
-    """conftest.py holds fixtures only; the helpers tests share are `helpers`'s (tests/helpers.py).
-    A module that still says `from conftest import X` imports X from `helpers` instead."""
+    """conftest.py holds fixtures only; the helpers tests share are the tests/helpers/ package's.
+    A module that still says `from conftest import X` imports X from its `helpers` module instead."""
     offenders = [hit for path in sorted((ROOT / "tests").rglob("*.py")) if "node_modules" not in path.parts
                  for hit in conftest_imports(path)]
     assert offenders == [], "import these from helpers, not conftest: " + "; ".join(offenders)
@@ -366,7 +366,7 @@ def test_no_test_module_imports_conftest():
 def test_the_conftest_import_check_sees_every_spelling(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import conftest\nfrom conftest import World\nfrom tests.conftest import free_port\n"
-                     "def f():\n    from conftest import ROOT\nfrom helpers import World\n")
+                     "def f():\n    from conftest import ROOT\nfrom helpers.worlds import World\n")
     assert len(conftest_imports(probe)) == 4
 
 
@@ -376,9 +376,108 @@ def test_conftest_holds_fixtures_only_and_helpers_none():
         return any("fixture" in ast.unparse(d) for d in node.decorator_list)
 
     conftest = ast.parse((ROOT / "tests" / "conftest.py").read_text())
-    helpers = ast.parse((ROOT / "tests" / "helpers.py").read_text())
+    helpers = [ast.parse(path.read_text()) for path in sorted((ROOT / "tests" / "helpers").glob("*.py"))]
     defined = [n for n in conftest.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     assert [n.name for n in defined if isinstance(n, ast.ClassDef) or not is_fixture(n)] == []
     assert [ast.unparse(n) for n in conftest.body if isinstance(n, (ast.Assign, ast.AnnAssign))] == []
-    assert [n.name for n in ast.walk(helpers) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    assert [n.name for tree in helpers for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and is_fixture(n)] == []
+
+
+# -- the tests' own layout: helpers in tests/helpers/, each fixture defined once ------------------------
+
+TESTS = ROOT / "tests"
+
+
+def stray_test_modules(tests: Path) -> list[str]:
+    """Python files at the top of `tests` that are neither conftest.py nor a test module."""
+    return sorted(p.name for p in tests.glob("*.py") if p.name != "conftest.py" and not p.name.startswith("test_"))
+
+
+def fixture_name(node) -> str | None:
+    """The name pytest knows a function by if it is a fixture (its `name=` or its own), else None."""
+    for decorator in node.decorator_list:
+        called = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if ast.unparse(called).rpartition(".")[2] == "fixture":  # pytest.fixture, fixture(scope=...)
+            named = [k.value.value for k in getattr(decorator, "keywords", ()) if k.arg == "name"]
+            return named[0] if named else node.name
+    return None
+
+
+def parametrized(node) -> set[str]:
+    """The argument names a function's `parametrize` decorators give (they are not fixtures)."""
+    names = set()
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call) and "parametrize" in ast.unparse(decorator.func) and decorator.args:
+            first = decorator.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names |= {n.strip() for n in first.value.split(",")}
+    return names
+
+
+def fixtures_and_uses(tests: Path) -> tuple[dict[str, list[str]], dict[str, set[str]]]:
+    """Which modules under `tests` define each fixture, and which request it: as an argument of a
+    test or of a fixture (a parametrized one aside), or by `usefixtures` / `getfixturevalue`."""
+    defined, used = {}, {}
+    for path in sorted(p for p in tests.rglob("*.py") if "node_modules" not in p.parts):
+        module, text = path.relative_to(tests).as_posix(), path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            name = fixture_name(node)
+            if name:
+                defined.setdefault(name, []).append(module)
+            if name or node.name.startswith("test"):
+                arguments = {a.arg for a in node.args.args + node.args.kwonlyargs} - parametrized(node)
+                for argument in arguments:
+                    used.setdefault(argument, set()).add(module)
+        requested = re.findall(r"""getfixturevalue\(\s*["'](\w+)""", text)
+        requested += [n for call in re.findall(r"usefixtures\(([^)]*)\)", text) for n in re.findall(r"""["'](\w+)["']""", call)]
+        for name in requested:
+            used.setdefault(name, set()).add(module)
+    return defined, used
+
+
+def defined_twice(defined: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: modules for name, modules in defined.items() if len(modules) > 1}
+
+
+def borrowed(defined: dict[str, list[str]], used: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Fixtures a test module defines that other modules request: (name: those modules)."""
+    return {name: sorted(used.get(name, set()) - {module}) for name, modules in defined.items() for module in modules
+            if module.startswith("test_") and used.get(name, set()) - {module}}
+
+
+def test_the_top_of_tests_holds_conftest_and_test_modules_only():
+    """Code the tests share lives in the tests/helpers/ package, in a module named by what it helps
+    with; tests/ itself holds conftest.py, test_*.py, fixtures/ (data) and js/ (the npm side)."""
+    assert stray_test_modules(TESTS) == [], "move these into tests/helpers/"
+
+
+def test_every_fixture_is_defined_once():
+    """One definition per fixture name, so a name means one thing: a module needing something else
+    names it for what it is (`fhir_user_world`, not a second `smart_world`), and a module adjusting
+    the service's settings says so with `@pytest.mark.svc_settings(...)`, not a second `settings`."""
+    defined, _ = fixtures_and_uses(TESTS)
+    assert defined_twice(defined) == {}
+
+
+def test_a_fixture_of_a_test_module_is_that_modules_only():
+    """A fixture more than one module uses is conftest.py's."""
+    assert borrowed(*fixtures_and_uses(TESTS)) == {}, "move these fixtures into conftest.py"
+
+
+def test_the_layout_checks_see_a_stray_module_a_second_definition_and_a_borrowed_fixture(tmp_path):
+    (tmp_path / "conftest.py").write_text("import pytest\n@pytest.fixture\ndef world():\n    return 1\n")
+    (tmp_path / "rest_helpers.py").write_text("def partner_headers():\n    return {}\n")
+    (tmp_path / "test_a.py").write_text(
+        "import pytest\n@pytest.fixture\ndef world():\n    return 2\n@pytest.fixture(name='clinic')\n"
+        "def make_clinic():\n    return 3\ndef test_one(world, clinic):\n    pass\n")
+    (tmp_path / "test_b.py").write_text(
+        "import pytest\n@pytest.mark.parametrize('flag, clinic', [(1, 2)])\ndef test_two(flag, clinic):\n    pass\n"
+        "@pytest.mark.usefixtures('world')\ndef test_three(request):\n    request.getfixturevalue('clinic')\n")
+    assert stray_test_modules(tmp_path) == ["rest_helpers.py"]
+    defined, used = fixtures_and_uses(tmp_path)
+    assert defined == {"world": ["conftest.py", "test_a.py"], "clinic": ["test_a.py"]}
+    assert defined_twice(defined) == {"world": ["conftest.py", "test_a.py"]}
+    assert borrowed(defined, used) == {"world": ["test_b.py"], "clinic": ["test_b.py"]}

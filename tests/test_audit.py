@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from helpers import ROOT, settings_env
+from helpers.environment import ROOT
+from helpers.processes import settings_env
+from helpers.rest import partner_headers
 from hub.sandbox import issue_sandbox_token
 from models.audit import AuditEvent
 from models.clock import utc_iso
-from rest_helpers import partner_headers
 
 
 pytestmark = pytest.mark.svc_settings(own_keys=True)  # this module rotates keys

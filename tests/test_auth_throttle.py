@@ -5,7 +5,8 @@ import ipaddress
 
 import pytest
 
-from helpers import REDIS_URL, basic_auth
+from helpers.environment import REDIS_URL
+from helpers.http import basic_auth
 from models.audit import AuditEvent
 from ratelimit.failures import FailurePolicy, FailureThrottle, Throttled
 from ratelimit.policy import Limit
@@ -192,7 +193,7 @@ def test_wrong_secrets_are_throttled_across_serve_processes(settings, world, tmp
     import urllib.error
     import urllib.request
 
-    from helpers import free_port, settings_env, start_process, stop_process
+    from helpers.processes import free_port, settings_env, start_process, stop_process
     import time
     ports = [free_port(), free_port()]
     allowed, window = settings.auth_failure_limit

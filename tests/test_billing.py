@@ -11,11 +11,12 @@ import urllib.request
 
 import pytest
 
-from billing.free_trial import TRIAL_DAYS
-from helpers import ROOT, free_port, settings_env, start_process, stop_process
+from helpers.environment import ROOT
+from helpers.partner_app import platform_verifies, verify_on_platform
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from models.application import Installation
 from models.billing import BillableUse
-from partner_app_support import verify_on_platform, platform_verifies
+from billing.free_trial import TRIAL_DAYS
 from ratelimit.policy import DEFAULT_LIMITS
 
 
@@ -137,7 +138,7 @@ def billing_path(app_id, month=None):
 
 @pytest.mark.gen_test
 async def test_billing_operation_shows_the_callers_billable_users_per_organization(api, flow, world, runtime):
-    from rest_helpers import partner_headers
+    from helpers.rest import partner_headers
     headers = await partner_headers(api, world.app, world.secret)
     month = runtime.clock.now().strftime("%Y-%m")
     status, _, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
@@ -165,7 +166,7 @@ async def test_billing_operation_shows_the_callers_billable_users_per_organizati
 @pytest.mark.gen_test
 async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world, runtime):
     from lifecycle.applications import install_application, register_application
-    from rest_helpers import partner_headers
+    from helpers.rest import partner_headers
     other, other_secret = register_application(runtime, "Other App", "https://other.example/main",
                                                "https://other.example/launch", billing_plan="paid")
     install_application(other.id, world.org.id)
@@ -183,7 +184,7 @@ async def test_billing_operation_sees_only_the_callers_own_rows(api, flow, world
 
 @pytest.mark.gen_test
 async def test_billing_operation_bad_month_and_auth(api, world):
-    from rest_helpers import partner_headers
+    from helpers.rest import partner_headers
     headers = await partner_headers(api, world.app, world.secret)
     for month in (None, "", "2026-13", "2026-1", "26-01", "2026-01-01", "abcd-ef", "2026-00",
                   "%D9%A2%D9%A0%D9%A2%D9%A6-01", "2026-01%0A"):  # Arabic-Indic digits; a trailing newline
@@ -199,7 +200,7 @@ async def test_billing_operation_bad_month_and_auth(api, world):
 
 @pytest.mark.gen_test
 async def test_billing_operation_is_rate_limited(api, world):
-    from rest_helpers import partner_headers
+    from helpers.rest import partner_headers
     headers = await partner_headers(api, world.app, world.secret)
     api.runtime.clock.offset = 0
     # Stay inside one window: start at its beginning.

@@ -28,7 +28,8 @@ import psycopg2
 import pytest
 
 from conf import Settings
-from helpers import PG_DSN, ROOT, free_port, settings_env, start_process, stop_process
+from helpers.environment import PG_DSN, ROOT
+from helpers.processes import free_port, settings_env, start_process, stop_process
 
 pytestmark = pytest.mark.browser
 

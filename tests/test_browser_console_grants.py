@@ -10,12 +10,12 @@ import urllib.parse
 
 import pytest
 
-from browser_support import TIMEOUT_MS, page  # noqa: F401  (fixture: page)
+from helpers.browser import TIMEOUT_MS
+from helpers.http import http
+from helpers.smart import launch_tokens
 from console.accounts import invite_developer
-from js_support import http
 from lifecycle.applications import set_smart_scopes
 from models.application import DEFAULT_SMART_SCOPES, Application
-from smart_support import launch_tokens
 
 pytestmark = pytest.mark.browser
 PASSWORD = "a long console passphrase"
@@ -29,7 +29,7 @@ def refresh(live, app, secret, refresh_token) -> tuple[int, dict]:
     return status, json.loads(body)
 
 
-def test_partner_edits_smart_settings_and_revokes_a_grant(live, runtime, world, page):  # noqa: F811
+def test_partner_edits_smart_settings_and_revokes_a_grant(live, runtime, world, page):
     app = set_smart_scopes(runtime, world.app.id, DEFAULT_SMART_SCOPES + " offline_access")
     scope = "launch openid offline_access patient/*.rs"
     doctor = launch_tokens(live, runtime, world.physician, app, world.secret, scope)

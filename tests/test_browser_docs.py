@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from conf import Settings
-from helpers import ROOT, free_port, settings_env, start_process, stop_process
+from helpers.browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from helpers.environment import ROOT
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from partner_api.openapi import openapi_document
-from browser_support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
 
@@ -45,7 +46,7 @@ def service(tmp_path_factory):
 
 
 @pytest.fixture
-def page(tmp_path):
+def docs_page(tmp_path):
     from playwright.sync_api import sync_playwright
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -55,28 +56,28 @@ def page(tmp_path):
             browser.close()
 
 
-def test_docs_render_every_operation_and_try_one_with_client_credentials(service, page):
+def test_docs_render_every_operation_and_try_one_with_client_credentials(service, docs_page):
     requested = []
-    page.on("request", lambda request: requested.append(request.url))
+    docs_page.on("request", lambda request: requested.append(request.url))
     console_errors = []
-    page.on("console", lambda message: message.type == "error" and console_errors.append(message.text))
-    page.goto(service["url"] + "/v1/docs")
-    page.wait_for_selector(".opblock", timeout=TIMEOUT_MS)
+    docs_page.on("console", lambda message: message.type == "error" and console_errors.append(message.text))
+    docs_page.goto(service["url"] + "/v1/docs")
+    docs_page.wait_for_selector(".opblock", timeout=TIMEOUT_MS)
     operation_ids = {op["operationId"] for item in openapi_document(service["url"])["paths"].values()
                      for op in item.values()}
-    assert page.locator(".opblock").count() == len(operation_ids)
+    assert docs_page.locator(".opblock").count() == len(operation_ids)
 
     # Authorize with the app's client credentials (Swagger UI posts them to the scheme's tokenUrl).
-    page.click("button.authorize")
-    page.fill("#client_id_clientCredentials", service["app"]["client_id"])
-    page.fill("#client_secret_clientCredentials", service["app"]["client_secret"])
-    page.locator(".auth-container", has=page.locator("#client_id_clientCredentials")).locator(
+    docs_page.click("button.authorize")
+    docs_page.fill("#client_id_clientCredentials", service["app"]["client_id"])
+    docs_page.fill("#client_secret_clientCredentials", service["app"]["client_secret"])
+    docs_page.locator(".auth-container", has=docs_page.locator("#client_id_clientCredentials")).locator(
         "button.authorize").click()
-    page.locator(".auth-container button", has_text="Logout").wait_for(timeout=TIMEOUT_MS)  # token obtained
-    page.locator(".modal-ux button.close-modal").click()
+    docs_page.locator(".auth-container button", has_text="Logout").wait_for(timeout=TIMEOUT_MS)  # token obtained
+    docs_page.locator(".modal-ux button.close-modal").click()
 
     # Try it out: the app's organizations.
-    operation = page.locator("#operations-partner-organizations")
+    operation = docs_page.locator("#operations-partner-organizations")
     operation.locator(".opblock-summary").click()
     operation.locator("button.try-out__btn").click()
     operation.locator("input[placeholder='applicationId']").fill(service["app"]["application_id"])

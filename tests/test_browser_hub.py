@@ -18,9 +18,10 @@ import urllib.request
 import pytest
 
 from models.clock import Clock
-from helpers import ROOT, settings_env
+from helpers.browser import APP_ID, TIMEOUT_MS, app_frame
+from helpers.environment import ROOT
+from helpers.processes import settings_env
 from cli.demo_seed import DEMO_OTHER_ID, DEMO_PHYSICIAN_ID
-from browser_support import APP_ID, TIMEOUT_MS, demo, page, app_frame  # noqa: F401  (fixtures: demo, page)
 
 pytestmark = pytest.mark.browser
 

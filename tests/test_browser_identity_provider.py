@@ -13,12 +13,12 @@ import pytest
 from runtime import Runtime
 from cli.demo_seed import DEMO_PHYSICIAN_ID
 from models.application import Application
-from browser_support import APP_ID, app_frame, demo, page  # noqa: F401  (fixtures: demo, page)
+from helpers.browser import APP_ID, app_frame
 
 pytestmark = pytest.mark.browser
 
 
-def set_launch_url(demo, url: str) -> None:  # noqa: F811
+def set_launch_url(demo, url: str) -> None:
     runtime = Runtime(demo.settings)
     try:
         Application.update(launch_url=url).where(Application.id == APP_ID).execute()
@@ -26,7 +26,7 @@ def set_launch_url(demo, url: str) -> None:  # noqa: F811
         runtime.close()
 
 
-def test_identity_provider_variant_resolves_the_id_token_issued_with_the_access_token(demo, page):  # noqa: F811
+def test_identity_provider_variant_resolves_the_id_token_issued_with_the_access_token(demo, page):
     demo.set_status("Enabled")
     set_launch_url(demo, f"{demo.app_url}/launch?variant=identity-provider")
     try:

@@ -20,12 +20,12 @@ import urllib.request
 
 import pytest
 
-from helpers import ROOT
+from helpers.browser import TIMEOUT_MS
+from helpers.environment import ROOT
 from connectors.sandbox import patient_panel
 from fhir_api import fhir_base_url
 from cli.demo_seed import (DEMO_ORG_ID, DEMO_OTHER_ID, DEMO_PHYSICIAN_ID, DEMO_SMART_APP_ID, DEMO_SMART_APP_NAME,
                            DEMO_SMART_CLIENT_ID, demo_fhir_user)
-from browser_support import TIMEOUT_MS, demo, page  # noqa: F401  (fixtures: demo, page)
 
 pytestmark = pytest.mark.browser
 

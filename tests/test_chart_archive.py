@@ -9,7 +9,7 @@ import pytest
 import workers.charts as charts
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
-from chart_support import open_archive
+from helpers.charts import open_archive
 
 
 def wait_for_status(request_id: str, timeout: float = 30.0) -> ChartRequest:

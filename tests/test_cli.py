@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from helpers import ROOT, settings_env
+from helpers.environment import ROOT
+from helpers.processes import settings_env
 from models.directory import User
 from oauth.secret_rotation import is_current_secret
 

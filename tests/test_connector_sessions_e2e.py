@@ -24,16 +24,16 @@ from models.appointments import ConnectorSession, Snapshot
 from models.directory import Organization
 from workers.snapshot import COVERAGE, night_window
 
-from helpers import REDIS_URL, settings_env, start_process, stop_process, wait_until
-from rest_helpers import partner_headers
-from hub_client import Hub
+from helpers.hub import Hub
+from helpers.processes import settings_env, start_process, stop_process, wait_until
+from helpers.rest import partner_headers
 
-pytestmark = pytest.mark.slow
 
 ORG_ID = "org_e2e_sessions"     # fixed, with the fixed dates below: the sandbox's answers are known
 IN_HUB = dt.datetime(2030, 3, 5, 15, 0)   # a Tuesday afternoon: physicians use the hub
 NIGHT = dt.date(2030, 3, 6)                # that night's sync (window 02:00-04:00 UTC)
 TTL = 3 * 24 * 3600
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(redis=True, connector_session_ttl=TTL)]
 
 
 def move_clock_to(clock, when: dt.datetime) -> None:
@@ -43,12 +43,6 @@ def move_clock_to(clock, when: dt.datetime) -> None:
 
 def offset_to(when: dt.datetime) -> float:
     return (when - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)).total_seconds()
-
-
-@pytest.fixture
-def settings(settings, redis_namespace):
-    return settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, connector_session_ttl=TTL)
-
 
 
 def pass_the_night(settings, night: dt.date, tmp_path) -> Snapshot:
@@ -64,8 +58,6 @@ def pass_the_night(settings, night: dt.date, tmp_path) -> Snapshot:
     finally:
         for proc in procs:
             assert stop_process(proc) == 0
-
-
 
 
 async def all_appointments(api, org_id, headers) -> tuple[list[dict], str]:

@@ -11,8 +11,9 @@ import urllib.parse
 import pyotp
 import pytest
 
-from helpers import ROOT, settings_env
-from console_client import ConsoleClient
+from helpers.console import ConsoleClient
+from helpers.environment import ROOT
+from helpers.processes import settings_env
 from ratelimit.failures import build_failure_throttle
 from console.accounts import check_credentials, invite_developer, sign_in
 from lifecycle.manifest import ManifestInvalid, update_manifest
@@ -320,7 +321,7 @@ def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtim
 
 def test_sign_in_throttle_is_shared_through_redis(runtime, world, redis_namespace):
     """Two processes' throttles on one Redis: failures counted by one refuse attempts at the other."""
-    from helpers import REDIS_URL
+    from helpers.environment import REDIS_URL
     invite_developer(runtime, world.app.id, "dev@partner.example")
     shared = runtime.settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace)
 

@@ -4,7 +4,8 @@ from typing import Any
 
 import pytest
 
-from helpers import World, basic_auth
+from helpers.http import basic_auth
+from helpers.worlds import World
 
 APP_ORIGIN = "https://notes.example"
 OTHER_ORIGIN = "https://evil.example"
@@ -44,7 +45,7 @@ async def test_preflight_is_answered_for_registered_origins_only(api, cors_world
 
 @pytest.mark.gen_test
 async def test_responses_are_readable_only_by_the_calling_apps_origin(api, cors_world, runtime):
-    from helpers import Flow
+    from helpers.launch import Flow
     app, secret = cors_world.app, cors_world.secret
     code = await Flow(api, cors_world, runtime).code()
     body = {"grant_type": "authorization_code", "code": code, "client_id": app.client_id, "client_secret": secret}

@@ -13,7 +13,8 @@ import urllib.request
 
 import pytest
 
-from helpers import ROOT, free_port, settings_env
+from helpers.environment import ROOT
+from helpers.processes import free_port, settings_env
 
 BANNER_END = "client_secret:"
 

@@ -16,9 +16,10 @@ from cli.demo_seed import DEMO_ORG_ID, DEMO_PHYSICIAN_ID, demo_patient, seed_dem
 from models.application import Application
 from models.directory import User
 
-from helpers import ROOT, settings_env
-from hub_client import Hub
-from chart_support import fetch_zip
+from helpers.charts import fetch_zip
+from helpers.environment import ROOT
+from helpers.hub import Hub
+from helpers.processes import settings_env
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,12 @@ from jose import jwt
 
 from audit.chain import link, verify
 from audit.disclosures import Disclosure, chain_key, record
-from chart_support import fetch_zip, wait_until_not_pending
-from fhir_api_support import r4_problems
-from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
+from helpers.charts import fetch_zip, wait_until_not_pending
+from helpers.environment import ROOT
+from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.r4 import r4_invalid
+from helpers.rest import complete_snapshot, partner_headers
+from helpers.tokens import mint_platform_token
 from connectors.sandbox import patient_panel
 from workers.activity import record_activity
 from lifecycle.activation import set_activation_status
@@ -28,7 +31,6 @@ from lifecycle.verification import record_platform_verification
 from models.audit import AuditEvent
 from models.disclosures import DisclosureRecord
 from ratelimit.concurrency import ConcurrencyCap
-from rest_helpers import complete_snapshot, partner_headers
 from workers.snapshot import build_snapshot, night_window
 
 FIELDS = {"seq", "at", "action", "outcome", "status", "application_id", "client_id", "user_id", "organization_id",
@@ -129,7 +131,7 @@ async def test_fhir_reads_and_searches_are_recorded_field_by_field(api, world, r
     bundle = json.loads(cli(runtime.settings, "audit", "disclosures", "--org", org.id, "--patient", mine,
                             "--format", "fhir").stdout)
     events = [e["resource"] for e in bundle["entry"]]
-    assert r4_problems([bundle]) == []                      # valid R4 (bdl-1: no `total` on a collection)
+    assert r4_invalid([bundle]) == []                      # valid R4 (bdl-1: no `total` on a collection)
     assert [e["meta"]["profile"][0].rsplit("/", 1)[1] for e in events] == [
         "IHE.BasicAudit.PatientQuery", "IHE.BasicAudit.PatientQuery", "IHE.BasicAudit.PatientRead",
         "IHE.BasicAudit.PatientRead"]
@@ -382,7 +384,7 @@ def test_a_service_role_with_select_and_insert_only_records_and_cannot_erase(run
     if backend != "postgresql":
         pytest.skip("roles are PostgreSQL's")
     import uuid
-    from helpers import PG_DSN
+    from helpers.environment import PG_DSN
     role, database = f"svc_audit_{uuid.uuid4().hex[:8]}", runtime.settings.database_url.rsplit("/", 1)[1]
     admin = psycopg2.connect(f"{PG_DSN}/{database}")
     admin.autocommit = True

@@ -9,10 +9,11 @@ import json
 import urllib.parse
 
 from connectors.sandbox import PANEL_SIZE
+from helpers.fhir_api import ALL_TYPES, Fhir, outcome, resources
+from helpers.http import http
+from helpers.tokens import as_service, mint_platform_token
+from helpers.worlds import clinic
 from fhir_api.api import RETRY_AFTER_SECONDS
-from fhir_api_support import ALL_TYPES, Fhir, outcome, resources
-from helpers import as_service, clinic, mint_platform_token
-from js_support import http
 
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
@@ -209,7 +210,7 @@ def test_the_token_of_a_real_launch_reads_what_its_scope_grants(live, runtime, w
 def test_a_revoked_token_is_refused_at_once_though_its_verification_is_kept(live, runtime, world):
     """The serve process remembers a token's verification (oauth/tokens.py) across FHIR reads; the
     deny-list is still asked on every request, so the first read after revocation is a 401 (issue 35 item 6)."""
-    from helpers import basic_auth
+    from helpers.http import basic_auth
     token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id)
     fhir = Fhir(live, world.org.id, token)
     for _ in range(2):  # the second read uses the kept verification

@@ -18,9 +18,9 @@ from fhirclient.models.patient import Patient
 from fhirclient.models.practitioner import Practitioner
 from fhirclient.server import FHIRNotFoundException, FHIRPermissionDeniedException
 
-from fhir_api_support import Fhir, resources
-from helpers import mint_platform_token
-from js_support import JS_DIR
+from helpers.environment import JS_DIR
+from helpers.fhir_api import Fhir, resources
+from helpers.tokens import mint_platform_token
 from models.ids import fhir_id
 
 

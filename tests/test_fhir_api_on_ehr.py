@@ -9,11 +9,11 @@ import json
 
 import pytest
 
+from helpers.fhir_api import Fhir, outcome, resources
+from helpers.fhir_ehr import CLIENT_ID, appointment, chart_record, connect_clinic, patient, practitioner
+from helpers.processes import wait_until
+from helpers.tokens import mint_platform_token
 from fhir_api.api import RETRY_AFTER_SECONDS
-from fhir_api_support import Fhir, outcome, resources
-from fhir_support import (CLIENT_ID, appointment, chart_record, connect_clinic, fhir_ehr,  # noqa: F401
-                          patient, practitioner)
-from helpers import mint_platform_token, wait_until
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 
@@ -62,7 +62,7 @@ def seed(ehr) -> None:
 
 
 @pytest.fixture
-def clinic(runtime, world, live, fhir_ehr):  # noqa: F811
+def fhir_clinic(runtime, world, live, fhir_ehr):
     """The FHIR clinic connected with the CLI and seeded, the app installed, and Ana (a physician
     of the clinic) with a `user/*.rs` token: (org id, Ana, her Fhir client)."""
     org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="FHIR API Clinic")
@@ -89,8 +89,8 @@ def patient_ref(resource: dict) -> str:
     return (resource.get("subject") or resource.get("patient"))["reference"]
 
 
-def test_reads_and_searches_answer_what_the_ehr_holds_with_the_platforms_urls(clinic, fhir_ehr):  # noqa: F811
-    _, _, fhir = clinic
+def test_reads_and_searches_answer_what_the_ehr_holds_with_the_platforms_urls(fhir_clinic, fhir_ehr):
+    _, _, fhir = fhir_clinic
     # Reads: each type by id, the fields that matter as the EHR holds them.
     held = {("Patient", "pt-a"): None, ("Practitioner", "pr-ana"): None, ("Appointment", "ana-01"): "Patient/pt-b",
             ("Encounter", "enc-000"): "Patient/pt-a", ("Condition", "cond-htn"): "Patient/pt-a",
@@ -162,8 +162,8 @@ def test_reads_and_searches_answer_what_the_ehr_holds_with_the_platforms_urls(cl
     assert pages == 3 and sorted(seen) == [f"ana-{n:02d}" for n in range(ANA_APPOINTMENTS)] and len(set(seen)) == 12
 
 
-def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(clinic, runtime, world, live, fhir_ehr):  # noqa: F811
-    org_id, ana, _ = clinic
+def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(fhir_clinic, runtime, world, live, fhir_ehr):
+    org_id, ana, _ = fhir_clinic
     fhir = Fhir(live, org_id, mint_platform_token(runtime, live, ana, world.app, org_id,
                                    scope="openid launch/patient patient/*.rs", patient="pt-a"))
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
@@ -190,8 +190,8 @@ def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(clinic, runtim
     assert sorted(ids(fhir.search("Practitioner"))) == ["pr-ana", "pr-ben"]
 
 
-def test_the_ehr_down_is_a_503_and_a_revoked_registration_a_502(clinic, fhir_ehr, tmp_path):  # noqa: F811
-    org_id, _, fhir = clinic
+def test_the_ehr_down_is_a_503_and_a_revoked_registration_a_502(fhir_clinic, fhir_ehr, tmp_path):
+    org_id, _, fhir = fhir_clinic
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
     fhir_ehr.fault(503, count=1000, retry_after=0)
     try:

@@ -1,5 +1,5 @@
 """The FHIR API's own rules in-process, on both databases: `fhir_api.api.read` and `search` called
-with a runtime and the caller of a real token (`helpers.fhir_caller`), and `fhir_api.search`'s
+with a runtime and the caller of a real token (`helpers.fhir_api.fhir_caller`), and `fhir_api.search`'s
 parsing. Scopes, the patient compartment, the clinic, the app's installation and declared scopes,
 search parameters, paging, dates and an EHR that is down. What needs HTTP (headers, CORS, the 401
 challenge, formats, path decoding) is tests/test_fhir_api.py's, against a `svc-auth serve`."""
@@ -17,8 +17,9 @@ from fhir_api import fhir_base_url
 from fhir_api.api import read, search
 from fhir_api.capability import capability_statement
 from fhir_api.search import MAX_COUNT, MAX_IDS, MAX_VALUE_LENGTH, date_range, search_arguments
-from fhir_api_support import ALL_TYPES, resources
-from helpers import clinic, fhir_caller, mint_platform_token
+from helpers.fhir_api import ALL_TYPES, fhir_caller, resources
+from helpers.tokens import mint_platform_token
+from helpers.worlds import clinic
 from lifecycle.applications import install_application, register_application
 from lifecycle.users import create_user
 from models.application import Application, Installation

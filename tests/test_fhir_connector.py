@@ -24,11 +24,11 @@ from models.schedule import ScheduledRun
 from workers.leases import sync_job
 from workers.snapshot import COVERAGE, night_window, sync_organization
 
-from chart_support import chart_schema_validator, fetch_zip, open_archive, wait_until_not_pending
-from helpers import wait_until
-from fhir_support import (CLIENT_ID, SECRET_NOTE, appointment, chart_record, cli, connect_clinic, fhir_ehr,  # noqa: F401
-                          patient, practitioner)
-from rest_helpers import partner_headers
+from helpers.charts import chart_schema_validator, fetch_zip, open_archive, wait_until_not_pending
+from helpers.fhir_ehr import (CLIENT_ID, SECRET_NOTE, appointment, chart_record, cli, connect_clinic, patient,
+                              practitioner)
+from helpers.processes import wait_until
+from helpers.rest import partner_headers
 
 pytestmark = pytest.mark.slow
 

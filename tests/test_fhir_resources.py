@@ -18,7 +18,7 @@ from connectors.fhir.connector import fhir_state
 from lifecycle.organizations import create_organization
 from workers.chart_archive import write_chart_zip
 
-from fhir_support import appointment, chart_record, patient, practitioner, start_fhir_ehr
+from helpers.fhir_ehr import appointment, chart_record, patient, practitioner, start_fhir_ehr
 
 pytestmark = pytest.mark.slow
 

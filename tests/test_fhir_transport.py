@@ -62,16 +62,16 @@ def http_date(when: float) -> str:
 
 
 @pytest.fixture
-def clock():
+def clock_ahead():
     """The runtime's clock, an hour ahead of the machine's (as a test that moved it, or SVC_CLOCK_OFFSET)."""
     return Clock(offset_seconds=3600)
 
 
-def test_an_http_date_retry_after_is_waited_out_against_the_runtime_clock(clock):
-    ehr = Busy(lambda: http_date(clock.time() + 7))
+def test_an_http_date_retry_after_is_waited_out_against_the_runtime_clock(clock_ahead):
+    ehr = Busy(lambda: http_date(clock_ahead.time() + 7))
     waits: list[float] = []
     try:
-        transport = Transport(ehr.base, BOUNDS, sleep=waits.append, wall=clock.time)
+        transport = Transport(ehr.base, BOUNDS, sleep=waits.append, wall=clock_ahead.time)
         status, body, _ = transport.send("GET", f"{ehr.base}/Patient/p1")
         assert (status, body) == (200, {})
         assert ehr.requests == 2
@@ -80,18 +80,18 @@ def test_an_http_date_retry_after_is_waited_out_against_the_runtime_clock(clock)
         ehr.close()
 
 
-def test_an_http_date_already_past_is_no_wait_and_one_too_far_ends_the_attempts(clock):
-    past = Busy(lambda: http_date(clock.time() - 60))
+def test_an_http_date_already_past_is_no_wait_and_one_too_far_ends_the_attempts(clock_ahead):
+    past = Busy(lambda: http_date(clock_ahead.time() - 60))
     waits: list[float] = []
     try:
-        assert Transport(past.base, BOUNDS, sleep=waits.append, wall=clock.time).send("GET", past.base)[0] == 200
+        assert Transport(past.base, BOUNDS, sleep=waits.append, wall=clock_ahead.time).send("GET", past.base)[0] == 200
         assert waits == [0.0]
     finally:
         past.close()
-    far = Busy(lambda: http_date(clock.time() + 600), busy=10)
+    far = Busy(lambda: http_date(clock_ahead.time() + 600), busy=10)
     try:
         with pytest.raises(ConnectorUnavailable):
-            Transport(far.base, BOUNDS, sleep=waits.append, wall=clock.time).send("GET", far.base)
+            Transport(far.base, BOUNDS, sleep=waits.append, wall=clock_ahead.time).send("GET", far.base)
         assert far.requests == 1, "a Retry-After past max_retry_after is not waited for"
     finally:
         far.close()
@@ -167,21 +167,21 @@ def test_a_tls_handshake_broken_off_is_transient_and_retried():
         ehr.close()
 
 
-def test_the_expiring_cache_runs_on_the_runtime_clock(clock):
-    cache = ExpiringCache(clock.time, margin=30)
+def test_the_expiring_cache_runs_on_the_runtime_clock(clock_ahead):
+    cache = ExpiringCache(clock_ahead.time, margin=30)
     cache.put("token", "t1", expires_in=300)
     assert cache.get("token") == "t1"
-    clock.advance(269)
+    clock_ahead.advance(269)
     assert cache.get("token") == "t1"
-    clock.advance(2)  # within the margin of its expiry, on the runtime's clock: renewed
+    clock_ahead.advance(2)  # within the margin of its expiry, on the runtime's clock: renewed
     assert cache.get("token") is None
 
 
-def test_the_expiring_cache_evicts_and_stays_bounded(clock):
-    cache = ExpiringCache(clock.time, max_entries=100)
+def test_the_expiring_cache_evicts_and_stays_bounded(clock_ahead):
+    cache = ExpiringCache(clock_ahead.time, max_entries=100)
     for n in range(100):
         cache.put(("npi", n), f"pr-{n}", expires_in=60)
-    clock.advance(61)  # all expired: the next put sweeps them
+    clock_ahead.advance(61)  # all expired: the next put sweeps them
     cache.put("fresh", "v", expires_in=60)
     assert len(cache) == 1 and cache.get("fresh") == "v"
     for n in range(1000):  # none expired: the oldest go, the newest stay
@@ -189,5 +189,5 @@ def test_the_expiring_cache_evicts_and_stays_bounded(clock):
         assert len(cache) <= 100
     assert cache.get(("live", 999)) == 999 and cache.get(("live", 0)) is None
     cache.put("short", "v", expires_in=1)
-    clock.advance(2)
+    clock_ahead.advance(2)
     assert cache.get("short") is None and len(cache) <= 100

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from fhir_api_support import Fhir, r4_problems, resources
-from fhir_support import connect_clinic, fhir_ehr, practitioner  # noqa: F401
-from helpers import mint_platform_token
+from helpers.fhir_api import Fhir, resources
+from helpers.fhir_ehr import connect_clinic, practitioner
+from helpers.r4 import r4_invalid
+from helpers.tokens import mint_platform_token
 from lifecycle.applications import install_application, set_fhir_rate_limits
 from lifecycle.users import create_user
 from ratelimit.policy import Limit
@@ -254,8 +255,8 @@ def test_every_us_core_shall_search_works_on_both_kinds_of_clinic(us_core_clinic
     # The growth chart app's call.
     assert resources(fhir.search("FamilyMemberHistory", {"patient": patient}))
 
-    assert r4_problems(served) == []
-    assert r4_problems([{**me, "birthDate": "1970-13-45"}])      # the validator does check
+    assert r4_invalid(served) == []
+    assert r4_invalid([{**me, "birthDate": "1970-13-45"}])      # the validator does check
 
 
 def test_a_patient_token_sees_its_compartment_only_includes_too(us_core_clinic, runtime, world):

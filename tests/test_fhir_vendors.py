@@ -9,16 +9,8 @@ import json
 import urllib.request
 
 import pytest
-from fhir_support import (
-    CLIENT_ID,
-    appointment,
-    chart_record,
-    cli,
-    connect_clinic,
-    patient,
-    practitioner,
-    start_fhir_ehr,
-)
+from helpers.fhir_ehr import (CLIENT_ID, appointment, chart_record, cli, connect_clinic, patient, practitioner,
+                              start_fhir_ehr)
 
 from connectors import ResourceQuery, connector_for
 from lifecycle.applications import install_application

@@ -1,7 +1,7 @@
 """A Python client generated from `/v1/openapi.json` (openapi-python-client, pinned in setup.py)
 calls every operation of the document against the running service (both databases).
 
-Every response also goes through tests/openapi_contract.py (an httpx response hook), like the
+Every response also goes through tests/helpers/openapi.py (an httpx response hook), like the
 rest of the suite's, and the test fails if the document gains an operation this test does not call.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from connectors.sandbox import patient_panel
-from openapi_contract import check_response
+from helpers.openapi import check_response
 from partner_api.openapi import openapi_document
 
 PACKAGE = "svc_auth_client"

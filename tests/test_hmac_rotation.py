@@ -16,7 +16,9 @@ import pytest
 
 from audit.chain import verify
 from audit.disclosures import Disclosure, record
-from helpers import ROOT, basic_auth, free_port, settings_env, start_process, stop_process
+from helpers.environment import ROOT
+from helpers.http import basic_auth
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from keys.secrets import SecretHasher
 from lifecycle.applications import register_application
 from models.disclosures import DisclosureRecord

@@ -1,4 +1,4 @@
-"""A broken or hostile EHR (tests/hostile_ehr.py) cannot hang, exhaust or mislead svc-auth (issue
+"""A broken or hostile EHR (tests/helpers/hostile_ehr.py) cannot hang, exhaust or mislead svc-auth (issue
 28): driven through a real `svc-auth serve` (the FHIR API, the hub page), `snapshot run` and `ehr
 check`, each attack answers within the caller's documented deadline plus a margin, memory stays
 bounded while an endless body streams, nothing outside the clinic's FHIR base is ever requested,
@@ -18,9 +18,11 @@ import urllib.request
 
 import pytest
 
+from helpers.environment import ROOT
+from helpers.hostile_ehr import NPI, TOKEN, HostileEhr
+from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.tokens import mint_platform_token
 from fhir_api.api import RETRY_AFTER_SECONDS
-from helpers import ROOT, free_port, mint_platform_token, settings_env, start_process, stop_process
-from hostile_ehr import NPI, TOKEN, HostileEhr
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
@@ -74,7 +76,7 @@ def cli(settings, *args, timeout: float = 120):
 
 
 @pytest.fixture
-def clinic(runtime, world, served, hostile):
+def hostile_clinic(runtime, world, served, hostile):
     """The hostile EHR connected as an open FHIR clinic (`--fhir-auth none`), the app installed, a
     physician with the EHR's NPI and a `user/*.rs` token: (org id, the physician, token, serve's address)."""
     hostile.calm()
@@ -116,8 +118,8 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def fhir(clinic, path: str, timeout: float = INTERACTIVE_DEADLINE + MARGIN):
-    org_id, _, token, issuer = clinic
+def fhir(hostile_clinic, path: str, timeout: float = INTERACTIVE_DEADLINE + MARGIN):
+    org_id, _, token, issuer = hostile_clinic
     return get(f"{issuer}/fhir/r4/{org_id}{path}", token, timeout)
 
 
@@ -146,12 +148,12 @@ def inside_base(hostile: HostileEhr) -> None:
 
 @pytest.mark.parametrize("attack", ["next-outside-base", "next-encoded", "next-dotdot", "next-prefix",
                                     "next-other-host", "redirect"])
-def test_a_next_link_or_redirect_outside_the_base_is_refused_before_any_request(clinic, hostile, attack):
-    status, body, _, _ = fhir(clinic, "/Observation?patient=pt-1")
+def test_a_next_link_or_redirect_outside_the_base_is_refused_before_any_request(hostile_clinic, hostile, attack):
+    status, body, _, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
     assert status == 200 and [e["resource"]["id"] for e in body["entry"]] == ["obs-1"], body   # the control
     hostile.calm()
     hostile.attack(attack, on="Observation")
-    status, body, _seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _seconds, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
     assert_outcome(status, body, 502, "exception")
     assert "127.0.0.1" not in json.dumps(body) and "localhost" not in json.dumps(body)
     assert len(hostile.requests()) == 1, hostile.requests()    # the first page only: the way out was not taken
@@ -180,84 +182,84 @@ def test_svc_auth_s_bearer_token_never_leaves_the_base_of_a_smart_backend_clinic
 
 # -- 1. bounds: loops, endless pages, endless bodies, drips, Retry-After ------------------------
 
-def test_a_next_link_repeated_forever_ends_the_search(clinic, hostile):
+def test_a_next_link_repeated_forever_ends_the_search(hostile_clinic, hostile):
     hostile.attack("next-same", on="Observation")
-    status, body, _seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _seconds, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
     assert_outcome(status, body, 502, "exception")
     assert len(hostile.requests()) == 2, hostile.requests()    # the first page, then the loop once
 
 
-def test_endless_pages_end_the_search_at_its_page_limit(clinic, hostile):
+def test_endless_pages_end_the_search_at_its_page_limit(hostile_clinic, hostile):
     hostile.attack("next-endless", on="Observation")
-    status, body, _seconds, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _seconds, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
     assert_outcome(status, body, 502, "exception")
     assert len(hostile.requests()) == 20, len(hostile.requests())   # SVC_EHR_INTERACTIVE_MAX_PAGES
 
 
-def test_a_page_is_served_without_its_total_when_counting_would_pass_the_page_limit(clinic, hostile):
+def test_a_page_is_served_without_its_total_when_counting_would_pass_the_page_limit(hostile_clinic, hostile):
     hostile.attack("next-endless-full", on="Observation")
-    status, body, _, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
     assert status == 200 and len(body["entry"]) == 50 and "total" not in body, body
     assert len(hostile.requests()) == 20, len(hostile.requests())
 
 
-def test_an_endless_body_on_a_read_is_cut_at_the_size_limit_and_serve_stays_small(clinic, hostile, served):
+def test_an_endless_body_on_a_read_is_cut_at_the_size_limit_and_serve_stays_small(hostile_clinic, hostile, served):
     _, proc = served
-    status, body, _, _ = fhir(clinic, "/Patient/pt-1")
+    status, body, _, _ = fhir(hostile_clinic, "/Patient/pt-1")
     assert status == 200 and body["id"] == "pt-1", body                  # the control
     before = peak_rss(proc.pid)
     hostile.attack("endless-body", on="Patient")
     for _ in range(3):
-        status, body, _seconds, _ = fhir(clinic, "/Patient/pt-1")
+        status, body, _seconds, _ = fhir(hostile_clinic, "/Patient/pt-1")
         assert_outcome(status, body, 502, "exception")
-    status, body, _, _ = fhir(clinic, "/Appointment?patient=pt-1")
+    status, body, _, _ = fhir(hostile_clinic, "/Appointment?patient=pt-1")
     assert status == 200, body                                           # the rest of the EHR still served
     hostile.attack("endless-body", on="Appointment")
-    status, body, _, _ = fhir(clinic, "/Appointment?patient=pt-1")
+    status, body, _, _ = fhir(hostile_clinic, "/Appointment?patient=pt-1")
     assert_outcome(status, body, 502, "exception")
     grown = peak_rss(proc.pid) - before
     assert grown < SERVE_GROWTH_BYTES, f"serve's peak RSS grew by {grown >> 20} MiB"
 
 
-def test_a_slow_drip_hits_the_deadline_not_a_timeout_per_byte(clinic, hostile):
+def test_a_slow_drip_hits_the_deadline_not_a_timeout_per_byte(hostile_clinic, hostile):
     hostile.attack("drip", on="Patient")
-    status, body, seconds, _ = fhir(clinic, "/Patient/pt-1")
+    status, body, seconds, _ = fhir(hostile_clinic, "/Patient/pt-1")
     assert_outcome(status, body, 504, "timeout")
     assert INTERACTIVE_DEADLINE - 0.5 <= seconds <= INTERACTIVE_DEADLINE + MARGIN, seconds
 
 
-def test_a_long_retry_after_is_not_waited_by_an_app_s_read(clinic, hostile):
+def test_a_long_retry_after_is_not_waited_by_an_app_s_read(hostile_clinic, hostile):
     hostile.attack("retry-after", on="Patient")
-    status, body, _seconds, headers = fhir(clinic, "/Patient/pt-1")
+    status, body, _seconds, headers = fhir(hostile_clinic, "/Patient/pt-1")
     assert_outcome(status, body, 503, "transient")
     assert headers["Retry-After"] == str(RETRY_AFTER_SECONDS) and len(hostile.requests()) == 1, hostile.requests()
 
 
 # -- 3. an EHR's error is an error ---------------------------------------------------------------
 
-def test_an_error_outcome_where_a_searchset_belongs_is_a_502_never_an_empty_result(clinic, hostile):
+def test_an_error_outcome_where_a_searchset_belongs_is_a_502_never_an_empty_result(hostile_clinic, hostile):
     hostile.attack("outcome-warning", on="Observation")           # warnings beside the matches: fine
-    status, body, _, _ = fhir(clinic, "/Observation?patient=pt-1")
+    status, body, _, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
     assert status == 200 and [e["resource"]["id"] for e in body["entry"]] == ["obs-1"], body
     for attack in ("outcome-200", "outcome-entry"):
         hostile.attack(attack, on="Observation")
-        status, body, _, _ = fhir(clinic, "/Observation?patient=pt-1")
+        status, body, _, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
         assert_outcome(status, body, 502, "exception")
         assert "the EHR's error" not in json.dumps(body)             # the EHR's words go to the log only
     hostile.attack("outcome-200", on="Patient")
-    status, body, _, _ = fhir(clinic, "/Patient/pt-1")
+    status, body, _, _ = fhir(hostile_clinic, "/Patient/pt-1")
     assert_outcome(status, body, 502, "exception")
 
 
 # -- 5. references point only at the platform ---------------------------------------------------
 
-def test_references_to_a_foreign_host_never_reach_the_app(clinic, hostile):
-    _, _, _, issuer = clinic
+def test_references_to_a_foreign_host_never_reach_the_app(hostile_clinic, hostile):
+    _, _, _, issuer = hostile_clinic
     hostile.attack("foreign-refs", on="Observation")
     hostile.attack("foreign-refs", on="Patient")
-    _, read, _, _ = fhir(clinic, "/Observation/obs-1")
-    _, searched, _, _ = fhir(clinic, "/Observation")   # (by patient, it matches nothing: its subject is not pt-1)
-    _, person, _, _ = fhir(clinic, "/Patient/pt-1")
+    _, read, _, _ = fhir(hostile_clinic, "/Observation/obs-1")
+    _, searched, _, _ = fhir(hostile_clinic, "/Observation")  # (by patient, nothing: its subject is not pt-1)
+    _, person, _, _ = fhir(hostile_clinic, "/Patient/pt-1")
     for answer in (read, searched, person):
         text = json.dumps(answer)
         assert "attacker.example" not in text and "127.0.0.1:1/" not in text and hostile.origin not in text, text
@@ -283,8 +285,8 @@ def hub_page(runtime, issuer: str, user_id: str):
 
 
 @pytest.mark.parametrize("attack", ["next-same", "next-endless", "drip", "endless-body"])
-def test_the_hub_page_answers_within_its_deadline_without_the_ehr_s_data(runtime, clinic, hostile, attack):
-    _, ana, _, issuer = clinic
+def test_the_hub_page_answers_within_its_deadline_without_the_ehr_s_data(runtime, hostile_clinic, hostile, attack):
+    _, ana, _, issuer = hostile_clinic
     status, page, _, _ = hub_page(runtime, issuer, ana.id)
     assert status == 200 and "Jane Doe" in page, page                                   # the control
     hostile.attack(attack, on="Appointment")
@@ -296,8 +298,8 @@ def test_the_hub_page_answers_within_its_deadline_without_the_ehr_s_data(runtime
 # -- `ehr check` -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("attack", ["drip", "endless-body", "outcome-200"])
-def test_ehr_check_names_the_failure_within_its_deadline(runtime, clinic, hostile, attack):
-    org_id = clinic[0]
+def test_ehr_check_names_the_failure_within_its_deadline(runtime, hostile_clinic, hostile, attack):
+    org_id = hostile_clinic[0]
     done, _, _ = cli(runtime.settings, "ehr", "check", "--org", org_id, "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout + done.stderr   # the control
     hostile.attack(attack, on="Practitioner")
@@ -330,9 +332,9 @@ def night_of(runtime, world, ana) -> dt.date:
 @pytest.mark.parametrize("attack, bound", [("next-endless", "max_pages"), ("next-same", "repeated_next"),
                                            ("endless-body", "max_bytes"), ("outcome-200", "error"),
                                            ("next-outside-base", "outside_base")])
-def test_the_night_fails_loudly_for_the_attacked_clinic_and_the_others_go_on(runtime, world, clinic, hostile,
+def test_the_night_fails_loudly_for_the_attacked_clinic_and_the_others_go_on(runtime, world, hostile_clinic, hostile,
                                                                               attack, bound):
-    org_id, ana, _, _ = clinic
+    org_id, ana, _, _ = hostile_clinic
     night = night_of(runtime, world, ana)
     done, _, _ = cli(runtime.settings, "snapshot", "run", "--date", night.isoformat(), "--json")
     report = json.loads(done.stdout)

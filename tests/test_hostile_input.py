@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rest_helpers import partner_headers
+from helpers.rest import partner_headers
 
 INVITE = {"email": "ann@clinic.example", "given_name": "Ann", "family_name": "Example",
           "organization_name": "Ann's Clinic"}

@@ -11,7 +11,8 @@ import pytest
 import redis
 from jose import jwt
 
-from helpers import REDIS_URL, basic_auth
+from helpers.environment import REDIS_URL
+from helpers.http import basic_auth
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Organization
 from models.grants import AuthorizationCode
@@ -228,7 +229,7 @@ def test_change_feed_poll_refreshes_listeners_of_changed_topics(runtime):
 
 @pytest.mark.gen_test
 async def test_deny_list_unreachable_is_503_not_a_live_token(api, flow, runtime):
-    from helpers import free_port
+    from helpers.processes import free_port
     tokens = await flow.tokens()
     runtime.denylist = RedisDenyList(f"redis://127.0.0.1:{free_port()}/0", "nowhere", runtime.clock)
     # Raw fetch: the OpenAPI document's 503 responses are the outage work's (issue 11, item 3).

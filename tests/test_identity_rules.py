@@ -10,12 +10,12 @@ import urllib.parse
 import pytest
 from jose import jwt
 
-from helpers import basic_auth
+from helpers.http import basic_auth
+from helpers.rest import partner_headers
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.application import Installation
 from oauth.tokens import PLATFORM_AUDIENCE
-from rest_helpers import partner_headers
 
 PATIENT = "pat-b15c092f2447b7a2"
 DISABLED = "The application is Disabled in this organization"

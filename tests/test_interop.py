@@ -17,8 +17,9 @@ import pytest
 from jose import jwt as jose_jwt
 from jwcrypto import jwk as jwcrypto_jwk
 from jwcrypto import jwt as jwcrypto_jwt
-from helpers import token_service
-from js_support import JS_DIR, http
+from helpers.environment import JS_DIR
+from helpers.http import http
+from helpers.tokens import token_service
 
 
 

@@ -13,7 +13,9 @@ import urllib.request
 import pytest
 from jose import jwk, jwt
 
-from helpers import REDIS_URL, ROOT, basic_auth, free_port, settings_env, start_process, stop_process
+from helpers.environment import REDIS_URL, ROOT
+from helpers.http import basic_auth
+from helpers.processes import free_port, settings_env, start_process, stop_process
 
 PREPUBLISH = 4  # long enough to observe "published, not signing yet" on a busy machine
 

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import time
@@ -20,8 +19,9 @@ from pathlib import Path
 import pytest
 from jose import jwt
 
-from helpers import BACKENDS, REDIS_URL, ROOT, basic_auth, free_port, settings_env, start_process, \
-    stop_process, wait_for_port
+from helpers.environment import BACKENDS, ROOT
+from helpers.http import basic_auth
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 SITE = ROOT / "deploy" / "nginx" / "svc-auth.conf"
@@ -32,6 +32,9 @@ pytestmark = [
     pytest.mark.skipif("postgresql" not in BACKENDS, reason="the proxied stack runs on PostgreSQL"),
     pytest.mark.skipif(not os.path.exists(NGINX), reason="needs Debian's nginx (make system-deps)"),
     pytest.mark.parametrize("backend", ["postgresql"], indirect=True),
+    # The service as deployed: its public address is nginx's, nginx is the trusted proxy; Redis is
+    # shared with other test runs: this test's keys (rate limits, queues) under its own namespace.
+    pytest.mark.svc_settings(public_port="nginx_port", redis=True, trusted_proxies=f"{PROXY_ADDRESS}/32"),
 ]
 
 
@@ -126,15 +129,6 @@ class ProxiedStack:
 @pytest.fixture
 def nginx_port():
     return free_port()
-
-
-@pytest.fixture
-def settings(settings, nginx_port):
-    """The service as deployed: its public address is nginx's, nginx is the trusted proxy."""
-    public = f"http://127.0.0.1:{nginx_port}"
-    # Redis is shared with other test runs: this test's keys (rate limits, queues) under its own prefix.
-    return settings.replace(issuer=public, public_url=public, trusted_proxies=f"{PROXY_ADDRESS}/32",
-                            redis_url=REDIS_URL, redis_namespace=f"test-nginx-{secrets.token_hex(6)}")
 
 
 @pytest.fixture

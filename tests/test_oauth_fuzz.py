@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import PG_DSN, ROOT, free_port, start_process, stop_process
+from helpers.environment import PG_DSN, ROOT
+from helpers.processes import free_port, start_process, stop_process
 from ratelimit import DEFAULT_LIMITS
 
 HOSTILE_CHARS = st.sampled_from(["\x00", "\ud800", "\udfff", "\\", "%00", "%2e", "..", "\u202e", "é", "𝕏",

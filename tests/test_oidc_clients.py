@@ -16,8 +16,9 @@ import urllib.parse
 
 import pytest
 
-from helpers import as_service
-from js_support import JS_DIR, http
+from helpers.environment import JS_DIR
+from helpers.http import http
+from helpers.tokens import as_service
 
 
 @pytest.fixture(autouse=True)

@@ -11,19 +11,19 @@ import json
 import pytest
 from jose import jwt
 
-from chart_support import chart_schema_validator, open_archive, wait_until_not_pending
+from helpers.charts import chart_schema_validator, open_archive, wait_until_not_pending
+from helpers.fhir_api import Fhir
+from helpers.fhir_ehr import connect_clinic, practitioner
+from helpers.rest import partner_headers
+from helpers.smart import launch_tokens
 from connectors import APPOINTMENT_STATUSES, ResourceQuery, connector_for
 from workers.activity import record_activity
-from fhir_api_support import Fhir
-from fhir_support import connect_clinic, fhir_ehr, practitioner  # noqa: F401 (fhir_ehr: a fixture)
 from lifecycle.applications import install_application, set_smart_scopes
 from lifecycle.users import create_user, update_user
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
 from models.ids import fhir_id
-from rest_helpers import partner_headers
-from smart_support import launch_tokens
 from workers.snapshot import build_snapshot, night_window
 
 FHIR_USER_SCOPE = "launch openid fhirUser user/Practitioner.rs"
@@ -31,14 +31,14 @@ NIGHT = dt.date(2030, 3, 4)  # a Monday
 
 
 @pytest.fixture
-def smart_world(runtime, world):
+def fhir_user_world(runtime, world):
     """`world` with an app that declares fhirUser and may read Practitioners (set before `live` starts)."""
     set_smart_scopes(runtime, world.app.id, FHIR_USER_SCOPE)
     return world
 
 
-def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(smart_world, runtime, live):
-    world = smart_world
+def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(fhir_user_world, runtime, live):
+    world = fhir_user_world
     tokens = launch_tokens(live, runtime, world.physician, world.app, world.secret, FHIR_USER_SCOPE)
     fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
     assert fhir_user == f"{live}/fhir/r4/{world.org.id}/Practitioner/{fhir_id(world.physician.id)}"  # usr-…
@@ -52,7 +52,7 @@ def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(smart
 
 
 def test_the_chart_schema_is_served_without_a_token_and_is_cacheable(live):
-    from js_support import http
+    from helpers.http import http
     status, headers, body = http("GET", f"{live}/v1/schemas/chart.json")
     assert status == 200 and headers["Content-Type"] == "application/schema+json", headers
     assert "max-age=" in headers["Cache-Control"] and headers.get("Etag"), headers
@@ -75,7 +75,7 @@ async def test_a_sandbox_chart_has_the_one_shape_and_its_vitals_are_observations
     request_id = created["request_id"]
     assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
     _, _, link = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}", headers=headers)
-    from chart_support import fetch_zip
+    from helpers.charts import fetch_zip
     response = await fetch_zip(api, link["download_url"], runtime)
     text, chart = open_archive(response.body, request_id, world.app.id)
     errors = [error.message for error in validator.iter_errors(chart)]
@@ -123,8 +123,8 @@ ANA_NPI, BEN_NPI, UNKNOWN_NPI = "1417000043", "1417000019", "1417000050"
 
 
 @pytest.mark.slow
-def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(smart_world, runtime, live, fhir_ehr):  # noqa: F811
-    world = smart_world
+def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(fhir_user_world, runtime, live, fhir_ehr):
+    world = fhir_user_world
     org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="fhirUser Clinic")
     fhir_ehr.seed(practitioner("pr-ana", ANA_NPI, "Lopez", "Ana"), practitioner("pr-ben", BEN_NPI, "Okafor", "Ben"))
     install_application(world.app.id, org_id)

@@ -13,8 +13,10 @@ import tornado.httputil
 from conf.logging import AccessRecord, JsonFormatter, redact
 from ops.readiness import Readiness
 from ops.proxy import client_address, external_base_url
-from helpers import REDIS_URL, basic_auth, free_port
-from metrics_support import sample
+from helpers.environment import REDIS_URL
+from helpers.http import basic_auth
+from helpers.metrics import sample
+from helpers.processes import free_port
 
 
 @pytest.fixture

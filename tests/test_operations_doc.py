@@ -26,7 +26,8 @@ import psycopg2
 import pytest
 
 from conf import read_env_file
-from helpers import PG_DSN, REDIS_URL, ROOT, free_port, wait_for_port
+from helpers.environment import PG_DSN, REDIS_URL, ROOT
+from helpers.processes import free_port, wait_for_port
 
 DOC = ROOT / "docs" / "operations.md"
 SYSTEM_PATHS = ["/etc/svc-auth", "/opt/svc-auth", "/var/lib/svc-auth", "/etc/systemd/system", "/etc/nginx"]

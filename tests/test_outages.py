@@ -15,7 +15,7 @@ import pytest
 from bench.instances import LocalPostgres, LocalRedis
 from bench.outage import NO_LIMITS, client_token, load_for, run_outage, seed
 from conf import Settings
-from helpers import free_port, settings_env, start_process, stop_process
+from helpers.processes import free_port, settings_env, start_process, stop_process
 
 RECOVERY_SECONDS = 5.0
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, free_port, stop_process, wait_for_port
+from helpers.environment import ROOT
+from helpers.processes import free_port, stop_process, wait_for_port
 
 pytestmark = pytest.mark.slow
 

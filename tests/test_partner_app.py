@@ -16,7 +16,7 @@ from jose import jwt
 from billing.free_trial import TRIAL_DAYS
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Installation
-from partner_app_support import PARTNER_SETTINGS, fetch, partner  # noqa: F401  (fixtures: fetch, partner)
+from helpers.partner_app import PARTNER_SETTINGS, fetch
 
 pytestmark = PARTNER_SETTINGS
 

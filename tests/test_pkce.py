@@ -8,7 +8,8 @@ import urllib.parse
 
 import pytest
 
-from helpers import ROOT, settings_env
+from helpers.environment import ROOT
+from helpers.processes import settings_env
 from lifecycle.applications import install_application, register_application
 from oauth.pkce import s256
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import basic_auth
+from helpers.http import basic_auth
 
 
 @pytest.mark.gen_test

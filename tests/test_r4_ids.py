@@ -1,7 +1,7 @@
 """R4-valid ids (issue 35, item 4) and the disclosure audit's FHIR export (item 5).
 
 Every id the FHIR API serves on a sandbox clinic is R4's `id` type (the pattern of HL7's R4 JSON
-Schema), and what it serves validates (`helpers.r4_problems`: Medplum's `validateResource` and
+Schema), and what it serves validates (`helpers.r4.r4_problems`: Medplum's `validateResource` and
 HL7's R4 JSON Schema); a request naming an id in the spelling before issue 35 (`pat_…`, `usr_…`)
 is still answered; migration 3504 converts stored ids on SQLite and PostgreSQL, keeps every row,
 leaves the append-only disclosure records alone, and the previous release still reads the database.
@@ -18,13 +18,17 @@ import pytest
 
 from audit.disclosures import Disclosure, record
 from connectors.sandbox import patient_panel
-from chart_support import fetch_zip, open_archive, wait_until_not_pending
+from helpers.charts import fetch_zip, open_archive, wait_until_not_pending
+from helpers.environment import ROOT
+from helpers.fhir_api import Fhir, resources
+from helpers.fhir_ehr import cli
+from helpers.http import http
+from helpers.processes import free_port, settings_env, stop_process, wait_for_port
+from helpers.r4 import R4_SCHEMA, r4_problems, references
+from helpers.rest import complete_snapshot, partner_headers
+from helpers.tokens import mint_platform_token
+from helpers.worlds import SMART_PATIENT
 from fhir_api.search import SUPPORTED_TYPES
-from fhir_api_support import Fhir, resources
-from fhir_support import cli
-from helpers import (R4_SCHEMA, ROOT, SMART_PATIENT, free_port, mint_platform_token, r4_problems, references,
-                     settings_env, stop_process, wait_for_port)
-from js_support import http
 from lifecycle.activation import set_activation_status
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
@@ -33,7 +37,6 @@ from models.disclosures import DisclosureRecord
 from models.grants import AuthorizationCode, Launch
 from models.ids import fhir_id
 from models.schema import SchemaVersion, migrate
-from rest_helpers import complete_snapshot, partner_headers
 
 OLD_PATIENT = SMART_PATIENT.replace("-", "_")
 """The demo patient as ids were spelled before issue 35 (`pat_b15c092f2447b7a2`)."""

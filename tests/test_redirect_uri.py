@@ -163,7 +163,8 @@ def test_cli_apps_create_exact_mode(runtime, settings, tmp_path):
     import json
     import subprocess
     import sys
-    from helpers import ROOT, settings_env
+    from helpers.environment import ROOT
+    from helpers.processes import settings_env
     env = settings_env(settings)
     out = subprocess.run([sys.executable, "-m", "cli.__main__", "apps", "create", "--name", "E",
                           "--redirect-uri", "https://e.example/cb", "--redirect-uri", "https://e.example/cb2",

@@ -12,12 +12,13 @@ import sys
 import pytest
 from jose import jwt
 
-from helpers import ROOT, settings_env
+from helpers.environment import ROOT
+from helpers.processes import settings_env
+from helpers.smart import KIT_SCOPE, SmartClient, iss_of
 from models.application import DEFAULT_SMART_SCOPES, Installation
 from models.disclosures import DisclosureRecord
 from models.refresh import RefreshToken, SmartGrant
 from models.ids import fhir_id
-from refresh_support import KIT_SCOPE, SmartClient, iss_of
 
 REFRESH_SCOPES = DEFAULT_SMART_SCOPES + " offline_access online_access"
 
@@ -297,7 +298,7 @@ async def test_offline_access_lifetime_is_per_app_and_ends(confidential, smart, 
 async def test_every_disclosure_of_a_refreshed_token_leads_to_its_launch(confidential, smart):
     launch_id = await confidential.launch()
     answer = await confidential.authorize(launch_id=launch_id)
-    from refresh_support import VERIFIER
+    from helpers.smart import VERIFIER
     status, tokens = await confidential.token({"grant_type": "authorization_code", "code": answer["code"],
                                                "code_verifier": VERIFIER})
     assert status == 200, tokens
@@ -315,7 +316,7 @@ async def test_every_disclosure_of_a_refreshed_token_leads_to_its_launch(confide
 
 @pytest.mark.gen_test(timeout=60)
 async def test_a_replay_denies_the_grants_access_tokens_in_redis(confidential, runtime, redis_namespace):
-    from helpers import REDIS_URL
+    from helpers.environment import REDIS_URL
     from oauth.denylist import RedisDenyList
     runtime.denylist = RedisDenyList(REDIS_URL, redis_namespace, runtime.clock)
     tokens = await confidential.tokens()
@@ -328,7 +329,7 @@ async def test_a_replay_denies_the_grants_access_tokens_in_redis(confidential, r
 
 @pytest.mark.gen_test(timeout=60)
 async def test_revocation_with_the_deny_list_down_is_503_and_revokes_later(confidential, runtime):
-    from helpers import free_port
+    from helpers.processes import free_port
     from oauth.denylist import RedisDenyList
     tokens = await confidential.tokens()
     status, second = await confidential.refresh(tokens["refresh_token"])

@@ -21,7 +21,7 @@ from models.ids import ID_PATTERN, is_id
 from models.npi import NPI_PATTERN, is_npi
 from partner_api.appointments import DEFAULT_LIMIT, MAX_LIMIT
 from partner_api.testdata import TEST_APPOINTMENT_COUNT
-from rest_helpers import complete_snapshot, partner_headers
+from helpers.rest import complete_snapshot, partner_headers
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ async def test_client_credentials_token_opens_the_api_and_bad_tokens_get_401(api
 
 @pytest.mark.gen_test
 async def test_token_accepts_form_and_basic(api, world):
-    from helpers import basic_auth
+    from helpers.http import basic_auth
     app = world.app
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
                                      headers={"Authorization": basic_auth(app.client_id, world.secret),
@@ -219,7 +219,7 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
 # -- appointments -----------------------------------------------------------------------------------
 
 @pytest.fixture
-def clinic(world, runtime):
+def snapshot_clinic(world, runtime):
     """Two physicians, one of whom completed the app's auth flow, and a snapshot of both."""
     second = create_user(world.org.id, "doc2@example.com", "Second", "Doc", npi="1245319599")
     installation = record_platform_verification(runtime, world.app, world.physician)  # Disabled
@@ -229,13 +229,13 @@ def clinic(world, runtime):
 
 
 @pytest.mark.gen_test
-async def test_appointments_pages_are_stable_and_only_authorized_providers(api, world, clinic, runtime):
+async def test_appointments_pages_are_stable_and_only_authorized_providers(api, world, snapshot_clinic, runtime):
     headers = await partner_headers(api, world.app, world.secret)
     path = f"/v1/appointments/{world.org.id}"
     status, _, first = await api.call("GET", path, headers=headers)
     assert status == 200
     assert (first["offset"], first["limit"], first["total"]) == (0, DEFAULT_LIMIT, 60)
-    assert first["snapshot_date"] == clinic["snapshot"].snapshot_date.isoformat()
+    assert first["snapshot_date"] == snapshot_clinic["snapshot"].snapshot_date.isoformat()
     status, _, second = await api.call("GET", path + f"?offset={DEFAULT_LIMIT}&limit={MAX_LIMIT}", headers=headers)
     assert (second["offset"], len(second["appointments"])) == (DEFAULT_LIMIT, 60 - DEFAULT_LIMIT)
     seen = [a["id"] for a in first["appointments"] + second["appointments"]]
@@ -254,13 +254,13 @@ async def test_appointments_pages_are_stable_and_only_authorized_providers(api, 
                        "patient"]
     assert list(a["patient"]) == ["id", "first_name", "last_name", "date_of_birth", "sex"]
 
-    record_platform_verification(runtime, world.app, clinic["second"])
+    record_platform_verification(runtime, world.app, snapshot_clinic["second"])
     status, _, both = await api.call("GET", path, headers=headers)
     assert both["total"] == 120
 
 
 @pytest.mark.gen_test
-async def test_appointments_bad_paging_and_access(api, world, clinic, other_app):
+async def test_appointments_bad_paging_and_access(api, world, snapshot_clinic, other_app):
     headers = await partner_headers(api, world.app, world.secret)
     path = f"/v1/appointments/{world.org.id}"
     for query in (f"limit={MAX_LIMIT + 1}", "limit=-1", "limit=abc", "offset=-1", "offset=1.5", "limit=0", "limit=", "limit=1e2",
@@ -281,14 +281,14 @@ async def test_appointments_bad_paging_and_access(api, world, clinic, other_app)
 
 
 @pytest.mark.gen_test
-async def test_appointments_read_only_the_latest_complete_snapshot(api, world, clinic, runtime):
+async def test_appointments_read_only_the_latest_complete_snapshot(api, world, snapshot_clinic, runtime):
     import datetime as dt
     from models.appointments import Snapshot
     headers = await partner_headers(api, world.app, world.secret)
-    tomorrow = clinic["snapshot"].snapshot_date + dt.timedelta(days=1)
+    tomorrow = snapshot_clinic["snapshot"].snapshot_date + dt.timedelta(days=1)
     Snapshot.create(organization=world.org.id, snapshot_date=tomorrow, status="building")
     status, _, body = await api.call("GET", f"/v1/appointments/{world.org.id}", headers=headers)
-    assert body["snapshot_date"] == clinic["snapshot"].snapshot_date.isoformat() and body["total"] == 60
+    assert body["snapshot_date"] == snapshot_clinic["snapshot"].snapshot_date.isoformat() and body["total"] == 60
     complete_snapshot(runtime.clock, world.org, [world.physician], per_provider=4, day=tomorrow)
     status, _, body = await api.call("GET", f"/v1/appointments/{world.org.id}", headers=headers)
     assert body["snapshot_date"] == tomorrow.isoformat() and body["total"] == 4

@@ -10,9 +10,9 @@ import pyzipper
 from connectors.sandbox import patient_panel
 from lifecycle.applications import register_application
 from models.charts import ChartRequest
+from helpers.charts import fetch_zip, wait_until_not_pending
+from helpers.rest import partner_headers
 from ratelimit.policy import DEFAULT_LIMITS
-from rest_helpers import partner_headers
-from chart_support import fetch_zip, wait_until_not_pending
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
 

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,
                                  response_schema_conformance, status_code_conformance)
 
-from helpers import ROOT, free_port, start_process, stop_process
+from helpers.environment import ROOT
+from helpers.processes import free_port, start_process, stop_process
 from partner_api.openapi import openapi_document
 from ratelimit import DEFAULT_LIMITS
 
@@ -116,9 +117,9 @@ async def test_bad_path_segments_are_a_4xx_on_every_route_and_both_databases(api
     4xx (a browser route without a session: its sign-in), never a 5xx, on SQLite and PostgreSQL."""
     import urllib.parse
     from console.accounts import invite_developer
-    from console_client import ConsoleClient
-    from helpers import mint_platform_token
-    from rest_helpers import partner_headers
+    from helpers.console import ConsoleClient
+    from helpers.tokens import mint_platform_token
+    from helpers.rest import partner_headers
     partner = await partner_headers(api, world.app, world.secret)
     fhir = {"Authorization": "Bearer " + mint_platform_token(runtime, None, world.physician, world.app, world.org)}
     console = ConsoleClient(http_client, base_url)  # a developer signed in to the console: its pages too

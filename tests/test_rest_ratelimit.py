@@ -8,11 +8,12 @@ import urllib.request
 import pytest
 import redis
 
-from helpers import REDIS_URL, free_port, settings_env, start_process, stop_process
+from helpers.environment import REDIS_URL
+from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.rest import partner_headers
 from lifecycle.applications import register_application
 from ratelimit import build_rate_limiter
 from ratelimit.policy import DEFAULT_LIMITS
-from rest_helpers import partner_headers
 
 
 async def exhaust(api, path, headers, limit):

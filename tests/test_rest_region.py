@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lifecycle.applications import set_rest_allowed_networks
-from rest_helpers import partner_headers
+from helpers.rest import partner_headers
 
 
 @pytest.mark.gen_test

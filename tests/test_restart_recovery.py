@@ -19,7 +19,7 @@ import pytest
 from bench.instances import LocalPostgres, LocalRedis
 from bench.outage import NO_LIMITS, Requester, client_token, seed
 from conf import Settings
-from helpers import free_port, settings_env, start_process, stop_process
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from workers.snapshot import NIGHTLY_JOB
 
 RECOVERY_SECONDS = 15.0  # the scheduler's tick and the worker's sweep run without error again

@@ -5,9 +5,9 @@ import urllib.parse
 
 import pytest
 
-from helpers import basic_auth
+from helpers.http import basic_auth
+from helpers.rest import partner_headers
 from lifecycle.applications import register_application
-from rest_helpers import partner_headers
 
 
 def form(**fields) -> str:

@@ -10,7 +10,9 @@ import urllib.parse
 
 import pytest
 
-from helpers import ROOT, sandbox_signin, settings_env
+from helpers.environment import ROOT
+from helpers.hub import sandbox_signin
+from helpers.processes import settings_env
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from helpers import ROOT, sandbox_signin
+from helpers.environment import ROOT
+from helpers.hub import sandbox_signin
 from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
 from models.application import Installation

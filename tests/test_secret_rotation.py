@@ -14,10 +14,11 @@ import sys
 
 import pytest
 
-from helpers import ROOT, settings_env
+from helpers.environment import ROOT
+from helpers.partner_app import PARTNER_SETTINGS, LaunchTraffic
+from helpers.processes import settings_env
+from helpers.rest import partner_headers
 from models.application import Application
-from rest_helpers import partner_headers
-from partner_app_support import PARTNER_SETTINGS, partner, LaunchTraffic  # noqa: F401  (fixtures: partner)
 
 pytestmark = PARTNER_SETTINGS
 
@@ -157,7 +158,7 @@ async def test_the_retired_secret_is_recognised_not_counted_as_a_guess(api, part
     """Issue 29, item 3: after activation every exchange of the partner's backend starts with the old
     secret. 200 exchanges: each first try is 401 "retired by rotation", none is a 429, nothing is
     audited as a lock-out. Wrong secrets that were never valid are still throttled."""
-    from helpers import REDIS_URL
+    from helpers.environment import REDIS_URL
     from models.audit import AuditEvent
     from ratelimit.failures import build_failure_throttle
     if store == "redis":

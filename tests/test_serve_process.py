@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import basic_auth, free_port, settings_env, start_process, stop_process
-from metrics_support import sample
+from helpers.http import basic_auth
+from helpers.metrics import sample
+from helpers.processes import free_port, settings_env, start_process, stop_process
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
@@ -402,7 +403,7 @@ sys.exit(main(sys.argv[1:]))
 def test_a_worker_failing_at_startup_stops_the_server_with_one_line(settings, runtime, tmp_path):
     import subprocess
     import sys
-    from helpers import ROOT
+    from helpers.environment import ROOT
     port = free_port()
     env = settings_env(settings)
     started = time.time()

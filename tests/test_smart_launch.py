@@ -13,7 +13,10 @@ import urllib.parse
 import pytest
 from jose import jwt
 
-from helpers import ROOT, SMART_PATIENT, SmartWorld, sandbox_signin, settings_env
+from helpers.environment import ROOT
+from helpers.hub import sandbox_signin
+from helpers.processes import settings_env
+from helpers.worlds import SMART_PATIENT, SmartWorld
 from lifecycle.applications import set_smart_scopes
 from models.ids import fhir_id
 from oauth.pkce import s256
@@ -262,7 +265,7 @@ async def test_public_client_gets_no_client_credentials_no_secret_and_no_partner
             {"grant_type": "client_credentials", "client_id": public_app.client_id, "client_secret": secret}),
             headers=form)
         assert status == 401 and body["error"] == "invalid_client", body
-    from helpers import basic_auth
+    from helpers.http import basic_auth
     status, _, body = await api.call("POST", "/v1/oauth/token", body="grant_type=client_credentials",
                                      headers={**form, "Authorization": basic_auth(public_app.client_id, "x")})
     assert status == 401 and body["error"] == "invalid_client"
@@ -375,7 +378,7 @@ def test_cli_public_app_and_smart_scopes(settings, runtime):
 @pytest.mark.gen_test
 async def test_console_shows_a_public_client_without_secret_rotation(http_client, base_url, runtime, world,
                                                                       public_app):
-    from console_client import ConsoleClient
+    from helpers.console import ConsoleClient
     from console.accounts import invite_developer
     password = "correct horse battery staple"
 

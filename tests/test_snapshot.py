@@ -18,7 +18,8 @@ from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization
 from workers.snapshot import build_snapshot, night_window, run_night
 
-from helpers import ROOT, settings_env
+from helpers.environment import ROOT
+from helpers.processes import settings_env
 
 NIGHT = dt.date(2030, 3, 4)  # a Monday
 
@@ -33,7 +34,7 @@ def move_clock_to(clock, when: dt.datetime) -> None:
 
 
 @pytest.fixture
-def clinic(runtime, world):
+def active_clinic(runtime, world):
     """The `world` physician authorized the installed app and opened the hub the evening before."""
     move_clock_to(runtime.clock, at(runtime.settings, minutes=-6 * 60))
     record_platform_verification(runtime, world.app, world.physician)
@@ -46,8 +47,8 @@ def appointments(snapshot) -> list[SnapshotAppointment]:
                 .order_by(SnapshotAppointment.start))
 
 
-def test_covers_the_next_ten_days(runtime, clinic):
-    snapshot = build_snapshot(runtime, clinic.org.id, NIGHT)
+def test_covers_the_next_ten_days(runtime, active_clinic):
+    snapshot = build_snapshot(runtime, active_clinic.org.id, NIGHT)
     rows = appointments(snapshot)
     start = at(runtime.settings)
     assert rows, "the sandbox schedule has appointments on weekdays"
@@ -55,20 +56,20 @@ def test_covers_the_next_ten_days(runtime, clinic):
     assert max(r.start for r in rows) < start + dt.timedelta(days=10)
     # ...and the whole range is covered: the last weekdays of the 10 days are in it too.
     assert max(r.start for r in rows) >= start + dt.timedelta(days=9)
-    assert {r.provider_id for r in rows} == {clinic.physician.id}
-    assert all(r.provider_npi == clinic.physician.npi for r in rows)
+    assert {r.provider_id for r in rows} == {active_clinic.physician.id}
+    assert all(r.provider_npi == active_clinic.physician.npi for r in rows)
 
 
-def test_only_physicians_with_an_npi(runtime, clinic):
-    staff = clinic.staff  # no NPI, but authorized and in session like the physician
-    record_platform_verification(runtime, clinic.app, staff)
+def test_only_physicians_with_an_npi(runtime, active_clinic):
+    staff = active_clinic.staff  # no NPI, but authorized and in session like the physician
+    record_platform_verification(runtime, active_clinic.app, staff)
     record_activity(runtime, staff)
-    rows = appointments(build_snapshot(runtime, clinic.org.id, NIGHT))
-    assert rows and {r.provider_id for r in rows} == {clinic.physician.id}
+    rows = appointments(build_snapshot(runtime, active_clinic.org.id, NIGHT))
+    assert rows and {r.provider_id for r in rows} == {active_clinic.physician.id}
 
 
-def test_only_users_who_completed_the_auth_flow_of_an_installed_app(runtime, clinic):
-    org = clinic.org
+def test_only_users_who_completed_the_auth_flow_of_an_installed_app(runtime, active_clinic):
+    org = active_clinic.org
     other = create_user(org.id, "other.doc@example.com", "Other", "Doc", "odoc", "1245319599")
     record_activity(runtime, other)
     rows = appointments(build_snapshot(runtime, org.id, NIGHT))
@@ -79,20 +80,20 @@ def test_only_users_who_completed_the_auth_flow_of_an_installed_app(runtime, cli
     rows = appointments(build_snapshot(runtime, org.id, NIGHT))
     assert other.id not in {r.provider_id for r in rows}
     # Once they complete the flow of the installed app, they are in the next snapshot.
-    record_platform_verification(runtime, clinic.app, other)
+    record_platform_verification(runtime, active_clinic.app, other)
     rows = appointments(build_snapshot(runtime, org.id, NIGHT))
     assert other.id in {r.provider_id for r in rows}
 
 
-def test_only_when_the_connector_session_is_active_during_the_window(runtime, clinic):
-    settings, org = runtime.settings, clinic.org
+def test_only_when_the_connector_session_is_active_during_the_window(runtime, active_clinic):
+    settings, org = runtime.settings, active_clinic.org
     late = create_user(org.id, "late@example.com", "Late", "Doc", "ldoc", "1003000126")
     gone = create_user(org.id, "gone@example.com", "Gone", "Doc", "gdoc", "1003000134")
     stale = create_user(org.id, "stale@example.com", "Stale", "Doc", "sdoc", "1003000142")
     # Verification is activity in the hub too: done long before, its session lapsed before the window.
     move_clock_to(runtime.clock, at(settings, minutes=-settings.connector_session_ttl // 60 - 120))
     for user in (late, gone, stale):
-        record_platform_verification(runtime, clinic.app, user)
+        record_platform_verification(runtime, active_clinic.app, user)
     move_clock_to(runtime.clock, at(settings, minutes=-6 * 60))
     record_activity(runtime, gone)
     end_activity(runtime, gone)                               # signed out before the window
@@ -101,7 +102,7 @@ def test_only_when_the_connector_session_is_active_during_the_window(runtime, cl
     move_clock_to(runtime.clock, at(settings, minutes=200))
     record_activity(runtime, late)                             # first opened the hub after the window
     providers = {r.provider_id for r in appointments(build_snapshot(runtime, org.id, NIGHT))}
-    assert providers == {clinic.physician.id}
+    assert providers == {active_clinic.physician.id}
     # A session still open from the day before the night counts (seen within the TTL).
     move_clock_to(runtime.clock, at(settings, NIGHT + dt.timedelta(days=1), minutes=-60))
     record_activity(runtime, late)
@@ -118,8 +119,8 @@ def test_record_activity_extends_an_active_session_and_starts_a_new_one_after_th
     assert ConnectorSession.select().where(ConnectorSession.user == world.physician.id).count() == 2
 
 
-def test_rerunning_a_night_replaces_it(runtime, clinic):
-    org = clinic.org.id
+def test_rerunning_a_night_replaces_it(runtime, active_clinic):
+    org = active_clinic.org.id
     first = build_snapshot(runtime, org, NIGHT)
     first_rows = [(r.ehr_appointment_id, r.start) for r in appointments(first)]
     second = build_snapshot(runtime, org, NIGHT)
@@ -130,8 +131,8 @@ def test_rerunning_a_night_replaces_it(runtime, clinic):
     assert Snapshot.latest_complete(org).id == second.id
 
 
-def test_readers_keep_yesterdays_snapshot_until_tonights_is_complete(runtime, clinic):
-    settings, org = runtime.settings, clinic.org
+def test_readers_keep_yesterdays_snapshot_until_tonights_is_complete(runtime, active_clinic):
+    settings, org = runtime.settings, active_clinic.org
     yesterday = build_snapshot(runtime, org.id, NIGHT - dt.timedelta(days=1))
     Organization.update(ehr_url="https://ehr.example/test?latency=0.6").where(Organization.id == org.id).execute()
     seen = {}
@@ -149,8 +150,8 @@ def test_readers_keep_yesterdays_snapshot_until_tonights_is_complete(runtime, cl
     assert Snapshot.get_by_id(yesterday.id).status == "complete"  # kept for readers mid-page
 
 
-def test_a_failed_night_leaves_the_previous_snapshot_served_and_nothing_half_written(runtime, clinic):
-    settings, org = runtime.settings, clinic.org
+def test_a_failed_night_leaves_the_previous_snapshot_served_and_nothing_half_written(runtime, active_clinic):
+    settings, org = runtime.settings, active_clinic.org
     good = build_snapshot(runtime, org.id, NIGHT)
     Organization.update(ehr_url="https://ehr.example/test?outage=1").where(Organization.id == org.id).execute()
     report = run_night(runtime, NIGHT)
@@ -159,31 +160,32 @@ def test_a_failed_night_leaves_the_previous_snapshot_served_and_nothing_half_wri
     assert Snapshot.select().where(Snapshot.organization == org.id).count() == 1
 
 
-def test_old_nights_are_pruned(runtime, clinic):
-    org = clinic.org.id
+def test_old_nights_are_pruned(runtime, active_clinic):
+    org = active_clinic.org.id
     nights = [NIGHT - dt.timedelta(days=d) for d in (3, 2, 1, 0)]
     for night in nights:
         build_snapshot(runtime, org, night)
     assert sorted(s.snapshot_date for s in Snapshot.select().where(Snapshot.organization == org)) == nights[-2:]
 
 
-def test_snapshot_run_command(runtime, clinic, settings):
+def test_snapshot_run_command(runtime, active_clinic, settings):
     result = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(),
                              "--json"], env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
-    snapshot = Snapshot.latest_complete(clinic.org.id)
-    assert body == {"snapshot_date": NIGHT.isoformat(), "organizations": {clinic.org.id: len(appointments(snapshot))},
-                    "built": [clinic.org.id], "found_built": [], "skipped": {}}
+    snapshot = Snapshot.latest_complete(active_clinic.org.id)
+    assert body == {"snapshot_date": NIGHT.isoformat(),
+                    "organizations": {active_clinic.org.id: len(appointments(snapshot))},
+                    "built": [active_clinic.org.id], "found_built": [], "skipped": {}}
     assert snapshot.snapshot_date == NIGHT
     bad = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", "2030-13-01"],
                          env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--date must be YYYY-MM-DD" in bad.stderr
 
 
-def test_organizations_without_installations_are_not_synced(runtime, clinic):
+def test_organizations_without_installations_are_not_synced(runtime, active_clinic):
     lonely = create_organization("No Apps Clinic", "sandbox")
     assert lonely.id not in run_night(runtime, NIGHT).organizations
-    install_application(clinic.app.id, lonely.id)
+    install_application(active_clinic.app.id, lonely.id)
     assert run_night(runtime, NIGHT).organizations[lonely.id] == 0  # installed but nobody eligible: empty night

@@ -17,7 +17,8 @@ from models.appointments import Snapshot, SnapshotAppointment
 from models.schedule import ScheduledRun
 from workers.snapshot import claim_build, coming_night, eligible_providers, sync_organization
 
-from helpers import ROOT, settings_env, wait_until
+from helpers.environment import ROOT
+from helpers.processes import settings_env, wait_until
 
 RECOVERY_SECONDS = 6  # a killed builder's lease lapses after 3 s
 CLINICS = 4

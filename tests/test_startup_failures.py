@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from helpers import ROOT, free_port, settings_env
+from helpers.environment import ROOT
+from helpers.processes import free_port, settings_env
 
 
 def run_cli(env, *args, timeout=60):

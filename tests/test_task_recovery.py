@@ -17,33 +17,12 @@ from models.charts import ChartRequest
 from workers.recovery import sweep_charts
 from workers.snapshot import coming_night, eligible_providers, sync_organization
 
-from helpers import settings_env, start_process, stop_process, wait_until
-from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
-
-pytestmark = pytest.mark.slow
+from helpers.processes import wait_until
+from helpers.s3 import bucket_keys, set_ehr_url
 
 RECOVERY_SECONDS = 6
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_recovery_seconds=RECOVERY_SECONDS)]
 REQUESTS = 24
-
-
-@pytest.fixture
-def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
-    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_recovery_seconds=RECOVERY_SECONDS)
-
-
-@pytest.fixture
-def start_worker(settings, tmp_path):
-    env = settings_env(settings, SVC_TASK_RECOVERY_SECONDS=RECOVERY_SECONDS, **AWS)
-    procs = []
-
-    def start():
-        proc = start_process(["worker", "--threads", "2"], env, log_path=tmp_path / f"worker{len(procs)}.log")
-        procs.append(proc)
-        return proc
-    yield start
-    for proc in procs:
-        stop_process(proc)
-
 
 
 def statuses(ids) -> dict[str, str]:

@@ -4,7 +4,7 @@ import urllib.parse
 
 import pytest
 
-from helpers import basic_auth
+from helpers.http import basic_auth
 from lifecycle.applications import register_application
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.grants import AuthorizationCode

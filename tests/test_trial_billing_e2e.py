@@ -16,8 +16,8 @@ import pytest
 from jose import jwt
 
 from models.application import Installation
-from rest_helpers import partner_headers
-from partner_app_support import PARTNER_SETTINGS, verify_on_platform, partner, LaunchTraffic  # noqa: F401  (fixtures: partner)
+from helpers.partner_app import PARTNER_SETTINGS, LaunchTraffic, verify_on_platform
+from helpers.rest import partner_headers
 
 pytestmark = PARTNER_SETTINGS
 

@@ -23,8 +23,11 @@ from pathlib import Path
 import jwt
 import pytest
 
-from helpers import (REDIS_URL, RELEASE_FIXTURES, ROOT, LiveHttp, ReleaseCode, form_xsrf, free_port, start_process,
-                     stop_process, table_counts, wait_until)
+from helpers.console import form_xsrf
+from helpers.environment import REDIS_URL, ROOT
+from helpers.http import LiveHttp
+from helpers.processes import free_port, start_process, stop_process, wait_until
+from helpers.releases import RELEASE_FIXTURES, ReleaseCode, table_counts
 
 FIXTURES = RELEASE_FIXTURES
 SETTINGS = json.loads((FIXTURES / "settings.json").read_text())

@@ -18,18 +18,11 @@ import workers.charts as charts
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
 
-from helpers import settings_env, start_process, stop_process, wait_until
-from s3_hold import HoldingProxy
-from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint  # noqa: F401  (fixtures: s3_endpoint)
-
-pytestmark = pytest.mark.slow
+from helpers.processes import settings_env, start_process, stop_process, wait_until
+from helpers.s3 import AWS, HoldingProxy, bucket_keys
 
 RECOVERY_SECONDS = 6
-
-
-@pytest.fixture
-def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
-    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_recovery_seconds=RECOVERY_SECONDS)
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_recovery_seconds=RECOVERY_SECONDS)]
 
 
 @pytest.fixture

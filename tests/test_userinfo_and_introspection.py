@@ -1,7 +1,7 @@
 """UserInfo returns only declared fields; introspection (RFC 7662) and platform verification."""
 import pytest
 
-from helpers import basic_auth
+from helpers.http import basic_auth
 from models.application import Application, Authorization, Installation
 
 

@@ -10,7 +10,7 @@ from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
 from models.schedule import ScheduledRun
 
-from helpers import free_port, settings_env, start_process, stop_process
+from helpers.processes import free_port, settings_env, start_process, stop_process
 
 
 def wait_for_http(url: str, timeout: float = 20.0) -> None:

@@ -22,43 +22,19 @@ from models.schedule import ScheduledRun
 from workers.scheduler import night_due
 from workers.snapshot import fan_out_night
 
-from helpers import REDIS_URL, settings_env, start_process, stop_process, wait_until
-from chart_support import open_archive
-from s3_support import worker_settings, AWS, bucket_keys, s3_endpoint, set_ehr_url  # noqa: F401  (fixtures: s3_endpoint)
+from helpers.charts import open_archive
+from helpers.environment import REDIS_URL
+from helpers.processes import settings_env, start_process, stop_process, wait_until
+from helpers.s3 import bucket_keys, set_ehr_url, worker_env
 
-pytestmark = pytest.mark.slow
-
-
-
-
-
-@pytest.fixture
-def settings(settings, s3_endpoint, monkeypatch, redis_namespace):  # noqa: F811
-    """The test's settings with Redis (a namespace of its own), S3 and fast retries."""
-    return worker_settings(settings, s3_endpoint, monkeypatch, redis_namespace, task_max_retries=2,
-                           task_min_backoff_ms=100, task_max_backoff_ms=300, task_recovery_seconds=6)
+# Redis (a namespace of the test's own), S3 and fast retries.
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_max_retries=2, task_min_backoff_ms=100,
+                                                         task_max_backoff_ms=300, task_recovery_seconds=6)]
 
 
 @pytest.fixture
 def child_env(settings):
-    return settings_env(settings, SVC_TASK_MAX_RETRIES=settings.task_max_retries,
-                        SVC_TASK_MIN_BACKOFF_MS=settings.task_min_backoff_ms,
-                        SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms,
-                        SVC_TASK_RECOVERY_SECONDS=settings.task_recovery_seconds, **AWS)
-
-
-@pytest.fixture
-def start_worker(child_env, tmp_path):
-    procs = []
-
-    def start(*args):
-        proc = start_process(["worker", "--threads", "2", *args], child_env, log_path=tmp_path / f"worker{len(procs)}.log")
-        procs.append(proc)
-        return proc
-    yield start
-    for proc in procs:
-        stop_process(proc)
-
+    return worker_env(settings)
 
 
 def request_for(world, patient_index=0) -> ChartRequest:
@@ -68,10 +44,6 @@ def request_for(world, patient_index=0) -> ChartRequest:
 
 def status_of(request_id) -> ChartRequest:
     return ChartRequest.get_by_id(request_id)
-
-
-
-
 
 
 def test_chart_zip_built_by_a_worker_process_into_s3_and_fetched_over_a_presigned_url(runtime, world, start_worker):
@@ -200,7 +172,7 @@ def test_several_schedulers_queue_the_night_once(runtime, world, child_env, tmp_
 def test_worker_without_redis_explains_itself(settings, tmp_path):
     import subprocess
     import sys
-    from helpers import ROOT
+    from helpers.environment import ROOT
     env = settings_env(settings.replace(redis_url=""))
     env.pop("SVC_REDIS_URL", None)
     result = subprocess.run([sys.executable, "-m", "cli.__main__", "worker"], env=env, cwd=str(ROOT),

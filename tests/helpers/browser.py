@@ -1,14 +1,16 @@
-"""The browser tests' Chromium, the demo service they drive, and the page fixtures."""
+"""The browser tests' Chromium and the demo service they drive (their fixtures, `demo` and `page`, are
+conftest.py's)."""
 from __future__ import annotations
 
 import subprocess
 import sys
-import pytest
+
 from conf import Settings
-from runtime import Runtime
-from helpers import ROOT, free_port, settings_env, start_process, stop_process, wait_for_port
+from helpers.environment import ROOT
+from helpers.processes import free_port, settings_env, start_process, wait_for_port
 from models.application import Installation
 from models.billing import BillableUse
+from runtime import Runtime
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -66,26 +68,6 @@ class Demo:
             return Installation.get(Installation.application == APP_ID).activation_status
         finally:
             runtime.close()
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    service = Demo(tmp_path_factory.mktemp("browser-demo"))
-    yield service
-    stop_process(service.proc)
-
-
-@pytest.fixture
-def page(tmp_path):
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1200, "height": 760})
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
 
 
 def app_frame(page):

@@ -1,6 +1,6 @@
 """Keeps `GET /v1/openapi.json` true: every response the test suite sees is checked against it.
 
-`tests/helpers.py`'s `Api.call` passes each response here. A documented path must answer only
+`helpers.http.Api.call` passes each response here. A documented path must answer only
 documented statuses, with the documented required headers and a JSON body valid against the
 documented schema. Paths the document does not cover (well-known, sandbox pages) are skipped.
 """

@@ -1,17 +1,59 @@
-"""A TCP proxy in front of the S3 test server that can hold a writer inside an upload.
-
-Armed with a pattern, it never forwards the first request whose bytes match (say, the `PUT` of a
-chart object or of one of its parts) and sets `held`: the writer then sits inside that upload
-for as long as the test wants, and a kill lands there every time. Everything else is forwarded
-unchanged, both ways."""
+"""S3 in the worker tests: moto's S3 server on loopback (the `s3_endpoint` fixture, conftest.py's), the
+settings of a worker that uses it, what a bucket holds, and a proxy that holds a writer inside an upload."""
 from __future__ import annotations
 
 import re
 import socket
 import threading
+import uuid
+
+import boto3
+
+from helpers.environment import REDIS_URL
+from helpers.processes import settings_env
+from models.directory import Organization
+
+
+AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def bucket_keys(settings) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
+    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=settings.s3_bucket).get("Contents", []))
+
+
+def set_ehr_url(org, url: str) -> None:
+    Organization.update(ehr_url=url).where(Organization.id == org.id).execute()
+
+
+def worker_settings(settings, s3_endpoint: str, monkeypatch, redis_namespace: str, **fields):
+    """`settings` in the worker shape: Redis (a namespace of the test's own), a fresh bucket on
+    moto's S3 server (credentials in the environment), and `fields` (retries, recovery...)."""
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    configured = settings.replace(redis_url=REDIS_URL, redis_namespace=redis_namespace, s3_endpoint_url=s3_endpoint,
+                                  s3_bucket=f"charts-{uuid.uuid4().hex[:10]}", **fields)
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=configured.s3_bucket)
+    return configured
+
+
+def worker_env(settings) -> dict:
+    """The environment of a child worker (or scheduler) on `settings` in the worker shape: its task
+    settings and moto's S3 credentials."""
+    return settings_env(settings, SVC_TASK_MAX_RETRIES=settings.task_max_retries,
+                        SVC_TASK_MIN_BACKOFF_MS=settings.task_min_backoff_ms,
+                        SVC_TASK_MAX_BACKOFF_MS=settings.task_max_backoff_ms,
+                        SVC_TASK_RECOVERY_SECONDS=settings.task_recovery_seconds, **AWS)
 
 
 class HoldingProxy:
+    """A TCP proxy in front of the S3 test server that can hold a writer inside an upload.
+
+    Armed with a pattern, it never forwards the first request whose bytes match (say, the `PUT` of a
+    chart object or of one of its parts) and sets `held`: the writer then sits inside that upload
+    for as long as the test wants, and a kill lands there every time. Everything else is forwarded
+    unchanged, both ways."""
+
     def __init__(self, upstream_port: int):
         self.upstream_port = upstream_port
         self.listener = socket.create_server(("127.0.0.1", 0))

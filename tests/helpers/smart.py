@@ -1,11 +1,14 @@
-"""A SMART app's side of refresh tokens over real HTTP (the `api` fixture's server): the EHR launch
-as the SMART certification kit runs it, then refresh, revoke, introspect and a FHIR read."""
+"""SMART apps in tests: a launch against a live `svc-auth serve` as an app does it (`launch_tokens`), and
+an app's side of refresh tokens over real HTTP (`SmartClient`, the `api` fixture's server): the EHR
+launch as the SMART certification kit runs it, then refresh, revoke, introspect and a FHIR read."""
 from __future__ import annotations
 
+import json
 import urllib.parse
 
 from connectors.sandbox import patient_panel
-from helpers import basic_auth
+from helpers.http import basic_auth, http
+from helpers.tokens import as_service
 from oauth.pkce import s256
 
 KIT_SCOPE = "launch openid fhirUser offline_access patient/*.read"
@@ -98,3 +101,24 @@ class SmartClient:
                                               headers={"Authorization": f"Bearer {access_token}",
                                                        "Accept": "application/fhir+json"})
         return status, body
+
+
+def launch_tokens(live: str, runtime, user, app, secret: str, scope: str) -> dict:
+    """The token response of a launch by `user` (signed in to the sandbox hub) of `app`, asking `scope`."""
+    from hub.sandbox import issue_sandbox_token
+    as_live = as_service(runtime, live)
+    status, _, body = http("POST", f"{live}/v1/sandbox/launches", json.dumps({"client_id": app.client_id}).encode(),
+                           {"Authorization": f"Bearer {issue_sandbox_token(as_live, user)}",
+                            "Content-Type": "application/json"})
+    assert status == 201, body
+    query = {"client_id": app.client_id, "redirect_uri": app.redirect_uri, "response_type": "code",
+             "launch": json.loads(body)["launch_id"], "scope": scope}
+    status, headers, body = http("GET", f"{live}/v1/oauth/authorize?{urllib.parse.urlencode(query)}")
+    assert status == 302, body
+    location = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)
+    assert "code" in location, location
+    status, _, body = http("POST", f"{live}/v1/oauth/token", json.dumps({
+        "grant_type": "authorization_code", "client_id": app.client_id, "client_secret": secret,
+        "code": location["code"][0]}).encode(), {"Content-Type": "application/json"})
+    assert status == 200, body
+    return json.loads(body)

@@ -1,8 +1,21 @@
-"""A sandbox hub session driven over HTTP, as a physician's browser would."""
+"""The sandbox hub over HTTP: a session driven as a physician's browser would (`Hub`), and signing in
+to the sandbox EHR with a one-time link (`sandbox_signin`)."""
 from __future__ import annotations
 
 import urllib.parse
 from hub.sandbox import issue_sandbox_token
+
+
+async def sandbox_signin(api, runtime, user_id: str, app: str | None = None, target: str = "hub"):
+    """Sign in to the sandbox EHR the way a person does (a one-time link); returns (Cookie header
+    dict, the link's redirect Location)."""
+    from hub.sandbox import SESSION_COOKIE, create_signin_link
+    url = create_signin_link(runtime, user_id, app, target=target)
+    status, headers, body = await api.call("GET", urllib.parse.urlsplit(url).path)
+    assert status == 302, body
+    cookies = [c for c in headers.get_list("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")]
+    assert cookies, headers
+    return {"Cookie": cookies[0].split(";")[0]}, headers["Location"]
 
 
 class Hub:

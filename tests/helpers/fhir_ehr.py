@@ -1,5 +1,6 @@
 """A real FHIR R4 EHR for the tests: tests/js/fhir_ehr.mjs (Medplum's FHIR engine behind
-node-oidc-provider's SMART Backend Services tokens), started as a process on a free port."""
+node-oidc-provider's SMART Backend Services tokens), started as a process on a free port (the
+`fhir_ehr` fixture, conftest.py's), connecting a clinic to it, and the resources tests seed it with."""
 from __future__ import annotations
 
 import base64
@@ -8,14 +9,10 @@ import json
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
-import pytest
+from helpers.environment import JS_DIR, ROOT
+from helpers.processes import free_port, settings_env
 
-from helpers import free_port, settings_env
-
-ROOT = Path(__file__).resolve().parent.parent
-JS_DIR = ROOT / "tests" / "js"
 NPI_SYSTEM = "http://hl7.org/fhir/sid/us-npi"
 CLIENT_ID = "svc-auth-at-the-test-ehr"
 
@@ -101,14 +98,6 @@ def start_fhir_ehr(*flags: str, token_ttl: int = 300) -> FhirEhr:
     else:
         raise RuntimeError(f"the FHIR EHR did not start (exit {proc.wait()})")
     return FhirEhr(port, proc)
-
-
-@pytest.fixture(scope="module")
-def fhir_ehr():
-    ehr = start_fhir_ehr()
-    yield ehr
-    ehr.proc.terminate()
-    ehr.proc.wait(timeout=10)
 
 
 def practitioner(pid: str, npi: str, family: str, given: str) -> dict:

@@ -1,27 +1,52 @@
-"""The example partner app on a real port, and traffic through it. Modules using `partner` mark
-themselves with `PARTNER_SETTINGS` (the issuer is the real port: the app fetches its JWKS).
+"""The example partner app on a real port (`Partner`; the `partner` fixture, conftest.py's, makes
+them), and traffic through it. Modules using `partner` mark themselves with `PARTNER_SETTINGS` (the
+issuer is the real port: the app fetches its JWKS).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.parse
+
 import pytest
+import tornado.httpserver
+
+from examples.partner_app.config import PartnerConfig
+from examples.partner_app.web import make_partner_app
+from helpers.processes import free_port
+from hub.launches import create_launch
+from hub.sandbox import issue_sandbox_token
+from lifecycle.applications import install_application, register_application
 
 
 PARTNER_SETTINGS = pytest.mark.svc_settings(own_keys=True, real_issuer=True)
 """Keys are per test (one test rotates them); the issuer is the service's real address."""
 
 
-@pytest.fixture
-def partner(runtime, world, io_loop, http_server):
-    made = []
+class Partner:
+    """An example partner app registered with the service, served on its own port."""
 
-    def make(**overrides):
-        made.append(Partner(runtime, world, io_loop, **overrides))
-        return made[-1]
-    yield make
-    for p in made:
-        p.server.stop()
+    def __init__(self, runtime, world, io_loop, **overrides):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.runtime, self.world = runtime, world
+        self.app, self.secret = register_application(
+            runtime, "Example Partner App", f"{self.url}/app", f"{self.url}/launch", f"{self.url}/api/token",
+            "free_trial", ["email", "name", "ehrUsername", "organization"], [runtime.settings.public_url])
+        install_application(self.app.id, world.org.id)
+        fields = dict(auth_url=runtime.settings.issuer, base_url=runtime.settings.public_url + "/v1",
+                      client_id=self.app.client_id, client_secret=self.secret, application_id=self.app.id,
+                      public_url=self.url, authorized_users={world.physician.id}, jwks_min_refresh_seconds=0)
+        fields.update(overrides)
+        self.config = PartnerConfig(**fields)
+        web = make_partner_app(self.config)
+        self.state = web.settings["partner"]
+        self.server = tornado.httpserver.HTTPServer(web)
+        self.server.listen(self.port, address="127.0.0.1")
+
+    def launch_query(self, user) -> dict:
+        launch, url = create_launch(self.runtime, user, self.app.client_id)
+        return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
 
 
 async def fetch(api, url, method="GET", body=None, headers=None):
@@ -35,10 +60,6 @@ async def fetch(api, url, method="GET", body=None, headers=None):
     except ValueError:
         payload = response.body.decode()
     return response.code, response.headers, payload
-
-import asyncio
-import pytest
-from hub.sandbox import issue_sandbox_token
 
 
 class LaunchTraffic:
@@ -97,9 +118,6 @@ class LaunchTraffic:
         await self._task
         return self.results
 
-import urllib.request
-import pytest
-
 
 async def verify_on_platform(api, flow, world):
     """One launch, as the hub does it: tokens, then the platform verifies the access token."""
@@ -107,52 +125,9 @@ async def verify_on_platform(api, flow, world):
     await platform_verifies(api, world, tokens["access_token"])
     return tokens
 
-import json
-import urllib.parse
-import pytest
-import tornado.httpserver
-from helpers import free_port
-from examples.partner_app.config import PartnerConfig
-from examples.partner_app.web import make_partner_app
-from hub.launches import create_launch
-from lifecycle.applications import install_application, register_application
-from partner_app_support import fetch
-
-
-class Partner:
-    """An example partner app registered with the service, served on its own port."""
-
-    def __init__(self, runtime, world, io_loop, **overrides):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.runtime, self.world = runtime, world
-        self.app, self.secret = register_application(
-            runtime, "Example Partner App", f"{self.url}/app", f"{self.url}/launch", f"{self.url}/api/token",
-            "free_trial", ["email", "name", "ehrUsername", "organization"], [runtime.settings.public_url])
-        install_application(self.app.id, world.org.id)
-        fields = dict(auth_url=runtime.settings.issuer, base_url=runtime.settings.public_url + "/v1",
-                      client_id=self.app.client_id, client_secret=self.secret, application_id=self.app.id,
-                      public_url=self.url, authorized_users={world.physician.id}, jwks_min_refresh_seconds=0)
-        fields.update(overrides)
-        self.config = PartnerConfig(**fields)
-        web = make_partner_app(self.config)
-        self.state = web.settings["partner"]
-        self.server = tornado.httpserver.HTTPServer(web)
-        self.server.listen(self.port, address="127.0.0.1")
-
-    def launch_query(self, user) -> dict:
-        launch, url = create_launch(self.runtime, user, self.app.client_id)
-        return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
-
-import json
-import urllib.request
-import pytest
-from helpers import free_port
-
 
 async def platform_verifies(api, world, access_token):
     """What the hub does with the token the SDK hands it (with a fresh hub session token)."""
-    from hub.sandbox import issue_sandbox_token
     hub_token = issue_sandbox_token(api.runtime, world.physician)
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": access_token},
                                      headers={"Authorization": f"Bearer {hub_token}"})

@@ -1,12 +1,11 @@
-"""The platform FHIR API under test over HTTP (tokens: `helpers.mint_platform_token`)."""
+"""The platform FHIR API under test: over HTTP (`Fhir`; tokens: `helpers.tokens.mint_platform_token`),
+and in-process (`fhir_caller`)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.parse
-from pathlib import Path
 
-from js_support import http
+from helpers.http import http
 
 ALL_TYPES = ("AllergyIntolerance", "Appointment", "CarePlan", "CareTeam", "Condition", "Coverage", "Device",
              "DiagnosticReport", "DocumentReference", "Encounter", "FamilyMemberHistory", "Goal", "Immunization",
@@ -60,12 +59,8 @@ def outcome(body) -> str:
     return body["issue"][0]["code"]
 
 
-def r4_problems(bodies: list[dict]) -> list:
-    """What Medplum's validator (`validateResource` against R4's StructureDefinitions, in
-    tests/js/validate_fhir.mjs: a validator nobody here wrote) finds wrong in these bodies:
-    (type, id, issues) of each invalid one."""
-    js = Path(__file__).resolve().parent / "js"
-    done = subprocess.run(["node", str(js / "validate_fhir.mjs")], input=json.dumps(bodies), capture_output=True,
-                          text=True, timeout=120, cwd=js)
-    assert done.returncode == 0, done.stderr
-    return [(b.get("resourceType"), b.get("id"), issues) for b, issues in zip(bodies, json.loads(done.stdout)) if issues]
+def fhir_caller(runtime, token: str, organization_id: str):
+    """The FHIR API's caller of `token` on clinic `organization_id`, as the API authenticates it (or
+    its refusal: an `errors.ApiError`). The one place tests build a caller of `fhir_api.api`."""
+    from fhir_api.access import authenticate
+    return authenticate(runtime, f"Bearer {token}", organization_id)

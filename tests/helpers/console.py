@@ -1,5 +1,5 @@
-"""A small browser-like client of the developer console over pytest-tornado's HTTP client:
-keeps cookies, reads the CSRF token from the last page, submits forms."""
+"""The developer console in tests: a small browser-like client over pytest-tornado's HTTP client
+(keeps cookies, reads the CSRF token from the last page, submits forms), and a page's CSRF token."""
 from __future__ import annotations
 
 import re
@@ -7,6 +7,11 @@ import urllib.parse
 from http.cookies import SimpleCookie
 
 XSRF = re.compile(r'name="_xsrf" value="([^"]+)"')
+
+
+def form_xsrf(html: str) -> str:
+    """The `_xsrf` field of the last form on a page (the console's CSRF token)."""
+    return XSRF.findall(html)[-1]
 
 
 class ConsoleClient:
