@@ -52,18 +52,6 @@ class Api:
         return response.code, response.headers, payload
 
 
-async def sandbox_signin(api, runtime, user_id: str, app: str | None = None, target: str = "hub"):
-    """Sign in to the sandbox EHR the way a person does (a one-time link); returns (Cookie header
-    dict, the link's redirect Location)."""
-    from hub.sandbox import SESSION_COOKIE, create_signin_link
-    url = create_signin_link(runtime, user_id, app, target=target)
-    status, headers, body = await api.call("GET", urllib.parse.urlsplit(url).path)
-    assert status == 302, body
-    cookies = [c for c in headers.get_list("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")]
-    assert cookies, headers
-    return {"Cookie": cookies[0].split(";")[0]}, headers["Location"]
-
-
 def basic_auth(client_id: str, secret: str) -> str:
     raw = f"{urllib.parse.quote(client_id)}:{urllib.parse.quote(secret)}".encode()
     return "Basic " + base64.b64encode(raw).decode()
