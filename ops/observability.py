@@ -10,6 +10,7 @@ import logging
 import random
 import re
 
+import tornado.httputil
 import tornado.routing
 import tornado.web
 
@@ -96,19 +97,31 @@ def log_request(handler) -> None:
             access_log.handle(AccessRecord(access_log.name, level, *fields))
 
 
-class _TrackedDelegate(tornado.web._HandlerDelegate):
-    """Counts the request as in flight from its headers until its handler finishes (or the
-    connection drops before a handler ran)."""
+class InFlightDelegate(tornado.httputil.HTTPMessageDelegate):
+    """Tornado's delegate for one request (`Application.get_handler_delegate`), wrapped: the request
+    counts as in flight from its headers until its handler finishes (`log_request`), or until the
+    connection drops before its handler ran (the body never came: nothing will log it)."""
+
+    def __init__(self, application, request, delegate):
+        self.application, self.request, self.delegate = application, request, delegate
+        self.handler_started = False
 
     def headers_received(self, start_line, headers):
         self.application.in_flight += 1
         self.request._svc_in_flight = True
-        return super().headers_received(start_line, headers)
+        return self.delegate.headers_received(start_line, headers)
+
+    def data_received(self, chunk):
+        return self.delegate.data_received(chunk)
+
+    def finish(self):
+        self.handler_started = True  # the whole request is in: Tornado runs its handler now
+        return self.delegate.finish()
 
     def on_connection_close(self):
-        if getattr(self, "handler", None) is None:  # dropped before a handler ran: never logged
+        if not self.handler_started:
             self.application.request_done(self.request)
-        return super().on_connection_close()
+        return self.delegate.on_connection_close()
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?{}[]|()")
@@ -179,7 +192,8 @@ class ObservedApplication(tornado.web.Application):
         self.exact_routes = {}  # host-specific routes now: Tornado's routing decides
 
     def get_handler_delegate(self, request, target_class, target_kwargs=None, path_args=None, path_kwargs=None):
-        return _TrackedDelegate(self, request, target_class, target_kwargs, path_args, path_kwargs)
+        return InFlightDelegate(self, request, super().get_handler_delegate(request, target_class, target_kwargs,
+                                                                            path_args, path_kwargs))
 
     def request_done(self, request) -> None:
         if getattr(request, "_svc_in_flight", False):
