@@ -6,7 +6,7 @@ writes a `WWW-Authenticate: Bearer` challenge.
 A gate names its audience (which tokens it takes) and declares what its resource adds as
 requirements, run in order on the `Caller` once the token is live (signed, unexpired, not on the
 deny-list): `known_user` (the token's user still exists in the token's clinic; read with the app's
-installation there in one query), `own_clinic` (the FHIR API's path names the token's clinic),
+installation there in one query, or from `runtime.directory` while the directory is unchanged), `own_clinic` (the FHIR API's path names the token's clinic),
 `usable_installation` (`lifecycle.activation` allows the app's use there), `confidential_client`
 (the partner API is never a public client's).
 
@@ -22,7 +22,6 @@ import dataclasses
 from typing import Callable
 
 from errors import ApiError
-from models.application import user_with_installation
 from models.ids import fhir_id
 from oauth.tokens import InvalidToken
 
@@ -130,9 +129,9 @@ Requirement = Callable[["BearerGate", object, Caller, dict], Caller]
 
 
 def known_user(gate: "BearerGate", runtime, caller: Caller, context: dict) -> Caller:
-    """The token's user still exists, in the token's clinic; read in the same query: their clinic and
-    the app's installation there."""
-    user = user_with_installation(caller.claims.get("sub"), caller.app.id)
+    """The token's user still exists, in the token's clinic; read with them: their clinic and the app's
+    installation there (`app_cache.directory`: from memory while no user, clinic or installation changed)."""
+    user = runtime.directory.user_with_installation(caller.claims.get("sub"), caller.app.id)
     if user is None or user.organization_id != caller.organization_id:
         raise gate.invalid("The access token's user no longer exists in its clinic.")
     return dataclasses.replace(caller, user=user, installation=user.installation)

@@ -21,6 +21,7 @@ from conf import Settings
 from fhir_api import fhir_base_url
 from app_cache.applications import TOPIC as APPLICATIONS, ApplicationCache
 from app_cache.changes import ChangeFeed
+from app_cache.directory import DirectoryCache
 from keys.ehr_client import EhrClientKeys
 from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key, previous_hmac_keys
@@ -66,6 +67,7 @@ class Runtime:
         self.changes = ChangeFeed(self.db, settings.redis_url, settings.redis_namespace)
         self.applications = ApplicationCache()
         self.changes.subscribe(APPLICATIONS, self.applications.clear)
+        self.directory = DirectoryCache()  # the bearer gate's users, checked against the database's version
         self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
         self.changes.subscribe(SIGNING_KEYS, self.tokens.forget)
         self.denylist = build_denylist(settings, self.clock)

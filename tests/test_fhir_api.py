@@ -221,3 +221,47 @@ def test_a_revoked_token_is_refused_at_once_though_its_verification_is_kept(live
     assert status == 200
     status, headers, body = fhir.get("/Patient", {"_count": 1})
     assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"] and outcome(body) == "login"
+
+
+def test_another_writers_change_to_the_directory_is_seen_by_the_next_request(live, runtime, world):
+    """The serve process keeps the bearer gate's users in memory (`app_cache.directory`, issue 35
+    item 6). A change made by another writer (here this test's own connection, as another process,
+    an older release or an operator's SQL would) reaches the very next request: the database's
+    trigger moves the `directory` version in the writer's transaction."""
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id)
+    fhir = Fhir(live, world.org.id, token)
+    for _ in range(2):  # the second read is answered from memory
+        assert fhir.get("/Patient", {"_count": 1})[0] == 200
+    Installation.update(activation_status="Disabled").where(
+        (Installation.application == world.app.id) & (Installation.organization == world.org.id)).execute()
+    status, _, body = fhir.get("/Patient", {"_count": 1})
+    assert status == 403 and outcome(body) == "forbidden"
+    Installation.update(activation_status="Enabled").where(
+        (Installation.application == world.app.id) & (Installation.organization == world.org.id)).execute()
+    assert fhir.get("/Patient", {"_count": 1})[0] == 200
+    elsewhere, _ = clinic("Elsewhere Clinic", "https://ehr.example/elsewhere")
+    User.update(organization=elsewhere.id).where(User.id == world.physician.id).execute()
+    status, headers, body = fhir.get("/Patient", {"_count": 1})
+    assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"] and outcome(body) == "login"
+
+
+def test_every_write_to_users_organizations_and_installations_moves_the_directory_version(runtime, world):
+    """Migration 3505's triggers, on both databases: INSERT, UPDATE and DELETE of each table."""
+    from models.changes import DIRECTORY, version_of
+    from models.directory import Organization
+
+    def moved(write) -> bool:
+        before = version_of(DIRECTORY)
+        write()
+        return version_of(DIRECTORY) > before
+
+    other, _ = clinic("Version Clinic", "https://ehr.example/version", ("first@clinic.example", "Fi", "Rst", "first",
+                                                                    "1245319599"))
+    assert moved(lambda: Organization.update(name="Renamed").where(Organization.id == other.id).execute())
+    user = create_user(other.id, "version@clinic.example", "Vera", "Sion", "vsion", "1234567893")
+    assert moved(lambda: User.update(given_name="Vee").where(User.id == user.id).execute())
+    assert moved(lambda: install_application(world.app.id, other.id))
+    assert moved(lambda: Installation.delete().where(Installation.organization == other.id).execute())
+    assert moved(lambda: User.delete().where(User.id == user.id).execute())
+    assert moved(lambda: create_user(other.id, "again@clinic.example", "A", "Gain", "again", "1234567893"))
+    assert not moved(lambda: Application.update(name="Not the directory").where(Application.id == world.app.id).execute())

@@ -216,7 +216,7 @@ async def test_secret_rotation_reaches_the_warm_cache(api, world, runtime):
 def test_change_feed_poll_refreshes_listeners_of_changed_topics(runtime):
     heard = []
     runtime.changes.subscribe("applications", lambda: heard.append("applications"))
-    assert runtime.changes.poll() == [] or heard  # the first poll may catch up once
+    assert set(runtime.changes.poll()) <= {"applications", "directory"}  # the first poll catches up with the fixtures' writes
     heard.clear()
     # Another process's change: only the version row moves.
     p = runtime.db.param
