@@ -87,49 +87,79 @@ def record(runtime, disclosure: Disclosure, outcome: str, status: int | None,
         raise audit_unavailable() from exc
 
 
+class Recording:
+    """One request's disclosure record on its way to the group commit: opened on the IOLoop before
+    the pool job that makes it (the writer then waits a moment for it), `call`ed in that job, and
+    `committed` awaited before the answer. Audit off (SVC_DISCLOSURE_AUDIT=off): `call` just calls."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.future = None
+        self.recorded = False
+        if runtime.settings.disclosure_audit:
+            self.future = asyncio.get_running_loop().create_future()
+            runtime.disclosure_writer.expect(self.future)
+
+    def call(self, disclosure: Disclosure, describe, status: int, fn, /, *args):
+        """On the pool: `fn(*args)`, then its record handed to the group commit -> (error, result).
+        `describe(result)` -> (patients, resource ids) of a success, or None when the answer is no
+        disclosure (a pending chart); an `ApiError` is recorded as a failure with its status and
+        returned, not raised."""
+        if self.future is None:
+            try:
+                return None, fn(*args)
+            except ApiError as exc:
+                return exc, None
+        writer = self.runtime.disclosure_writer
+        try:
+            result = fn(*args)
+            described = describe(result)
+        except ApiError as exc:
+            writer.enqueue(_fields(disclosure, "failure", exc.status), self.future)
+            self.recorded = True
+            return exc, None
+        except BaseException:
+            writer.unexpect(self.future)
+            raise
+        if described is None:
+            writer.unexpect(self.future)
+            return None, result
+        patients, resource_ids = described
+        writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), self.future)
+        self.recorded = True
+        return None, result
+
+    def skip(self) -> None:
+        """No record will follow (the request was refused before its domain call); idempotent."""
+        if self.future is not None and not self.recorded:
+            self.runtime.disclosure_writer.unexpect(self.future)
+
+    def abandon(self) -> None:
+        """On the IOLoop, when the pool job raised: its own error answers the request."""
+        if self.future is not None:
+            self.skip()
+            self.future.add_done_callback(_consume)
+
+    async def committed(self) -> None:
+        """Once the record (if one was made) is committed; `audit_unavailable` when it cannot be."""
+        if self.recorded:
+            await self.future
+
+
 async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, /, *args):
     """`fn(*args)` on the runtime's pool, recorded before it returns (a handler's domain call):
-    `describe(result)` -> (patients, resource ids) of a success, or None when the answer is no
-    disclosure (a pending chart). An `ApiError` is recorded as a failure with its status and
-    re-raised. The record joins the process's group commit in the same pool job
-    (`ChainWriter.enqueue`); this returns once it is committed."""
-    if not runtime.settings.disclosure_audit:
-        return await runtime.run(fn, *args)
-    committed = asyncio.get_running_loop().create_future()
-    runtime.disclosure_writer.expect(committed)
+    `Recording.call`, whose error is raised here once its record is committed. The record joins
+    the process's group commit in the same pool job (`ChainWriter.enqueue`)."""
+    recording = Recording(runtime)
     try:
-        error, result, recorded = await runtime.run(_disclose, runtime, disclosure, describe, status, committed,
-                                                    fn, *args)
+        error, result = await runtime.run(recording.call, disclosure, describe, status, fn, *args)
     except BaseException:
-        runtime.disclosure_writer.unexpect(committed)
-        committed.add_done_callback(_consume)  # this job's own error answers the request
+        recording.abandon()
         raise
-    if recorded:
-        await committed
+    await recording.committed()
     if error is not None:
         raise error
     return result
-
-
-def _disclose(runtime, disclosure: Disclosure, describe, status: int, committed, fn, /, *args):
-    """On the pool: the domain call, then its record handed to the group commit -> (error, result,
-    whether a record was handed over)."""
-    writer = runtime.disclosure_writer
-    try:
-        result = fn(*args)
-        described = describe(result)
-    except ApiError as exc:
-        writer.enqueue(_fields(disclosure, "failure", exc.status), committed)
-        return exc, None, True
-    except BaseException:
-        writer.unexpect(committed)
-        raise
-    if described is None:
-        writer.unexpect(committed)
-        return None, result, False
-    patients, resource_ids = described
-    writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), committed)
-    return None, result, True
 
 
 def _consume(future) -> None:

@@ -4,10 +4,10 @@ Thin: `fhir_api` decides. Every answer is `application/fhir+json`, errors Operat
 CORS: metadata answers any origin; read and search answer the calling application's registered
 origins (`oauth/cors.py`), preflight included.
 
-Limits (docs/fhir-api.md): after authentication, one `hit_all` of the rate limiter per request
-(per app and clinic, per token: `fhir_api.limits`; 429 `throttled` + Retry-After, `RateLimit-*`
-headers on every answer after it); then a slot of the clinic's EHR in this process
-(`runtime.ehr_concurrency`; none free: 503 `transient` + Retry-After) while the read or search runs.
+A read or search is one pool job (`fhir_api.admission`): authentication, the caller's origin, the
+limits (docs/fhir-api.md: one limiter call per request, per app and clinic and per token; 429
+`throttled` + Retry-After, `RateLimit-*` headers on every answer after it), a slot of the clinic's
+EHR in this process (none free: 503 `transient` + Retry-After), then the read or search, recorded.
 """
 from __future__ import annotations
 
@@ -17,26 +17,22 @@ from types import MappingProxyType
 import orjson
 import tornado.web
 
-from audit.disclosures import disclosed
+from audit.disclosures import Recording
 from errors import ApiError
 from fhir_api import FHIR_PATH_PREFIX
-from fhir_api.access import authenticate
+from fhir_api.admission import Admission, Ask, answer
 from fhir_api.api import read, search, supported_type
 from fhir_api.capability import capability_statement
-from fhir_api.disclosure import describe_read, describe_search, fhir_disclosure
+from fhir_api.disclosure import describe_read, describe_search
 from fhir_api.formats import check_format
-from fhir_api.limits import counters, refusal_message
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
 from fhir_api.search import resource_id as valid_resource_id, search_arguments, strict_handling
 from handlers.cors import CorsHandler
-from ratelimit import RateLimiterUnavailable
 from models.ids import is_id
 
 _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: "not-found", 405: "not-supported",
                            406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient",
                            504: "timeout"})
-LIMITER_RETRY_AFTER = 5   # seconds: the rate limiter's store (Redis) is unreachable
-EHR_BUSY_RETRY_AFTER = 2  # seconds: every slot of the clinic's EHR is in use in this process
 EXPOSED_HEADERS = "WWW-Authenticate, Retry-After, RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset"
 
 
@@ -69,49 +65,37 @@ class FhirHandler(CorsHandler):
         raw = self.request.query_arguments.get("_format")
         check_format(search_arguments({"_format": raw})["_format"] if raw else None, self.request.headers.get("Accept"))
 
-    async def caller(self, organization_id: str):
+    async def answer(self, organization_id: str, action: str, resource_type: str, path_id, checks, describe, fn, *args):
+        """Write the answer of `fn(runtime, caller, *args)`: `fhir_api.admission.answer` in one pool
+        job, then what it admitted (CORS, limit headers), then its result or error, once recorded."""
         self.check_organization(organization_id)
         self.accept_json()
-        caller = await self.run(authenticate, self.runtime, self.request.headers.get("Authorization"), organization_id)
-        await self.allow_origin_of(caller.claims.get("client_id"))
-        await self.apply_limits(caller)
-        return caller
-
-    async def apply_limits(self, caller) -> None:
-        """Count the request against the caller's limits (one limiter call): 429 when over one."""
-        limits = counters(self.svc_settings, caller)
+        headers = self.request.headers
+        ask = Ask(organization_id, headers.get("Authorization"), headers.get("Origin"), action, resource_type, path_id,
+                  self.request.query_arguments, self.request_disclosure(action))
+        admission, recording = Admission(), Recording(self.runtime)
         try:
-            decision = await self.runtime.rate_limiter.hit_all(limits)
-        except RateLimiterUnavailable:
-            raise FhirError(503, "transient", "The rate limiter's store cannot be reached; the request was not "
-                                              "processed. Retry shortly.",
-                            {"Retry-After": str(LIMITER_RETRY_AFTER)}) from None
-        self._limit_headers = decision.headers()
+            error, result = await self.run(answer, self.runtime, ask, admission, recording, checks, describe, fn, *args)
+        except BaseException:
+            recording.abandon()
+            raise
+        finally:
+            self.admitted(admission)
+        await recording.committed()
+        if error is not None:
+            raise error
+        self.write_fhir(result)
+
+    def admitted(self, admission: Admission) -> None:
+        """What the job decided before the domain call, on this answer whatever it is."""
+        if admission.cors_origin:
+            self.cors_origin = admission.cors_origin
+            self.set_default_headers()
+        self._limit_headers = admission.limit_headers
         for name, value in self._limit_headers.items():
             self.set_header(name, value)
-        if not decision.allowed:
-            self.runtime.metrics.count_rate_limit_rejection(decision.key.split(":", 1)[0])
-            raise FhirError(429, "throttled", refusal_message(decision, dict(limits)[decision.key].seconds),
-                            self._limit_headers)
-
-    def disclosure(self, caller, action: str, resource_type: str, path_id: str | None = None):
-        """The disclosure audit's view of this request (audit/; what it asked: fhir_api/disclosure.py)."""
-        return fhir_disclosure(caller, action, resource_type, path_id, self.request.query_arguments,
-                               self.request_disclosure(action))
-
-    async def through_ehr(self, disclosure, describe, fn, caller, *args):
-        """`fn(runtime, caller, *args)` on the pool, holding one of the clinic's EHR slots of this
-        process (none free: 503 at once, the EHR's protection, not the caller's fault); its
-        disclosure is recorded (success or failure) before we answer (`audit.disclosures.disclosed`)."""
-        cap, clinic = self.runtime.ehr_concurrency, caller.organization_id
-        if not cap.try_acquire(clinic):
-            raise FhirError(503, "transient", "Too many requests to this clinic's EHR are in progress; "
-                                              f"retry after {EHR_BUSY_RETRY_AFTER} seconds.",
-                            {"Retry-After": str(EHR_BUSY_RETRY_AFTER)})
-        try:
-            return await disclosed(self.runtime, disclosure, describe, 200, fn, self.runtime, caller, *args)
-        finally:
-            cap.release(clinic)
+        if admission.refused_by:
+            self.runtime.metrics.count_rate_limit_rejection(admission.refused_by)
 
     def write_fhir(self, value: dict) -> None:
         self.set_header("Content-Type", f"{FHIR_JSON}; charset=UTF-8")
@@ -164,11 +148,9 @@ class ReadHandler(FhirHandler):
         await super().options()
 
     async def get(self, organization_id, resource_type, resource_id):
-        caller = await self.caller(organization_id)
-        supported_type(resource_type)  # 404 / 400 before the disclosure record holds them
-        valid_resource_id(resource_id)
-        self.write_fhir(await self.through_ehr(self.disclosure(caller, "read", resource_type, resource_id), describe_read,
-                                               read, caller, resource_type, resource_id))
+        await self.answer(organization_id, "read", resource_type, resource_id,
+                          lambda: (supported_type(resource_type), valid_resource_id(resource_id)), describe_read,
+                          read, resource_type, resource_id)
 
 
 class SearchHandler(FhirHandler):
@@ -178,13 +160,11 @@ class SearchHandler(FhirHandler):
         await super().options()
 
     async def get(self, organization_id, resource_type):
-        caller = await self.caller(organization_id)
-        supported_type(resource_type)  # 404 before the disclosure record holds it
         strict = strict_handling(self.request.headers.get("Prefer"))
-        self.write_fhir(await self.through_ehr(  # the arguments are parsed on the pool: a 400 is recorded too
-            self.disclosure(caller, "search", resource_type), describe_search,
-            lambda runtime, caller, raw: search(runtime, caller, resource_type, search_arguments(raw), strict),
-            caller, self.request.query_arguments))
+        raw = self.request.query_arguments  # parsed on the pool: a 400 is recorded too
+        await self.answer(organization_id, "search", resource_type, None, lambda: supported_type(resource_type),
+                          describe_search,
+                          lambda runtime, caller: search(runtime, caller, resource_type, search_arguments(raw), strict))
 
 
 def routes(runtime) -> list:

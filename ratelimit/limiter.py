@@ -65,6 +65,11 @@ class RateLimiter:
         counted in every counter, only when each is under its limit; a refusal counts nowhere."""
         raise NotImplementedError
 
+    def hit_all_now(self, counters: list[tuple[str, Limit]]) -> Decision:
+        """`hit_all`, blocking: for a request's pool job (the FHIR API counts its request in the
+        same job that authenticates and answers it)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release connections (a no-op for the in-memory limiter)."""
 
@@ -111,6 +116,9 @@ class MemoryRateLimiter(RateLimiter):
         return Decision(allowed, limit.count, max(0, limit.count - count), reset)
 
     async def hit_all(self, counters: list[tuple[str, Limit]]) -> Decision:
+        return self.hit_all_now(counters)
+
+    def hit_all_now(self, counters: list[tuple[str, Limit]]) -> Decision:
         now = self.clock.time()
         windows = [window_of(limit, now) for _, limit in counters]
         limits = [limit for _, limit in counters]

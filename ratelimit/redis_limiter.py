@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -54,6 +56,8 @@ class RedisRateLimiter(RateLimiter):
         self.namespace = namespace
         self.timeout = timeout
         self._clients: dict[int, tuple] = {}
+        self._blocking = None  # (client, hit_all script) for pool threads: `hit_all_now`
+        self._blocking_lock = threading.Lock()
 
     def _script(self):
         """A client and registered script for the running event loop (connections are loop-bound)."""
@@ -83,15 +87,47 @@ class RedisRateLimiter(RateLimiter):
             raise RateLimiterUnavailable(str(exc)) from exc
         return Decision(bool(allowed), limit.count, max(0, limit.count - int(count)), reset)
 
-    async def hit_all(self, counters: list[tuple[str, Limit]]) -> Decision:
+    def _counters(self, counters: list[tuple[str, Limit]]):
+        """(Redis keys, script arguments, the windows' resets) of one `hit_all`."""
         now = self.clock.time()
         windows = [window_of(limit, now) for _, limit in counters]
         keys = [f"{self.namespace}:ratelimit:{key}:{limit.seconds}:{index}"
                 for (key, limit), (index, _) in zip(counters, windows)]
-        args = [n for _, limit in counters for n in (limit.count, limit.seconds)]
+        return keys, [n for _, limit in counters for n in (limit.count, limit.seconds)], [reset for _, reset in windows]
+
+    @staticmethod
+    def _decision(counters: list[tuple[str, Limit]], resets: list[int], reply) -> Decision:
+        allowed, *counts = reply
+        return binding([key for key, _ in counters], [int(c) for c in counts], [limit for _, limit in counters],
+                       resets, bool(allowed))
+
+    async def hit_all(self, counters: list[tuple[str, Limit]]) -> Decision:
+        keys, args, resets = self._counters(counters)
         try:
-            allowed, *counts = await self._all_script()(keys=keys, args=args)
+            reply = await self._all_script()(keys=keys, args=args)
         except (RedisError, OSError) as exc:
             raise RateLimiterUnavailable(str(exc)) from exc
-        return binding([key for key, _ in counters], [int(c) for c in counts], [limit for _, limit in counters],
-                       [reset for _, reset in windows], bool(allowed))
+        return self._decision(counters, resets, reply)
+
+    def hit_all_now(self, counters: list[tuple[str, Limit]]) -> Decision:
+        keys, args, resets = self._counters(counters)
+        try:
+            reply = self._blocking_script()(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise RateLimiterUnavailable(str(exc)) from exc
+        return self._decision(counters, resets, reply)
+
+    def _blocking_script(self):
+        """The blocking client's hit_all script (redis-py's client is thread-safe: a connection pool)."""
+        with self._blocking_lock:
+            if self._blocking is None:
+                client = redis.Redis.from_url(self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout)
+                self._blocking = (client, client.register_script(HIT_ALL_SCRIPT))
+            return self._blocking[1]
+
+    def close(self) -> None:
+        """Close the blocking client (the IOLoop's clients close with their loop)."""
+        with self._blocking_lock:
+            if self._blocking is not None:
+                self._blocking[0].close()
+                self._blocking = None

@@ -180,6 +180,7 @@ class Runtime:
         self.changes.stop()
         self.denylist.close()
         self.executor.shutdown(wait=True)
+        self.rate_limiter.close()
         if self._task_queue is not None:
             self._task_queue.close()
             self._task_queue = None

@@ -15,7 +15,7 @@ from helpers.fhir_api import Fhir, outcome
 from helpers.fhir_ehr import cli
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
 from helpers.tokens import mint_platform_token
-from handlers.fhir import EHR_BUSY_RETRY_AFTER
+from fhir_api.admission import EHR_BUSY_RETRY_AFTER
 from lifecycle.applications import install_application, register_application, set_fhir_rate_limits
 from lifecycle.organizations import create_organization
 from lifecycle.users import create_user
