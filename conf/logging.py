@@ -84,13 +84,14 @@ def _access_line(formatter: "JsonFormatter", record: AccessRecord) -> str | None
 def access_line(formatter: "JsonFormatter", created: float, levelname: str, name: str, message: str,
                 request_id: str, method: str, route: str, path: str, status: int, duration_ms: float,
                 client: str) -> str | None:
-    """The line JsonFormatter's general path writes for an access record of these fields, or None
-    when that path must write it (a field of another type, a text that may hold a secret)."""
+    """The line JsonFormatter's general path writes for an access record of these fields (its texts
+    redacted as that path redacts them), or None when that path must write it (a field of another type)."""
     if (not request_id or type(status) is not int or type(duration_ms) is not float
             or not type(method) is type(route) is type(path) is type(client) is type(request_id) is str):
         return None
-    if _MAY_HOLD_SECRET.search(f"{message}\n{method}\n{route}\n{path}\n{client}"):
-        return None
+    if _MAY_HOLD_SECRET.search(f"{levelname}\n{name}\n{message}\n{request_id}\n{method}\n{route}\n{path}\n{client}"):
+        # A query (`?patient=…`) is enough: the general path then redacts every text but its own.
+        message, method, route, path, client = (redact(t) for t in (message, method, route, path, client))
     return (f'{{"ts":"{formatter.timestamp(created)}","level":{_JSON_TEXT(levelname)},'
             f'"logger":{_JSON_TEXT(name)},"message":{_JSON_TEXT(message)},'
             f'"request_id":{_JSON_TEXT(request_id)},'

@@ -198,16 +198,27 @@ def test_the_access_line_written_directly_is_the_line_the_logger_writes():
     parent.propagate = False
     try:
         assert sole_json_handler(log, logging.INFO) is handler
+        def general(level: int, fields: tuple) -> str:
+            """The general path's line: a plain record with the access fields as `extra=` gives them."""
+            record = logging.LogRecord(log.name, level, __file__, 0, "%s %s %d", (fields[1], fields[2], fields[4]), None)
+            for key, value in zip(("request_id", "method", "route", "path", "status", "duration_ms", "client"), fields):
+                setattr(record, key, value)
+            return JsonFormatter().format(record)
+
         fields = ("r" * 32, "GET", "/healthz", "/healthz/\u00e9\\x?y", 200, 0.25, "10.0.0.1")
         for level, status in ((logging.INFO, 200), (logging.ERROR, 503)):
             fields = fields[:4] + (status,) + fields[5:]
             assert handler.emit_access(log.name, level, *fields)
             direct = stream.getvalue().splitlines()[-1]
-            general = JsonFormatter().format(AccessRecord(log.name, level, *fields))
-            assert direct.split(",", 1)[1] == general.split(",", 1)[1] and direct.startswith('{"ts":"')
+            for other in (general(level, fields), JsonFormatter().format(AccessRecord(log.name, level, *fields))):
+                assert direct.split(",", 1)[1] == other.split(",", 1)[1] and direct.startswith('{"ts":"')
             assert json.loads(direct)["status"] == status
-        # a text that may hold a secret: nothing written here, the general path redacts it
-        assert not handler.emit_access(log.name, logging.INFO, *fields[:3], "/cb?code=abc", *fields[4:])
+        # a query (which may hold a secret): written here too, redacted as the general path redacts it
+        asked = fields[:3] + ("/cb?code=abc&patient=pat-1", 200) + fields[5:]
+        assert handler.emit_access(log.name, logging.INFO, *asked)
+        direct = stream.getvalue().splitlines()[-1]
+        assert direct.split(",", 1)[1] == general(logging.INFO, asked).split(",", 1)[1]
+        assert json.loads(direct)["path"] == "/cb?code=[REDACTED]&patient=pat-1"
         quiet = logging.StreamHandler(io.StringIO())
         quiet.setLevel(logging.ERROR)
         parent.addHandler(quiet)
