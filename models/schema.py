@@ -27,7 +27,7 @@ from models.application import DEFAULT_SMART_SCOPES, Application, Authorization,
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
-from models.changes import ChangeVersion, install_directory_triggers
+from models.changes import ChangeVersion, install_change_triggers
 from models.charts import ChartRequest
 from models.db import BaseModel, db_default, sql_literal
 from models.denylist import DeniedToken
@@ -210,9 +210,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 34 numbers its steps 34xx (tables smart_grant and refresh_token are new: MODELS).
     (3401, "application.offline_access_ttl: an app's own offline_access lifetime (NULL: SVC_OFFLINE_ACCESS_TTL)",
      _add_missing_columns("application", ("offline_access_ttl", peewee.IntegerField(null=True)))),
-    # Issue 35 item 6 (3505): the bearer gate keeps users in memory, checked against this version.
-    (3505, "user, organization, installation: a trigger bumps the `directory` change version on every write",
-     install_directory_triggers),
+    # Issue 35 item 6 (3505): the bearer gate keeps users and denials in memory, checked against these versions.
+    (3505, "user, organization, installation, denied_token: triggers bump the `directory` and `denied` change "
+           "versions on every write", install_change_triggers),
 )
 
 

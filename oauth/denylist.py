@@ -7,6 +7,7 @@ database table (expired rows are removed when new ones are added).
 """
 from __future__ import annotations
 
+from models.changes import DENIED, Versions
 from models.denylist import DeniedToken
 from models.prepared import PreparedQuery
 from errors import ApiError
@@ -24,8 +25,18 @@ def _unavailable() -> ApiError:
 
 
 class DatabaseDenyList:
-    def __init__(self, clock):
+    """The `denied_token` table. What it answered for a jti is kept while the `denied` version
+    (`models.changes`: a trigger moves it with every denial, whoever adds it) stands still, so a
+    token in use costs no query of its own: the version is read with the directory's, once per
+    request (`Versions`)."""
+
+    MAX_KEPT = 10_000
+    """Past this many jtis' answers, all are forgotten at once."""
+
+    def __init__(self, clock, versions: Versions | None = None):
         self.clock = clock
+        self.versions = versions
+        self._kept: dict[str, tuple[int, bool]] = {}
 
     def deny(self, jtis, until: float) -> None:
         now = int(self.clock.time())
@@ -35,7 +46,17 @@ class DatabaseDenyList:
         DeniedToken.delete().where(DeniedToken.expires_at < now).execute()
 
     def is_denied(self, jti: str) -> bool:
-        return _DENIED.first(jti, int(self.clock.time())) is not None
+        if self.versions is None:
+            return _DENIED.first(jti, int(self.clock.time())) is not None
+        version = self.versions.of(DENIED)  # before the read: an answer is never older than its version
+        kept = self._kept.get(jti)
+        if kept is not None and kept[0] == version:
+            return kept[1]
+        denied = _DENIED.first(jti, int(self.clock.time())) is not None
+        if len(self._kept) >= self.MAX_KEPT:
+            self._kept = {}
+        self._kept[jti] = (version, denied)
+        return denied
 
     def close(self) -> None:
         pass
@@ -71,7 +92,7 @@ class RedisDenyList:
         self.client.close()
 
 
-def build_denylist(settings, clock):
+def build_denylist(settings, clock, versions: Versions | None = None):
     if settings.redis_url:
         return RedisDenyList(settings.redis_url, settings.redis_namespace, clock)
-    return DatabaseDenyList(clock)
+    return DatabaseDenyList(clock, versions)

@@ -22,6 +22,7 @@ from fhir_api import fhir_base_url
 from app_cache.applications import TOPIC as APPLICATIONS, ApplicationCache
 from app_cache.changes import ChangeFeed
 from app_cache.directory import DirectoryCache
+from models.changes import Versions
 from keys.ehr_client import EhrClientKeys
 from keys.encryption import KeyCipher
 from keys.secrets import SecretHasher, load_hmac_key, previous_hmac_keys
@@ -67,10 +68,11 @@ class Runtime:
         self.changes = ChangeFeed(self.db, settings.redis_url, settings.redis_namespace)
         self.applications = ApplicationCache()
         self.changes.subscribe(APPLICATIONS, self.applications.clear)
-        self.directory = DirectoryCache()  # the bearer gate's users, checked against the database's version
+        self.versions = Versions()  # the triggers' change versions, read once per unit of work
+        self.directory = DirectoryCache(self.versions)  # the bearer gate's users, checked against them
         self.changes.subscribe(SIGNING_KEYS, self.keyring.load)
         self.changes.subscribe(SIGNING_KEYS, self.tokens.forget)
-        self.denylist = build_denylist(settings, self.clock)
+        self.denylist = build_denylist(settings, self.clock, self.versions)
         # What an installation's status allows (`lifecycle.activation`), for oauth/ and fhir_api/,
         # which lifecycle/ imports: they ask it here, as they ask `fhir_base_url`.
         self.activation = activation
@@ -165,12 +167,15 @@ class Runtime:
         failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
         the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
         unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
+        self.versions.begin()
         try:
             return self.connections.run(fn, *args, **kwargs)
         except DATABASE_ERRORS as exc:
             raise dependency_unavailable("database") from exc
         except (RateLimiterUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
             raise dependency_unavailable("Redis") from exc
+        finally:
+            self.versions.end()
 
     def migrate(self) -> list[str]:
         from models.schema import migrate

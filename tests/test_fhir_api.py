@@ -246,14 +246,16 @@ def test_another_writers_change_to_the_directory_is_seen_by_the_next_request(liv
 
 
 def test_every_write_to_users_organizations_and_installations_moves_the_directory_version(runtime, world):
-    """Migration 3505's triggers, on both databases: INSERT, UPDATE and DELETE of each table."""
-    from models.changes import DIRECTORY, version_of
+    """Migration 3505's triggers, on both databases: INSERT, UPDATE and DELETE of each table (and
+    a denial moves the `denied` version, not the directory's)."""
+    from models.changes import DENIED, DIRECTORY, version_of
+    from models.denylist import DeniedToken
     from models.directory import Organization
 
-    def moved(write) -> bool:
-        before = version_of(DIRECTORY)
+    def moved(write, topic: str = DIRECTORY) -> bool:
+        before = version_of(topic)
         write()
-        return version_of(DIRECTORY) > before
+        return version_of(topic) > before
 
     other, _ = clinic("Version Clinic", "https://ehr.example/version", ("first@clinic.example", "Fi", "Rst", "first",
                                                                     "1245319599"))
@@ -265,3 +267,20 @@ def test_every_write_to_users_organizations_and_installations_moves_the_director
     assert moved(lambda: User.delete().where(User.id == user.id).execute())
     assert moved(lambda: create_user(other.id, "again@clinic.example", "A", "Gain", "again", "1234567893"))
     assert not moved(lambda: Application.update(name="Not the directory").where(Application.id == world.app.id).execute())
+    assert moved(lambda: DeniedToken.insert(jti="a-denied-jti", expires_at=2**40).execute(), DENIED)
+    assert not moved(lambda: DeniedToken.insert(jti="another-jti", expires_at=2**40).execute())
+
+
+def test_a_denial_added_by_another_writer_is_seen_by_the_next_request(live, runtime, world):
+    """The serve process keeps what the database deny-list answered for a token while the `denied`
+    version stands still (issue 35 item 6); a denial written by anyone moves it (migration 3505)."""
+    from jose import jwt
+    from models.denylist import DeniedToken
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id)
+    fhir = Fhir(live, world.org.id, token)
+    for _ in range(2):  # the second read is answered from memory
+        assert fhir.get("/Patient", {"_count": 1})[0] == 200
+    claims = jwt.get_unverified_claims(token)
+    DeniedToken.insert(jti=claims["jti"], expires_at=claims["exp"]).execute()
+    status, headers, body = fhir.get("/Patient", {"_count": 1})
+    assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"] and outcome(body) == "login"
