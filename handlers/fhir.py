@@ -65,7 +65,7 @@ class FhirHandler(CorsHandler):
         raw = self.request.query_arguments.get("_format")
         check_format(search_arguments({"_format": raw})["_format"] if raw else None, self.request.headers.get("Accept"))
 
-    async def answer(self, organization_id: str, action: str, resource_type: str, path_id, checks, describe, fn, *args):
+    async def respond(self, organization_id: str, action: str, resource_type: str, path_id, checks, describe, fn, *args):
         """Write the answer of `fn(runtime, caller, *args)`: `fhir_api.admission.answer` in one pool
         job, then what it admitted (CORS, limit headers), then its result or error, once recorded."""
         self.check_organization(organization_id)
@@ -148,7 +148,7 @@ class ReadHandler(FhirHandler):
         await super().options()
 
     async def get(self, organization_id, resource_type, resource_id):
-        await self.answer(organization_id, "read", resource_type, resource_id,
+        await self.respond(organization_id, "read", resource_type, resource_id,
                           lambda: (supported_type(resource_type), valid_resource_id(resource_id)), describe_read,
                           read, resource_type, resource_id)
 
@@ -162,7 +162,7 @@ class SearchHandler(FhirHandler):
     async def get(self, organization_id, resource_type):
         strict = strict_handling(self.request.headers.get("Prefer"))
         raw = self.request.query_arguments  # parsed on the pool: a 400 is recorded too
-        await self.answer(organization_id, "search", resource_type, None, lambda: supported_type(resource_type),
+        await self.respond(organization_id, "search", resource_type, None, lambda: supported_type(resource_type),
                           describe_search,
                           lambda runtime, caller: search(runtime, caller, resource_type, search_arguments(raw), strict))
 
