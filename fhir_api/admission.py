@@ -48,7 +48,6 @@ class Ask:
 class Admission:
     """What the job decided before the domain call (filled in as it goes)."""
 
-    caller: Caller | None = None
     cors_origin: str | None = None
     limit_headers: dict = dataclasses.field(default_factory=dict)
     refused_by: str | None = None  # the counter that refused (429), for the metrics
@@ -58,7 +57,7 @@ def answer(runtime, ask: Ask, admission: Admission, recording: Recording, checks
     """On the pool: steps 1 to 5 -> (error, result) of `fn(runtime, caller, *args)`; an error after
     authentication is returned, an authentication refusal raised."""
     try:
-        caller = admission.caller = authenticate(runtime, ask.authorization, ask.organization_id)
+        caller = authenticate(runtime, ask.authorization, ask.organization_id)
     except BaseException:
         recording.skip()
         raise

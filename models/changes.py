@@ -6,7 +6,6 @@ import threading
 import peewee
 
 from models.db import BaseModel
-from models.prepared import PreparedQuery
 
 
 class ChangeVersion(BaseModel):
@@ -19,22 +18,13 @@ class ChangeVersion(BaseModel):
 
 DIRECTORY = "directory"
 """Users, organizations and installations: the database bumps this topic itself, by a trigger on
-every write to those tables in the writer's own transaction (`install_directory_triggers`), so no
+every write to those tables in the writer's own transaction (`install_change_triggers`), so no
 writer (a release before this one, an operator's SQL) can change them without it moving."""
 DIRECTORY_TABLES = ("user", "organization", "installation")
 DENIED = "denied"
 """The database deny-list (`denied_token`): bumped the same way by every row added or changed."""
 COUNTED = (DIRECTORY, DENIED)
 """The topics the database's triggers count, read together (`Versions`)."""
-
-_VERSION = PreparedQuery(lambda topic: ChangeVersion.select(ChangeVersion.version).where(ChangeVersion.topic == topic),
-                         ChangeVersion.topic)
-
-
-def version_of(topic: str) -> int:
-    """The topic's version now (0 when it never changed)."""
-    rows = _VERSION.dicts(topic)
-    return rows[0]["version"] if rows else 0
 
 
 class Versions:

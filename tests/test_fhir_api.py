@@ -248,7 +248,8 @@ def test_another_writers_change_to_the_directory_is_seen_by_the_next_request(liv
 def test_every_write_to_users_organizations_and_installations_moves_the_directory_version(runtime, world):
     """Migration 3505's triggers, on both databases: INSERT, UPDATE and DELETE of each table (and
     a denial moves the `denied` version, not the directory's)."""
-    from models.changes import DENIED, DIRECTORY, version_of
+    from models.changes import DENIED, DIRECTORY, Versions
+    version_of = Versions().of  # outside a unit of work: read anew on every call
     from models.denylist import DeniedToken
     from models.directory import Organization
 
