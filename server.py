@@ -126,7 +126,7 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     runtime.changes.start()
     app = make_app(runtime)
     server = CountingHTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT, chunk_size=READ_CHUNK_SIZE,
-                                slot=slot)
+                                idle_connection_timeout=settings.idle_connection_timeout, slot=slot)
     acceptor = BalancedAcceptor(server, sockets)
     acceptor.start()
     stop_scheduler = None

@@ -30,6 +30,8 @@ import tornado.httpserver
 import tornado.ioloop
 import tornado.iostream
 
+from ops.idle import HeaderWaits, WatchedRequest
+
 log = logging.getLogger("svc_auth.balance")
 
 ABSENT = -1
@@ -93,15 +95,30 @@ class Slot:
 
 class CountingHTTPServer(tornado.httpserver.HTTPServer):
     """An HTTPServer that counts its open connections into a `Slot` (handle_stream and on_close are
-    the public hooks of TCPServer and HTTPServerConnectionDelegate)."""
+    the public hooks of TCPServer and HTTPServerConnectionDelegate), and closes the connections that
+    keep it waiting for a request's headers longer than `idle_connection_timeout` seconds with one
+    sweep (`ops.idle`) instead of Tornado's timer around every request."""
 
-    def initialize(self, *args, slot: Slot, **kwargs) -> None:  # type: ignore[override]
+    def initialize(self, *args, slot: Slot, idle_connection_timeout: float = 3600,  # type: ignore[override]
+                   **kwargs) -> None:
         self.slot = slot
-        super().initialize(*args, **kwargs)
+        super().initialize(*args, idle_connection_timeout=idle_connection_timeout, **kwargs)
+        # HTTPServer's parameters for each connection it serves (its public attribute): no timer of
+        # Tornado's around the wait for headers; the sweep keeps the same limit.
+        self.conn_params.header_timeout = None
+        self.header_waits = HeaderWaits(idle_connection_timeout)
+        self.header_waits.start()
 
     def handle_stream(self, stream, address) -> None:
         self.slot.opened()
         super().handle_stream(stream, address)
+
+    def start_request(self, server_conn, request_conn):
+        return WatchedRequest(super().start_request(server_conn, request_conn), self.header_waits, request_conn)
+
+    async def close_all_connections(self) -> None:
+        await super().close_all_connections()
+        self.header_waits.stop()
 
     def on_close(self, server_conn) -> None:
         super().on_close(server_conn)

@@ -1,6 +1,6 @@
 """The framework's per-request floor (issue 37): literal routes by lookup, log lines written once
-per IOLoop turn, Nagle off once per connection, and that none changes what a request gets or
-what the log says."""
+per IOLoop turn, Nagle off once per connection, idle connections closed by a sweep, and that
+none changes what a request gets or what the log says."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +9,7 @@ import json
 import logging
 import socket
 import threading
+import time
 
 import pytest
 import tornado.httputil
@@ -19,6 +20,7 @@ from conf.logging import AccessRecord, JsonFormatter, JsonLineHandler, sole_json
 from ops.balance import BalancedAcceptor, ConnectionCounts, CountingHTTPServer, Slot
 from ops.logwrites import LoopBatchedStream, batch_log_writes
 from ops.observability import ObservedApplication, exact_routes, literal_path
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from server import make_app
 
 
@@ -184,6 +186,61 @@ def test_an_accepted_connection_keeps_nagle_off_for_every_request():
         loop.run_until_complete(run())
     finally:
         loop.close()
+
+
+def _closed_after(sock: socket.socket, started: float, timeout: float = 6.0) -> float:
+    """Seconds from `started` until the server closes `sock` (reads what it sends meanwhile)."""
+    sock.settimeout(timeout)
+    while sock.recv(65536):
+        pass
+    return time.monotonic() - started
+
+
+def test_a_connection_that_keeps_serve_waiting_for_headers_past_the_idle_limit_is_closed(settings, tmp_path):
+    """SVC_IDLE_CONNECTION_TIMEOUT bounds the wait for a request's headers (Tornado's own timer,
+    armed around every request, is replaced by one sweep): a silent connection, one that sends
+    its headers a line at a time without ending them, and a keep-alive connection idle after its
+    answer are each closed within the limit and a sweep; a request whose headers came and whose
+    body is slow is answered, not swept."""
+    port = free_port()
+    issuer = f"http://127.0.0.1:{port}"
+    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_IDLE_CONNECTION_TIMEOUT="1")
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    try:
+        silent = socket.create_connection(("127.0.0.1", port))
+        started = time.monotonic()
+        assert 0.9 <= _closed_after(silent, started) < 3.0
+
+        dribbling = socket.create_connection(("127.0.0.1", port))
+        started = time.monotonic()
+        dribbling.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        for number in range(12):  # a header line every 0.25 s, never the blank line that ends them
+            time.sleep(0.25)
+            try:
+                dribbling.sendall(b"X-Slow-%d: 1\r\n" % number)
+            except OSError:
+                break  # closed by the server
+        assert 0.9 <= _closed_after(dribbling, started) < 3.0
+
+        kept_alive = socket.create_connection(("127.0.0.1", port))
+        kept_alive.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept_alive.settimeout(5)
+        answer = kept_alive.recv(65536)
+        started = time.monotonic()
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"status":"ok"}')
+        assert 0.9 <= _closed_after(kept_alive, started) < 3.0
+
+        slow_body = socket.create_connection(("127.0.0.1", port))
+        slow_body.sendall(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 2\r\n\r\n")
+        time.sleep(2.5)  # more than the limit and two sweeps, with the headers in
+        slow_body.sendall(b"{}")
+        slow_body.settimeout(5)
+        assert slow_body.recv(65536).startswith(b"HTTP/1.1 405")
+        for sock in (silent, dribbling, kept_alive, slow_body):
+            sock.close()
+    finally:
+        stop_process(proc)
 
 
 def test_the_access_line_written_directly_is_the_line_the_logger_writes():
