@@ -8,9 +8,8 @@ the database, the clock or the queue is given the runtime (or the part it needs)
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from runtime.pool import BlockingPool
 
 from playhouse.pool import PooledDatabase
 from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
@@ -101,7 +100,7 @@ class Runtime:
         self.readiness = Readiness()  # /readyz: named dependency checks; parts may add theirs
         self.draining = False  # set on SIGTERM: readiness fails while in-flight requests finish
         # Blocking work (database, S3, the broker) runs here, never on the IOLoop.
-        self.executor = ThreadPoolExecutor(max_workers=settings.db_threads, thread_name_prefix="svc-blocking")
+        self.executor = BlockingPool(settings.db_threads, "svc-blocking")
 
     def fhir_base_url(self, organization_id: str) -> str:
         """One clinic's FHIR base (`iss` of a SMART launch, the `aud` authorize accepts). Through the
@@ -157,8 +156,7 @@ class Runtime:
 
         Every database, S3, Redis (sync client) and enqueue call made from a request goes through
         here, so a slow dependency occupies a pool thread, never the IOLoop."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(self.unit_of_work, fn, *args, **kwargs))
+        return await self.executor.run_soon(asyncio.get_running_loop(), self.unit_of_work, fn, *args, **kwargs)
 
     def unit_of_work(self, fn, /, *args, **kwargs):
         """`fn(*args, **kwargs)` on this thread's database connection, which the thread keeps.
