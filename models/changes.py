@@ -28,16 +28,32 @@ COUNTED = (DIRECTORY, DENIED)
 
 
 class Versions:
-    """The counted topics' versions, read in one query at most once per unit of work of a thread
+    """The counted topics' versions, read at most once per unit of work of a thread
     (`Runtime.unit_of_work` opens and closes it): the bearer gate's deny-list and directory checks
-    of one request share it, as if both were made at the instant it was read. Outside a unit of
-    work every call reads anew."""
+    of one request share it, as if both were made at the instant it was read.
+
+    One read also serves every unit of work asked for before it began (`mark`, taken when the work
+    was handed to the pool: for a request, once it had arrived): a change committed before a
+    request arrived is in any read begun after that, so the request sees it, as if it had read
+    alone. The requests that arrive together (one IOLoop turn) thus share one query instead of
+    making one each; each query through SQLite hands the GIL to another thread and back several
+    times. Outside a unit of work every call reads anew."""
 
     def __init__(self):
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._started = 0  # reads begun so far: read number n began after every mark below n
+        self._latest: tuple[int, dict | None] = (0, None)  # the newest finished read: (number, versions)
+        self._pending: _Read | None = None  # the newest read in progress
 
-    def begin(self) -> None:
+    def mark(self) -> int:
+        """Now, as this counts: any read numbered above it begins after this call."""
+        return self._started
+
+    def begin(self, asked_at: int | None = None) -> None:
+        """A unit of work starts, for work asked for at `asked_at` (`mark()`; default: now)."""
         self._local.read, self._local.open = None, True
+        self._local.asked_at = self._started if asked_at is None else asked_at
 
     def end(self) -> None:
         self._local.read, self._local.open = None, False
@@ -45,10 +61,51 @@ class Versions:
     def of(self, topic: str) -> int:
         read = getattr(self._local, "read", None)
         if read is None:
-            read = _read_counted()
             if getattr(self._local, "open", False):
-                self._local.read = read
+                read = self._local.read = self._read_after(self._local.asked_at)
+            else:
+                read = self._read_after(self._started)
         return read.get(topic, 0)
+
+    def _read_after(self, asked_at: int) -> dict:
+        """The versions of a read begun after `asked_at`: the newest finished one, the one in
+        progress (waited for), or a new one."""
+        while True:
+            with self._lock:
+                number, versions = self._latest
+                if number > asked_at:
+                    return versions
+                pending = self._pending
+                if pending is None or pending.number <= asked_at:
+                    self._started += 1
+                    pending = self._pending = _Read(self._started)
+                    break
+            pending.done.wait()  # begun after `asked_at`: its answer will do (or, if it fails, ask again)
+        try:
+            versions = _read_counted()
+        except BaseException:
+            self._finished(pending, None)
+            raise
+        self._finished(pending, versions)
+        return versions
+
+    def _finished(self, read: "_Read", versions: dict | None) -> None:
+        """`read` is over: its versions (None: it failed) become the newest known, then its waiters wake."""
+        with self._lock:
+            if versions is not None and read.number > self._latest[0]:
+                self._latest = (read.number, versions)
+            if self._pending is read:
+                self._pending = None
+        read.done.set()
+
+
+class _Read:
+    """A read of the versions in progress: its number, and the event its waiters wait on."""
+
+    __slots__ = ("number", "done")
+
+    def __init__(self, number: int):
+        self.number, self.done = number, threading.Event()
 
 
 def _read_counted() -> dict[str, int]:

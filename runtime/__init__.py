@@ -155,8 +155,11 @@ class Runtime:
         """Run blocking `fn(*args, **kwargs)` on the runtime's bounded thread pool and await it.
 
         Every database, S3, Redis (sync client) and enqueue call made from a request goes through
-        here, so a slow dependency occupies a pool thread, never the IOLoop."""
-        return await self.executor.run_soon(asyncio.get_running_loop(), self.unit_of_work, fn, *args, **kwargs)
+        here, so a slow dependency occupies a pool thread, never the IOLoop. The work counts as
+        asked for now (`Versions.mark`), while the request is being handled, not when a pool
+        thread gets to it."""
+        return await self.executor.run_soon(asyncio.get_running_loop(), self._unit, self.versions.mark(),
+                                            fn, args, kwargs)
 
     def unit_of_work(self, fn, /, *args, **kwargs):
         """`fn(*args, **kwargs)` on this thread's database connection, which the thread keeps.
@@ -165,7 +168,11 @@ class Runtime:
         failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
         the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
         unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
-        self.versions.begin()
+        return self._unit(None, fn, args, kwargs)
+
+    def _unit(self, asked_at: int | None, fn, args: tuple, kwargs: dict):
+        """`unit_of_work` of work asked for at `asked_at` (`Versions.mark`; None: now)."""
+        self.versions.begin(asked_at)
         try:
             return self.connections.run(fn, *args, **kwargs)
         except DATABASE_ERRORS as exc:

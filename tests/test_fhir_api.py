@@ -6,6 +6,8 @@ installations, search parsing, paging) are tested in-process in tests/test_fhir_
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.parse
 
 from connectors.sandbox import PANEL_SIZE
@@ -243,6 +245,71 @@ def test_another_writers_change_to_the_directory_is_seen_by_the_next_request(liv
     User.update(organization=elsewhere.id).where(User.id == world.physician.id).execute()
     status, headers, body = fhir.get("/Patient", {"_count": 1})
     assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"] and outcome(body) == "login"
+
+
+def test_every_request_sent_after_another_writers_change_sees_it_among_concurrent_reads(live, runtime, world):
+    """Requests that arrive together share one read of the change versions (`models.changes.Versions`),
+    and a read serves only requests that had arrived before it began: with readers on 6 connections
+    all the time, every request sent after an installation was disabled (by another writer) and
+    answered before it was enabled again is refused, cycle after cycle."""
+    from lifecycle.applications import set_fhir_rate_limits
+    from ratelimit.policy import Limit
+    set_fhir_rate_limits(runtime, world.app.id, fhir_rate_limit=Limit(100000, 60), fhir_token_rate_limit=Limit(100000, 60))
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id)
+    seen: list = []  # (sent, answered, status)
+    stop = threading.Event()
+
+    def reader():
+        fhir = Fhir(live, world.org.id, token)
+        while not stop.is_set():
+            sent = time.monotonic()
+            status = fhir.get("/Patient", {"_count": 1})[0]
+            seen.append((sent, time.monotonic(), status))
+
+    def installation(status: str) -> None:
+        Installation.update(activation_status=status).where(
+            (Installation.application == world.app.id) & (Installation.organization == world.org.id)).execute()
+
+    readers = [threading.Thread(target=reader) for _ in range(6)]
+    for thread in readers:
+        thread.start()
+    windows = []
+    try:
+        for _ in range(6):
+            time.sleep(0.15)
+            installation("Disabled")
+            disabled = time.monotonic()
+            time.sleep(0.15)
+            enabling = time.monotonic()
+            installation("Enabled")
+            windows.append((disabled, enabling))
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join(30)
+    inside = [status for sent, answered, status in seen
+              if any(start <= sent and answered <= end for start, end in windows)]
+    assert len(inside) >= 30, len(inside)  # enough requests inside the windows for the check to mean something
+    assert set(inside) == {403}, sorted(set(inside))
+    assert {status for _, _, status in seen} == {200, 403}
+
+
+def test_one_read_of_the_versions_serves_only_work_asked_for_before_it_began(runtime, world):
+    """`Versions`: work asked for before a read began may use that read; work asked for after a
+    change (here another writer's) gets a read begun after it, whatever was read before."""
+    from models.changes import DIRECTORY, Versions
+    versions = Versions()
+    asked = versions.mark()
+    versions.begin(asked)
+    first = versions.of(DIRECTORY)
+    versions.end()
+    User.update(given_name="Changed").where(User.id == world.physician.id).execute()
+    versions.begin(asked)  # asked for before the first read began: that read serves it
+    assert versions.of(DIRECTORY) == first
+    versions.end()
+    versions.begin()  # asked for now, after the change
+    assert versions.of(DIRECTORY) > first
+    versions.end()
 
 
 def test_every_write_to_users_organizations_and_installations_moves_the_directory_version(runtime, world):
