@@ -134,7 +134,7 @@ def known_user(gate: "BearerGate", runtime, caller: Caller, context: dict) -> Ca
     user = runtime.directory.user_with_installation(caller.claims.get("sub"), caller.app.id)
     if user is None or user.organization_id != caller.organization_id:
         raise gate.invalid("The access token's user no longer exists in its clinic.")
-    return dataclasses.replace(caller, user=user, installation=user.installation)
+    return Caller(caller.claims, caller.app, user, user.installation)  # not dataclasses.replace: a third of the cost
 
 
 def own_clinic(gate: "BearerGate", runtime, caller: Caller, context: dict) -> Caller:

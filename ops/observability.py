@@ -16,6 +16,7 @@ import tornado.web
 
 from conf.logging import AccessRecord, redact, request_id_var, sole_json_handler
 from ops.proxy import client_address, warn_if_misconfigured
+from ops.routing import exact_routes, segment_routes
 
 access_log = logging.getLogger("svc_auth.access")
 
@@ -124,53 +125,13 @@ class InFlightDelegate(tornado.httputil.HTTPMessageDelegate):
         return self.delegate.on_connection_close()
 
 
-_REGEX_SPECIAL = frozenset(".^$*+?{}[]|()")
-
-
-def literal_path(pattern: str) -> str | None:
-    """The one path a route pattern matches when it has no regex syntax (`/healthz$`,
-    `/\\.well-known/jwks\\.json$`), else None."""
-    if not pattern.endswith("$"):
-        return None
-    out, chars, index = [], pattern[:-1], 0
-    while index < len(chars):
-        char = chars[index]
-        if char == "\\":
-            escaped = chars[index + 1:index + 2]
-            if not escaped or escaped.isalnum() or escaped == "_":
-                return None  # \d, \w, a trailing backslash...: not a literal
-            out.append(escaped)
-            index += 2
-            continue
-        if char in _REGEX_SPECIAL:
-            return None
-        out.append(char)
-        index += 1
-    return "".join(out)
-
-
-def exact_routes(rules) -> dict:
-    """{path: rule} for the rules whose pattern is one literal path that no earlier rule also
-    matches, so looking the path up gives the rule Tornado's in-order matching would pick.
-    Stops at the first rule that is not a plain path pattern (its matches are unknown)."""
-    table: dict = {}
-    earlier = []
-    for rule in rules:
-        if not isinstance(rule.matcher, tornado.routing.PathMatches):
-            break
-        path = literal_path(rule.matcher.regex.pattern)
-        if path is not None and path not in table and not any(regex.match(path) for regex in earlier):
-            table[path] = rule
-        earlier.append(rule.matcher.regex)
-    return table
-
-
 class ObservedApplication(tornado.web.Application):
     """A Tornado application that knows how many requests it is serving and logs each one.
 
-    Routing: a request for a literal path (`/healthz`, `/v1/oauth/token`, ...) finds its rule in
-    one dict lookup (`exact_routes`) instead of trying every pattern before it in turn (57
-    patterns; `/healthz` was the 30th); any other path goes through Tornado's routing as before."""
+    Routing (`ops.routing`): a request for a literal path (`/healthz`, `/v1/oauth/token`, ...) finds
+    its rule in one dict lookup; any other path tries only the rules that can match its first
+    segment (`/fhir/...`: 4 of 60), in Tornado's order; a path no rule matches goes through
+    Tornado's routing as before."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("log_function", log_request)
@@ -178,18 +139,32 @@ class ObservedApplication(tornado.web.Application):
         self.in_flight = 0
         self.route_patterns: dict = {}
         self.proxy_warnings: set = set()  # external origins already warned about (ops.proxy)
+        self._route_tables()
+
+    def _route_tables(self) -> None:
         # Only while every host is served the same routes (no add_handlers with a host pattern).
-        self.exact_routes = exact_routes(self.wildcard_router.rules) if len(self.default_router.rules) == 1 else {}
+        one_host = len(self.default_router.rules) == 1
+        self.exact_routes = exact_routes(self.wildcard_router.rules) if one_host else {}
+        self.segment_routes = segment_routes(self.wildcard_router.rules) if one_host else None
 
     def find_handler(self, request, **kwargs):
-        rule = self.exact_routes.get(request.path)
+        path = request.path
+        rule = self.exact_routes.get(path)
         if rule is not None:
             return self.get_handler_delegate(request, rule.target, rule.target_kwargs)
+        table = self.segment_routes
+        if table is not None:
+            segment = path[1:].partition("/")[0] if path.startswith("/") else None
+            for rule in table.get(segment, table[None]):
+                params = rule.matcher.match(request)
+                if params is not None:
+                    return self.get_handler_delegate(request, rule.target, rule.target_kwargs,
+                                                     params.get("path_args"), params.get("path_kwargs"))
         return super().find_handler(request, **kwargs)
 
     def add_handlers(self, host_pattern, host_handlers) -> None:
         super().add_handlers(host_pattern, host_handlers)
-        self.exact_routes = {}  # host-specific routes now: Tornado's routing decides
+        self.exact_routes, self.segment_routes = {}, None  # host-specific routes now: Tornado's routing decides
 
     def get_handler_delegate(self, request, target_class, target_kwargs=None, path_args=None, path_kwargs=None):
         return InFlightDelegate(self, request, super().get_handler_delegate(request, target_class, target_kwargs,

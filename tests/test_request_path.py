@@ -19,7 +19,8 @@ import tornado.web
 from conf.logging import AccessRecord, JsonFormatter, JsonLineHandler, sole_json_handler
 from ops.balance import BalancedAcceptor, ConnectionCounts, CountingHTTPServer, Slot
 from ops.logwrites import LoopBatchedStream, batch_log_writes
-from ops.observability import ObservedApplication, exact_routes, literal_path
+from ops.observability import ObservedApplication
+from ops.routing import exact_routes, first_segment, literal_path
 from helpers.processes import free_port, settings_env, start_process, stop_process
 from server import make_app
 
@@ -45,6 +46,31 @@ def test_every_literal_route_is_the_rule_tornados_order_picks(runtime):
         looked_up = app.find_handler(request_for(path))
         looked_up, ordered = looked_up.delegate, ordered.delegate  # Tornado's own, inside the in-flight count
         assert (looked_up.handler_class, looked_up.handler_kwargs) == (ordered.handler_class, ordered.handler_kwargs)
+
+
+def test_first_segments_only_where_every_match_starts_with_them():
+    assert first_segment(r"/fhir/r4/([^/]+)/([^/]+)$") == "fhir"
+    assert first_segment("/healthz$") == "healthz"
+    assert first_segment(r"/\.well-known/jwks\.json$") == ".well-known"
+    for pattern in ("/(.*)$", ".*$", "/$", "/fhirs?/x$", "/a/?x$", r"/a\d/x$", "/ab*$", "/a(b)/c$"):
+        assert first_segment(pattern) is None, pattern
+
+
+def test_every_path_is_routed_as_tornados_order_routes_it(runtime):
+    """The first-segment tables (`ops.routing.segment_routes`) pick the rule, and its path
+    arguments, that Tornado's in-order matching picks, for every kind of path the API serves."""
+    app = make_app(runtime)
+    paths = ["/fhir/r4/org_1/Patient/pat-1", "/fhir/r4/org_1/Observation", "/fhir/r4/org_1/metadata",
+             "/fhir/r4/org_1/.well-known/smart-configuration", "/fhir/r4/org_1/a/b/c", "/fhir/r4",
+             "/v1/apps/app_1", "/v1/organizations/org_1/users", "/os-api/v2/apps/x", "/static/app.js",
+             "/console/", "/.well-known/openid-configuration", "/nothing/here", "/", "/%66hir/r4/o/Patient",
+             "/fhir//Patient/1", "/healthz/", "/v1/oauth/authorize", "/robots.txt", "/console", "/console/apps"]
+    assert app.segment_routes is not None and len(app.segment_routes["fhir"]) < len(app.wildcard_router.rules) / 4
+    for path in paths:
+        ours, tornados = app.find_handler(request_for(path)).delegate, \
+            tornado.web.Application.find_handler(app, request_for(path)).delegate
+        assert (ours.handler_class, ours.handler_kwargs, ours.path_args, ours.path_kwargs) == \
+            (tornados.handler_class, tornados.handler_kwargs, tornados.path_args, tornados.path_kwargs), path
 
 
 class First(tornado.web.RequestHandler):
