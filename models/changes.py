@@ -80,7 +80,7 @@ class Versions:
                     self._started += 1
                     pending = self._pending = _Read(self._started)
                     break
-            pending.done.wait()  # begun after `asked_at`: its answer will do (or, if it fails, ask again)
+            pending.wait()  # begun after `asked_at`: its answer will do (or, if it fails, ask again)
         try:
             versions = _read_counted()
         except BaseException:
@@ -96,16 +96,23 @@ class Versions:
                 self._latest = (read.number, versions)
             if self._pending is read:
                 self._pending = None
-        read.done.set()
+        read.done.release()
 
 
 class _Read:
-    """A read of the versions in progress: its number, and the event its waiters wait on."""
+    """A read of the versions in progress: its number, and a lock held until it is over (cheaper
+    than an Event, whose Condition a read that nobody waits for would still make and notify)."""
 
     __slots__ = ("number", "done")
 
     def __init__(self, number: int):
-        self.number, self.done = number, threading.Event()
+        self.number, self.done = number, threading.Lock()
+        self.done.acquire()
+
+    def wait(self) -> None:
+        """Until the read is over; each waiter wakes the next."""
+        self.done.acquire()
+        self.done.release()
 
 
 def _read_counted() -> dict[str, int]:

@@ -38,13 +38,21 @@ def window_of(limit: Limit, now: float) -> tuple[int, int]:
 
 def binding(keys: list[str], counts: list[int], limits: list[Limit], resets: list[int], allowed: bool) -> Decision:
     """The decision of several counters as one: when refused, the exhausted counter that frees
-    last; when allowed, the counter with the fewest requests left (what the headers report)."""
-    left = [max(0, limit.count - count) for count, limit in zip(counts, limits)]
-    if allowed:
-        i = min(range(len(limits)), key=lambda n: (left[n], -resets[n]))
-    else:
-        i = max((n for n in range(len(limits)) if counts[n] >= limits[n].count), key=lambda n: resets[n])
-    return Decision(allowed, limits[i].count, left[i], resets[i], keys[i])
+    last; when allowed, the counter with the fewest requests left (what the headers report).
+    Ties go to the first such counter."""
+    best = -1
+    best_left = best_reset = 0
+    for n, limit in enumerate(limits):
+        left = limit.count - counts[n]
+        if left < 0:
+            left = 0
+        reset = resets[n]
+        if allowed:
+            if best < 0 or left < best_left or (left == best_left and reset > best_reset):
+                best, best_left, best_reset = n, left, reset
+        elif counts[n] >= limit.count and (best < 0 or reset > best_reset):
+            best, best_left, best_reset = n, left, reset
+    return Decision(allowed, limits[best].count, best_left, best_reset, keys[best])
 
 
 class RateLimiter:
@@ -120,15 +128,17 @@ class MemoryRateLimiter(RateLimiter):
 
     def hit_all_now(self, counters: list[tuple[str, Limit]]) -> Decision:
         now = self.clock.time()
-        windows = [window_of(limit, now) for _, limit in counters]
-        limits = [limit for _, limit in counters]
-        keys = [key for key, _ in counters]
+        keys, limits, resets, tables, counts = [], [], [], [], []
+        allowed = True
         with self._lock:
-            tables = [self._window(limit.seconds, index, now) for limit, (index, _) in zip(limits, windows)]
-            counts = [table.get(key, 0) for table, key in zip(tables, keys)]
-            allowed = all(count < limit.count for count, limit in zip(counts, limits))
+            for key, limit in counters:
+                index, reset = window_of(limit, now)
+                table = self._window(limit.seconds, index, now)
+                count = table.get(key, 0)
+                allowed = allowed and count < limit.count
+                keys.append(key), limits.append(limit), resets.append(reset), tables.append(table), counts.append(count)
             if allowed:
-                counts = [count + 1 for count in counts]
-                for table, key, count in zip(tables, keys, counts):
-                    table[key] = count
-        return binding(keys, counts, limits, [reset for _, reset in windows], allowed)
+                for n, table in enumerate(tables):
+                    counts[n] += 1
+                    table[keys[n]] = counts[n]
+        return binding(keys, counts, limits, resets, allowed)
