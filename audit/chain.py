@@ -15,6 +15,7 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+from types import MappingProxyType
 
 import peewee
 
@@ -76,7 +77,8 @@ def _head(db) -> tuple[int, str] | None:
     return db.execute_sql(_HEAD).fetchone()
 
 
-_AS_IS = {peewee.CharField: str, peewee.TextField: str, peewee.IntegerField: int, peewee.BigIntegerField: int}
+_AS_IS = MappingProxyType({peewee.CharField: str, peewee.TextField: str, peewee.IntegerField: int,
+                          peewee.BigIntegerField: int})
 """Field classes whose conversion gives back a value of this exact type, and None, unchanged."""
 _TO_DB = tuple((column, field.db_value, _AS_IS.get(type(field)))
                for column in _COLUMNS for field in (DisclosureRecord._meta.fields[column],))

@@ -11,7 +11,6 @@ import random
 import re
 
 import tornado.httputil
-import tornado.routing
 import tornado.web
 
 from conf.logging import AccessRecord, redact, request_id_var, sole_json_handler
@@ -130,7 +129,7 @@ class ObservedApplication(tornado.web.Application):
 
     Routing (`ops.routing`): a request for a literal path (`/healthz`, `/v1/oauth/token`, ...) finds
     its rule in one dict lookup; any other path tries only the rules that can match its first
-    segment (`/fhir/...`: 4 of 60), in Tornado's order; a path no rule matches goes through
+    segment (`/fhir/...`: 7 of 60), in Tornado's order; a path no rule matches goes through
     Tornado's routing as before."""
 
     def __init__(self, *args, **kwargs):
