@@ -6,8 +6,9 @@ the database otherwise. "Nothing changed" is the `directory` version (`models.ch
 database itself bumps in every writer's transaction, read with the deny-list's in one query per
 request (`models.changes.Versions`) instead of a three-table join and three model objects, and
 still exact: a user removed, moved to another clinic, or an app's installation disabled is seen by
-the very next request, in every process, whoever made the change. The version is read before the entry is loaded, so an entry is
-never older than the version it is kept under. Entries are shared, read-only objects.
+the very next request, in every process, whoever made the change. The version is read before the
+entry is loaded, so an entry is never older than the version it is kept under. Entries are shared,
+read-only objects.
 """
 from __future__ import annotations
 

@@ -136,7 +136,11 @@ class MemoryRateLimiter(RateLimiter):
                 table = self._window(limit.seconds, index, now)
                 count = table.get(key, 0)
                 allowed = allowed and count < limit.count
-                keys.append(key), limits.append(limit), resets.append(reset), tables.append(table), counts.append(count)
+                keys.append(key)
+                limits.append(limit)
+                resets.append(reset)
+                tables.append(table)
+                counts.append(count)
             if allowed:
                 for n, table in enumerate(tables):
                     counts[n] += 1

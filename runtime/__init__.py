@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from runtime.pool import BlockingPool
 
 from playhouse.pool import PooledDatabase
 from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
@@ -38,6 +37,7 @@ from ratelimit import RateLimiterUnavailable, build_rate_limiter
 from ratelimit.concurrency import ConcurrencyCap
 from ratelimit.failures import FailurePolicy, build_failure_throttle
 from ratelimit.policy import Limit
+from runtime.pool import BlockingPool
 
 
 class Runtime:

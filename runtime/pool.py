@@ -64,9 +64,10 @@ class BlockingPool(concurrent.futures.Executor):
     def _put(self, job) -> None:
         if not self._threads:
             self._start()
-        if self._closed:
-            raise RuntimeError("cannot schedule new futures after shutdown")
-        self._jobs.put(job)
+        with self._lock:  # not between `shutdown`'s sentinels and the threads' end: it would never run
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._jobs.put(job)
 
     def _start(self) -> None:
         with self._lock:
