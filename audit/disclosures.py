@@ -88,24 +88,33 @@ def record(runtime, disclosure: Disclosure, outcome: str, status: int | None,
 
 
 class Recording:
-    """One request's disclosure record on its way to the group commit: opened on the IOLoop before
-    the pool job that makes it (the writer then waits a moment for it), `call`ed in that job, and
-    `committed` awaited before the answer. Audit off (SVC_DISCLOSURE_AUDIT=off): `call` just calls."""
+    """One request's pool job and its disclosure record: opened on the IOLoop before the job (the
+    writer then waits a moment for the record), run with `run(fn, ...)`, whose future gives
+    `(error, result)`. The job `call`s the domain call; with the audit on, its record goes to the
+    group commit, which settles the future once the record is committed (the pool does not: the
+    job returns `runtime.pool.DEFERRED`, reached as `runtime.executor.DEFERRED`). Audit off
+    (SVC_DISCLOSURE_AUDIT=off): `call` just calls."""
 
     def __init__(self, runtime):
         self.runtime = runtime
-        self.future = None
+        self.future = asyncio.get_running_loop().create_future()
+        self.audited = runtime.settings.disclosure_audit
         self.recorded = False
-        if runtime.settings.disclosure_audit:
-            self.future = asyncio.get_running_loop().create_future()
+        if self.audited:
             runtime.disclosure_writer.expect(self.future)
 
+    def run(self, fn, /, *args) -> asyncio.Future:
+        """On the IOLoop: `fn(*args)` on the runtime's pool -> the future of `(error, result)`;
+        `fn` calls `call` (or `skip`) and returns what `call` returned, or raises."""
+        return self.runtime.run_into(self.future, fn, *args)
+
     def call(self, disclosure: Disclosure, describe, status: int, fn, /, *args):
-        """On the pool: `fn(*args)`, then its record handed to the group commit -> (error, result).
-        `describe(result)` -> (patients, resource ids) of a success, or None when the answer is no
-        disclosure (a pending chart); an `ApiError` is recorded as a failure with its status and
-        returned, not raised."""
-        if self.future is None:
+        """On the pool: `fn(*args)`, then its record handed to the group commit with its outcome
+        `(error, result)` (DEFERRED returned: the commit settles the future), or, when nothing is
+        recorded, that outcome. `describe(result)` -> (patients, resource ids) of a success, or
+        None when the answer is no disclosure (a pending chart); an `ApiError` is recorded as a
+        failure with its status and is the outcome's error, not raised."""
+        if not self.audited:
             try:
                 return None, fn(*args)
             except ApiError as exc:
@@ -115,9 +124,9 @@ class Recording:
             result = fn(*args)
             described = describe(result)
         except ApiError as exc:
-            writer.enqueue(_fields(disclosure, "failure", exc.status), self.future)
             self.recorded = True
-            return exc, None
+            writer.enqueue(_fields(disclosure, "failure", exc.status), self.future, (exc, None))
+            return self.runtime.executor.DEFERRED
         except BaseException:
             writer.unexpect(self.future)
             raise
@@ -125,25 +134,19 @@ class Recording:
             writer.unexpect(self.future)
             return None, result
         patients, resource_ids = described
-        writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), self.future)
         self.recorded = True
-        return None, result
+        writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), self.future, (None, result))
+        return self.runtime.executor.DEFERRED
 
     def skip(self) -> None:
         """No record will follow (the request was refused before its domain call); idempotent."""
-        if self.future is not None and not self.recorded:
+        if self.audited and not self.recorded:
             self.runtime.disclosure_writer.unexpect(self.future)
 
     def abandon(self) -> None:
-        """On the IOLoop, when the pool job raised: its own error answers the request."""
-        if self.future is not None:
-            self.skip()
-            self.future.add_done_callback(_consume)
-
-    async def committed(self) -> None:
-        """Once the record (if one was made) is committed; `audit_unavailable` when it cannot be."""
-        if self.recorded:
-            await self.future
+        """On the IOLoop, when the job raised (or its record could not be committed): its own
+        error answers the request."""
+        self.skip()
 
 
 async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, /, *args):
@@ -152,19 +155,13 @@ async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, 
     the process's group commit in the same pool job (`ChainWriter.enqueue`)."""
     recording = Recording(runtime)
     try:
-        error, result = await runtime.run(recording.call, disclosure, describe, status, fn, *args)
+        error, result = await recording.run(recording.call, disclosure, describe, status, fn, *args)
     except BaseException:
         recording.abandon()
         raise
-    await recording.committed()
     if error is not None:
         raise error
     return result
-
-
-def _consume(future) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def ehr_recorder(runtime, organization_id: str, application_id: str | None = None, client_id: str | None = None):

@@ -2,16 +2,19 @@
 
 - `write(fields)`, blocking, from any thread (workers, connectors, the CLI): one append, or, inside
   the caller's transaction, one committed with it.
-- `enqueue(fields, future)`, from a request's pool job right after its domain call: a group commit
-  with no thread of its own and no extra pool hop. The first job that finds nobody writing leads:
-  it appends every record waiting (its own included) in one transaction, again while more arrived
-  meanwhile (at most MAX_ROUNDS transactions: then it hands leadership on to a new pool job, so
-  its own request, committed in the first, is not held by a stream of others' records), and
-  settles their IOLoop futures once committed. A job that finds a leader at work
-  leaves its record and returns at once, its thread free for the next request; its handler awaits
-  the future. So a busy process pays one chain lock and one commit per batch, and no thread is woken
-  per record (a pool hop per record cost a FHIR read 16% of its reads per CPU-second). Every request
-  answers only once its own record is committed: "recorded before the response completes" holds.
+- `enqueue(fields, future, outcome)`, from a request's pool job right after its domain call: a
+  group commit with no thread of its own and no extra pool hop. The first job that finds nobody
+  writing leads: it appends every record waiting (its own included) in one transaction, again
+  while more arrived meanwhile (at most MAX_ROUNDS transactions: then it hands leadership on to a
+  new pool job, so its own request, committed in the first, is not held by a stream of others'
+  records), and settles their IOLoop futures once committed, each with its request's `outcome`
+  (the answer of its domain call: the pool leaves that future to the writer, so the IOLoop is
+  woken once per batch, not once per request and again per batch). A job that finds a leader at
+  work leaves its record and returns at once, its thread free for the next request; its handler
+  awaits the future. So a busy process pays one chain lock and one commit per batch, and no
+  thread is woken per record (a pool hop per record cost a FHIR read 16% of its reads per
+  CPU-second). Every request answers only once its own record is committed: "recorded before the
+  response completes" holds.
 """
 from __future__ import annotations
 
@@ -40,12 +43,12 @@ def audit_unavailable() -> ApiError:
 
 def _settle(batch: list, failed: bool) -> None:
     """On the futures' IOLoop: each waiter learns that its record is committed, or is not."""
-    for _, future in batch:
+    for _, future, outcome in batch:
         if not future.done():
             if failed:
                 future.set_exception(audit_unavailable())
             else:
-                future.set_result(None)
+                future.set_result(outcome)
 
 
 def _notify(batch: list, failed: bool) -> None:
@@ -68,7 +71,7 @@ class ChainWriter:
         self.db, self.key, self.now, self.handoff = db, key, now, handoff
         self._lock = threading.Lock()
         self._all_in = threading.Condition(self._lock)
-        self._pending: list[tuple[dict, asyncio.Future]] = []
+        self._pending: list[tuple[dict, asyncio.Future, object]] = []
         self._writing = False
         self._expected: set = set()  # futures of requests whose record is still to come
         self.commits = self.committed = 0  # group commits and the records they held, since start
@@ -94,13 +97,13 @@ class ChainWriter:
         if not self._expected and self._writing:
             self._all_in.notify()
 
-    def enqueue(self, fields: dict, future: asyncio.Future) -> None:
+    def enqueue(self, fields: dict, future: asyncio.Future, outcome=None) -> None:
         """Have `fields` appended in this process's group commit; `future` (of the request's IOLoop)
-        is settled once it is committed, or fails with `audit_unavailable`. Called on a pool thread
+        is settled with `outcome` once it is committed, or fails with `audit_unavailable`. Called on a pool thread
         inside a unit of work: when this call leads and the database fails, the error goes up too,
         so that unit of work discards the connection."""
         with self._lock:
-            self._pending.append((fields, future))
+            self._pending.append((fields, future, outcome))
             self._arrived(future)
             if self._writing:
                 return
@@ -119,7 +122,7 @@ class ChainWriter:
                     self._writing = False
                     return
             try:
-                append(self.db, self.key, [fields for fields, _ in batch], self.now)
+                append(self.db, self.key, [fields for fields, _, _ in batch], self.now)
             except BaseException as exc:
                 self._fail(batch)
                 if isinstance(exc, DATABASE_ERRORS) or not isinstance(exc, peewee.PeeweeException):

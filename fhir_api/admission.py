@@ -54,7 +54,8 @@ class Admission:
 
 
 def answer(runtime, ask: Ask, admission: Admission, recording: Recording, checks, describe, fn, *args):
-    """On the pool: steps 1 to 5 -> (error, result) of `fn(runtime, caller, *args)`; an error after
+    """On the pool: steps 1 to 5 -> (error, result) of `fn(runtime, caller, *args)`, or DEFERRED
+    when `recording` took that outcome to the group commit (`Recording.call`); an error after
     authentication is returned, an authentication refusal raised."""
     try:
         caller = authenticate(runtime, ask.authorization, ask.organization_id)

@@ -67,7 +67,8 @@ class FhirHandler(CorsHandler):
 
     async def respond(self, organization_id: str, action: str, resource_type: str, path_id, checks, describe, fn, *args):
         """Write the answer of `fn(runtime, caller, *args)`: `fhir_api.admission.answer` in one pool
-        job, then what it admitted (CORS, limit headers), then its result or error, once recorded."""
+        job, whose outcome arrives once its record is committed (`Recording.run`), then what it
+        admitted (CORS, limit headers), then its result or error."""
         self.check_organization(organization_id)
         self.accept_json()
         headers = self.request.headers
@@ -75,13 +76,13 @@ class FhirHandler(CorsHandler):
                   self.request.query_arguments, self.request_disclosure(action))
         admission, recording = Admission(), Recording(self.runtime)
         try:
-            error, result = await self.run(answer, self.runtime, ask, admission, recording, checks, describe, fn, *args)
+            error, result = await recording.run(answer, self.runtime, ask, admission, recording, checks, describe, fn,
+                                                *args)
         except BaseException:
             recording.abandon()
             raise
         finally:
             self.admitted(admission)
-        await recording.committed()
         if error is not None:
             raise error
         self.write_fhir(result)

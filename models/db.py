@@ -42,6 +42,14 @@ class JSONText(peewee.TextField):
     """JSON stored as text: the same on SQLite and PostgreSQL."""
 
     def db_value(self, value):
+        """The JSON text of `value`; an empty object or array, or an array of strings (most rows'),
+        without a pass through the encoder's machinery (the same text: the encoder gives each
+        string as `_JSON(string)` does)."""
+        kind = type(value)
+        if kind is list and all(type(item) is str for item in value):
+            return "[" + ",".join([_JSON(item) for item in value]) + "]"
+        if kind is dict and not value:
+            return "{}"
         return None if value is None else _JSON(value)
 
     def python_value(self, value):

@@ -154,11 +154,10 @@ class ObservedApplication(tornado.web.Application):
         table = self.segment_routes
         if table is not None:
             segment = path[1:].partition("/")[0] if path.startswith("/") else None
-            for rule in table.get(segment, table[None]):
-                params = rule.matcher.match(request)
-                if params is not None:
-                    return self.get_handler_delegate(request, rule.target, rule.target_kwargs,
-                                                     params.get("path_args"), params.get("path_kwargs"))
+            found = table.get(segment, table[None]).find(request)
+            if found is not None:
+                rule, path_args, path_kwargs = found
+                return self.get_handler_delegate(request, rule.target, rule.target_kwargs, path_args, path_kwargs)
         return super().find_handler(request, **kwargs)
 
     def add_handlers(self, host_pattern, host_handlers) -> None:

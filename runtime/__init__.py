@@ -161,6 +161,11 @@ class Runtime:
         return await self.executor.run_soon(asyncio.get_running_loop(), self._unit, self.versions.mark(),
                                             fn, args, kwargs)
 
+    def run_into(self, future, fn, /, *args):
+        """`run` onto the IOLoop's `future` (returned, to await): settled with `fn(*args)`'s outcome,
+        unless `fn` returns `runtime.pool.DEFERRED`, having handed `future` on (`audit.disclosures.Recording`)."""
+        return self.executor.run_into(future, self._unit, self.versions.mark(), fn, args, {})
+
     def unit_of_work(self, fn, /, *args, **kwargs):
         """`fn(*args, **kwargs)` on this thread's database connection, which the thread keeps.
 

@@ -85,3 +85,41 @@ def test_a_job_whose_awaiter_gave_up_before_it_started_does_not_run():
         asyncio.run(run())
     finally:
         pool.shutdown()
+
+
+def test_jobs_that_wait_on_each_other_get_every_thread():
+    """One thread is woken at a time, but while jobs wait each thread that takes one wakes the next:
+    8 jobs that each wait until all 8 run at once finish on a pool of 8 (and time out on fewer)."""
+    for threads, finishes in ((8, True), (7, False)):
+        pool = BlockingPool(threads, "svc-test")
+        barrier = threading.Barrier(8, timeout=2)
+        try:
+            futures = [pool.submit(barrier.wait) for _ in range(8)]
+            outcomes = [f.exception(10) for f in futures]
+            assert all(o is None for o in outcomes) is finishes, (threads, outcomes)
+        finally:
+            barrier.abort()
+            pool.shutdown()
+
+
+def test_a_job_that_hands_its_future_on_is_settled_by_whoever_took_it():
+    """`run_into`: a job returning DEFERRED leaves its future to the thread it handed it to (the
+    pool does not settle it); one that returns anything else, or raises, is settled by the pool."""
+    pool = BlockingPool(2, "svc-test")
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        handed = loop.create_future()
+
+        def hands_on():
+            threading.Timer(0.2, loop.call_soon_threadsafe, (handed.set_result, "from the other thread")).start()
+            return pool.DEFERRED
+        assert await pool.run_into(handed, hands_on) == "from the other thread"
+        assert await pool.run_into(loop.create_future(), lambda: 42) == 42
+        with pytest.raises(KeyError):
+            await pool.run_into(loop.create_future(), {}.__getitem__, "x")
+
+    try:
+        asyncio.run(run())
+    finally:
+        pool.shutdown()

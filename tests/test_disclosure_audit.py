@@ -506,6 +506,64 @@ def test_a_link_is_the_same_bytes_as_every_chain_written_before():
     assert link(b"\x01" * 32, "ab" * 32, fields) == "a8cd5751c668a9134b2cf4f728c429619595dbe79f89b7a273a69cdd5c9211cc"
 
 
+def test_a_records_canonical_bytes_are_the_encoders_for_every_code_point_and_value():
+    """A record without `detail` is made canonical by orjson (`audit.chain._canonical`): its bytes
+    are the JSON encoder's (the first release's formula) for every code point in every string
+    field and list, for integers at and past 64 bits, None, booleans; and its link is the one
+    that formula gives."""
+    import hashlib
+    import hmac as hmac_module
+    from audit.chain import CHAINED, _canonical
+
+    def first(values):  # the first release's canonical form
+        return json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    base = {name: None for name in CHAINED} | {"seq": 1, "at": dt.datetime(2026, 11, 27, 5, 0, 0, 1000),
+                                               "patients": [], "resource_ids": [], "detail": {}}
+    expected_at = "2026-11-27T05:00:00.001Z"
+    points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for start in range(0, len(points), 4096):
+        text = "".join(map(chr, points[start:start + 4096]))
+        fields = base | {"query": text, "patients": [text, "pat-1"], "scope": text[::-1]}
+        assert _canonical(fields) == first(fields | {"at": expected_at}), hex(points[start])
+    for seq in (0, 1, 2 ** 63 - 1, 2 ** 64 - 1, 2 ** 64, -(2 ** 63), 10 ** 30):
+        for status in (None, 200, True):
+            fields = base | {"seq": seq, "status": status, "detail": None}
+            assert _canonical(fields) == first(fields | {"at": expected_at})
+    fields = base | {"action": "read", "patients": ["pat_é", "pat_a"], "query": "name=Zoë&_count=2"}
+    message = ("ab" * 32).encode() + b"\n" + first(fields | {"at": expected_at})
+    assert link(b"\x01" * 32, "ab" * 32, fields) == hmac_module.new(b"\x01" * 32, message, hashlib.sha256).hexdigest()
+
+
+def test_the_time_and_json_texts_of_a_record_are_the_first_releases():
+    """`iso_ms` and the JSON columns' text (`models.db.JSONText`) give what the first release's
+    formulas gave (strftime-style fields; the JSON encoder on the whole value), quicker ways included."""
+    import random
+    from audit.chain import iso_ms
+    from models.db import JSONText
+
+    def first_iso(value):
+        return (f"{value.year:04d}-{value.month:02d}-{value.day:02d}T{value.hour:02d}:{value.minute:02d}:"
+                f"{value.second:02d}.{value.microsecond // 1000:03d}Z")
+
+    rng = random.Random(35)
+    for _ in range(20_000):
+        value = dt.datetime(rng.randint(1, 9999), rng.randint(1, 12), rng.randint(1, 28), rng.randint(0, 23),
+                            rng.randint(0, 59), rng.randint(0, 59), rng.choice([0, 999, 1000, rng.randint(0, 999_999)]))
+        assert iso_ms(value) == first_iso(value)
+        aware = value.replace(tzinfo=dt.timezone(dt.timedelta(hours=rng.randint(-12, 12))))
+        assert iso_ms(aware) == first_iso(aware)
+    encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+    field = JSONText()
+    strings = ["", "pat-1", "é", "\x00\x1f\x7f", '"\\', "\u2028", "\U0001f600", "a,b"]
+    for value in ([], {}, None, strings, [["x"]], [1, "x"], {"b": 1, "a": ["é"]}, ["x", None], {"": {}}):
+        assert field.db_value(value) == (None if value is None else encode(value)), value
+    for _ in range(2_000):
+        value = ["".join(chr(rng.randint(0, 0x2FFFF)) for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(0, 4))]
+        value = [text for text in value if not any(0xD800 <= ord(c) <= 0xDFFF for c in text)]
+        assert field.db_value(value) == encode(value)
+
+
 def test_a_group_commit_leader_hands_leadership_on_after_max_rounds(runtime):
     """Issue 36: a leader kept committing while records arrived, its own request held for as long
     as others kept coming. Here one more record arrives during every commit (the writer's clock is

@@ -66,6 +66,7 @@ def test_every_path_is_routed_as_tornados_order_routes_it(runtime):
              "/console/", "/.well-known/openid-configuration", "/nothing/here", "/", "/%66hir/r4/o/Patient",
              "/fhir//Patient/1", "/healthz/", "/v1/oauth/authorize", "/robots.txt", "/console", "/console/apps"]
     assert app.segment_routes is not None and len(app.segment_routes["fhir"]) < len(app.wildcard_router.rules) / 4
+    assert app.segment_routes["fhir"].one_regex
     for path in paths:
         ours, tornados = app.find_handler(request_for(path)).delegate, \
             tornado.web.Application.find_handler(app, request_for(path)).delegate
@@ -81,6 +82,24 @@ class First(tornado.web.RequestHandler):
 class Second(tornado.web.RequestHandler):
     def get(self):
         self.finish("second")
+
+
+def test_a_rule_table_picks_tornados_rule_and_arguments_as_one_regex_or_one_by_one():
+    """`ops.routing.RuleTable`: the first rule in order that matches, with the path arguments
+    Tornado gives (unescaped bytes, None for a group that did not match), whether its rules are
+    tried as one regex or, when one regex cannot hold them (a back-reference), one by one."""
+    tables = {"one regex": [(r"/a/(x)?(\d+)", First), (r"/a/(.*)", Second), (r"/a/b", First)],
+              "one by one": [(r"/a/(x)?(\d+)", First), (r"/a/(.*)", Second), (r"/a/(\w)\1", First)]}
+    paths = ["/a/x12", "/a/12", "/a/b", "/a/%41b%2F", "/a/%C3%A9", "/a/%ff", "/a/zz", "/a/", "/b", "/a/x"]
+    for kind, rules in tables.items():
+        app = ObservedApplication(rules, log_function=lambda h: None)
+        table = app.segment_routes["a"]
+        assert table.one_regex is (kind == "one regex")
+        for path in paths:
+            ours = app.find_handler(request_for(path)).delegate
+            tornados = tornado.web.Application.find_handler(app, request_for(path)).delegate
+            assert (ours.handler_class, ours.path_args, ours.path_kwargs) == \
+                (tornados.handler_class, tornados.path_args, tornados.path_kwargs), (kind, path)
 
 
 def test_a_literal_path_an_earlier_pattern_matches_is_left_to_tornado():
