@@ -46,7 +46,9 @@ setup(
         # deadline watchdog (`HTTPResponse.shutdown`, 2.3+); the version boto3 already brought in.
         "urllib3==2.8.0",
         # The FHIR API's JSON bodies (handlers/fhir.py): a search page of 50 encodes in 27 us against
-        # json's 284 us, the same bytes (BENCHMARKS.md, issue 35).
+        # json's 284 us, the same bytes (BENCHMARKS.md, issue 35). The disclosure chain's canonical
+        # JSON of a request's record (audit/chain.py): 0.5 us against 4.5, the same bytes for every
+        # code point (tests/test_disclosure_audit.py); a new release is pinned only once that test passes.
         "orjson==3.13.0",
     ],
     extras_require={
