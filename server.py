@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -127,8 +128,6 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     app = make_app(runtime)
     server = CountingHTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT, chunk_size=READ_CHUNK_SIZE,
                                 idle_connection_timeout=settings.idle_connection_timeout, slot=slot)
-    acceptor = BalancedAcceptor(server, sockets)
-    acceptor.start()
     stop_scheduler = None
     if not settings.redis_url:
         # Embedded default: tasks run in a worker thread of this process, and this process also
@@ -136,6 +135,14 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
         from workers.scheduler import start_scheduler_thread
         runtime.task_queue  # noqa: B018  (starts the in-process worker)
         stop_scheduler = start_scheduler_thread(runtime)
+    # What start-up made (modules, routes, caches: several hundred thousand objects) lives as long as
+    # the process: out of the collector's way, a full collection scans only what came after. Left
+    # in, each full collection held the IOLoop 40-60 ms, past the acceptor's STALL_SECONDS, so the
+    # other process took the connections of a burst (tests/test_serve_process.py).
+    gc.collect()
+    gc.freeze()
+    acceptor = BalancedAcceptor(server, sockets)
+    acceptor.start()
     if on_start:
         on_start(runtime)
     log.info("svc-auth listening on %s", ", ".join(str(s.getsockname()) for s in sockets))
