@@ -139,14 +139,10 @@ class Recording:
         return self.runtime.executor.DEFERRED
 
     def skip(self) -> None:
-        """No record will follow (the request was refused before its domain call); idempotent."""
+        """No record will follow (the request was refused before its domain call, or its job
+        raised: its own error answers the request); idempotent."""
         if self.audited and not self.recorded:
             self.runtime.disclosure_writer.unexpect(self.future)
-
-    def abandon(self) -> None:
-        """On the IOLoop, when the job raised (or its record could not be committed): its own
-        error answers the request."""
-        self.skip()
 
 
 async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, /, *args):
@@ -157,7 +153,7 @@ async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, 
     try:
         error, result = await recording.run(recording.call, disclosure, describe, status, fn, *args)
     except BaseException:
-        recording.abandon()
+        recording.skip()
         raise
     if error is not None:
         raise error

@@ -79,7 +79,7 @@ class FhirHandler(CorsHandler):
             error, result = await recording.run(answer, self.runtime, ask, admission, recording, checks, describe, fn,
                                                 *args)
         except BaseException:
-            recording.abandon()
+            recording.skip()
             raise
         finally:
             self.admitted(admission)

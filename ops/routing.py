@@ -74,8 +74,10 @@ def first_segment(pattern: str) -> str | None:
 def _path_arg(value: str | None) -> bytes | None:
     """A path argument as Tornado's `PathMatches` gives it: URL-unescaped bytes (None: an optional
     group that did not match); without a `%` there is nothing to unescape."""
-    if value is None or "%" in value:
-        return None if value is None else tornado.escape.url_unescape(value, encoding=None, plus=False)
+    if value is None:
+        return None
+    if "%" in value:
+        return tornado.escape.url_unescape(value, encoding=None, plus=False)
     return value.encode("utf-8")
 
 

@@ -165,7 +165,6 @@ class BlockingPool(concurrent.futures.Executor):
                 threads = self._threads
                 self._jobs.extend([None] * len(threads))
             sleepers, self._sleepers = self._sleepers, []  # every thread wakes to take its end
-            self._waking = self._waking or bool(sleepers)
         for wake in sleepers:
             wake.release()
         if wait:
