@@ -19,7 +19,8 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "errors*", "fhir_api*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*", "ops*", "runtime*", "app_cache*", "audit*", "billing*", "console*", "hub*"])
+                                    "examples*", "ops*", "runtime*", "app_cache*", "audit*", "billing*", "console*", "hub*",
+                                    "hl7feed*", "schedules*"])
     + find_namespace_packages(include=["static", "static.*", "sdk.js.dist"]),
     py_modules=["server"],
     package_data=DATA_PACKAGES,
@@ -79,6 +80,10 @@ setup(
             # pkg_resources that pytest-tornado imports.
             "setuptools==80.10.2",
             "wheel==0.48.0",
+            # python-hl7: an HL7v2 library nobody here wrote sends the SIU feed's messages over
+            # MLLP in tests/test_hl7_feed.py (hl7.client.MLLPClient; hl7.mllp with TLS) and
+            # parses our ACKs.
+            "hl7==0.4.5",
         ],
     },
     entry_points={"console_scripts": ["svc-auth=cli:main"]},

@@ -8,12 +8,12 @@ import argparse
 import logging
 import sys
 
-from cli import apps, audit, billing, db, demo, developers, directory, ehr, grants, keys, sandbox, serve, workers
+from cli import apps, audit, billing, db, demo, developers, directory, ehr, grants, hl7, keys, sandbox, serve, workers
 from cli.common import UsageError
 from conf import ConfigError, Settings
 
 # The subcommands, in `svc-auth --help` order; each module's `register(commands)` adds its own.
-COMMAND_MODULES = (serve, directory, ehr, apps, grants, keys, db, sandbox, demo, workers, billing, audit, developers)
+COMMAND_MODULES = (serve, directory, ehr, apps, grants, keys, db, sandbox, demo, workers, hl7, billing, audit, developers)
 
 
 def build_parser() -> argparse.ArgumentParser:

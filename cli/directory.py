@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
+from cli.hl7 import add_feed_flags, apply_feed_flags, feed_flags_given
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
 from connectors.fhir.profiles import PROFILE_NAMES, SCOPE_CHOICES, parse_search_params
@@ -10,6 +11,7 @@ from lifecycle.users import create_user, update_user
 from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
 from models.directory import Organization, User
+from hl7feed.config import feed_dict
 
 
 def register(commands) -> None:
@@ -20,6 +22,7 @@ def register(commands) -> None:
     p.add_argument("--ehr", default="sandbox", help="the clinic's EHR connector: 'sandbox' (default) or 'fhir'")
     p.add_argument("--ehr-url", default="", help="base URL of the clinic's EHR (sent to apps as ehr_url)")
     add_fhir_flags(p)
+    add_feed_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create_org))
     p = orgs.add_parser("list", help="list every organization")
@@ -35,6 +38,7 @@ def register(commands) -> None:
     p.add_argument("--ehr", help="new EHR connector: 'sandbox' or 'fhir'")
     p.add_argument("--ehr-url", help="new EHR base URL ('' clears it)")
     add_fhir_flags(p)
+    add_feed_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update_org))
 
@@ -109,7 +113,7 @@ def org_dict(org: Organization) -> dict:
             "fhir_profile": org.fhir_profile if org.ehr == "fhir" else None,
             "fhir_scopes": org.fhir_scopes if org.ehr == "fhir" else None,
             "fhir_search_params": [f"{n}={v}" for n, v in search_params_of(org)] if org.ehr == "fhir" else None,
-            "created_at": utc_iso(org.created_at)}
+            **feed_dict(org), "created_at": utc_iso(org.created_at)}
 
 
 def user_dict(user: User) -> dict:
@@ -145,7 +149,9 @@ def _fhir_fields(args) -> dict:
 
 def _create_org(runtime, args):
     fields = _fhir_fields(args)
-    org = create_organization(args.name, args.ehr, fields.pop("ehr_url", args.ehr_url), **fields)
+    with runtime.db.atomic():  # the clinic and its feed settings, or neither
+        org = create_organization(args.name, args.ehr, fields.pop("ehr_url", args.ehr_url), **fields)
+        org = apply_feed_flags(org.id, args) or org
     emit({k: v for k, v in org_dict(org).items() if k != "created_at"}, args.json)
 
 
@@ -166,9 +172,15 @@ def _show_org(runtime, args):
 def _update_org(runtime, args):
     fields = _fhir_fields(args)
     ehr_url = fields.pop("ehr_url", args.ehr_url)
-    if args.name is None and args.ehr is None and ehr_url is None and not fields:
-        raise UsageError("nothing to change: give --name, --ehr, --ehr-url or a --fhir-* flag")
-    emit(org_dict(update_organization(args.org, args.name, args.ehr, ehr_url, **fields)), args.json)
+    if args.name is None and args.ehr is None and ehr_url is None and not fields and not feed_flags_given(args):
+        raise UsageError("nothing to change: give --name, --ehr, --ehr-url, a --fhir-* flag, --schedule-source "
+                         "or an --hl7-* flag")
+    with runtime.db.atomic():
+        org = _org(args.org)
+        if args.name is not None or args.ehr is not None or ehr_url is not None or fields:
+            org = update_organization(args.org, args.name, args.ehr, ehr_url, **fields)
+        org = apply_feed_flags(org.id, args) or org
+    emit(org_dict(org), args.json)
 
 
 def _create_user(runtime, args):

@@ -27,6 +27,17 @@ class Organization(BaseModel):
     # JSON [[name, value]]: appended to every search
     fhir_search_params = peewee.TextField(default="[]", constraints=db_default("[]"))
     created_at = peewee.DateTimeField(default=wall_now)
+    # Where the night reads the clinic's schedule: `ehr` (its connector's pull) or `siu` (the
+    # HL7v2 SIU feed it pushes, docs/hl7-feed.md). The feed's messages name the clinic by MSH-4
+    # (`hl7_facility`, unique) and may come only from `hl7_allow` (JSON [CIDR], empty: anywhere).
+    schedule_source = peewee.CharField(max_length=8, default="ehr", constraints=db_default("ehr"))
+    hl7_facility = peewee.CharField(max_length=200, null=True)
+    hl7_allow = peewee.TextField(default="[]", constraints=db_default("[]"))
+
+
+ONE_FACILITY = Organization.index(Organization.hl7_facility, unique=True, name="organization_hl7_facility")
+"""One clinic per HL7 sending facility (NULLs, clinics without a feed, are not compared)."""
+Organization.add_index(ONE_FACILITY)
 
 
 class User(BaseModel):

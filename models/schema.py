@@ -33,7 +33,8 @@ from models.db import BaseModel, db_default, sql_literal
 from models.denylist import DeniedToken
 from models.disclosures import DisclosureRecord, install_guard
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
-from models.directory import Organization, User
+from models.directory import ONE_FACILITY, Organization, User
+from models.hl7 import FeedAppointment, FeedMessage
 from models.grants import AuthorizationCode, Launch
 from models.refresh import RefreshToken, SmartGrant
 from models.invitations import Invitation
@@ -48,7 +49,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
-    SmartGrant, RefreshToken,
+    SmartGrant, RefreshToken, FeedAppointment, FeedMessage,
 )
 
 
@@ -144,6 +145,13 @@ def _r4_sandbox_ids(migrator) -> None:
         field.model.update({field: peewee.fn.REPLACE(field, "_", "-")}).where(field.startswith(f"{kind}_")).execute()
 
 
+def _hl7_feed_settings(migrator) -> None:
+    _add_missing_columns("organization", ("schedule_source", peewee.CharField(max_length=8, default="ehr")),
+                         ("hl7_facility", peewee.CharField(max_length=200, null=True)),
+                         ("hl7_allow", peewee.TextField(default="[]")))(migrator)
+    migrator.database.execute(ONE_FACILITY.safe())
+
+
 MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Codes note the jtis their exchange issued (replaces one issued_token row per token).
     (1, "authorization_code.issued_jtis",
@@ -213,6 +221,10 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 35 item 6 (3505): the bearer gate keeps users and denials in memory, checked against these versions.
     (3505, "user, organization, installation, denied_token: triggers bump the `directory` and `denied` change "
            "versions on every write", install_change_triggers),
+    # Issue 47 numbers its steps 47xx (4751: the clinic's time zone, branch issue47e; tables
+    # feed_appointment and feed_message are new: MODELS).
+    (4701, "organization: schedule source (ehr | siu), HL7 sending facility (unique) and allowed senders",
+     _hl7_feed_settings),
 )
 
 
