@@ -183,6 +183,8 @@ class Settings:
     # A connection that keeps `serve` waiting longer than this for a request's headers (idle
     # between keep-alive requests, or sending its headers slowly) is closed (ops/idle.py).
     idle_connection_timeout: int = 3600
+    # `svc-auth hl7 listen`: a connection silent this long is closed (docs/hl7-feed.md).
+    hl7_idle_timeout: int = 300
     # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
     rate_limits: tuple = ()
     # FHIR API (docs/fhir-api.md, Limits): requests per application and clinic, and per access
@@ -279,7 +281,7 @@ class Settings:
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
                      "sandbox_token_ttl", "online_access_ttl", "offline_access_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
-                     "idle_connection_timeout",
+                     "idle_connection_timeout", "hl7_idle_timeout",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
                      "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "disclosure_retention_days",

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 import peewee
 
 from audit.disclosures import ehr_recorder
-from connectors import Bounds, ConnectorError, ConnectorUnavailable, Provider, connector_for
+from connectors import Bounds, ConnectorError, ConnectorUnavailable, Provider
 from workers.activity import active_during
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization, User
 from models.prepared import PreparedInsert
+from schedules import schedule_source
 from workers.leases import lease_seconds, record_sync_failure, snapshot_lease_keeper
 from workers.tasks import task
 
@@ -118,8 +119,8 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     `BuildInProgress` when another builder is building the same night right now."""
     settings, db = runtime.settings, runtime.db
     organization = Organization.get_by_id(organization_id)
-    connector = connector_for(runtime, organization, Bounds.batch(settings),  # a bound hit fails the night
-                              ehr_recorder(runtime, organization_id))
+    source = schedule_source(runtime, organization, Bounds.batch(settings),  # a bound hit fails the night
+                             ehr_recorder(runtime, organization_id))
     window_start, _ = night_window(settings, night)
     providers = eligible_providers(settings, organization_id, night)
     snapshot = claim_build(runtime, organization_id, night)
@@ -132,14 +133,14 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
                 provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name,
                                     ehr_username=user.ehr_username)
                 rows = _rows(snapshot.id, user,
-                             connector.fetch_appointments(provider, window_start, window_start + COVERAGE))
+                             source.fetch_appointments(provider, window_start, window_start + COVERAGE))
                 for chunk in peewee.chunked(rows, INSERT_CHUNK):
                     with db.atomic():
                         count += _INSERT_APPOINTMENT.insert_many(chunk)
     except BaseException:
         _discard(db, snapshot.id)
         raise
-    skipped = getattr(connector, "skipped", None)
+    skipped = source.skipped
     if skipped is not None and skipped.total():
         snapshot.skipped = json.dumps(skipped.as_dict())
         log.warning("snapshot of %s for %s: %d appointments the EHR sent were left out: %s", organization_id, night,

@@ -1,0 +1,51 @@
+"""The original-mode acknowledgment of a message: MSH, MSA, and for `AE`/`AR` an ERR saying why."""
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import datetime as dt
+import re
+import uuid
+
+from hl7feed.siu import Header
+
+APPLICATION = "SVC-AUTH"
+ERROR_NAMES = MappingProxyType({"100": "Segment sequence error", "101": "Required field missing", "102": "Data type error",
+               "103": "Table value not found", "200": "Unsupported message type", "201": "Unsupported event code",
+               "203": "Unsupported version id", "204": "Unknown key identifier", "207": "Application internal error"})
+"""HL7 table 0357 (message error condition codes)."""
+_WHERE = re.compile(r"^([A-Z][A-Z0-9]{2})(?:-(\d+)(?:\.(\d+))?)?$")
+
+
+def location(where: str) -> str:
+    """`SCH-11.4` as an ERR-2 error location (ERL): `SCH^1^11^1^4`."""
+    m = _WHERE.match(where)
+    if not m:
+        return ""
+    segment, field, component = m.groups()
+    return "^".join([segment, "1"] + ([field] if field else []) + (["1", component] if component else []))
+
+
+def escape(text: str) -> str:
+    """`text` safe inside a field with the default encoding characters."""
+    return (text.replace("\\", "\\E\\").replace("|", "\\F\\").replace("^", "\\S\\").replace("&", "\\T\\")
+            .replace("~", "\\R\\").replace("\r", " ").replace("\n", " "))
+
+
+def ack(code: str, h: Header | None, now: dt.datetime, text: str = "", where: str = "", error: str = "207") -> bytes:
+    """The ACK of a message (`h` None: its MSH could not be read) with MSA-1 `code`."""
+    h = h or Header("", "", "", "", "", "", "", "2.5.1")
+    stamp = now.strftime("%Y%m%d%H%M%S") + "+0000"
+    version = h.version if h.version in ("2.3", "2.3.1", "2.4", "2.5", "2.5.1") else "2.5.1"
+    control = "ACK" + uuid.uuid4().hex[:17]  # unique without shared state (MSH-10: up to 20 characters)
+    segments = [
+        "|".join(["MSH", "^~\\&", escape(h.receiving_application) or APPLICATION, escape(h.receiving_facility),
+                  escape(h.sending_application), escape(h.facility), stamp, "", f"ACK^{escape(h.trigger)}^ACK", control,
+                  "P", version]),
+        "|".join(["MSA", code, escape(h.control_id)] + ([escape(text)] if text else [])),
+    ]
+    if code != "AA":
+        error = error if error in ERROR_NAMES else "207"
+        segments.append("|".join(["ERR", "", location(where), f"{error}^{ERROR_NAMES[error]}^HL70357", "E", "", "",
+                                  "", escape(text)]))
+    return ("\r".join(segments) + "\r").encode("utf-8")

@@ -1,0 +1,137 @@
+"""`svc-auth hl7 listen`: the SIU feed's MLLP server (Tornado's TCPServer on uvloop), optionally TLS.
+
+Each connection is read as it comes (`mllp.Deframer`); each whole message is handed to a pool
+thread (`store.receive`: the database work never runs on the IOLoop) and its ACK is written on
+the same connection once that returns, so `AA` always follows a commit. Messages of one
+connection are taken in order, one at a time; connections are independent.
+
+A connection is closed, with nothing stored for what it was sending, when it breaks the framing
+(a byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent
+for SVC_HL7_IDLE_TIMEOUT seconds, or fails its TLS handshake (a missing or foreign client
+certificate with --tls-client-ca). When the database cannot be reached the message gets no ACK
+and its connection is closed: the sender keeps it and sends it again. None of this stops the
+listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import signal
+import ssl
+
+import uvloop
+from tornado import gen
+from tornado.iostream import StreamClosedError
+from tornado.tcpserver import TCPServer
+
+from hl7feed.ack import ack
+from hl7feed.mllp import Deframer, FramingError
+from hl7feed.store import prune, receive
+
+log = logging.getLogger("svc_auth.hl7")
+
+READ_CHUNK = 64 * 1024
+PRUNE_SECONDS = 3600
+DRAIN_SECONDS = 30
+
+
+def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
+    """TLS 1.2+ with our certificate; with `client_ca`, a client certificate it signed is required."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class FeedListener(TCPServer):
+    """One listener process's server: its connections, and those with a message in hand."""
+
+    def __init__(self, runtime, ssl_options: ssl.SSLContext | None = None):
+        super().__init__(ssl_options=ssl_options, read_chunk_size=READ_CHUNK)
+        self.runtime = runtime
+        self.idle_timeout = runtime.settings.hl7_idle_timeout
+        self.streams: set = set()
+        self.busy: set = set()
+        self.stopping = False
+
+    async def handle_stream(self, stream, address) -> None:
+        peer = address[0] if isinstance(address, tuple) else ""
+        self.streams.add(stream)
+        deframer = Deframer()
+        try:
+            while not self.stopping:
+                try:
+                    data = await gen.with_timeout(dt.timedelta(seconds=self.idle_timeout),
+                                                  stream.read_bytes(READ_CHUNK, partial=True),
+                                                  quiet_exceptions=(StreamClosedError,))
+                except gen.TimeoutError:
+                    log.info("hl7: %s silent for %ss: closed%s", peer, self.idle_timeout,
+                             "" if deframer.idle else " in the middle of a message (nothing stored)")
+                    return
+                for message in deframer.feed(data):
+                    self.busy.add(stream)
+                    try:
+                        outcome = await self.runtime.run(receive, self.runtime, message, peer)
+                    finally:
+                        self.busy.discard(stream)
+                    await stream.write(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
+                                           outcome.where, outcome.code))
+        except FramingError as exc:
+            log.warning("hl7: %s: %s; connection closed, nothing stored", peer, exc)
+        except StreamClosedError:
+            pass
+        except Exception:  # noqa: BLE001  (the database went away: no ACK, the sender sends it again)
+            log.exception("hl7: a message from %s could not be stored; closed without an ACK", peer)
+        finally:
+            self.streams.discard(stream)
+            stream.close()
+
+    async def drain(self) -> None:
+        """Stop: idle connections close now; those with a message in hand once its ACK is written."""
+        self.stopping = True
+        self.stop()
+        for stream in list(self.streams - self.busy):
+            stream.close()
+        deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
+        while self.busy and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for stream in list(self.streams):
+            stream.close()
+
+
+async def _prune_now(runtime) -> None:
+    try:
+        removed = await runtime.run(prune, runtime, runtime.clock.now())
+        if any(removed):
+            log.info("hl7: retention removed %d past appointments and %d old message records", *removed)
+    except Exception:  # noqa: BLE001
+        log.exception("hl7: retention sweep failed; next one in %ss", PRUNE_SECONDS)
+
+
+async def _serve(runtime, host: str, port: int, context: ssl.SSLContext | None) -> None:
+    listener = FeedListener(runtime, context)
+    listener.listen(port, host)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("hl7 listener on %s:%d (%s)", host, port,
+             "TLS" + (", client certificates required" if context and context.verify_mode == ssl.CERT_REQUIRED else "")
+             if context else "plain MLLP")
+    while not stop.is_set():
+        await _prune_now(runtime)
+        try:
+            await asyncio.wait_for(stop.wait(), PRUNE_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+    log.info("hl7 listener stopping: finishing the messages in hand")
+    await listener.drain()
+
+
+def serve_forever(runtime, host: str, port: int, context: ssl.SSLContext | None) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_serve(runtime, host, port, context))

@@ -1,0 +1,159 @@
+"""HL7v2 ER7 ("pipe and hat") messages: segments, fields, repetitions, components, escapes; DTM times.
+
+`parse(bytes)` reads the encoding characters from MSH-1/MSH-2 and splits the message once; values
+are read with `Message.value(segment, field, component, subcomponent, repetition)`, escapes
+decoded. Segments are separated by CR (LF and CRLF are accepted too). Every position counts from 1
+as HL7 does, MSH-1 being the field separator itself.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+
+class ParseError(Exception):
+    """Not an HL7v2 message whose MSH can be read."""
+
+
+class BadTime(ValueError):
+    """A value that is not an HL7 DTM (or DT)."""
+
+
+@dataclass(frozen=True)
+class Encoding:
+    field: str = "|"
+    component: str = "^"
+    repetition: str = "~"
+    escape: str = "\\"
+    subcomponent: str = "&"
+
+
+_SEGMENT_SEPARATORS = re.compile(r"\r\n|\r|\n")
+_SEGMENT_ID = re.compile(r"^[A-Z][A-Z0-9]{2}$")
+
+
+class Message:
+    def __init__(self, segments: list[list[str]], encoding: Encoding, has_nul: bool):
+        self.segments = segments
+        self.encoding = encoding
+        self.has_nul = has_nul
+        self._escape = re.compile(re.escape(encoding.escape) + r"([^" + re.escape(encoding.escape) + r"]*)"
+                                  + re.escape(encoding.escape)) if encoding.escape else None
+
+    def all(self, name: str) -> list[list[str]]:
+        return [s for s in self.segments if s[0] == name]
+
+    def first(self, name: str) -> list[str] | None:
+        for s in self.segments:
+            if s[0] == name:
+                return s
+        return None
+
+    def repetitions(self, segment: list[str] | None, field: int) -> list[str]:
+        if segment is None or field >= len(segment) or (segment[0] == "MSH" and field <= 2):
+            return []
+        return segment[field].split(self.encoding.repetition)
+
+    def value(self, segment: list[str] | None, field: int, component: int = 1, subcomponent: int = 1,
+              repetition: int = 1) -> str:
+        """The decoded text at that position ('' when absent)."""
+        reps = self.repetitions(segment, field)
+        if len(reps) < repetition:
+            return ""
+        return self.part(reps[repetition - 1], component, subcomponent)
+
+    def part(self, raw_field: str, component: int = 1, subcomponent: int = 1) -> str:
+        """A component (and subcomponent) of one repetition of a field, decoded."""
+        components = raw_field.split(self.encoding.component)
+        if len(components) < component:
+            return ""
+        subs = components[component - 1].split(self.encoding.subcomponent)
+        return self.decode(subs[subcomponent - 1]) if len(subs) >= subcomponent else ""
+
+    def components(self, raw_field: str) -> list[str]:
+        return raw_field.split(self.encoding.component)
+
+    def decode(self, text: str) -> str:
+        """HL7 escape sequences (\\F\\ \\S\\ \\T\\ \\R\\ \\E\\ \\Xhh..\\; formatting ones dropped)."""
+        if not self._escape or self.encoding.escape not in text:
+            return text.strip()
+        e = self.encoding
+        table = {"F": e.field, "S": e.component, "T": e.subcomponent, "R": e.repetition, "E": e.escape}
+
+        def one(match: re.Match) -> str:
+            code = match.group(1)
+            if code in table:
+                return table[code]
+            if code[:1] == "X" and re.fullmatch(r"(?:[0-9A-Fa-f]{2})+", code[1:] or "x"):
+                return bytes.fromhex(code[1:]).decode("latin-1")
+            return ""
+        return self._escape.sub(one, text).strip()
+
+
+def parse(data: bytes) -> Message:
+    """The message in `data` (UTF-8, else ISO 8859-1 text); ParseError when its MSH cannot be read."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")
+    lines = [line for line in _SEGMENT_SEPARATORS.split(text) if line.strip()]
+    if not lines or not lines[0].startswith("MSH") or len(lines[0]) < 8:
+        raise ParseError("the message does not start with an MSH segment")
+    head = lines[0]
+    separator = head[3]
+    if separator.isalnum() or separator in " \t":
+        raise ParseError("MSH-1 is not a field separator")
+    encoding_chars = head[4:].split(separator, 1)[0]
+    if not 2 <= len(encoding_chars) <= 5 or separator in encoding_chars or len(set(encoding_chars)) != len(encoding_chars):
+        raise ParseError("MSH-2 does not hold the encoding characters")
+    chars = (encoding_chars + "\x00\x00\x00")[:4]
+    encoding = Encoding(separator, chars[0], chars[1], chars[2] if chars[2] != "\x00" else "",
+                        chars[3] if chars[3] != "\x00" else "\x01")
+    segments = []
+    for line in lines:
+        fields = line.split(separator)
+        if not _SEGMENT_ID.match(fields[0]):
+            raise ParseError(f"a segment name is not three letters or digits ({fields[0][:8]!r})")
+        if fields[0] == "MSH":
+            fields = ["MSH", separator, *fields[1:]]  # MSH-n is fields[n], like every other segment
+        segments.append(fields)
+    return Message(segments, encoding, "\x00" in text)
+
+
+_DTM = re.compile(r"^(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:\.(\d{1,4}))?)?)?)?)?)?([+-]\d{4})?$")
+
+
+def parse_dtm(value: str, zone: str = "UTC") -> dt.datetime:
+    """An HL7 DTM (YYYY[MM[DD[HH[MM[SS[.S...]]]]]][+/-ZZZZ]) as a naive UTC datetime; a time
+    without an offset is in `zone` (IANA)."""
+    m = _DTM.match(value.strip())
+    if not m:
+        raise BadTime(f"{value[:40]!r} is not an HL7 DTM")
+    year, month, day, hour, minute, second, fraction, offset = m.groups()
+    try:
+        local = dt.datetime(int(year), int(month or 1), int(day or 1), int(hour or 0), int(minute or 0),
+                            int(second or 0), int((fraction or "0").ljust(6, "0")))
+        if offset:
+            sign = 1 if offset[0] == "+" else -1
+            hours, minutes = int(offset[1:3]), int(offset[3:5])
+            if hours > 23 or minutes > 59:
+                raise ValueError("offset out of range")
+            tz = dt.timezone(sign * dt.timedelta(hours=hours, minutes=minutes))
+        else:
+            tz = ZoneInfo(zone or "UTC")
+        return local.replace(tzinfo=tz).astimezone(dt.timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError) as exc:
+        raise BadTime(f"{value[:40]!r} is not an HL7 DTM ({exc})") from None
+
+
+def parse_date(value: str) -> dt.date:
+    """The date of an HL7 DT/DTM (a birth date: YYYYMMDD, any time and offset ignored)."""
+    m = _DTM.match(value.strip())
+    if not m or not m.group(3):
+        raise BadTime(f"{value[:40]!r} is not an HL7 date (YYYYMMDD)")
+    try:
+        return dt.date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    except ValueError as exc:
+        raise BadTime(f"{value[:40]!r} is not an HL7 date ({exc})") from None

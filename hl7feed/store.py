@@ -1,0 +1,182 @@
+"""Applying a clinic's SIU messages to its feed appointments (`models.hl7`), and what is kept.
+
+`receive(runtime, data, peer)` takes one message off the wire and returns its `Outcome` (the
+ACK's code and why); it runs on a pool thread. A message is applied in one transaction with its
+`FeedMessage` row, so `AA` (sent by the listener only once `receive` returned) means committed.
+On PostgreSQL the transaction first takes an advisory lock on (clinic, appointment key): several
+listeners on one database apply the messages of one appointment one at a time, in MSH-7 order,
+and the same message sent to two of them is applied once (the second finds its control id
+acknowledged; the unique index `feed_message_one_acknowledged` backs that up). SQLite transactions
+are already one at a time (BEGIN IMMEDIATE).
+
+Retention (docs/hl7-feed.md): `prune` removes appointments that ended more than `KEEP_PAST` ago
+(no snapshot can hold them any more) and message records older than `MESSAGE_DAYS`; an appointment
+without an NPI physician, and a removed one, is kept without its patient.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import ipaddress
+import logging
+from dataclasses import dataclass, replace
+
+import peewee
+
+from hl7feed.config import allowed_networks
+from hl7feed.message import ParseError, parse
+from hl7feed.siu import Header, Refused, Update, appointment, check_type, header
+from models.clock import utc_iso
+from models.directory import Organization
+from models.hl7 import FeedAppointment, FeedMessage
+
+log = logging.getLogger("svc_auth.hl7")
+
+KEEP_PAST = dt.timedelta(days=2)
+MESSAGE_DAYS = 90
+PATIENT_FIELDS = ("patient_identifier", "patient_authority", "patient_first_name", "patient_last_name",
+                  "patient_date_of_birth", "patient_sex", "reason")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ack: str                    # AA | AE | AR
+    header: Header | None       # None: MSH could not be read
+    text: str = ""
+    where: str = ""
+    code: str = "207"           # HL7 table 0357
+    change: str = ""            # AA: applied | duplicate | older
+
+
+def sender_allowed(org: Organization, peer: str) -> bool:
+    networks = allowed_networks(org)
+    if not networks:
+        return True
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return any(address in ipaddress.ip_network(n) for n in networks)
+
+
+def _zone(org: Organization) -> str:
+    """The clinic's time zone (IANA), for times sent without an offset."""
+    return getattr(org, "time_zone", None) or "UTC"  # the column comes with branch issue47e (migration 4751)
+
+
+def receive(runtime, data: bytes, peer: str) -> Outcome:
+    """Parse, check and apply one message from `peer` (an IP address)."""
+    now = runtime.clock.now()
+    try:
+        message = parse(data)
+    except ParseError as exc:
+        return Outcome("AR", None, f"the MSH segment cannot be read: {exc}", "MSH", "100")
+    h = header(message)
+    org = Organization.get_or_none(Organization.hl7_facility == h.facility) if h.facility else None
+    if org is None:
+        return Outcome("AR", h, "MSH-4 (sending facility) names no clinic of this service", "MSH-4", "204")
+    if not sender_allowed(org, peer):
+        return _refused(runtime, org, h, Refused("AR", "the sender's address is not allowed for this facility",
+                                                 "MSH-4"), now)
+    try:
+        check_type(message, h)
+        if _acknowledged(org, h.control_id):
+            return _duplicate(runtime, org, h, now)
+        update = appointment(message, h, _zone(org))
+    except Refused as refusal:
+        return _refused(runtime, org, h, refusal, now)
+    try:
+        return _apply(runtime, org, h, update, now)
+    except peewee.IntegrityError:  # the same control id committed by another listener meanwhile
+        return _duplicate(runtime, org, h, now)
+
+
+def _acknowledged(org: Organization, control_id: str) -> bool:
+    return FeedMessage.select().where((FeedMessage.organization == org.id) & (FeedMessage.control_id == control_id)
+                                      & (FeedMessage.first == True)).exists()  # noqa: E712
+
+
+def _record(org: Organization, h: Header, ack: str, now: dt.datetime, error: str | None = None,
+            first: bool = False) -> None:
+    FeedMessage.create(organization=org.id, control_id=h.control_id[:200], message_type=h.message_type[:32],
+                       received_at=now, ack=ack, error=error[:500] if error else None, first=first)
+
+
+def _refused(runtime, org, h, refusal: Refused, now) -> Outcome:
+    with runtime.db.atomic():
+        _record(org, h, refusal.ack, now, refusal.text)
+    log.info("hl7 %s from %s: %s %s", h.control_id[:40], org.id, refusal.ack, refusal.text)
+    return Outcome(refusal.ack, h, refusal.text, refusal.where, refusal.code)
+
+
+def _duplicate(runtime, org, h, now) -> Outcome:
+    with runtime.db.atomic():
+        _record(org, h, "AA", now)
+    return Outcome("AA", h, change="duplicate")
+
+
+def _lock(db, org: Organization, key: str) -> None:
+    """PostgreSQL: this transaction holds the appointment until it ends (other listeners wait)."""
+    if isinstance(db, peewee.PostgresqlDatabase):
+        digest = hashlib.sha256(f"hl7\x00{org.id}\x00{key}".encode()).digest()
+        db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (int.from_bytes(digest[:8], "big", signed=True),))
+
+
+def _apply(runtime, org: Organization, h: Header, update: Update, now: dt.datetime) -> Outcome:
+    db = runtime.db
+    with db.atomic():
+        _lock(db, org, update.key)
+        if _acknowledged(org, h.control_id):
+            _record(org, h, "AA", now)
+            return Outcome("AA", h, change="duplicate")
+        row = FeedAppointment.get_or_none((FeedAppointment.organization == org.id)
+                                          & (FeedAppointment.key == update.key))
+        if row is not None and update.message_time < row.message_time:
+            _record(org, h, "AA", now, first=True)
+            return Outcome("AA", h, change="older")
+        _record(org, h, "AA", now, first=True)  # first: a concurrent twin fails here, before any change
+        values = _values(update, row, now)
+        if row is None:
+            FeedAppointment.create(organization=org.id, key=update.key, **values)
+        else:
+            FeedAppointment.update(**values).where(FeedAppointment.id == row.id).execute()
+    return Outcome("AA", h, change="applied")
+
+
+def _values(update: Update, row: FeedAppointment | None, now: dt.datetime) -> dict:
+    if update.remove:  # keep the key, the time and when it was (for retention); drop the rest
+        kept = {"start": row.start, "end": row.end} if row is not None else {}
+        return {"message_time": update.message_time, "removed": True, "updated_at": now, "physician_npi": "",
+                "patient_identifier": "", "patient_authority": "", "patient_first_name": "", "patient_last_name": "",
+                "patient_date_of_birth": None, "patient_sex": "unknown", "reason": "", **kept}
+    if not update.physician_npi:  # in nobody's snapshot until a message names its physician's NPI
+        update = replace(update, **{f: ("unknown" if f == "patient_sex" else None if f == "patient_date_of_birth"
+                                        else "") for f in PATIENT_FIELDS})
+    values = {name: getattr(update, name) for name in (
+        "message_time", "start", "end", "status", "physician_npi", "appointment_type", "reason", "location",
+        *PATIENT_FIELDS)}
+    return {**values, "removed": False, "updated_at": now}
+
+
+def prune(runtime, now: dt.datetime, organization_id: str | None = None) -> tuple[int, int]:
+    """Remove what no snapshot needs any more; returns (appointments, messages) removed."""
+    past = now - KEEP_PAST
+    gone = (FeedAppointment.end < past) | (FeedAppointment.end.is_null() & (FeedAppointment.message_time < past))
+    old = FeedMessage.received_at < now - dt.timedelta(days=MESSAGE_DAYS)
+    if organization_id is not None:
+        gone &= FeedAppointment.organization == organization_id
+        old &= FeedMessage.organization == organization_id
+    with runtime.db.atomic():
+        appointments = FeedAppointment.delete().where(gone).execute()
+        messages = FeedMessage.delete().where(old).execute()
+    return appointments, messages
+
+
+def recent_messages(organization_id: str, limit: int) -> list[dict]:
+    """`hl7 messages`: newest first."""
+    query = (FeedMessage.select().where(FeedMessage.organization == organization_id)
+             .order_by(FeedMessage.received_at.desc(), FeedMessage.id.desc()).limit(limit))
+    return [{"control_id": m.control_id, "type": m.message_type, "received_at": utc_iso(m.received_at),
+             "ack": m.ack, "error": m.error} for m in query]
