@@ -26,7 +26,7 @@ from tornado.iostream import StreamClosedError
 from tornado.tcpserver import TCPServer
 
 from hl7feed.ack import ack
-from hl7feed.mllp import Deframer, FramingError
+from hl7feed.mllp import Deframer, FramingError, frame
 from hl7feed.store import prune, receive
 
 log = logging.getLogger("svc_auth.hl7")
@@ -78,8 +78,8 @@ class FeedListener(TCPServer):
                         outcome = await self.runtime.run(receive, self.runtime, message, peer)
                     finally:
                         self.busy.discard(stream)
-                    await stream.write(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
-                                           outcome.where, outcome.code))
+                    await stream.write(frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
+                                           outcome.where, outcome.code)))
         except FramingError as exc:
             log.warning("hl7: %s: %s; connection closed, nothing stored", peer, exc)
         except StreamClosedError:

@@ -1,0 +1,476 @@
+"""The HL7v2 SIU feed (docs/hl7-feed.md) end to end: a real `svc-auth hl7 listen` process, messages
+sent over MLLP by python-hl7 (an HL7 library nobody here wrote), with and without TLS, on SQLite
+and PostgreSQL; the faults (oversize, garbage, silence, a sender not allowed, kill -9, two
+listeners on one database); and the night built from what the feed stored."""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+import hl7
+import hl7.client
+import hl7.mllp
+import pytest
+
+from helpers.environment import ROOT
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
+from hl7feed.config import configure_feed
+from lifecycle.verification import record_platform_verification
+from models.appointments import SnapshotAppointment
+from models.hl7 import FeedAppointment, FeedMessage
+from workers.activity import record_activity
+from workers.snapshot import build_snapshot, night_window
+
+FACILITY = "NORTH_CLINIC"
+NIGHT = dt.date(2030, 3, 4)
+SB, EB = b"\x0b", b"\x1c\x0d"
+
+
+def siu(trigger: str, control: str, key: str, *, facility: str = FACILITY, sent: str = "20300301090000",
+        start: str = "20300305093000", end: str = "20300305095000", npi: str = "1234567893", status: str = "Booked",
+        mrn: str = "E1234567", version: str = "2.5.1", kind: str = "SIU", sch_times: bool = True) -> str:
+    """An SIU message shaped like Epic's Cadence example (research/epic_schedules.md, section 3)."""
+    xcn = f"{npi}^TOR^DOC^^^^^^NPI&2.16.840.1.113883.4.6&ISO^^^^NPI"
+    timing = f"^^^{start}^{end}" if sch_times else ""
+    return "\r".join([
+        f"MSH|^~\\&|EPIC|{facility}|SVCAUTH|HUB|{sent}||{kind}^{trigger}^SIU_{trigger}|{control}|P|{version}",
+        f"SCH||{key}||||ROUTINE^Routine check|FOLLOWUP^Follow-up|OFFICE VISIT|20|MIN|{timing}||||||||||||||{status}",
+        f"PID|||{mrn}^^^EPI^MR||DOE^JANE||19800101|F",
+        f"PV1||O|IM^^^CLINIC||||{xcn}",
+        "RGS|1",
+        "AIS|1||1001^OFFICE VISIT",
+        "AIL|1||IM^ROOM 4^^NORTH",
+        f"AIP|1||{xcn}|1^MD||{start}|0|MIN|20|MIN",
+    ])
+
+
+def acked(reply) -> tuple[str, str, str]:
+    """(MSA-1, MSA-2, ERR text) of an ACK (MLLP-framed bytes, or an hl7.Message), read by python-hl7."""
+    if isinstance(reply, bytes):
+        assert reply[:1] == SB and reply[-2:] == EB, reply[:40]
+        reply = reply[1:-2].decode()
+    message = hl7.parse(str(reply))
+    assert str(message.segment("MSH")[9]).startswith("ACK")
+    err = [s for s in message if str(s[0]) == "ERR"]
+    return str(message.segment("MSA")[1]), str(message.segment("MSA")[2]), str(err[0][8]) if err else ""
+
+
+@pytest.fixture
+def feed_clinic(runtime, world):
+    """`world`'s clinic on the SIU feed as facility NORTH_CLINIC (any sender address)."""
+    return configure_feed(world.org.id, "siu", FACILITY, [])
+
+
+@pytest.fixture
+def listen(settings, tmp_path):
+    """Starts `svc-auth hl7 listen` processes on the test's database; `listen(*args, idle=300)` ->
+    (process, port). Each is stopped after the test."""
+    procs = []
+
+    def start(*args, idle: int = 300, port: int | None = None):
+        port = port or free_port()
+        env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle))
+        proc = start_process(["hl7", "listen", "--host", "127.0.0.1", "--port", str(port), *args], env, port,
+                             log_path=tmp_path / f"hl7-{len(procs)}.log")
+        procs.append(proc)
+        return proc, port
+    yield start
+    for proc in procs:
+        stop_process(proc)
+
+
+def appointment(org, key) -> FeedAppointment | None:
+    return FeedAppointment.get_or_none((FeedAppointment.organization == org.id) & (FeedAppointment.key == key))
+
+
+def hl7_messages(settings, org) -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "cli.__main__", "hl7", "messages", "--org", org.id, "--json"],
+                         env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_every_trigger_over_mllp(runtime, feed_clinic, listen, settings):
+    _, port = listen()
+    org = feed_clinic
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "M1", "A-100")))[:2] == ("AA", "M1")
+        row = appointment(org, "A-100")
+        assert (row.start, row.end, row.status, row.physician_npi) == (
+            dt.datetime(2030, 3, 5, 9, 30), dt.datetime(2030, 3, 5, 9, 50), "booked", "1234567893")
+        assert (row.patient_identifier, row.patient_last_name, row.patient_first_name, row.patient_sex,
+                row.patient_date_of_birth) == ("E1234567", "DOE", "JANE", "female", dt.date(1980, 1, 1))
+        assert (row.reason, row.appointment_type, row.location) == ("Follow-up", "OFFICE VISIT", "IM, ROOM 4, NORTH")
+        # S13: rescheduled.
+        assert acked(client.send_message(siu("S13", "M2", "A-100", sent="20300301091000", start="20300306100000",
+                                             end="20300306103000")))[0] == "AA"
+        assert appointment(org, "A-100").start == dt.datetime(2030, 3, 6, 10, 0)
+        # S14: modified; no SCH-11: start from AIS/AIL/AIP, end = start + SCH-9/10 (20 MIN).
+        assert acked(client.send_message(siu("S14", "M3", "A-100", sent="20300301092000", start="20300307080000",
+                                             sch_times=False)))[0] == "AA"
+        row = appointment(org, "A-100")
+        assert (row.start, row.end) == (dt.datetime(2030, 3, 7, 8, 0), dt.datetime(2030, 3, 7, 8, 20))
+        # S15: cancelled, whatever SCH-25 says; S26: no-show.
+        assert acked(client.send_message(siu("S15", "M4", "A-100", sent="20300301093000")))[0] == "AA"
+        assert appointment(org, "A-100").status == "cancelled"
+        assert acked(client.send_message(siu("S26", "M5", "A-100", sent="20300301094000")))[0] == "AA"
+        assert appointment(org, "A-100").status == "noshow"
+        # Any listed trigger for an unknown appointment creates it.
+        assert acked(client.send_message(siu("S14", "M6", "A-200", status="Pending")))[0] == "AA"
+        assert appointment(org, "A-200").status == "pending"
+        # S17: removed (a tombstone without the patient, so an older message stays older).
+        assert acked(client.send_message(siu("S17", "M7", "A-100", sent="20300301095000")))[0] == "AA"
+        row = appointment(org, "A-100")
+        assert row.removed and row.patient_identifier == "" and row.patient_date_of_birth is None
+        assert acked(client.send_message(siu("S12", "M8", "A-100", sent="20300301080000")))[0] == "AA"
+        assert appointment(org, "A-100").removed, "an older S12 does not bring a removed appointment back"
+    listed = hl7_messages(settings, org)
+    assert [m["control_id"] for m in listed] == ["M8", "M7", "M6", "M5", "M4", "M3", "M2", "M1"]
+    assert {m["type"] for m in listed} == {"SIU^S12", "SIU^S13", "SIU^S14", "SIU^S15", "SIU^S26", "SIU^S17"}
+    assert all(m["ack"] == "AA" and m["error"] is None and m["received_at"].endswith("Z") for m in listed)
+
+
+def test_duplicates_and_older_messages_change_nothing(runtime, feed_clinic, listen):
+    _, port = listen()
+    org = feed_clinic
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "D1", "B-1", sent="20300301100000")))[0] == "AA"
+        # The same control id again, now saying something else: AA, nothing changes.
+        assert acked(client.send_message(siu("S15", "D1", "B-1", sent="20300301110000")))[:2] == ("AA", "D1")
+        assert appointment(org, "B-1").status == "booked"
+        # A newer message applies; an older one after it is acknowledged and changes nothing.
+        assert acked(client.send_message(siu("S13", "D2", "B-1", sent="20300301120000", start="20300308090000",
+                                             end="20300308091500")))[0] == "AA"
+        assert acked(client.send_message(siu("S13", "D3", "B-1", sent="20300301113000", start="20300309090000",
+                                             end="20300309091500")))[0] == "AA"
+        assert appointment(org, "B-1").start == dt.datetime(2030, 3, 8, 9, 0)
+    assert FeedMessage.select().where((FeedMessage.control_id == "D1") & FeedMessage.first).count() == 1
+
+
+def test_refusals_carry_an_err_and_store_nothing(runtime, world, feed_clinic, listen, settings):
+    _, port = listen()
+    org = feed_clinic
+    cases = [
+        (siu("S12", "R1", "C-1", facility="SOMEONE_ELSE"), "AR", "MSH-4"),
+        (siu("A01", "R2", "C-2", kind="ADT"), "AR", "not accepted"),
+        (siu("S16", "R3", "C-3"), "AR", "not accepted"),
+        (siu("S12", "R4", "C-4", version="2.7"), "AR", "version"),
+        (siu("S12", "R5", ""), "AE", "no appointment key"),
+        (siu("S12", "R6", "C-6", start="2030-03-05T09:30"), "AE", "not an HL7 DTM"),
+        (siu("S12", "R7", "C-7", status="Maybe"), "AE", "SCH-25"),
+        (siu("S12", "R8", "C-8", sent="yesterday"), "AE", "MSH-7"),
+        ("PID|||1", "AR", "MSH"),
+    ]
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for message, code, why in cases:
+            got, control, error = acked(client.send_message(message))
+            assert (got, why in error) == (code, True), (message[:60], got, error)
+    assert FeedAppointment.select().count() == 0
+    # A sender outside the clinic's --hl7-allow: AR, nothing stored.
+    configure_feed(org.id, allow=["10.0.0.0/8"])
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "R9", "C-9")))[0] == "AR"
+    assert FeedAppointment.select().count() == 0
+    configure_feed(org.id, allow=["127.0.0.0/8"])
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "R10", "C-10")))[0] == "AA"
+    listed = {m["control_id"]: m for m in hl7_messages(settings, org)}
+    assert "R1" not in listed, "another facility's message is not this clinic's"
+    assert {c: listed[c]["ack"] for c in ("R2", "R3", "R4", "R5", "R6", "R7", "R8", "R9", "R10")} == {
+        "R2": "AR", "R3": "AR", "R4": "AR", "R5": "AE", "R6": "AE", "R7": "AE", "R8": "AE", "R9": "AR", "R10": "AA"}
+    assert all(listed[c]["error"] for c in ("R2", "R5", "R9"))
+
+
+def _closed(sock: socket.socket, timeout: float = 15.0) -> bool:
+    """The peer closed the connection (EOF or reset) within `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+class Bystander(threading.Thread):
+    """Another clinic interface on its own connection, sending a message every 0.2 s (never silent
+    long enough to be closed) until told to stop; `replies` holds each ACK's MSA-1."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.client = hl7.client.MLLPClient("127.0.0.1", port)
+        self.replies: list[str] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stopping.is_set():
+            self.replies.append(acked(self.client.send_message(siu("S12", f"BY{n}", f"BY-{n}")))[0])
+            n += 1
+            self.stopping.wait(0.2)
+        self.client.close()
+
+
+def test_bad_input_closes_that_connection_only(runtime, feed_clinic, listen):
+    _, port = listen(idle=2)
+    org = feed_clinic
+    bystander = Bystander(port)
+    bystander.start()
+    try:
+        # Bytes outside the framing, then a whole valid message on the same connection: closed, nothing stored.
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"hello\r" + SB + siu("S12", "F1", "F-1").encode() + EB)
+            assert _closed(sock)
+        # A message over 1 MiB (its end never read): closed, nothing stored.
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            big = siu("S12", "F2", "F-2").replace("ROUTINE^Routine check", "ROUTINE^" + "x" * (1024 * 1024))
+            try:
+                sock.sendall(SB + big.encode() + EB)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            assert _closed(sock)
+        # A connection silent past SVC_HL7_IDLE_TIMEOUT, in the middle of a message: closed, nothing stored.
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(SB + siu("S12", "F3", "F-3").encode()[:80])
+            began = time.monotonic()
+            assert _closed(sock)
+            assert time.monotonic() - began >= 1.5
+        # A valid message after garbage on a new connection: the listener still serves it.
+        with hl7.client.MLLPClient("127.0.0.1", port) as client:
+            assert acked(client.send_message(siu("S12", "F4", "F-4")))[0] == "AA"
+    finally:
+        bystander.stopping.set()
+        bystander.join(30)
+    assert appointment(org, "F-1") is None and appointment(org, "F-2") is None and appointment(org, "F-3") is None
+    assert not FeedMessage.select().where(FeedMessage.control_id.in_(["F1", "F2", "F3"])).exists()
+    assert appointment(org, "F-4") is not None
+    # The other connection was served all along, through every fault.
+    assert len(bystander.replies) >= 10 and set(bystander.replies) == {"AA"}
+
+
+# -- TLS -----------------------------------------------------------------------------------------
+
+def _certificates(directory):
+    """A CA, the listener's certificate (127.0.0.1) and a client's, both signed by it; and a client
+    certificate signed by another CA. Returns their PEM paths."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def make(name, issuer=None, ca=False, san=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        builder = (x509.CertificateBuilder().subject_name(subject)
+                   .issuer_name(issuer[0].subject if issuer else subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+                   .not_valid_after(now + dt.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+        return cert, key
+
+    def write(name, cert, key=None):
+        (directory / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        if key is not None:
+            (directory / f"{name}.key").write_bytes(key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        return str(directory / f"{name}.pem"), str(directory / f"{name}.key")
+
+    ca = make("Test CA", ca=True)
+    rogue = make("Rogue CA", ca=True)
+    paths = {"ca": write("ca", *ca)[0]}
+    paths["server"] = write("server", *make("listener", ca, san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
+    paths["client"] = write("client", *make("clinic interface", ca))
+    paths["rogue"] = write("rogue", *make("someone", rogue))
+    return paths
+
+
+async def _send_tls(port, context, messages) -> list:
+    reader, writer = await hl7.mllp.open_hl7_connection("127.0.0.1", port, ssl=context)
+    replies = []
+    try:
+        for message in messages:
+            writer.writemessage(hl7.parse(message))
+            await writer.drain()
+            replies.append(await asyncio.wait_for(reader.readmessage(), 30))
+    finally:
+        writer.close()
+    return replies
+
+
+def _client_context(paths, identity: str | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=paths["ca"])
+    if identity:
+        context.load_cert_chain(*paths[identity])
+    return context
+
+
+def test_every_trigger_over_tls_with_client_certificates(runtime, feed_clinic, listen, tmp_path):
+    paths = _certificates(tmp_path)
+    _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1], "--tls-client-ca", paths["ca"])
+    org = feed_clinic
+    messages = [siu(t, f"T{n}", "T-1", sent=f"2030030110{n:02d}00") for n, t in
+                enumerate(("S12", "S13", "S14", "S15", "S26", "S17"))]
+    replies = asyncio.run(_send_tls(port, _client_context(paths, "client"), messages))
+    assert [acked(r)[:2] for r in replies] == [("AA", f"T{n}") for n in range(6)]
+    assert appointment(org, "T-1").removed
+    # Without a client certificate, or with one another CA signed: the handshake fails, nothing stored.
+    for identity in (None, "rogue"):
+        with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError, OSError)):
+            asyncio.run(_send_tls(port, _client_context(paths, identity), [siu("S12", f"X-{identity}", "T-2")]))
+    assert appointment(org, "T-2") is None
+    # And the listener serves the clinic's interface still.
+    replies = asyncio.run(_send_tls(port, _client_context(paths, "client"), [siu("S12", "T9", "T-3")]))
+    assert acked(replies[0])[0] == "AA" and appointment(org, "T-3") is not None
+
+
+def test_plain_mllp_is_refused_by_a_tls_listener(runtime, feed_clinic, listen, tmp_path):
+    paths = _certificates(tmp_path)
+    _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(SB + siu("S12", "P1", "P-1").encode() + EB)
+        assert _closed(sock)
+    assert appointment(feed_clinic, "P-1") is None
+    replies = asyncio.run(_send_tls(port, _client_context(paths, None), [siu("S12", "P2", "P-2")]))
+    assert acked(replies[0])[0] == "AA"
+
+
+# -- kill -9 and several listeners ------------------------------------------------------------------
+
+class Sender(threading.Thread):
+    """Sends its own messages one after another on one connection until the listener dies;
+    `acknowledged` holds the control ids answered AA, `in_flight` the one sent and never answered."""
+
+    def __init__(self, port: int, name: str, count: int):
+        super().__init__(daemon=True)
+        self.port, self.prefix, self.count = port, name, count
+        self.acknowledged: list[str] = []
+        self.in_flight: str | None = None
+
+    def run(self) -> None:
+        try:
+            client = hl7.client.MLLPClient("127.0.0.1", self.port)
+            for n in range(self.count):
+                control = f"{self.prefix}-{n}"
+                self.in_flight = control
+                reply = client.send_message(siu("S12", control, f"K-{control}"))
+                if not reply:
+                    return
+                assert acked(reply)[:2] == ("AA", control)
+                self.acknowledged.append(control)
+                self.in_flight = None
+        except OSError:
+            return
+
+
+def test_kill_9_loses_no_acknowledged_message(runtime, feed_clinic, listen):
+    proc, port = listen()
+    senders = [Sender(port, f"S{i}", 10_000) for i in range(4)]
+    for sender in senders:
+        sender.start()
+    deadline = time.monotonic() + 120
+    while sum(len(s.acknowledged) for s in senders) < 200 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)  # while every sender has a message on the wire
+    proc.wait()
+    for sender in senders:
+        sender.join(30)
+    acknowledged = [c for s in senders for c in s.acknowledged]
+    in_flight = [s.in_flight for s in senders if s.in_flight]
+    assert len(acknowledged) >= 200
+    assert in_flight, "the kill landed while messages were sent and not yet acknowledged"
+    stored = {m.control_id for m in FeedMessage.select().where(FeedMessage.first)}
+    assert set(acknowledged) <= stored, "every acknowledged message survived the kill"
+    # The senders send their unacknowledged message again, to a new listener: each is applied once.
+    _, port = listen()
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for control in in_flight:
+            assert acked(client.send_message(siu("S12", control, f"K-{control}")))[0] == "AA"
+            assert acked(client.send_message(siu("S12", control, f"K-{control}")))[0] == "AA"
+    for control in acknowledged + in_flight:
+        assert FeedMessage.select().where((FeedMessage.control_id == control) & FeedMessage.first).count() == 1
+        assert appointment(feed_clinic, f"K-{control}") is not None
+
+
+def test_two_listeners_on_one_database_apply_a_message_once(runtime, feed_clinic, listen):
+    (_, first), (_, second) = listen(), listen()
+    clients = [hl7.client.MLLPClient("127.0.0.1", first), hl7.client.MLLPClient("127.0.0.1", second)]
+    for n in range(20):
+        # The same message to both listeners at once; then an older one for the same appointment.
+        message = siu("S12", f"W{n}", f"W-{n}", sent="20300301120000")
+        gate = threading.Barrier(2)
+        replies = [None, None]
+
+        def send(i):
+            gate.wait()
+            replies[i] = clients[i].send_message(message)
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert [acked(r)[:2] for r in replies] == [("AA", f"W{n}")] * 2
+        assert FeedMessage.select().where((FeedMessage.control_id == f"W{n}") & FeedMessage.first).count() == 1
+        assert FeedMessage.select().where(FeedMessage.control_id == f"W{n}").count() == 2
+    # Two messages of one appointment, to two listeners at once: the newer one wins either way.
+    newer = siu("S13", "V1", "W-0", sent="20300301130000", start="20300310090000", end="20300310093000")
+    older = siu("S13", "V2", "W-0", sent="20300301125900", start="20300311090000", end="20300311093000")
+    threads = [threading.Thread(target=clients[i].send_message, args=(m,)) for i, m in enumerate((older, newer))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert appointment(feed_clinic, "W-0").start == dt.datetime(2030, 3, 10, 9, 0)
+    for client in clients:
+        client.close()
+
+
+# -- the night -----------------------------------------------------------------------------------------
+
+def test_the_night_of_a_siu_clinic_is_built_from_the_feed(runtime, world, feed_clinic, listen):
+    start = night_window(runtime.settings, NIGHT)[0]
+    runtime.clock.advance((start - dt.timedelta(hours=6) - runtime.clock.now()).total_seconds())
+    record_platform_verification(runtime, world.app, world.physician)
+    record_activity(runtime, world.physician)
+    _, port = listen()
+
+    def hl7_time(when: dt.datetime) -> str:
+        return when.strftime("%Y%m%d%H%M%S")
+    inside = start + dt.timedelta(days=2, hours=7)
+    cases = {  # key: (start, status, npi, mrn)
+        "N-in": (inside, "Booked", "1234567893", "E1"),
+        "N-pending": (inside + dt.timedelta(hours=1), "Pending", "1234567893", "E2"),
+        "N-cancelled": (inside, "Cancelled", "1234567893", "E3"),
+        "N-before": (start - dt.timedelta(hours=1), "Booked", "1234567893", "E4"),
+        "N-after": (start + dt.timedelta(days=10, minutes=1), "Booked", "1234567893", "E5"),
+        "N-other-doctor": (inside, "Booked", "1245319599", "E6"),
+    }
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for n, (key, (when, status, npi, mrn)) in enumerate(cases.items()):
+            reply = client.send_message(siu("S12", f"N{n}", key, start=hl7_time(when),
+                                            end=hl7_time(when + dt.timedelta(minutes=30)), status=status, npi=npi,
+                                            mrn=mrn))
+            assert acked(reply)[0] == "AA"
+    snapshot = build_snapshot(runtime, world.org.id, NIGHT)
+    rows = list(SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)
+                .order_by(SnapshotAppointment.start))
+    assert [r.ehr_appointment_id for r in rows] == ["N-in", "N-pending"]
+    assert {r.provider_id for r in rows} == {world.physician.id}
+    first = rows[0]
+    assert (first.status, first.patient_last_name, first.patient_date_of_birth, first.patient_sex) == (
+        "booked", "DOE", dt.date(1980, 1, 1), "female")
+    assert first.patient_id.startswith("pat-") and first.patient_id != rows[1].patient_id
+    # The same identifier is the same patient, night after night.
+    again = build_snapshot(runtime, world.org.id, NIGHT)
+    assert SnapshotAppointment.get((SnapshotAppointment.snapshot == again.id)
+                                   & (SnapshotAppointment.ehr_appointment_id == "N-in")).patient_id == first.patient_id
