@@ -10,6 +10,7 @@ from lifecycle.users import create_user, update_user
 from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
 from models.directory import Organization, User
+from models.timezones import check_time_zone
 
 
 def register(commands) -> None:
@@ -20,6 +21,7 @@ def register(commands) -> None:
     p.add_argument("--ehr", default="sandbox", help="the clinic's EHR connector: 'sandbox' (default) or 'fhir'")
     p.add_argument("--ehr-url", default="", help="base URL of the clinic's EHR (sent to apps as ehr_url)")
     add_fhir_flags(p)
+    add_time_zone_flag(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create_org))
     p = orgs.add_parser("list", help="list every organization")
@@ -35,6 +37,7 @@ def register(commands) -> None:
     p.add_argument("--ehr", help="new EHR connector: 'sandbox' or 'fhir'")
     p.add_argument("--ehr-url", help="new EHR base URL ('' clears it)")
     add_fhir_flags(p)
+    add_time_zone_flag(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update_org))
 
@@ -103,13 +106,19 @@ def add_fhir_flags(p) -> None:
     p.add_argument("--clear-fhir-search-params", action="store_true", help="remove every extra search parameter")
 
 
+def add_time_zone_flag(p) -> None:
+    p.add_argument("--time-zone", metavar="IANA",
+                   help="the clinic's time zone (IANA name, e.g. America/Chicago; default UTC): the zone of "
+                        "times an HL7 feed or Epic's web service sends without an offset")
+
+
 def org_dict(org: Organization) -> dict:
     return {"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url,
             "fhir_client_id": org.fhir_client_id or None, "fhir_auth": org.fhir_auth if org.ehr == "fhir" else None,
             "fhir_profile": org.fhir_profile if org.ehr == "fhir" else None,
             "fhir_scopes": org.fhir_scopes if org.ehr == "fhir" else None,
             "fhir_search_params": [f"{n}={v}" for n, v in search_params_of(org)] if org.ehr == "fhir" else None,
-            "created_at": utc_iso(org.created_at)}
+            "time_zone": org.time_zone, "created_at": utc_iso(org.created_at)}
 
 
 def user_dict(user: User) -> dict:
@@ -143,8 +152,18 @@ def _fhir_fields(args) -> dict:
     return {name: value for name, value in fields.items() if value is not None}
 
 
+def _checked_time_zone(args) -> dict:
+    """`--time-zone` checked here (exit 2 naming the flag), as `{"time_zone": name}` when given."""
+    if args.time_zone is None:
+        return {}
+    try:
+        return {"time_zone": check_time_zone(args.time_zone)}
+    except ValueError as exc:
+        raise UsageError(f"--time-zone: {exc}") from None
+
+
 def _create_org(runtime, args):
-    fields = _fhir_fields(args)
+    fields = {**_fhir_fields(args), **_checked_time_zone(args)}
     org = create_organization(args.name, args.ehr, fields.pop("ehr_url", args.ehr_url), **fields)
     emit({k: v for k, v in org_dict(org).items() if k != "created_at"}, args.json)
 
@@ -164,10 +183,10 @@ def _show_org(runtime, args):
 
 
 def _update_org(runtime, args):
-    fields = _fhir_fields(args)
+    fields = {**_fhir_fields(args), **_checked_time_zone(args)}
     ehr_url = fields.pop("ehr_url", args.ehr_url)
     if args.name is None and args.ehr is None and ehr_url is None and not fields:
-        raise UsageError("nothing to change: give --name, --ehr, --ehr-url or a --fhir-* flag")
+        raise UsageError("nothing to change: give --name, --ehr, --ehr-url, --time-zone or a --fhir-* flag")
     emit(org_dict(update_organization(args.org, args.name, args.ehr, ehr_url, **fields)), args.json)
 
 

@@ -8,6 +8,7 @@ from connectors.fhir.profiles import (PROFILE_NAMES, SCOPE_CHOICES, check_search
                                       profile_named)
 from models.audit import AuditEvent
 from models.directory import Organization
+from models.timezones import DEFAULT_TIME_ZONE, check_time_zone
 from errors import ApiError
 from oauth.redirects import redirect_uri_allowed
 
@@ -83,6 +84,14 @@ def search_params_of(org: Organization) -> list[tuple[str, str]]:
         return []
 
 
+def clean_time_zone(name: str) -> str:
+    """The clinic's IANA time zone, else 400 naming the bad value."""
+    try:
+        return check_time_zone(name)
+    except ValueError as exc:
+        raise invalid(f"time_zone: {exc}.") from None
+
+
 def clean_ehr_url(ehr_url: str) -> str:
     if ehr_url and not redirect_uri_allowed(ehr_url, ehr_url):
         raise invalid(f"ehr_url must be an absolute http(s) URL without a fragment, got {ehr_url!r}.")
@@ -91,9 +100,11 @@ def clean_ehr_url(ehr_url: str) -> str:
 
 def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None,
                         fhir_client_id: str = "", fhir_auth: str = "smart-backend", fhir_profile: str = "generic",
-                        fhir_scopes: str = "auto", fhir_search_params=()) -> Organization:
+                        fhir_scopes: str = "auto", fhir_search_params=(),
+                        time_zone: str = DEFAULT_TIME_ZONE) -> Organization:
     fields = {"name": clean_name(name), "ehr": clean_ehr(ehr), "ehr_url": clean_ehr_url(ehr_url or ""),
-              "fhir_client_id": (fhir_client_id or "").strip(), "fhir_auth": fhir_auth}
+              "fhir_client_id": (fhir_client_id or "").strip(), "fhir_auth": fhir_auth,
+              "time_zone": clean_time_zone(time_zone)}
     clean_fhir_profile(fields, fhir_profile, fhir_scopes, fhir_search_params)
     if org_id:
         fields["id"] = org_id
@@ -104,8 +115,8 @@ def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_
 def update_organization(organization_id: str, name: str | None = None, ehr: str | None = None,
                         ehr_url: str | None = None, actor: str = "operator", fhir_client_id: str | None = None,
                         fhir_auth: str | None = None, fhir_profile: str | None = None, fhir_scopes: str | None = None,
-                        fhir_search_params=None) -> Organization:
-    """Change an organization's name, EHR, EHR URL or FHIR registration (None: unchanged); audited.
+                        fhir_search_params=None, time_zone: str | None = None) -> Organization:
+    """Change an organization's name, EHR, EHR URL, FHIR registration or time zone (None: unchanged); audited.
     A clinic can move between `sandbox` and `fhir`."""
     org = find_organization(organization_id)
     changes = {}
@@ -120,6 +131,8 @@ def update_organization(organization_id: str, name: str | None = None, ehr: str 
     if fhir_auth is not None:
         changes["fhir_auth"] = fhir_auth
     clean_fhir_profile(changes, fhir_profile, fhir_scopes, fhir_search_params)
+    if time_zone is not None:
+        changes["time_zone"] = clean_time_zone(time_zone)
     if changes:
         check_fhir({"ehr": org.ehr, "ehr_url": org.ehr_url, "fhir_client_id": org.fhir_client_id,
                     "fhir_auth": org.fhir_auth, "fhir_profile": org.fhir_profile,

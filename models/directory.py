@@ -26,6 +26,8 @@ class Organization(BaseModel):
     fhir_scopes = peewee.CharField(max_length=8, default="auto", constraints=db_default("auto"))
     # JSON [[name, value]]: appended to every search
     fhir_search_params = peewee.TextField(default="[]", constraints=db_default("[]"))
+    # IANA zone of the times an HL7 feed or Epic's web service sends without an offset (issue 47)
+    time_zone = peewee.CharField(max_length=64, default="UTC", constraints=db_default("UTC"))
     created_at = peewee.DateTimeField(default=wall_now)
 
 

@@ -213,6 +213,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 35 item 6 (3505): the bearer gate keeps users and denials in memory, checked against these versions.
     (3505, "user, organization, installation, denied_token: triggers bump the `directory` and `denied` change "
            "versions on every write", install_change_triggers),
+    # Issue 47 numbers its steps 47xx (4751-4759: Epic's web service and the clinic's time zone, branch issue47e).
+    (4751, "organization.time_zone: the IANA zone of times a feed or a web service sends without an offset",
+     _add_missing_columns("organization", ("time_zone", peewee.CharField(max_length=64, default="UTC")))),
 )
 
 
