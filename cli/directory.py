@@ -5,7 +5,9 @@ from cli.common import UsageError, add_json_flag, emit, emit_list, existing, wit
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
 from connectors.fhir.profiles import PROFILE_NAMES, SCOPE_CHOICES, parse_search_params
-from lifecycle.organizations import FHIR_AUTH_MODES, create_organization, search_params_of, update_organization
+from connectors.fhir.epic_schedule import PROVIDER_ID_TYPES
+from lifecycle.organizations import (EPIC_FIELDS, FHIR_AUTH_MODES, create_organization, search_params_of,
+                                     update_organization)
 from lifecycle.users import create_user, update_user
 from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
@@ -22,6 +24,7 @@ def register(commands) -> None:
     p.add_argument("--ehr-url", default="", help="base URL of the clinic's EHR (sent to apps as ehr_url)")
     add_fhir_flags(p)
     add_time_zone_flag(p)
+    add_epic_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create_org))
     p = orgs.add_parser("list", help="list every organization")
@@ -38,6 +41,7 @@ def register(commands) -> None:
     p.add_argument("--ehr-url", help="new EHR base URL ('' clears it)")
     add_fhir_flags(p)
     add_time_zone_flag(p)
+    add_epic_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update_org))
 
@@ -112,13 +116,35 @@ def add_time_zone_flag(p) -> None:
                         "times an HL7 feed or Epic's web service sends without an offset")
 
 
+def add_epic_flags(p) -> None:
+    """`--fhir-profile epic`: Epic's GetProviderAppointments web service for the night (docs/ehr-fhir.md)."""
+    p.add_argument("--epic-user-id", metavar="ID",
+                   help="the Epic user svc-auth calls GetProviderAppointments as (with --fhir-profile epic): the "
+                        "night then reads each physician's appointments from that web service ('' clears it)")
+    p.add_argument("--epic-user-id-type", metavar="TYPE", help="the type of that user id (default External)")
+    p.add_argument("--epic-provider-id-type", choices=PROVIDER_ID_TYPES,
+                   help="how a physician is named to the web service: External (default: the Practitioner's "
+                        "identifier whose type.text is EXTERNAL, or of --epic-provider-id-system) or NPI")
+    p.add_argument("--epic-provider-id-system", metavar="URI",
+                   help="the system of the Practitioner identifier sent as the External provider id ('' clears it)")
+    p.add_argument("--epic-patient-id-system", metavar="URI",
+                   help="the system of the Patient identifier holding Epic's Internal patient id, to find the FHIR "
+                        "Patient of an appointment ('' clears it)")
+
+
 def org_dict(org: Organization) -> dict:
     return {"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url,
             "fhir_client_id": org.fhir_client_id or None, "fhir_auth": org.fhir_auth if org.ehr == "fhir" else None,
             "fhir_profile": org.fhir_profile if org.ehr == "fhir" else None,
             "fhir_scopes": org.fhir_scopes if org.ehr == "fhir" else None,
             "fhir_search_params": [f"{n}={v}" for n, v in search_params_of(org)] if org.ehr == "fhir" else None,
-            "time_zone": org.time_zone, "created_at": utc_iso(org.created_at)}
+            "time_zone": org.time_zone, **epic_dict(org), "created_at": utc_iso(org.created_at)}
+
+
+def epic_dict(org: Organization) -> dict:
+    """The Epic web service's settings (None unless the clinic is on `fhir` with the epic profile)."""
+    on_epic = org.ehr == "fhir" and org.fhir_profile == "epic"
+    return {name: (getattr(org, name) or None) if on_epic else None for name in EPIC_FIELDS}
 
 
 def user_dict(user: User) -> dict:
@@ -162,8 +188,12 @@ def _checked_time_zone(args) -> dict:
         raise UsageError(f"--time-zone: {exc}") from None
 
 
+def _epic_fields(args) -> dict:
+    return {name: getattr(args, name) for name in EPIC_FIELDS if getattr(args, name) is not None}
+
+
 def _create_org(runtime, args):
-    fields = {**_fhir_fields(args), **_checked_time_zone(args)}
+    fields = {**_fhir_fields(args), **_checked_time_zone(args), **_epic_fields(args)}
     org = create_organization(args.name, args.ehr, fields.pop("ehr_url", args.ehr_url), **fields)
     emit({k: v for k, v in org_dict(org).items() if k != "created_at"}, args.json)
 
@@ -183,10 +213,10 @@ def _show_org(runtime, args):
 
 
 def _update_org(runtime, args):
-    fields = {**_fhir_fields(args), **_checked_time_zone(args)}
+    fields = {**_fhir_fields(args), **_checked_time_zone(args), **_epic_fields(args)}
     ehr_url = fields.pop("ehr_url", args.ehr_url)
     if args.name is None and args.ehr is None and ehr_url is None and not fields:
-        raise UsageError("nothing to change: give --name, --ehr, --ehr-url, --time-zone or a --fhir-* flag")
+        raise UsageError("nothing to change: give --name, --ehr, --ehr-url, --time-zone, a --fhir-* or an --epic-* flag")
     emit(org_dict(update_organization(args.org, args.name, args.ehr, ehr_url, **fields)), args.json)
 
 
