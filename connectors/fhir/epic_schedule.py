@@ -50,10 +50,9 @@ STATUSES = MappingProxyType({
 LISTED = frozenset(("proposed", "pending", "booked", "arrived", "checked-in"))
 MAX_DURATION_MINUTES = 7 * 24 * 60
 KNOWN_PATIENTS = 5000            # Patients kept for one night (by Epic id), then forgotten
-USER_ID = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")   # printable ASCII, no edge spaces
+USER_ID_TEXT = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")   # printable ASCII, no edge spaces
 USER_ID_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9 _-]{0,63}")
 SYSTEM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]{1,490}")
-EPIC_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")          # an id Epic sends, trimmed (R4 id characters)
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -65,7 +64,7 @@ def check_settings(user_id: str | None = None, user_id_type: str | None = None,
     found = {}
     if user_id is not None:
         user_id = user_id.strip()
-        if user_id and not USER_ID.fullmatch(user_id):
+        if user_id and not USER_ID_TEXT.fullmatch(user_id):
             raise ValueError("--epic-user-id must be 1-200 printable ASCII characters (the Epic user's id)")
         found["epic_user_id"] = user_id
     if user_id_type is not None:
@@ -172,7 +171,7 @@ class EpicSchedule:
             if (identifier.get("system") == system) if system else \
                     (str(kind.get("text") or "").strip().upper() == "EXTERNAL"):
                 value = identifier["value"].strip()
-                if value and USER_ID.fullmatch(value):
+                if value and USER_ID_TEXT.fullmatch(value):
                     return value
         what = f"an identifier of system {system}" if system else "an identifier whose type.text is EXTERNAL"
         log.warning("Practitioner/%s (NPI %s) of %s has no %s: no appointments (see --epic-provider-id-system)",
@@ -309,7 +308,7 @@ def _id_of(ids, kind: str) -> str | None:
     for entry in ids:
         if isinstance(entry, dict) and isinstance(entry.get("Type"), str) and entry["Type"].strip().lower() == kind.lower():
             value = entry.get("ID").strip() if isinstance(entry.get("ID"), str) else ""
-            return value if EPIC_ID.fullmatch(value) else None
+            return value if is_id(value) else None  # R4 id characters: safe in a URL and a token search
     return None
 
 
