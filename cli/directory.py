@@ -6,11 +6,14 @@ from cli.hl7 import add_feed_flags, apply_feed_flags, feed_flags_given
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
 from connectors.fhir.profiles import PROFILE_NAMES, SCOPE_CHOICES, parse_search_params
-from lifecycle.organizations import FHIR_AUTH_MODES, create_organization, search_params_of, update_organization
+from connectors.fhir.epic_schedule import PROVIDER_ID_TYPES
+from lifecycle.organizations import (EPIC_FIELDS, FHIR_AUTH_MODES, create_organization, search_params_of,
+                                     update_organization)
 from lifecycle.users import create_user, update_user
 from models.application import ACTIVATION_STATUSES, Installation
 from models.clock import utc_iso
 from models.directory import Organization, User
+from models.timezones import check_time_zone
 from hl7feed.config import feed_dict
 
 
@@ -22,6 +25,8 @@ def register(commands) -> None:
     p.add_argument("--ehr", default="sandbox", help="the clinic's EHR connector: 'sandbox' (default) or 'fhir'")
     p.add_argument("--ehr-url", default="", help="base URL of the clinic's EHR (sent to apps as ehr_url)")
     add_fhir_flags(p)
+    add_time_zone_flag(p)
+    add_epic_flags(p)
     add_feed_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create_org))
@@ -38,6 +43,8 @@ def register(commands) -> None:
     p.add_argument("--ehr", help="new EHR connector: 'sandbox' or 'fhir'")
     p.add_argument("--ehr-url", help="new EHR base URL ('' clears it)")
     add_fhir_flags(p)
+    add_time_zone_flag(p)
+    add_epic_flags(p)
     add_feed_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update_org))
@@ -107,13 +114,41 @@ def add_fhir_flags(p) -> None:
     p.add_argument("--clear-fhir-search-params", action="store_true", help="remove every extra search parameter")
 
 
+def add_time_zone_flag(p) -> None:
+    p.add_argument("--time-zone", metavar="IANA",
+                   help="the clinic's time zone (IANA name, e.g. America/Chicago; default UTC): the zone of "
+                        "times an HL7 feed or Epic's web service sends without an offset")
+
+
+def add_epic_flags(p) -> None:
+    """`--fhir-profile epic`: Epic's GetProviderAppointments web service for the night (docs/ehr-fhir.md)."""
+    p.add_argument("--epic-user-id", metavar="ID",
+                   help="the Epic user svc-auth calls GetProviderAppointments as (with --fhir-profile epic): the "
+                        "night then reads each physician's appointments from that web service ('' clears it)")
+    p.add_argument("--epic-user-id-type", metavar="TYPE", help="the type of that user id (default External)")
+    p.add_argument("--epic-provider-id-type", choices=PROVIDER_ID_TYPES,
+                   help="how a physician is named to the web service: External (default: the Practitioner's "
+                        "identifier whose type.text is EXTERNAL, or of --epic-provider-id-system) or NPI")
+    p.add_argument("--epic-provider-id-system", metavar="URI",
+                   help="the system of the Practitioner identifier sent as the External provider id ('' clears it)")
+    p.add_argument("--epic-patient-id-system", metavar="URI",
+                   help="the system of the Patient identifier holding Epic's Internal patient id, to find the FHIR "
+                        "Patient of an appointment ('' clears it)")
+
+
 def org_dict(org: Organization) -> dict:
     return {"id": org.id, "name": org.name, "ehr": org.ehr, "ehr_url": org.ehr_url,
             "fhir_client_id": org.fhir_client_id or None, "fhir_auth": org.fhir_auth if org.ehr == "fhir" else None,
             "fhir_profile": org.fhir_profile if org.ehr == "fhir" else None,
             "fhir_scopes": org.fhir_scopes if org.ehr == "fhir" else None,
             "fhir_search_params": [f"{n}={v}" for n, v in search_params_of(org)] if org.ehr == "fhir" else None,
-            **feed_dict(org), "created_at": utc_iso(org.created_at)}
+            "time_zone": org.time_zone, **epic_dict(org), **feed_dict(org), "created_at": utc_iso(org.created_at)}
+
+
+def epic_dict(org: Organization) -> dict:
+    """The Epic web service's settings (None unless the clinic is on `fhir` with the epic profile)."""
+    on_epic = org.ehr == "fhir" and org.fhir_profile == "epic"
+    return {name: (getattr(org, name) or None) if on_epic else None for name in EPIC_FIELDS}
 
 
 def user_dict(user: User) -> dict:
@@ -147,8 +182,22 @@ def _fhir_fields(args) -> dict:
     return {name: value for name, value in fields.items() if value is not None}
 
 
+def _checked_time_zone(args) -> dict:
+    """`--time-zone` checked here (exit 2 naming the flag), as `{"time_zone": name}` when given."""
+    if args.time_zone is None:
+        return {}
+    try:
+        return {"time_zone": check_time_zone(args.time_zone)}
+    except ValueError as exc:
+        raise UsageError(f"--time-zone: {exc}") from None
+
+
+def _epic_fields(args) -> dict:
+    return {name: getattr(args, name) for name in EPIC_FIELDS if getattr(args, name) is not None}
+
+
 def _create_org(runtime, args):
-    fields = _fhir_fields(args)
+    fields = {**_fhir_fields(args), **_checked_time_zone(args), **_epic_fields(args)}
     with runtime.db.atomic():  # the clinic and its feed settings, or neither
         org = create_organization(args.name, args.ehr, fields.pop("ehr_url", args.ehr_url), **fields)
         org = apply_feed_flags(org.id, args) or org
@@ -170,11 +219,11 @@ def _show_org(runtime, args):
 
 
 def _update_org(runtime, args):
-    fields = _fhir_fields(args)
+    fields = {**_fhir_fields(args), **_checked_time_zone(args), **_epic_fields(args)}
     ehr_url = fields.pop("ehr_url", args.ehr_url)
     if args.name is None and args.ehr is None and ehr_url is None and not fields and not feed_flags_given(args):
-        raise UsageError("nothing to change: give --name, --ehr, --ehr-url, a --fhir-* flag, --schedule-source "
-                         "or an --hl7-* flag")
+        raise UsageError("nothing to change: give --name, --ehr, --ehr-url, --time-zone, a --fhir-* or an --epic-* "
+                         "flag, --schedule-source or an --hl7-* flag")
     with runtime.db.atomic():
         org = _org(args.org)
         if args.name is not None or args.ehr is not None or ehr_url is not None or fields:

@@ -63,7 +63,7 @@ def sender_allowed(org: Organization, peer: str) -> bool:
 
 def _zone(org: Organization) -> str:
     """The clinic's time zone (IANA), for times sent without an offset."""
-    return getattr(org, "time_zone", None) or "UTC"  # the column comes with branch issue47e (migration 4751)
+    return org.time_zone or "UTC"
 
 
 def receive(runtime, data: bytes, peer: str) -> Outcome:

@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 import re
 
+from connectors.fhir.epic_schedule import check_settings as check_epic_settings, interconnect_base
 from connectors.fhir.profiles import (PROFILE_NAMES, SCOPE_CHOICES, check_search_params, missing_required,
                                       profile_named)
 from models.audit import AuditEvent
 from models.directory import Organization
+from models.timezones import DEFAULT_TIME_ZONE, check_time_zone
 from errors import ApiError
 from oauth.redirects import redirect_uri_allowed
 
@@ -52,6 +54,15 @@ def check_fhir(fields: dict) -> None:
         raise invalid("An organization on the fhir EHR needs svc-auth's client id there (--fhir-client-id), "
                       "or --fhir-auth none for an open test server.")
     profile = profile_named(fields.get("fhir_profile"))
+    if fields.get("epic_user_id"):
+        if profile.name != "epic":
+            raise invalid("--epic-user-id is for a clinic on Epic: give --fhir-profile epic too (or clear it with "
+                          "--epic-user-id '').")
+        try:
+            interconnect_base(fields["ehr_url"])
+        except ValueError as exc:
+            raise invalid(f"Epic's GetProviderAppointments web service is called at the Interconnect base: {exc}.") \
+                from None
     missing = missing_required(profile, json.loads(fields.get("fhir_search_params") or "[]"))
     if missing:
         raise invalid(f"The {profile.label} profile needs the search parameter {', '.join(missing)} on every "
@@ -83,6 +94,30 @@ def search_params_of(org: Organization) -> list[tuple[str, str]]:
         return []
 
 
+EPIC_FIELDS = ("epic_user_id", "epic_user_id_type", "epic_provider_id_type", "epic_provider_id_system",
+               "epic_patient_id_system")
+
+
+def clean_epic(fields: dict, given: dict) -> None:
+    """Validate and add the Epic web service's settings given (None: unchanged)."""
+    given = {name: value for name, value in given.items() if value is not None}
+    unknown = set(given) - set(EPIC_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown Epic settings {sorted(unknown)}")
+    try:
+        fields.update(check_epic_settings(**{name[len("epic_"):]: value for name, value in given.items()}))
+    except ValueError as exc:
+        raise invalid(f"{exc}.") from None
+
+
+def clean_time_zone(name: str) -> str:
+    """The clinic's IANA time zone, else 400 naming the bad value."""
+    try:
+        return check_time_zone(name)
+    except ValueError as exc:
+        raise invalid(f"time_zone: {exc}.") from None
+
+
 def clean_ehr_url(ehr_url: str) -> str:
     if ehr_url and not redirect_uri_allowed(ehr_url, ehr_url):
         raise invalid(f"ehr_url must be an absolute http(s) URL without a fragment, got {ehr_url!r}.")
@@ -91,10 +126,14 @@ def clean_ehr_url(ehr_url: str) -> str:
 
 def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None,
                         fhir_client_id: str = "", fhir_auth: str = "smart-backend", fhir_profile: str = "generic",
-                        fhir_scopes: str = "auto", fhir_search_params=()) -> Organization:
+                        fhir_scopes: str = "auto", fhir_search_params=(),
+                        time_zone: str = DEFAULT_TIME_ZONE, **epic) -> Organization:
+    """A new organization (`epic`: the `EPIC_FIELDS` of Epic's web service, when given)."""
     fields = {"name": clean_name(name), "ehr": clean_ehr(ehr), "ehr_url": clean_ehr_url(ehr_url or ""),
-              "fhir_client_id": (fhir_client_id or "").strip(), "fhir_auth": fhir_auth}
+              "fhir_client_id": (fhir_client_id or "").strip(), "fhir_auth": fhir_auth,
+              "time_zone": clean_time_zone(time_zone)}
     clean_fhir_profile(fields, fhir_profile, fhir_scopes, fhir_search_params)
+    clean_epic(fields, epic)
     if org_id:
         fields["id"] = org_id
     check_fhir(fields)
@@ -104,8 +143,9 @@ def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_
 def update_organization(organization_id: str, name: str | None = None, ehr: str | None = None,
                         ehr_url: str | None = None, actor: str = "operator", fhir_client_id: str | None = None,
                         fhir_auth: str | None = None, fhir_profile: str | None = None, fhir_scopes: str | None = None,
-                        fhir_search_params=None) -> Organization:
-    """Change an organization's name, EHR, EHR URL or FHIR registration (None: unchanged); audited.
+                        fhir_search_params=None, time_zone: str | None = None, **epic) -> Organization:
+    """Change an organization's name, EHR, EHR URL, FHIR registration, time zone or Epic web service
+    settings (`EPIC_FIELDS`; None: unchanged); audited.
     A clinic can move between `sandbox` and `fhir`."""
     org = find_organization(organization_id)
     changes = {}
@@ -120,10 +160,13 @@ def update_organization(organization_id: str, name: str | None = None, ehr: str 
     if fhir_auth is not None:
         changes["fhir_auth"] = fhir_auth
     clean_fhir_profile(changes, fhir_profile, fhir_scopes, fhir_search_params)
+    if time_zone is not None:
+        changes["time_zone"] = clean_time_zone(time_zone)
+    clean_epic(changes, epic)
     if changes:
         check_fhir({"ehr": org.ehr, "ehr_url": org.ehr_url, "fhir_client_id": org.fhir_client_id,
                     "fhir_auth": org.fhir_auth, "fhir_profile": org.fhir_profile,
-                    "fhir_search_params": org.fhir_search_params, **changes})
+                    "fhir_search_params": org.fhir_search_params, "epic_user_id": org.epic_user_id, **changes})
         Organization.update(**changes).where(Organization.id == org.id).execute()
         AuditEvent.record(actor, "organization.updated", org.id, **changes)
     return Organization.get_by_id(org.id)

@@ -26,6 +26,16 @@ class Organization(BaseModel):
     fhir_scopes = peewee.CharField(max_length=8, default="auto", constraints=db_default("auto"))
     # JSON [[name, value]]: appended to every search
     fhir_search_params = peewee.TextField(default="[]", constraints=db_default("[]"))
+    # IANA zone of the times an HL7 feed or Epic's web service sends without an offset (issue 47)
+    time_zone = peewee.CharField(max_length=64, default="UTC", constraints=db_default("UTC"))
+    # Epic's GetProviderAppointments web service (issue 47; connectors.fhir.epic_schedule): the Epic
+    # user svc-auth calls it as ("" : not configured, the night tries FHIR), how physicians and
+    # patients are identified to and by it.
+    epic_user_id = peewee.CharField(max_length=200, default="", constraints=db_default(""))
+    epic_user_id_type = peewee.CharField(max_length=64, default="External", constraints=db_default("External"))
+    epic_provider_id_type = peewee.CharField(max_length=16, default="External", constraints=db_default("External"))
+    epic_provider_id_system = peewee.CharField(max_length=500, default="", constraints=db_default(""))
+    epic_patient_id_system = peewee.CharField(max_length=500, default="", constraints=db_default(""))
     created_at = peewee.DateTimeField(default=wall_now)
     # Where the night reads the clinic's schedule: `ehr` (its connector's pull) or `siu` (the
     # HL7v2 SIU feed it pushes, docs/hl7-feed.md). The feed's messages name the clinic by MSH-4

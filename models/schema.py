@@ -221,8 +221,16 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 35 item 6 (3505): the bearer gate keeps users and denials in memory, checked against these versions.
     (3505, "user, organization, installation, denied_token: triggers bump the `directory` and `denied` change "
            "versions on every write", install_change_triggers),
-    # Issue 47 numbers its steps 47xx (4751: the clinic's time zone, branch issue47e; tables
-    # feed_appointment and feed_message are new: MODELS).
+    # Issue 47 numbers its steps 47xx (4751-4759: Epic's web service and the clinic's time zone, branch issue47e).
+    (4751, "organization.time_zone: the IANA zone of times a feed or a web service sends without an offset",
+     _add_missing_columns("organization", ("time_zone", peewee.CharField(max_length=64, default="UTC")))),
+    (4752, "organization.epic_*: the Epic user, provider and patient id settings of GetProviderAppointments",
+     _add_missing_columns("organization", ("epic_user_id", peewee.CharField(max_length=200, default="")),
+                          ("epic_user_id_type", peewee.CharField(max_length=64, default="External")),
+                          ("epic_provider_id_type", peewee.CharField(max_length=16, default="External")),
+                          ("epic_provider_id_system", peewee.CharField(max_length=500, default="")),
+                          ("epic_patient_id_system", peewee.CharField(max_length=500, default="")))),
+    # The SIU feed (branch issue47h; tables feed_appointment and feed_message are new: MODELS).
     (4701, "organization: schedule source (ehr | siu), HL7 sending facility (unique) and allowed senders",
      _hl7_feed_settings),
 )

@@ -7,7 +7,7 @@ import pytest
 
 from helpers.environment import ROOT
 from helpers.processes import settings_env
-from models.directory import User
+from models.directory import Organization, User
 from oauth.secret_rotation import is_current_secret
 
 
@@ -118,6 +118,29 @@ def test_bad_configuration_exits_2(settings):
     result = subprocess.run([sys.executable, "-m", "cli.__main__", "db", "migrate"], env=env, cwd=str(ROOT),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "SVC_ISSUER" in result.stderr
+
+
+# A clinic's time zone (issue 47): the zone of times an HL7 feed or Epic's web service sends without an offset.
+def test_time_zone_is_set_shown_and_changed(cli, runtime):
+    plain = json.loads(cli("orgs", "create", "--name", "Plain Clinic", "--json").stdout)
+    assert plain["time_zone"] == "UTC"
+    org = json.loads(cli("orgs", "create", "--name", "Chicago Clinic", "--time-zone", "America/Chicago",
+                         "--json").stdout)
+    assert org["time_zone"] == "America/Chicago"
+    assert json.loads(cli("orgs", "show", "--org", org["id"], "--json").stdout)["time_zone"] == "America/Chicago"
+    moved = json.loads(cli("orgs", "update", "--org", org["id"], "--time-zone", "Pacific/Auckland", "--json").stdout)
+    assert moved["time_zone"] == "Pacific/Auckland" and moved["name"] == "Chicago Clinic"
+    assert Organization.get_by_id(org["id"]).time_zone == "Pacific/Auckland"
+
+
+@pytest.mark.parametrize("value", ["Mars/Olympus_Mons", "../../etc/passwd", "", "America/Chicago\x01", "x" * 80])
+def test_a_bad_time_zone_exits_2_naming_the_flag_and_changes_nothing(cli, runtime, value):
+    org = json.loads(cli("orgs", "create", "--name", "Kept Clinic", "--time-zone", "Europe/Paris", "--json").stdout)
+    for args in (["orgs", "create", "--name", "Nowhere Clinic"], ["orgs", "update", "--org", org["id"]]):
+        result = cli(*args, "--time-zone", value, expect=2)
+        assert "--time-zone" in result.stderr and "IANA" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert Organization.get_by_id(org["id"]).time_zone == "Europe/Paris"
+    assert not Organization.select().where(Organization.name == "Nowhere Clinic").exists()
 
 
 def test_version(cli):

@@ -138,6 +138,24 @@ def test_every_trigger_over_mllp(runtime, feed_clinic, listen, settings):
     assert all(m["ack"] == "AA" and m["error"] is None and m["received_at"].endswith("Z") for m in listed)
 
 
+def test_times_without_an_offset_are_in_the_clinics_time_zone(runtime, feed_clinic, listen):
+    from lifecycle.organizations import update_organization
+    update_organization(feed_clinic.id, time_zone="America/Chicago")
+    _, port = listen()
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        # 09:30 in Chicago on 5 March 2030 (CST, UTC-6); an explicit offset is taken as sent.
+        assert acked(client.send_message(siu("S12", "Z1", "Z-1")))[0] == "AA"
+        assert acked(client.send_message(siu("S12", "Z2", "Z-2", start="20300305093000+0100",
+                                             end="20300305100000+0100")))[0] == "AA"
+        # In summer (CDT, UTC-5), and an MSH-7 without an offset orders in the same zone.
+        assert acked(client.send_message(siu("S12", "Z3", "Z-3", start="20300705093000", end="20300705100000")))[0] == "AA"
+    assert (appointment(feed_clinic, "Z-1").start, appointment(feed_clinic, "Z-1").end) == (
+        dt.datetime(2030, 3, 5, 15, 30), dt.datetime(2030, 3, 5, 15, 50))
+    assert appointment(feed_clinic, "Z-2").start == dt.datetime(2030, 3, 5, 8, 30)
+    assert appointment(feed_clinic, "Z-3").start == dt.datetime(2030, 7, 5, 14, 30)
+    assert appointment(feed_clinic, "Z-1").message_time == dt.datetime(2030, 3, 1, 15, 0)
+
+
 def test_duplicates_and_older_messages_change_nothing(runtime, feed_clinic, listen):
     _, port = listen()
     org = feed_clinic

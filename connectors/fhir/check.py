@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from connectors.base import ConnectorError
+from connectors.fhir.epic_schedule import no_schedule_search
 from connectors.fhir.query import instant
 from models.npi import NPI_SYSTEM
 
@@ -80,8 +81,8 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
         except ConnectorError as exc:
             if connector.profile.schedule_search:
                 raise
-            raise ConnectorError(f"{exc} ({connector.profile.label} documents no FHIR R4 search of a "
-                                 f"practitioner's appointments)") from None
+            raise ConnectorError(f"{exc} ({no_schedule_search(connector.profile.label, connector.organization.id)})") \
+                from None
         of = f" of {practitioner_ref}" if practitioner_ref else ""
         return f"the search{of} answered ({bundle.get('total', len(bundle.get('entry') or ()))} from now on)"
     step("appointments", appointments)

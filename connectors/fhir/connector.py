@@ -15,6 +15,7 @@ from connectors.fhir import check as ehr_check
 from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
                                    FhirState)
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
+from connectors.fhir.epic_schedule import EpicSchedule, no_schedule_search
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
                                      relative_references)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
@@ -42,6 +43,9 @@ class FhirConnector:
         self.extra = tuple(extra)
         self.skipped = Skipped()
         self.practitioners = practitioners if practitioners is not None else ExpiringCache(client.transport.wall)
+        # Epic's GetProviderAppointments web service, where the clinic gave the Epic user to call it as
+        self.epic_schedule = EpicSchedule(self, organization) if self.profile.name == "epic" and getattr(
+            organization, "epic_user_id", "") else None
 
     def search(self, params: dict) -> dict:
         """`params` as this EHR wants them: the clinic's extra parameters appended; with `_id`
@@ -98,6 +102,9 @@ class FhirConnector:
         return found or None
 
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
+        if self.epic_schedule is not None:
+            yield from self.epic_schedule.fetch_appointments(provider, start, end)
+            return
         practitioner = self.practitioner_id(provider.npi)
         if practitioner is None:
             log.warning("no Practitioner with NPI %s in the EHR of %s: no appointments", provider.npi,
@@ -129,8 +136,7 @@ class FhirConnector:
         except RequestRefused as exc:
             if self.profile.schedule_search:
                 raise
-            raise RequestRefused(f"{exc} ({self.profile.label} documents no FHIR R4 search of a practitioner's "
-                                 f"appointments; see docs/ehr-fhir.md)") from None
+            raise RequestRefused(f"{exc} ({no_schedule_search(self.profile.label, self.organization.id)})") from None
 
     def _read_patients(self, references: list[str], known: dict) -> None:
         """Read the Patients an Appointment page named but did not include, `PATIENT_BATCH` at a
