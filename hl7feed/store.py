@@ -76,6 +76,7 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
     h = header(message)
     org = Organization.get_or_none(Organization.hl7_facility == h.facility) if h.facility else None
     if org is None:
+        log.warning("hl7: a message from %s names no clinic's facility (MSH-4 %r): AR", peer, h.facility[:64])
         return Outcome("AR", h, "MSH-4 (sending facility) names no clinic of this service", "MSH-4", "204")
     if not sender_allowed(org, peer):
         return _refused(runtime, org, h, Refused("AR", "the sender's address is not allowed for this facility",
