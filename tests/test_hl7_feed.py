@@ -22,6 +22,7 @@ import hl7.mllp
 import pytest
 
 from helpers.environment import ROOT
+from helpers.fhir_ehr import patient, start_fhir_ehr
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
 from hl7feed.config import configure_feed
 from lifecycle.verification import record_platform_verification
@@ -37,14 +38,15 @@ SB, EB = b"\x0b", b"\x1c\x0d"
 
 def siu(trigger: str, control: str, key: str, *, facility: str = FACILITY, sent: str = "20300301090000",
         start: str = "20300305093000", end: str = "20300305095000", npi: str = "1234567893", status: str = "Booked",
-        mrn: str = "E1234567", version: str = "2.5.1", kind: str = "SIU", sch_times: bool = True) -> str:
+        mrn: str = "E1234567", version: str = "2.5.1", kind: str = "SIU", sch_times: bool = True,
+        pid3: str | None = None) -> str:
     """An SIU message shaped like Epic's Cadence example (research/epic_schedules.md, section 3)."""
     xcn = f"{npi}^TOR^DOC^^^^^^NPI&2.16.840.1.113883.4.6&ISO^^^^NPI"
     timing = f"^^^{start}^{end}" if sch_times else ""
     return "\r".join([
         f"MSH|^~\\&|EPIC|{facility}|SVCAUTH|HUB|{sent}||{kind}^{trigger}^SIU_{trigger}|{control}|P|{version}",
         f"SCH||{key}||||ROUTINE^Routine check|FOLLOWUP^Follow-up|OFFICE VISIT|20|MIN|{timing}||||||||||||||{status}",
-        f"PID|||{mrn}^^^EPI^MR||DOE^JANE||19800101|F",
+        f"PID|||{pid3 or mrn + '^^^EPI^MR'}||DOE^JANE||19800101|F",
         f"PV1||O|IM^^^CLINIC||||{xcn}",
         "RGS|1",
         "AIS|1||1001^OFFICE VISIT",
@@ -492,3 +494,51 @@ def test_the_night_of_a_siu_clinic_is_built_from_the_feed(runtime, world, feed_c
     again = build_snapshot(runtime, world.org.id, NIGHT)
     assert SnapshotAppointment.get((SnapshotAppointment.snapshot == again.id)
                                    & (SnapshotAppointment.ehr_appointment_id == "N-in")).patient_id == first.patient_id
+
+
+@pytest.fixture(scope="module")
+def open_fhir_ehr():
+    """The test EHR (tests/js/fhir_ehr.mjs) without authentication, for a feed clinic on `--ehr fhir`."""
+    ehr = start_fhir_ehr("--open")
+    yield ehr
+    ehr.proc.terminate()
+    ehr.proc.wait(timeout=10)
+
+
+def test_a_fhir_clinics_feed_patients_are_the_ehrs_patients(runtime, world, listen, open_fhir_ehr):
+    from connectors import Bounds, connector_for
+    from lifecycle.applications import install_application
+    from lifecycle.organizations import create_organization
+    from lifecycle.users import create_user
+    open_fhir_ehr.admin("reset", {})
+    twin = patient("pt-twin", "Roe", "Rick", "1955-06-30", "male")
+    twin["identifier"] = [{"system": "http://hospital.example/mrn", "value": "MRN-dup"}]
+    other = patient("pt-other", "Poe", "Ann", "1960-01-01", "female")
+    other["identifier"] = [{"system": "http://hospital.example/mrn", "value": "MRN-dup"}]
+    open_fhir_ehr.seed(patient("pt-1", "Doe", "Jane", "1970-01-02", "female"), twin, other)
+    clinic = create_organization("FHIR Feed Clinic", "fhir", open_fhir_ehr.base, fhir_auth="none")
+    doctor = create_user(clinic.id, "feed-doc@example.com", "Feed", "Doc", "fdoc", "1245319599")
+    install_application(world.app.id, clinic.id)
+    configure_feed(clinic.id, "siu", "FHIR_FEED", [])
+    start = night_window(runtime.settings, NIGHT)[0]
+    runtime.clock.advance((start - dt.timedelta(hours=6) - runtime.clock.now()).total_seconds())
+    record_platform_verification(runtime, world.app, doctor)
+    record_activity(runtime, doctor)
+    _, port = listen()
+    when = (start + dt.timedelta(days=1, hours=8)).strftime("%Y%m%d%H%M%S")
+    mrn = "^^^&http://hospital.example/mrn&URI^MR"
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for control, key, pid3 in (("H1", "H-known", "MRN-pt-1" + mrn), ("H2", "H-unknown", "MRN-nobody" + mrn),
+                                   ("H3", "H-twice", "MRN-dup" + mrn)):
+            reply = client.send_message(siu("S12", control, key, facility="FHIR_FEED", npi="1245319599", pid3=pid3,
+                                            start=when, end=when[:-4] + "3000"))
+            assert acked(reply)[0] == "AA"
+    snapshot = build_snapshot(runtime, clinic.id, NIGHT)
+    rows = list(SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id))
+    assert [(r.ehr_appointment_id, r.patient_id) for r in rows] == [("H-known", "pt-1")]
+    assert json.loads(snapshot.skipped) == {
+        "patient identifier names several Patients in the EHR": {"count": 1, "appointments": ["H-twice"]},
+        "patient not found in the EHR": {"count": 1, "appointments": ["H-unknown"]}}
+    # The id is the EHR's: its chart is read from the EHR.
+    chart = connector_for(runtime, clinic, Bounds.batch(runtime.settings)).fetch_chart(rows[0].patient_id)
+    assert (chart.patient.id, chart.patient.last_name) == ("pt-1", "Doe")
