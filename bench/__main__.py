@@ -12,7 +12,9 @@ reads per CPU-second with SVC_DISCLOSURE_AUDIT on and off, both shapes), `remote
 `fhir_night` (100 clinics x 20 physicians on the test FHIR EHR, tests/js/fhir_ehr.mjs: appointments
 per second and the EHR's share of the time; PostgreSQL), `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
 reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
-`/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load). A run of some sections keeps the other sections of
+`/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load),
+`hl7_feed` (the SIU feed's listener: ACKs/s with 8 senders, PostgreSQL and embedded, as a ratio to an
+empty MLLP echo; a 100,000-message backfill's memory, `BENCH_HL7_BACKFILL` to change the count; bench/hl7_feed.py). A run of some sections keeps the other sections of
 the previous `latest.json`, each with the time and load it was measured at.
 """
 from __future__ import annotations
@@ -133,7 +135,8 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("production", "floor", "fhir_reads", "disclosure_audit", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage")
+SECTIONS = ("production", "floor", "fhir_reads", "disclosure_audit", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage",
+            "hl7_feed")
 
 
 def section_header() -> dict:
@@ -235,6 +238,15 @@ def main(argv=None) -> int:
     if "chart" in sections:
         from bench.chart_zip import chart_zip_benchmarks
         report["chart_zip"] = {**section_header(), **chart_zip_benchmarks(say)}
+    if "hl7_feed" in sections:
+        from bench.hl7_feed import hl7_feed_benchmarks
+        header, skipped = section_header(), backends(args, need_redis=False)
+        report["hl7_feed"] = {**header, **hl7_feed_benchmarks(
+            None if skipped else args.postgres_url, args.seconds, say,
+            backfill=int(os.environ.get("BENCH_HL7_BACKFILL", "100000")))}
+        if skipped:
+            report["hl7_feed"]["postgresql_skipped"] = skipped
+            say(f"hl7 feed, PostgreSQL: skipped ({skipped})")
     if "outage" in sections:
         from bench.outage import outage_benchmarks
         report["outage"] = {**section_header(), **outage_benchmarks(say)}

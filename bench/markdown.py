@@ -309,6 +309,9 @@ def render(report: dict) -> str:
         tail += render_fhir_night(report["fhir_night"])
     if report.get("chart_zip"):
         tail += render_chart(report["chart_zip"])
+    if report.get("hl7_feed"):
+        from bench.hl7_feed import render as render_hl7_feed
+        tail += render_hl7_feed(report["hl7_feed"])
     if report.get("disclosure_audit"):
         from bench.disclosure_audit import render as render_disclosure_audit
         tail += render_disclosure_audit(report["disclosure_audit"])

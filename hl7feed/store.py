@@ -83,10 +83,10 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
                                                  "MSH-4"), now)
     try:
         check_type(message, h)
-        if _acknowledged(org, h.control_id):
-            return _duplicate(runtime, org, h, now)
         update = appointment(message, h, _zone(org))
     except Refused as refusal:
+        if h.control_id and _acknowledged(org, h.control_id):  # acknowledged AA before: AA, whatever it says now
+            return _duplicate(runtime, org, h, now)
         return _refused(runtime, org, h, refusal, now)
     try:
         return _apply(runtime, org, h, update, now)
@@ -101,8 +101,8 @@ def _acknowledged(org: Organization, control_id: str) -> bool:
 
 def _record(org: Organization, h: Header, ack: str, now: dt.datetime, error: str | None = None,
             first: bool = False) -> None:
-    FeedMessage.create(organization=org.id, control_id=h.control_id[:200], message_type=h.message_type[:32],
-                       received_at=now, ack=ack, error=error[:500] if error else None, first=first)
+    FeedMessage.insert(organization=org.id, control_id=h.control_id[:200], message_type=h.message_type[:32],
+                       received_at=now, ack=ack, error=error[:500] if error else None, first=first).execute()
 
 
 def _refused(runtime, org, h, refusal: Refused, now) -> Outcome:
@@ -140,7 +140,7 @@ def _apply(runtime, org: Organization, h: Header, update: Update, now: dt.dateti
         _record(org, h, "AA", now, first=True)  # first: a concurrent twin fails here, before any change
         values = _values(update, row, now)
         if row is None:
-            FeedAppointment.create(organization=org.id, key=update.key, **values)
+            FeedAppointment.insert(organization=org.id, key=update.key, **values).execute()
         else:
             FeedAppointment.update(**values).where(FeedAppointment.id == row.id).execute()
     return Outcome("AA", h, change="applied")
