@@ -56,7 +56,11 @@ def _listen(runtime, args) -> int:
         ssl = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     except (OSError, ValueError) as exc:
         raise UsageError(f"TLS: {exc}") from None
-    serve_forever(runtime, args.host, args.port, ssl)
+    from ops.startup import StartupError
+    try:
+        serve_forever(runtime, args.host, args.port, ssl)
+    except OSError as exc:  # the port is taken, the address is not ours: one line
+        raise StartupError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return 0
 
 

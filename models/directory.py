@@ -46,8 +46,9 @@ class Organization(BaseModel):
 
 
 ONE_FACILITY = Organization.index(Organization.hl7_facility, unique=True, name="organization_hl7_facility")
-"""One clinic per HL7 sending facility (NULLs, clinics without a feed, are not compared)."""
-Organization.add_index(ONE_FACILITY)
+"""One clinic per HL7 sending facility (NULLs, clinics without a feed, are not compared). Created by
+migration 4701 only, after its column: `create_tables` runs before the migrations on an existing
+table, where SQLite would read the missing column's quoted name as a string and index a constant."""
 
 
 class User(BaseModel):

@@ -39,9 +39,9 @@ SB, EB = b"\x0b", b"\x1c\x0d"
 def siu(trigger: str, control: str, key: str, *, facility: str = FACILITY, sent: str = "20300301090000",
         start: str = "20300305093000", end: str = "20300305095000", npi: str = "1234567893", status: str = "Booked",
         mrn: str = "E1234567", version: str = "2.5.1", kind: str = "SIU", sch_times: bool = True,
-        pid3: str | None = None) -> str:
+        pid3: str | None = None, xcn: str | None = None) -> str:
     """An SIU message shaped like Epic's Cadence example (research/epic_schedules.md, section 3)."""
-    xcn = f"{npi}^TOR^DOC^^^^^^NPI&2.16.840.1.113883.4.6&ISO^^^^NPI"
+    xcn = xcn or f"{npi}^TOR^DOC^^^^^^NPI&2.16.840.1.113883.4.6&ISO^^^^NPI"
     timing = f"^^^{start}^{end}" if sch_times else ""
     return "\r".join([
         f"MSH|^~\\&|EPIC|{facility}|SVCAUTH|HUB|{sent}||{kind}^{trigger}^SIU_{trigger}|{control}|P|{version}",
@@ -538,3 +538,58 @@ def test_a_fhir_clinics_feed_patients_are_the_ehrs_patients(runtime, world, list
     # The id is the EHR's: its chart is read from the EHR.
     chart = connector_for(runtime, clinic, Bounds.batch(runtime.settings)).fetch_chart(rows[0].patient_id)
     assert (chart.patient.id, chart.patient.last_name) == ("pt-1", "Doe")
+
+
+def cli_json(settings, *args) -> tuple[int, dict | str]:
+    out = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings), cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=180)
+    return out.returncode, (json.loads(out.stdout) if out.returncode == 0 else out.stderr)
+
+
+def test_a_clinics_feed_settings_on_the_command_line(runtime, world, settings):
+    code, org = cli_json(settings, "orgs", "create", "--name", "Feed Clinic", "--schedule-source", "siu",
+                         "--hl7-facility", "SOUTH", "--hl7-allow", "203.0.113.0/24", "10.1.2.3", "--json")
+    assert code == 0 and (org["schedule_source"], org["hl7_facility"], org["hl7_allow"]) == (
+        "siu", "SOUTH", ["203.0.113.0/24", "10.1.2.3/32"])
+    code, shown = cli_json(settings, "orgs", "show", "--org", org["id"], "--json")
+    assert (shown["schedule_source"], shown["hl7_facility"], shown["hl7_allow"]) == (
+        "siu", "SOUTH", ["203.0.113.0/24", "10.1.2.3/32"])
+    # One clinic per facility; a bad network; `siu` without a facility: exit 2 naming why, nothing made.
+    code, error = cli_json(settings, "orgs", "create", "--name", "Twin", "--hl7-facility", "SOUTH", "--json")
+    assert code == 2 and "another organization's" in error
+    code, error = cli_json(settings, "orgs", "update", "--org", org["id"], "--hl7-allow", "10.0.0.300/8", "--json")
+    assert code == 2 and "--hl7-allow" in error
+    code, error = cli_json(settings, "orgs", "create", "--name", "No facility", "--schedule-source", "siu", "--json")
+    assert code == 2 and "--hl7-facility" in error
+    code, orgs = cli_json(settings, "orgs", "list", "--json")
+    assert {o["name"] for o in orgs} == {world.org.name, "Feed Clinic"}
+    # Back to the connector's pull; the allowed list emptied (any address).
+    code, updated = cli_json(settings, "orgs", "update", "--org", org["id"], "--schedule-source", "ehr", "--hl7-allow",
+                             "--json")
+    assert code == 0 and (updated["schedule_source"], updated["hl7_facility"], updated["hl7_allow"]) == (
+        "ehr", "SOUTH", [])
+    code, default = cli_json(settings, "orgs", "show", "--org", world.org.id, "--json")
+    assert (default["schedule_source"], default["hl7_facility"], default["hl7_allow"]) == ("ehr", None, [])
+
+
+def test_retention_removes_what_no_snapshot_needs(runtime, world, feed_clinic, listen):
+    from hl7feed.store import prune
+    _, port = listen()
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
+
+    def hl7_time(when: dt.datetime) -> str:
+        return when.strftime("%Y%m%d%H%M%S")
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for control, key, when in (("O1", "O-past", now - dt.timedelta(days=3)),
+                                   ("O2", "O-soon", now + dt.timedelta(days=5))):
+            assert acked(client.send_message(siu("S12", control, key, start=hl7_time(when),
+                                                 end=hl7_time(when + dt.timedelta(minutes=20)))))[0] == "AA"
+        # An appointment without an NPI physician is kept without its patient.
+        assert acked(client.send_message(siu("S12", "O3", "O-nobody", xcn="400^BEST^TINA")))[0] == "AA"
+    nobody = appointment(feed_clinic, "O-nobody")
+    assert (nobody.physician_npi, nobody.patient_identifier, nobody.patient_last_name) == ("", "", "")
+    # Ended more than 2 days ago: gone; message records stay 90 days.
+    assert prune(runtime, now) == (1, 0)
+    assert appointment(feed_clinic, "O-past") is None and appointment(feed_clinic, "O-soon") is not None
+    assert prune(runtime, now + dt.timedelta(days=91)) == (1, 3)
+    assert not FeedMessage.select().exists() and appointment(feed_clinic, "O-nobody") is not None
