@@ -76,11 +76,13 @@ class Update:
 def header(m: Message) -> Header:
     """MSH as far as it can be read; the type, trigger and version are checked by `check_type`."""
     msh = m.first("MSH")
-    kind, trigger = m.value(msh, 9, 1), m.value(msh, 9, 2)
-    return Header(facility=m.value(msh, 4, 1), control_id=m.value(msh, 10, 1),
-                  message_type=f"{kind}^{trigger}" if trigger else kind, trigger=trigger,
-                  sending_application=m.value(msh, 3, 1), receiving_application=m.value(msh, 5, 1),
-                  receiving_facility=m.value(msh, 6, 1), version=m.value(msh, 12, 1))
+
+    def value(field: int) -> str:  # metadata is recorded and echoed: never a NUL (PostgreSQL refuses it in text)
+        return m.value(msh, field, 1).replace("\x00", "")
+    kind, trigger = value(9), m.value(msh, 9, 2).replace("\x00", "")
+    return Header(facility=value(4), control_id=value(10), message_type=f"{kind}^{trigger}" if trigger else kind,
+                  trigger=trigger, sending_application=value(3), receiving_application=value(5),
+                  receiving_facility=value(6), version=value(12))
 
 
 def check_type(m: Message, h: Header) -> None:

@@ -188,6 +188,8 @@ def test_refusals_carry_an_err_and_store_nothing(runtime, world, feed_clinic, li
         (siu("S12", "R7", "C-7", status="Maybe"), "AE", "SCH-25"),
         (siu("S12", "R8", "C-8", sent="yesterday"), "AE", "MSH-7"),
         ("PID|||1", "AR", "MSH"),
+        (siu("S12", "R11", "C-11").replace("DOE^JANE", "DOE\x00^JANE"), "AE", "NUL"),
+        (siu("S12", "R12\x00", "C-12").replace("DOE^JANE", "DOE\x00^JANE"), "AE", "NUL"),
     ]
     with hl7.client.MLLPClient("127.0.0.1", port) as client:
         for message, code, why in cases:
@@ -204,8 +206,9 @@ def test_refusals_carry_an_err_and_store_nothing(runtime, world, feed_clinic, li
         assert acked(client.send_message(siu("S12", "R10", "C-10")))[0] == "AA"
     listed = {m["control_id"]: m for m in hl7_messages(settings, org)}
     assert "R1" not in listed, "another facility's message is not this clinic's"
-    assert {c: listed[c]["ack"] for c in ("R2", "R3", "R4", "R5", "R6", "R7", "R8", "R9", "R10")} == {
-        "R2": "AR", "R3": "AR", "R4": "AR", "R5": "AE", "R6": "AE", "R7": "AE", "R8": "AE", "R9": "AR", "R10": "AA"}
+    assert {c: listed[c]["ack"] for c in ("R2", "R3", "R4", "R5", "R6", "R7", "R8", "R9", "R10", "R11", "R12")} == {
+        "R2": "AR", "R3": "AR", "R4": "AR", "R5": "AE", "R6": "AE", "R7": "AE", "R8": "AE", "R9": "AR", "R10": "AA",
+        "R11": "AE", "R12": "AE"}
     assert all(listed[c]["error"] for c in ("R2", "R5", "R9"))
 
 
