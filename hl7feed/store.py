@@ -90,7 +90,7 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
         return _refused(runtime, org, h, refusal, now)
     try:
         return _apply(runtime, org, h, update, now)
-    except peewee.IntegrityError:  # the same control id committed by another listener meanwhile
+    except peewee.IntegrityError:  # this control id was acknowledged AA before (here or by another listener)
         return _duplicate(runtime, org, h, now)
 
 
@@ -129,15 +129,13 @@ def _apply(runtime, org: Organization, h: Header, update: Update, now: dt.dateti
     db = runtime.db
     with db.atomic():
         _lock(db, org, update.key)
-        if _acknowledged(org, h.control_id):
-            _record(org, h, "AA", now)
-            return Outcome("AA", h, change="duplicate")
+        # The first AA of this control id, or IntegrityError (acknowledged before: `receive` answers
+        # AA, and this transaction, which changed nothing yet, is rolled back).
+        _record(org, h, "AA", now, first=True)
         row = FeedAppointment.get_or_none((FeedAppointment.organization == org.id)
                                           & (FeedAppointment.key == update.key))
         if row is not None and update.message_time < row.message_time:
-            _record(org, h, "AA", now, first=True)
             return Outcome("AA", h, change="older")
-        _record(org, h, "AA", now, first=True)  # first: a concurrent twin fails here, before any change
         values = _values(update, row, now)
         if row is None:
             FeedAppointment.insert(organization=org.id, key=update.key, **values).execute()
