@@ -19,7 +19,7 @@ import datetime as dt
 import hashlib
 import ipaddress
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import peewee
 
@@ -29,6 +29,7 @@ from hl7feed.siu import Header, Refused, Update, appointment, check_type, header
 from models.clock import utc_iso
 from models.directory import Organization
 from models.hl7 import FeedAppointment, FeedMessage
+from models.prepared import PreparedInsert, PreparedQuery
 
 log = logging.getLogger("svc_auth.hl7")
 
@@ -36,6 +37,29 @@ KEEP_PAST = dt.timedelta(days=2)
 MESSAGE_DAYS = 90
 PATIENT_FIELDS = ("patient_identifier", "patient_authority", "patient_first_name", "patient_last_name",
                   "patient_date_of_birth", "patient_sex", "reason")
+STORED = ("message_time", "removed", "start", "end", "status", "physician_npi", "appointment_type", "location",
+          *PATIENT_FIELDS, "updated_at")
+"""What a message sets on its appointment's row (all of it, every time)."""
+
+# Every message runs these: their SQL text is built once per database (models/prepared.py).
+_CLINIC_OF_FACILITY = PreparedQuery(
+    lambda facility: Organization.select().where(Organization.hl7_facility == facility).limit(1),
+    Organization.hl7_facility)
+_APPOINTMENT = PreparedQuery(
+    lambda organization, key: (FeedAppointment.select(FeedAppointment.id, FeedAppointment.message_time,
+                                                      FeedAppointment.start, FeedAppointment.end)
+                               .where((FeedAppointment.organization == organization) & (FeedAppointment.key == key))
+                               .limit(1)),
+    FeedAppointment.organization, FeedAppointment.key)
+_UPDATE_APPOINTMENT = PreparedQuery(
+    # (Value without a converter: the argument's marker reaches the SQL text as it is; the
+    # conversion is PreparedQuery's, by each field, on every call.)
+    lambda *values: (FeedAppointment.update({getattr(FeedAppointment, name): peewee.Value(value, converter=False)
+                                             for name, value in zip(STORED, values)})
+                     .where(FeedAppointment.id == values[-1])),
+    *(getattr(FeedAppointment, name) for name in STORED), FeedAppointment.id)
+_INSERT_APPOINTMENT = PreparedInsert(FeedAppointment)
+_INSERT_MESSAGE = PreparedInsert(FeedMessage)
 
 
 @dataclass(frozen=True)
@@ -74,7 +98,7 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
     except ParseError as exc:
         return Outcome("AR", None, f"the MSH segment cannot be read: {exc}", "MSH", "100")
     h = header(message)
-    org = Organization.get_or_none(Organization.hl7_facility == h.facility) if h.facility else None
+    org = _CLINIC_OF_FACILITY.first(h.facility) if h.facility else None
     if org is None:
         log.warning("hl7: a message from %s names no clinic's facility (MSH-4 %r): AR", peer, h.facility[:64])
         return Outcome("AR", h, "MSH-4 (sending facility) names no clinic of this service", "MSH-4", "204")
@@ -101,8 +125,8 @@ def _acknowledged(org: Organization, control_id: str) -> bool:
 
 def _record(org: Organization, h: Header, ack: str, now: dt.datetime, error: str | None = None,
             first: bool = False) -> None:
-    FeedMessage.insert(organization=org.id, control_id=h.control_id[:200], message_type=h.message_type[:32],
-                       received_at=now, ack=ack, error=error[:500] if error else None, first=first).execute()
+    _INSERT_MESSAGE.insert(organization=org.id, control_id=h.control_id[:200], message_type=h.message_type[:32],
+                           received_at=now, ack=ack, error=error[:500] if error else None, first=first)
 
 
 def _refused(runtime, org, h, refusal: Refused, now) -> Outcome:
@@ -132,31 +156,26 @@ def _apply(runtime, org: Organization, h: Header, update: Update, now: dt.dateti
         # The first AA of this control id, or IntegrityError (acknowledged before: `receive` answers
         # AA, and this transaction, which changed nothing yet, is rolled back).
         _record(org, h, "AA", now, first=True)
-        row = FeedAppointment.get_or_none((FeedAppointment.organization == org.id)
-                                          & (FeedAppointment.key == update.key))
+        row = _APPOINTMENT.first(org.id, update.key)
         if row is not None and update.message_time < row.message_time:
             return Outcome("AA", h, change="older")
         values = _values(update, row, now)
         if row is None:
-            FeedAppointment.insert(organization=org.id, key=update.key, **values).execute()
+            _INSERT_APPOINTMENT.insert(organization=org.id, key=update.key, **values)
         else:
-            FeedAppointment.update(**values).where(FeedAppointment.id == row.id).execute()
+            _UPDATE_APPOINTMENT.execute(*(values[name] for name in STORED), row.id)
     return Outcome("AA", h, change="applied")
 
 
 def _values(update: Update, row: FeedAppointment | None, now: dt.datetime) -> dict:
-    if update.remove:  # keep the key, the time and when it was (for retention); drop the rest
-        kept = {"start": row.start, "end": row.end} if row is not None else {}
-        return {"message_time": update.message_time, "removed": True, "updated_at": now, "physician_npi": "",
-                "patient_identifier": "", "patient_authority": "", "patient_first_name": "", "patient_last_name": "",
-                "patient_date_of_birth": None, "patient_sex": "unknown", "reason": "", **kept}
-    if not update.physician_npi:  # in nobody's snapshot until a message names its physician's NPI
-        update = replace(update, **{f: ("unknown" if f == "patient_sex" else None if f == "patient_date_of_birth"
-                                        else "") for f in PATIENT_FIELDS})
-    values = {name: getattr(update, name) for name in (
-        "message_time", "start", "end", "status", "physician_npi", "appointment_type", "reason", "location",
-        *PATIENT_FIELDS)}
-    return {**values, "removed": False, "updated_at": now}
+    """The row's every stored column (`STORED`) after `update`."""
+    values = {name: getattr(update, name) for name in STORED if hasattr(update, name)}
+    if update.remove:  # a tombstone: the key, the times and MSH-7 (for order and retention); no patient
+        values.update(start=row.start if row is not None else None, end=row.end if row is not None else None,
+                      status="cancelled", appointment_type="", location="", physician_npi="")
+    if update.remove or not update.physician_npi:  # in nobody's snapshot: no patient kept
+        values.update({f: "" for f in PATIENT_FIELDS}, patient_date_of_birth=None, patient_sex="unknown")
+    return {**values, "removed": update.remove, "updated_at": now}
 
 
 def prune(runtime, now: dt.datetime, organization_id: str | None = None) -> tuple[int, int]:
