@@ -160,6 +160,11 @@ async def test_an_epic_clinics_night_comes_from_get_provider_appointments(api, r
                                                                               "IDType": "External"}],
                         "IncludeAllStatuses": "true"}
 
+    done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+    verdict = json.loads(done.stdout)
+    assert done.returncode == 0 and verdict["ok"], verdict
+    assert "Epic's GetProviderAppointments answered for NPI 1417000001" in verdict["steps"][-1]["detail"]
+
     headers = await partner_headers(api, world.app, world.secret)
     rows = await listed(api, headers, org_id)
     assert sorted(r["id"] for r in rows) == EXPECTED
@@ -201,14 +206,13 @@ async def test_an_epic_clinics_night_comes_from_get_provider_appointments(api, r
     assert cli(settings, "orgs", "update", "--org", org_id, "--epic-provider-id-type", "NPI",
                "--epic-patient-id-system", "").returncode == 0
     epic_web_ehr.epic(fhir_patient_ids=True)
-    pages_before = epic_web_ehr.stats()["pages"].get("Patient", 0)
+    pages_before, calls_before = epic_web_ehr.stats()["pages"].get("Patient", 0), len(epic_web_ehr.epic()["calls"])
     code, report = night_of(settings, night)
     assert code == 0 and org_id in report["built"], report
     assert report["skipped"][org_id] == {"unknown Epic status": {"count": 1, "appointments": ["ana-bumped"]}}
     assert sorted(r["id"] for r in await listed(api, headers, org_id)) == sorted(EXPECTED + ["ana-ghost"])
-    assert [c["Providers"] for c in epic_web_ehr.epic()["calls"][2:]] in (
-        [[{"ID": ana.npi, "IDType": "NPI"}], [{"ID": ben.npi, "IDType": "NPI"}]],
-        [[{"ID": ben.npi, "IDType": "NPI"}], [{"ID": ana.npi, "IDType": "NPI"}]])
+    assert sorted(json.dumps(c["Providers"]) for c in epic_web_ehr.epic()["calls"][calls_before:]) == [
+        json.dumps([{"ID": npi, "IDType": "NPI"}]) for npi in (ana.npi, ben.npi)]
     assert epic_web_ehr.stats()["pages"].get("Patient", 0) == pages_before   # Patients read by id, not searched
 
 
@@ -238,6 +242,9 @@ async def test_a_refusal_fails_the_night_and_keeps_the_previous_snapshot(api, ru
         assert (f"HTTP {status}" in failure) == (status != 200), failure
         assert Snapshot.latest_complete(org_id).id == kept.id
         assert sorted(r["id"] for r in await listed(api, headers, org_id)) == EXPECTED
+        done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+        step = json.loads(done.stdout)["steps"][-1]
+        assert done.returncode == 1 and step["step"] == "appointments" and not step["ok"] and error in step["detail"]
     failed = DisclosureRecord.select().where((DisclosureRecord.organization_id == org_id)
                                              & (DisclosureRecord.action == "ehr.fetch")
                                              & (DisclosureRecord.outcome == "failure"))
