@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from connectors.base import ConnectorError
+from connectors.base import ConnectorError, Provider
 from connectors.fhir.epic_schedule import no_schedule_search
 from connectors.fhir.query import instant
 from models.npi import NPI_SYSTEM
@@ -69,6 +69,8 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
         return steps
 
     def appointments():
+        if connector.epic_schedule is not None:  # Epic with --epic-user-id: its web service, not FHIR
+            return epic_appointments(connector, next((n for n in known if n), None), now)
         practitioner_ref = next(iter(known.values()), None)
         if practitioner_ref:
             params = connector.appointment_search(practitioner_ref.split("/", 1)[1], now, None)
@@ -87,6 +89,16 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
         return f"the search{of} answered ({bundle.get('total', len(bundle.get('entry') or ()))} from now on)"
     step("appointments", appointments)
     return steps
+
+
+def epic_appointments(connector, npi: str | None, now: dt.datetime) -> str:
+    """The `appointments` step of an Epic clinic with `--epic-user-id`: GetProviderAppointments for
+    the first physician the EHR knows, over the next day."""
+    if npi is None:
+        return "no physician (user with an NPI the EHR knows) to ask Epic's GetProviderAppointments for"
+    found = list(connector.epic_schedule.fetch_appointments(Provider(user_id="", npi=npi, name=""), now,
+                                                            now + dt.timedelta(days=1)))
+    return f"Epic's GetProviderAppointments answered for NPI {npi} ({len(found)} listed in the next 24 hours)"
 
 
 class _StepFailed(ConnectorError):

@@ -150,12 +150,11 @@ class EpicSchedule:
         yield from found
 
     def provider_id(self, provider) -> str | None:
-        """How the request names the physician: the NPI, or the `External` identifier of the
-        Practitioner with that NPI (None, logged and counted, when there is none)."""
+        """How the request names the physician, once the EHR's Practitioner with that NPI is found
+        (None, logged, when there is none: a physician unknown to the EHR has no appointments there):
+        the NPI, or that Practitioner's `External` identifier (None, logged and counted, when it has none)."""
         if not is_npi(provider.npi):
             return None
-        if (self.organization.epic_provider_id_type or "External") == "NPI":
-            return provider.npi
         bundle = self.client.search("Practitioner", self.connector.search({"identifier": f"{NPI_SYSTEM}|{provider.npi}"}))
         practitioners = [e["resource"] for e in bundle.get("entry") or () if isinstance(e, dict) and isinstance(
             e.get("resource"), dict) and e["resource"].get("resourceType") == "Practitioner"]
@@ -163,6 +162,8 @@ class EpicSchedule:
             log.warning("no Practitioner with NPI %s in the EHR of %s: no appointments", provider.npi,
                         self.organization.id)
             return None
+        if (self.organization.epic_provider_id_type or "External") == "NPI":
+            return provider.npi
         system = self.organization.epic_provider_id_system
         for identifier in practitioners[0].get("identifier") or ():
             if not isinstance(identifier, dict) or not isinstance(identifier.get("value"), str):

@@ -20,10 +20,10 @@ CLIENT_ID = "svc-auth-at-the-test-ehr"
 class FhirEhr:
     """The running EHR: its FHIR base, and the test controls under /admin."""
 
-    def __init__(self, port: int, proc: subprocess.Popen):
+    def __init__(self, port: int, proc: subprocess.Popen, base: str | None = None):
         self.port, self.proc = port, proc
         self.origin = f"http://127.0.0.1:{port}"
-        self.base = f"{self.origin}/fhir/R4"
+        self.base = base or f"{self.origin}/fhir/R4"   # the vendor's (Epic: {origin}/api/FHIR/R4)
 
     def admin(self, path: str, body: dict | None = None) -> dict:
         request = urllib.request.Request(f"{self.origin}/admin/{path}", method="POST" if body is not None else "GET",
@@ -62,6 +62,13 @@ class FhirEhr:
         """Every token used so far expires: the EHR answers 401 to it from now on."""
         self.admin("expire", {})
 
+    def epic(self, **settings) -> dict:
+        """Epic's GetProviderAppointments on this EHR (vendor epic; tests/js/epic_scheduling.mjs): change
+        its settings (`user_id`, `time_zone`, `patient_system`, `provider_system`, `fhir_patient_ids`,
+        `statuses` {appointment id: Epic status}, `error` + `error_status`: refuse every call); returns
+        `{"settings", "calls"}` (the request bodies received)."""
+        return self.admin("epic", settings) if settings else self.admin("epic")
+
     def compartment(self, patient_id: str) -> dict[str, list[str]]:
         """The ids the EHR holds in the patient's compartment, by type (Medplum's own search over
         its compartment definition; the test's ground truth)."""
@@ -97,7 +104,7 @@ def start_fhir_ehr(*flags: str, token_ttl: int = 300) -> FhirEhr:
             break
     else:
         raise RuntimeError(f"the FHIR EHR did not start (exit {proc.wait()})")
-    return FhirEhr(port, proc)
+    return FhirEhr(port, proc, line.split()[1])
 
 
 def practitioner(pid: str, npi: str, family: str, given: str) -> dict:

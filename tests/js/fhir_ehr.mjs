@@ -13,7 +13,8 @@
 // (the vendor may also be given as FHIR_EHR_VENDOR; its documented behaviours: vendors.mjs)
 import http from 'node:http';
 import crypto from 'node:crypto';
-import { VENDORS, neededScope, vendorOffersEverything, vendorRequest, vendorScopes, vendorSmart } from './vendors.mjs';
+import { VENDORS, neededScope, vendorBasePath, vendorOffersEverything, vendorRequest, vendorScopes, vendorSmart } from './vendors.mjs';
+import { EpicScheduling, GET_PROVIDER_APPOINTMENTS } from './epic_scheduling.mjs';
 
 globalThis.WebSocket ??= class WebSocket {};  // Node 20: @medplum/core touches it at import
 
@@ -29,7 +30,8 @@ const open = args.includes('--open');
 const vendor = args.includes('--vendor') ? args[args.indexOf('--vendor') + 1] : (process.env.FHIR_EHR_VENDOR || '');
 if (vendor && !VENDORS.includes(vendor)) throw new Error(`unknown vendor ${vendor}: one of ${VENDORS.join(', ')}`);
 const origin = `http://127.0.0.1:${port}`;
-const base = `${origin}/fhir/R4`;
+const basePath = vendorBasePath(vendor);  // /fhir/R4, or the vendor's (Epic: /api/FHIR/R4)
+const base = `${origin}${basePath}`;
 
 indexStructureDefinitionBundle(readJson('fhir/r4/profiles-types.json'));
 indexStructureDefinitionBundle(readJson('fhir/r4/profiles-resources.json'));
@@ -41,6 +43,7 @@ router.add('GET', 'Patient/:id/$everything', (req) => {
   return patientEverything(req);
 });
 const repo = new MemoryRepository();
+const epic = new EpicScheduling(repo, parseSearchRequest);  // Epic's GetProviderAppointments (vendor epic)
 const SCOPES = ['system/Practitioner.rs', 'system/Appointment.rs', 'system/Patient.rs', 'system/Encounter.rs',
   'system/Condition.rs', 'system/Observation.rs', 'system/MedicationRequest.rs', 'system/AllergyIntolerance.rs',
   'system/DocumentReference.rs'];
@@ -144,7 +147,7 @@ async function admin(req, res, path) {
     return send(res, 200, { created: created.map((r) => `${r.resourceType}/${r.id}`) }, 'application/json');
   }
   if (path === '/admin/reset') {
-    repo.clear(); compartments = new Map(); hostile = []; offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
+    repo.clear(); compartments = new Map(); hostile = []; epic.reset(); offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
     stats.pages = {}; stats.metadata = 0;
     return send(res, 200, {}, 'application/json');
   }
@@ -170,6 +173,10 @@ async function admin(req, res, path) {
     return send(res, 200, byType, 'application/json');
   }
   if (path === '/admin/stats') return send(res, 200, stats, 'application/json');
+  if (path === '/admin/epic') {  // Epic's web service: settings (epic_scheduling.mjs) and the calls it received
+    if (req.method === 'POST') epic.configure(body);
+    return send(res, 200, epic.report(), 'application/json');
+  }
   return send(res, 404, {}, 'application/json');
 }
 
@@ -226,7 +233,7 @@ async function fhir(req, res, url) {
     if (fault['retry_after'] !== undefined) res.setHeader('Retry-After', String(fault['retry_after']));
     return send(res, fault.status, outcome(fault.status === 429 ? 'throttled' : 'transient', 'injected fault'));
   }
-  const pathname = url.pathname.slice('/fhir/R4'.length) || '/';
+  const pathname = url.pathname.slice(basePath.length) || '/';
   if (pathname === '/.well-known/smart-configuration') {
     return send(res, 200, { token_endpoint: `${origin}/oauth/token`, grant_types_supported: ['client_credentials'],
       token_endpoint_auth_methods_supported: ['private_key_jwt'], token_endpoint_auth_signing_alg_values_supported: ['RS384', 'ES384'],
@@ -275,11 +282,35 @@ async function fhir(req, res, url) {
   }
 }
 
+// Epic's GetProviderAppointments (epic_scheduling.mjs): the backend token and its scopes checked as
+// for FHIR (the Appointment scope: this test EHR's choice; Epic grants web services per client id),
+// injected faults answered as for FHIR.
+async function epicWebService(req, res) {
+  stats.epic = (stats.epic ?? 0) + 1;
+  if (fault && fault.count > 0) {
+    fault.count -= 1; stats.faults += 1;
+    if (fault['retry_after'] !== undefined) res.setHeader('Retry-After', String(fault['retry_after']));
+    return send(res, fault.status, { Error: 'injected fault', Appointments: null }, 'application/json');
+  }
+  const granted = await authorized(req);
+  if (!granted) return send(res, 401, { Error: 'Unauthorized', Appointments: null }, 'application/json');
+  const needed = neededScope(vendor, 'Appointment');
+  if (granted !== '*' && !granted.split(' ').includes(needed)) {
+    return send(res, 403, { Error: `The access token lacks the ${needed} scope.`, Appointments: null }, 'application/json');
+  }
+  if (req.method !== 'POST') return send(res, 405, { Error: 'POST only.', Appointments: null }, 'application/json');
+  let body;
+  try { body = JSON.parse(await readBody(req)); } catch { return send(res, 400, { Error: 'The body is not JSON.', Appointments: null }, 'application/json'); }
+  const [status, answer] = await epic.answer(body);
+  return send(res, status, answer, 'application/json');
+}
+
 const server = http.createServer(async (req, res) => {
   const url = new URL(req.url, origin);
   try {
     if (url.pathname.startsWith('/admin/')) return await admin(req, res, url.pathname);
-    if (url.pathname.startsWith('/fhir/R4')) {
+    if (vendor === 'epic' && url.pathname === GET_PROVIDER_APPOINTMENTS) return await epicWebService(req, res);
+    if (url.pathname.startsWith(basePath)) {
       const began = performance.now();
       try { return await fhir(req, res, url); } finally { stats.fhirBusyMs += performance.now() - began; }
     }

@@ -12,6 +12,13 @@ const TYPES = ['Practitioner', 'Appointment', 'Patient', 'Encounter', 'Condition
 
 const outcome = (code, text) => ({ resourceType: 'OperationOutcome', issue: [{ severity: 'error', code, details: { text } }] });
 
+// The FHIR base's path. Epic's bases end in /api/FHIR/R4 after the Interconnect base (research
+// epic_schedules.md E9: `…/interconnect-fhir-oauth/api/FHIR/R4`), where Epic's web services live too:
+// GetProviderAppointments is epic_scheduling.mjs (shapes from the research's source E6).
+export function vendorBasePath(vendor) {
+  return vendor === 'epic' ? '/api/FHIR/R4' : '/fhir/R4';
+}
+
 // The scopes the token service knows (a scope it does not know is dropped from a grant, so a
 // client asking v2 scopes of a v1-only server gets a token with no scope, and 403s).
 export function vendorScopes(vendor) {
