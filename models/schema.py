@@ -144,6 +144,17 @@ def _r4_sandbox_ids(migrator) -> None:
         field.model.update({field: peewee.fn.REPLACE(field, "_", "-")}).where(field.startswith(f"{kind}_")).execute()
 
 
+KEY_ID_TABLES = ("refresh_token", "authorization_code", "invitation", "developer_invite", "console_session",
+                 "sandbox_session", "sandbox_signin_link")
+"""Tables of keyed hashes whose rows note which SVC_HMAC_KEY made them (`keys.inventory`)."""
+
+
+def _key_ids(migrator) -> None:
+    """A NULL-able `key_id` on each (NULL: made before this release, under a key nobody noted)."""
+    for table in KEY_ID_TABLES:
+        _add_missing_columns(table, ("key_id", peewee.CharField(max_length=16, null=True)))(migrator)
+
+
 MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Codes note the jtis their exchange issued (replaces one issued_token row per token).
     (1, "authorization_code.issued_jtis",
@@ -213,6 +224,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 35 item 6 (3505): the bearer gate keeps users and denials in memory, checked against these versions.
     (3505, "user, organization, installation, denied_token: triggers bump the `directory` and `denied` change "
            "versions on every write", install_change_triggers),
+    # Issue 45 numbers its steps 45xx.
+    (4501, "key_id beside every stored keyed hash (refresh tokens, codes, invitations, sessions, sign-in links): "
+           "which SVC_HMAC_KEY made it (keys rekey counts what still needs an old key)", _key_ids),
 )
 
 

@@ -56,7 +56,7 @@ def _hub_session(runtime, user_id: str, auth_time: int | None) -> SandboxSession
 
 def _new_token(runtime, grant_id: str, access_jti: str, now: dt.datetime) -> str:
     token = new_secret(32)
-    RefreshToken.create(token_hash=runtime.hasher.digest(token), grant=grant_id, access_jti=access_jti, created_at=now)
+    RefreshToken.create(token_hash=runtime.hasher.digest(token), key_id=runtime.hasher.key_id, grant=grant_id, access_jti=access_jti, created_at=now)
     return token
 
 
