@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import peewee
 
@@ -122,8 +123,8 @@ def orphaned(runtime) -> dict[str, dict[str, int]]:
     return found
 
 
-_STOPS = {kind.name: kind.stops for kind in KINDS} | {
-    "client_secrets": "their partners' client secrets answer invalid_client"}
+_STOPS = MappingProxyType({kind.name: kind.stops for kind in KINDS} | {
+    "client_secrets": "their partners' client secrets answer invalid_client"})
 
 
 def require_every_key(runtime) -> None:

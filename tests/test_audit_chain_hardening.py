@@ -143,3 +143,30 @@ def test_a_checkpoint_that_gave_seq_again_is_reported(runtime):
            runtime.clock.now)
     _fill(runtime, 2)
     _answer(runtime.settings, 1, "seq numbers were given twice")
+
+
+def test_verify_keeps_no_more_in_memory_for_a_longer_chain(runtime, monkeypatch):
+    """A chain four times longer costs `verify` no more memory at its peak: it holds one batch."""
+    import tracemalloc
+    import audit.chain
+    from audit.chain import append
+    monkeypatch.setattr(audit.chain, "BATCH", 250)
+    rows = [{"action": "read", "outcome": "success", "organization_id": "org_m", "patients": [f"pat_{n}"],
+             "resource_type": "Patient", "resource_ids": [f"pat_{n}"], "request_id": f"m{n}"} for n in range(500)]
+
+    def peak() -> tuple[int, int]:
+        tracemalloc.start()
+        try:
+            result = verify(chain_key(runtime))
+            return result["records"], tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    for _ in range(4):
+        append(runtime.db, chain_key(runtime), rows, runtime.clock.now)
+    short = peak()
+    for _ in range(12):
+        append(runtime.db, chain_key(runtime), rows, runtime.clock.now)
+    long = peak()
+    assert (short[0], long[0]) == (2000, 8000)
+    assert long[1] < short[1] * 1.5, (short, long)
