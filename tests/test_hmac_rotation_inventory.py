@@ -142,7 +142,7 @@ def test_a_rolling_rotation_keeps_an_idle_offline_grant_and_one_chain(settings, 
     a, _, _ = host("a")
     idle = launch(a, runtime, world, app, patient)  # the offline grant nobody uses during the rotation
     reading = launch(a, runtime, world, app, patient, "launch patient/*.rs")  # no refresh token
-    assert idle["refresh_token"] and RefreshToken.get(RefreshToken.spent_at.is_null(True)).key_id == key_id(OLD.encode())
+    assert idle["refresh_token"]
     reader = Reader(world.org.id, patient, reading["access_token"])
     reader.start()
     try:
@@ -200,6 +200,7 @@ def test_a_rolling_rotation_keeps_an_idle_offline_grant_and_one_chain(settings, 
             reader.lock.notify_all()
         reader.join(30)
 
+    assert RefreshToken.get(RefreshToken.spent_at.is_null(True)).key_id == key_id(OLD.encode())  # noted
     # Step 5 too early: a host without OLD refuses to start, with one line naming what stops working.
     env = settings_env(settings, SVC_VAR_DIR=tmp_path / "early", SVC_KEYS_DIR=tmp_path / "early" / "keys",
                        SVC_HMAC_KEY=NEW)
@@ -229,3 +230,29 @@ def test_a_rolling_rotation_keeps_an_idle_offline_grant_and_one_chain(settings, 
         assert code == 0 and result["ok"], result
     finally:
         stop("last")
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_rekey_counts_an_idle_refresh_token_and_serve_refuses_to_drop_its_key(api, settings, runtime, world,
+                                                                                      tmp_path):
+    from helpers.smart import SmartClient
+    from keys.rekey import rekey
+    from runtime import Runtime
+    smart = world.smart(runtime, DEFAULT_SMART_SCOPES + " offline_access")
+    client = SmartClient(api, smart.app, smart.secret, world.sandbox_token, world.org.id)
+    await client.tokens("launch offline_access patient/*.rs")
+    rotated = Runtime(settings.replace(hmac_key=NEW, hmac_key_previous=(OLD,)))
+    try:
+        counted = rekey(rotated)["still_old"]
+    finally:
+        rotated.close()
+    assert counted["refresh_tokens"] == 1, counted
+    port = free_port()
+    env = settings_env(settings, SVC_VAR_DIR=tmp_path / "dropped", SVC_HMAC_KEY=NEW)
+    refused = subprocess.run([sys.executable, "-m", "cli.__main__", "serve", "--port", str(port)], env=env,
+                             cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1 and "refresh tokens" in lines[0], refused.stderr
+    # The operator lets them go on purpose: it starts.
+    env["SVC_HMAC_KEY_RETIRED"] = key_id(OLD.encode())
+    stop_process(start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "retired.log"))
