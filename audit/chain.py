@@ -195,8 +195,8 @@ def _convert(values: tuple) -> SimpleNamespace:
                 raise Unreadable(f"its {column} is not text")
             try:
                 row[column] = json.loads(value)
-            except ValueError:
-                raise Unreadable(f"its {column} is not JSON") from None
+            except (ValueError, RecursionError):
+                raise Unreadable(f"its {column} is not JSON svc-auth writes") from None
         elif column == "at":
             at = field.python_value(value)
             if not isinstance(at, dt.datetime):
@@ -240,7 +240,7 @@ def _read_batch(db, last: int) -> list:
             continue
         try:
             rows.append(_convert(values))
-        except (Unreadable, ValueError, TypeError, OverflowError) as exc:
+        except (Unreadable, ValueError, TypeError, OverflowError, RecursionError) as exc:
             rows.append((values[0], exc if isinstance(exc, Unreadable) else Unreadable(f"it cannot be read ({exc})")))
     return rows
 
@@ -258,7 +258,7 @@ def _anchor(db, first_seq: int) -> str | None:
     for text in details:
         try:
             detail = json.loads(text) if isinstance(text, str) else None
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if (isinstance(detail, dict) and detail.get("pruned_through") == first_seq - 1
                 and is_mac(detail.get("anchor"))):
@@ -316,7 +316,7 @@ class _Walk:
             return False
         try:
             return self._feed(row)
-        except (ValueError, TypeError, OverflowError, UnicodeError, AttributeError) as exc:
+        except (ValueError, TypeError, OverflowError, UnicodeError, AttributeError, RecursionError) as exc:
             self._fail(row.seq, f"seq {row.seq} holds what svc-auth never writes ({exc.__class__.__name__}); "
                                 "the record was edited or inserted")
             return False
@@ -488,7 +488,7 @@ def _unsplit(db, through: int) -> int:
     for (text,) in db.execute_sql(sql, (CHECKPOINT,)).fetchall():
         try:
             detail = json.loads(text) if isinstance(text, str) else None
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if _is_reseal(detail) and isinstance(detail.get("resealed_from"), int):
             if detail["resealed_from"] <= through < detail["resealed_through"]:

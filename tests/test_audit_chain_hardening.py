@@ -55,11 +55,12 @@ _INSERT = ('INSERT INTO "disclosure_record" (seq, at, action, outcome, status, o
            'patients, resource_type, resource_ids, query, ?, ? FROM "disclosure_record" WHERE seq = 3')
 
 
-@pytest.mark.parametrize("column, text", [("patients", "not json"), ("resource_ids", "[1,"), ("detail", "{")])
+@pytest.mark.parametrize("column, text", [("patients", "not json"), ("resource_ids", "[1,"), ("detail", "{"),
+                                          ("detail", "[" * 100_000 + "]" * 100_000)])
 def test_a_field_edited_into_text_that_is_not_json_is_reported(runtime, column, text):
     _fill(runtime, 3)
     _tamper(runtime, f'UPDATE "disclosure_record" SET "{column}" = ? WHERE "seq" = 2', text)
-    _answer(runtime.settings, 2, f"its {column} is not JSON")
+    _answer(runtime.settings, 2, f"its {column} is not JSON")  # nor JSON nested past any depth we write
 
 
 def test_a_mac_with_a_non_ascii_character_is_reported(runtime):
