@@ -217,11 +217,11 @@ def _convert(values: tuple) -> SimpleNamespace:
     return SimpleNamespace(**row)
 
 
-def _read_batch(db, last: int) -> list:
+def _read_batch(db, last: int, limit: int | None = None) -> list:
     """The next rows after seq `last` (at most BATCH): each a row, or `(seq, Unreadable)`. When
     the batch cannot be fetched (SQLite text that is not UTF-8), it is read one row at a time, so
     the row that cannot be read is the one reported."""
-    where = f' WHERE "seq" > {db.param} ORDER BY "seq" LIMIT {BATCH}'
+    where = f' WHERE "seq" > {db.param} ORDER BY "seq" LIMIT {int(limit or BATCH)}'
     try:
         raw = db.execute_sql(_SELECT + where, (last,)).fetchall()
     except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError):
@@ -440,6 +440,25 @@ def verify(keys, head: str | None = None, db=None) -> dict:
     if head is not None and not is_mac(head):
         raise ValueError("a head is 64 hex digits, as audit verify printed it")
     return _walk(_Walk(db or DisclosureRecord._meta.database, keys, head)).result()
+
+
+def early_link(db, keys) -> tuple[int, int | None] | None:
+    """(seq, which of `keys` linked it, or None for none) of the chain's second oldest record,
+    linked after the oldest: a cheap look at whether the keys given still verify the old part of
+    the chain (`serve`'s start). None when there are fewer than two rows or they cannot be read
+    (`audit verify` reports those)."""
+    rows = _read_batch(db, 0, 2)
+    if len(rows) < 2 or any(isinstance(row, tuple) for row in rows):
+        return None
+    first, second = rows
+    if second.seq != first.seq + 1:
+        return None
+    try:
+        fields = _fields(second)
+        return second.seq, next((i for i, key in enumerate(_keys(keys))
+                                 if hmac.compare_digest(link(key, first.mac, fields), second.mac)), None)
+    except (ValueError, TypeError, OverflowError, UnicodeError, RecursionError):
+        return None
 
 
 def check_keys(db, keys) -> dict:

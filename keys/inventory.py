@@ -127,11 +127,43 @@ _STOPS = MappingProxyType({kind.name: kind.stops for kind in KINDS} | {
     "client_secrets": "their partners' client secrets answer invalid_client"})
 
 
+CHAIN = "disclosure-chain"
+"""What SVC_HMAC_KEY_RETIRED names to start although the chain's older links need a key not given."""
+
+
+def unvouched_chain(runtime) -> int | None:
+    """The seq of an old record of the disclosure chain that no key of this host verifies and no
+    `keys rekey` under this host's SVC_HMAC_KEY vouched for (None: none found). A cheap look (the
+    two oldest records, and the configuration audit), not a walk: `audit verify` is the walk."""
+    from audit.chain import early_link
+    from audit.disclosures import chain_keys
+    from models.audit import AuditEvent
+    if CHAIN in runtime.settings.hmac_key_retired:
+        return None
+    found = early_link(runtime.db, chain_keys(runtime))
+    if found is None or found[1] is not None:
+        return None
+    for event in (AuditEvent.select().where((AuditEvent.action == "keys.rekeyed")
+                                            & (AuditEvent.subject == runtime.hasher.key_id))):
+        old = (event.detail or {}).get("still_old") if isinstance(event.detail, dict) else None
+        if isinstance(old, dict) and old.get("audit_records") == 0:
+            return None  # its reseal checkpoint vouches for what the old key linked
+    return found[0]
+
+
 def require_every_key(runtime) -> None:
     """At `serve`'s start: refuse (ConfigError, one line) when live secrets were made under a key
-    this host was not given, naming the key id, the counts and what would stop working."""
+    this host was not given, naming the key id, the counts and what would stop working; or when
+    the disclosure chain's older links need a key not given and no rekey vouched for them."""
     found = orphaned(runtime)
     if not found:
+        seq = unvouched_chain(runtime)
+        if seq is not None:
+            raise ConfigError(
+                f"SVC_HMAC_KEY_PREVIOUS lacks the key that linked the disclosure chain from seq {seq}, and no "
+                "`svc-auth keys rekey` under this SVC_HMAC_KEY vouched for those records: without it `audit verify` "
+                "fails from there. Put the old key back in SVC_HMAC_KEY_PREVIOUS and run `svc-auth keys rekey`, or "
+                f"set SVC_HMAC_KEY_RETIRED={CHAIN} to start anyway")
         return
     key, counts = sorted(found.items())[0]
     what = "; ".join(f"{count} {name.replace('_', ' ')} ({_STOPS[name]})" for name, count in sorted(counts.items()))

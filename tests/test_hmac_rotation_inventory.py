@@ -256,3 +256,33 @@ async def test_rekey_counts_an_idle_refresh_token_and_serve_refuses_to_drop_its_
     # The operator lets them go on purpose: it starts.
     env["SVC_HMAC_KEY_RETIRED"] = key_id(OLD.encode())
     stop_process(start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "retired.log"))
+
+
+def test_serve_refuses_to_drop_the_key_that_linked_the_chain_until_a_rekey_vouches(settings, runtime, tmp_path):
+    from audit.disclosures import Disclosure, record
+    from keys.rekey import rekey
+    from runtime import Runtime
+    for n in range(3):  # linked under OLD
+        record(runtime, Disclosure("read", organization_id="org_k", resource_type="Patient", patients=(f"p{n}",)),
+               "success", 200)
+
+    def start(**extra) -> subprocess.CompletedProcess | None:
+        port = free_port()
+        env = settings_env(settings, SVC_VAR_DIR=tmp_path / "new", SVC_HMAC_KEY=NEW, **extra)
+        if extra:
+            stop_process(start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "new.log"))
+            return None
+        return subprocess.run([sys.executable, "-m", "cli.__main__", "serve", "--port", str(port)], env=env,
+                              cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+
+    refused = start()
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "disclosure chain from seq 2" in lines[0] and "keys rekey" in lines[0], lines
+    start(SVC_HMAC_KEY_RETIRED="disclosure-chain")  # the operator accepts it: it starts
+    rotated = Runtime(settings.replace(hmac_key=NEW, hmac_key_previous=(OLD,)))
+    try:
+        assert rekey(rotated)["still_old"]["audit_records"] == 0
+    finally:
+        rotated.close()
+    assert start(SVC_LOG_LEVEL="INFO") is None  # vouched for: it starts without OLD
