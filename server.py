@@ -83,6 +83,8 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
     first = open_runtime(settings, check_redis=True)
     try:
         first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
+        from keys.inventory import require_every_key
+        require_every_key(first)  # a dropped SVC_HMAC_KEY_PREVIOUS that live secrets still need: one line
     finally:
         first.close()
     processes = processes or os.cpu_count() or 1

@@ -15,7 +15,8 @@ import datetime as dt
 import hashlib
 import hmac
 import json
-from types import MappingProxyType
+import sqlite3
+from types import MappingProxyType, SimpleNamespace
 
 import orjson
 import peewee
@@ -121,15 +122,19 @@ def _linked(key: bytes, head: tuple[int, str] | None, rows: list[dict], at: dt.d
     return records
 
 
-def append(db, key: bytes, rows: list[dict], now) -> list[int]:
+def append(db, key: bytes, rows: list[dict], now, after: tuple[int, str] | None = None) -> list[int]:
     """Append `rows` (field dicts without seq, at, mac) in one transaction; their seqs. `now()` is
     read under the lock, so `at` never goes backwards along the chain (within one clock). Inside a
-    caller's transaction, the rows are part of it."""
-    if _is_postgres(db) and not db.in_transaction():
+    caller's transaction, the rows are part of it. `after`: the (seq, mac) the chain continues
+    from when the table is empty (a prune that removed every record): seq never starts again at 1."""
+    if _is_postgres(db) and not db.in_transaction() and after is None:
         return _append_postgres(db, key, rows, now)
     with db.atomic():
         _lock(db)
-        records = _linked(key, _head(db), rows, to_ms(now()))
+        head = _head(db)
+        if after is not None and (head is None or head[0] < after[0]):
+            head = after
+        records = _linked(key, head, rows, to_ms(now()))
         db.execute_sql(*_insert_sql(db, records))
     return [r["seq"] for r in records]
 
@@ -159,19 +164,104 @@ def _roll_back(db) -> None:
         pass  # the connection failed: it is discarded by whoever catches the error (Runtime.unit_of_work)
 
 
-def _fields(row: DisclosureRecord) -> dict:
+def _fields(row) -> dict:
     return {name: getattr(row, name) for name in CHAINED}
 
 
-def _anchor(first_seq: int) -> str | None:
+_JSON_COLUMNS = frozenset(("patients", "resource_ids", "detail"))
+_SELECT = "SELECT " + ", ".join(f'"{c}"' for c in _COLUMNS) + ' FROM "disclosure_record"'
+_HEX = frozenset("0123456789abcdef")
+
+
+class Unreadable(ValueError):
+    """A stored row holds what svc-auth never writes (text that is not JSON, a time that is not
+    one, a number that is not one, bytes where text belongs): `verify` reports it, never raises."""
+
+
+def is_mac(value) -> bool:
+    """A chain `mac` (or head): 64 lowercase hex digits."""
+    return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
+
+
+def _convert(values: tuple) -> SimpleNamespace:
+    """A stored row (the raw column values of `_COLUMNS`) as the walk reads it, or Unreadable."""
+    row = {}
+    for column, value in zip(_COLUMNS, values):
+        field = DisclosureRecord._meta.fields[column]
+        if value is None:
+            row[column] = None
+        elif column in _JSON_COLUMNS:
+            if not isinstance(value, str):
+                raise Unreadable(f"its {column} is not text")
+            try:
+                row[column] = json.loads(value)
+            except (ValueError, RecursionError):
+                raise Unreadable(f"its {column} is not JSON svc-auth writes") from None
+        elif column == "at":
+            at = field.python_value(value)
+            if not isinstance(at, dt.datetime):
+                raise Unreadable("its at is not a time")
+            row[column] = at
+        elif isinstance(field, peewee.IntegerField):  # seq, status
+            if type(value) is not int:
+                raise Unreadable(f"its {column} is not an integer")
+            row[column] = value
+        else:
+            if not isinstance(value, str):
+                raise Unreadable(f"its {column} is not text")
+            row[column] = value
+    if row["detail"] is not None and not isinstance(row["detail"], dict):
+        raise Unreadable("its detail is not a JSON object")
+    if not is_mac(row["mac"]):
+        raise Unreadable("its mac is not a MAC (64 hex digits)")
+    return SimpleNamespace(**row)
+
+
+def _read_batch(db, last: int, limit: int | None = None) -> list:
+    """The next rows after seq `last` (at most BATCH): each a row, or `(seq, Unreadable)`. When
+    the batch cannot be fetched (SQLite text that is not UTF-8), it is read one row at a time, so
+    the row that cannot be read is the one reported."""
+    where = f' WHERE "seq" > {db.param} ORDER BY "seq" LIMIT {int(limit or BATCH)}'
+    try:
+        raw = db.execute_sql(_SELECT + where, (last,)).fetchall()
+    except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError):
+        seqs = [r[0] for r in db.execute_sql(f'SELECT "seq" FROM "disclosure_record"{where}', (last,)).fetchall()]
+        raw = []
+        for seq in seqs:
+            try:
+                raw.append(db.execute_sql(_SELECT + f' WHERE "seq" = {db.param}', (seq,)).fetchone())
+            except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError):
+                raw.append((seq, Unreadable("its stored text cannot be decoded")))
+                break
+    rows = []
+    for values in raw:
+        if isinstance(values[1], Unreadable):
+            rows.append(values)
+            continue
+        try:
+            rows.append(_convert(values))
+        except (Unreadable, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            rows.append((values[0], exc if isinstance(exc, Unreadable) else Unreadable(f"it cannot be read ({exc})")))
+    return rows
+
+
+def _anchor(db, first_seq: int) -> str | None:
     """The `mac` before `first_seq`: GENESIS at the start, else what the prune checkpoint that
     removed the rows before it recorded (trusted only once the walk verifies that checkpoint)."""
     if first_seq == 1:
         return GENESIS
-    for checkpoint in (DisclosureRecord.select().where(DisclosureRecord.action == CHECKPOINT)
-                       .order_by(DisclosureRecord.seq.desc())):
-        detail = checkpoint.detail or {}
-        if detail.get("pruned_through") == first_seq - 1 and isinstance(detail.get("anchor"), str):
+    sql = f'SELECT "detail" FROM "disclosure_record" WHERE "action" = {db.param} ORDER BY "seq" DESC'
+    try:
+        details = [r[0] for r in db.execute_sql(sql, (CHECKPOINT,)).fetchall()]
+    except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError):
+        return None
+    for text in details:
+        try:
+            detail = json.loads(text) if isinstance(text, str) else None
+        except (ValueError, RecursionError):
+            continue
+        if (isinstance(detail, dict) and detail.get("pruned_through") == first_seq - 1
+                and is_mac(detail.get("anchor"))):
             return detail["anchor"]
     return None
 
@@ -192,30 +282,48 @@ class _Walk:
     under key j, commits to a SHA-256 digest of every record before it that key j does not verify:
     it vouches for them once the key that made them is retired, and closes every earlier key
     (after it, a link under a retired key is refused, even if that key leaked). A record no key
-    verifies is an error unless a later reseal checkpoint vouches for it."""
+    verifies is an error unless a later reseal checkpoint vouches for it. A row whose stored
+    content svc-auth never writes is an error at once. What the walk keeps does not grow with the
+    chain (rows are read in batches of BATCH)."""
 
-    def __init__(self, keys, head: str | None):
+    def __init__(self, db, keys, head: str | None):
+        self.db = db
         self.keys = _keys(keys)
         self.head, self.seen_head = head, head is None
         self.previous, self.expected = None, None
         self.first = self.last = 0
         self.count = 0
         self.digests = [hashlib.sha256() for _ in self.keys]  # digests[i]: records key i does not verify
-        self.unvouched: list[int] = []  # seqs no available key verifies and no checkpoint vouched for yet
+        self.unvouched_first: int | None = None  # the first seq no key verifies and no checkpoint vouched for
+        self.unvouched = 0  # how many such records
         self.old = 0  # records only a previous key verifies, not yet vouched for by a reseal checkpoint
+        self.first_by: dict[int, int] = {}  # key index -> the first seq it linked
+        self.last_by: int | None = None  # the key index that linked the last row (None: no key did)
         self.seen: set[int] = set()
         self.closed: set[int] = set()
         self.failure: dict | None = None
 
     def _fail(self, seq, reason) -> None:
-        if self.unvouched and (seq is None or self.unvouched[0] < seq):
-            seq, reason = self.unvouched[0], _bad_link(self.unvouched[0])
+        if self.unvouched_first is not None and (seq is None or self.unvouched_first < seq):
+            seq, reason = self.unvouched_first, _bad_link(self.unvouched_first)
         self.failure = {"ok": False, "first_bad": seq, "reason": reason}
 
     def feed(self, row) -> bool:
-        """Take the next row; False once the chain is known not to verify (see `failure`)."""
+        """Take the next row (or `(seq, Unreadable)`); False once the chain is known not to verify."""
+        if isinstance(row, tuple):
+            seq, error = row
+            self._fail(seq, f"seq {seq} holds what svc-auth never writes: {error}; the record was edited or inserted")
+            return False
+        try:
+            return self._feed(row)
+        except (ValueError, TypeError, OverflowError, UnicodeError, AttributeError, RecursionError) as exc:
+            self._fail(row.seq, f"seq {row.seq} holds what svc-auth never writes ({exc.__class__.__name__}); "
+                                "the record was edited or inserted")
+            return False
+
+    def _feed(self, row) -> bool:
         if self.previous is None:
-            self.previous, self.first = _anchor(row.seq), row.seq
+            self.previous, self.first = _anchor(self.db, row.seq), row.seq
             if self.previous is None:
                 self._fail(row.seq, f"the chain starts at seq {row.seq}, and no prune checkpoint accounts for "
                                     "the records before it: they were deleted")
@@ -223,19 +331,30 @@ class _Walk:
         elif row.seq != self.expected:
             self._fail(row.seq, f"seq {self.expected} to {row.seq - 1} are missing: records were deleted")
             return False
+        detail = row.detail
+        if (row.action == CHECKPOINT and isinstance(detail, dict) and isinstance(detail.get("pruned_through"), int)
+                and detail["pruned_through"] >= row.seq):
+            self._fail(row.seq, f"seq {row.seq} is a prune checkpoint of the records through seq "
+                                f"{detail['pruned_through']}: seq numbers were given twice (a prune of every "
+                                "record restarted seq)")
+            return False
         fields = _fields(row)
-        mac = row.mac or ""
+        mac = row.mac
         by = next((i for i, key in enumerate(self.keys)
                    if i not in self.closed and hmac.compare_digest(link(key, self.previous, fields), mac)), None)
+        self.last_by = by
         if by is None:
-            self.unvouched.append(row.seq)
+            self.unvouched += 1
+            if self.unvouched_first is None:
+                self.unvouched_first = row.seq
         else:
             self.seen.add(by)
+            self.first_by.setdefault(by, row.seq)
             if by:
                 self.old += 1
-            if row.action == CHECKPOINT and _is_reseal(row.detail) and not self._vouch(row, by):
+            if row.action == CHECKPOINT and _is_reseal(detail) and not self._vouch(row, by):
                 return False
-        data = _canonical(fields) + b"\n" + mac.encode("ascii", "replace")
+        data = _canonical(fields) + b"\n" + mac.encode("ascii")
         for i, digest in enumerate(self.digests):
             if i != by:
                 digest.update(data)
@@ -250,20 +369,44 @@ class _Walk:
         if detail.get("resealed_from") != self.first:
             return True  # records it vouched for were pruned since; a later checkpoint accounts for the rest
         if detail.get("resealed_through") != row.seq - 1 or detail.get("digest") != self.digests[by].hexdigest():
-            first = self.unvouched[0] if self.unvouched else row.seq
+            first = self.unvouched_first if self.unvouched_first is not None else row.seq
             self.failure = {"ok": False, "first_bad": first,
                             "reason": f"the records before seq {row.seq} do not match what its reseal checkpoint "
                                       f"(`keys rekey`) vouches for: a record from seq {first} on was edited, inserted "
                                       "or deleted"}
             return False
-        self.unvouched, self.old = [], 0
+        self.unvouched_first, self.unvouched, self.old = None, 0, 0
         self.closed |= self.seen - {by}
         return True
+
+    def contradiction(self) -> dict | None:
+        """Why the current key (index 0) must not vouch for the others now, or None: `cause`
+        `keys_in_wrong_order` when a key given as previous started linking after the current one
+        did (SVC_HMAC_KEY and SVC_HMAC_KEY_PREVIOUS the wrong way round: a shell or env file at an
+        earlier step of the rotation), `old_key_still_linking` when the newest record is linked
+        under a previous key after the current key linked (a host still runs on the old key)."""
+        current = self.first_by.get(0)
+        if current is None:
+            return None
+        later = sorted((seq, i) for i, seq in self.first_by.items() if i and seq > current)
+        if later:
+            seq, i = later[0]
+            return {"cause": "keys_in_wrong_order",
+                    "reason": f"the key given as SVC_HMAC_KEY_PREVIOUS #{i} started linking records at seq {seq}, "
+                              f"after SVC_HMAC_KEY did (seq {current}): SVC_HMAC_KEY and SVC_HMAC_KEY_PREVIOUS are "
+                              "the wrong way round (this shell or env file is at an earlier step of the rotation); "
+                              "run keys rekey with the new key as SVC_HMAC_KEY"}
+        if self.last_by:
+            return {"cause": "old_key_still_linking",
+                    "reason": f"the newest record (seq {self.last}) is linked under SVC_HMAC_KEY_PREVIOUS "
+                              f"#{self.last_by}, after SVC_HMAC_KEY linked seq {current}: a host still runs on the "
+                              "old key; restart every host with the new SVC_HMAC_KEY, then run keys rekey"}
+        return None
 
     def result(self) -> dict:
         if self.failure:
             return self.failure
-        if self.unvouched:
+        if self.unvouched_first is not None:
             self._fail(None, "")
             return self.failure
         if not self.seen_head:
@@ -278,46 +421,77 @@ def _bad_link(seq: int) -> str:
             "or the one before it was deleted or edited")
 
 
-def _rows_after(last: int):
-    """The rows after seq `last`, in seq order, read in batches."""
-    while True:
-        rows = list(DisclosureRecord.select().where(DisclosureRecord.seq > last)
-                    .order_by(DisclosureRecord.seq).limit(BATCH))
-        if not rows:
-            return
-        yield from rows
-        last = rows[-1].seq
-
-
 def _walk(walk: _Walk) -> _Walk:
-    for row in _rows_after(walk.last):
-        if not walk.feed(row):
-            break
-    return walk
+    """Feed `walk` the rows after its last, in seq order, BATCH at a time."""
+    while True:
+        rows = _read_batch(walk.db, walk.last)
+        if not rows:
+            return walk
+        for row in rows:
+            if not walk.feed(row):
+                return walk
 
 
-def verify(keys, head: str | None = None) -> dict:
+def verify(keys, head: str | None = None, db=None) -> dict:
     """Walk the chain in seq order: `{"ok": True, "records", "head"}`, or `{"ok": False,
     "first_bad", "reason"}` naming the first seq whose link fails (None when only the tail is missing).
-    `keys`: the chain key, or the keys to try in order (the current key's, then the previous ones')."""
-    return _walk(_Walk(keys, head)).result()
+    `keys`: the chain key, or the keys to try in order (the current key's, then the previous ones').
+    Whatever the table holds, this answers (it raises only when the database cannot be read)."""
+    if head is not None and not is_mac(head):
+        raise ValueError("a head is 64 hex digits, as audit verify printed it")
+    return _walk(_Walk(db or DisclosureRecord._meta.database, keys, head)).result()
+
+
+def early_link(db, keys) -> tuple[int, int | None] | None:
+    """(seq, which of `keys` linked it, or None for none) of the chain's second oldest record,
+    linked after the oldest: a cheap look at whether the keys given still verify the old part of
+    the chain (`serve`'s start). None when there are fewer than two rows or they cannot be read
+    (`audit verify` reports those)."""
+    rows = _read_batch(db, 0, 2)
+    if len(rows) < 2 or any(isinstance(row, tuple) for row in rows):
+        return None
+    first, second = rows
+    if second.seq != first.seq + 1:
+        return None
+    try:
+        fields = _fields(second)
+        return second.seq, next((i for i, key in enumerate(_keys(keys))
+                                 if hmac.compare_digest(link(key, first.mac, fields), second.mac)), None)
+    except (ValueError, TypeError, OverflowError, UnicodeError, RecursionError):
+        return None
+
+
+def check_keys(db, keys) -> dict:
+    """What `keys rekey` looks at before it changes anything: the chain walked (no lock). `{"ok",
+    "still_old", "refused"?: {"cause", "reason"}}` plus the failure of a chain that does not verify."""
+    walk = _walk(_Walk(db, _keys(keys), None))
+    result = walk.result()
+    out = {**result, "still_old": walk.old + walk.unvouched}
+    refused = walk.contradiction() if result["ok"] else None
+    if refused:
+        out["refused"] = refused
+    return out
 
 
 def reseal(db, keys, now, checkpoint: dict) -> dict:
     """Let the current key (`keys[0]`) vouch for the records only a previous key verifies (`keys
     rekey`): when there are any, append a reseal checkpoint committing to them. The chain is walked
     without the lock, then its last records under it. `{"resealed": N, "still_old": M, "ok", ...}`:
-    with a chain that does not verify, nothing is appended (M counts what the walk found)."""
+    with a chain that does not verify, or keys that contradict it (`refused`, `_Walk.contradiction`),
+    nothing is appended (M counts what the walk found)."""
     keys = _keys(keys)
-    walk = _walk(_Walk(keys, None))
+    walk = _walk(_Walk(db, keys, None))
     if walk.failure:
-        return {**walk.failure, "resealed": 0, "still_old": walk.old + len(walk.unvouched)}
+        return {**walk.failure, "resealed": 0, "still_old": walk.old + walk.unvouched}
     with db.atomic():
         _lock(db)
         _walk(walk)
         result = walk.result()
         if not result["ok"]:
-            return {**result, "resealed": 0, "still_old": walk.old + len(walk.unvouched)}
+            return {**result, "resealed": 0, "still_old": walk.old + walk.unvouched}
+        refused = walk.contradiction()
+        if refused:
+            return {"ok": True, "refused": refused, "resealed": 0, "still_old": walk.old}
         old = walk.old
         if old:
             detail = {**checkpoint, "resealed_from": walk.first, "resealed_through": walk.last,
@@ -326,12 +500,15 @@ def reseal(db, keys, now, checkpoint: dict) -> dict:
     return {"ok": True, "resealed": old, "still_old": 0}
 
 
-def _unsplit(through: int) -> int:
+def _unsplit(db, through: int) -> int:
     """`through` moved back so a prune never removes part of what a reseal checkpoint vouches for
     (the rest could no longer be checked once the old key is retired): all of it goes at once."""
-    for row in (DisclosureRecord.select().where(DisclosureRecord.action == CHECKPOINT)
-                .order_by(DisclosureRecord.seq.desc())):
-        detail = row.detail or {}
+    sql = f'SELECT "detail" FROM "disclosure_record" WHERE "action" = {db.param} ORDER BY "seq" DESC'
+    for (text,) in db.execute_sql(sql, (CHECKPOINT,)).fetchall():
+        try:
+            detail = json.loads(text) if isinstance(text, str) else None
+        except (ValueError, RecursionError):
+            continue
         if _is_reseal(detail) and isinstance(detail.get("resealed_from"), int):
             if detail["resealed_from"] <= through < detail["resealed_through"]:
                 return detail["resealed_from"] - 1
@@ -347,7 +524,7 @@ def prune(db, key: bytes, before: dt.datetime, now, checkpoint: dict) -> dict:
         keep = (DisclosureRecord.select(DisclosureRecord.seq).where(DisclosureRecord.at >= before)
                 .order_by(DisclosureRecord.seq).limit(1).first())
         head = _head(db)
-        through = _unsplit((keep.seq - 1) if keep else (head[0] if head else 0))
+        through = _unsplit(db, (keep.seq - 1) if keep else (head[0] if head else 0))
         first = DisclosureRecord.select(peewee.fn.MIN(DisclosureRecord.seq)).scalar() or 0
         removed = 0
         if through >= first > 0:
@@ -359,5 +536,6 @@ def prune(db, key: bytes, before: dt.datetime, now, checkpoint: dict) -> dict:
                 db.execute_sql(f"SET LOCAL {MAINTENANCE_SETTING} = 'off'")
             detail = {**checkpoint, "before": iso_ms(before), "pruned_through": through, "anchor": anchor,
                       "removed": removed}
-            append(db, key, [{"action": CHECKPOINT, "outcome": "success", "detail": detail}], now)
+            append(db, key, [{"action": CHECKPOINT, "outcome": "success", "detail": detail}], now,
+                   after=(through, anchor))
     return {"removed": removed, "pruned_through": through if removed else None}

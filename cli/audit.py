@@ -99,9 +99,11 @@ def _disclosures(runtime, args):
 
 
 def _verify(runtime, args):
-    from audit.chain import verify
+    from audit.chain import is_mac, verify
     from audit.disclosures import chain_keys
-    result = verify(chain_keys(runtime), args.head)
+    if args.head is not None and not is_mac(args.head):
+        raise UsageError("--head must be the 64 hex digits of a head an earlier audit verify printed")
+    result = verify(chain_keys(runtime), args.head, runtime.db)
     emit(result, args.json)
     return 0 if result["ok"] else 1
 

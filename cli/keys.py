@@ -45,4 +45,8 @@ def _rekey(runtime, args):
     from keys.rekey import rekey
     result = rekey(runtime)
     emit(result, args.json)
-    return 1 if "audit_error" in result else 0
+    if "refused" in result:
+        import sys
+        print(f"svc-auth keys rekey: refused ({result['refused']['cause']}): {result['refused']['reason']}",
+              file=sys.stderr)
+    return 1 if "audit_error" in result or "refused" in result else 0

@@ -71,6 +71,17 @@ def _at_least(name: str, value, minimum: int, what: str) -> int:
     return number
 
 
+def _key_ids(name: str, value) -> tuple:
+    """Comma-separated key ids (16 hex digits each, as `serve` names them)."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    ids = tuple(str(item).strip().lower() for item in items if str(item).strip())
+    for one in ids:
+        if one != "disclosure-chain" and (len(one) != 16 or any(c not in "0123456789abcdef" for c in one)):
+            raise ConfigError(f"{name} must be a comma-separated list of key ids (16 hex digits each, as "
+                              f"`svc-auth keys rekey --json` prints them), got {one!r}")
+    return ids
+
+
 def _hmac_keys(name: str, value) -> tuple:
     """Comma-separated keys (or a sequence of them), each at least 32 characters, in order."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
@@ -153,6 +164,9 @@ class Settings:
     # Earlier SVC_HMAC_KEYs, comma-separated, while rotating it (docs/operations.md): what they made
     # still verifies and opens; everything new is made with SVC_HMAC_KEY.
     hmac_key_previous: tuple = ()
+    # Ids of retired SVC_HMAC_KEYs (`serve` names them when it refuses to start) whose live secrets the operator
+    # lets stop working: `serve` then starts without that key (docs/operations.md).
+    hmac_key_retired: tuple = ()
     # Lifetimes, seconds.
     code_ttl: int = 60
     launch_ttl: int = 300
@@ -321,6 +335,7 @@ class Settings:
             raise ConfigError("SVC_HMAC_KEY must be at least 32 characters (for example the output of "
                               "`openssl rand -hex 32`), or unset to generate one in SVC_KEYS_DIR")
         merged["hmac_key_previous"] = _hmac_keys("SVC_HMAC_KEY_PREVIOUS", merged["hmac_key_previous"])
+        merged["hmac_key_retired"] = _key_ids("SVC_HMAC_KEY_RETIRED", merged["hmac_key_retired"])
         if merged["task_max_backoff_ms"] < merged["task_min_backoff_ms"]:
             raise ConfigError("SVC_TASK_MAX_BACKOFF_MS must not be below SVC_TASK_MIN_BACKOFF_MS")
         return cls(**merged)

@@ -56,7 +56,7 @@ def invite_developer(runtime, application_id: str, email: str, actor: str = "ope
         DeveloperAccess.insert(developer=developer.id, application=app.id, granted_at=now).on_conflict_ignore().execute()
         token = new_secret()
         expires_at = now + dt.timedelta(seconds=runtime.settings.invitation_ttl)
-        DeveloperInvite.create(token_hash=runtime.hasher.digest(token), developer=developer.id, application=app.id,
+        DeveloperInvite.create(token_hash=runtime.hasher.digest(token), key_id=runtime.hasher.key_id, developer=developer.id, application=app.id,
                                created_at=now, expires_at=expires_at)
         AuditEvent.record(actor, "developer.invited", app.id, developer=email)
     return developer, f"{runtime.settings.public_url}/console/invite/{token}", expires_at
@@ -162,7 +162,7 @@ def start_console_session(runtime, developer: Developer) -> str:
     """A new session; returns the cookie value (stored only hashed)."""
     token = new_secret()
     now = runtime.clock.now()
-    ConsoleSession.create(token_hash=runtime.hasher.digest(token), developer=developer.id, created_at=now,
+    ConsoleSession.create(token_hash=runtime.hasher.digest(token), key_id=runtime.hasher.key_id, developer=developer.id, created_at=now,
                           last_seen_at=now)
     return token
 

@@ -107,7 +107,7 @@ def create_signin_link(runtime, user_id: str, application_id: str | None = None,
         raise ApiError(400, "invalid_request", f"target must be one of {', '.join(LINK_TARGETS)}.")
     token = secrets.token_urlsafe(32)
     now = runtime.clock.now()
-    SandboxSigninLink.create(token_hash=runtime.hasher.digest(token), user=user.id, application=application_id,
+    SandboxSigninLink.create(token_hash=runtime.hasher.digest(token), key_id=runtime.hasher.key_id, user=user.id, application=application_id,
                              target=target, created_at=now,
                              expires_at=now + dt.timedelta(seconds=runtime.settings.sandbox_link_ttl))
     return f"{runtime.settings.public_url}/sandbox/signin/{token}"
@@ -140,7 +140,7 @@ def open_sandbox_session(runtime, user: User) -> str:
     from workers.activity import record_activity
     session_id = secrets.token_urlsafe(32)
     now = runtime.clock.now()
-    SandboxSession.create(session_hash=runtime.hasher.digest(session_id), user=user.id, signed_in_at=now,
+    SandboxSession.create(session_hash=runtime.hasher.digest(session_id), key_id=runtime.hasher.key_id, user=user.id, signed_in_at=now,
                           expires_at=now + dt.timedelta(seconds=runtime.settings.sandbox_session_ttl))
     record_activity(runtime, user)
     return session_id

@@ -4,16 +4,19 @@ Re-sealed under the current key: the signing keys and the EHR client keys (their
 and the disclosure chain (a reseal checkpoint lets the current key vouch for the records an earlier
 key linked, `audit.chain.reseal`). A client secret's hash cannot be re-made without the secret: it
 is re-hashed on the application's next successful authentication (`oauth.secret_rotation`), and
-counted here until then. When every count of `still_old` is 0, no host needs SVC_HMAC_KEY_PREVIOUS.
+counted here until then; so is every other keyed hash an earlier key made and still live
+(`keys.inventory`: refresh tokens, re-made under the current key on their next use; codes,
+invitations, sessions, sign-in links). Before anything changes, the chain is checked against the
+keys: keys the wrong way round are refused (they would close the key the other hosts link under). When every count of `still_old` is 0, no host needs SVC_HMAC_KEY_PREVIOUS.
 """
 from __future__ import annotations
 
 
-from audit.chain import reseal
+from audit.chain import check_keys, reseal
 from audit.disclosures import chain_keys
 from keys.ehr_client import AAD_PREFIX
+from keys.inventory import still_old
 from keys.signing import TOPIC as SIGNING_KEYS
-from models.application import Application
 from models.audit import AuditEvent
 from models.ehr import EhrClientKey
 from models.keys import SigningKeyRecord
@@ -36,37 +39,41 @@ def _old_rows(cipher, model, prefix: str) -> int:
                if cipher.open_with(prefix + row.kid, row.private_key)[1])
 
 
-def old_client_secrets(hasher) -> int:
-    """Confidential applications whose current or pending secret hash the current key is not known
-    to have made (0 when no previous key is configured: nothing else can verify them)."""
-    if not hasher.rotating:
-        return 0
-    current = ((Application.client_secret_hash != "") & (Application.public == False)  # noqa: E712
-               & (Application.secret_key_id.is_null() | (Application.secret_key_id != hasher.key_id)))
-    pending = (Application.fallback_secret_hash.is_null(False)
-               & (Application.fallback_key_id.is_null() | (Application.fallback_key_id != hasher.key_id)))
-    return Application.select().where(current | pending).count()
-
-
 def rekey(runtime, actor: str = "operator") -> dict:
     """Re-seal what can be re-sealed; `{"resealed": N, "still_old": {kind: count}}`, plus
-    `audit_error` when the disclosure chain does not verify (it is then left as it is)."""
+    `audit_error` when the disclosure chain does not verify (it is then left as it is), or
+    `refused` (`{"cause", "reason"}`, nothing changed) when the keys contradict what the chain
+    holds: SVC_HMAC_KEY and SVC_HMAC_KEY_PREVIOUS the wrong way round, or a host still linking
+    under the old key (`audit.chain._Walk.contradiction`)."""
     cipher = runtime.keyring.cipher
-    keys = _reseal_rows(cipher, SigningKeyRecord, "")
+    keys = chain_keys(runtime)
+    checked = check_keys(runtime.db, keys)
+    if checked.get("refused"):
+        return _refused(runtime, actor, checked["refused"], checked["still_old"])
+    resealed_keys = _reseal_rows(cipher, SigningKeyRecord, "")
     ehr = _reseal_rows(cipher, EhrClientKey, AAD_PREFIX)
-    chain = reseal(runtime.db, chain_keys(runtime), runtime.clock.now, {"actor": actor, "reason": "keys rekey"})
-    result = {"resealed": keys + ehr + chain["resealed"],
+    chain = reseal(runtime.db, keys, runtime.clock.now, {"actor": actor, "reason": "keys rekey"})
+    if chain.get("refused"):  # a record linked between the check and the lock
+        return _refused(runtime, actor, chain["refused"], chain["still_old"])
+    result = {"resealed": resealed_keys + ehr + chain["resealed"],
               "still_old": {"signing_keys": _old_rows(cipher, SigningKeyRecord, ""),
                             "ehr_client_keys": _old_rows(cipher, EhrClientKey, AAD_PREFIX),
-                            "client_secrets": old_client_secrets(runtime.hasher),
-                            "audit_records": chain["still_old"]}}
+                            **still_old(runtime), "audit_records": chain["still_old"]}}
     if not chain["ok"]:
         result["audit_error"] = {"first_bad": chain["first_bad"], "reason": chain["reason"]}
-    AuditEvent.record(actor, "keys.rekeyed", runtime.hasher.key_id, signing_keys=keys, ehr_client_keys=ehr,
+    AuditEvent.record(actor, "keys.rekeyed", runtime.hasher.key_id, signing_keys=resealed_keys, ehr_client_keys=ehr,
                       audit_records=chain["resealed"], still_old=result["still_old"])
-    if keys:
+    if resealed_keys:
         runtime.changes.announce(SIGNING_KEYS)
     return result
 
 
-
+def _refused(runtime, actor: str, refused: dict, chain_old: int) -> dict:
+    cipher = runtime.keyring.cipher
+    result = {"resealed": 0,
+              "still_old": {"signing_keys": _old_rows(cipher, SigningKeyRecord, ""),
+                            "ehr_client_keys": _old_rows(cipher, EhrClientKey, AAD_PREFIX),
+                            **still_old(runtime), "audit_records": chain_old},
+              "refused": refused}
+    AuditEvent.record(actor, "keys.rekey_refused", runtime.hasher.key_id, **refused)
+    return result

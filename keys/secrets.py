@@ -39,6 +39,7 @@ class SecretHasher:
         self._key = key
         self._keys = (key, *(k for k in previous if k != key))
         self.key_id = key_id(key)
+        self.key_ids = tuple(key_id(k) for k in self._keys)  # the current key's, then the previous keys'
         # The sealing ciphers, derived once (every code exchange seals the ID token into its access token).
         self._sealers = tuple(AESGCM(hmac.new(k, b"svc-auth seal v1", hashlib.sha256).digest()) for k in self._keys)
 

@@ -44,6 +44,7 @@ class DeveloperInvite(BaseModel):
     used_at = peewee.DateTimeField(null=True)
     # The TOTP secret offered on the invitation page; kept server-side until it is confirmed.
     totp_secret = peewee.CharField(max_length=64, null=True)
+    key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made token_hash
 
 
 class ConsoleSession(BaseModel):
@@ -53,3 +54,4 @@ class ConsoleSession(BaseModel):
     developer = peewee.ForeignKeyField(Developer, on_delete="CASCADE")
     created_at = peewee.DateTimeField()
     last_seen_at = peewee.DateTimeField()
+    key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made token_hash

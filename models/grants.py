@@ -69,6 +69,7 @@ class AuthorizationCode(BaseModel):
     auth_time = peewee.BigIntegerField(null=True)  # copied from the launch
     scope = peewee.TextField(null=True)  # granted scope (oauth.scopes; SMART scopes can be long)
     patient_id = peewee.CharField(max_length=64, null=True)  # copied from the launch (SMART context)
+    key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made code_hash
 
     @classmethod
     def redeem(cls, db: peewee.Database, code_hash: str, application_id: str, now: dt.datetime,

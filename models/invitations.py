@@ -18,6 +18,7 @@ class Invitation(BaseModel):
     created_at = peewee.DateTimeField(default=wall_now)
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
+    key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made token_hash
 
     def consume(self, now) -> bool:
         """Mark the invitation used at `now`; True for exactly one caller, and only before it expires."""

@@ -50,3 +50,4 @@ class RefreshToken(BaseModel):
     access_jti = peewee.CharField(max_length=64, index=True)
     created_at = peewee.DateTimeField(default=wall_now)
     spent_at = peewee.DateTimeField(null=True)
+    key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made token_hash (keys.secrets.key_id)

@@ -19,6 +19,7 @@ class SandboxSigninLink(BaseModel):
     created_at = peewee.DateTimeField()
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
+    key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made token_hash
 
 
 class SandboxSession(BaseModel):
@@ -27,3 +28,4 @@ class SandboxSession(BaseModel):
     signed_in_at = peewee.DateTimeField()
     expires_at = peewee.DateTimeField(index=True)
     ended_at = peewee.DateTimeField(null=True)
+    key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made session_hash

@@ -145,6 +145,17 @@ def _r4_sandbox_ids(migrator) -> None:
         field.model.update({field: peewee.fn.REPLACE(field, "_", "-")}).where(field.startswith(f"{kind}_")).execute()
 
 
+KEY_ID_TABLES = ("refresh_token", "authorization_code", "invitation", "developer_invite", "console_session",
+                 "sandbox_session", "sandbox_signin_link")
+"""Tables of keyed hashes whose rows note which SVC_HMAC_KEY made them (`keys.inventory`)."""
+
+
+def _key_ids(migrator) -> None:
+    """A NULL-able `key_id` on each (NULL: made before this release, under a key nobody noted)."""
+    for table in KEY_ID_TABLES:
+        _add_missing_columns(table, ("key_id", peewee.CharField(max_length=16, null=True)))(migrator)
+
+
 def _hl7_feed_settings(migrator) -> None:
     _add_missing_columns("organization", ("schedule_source", peewee.CharField(max_length=8, default="ehr")),
                          ("hl7_facility", peewee.CharField(max_length=200, null=True)),
@@ -221,6 +232,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 35 item 6 (3505): the bearer gate keeps users and denials in memory, checked against these versions.
     (3505, "user, organization, installation, denied_token: triggers bump the `directory` and `denied` change "
            "versions on every write", install_change_triggers),
+    # Issue 45 numbers its steps 45xx.
+    (4501, "key_id beside every stored keyed hash (refresh tokens, codes, invitations, sessions, sign-in links): "
+           "which SVC_HMAC_KEY made it (keys rekey counts what still needs an old key)", _key_ids),
     # Issue 47 numbers its steps 47xx (4751-4759: Epic's web service and the clinic's time zone, branch issue47e).
     (4751, "organization.time_zone: the IANA zone of times a feed or a web service sends without an offset",
      _add_missing_columns("organization", ("time_zone", peewee.CharField(max_length=64, default="UTC")))),

@@ -63,7 +63,7 @@ class AuthorizationRequest:
         launch, now = request.launch, request.now
         code = new_secret(32)
         AuthorizationCode.create(
-            code_hash=self.runtime.hasher.digest(code), application=app.id, user=launch.user_id,
+            code_hash=self.runtime.hasher.digest(code), key_id=self.runtime.hasher.key_id, application=app.id, user=launch.user_id,
             organization=launch.organization_id, launch=launch.id, redirect_uri=redirect_uri,
             nonce=request.value("nonce"), code_challenge=request.challenge, created_at=now,
             expires_at=expiry(now, self.runtime.settings.code_ttl), auth_time=request.auth_time, scope=request.scope,

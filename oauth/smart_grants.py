@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import peewee
 
 from models.clock import utc_iso
 from models.directory import User
@@ -55,7 +56,7 @@ def _hub_session(runtime, user_id: str, auth_time: int | None) -> SandboxSession
 
 def _new_token(runtime, grant_id: str, access_jti: str, now: dt.datetime) -> str:
     token = new_secret(32)
-    RefreshToken.create(token_hash=runtime.hasher.digest(token), grant=grant_id, access_jti=access_jti, created_at=now)
+    RefreshToken.create(token_hash=runtime.hasher.digest(token), key_id=runtime.hasher.key_id, grant=grant_id, access_jti=access_jti, created_at=now)
     return token
 
 
@@ -123,19 +124,32 @@ def narrowed_scope(requested: str | None, granted: str) -> str:
     return " ".join(dict.fromkeys(kept))
 
 
+def _locked(runtime, query):
+    """`query` (a SELECT) holding the rows it reads until the transaction ends: FOR UPDATE on
+    PostgreSQL; on SQLite every transaction already holds the write lock (BEGIN IMMEDIATE)."""
+    return query if isinstance(runtime.db, peewee.SqliteDatabase) else query.for_update()
+
+
 def rotate(runtime, app, token: str, requested_scope: str | None, jti: str) -> tuple[SmartGrant, str, str]:
     """Spend `token` (a refresh token of `app`'s) and issue the next: (grant, new refresh token,
     the access token's scope). invalid_grant for an unknown, another client's, expired or revoked
-    token; a spent one revokes its grant first."""
+    token; a spent one revokes its grant first.
+
+    Revocation wins every race: the grant's row is locked, and its liveness read, in the
+    transaction that spends the token and records the next access token's jti. A revocation
+    (`revoke_grants`) locks the same row first, so it either commits before (this refresh then
+    sees the grant revoked) or after (it then denies the jti this refresh issued)."""
     row = _token_row(runtime, token)
     if row is None or row.grant.application_id != app.id:
         raise invalid_grant(INVALID)
-    grant = row.grant
-    if not _live(runtime, grant):
+    if not _live(runtime, row.grant):
         raise invalid_grant(INVALID)
-    scope = narrowed_scope(requested_scope, grant.scope)  # before spending: a refused scope keeps the token
-    now = runtime.clock.now()
+    scope = narrowed_scope(requested_scope, row.grant.scope)  # before spending: a refused scope keeps the token
     with runtime.db.atomic():
+        grant = _locked(runtime, SmartGrant.select().where(SmartGrant.id == row.grant_id)).first()
+        if grant is None or not _live(runtime, grant):
+            raise invalid_grant(INVALID)
+        now = runtime.clock.now()
         spent = (RefreshToken.update(spent_at=now)
                  .where((RefreshToken.token_hash == row.token_hash) & RefreshToken.spent_at.is_null()).execute())
         if spent == 1:
@@ -150,13 +164,16 @@ def grant_user(grant: SmartGrant) -> User | None:
 
 def revoke_grants(runtime, condition, reason: str) -> int:
     """Revoke every live grant matching `condition` (a Peewee expression on SmartGrant) and deny
-    the access tokens they issued that may still be live; returns how many grants."""
-    now = runtime.clock.now()
+    the access tokens they issued that may still be live; returns how many grants. The grants'
+    rows are locked before their tokens are read (`rotate` locks them too): a refresh that
+    committed first has its access token's jti read here and denied."""
     ttl = runtime.settings.access_token_ttl
     with runtime.db.atomic():
-        ids = [g.id for g in SmartGrant.select(SmartGrant.id).where(condition & SmartGrant.revoked_at.is_null())]
+        ids = [g.id for g in _locked(runtime, SmartGrant.select(SmartGrant.id).where(
+            condition & SmartGrant.revoked_at.is_null()).order_by(SmartGrant.id))]
         if not ids:
             return 0
+        now = runtime.clock.now()
         jtis = [r.access_jti for r in RefreshToken.select(RefreshToken.access_jti).where(
             RefreshToken.grant.in_(ids) & (RefreshToken.created_at >= _seconds_after(now, -ttl - 1)))]
         # First the deny-list: if it cannot be reached (503), nothing is marked revoked.

@@ -51,7 +51,7 @@ def invite(runtime, app: Application, body: dict) -> dict:
         user = create_user(org.id, email, fields["given_name"], fields["family_name"], npi=fields.get("npi"))
         User.update(invited_at=now).where(User.id == user.id).execute()
         install_application(app.id, org.id)
-        invitation = Invitation.create(token_hash=runtime.hasher.digest(token), application=app.id,
+        invitation = Invitation.create(token_hash=runtime.hasher.digest(token), key_id=runtime.hasher.key_id, application=app.id,
                                        organization=org.id, user=user.id, created_at=now,
                                        expires_at=now + dt.timedelta(seconds=runtime.settings.invitation_ttl))
         AuditEvent.record(app.id, "invitation.created", user.id, organization_id=org.id)
