@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 import zoneinfo
 
 import pytest
 
 from helpers.charts import fetch_zip, open_archive, wait_until_not_pending
+from helpers.environment import ROOT
 from helpers.fhir_ehr import appointment, chart_record, cli, connect_clinic, patient, practitioner, start_fhir_ehr
+from helpers.processes import settings_env
 from helpers.rest import partner_headers
 from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
@@ -254,6 +258,16 @@ async def test_a_refusal_fails_the_night_and_keeps_the_previous_snapshot(api, ru
     epic_web_ehr.epic(error=None, user_id="SOMEONE-ELSE")
     code, report = night_of(settings, tomorrow)
     assert code == 1 and "User SVCAUTH of type External was not found" in report["organizations"][org_id]
+    assert Snapshot.latest_complete(org_id).id == kept.id
+
+    # An answer past the night's size bound (SVC_EHR_BATCH_MAX_BYTES) is not read further: the night
+    # fails naming the bound and the web service's path.
+    epic_web_ehr.epic(user_id="SVCAUTH")
+    done = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", tomorrow.isoformat(),
+                           "--json"], env=settings_env(settings, SVC_EHR_BATCH_MAX_BYTES="8000"), cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=180)
+    failure = json.loads(done.stdout)["organizations"][org_id]
+    assert done.returncode == 1 and "[bound: max_bytes]" in failure and "GetProviderAppointments" in failure, failure
     assert Snapshot.latest_complete(org_id).id == kept.id
 
 

@@ -32,6 +32,9 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
   `fhir_search_params`, appended to every search. Patients an Appointment page did not include
   are read in batches by `_id`; what cannot be listed is counted in `FhirConnector.skipped`; a
   chart type the EHR refuses is named in the chart's `omitted`.
+- **Epic's schedule** (`epic_schedule`): Epic documents no FHIR search of a practitioner's
+  appointments; a clinic with `--fhir-profile epic --epic-user-id ID` reads each physician's from
+  Epic's GetProviderAppointments web service instead (same token, same transport and bounds).
 - **Errors**: 401/403 and an OperationOutcome `login`/`forbidden` are permanent
   (`ConnectorError`, saying what to fix); 429, 5xx, timeouts and refused connections are retried
   with backoff, honouring `Retry-After` up to a cap, then raised as `ConnectorUnavailable` (the
@@ -51,4 +54,5 @@ from connectors.fhir.connector import FhirConnector, connect  # noqa: F401
 # Services, reads, paging), `cache` (what the
 # connector keeps per process), `capability` (the CapabilityStatement), `query` (FHIR search syntax),
 # `mapping` (resources as the interface's records; references), `spool` (a chart's resources),
-# `check` (`svc-auth ehr check`), `profiles` (vendor rules, scopes), `connector` (the interface).
+# `check` (`svc-auth ehr check`), `profiles` (vendor rules, scopes), `connector` (the interface),
+# `epic_schedule` (an Epic clinic's schedule from its GetProviderAppointments web service).

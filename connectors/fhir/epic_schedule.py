@@ -144,7 +144,8 @@ class EpicSchedule:
         try:
             found = list(self.appointments(answer["Appointments"], start, end))
         finally:  # the FHIR Patients the answer is known to concern: those listed, and any it named by FHIR id
-            named = [_id_of(item.get("PatientIDs"), "FHIR") for item in answer["Appointments"] if isinstance(item, dict)]
+            named = [_id_of(item.get("PatientIDs"), "FHIR") for item in answer["Appointments"]
+                     if isinstance(item, dict)]
             self.record("success", [a.id for a in found],
                         list(dict.fromkeys([a.patient.id for a in found] + [p for p in named if p])), query)
         yield from found
@@ -155,7 +156,8 @@ class EpicSchedule:
         the NPI, or that Practitioner's `External` identifier (None, logged and counted, when it has none)."""
         if not is_npi(provider.npi):
             return None
-        bundle = self.client.search("Practitioner", self.connector.search({"identifier": f"{NPI_SYSTEM}|{provider.npi}"}))
+        by_npi = self.connector.search({"identifier": f"{NPI_SYSTEM}|{provider.npi}"})
+        bundle = self.client.search("Practitioner", by_npi)
         practitioners = [e["resource"] for e in bundle.get("entry") or () if isinstance(e, dict) and isinstance(
             e.get("resource"), dict) and e["resource"].get("resourceType") == "Practitioner"]
         if not practitioners:
@@ -201,8 +203,10 @@ class EpicSchedule:
                 continue
             break
         error = answer.get("Error") if isinstance(answer, dict) else None
-        said = _excerpt(error) if isinstance(error, str) and error.strip() else ("no Error given" if isinstance(answer, dict)
-                                              else "not a JSON object")
+        if isinstance(error, str) and error.strip():
+            said = _excerpt(error)
+        else:
+            said = "no Error given" if isinstance(answer, dict) else "not a JSON object"
         where = f"Epic's {SERVICE} web service ({urlsplit(self.url).path}) for NPI {provider.npi}"
         if status in (401, 403):
             raise AccessRefused(f"{where} refused svc-auth's access (HTTP {status}; Error: {said}): check that the "
@@ -307,7 +311,8 @@ def _id_of(ids, kind: str) -> str | None:
     if not isinstance(ids, list):
         return None
     for entry in ids:
-        if isinstance(entry, dict) and isinstance(entry.get("Type"), str) and entry["Type"].strip().lower() == kind.lower():
+        if isinstance(entry, dict) and isinstance(entry.get("Type"), str) \
+                and entry["Type"].strip().lower() == kind.lower():
             value = entry.get("ID").strip() if isinstance(entry.get("ID"), str) else ""
             return value if is_id(value) else None  # R4 id characters: safe in a URL and a token search
     return None
