@@ -417,3 +417,19 @@ async def test_an_assertion_authenticates_the_code_grant_too(api, flow, runtime,
             "client_assertion": assertion(rsa, world.app.client_id, AUD)}
     status, _, body = await token(api, form)
     assert status == 200 and body["id_token"], body
+
+
+@pytest.mark.gen_test
+async def test_hostile_assertions_are_4xx(api, pbackend):
+    import base64
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+    deep = b64(b"[" * 5000 + b"]" * 5000)
+    header = b64(json.dumps({"alg": "RS384", "kid": pbackend.rsa.kid}).encode())
+    for value in (f"{header}.{deep}.c2ln", f"{deep}.{deep}.c2ln", "a" * 20000, "..", f"{header}.bm90IGpzb24.c2ln",
+                  f"{header}.{b64(json.dumps(['iss']).encode())}.c2ln"):
+        status, _, body = await token(api, token_form(value))
+        assert status in (400, 401) and body["error"] == "invalid_client", (value[:40], status, body)
+    status, _, body = await token(api, {**token_form(pbackend.assertion()), "scope": "system/Patient.rs\x00"})
+    assert status == 400 and body["error"] == "invalid_request"
