@@ -238,6 +238,22 @@ async def test_a_system_token_reads_and_searches_enabled_clinics_only(api, runti
     assert patient_id in records[1].patients and patient_id in records[2].patients
 
 @pytest.mark.gen_test
+async def test_a_system_token_is_rate_limited_and_held_to_the_registration_now(api, runtime, world, pbackend):
+    from lifecycle.applications import set_fhir_rate_limits
+    from ratelimit.policy import Limit
+    await enable(api, pbackend, world.org.id)
+    access = (await system_token(api, pbackend))["access_token"]
+    set_fhir_rate_limits(runtime, pbackend.app.id, fhir_token_rate_limit=Limit(2, 60))
+    statuses = [(await fhir(api, world.org.id, "/Patient?_count=1", access))[0] for _ in range(3)]
+    assert statuses == [200, 200, 429], statuses
+    access = (await system_token(api, pbackend))["access_token"]  # a new token: its own budget
+    assert (await fhir(api, world.org.id, "/Patient?_count=1", access))[0] == 200
+    set_system_scopes(runtime, pbackend.app.id, "system/Observation.rs")  # Patient no longer registered
+    status, headers, body = await fhir(api, world.org.id, "/Patient?_count=1", access)
+    assert status == 403 and "insufficient_scope" in headers["WWW-Authenticate"], body
+
+
+@pytest.mark.gen_test
 async def test_a_revoked_system_token_reaches_nothing(api, world, pbackend):
     await enable(api, pbackend, world.org.id)
     access = (await system_token(api, pbackend))["access_token"]
