@@ -304,8 +304,20 @@ async def test_discovery_documents_say_private_key_jwt(api, world):
     assert {"url": "token", "valueUri": AUD} in oauth["extension"]
 
 
-def test_installation_of_a_backend_app_starts_disabled(runtime, world, pbackend):
+@pytest.mark.gen_test
+async def test_an_app_installed_before_its_keys_is_enabled_without_sdk_initialization(api, runtime, world, pbackend):
     assert Installation.find(pbackend.app.id, world.org.id).activation_status == "Disabled"
+    other, _ = clinic("Early Clinic", "https://ehr.example/early")
+    install_application(world.app.id, other.id)  # a plain app: no status until its SDK initializes
+    status, _, body = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": world.app.client_id, "client_secret": world.secret})
+    auth = {"Authorization": f"Bearer {body['access_token']}"}
+    path = f"/v1/applications/{world.app.id}/organizations/{other.id}/activation-status"
+    status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=auth)
+    assert status == 409 and body["error"] == "not_initialized"  # unchanged for an SDK app
+    set_backend_keys(runtime, world.app.id, jwks_url=pbackend.host.url)  # it becomes a backend app
+    status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=auth)
+    assert status == 200 and body["status"] == "Enabled" and body["trial_started_at"], body
 
 
 # -- registration (the operator CLI, a real process) ---------------------------------------------
