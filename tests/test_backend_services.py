@@ -28,7 +28,7 @@ class Backend:
     """A pbackend app with an RS384 and an ES384 key at a JWKS URL, installed in `world.org`."""
 
     def __init__(self, runtime, world, host: JwksHost, rsa: KeyPair, ec: KeyPair):
-        self.rsa, self.ec, self.host = rsa, ec, host
+        self.rsa, self.ec, self.host, self.clock = rsa, ec, host, runtime.clock
         self.app, self.secret = register_application(runtime, "Analytics", "https://analytics.example/cb",
                                                      "https://analytics.example/launch")
         self.app = set_backend_keys(runtime, self.app.id, jwks_url=host.url)
@@ -37,6 +37,7 @@ class Backend:
         self.client_id = self.app.client_id
 
     def assertion(self, pair=None, **kwargs) -> str:
+        kwargs.setdefault("now", self.clock.time())  # the service's clock, which a test may move
         return assertion(pair or self.rsa, self.client_id, kwargs.pop("aud", AUD), **kwargs)
 
 
@@ -180,6 +181,14 @@ async def test_the_jwks_url_is_cached_and_refetched_on_an_unknown_kid_at_most_on
         status, _, body = await token(api, token_form(pbackend.assertion(headers={"kid": uuid.uuid4().hex})))
         assert status == 401 and body["error"] == "invalid_client"
     assert pbackend.host.hits == 2
+    pbackend.host.status = 503  # the host goes down: the keys fetched before keep working, for an hour
+    runtime.clock.advance(301)
+    await system_token(api, pbackend, pair=rotated)
+    assert pbackend.host.hits == 3
+    runtime.clock.advance(3600)
+    status, _, body = await token(api, token_form(pbackend.assertion(rotated)))
+    assert status == 401 and "could not be read" in body["error_description"], body
+    assert pbackend.host.hits == 4
 
 
 @pytest.mark.gen_test
