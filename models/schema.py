@@ -24,6 +24,7 @@ import peewee
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
 
 from models.application import DEFAULT_SMART_SCOPES, Application, Authorization, Installation
+from models.assertions import SpentAssertion
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
@@ -49,7 +50,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
-    SmartGrant, RefreshToken, FeedAppointment, FeedMessage,
+    SmartGrant, RefreshToken, FeedAppointment, FeedMessage, SpentAssertion,
 )
 
 
@@ -247,6 +248,12 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # The SIU feed (branch issue47h; tables feed_appointment and feed_message are new: MODELS).
     (4701, "organization: schedule source (ehr | siu), HL7 sending facility (unique) and allowed senders",
      _hl7_feed_settings),
+    # Issue 48 numbers its steps 48xx (4801-4849: backend services, branch issue48a; table
+    # spent_assertion is new: MODELS).
+    (4801, "application.jwks_url, jwks, system_scopes: SMART Backend Services keys and system scopes",
+     _add_missing_columns("application", ("jwks_url", peewee.CharField(max_length=500, null=True)),
+                          ("jwks", peewee.TextField(null=True)),
+                          ("system_scopes", peewee.TextField(default="")))),
 )
 
 
