@@ -19,7 +19,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["conf*", "errors*", "fhir_api*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
-                                    "examples*", "ops*", "runtime*", "app_cache*", "audit*", "billing*", "console*", "hub*"])
+                                    "examples*", "ops*", "runtime*", "app_cache*", "audit*", "billing*", "console*", "hub*", "bulk*"])
     + find_namespace_packages(include=["static", "static.*", "sdk.js.dist"]),
     py_modules=["server"],
     package_data=DATA_PACKAGES,

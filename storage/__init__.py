@@ -29,6 +29,10 @@ class ObjectStore(Protocol):
     def exists(self, key: str) -> bool:
         """True when a complete object is stored under `key`."""
 
+    def open_object(self, key: str):
+        """(a binary stream of the object with `read(n)` and `close()`, its size in bytes);
+        FileNotFoundError when no complete object is stored under `key` (a Bulk Data file's download)."""
+
     def delete(self, key: str) -> None:
         """Remove the object (no error when it is absent)."""
 

@@ -73,6 +73,11 @@ class LocalObjectStore:
     def exists(self, key: str) -> bool:
         return self.path_of(key).is_file()
 
+    def open_object(self, key: str):
+        """(a binary stream of the object, its size); FileNotFoundError when it is absent."""
+        handle = open(self.path_of(key), "rb")
+        return handle, os.fstat(handle.fileno()).st_size
+
     def delete(self, key: str) -> None:
         try:
             self.path_of(key).unlink()

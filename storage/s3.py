@@ -127,6 +127,17 @@ class S3ObjectStore:
                 return False
             raise
 
+    def open_object(self, key: str):
+        """(a binary stream of the object, its size); FileNotFoundError when it is absent."""
+        check_key(key)
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(key) from None
+            raise
+        return answer["Body"], answer["ContentLength"]
+
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=check_key(key))
 
