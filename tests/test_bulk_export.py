@@ -253,3 +253,56 @@ def test_metadata_declares_bulk_data(live, world):
     uris = {e["url"]: e["valueUri"] for e in rest["security"]["extension"][0]["extension"]}
     assert uris["token"] == f"{live}/v1/oauth/token"
     assert r4_problems([body]) == [[]]
+
+
+@pytest.mark.slow
+def test_a_fhir_clinic_exports_what_its_ehr_holds_through_the_connector(runtime, world, live, fhir_ehr):
+    """A clinic on a real FHIR EHR: the export reads it through the connector (searches by patient,
+    within the batch bounds), with the platform's references only and nothing of another server."""
+    from helpers.fhir_ehr import appointment, chart_record, connect_clinic, patient, practitioner
+    from models.directory import Organization
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Bulk FHIR Clinic")
+    monday = dt.datetime(2026, 3, 2, 9, 0)
+    fhir_ehr.seed(practitioner("pr-bulk", "1417000043", "Lopez", "Ana"),
+                  patient("pt-x", "Doe", "Jane", "1970-01-02", "female"), patient("pt-y", "Roe", "Rick", "1955-06-30", "male"),
+                  patient("pt-z", "Poe", "Zed", "1960-01-01", "male"),
+                  appointment("bulk-1", "pr-bulk", "pt-x", monday),
+                  *chart_record("pt-x", encounters=2, observations=3),
+                  {"resourceType": "Observation", "id": "obs-y", "status": "final", "code": {"text": "Weight"},
+                   "subject": {"reference": "Patient/pt-y"}, "valueQuantity": {"value": 70, "unit": "kg"}},
+                  {"resourceType": "Observation", "id": "obs-z", "status": "final", "code": {"text": "Weight"},
+                   "subject": {"reference": "Patient/pt-z"}, "valueQuantity": {"value": 80, "unit": "kg"}},
+                  {"resourceType": "Observation", "id": "obs-foreign", "status": "final", "code": {"text": "Weight"},
+                   "subject": {"reference": "https://other-ehr.example/fhir/R4/Patient/pt-x"}})
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@bulk.example", "Ana", "Lopez", "alopez", "1417000043")
+    organization = Organization.get_by_id(org_id)
+    from models.appointments import Snapshot, SnapshotAppointment
+    from models.application import Authorization
+    Authorization.create(application=world.app.id, user=ana.id)
+    snapshot = Snapshot.create(organization=org_id, snapshot_date=dt.date.today(), status="complete",
+                               completed_at=dt.datetime.utcnow())
+    for n, pid in enumerate(("pt-x", "pt-y")):  # pt-z is on nobody's schedule: not exported
+        SnapshotAppointment.create(snapshot=snapshot, ehr_appointment_id=f"a{n}", provider=ana.id, provider_npi=ana.npi,
+                                   provider_name="Ana", start=monday, end=monday, status="booked", appointment_type="x",
+                                   patient_id=pid, patient_first_name="P", patient_last_name="Q",
+                                   patient_date_of_birth=dt.date(1970, 1, 1), patient_sex="female")
+    client = BulkClient(f"{live}/fhir/r4/{organization.id}", mint_platform_token(runtime, live, ana, world.app, org_id))
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation,Encounter"})
+    assert status == 202, body
+    manifest = client.wait(headers["Content-Location"])
+    files = {o["type"]: client.download(o["url"]) for o in manifest["output"]}
+    assert sorted(p["id"] for p in files["Patient"]) == ["pt-x", "pt-y"]
+    # What the FHIR API's own search answers for each patient, no more, no less.
+    from helpers.fhir_api import Fhir, resources
+    fhir = Fhir(live, org_id, client.token)
+    for kind in ("Observation", "Encounter"):
+        searched = [r for p in ("pt-x", "pt-y") for r in resources(fhir.search(kind, {"patient": p, "_count": 100}))]
+        assert sorted(r["id"] for r in files[kind]) == sorted(r["id"] for r in searched), kind
+    observations = files["Observation"]
+    assert "obs-foreign" not in {o["id"] for o in observations} and "obs-y" in {o["id"] for o in observations}
+    assert {o["subject"]["reference"] for o in observations} == {"Patient/pt-x", "Patient/pt-y"}
+    assert len(files["Encounter"]) == 2
+    text = json.dumps(files)
+    assert fhir_ehr.origin not in text and "pt-z" not in text
+    _validate([r for found in files.values() for r in found])
