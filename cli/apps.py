@@ -5,6 +5,7 @@ import argparse
 
 from cli.common import UsageError, add_json_flag, emit, emit_list, existing, with_runtime
 from fhir_api.limits import parse_rate
+from lifecycle.backend_apps import set_backend_keys, set_system_scopes
 from lifecycle.manifest import update_manifest
 from lifecycle.applications import (delete_application, register_application, set_fhir_rate_limits,
                                     set_offline_access_ttl, set_public, set_redirect_policy, set_require_pkce,
@@ -41,6 +42,7 @@ def register(commands) -> None:
     p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="an origin (https://app.example) whose browser code may call the token, userinfo, "
                         "introspect and revoke endpoints with this app's client_id (CORS); repeatable")
+    _add_backend_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create))
 
@@ -80,6 +82,7 @@ def register(commands) -> None:
     p.add_argument("--fhir-token-rate-limit", type=_rate, metavar="N/UNIT",
                    help="FHIR API requests per access token of this app, e.g. 300/minute; 'default' for "
                         "SVC_FHIR_TOKEN_RATE_LIMIT (200/60)")
+    _add_backend_flags(p, update=True)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_update))
 
@@ -111,6 +114,43 @@ def register(commands) -> None:
 _DEFAULT = "default"
 
 
+def _add_backend_flags(p, update: bool = False) -> None:
+    """SMART Backend Services (docs/bulk-data.md): the app's public keys and its system scopes."""
+    keys = p.add_mutually_exclusive_group()
+    keys.add_argument("--jwks-url", metavar="URL",
+                      help="where the backend's public keys (a JWKS) are published: https, or http on a loopback "
+                           "address; svc-auth fetches and caches it")
+    keys.add_argument("--jwks-file", metavar="FILE", type=argparse.FileType("rb"),
+                      help="a file with the backend's public JWKS (RS384: RSA >= 2048 bits, ES384: EC P-384), stored")
+    if update:
+        keys.add_argument("--no-jwks", action="store_true", help="remove the registered keys (URL or stored JWKS)")
+    p.add_argument("--system-scopes", metavar="SCOPES",
+                   help="the system scopes the backend may ask, space-separated, read-only: e.g. "
+                        "\"system/Patient.rs system/Observation.rs\" or \"system/*.rs\"" + (" ('' for none)" if update else ""))
+
+
+def _read_jwks_file(handle) -> str:
+    with handle:
+        data = handle.read(200 * 1024 + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError("--jwks-file: not UTF-8 JSON") from None
+
+
+def _apply_backend_flags(runtime, app, args):
+    """`--jwks-url`/`--jwks-file`/`--no-jwks` and `--system-scopes`, when given."""
+    if args.jwks_url is not None:
+        app = set_backend_keys(runtime, app.id, jwks_url=args.jwks_url)
+    elif args.jwks_file is not None:
+        app = set_backend_keys(runtime, app.id, jwks_text=_read_jwks_file(args.jwks_file))
+    elif getattr(args, "no_jwks", False):
+        app = set_backend_keys(runtime, app.id)
+    if args.system_scopes is not None:
+        app = set_system_scopes(runtime, app.id, args.system_scopes)
+    return app
+
+
 def _rate(text: str):
     """An argparse type: a FHIR rate (`Limit`), or `default`; anything else exits 2 with the reason."""
     if text.strip().lower() == _DEFAULT:
@@ -135,11 +175,18 @@ def _user_fields(text: str) -> list[str]:
 
 
 def _create(runtime, args):
+    jwks_text = _read_jwks_file(args.jwks_file) if args.jwks_file is not None else None
+    if args.jwks_url is not None or jwks_text is not None or args.system_scopes is not None:
+        _check_backend_flags(args, jwks_text)  # before anything is created: a bad value creates nothing
     app, secret = register_application(runtime, args.name, args.redirect_uri[0], args.launch_url, args.token_endpoint,
                                        args.billing_plan, _user_fields(args.user_fields), args.allowed_origin,
                                        redirect_uri_match=args.redirect_uri_match, redirect_uris=args.redirect_uri,
                                        require_pkce=args.require_pkce, public=args.public,
                                        smart_scopes=args.smart_scopes)
+    if args.jwks_url is not None or jwks_text is not None:
+        app = set_backend_keys(runtime, app.id, jwks_url=args.jwks_url, jwks_text=jwks_text)
+    if args.system_scopes is not None:
+        app = set_system_scopes(runtime, app.id, args.system_scopes)
     # The secret right after the ids: printed once, here only. A public client has none.
     shown = {"client_secret": secret} if secret else {}
     emit({"application_id": app.id, "client_id": app.client_id, **shown, **manifest_dict(app)}, args.json)
@@ -170,10 +217,29 @@ def _update(runtime, args):
     if args.offline_access_ttl is not None:
         app = set_offline_access_ttl(runtime, app.id, None if args.offline_access_ttl == _DEFAULT
                                      else args.offline_access_ttl)
+    app = _apply_backend_flags(runtime, app, args)
     secret = None
     if args.public is not None:
         app, secret = set_public(runtime, app.id, args.public)
     emit({**manifest_dict(app), **({"client_secret": secret} if secret else {})}, args.json)
+
+
+def _check_backend_flags(args, jwks_text: str | None) -> None:
+    from lifecycle.backend_apps import jwks_url_problem
+    from oauth.client_keys import JwksError, parse_jwks
+    from oauth.system_scopes import validate_registered
+    if args.jwks_url is not None and (problem := jwks_url_problem(args.jwks_url)):
+        raise UsageError(f"--jwks-url: {problem}")
+    if jwks_text is not None:
+        try:
+            parse_jwks(jwks_text, strict=True)
+        except JwksError as exc:
+            raise UsageError(f"--jwks-file: {exc}") from None
+    if args.system_scopes is not None:
+        try:
+            validate_registered(args.system_scopes)
+        except ValueError as exc:
+            raise UsageError(f"--system-scopes: {exc}") from None
 
 
 def manifest_dict(app: Application) -> dict:
@@ -189,7 +255,9 @@ def manifest_dict(app: Application) -> dict:
             "fhir_rate_limit": app.fhir_rate_limit or _DEFAULT,
             "fhir_token_rate_limit": app.fhir_token_rate_limit or _DEFAULT,
             # seconds an offline_access grant lives, or "default" (SVC_OFFLINE_ACCESS_TTL)
-            "offline_access_ttl": app.offline_access_ttl or _DEFAULT}
+            "offline_access_ttl": app.offline_access_ttl or _DEFAULT,
+            # SMART Backend Services: where its public keys are, whether a JWKS is stored, what it may ask
+            "jwks_url": app.jwks_url, "jwks_stored": bool(app.jwks), "system_scopes": app.system_scopes or ""}
 
 
 def app_dict(app: Application) -> dict:

@@ -5,8 +5,10 @@
   `invalid_token`); the token's `org` must be the path's, else 404 (another clinic is never
   revealed); its app and user must still exist (the user still in the clinic), else 401; the app
   must be installed in the clinic and its status allow use (`lifecycle.activation`), else 403.
+- A backend app's system token: `fhir_api.system_access` (its gate, its `SystemCaller`).
 - The scopes: `oauth.smart_scopes.access` on the token's `scope` and on the app's current
-  `smart_scopes` (what it declares now: narrowing them takes effect at once); `r` read, `s` search.
+  `smart_scopes` (what it declares now: narrowing them takes effect at once; a system token: its
+  registered `system_scopes`); `r` read, `s` search.
   A `patient/` scope limits access to the token's `patient` (its compartment) for the types of
   the Patient compartment (`connectors.compartment`); the others (the clinic's directory:
   Practitioner, Organization, Location, Medication...) it reads whole.
@@ -21,6 +23,7 @@ from fhir_api.outcome import FhirError
 from oauth.bearer import BearerGate, Caller, insufficient_scope, known_user, own_clinic, usable_installation
 from oauth.smart_scopes import ScopeSyntaxError, access
 from oauth.tokens import PLATFORM_AUDIENCE
+from fhir_api.system_access import SYSTEM_FHIR_API, presents_system_token
 
 
 FHIR_API = BearerGate(PLATFORM_AUDIENCE, requirements=(own_clinic, known_user, usable_installation))
@@ -35,8 +38,10 @@ class Grant:
 
 
 def authenticate(runtime, authorization: str | None, organization_id: str) -> Caller:
-    """The caller of a FHIR request on clinic `organization_id`, or the 401/403/404."""
-    return FHIR_API.caller(runtime, authorization, organization_id=organization_id)
+    """The caller of a FHIR request on clinic `organization_id`, or the 401/403/404: a launch's
+    token (`Caller`), or a backend app's system token (`fhir_api.system_access.SystemCaller`)."""
+    gate = SYSTEM_FHIR_API if presents_system_token(authorization) else FHIR_API
+    return gate.caller(runtime, authorization, organization_id=organization_id)
 
 
 def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
@@ -44,10 +49,14 @@ def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
     verb = "read" if permission == "r" else "search"
     try:
         by_token = access(caller.claims.get("scope"), resource_type, permission)
-        by_app = access(caller.app.smart_scopes, resource_type, permission)
+        by_app = access(caller.declared_scopes, resource_type, permission)  # a system token: its system scopes
     except ScopeSyntaxError:
         by_token = by_app = None
     if not (by_token and by_token.allowed and by_app and by_app.allowed):
+        if getattr(caller, "is_system", False):
+            raise insufficient_scope(f"The token's scopes do not allow {verb} of {resource_type} (needs "
+                                     f"system/{resource_type}.{permission}, granted and registered).",
+                                     scope=f"system/{resource_type}.{permission}")
         raise insufficient_scope(f"The token's scopes do not allow {verb} of {resource_type} (needs "
                                  f"patient/{resource_type}.{permission} or user/{resource_type}.{permission}).",
                                  scope=f"patient/{resource_type}.{permission} user/{resource_type}.{permission}")

@@ -47,7 +47,7 @@ def fhir_disclosure(caller, action: str, resource_type: str, path_id: str | None
     claims = caller.claims
     return Disclosure(
         action=action, organization_id=caller.organization_id, application_id=caller.app.id,
-        client_id=claims.get("client_id"), user_id=claims.get("sub"), jti=claims.get("jti"), scope=claims.get("scope"),
+        client_id=claims.get("client_id"), user_id=caller.user_id, jti=claims.get("jti"), scope=claims.get("scope"),
         source_address=request.source_address, request_id=request.request_id, query=request.query,
         resource_type=resource_type, resource_ids=tuple(asked_ids(path_id, raw_args)),
         patients=tuple(asked_patients(resource_type, path_id, raw_args, caller.patient)))

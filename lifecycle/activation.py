@@ -10,14 +10,16 @@ the token exchange, userinfo, the FHIR API, the partner API, billing):
 `oauth/` and `fhir_api/` sit below `lifecycle/` and reach this module as `runtime.activation`
 (as they reach `runtime.fhir_base_url`).
 
-(none) -> Disabled happens at the first completed SDK initialization (`lifecycle.verification`).
+(none) -> Disabled happens at the first completed SDK initialization (`lifecycle.verification`); a
+backend app (SMART Backend Services) has none: `installs create` makes it Disabled, and its status
+may be set at once (an installation made before its keys were registered: from none).
 After that the application sets `Enabled` or `Disabled` itself; the first `Enabled` starts the
 30-day free trial of that installation (`billing.free_trial`). Every change is audited (it decides billing).
 """
 from __future__ import annotations
 
 from billing.free_trial import start_trial
-from models.application import ACTIVATION_STATUSES, DISABLED, ENABLED, Installation
+from models.application import ACTIVATION_STATUSES, DISABLED, ENABLED, Application, Installation
 from models.audit import AuditEvent
 from models.directory import Organization
 from models.ids import ID_RULE, is_id
@@ -80,7 +82,8 @@ def set_activation_status(runtime, installation: Installation, status, actor: st
     if status not in ACTIVATION_STATUSES:
         raise ApiError(400, "invalid_status", f"status must be one of {', '.join(ACTIVATION_STATUSES)}.")
     current = Installation.get_by_id(installation.id)
-    if current.activation_status is None:
+    if current.activation_status is None and not Application.get_by_id(current.application_id).is_backend:
+        # A backend app (SMART Backend Services) has no SDK initialization: its status is set directly.
         raise ApiError(409, "not_initialized",
                        "The activation status can be set only after the application's first SDK initialization "
                        "in this organization.")

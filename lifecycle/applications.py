@@ -10,7 +10,7 @@ from app_cache.applications import TOPIC as APPLICATIONS
 from fhir_api.limits import rate_text
 from lifecycle.manifest_validation import validate
 from lifecycle.organizations import find_organization, invalid
-from models.application import BILLING_PLANS, Application, Installation
+from models.application import BILLING_PLANS, DISABLED, Application, Installation
 from models.audit import AuditEvent
 from models.ids import new_secret
 from errors import ApiError
@@ -167,12 +167,16 @@ def register_application(runtime, name: str, redirect_uri: str, launch_url: str,
 
 
 def install_application(application_id: str, organization_id: str) -> Installation:
-    find_application(application_id)
+    """Install the app in the clinic (idempotent). A backend app (registered keys: SMART Backend
+    Services) has no SDK to initialize: its installation starts `Disabled`, and the partner
+    Enables it (`PUT .../activation-status`)."""
+    app = find_application(application_id)
     find_organization(organization_id)
     existing = Installation.find(application_id, organization_id)
     if existing:
         return existing
-    return Installation.create(application=application_id, organization=organization_id)
+    return Installation.create(application=application_id, organization=organization_id,
+                               activation_status=DISABLED if app.is_backend else None)
 
 
 def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str = "operator") -> list[str]:

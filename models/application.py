@@ -59,7 +59,18 @@ class Application(BaseModel):
     fhir_token_rate_limit = peewee.CharField(max_length=32, null=True)
     # SMART offline_access grants of this app live this long (seconds); None: SVC_OFFLINE_ACCESS_TTL.
     offline_access_ttl = peewee.IntegerField(null=True)
+    # SMART Backend Services (issue 48; oauth/client_assertion.py): the app's public keys, at an URL
+    # (`jwks_url`, fetched and cached by `oauth.client_jwks`) or stored (`jwks`, a validated public
+    # JWKS as JSON text), and the system scopes it may ask (`system/Patient.rs ...`; "" none).
+    jwks_url = peewee.CharField(max_length=500, null=True)
+    jwks = peewee.TextField(null=True)
+    system_scopes = peewee.TextField(default="", constraints=db_default(""))
     created_at = peewee.DateTimeField(default=wall_now)
+
+    @property
+    def is_backend(self) -> bool:
+        """A backend app (SMART Backend Services): it registered public keys (a JWKS URL or file)."""
+        return bool(self.jwks_url or self.jwks)
 
     @classmethod
     def by_client_id(cls, client_id: str | None) -> "Application | None":

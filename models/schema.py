@@ -24,6 +24,7 @@ import peewee
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
 
 from models.application import DEFAULT_SMART_SCOPES, Application, Authorization, Installation
+from models.assertions import SpentAssertion
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
@@ -49,7 +50,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
-    SmartGrant, RefreshToken,
+    SmartGrant, RefreshToken, SpentAssertion,
     BulkExport, BulkExportFile,  # issue 48: Bulk Data exports (new tables: no step)
 )
 
@@ -215,6 +216,12 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 35 item 6 (3505): the bearer gate keeps users and denials in memory, checked against these versions.
     (3505, "user, organization, installation, denied_token: triggers bump the `directory` and `denied` change "
            "versions on every write", install_change_triggers),
+    # Issue 48 numbers its steps 48xx (4801-4849: backend services, branch issue48a; table
+    # spent_assertion is new: MODELS).
+    (4801, "application.jwks_url, jwks, system_scopes: SMART Backend Services keys and system scopes",
+     _add_missing_columns("application", ("jwks_url", peewee.CharField(max_length=500, null=True)),
+                          ("jwks", peewee.TextField(null=True)),
+                          ("system_scopes", peewee.TextField(default="")))),
 )
 
 

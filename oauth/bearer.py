@@ -117,6 +117,17 @@ class Caller:
         return value if isinstance(value, str) else None
 
     @property
+    def user_id(self) -> str | None:
+        """The token's user (`sub`); a system token's caller has none (`fhir_api.system_access`)."""
+        value = self.claims.get("sub")
+        return value if isinstance(value, str) else None
+
+    @property
+    def declared_scopes(self) -> str | None:
+        """What the app declares now (its SMART scopes): the FHIR API allows what both it and the token name."""
+        return self.app.smart_scopes
+
+    @property
     def patient(self) -> str | None:
         """The SMART launch's patient context, when the token carries one, in R4's spelling (a token
         issued before issue 35 may carry `pat_…`: `models.ids.fhir_id`)."""

@@ -14,7 +14,10 @@ ID_TOKEN_CLAIMS = ("sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "ema
                    "application_billing_plan", "is_free_trial", "days_until_end_of_trial", "fhirUser")
 # Confidential clients authenticate with their secret; a public client (a browser-only SMART app) with
 # none: client_id alone, and PKCE S256 at authorize (oauth/clients.py).
-TOKEN_ENDPOINT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "none")
+# A backend app (SMART Backend Services) signs a client assertion with its key pair: private_key_jwt
+# (RFC 7523; oauth/client_assertion.py), RS384 or ES384.
+TOKEN_ENDPOINT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "none", "private_key_jwt")
+TOKEN_ENDPOINT_AUTH_SIGNING_ALGS = ("RS384", "ES384")
 
 
 def claims_supported(settings) -> list[str]:
@@ -49,6 +52,8 @@ def openid_configuration(settings, variant=V1) -> dict:
         "subject_types_supported": ["public"],
         "id_token_signing_alg_values_supported": ["RS256"],
         "token_endpoint_auth_methods_supported": list(TOKEN_ENDPOINT_AUTH_METHODS),
+        "token_endpoint_auth_signing_alg_values_supported": list(TOKEN_ENDPOINT_AUTH_SIGNING_ALGS),
+        "revocation_endpoint_auth_signing_alg_values_supported": list(TOKEN_ENDPOINT_AUTH_SIGNING_ALGS),
         "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
         "scopes_supported": advertised_scopes() + ([PARTNER_API_SCOPE] if "client_credentials" in variant.grant_types
                                                      else []),

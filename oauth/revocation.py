@@ -6,20 +6,21 @@ would have expired anyway; userinfo, introspection and the partner API refuse a 
 from __future__ import annotations
 
 from models.application import Application
+from oauth.client_assertion import authenticate_assertion, presents_assertion, spend
 from oauth.clients import authenticate_client
 from oauth.params import text_param
 from oauth.smart_grants import revoke_by_token
-from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, InvalidToken
+from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE, SYSTEM_AUDIENCE, InvalidToken
 
 
 def token_owner_claims(runtime, token: str) -> tuple[str | None, dict] | None:
     """(client_id the token was issued to, its claims) for a signed, unexpired access token of ours."""
-    for audience in (PLATFORM_AUDIENCE, PARTNER_API_AUDIENCE):
+    for audience in (PLATFORM_AUDIENCE, PARTNER_API_AUDIENCE, SYSTEM_AUDIENCE):
         try:
             claims = runtime.tokens.verify(token, audience)
         except InvalidToken:
             continue
-        if audience == PLATFORM_AUDIENCE:
+        if audience != PARTNER_API_AUDIENCE:  # user and system tokens name their client
             return claims.get("client_id"), claims
         app = runtime.applications.by_id(claims.get("sub"))  # a client-credentials token names its app
         return (app.client_id if app else None), claims
@@ -40,7 +41,13 @@ def revoke_token(runtime, app: Application, token: str) -> None:
 
 
 def revoke(runtime, params: dict, authorization: str | None, address: str) -> None:
-    """The revocation request: the client authenticates, then revokes `token` if it is its own."""
-    app = authenticate_client(runtime, params, authorization, address, allow_public=True)
+    """The revocation request: the client authenticates (its secret, or a backend app's client
+    assertion, whose jti is then spent), then revokes `token` if it is its own."""
+    if presents_assertion(params):
+        client = authenticate_assertion(runtime, params, authorization, address)
+        spend(runtime, client)
+        app = client.app
+    else:
+        app = authenticate_client(runtime, params, authorization, address, allow_public=True)
     token = text_param(params, "token", max_length=8000)
     revoke_token(runtime, app, token)

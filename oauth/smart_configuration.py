@@ -5,14 +5,18 @@ the OpenID configuration, and the capabilities this server really has. Served to
 """
 from __future__ import annotations
 
-from oauth.discovery import TOKEN_ENDPOINT_AUTH_METHODS, endpoints
+from oauth.discovery import TOKEN_ENDPOINT_AUTH_METHODS, TOKEN_ENDPOINT_AUTH_SIGNING_ALGS, endpoints
 from oauth.pkce import SUPPORTED_METHODS
 from oauth.scopes import advertised_scopes
 from oauth.variants import V1
 
-CAPABILITIES = ("launch-ehr", "client-public", "client-confidential-symmetric", "sso-openid-connect",
-                "context-ehr-patient", "permission-v2", "permission-patient", "permission-user",
-                "permission-offline", "permission-online")
+CAPABILITIES = ("launch-ehr", "client-public", "client-confidential-symmetric", "client-confidential-asymmetric",
+                "sso-openid-connect", "context-ehr-patient", "permission-v1", "permission-v2", "permission-patient",
+                "permission-user", "permission-offline", "permission-online")
+"""`client-confidential-asymmetric`: private_key_jwt (RS384, ES384; oauth/client_assertion.py), the
+backend apps' authentication; `permission-v1`: v1 scopes (`.read`) are understood beside v2's."""
+SYSTEM_SCOPES_ADVERTISED = ("system/*.rs", "system/*.read")
+"""SMART Backend Services: a backend app asks read-only system scopes it registered."""
 
 
 def smart_configuration(settings) -> dict:
@@ -24,6 +28,7 @@ def smart_configuration(settings) -> dict:
         "response_types_supported": ["code"],
         "code_challenge_methods_supported": list(SUPPORTED_METHODS),
         "token_endpoint_auth_methods_supported": list(TOKEN_ENDPOINT_AUTH_METHODS),
-        "scopes_supported": advertised_scopes(),
+        "token_endpoint_auth_signing_alg_values_supported": list(TOKEN_ENDPOINT_AUTH_SIGNING_ALGS),
+        "scopes_supported": [*advertised_scopes(), *SYSTEM_SCOPES_ADVERTISED],
         "capabilities": list(CAPABILITIES),
     }

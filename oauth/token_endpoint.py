@@ -1,15 +1,22 @@
-"""`POST /oauth/token`: client authentication, then the grant named by `grant_type`."""
+"""`POST /oauth/token`: client authentication, then the grant named by `grant_type`.
+
+Client authentication is a secret (`oauth.clients`: HTTP Basic or the body), a public client's
+client_id alone, or a client assertion (`oauth.client_assertion`, RFC 7523 `private_key_jwt`); the
+client credentials grant with an assertion is a backend app's system token
+(`oauth.system_credentials`), with a secret the partner API token (`oauth.client_credentials`)."""
 from __future__ import annotations
 
 from types import MappingProxyType
 
 from oauth.authorization_code import AuthorizationCodeGrant
+from oauth.client_assertion import authenticate_assertion, presents_assertion, spend
 from oauth.client_credentials import ClientCredentialsGrant
 from oauth.clients import authenticate_client, presented_credentials
 from oauth.errors import OAuthError
 from oauth.params import text_param
 from oauth.refresh_token import RefreshTokenGrant
 from oauth.secret_rotation import hashed_under_current_key, is_current_secret
+from oauth.system_credentials import SystemCredentialsGrant
 
 GRANTS = MappingProxyType({grant.grant_type: grant for grant in (AuthorizationCodeGrant, ClientCredentialsGrant,
                                                                           RefreshTokenGrant)})
@@ -25,6 +32,15 @@ def token_response(runtime, variant, params: dict, authorization: str | None, ad
     if grant_type not in GRANTS or grant_type not in variant.grant_types:
         raise OAuthError("unsupported_grant_type",
                          f"grant_type must be one of: {', '.join(supported_grants(variant))}.")
+    if presents_assertion(params):  # private_key_jwt (RFC 7523): a backend app's key pair
+        client = authenticate_assertion(runtime, params, authorization, address)
+        if grant_type == SystemCredentialsGrant.grant_type:
+            response = SystemCredentialsGrant(runtime).exchange(client, params)  # spends the jti itself
+        else:
+            spend(runtime, client)
+            response = GRANTS[grant_type](runtime).exchange(client.app, params, with_billing=variant.billing_claims)
+        runtime.metrics.count_token_issued(grant_type)
+        return response
     app = authenticate_client(runtime, params, authorization, address, allow_public=True)
     response = GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
     runtime.metrics.count_token_issued(grant_type)

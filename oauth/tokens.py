@@ -1,8 +1,8 @@
 """Token signing and verification: the one place JWTs are made and checked.
 
 Audiences keep token kinds apart: a user access token (`platform`), a partner API token
-(`partner-api`), a sandbox settings token (`sandbox`) and an ID token (the client id) are each
-refused where another is expected. Expiry is checked against the runtime's clock, so tests can move time.
+(`partner-api`), a backend app's system token (`fhir-system`), a sandbox settings token (`sandbox`)
+and an ID token (the client id) are each refused where another is expected. Expiry is checked against the runtime's clock, so tests can move time.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from models.ids import new_secret
 PLATFORM_AUDIENCE = "platform"
 PARTNER_API_AUDIENCE = "partner-api"
 SANDBOX_AUDIENCE = "sandbox"
+SYSTEM_AUDIENCE = "fhir-system"  # a backend app's system token (SMART Backend Services; oauth/system_credentials.py)
 ACCESS_TOKEN_TYPE = "at+jwt"
 
 VERIFIED_CACHE_SIZE = 4096     # verified tokens remembered per process (about 4 MB at most)

@@ -34,7 +34,13 @@ TOKEN_REQUEST_FIELDS = MappingProxyType({
     "client_secret": {"type": "string", "description": "never for a public client (it has none)"},
     "code_verifier": {"type": "string", "description": "authorization_code: the PKCE verifier (RFC 7636)"},
     "refresh_token": {"type": "string", "description": "refresh_token: the SMART app's current refresh token"},
-    "scope": {"type": "string", "description": "refresh_token: the same or a narrower scope (default: the grant's)"},
+    "scope": {"type": "string", "description": "refresh_token: the same or a narrower scope (default: the grant's); "
+                                               "client_credentials with a client assertion: the system scopes asked "
+                                               "(required)"},
+    "client_assertion_type": {"type": "string", "enum": ["urn:ietf:params:oauth:client-assertion-type:jwt-bearer"],
+                              "description": "private_key_jwt (RFC 7523): a backend app authenticates with a key pair"},
+    "client_assertion": {"type": "string", "description": "private_key_jwt: the JWT the backend app signed (RS384 or "
+                                                          "ES384) with a key of its registered JWKS"},
 })
 
 
@@ -70,7 +76,9 @@ SCHEMAS = MappingProxyType({
                          "description": "RFC 6749 4.1.3 / 4.4.2 form body; each parameter at most once"},
     "TokenResponse": {"type": "object", "required": ["access_token", "token_type", "expires_in"], "properties": {
         "access_token": {"type": "string"}, "id_token": {"type": "string"},
-        "token_type": {"type": "string", "enum": ["Bearer"]}, "expires_in": {"type": "integer"},
+        "token_type": {"type": "string", "pattern": "^[Bb]earer$",
+                       "description": "`Bearer`; a backend app's system token (client assertion) says `bearer`"},
+        "expires_in": {"type": "integer"},
         "scope": {"type": "string", "description": "the granted scope"},
         "patient": {"type": "string", "description": "SMART: the launch's patient (a FHIR Patient id), only when "
                                                      "the launch had a patient context"},

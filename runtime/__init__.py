@@ -29,6 +29,7 @@ from lifecycle import activation
 from models.clock import Clock
 from models.db import DATABASE_ERRORS, HeldConnections, open_database
 from models.schema import bind_models
+from oauth.client_jwks import ClientKeySets
 from oauth.denylist import build_denylist
 from oauth.errors import dependency_unavailable
 from oauth.tokens import TokenService
@@ -88,6 +89,8 @@ class Runtime:
         # Failed console sign-ins, per account and per address.
         self.console_signin_throttle = build_failure_throttle(
             settings, "console_signin", self.console_signin_policy(), self.clock.time, self.hasher)
+        # Backend apps' public keys (SMART Backend Services): JWKS URLs fetched and cached per app.
+        self.client_jwks = ClientKeySets(monotonic=self.clock.time)
         self._object_store = None
         self._task_queue = None
         self._metrics = None

@@ -128,4 +128,5 @@ async def test_jwks_and_discovery_over_http(api, runtime):
     assert config["id_token_signing_alg_values_supported"] == ["RS256"]
     assert config["token_endpoint"] == "http://127.0.0.1:8888/v1/oauth/token"
     assert config["jwks_uri"] == "http://127.0.0.1:8888/.well-known/jwks.json"
-    assert set(config["token_endpoint_auth_methods_supported"]) == {"client_secret_basic", "client_secret_post", "none"}
+    assert set(config["token_endpoint_auth_methods_supported"]) == {"client_secret_basic", "client_secret_post", "none",
+                                                             "private_key_jwt"}

@@ -88,9 +88,12 @@ async def test_smart_configuration_of_an_existing_clinic(api, world):
     assert doc["issuer"] == "http://127.0.0.1:8888/"
     assert doc["code_challenge_methods_supported"] == ["S256"] and doc["response_types_supported"] == ["code"]
     assert {"authorization_code", "refresh_token"} <= set(doc["grant_types_supported"])
-    assert set(doc["token_endpoint_auth_methods_supported"]) == {"client_secret_basic", "client_secret_post", "none"}
+    assert set(doc["token_endpoint_auth_methods_supported"]) == {"client_secret_basic", "client_secret_post", "none",
+                                                                 "private_key_jwt"}
+    assert doc["token_endpoint_auth_signing_alg_values_supported"] == ["RS384", "ES384"]
     assert {"launch", "launch/patient", "fhirUser", "openid", "profile"} <= set(doc["scopes_supported"])
     assert set(doc["capabilities"]) == {"launch-ehr", "client-public", "client-confidential-symmetric",
+                                        "client-confidential-asymmetric", "permission-v1",
                                         "sso-openid-connect", "context-ehr-patient", "permission-v2",
                                         "permission-patient", "permission-user", "permission-offline",
                                         "permission-online"}

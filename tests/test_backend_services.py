@@ -1,0 +1,278 @@
+"""SMART Backend Services over HTTP: a partner's pbackend registers its keys (a JWKS URL served by a
+tiny HTTP server here, or a stored JWKS), signs client assertions with PyJWT, gets system tokens
+from `client_credentials`, and reads and searches the FHIR API of the clinics where it is installed
+and Enabled. Every rule of RFC 7523 and SMART is tried by a request that breaks it."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import uuid
+
+import jwt
+import pytest
+
+from helpers.backend import ASSERTION_TYPE, JwksHost, KeyPair, assertion, jwks, token_form, unsigned_style
+from helpers.worlds import SMART_PATIENT, clinic
+from lifecycle.applications import install_application, register_application
+from lifecycle.backend_apps import set_backend_keys, set_system_scopes
+from models.application import Installation
+from models.disclosures import DisclosureRecord
+
+AUD = "http://127.0.0.1:8888/v1/oauth/token"
+SCOPES = "system/Patient.rs system/Observation.rs system/Condition.read"
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+class Backend:
+    """A pbackend app with an RS384 and an ES384 key at a JWKS URL, installed in `world.org`."""
+
+    def __init__(self, runtime, world, host: JwksHost, rsa: KeyPair, ec: KeyPair):
+        self.rsa, self.ec, self.host = rsa, ec, host
+        self.app, self.secret = register_application(runtime, "Analytics", "https://analytics.example/cb",
+                                                     "https://analytics.example/launch")
+        self.app = set_backend_keys(runtime, self.app.id, jwks_url=host.url)
+        self.app = set_system_scopes(runtime, self.app.id, SCOPES)
+        self.installation = install_application(self.app.id, world.org.id)
+        self.client_id = self.app.client_id
+
+    def assertion(self, pair=None, **kwargs) -> str:
+        return assertion(pair or self.rsa, self.client_id, kwargs.pop("aud", AUD), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def key_pairs():
+    return KeyPair("RS384"), KeyPair("ES384")
+
+
+@pytest.fixture
+def pbackend(runtime, world, key_pairs):
+    rsa, ec = key_pairs
+    host = JwksHost(jwks(rsa, ec))
+    yield Backend(runtime, world, host, rsa, ec)
+    host.close()
+
+
+async def token(api, form: dict, headers: dict | None = None):
+    return await api.call("POST", "/v1/oauth/token", body=urllib.parse.urlencode(form),
+                          headers={**FORM, **(headers or {})})
+
+
+async def enable(api, pbackend, org_id):
+    """The partner enables its app in the clinic with the partner API (its secret-based token)."""
+    status, _, body = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": pbackend.client_id, "client_secret": pbackend.secret})
+    assert status == 200, body
+    status, _, body = await api.call(
+        "PUT", f"/v1/applications/{pbackend.app.id}/organizations/{org_id}/activation-status", {"status": "Enabled"},
+        headers={"Authorization": f"Bearer {body['access_token']}"})
+    assert status == 200 and body["status"] == "Enabled", body
+
+
+async def system_token(api, pbackend, scope=SCOPES, pair=None) -> dict:
+    status, headers, body = await token(api, token_form(pbackend.assertion(pair), scope))
+    assert status == 200, body
+    assert headers["Cache-Control"] == "no-store"
+    return body
+
+
+async def fhir(api, org_id, path, access_token):
+    return await api.call("GET", f"/fhir/r4/{org_id}{path}",
+                          headers={"Authorization": f"Bearer {access_token}", "Accept": "application/fhir+json"})
+
+
+# -- the token -----------------------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_rs384_and_es384_assertions_get_a_read_only_system_token(api, pbackend):
+    body = await system_token(api, pbackend, "system/Patient.rs system/Observation.cruds system/Condition.*")
+    assert set(body) == {"access_token", "token_type", "expires_in", "scope"}
+    assert body["token_type"] == "bearer" and 0 < body["expires_in"] <= 300
+    assert body["scope"] == "system/Patient.rs system/Observation.rs system/Condition.read"
+    body = await system_token(api, pbackend, "system/Patient.read", pair=pbackend.ec)
+    assert body["scope"] == "system/Patient.read"
+
+
+@pytest.mark.gen_test
+async def test_scopes_outside_the_registration_are_dropped(api, pbackend):
+    body = await system_token(api, pbackend, "system/Patient.rs system/Encounter.rs patient/Observation.rs "
+                                            "user/Patient.rs system/Observation.cud system/Nope.rs system/Patient.x "
+                                            "openid launch")
+    assert body["scope"] == "system/Patient.rs"
+    body = await system_token(api, pbackend, "system/*.rs")  # narrowed to what is registered
+    assert set(body["scope"].split()) == {"system/Patient.rs", "system/Observation.rs", "system/Condition.rs"}
+
+
+@pytest.mark.gen_test
+async def test_missing_or_ungrantable_scope_is_invalid_scope_and_the_assertion_can_be_sent_again(api, pbackend):
+    signed = pbackend.assertion()
+    for scope in (None, "", "system/Observation.write", "patient/Patient.rs", "system/Encounter.rs"):
+        status, _, body = await token(api, token_form(signed, scope))
+        assert status == 400 and body["error"] == "invalid_scope", (scope, body)
+    status, _, body = await token(api, token_form(signed, "system/Patient.rs"))
+    assert status == 200 and body["scope"] == "system/Patient.rs", body  # nothing was spent before
+    status, _, body = await token(api, token_form(signed, "system/Patient.rs"))
+    assert status == 401 and body["error"] == "invalid_client" and "already used" in body["error_description"]
+
+
+@pytest.mark.gen_test
+async def test_every_broken_rule_is_invalid_client(api, pbackend):
+    other = KeyPair("RS384", kid=pbackend.rsa.kid)  # the right kid, another key: a bad signature
+    fresh = {"iss": pbackend.client_id, "sub": pbackend.client_id, "aud": AUD, "exp": int(time.time()) + 60,
+             "jti": uuid.uuid4().hex}
+    cases = {
+        "bad signature": assertion(other, pbackend.client_id, AUD),
+        "unknown kid": pbackend.assertion(headers={"kid": "not-registered"}),
+        "wrong aud": pbackend.assertion(aud="https://elsewhere.example/token"),
+        "wrong jku": pbackend.assertion(headers={"jku": "https://evil.example/jwks.json"}),
+        "expired": pbackend.assertion(exp_in=-10),
+        "exp more than 5 minutes ahead": pbackend.assertion(exp_in=400),
+        "no exp": jwt.encode({"iss": pbackend.client_id, "sub": pbackend.client_id, "aud": AUD, "jti": "x1"},
+                             pbackend.rsa.private, algorithm="RS384", headers={"kid": pbackend.rsa.kid}),
+        "sub is not the client": pbackend.assertion(sub="someone-else"),
+        "RS256": pbackend.assertion(alg="RS256"),
+        "HS256 with the public key's bytes": unsigned_style(fresh, {"kid": pbackend.rsa.kid}, "HS256",
+                                                            json.dumps(pbackend.rsa.public_jwk).encode()),
+        "alg none": unsigned_style(fresh, {"kid": pbackend.rsa.kid}, "none"),
+        "ES384 signature under the RSA kid": assertion(pbackend.ec, pbackend.client_id, AUD,
+                                                       headers={"kid": pbackend.rsa.kid}),
+        "unknown client": assertion(pbackend.rsa, "cli_unknown", AUD),
+        "not a JWT": "not.a.jwt",
+    }
+    for name, signed in cases.items():
+        status, _, body = await token(api, token_form(signed))
+        assert status in (400, 401) and body["error"] == "invalid_client", (name, status, body)
+    status, _, body = await token(api, {**token_form(pbackend.assertion()), "client_assertion_type": "urn:x"})
+    assert body["error"] == "invalid_client", body
+    # The registered jku is fine; a client_id in the body must be the assertion's.
+    assert (await token(api, token_form(pbackend.assertion(headers={"jku": pbackend.host.url}))))[0] == 200
+    status, _, body = await token(api, token_form(pbackend.assertion(), client_id="cli_other"))
+    assert status == 401 and body["error"] == "invalid_client"
+    # One method at a time: a secret beside the assertion is refused.
+    status, _, body = await token(api, token_form(pbackend.assertion(), client_secret=pbackend.secret))
+    assert status == 400 and body["error"] == "invalid_request"
+
+
+@pytest.mark.gen_test
+async def test_a_jti_is_spent_once(api, pbackend):
+    signed = pbackend.assertion()
+    assert (await token(api, token_form(signed)))[0] == 200
+    status, _, body = await token(api, token_form(signed))
+    assert status == 401 and body["error"] == "invalid_client"
+    same_jti = pbackend.assertion(jti=jwt.decode(signed, options={"verify_signature": False})["jti"])
+    assert (await token(api, token_form(same_jti)))[0] == 401  # a new assertion, the same jti
+
+
+@pytest.mark.gen_test
+async def test_the_jwks_url_is_cached_and_refetched_on_an_unknown_kid_at_most_once_a_minute(api, runtime, pbackend):
+    await system_token(api, pbackend)
+    await system_token(api, pbackend, pair=pbackend.ec)
+    assert pbackend.host.hits == 1  # cached
+    rotated = KeyPair("ES384")
+    pbackend.host.document = jwks(pbackend.rsa, rotated)  # the backend rotates a key
+    status, _, body = await token(api, token_form(pbackend.assertion(rotated)))
+    assert status == 401 and body["error"] == "invalid_client"  # fetched less than a minute ago: not again
+    assert pbackend.host.hits == 1
+    runtime.clock.advance(61)
+    await system_token(api, pbackend, pair=rotated)  # an unknown kid, a minute later: one refetch
+    assert pbackend.host.hits == 2
+    for _ in range(3):  # made-up kids: no further fetch within the minute
+        status, _, body = await token(api, token_form(pbackend.assertion(headers={"kid": uuid.uuid4().hex})))
+        assert status == 401 and body["error"] == "invalid_client"
+    assert pbackend.host.hits == 2
+
+
+@pytest.mark.gen_test
+async def test_failed_assertions_are_throttled_without_locking_out_the_client(api, runtime, pbackend):
+    forger = KeyPair("RS384", kid=pbackend.rsa.kid)
+    limit = runtime.settings.auth_failure_limit[0]
+    statuses = [(await token(api, token_form(assertion(forger, pbackend.client_id, AUD))))[0] for _ in range(limit + 2)]
+    assert statuses[:limit] == [401] * limit and statuses[-1] == 429, statuses
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200  # the key's owner still gets in
+
+
+@pytest.mark.gen_test
+async def test_a_stored_jwks_and_the_secret_grant_both_work(api, runtime, pbackend):
+    set_backend_keys(runtime, pbackend.app.id, jwks_text=json.dumps(jwks(pbackend.ec)))
+    assert (await token(api, token_form(pbackend.assertion(pbackend.ec))))[0] == 200
+    status, _, body = await token(api, token_form(pbackend.assertion(headers={"jku": pbackend.host.url})))
+    assert status == 401  # no URL registered any more: a jku names nothing
+    # The partner API's secret-based client_credentials is unchanged.
+    status, _, body = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": pbackend.client_id, "client_secret": pbackend.secret})
+    assert status == 200 and body["scope"] == "partner_api" and body["token_type"] == "Bearer"
+
+
+# -- the FHIR API --------------------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_a_system_token_reads_and_searches_enabled_clinics_only(api, runtime, world, pbackend):
+    assert pbackend.installation.activation_status == "Disabled"  # no SDK initialization for a pbackend
+    access = (await system_token(api, pbackend))["access_token"]
+    status, _, body = await fhir(api, world.org.id, f"/Patient/{SMART_PATIENT}", access)
+    assert status == 403, body  # installed, not Enabled yet
+    await enable(api, pbackend, world.org.id)
+    status, _, bundle = await fhir(api, world.org.id, "/Patient?_count=3", access)
+    assert status == 200 and bundle["type"] == "searchset" and bundle["entry"], bundle
+    patient_id = bundle["entry"][0]["resource"]["id"]
+    status, _, patient = await fhir(api, world.org.id, f"/Patient/{patient_id}", access)
+    assert status == 200 and patient["id"] == patient_id, patient
+    status, headers, bundle = await fhir(api, world.org.id, f"/Observation?patient={patient_id}&_count=5", access)
+    assert status == 200 and bundle["type"] == "searchset" and bundle["entry"], bundle
+    assert "RateLimit-Limit" in headers  # limited like any FHIR token
+    status, _, body = await fhir(api, world.org.id, f"/Encounter?patient={patient_id}", access)
+    assert status == 403 and body["resourceType"] == "OperationOutcome"  # not in its scopes
+    other, _ = clinic("Other Clinic", "https://ehr.example/other")
+    assert (await fhir(api, other.id, f"/Patient/{SMART_PATIENT}", access))[0] == 404  # not installed there
+    install_application(pbackend.app.id, other.id)
+    assert (await fhir(api, other.id, f"/Patient/{SMART_PATIENT}", access))[0] == 403  # installed, Disabled
+    # Every answer it got is a disclosure record: the client, the token's jti and scope, no user.
+    claims = jwt.decode(access, options={"verify_signature": False})
+    records = list(DisclosureRecord.select().where(DisclosureRecord.jti == claims["jti"]).order_by(DisclosureRecord.seq))
+    # (an authentication refusal, as the first 403, is not a disclosure: nothing was read)
+    assert [(r.action, r.status) for r in records] == [("search", 200), ("read", 200), ("search", 200),
+                                                        ("search", 403)], [(r.action, r.status) for r in records]
+    for record in records:
+        assert record.client_id == pbackend.client_id and record.user_id is None and record.scope == SCOPES
+        assert record.application_id == pbackend.app.id and record.organization_id == world.org.id
+    assert patient_id in records[1].patients and patient_id in records[2].patients
+
+@pytest.mark.gen_test
+async def test_a_revoked_system_token_reaches_nothing(api, world, pbackend):
+    await enable(api, pbackend, world.org.id)
+    access = (await system_token(api, pbackend))["access_token"]
+    assert (await fhir(api, world.org.id, "/Patient?_count=1", access))[0] == 200
+    status, _, _ = await api.call("POST", "/v1/oauth/revoke", body=urllib.parse.urlencode(
+        {"token": access, "client_assertion_type": ASSERTION_TYPE, "client_assertion": pbackend.assertion()}),
+        headers=FORM)
+    assert status == 200
+    status, headers, _ = await fhir(api, world.org.id, "/Patient?_count=1", access)
+    assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"]
+
+
+@pytest.mark.gen_test
+async def test_a_system_token_is_no_user_or_partner_token(api, world, pbackend):
+    access = (await system_token(api, pbackend))["access_token"]
+    auth = {"Authorization": f"Bearer {access}"}
+    assert (await api.call("GET", "/v1/oauth/userinfo", headers=auth))[0] == 401
+    assert (await api.call("GET", f"/v1/applications/{pbackend.app.id}/organizations", headers=auth))[0] == 401
+
+
+@pytest.mark.gen_test
+async def test_discovery_documents_say_private_key_jwt(api, world):
+    status, _, doc = await api.call("GET", f"/fhir/r4/{world.org.id}/.well-known/smart-configuration")
+    assert status == 200
+    assert "private_key_jwt" in doc["token_endpoint_auth_methods_supported"]
+    assert {"RS384", "ES384"} <= set(doc["token_endpoint_auth_signing_alg_values_supported"])
+    assert {"client-confidential-asymmetric", "permission-v1", "permission-v2"} <= set(doc["capabilities"])
+    assert doc["token_endpoint"] == AUD and "client_credentials" in doc["grant_types_supported"]
+    for path in ("/.well-known/openid-configuration", "/.well-known/oauth-authorization-server"):
+        status, _, meta = await api.call("GET", path)
+        assert status == 200 and "private_key_jwt" in meta["token_endpoint_auth_methods_supported"], path
+    status, _, statement = await api.call("GET", f"/fhir/r4/{world.org.id}/metadata")
+    oauth = statement["rest"][0]["security"]["extension"][0]
+    assert {"url": "token", "valueUri": AUD} in oauth["extension"]
+
+
+def test_installation_of_a_backend_app_starts_disabled(runtime, world, pbackend):
+    assert Installation.find(pbackend.app.id, world.org.id).activation_status == "Disabled"
