@@ -306,3 +306,41 @@ def test_a_fhir_clinic_exports_what_its_ehr_holds_through_the_connector(runtime,
     text = json.dumps(files)
     assert fhir_ehr.origin not in text and "pt-z" not in text
     _validate([r for found in files.values() for r in found])
+
+
+def test_a_partners_backend_exports_with_a_key_pair_over_http(live, runtime, world):
+    """The whole flow as a partner's backend runs it: its key pair, a signed assertion, a system
+    token, the kick-off, polling, downloads (validated as R4) and DELETE; the local object store."""
+    from helpers.bulk import Backend
+    patients = schedule_patients(world.org, world.physician, world.app, 4)
+    backend = Backend(runtime, live, world.org)
+    client = backend.client(world.org.id)
+    status, headers, body = client.kick_off("/Patient/$export")
+    assert status == 202, body
+    url = headers["Content-Location"]
+    manifest = client.wait(url)
+    kinds = [o["type"] for o in manifest["output"]]
+    assert kinds[0] == "Patient" and {"Observation", "DocumentReference", "Condition", "Encounter"} <= set(kinds)
+    assert len(kinds) == len(set(kinds))  # one file per type at this size
+    everything = []
+    for output in manifest["output"]:
+        found = client.download(output["url"])
+        assert len(found) == output["count"] and {r["resourceType"] for r in found} == {output["type"]}
+        everything += found
+    assert sorted(r["id"] for r in everything if r["resourceType"] == "Patient") == sorted(patients)
+    _validate(everything)
+    downloads = list(DisclosureRecord.select().where(DisclosureRecord.action == "bulk.download"))
+    assert len(downloads) == len(kinds) and all(r.client_id == backend.app.client_id for r in downloads)
+    assert set().union(*(set(r.patients) for r in downloads)) == set(patients)
+    # A token narrower than the files: 403 on the types it does not cover; another backend's: 404.
+    narrow = BulkClient(client.base, backend.token("system/Patient.rs"))
+    by_type = {o["type"]: o["url"] for o in manifest["output"]}
+    assert narrow.request("GET", by_type["Patient"])[0] == 200
+    assert narrow.request("GET", by_type["Observation"])[0] == 403
+    stranger = Backend(runtime, live, world.org, name="Stranger").client(world.org.id)
+    assert stranger.status(url)[0] == 404 and stranger.request("GET", by_type["Patient"])[0] == 404
+    # A clinic where the backend is not installed: 404.
+    other, _ = clinic("Elsewhere", "https://ehr.example/elsewhere")
+    assert BulkClient(f"{live}/fhir/r4/{other.id}", client.token).kick_off()[0] == 404
+    assert client.request("DELETE", url)[0] == 202
+    assert client.status(url)[0] == 404

@@ -10,11 +10,10 @@ import pytest
 
 from bulk.params import ExportParameters
 from connectors import ResourceQuery, connector_for
-from helpers.bulk import BulkClient, schedule_patients
+from helpers.bulk import Backend, schedule_patients
 from helpers.processes import wait_until
 from helpers.r4 import r4_problems
 from helpers.s3 import bucket_keys, set_ehr_url
-from helpers.tokens import mint_platform_token
 from models.bulk import BulkExport, BulkExportFile
 from workers.export import requeue_stale_exports, run_export, sweep_exports
 
@@ -36,8 +35,7 @@ def test_a_worker_killed_mid_export_is_replaced_and_no_manifest_lists_a_truncate
     patients = schedule_patients(world.org, world.physician, world.app, 3)
     expected = _expected(runtime, world.org, patients)
     set_ehr_url(world.org, "https://ehr.example/test?latency=0.4")  # each patient's search of a type: 0.4 s
-    client = BulkClient(f"{live}/fhir/r4/{world.org.id}",
-                        mint_platform_token(runtime, live, world.physician, world.app, world.org.id))
+    client = Backend(runtime, live, world.org).client(world.org.id)  # a key pair's system token
     victim = start_worker()
     status, headers, body = client.kick_off("/Patient/$export", {"_type": ",".join(TYPES)})
     assert status == 202, body

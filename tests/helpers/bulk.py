@@ -87,3 +87,45 @@ class BulkClient:
         text = raw.decode()
         assert text.endswith("\n")
         return [json.loads(line) for line in text.splitlines()]
+
+
+class Backend:
+    """A partner's backend app as SMART Backend Services has it: a key pair whose public JWKS is
+    registered (`apps create --jwks-file`'s domain call), `system/*.rs` registered, installed in
+    `org` and Enabled by the partner over the partner API; `token()` signs an assertion and asks
+    `live`'s token endpoint for a system token, over HTTP."""
+
+    def __init__(self, runtime, live: str, org, scopes: str = "system/*.rs", name: str = "Population Health"):
+        from helpers.backend import KeyPair, jwks
+        from lifecycle.applications import install_application, register_application
+        from lifecycle.backend_apps import set_backend_keys, set_system_scopes
+        self.live, self.pair = live, KeyPair("ES384")
+        app, self.secret = register_application(runtime, name, "https://analytics.example/cb",
+                                                "https://analytics.example/launch")
+        set_backend_keys(runtime, app.id, jwks_text=json.dumps(jwks(self.pair)))
+        self.app = set_system_scopes(runtime, app.id, scopes)
+        install_application(self.app.id, org.id)
+        self.enable(org.id)
+
+    def enable(self, organization_id: str) -> None:
+        status, _, raw = http("POST", f"{self.live}/v1/oauth/token", json.dumps({
+            "grant_type": "client_credentials", "client_id": self.app.client_id,
+            "client_secret": self.secret}).encode(), {"Content-Type": "application/json"})
+        assert status == 200, raw
+        partner = json.loads(raw)["access_token"]
+        status, _, raw = http("PUT", f"{self.live}/v1/applications/{self.app.id}/organizations/{organization_id}"
+                                     "/activation-status", json.dumps({"status": "Enabled"}).encode(),
+                              {"Content-Type": "application/json", "Authorization": f"Bearer {partner}"})
+        assert status == 200, raw
+
+    def token(self, scope: str = "system/*.rs") -> str:
+        from helpers.backend import assertion, token_form
+        signed = assertion(self.pair, self.app.client_id, f"{self.live}/v1/oauth/token")
+        status, _, raw = http("POST", f"{self.live}/v1/oauth/token",
+                              urllib.parse.urlencode(token_form(signed, scope)).encode(),
+                              {"Content-Type": "application/x-www-form-urlencoded"})
+        assert status == 200, raw
+        return json.loads(raw)["access_token"]
+
+    def client(self, organization_id: str, scope: str = "system/*.rs") -> BulkClient:
+        return BulkClient(f"{self.live}/fhir/r4/{organization_id}", self.token(scope))
