@@ -78,6 +78,7 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
     params = parse_kickoff(level, args, fhir_base_url(settings, organization_id), now, lenient, from_post)
     params = _scoped(caller, params, bool(args.get("_type")), lenient)
     app_id = caller.app.id
+    forget_expired(runtime, app_id)
     with runtime.db.atomic():
         running = BulkExport.select().where((BulkExport.application == app_id)
                                             & (BulkExport.status == "pending")).count()
@@ -90,6 +91,15 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
                                 request_url=request_url, parameters=params.as_json(), transaction_time=now)
     enqueue(runtime, job.id)
     return status_url(settings, organization_id, job.id)
+
+
+def forget_expired(runtime, application_id: str) -> None:
+    """Delete the app's expired exports now (the workers' sweep does it for every app; this keeps
+    the embedded default, which has no sweep, from holding expired files)."""
+    now = runtime.clock.now()
+    for job in BulkExport.select(BulkExport.id).where((BulkExport.application == application_id)
+                                                      & (BulkExport.status != "pending") & (BulkExport.expires_at < now)):
+        delete_export(runtime, job.id)
 
 
 def _job(caller, organization_id: str, export_id: str, now) -> BulkExport:

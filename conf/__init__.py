@@ -230,7 +230,7 @@ class Settings:
     # export's files are kept, and the size at which a type's ndjson is split into another file.
     bulk_max_concurrent: int = 2
     bulk_file_ttl: int = 24 * 3600
-    bulk_file_max_bytes: int = 64 * 1024 * 1024
+    bulk_file_max_bytes: int = 16 * 1024 * 1024
     # The disclosure audit (docs/audit.md): on by default; turning it off is audited at every start.
     # Records older than the retention are removed only by `svc-auth audit prune` (6 years by default).
     disclosure_audit: bool = True

@@ -344,3 +344,22 @@ def test_a_partners_backend_exports_with_a_key_pair_over_http(live, runtime, wor
     assert BulkClient(f"{live}/fhir/r4/{other.id}", client.token).kick_off()[0] == 404
     assert client.request("DELETE", url)[0] == 202
     assert client.status(url)[0] == 404
+
+
+def test_a_failed_export_answers_its_operation_outcome_and_expired_ones_are_gone(exporter, runtime, world):
+    from bulk.build import mark_failed
+    from models.directory import Organization
+    client, _ = exporter
+    Organization.update(ehr_url="https://ehr.example/test?outage=1").where(Organization.id == world.org.id).execute()
+    status, headers, _ = client.kick_off(params={"_type": "Patient"})
+    url = headers["Content-Location"]
+    assert client.status(url)[0] == 202
+    mark_failed(runtime, url.rsplit("/", 1)[1], "The clinic's EHR did not answer: down", 503)  # its retries used up
+    status, headers, body = client.status(url)
+    assert status == 503 and headers["Content-Type"].startswith("application/json") and outcome(body) == "exception"
+    # Once expired, the status URL is a 404, and the next kick-off of the app deletes it.
+    Organization.update(ehr_url="https://ehr.example/test").where(Organization.id == world.org.id).execute()
+    BulkExport.update(expires_at=dt.datetime(2000, 1, 1)).execute()
+    assert client.status(url)[0] == 404
+    assert client.kick_off(params={"_type": "Patient"})[0] == 202
+    assert BulkExport.select().count() == 1
