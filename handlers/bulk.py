@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from audit.disclosures import Recording
+from errors import ApiError
 from bulk.api import cancel, export_status, kick_off, open_file, read_group, search_groups
 from bulk.params import lenient_handling, parameters_body, query_values, respond_async
 from fhir_api import FHIR_PATH_PREFIX, fhir_base_url
@@ -33,6 +34,17 @@ def _group_patients(value: dict):
     groups = [e["resource"] for e in value.get("entry", ())] if value.get("resourceType") == "Bundle" else [value]
     patients = [m["entity"]["reference"].rpartition("/")[2] for g in groups for m in g.get("member", ())]
     return patients, [g["id"] for g in groups]
+
+
+def _unrecorded(fn):
+    """`fn` whose refusal is returned, not raised: a status poll or DELETE discloses no patient data,
+    so neither its success nor its failure is a disclosure record (`Recording.call` records raised ones)."""
+    def call(runtime, caller, *args):
+        try:
+            return None, fn(runtime, caller, *args)
+        except ApiError as exc:
+            return exc, None
+    return call
 
 
 class BulkHandler(FhirHandler):
@@ -132,8 +144,11 @@ class StatusHandler(BulkHandler):
         self.finish(fhir_json(value))
 
     async def get(self, organization_id, export_id):
-        status, headers, body = await self.admit(organization_id, "bulk.status", "", None, lambda _: None,
-                                                 export_status, organization_id, export_id)
+        error, answer_ = await self.admit(organization_id, "bulk.status", "", None, lambda _: None,
+                                          _unrecorded(export_status), organization_id, export_id)
+        if error is not None:
+            raise error
+        status, headers, body = answer_
         self.set_status(status)
         for name, value in headers.items():
             self.set_header(name, value)
@@ -145,7 +160,10 @@ class StatusHandler(BulkHandler):
             self.write_fhir(body)
 
     async def delete(self, organization_id, export_id):
-        await self.admit(organization_id, "bulk.delete", "", None, lambda _: None, cancel, organization_id, export_id)
+        error, _ = await self.admit(organization_id, "bulk.delete", "", None, lambda _: None, _unrecorded(cancel),
+                                    organization_id, export_id)
+        if error is not None:
+            raise error
         self.set_status(202)
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         self.finish()

@@ -214,6 +214,10 @@ def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(expor
     assert other.status(url)[0] == 404
     assert other.request("GET", manifest["output"][0]["url"])[0] == 404
     assert other.request("DELETE", url)[0] == 404
+    # Polls and DELETEs are no disclosures; kick-offs are recorded (no patients).
+    assert not DisclosureRecord.select().where(DisclosureRecord.action.in_(("bulk.status", "bulk.delete"))).exists()
+    assert DisclosureRecord.select().where((DisclosureRecord.action == "bulk.kickoff")
+                                           & (DisclosureRecord.outcome == "success")).count() == 1
     narrow = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
                                                          scope="openid user/Patient.rs"))
     by_type = {o["type"]: o["url"] for o in manifest["output"]}
