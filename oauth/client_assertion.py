@@ -111,7 +111,7 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
     try:
         header = jwt.get_unverified_header(assertion)
         unverified = jwt.get_unverified_claims(assertion)
-    except (JOSEError, ValueError, TypeError):
+    except (JOSEError, ValueError, TypeError, RecursionError):  # RecursionError: JSON nested thousands deep
         raise malformed("client_assertion is not a readable JWT.") from None
     client_id = unverified.get("iss") if isinstance(unverified, dict) else None
     if not isinstance(client_id, str) or not CLIENT_ID_SYNTAX.fullmatch(client_id):
@@ -148,7 +148,7 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
         raise guess(f"No {alg} key with that kid is in the application's JWKS.")
     try:
         claims = jwt.decode(assertion, key, algorithms=[alg], options=dict(_SIGNATURE_ONLY))
-    except (JOSEError, ValueError, TypeError):
+    except (JOSEError, ValueError, TypeError, RecursionError):
         raise guess("The assertion's signature does not verify with the application's key.") from None
     # Signed with the app's key: whatever is refused from here was not a guess.
     _check_claims(runtime, app, claims)

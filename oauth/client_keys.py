@@ -74,8 +74,8 @@ def parse_jwks(data: bytes | str, strict: bool = True) -> dict:
         raise JwksError(f"a JWKS is at most {MAX_JWKS_BYTES} bytes")
     try:
         document = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise JwksError("not JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise JwksError("not JSON (or nested too deep)") from None
     keys = document.get("keys") if isinstance(document, dict) else None
     if not isinstance(keys, list):
         raise JwksError('a JWKS is a JSON object with a "keys" array')

@@ -276,3 +276,160 @@ async def test_discovery_documents_say_private_key_jwt(api, world):
 
 def test_installation_of_a_backend_app_starts_disabled(runtime, world, pbackend):
     assert Installation.find(pbackend.app.id, world.org.id).activation_status == "Disabled"
+
+
+# -- registration (the operator CLI, a real process) ---------------------------------------------
+
+@pytest.fixture
+def cli(settings):
+    import subprocess
+    import sys
+    from helpers.environment import ROOT
+    from helpers.processes import settings_env
+    env = settings_env(settings)
+
+    def run(*args, expect=0):
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == expect, result.stderr + result.stdout
+        return result
+    return run
+
+
+def test_cli_registers_keys_and_system_scopes(cli, runtime, world, tmp_path, key_pairs):
+    rsa, ec = key_pairs
+    created = json.loads(cli("apps", "create", "--name", "Population Health", "--redirect-uri",
+                             "https://pop.example/cb", "--launch-url", "https://pop.example/launch",
+                             "--jwks-url", "https://pop.example/.well-known/jwks.json",
+                             "--system-scopes", "system/Patient.rs system/*.rs system/Patient.rs", "--json").stdout)
+    assert created["jwks_url"] == "https://pop.example/.well-known/jwks.json" and created["client_secret"]
+    assert created["system_scopes"] == "system/Patient.rs system/*.rs" and created["jwks_stored"] is False
+    app_id = created["application_id"]
+    install = json.loads(cli("installs", "create", "--app", app_id, "--org", world.org.id, "--json").stdout)
+    assert install["activation_status"] == "Disabled"
+    (tmp_path / "jwks.json").write_text(json.dumps(jwks(rsa, ec)))
+    updated = json.loads(cli("apps", "update", "--app", app_id, "--jwks-file", str(tmp_path / "jwks.json"),
+                             "--system-scopes", "system/Observation.read", "--json").stdout)
+    assert updated["jwks_url"] is None and updated["jwks_stored"] is True
+    shown = json.loads(cli("apps", "show", "--app", app_id, "--json").stdout)
+    assert shown["jwks_stored"] is True and shown["system_scopes"] == "system/Observation.read"
+    assert shown["jwks_url"] is None
+    cli("apps", "update", "--app", app_id, "--jwks-url", "http://localhost:9999/jwks.json", "--json")
+    cli("apps", "update", "--app", app_id, "--jwks-url", "http://[::1]:9999/jwks.json", "--json")
+
+
+def test_cli_refuses_bad_keys_urls_and_scopes(cli, runtime, world, tmp_path, key_pairs):
+    rsa, ec = key_pairs
+    app_id = json.loads(cli("apps", "create", "--name", "B", "--redirect-uri", "https://b.example/cb",
+                            "--launch-url", "https://b.example/l", "--json").stdout)["application_id"]
+    small = KeyPair("RS384", bits=1024)
+    p256 = {"kty": "EC", "crv": "P-256", "kid": "p256", "x": "AAAA", "y": "AAAA"}
+    files = {
+        "private key material": {"keys": [rsa.private_jwk()]},
+        "an RSA key under 2048 bits": jwks(small),
+        "an EC key not on P-384": {"keys": [p256]},
+        "a symmetric key": {"keys": [{"kty": "oct", "kid": "s", "k": "c2VjcmV0"}]},
+        "a key without kid": {"keys": [{k: v for k, v in rsa.public_jwk.items() if k != "kid"}]},
+        "an RS256 key": {"keys": [{**rsa.public_jwk, "alg": "RS256"}]},
+        "no keys": {"keys": []},
+        "not a JWKS": ["x"],
+    }
+    for name, document in files.items():
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(document))
+        result = cli("apps", "update", "--app", app_id, "--jwks-file", str(path), "--json", expect=2)
+        assert result.stderr.strip(), name
+    for url in ("http://pop.example/jwks.json", "ftp://pop.example/jwks", "https://user:pw@pop.example/j",
+                "jwks.json"):
+        assert "JWKS URL" in cli("apps", "update", "--app", app_id, "--jwks-url", url, "--json", expect=2).stderr
+    for scope in ("patient/Patient.rs", "system/Patient.cruds", "system/Nope.rs", "system/Patient.write"):
+        assert cli("apps", "update", "--app", app_id, "--system-scopes", scope, "--json", expect=2).stderr
+    cli("apps", "create", "--name", "C", "--redirect-uri", "https://c.example/cb", "--launch-url", "https://c.example/l",
+        "--system-scopes", "user/*.rs", expect=2)
+    assert json.loads(cli("apps", "show", "--app", app_id, "--json").stdout)["jwks_stored"] is False
+    from models.application import Application
+    assert Application.select().where(Application.name == "C").count() == 0  # a bad flag creates nothing
+
+
+# -- the JWKS URL's bounds, and the spent jtis across processes ----------------------------------
+
+@pytest.mark.gen_test(timeout=40)
+async def test_a_jwks_url_that_redirects_is_too_big_or_too_slow_verifies_nothing(api, runtime, pbackend):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release = threading.Event()
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", pbackend.host.url)
+                self.end_headers()
+            elif self.path == "/huge":
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b'{"keys": [' + b" " * (200 * 1024) + b"]}")
+            else:  # /slow: headers, then nothing until the test ends
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.flush()
+                release.wait(30)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for path in ("/redirect", "/huge", "/slow"):
+            set_backend_keys(runtime, pbackend.app.id, jwks_url=f"http://127.0.0.1:{server.server_address[1]}{path}")
+            started = time.monotonic()
+            status, _, body = await token(api, token_form(pbackend.assertion()))
+            assert status == 401 and body["error"] == "invalid_client", (path, body)
+            assert "could not be read" in body["error_description"], body
+            assert time.monotonic() - started < 30, path  # the fetch's deadline ended it, not the server
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_spent_jti_is_spent_for_every_process(api, live, pbackend):
+    """The same database, two processes: this test's server and a real `svc-auth serve`."""
+    from helpers.http import LiveHttp
+    signed = pbackend.assertion(aud=[AUD, f"{live}/v1/oauth/token"])
+    assert (await token(api, token_form(signed)))[0] == 200
+    status, _, body = LiveHttp(live).call("POST", "/v1/oauth/token", form=token_form(signed))
+    assert status == 401 and body["error"] == "invalid_client", body
+    fresh = pbackend.assertion(aud=f"{live}/v1/oauth/token")
+    status, _, body = LiveHttp(live).call("POST", "/v1/oauth/token", form=token_form(fresh))
+    assert status == 200 and body["token_type"] == "bearer", body
+
+
+@pytest.mark.gen_test
+async def test_an_assertion_authenticates_the_code_grant_too(api, flow, runtime, world, key_pairs):
+    rsa, _ = key_pairs
+    set_backend_keys(runtime, world.app.id, jwks_text=json.dumps(jwks(rsa)))
+    code = await flow.code()
+    form = {"grant_type": "authorization_code", "code": code, "client_assertion_type": ASSERTION_TYPE,
+            "client_assertion": assertion(rsa, world.app.client_id, AUD)}
+    status, _, body = await token(api, form)
+    assert status == 200 and body["id_token"], body
+
+
+@pytest.mark.gen_test
+async def test_hostile_assertions_are_4xx(api, pbackend):
+    import base64
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+    deep = b64(b"[" * 5000 + b"]" * 5000)
+    header = b64(json.dumps({"alg": "RS384", "kid": pbackend.rsa.kid}).encode())
+    for value in (f"{header}.{deep}.c2ln", f"{deep}.{deep}.c2ln", "a" * 20000, "..", f"{header}.bm90IGpzb24.c2ln",
+                  f"{header}.{b64(json.dumps(['iss']).encode())}.c2ln"):
+        status, _, body = await token(api, token_form(value))
+        assert status in (400, 401) and body["error"] == "invalid_client", (value[:40], status, body)
+    status, _, body = await token(api, {**token_form(pbackend.assertion()), "scope": "system/Patient.rs\x00"})
+    assert status == 400 and body["error"] == "invalid_request"

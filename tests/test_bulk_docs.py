@@ -18,8 +18,8 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "bulk-data.md"
 
 
 def the_client() -> str:
-    """The first Python block of section 2 of docs/bulk-data.md."""
-    section = DOC.read_text().split("## 2. Export, poll, download: in Python", 1)[1]
+    """The first Python block of "Export, poll, download: in Python" in docs/bulk-data.md."""
+    section = DOC.read_text().split("### Export, poll, download: in Python", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
