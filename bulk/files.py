@@ -19,8 +19,7 @@ from types import MappingProxyType
 
 from connectors.compartment import patients_of
 
-SUBSETTED = MappingProxyType({"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED",
-             "display": "subsetted"})
+SUBSETTED = MappingProxyType({"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"})
 EXPORT_PREFIX = "bulk/"
 
 

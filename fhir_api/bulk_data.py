@@ -17,7 +17,7 @@ def with_bulk_data(statement: dict) -> dict:
         for resource in resources:
             if resource.get("type") == "Patient":
                 resource["operation"] = list(resource.get("operation") or ()) + [
-                    {"name": "export", "definition": PATIENT_EXPORT}]
+                    {"name": "patient-export", "definition": PATIENT_EXPORT}]
         resources.append({"type": "Group", "interaction": [{"code": "read"}, {"code": "search-type"}],
-                          "operation": [{"name": "export", "definition": GROUP_EXPORT}]})
+                          "operation": [{"name": "group-export", "definition": GROUP_EXPORT}]})
     return statement

@@ -152,12 +152,9 @@ class StatusHandler(BulkHandler):
         self.set_status(status)
         for name, value in headers.items():
             self.set_header(name, value)
-        if body is None:
-            self.set_header("Content-Type", "application/json; charset=UTF-8")
-            self.no_store()
-            self.finish()
-        else:
-            self.write_fhir(body)
+        # In progress: an informational OperationOutcome (a JSON body, as every answer of this URL).
+        self.write_fhir(body if body is not None else
+                        operation_outcome("informational", f"In progress: {headers['X-Progress']}.", "information"))
 
     async def delete(self, organization_id, export_id):
         error, _ = await self.admit(organization_id, "bulk.delete", "", None, lambda _: None, _unrecorded(cancel),
@@ -165,8 +162,7 @@ class StatusHandler(BulkHandler):
         if error is not None:
             raise error
         self.set_status(202)
-        self.set_header("Content-Type", "application/json; charset=UTF-8")
-        self.finish()
+        self.write_fhir(operation_outcome("informational", "The export and its files are deleted.", "information"))
 
 
 class FileHandler(BulkHandler):

@@ -184,7 +184,7 @@ def test_post_kickoff_with_patients_elements_and_type_filter(exporter):
     assert all(o["code"]["coding"][0]["code"] == "8867-4" for o in files["Observation"])
     assert all(o["subject"]["reference"] == f"Patient/{patients[0]}" for o in files["Observation"])
     tag = files["Observation"][0]["meta"]["tag"]
-    assert {"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}.items() <= tag[0].items()
+    assert tag == [{"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}]
 
 
 def test_group_and_system_exports(exporter, world):
@@ -251,9 +251,9 @@ def test_metadata_declares_bulk_data(live, world):
     assert {"name": "export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/export"} in rest["operation"]
     served = {r["type"]: r for r in rest["resource"]}
     assert served["Patient"]["operation"] == [
-        {"name": "export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/patient-export"}]
+        {"name": "patient-export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/patient-export"}]
     assert served["Group"]["operation"] == [
-        {"name": "export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/group-export"}]
+        {"name": "group-export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/group-export"}]
     uris = {e["url"]: e["valueUri"] for e in rest["security"]["extension"][0]["extension"]}
     assert uris["token"] == f"{live}/v1/oauth/token"
     assert r4_problems([body]) == [[]]
