@@ -94,8 +94,8 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
 
 
 def forget_expired(runtime, application_id: str) -> None:
-    """Delete the app's expired exports now (the workers' sweep does it for every app; this keeps
-    the embedded default, which has no sweep, from holding expired files)."""
+    """Delete the app's expired exports now (the recovery sweep of the workers and the scheduler does
+    it for every app; this frees the app's expired files at once, whenever the next sweep runs)."""
     now = runtime.clock.now()
     for job in BulkExport.select(BulkExport.id).where((BulkExport.application == application_id)
                                                       & (BulkExport.status != "pending") & (BulkExport.expires_at < now)):
