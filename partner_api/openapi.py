@@ -76,8 +76,9 @@ SCHEMAS = MappingProxyType({
                          "description": "RFC 6749 4.1.3 / 4.4.2 form body; each parameter at most once"},
     "TokenResponse": {"type": "object", "required": ["access_token", "token_type", "expires_in"], "properties": {
         "access_token": {"type": "string"}, "id_token": {"type": "string"},
-        "token_type": {"type": "string", "pattern": "^[Bb]earer$",
-                       "description": "`Bearer`; a backend app's system token (client assertion) says `bearer`"},
+        "token_type": {"type": "string",
+                       "description": "`Bearer`; a backend app's system token (client assertion) says `bearer`, as "
+                                      "SMART Backend Services shows it (RFC 6749 7.1: case-insensitive)"},
         "expires_in": {"type": "integer"},
         "scope": {"type": "string", "description": "the granted scope"},
         "patient": {"type": "string", "description": "SMART: the launch's patient (a FHIR Patient id), only when "

@@ -176,6 +176,23 @@ def flow(api, world, runtime):
 # -- processes ---------------------------------------------------------------------------------
 
 @pytest.fixture
+def cli(settings):
+    """Runs the operator CLI (`svc-auth ARGS...`) as a real process on the test's settings; asserts
+    its exit status (`expect`, default 0) and returns the `CompletedProcess`."""
+    import subprocess
+    import sys
+    from helpers.environment import ROOT
+    env = settings_env(settings)
+
+    def run(*args, expect=0):
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == expect, result.stderr + result.stdout
+        return result
+    return run
+
+
+@pytest.fixture
 def live(settings, world, tmp_path):
     """A real `svc-auth serve` on a free port over the test's database and `world`; yields its
     issuer (its own address)."""

@@ -251,6 +251,20 @@ async def test_a_revoked_system_token_reaches_nothing(api, world, pbackend):
 
 
 @pytest.mark.gen_test
+async def test_the_backend_introspects_its_own_system_token(api, world, pbackend):
+    access = (await system_token(api, pbackend))["access_token"]
+    status, _, body = await api.call("POST", "/v1/oauth/introspect", body=urllib.parse.urlencode(
+        {"token": access, "client_assertion_type": ASSERTION_TYPE, "client_assertion": pbackend.assertion()}),
+        headers=FORM)
+    assert status == 200 and body["active"] is True and body["scope"] == SCOPES, body
+    assert body["client_id"] == pbackend.client_id and body["aud"] == "fhir-system"
+    # Another client learns nothing of it.
+    status, _, body = await api.call("POST", "/v1/oauth/introspect", body=urllib.parse.urlencode(
+        {"token": access, "client_id": world.app.client_id, "client_secret": world.secret}), headers=FORM)
+    assert status == 200 and body == {"active": False}
+
+
+@pytest.mark.gen_test
 async def test_a_system_token_is_no_user_or_partner_token(api, world, pbackend):
     access = (await system_token(api, pbackend))["access_token"]
     auth = {"Authorization": f"Bearer {access}"}
@@ -279,22 +293,6 @@ def test_installation_of_a_backend_app_starts_disabled(runtime, world, pbackend)
 
 
 # -- registration (the operator CLI, a real process) ---------------------------------------------
-
-@pytest.fixture
-def cli(settings):
-    import subprocess
-    import sys
-    from helpers.environment import ROOT
-    from helpers.processes import settings_env
-    env = settings_env(settings)
-
-    def run(*args, expect=0):
-        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
-                                capture_output=True, text=True, timeout=60)
-        assert result.returncode == expect, result.stderr + result.stdout
-        return result
-    return run
-
 
 def test_cli_registers_keys_and_system_scopes(cli, runtime, world, tmp_path, key_pairs):
     rsa, ec = key_pairs

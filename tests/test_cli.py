@@ -11,18 +11,6 @@ from models.directory import User
 from oauth.secret_rotation import is_current_secret
 
 
-@pytest.fixture
-def cli(settings):
-    env = settings_env(settings)
-
-    def run(*args, expect=0):
-        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
-                                capture_output=True, text=True, timeout=60)
-        assert result.returncode == expect, result.stderr + result.stdout
-        return result
-    return run
-
-
 def as_json(result):
     return json.loads(result.stdout)
 
