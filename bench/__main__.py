@@ -12,7 +12,9 @@ reads per CPU-second with SVC_DISCLOSURE_AUDIT on and off, both shapes), `remote
 `fhir_night` (100 clinics x 20 physicians on the test FHIR EHR, tests/js/fhir_ehr.mjs: appointments
 per second and the EHR's share of the time; PostgreSQL), `appointments` and `snapshot` (PostgreSQL + Redis: `--postgres-url`, `--redis-url`; skipped with the
 reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
-`/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load). A run of some sections keeps the other sections of
+`/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load), `bulk_export`
+(a `Patient/$export` of a 10,000-patient sandbox clinic on a worker, Redis: time, CPU per resource against a
+search page's, peak RSS of worker and serve; bench/bulk_export.py). A run of some sections keeps the other sections of
 the previous `latest.json`, each with the time and load it was measured at.
 """
 from __future__ import annotations
@@ -133,7 +135,8 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
         service.stop()
 
 
-SECTIONS = ("production", "floor", "fhir_reads", "disclosure_audit", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage")
+SECTIONS = ("production", "floor", "fhir_reads", "disclosure_audit", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage",
+            "bulk_export")
 
 
 def section_header() -> dict:
@@ -162,6 +165,7 @@ def main(argv=None) -> int:
                         help="the commit the `floor` section compares this checkout with (default: main); "
                              "given, `fhir_reads` also runs as this checkout against it, alternating")
     parser.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
+    parser.add_argument("--bulk-patients", type=int, default=10_000, help="patients of the bulk_export clinic")
     args = parser.parse_args(argv)
     sections = args.only or SECTIONS
     started = dt.datetime.now(dt.timezone.utc)
@@ -235,6 +239,12 @@ def main(argv=None) -> int:
     if "chart" in sections:
         from bench.chart_zip import chart_zip_benchmarks
         report["chart_zip"] = {**section_header(), **chart_zip_benchmarks(say)}
+    if "bulk_export" in sections:
+        from bench.bulk_export import bulk_export_benchmark
+        from bench.fleet import redis_reachable
+        header, skipped = section_header(), redis_reachable(args.redis_url)
+        report["bulk_export"] = {**header, "skipped": skipped} if skipped else {
+            **header, **bulk_export_benchmark(args.redis_url, say, args.bulk_patients)}
     if "outage" in sections:
         from bench.outage import outage_benchmarks
         report["outage"] = {**section_header(), **outage_benchmarks(say)}
