@@ -50,6 +50,9 @@ def _unrecorded(fn):
 class BulkHandler(FhirHandler):
     """The FHIR API's admission around a `bulk.api` call."""
 
+    async def options(self, organization_id, *rest):
+        await super().options()  # CORS preflight: the caller's registered origins (handlers.cors)
+
     async def admit(self, organization_id: str, action: str, resource_type: str, path_id, describe, fn, *args):
         self.check_organization(organization_id)
         headers = self.request.headers
@@ -73,9 +76,6 @@ class KickoffHandler(BulkHandler):
     """`GET|POST {iss}/$export`, `{iss}/Patient/$export`, `{iss}/Group/{id}/$export`."""
 
     level = "system"
-
-    async def options(self, organization_id, *rest):
-        await super().options()
 
     def _checks(self) -> tuple[bool, bool]:
         headers = self.request.headers

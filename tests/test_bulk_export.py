@@ -153,6 +153,8 @@ def test_kickoff_refusals(exporter, runtime, world, live):
         {"name": "patient", "valueReference": {"reference": "Patient/pat-x"}}]})[0] == 400
     assert client.kick_off("/Group/physician-usr-nobody/$export")[0] == 404
     assert BulkClient(client.base, None).kick_off()[0] == 401
+    for path in ("/$export", "/Group/clinic/$export", "/$export-status/x", "/$export-file/x/Patient-1.ndjson", "/Group"):
+        assert client.request("OPTIONS", path)[0] == 204, path  # a preflight, never a 500
     # Another clinic's FHIR base: 404, never revealed.
     other, _ = clinic("Other Clinic", "https://ehr.example/other")
     assert BulkClient(client.base.rsplit("/", 1)[0] + f"/{other.id}", client.token).kick_off()[0] == 404
