@@ -238,6 +238,22 @@ async def test_a_system_token_reads_and_searches_enabled_clinics_only(api, runti
     assert patient_id in records[1].patients and patient_id in records[2].patients
 
 @pytest.mark.gen_test
+async def test_a_system_token_is_rate_limited_and_held_to_the_registration_now(api, runtime, world, pbackend):
+    from lifecycle.applications import set_fhir_rate_limits
+    from ratelimit.policy import Limit
+    await enable(api, pbackend, world.org.id)
+    access = (await system_token(api, pbackend))["access_token"]
+    set_fhir_rate_limits(runtime, pbackend.app.id, fhir_token_rate_limit=Limit(2, 60))
+    statuses = [(await fhir(api, world.org.id, "/Patient?_count=1", access))[0] for _ in range(3)]
+    assert statuses == [200, 200, 429], statuses
+    access = (await system_token(api, pbackend))["access_token"]  # a new token: its own budget
+    assert (await fhir(api, world.org.id, "/Patient?_count=1", access))[0] == 200
+    set_system_scopes(runtime, pbackend.app.id, "system/Observation.rs")  # Patient no longer registered
+    status, headers, body = await fhir(api, world.org.id, "/Patient?_count=1", access)
+    assert status == 403 and "insufficient_scope" in headers["WWW-Authenticate"], body
+
+
+@pytest.mark.gen_test
 async def test_a_revoked_system_token_reaches_nothing(api, world, pbackend):
     await enable(api, pbackend, world.org.id)
     access = (await system_token(api, pbackend))["access_token"]
@@ -431,3 +447,30 @@ async def test_hostile_assertions_are_4xx(api, pbackend):
         assert status in (400, 401) and body["error"] == "invalid_client", (value[:40], status, body)
     status, _, body = await token(api, {**token_form(pbackend.assertion()), "scope": "system/Patient.rs\x00"})
     assert status == 400 and body["error"] == "invalid_request"
+
+
+# -- the documentation's example runs as written -------------------------------------------------
+
+def test_the_docs_python_example_gets_a_token_and_reads(live, runtime, world, tmp_path, monkeypatch):
+    """docs/bulk-data.md's key-pair and token examples, run as a partner would (the placeholders
+    filled in), against a real `svc-auth serve`."""
+    import re
+    from helpers.environment import ROOT
+    from lifecycle.activation import set_activation_status
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "bulk-data.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    monkeypatch.chdir(tmp_path)
+    made: dict = {}
+    exec(blocks[0], made)  # writes backend-key.pem and jwks.json, prints the kid
+    app, _ = register_application(runtime, "Docs Backend", "https://docs.example/cb", "https://docs.example/l")
+    set_backend_keys(runtime, app.id, jwks_text=(tmp_path / "jwks.json").read_text())
+    set_system_scopes(runtime, app.id, "system/Patient.rs system/Observation.rs")
+    installation = install_application(app.id, world.org.id)
+    set_activation_status(runtime, installation, "Enabled", actor="test")
+    example = blocks[1].replace("https://svc.example/fhir/r4/ORG_ID", f"{live}/fhir/r4/{world.org.id}")
+    ran: dict = {"CLIENT_ID": app.client_id, "KID": made["kid"]}
+    example = example.replace('"PATIENT_ID"', 'bundle["entry"][0]["resource"]["id"]')
+    exec(example, ran)
+    assert ran["answer"]["token_type"] == "bearer" and ran["answer"]["scope"] == "system/Patient.rs system/Observation.rs"
+    assert ran["bundle"]["type"] == "searchset" and ran["bundle"]["entry"]
+    assert ran["observations"]["type"] == "searchset"
