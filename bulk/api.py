@@ -17,6 +17,8 @@ import calendar
 import dataclasses
 import email.utils
 
+import peewee
+
 from bulk.groups import group_ids, group_resource, check_group
 from errors import ApiError
 from bulk.params import ExportParameters, parse_kickoff
@@ -24,6 +26,7 @@ from fhir_api import fhir_base_url
 from fhir_api.access import grant_for
 from fhir_api.bundle import searchset
 from fhir_api.outcome import FhirError, operation_outcome
+from models.application import Application
 from models.bulk import BulkExport, BulkExportFile
 from models.clock import utc_iso
 from models.ids import is_id
@@ -79,7 +82,9 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
     params = _scoped(caller, params, bool(args.get("_type")), lenient)
     app_id = caller.app.id
     forget_expired(runtime, app_id)
-    with runtime.db.atomic():
+    with runtime.db.atomic():  # SQLite: an IMMEDIATE transaction (models.db), so kick-offs count one at a time
+        if not isinstance(runtime.db, peewee.SqliteDatabase):  # PostgreSQL: the app's row, locked, does
+            list(Application.select(Application.id).where(Application.id == app_id).for_update())
         running = BulkExport.select().where((BulkExport.application == app_id)
                                             & (BulkExport.status == "pending")).count()
         if running >= settings.bulk_max_concurrent:

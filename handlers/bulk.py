@@ -57,7 +57,7 @@ class BulkHandler(FhirHandler):
         self.check_organization(organization_id)
         headers = self.request.headers
         ask = Ask(organization_id, headers.get("Authorization"), headers.get("Origin"), action, resource_type, path_id,
-                  {}, self.request_disclosure(action))
+                  {}, self.request_disclosure(action), uses_ehr=False)  # the EHR is read by the worker, not here
         admission, recording = Admission(), Recording(self.runtime)
         try:
             error, result = await recording.run(answer, self.runtime, ask, admission, recording, lambda: None,
