@@ -6,7 +6,8 @@ fetched only from that URL, never from one a request names:
 - with a deadline (`FETCH_TIMEOUT` seconds for the whole answer, every byte included), at most
   `MAX_JWKS_BYTES`, redirects not followed, a 200 only;
 - kept `CACHE_SECONDS`, then fetched again when next needed (a failed fetch keeps the keys
-  fetched before, if any);
+  fetched before, at most `MAX_STALE_SECONDS` after they were fetched: a key the partner removed
+  stops verifying within the hour even while its host is down);
 - an assertion naming a `kid` the cached set lacks makes one fetch at once (the app rotated its
   keys), but at most one fetch per app every `REFETCH_INTERVAL` seconds, whatever the requests
   say: a flood of made-up kids costs the app's JWKS host one request a minute per process.
@@ -24,6 +25,7 @@ from oauth.client_keys import MAX_JWKS_BYTES, JwksError, find_key, parse_jwks, s
 
 FETCH_TIMEOUT = 5.0
 CACHE_SECONDS = 300
+MAX_STALE_SECONDS = 3600  # keys kept past their cache time while the URL cannot be read, at most
 REFETCH_INTERVAL = 60
 CHUNK = 16 * 1024
 
@@ -94,6 +96,8 @@ class ClientKeySets:
             entry.jwks = parse_jwks(self._fetch(entry.url), strict=False)
             entry.fetched_at = now
         except (JwksUnavailable, JwksError) as exc:
+            if entry.jwks is not None and now - entry.fetched_at > MAX_STALE_SECONDS:
+                entry.jwks = None
             log.warning("JWKS %s: %s (keeping %s)", entry.url, exc,
                         "the keys fetched before" if entry.jwks is not None else "no keys")
 

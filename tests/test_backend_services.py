@@ -28,7 +28,7 @@ class Backend:
     """A pbackend app with an RS384 and an ES384 key at a JWKS URL, installed in `world.org`."""
 
     def __init__(self, runtime, world, host: JwksHost, rsa: KeyPair, ec: KeyPair):
-        self.rsa, self.ec, self.host = rsa, ec, host
+        self.rsa, self.ec, self.host, self.clock = rsa, ec, host, runtime.clock
         self.app, self.secret = register_application(runtime, "Analytics", "https://analytics.example/cb",
                                                      "https://analytics.example/launch")
         self.app = set_backend_keys(runtime, self.app.id, jwks_url=host.url)
@@ -37,6 +37,7 @@ class Backend:
         self.client_id = self.app.client_id
 
     def assertion(self, pair=None, **kwargs) -> str:
+        kwargs.setdefault("now", self.clock.time())  # the service's clock, which a test may move
         return assertion(pair or self.rsa, self.client_id, kwargs.pop("aud", AUD), **kwargs)
 
 
@@ -180,6 +181,14 @@ async def test_the_jwks_url_is_cached_and_refetched_on_an_unknown_kid_at_most_on
         status, _, body = await token(api, token_form(pbackend.assertion(headers={"kid": uuid.uuid4().hex})))
         assert status == 401 and body["error"] == "invalid_client"
     assert pbackend.host.hits == 2
+    pbackend.host.status = 503  # the host goes down: the keys fetched before keep working, for an hour
+    runtime.clock.advance(301)
+    await system_token(api, pbackend, pair=rotated)
+    assert pbackend.host.hits == 3
+    runtime.clock.advance(3600)
+    status, _, body = await token(api, token_form(pbackend.assertion(rotated)))
+    assert status == 401 and "could not be read" in body["error_description"], body
+    assert pbackend.host.hits == 4
 
 
 @pytest.mark.gen_test
@@ -304,8 +313,20 @@ async def test_discovery_documents_say_private_key_jwt(api, world):
     assert {"url": "token", "valueUri": AUD} in oauth["extension"]
 
 
-def test_installation_of_a_backend_app_starts_disabled(runtime, world, pbackend):
+@pytest.mark.gen_test
+async def test_an_app_installed_before_its_keys_is_enabled_without_sdk_initialization(api, runtime, world, pbackend):
     assert Installation.find(pbackend.app.id, world.org.id).activation_status == "Disabled"
+    other, _ = clinic("Early Clinic", "https://ehr.example/early")
+    install_application(world.app.id, other.id)  # a plain app: no status until its SDK initializes
+    status, _, body = await api.call("POST", "/v1/oauth/token", {
+        "grant_type": "client_credentials", "client_id": world.app.client_id, "client_secret": world.secret})
+    auth = {"Authorization": f"Bearer {body['access_token']}"}
+    path = f"/v1/applications/{world.app.id}/organizations/{other.id}/activation-status"
+    status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=auth)
+    assert status == 409 and body["error"] == "not_initialized"  # unchanged for an SDK app
+    set_backend_keys(runtime, world.app.id, jwks_url=pbackend.host.url)  # it becomes a backend app
+    status, _, body = await api.call("PUT", path, {"status": "Enabled"}, headers=auth)
+    assert status == 200 and body["status"] == "Enabled" and body["trial_started_at"], body
 
 
 # -- registration (the operator CLI, a real process) ---------------------------------------------

@@ -39,9 +39,11 @@ def jwks(*pairs: KeyPair) -> dict:
 
 
 def assertion(pair: KeyPair, client_id: str, aud: str, *, alg: str | None = None, exp_in: float = 240,
-              jti: str | None = None, headers: dict | None = None, key=None, **claims) -> str:
-    """A client assertion signed by `pair` (or `key`): iss = sub = client_id, aud, exp, jti."""
-    now = time.time()
+              jti: str | None = None, headers: dict | None = None, key=None, now: float | None = None,
+              **claims) -> str:
+    """A client assertion signed by `pair` (or `key`): iss = sub = client_id, aud, exp (`exp_in`
+    seconds after `now`, default the real time: a test that moves the service's clock passes it), jti."""
+    now = time.time() if now is None else now
     body = {"iss": client_id, "sub": client_id, "aud": aud, "exp": int(now + exp_in),
             "jti": jti or uuid.uuid4().hex, **claims}
     header = {"kid": pair.kid, "typ": "JWT", **(headers or {})}
@@ -72,10 +74,11 @@ def token_form(client_assertion: str, scope: str | None = "system/Patient.rs", *
 
 class JwksHost:
     """A JWKS served over HTTP on loopback (`url`), counting its requests (`hits`); `document` may
-    be replaced at any time (the backend rotating its keys)."""
+    be replaced at any time (the backend rotating its keys), and `status` set (the host failing)."""
 
     def __init__(self, document: dict):
         self.document = document
+        self.status = 200  # set to e.g. 503: the host is down
         self.hits = 0
         host = self
 
@@ -83,7 +86,7 @@ class JwksHost:
             def do_GET(self):
                 host.hits += 1
                 body = json.dumps(host.document).encode()
-                self.send_response(200)
+                self.send_response(host.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
