@@ -19,9 +19,10 @@ import email.utils
 
 import peewee
 
-from bulk.groups import group_ids, group_resource, check_group
-from errors import ApiError
+from bulk.build import delete_export
+from bulk.groups import check_group, group_ids, group_resource
 from bulk.params import ExportParameters, parse_kickoff
+from errors import ApiError
 from fhir_api import fhir_base_url
 from fhir_api.access import grant_for
 from fhir_api.bundle import searchset
@@ -30,7 +31,6 @@ from models.application import Application
 from models.bulk import BulkExport, BulkExportFile
 from models.clock import utc_iso
 from models.ids import is_id
-from bulk.build import delete_export
 
 STATUS_SEGMENT = "$export-status"
 FILE_SEGMENT = "$export-file"

@@ -144,11 +144,11 @@ class StatusHandler(BulkHandler):
         self.finish(fhir_json(value))
 
     async def get(self, organization_id, export_id):
-        error, answer_ = await self.admit(organization_id, "bulk.status", "", None, lambda _: None,
-                                          _unrecorded(export_status), organization_id, export_id)
+        error, found = await self.admit(organization_id, "bulk.status", "", None, lambda _: None,
+                                        _unrecorded(export_status), organization_id, export_id)
         if error is not None:
             raise error
-        status, headers, body = answer_
+        status, headers, body = found
         self.set_status(status)
         for name, value in headers.items():
             self.set_header(name, value)
