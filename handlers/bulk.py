@@ -23,6 +23,7 @@ from fhir_api.outcome import FhirError, invalid, operation_outcome
 from handlers.base import _nesting_exceeds
 from oauth.params import MAX_JSON_DEPTH
 from handlers.fhir import FhirHandler, fhir_json
+from models.fhir_grammar import is_resource_type
 from workers.export import enqueue_export
 
 CHUNK = 256 * 1024
@@ -169,7 +170,8 @@ class FileHandler(BulkHandler):
     """`GET {iss}/$export-file/{id}/{Type}-{n}.ndjson`."""
 
     async def get(self, organization_id, export_id, name):
-        kind = name.partition("-")[0][:64]
+        kind = name.partition("-")[0]
+        kind = kind if is_resource_type(kind) else ""  # the record names a type, never the path's other text
         stream, size, _, _ = await self.admit(organization_id, "bulk.download", kind, None,
                                               lambda found: (found[2], ()),
                                               open_file, organization_id, export_id, name)
