@@ -316,6 +316,15 @@ def test_a_fhir_clinic_exports_what_its_ehr_holds_through_the_connector(runtime,
     text = json.dumps(files)
     assert fhir_ehr.origin not in text and "pt-z" not in text
     _validate([r for found in files.values() for r in found])
+    # _since: the EHR's meta.lastUpdated decides (the newest Observation's instant keeps it, a ms later none).
+    updated = sorted(dt.datetime.fromisoformat(o["meta"]["lastUpdated"].replace("Z", "+00:00")) for o in observations)
+    for since, expected in ((updated[-1], len([u for u in updated if u >= updated[-1]])),
+                            (updated[-1] + dt.timedelta(milliseconds=1), 0)):
+        instant = since.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        status, headers, _ = client.kick_off("/Patient/$export", {"_type": "Observation", "_since": instant})
+        assert status == 202
+        assert sum(o["count"] for o in client.wait(headers["Content-Location"])["output"]) == expected >= 0
+    assert expected == 0 and len(updated) > 1
 
 
 def test_a_partners_backend_exports_with_a_key_pair_over_http(live, runtime, world):
