@@ -495,3 +495,28 @@ def test_the_docs_python_example_gets_a_token_and_reads(live, runtime, world, tm
     assert ran["answer"]["token_type"] == "bearer" and ran["answer"]["scope"] == "system/Patient.rs system/Observation.rs"
     assert ran["bundle"]["type"] == "searchset" and ran["bundle"]["entry"]
     assert ran["observations"]["type"] == "searchset"
+
+
+@pytest.mark.slow
+def test_a_system_token_reads_a_clinic_on_a_fhir_ehr(live, runtime, world, fhir_ehr, pbackend):
+    """A clinic on a real FHIR EHR (tests/js/fhir_ehr.mjs), a real `svc-auth serve`: the system token
+    reads and searches what the EHR holds, through the connector, within its scopes."""
+    from helpers.fhir_api import Fhir, resources
+    from helpers.fhir_ehr import chart_record, connect_clinic, patient
+    from helpers.http import LiveHttp
+    from lifecycle.activation import set_activation_status
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Backend FHIR Clinic")
+    fhir_ehr.seed(patient("pt-a", "Doe", "Jane", "1970-01-02", "female"), *chart_record("pt-a", encounters=1,
+                                                                                          observations=2))
+    installation = install_application(pbackend.app.id, org_id)
+    set_activation_status(runtime, installation, "Enabled", actor="test")
+    status, _, answer = LiveHttp(live).call("POST", "/v1/oauth/token", form=token_form(
+        pbackend.assertion(aud=f"{live}/v1/oauth/token"), "system/Patient.rs system/Observation.rs"))
+    assert status == 200, answer
+    fhir = Fhir(live, org_id, answer["access_token"])
+    assert fhir.ok("/Patient/pt-a")["birthDate"] == "1970-01-02"
+    observations = resources(fhir.search("Observation", {"patient": "pt-a"}))
+    assert observations and all(o["subject"]["reference"] == "Patient/pt-a" for o in observations)
+    status, _, body = fhir.get("/Encounter", {"patient": "pt-a"})
+    assert status == 403, body  # not in its scopes
+    assert Fhir(live, world.org.id, answer["access_token"]).get("/Patient")[0] == 403  # installed, not Enabled
