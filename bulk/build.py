@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from bulk.files import Part, TypeWriter, subset, temporary_directory
+from bulk.files import Part, TypeWriter, export_prefix, subset, temporary_directory
 from bulk.groups import CLINIC_GROUP, members
 from bulk.params import PATIENT_TYPES, ExportParameters, type_filter_args
 from connectors import Bounds, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for
@@ -170,6 +170,7 @@ def delete_export(runtime, export_id: str) -> bool:
                 .where(BulkExportFile.export == export_id)]
         BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
         gone = BulkExport.delete().where(BulkExport.id == export_id).execute()
-    for key in keys:
-        runtime.object_store.delete(key)
+    store = runtime.object_store
+    for key in dict.fromkeys([*keys, *store.list_keys(export_prefix(export_id))]):  # a part stored, not yet recorded, too
+        store.delete(key)
     return bool(gone)

@@ -127,6 +127,13 @@ class S3ObjectStore:
                 return False
             raise
 
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        check_key(prefix.rstrip("/"))
+        self._ensure_bucket()
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                yield obj["Key"]
+
     def open_object(self, key: str):
         """(a binary stream of the object, its size); FileNotFoundError when it is absent."""
         check_key(key)
