@@ -85,8 +85,7 @@ def member_count(organization_id: str, group_id: str) -> int:
 def _resource(group_id: str, name: str, organization_id: str) -> dict:
     patients = [p for batch in members(organization_id, group_id) for p in batch]
     group = {"resourceType": "Group", "id": group_id, "active": True, "type": "person", "actual": True,
-             "name": name, "managingEntity": {"reference": f"Organization/{fhir_id(organization_id)}"},
-             "quantity": len(patients)}
+             "name": name, "quantity": len(patients)}  # no managingEntity: a FHIR EHR's Organization has its own id
     if patients:
         group["member"] = [{"entity": {"reference": f"Patient/{p}"}} for p in patients]
     return group
