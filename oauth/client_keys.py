@@ -2,7 +2,8 @@
 key a client assertion names.
 
 A JWKS (RFC 7517) is at most `MAX_JWKS_BYTES` and `MAX_KEYS` keys. Each key:
-- public only: a member of private key material (`d`, `p`, `q`, `dp`, `dq`, `qi`, `oth`, or a
+- a real public key (cryptography checks it: an RSA exponent odd and at least 3, an EC point on
+  the curve), and public only: a member of private key material (`d`, `p`, `q`, `dp`, `dq`, `qi`, `oth`, or a
   symmetric `k`) refuses the whole set (those keys are no longer secret: register new ones);
 - `kty` `RSA` with a modulus of at least 2048 bits (for RS384), or `EC` on `P-384` (for ES384);
 - a `kid` (an assertion names its key by it), unique in the set;
@@ -17,6 +18,8 @@ import base64
 import binascii
 import json
 from types import MappingProxyType
+
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 MAX_JWKS_BYTES = 100 * 1024
 MAX_KEYS = 50
@@ -33,14 +36,32 @@ class JwksError(ValueError):
     """Not a JWKS svc-auth accepts; the message says why."""
 
 
-def _b64_int_bits(value) -> int:
-    if not isinstance(value, str) or not value:
-        raise JwksError("an RSA key's n must be a base64url string")
+def _b64_int(value, what: str) -> int:
+    if not isinstance(value, str) or not value or len(value) > 2048:
+        raise JwksError(f"{what} must be a base64url string")
     try:
         raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
     except (binascii.Error, ValueError):
-        raise JwksError("an RSA key's n is not base64url") from None
-    return int.from_bytes(raw, "big").bit_length()
+        raise JwksError(f"{what} is not base64url") from None
+    return int.from_bytes(raw, "big")
+
+
+def _public_key_checks(kid: str, key: dict) -> None:
+    """The key is a real public key (cryptography's own checks: an RSA exponent that is odd and
+    at least 3, an EC point on P-384), of the size required."""
+    try:
+        if key["kty"] == "RSA":
+            n = _b64_int(key.get("n"), "an RSA key's n")
+            if n.bit_length() < MIN_RSA_BITS:
+                raise JwksError(f"key {kid!r}: an RSA key must have a modulus of at least {MIN_RSA_BITS} bits")
+            rsa.RSAPublicNumbers(_b64_int(key.get("e"), "an RSA key's e"), n).public_key()
+        else:
+            ec.EllipticCurvePublicNumbers(_b64_int(key.get("x"), "an EC key's x"), _b64_int(key.get("y"), "an EC key's y"),
+                                          ec.SECP384R1()).public_key()
+    except ValueError as exc:
+        if isinstance(exc, JwksError):
+            raise
+        raise JwksError(f"key {kid!r} is not a valid public key") from None
 
 
 def _check_key(key) -> dict:
@@ -56,11 +77,9 @@ def _check_key(key) -> dict:
         raise JwksError(f"key {kid!r}: alg must be RS384 (RSA) or ES384 (EC P-384), got {str(alg)[:20]!r}")
     if key.get("use") not in (None, "sig"):
         raise JwksError(f"key {kid!r}: use must be sig")
-    if kty == "RSA":
-        if not isinstance(key.get("e"), str) or _b64_int_bits(key.get("n")) < MIN_RSA_BITS:
-            raise JwksError(f"key {kid!r}: an RSA key must have a modulus of at least {MIN_RSA_BITS} bits")
-    elif key.get("crv") != EC_CURVE or not isinstance(key.get("x"), str) or not isinstance(key.get("y"), str):
+    if kty == "EC" and key.get("crv") != EC_CURVE:
         raise JwksError(f"key {kid!r}: an EC key must be on curve {EC_CURVE} (ES384)")
+    _public_key_checks(kid, key)
     return {name: key[name] for name in PUBLIC_MEMBERS[kty] if name in key}
 
 

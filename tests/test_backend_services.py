@@ -363,6 +363,8 @@ def test_cli_refuses_bad_keys_urls_and_scopes(cli, runtime, world, tmp_path, key
         "private key material": {"keys": [rsa.private_jwk()]},
         "an RSA key under 2048 bits": jwks(small),
         "an EC key not on P-384": {"keys": [p256]},
+        "an RSA exponent of 1 (any signature verifies)": {"keys": [{**rsa.public_jwk, "e": "AQ"}]},
+        "an EC point not on the curve": {"keys": [{**ec.public_jwk, "y": ec.public_jwk["x"]}]},
         "a symmetric key": {"keys": [{"kty": "oct", "kid": "s", "k": "c2VjcmV0"}]},
         "a key without kid": {"keys": [{k: v for k, v in rsa.public_jwk.items() if k != "kid"}]},
         "an RS256 key": {"keys": [{**rsa.public_jwk, "alg": "RS256"}]},
