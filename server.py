@@ -18,7 +18,7 @@ import tornado.web
 
 from conf import Settings
 from runtime import Runtime
-from handlers import console, fhir, oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
+from handlers import bulk, console, fhir, oauth, objects, ops, sandbox_api, sandbox_hub, wellknown
 from handlers.base import NotFoundHandler
 from handlers.static import STATIC_DIR, StaticAssets
 from handlers.rest import appointments as rest_appointments, billing as rest_billing, directory as rest_directory, \
@@ -32,7 +32,7 @@ from ops.processes import Pulse, Supervisor, SupervisorPolicy
 log = logging.getLogger("svc_auth")
 
 
-ROUTE_MODULES = (wellknown, oauth, fhir, sandbox_api, sandbox_hub, objects, ops,
+ROUTE_MODULES = (wellknown, oauth, bulk, fhir, sandbox_api, sandbox_hub, objects, ops,
                  rest_invitations, rest_directory, rest_billing, rest_appointments, rest_charts, rest_openapi,
                  console)
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""

@@ -20,7 +20,7 @@ setup(
     packages=find_packages(include=["conf*", "errors*", "fhir_api*", "models*", "keys*", "oauth*", "handlers*", "lifecycle*", "cli*",
                                     "ratelimit*", "partner_api*", "workers*", "connectors*", "storage*",
                                     "examples*", "ops*", "runtime*", "app_cache*", "audit*", "billing*", "console*", "hub*",
-                                    "hl7feed*", "schedules*"])
+                                    "hl7feed*", "schedules*", "bulk*"])
     + find_namespace_packages(include=["static", "static.*", "sdk.js.dist"]),
     py_modules=["server"],
     package_data=DATA_PACKAGES,

@@ -14,7 +14,9 @@ per second and the EHR's share of the time; PostgreSQL), `appointments` and `sna
 reason when unreachable), `chart` (chart ZIP) and `outage` (a PostgreSQL of its own, initdb + pg_ctl:
 `/healthz` and JWKS while a request waits on a table lock; PostgreSQL stopped for 10 s under load),
 `hl7_feed` (the SIU feed's listener: ACKs/s with 8 senders, PostgreSQL and embedded, as a ratio to an
-empty MLLP echo; a 100,000-message backfill's memory, `BENCH_HL7_BACKFILL` to change the count; bench/hl7_feed.py). A run of some sections keeps the other sections of
+empty MLLP echo; a 100,000-message backfill's memory, `BENCH_HL7_BACKFILL` to change the count; bench/hl7_feed.py). `bulk_export`
+(a `Patient/$export` of a 10,000-patient sandbox clinic on a worker, Redis: time, CPU per resource against a
+search page's, peak RSS of worker and serve; bench/bulk_export.py). A run of some sections keeps the other sections of
 the previous `latest.json`, each with the time and load it was measured at.
 """
 from __future__ import annotations
@@ -136,7 +138,7 @@ def http_benchmarks(database_url: str | None, seconds: float) -> dict:
 
 
 SECTIONS = ("production", "floor", "fhir_reads", "disclosure_audit", "tokens", "remote_db", "appointments", "snapshot", "fhir_night", "chart", "outage",
-            "hl7_feed")
+            "hl7_feed", "bulk_export")
 
 
 def section_header() -> dict:
@@ -165,6 +167,7 @@ def main(argv=None) -> int:
                         help="the commit the `floor` section compares this checkout with (default: main); "
                              "given, `fhir_reads` also runs as this checkout against it, alternating")
     parser.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
+    parser.add_argument("--bulk-patients", type=int, default=10_000, help="patients of the bulk_export clinic")
     args = parser.parse_args(argv)
     sections = args.only or SECTIONS
     started = dt.datetime.now(dt.timezone.utc)
@@ -247,6 +250,12 @@ def main(argv=None) -> int:
         if skipped:
             report["hl7_feed"]["postgresql_skipped"] = skipped
             say(f"hl7 feed, PostgreSQL: skipped ({skipped})")
+    if "bulk_export" in sections:
+        from bench.bulk_export import bulk_export_benchmark
+        from bench.fleet import redis_reachable
+        header, skipped = section_header(), redis_reachable(args.redis_url)
+        report["bulk_export"] = {**header, "skipped": skipped} if skipped else {
+            **header, **bulk_export_benchmark(args.redis_url, say, args.bulk_patients)}
     if "outage" in sections:
         from bench.outage import outage_benchmarks
         report["outage"] = {**section_header(), **outage_benchmarks(say)}

@@ -75,6 +75,16 @@ def render_chart(c: dict) -> list[str]:
     return rows + [""]
 
 
+def render_bulk_export(b: dict) -> list[str]:
+    return [f"**Bulk Data export** (`Patient/$export` of a {b['patients']:,}-patient sandbox clinic, {b['types']} US Core "
+            f"types; serve + one worker thread, Redis, SQLite, local store; bench/bulk_export.py; {_when(b)}):", "",
+            "| resources | files | time | worker CPU / resource | search page CPU / resource | ratio | worker peak RSS | serve peak RSS |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {b['resources']:,} | {b['files']} | {b['seconds']} s ({b['resources_per_second']:,}/s) | "
+            f"{b['worker_cpu_us_per_resource']} µs | {b['search_cpu_us_per_resource']} µs | "
+            f"{b['cpu_ratio_export_to_search']} (target <= 1) | {b['worker_peak_rss_mb']} MB | {b['serve_peak_rss_mb']} MB |", ""]
+
+
 def render_outage(o: dict) -> list[str]:
     locked, outage = o["locked_database"], o["postgresql_outage"]
     waited = locked["waiting_request"]
@@ -312,6 +322,8 @@ def render(report: dict) -> str:
     if report.get("hl7_feed"):
         from bench.hl7_feed import render as render_hl7_feed
         tail += render_hl7_feed(report["hl7_feed"])
+    if report.get("bulk_export") and "resources" in report["bulk_export"]:
+        tail += render_bulk_export(report["bulk_export"])
     if report.get("disclosure_audit"):
         from bench.disclosure_audit import render as render_disclosure_audit
         tail += render_disclosure_audit(report["disclosure_audit"])

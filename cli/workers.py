@@ -14,7 +14,7 @@ log = logging.getLogger("svc_auth.workers")
 def register(commands) -> None:
     p = commands.add_parser("worker", help="run a Dramatiq worker (needs SVC_REDIS_URL)")
     p.add_argument("--threads", type=int, default=None, help="worker threads (default SVC_WORKER_THREADS)")
-    p.add_argument("--queues", nargs="*", default=None, help="only consume these queues (snapshots, charts)")
+    p.add_argument("--queues", nargs="*", default=None, help="only consume these queues (snapshots, charts, exports)")
     p.set_defaults(handler=with_runtime(run_worker, check_redis=True))
 
     p = commands.add_parser("scheduler", help="queue the nightly appointment sync at SVC_SYNC_WINDOW")

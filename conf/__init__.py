@@ -242,6 +242,11 @@ class Settings:
     # A chart request or snapshot whose worker died is found and re-queued within this many
     # seconds (the delivery guarantee of docs/workers.md).
     task_recovery_seconds: int = 120
+    # Bulk Data exports (docs/bulk-data.md): an app's exports in progress at once, how long a finished
+    # export's files are kept, and the size at which a type's ndjson is split into another file.
+    bulk_max_concurrent: int = 2
+    bulk_file_ttl: int = 24 * 3600
+    bulk_file_max_bytes: int = 16 * 1024 * 1024
     # The disclosure audit (docs/audit.md): on by default; turning it off is audited at every start.
     # Records older than the retention are removed only by `svc-auth audit prune` (6 years by default).
     disclosure_audit: bool = True
@@ -301,10 +306,13 @@ class Settings:
                      "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "disclosure_retention_days",
                      "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
-                     "ehr_batch_max_bytes", "ehr_batch_max_pages"):
+                     "ehr_batch_max_bytes", "ehr_batch_max_pages",
+                     "bulk_file_ttl", "bulk_file_max_bytes"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         merged["fhir_ehr_concurrency"] = _at_least("SVC_FHIR_EHR_CONCURRENCY", merged["fhir_ehr_concurrency"], 1,
                                                    "a whole number of requests, 1 or more")
+        merged["bulk_max_concurrent"] = _at_least("SVC_BULK_MAX_CONCURRENT", merged["bulk_max_concurrent"], 1,
+                                                  "a whole number of exports, 1 or more")
         if merged["task_recovery_seconds"] < 3:
             raise ConfigError(f"SVC_TASK_RECOVERY_SECONDS must be at least 3, got {merged['task_recovery_seconds']}")
         try:

@@ -6,7 +6,8 @@ tenth of its CPU: issue 35 item 6):
 2. the calling app's registered origin (CORS: the answer, errors included, is readable there);
 3. the limits: one `hit_all_now` of the limiter (`fhir_api.limits`): 429 `throttled`, or 503
    `transient` when its store (Redis) cannot be reached;
-4. a slot of the clinic's EHR in this process (`runtime.ehr_concurrency`): none free, 503;
+4. a slot of the clinic's EHR in this process (`runtime.ehr_concurrency`): none free, 503 (not
+   for a request that does not call the EHR, `Ask.uses_ehr` False: Bulk Data's kick-off, status, files);
 5. the request's own checks (its type and id: 404/400), then its domain call, recorded by the
    disclosure audit (`audit.disclosures.Recording`), success or failure.
 Nothing is recorded before step 5. What steps 2 and 3 decided is kept on the `Admission` the
@@ -42,6 +43,7 @@ class Ask:
     path_id: str | None       # a read's id
     raw_args: dict            # the query's arguments, undecoded (the disclosure names the patients asked)
     request: Disclosure       # the handler's request-level disclosure fields
+    uses_ehr: bool = True     # False: no call to the clinic's EHR (Bulk Data's status, files, Groups): no slot taken
 
 
 @dataclasses.dataclass
@@ -67,7 +69,7 @@ def answer(runtime, ask: Ask, admission: Admission, recording: Recording, checks
             admission.cors_origin = ask.origin
         _count(runtime, caller, admission)
         cap, clinic = runtime.ehr_concurrency, caller.organization_id
-        if not cap.try_acquire(clinic):
+        if ask.uses_ehr and not cap.try_acquire(clinic):
             raise FhirError(503, "transient", "Too many requests to this clinic's EHR are in progress; "
                                               f"retry after {EHR_BUSY_RETRY_AFTER} seconds.",
                             {"Retry-After": str(EHR_BUSY_RETRY_AFTER)})
@@ -76,7 +78,8 @@ def answer(runtime, ask: Ask, admission: Admission, recording: Recording, checks
             disclosure = fhir_disclosure(caller, ask.action, ask.resource_type, ask.path_id, ask.raw_args, ask.request)
             return recording.call(disclosure, describe, 200, fn, runtime, caller, *args)
         finally:
-            cap.release(clinic)
+            if ask.uses_ehr:
+                cap.release(clinic)
     except ApiError as exc:
         recording.skip()
         return exc, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
 
+from fhir_api.bulk_data import with_bulk_data
 from fhir_api import fhir_base_url
 from connectors.us_core import (INCLUDES, PROFILES, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES, US_CORE_PROFILE,
                                US_CORE_SERVER)
@@ -40,7 +41,7 @@ def capability_statement(settings, organization_id: str, published: str) -> dict
     urls = endpoints(settings, V1)  # the SMART configuration's own (`oauth.discovery`: the only builder)
     oauth = [(name, urls[key]) for name, key in SMART_OAUTH_URI_ENDPOINTS]
     resources = [dict(resource) for resource in RESOURCES]
-    return {
+    return with_bulk_data({  # issue 48: Bulk Data (fhir_api.bulk_data)
         "resourceType": "CapabilityStatement",
         "status": "active", "kind": "instance", "date": published, "instantiates": [US_CORE_SERVER],
         "software": {"name": "svc-auth", "version": software_version()},
@@ -55,4 +56,4 @@ def capability_statement(settings, organization_id: str, published: str) -> dict
                                          "code": "SMART-on-FHIR"}], "text": "OAuth2 using SMART-on-FHIR profile"}],
                 "description": "Bearer access tokens of a SMART launch (scopes patient/*.rs, user/*.rs)."},
             "resource": resources,
-            "searchParam": [{"name": "_count", "type": "number"}, {"name": "_offset", "type": "number"}]}]}
+            "searchParam": [{"name": "_count", "type": "number"}, {"name": "_offset", "type": "number"}]}]})

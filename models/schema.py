@@ -28,6 +28,7 @@ from models.assertions import SpentAssertion
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
 from models.billing import BillableUse
+from models.bulk import BulkExport, BulkExportFile
 from models.changes import ChangeVersion, install_change_triggers
 from models.charts import ChartRequest
 from models.db import BaseModel, db_default, sql_literal
@@ -51,6 +52,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
     SmartGrant, RefreshToken, FeedAppointment, FeedMessage, SpentAssertion,
+    BulkExport, BulkExportFile,  # issue 48: Bulk Data exports (new tables: no step)
 )
 
 

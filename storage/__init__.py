@@ -29,6 +29,13 @@ class ObjectStore(Protocol):
     def exists(self, key: str) -> bool:
         """True when a complete object is stored under `key`."""
 
+    def open_object(self, key: str):
+        """(a binary stream of the object with `read(n)` and `close()`, its size in bytes);
+        FileNotFoundError when no complete object is stored under `key` (a Bulk Data file's download)."""
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """The keys of the complete objects under `prefix` (a Bulk Data export's files, to delete them all)."""
+
     def delete(self, key: str) -> None:
         """Remove the object (no error when it is absent)."""
 

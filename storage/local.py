@@ -73,6 +73,18 @@ class LocalObjectStore:
     def exists(self, key: str) -> bool:
         return self.path_of(key).is_file()
 
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        base = self.path_of(prefix.rstrip("/"))
+        for directory, _, files in os.walk(base):
+            for name in files:
+                if not TEMP_FILE.match(name):
+                    yield (Path(directory) / name).relative_to(self.root).as_posix()
+
+    def open_object(self, key: str):
+        """(a binary stream of the object, its size); FileNotFoundError when it is absent."""
+        handle = open(self.path_of(key), "rb")
+        return handle, os.fstat(handle.fileno()).st_size
+
     def delete(self, key: str) -> None:
         try:
             self.path_of(key).unlink()

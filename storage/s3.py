@@ -127,6 +127,24 @@ class S3ObjectStore:
                 return False
             raise
 
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        check_key(prefix.rstrip("/"))
+        self._ensure_bucket()
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                yield obj["Key"]
+
+    def open_object(self, key: str):
+        """(a binary stream of the object, its size); FileNotFoundError when it is absent."""
+        check_key(key)
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(key) from None
+            raise
+        return answer["Body"], answer["ContentLength"]
+
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=check_key(key))
 

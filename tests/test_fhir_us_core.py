@@ -208,7 +208,8 @@ def test_every_us_core_shall_search_works_on_both_kinds_of_clinic(us_core_clinic
     fhir, patient, served = clinic.fhir, clinic.patient, []
     metadata = fhir.ok("/metadata")
     served.append(metadata)
-    assert metadata["instantiates"] == ["http://hl7.org/fhir/us/core/CapabilityStatement/us-core-server"]
+    assert metadata["instantiates"] == ["http://hl7.org/fhir/us/core/CapabilityStatement/us-core-server",
+                                        "http://hl7.org/fhir/uv/bulkdata/CapabilityStatement/bulk-data"]  # issue 48
     listed = {r["type"]: r for r in metadata["rest"][0]["resource"]}
     assert set(PATIENT_SHALL) | set(DIRECTORY_SHALL) | {"Medication", "Provenance"} <= set(listed)
 

@@ -16,11 +16,12 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Middleware
 
 from workers.charts import build_chart
+from workers.export import build_export
 from workers.snapshot import sync_night, sync_organization
 from workers.tasks import spec_of
 
 # Every background task, explicitly (each runtime's TaskQueue declares one actor per entry).
-TASK_FUNCTIONS = (build_chart, sync_night, sync_organization)
+TASK_FUNCTIONS = (build_chart, sync_night, sync_organization, build_export)
 
 log = logging.getLogger("svc_auth.workers")
 

@@ -32,6 +32,7 @@ from models.charts import ChartRequest
 from models.schedule import ScheduledRun
 from storage.uploads import UnfinishedUpload
 from workers.charts import CHART_PREFIX, build_chart, chart_key, mark_failed
+from workers.export import sweep_exports
 from workers.loops import run_every
 from workers.leases import lease_seconds, sweep_interval, sync_job
 from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
@@ -174,6 +175,7 @@ def sweep(runtime) -> None:
     sweep_snapshots(runtime)
     sweep_unstarted_nights(runtime)
     sweep_uploads(runtime)
+    sweep_exports(runtime)  # Bulk Data exports: re-queued, expired, their stale uploads (workers.export)
 
 
 def run_recovery(runtime, stop: threading.Event, interval: float | None = None) -> None:

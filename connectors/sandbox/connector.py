@@ -12,6 +12,8 @@ window), or as of `as_of` when given.
 
 For testing error handling, the organization's `ehr_url` can ask the sandbox to misbehave:
 `?outage=1` makes every call fail as unavailable (retried), `?latency=SECONDS` delays every call.
+`?panel=N` gives the clinic N patients instead of `PANEL_SIZE` (at most `MAX_PANEL_SIZE`; the first
+150 are the same either way): the Bulk Data benchmark's 10,000-patient clinic (bench/bulk_export.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import hashlib
 import random
 import time
 from functools import lru_cache
+from types import MappingProxyType
 from urllib.parse import parse_qs, urlsplit
 
 from connectors.base import (Appointment, Chart, ConnectorError, ConnectorUnavailable, Encounter, Patient, PatientNotFound,
@@ -32,6 +35,7 @@ from models.directory import User
 from models.ids import fhir_id, sandbox_id
 
 PANEL_SIZE = 150
+MAX_PANEL_SIZE = 100_000
 SLOT_MINUTES = 30
 DAY_START_UTC = dt.time(13, 0)   # 09:00 US Eastern
 DAY_END_UTC = dt.time(21, 0)
@@ -98,10 +102,10 @@ def _hex(*parts, length: int = 16) -> str:
 
 
 @lru_cache(maxsize=64)
-def patient_panel(organization_id: str) -> tuple[Patient, ...]:
-    """The organization's synthetic patients, always the same ones."""
+def patient_panel(organization_id: str, size: int = PANEL_SIZE) -> tuple[Patient, ...]:
+    """The organization's synthetic patients, always the same ones (`size` of them)."""
     patients = []
-    for index in range(PANEL_SIZE):
+    for index in range(size):
         rng = _rng(organization_id, "patient", index)
         sex = rng.choice(["female", "male"])
         first = rng.choice(FIRST_F if sex == "female" else FIRST_M)
@@ -109,6 +113,12 @@ def patient_panel(organization_id: str) -> tuple[Patient, ...]:
         patients.append(Patient(id=sandbox_id("pat", _hex(organization_id, "patient", index)), first_name=first,
                                 last_name=rng.choice(LAST), date_of_birth=born, sex=sex))
     return tuple(patients)
+
+
+@lru_cache(maxsize=16)
+def _panel_index(organization_id: str, size: int) -> MappingProxyType:
+    """The panel by patient id (a chart's lookup is one probe, whatever the panel's size)."""
+    return MappingProxyType({p.id: p for p in patient_panel(organization_id, size)})
 
 
 class SandboxConnector(SandboxFhir):
@@ -125,6 +135,10 @@ class SandboxConnector(SandboxFhir):
             self.latency = max(0.0, float(query.get("latency", ["0"])[0]))
         except ValueError:
             self.latency = 0.0
+        try:
+            self.panel_size = min(MAX_PANEL_SIZE, max(1, int(query.get("panel", [PANEL_SIZE])[0])))
+        except ValueError:
+            self.panel_size = PANEL_SIZE
 
     def _call(self) -> None:
         """Where a real connector talks to its EHR: simulate its latency and outages."""
@@ -138,7 +152,7 @@ class SandboxConnector(SandboxFhir):
         return self.clock.now() if self.clock is not None else dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
     def panel(self) -> tuple[Patient, ...]:
-        return patient_panel(self.organization_id)
+        return patient_panel(self.organization_id, self.panel_size)
 
     def medication_catalogue(self) -> tuple:
         """The medications the clinic prescribes: (name, dose, frequency)."""
@@ -176,7 +190,7 @@ class SandboxConnector(SandboxFhir):
         yield from found
 
     def _provider_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime, as_of: dt.datetime | None):
-        panel = patient_panel(self.organization_id)
+        panel = self.panel()
         today = (as_of or start).date()
         day = start.date()
         while day <= end.date():
@@ -229,7 +243,7 @@ class SandboxConnector(SandboxFhir):
         PatientNotFound."""
         patient_id = fhir_id(patient_id)  # a chart request made before issue 35 names `pat_…`
         self._recorded_call("Patient", "chart", (patient_id,))
-        patient = next((p for p in patient_panel(self.organization_id) if p.id == patient_id), None)
+        patient = _panel_index(self.organization_id, self.panel_size).get(patient_id)
         if patient is None:
             if self.recorder is not None:
                 self.recorder("failure", "Patient", (patient_id,), (patient_id,), "chart")

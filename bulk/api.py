@@ -1,0 +1,191 @@
+"""The Bulk Data API of one clinic's FHIR base, as plain domain functions (`handlers.bulk` awaits them
+on the runtime's pool, after the FHIR API's own admission: token, CORS, limits).
+
+- `kick_off`: the checked parameters (`bulk.params`), narrowed to the types the token's scopes
+  let it search (a type named in `_type` that they do not is a 403, or left out with
+  `handling=lenient`; a `patient/` grant cannot export); at most SVC_BULK_MAX_CONCURRENT pending
+  exports per app (429 + Retry-After); the job is committed, then queued (`workers.export.enqueue_export`, passed in).
+- `export_status`: 202 + `X-Progress` + `Retry-After` while it runs (and at the first poll
+  whatever its state), the manifest once complete, the failure's OperationOutcome once failed.
+- `cancel`: the job and its files are deleted (`workers.export.delete_export`).
+- `open_file`: one file's stream, for a token of the exporting app whose scopes cover its type.
+Only the exporting app's tokens see a job, on the job's clinic; anything else is a 404.
+"""
+from __future__ import annotations
+
+import calendar
+import dataclasses
+import email.utils
+
+import peewee
+
+from bulk.build import delete_export
+from bulk.groups import check_group, group_ids, group_resource
+from bulk.params import ExportParameters, parse_kickoff
+from errors import ApiError
+from fhir_api import fhir_base_url
+from fhir_api.access import grant_for
+from fhir_api.bundle import searchset
+from fhir_api.outcome import FhirError, operation_outcome
+from models.application import Application
+from models.bulk import BulkExport, BulkExportFile
+from models.clock import utc_iso
+from models.ids import is_id
+
+STATUS_SEGMENT = "$export-status"
+FILE_SEGMENT = "$export-file"
+POLL_SECONDS = 2          # Retry-After of a running export
+BUSY_RETRY_AFTER = 60     # Retry-After of a kick-off over the app's concurrent exports
+
+
+def status_url(settings, organization_id: str, export_id: str) -> str:
+    return f"{fhir_base_url(settings, organization_id)}/{STATUS_SEGMENT}/{export_id}"
+
+
+def file_url(settings, organization_id: str, export_id: str, name: str) -> str:
+    return f"{fhir_base_url(settings, organization_id)}/{FILE_SEGMENT}/{export_id}/{name}"
+
+
+def _grant(caller, kind: str):
+    """The caller's search grant on `kind`, or None when its scopes do not reach it (whole clinic only)."""
+    try:
+        grant = grant_for(caller, kind, "s")
+    except ApiError as exc:  # insufficient_scope (oauth.bearer), or a FhirError
+        if exc.status == 403:
+            return None
+        raise
+    if grant.patient is not None:
+        raise FhirError(403, "forbidden", "A patient/ scope cannot export; a backend app asks for system/ scopes.")
+    return grant
+
+
+def _scoped(caller, params: ExportParameters, explicit: bool, lenient: bool) -> ExportParameters:
+    """`params` with only the types the token may search (a named one it may not: 403 unless lenient)."""
+    allowed = tuple(kind for kind in params.types if _grant(caller, kind) is not None)
+    refused = [kind for kind in params.types if kind not in allowed]
+    if refused and explicit and not lenient:
+        raise FhirError(403, "forbidden", f"The token's scopes do not allow search of {', '.join(refused[:5])} "
+                                          f"(needs system/{refused[0]}.rs).")
+    if not allowed:
+        raise FhirError(403, "forbidden", "The token's scopes allow the export of no type here.")
+    return dataclasses.replace(params, types=allowed,
+                               type_filters=tuple(f for f in params.type_filters if f[0] in allowed))
+
+
+def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | None, args: dict,
+             lenient: bool, from_post: bool, request_url: str, enqueue) -> str:
+    """Start an export (`enqueue(runtime, export_id)` queues it once committed: `workers.export`); its status URL."""
+    settings, now = runtime.settings, runtime.clock.now()
+    if level == "group":
+        check_group(organization_id, group_id)
+    params = parse_kickoff(level, args, fhir_base_url(settings, organization_id), now, lenient, from_post)
+    params = _scoped(caller, params, bool(args.get("_type")), lenient)
+    app_id = caller.app.id
+    forget_expired(runtime, app_id)
+    with runtime.db.atomic():  # SQLite: an IMMEDIATE transaction (models.db), so kick-offs count one at a time
+        if not isinstance(runtime.db, peewee.SqliteDatabase):  # PostgreSQL: the app's row, locked, does
+            list(Application.select(Application.id).where(Application.id == app_id).for_update())
+        running = BulkExport.select().where((BulkExport.application == app_id)
+                                            & (BulkExport.status == "pending")).count()
+        if running >= settings.bulk_max_concurrent:
+            raise FhirError(429, "throttled", f"This application has {running} exports in progress (at most "
+                                              f"{settings.bulk_max_concurrent}); retry once one is done or deleted.",
+                            {"Retry-After": str(BUSY_RETRY_AFTER)})
+        job = BulkExport.create(application=app_id, organization=organization_id,
+                                client_id=caller.claims.get("client_id") or "", level=level, group_id=group_id,
+                                request_url=request_url, parameters=params.as_json(), transaction_time=now)
+    enqueue(runtime, job.id)
+    return status_url(settings, organization_id, job.id)
+
+
+def forget_expired(runtime, application_id: str) -> None:
+    """Delete the app's expired exports now (the recovery sweep of the workers and the scheduler does
+    it for every app; this frees the app's expired files at once, whenever the next sweep runs)."""
+    now = runtime.clock.now()
+    for job in BulkExport.select(BulkExport.id).where((BulkExport.application == application_id)
+                                                      & (BulkExport.status != "pending") & (BulkExport.expires_at < now)):
+        delete_export(runtime, job.id)
+
+
+def _job(caller, organization_id: str, export_id: str, now) -> BulkExport:
+    """The caller's app's job on this clinic, or 404 (another app's is never revealed)."""
+    job = BulkExport.get_or_none(BulkExport.id == export_id) if is_id(export_id) else None
+    if (job is None or job.application_id != caller.app.id or job.organization_id != organization_id
+            or (job.expires_at is not None and job.expires_at < now)):
+        raise FhirError(404, "not-found", "No such export (it may have been deleted or have expired).")
+    return job
+
+
+def manifest(settings, job: BulkExport) -> dict:
+    files = BulkExportFile.select().where(BulkExportFile.export == job.id).order_by(BulkExportFile.id)
+    order = {kind: n for n, kind in enumerate(ExportParameters.from_json(job.parameters).types)}
+    rows = sorted(files, key=lambda f: (order.get(f.resource_type, 999), f.part))
+    return {"transactionTime": utc_iso(job.transaction_time), "request": job.request_url, "requiresAccessToken": True,
+            "output": [{"type": f.resource_type, "count": f.count,
+                        "url": file_url(settings, job.organization_id, job.id, f"{f.resource_type}-{f.part}.ndjson")}
+                       for f in rows],
+            "error": []}
+
+
+def export_status(runtime, caller, organization_id: str, export_id: str) -> tuple[int, dict, dict | None]:
+    """(HTTP status, headers, JSON body) of a status poll."""
+    job = _job(caller, organization_id, export_id, runtime.clock.now())
+    first = not job.polled
+    if first:
+        BulkExport.update(polled=True).where(BulkExport.id == job.id).execute()
+    if job.status == "pending" or first:
+        types = ExportParameters.from_json(job.parameters).types
+        progress = (f"{len(job.done_types or ())} of {len(types)} types done, {job.resources_written} resources"
+                    if job.status == "pending" else "finishing")
+        return 202, {"X-Progress": progress, "Retry-After": str(POLL_SECONDS)}, None
+    if job.status == "failed":
+        status = job.error_status if job.error_status and job.error_status >= 400 else 500
+        return status, {}, operation_outcome("exception" if status >= 500 else "processing", job.error or "failed")
+    headers = {"Expires": _http_date(job.expires_at)} if job.expires_at else {}
+    return 200, headers, manifest(runtime.settings, job)
+
+
+def _http_date(moment) -> str:
+    return email.utils.formatdate(calendar.timegm(moment.timetuple()), usegmt=True)
+
+
+def cancel(runtime, caller, organization_id: str, export_id: str) -> None:
+    """`DELETE` of the status URL: the job and its files are gone."""
+    job = _job(caller, organization_id, export_id, runtime.clock.now())
+    if not delete_export(runtime, job.id):
+        raise FhirError(404, "not-found", "No such export.")
+
+
+def open_file(runtime, caller, organization_id: str, export_id: str, name: str):
+    """(stream, size, patients, type) of one file of a complete export; 403 when the token's scopes
+    do not reach its type; 404 for anything not listed in the manifest."""
+    job = _job(caller, organization_id, export_id, runtime.clock.now())
+    kind, _, rest = name.partition("-")
+    part = rest[:-len(".ndjson")] if rest.endswith(".ndjson") else ""
+    row = None
+    if job.status == "complete" and part.isdigit() and len(part) < 7:
+        row = BulkExportFile.get_or_none((BulkExportFile.export == job.id) & (BulkExportFile.resource_type == kind)
+                                         & (BulkExportFile.part == int(part)))
+    if row is None:
+        raise FhirError(404, "not-found", "No such file in this export.")
+    grant_for(caller, kind, "r")
+    try:
+        stream, size = runtime.object_store.open_object(row.object_key)
+    except FileNotFoundError:
+        raise FhirError(404, "not-found", "This file is no longer stored (the export expired).") from None
+    return stream, size, list(row.patients or ()), kind
+
+
+def search_groups(runtime, caller, organization_id: str) -> dict:
+    """`GET {iss}/Group`: every Group of the clinic."""
+    grant_for(caller, "Group", "s")
+    base = fhir_base_url(runtime.settings, organization_id)
+    groups = [group_resource(organization_id, gid) for gid in group_ids(organization_id)]
+    return searchset(base, groups, len(groups), f"{base}/Group", None)
+
+
+def read_group(runtime, caller, organization_id: str, group_id: str) -> dict:
+    grant_for(caller, "Group", "r")
+    if not is_id(group_id):
+        raise FhirError(404, "not-found", "No such Group.")
+    return group_resource(organization_id, group_id)

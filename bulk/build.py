@@ -1,0 +1,176 @@
+"""Building an export (on a task worker, `workers.export`): its types, one at a time, into the object store.
+
+For each type not yet done: the type's resources, read through the clinic's connector held to its
+batch bounds (a fresh connector per page of patients), with the very search the FHIR API runs
+(`connectors.base.ResourceQuery` of the patient; the sandbox renders with `connectors.sandbox.render`,
+the FHIR EHR answers, and what a real EHR sends passes the one matcher `connectors.matching.matches`),
+then `_since`, `_typeFilter` (the FHIR API's search parser, lenient) and `_elements`, written by
+`bulk.files.TypeWriter`. Each stored part is recorded in the job's transaction only while this
+delivery holds the job's lease (`owner`); a job deleted or taken over meanwhile (`ExportGone`)
+stops the build and its just-stored object is removed.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from bulk.files import Part, TypeWriter, export_prefix, subset, temporary_directory
+from bulk.groups import CLINIC_GROUP, members
+from bulk.params import PATIENT_TYPES, ExportParameters, type_filter_args
+from connectors import Bounds, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for
+from connectors.matching import matches
+from fhir_api import fhir_base_url
+from fhir_api.search import parse_search
+from models.bulk import BulkExport, BulkExportFile
+
+log = logging.getLogger("svc_auth.bulk")
+
+
+class ExportGone(Exception):
+    """The job was deleted, finished or taken over by another delivery while this one built it."""
+
+
+def _live(export_id: str, owner: str):
+    return ((BulkExport.id == export_id) & (BulkExport.status == "pending") & (BulkExport.lease_owner == owner))
+
+
+def record_part(runtime, export_id: str, owner: str, part: Part) -> None:
+    """Record a stored part, or remove it and raise `ExportGone` when the job is no longer ours."""
+    with runtime.db.atomic():
+        held = BulkExport.update(resources_written=BulkExport.resources_written + part.count).where(
+            _live(export_id, owner)).execute()
+        if held:
+            BulkExportFile.create(export=export_id, resource_type=part.resource_type, part=part.part,
+                                  object_key=part.object_key, count=part.count, size=part.size,
+                                  patients=list(part.patients))
+    if not held:
+        runtime.object_store.delete(part.object_key)
+        raise ExportGone(export_id)
+
+
+def forget_unfinished_types(runtime, job: BulkExport) -> None:
+    """Before a delivery (re)starts: the files of types not done (a killed delivery's) are removed,
+    and the progress counts only the done types'."""
+    done = list(job.done_types or ())
+    stale = list(BulkExportFile.select().where((BulkExportFile.export == job.id)
+                                               & BulkExportFile.resource_type.not_in(done or [""])))
+    for row in stale:
+        runtime.object_store.delete(row.object_key)
+    if stale:
+        BulkExportFile.delete().where(BulkExportFile.id.in_([r.id for r in stale])).execute()
+    written = sum(r.count for r in BulkExportFile.select(BulkExportFile.count).where(BulkExportFile.export == job.id))
+    BulkExport.update(resources_written=written).where(BulkExport.id == job.id).execute()
+
+
+def patient_batches(job: BulkExport, params: ExportParameters):
+    """The job's patients in pages: its Group's (the clinic's for a system or Patient export),
+    narrowed to the `patient` parameter's."""
+    wanted = set(params.patients) if params.patients is not None else None
+    group = job.group_id if job.level == "group" else CLINIC_GROUP
+    for batch in members(job.organization_id, group):
+        if wanted is not None:
+            batch = [p for p in batch if p in wanted]
+        if batch:
+            yield batch
+
+
+def _since_ok(resource: dict, since: dt.datetime | None) -> bool:
+    """`_since`: a resource whose `meta.lastUpdated` is before it is left out (one without is kept)."""
+    if since is None:
+        return True
+    updated = (resource.get("meta") or {}).get("lastUpdated")
+    if not isinstance(updated, str):
+        return True
+    try:
+        moment = dt.datetime.fromisoformat(updated.replace("Z", "+00:00"))
+    except ValueError:
+        return True
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return moment >= since
+
+
+def _search(connector, query: ResourceQuery):
+    found = connector.search_resources(query)
+    if not getattr(connector, "answers_matched", False):
+        found = (r for r in found if matches(r, query))
+    return found
+
+
+def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str):
+    """Every resource of `kind` the job exports, lazily (filters applied; `_elements` not yet)."""
+    base = fhir_base_url(runtime.settings, job.organization_id)
+    filters = [parse_search(kind, type_filter_args(q), base) for of, q in params.type_filters if of == kind]
+    filters = [f.query for f in filters if not f.unmatchable]
+    has_filters = any(of == kind for of, _ in params.type_filters)
+    since = params.since_datetime()
+
+    def kept(resource: dict) -> bool:
+        if not _since_ok(resource, since):
+            return False
+        return not has_filters or any(matches(resource, query) for query in filters)
+
+    bounds = Bounds.batch(runtime.settings)
+    if kind in PATIENT_TYPES:
+        for batch in patient_batches(job, params):
+            connector = connector_for(runtime, job.organization, bounds)
+            for patient in batch:
+                try:
+                    yield from filter(kept, _search(connector, ResourceQuery(kind, patient=patient, count=100)))
+                except (PatientNotFound, ResourceNotFound):
+                    continue
+    else:
+        connector = connector_for(runtime, job.organization, bounds)
+        yield from filter(kept, _search(connector, ResourceQuery(kind, count=100)))
+
+
+def build_export(runtime, export_id: str, owner: str) -> None:
+    """Write every type not done of a pending job whose lease `owner` holds, then complete it."""
+    job = BulkExport.get_or_none(BulkExport.id == export_id)
+    if job is None or job.status != "pending":
+        return
+    params = ExportParameters.from_json(job.parameters)
+    forget_unfinished_types(runtime, job)
+    done = list(job.done_types or ())
+    store, settings = runtime.object_store, runtime.settings
+    for kind in params.types:
+        if kind in done:
+            continue
+        with temporary_directory() as directory:
+            writer = TypeWriter(store, export_id, kind, settings.bulk_file_max_bytes,
+                                lambda part: record_part(runtime, export_id, owner, part), directory)
+            try:
+                for resource in type_resources(runtime, job, params, kind):
+                    writer.add(subset(resource, params.elements) if params.elements else resource)
+                writer.close()
+            finally:
+                if not writer.handle.closed:
+                    writer.handle.close()
+        done.append(kind)
+        if not BulkExport.update(done_types=done).where(_live(export_id, owner)).execute():
+            raise ExportGone(export_id)
+    now = runtime.clock.now()
+    BulkExport.update(status="complete", completed_at=now,
+                      expires_at=now + dt.timedelta(seconds=settings.bulk_file_ttl),
+                      lease_owner=None, lease_until=None).where(_live(export_id, owner)).execute()
+    log.info("export %s complete", export_id)
+
+
+def mark_failed(runtime, export_id: str, message: str, status: int = 500) -> None:
+    now = runtime.clock.now()
+    (BulkExport.update(status="failed", error=message, error_status=status, completed_at=now,
+                       expires_at=now + dt.timedelta(seconds=runtime.settings.bulk_file_ttl))
+     .where((BulkExport.id == export_id) & (BulkExport.status == "pending")).execute())
+
+
+def delete_export(runtime, export_id: str) -> bool:
+    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`)."""
+    with runtime.db.atomic():
+        keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
+                .where(BulkExportFile.export == export_id)]
+        BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
+        gone = BulkExport.delete().where(BulkExport.id == export_id).execute()
+    store = runtime.object_store
+    for key in dict.fromkeys([*keys, *store.list_keys(export_prefix(export_id))]):  # a part stored, not yet recorded, too
+        store.delete(key)
+    return bool(gone)

@@ -1,0 +1,384 @@
+"""FHIR Bulk Data export (issue 48; CONTRACTS "Bulk Data export for backend apps"): Groups, kick-off,
+status, manifest, files and DELETE, over real HTTP against a `svc-auth serve` process (its embedded
+worker), on both databases; the kick-off's parameters and the Groups through their domain functions."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+
+from bulk.groups import CLINIC_GROUP, group_ids, group_resource, members
+from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
+from fhir_api.outcome import FhirError
+from helpers.bulk import KICKOFF_HEADERS, BulkClient, schedule_patients
+from helpers.fhir_api import outcome
+from helpers.r4 import r4_problems
+from helpers.tokens import mint_platform_token
+from helpers.worlds import clinic
+from lifecycle.applications import install_application, register_application
+from lifecycle.users import create_user
+from models.bulk import BulkExport, BulkExportFile
+from models.disclosures import DisclosureRecord
+
+BASE = "http://127.0.0.1:8888/fhir/r4/org"
+NOW = dt.datetime(2026, 6, 1, 12, 0)
+
+
+def _parse(level="patient", lenient=False, post=False, **args):
+    return parse_kickoff(level, {k: (v if isinstance(v, list) else [v]) for k, v in args.items()}, BASE, NOW,
+                         lenient, post)
+
+
+def _refused(**kwargs) -> str:
+    with pytest.raises(FhirError) as caught:
+        _parse(**kwargs)
+    assert caught.value.status == 400
+    return caught.value.message
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_kickoff_parameters_are_checked_as_the_specification_and_contract_say(runtime):
+    assert _parse().types == PATIENT_TYPES and _parse("system").types == SYSTEM_TYPES
+    assert "Practitioner" in SYSTEM_TYPES and "Practitioner" not in PATIENT_TYPES
+    assert _parse(_type="Observation,Patient", ).types == ("Patient", "Observation")
+    assert _parse(_type=["Observation", "Condition"]).types == ("Condition", "Observation")
+    assert "Practitioner" in _refused(_type="Patient,Practitioner")  # not a Patient-level type
+    assert _parse(lenient=True, _type="Patient,Practitioner,Nonsense").types == ("Patient",)
+    assert _parse(_since="2026-01-01T00:00:00Z").since == "2026-01-01T00:00:00Z"
+    assert _parse(_since="2026-01-01T05:00:00+05:00").since == "2026-01-01T00:00:00Z"
+    assert "future" in _refused(_since="2026-06-02T00:00:00Z")
+    for bad in ("2026-01-01", "yesterday", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00"):
+        assert "_since" in _refused(_since=bad)
+    for good in ("application/fhir+ndjson", "application/ndjson", "ndjson"):
+        assert _parse(_outputFormat=good).output_format == good
+    assert "_outputFormat" in _refused(_outputFormat="text/csv")
+    assert _parse(_elements="Observation.code,status").elements == (("Observation", "code"), (None, "status"))
+    assert "_elements" in _refused(_elements="code.coding")
+    assert _parse(_typeFilter="Observation?category=laboratory").type_filters == (("Observation", "category=laboratory"),)
+    assert _parse(_type="Patient", _typeFilter="Observation?category=laboratory").type_filters == ()
+    assert _parse(_typeFilter="Observation?nonsense=1").type_filters  # lenient: unknown parameter ignored
+    assert "date" in _refused(_typeFilter="Observation?date=notadate")
+    assert "_typeFilter" in _refused(_typeFilter="Nonsense?x=1")
+    assert _parse(includeAssociatedData="LatestProvenanceResources").types == PATIENT_TYPES
+    assert _parse(post=True, patient=["Patient/pat-1", f"{BASE}/Patient/pat-2"]).patients == ("pat-1", "pat-2")
+    assert "system-level" in _refused(level="system", post=True, patient="Patient/pat-1")
+    assert "POST" in _refused(patient="Patient/pat-1")
+    assert "Patient/" in _refused(post=True, patient="Observation/x")
+
+
+def test_groups_are_each_authorized_physicians_schedule_and_the_clinic(runtime, world):
+    mine = schedule_patients(world.org, world.physician, world.app, 4)
+    second = create_user(world.org.id, "two@example.com", "Sec", "Ond", "sond", npi="1245319599")
+    theirs = schedule_patients(world.org, second, world.app, 3, first=2, day=dt.date.today() - dt.timedelta(days=1))
+    unauthorized = create_user(world.org.id, "three@example.com", "Thi", "Rd", "trd", npi="1003000126")
+    schedule_patients(world.org, unauthorized, world.app, 2, first=10)
+    from models.application import Authorization
+    Authorization.delete().where(Authorization.user == unauthorized.id).execute()
+    ids = group_ids(world.org.id)
+    assert ids[0] == CLINIC_GROUP and len(ids) == 3
+    clinic_group = group_resource(world.org.id, CLINIC_GROUP)
+    assert clinic_group["quantity"] == len(set(mine) | set(theirs)) == 5
+    assert [m["entity"]["reference"] for m in clinic_group["member"]] == [f"Patient/{p}" for p in sorted(set(mine) | set(theirs))]
+    by_physician = {g: group_resource(world.org.id, g) for g in ids[1:]}
+    assert sorted(g["quantity"] for g in by_physician.values()) == [3, 4]
+    assert [p for batch in members(world.org.id, CLINIC_GROUP, page=2) for p in batch] == sorted(set(mine) | set(theirs))
+    assert r4_problems([clinic_group, *by_physician.values()]) == [[], [], []]
+    with pytest.raises(FhirError) as caught:
+        group_resource(world.org.id, "physician-usr-nobody")
+    assert caught.value.status == 404
+
+
+@pytest.fixture
+def exporter(live, runtime, world):
+    """A clinic with 5 scheduled patients, and a backend of the installed app with a clinic-wide token."""
+    patients = schedule_patients(world.org, world.physician, world.app, 5)
+    token = mint_platform_token(runtime, live, world.physician, world.app, world.org.id)
+    return BulkClient(f"{live}/fhir/r4/{world.org.id}", token), patients
+
+
+def _validate(resources: list[dict]) -> None:
+    problems = r4_problems(resources)
+    bad = [(r["resourceType"], r["id"], p) for r, p in zip(resources, problems) if p]
+    assert bad == [], bad[:3]
+
+
+def test_a_patient_export_end_to_end(exporter, runtime, world):
+    client, patients = exporter
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation,DocumentReference,Condition"})
+    assert status == 202, body
+    url = headers["Content-Location"]
+    assert url.startswith(client.base + "/$export-status/")
+    first = client.status(url)  # the first poll is always 202
+    assert first[0] == 202 and first[1]["X-Progress"] and first[1]["Retry-After"]
+    manifest = client.wait(url)
+    assert manifest["requiresAccessToken"] is True and manifest["error"] == []
+    assert manifest["request"] == client.base + "/Patient/$export?_type=Patient%2CObservation%2CDocumentReference%2CCondition"
+    assert manifest["transactionTime"].endswith("Z")
+    kinds = [o["type"] for o in manifest["output"]]
+    assert kinds == ["Patient", "Condition", "DocumentReference", "Observation"]
+    everything = []
+    for output in manifest["output"]:
+        found = client.download(output["url"])
+        assert len(found) == output["count"] and {r["resourceType"] for r in found} == {output["type"]}
+        everything += found
+    assert sorted(r["id"] for r in everything if r["resourceType"] == "Patient") == sorted(patients)
+    for document in (r for r in everything if r["resourceType"] == "DocumentReference"):
+        for content in document["content"]:
+            attachment = content["attachment"]
+            assert attachment["contentType"] and (attachment.get("data") or attachment.get("url", "").startswith("http"))
+    _validate(everything)
+    # Each download is a disclosure record naming every patient in its file.
+    downloads = list(DisclosureRecord.select().where(DisclosureRecord.action == "bulk.download"))
+    assert len(downloads) == 4 and all(set(r.patients) == set(patients) for r in downloads)
+    # DELETE: the job and its files are gone.
+    status, _, _ = client.request("DELETE", url)
+    assert status == 202
+    status, headers, body = client.status(url)
+    assert status == 404 and headers["Content-Type"].startswith("application/json") and outcome(body) == "not-found"
+    assert client.request("GET", manifest["output"][0]["url"])[0] == 404
+    assert BulkExportFile.select().count() == 0 and BulkExport.select().count() == 0
+
+
+def test_kickoff_refusals(exporter, runtime, world, live):
+    client, _ = exporter
+    status, _, body = client.kick_off(headers={"Accept": "application/fhir+json"})
+    assert status == 400 and "respond-async" in body["issue"][0]["diagnostics"]
+    status, _, body = client.kick_off(headers={"Prefer": "respond-async"})
+    assert status == 400 and "Accept" in body["issue"][0]["diagnostics"]
+    status, _, body = client.kick_off(params={"_since": "2999-01-01T00:00:00Z"})
+    assert status == 400 and outcome(body) == "invalid"
+    assert client.kick_off(params={"_outputFormat": "text/csv"})[0] == 400
+    assert client.kick_off("/$export", parameters={"resourceType": "Parameters", "parameter": [
+        {"name": "patient", "valueReference": {"reference": "Patient/pat-x"}}]})[0] == 400
+    assert client.kick_off("/Group/physician-usr-nobody/$export")[0] == 404
+    assert BulkClient(client.base, None).kick_off()[0] == 401
+    for path in ("/$export", "/Group/clinic/$export", "/$export-status/x", "/$export-file/x/Patient-1.ndjson", "/Group"):
+        assert client.request("OPTIONS", path)[0] == 204, path  # a preflight, never a 500
+    # Another clinic's FHIR base: 404, never revealed.
+    other, _ = clinic("Other Clinic", "https://ehr.example/other")
+    assert BulkClient(client.base.rsplit("/", 1)[0] + f"/{other.id}", client.token).kick_off()[0] == 404
+    # A body nested 20,000 deep, or not JSON: 400.
+    deep = b'{"resourceType":"Parameters","parameter":' + b"[" * 20000 + b"]" * 20000 + b"}"
+    status, _, _ = client.request("POST", "/Patient/$export", deep, {**KICKOFF_HEADERS, "Content-Type": "application/fhir+json"})
+    assert status == 400
+    assert client.request("POST", "/Patient/$export", b"\x00", {**KICKOFF_HEADERS, "Content-Type": "application/json"})[0] == 400
+    assert BulkExport.select().count() == 0
+
+
+def test_post_kickoff_with_patients_elements_and_type_filter(exporter):
+    client, patients = exporter
+    parameters = {"resourceType": "Parameters", "parameter": [
+        {"name": "_type", "valueString": "Patient,Observation"},
+        {"name": "_elements", "valueString": "Observation.code,Observation.subject,gender"},
+        {"name": "_typeFilter", "valueString": "Observation?code=http://loinc.org|8867-4"},
+        {"name": "includeAssociatedData", "valueCode": "LatestProvenanceResources"},
+        {"name": "patient", "valueReference": {"reference": f"Patient/{patients[0]}"}},
+        {"name": "patient", "valueReference": {"reference": "Patient/pat-0000000000000000"}}]}  # unknown: still 202
+    status, headers, body = client.kick_off("/Patient/$export", parameters=parameters)
+    assert status == 202, body
+    manifest = client.wait(headers["Content-Location"])
+    files = {o["type"]: client.download(o["url"]) for o in manifest["output"]}
+    assert [p["id"] for p in files["Patient"]] == [patients[0]]
+    assert set(files["Patient"][0]) == {"resourceType", "id", "meta", "gender"}
+    assert files["Observation"] and all(set(o) == {"resourceType", "id", "meta", "code", "subject"}
+                                        for o in files["Observation"])
+    assert all(o["code"]["coding"][0]["code"] == "8867-4" for o in files["Observation"])
+    assert all(o["subject"]["reference"] == f"Patient/{patients[0]}" for o in files["Observation"])
+    tag = files["Observation"][0]["meta"]["tag"]
+    assert tag == [{"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}]
+
+
+def test_group_and_system_exports(exporter, world):
+    client, patients = exporter
+    bundle_status, _, raw = client.request("GET", "/Group", headers={"Accept": "application/fhir+json"})
+    groups = json.loads(raw)
+    assert bundle_status == 200 and groups["total"] == 2
+    physician_group = next(e["resource"] for e in groups["entry"] if e["resource"]["id"] != CLINIC_GROUP)
+    status, headers, _ = client.kick_off(f"/Group/{physician_group['id']}/$export", {"_type": "Patient"})
+    assert status == 202
+    manifest = client.wait(headers["Content-Location"])
+    assert sorted(r["id"] for r in client.download(manifest["output"][0]["url"])) == sorted(patients)
+    status, headers, _ = client.kick_off("/$export", {"_type": "Patient,Practitioner,Organization"})
+    assert status == 202
+    manifest = client.wait(headers["Content-Location"])
+    assert [o["type"] for o in manifest["output"]] == ["Patient", "Organization", "Practitioner"]
+
+
+def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(exporter, runtime, world, live):
+    client, _ = exporter
+    status, headers, _ = client.kick_off("/Patient/$export", {"_type": "Patient,Condition"})
+    url = headers["Content-Location"]
+    manifest = client.wait(url)
+    other_app, _ = register_application(runtime, "Other", "https://other.example/app", "https://other.example/launch")
+    install_application(other_app.id, world.org.id)
+    other = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, other_app, world.org.id))
+    assert other.status(url)[0] == 404
+    assert other.request("GET", manifest["output"][0]["url"])[0] == 404
+    assert other.request("DELETE", url)[0] == 404
+    # Polls and DELETEs are no disclosures; kick-offs are recorded (no patients).
+    assert not DisclosureRecord.select().where(DisclosureRecord.action.in_(("bulk.status", "bulk.delete"))).exists()
+    assert DisclosureRecord.select().where((DisclosureRecord.action == "bulk.kickoff")
+                                           & (DisclosureRecord.outcome == "success")).count() == 1
+    narrow = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
+                                                         scope="openid user/Patient.rs"))
+    by_type = {o["type"]: o["url"] for o in manifest["output"]}
+    assert narrow.request("GET", by_type["Patient"])[0] == 200
+    assert narrow.request("GET", by_type["Condition"])[0] == 403
+    # Narrow scopes export only what they reach; a type named that they do not reach is a 403.
+    assert narrow.kick_off(params={"_type": "Condition"})[0] == 403
+    assert narrow.kick_off(params={"_type": "Patient,Condition"}, headers={
+        **KICKOFF_HEADERS, "Prefer": "respond-async, handling=lenient"})[0] == 202
+
+
+@pytest.mark.svc_settings(bulk_max_concurrent=1)
+def test_concurrent_exports_per_app_are_limited(exporter):
+    client, _ = exporter
+    # The sandbox's latency holds the first export running while the second kick-off arrives.
+    from models.directory import Organization
+    Organization.update(ehr_url="https://ehr.example/test?latency=0.2").execute()
+    status, headers, _ = client.kick_off()
+    assert status == 202
+    status, busy, body = client.kick_off()
+    assert status == 429 and int(busy["Retry-After"]) > 0 and outcome(body) == "throttled"
+    assert client.request("DELETE", headers["Content-Location"])[0] == 202
+    # Kick-offs arriving together are counted one at a time: exactly one gets in.
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(6) as pool:
+        statuses = sorted(pool.map(lambda _: client.kick_off()[0], range(6)))
+    assert statuses == [202, 429, 429, 429, 429, 429]
+
+
+def test_metadata_declares_bulk_data(live, world):
+    from helpers.fhir_api import Fhir
+    body = Fhir(live, world.org.id, None).ok("/metadata")
+    assert "http://hl7.org/fhir/uv/bulkdata/CapabilityStatement/bulk-data" in body["instantiates"]
+    rest = body["rest"][0]
+    assert {"name": "export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/export"} in rest["operation"]
+    served = {r["type"]: r for r in rest["resource"]}
+    assert served["Patient"]["operation"] == [
+        {"name": "patient-export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/patient-export"}]
+    assert served["Group"]["operation"] == [
+        {"name": "group-export", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/group-export"}]
+    uris = {e["url"]: e["valueUri"] for e in rest["security"]["extension"][0]["extension"]}
+    assert uris["token"] == f"{live}/v1/oauth/token"
+    assert r4_problems([body]) == [[]]
+
+
+@pytest.mark.slow
+def test_a_fhir_clinic_exports_what_its_ehr_holds_through_the_connector(runtime, world, live, fhir_ehr):
+    """A clinic on a real FHIR EHR: the export reads it through the connector (searches by patient,
+    within the batch bounds), with the platform's references only and nothing of another server."""
+    from helpers.fhir_ehr import appointment, chart_record, connect_clinic, patient, practitioner
+    from models.directory import Organization
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Bulk FHIR Clinic")
+    monday = dt.datetime(2026, 3, 2, 9, 0)
+    fhir_ehr.seed(practitioner("pr-bulk", "1417000043", "Lopez", "Ana"),
+                  patient("pt-x", "Doe", "Jane", "1970-01-02", "female"), patient("pt-y", "Roe", "Rick", "1955-06-30", "male"),
+                  patient("pt-z", "Poe", "Zed", "1960-01-01", "male"),
+                  appointment("bulk-1", "pr-bulk", "pt-x", monday),
+                  *chart_record("pt-x", encounters=2, observations=3),
+                  {"resourceType": "Observation", "id": "obs-y", "status": "final", "code": {"text": "Weight"},
+                   "subject": {"reference": "Patient/pt-y"}, "valueQuantity": {"value": 70, "unit": "kg"}},
+                  {"resourceType": "Observation", "id": "obs-z", "status": "final", "code": {"text": "Weight"},
+                   "subject": {"reference": "Patient/pt-z"}, "valueQuantity": {"value": 80, "unit": "kg"}},
+                  {"resourceType": "Observation", "id": "obs-foreign", "status": "final", "code": {"text": "Weight"},
+                   "subject": {"reference": "https://other-ehr.example/fhir/R4/Patient/pt-x"}})
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@bulk.example", "Ana", "Lopez", "alopez", "1417000043")
+    organization = Organization.get_by_id(org_id)
+    from models.appointments import Snapshot, SnapshotAppointment
+    from models.application import Authorization
+    Authorization.create(application=world.app.id, user=ana.id)
+    snapshot = Snapshot.create(organization=org_id, snapshot_date=dt.date.today(), status="complete",
+                               completed_at=dt.datetime.utcnow())
+    for n, pid in enumerate(("pt-x", "pt-y")):  # pt-z is on nobody's schedule: not exported
+        SnapshotAppointment.create(snapshot=snapshot, ehr_appointment_id=f"a{n}", provider=ana.id, provider_npi=ana.npi,
+                                   provider_name="Ana", start=monday, end=monday, status="booked", appointment_type="x",
+                                   patient_id=pid, patient_first_name="P", patient_last_name="Q",
+                                   patient_date_of_birth=dt.date(1970, 1, 1), patient_sex="female")
+    client = BulkClient(f"{live}/fhir/r4/{organization.id}", mint_platform_token(runtime, live, ana, world.app, org_id))
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation,Encounter"})
+    assert status == 202, body
+    manifest = client.wait(headers["Content-Location"])
+    files = {o["type"]: client.download(o["url"]) for o in manifest["output"]}
+    assert sorted(p["id"] for p in files["Patient"]) == ["pt-x", "pt-y"]
+    # What the FHIR API's own search answers for each patient, no more, no less.
+    from helpers.fhir_api import Fhir, resources
+    fhir = Fhir(live, org_id, client.token)
+    for kind in ("Observation", "Encounter"):
+        searched = [r for p in ("pt-x", "pt-y") for r in resources(fhir.search(kind, {"patient": p, "_count": 100}))]
+        assert sorted(r["id"] for r in files[kind]) == sorted(r["id"] for r in searched), kind
+    observations = files["Observation"]
+    assert "obs-foreign" not in {o["id"] for o in observations} and "obs-y" in {o["id"] for o in observations}
+    assert {o["subject"]["reference"] for o in observations} == {"Patient/pt-x", "Patient/pt-y"}
+    assert len(files["Encounter"]) == 2
+    text = json.dumps(files)
+    assert fhir_ehr.origin not in text and "pt-z" not in text
+    _validate([r for found in files.values() for r in found])
+    # _since: the EHR's meta.lastUpdated decides (the newest Observation's instant keeps it, a ms later none).
+    updated = sorted(dt.datetime.fromisoformat(o["meta"]["lastUpdated"].replace("Z", "+00:00")) for o in observations)
+    for since, expected in ((updated[-1], len([u for u in updated if u >= updated[-1]])),
+                            (updated[-1] + dt.timedelta(milliseconds=1), 0)):
+        instant = since.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        status, headers, _ = client.kick_off("/Patient/$export", {"_type": "Observation", "_since": instant})
+        assert status == 202
+        assert sum(o["count"] for o in client.wait(headers["Content-Location"])["output"]) == expected >= 0
+    assert expected == 0 and len(updated) > 1
+
+
+def test_a_partners_backend_exports_with_a_key_pair_over_http(live, runtime, world):
+    """The whole flow as a partner's backend runs it: its key pair, a signed assertion, a system
+    token, the kick-off, polling, downloads (validated as R4) and DELETE; the local object store."""
+    from helpers.bulk import Backend
+    patients = schedule_patients(world.org, world.physician, world.app, 4)
+    backend = Backend(runtime, live, world.org)
+    client = backend.client(world.org.id)
+    status, headers, body = client.kick_off("/Patient/$export")
+    assert status == 202, body
+    url = headers["Content-Location"]
+    manifest = client.wait(url)
+    kinds = [o["type"] for o in manifest["output"]]
+    assert kinds[0] == "Patient" and {"Observation", "DocumentReference", "Condition", "Encounter"} <= set(kinds)
+    assert len(kinds) == len(set(kinds))  # one file per type at this size
+    everything = []
+    for output in manifest["output"]:
+        found = client.download(output["url"])
+        assert len(found) == output["count"] and {r["resourceType"] for r in found} == {output["type"]}
+        everything += found
+    assert sorted(r["id"] for r in everything if r["resourceType"] == "Patient") == sorted(patients)
+    _validate(everything)
+    downloads = list(DisclosureRecord.select().where(DisclosureRecord.action == "bulk.download"))
+    assert len(downloads) == len(kinds) and all(r.client_id == backend.app.client_id for r in downloads)
+    assert set().union(*(set(r.patients) for r in downloads)) == set(patients)
+    # A token narrower than the files: 403 on the types it does not cover; another backend's: 404.
+    narrow = BulkClient(client.base, backend.token("system/Patient.rs"))
+    by_type = {o["type"]: o["url"] for o in manifest["output"]}
+    assert narrow.request("GET", by_type["Patient"])[0] == 200
+    assert narrow.request("GET", by_type["Observation"])[0] == 403
+    stranger = Backend(runtime, live, world.org, name="Stranger").client(world.org.id)
+    assert stranger.status(url)[0] == 404 and stranger.request("GET", by_type["Patient"])[0] == 404
+    # A clinic where the backend is not installed: 404.
+    other, _ = clinic("Elsewhere", "https://ehr.example/elsewhere")
+    assert BulkClient(f"{live}/fhir/r4/{other.id}", client.token).kick_off()[0] == 404
+    assert client.request("DELETE", url)[0] == 202
+    assert client.status(url)[0] == 404
+
+
+def test_a_failed_export_answers_its_operation_outcome_and_expired_ones_are_gone(exporter, runtime, world):
+    from bulk.build import mark_failed
+    from models.directory import Organization
+    client, _ = exporter
+    Organization.update(ehr_url="https://ehr.example/test?outage=1").where(Organization.id == world.org.id).execute()
+    status, headers, _ = client.kick_off(params={"_type": "Patient"})
+    url = headers["Content-Location"]
+    assert client.status(url)[0] == 202
+    mark_failed(runtime, url.rsplit("/", 1)[1], "The clinic's EHR did not answer: down", 503)  # its retries used up
+    status, headers, body = client.status(url)
+    assert status == 503 and headers["Content-Type"].startswith("application/json") and outcome(body) == "exception"
+    # Once expired, the status URL is a 404, and the next kick-off of the app deletes it.
+    Organization.update(ehr_url="https://ehr.example/test").where(Organization.id == world.org.id).execute()
+    BulkExport.update(expires_at=dt.datetime(2000, 1, 1)).execute()
+    assert client.status(url)[0] == 404
+    assert client.kick_off(params={"_type": "Patient"})[0] == 202
+    assert BulkExport.select().count() == 1

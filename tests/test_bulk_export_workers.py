@@ -1,0 +1,113 @@
+"""Bulk Data exports on real workers (Redis broker, S3 on moto's server): a `svc-auth worker` killed
+with SIGKILL mid-type is replaced, the export ends complete, and no manifest lists a truncated file;
+expired exports and stale uploads are swept (issue 48 item 4)."""
+from __future__ import annotations
+
+import collections
+import datetime as dt
+
+import pytest
+
+from bulk.params import ExportParameters
+from connectors import ResourceQuery, connector_for
+from helpers.bulk import Backend, schedule_patients
+from helpers.processes import wait_until
+from helpers.r4 import r4_problems
+from helpers.s3 import bucket_keys, set_ehr_url
+from models.bulk import BulkExport, BulkExportFile
+from workers.export import requeue_stale_exports, run_export, sweep_exports
+
+RECOVERY_SECONDS = 6
+TYPES = ("Patient", "Condition", "Encounter", "Observation")
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_recovery_seconds=RECOVERY_SECONDS,
+                                                         bulk_file_max_bytes=40_000)]
+
+
+def _expected(runtime, org, patients) -> dict[str, set[str]]:
+    """What the export must hold: each type's ids as the FHIR API's own search finds them."""
+    connector = connector_for(runtime, org)
+    return {kind: {r["id"] for p in patients for r in connector.search_resources(ResourceQuery(kind, patient=p))}
+            for kind in TYPES}
+
+
+def test_a_worker_killed_mid_export_is_replaced_and_no_manifest_lists_a_truncated_file(
+        runtime, world, live, start_worker, tmp_path):
+    patients = schedule_patients(world.org, world.physician, world.app, 3)
+    expected = _expected(runtime, world.org, patients)
+    set_ehr_url(world.org, "https://ehr.example/test?latency=0.4")  # each patient's search of a type: 0.4 s
+    client = Backend(runtime, live, world.org).client(world.org.id)  # a key pair's system token
+    victim = start_worker()
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": ",".join(TYPES)})
+    assert status == 202, body
+    url = headers["Content-Location"]
+    export_id = url.rsplit("/", 1)[1]
+
+    def mid_type():
+        """A type done, and a file of the type being written already recorded: the kill lands mid-type."""
+        job = BulkExport.get_by_id(export_id)
+        files = list(BulkExportFile.select().where(BulkExportFile.export == export_id))
+        return job.status == "pending" and job.done_types and any(f.resource_type not in job.done_types for f in files)
+    wait_until(mid_type, 60, "a type done and the next one half written")
+    victim.kill()
+    victim.wait()
+    killed = BulkExport.get_by_id(export_id)
+    assert killed.status == "pending" and len(killed.done_types) < len(TYPES)
+    half = [f.resource_type for f in BulkExportFile.select().where(BulkExportFile.export == export_id)
+            if f.resource_type not in killed.done_types]
+    assert half, "the kill left a type half written"
+    assert client.status(url)[0] == 202  # the manifest is not there yet
+
+    start_worker()
+    manifest = client.wait(url, timeout=RECOVERY_SECONDS + 60)
+    assert BulkExport.get_by_id(export_id).attempts == 2
+    found = collections.defaultdict(list)
+    for output in manifest["output"]:
+        resources = client.download(output["url"])  # whole lines of JSON, as many as the manifest says
+        assert len(resources) == output["count"]
+        found[output["type"]] += resources
+    for kind in TYPES:
+        ids = [r["id"] for r in found[kind]]
+        assert len(ids) == len(set(ids)) and set(ids) == expected[kind], kind  # nothing twice, nothing missing
+    assert len([o for o in manifest["output"] if o["type"] == "Observation"]) > 1  # split in parts
+    sample = [r for kind in TYPES for r in found[kind][:20]]
+    assert [p for p in r4_problems(sample) if p] == []
+    # The bucket holds exactly the listed files: the killed delivery's parts were replaced, not left.
+    keys = [k for k in bucket_keys(runtime.settings) if k.startswith(f"bulk/{export_id}/")]
+    assert sorted(keys) == sorted(f.object_key for f in BulkExportFile.select().where(BulkExportFile.export == export_id))
+    assert len(keys) == len(manifest["output"])
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_expired_exports_are_deleted_with_their_files(runtime, world):
+    patients = schedule_patients(world.org, world.physician, world.app, 2)
+    job = BulkExport.create(application=world.app.id, organization=world.org.id, level="patient",
+                            request_url="x", transaction_time=runtime.clock.now(),
+                            parameters=ExportParameters("patient", ("Patient", "Condition")).as_json())
+    run_export(runtime, job.id)
+    done = BulkExport.get_by_id(job.id)
+    assert done.status == "complete" and done.expires_at > runtime.clock.now()
+    files = list(BulkExportFile.select().where(BulkExportFile.export == job.id))
+    assert {f.resource_type for f in files} == {"Patient", "Condition"}
+    assert set(files[0].patients) <= set(patients)
+    assert all(runtime.object_store.exists(f.object_key) for f in files)
+    sweep_exports(runtime)
+    assert BulkExport.get_or_none(BulkExport.id == job.id) is not None  # not expired yet
+    # A part stored but not recorded (its writer killed between the two) goes with the export too.
+    runtime.object_store.put_file(f"bulk/{job.id}/Condition-9.ndjson", __file__)
+    runtime.clock.advance(runtime.settings.bulk_file_ttl + 1)
+    sweep_exports(runtime)
+    assert BulkExport.get_or_none(BulkExport.id == job.id) is None
+    assert not any(runtime.object_store.exists(f.object_key) for f in files)
+    assert [k for k in bucket_keys(runtime.settings) if k.startswith("bulk/")] == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_an_export_whose_workers_keep_dying_fails_once_its_tries_are_used_up(runtime, world):
+    job = BulkExport.create(application=world.app.id, organization=world.org.id, level="patient", request_url="x",
+                            transaction_time=runtime.clock.now(),
+                            parameters=ExportParameters("patient", ("Patient",)).as_json(),
+                            attempts=runtime.settings.task_max_retries + 1, lease_owner="dead",
+                            lease_until=runtime.clock.now() - dt.timedelta(seconds=1))
+    assert requeue_stale_exports(runtime) == []
+    failed = BulkExport.get_by_id(job.id)
+    assert failed.status == "failed" and "its worker stopped" in failed.error

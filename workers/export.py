@@ -1,0 +1,162 @@
+"""Bulk Data exports on the task workers: the `build_export` task, its lease, and the sweep.
+
+As a chart build (`workers.charts`): the kick-off creates a pending `BulkExport`, commits, then
+queues `build_export`. The task claims the job's lease (its message id) and renews it while it
+writes (`workers.leases.LeaseKeeper`); each finished file is recorded as it is stored
+(`bulk.build`), each finished type is marked done. A worker killed mid-export stops renewing;
+`sweep_exports` (part of every recovery sweep, `workers.recovery.sweep`) re-queues the job, whose
+next delivery drops the files of the unfinished type and goes on from there; a job whose tries
+are used up is failed. The sweep also deletes expired exports (their objects, then their rows),
+and aborts unfinished uploads under `bulk/` that no live delivery is writing.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+
+from dramatiq.middleware import CurrentMessage
+
+from bulk.build import ExportGone, build_export as build, delete_export, mark_failed
+from bulk.files import EXPORT_PREFIX
+from connectors import BoundExceeded, ConnectorError, ConnectorUnavailable
+from errors import ApiError
+from models.bulk import BulkExport
+from workers.leases import LeaseKeeper, lease_seconds
+from workers.tasks import task
+
+log = logging.getLogger("svc_auth.bulk")
+
+
+def claim_export(runtime, export_id: str, owner: str) -> bool:
+    """Take the build of a pending job for `owner` (a message id); counts an attempt."""
+    now = runtime.clock.now()
+    until = now + dt.timedelta(seconds=lease_seconds(runtime.settings))
+    return (BulkExport.update(lease_owner=owner, lease_until=until, attempts=BulkExport.attempts + 1)
+            .where((BulkExport.id == export_id) & (BulkExport.status == "pending")
+                   & (BulkExport.lease_until.is_null() | (BulkExport.lease_until < now)
+                      | (BulkExport.lease_owner == owner)))
+            .execute()) == 1
+
+
+def extend_export_lease(runtime, export_id: str, owner: str, seconds: float) -> int:
+    until = runtime.clock.now() + dt.timedelta(seconds=seconds)
+    return (BulkExport.update(lease_until=until)
+            .where((BulkExport.id == export_id) & (BulkExport.status == "pending") & (BulkExport.lease_owner == owner))
+            .execute())
+
+
+def export_lease_keeper(runtime, export_id: str, owner: str) -> LeaseKeeper:
+    lease = lease_seconds(runtime.settings)
+    return LeaseKeeper(runtime.db, lambda: extend_export_lease(runtime, export_id, owner, lease), lease / 3)
+
+
+def run_export(runtime, export_id: str, owner: str | None = None) -> None:
+    """Build a pending export under its lease (a direct call gets a one-off owner). Safe to run again."""
+    owner = owner or f"direct-{secrets.token_hex(8)}"
+    job = BulkExport.get_or_none(BulkExport.id == export_id)
+    if job is None or job.status != "pending":
+        return
+    if not claim_export(runtime, export_id, owner):
+        log.info("export %s: another delivery holds its lease", export_id)
+        return
+    with export_lease_keeper(runtime, export_id, owner):
+        build(runtime, export_id, owner)
+
+
+@task(queue_name="exports")
+def build_export(runtime, export_id: str) -> None:
+    message = CurrentMessage.get_current_message()
+    owner = message.message_id if message is not None else None
+    try:
+        run_export(runtime, export_id, owner)
+    except ExportGone:
+        log.info("export %s: deleted or taken over while it was built", export_id)
+    except ApiError as exc:  # e.g. its Group is gone
+        mark_failed(runtime, export_id, exc.message, exc.status)
+    except ConnectorUnavailable as exc:
+        if runtime.task_queue.last_attempt():
+            mark_failed(runtime, export_id, f"The clinic's EHR did not answer: {exc}", 503)
+            return
+        raise
+    except BoundExceeded as exc:
+        log.error("export %s: the EHR went past a bound: %s", export_id, exc)
+        mark_failed(runtime, export_id, "The clinic's EHR answered beyond what svc-auth accepts.", 502)
+    except ConnectorError as exc:
+        log.error("export %s: the EHR failed: %s", export_id, exc)
+        mark_failed(runtime, export_id, "The clinic's EHR refused svc-auth's request.", 502)
+    except Exception:
+        log.exception("export %s: build failed", export_id)
+        if runtime.task_queue.last_attempt():
+            mark_failed(runtime, export_id, "The export could not be built.", 500)
+            return
+        raise
+
+
+def enqueue_export(runtime, export_id: str) -> None:
+    """Queue the build of a committed, pending export (the kick-off calls this)."""
+    runtime.task_queue.send(build_export, export_id)
+
+
+# -- the sweep ---------------------------------------------------------------------------------
+
+def _stale(now: dt.datetime, lease: float):
+    return ((BulkExport.status == "pending")
+            & ((BulkExport.lease_until.is_null() & (BulkExport.created_at < now - dt.timedelta(seconds=lease)))
+               | (BulkExport.lease_until < now)))
+
+
+def requeue_stale_exports(runtime) -> list[str]:
+    """Re-queue (or fail, past its tries) each pending export nobody is building."""
+    settings = runtime.settings
+    now, lease = runtime.clock.now(), lease_seconds(settings)
+    requeued = []
+    for job in BulkExport.select(BulkExport.id, BulkExport.attempts).where(_stale(now, lease)):
+        if job.attempts > settings.task_max_retries:
+            mark_failed(runtime, job.id, f"The export could not be built: its worker stopped {job.attempts} times.")
+            continue
+        message = runtime.task_queue.message(build_export, job.id)
+        claimed = (BulkExport.update(lease_owner=message.message_id, lease_until=now + dt.timedelta(seconds=lease))
+                   .where((BulkExport.id == job.id) & _stale(now, lease)).execute())
+        if claimed:
+            runtime.task_queue.send_message(message)
+            requeued.append(job.id)
+    if requeued:
+        log.warning("re-queued %d export(s) whose worker stopped: %s", len(requeued), ", ".join(requeued))
+    return requeued
+
+
+def delete_expired_exports(runtime) -> list[str]:
+    now = runtime.clock.now()
+    expired = [job.id for job in BulkExport.select(BulkExport.id).where(
+        (BulkExport.status != "pending") & (BulkExport.expires_at < now))]
+    for export_id in expired:
+        delete_export(runtime, export_id)
+    if expired:
+        log.info("deleted %d expired export(s)", len(expired))
+    return expired
+
+
+def abort_stale_uploads(runtime) -> list[str]:
+    """Abort unfinished uploads under `bulk/` of exports no live delivery is building."""
+    store, now = runtime.object_store, runtime.clock.now()
+    live = {job.id for job in BulkExport.select(BulkExport.id).where(
+        (BulkExport.status == "pending") & (BulkExport.lease_until >= now))}
+    aborted = []
+    for upload in list(store.unfinished_uploads(EXPORT_PREFIX)):
+        key = upload.key
+        if key is None or not key.startswith(EXPORT_PREFIX):
+            continue  # an older version's staging object: the chart sweep's (workers.recovery.sweep_uploads)
+        if key[len(EXPORT_PREFIX):].split("/", 1)[0] in live:
+            continue
+        store.abort_upload(upload)
+        aborted.append(key)
+    if aborted:
+        log.warning("aborted %d unfinished export upload(s): %s", len(aborted), ", ".join(aborted))
+    return aborted
+
+
+def sweep_exports(runtime) -> None:
+    requeue_stale_exports(runtime)
+    delete_expired_exports(runtime)
+    abort_stale_uploads(runtime)
