@@ -5,7 +5,11 @@
 // accessTokenFormat is 'jwt'). `--processes N` runs N workers under node:cluster (the same shape
 // as `svc-auth serve --processes N`); the primary only forks.
 //
-//   node oidc_peer.mjs --port P --database-url postgresql://... --client-id ID --client-secret S [--processes N]
+// `--clients-in-config` (issue 49) starts it as its own documentation does: the client in the
+// Provider's `clients` configuration, its default in-memory adapter, one Node process, nothing read
+// from a database per token (no --database-url).
+//
+//   node oidc_peer.mjs --port P (--database-url postgresql://... | --clients-in-config) --client-id ID --client-secret S [--processes N]
 // prints "ready <issuer>" once every worker listens.
 import cluster from 'node:cluster';
 import crypto from 'node:crypto';
@@ -16,7 +20,8 @@ const port = Number(arg('--port'));
 const databaseUrl = arg('--database-url');
 const clientId = arg('--client-id');
 const clientSecret = arg('--client-secret');
-const processes = Number(arg('--processes', '1'));
+const clientsInConfig = args.includes('--clients-in-config');
+const processes = clientsInConfig ? 1 : Number(arg('--processes', '1'));
 const issuer = `http://127.0.0.1:${port}`;
 const RESOURCE = 'https://api.bench.example';
 
@@ -29,14 +34,15 @@ const SCHEMA = `CREATE TABLE IF NOT EXISTS oidc_payloads (
   CREATE INDEX IF NOT EXISTS oidc_payloads_user_code ON oidc_payloads (user_code);
   CREATE INDEX IF NOT EXISTS oidc_payloads_uid ON oidc_payloads (uid);`;
 
-if (cluster.isPrimary) {
+const registeredClient = { client_id: clientId, client_secret: clientSecret, grant_types: ['client_credentials'],
+  redirect_uris: [], response_types: [], token_endpoint_auth_method: 'client_secret_basic' };
+
+if (cluster.isPrimary && !clientsInConfig) {
   // Once: the schema, the registered client and the signing key every worker shares.
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 1 });
   await pool.query(SCHEMA);
-  const client = { client_id: clientId, client_secret: clientSecret, grant_types: ['client_credentials'],
-    redirect_uris: [], response_types: [], token_endpoint_auth_method: 'client_secret_basic' };
   await pool.query(`INSERT INTO oidc_payloads (id, type, payload) VALUES ($1, 'Client', $2)
-    ON CONFLICT (id, type) DO UPDATE SET payload = EXCLUDED.payload`, [clientId, client]);
+    ON CONFLICT (id, type) DO UPDATE SET payload = EXCLUDED.payload`, [clientId, registeredClient]);
   await pool.end();
   const { privateKey } = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 });
   const jwk = { ...privateKey.export({ format: 'jwk' }), kid: 'bench', use: 'sig', alg: 'RS256' };
@@ -52,7 +58,7 @@ if (cluster.isPrimary) {
 } else {
   const { default: Provider } = await import('oidc-provider');
   // Idle connections are kept (svc-auth's pool keeps its own): none is reopened between rounds.
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: 10, idleTimeoutMillis: 0 });
+  const pool = clientsInConfig ? null : new pg.Pool({ connectionString: databaseUrl, max: 10, idleTimeoutMillis: 0 });
 
   // node-oidc-provider's Adapter interface (lib/adapters/memory_adapter.js is its reference),
   // one row per model instance.
@@ -92,9 +98,11 @@ if (cluster.isPrimary) {
     }
   }
 
+  const jwk = clientsInConfig ? { ...crypto.generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey
+    .export({ format: 'jwk' }), kid: 'bench', use: 'sig', alg: 'RS256' } : JSON.parse(process.env.OIDC_PEER_JWK);
   const provider = new Provider(issuer, {
-    adapter: PostgresAdapter,
-    jwks: { keys: [JSON.parse(process.env.OIDC_PEER_JWK)] },
+    ...(clientsInConfig ? { clients: [registeredClient] } : { adapter: PostgresAdapter }),
+    jwks: { keys: [jwk] },
     clientAuthMethods: ['client_secret_basic'],
     scopes: ['api'],
     features: {
@@ -111,6 +119,6 @@ if (cluster.isPrimary) {
   });
   provider.proxy = false;
   provider.on('server_error', (ctx, err) => console.log(`server_error: ${err.message}`));
-  provider.listen(port, '127.0.0.1', () => process.send('listening'));
+  provider.listen(port, '127.0.0.1', () => (clientsInConfig ? console.log(`ready ${issuer}`) : process.send('listening')));
   process.on('SIGTERM', () => process.exit(0));
 }
