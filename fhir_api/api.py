@@ -15,12 +15,13 @@ import itertools
 import logging
 
 from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion, DeadlineExceeded,
-                        EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for)
+                        EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery, TypeNotGranted,
+                        connector_for)
 from connectors.matching import matches as resource_matches, reference_id, values_at
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, Grant, grant_for, in_compartment
 from fhir_api.bundle import search_url, searchset
-from fhir_api.outcome import FhirError, not_found
+from fhir_api.outcome import FhirError, not_found, operation_outcome
 from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id
 from models.directory import Organization
 from models.fhir_grammar import is_resource_type
@@ -54,8 +55,16 @@ def _connector(runtime, caller: Caller):
     return connector_for(runtime, organization, Bounds.interactive(runtime.settings))
 
 
+def not_granted(resource_type: str) -> str:
+    """What the app is told of a type the clinic's EHR has not granted svc-auth."""
+    return (f"The clinic's EHR has not granted svc-auth access to {resource_type}: its administrator must grant "
+            f"svc-auth's registration the system/{resource_type} scope.")
+
+
 def _failure(organization_id: str, exc: ConnectorError) -> FhirError:
     """The app's answer to a connector failure (its details logged for the operator)."""
+    if isinstance(exc, TypeNotGranted):
+        return FhirError(403, "forbidden", not_granted(exc.resource_type))
     if isinstance(exc, ConnectorUnavailable):
         log.warning("FHIR API: the EHR of %s is unavailable: %s", organization_id, exc)
         return FhirError(503, "transient", "The clinic's EHR is unavailable; try again later.",
@@ -131,14 +140,14 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         if more:
             total = _counted(matches, total)
         page = page[:query.count]
-        included = included_resources(connector, caller, grant, asked, page)
+        included, outcomes = included_resources(connector, caller, grant, asked, page)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
     except ConnectorError as exc:
         raise _failure(caller.organization_id, exc) from None
     next_url = search_url(base, resource_type, asked.applied, _count=query.count,
                           _offset=query.offset + query.count) if more else None
-    return searchset(base, page, total, self_url, next_url, included)
+    return searchset(base, page, total, self_url, next_url, included, outcomes)
 
 
 def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
@@ -150,40 +159,65 @@ def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
         return None
 
 
-def included_resources(connector, caller: Caller, grant: Grant, asked, page: list[dict]) -> list[dict]:
-    """The `_include`d resources (read by reference) and `_revinclude`d ones (searched by their
-    reference to the page) that the caller's scopes reach; under a `patient/` grant only those in
-    the patient's compartment, or (a Provenance) whose every target is on the page or the patient."""
-    found, seen = [], {(r["resourceType"], r["id"]) for r in page}
-    for _, kind, path in asked.includes:
-        may = _may(caller, kind, "r")
-        if may is None:
-            continue
-        for resource in page:
-            for value in values_at(resource, path):
-                ident = reference_id(value.get("reference") if isinstance(value, dict) else None, kind)
-                if ident is None or (kind, ident) in seen:
-                    continue
-                seen.add((kind, ident))
-                try:
-                    resource = connector.read_resource(kind, ident)
-                except ResourceNotFound:
-                    continue
-                if may.patient is None or in_compartment(resource, may.patient):
-                    found.append(resource)
+def included_resources(connector, caller: Caller, grant: Grant, asked, page: list[dict]):
+    """(resources, outcomes): the `_include`d resources (read by reference) and `_revinclude`d ones
+    (searched by their reference to the page) that the caller's scopes reach; under a `patient/`
+    grant only those in the patient's compartment, or (a Provenance) whose every target is on the
+    page or the patient. A type the clinic's EHR has not granted svc-auth is left out, and said in
+    an OperationOutcome (`outcomes`: the Bundle's `search.mode` `outcome` entries)."""
+    found, outcomes = [], []
+    for value, kind, path in asked.includes:
+        try:
+            found += _included(connector, caller, kind, path, page, found)
+        except TypeNotGranted as exc:
+            outcomes.append(operation_outcome("forbidden", f"_include={value} left out: " + not_granted(
+                exc.resource_type), "warning"))
+    for value, kind, name in asked.revincludes:
+        try:
+            found += _revincluded(connector, caller, grant, kind, name, page, found)
+        except TypeNotGranted as exc:
+            outcomes.append(operation_outcome("forbidden", f"_revinclude={value} left out: " + not_granted(
+                exc.resource_type), "warning"))
+    return found, outcomes
+
+
+def _included(connector, caller: Caller, kind: str, path, page: list[dict], already: list[dict]) -> list[dict]:
+    """The resources of type `kind` the page references at `path`, that the caller may read."""
+    found, seen = [], {(r["resourceType"], r["id"]) for r in (*page, *already)}
+    may = _may(caller, kind, "r")
+    if may is None:
+        return found
+    for resource in page:
+        for value in values_at(resource, path):
+            ident = reference_id(value.get("reference") if isinstance(value, dict) else None, kind)
+            if ident is None or (kind, ident) in seen:
+                continue
+            seen.add((kind, ident))
+            try:
+                other = connector.read_resource(kind, ident)
+            except ResourceNotFound:
+                continue
+            if may.patient is None or in_compartment(other, may.patient):
+                found.append(other)
+    return found
+
+
+def _revincluded(connector, caller: Caller, grant: Grant, kind: str, name: str, page: list[dict],
+                 already: list[dict]) -> list[dict]:
+    """The resources of type `kind` whose `name` references the page, that the caller may see."""
+    found, seen = [], {(r["resourceType"], r["id"]) for r in (*page, *already)}
     targets = tuple((r["resourceType"], r["id"]) for r in page)
-    on_page = {f"{kind}/{ident}" for kind, ident in targets} | ({f"Patient/{grant.patient}"} if grant.patient else set())
-    for _, kind, name in asked.revincludes:
-        may = _may(caller, kind, "s")
-        if may is None or not targets:
+    on_page = {f"{kind_}/{ident}" for kind_, ident in targets} | ({f"Patient/{grant.patient}"} if grant.patient else set())
+    may = _may(caller, kind, "s")
+    if may is None or not targets:
+        return found
+    query = ResourceQuery(kind, criteria=(Criterion(name, "reference", targets),), count=MAX_REVINCLUDED)
+    for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
+        if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
             continue
-        query = ResourceQuery(kind, criteria=(Criterion(name, "reference", targets),), count=MAX_REVINCLUDED)
-        for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
-            if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
-                continue
-            references = [(t or {}).get("reference") for t in values_at(resource, (name,))]
-            if may.patient is not None and not all(r in on_page for r in references):
-                continue
-            seen.add((kind, resource.get("id")))
-            found.append(resource)
+        references = [(t or {}).get("reference") for t in values_at(resource, (name,))]
+        if may.patient is not None and not all(r in on_page for r in references):
+            continue
+        seen.add((kind, resource.get("id")))
+        found.append(resource)
     return found

@@ -18,16 +18,18 @@ from connectors.base import (
     ConnectorUnavailable,
     DeadlineExceeded,
     EhrReportedError,
+    TypeNotGranted,
 )
 from connectors.bounds import Bounds
 from connectors.compartment import asked_patients, patients_of
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
+from connectors.fhir.grants import granted_types, requested_scopes
 from connectors.fhir.transport import Transport
+from models.fhir_grammar import is_resource_type
 
-SCOPES = ("system/Practitioner.rs", "system/Appointment.rs", "system/Patient.rs", "system/Encounter.rs",
-          "system/Condition.rs", "system/Observation.rs", "system/MedicationRequest.rs",
-          "system/AllergyIntolerance.rs", "system/DocumentReference.rs")
+SCOPES = requested_scopes("v2")
+"""What svc-auth asks by default: a `system/{Type}.rs` for every type it serves (`connectors.fhir.grants`)."""
 ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most 5 minutes)
 CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict is cached
 PERMANENT_ISSUES = ("login", "forbidden", "security")
@@ -39,6 +41,16 @@ log = logging.getLogger("svc_auth.connectors.fhir")
 
 class AccessRefused(ConnectorError):
     """The EHR refused svc-auth's access (401/403, an OperationOutcome login/forbidden/security)."""
+
+
+class NotGranted(AccessRefused, TypeNotGranted):
+    """The clinic's EHR has not granted svc-auth a scope for this type (the token response's
+    `scope`): no request is made; the FHIR API answers 403 `forbidden`."""
+
+    def __init__(self, resource_type: str):
+        super().__init__(f"The clinic's EHR has not granted svc-auth access to {resource_type} "
+                         f"(no system/{resource_type} scope in svc-auth's token).")
+        self.resource_type = resource_type
 
 
 class RequestRefused(ConnectorError):
@@ -65,6 +77,7 @@ class FhirClient:
         self._token_endpoint: str | None = None
         self._scopes_for = scopes or (lambda configuration: SCOPES)
         self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for
+        self.granted: frozenset[str] | None = None  # the types the current token grants (None: not asked yet)
         self.recorder = None  # the disclosure audit's (connectors.connector_for): one call per FHIR read
 
     # -- SMART Backend Services -------------------------------------------------------------
@@ -96,8 +109,9 @@ class FhirClient:
             return None
         endpoint = self.token_endpoint()
         key = (endpoint, self.client_id)
-        token = self.tokens.get(key)
-        if token:
+        cached = self.tokens.get(key)
+        if cached:
+            token, self.granted = cached
             return token
         kid, pem = self.keys.current()
         now = int(time.time())
@@ -116,8 +130,27 @@ class FhirClient:
                 f"The EHR's token endpoint refused svc-auth ({error or f'HTTP {status}'}): check that svc-auth is "
                 f"registered there with client id {self.client_id!r} and its JWKS URL (/ehr/jwks.json), and that "
                 f"the registration is active.")
-        self.tokens.put(key, body["access_token"], float(body.get("expires_in") or 300))
+        self.granted = granted_types(body, self.scopes)
+        if isinstance(body.get("scope"), str) and set(body["scope"].split()) != set(self.scopes):
+            log.info("the EHR at %s granted svc-auth %d of the %d types asked", self.base, len(self.granted),
+                     len(self.scopes))
+        self.tokens.put(key, (body["access_token"], self.granted), float(body.get("expires_in") or 300))
         return body["access_token"]
+
+    def grants(self, resource_type: str) -> bool:
+        """Whether svc-auth's token at this EHR reaches `resource_type` (always, on an open server);
+        asks for a token when there is none yet."""
+        if self.auth == "none":
+            return True
+        self.access_token()
+        return self.granted is None or resource_type in self.granted
+
+    def granted_types(self) -> frozenset[str] | None:
+        """The types svc-auth's token grants (a token asked for first), None on an open server."""
+        if self.auth == "none":
+            return None
+        self.access_token()
+        return self.granted
 
     # -- FHIR reads ---------------------------------------------------------------------------
     def get(self, path_or_url: str, params: dict | None = None) -> dict:
@@ -128,6 +161,9 @@ class FhirClient:
         if params:
             url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
         self.transport.confine(url)
+        kind = urlsplit(url).path[len(urlsplit(self.base).path):].strip("/").split("/")[0]
+        if is_resource_type(kind) and not self.grants(kind):  # never asked of the EHR (no request, no record)
+            raise NotGranted(kind)
         try:
             body = self._get(url)
         except (ConnectorError, LookupError):
