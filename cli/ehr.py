@@ -41,6 +41,13 @@ def _check(runtime, args) -> int:
         npis = [u.npi for u in User.select(User.npi).where(
             (User.organization == org.id) & User.npi.is_null(False) & (User.npi != "")).order_by(User.npi, User.id)]
     steps = connector_for(runtime, org, Bounds.check(runtime.settings)).check(npis, runtime.clock.now())
+    if len(steps) > 2 and steps[2]["ok"]:  # the scopes are known: the clinic's CapabilityStatement anew
+        from connectors import ConnectorError
+        from fhir_api.clinic_capability import refresh
+        try:
+            refresh(runtime, org, Bounds.check(runtime.settings))
+        except ConnectorError as exc:
+            steps.append({"step": "capabilities", "ok": False, "detail": f"the EHR's CapabilityStatement: {exc}"})
     ok = bool(steps) and steps[-1]["step"] == "appointments" and all(s["ok"] for s in steps)
     if args.json:
         print(json.dumps({"ok": ok, "steps": steps}))

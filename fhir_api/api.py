@@ -21,7 +21,8 @@ from connectors.matching import matches as resource_matches, reference_id, value
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, Grant, grant_for, in_compartment
 from fhir_api.bundle import search_url, searchset
-from fhir_api.outcome import FhirError, not_found, operation_outcome
+from fhir_api.cursor import CURSOR_PARAM, Position, binding, seal, unseal
+from fhir_api.outcome import FhirError, invalid, not_found, operation_outcome
 from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id
 from models.directory import Organization
 from models.fhir_grammar import is_resource_type
@@ -31,6 +32,8 @@ MAX_REVINCLUDED = 100
 """At most this many `_revinclude`d resources per page."""
 TOTAL_SCAN_LIMIT = 1000
 """Past one page, at most this many further matches are counted for `total`; beyond, it is left out."""
+TOTAL_EHR_PAGES = 2
+"""On a FHIR clinic, at most this many more EHR pages are read to count `total`; beyond, it is left out."""
 
 log = logging.getLogger("svc_auth.fhir_api")
 
@@ -126,6 +129,11 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
     if grant.patient is not None:
         query = dataclasses.replace(query, patient=grant.patient)
     connector = _connector(runtime, caller)
+    if getattr(connector, "search_pages", None) is not None and query.offset == 0:
+        return _search_by_position(runtime, caller, connector, grant, asked, query, base, self_url)
+    if CURSOR_PARAM in asked.applied:
+        raise invalid(f"{CURSOR_PARAM} is not a paging position of this clinic's searches; follow the Bundle's "
+                      f"next link as given.")
     try:
         # Every answer passes the one matcher (an EHR that ignored a parameter widens nothing, and
         # a patient/ grant holds whatever the EHR sent), so the connector pages from 0 and the offset is ours.
@@ -148,6 +156,68 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
     next_url = search_url(base, resource_type, asked.applied, _count=query.count,
                           _offset=query.offset + query.count) if more else None
     return searchset(base, page, total, self_url, next_url, included, outcomes)
+
+
+def _search_by_position(runtime, caller: Caller, connector, grant: Grant, asked, query: ResourceQuery, base: str,
+                        self_url: str) -> dict:
+    """A page of a search through a connector that pages by the EHR's own position (a FHIR clinic):
+    from the `_cursor` of the previous page's `next` link (`fhir_api.cursor`), reading only the EHR
+    pages this page needs; `total` when the search ends on this page or within `TOTAL_EHR_PAGES`
+    more EHR pages, else left out."""
+    bound = binding(caller.organization_id, caller.patient, query.resource_type, asked.applied)
+    raw = asked.applied.get(CURSOR_PARAM)
+    now = runtime.clock.time()
+    position = unseal(runtime.hasher, raw[0], bound, now) if raw else Position()
+    page, after, rest, tail = [], None, 0, None
+    try:
+        pages = connector.search_pages(query, position.link)
+        skip = position.skip
+        for url, found, following in pages:
+            matched = [r for r in found if resource_matches(r, query)]
+            start, skip = skip, 0
+            room = query.count - len(page)
+            if len(matched) - start > room:
+                page += matched[start:start + room]
+                after = Position(url, start + room, position.served + len(page))
+                rest, tail = len(matched) - start - room, following
+                break
+            page += matched[start:]
+            if len(page) == query.count and following:
+                after = Position(following, 0, position.served + len(page))
+                tail = following
+                break
+        served = position.served + len(page)
+        total = served if after is None else _counted_pages(pages, query, served + rest, tail)
+        included, outcomes = included_resources(connector, caller, grant, asked, page)
+    except PatientNotFound:
+        return searchset(base, [], 0, self_url, None)
+    except ConnectorError as exc:
+        raise _failure(caller.organization_id, exc) from None
+    next_url = None
+    if after is not None:
+        applied = {name: values for name, values in asked.applied.items() if name != CURSOR_PARAM}
+        next_url = search_url(base, query.resource_type, applied, _count=query.count,
+                              _cursor=seal(runtime.hasher, after, bound, now))
+    return searchset(base, page, total, self_url, next_url, included, outcomes)
+
+
+def _counted_pages(pages, query: ResourceQuery, total: int, following: str | None) -> int | None:
+    """`total` plus the matches of at most `TOTAL_EHR_PAGES` more EHR pages, or None when the search
+    goes on past them (or counting would take the EHR past a bound)."""
+    if following is None:
+        return total
+    try:
+        for _ in range(TOTAL_EHR_PAGES):
+            item = next(pages, None)
+            if item is None:
+                return total
+            _, found, following = item
+            total += sum(1 for r in found if resource_matches(r, query))
+            if following is None:
+                return total
+    except ConnectorError as exc:
+        log.warning("FHIR API: the total was left out: %s", exc)
+    return None
 
 
 def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:

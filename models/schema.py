@@ -26,6 +26,7 @@ from playhouse.migrate import PostgresqlMigrator, SqliteMigrator
 from models.application import DEFAULT_SMART_SCOPES, Application, Authorization, Installation
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
+from models.capability import ClinicCapability
 from models.billing import BillableUse
 from models.changes import ChangeVersion, install_change_triggers
 from models.charts import ChartRequest
@@ -48,7 +49,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
-    SmartGrant, RefreshToken,
+    SmartGrant, RefreshToken, ClinicCapability,
 )
 
 

@@ -153,15 +153,24 @@ class FhirClient:
         return self.granted
 
     # -- FHIR reads ---------------------------------------------------------------------------
+    def url(self, path_or_url: str, params: dict | None = None) -> str:
+        """The absolute URL of a path (or an absolute URL) with `params` (not yet confined to the base)."""
+        url = path_or_url if "://" in path_or_url else f"{self.base}/{path_or_url}"
+        if params:
+            url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
+        return url
+
+    def type_of(self, url: str) -> str:
+        """The first path segment of `url` under the base (a resource type, `metadata`...)."""
+        return urlsplit(url).path[len(urlsplit(self.base).path):].strip("/").split("/")[0]
+
     def get(self, path_or_url: str, params: dict | None = None) -> dict:
         """GET a FHIR JSON resource (a relative path or an absolute `next` link of this server; a URL
         outside the base is refused before any request). An OperationOutcome of severity error or
         fatal, whatever the status, is `EhrReportedError`."""
-        url = path_or_url if "://" in path_or_url else f"{self.base}/{path_or_url}"
-        if params:
-            url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
+        url = self.url(path_or_url, params)
         self.transport.confine(url)
-        kind = urlsplit(url).path[len(urlsplit(self.base).path):].strip("/").split("/")[0]
+        kind = self.type_of(url)
         if is_resource_type(kind) and not self.grants(kind):  # never asked of the EHR (no request, no record)
             raise NotGranted(kind)
         try:
@@ -221,12 +230,19 @@ class FhirClient:
         """A search's Bundles, one page at a time, along their `next` links: at most the bounds'
         `max_pages`, each `next` inside the base and never one already followed. A page that is not
         a Bundle, or that carries an `outcome` entry of severity error or fatal, is `EhrReportedError`."""
-        bundle, seen = self.get(resource_type, params), set()
+        for _, bundle, _ in self.linked_pages(resource_type, self.url(resource_type, params)):
+            yield bundle
+
+    def linked_pages(self, resource_type: str, url: str):
+        """`pages` from the page at `url` (the search's first, or a `next` link the EHR sent earlier):
+        (that page's URL, its Bundle, its `next` link or None), a page at a time."""
+        bundle, seen = self.get(url), {url}
         for number in range(1, self.bounds.max_pages + 1):
             _searchset(bundle, resource_type)
-            yield bundle
             following = next((link.get("url") for link in bundle.get("link") or ()
                               if isinstance(link, dict) and link.get("relation") == "next"), None)
+            following = following if isinstance(following, str) and following else None
+            yield url, bundle, following
             if not following:
                 return
             if number == self.bounds.max_pages:
@@ -236,7 +252,7 @@ class FhirClient:
                 raise BoundExceeded("repeated_next", f"The EHR at {self.base} sent the same next link twice in a "
                                                      f"search of {resource_type}; not followed.")
             seen.add(following)
-            bundle = self.get(following)
+            url, bundle = following, self.get(following)
 
     def offers_everything(self) -> bool:
         """Whether the EHR's CapabilityStatement offers `Patient/{id}/$everything` (cached per base)."""
