@@ -170,11 +170,10 @@ class FhirClient:
         fatal, whatever the status, is `EhrReportedError`."""
         url = self.url(path_or_url, params)
         self.transport.confine(url)
-        kind = self.type_of(url)
-        if is_resource_type(kind) and not self.grants(kind):  # never asked of the EHR (no request, no record)
-            raise NotGranted(kind)
         try:
             body = self._get(url)
+        except NotGranted:
+            raise  # no request was made: nothing disclosed
         except (ConnectorError, LookupError):
             self._record("failure", url, None)
             raise
@@ -199,9 +198,13 @@ class FhirClient:
         self.recorder(outcome, path.split("/")[0], [r.get("id") for r in resources], patients, parts.query)
 
     def _get(self, url: str) -> dict:
+        kind = self.type_of(url)
+        kind = kind if is_resource_type(kind) else None
         for renewed in (False, True):
             headers = {"Accept": "application/fhir+json"}
             token = self.access_token()
+            if kind and token and self.granted is not None and kind not in self.granted:
+                raise NotGranted(kind)  # never asked of the EHR: the token (maybe just renewed) lacks its scope
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             status, body, _ = self._send("GET", url, headers=headers)
