@@ -1,7 +1,8 @@
 """The FHIR API's paging position on a FHIR clinic: a signed cursor holding the EHR's own position.
 
 A page of a search through a FHIR clinic ends somewhere in one of the EHR's pages. Its `next` link
-carries `_cursor`: the URL of that EHR page (the search's first, or a `next` link the EHR sent),
+carries `_cursor`: the URL of that EHR page relative to the clinic's FHIR base (the search's first,
+or a `next` link the EHR sent; never the EHR's host),
 how many of its matches were already served, and how many the search served before it, under an
 HMAC (`keys.secrets.SecretHasher.sign`, as the project's other signed values; checked against every
 configured key) bound to the token's clinic and patient, the type and the search's parameters, and

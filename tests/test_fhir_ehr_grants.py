@@ -13,6 +13,7 @@ node-oidc-provider, checking every request against its token's scopes):
 """
 from __future__ import annotations
 
+import base64
 import json
 import urllib.parse
 
@@ -239,6 +240,8 @@ def test_paging_through_the_ehrs_own_position_reaches_the_end(grants_clinic, fhi
     second = fhir.search("Observation", {})
     following = next(link["url"] for link in second["link"] if link["relation"] == "next")
     cursor = urllib.parse.parse_qs(urllib.parse.urlsplit(following).query)["_cursor"][0]
+    decoded = base64.urlsafe_b64decode(cursor.split(".")[0] + "==").decode()
+    assert json.loads(decoded)["l"].startswith("Observation?") and f":{fhir_ehr.port}" not in decoded  # no EHR host
     for params in ({"patient": "pt-a", "_cursor": cursor}, {"code": "8867-4", "_cursor": cursor},
                    {"_cursor": cursor[:-2] + ("AA" if cursor[-2:] != "AA" else "BB")}, {"_cursor": "x" * 5000}):
         status, _, body = fhir.get("/Observation", params)

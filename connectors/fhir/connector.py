@@ -21,6 +21,7 @@ from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, 
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
 from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
+from connectors.fhir.transport import relative_to_base
 from models.fhir_grammar import is_resource_type
 from models.ids import is_id
 from models.npi import NPI_SYSTEM, is_npi
@@ -271,12 +272,14 @@ class FhirConnector:
     def search_pages(self, query: ResourceQuery, link: str | None = None):
         """The search of `query` an EHR page at a time, from its first page, or from `link` (an EHR
         page's URL this method yielded earlier, kept by the FHIR API's signed cursor): (the page's
-        URL, its matches of the asked type, the EHR's `next` link or None). Only the pages the
-        caller iterates are read. As `search_resources`, a first page refused with every parameter is
-        asked again without the `Criterion`s (the FHIR API's matcher applies them)."""
+        URL, its matches of the asked type, the EHR's `next` link or None), both relative to the
+        base. Only the pages the caller iterates are read. As `search_resources`, a first page
+        refused with every parameter is asked again without the `Criterion`s (the FHIR API's
+        matcher applies them)."""
         kind = query.resource_type
         if link is not None:
-            if not is_resource_type(kind) or self.client.type_of(link) != kind:
+            link = self.client.url(link) if "://" not in link else ""
+            if not link or not is_resource_type(kind) or self.client.type_of(link) != kind:
                 raise ResourceNotFound(f"That paging position is not a search of {kind}.")
             yield from self._page_matches(kind, link)
             return
@@ -300,7 +303,13 @@ class FhirConnector:
             yield from pages
 
     def _page_matches(self, kind: str, url: str):
+        """(page URL, matches, next link) of each page from `url`, the URLs relative to the base
+        (`Observation?…`: a position never names the EHR's host)."""
+        base = self.client.base
         for page_url, bundle, following in self.client.linked_pages(kind, url):
+            if following is not None:
+                following = relative_to_base(self.client.transport.confine(following), base)
+            page_url = relative_to_base(page_url, base)
             found = []
             for entry in bundle.get("entry") or ():
                 resource = entry.get("resource") if isinstance(entry, dict) else None
