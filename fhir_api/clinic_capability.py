@@ -7,7 +7,8 @@ always: every FHIR server takes it; a type the EHR lists without any parameter k
 an `_include`/`_revinclude` only when the type it brings is claimed. What the EHR offers is kept per
 clinic (`models.capability.ClinicCapability`) for `CAPABILITY_SECONDS`, refreshed by `svc-auth ehr
 check` and when it expires; an EHR that cannot be asked then leaves the last one in use (logged),
-and with none yet the answer is 503 with Retry-After.
+and with none yet the answer is 503 with Retry-After (the EHR not asked again by this process for
+`RETRY_AFTER_SECONDS`: `metadata` needs no token, and must not let anyone hammer a failing EHR).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import logging
 
 from connectors import Bounds, ConnectorError, connector_for
+from connectors.fhir.connector import fhir_state
 from connectors.us_core import INCLUDES
 from fhir_api.capability import capability_statement
 from fhir_api.outcome import FhirError
@@ -45,9 +47,13 @@ def clinic_view(runtime, organization) -> dict:
     fresh = row is not None and row.base_url == (organization.ehr_url or "") and row.expires_at > runtime.clock.time()
     if fresh:
         return json.loads(row.view)
+    failures = fhir_state(runtime).capability_failures
     try:
+        if failures.get(organization.id):
+            raise ConnectorError("its EHR failed to answer a moment ago")
         return refresh(runtime, organization)
     except ConnectorError as exc:
+        failures.put(organization.id, True, RETRY_AFTER_SECONDS)
         if row is not None and row.base_url == (organization.ehr_url or ""):
             log.warning("metadata of %s: its EHR could not be asked (%s); the last CapabilityStatement stays",
                         organization.id, exc)

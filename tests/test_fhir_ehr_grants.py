@@ -252,3 +252,18 @@ def test_paging_through_the_ehrs_own_position_reaches_the_end(grants_clinic, fhi
     status, _, body = Fhir(live, org_id, mine).get("/Observation", {"_cursor": cursor})
     assert status == 400 and outcome(body) == "invalid"
     assert fhir.ok(following)["entry"][0]["resource"]["id"] not in [r["id"] for r in resources(second)]
+
+
+def test_metadata_of_a_clinic_whose_ehr_never_answered_is_a_503(grants_clinic, fhir_ehr, runtime):
+    """With nothing kept yet and the EHR down, the clinic's CapabilityStatement cannot be told: 503
+    with Retry-After (never a statement claiming what the EHR may not grant); once kept, it outlives
+    an outage (tests/test_fhir_api_on_ehr.py)."""
+    org_id, fhir = grants_clinic
+    fhir_ehr.fault(503, count=1000, retry_after=0)
+    try:
+        status, headers, body = fhir.get("/metadata")
+        assert status == 503 and headers["Retry-After"] and outcome(body) == "transient", body
+    finally:
+        fhir_ehr.fault(503, count=0)
+    code, _ = ehr_check(runtime.settings, org_id)                 # the operator's check keeps it
+    assert code == 0 and "CarePlan" in listed(fhir.ok("/metadata"))
