@@ -12,7 +12,8 @@ from models.npi import is_npi
 def register(commands) -> None:
     ehr = commands.add_parser("ehr", help="a clinic's EHR connection").add_subparsers(
         dest="action", metavar="ACTION", required=True)
-    p = ehr.add_parser("check", help="try discovery, the token, the physicians' Practitioners and an Appointment search")
+    p = ehr.add_parser("check", help="try discovery, the token, its scopes, the physicians' Practitioners and an "
+                                       "Appointment search")
     p.add_argument("org_positional", nargs="?", metavar="ORG", help="organization id (or --org)")
     p.add_argument("--org", help="organization id (org_...)")
     p.add_argument("--npi", action="append", help="look up this NPI (repeatable) instead of every physician's")
@@ -40,7 +41,14 @@ def _check(runtime, args) -> int:
         npis = [u.npi for u in User.select(User.npi).where(
             (User.organization == org.id) & User.npi.is_null(False) & (User.npi != "")).order_by(User.npi, User.id)]
     steps = connector_for(runtime, org, Bounds.check(runtime.settings)).check(npis, runtime.clock.now())
-    ok = len(steps) == 4 and all(s["ok"] for s in steps)
+    if len(steps) > 2 and steps[2]["ok"]:  # the scopes are known: the clinic's CapabilityStatement anew
+        from connectors import ConnectorError
+        from fhir_api.clinic_capability import refresh
+        try:
+            refresh(runtime, org, Bounds.check(runtime.settings))
+        except ConnectorError as exc:
+            steps.append({"step": "capabilities", "ok": False, "detail": f"the EHR's CapabilityStatement: {exc}"})
+    ok = bool(steps) and steps[-1]["step"] == "appointments" and all(s["ok"] for s in steps)
     if args.json:
         print(json.dumps({"ok": ok, "steps": steps}))
     else:

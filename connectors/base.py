@@ -42,6 +42,13 @@ class ResourceNotFound(ConnectorError):
     """The EHR has no such resource in this organization (the FHIR API answers 404)."""
 
 
+class TypeNotGranted(ConnectorError):
+    """The clinic's EHR has not granted svc-auth access to `resource_type` (the FHIR API answers
+    403 `forbidden`; an `_include`/`_revinclude` of it becomes an OperationOutcome entry)."""
+
+    resource_type: str = ""
+
+
 class Skipped:
     """What a connector read from the EHR and left out, by reason: a count and the first ids
     (`KEEP`), e.g. an appointment whose start is not an instant. A connector may expose one as

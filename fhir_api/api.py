@@ -15,12 +15,14 @@ import itertools
 import logging
 
 from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion, DeadlineExceeded,
-                        EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for)
+                        EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery, TypeNotGranted,
+                        connector_for)
 from connectors.matching import matches as resource_matches, reference_id, values_at
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, Grant, grant_for, in_compartment
 from fhir_api.bundle import search_url, searchset
-from fhir_api.outcome import FhirError, not_found
+from fhir_api.cursor import CURSOR_PARAM, Position, binding, seal, unseal
+from fhir_api.outcome import FhirError, invalid, not_found, operation_outcome
 from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id
 from models.directory import Organization
 from models.fhir_grammar import is_resource_type
@@ -30,6 +32,8 @@ MAX_REVINCLUDED = 100
 """At most this many `_revinclude`d resources per page."""
 TOTAL_SCAN_LIMIT = 1000
 """Past one page, at most this many further matches are counted for `total`; beyond, it is left out."""
+TOTAL_EHR_PAGES = 2
+"""On a FHIR clinic, at most this many more EHR pages are read to count `total`; beyond, it is left out."""
 
 log = logging.getLogger("svc_auth.fhir_api")
 
@@ -54,8 +58,16 @@ def _connector(runtime, caller: Caller):
     return connector_for(runtime, organization, Bounds.interactive(runtime.settings))
 
 
+def not_granted(resource_type: str) -> str:
+    """What the app is told of a type the clinic's EHR has not granted svc-auth."""
+    return (f"The clinic's EHR has not granted svc-auth access to {resource_type}: its administrator must grant "
+            f"svc-auth's registration the system/{resource_type} scope.")
+
+
 def _failure(organization_id: str, exc: ConnectorError) -> FhirError:
     """The app's answer to a connector failure (its details logged for the operator)."""
+    if isinstance(exc, TypeNotGranted):
+        return FhirError(403, "forbidden", not_granted(exc.resource_type))
     if isinstance(exc, ConnectorUnavailable):
         log.warning("FHIR API: the EHR of %s is unavailable: %s", organization_id, exc)
         return FhirError(503, "transient", "The clinic's EHR is unavailable; try again later.",
@@ -117,6 +129,11 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
     if grant.patient is not None:
         query = dataclasses.replace(query, patient=grant.patient)
     connector = _connector(runtime, caller)
+    if getattr(connector, "search_pages", None) is not None and query.offset == 0:
+        return _search_by_position(runtime, caller, connector, grant, asked, query, base, self_url)
+    if CURSOR_PARAM in asked.applied:
+        raise invalid(f"{CURSOR_PARAM} is not a paging position of this clinic's searches; follow the Bundle's "
+                      f"next link as given.")
     try:
         # Every answer passes the one matcher (an EHR that ignored a parameter widens nothing, and
         # a patient/ grant holds whatever the EHR sent), so the connector pages from 0 and the offset is ours.
@@ -131,14 +148,76 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         if more:
             total = _counted(matches, total)
         page = page[:query.count]
-        included = included_resources(connector, caller, grant, asked, page)
+        included, outcomes = included_resources(connector, caller, grant, asked, page)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
     except ConnectorError as exc:
         raise _failure(caller.organization_id, exc) from None
     next_url = search_url(base, resource_type, asked.applied, _count=query.count,
                           _offset=query.offset + query.count) if more else None
-    return searchset(base, page, total, self_url, next_url, included)
+    return searchset(base, page, total, self_url, next_url, included, outcomes)
+
+
+def _search_by_position(runtime, caller: Caller, connector, grant: Grant, asked, query: ResourceQuery, base: str,
+                        self_url: str) -> dict:
+    """A page of a search through a connector that pages by the EHR's own position (a FHIR clinic):
+    from the `_cursor` of the previous page's `next` link (`fhir_api.cursor`), reading only the EHR
+    pages this page needs; `total` when the search ends on this page or within `TOTAL_EHR_PAGES`
+    more EHR pages, else left out."""
+    bound = binding(caller.organization_id, caller.patient, query.resource_type, asked.applied)
+    raw = asked.applied.get(CURSOR_PARAM)
+    now = runtime.clock.time()
+    position = unseal(runtime.hasher, raw[0], bound, now) if raw else Position()
+    page, after, rest, tail = [], None, 0, None
+    try:
+        pages = connector.search_pages(query, position.link)
+        skip = position.skip
+        for url, found, following in pages:
+            matched = [r for r in found if resource_matches(r, query)]
+            start, skip = skip, 0
+            room = query.count - len(page)
+            if len(matched) - start > room:
+                page += matched[start:start + room]
+                after = Position(url, start + room, position.served + len(page))
+                rest, tail = len(matched) - start - room, following
+                break
+            page += matched[start:]
+            if len(page) == query.count and following:
+                after = Position(following, 0, position.served + len(page))
+                tail = following
+                break
+        served = position.served + len(page)
+        total = served if after is None else _counted_pages(pages, query, served + rest, tail)
+        included, outcomes = included_resources(connector, caller, grant, asked, page)
+    except PatientNotFound:
+        return searchset(base, [], 0, self_url, None)
+    except ConnectorError as exc:
+        raise _failure(caller.organization_id, exc) from None
+    next_url = None
+    if after is not None:
+        applied = {name: values for name, values in asked.applied.items() if name != CURSOR_PARAM}
+        next_url = search_url(base, query.resource_type, applied, _count=query.count,
+                              _cursor=seal(runtime.hasher, after, bound, now))
+    return searchset(base, page, total, self_url, next_url, included, outcomes)
+
+
+def _counted_pages(pages, query: ResourceQuery, total: int, following: str | None) -> int | None:
+    """`total` plus the matches of at most `TOTAL_EHR_PAGES` more EHR pages, or None when the search
+    goes on past them (or counting would take the EHR past a bound)."""
+    if following is None:
+        return total
+    try:
+        for _ in range(TOTAL_EHR_PAGES):
+            item = next(pages, None)
+            if item is None:
+                return total
+            _, found, following = item
+            total += sum(1 for r in found if resource_matches(r, query))
+            if following is None:
+                return total
+    except ConnectorError as exc:
+        log.warning("FHIR API: the total was left out: %s", exc)
+    return None
 
 
 def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
@@ -150,40 +229,65 @@ def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
         return None
 
 
-def included_resources(connector, caller: Caller, grant: Grant, asked, page: list[dict]) -> list[dict]:
-    """The `_include`d resources (read by reference) and `_revinclude`d ones (searched by their
-    reference to the page) that the caller's scopes reach; under a `patient/` grant only those in
-    the patient's compartment, or (a Provenance) whose every target is on the page or the patient."""
-    found, seen = [], {(r["resourceType"], r["id"]) for r in page}
-    for _, kind, path in asked.includes:
-        may = _may(caller, kind, "r")
-        if may is None:
-            continue
-        for resource in page:
-            for value in values_at(resource, path):
-                ident = reference_id(value.get("reference") if isinstance(value, dict) else None, kind)
-                if ident is None or (kind, ident) in seen:
-                    continue
-                seen.add((kind, ident))
-                try:
-                    resource = connector.read_resource(kind, ident)
-                except ResourceNotFound:
-                    continue
-                if may.patient is None or in_compartment(resource, may.patient):
-                    found.append(resource)
+def included_resources(connector, caller: Caller, grant: Grant, asked, page: list[dict]):
+    """(resources, outcomes): the `_include`d resources (read by reference) and `_revinclude`d ones
+    (searched by their reference to the page) that the caller's scopes reach; under a `patient/`
+    grant only those in the patient's compartment, or (a Provenance) whose every target is on the
+    page or the patient. A type the clinic's EHR has not granted svc-auth is left out, and said in
+    an OperationOutcome (`outcomes`: the Bundle's `search.mode` `outcome` entries)."""
+    found, outcomes = [], []
+    for value, kind, path in asked.includes:
+        try:
+            found += _included(connector, caller, kind, path, page, found)
+        except TypeNotGranted as exc:
+            outcomes.append(operation_outcome("forbidden", f"_include={value} left out: " + not_granted(
+                exc.resource_type), "warning"))
+    for value, kind, name in asked.revincludes:
+        try:
+            found += _revincluded(connector, caller, grant, kind, name, page, found)
+        except TypeNotGranted as exc:
+            outcomes.append(operation_outcome("forbidden", f"_revinclude={value} left out: " + not_granted(
+                exc.resource_type), "warning"))
+    return found, outcomes
+
+
+def _included(connector, caller: Caller, kind: str, path, page: list[dict], already: list[dict]) -> list[dict]:
+    """The resources of type `kind` the page references at `path`, that the caller may read."""
+    found, seen = [], {(r["resourceType"], r["id"]) for r in (*page, *already)}
+    may = _may(caller, kind, "r")
+    if may is None:
+        return found
+    for resource in page:
+        for value in values_at(resource, path):
+            ident = reference_id(value.get("reference") if isinstance(value, dict) else None, kind)
+            if ident is None or (kind, ident) in seen:
+                continue
+            seen.add((kind, ident))
+            try:
+                other = connector.read_resource(kind, ident)
+            except ResourceNotFound:
+                continue
+            if may.patient is None or in_compartment(other, may.patient):
+                found.append(other)
+    return found
+
+
+def _revincluded(connector, caller: Caller, grant: Grant, kind: str, name: str, page: list[dict],
+                 already: list[dict]) -> list[dict]:
+    """The resources of type `kind` whose `name` references the page, that the caller may see."""
+    found, seen = [], {(r["resourceType"], r["id"]) for r in (*page, *already)}
     targets = tuple((r["resourceType"], r["id"]) for r in page)
-    on_page = {f"{kind}/{ident}" for kind, ident in targets} | ({f"Patient/{grant.patient}"} if grant.patient else set())
-    for _, kind, name in asked.revincludes:
-        may = _may(caller, kind, "s")
-        if may is None or not targets:
+    on_page = {f"{kind_}/{ident}" for kind_, ident in targets} | ({f"Patient/{grant.patient}"} if grant.patient else set())
+    may = _may(caller, kind, "s")
+    if may is None or not targets:
+        return found
+    query = ResourceQuery(kind, criteria=(Criterion(name, "reference", targets),), count=MAX_REVINCLUDED)
+    for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
+        if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
             continue
-        query = ResourceQuery(kind, criteria=(Criterion(name, "reference", targets),), count=MAX_REVINCLUDED)
-        for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
-            if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
-                continue
-            references = [(t or {}).get("reference") for t in values_at(resource, (name,))]
-            if may.patient is not None and not all(r in on_page for r in references):
-                continue
-            seen.add((kind, resource.get("id")))
-            found.append(resource)
+        references = [(t or {}).get("reference") for t in values_at(resource, (name,))]
+        if may.patient is not None and not all(r in on_page for r in references):
+            continue
+        seen.add((kind, resource.get("id")))
+        found.append(resource)
     return found

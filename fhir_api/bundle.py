@@ -13,8 +13,9 @@ def search_url(base_url: str, resource_type: str, args: dict[str, list[str]], **
 
 
 def searchset(base_url: str, resources: list[dict], total: int | None, self_url: str,
-              next_url: str | None, included: list[dict] = ()) -> dict:
-    """The Bundle of one page of matches, then the resources `included` (`search.mode` include)."""
+              next_url: str | None, included: list[dict] = (), outcomes: list[dict] = ()) -> dict:
+    """The Bundle of one page of matches, then the resources `included` (`search.mode` include),
+    then the OperationOutcomes about the search (`search.mode` outcome: e.g. an include left out)."""
     bundle = {"resourceType": "Bundle", "type": "searchset"}
     if total is not None:
         bundle["total"] = total
@@ -23,4 +24,5 @@ def searchset(base_url: str, resources: list[dict], total: int | None, self_url:
                         "search": {"mode": "match"}} for r in resources]
     bundle["entry"] += [{"fullUrl": f"{base_url}/{r['resourceType']}/{r['id']}", "resource": r,
                          "search": {"mode": "include"}} for r in included]
+    bundle["entry"] += [{"resource": outcome, "search": {"mode": "outcome"}} for outcome in outcomes]
     return bundle

@@ -19,7 +19,8 @@ def describe_read(resource: dict):
 
 
 def describe_search(bundle: dict):
-    found = [entry.get("resource") or {} for entry in bundle.get("entry") or ()]
+    found = [entry.get("resource") or {} for entry in bundle.get("entry") or ()
+             if (entry.get("search") or {}).get("mode") != "outcome"]  # an OperationOutcome is no patient data
     return [p for resource in found for p in patients_of(resource)], [r.get("id") for r in found]
 
 

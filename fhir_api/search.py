@@ -8,7 +8,8 @@ malformed value of a served parameter is a 400 either way. A `date` parameter ta
 values with a prefix `eq|ge|gt|le|lt` (default `eq`) on a year, month, day or dateTime with a
 zone; the values intersect. A token is `[system|]code`, a string matches a prefix (case and
 accents ignored), a reference is `id`, `Type/id` or `{iss}/Type/id`; a comma ORs values. `_count`
-(default 50) is capped at 100; `_offset` pages.
+(default 50) is capped at 100; `_offset` pages (on a FHIR clinic the `next` link's signed `_cursor`
+does: `fhir_api.cursor`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from models.fhir_grammar import date_parts
 from models.ids import ID_RULE, fhir_id, is_id
 from models.npi import NPI_SYSTEM
 
-CONTROL_PARAMS = ("_count", "_offset", "_format", "_include", "_revinclude")
+CONTROL_PARAMS = ("_count", "_offset", "_format", "_include", "_revinclude", "_cursor")
 REFERENCE_TYPES = SUPPORTED_TYPES
 MAX_OR_VALUES = 20
 DEFAULT_COUNT = 50
@@ -32,6 +33,8 @@ MAX_COUNT = 100
 MAX_OFFSET = 100_000
 MAX_IDS = 100
 MAX_VALUE_LENGTH = 512
+MAX_CURSOR_LENGTH = 4096
+"""`_cursor` (`fhir_api.cursor`: a FHIR clinic's paging position, holding the EHR's own link) may be longer."""
 DATE_PREFIXES = ("eq", "ge", "gt", "le", "lt")
 """A date search value's comparator prefix (the date after it: `models.fhir_grammar.DATE`)."""
 
@@ -121,7 +124,7 @@ def search_arguments(raw: dict) -> dict[str, list[str]]:
                 text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
             except UnicodeDecodeError:
                 raise invalid(f"The {name[:40]!r} parameter is not valid UTF-8.") from None
-            if len(text) > MAX_VALUE_LENGTH or any(ord(c) < 32 or ord(c) == 127 for c in text):
+            if len(text) > (MAX_CURSOR_LENGTH if name == "_cursor" else MAX_VALUE_LENGTH) or any(ord(c) < 32 or ord(c) == 127 for c in text):
                 raise invalid(f"The {name[:40]!r} parameter is too long or holds control characters.")
             texts.append(text)
         found[name] = texts

@@ -11,18 +11,19 @@ EHR in this process (none free: 503 `transient` + Retry-After), then the read or
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import MappingProxyType
 
 import orjson
 import tornado.web
 
-from audit.disclosures import Recording
+from audit.disclosures import Recording, without_signature
 from errors import ApiError
 from fhir_api import FHIR_PATH_PREFIX
 from fhir_api.admission import Admission, Ask, answer
 from fhir_api.api import read, search, supported_type
-from fhir_api.capability import capability_statement
+from fhir_api.clinic_capability import clinic_capability_statement
 from fhir_api.disclosure import describe_read, describe_search
 from fhir_api.formats import check_format
 from fhir_api.outcome import FHIR_JSON, FhirError, operation_outcome
@@ -31,7 +32,7 @@ from handlers.cors import CorsHandler
 from models.ids import is_id
 
 _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: "not-found", 405: "not-supported",
-                           406: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient",
+                           406: "not-supported", 415: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient",
                            504: "timeout"})
 EXPOSED_HEADERS = "WWW-Authenticate, Retry-After, RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset"
 
@@ -60,9 +61,13 @@ class FhirHandler(CorsHandler):
             raise FhirError(404, "not-found", "No such FHIR base.")
         return organization_id
 
+    def search_args(self) -> dict:
+        """The request's parameters, undecoded: the query's (a POST `_search` adds its form's)."""
+        return self.request.query_arguments
+
     def accept_json(self) -> None:
         """406 unless the request admits JSON (`_format`, `Accept`)."""
-        raw = self.request.query_arguments.get("_format")
+        raw = self.search_args().get("_format")
         check_format(search_arguments({"_format": raw})["_format"] if raw else None, self.request.headers.get("Accept"))
 
     async def respond(self, organization_id: str, action: str, resource_type: str, path_id, checks, describe, fn, *args):
@@ -73,7 +78,7 @@ class FhirHandler(CorsHandler):
         self.accept_json()
         headers = self.request.headers
         ask = Ask(organization_id, headers.get("Authorization"), headers.get("Origin"), action, resource_type, path_id,
-                  self.request.query_arguments, self.request_disclosure(action))
+                  self.search_args(), self.request_disclosure(action))
         admission, recording = Admission(), Recording(self.runtime)
         try:
             error, result = await recording.run(answer, self.runtime, ask, admission, recording, checks, describe, fn,
@@ -138,8 +143,8 @@ class MetadataHandler(FhirHandler):
     async def get(self, organization_id):
         self.check_organization(organization_id)
         self.accept_json()
-        self.write_fhir(capability_statement(self.svc_settings, organization_id,
-                                             self.runtime.clock.now().date().isoformat()))
+        self.write_fhir(await self.run(clinic_capability_statement, self.runtime, organization_id,
+                                       self.runtime.clock.now().date().isoformat()))
 
 
 class ReadHandler(FhirHandler):
@@ -162,16 +167,48 @@ class SearchHandler(FhirHandler):
 
     async def get(self, organization_id, resource_type):
         strict = strict_handling(self.request.headers.get("Prefer"))
-        raw = self.request.query_arguments  # parsed on the pool: a 400 is recorded too
+        raw = self.search_args()  # parsed on the pool: a 400 is recorded too
         await self.respond(organization_id, "search", resource_type, None, lambda: supported_type(resource_type),
                           describe_search,
                           lambda runtime, caller: search(runtime, caller, resource_type, search_arguments(raw), strict))
+
+
+class PostSearchHandler(SearchHandler):
+    """`POST {iss}/{Type}/_search` (FHIR R4 3.1.1.4: `application/x-www-form-urlencoded`, its
+    parameters those of the query and the form together): the same answer, limits and disclosure
+    record as the GET, whose query string the record holds (the query's, then the form's)."""
+
+    _args: dict | None = None
+
+    def search_args(self) -> dict:
+        if self._args is None:
+            merged = {name: list(values) for name, values in self.request.query_arguments.items()}
+            for name, values in self.request.body_arguments.items():
+                merged.setdefault(name, []).extend(values)
+            self._args = merged
+        return self._args
+
+    def request_disclosure(self, action: str, **fields):
+        body = self.request.body.decode("utf-8", "replace")
+        query = "&".join(part for part in (self.request.query, body) if part)
+        return dataclasses.replace(super().request_disclosure(action, **fields), query=without_signature(query))
+
+    async def get(self, organization_id, resource_type):
+        raise FhirError(405, "not-supported", "Search with GET {iss}/{Type}?params; _search takes POST.")
+
+    async def post(self, organization_id, resource_type):
+        content_type = (self.request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/x-www-form-urlencoded":
+            raise FhirError(415, "not-supported", "A POST _search takes its parameters as "
+                                                  "application/x-www-form-urlencoded.")
+        await super().get(organization_id, resource_type)
 
 
 def routes(runtime) -> list:
     base = rf"{FHIR_PATH_PREFIX}/([^/]+)"
     return [
         (rf"{base}/metadata", MetadataHandler),
+        (rf"{base}/([^/]+)/_search", PostSearchHandler),
         (rf"{base}/([^/]+)/([^/]+)", ReadHandler),  # the type: `supported_type` (models.fhir_grammar)
         (rf"{base}/([^/]+)", SearchHandler),
     ]

@@ -27,6 +27,7 @@ from models.application import DEFAULT_SMART_SCOPES, Application, Authorization,
 from models.assertions import SpentAssertion
 from models.appointments import ONE_BUILDER, ConnectorSession, Snapshot, SnapshotAppointment
 from models.audit import AuditEvent
+from models.capability import ClinicCapability
 from models.billing import BillableUse
 from models.bulk import BulkExport, BulkExportFile
 from models.changes import ChangeVersion, install_change_triggers
@@ -51,7 +52,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
-    SmartGrant, RefreshToken, FeedAppointment, FeedMessage, SpentAssertion,
+    SmartGrant, RefreshToken, FeedAppointment, FeedMessage, SpentAssertion, ClinicCapability,
     BulkExport, BulkExportFile,  # issue 48: Bulk Data exports (new tables: no step)
 )
 

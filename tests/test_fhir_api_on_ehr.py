@@ -193,6 +193,7 @@ def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(fhir_clinic, r
 def test_the_ehr_down_is_a_503_and_a_revoked_registration_a_502(fhir_clinic, fhir_ehr, tmp_path):
     org_id, _, fhir = fhir_clinic
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
+    assert fhir.get("/metadata")[0] == 200                   # what the EHR offers svc-auth, kept for the clinic
     fhir_ehr.fault(503, count=1000, retry_after=0)
     try:
         for path in ("/Patient/pt-a", "/Condition?patient=pt-a"):
@@ -221,6 +222,6 @@ def test_the_ehr_down_is_a_503_and_a_revoked_registration_a_502(fhir_clinic, fhi
                         what="the refusal logged")
     assert org_id in logged[0] and CLIENT_ID in logged[0] and "/ehr/jwks.json" in logged[0], logged
     assert "Traceback" not in log.read_text()
-    assert fhir.get("/metadata")[0] == 200                   # no EHR call
+    assert fhir.get("/metadata")[0] == 200                   # the kept one: no EHR call
     fhir_ehr.register(CLIENT_ID, f"{fhir.base.split('/fhir/')[0]}/ehr/jwks.json")
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"          # registered again: served again

@@ -114,7 +114,7 @@ async def test_the_night_of_a_fhir_clinic_lists_exactly_what_the_ehr_holds_for_i
     check = cli(settings, "ehr", "check", "--org", org_id, "--json")
     verdict = json.loads(check.stdout)
     assert check.returncode == 0 and verdict["ok"], verdict
-    assert [s["step"] for s in verdict["steps"]] == ["discovery", "token", "practitioner", "appointments"]
+    assert [s["step"] for s in verdict["steps"]] == ["discovery", "token", "scopes", "practitioner", "appointments"]
 
 
 @pytest.mark.svc_settings(task_min_backoff_ms=50, task_max_backoff_ms=200)

@@ -292,3 +292,51 @@ def test_a_patient_token_sees_its_compartment_only_includes_too(us_core_clinic, 
     for headers in ({}, {"Prefer": "handling=strict"}):
         status, _, body = fhir.get("/Observation", {"date": "yesterday"}, headers=headers)
         assert status == 400 and body["issue"][0]["code"] == "invalid"
+
+
+def references_in(value) -> set[str]:
+    """Every relative `Type/id` reference in a resource (at any depth)."""
+    found = set()
+    if isinstance(value, dict):
+        ref = value.get("reference")
+        if isinstance(ref, str) and re.fullmatch(r"[A-Z][A-Za-z]+/[A-Za-z0-9\-.]{1,64}", ref):
+            found.add(ref)
+        for item in value.values():
+            found |= references_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= references_in(item)
+    return found
+
+
+def test_the_demo_patient_reaches_every_us_core_type(runtime, world, live):
+    """As a certification kit finds them: every US Core type from the documented demo patient (Lena
+    Mercado, pat-b15c092f2447b7a2), by a search on the patient or a reference from her resources."""
+    from helpers.fhir_api import ALL_TYPES
+    from helpers.fhir_ehr import cli
+    from connectors.us_core import SEARCH_PARAMS
+    from models.directory import User
+    seeded = json.loads(cli(runtime.settings, "demo", "seed", "--json").stdout)
+    org_id, lena = seeded["organization_id"], "pat-b15c092f2447b7a2"
+    set_fhir_rate_limits(runtime, world.app.id, fhir_rate_limit=Limit(100000, 60), fhir_token_rate_limit=Limit(100000, 60))
+    install_application(world.app.id, org_id)
+    fhir = Fhir(live, org_id, mint_platform_token(runtime, live, User.get_by_id(seeded["physician_user_id"]), world.app,
+                                                  org_id))
+    reached, references, served = {}, set(), []
+    for kind in ALL_TYPES:
+        if "patient" not in SEARCH_PARAMS[kind] and kind != "Patient":
+            continue
+        found = every_id(fhir, kind, {"_id": lena} if kind == "Patient" else {"patient": lena}, served)
+        if found:
+            reached[kind] = found[0]
+    for bundle in served:
+        references |= references_in([e["resource"] for e in bundle.get("entry", ())])
+    for ref in sorted(references):
+        kind = ref.split("/")[0]
+        if kind not in reached:
+            resource = fhir.ok(f"/{ref}")
+            reached[kind] = resource["id"]
+            served.append(resource)
+    assert set(ALL_TYPES) - {"Appointment"} <= set(reached), sorted(set(ALL_TYPES) - set(reached))
+    assert r4_invalid([r for r in served if r.get("resourceType") != "Bundle"] +
+                      [b for b in served if b.get("resourceType") == "Bundle"][:10]) == []

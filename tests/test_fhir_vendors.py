@@ -135,6 +135,7 @@ def test_oracle_millennium_no_include_proposed_via_date_or_req_period_v1_scopes_
     # Asking v2 scopes of a v1-only EHR: a token with no scope, every read refused, said so.
     assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-scopes", "v2").returncode == 0
     code, verdict = ehr_check(settings, org_id)
+    # (its token response names no scope: RFC 6749 5.1 reads that as the scopes asked, so the EHR's 403 says it)
     assert code == 1 and "system/Practitioner.read" in verdict["steps"][-1]["detail"]
 
 
@@ -151,9 +152,9 @@ def test_epic_observations_by_category_and_no_schedule_search(runtime, world, li
     assert failure.startswith("failed: ") and "practitioner search parameter is not supported" in failure
     assert "Epic documents no FHIR R4 search" in failure
     code, verdict = ehr_check(settings, org_id)
-    assert code == 1 and [s["step"] for s in verdict["steps"]] == ["discovery", "token", "practitioner", "appointments"]
-    assert verdict["steps"][2]["ok"] and not verdict["steps"][3]["ok"]
-    assert "not supported" in verdict["steps"][3]["detail"]
+    assert code == 1 and [s["step"] for s in verdict["steps"]] == ["discovery", "token", "scopes", "practitioner", "appointments"]
+    assert verdict["steps"][3]["ok"] and not verdict["steps"][4]["ok"]
+    assert "not supported" in verdict["steps"][4]["detail"]
 
     # Observations one search per category: the whole chart, nothing omitted.
     chart = chart_json(runtime, org_id, "pt-7", tmp_path)

@@ -47,7 +47,7 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
 """
 from __future__ import annotations
 
-from connectors.fhir.client import SCOPES, AccessRefused, RequestRefused  # noqa: F401
+from connectors.fhir.client import SCOPES, AccessRefused, NotGranted, RequestRefused  # noqa: F401
 from connectors.fhir.connector import FhirConnector, connect  # noqa: F401
 
 # The modules, by concern: `transport` (the one door: bounds, the base), `client` (SMART Backend

@@ -85,6 +85,9 @@ class FhirState:
         # Each EHR's SMART configuration (its token endpoint, its scope syntax), by base, for an hour:
         # not fetched again on every request (`ehr check` always fetches it anew).
         self.configurations = ExpiringCache(clock)
+        # Clinics whose EHR could not say what it offers (`fhir_api.clinic_capability`): not asked again
+        # for a few seconds, so anonymous `metadata` requests cannot make svc-auth hammer a failing EHR.
+        self.capability_failures = ExpiringCache(clock)
         # Kept-alive connections to the EHRs (thread-safe; up to a pool thread's worth per EHR host), and
         # the one thread that holds every body read to its deadline.
         self.http = urllib3.PoolManager(retries=False, maxsize=POOL_CONNECTIONS_PER_HOST)

@@ -1,11 +1,12 @@
-"""`svc-auth ehr check`: discovery, the token, a Practitioner search per physician's NPI and an
-Appointment search, a verdict per step."""
+"""`svc-auth ehr check`: discovery, the token, the scopes it grants, a Practitioner search per
+physician's NPI and an Appointment search, a verdict per step."""
 from __future__ import annotations
 
 import datetime as dt
 
 from connectors.base import ConnectorError, Provider
 from connectors.fhir.epic_schedule import no_schedule_search
+from connectors.fhir.grants import NIGHT_TYPES, REQUESTED_TYPES
 from connectors.fhir.query import instant
 from models.npi import NPI_SYSTEM
 
@@ -39,6 +40,8 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
     if not step("token", lambda: "not used: an open server" if open_server
                 else f"access token granted to {client.client_id} (scopes {' '.join(client.scopes)})"
                 if client.access_token() else "no token"):
+        return steps
+    if not step("scopes", lambda: scopes_step(client, open_server)):
         return steps
 
     def practitioner():
@@ -99,6 +102,29 @@ def epic_appointments(connector, npi: str | None, now: dt.datetime) -> str:
     found = list(connector.epic_schedule.fetch_appointments(Provider(user_id="", npi=npi, name=""), now,
                                                             now + dt.timedelta(days=1)))
     return f"Epic's GetProviderAppointments answered for NPI {npi} ({len(found)} listed in the next 24 hours)"
+
+
+def scopes_step(client, open_server: bool):
+    """The types the EHR's token grants svc-auth and those it does not (the step's `granted` and
+    `missing`); it fails only when one the night or the charts need is missing."""
+    if open_server:
+        return "not used: an open server (every type is read without a token)", {
+            "granted": list(REQUESTED_TYPES), "missing": []}
+    granted = client.granted_types() or frozenset()
+    summary = {"granted": [t for t in REQUESTED_TYPES if t in granted],
+               "missing": [t for t in REQUESTED_TYPES if t not in granted]}
+    detail = (f"granted {len(summary['granted'])} of {len(REQUESTED_TYPES)} types: {', '.join(summary['granted'])}"
+              + (f"; missing (the FHIR API answers 403 for them): {', '.join(summary['missing'])}"
+                 if summary["missing"] else ""))
+    needed = [t for t in NIGHT_TYPES if t not in granted]
+    if not granted:
+        raise _StepFailed(f"the EHR granted none of the scopes asked ({' '.join(client.scopes[:3])} ...): check "
+                          f"svc-auth's registration there, and whether the EHR takes the other SMART scope "
+                          f"syntax (svc-auth orgs update --fhir-scopes v1|v2)", summary)
+    if needed:
+        raise _StepFailed(f"{detail}; the schedule and charts need {', '.join(needed)}: grant svc-auth's "
+                          f"registration those system/ scopes", summary)
+    return detail, summary
 
 
 class _StepFailed(ConnectorError):

@@ -18,16 +18,18 @@ from connectors.base import (
     ConnectorUnavailable,
     DeadlineExceeded,
     EhrReportedError,
+    TypeNotGranted,
 )
 from connectors.bounds import Bounds
 from connectors.compartment import asked_patients, patients_of
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
+from connectors.fhir.grants import granted_types, requested_scopes
 from connectors.fhir.transport import Transport
+from models.fhir_grammar import is_resource_type
 
-SCOPES = ("system/Practitioner.rs", "system/Appointment.rs", "system/Patient.rs", "system/Encounter.rs",
-          "system/Condition.rs", "system/Observation.rs", "system/MedicationRequest.rs",
-          "system/AllergyIntolerance.rs", "system/DocumentReference.rs")
+SCOPES = requested_scopes("v2")
+"""What svc-auth asks by default: a `system/{Type}.rs` for every type it serves (`connectors.fhir.grants`)."""
 ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most 5 minutes)
 CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict is cached
 PERMANENT_ISSUES = ("login", "forbidden", "security")
@@ -39,6 +41,16 @@ log = logging.getLogger("svc_auth.connectors.fhir")
 
 class AccessRefused(ConnectorError):
     """The EHR refused svc-auth's access (401/403, an OperationOutcome login/forbidden/security)."""
+
+
+class NotGranted(AccessRefused, TypeNotGranted):
+    """The clinic's EHR has not granted svc-auth a scope for this type (the token response's
+    `scope`): no request is made; the FHIR API answers 403 `forbidden`."""
+
+    def __init__(self, resource_type: str):
+        super().__init__(f"The clinic's EHR has not granted svc-auth access to {resource_type} "
+                         f"(no system/{resource_type} scope in svc-auth's token).")
+        self.resource_type = resource_type
 
 
 class RequestRefused(ConnectorError):
@@ -65,6 +77,7 @@ class FhirClient:
         self._token_endpoint: str | None = None
         self._scopes_for = scopes or (lambda configuration: SCOPES)
         self.scopes: tuple[str, ...] = SCOPES  # what the last grant asked for
+        self.granted: frozenset[str] | None = None  # the types the current token grants (None: not asked yet)
         self.recorder = None  # the disclosure audit's (connectors.connector_for): one call per FHIR read
 
     # -- SMART Backend Services -------------------------------------------------------------
@@ -96,8 +109,9 @@ class FhirClient:
             return None
         endpoint = self.token_endpoint()
         key = (endpoint, self.client_id)
-        token = self.tokens.get(key)
-        if token:
+        cached = self.tokens.get(key)
+        if cached:
+            token, self.granted = cached
             return token
         kid, pem = self.keys.current()
         now = int(time.time())
@@ -116,20 +130,50 @@ class FhirClient:
                 f"The EHR's token endpoint refused svc-auth ({error or f'HTTP {status}'}): check that svc-auth is "
                 f"registered there with client id {self.client_id!r} and its JWKS URL (/ehr/jwks.json), and that "
                 f"the registration is active.")
-        self.tokens.put(key, body["access_token"], float(body.get("expires_in") or 300))
+        self.granted = granted_types(body, self.scopes)
+        if isinstance(body.get("scope"), str) and set(body["scope"].split()) != set(self.scopes):
+            log.info("the EHR at %s granted svc-auth %d of the %d types asked", self.base, len(self.granted),
+                     len(self.scopes))
+        self.tokens.put(key, (body["access_token"], self.granted), float(body.get("expires_in") or 300))
         return body["access_token"]
 
+    def grants(self, resource_type: str) -> bool:
+        """Whether svc-auth's token at this EHR reaches `resource_type` (always, on an open server);
+        asks for a token when there is none yet."""
+        if self.auth == "none":
+            return True
+        self.access_token()
+        return self.granted is None or resource_type in self.granted
+
+    def granted_types(self) -> frozenset[str] | None:
+        """The types svc-auth's token grants (a token asked for first), None on an open server."""
+        if self.auth == "none":
+            return None
+        self.access_token()
+        return self.granted
+
     # -- FHIR reads ---------------------------------------------------------------------------
+    def url(self, path_or_url: str, params: dict | None = None) -> str:
+        """The absolute URL of a path (or an absolute URL) with `params` (not yet confined to the base)."""
+        url = path_or_url if "://" in path_or_url else f"{self.base}/{path_or_url}"
+        if params:
+            url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
+        return url
+
+    def type_of(self, url: str) -> str:
+        """The first path segment of `url` under the base (a resource type, `metadata`...)."""
+        return urlsplit(url).path[len(urlsplit(self.base).path):].strip("/").split("/")[0]
+
     def get(self, path_or_url: str, params: dict | None = None) -> dict:
         """GET a FHIR JSON resource (a relative path or an absolute `next` link of this server; a URL
         outside the base is refused before any request). An OperationOutcome of severity error or
         fatal, whatever the status, is `EhrReportedError`."""
-        url = path_or_url if "://" in path_or_url else f"{self.base}/{path_or_url}"
-        if params:
-            url += ("&" if "?" in url else "?") + urlencode(params, doseq=True)
+        url = self.url(path_or_url, params)
         self.transport.confine(url)
         try:
             body = self._get(url)
+        except NotGranted:
+            raise  # no request was made: nothing disclosed
         except (ConnectorError, LookupError):
             self._record("failure", url, None)
             raise
@@ -154,9 +198,13 @@ class FhirClient:
         self.recorder(outcome, path.split("/")[0], [r.get("id") for r in resources], patients, parts.query)
 
     def _get(self, url: str) -> dict:
+        kind = self.type_of(url)
+        kind = kind if is_resource_type(kind) else None
         for renewed in (False, True):
             headers = {"Accept": "application/fhir+json"}
             token = self.access_token()
+            if kind and token and self.granted is not None and kind not in self.granted:
+                raise NotGranted(kind)  # never asked of the EHR: the token (maybe just renewed) lacks its scope
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             status, body, _ = self._send("GET", url, headers=headers)
@@ -185,12 +233,19 @@ class FhirClient:
         """A search's Bundles, one page at a time, along their `next` links: at most the bounds'
         `max_pages`, each `next` inside the base and never one already followed. A page that is not
         a Bundle, or that carries an `outcome` entry of severity error or fatal, is `EhrReportedError`."""
-        bundle, seen = self.get(resource_type, params), set()
+        for _, bundle, _ in self.linked_pages(resource_type, self.url(resource_type, params)):
+            yield bundle
+
+    def linked_pages(self, resource_type: str, url: str):
+        """`pages` from the page at `url` (the search's first, or a `next` link the EHR sent earlier):
+        (that page's URL, its Bundle, its `next` link or None), a page at a time."""
+        bundle, seen = self.get(url), {url}
         for number in range(1, self.bounds.max_pages + 1):
             _searchset(bundle, resource_type)
-            yield bundle
             following = next((link.get("url") for link in bundle.get("link") or ()
                               if isinstance(link, dict) and link.get("relation") == "next"), None)
+            following = following if isinstance(following, str) and following else None
+            yield url, bundle, following
             if not following:
                 return
             if number == self.bounds.max_pages:
@@ -200,7 +255,7 @@ class FhirClient:
                 raise BoundExceeded("repeated_next", f"The EHR at {self.base} sent the same next link twice in a "
                                                      f"search of {resource_type}; not followed.")
             seen.add(following)
-            bundle = self.get(following)
+            url, bundle = following, self.get(following)
 
     def offers_everything(self) -> bool:
         """Whether the EHR's CapabilityStatement offers `Patient/{id}/$everything` (cached per base)."""

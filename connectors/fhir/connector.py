@@ -8,12 +8,13 @@ import itertools
 import json
 import logging
 
-from connectors.base import (Chart, ConnectorError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery,
+from connectors.base import (Chart, ConnectorError, EhrReportedError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery,
                              Skipped)
 from connectors.bounds import Bounds
 from connectors.fhir import check as ehr_check
 from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
                                    FhirState)
+from connectors.fhir.capability import ehr_types
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
 from connectors.fhir.epic_schedule import EpicSchedule, no_schedule_search
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
@@ -21,6 +22,7 @@ from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, 
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
 from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
+from connectors.fhir.transport import relative_to_base
 from models.fhir_grammar import is_resource_type
 from models.ids import is_id
 from models.npi import NPI_SYSTEM, is_npi
@@ -152,6 +154,18 @@ class FhirConnector:
                             and resource.get("id") in batch:
                         known[f"Patient/{resource['id']}"] = resource
 
+    def capability_view(self) -> dict:
+        """What this EHR offers svc-auth: `granted` (the types its token grants, sorted; None on an
+        open server) and `types` (`connectors.fhir.capability.ehr_types` of its CapabilityStatement:
+        None when it serves none). The FHIR API's CapabilityStatement of the clinic is built from it."""
+        granted = self.client.granted_types()
+        try:
+            statement = self.client.get("metadata")
+        except (LookupError, RequestRefused, AccessRefused, EhrReportedError) as exc:
+            log.warning("the EHR at %s serves no CapabilityStatement (%s)", self.client.base, exc)
+            statement = None
+        return {"granted": sorted(granted) if granted is not None else None, "types": ehr_types(statement)}
+
     def check(self, npis, now: dt.datetime) -> list[dict]:
         """`svc-auth ehr check` (`connectors.fhir.check`) for these NPIs (in order)."""
         return ehr_check.check(self, npis, now)
@@ -260,6 +274,55 @@ class FhirConnector:
             return iter(())
         found = self._criteria_or_not(query, params)
         return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
+
+    def search_pages(self, query: ResourceQuery, link: str | None = None):
+        """The search of `query` an EHR page at a time, from its first page, or from `link` (an EHR
+        page's URL this method yielded earlier, kept by the FHIR API's signed cursor): (the page's
+        URL, its matches of the asked type, the EHR's `next` link or None), both relative to the
+        base. Only the pages the caller iterates are read. As `search_resources`, a first page
+        refused with every parameter is asked again without the `Criterion`s (the FHIR API's
+        matcher applies them)."""
+        kind = query.resource_type
+        if link is not None:
+            link = self.client.url(link) if "://" not in link else ""
+            if not link or not is_resource_type(kind) or self.client.type_of(link) != kind:
+                raise ResourceNotFound(f"That paging position is not a search of {kind}.")
+            yield from self._page_matches(kind, link)
+            return
+        params = search_params(query)
+        if params is None:
+            return
+        first = self.client.url(kind, self.search({**params, "_count": PAGE_SIZE}))
+        pages = self._page_matches(kind, first)
+        try:
+            page = next(pages, None)
+        except RequestRefused as exc:
+            if not query.criteria:
+                raise
+            log.warning("the EHR at %s refused a %s search with %s (%s): searching without them", self.client.base,
+                        kind, ", ".join(c.name for c in query.criteria), exc)
+            narrower = search_params(dataclasses.replace(query, criteria=()))
+            pages = self._page_matches(kind, self.client.url(kind, self.search({**narrower, "_count": PAGE_SIZE})))
+            page = next(pages, None)
+        if page is not None:
+            yield page
+            yield from pages
+
+    def _page_matches(self, kind: str, url: str):
+        """(page URL, matches, next link) of each page from `url`, the URLs relative to the base
+        (`Observation?…`: a position never names the EHR's host)."""
+        base = self.client.base
+        for page_url, bundle, following in self.client.linked_pages(kind, url):
+            if following is not None:
+                following = relative_to_base(self.client.transport.confine(following), base)
+            page_url = relative_to_base(page_url, base)
+            found = []
+            for entry in bundle.get("entry") or ():
+                resource = entry.get("resource") if isinstance(entry, dict) else None
+                mode = (entry.get("search") or {}).get("mode", "match") if isinstance(entry, dict) else None
+                if isinstance(resource, dict) and resource.get("resourceType") == kind and mode == "match":
+                    found.append(relative_references(resource, self.client.base))
+            yield page_url, found, following
 
     def _criteria_or_not(self, query: ResourceQuery, params: dict):
         """The search with every parameter; an EHR that refuses it (400: a parameter it does not

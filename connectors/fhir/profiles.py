@@ -12,10 +12,9 @@ import re
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from connectors.fhir.grants import requested_scopes
+
 SCOPE_CHOICES = ("auto", "v1", "v2")
-RESOURCE_SCOPES = ("Practitioner", "Appointment", "Patient", "Encounter", "Condition", "Observation",
-                   "MedicationRequest", "AllergyIntolerance", "DocumentReference")
-"""The types svc-auth reads, each asked for as a `system/` scope."""
 SEARCH_PARAM_NAME = re.compile(r"[a-z][a-z0-9\-]{0,63}")
 SEARCH_PARAM_VALUE = re.compile(r"[A-Za-z0-9\-._/|:]{1,200}")
 MAX_SEARCH_PARAMS = 8
@@ -85,9 +84,9 @@ def scope_version(configuration: dict, profile: Profile) -> str:
 
 
 def scopes(version: str) -> tuple[str, ...]:
-    """The `system/` scopes svc-auth asks for, in SMART v1 (`.read`) or v2 (`.rs`) syntax."""
-    suffix = "read" if version == "v1" else "rs"
-    return tuple(f"system/{kind}.{suffix}" for kind in RESOURCE_SCOPES)
+    """The `system/` scopes svc-auth asks for, in SMART v1 (`.read`) or v2 (`.rs`) syntax: one per
+    type the FHIR API serves (`connectors.fhir.grants`, from the one US Core table)."""
+    return requested_scopes(version)
 
 
 def parse_search_params(pairs) -> tuple[tuple[str, str], ...]:

@@ -262,6 +262,12 @@ class SandboxConnector(SandboxFhir):
         medications = [{"id": sandbox_id("med", key, n), "name": name, "dose": dose, "frequency": freq,
                         "started": _date(rng).isoformat(), "status": "active"}
                        for n, (name, dose, freq) in enumerate(rng.sample(MEDICATIONS, rng.randint(0, 5)))]
+        if not medications:  # every patient has an order (US Core's MedicationRequest, Medication and
+            # MedicationDispense reachable from each), drawn apart so the other draws stay as they were
+            extra = _rng(self.organization_id, _seed(key), "chart-medication")
+            name, dose, freq = extra.choice(MEDICATIONS)
+            medications = [{"id": sandbox_id("med", key, 0), "name": name, "dose": dose, "frequency": freq,
+                            "started": _date(extra).isoformat(), "status": "active"}]
         allergies = [{"id": sandbox_id("alg", key, n), "substance": s, "reaction": r, "severity": sev}
                      for n, (s, r, sev) in enumerate(rng.sample(ALLERGIES, rng.randint(0, 2)))]
         count = rng.randint(3, 40)
@@ -274,9 +280,10 @@ class SandboxConnector(SandboxFhir):
         """The patient's US Core data beyond the chart, as plain values by kind, from its own draws
         (the chart's are unchanged): immunizations, procedures, devices, goals, lab reports (each
         with its order, specimen and note), family history, a related person, coverage, a care
-        plan, a questionnaire; rendered by `connectors.sandbox.render`."""
+        plan, a questionnaire; rendered by `connectors.sandbox.render`. Every patient has at least a
+        device (and, in the chart, an order), so each US Core type is reachable from any patient."""
         rng = _rng(self.organization_id, patient_id, "us-core")
-        return {
+        record = {
             "immunizations": [(code, text, _date(rng).isoformat()) for code, text in rng.sample(IMMUNIZATIONS, rng.randint(1, 3))],
             "procedures": [(code, text, _date(rng).isoformat()) for code, text in rng.sample(PROCEDURES, rng.randint(0, 2))],
             "devices": [rng.choice(DEVICES)] if rng.random() < 0.3 else [],
@@ -288,6 +295,9 @@ class SandboxConnector(SandboxFhir):
             "care_plan": (rng.choice(PLANS), _date(rng).isoformat()),
             "questionnaire": ([rng.randint(0, 3) for _ in range(2)], _date(rng).isoformat()),
         }
+        if not record["devices"]:  # every patient has a device (US Core's Device), drawn apart
+            record["devices"] = [_rng(self.organization_id, patient_id, "us-core-device").choice(DEVICES)]
+        return record
 
     def _encounters(self, patient_id: str, count: int):
         """The patient's visits, ids `enc-{key}-{n}` as the sandbox's FHIR API serves them; their

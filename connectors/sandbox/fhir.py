@@ -178,7 +178,7 @@ class SandboxFhir:
         elif resource_type == "Encounter":
             for n, encounter in enumerate(chart.encounters()):
                 yield render.encounter(sandbox_id("enc", key, n), patient_id, encounter,
-                                            f"urn:svc-auth:sandbox:{self.organization_id}:encounter")
+                                       f"urn:svc-auth:sandbox:{self.organization_id}:encounter", self._location_id())
         elif resource_type == "Observation":
             for n, encounter in enumerate(chart.encounters()):
                 yield from render.observations(sandbox_id("obs", key, n), patient_id, sandbox_id("enc", key, n),
@@ -239,8 +239,11 @@ class SandboxFhir:
             return [render.coverage(ident(0), patient_id, *record["coverage"])]
         if kind == "CarePlan":
             return [render.care_plan(ident(0), patient_id, *record["care_plan"])]
-        if kind == "CareTeam":
-            return [render.care_team(ident(0), patient_id, org)]
+        if kind == "CareTeam":  # with the clinic's first physician, in their role, and the related person
+            doctor = next(iter(self.physicians()), None)
+            return [render.care_team(ident(0), patient_id, org, fhir_id(doctor.id) if doctor else None,
+                                     sandbox_id("rol", doctor.id.rpartition('_')[2]) if doctor else None,
+                                     ident(0, _KINDS["RelatedPerson"]))]
         if kind == "QuestionnaireResponse":
             return [render.questionnaire_response(ident(0), patient_id, *record["questionnaire"])]
         if kind == "MedicationDispense":

