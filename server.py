@@ -126,6 +126,9 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     # Signing keys in memory before the first request (JWKS and signing never wait on the
     # database), then kept current, with the cached applications, as changes are announced.
     await runtime.run(runtime.keyring.load)
+    # This process's SVC_HMAC_KEY noted in key_holder before it links a record (`keys rekey` waits for it).
+    from keys.holders import KeyHeartbeat
+    heartbeat = await runtime.run(KeyHeartbeat(runtime, "serve").start)
     runtime.changes.start()
     app = make_app(runtime)
     server = CountingHTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT, chunk_size=READ_CHUNK_SIZE,
@@ -161,6 +164,7 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     await server.close_all_connections()
     if stop_scheduler is not None:
         stop_scheduler.set()
+    await runtime.run(heartbeat.stop)
     runtime.close()
     log.info("svc-auth stopped")
 

@@ -473,12 +473,13 @@ def check_keys(db, keys) -> dict:
     return out
 
 
-def reseal(db, keys, now, checkpoint: dict) -> dict:
+def reseal(db, keys, now, checkpoint: dict, guard=None) -> dict:
     """Let the current key (`keys[0]`) vouch for the records only a previous key verifies (`keys
     rekey`): when there are any, append a reseal checkpoint committing to them. The chain is walked
     without the lock, then its last records under it. `{"resealed": N, "still_old": M, "ok", ...}`:
-    with a chain that does not verify, or keys that contradict it (`refused`, `_Walk.contradiction`),
-    nothing is appended (M counts what the walk found)."""
+    with a chain that does not verify, or keys that contradict it (`refused`, `_Walk.contradiction`,
+    or what `guard()` returns under the lock: `keys.holders.hosts_on_old_key`), nothing is appended
+    (M counts what the walk found)."""
     keys = _keys(keys)
     walk = _walk(_Walk(db, keys, None))
     if walk.failure:
@@ -489,7 +490,7 @@ def reseal(db, keys, now, checkpoint: dict) -> dict:
         result = walk.result()
         if not result["ok"]:
             return {**result, "resealed": 0, "still_old": walk.old + walk.unvouched}
-        refused = walk.contradiction()
+        refused = walk.contradiction() or (guard() if guard else None)
         if refused:
             return {"ok": True, "refused": refused, "resealed": 0, "still_old": walk.old}
         old = walk.old
