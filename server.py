@@ -85,6 +85,8 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
         from keys.inventory import require_every_key
         require_every_key(first)  # a dropped SVC_HMAC_KEY_PREVIOUS that live secrets still need: one line
+        from keys.holders import require_open_key
+        require_open_key(first)  # a host at step 1 of a rotation after its rekey: one line
     finally:
         first.close()
     processes = processes or os.cpu_count() or 1

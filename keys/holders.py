@@ -8,6 +8,11 @@ has not linked one since the new key did; its row here does. `serve` (each forke
 refresh `seen_at` every quarter of SVC_KEY_HOLDER_WINDOW on a thread of their own (never per
 request or per record), and delete it on a clean shutdown. A row not seen within the window (a
 host killed, its row left behind) holds nothing up.
+
+The other way round, a process started at an earlier step after the rekey (SVC_HMAC_KEY the old
+key, the new one only previous) would link under the key the reseal closed: it refuses to start
+(`require_open_key`). Its first row and that look are one transaction under the chain's lock, so
+a rekey either sees the row (and waits) or is seen (and the process refuses).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import secrets
 import socket
 import threading
 
+from conf import ConfigError
 from models.db import DATABASE_ERRORS
 from models.key_holders import KeyHolder
 
@@ -49,11 +55,17 @@ class KeyHeartbeat:
                           started_at=self._started, **values)
          .on_conflict(conflict_target=[KeyHolder.holder], update=values).execute())
 
+    def _first(self) -> None:
+        self.beat()
+        require_open_key(self.runtime)  # raised: the row is rolled back with the transaction
+
     def start(self) -> "KeyHeartbeat":
-        """The first beat now (before this process links anything), then one every quarter of the window."""
+        """The first beat now (before this process links anything; ConfigError when its key was
+        closed by a rekey, `require_open_key`), then one every quarter of the window."""
+        from audit.chain import under_lock
         from workers.loops import run_every
         try:
-            self.runtime.connections.run(self.beat)
+            self.runtime.connections.run(under_lock, self.runtime.db, self._first)
         except DATABASE_ERRORS:
             log.warning("could not note this process's SVC_HMAC_KEY in key_holder yet; the heartbeat retries")
         self._thread = threading.Thread(target=run_every, name="svc-key-heartbeat", daemon=True,
@@ -96,3 +108,21 @@ def hosts_on_old_key(runtime) -> dict | None:
                       f"than SVC_HMAC_KEY (id {current}): {named}; a reseal now would close the key they link under. "
                       "Restart them with the new SVC_HMAC_KEY (or wait until they stop), then run keys rekey",
             "hosts": hosts}
+
+
+def require_open_key(runtime) -> None:
+    """Refuse (ConfigError, one line) a process whose SVC_HMAC_KEY a `keys rekey` closed: the
+    chain's newest reseal checkpoint is linked under one of its SVC_HMAC_KEY_PREVIOUS (it runs an
+    earlier step of the rotation than the rekey did); its links would fail `audit verify`."""
+    from audit.chain import resealed_by
+    from audit.disclosures import chain_keys
+    found = resealed_by(runtime.db, chain_keys(runtime))
+    if found is None or found[1] == 0:
+        return
+    seq, by = found
+    hasher = runtime.hasher
+    raise ConfigError(
+        f"`svc-auth keys rekey` resealed the disclosure chain (seq {seq}) under the key this host has as "
+        f"SVC_HMAC_KEY_PREVIOUS (id {hasher.key_ids[by]}), closing its SVC_HMAC_KEY (id {hasher.key_id}): records "
+        "it linked would fail `audit verify`. Set SVC_HMAC_KEY to that key and SVC_HMAC_KEY_PREVIOUS to this one "
+        "(step 2 of the rotation, docs/operations.md)")

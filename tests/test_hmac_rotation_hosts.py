@@ -5,7 +5,8 @@ throughout. The newest record is the new host's, so the chain alone does not sho
 its row in key_holder does. `keys rekey` with the right keys is refused (`hosts_on_old_key`,
 naming the host, nothing changed) while the old host is up; the old host's reads still link into
 one verifiable chain; once it restarts on the new key (its row deleted on shutdown) and with only
-a stale row left behind by a host long gone, rekey reseals, and both hosts' later records verify."""
+a stale row left behind by a host long gone, rekey reseals, and both hosts' later records verify;
+a host started at step 1 after the rekey refuses to start (it would link under the closed key)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -125,6 +126,13 @@ def test_rekey_waits_for_a_host_still_on_the_old_key_and_the_chain_stays_one(set
         assert records()[1] == before[1] + 1  # the reseal checkpoint
 
         reads(b), reads(a)  # after the reseal: both hosts link under NEW, the old key closed
+        # A host started at step 1 after the rekey would link under the key it closed: it refuses, one line.
+        env = settings_env(settings, SVC_VAR_DIR=tmp_path / "late", SVC_KEYS_DIR=tmp_path / "late" / "keys", **STEP1)
+        late = subprocess.run([sys.executable, "-m", "cli.__main__", "serve", "--port", str(free_port())], env=env,
+                              cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+        lines = late.stderr.strip().splitlines()
+        assert late.returncode == 2 and len(lines) == 1, late.stderr
+        assert "keys rekey" in lines[0] and key_id(NEW.encode()) in lines[0] and "SVC_HMAC_KEY_PREVIOUS" in lines[0]
         code, result, _ = cli(a_env, "audit", "verify")
         assert code == 0 and result["ok"] and result["records"] == records()[0], result
     finally:
