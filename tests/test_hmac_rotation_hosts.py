@@ -133,6 +133,8 @@ def test_rekey_waits_for_a_host_still_on_the_old_key_and_the_chain_stays_one(set
         lines = late.stderr.strip().splitlines()
         assert late.returncode == 2 and len(lines) == 1, late.stderr
         assert "keys rekey" in lines[0] and key_id(NEW.encode()) in lines[0] and "SVC_HMAC_KEY_PREVIOUS" in lines[0]
+        code, _, err = cli(env, "audit", "prune")  # a shell at step 1: its checkpoint would link under OLD
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "keys rekey" in err, err
         code, result, _ = cli(a_env, "audit", "verify")
         assert code == 0 and result["ok"] and result["records"] == records()[0], result
     finally:
