@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import threading
 import urllib.parse
 
 import pytest
@@ -79,6 +80,29 @@ def test_rekey_waits_for_a_host_still_on_the_old_key_and_the_chain_stays_one(set
             status, _, body = http("GET", f"http://127.0.0.1:{port}{path}", headers=headers)
             assert status == 200, (port, status, body[:300])
 
+    class Reading(threading.Thread):
+        """Reads on `ports` in turn while a rekey runs: the records keep coming throughout."""
+
+        def __init__(self, *ports: int):
+            super().__init__(daemon=True)
+            self.ports, self.stop, self.statuses = ports, threading.Event(), []
+
+        def run(self):
+            turn = 0
+            while not self.stop.is_set():
+                port = self.ports[turn % len(self.ports)]
+                turn += 1
+                self.statuses.append(http("GET", f"http://127.0.0.1:{port}{path}", headers=headers)[0])
+
+        def __enter__(self):
+            self.start()
+            return self
+
+        def __exit__(self, *exc):
+            self.stop.set()
+            self.join(60)
+            assert self.statuses and set(self.statuses) == {200}, self.statuses
+
     def records() -> tuple[int, int]:
         return DisclosureRecord.select().count(), DisclosureRecord.select().where(
             DisclosureRecord.action == CHECKPOINT).count()
@@ -94,7 +118,7 @@ def test_rekey_waits_for_a_host_still_on_the_old_key_and_the_chain_stays_one(set
 
         # The newest record is b's (NEW): the chain does not show that a still links under OLD. Refused.
         before = records()
-        code, result, err = cli(b_env, "keys", "rekey")
+        code, result, err = cli(b_env, "keys", "rekey")  # nothing reads meanwhile: `before` is exact
         assert code == 1 and result.get("refused", {}).get("cause") == "hosts_on_old_key", (result, err)
         assert result["resealed"] == 0 and result["still_old"]["audit_records"] >= 6, result
         named = result["refused"]["hosts"]
@@ -107,6 +131,11 @@ def test_rekey_waits_for_a_host_still_on_the_old_key_and_the_chain_stays_one(set
         assert {(h.pid, h.key_id) for h in KeyHolder.select()} == {(a_proc.pid, key_id(OLD.encode())),
                                                                    (procs["b"].pid, key_id(NEW.encode()))}
 
+        with Reading(a, b):  # a refused rekey again, both hosts linking meanwhile
+            code, result, _ = cli(b_env, "keys", "rekey")
+        # (refused either way: the newest record may be a's now, which the chain itself shows)
+        assert code == 1 and result["refused"]["cause"] in ("hosts_on_old_key", "old_key_still_linking"), result
+        assert result["resealed"] == 0 and records()[1] == before[1], result
         reads(a), reads(b)  # a's next records still link, and the chain verifies
         code, result, _ = cli(b_env, "audit", "verify")
         assert code == 0 and result["ok"], result
@@ -120,7 +149,8 @@ def test_rekey_waits_for_a_host_still_on_the_old_key_and_the_chain_stays_one(set
         KeyHolder.create(holder="gone:1:abc", host="gone", pid=1, role="serve", key_id=key_id(OLD.encode()),
                          previous_key_ids=[], started_at=long_ago, seen_at=long_ago)
         reads(a), reads(b)
-        code, result, err = cli(a_env, "keys", "rekey")
+        with Reading(a, b):  # the rekey reseals while both hosts (now on NEW) link records
+            code, result, err = cli(a_env, "keys", "rekey")
         assert code == 0 and "refused" not in result, (result, err)
         assert result["resealed"] >= 9 and result["still_old"]["audit_records"] == 0, result
         assert records()[1] == before[1] + 1  # the reseal checkpoint
