@@ -46,6 +46,13 @@ def run_worker(runtime, args) -> int:
     stop = _wait_for_signal()
     from keys.holders import KeyHeartbeat
     heartbeat = KeyHeartbeat(runtime, "worker").start()  # its SVC_HMAC_KEY noted before a task links a record
+    try:
+        return _consume(runtime, args, stop)
+    finally:
+        heartbeat.stop()
+
+
+def _consume(runtime, args, stop: threading.Event) -> int:
     queue = runtime.task_queue
     if args.queues:
         unknown = set(args.queues) - set(queue.broker.get_declared_queues())
@@ -66,7 +73,6 @@ def run_worker(runtime, args) -> int:
     if queue.worker is not None:
         queue.worker.stop(timeout=30_000)  # the tasks in hand link their records before the row goes
         queue.worker = None
-    heartbeat.stop()
     return 0  # with_runtime closes the runtime
 
 
