@@ -85,6 +85,8 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
         first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
         from keys.inventory import require_every_key
         require_every_key(first)  # a dropped SVC_HMAC_KEY_PREVIOUS that live secrets still need: one line
+        from keys.holders import require_open_key
+        require_open_key(first)  # a host at step 1 of a rotation after its rekey: one line
     finally:
         first.close()
     processes = processes or os.cpu_count() or 1
@@ -126,6 +128,9 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     # Signing keys in memory before the first request (JWKS and signing never wait on the
     # database), then kept current, with the cached applications, as changes are announced.
     await runtime.run(runtime.keyring.load)
+    # This process's SVC_HMAC_KEY noted in key_holder before it links a record (`keys rekey` waits for it).
+    from keys.holders import KeyHeartbeat
+    heartbeat = await runtime.run(KeyHeartbeat(runtime, "serve").start)
     runtime.changes.start()
     app = make_app(runtime)
     server = CountingHTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT, chunk_size=READ_CHUNK_SIZE,
@@ -161,6 +166,7 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     await server.close_all_connections()
     if stop_scheduler is not None:
         stop_scheduler.set()
+    await runtime.run(heartbeat.stop)
     runtime.close()
     log.info("svc-auth stopped")
 

@@ -461,6 +461,41 @@ def early_link(db, keys) -> tuple[int, int | None] | None:
         return None
 
 
+def under_lock(db, fn, /, *args):
+    """`fn(*args)` in one transaction holding the chain's append lock (what `append` and `reseal`
+    take): whatever it reads and writes is ordered with every append and every reseal."""
+    with db.atomic():
+        _lock(db)
+        return fn(*args)
+
+
+def resealed_by(db, keys, look: int = 100) -> tuple[int, int] | None:
+    """(seq, which of `keys` linked it) of the newest reseal checkpoint (`keys rekey`) among the
+    newest `look` checkpoints, or None: none, its predecessor pruned, unreadable, or linked under a
+    key not given. A cheap look (checkpoints are few): a host whose SVC_HMAC_KEY_PREVIOUS linked
+    it must not link under its SVC_HMAC_KEY any more (that key was closed)."""
+    sql = (f'SELECT "seq", "detail" FROM "disclosure_record" WHERE "action" = {db.param} '
+           f'ORDER BY "seq" DESC LIMIT {int(look)}')
+    try:
+        for seq, text in db.execute_sql(sql, (CHECKPOINT,)).fetchall():
+            try:
+                detail = json.loads(text) if isinstance(text, str) else None
+            except (ValueError, RecursionError):
+                continue
+            if not _is_reseal(detail):
+                continue
+            rows = _read_batch(db, seq - 2, 2)
+            if len(rows) < 2 or any(isinstance(r, tuple) for r in rows) or rows[0].seq != seq - 1 or rows[1].seq != seq:
+                return None
+            fields = _fields(rows[1])
+            by = next((i for i, key in enumerate(_keys(keys))
+                       if hmac.compare_digest(link(key, rows[0].mac, fields), rows[1].mac)), None)
+            return None if by is None else (seq, by)
+    except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError, TypeError, OverflowError):
+        return None
+    return None
+
+
 def check_keys(db, keys) -> dict:
     """What `keys rekey` looks at before it changes anything: the chain walked (no lock). `{"ok",
     "still_old", "refused"?: {"cause", "reason"}}` plus the failure of a chain that does not verify."""
@@ -473,12 +508,13 @@ def check_keys(db, keys) -> dict:
     return out
 
 
-def reseal(db, keys, now, checkpoint: dict) -> dict:
+def reseal(db, keys, now, checkpoint: dict, guard=None) -> dict:
     """Let the current key (`keys[0]`) vouch for the records only a previous key verifies (`keys
     rekey`): when there are any, append a reseal checkpoint committing to them. The chain is walked
     without the lock, then its last records under it. `{"resealed": N, "still_old": M, "ok", ...}`:
-    with a chain that does not verify, or keys that contradict it (`refused`, `_Walk.contradiction`),
-    nothing is appended (M counts what the walk found)."""
+    with a chain that does not verify, or keys that contradict it (`refused`, `_Walk.contradiction`,
+    or what `guard()` returns under the lock: `keys.holders.hosts_on_old_key`), nothing is appended
+    (M counts what the walk found)."""
     keys = _keys(keys)
     walk = _walk(_Walk(db, keys, None))
     if walk.failure:
@@ -489,7 +525,7 @@ def reseal(db, keys, now, checkpoint: dict) -> dict:
         result = walk.result()
         if not result["ok"]:
             return {**result, "resealed": 0, "still_old": walk.old + walk.unvouched}
-        refused = walk.contradiction()
+        refused = walk.contradiction() or (guard() if guard else None)
         if refused:
             return {"ok": True, "refused": refused, "resealed": 0, "still_old": walk.old}
         old = walk.old

@@ -116,6 +116,8 @@ def _prune(runtime, args):
     if before > latest:
         raise UsageError(f"--before {iso_ms(before)} is within the retention of {runtime.settings.disclosure_retention_days} "
                          f"days (SVC_DISCLOSURE_RETENTION_DAYS): at most {iso_ms(latest)}")
+    from keys.holders import require_open_key
+    require_open_key(runtime)  # a shell at step 1 after a rekey: its checkpoint would link under the closed key
     result = prune(runtime.db, chain_key(runtime), before, runtime.clock.now, {"actor": ACTOR})
     AuditEvent.record(ACTOR, "audit.prune", "disclosure_record", before=iso_ms(before), **result)
     emit({"before": iso_ms(before), **result}, args.json)

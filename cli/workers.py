@@ -44,6 +44,15 @@ def run_worker(runtime, args) -> int:
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be 1 or more")
     stop = _wait_for_signal()
+    from keys.holders import KeyHeartbeat
+    heartbeat = KeyHeartbeat(runtime, "worker").start()  # its SVC_HMAC_KEY noted before a task links a record
+    try:
+        return _consume(runtime, args, stop)
+    finally:
+        heartbeat.stop()
+
+
+def _consume(runtime, args, stop: threading.Event) -> int:
     queue = runtime.task_queue
     if args.queues:
         unknown = set(args.queues) - set(queue.broker.get_declared_queues())
@@ -61,7 +70,10 @@ def run_worker(runtime, args) -> int:
     stop.wait()
     stop_recovery.set()
     log.info("worker stopping: finishing the tasks in hand")
-    return 0  # with_runtime closes the runtime, which stops the worker
+    if queue.worker is not None:
+        queue.worker.stop(timeout=30_000)  # the tasks in hand link their records before the row goes
+        queue.worker = None
+    return 0  # with_runtime closes the runtime
 
 
 def run_scheduler_command(runtime, args) -> int:
@@ -88,7 +100,12 @@ def run_snapshot(runtime, args) -> int:
         raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
     for org_id in args.org or ():
         existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
-    report = run_night(runtime, night, args.org)
+    from keys.holders import KeyHeartbeat
+    heartbeat = KeyHeartbeat(runtime, "snapshot").start()  # the night's ehr.fetch records link under its key
+    try:
+        report = run_night(runtime, night, args.org)
+    finally:
+        heartbeat.stop()
     emit({"snapshot_date": night.isoformat(), "organizations": report.organizations,
           "built": report.built, "found_built": report.found_built, "skipped": report.skipped}, args.json)
     return 0 if report.complete else 1

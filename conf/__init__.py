@@ -167,6 +167,9 @@ class Settings:
     # Ids of retired SVC_HMAC_KEYs (`serve` names them when it refuses to start) whose live secrets the operator
     # lets stop working: `serve` then starts without that key (docs/operations.md).
     hmac_key_retired: tuple = ()
+    # Seconds a process's row in key_holder (the SVC_HMAC_KEY it links the disclosure chain under) counts as
+    # live after its last heartbeat (one every quarter of it): `keys rekey` waits for live hosts on an old key.
+    key_holder_window: int = 60
     # Lifetimes, seconds.
     code_ttl: int = 60
     launch_ttl: int = 300
@@ -303,7 +306,7 @@ class Settings:
                      "idle_connection_timeout", "hl7_idle_timeout",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "s3_multipart_bytes", "retired_secret_grace", "disclosure_retention_days",
+                     "console_idle_timeout", "s3_multipart_bytes", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
                      "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
                      "ehr_batch_max_bytes", "ehr_batch_max_pages",
@@ -313,6 +316,8 @@ class Settings:
                                                    "a whole number of requests, 1 or more")
         merged["bulk_max_concurrent"] = _at_least("SVC_BULK_MAX_CONCURRENT", merged["bulk_max_concurrent"], 1,
                                                   "a whole number of exports, 1 or more")
+        if merged["key_holder_window"] < 4:
+            raise ConfigError(f"SVC_KEY_HOLDER_WINDOW must be at least 4 seconds, got {merged['key_holder_window']}")
         if merged["task_recovery_seconds"] < 3:
             raise ConfigError(f"SVC_TASK_RECOVERY_SECONDS must be at least 3, got {merged['task_recovery_seconds']}")
         try:

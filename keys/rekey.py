@@ -7,7 +7,9 @@ is re-hashed on the application's next successful authentication (`oauth.secret_
 counted here until then; so is every other keyed hash an earlier key made and still live
 (`keys.inventory`: refresh tokens, re-made under the current key on their next use; codes,
 invitations, sessions, sign-in links). Before anything changes, the chain is checked against the
-keys: keys the wrong way round are refused (they would close the key the other hosts link under). When every count of `still_old` is 0, no host needs SVC_HMAC_KEY_PREVIOUS.
+keys: keys the wrong way round are refused (they would close the key the other hosts link under),
+and so is a rekey while a live host still links under another key (`keys.holders`: each process
+that links records notes its key with a heartbeat). When every count of `still_old` is 0, no host needs SVC_HMAC_KEY_PREVIOUS.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 from audit.chain import check_keys, reseal
 from audit.disclosures import chain_keys
 from keys.ehr_client import AAD_PREFIX
+from keys.holders import hosts_on_old_key
 from keys.inventory import still_old
 from keys.signing import TOPIC as SIGNING_KEYS
 from models.audit import AuditEvent
@@ -44,16 +47,21 @@ def rekey(runtime, actor: str = "operator") -> dict:
     `audit_error` when the disclosure chain does not verify (it is then left as it is), or
     `refused` (`{"cause", "reason"}`, nothing changed) when the keys contradict what the chain
     holds: SVC_HMAC_KEY and SVC_HMAC_KEY_PREVIOUS the wrong way round, or a host still linking
-    under the old key (`audit.chain._Walk.contradiction`)."""
+    under the old key (`audit.chain._Walk.contradiction`), or while a live process links under
+    another key (`keys.holders.hosts_on_old_key`: cause `hosts_on_old_key`)."""
     cipher = runtime.keyring.cipher
     keys = chain_keys(runtime)
     checked = check_keys(runtime.db, keys)
     if checked.get("refused"):
         return _refused(runtime, actor, checked["refused"], checked["still_old"])
+    waiting = hosts_on_old_key(runtime)
+    if waiting:
+        return _refused(runtime, actor, waiting, checked["still_old"])
     resealed_keys = _reseal_rows(cipher, SigningKeyRecord, "")
     ehr = _reseal_rows(cipher, EhrClientKey, AAD_PREFIX)
-    chain = reseal(runtime.db, keys, runtime.clock.now, {"actor": actor, "reason": "keys rekey"})
-    if chain.get("refused"):  # a record linked between the check and the lock
+    chain = reseal(runtime.db, keys, runtime.clock.now, {"actor": actor, "reason": "keys rekey"},
+                   guard=lambda: hosts_on_old_key(runtime))
+    if chain.get("refused"):  # a record linked, or a host on the old key started, between the check and the lock
         return _refused(runtime, actor, chain["refused"], chain["still_old"])
     result = {"resealed": resealed_keys + ehr + chain["resealed"],
               "still_old": {"signing_keys": _old_rows(cipher, SigningKeyRecord, ""),

@@ -42,6 +42,7 @@ from models.grants import AuthorizationCode, Launch
 from models.refresh import RefreshToken, SmartGrant
 from models.invitations import Invitation
 from models.ehr import EhrClientKey
+from models.key_holders import KeyHolder
 from models.keys import SigningKeyRecord
 from models.sandbox import SandboxSession, SandboxSigninLink
 from models.schedule import ScheduledRun
@@ -52,7 +53,7 @@ MODELS: tuple[type[peewee.Model], ...] = (
     Snapshot, SnapshotAppointment, ConnectorSession, ChartRequest, ScheduledRun, Invitation, BillableUse,
     SandboxSigninLink, SandboxSession,
     Developer, DeveloperAccess, DeveloperInvite, ConsoleSession, EhrClientKey, DisclosureRecord,
-    SmartGrant, RefreshToken, FeedAppointment, FeedMessage, SpentAssertion, ClinicCapability,
+    SmartGrant, RefreshToken, FeedAppointment, FeedMessage, SpentAssertion, ClinicCapability, KeyHolder,
     BulkExport, BulkExportFile,  # issue 48: Bulk Data exports (new tables: no step)
 )
 
@@ -239,6 +240,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Issue 45 numbers its steps 45xx.
     (4501, "key_id beside every stored keyed hash (refresh tokens, codes, invitations, sessions, sign-in links): "
            "which SVC_HMAC_KEY made it (keys rekey counts what still needs an old key)", _key_ids),
+    (4502, "key_holder: the SVC_HMAC_KEY each process linking disclosure records links under, with a heartbeat "
+           "(keys rekey waits for live hosts on an old key)",
+     lambda migrator: migrator.database.create_tables([KeyHolder], safe=True)),
     # Issue 47 numbers its steps 47xx (4751-4759: Epic's web service and the clinic's time zone, branch issue47e).
     (4751, "organization.time_zone: the IANA zone of times a feed or a web service sends without an offset",
      _add_missing_columns("organization", ("time_zone", peewee.CharField(max_length=64, default="UTC")))),
