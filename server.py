@@ -130,7 +130,8 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     await runtime.run(runtime.keyring.load)
     # This process's SVC_HMAC_KEY noted in key_holder before it links a record (`keys rekey` waits for it).
     from keys.holders import KeyHeartbeat
-    heartbeat = await runtime.run(KeyHeartbeat(runtime, "serve").start)
+    from workers.loops import run_every
+    heartbeat = await runtime.run(KeyHeartbeat(runtime, "serve").start, run_every)
     runtime.changes.start()
     app = make_app(runtime)
     server = CountingHTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT, chunk_size=READ_CHUNK_SIZE,

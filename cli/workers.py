@@ -45,7 +45,8 @@ def run_worker(runtime, args) -> int:
         raise UsageError("--threads must be 1 or more")
     stop = _wait_for_signal()
     from keys.holders import KeyHeartbeat
-    heartbeat = KeyHeartbeat(runtime, "worker").start()  # its SVC_HMAC_KEY noted before a task links a record
+    from workers.loops import run_every
+    heartbeat = KeyHeartbeat(runtime, "worker").start(run_every)  # its SVC_HMAC_KEY noted before a task links a record
     try:
         return _consume(runtime, args, stop)
     finally:
@@ -101,7 +102,8 @@ def run_snapshot(runtime, args) -> int:
     for org_id in args.org or ():
         existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
     from keys.holders import KeyHeartbeat
-    heartbeat = KeyHeartbeat(runtime, "snapshot").start()  # the night's ehr.fetch records link under its key
+    from workers.loops import run_every
+    heartbeat = KeyHeartbeat(runtime, "snapshot").start(run_every)  # the night's ehr.fetch records link under its key
     try:
         report = run_night(runtime, night, args.org)
     finally:

@@ -59,11 +59,12 @@ class KeyHeartbeat:
         self.beat()
         require_open_key(self.runtime)  # raised: the row is rolled back with the transaction
 
-    def start(self) -> "KeyHeartbeat":
+    def start(self, run_every) -> "KeyHeartbeat":
         """The first beat now (before this process links anything; ConfigError when its key was
-        closed by a rekey, `require_open_key`), then one every quarter of the window."""
+        closed by a rekey, `require_open_key`), then one every quarter of the window, on a thread
+        running the process's loop `run_every` (`workers.loops.run_every`, passed in: keys sits
+        below workers)."""
         from audit.chain import under_lock
-        from workers.loops import run_every
         try:
             self.runtime.connections.run(under_lock, self.runtime.db, self._first)
         except DATABASE_ERRORS:
