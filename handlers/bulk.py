@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 
-from audit.disclosures import Recording
 from errors import ApiError
 from bulk.api import cancel, export_status, kick_off, open_file, read_group, search_groups
 from bulk.params import lenient_handling, parameters_body, query_values, respond_async
 from fhir_api import FHIR_PATH_PREFIX, fhir_base_url
-from fhir_api.admission import Admission, Ask, answer
 from fhir_api.outcome import FhirError, invalid, operation_outcome
 from handlers.base import _nesting_exceeds
 from oauth.params import MAX_JSON_DEPTH
@@ -56,21 +54,9 @@ class BulkHandler(FhirHandler):
 
     async def admit(self, organization_id: str, action: str, resource_type: str, path_id, describe, fn, *args):
         self.check_organization(organization_id)
-        headers = self.request.headers
-        ask = Ask(organization_id, headers.get("Authorization"), headers.get("Origin"), action, resource_type, path_id,
-                  {}, self.request_disclosure(action), uses_ehr=False)  # the EHR is read by the worker, not here
-        admission, recording = Admission(), Recording(self.runtime)
-        try:
-            error, result = await recording.run(answer, self.runtime, ask, admission, recording, lambda: None,
-                                                describe, fn, *args)
-        except BaseException:
-            recording.skip()
-            raise
-        finally:
-            self.admitted(admission)
-        if error is not None:
-            raise error
-        return result
+        # uses_ehr=False: the EHR is read by the worker, not here
+        return await self.answered(organization_id, action, resource_type, path_id, {}, lambda: None, describe, fn,
+                                   *args, uses_ehr=False)
 
 
 class KickoffHandler(BulkHandler):

@@ -76,9 +76,16 @@ class FhirHandler(CorsHandler):
         admitted (CORS, limit headers), then its result or error."""
         self.check_organization(organization_id)
         self.accept_json()
+        self.write_fhir(await self.answered(organization_id, action, resource_type, path_id, self.search_args(),
+                                            checks, describe, fn, *args))
+
+    async def answered(self, organization_id: str, action: str, resource_type: str, path_id, search_args: dict,
+                       checks, describe, fn, *args, uses_ehr: bool = True):
+        """The result of `fn(runtime, caller, *args)` once admitted and recorded (or its error,
+        raised), with what it admitted (CORS, limit headers) set on this response."""
         headers = self.request.headers
         ask = Ask(organization_id, headers.get("Authorization"), headers.get("Origin"), action, resource_type, path_id,
-                  self.search_args(), self.request_disclosure(action))
+                  search_args, self.request_disclosure(action), uses_ehr=uses_ehr)
         admission, recording = Admission(), Recording(self.runtime)
         try:
             error, result = await recording.run(answer, self.runtime, ask, admission, recording, checks, describe, fn,
@@ -90,7 +97,7 @@ class FhirHandler(CorsHandler):
             self.admitted(admission)
         if error is not None:
             raise error
-        self.write_fhir(result)
+        return result
 
     def admitted(self, admission: Admission) -> None:
         """What the job decided before the domain call, on this answer whatever it is."""
