@@ -26,6 +26,14 @@ def find_application(application_id: str) -> Application:
     return app
 
 
+def record_change(runtime, app: Application, actor: str, action: str, **detail) -> Application:
+    """Save a changed application, audit it (`action` with `detail`) and tell every process."""
+    app.save()
+    AuditEvent.record(actor, action, app.id, **detail)
+    runtime.changes.announce(APPLICATIONS)
+    return app
+
+
 def _redirect_policy(redirect_uri: str, mode: str, redirect_uris) -> list[str]:
     """Validate a redirect registration; returns the list of exact URIs (empty in prefix mode)."""
     if mode not in MATCH_MODES:
@@ -46,20 +54,15 @@ def set_redirect_policy(runtime, application_id: str, mode: str, redirect_uris=(
     app = find_application(application_id)
     app.redirect_uris = _redirect_policy(app.redirect_uri, mode, redirect_uris)
     app.redirect_uri_match = mode
-    app.save()
-    AuditEvent.record(actor, "application.redirect_policy_set", app.id, mode=mode, redirect_uris=app.redirect_uris)
-    runtime.changes.announce(APPLICATIONS)
-    return app
+    return record_change(runtime, app, actor, "application.redirect_policy_set", mode=mode,
+                         redirect_uris=app.redirect_uris)
 
 
 def set_require_pkce(runtime, application_id: str, required: bool, actor: str = "operator") -> Application:
     """Make PKCE (S256) mandatory, or optional again, for one app's authorization requests."""
     app = find_application(application_id)
     app.require_pkce = bool(required)
-    app.save()
-    AuditEvent.record(actor, "application.require_pkce_set", app.id, required=app.require_pkce)
-    runtime.changes.announce(APPLICATIONS)
-    return app
+    return record_change(runtime, app, actor, "application.require_pkce_set", required=app.require_pkce)
 
 
 def declared_smart_scopes(scope: str) -> str:
@@ -76,10 +79,7 @@ def set_smart_scopes(runtime, application_id: str, scope: str, actor: str = "ope
     """The SMART scopes the app declares: authorize grants at most these (oauth.scopes.granted_scope)."""
     app = find_application(application_id)
     app.smart_scopes = declared_smart_scopes(scope)
-    app.save()
-    AuditEvent.record(actor, "application.smart_scopes_set", app.id, smart_scopes=app.smart_scopes)
-    runtime.changes.announce(APPLICATIONS)
-    return app
+    return record_change(runtime, app, actor, "application.smart_scopes_set", smart_scopes=app.smart_scopes)
 
 
 def set_fhir_rate_limits(runtime, application_id: str, actor: str = "operator", **limits) -> Application:
@@ -92,11 +92,8 @@ def set_fhir_rate_limits(runtime, application_id: str, actor: str = "operator", 
         raise ValueError(f"not a FHIR limit: {', '.join(sorted(unknown))}")
     for name, limit in limits.items():
         setattr(app, name, rate_text(limit) if limit is not None else None)
-    app.save()
-    AuditEvent.record(actor, "application.fhir_rate_limits_set", app.id,
-                      **{name: getattr(app, name) for name in limits})
-    runtime.changes.announce(APPLICATIONS)
-    return app
+    return record_change(runtime, app, actor, "application.fhir_rate_limits_set",
+                         **{name: getattr(app, name) for name in limits})
 
 
 def set_offline_access_ttl(runtime, application_id: str, seconds: int | None, actor: str = "operator") -> Application:
@@ -107,10 +104,7 @@ def set_offline_access_ttl(runtime, application_id: str, seconds: int | None, ac
         raise invalid("offline_access_ttl must be a whole number of seconds from 3600 (an hour) to 5 years.")
     app = find_application(application_id)
     app.offline_access_ttl = seconds
-    app.save()
-    AuditEvent.record(actor, "application.offline_access_ttl_set", app.id, seconds=seconds)
-    runtime.changes.announce(APPLICATIONS)
-    return app
+    return record_change(runtime, app, actor, "application.offline_access_ttl_set", seconds=seconds)
 
 
 def set_public(runtime, application_id: str, public: bool, actor: str = "operator") -> tuple[Application, str | None]:

@@ -13,7 +13,7 @@ import json
 from urllib.parse import urlsplit
 
 from app_cache.applications import TOPIC as APPLICATIONS
-from lifecycle.applications import find_application
+from lifecycle.applications import find_application, record_change
 from lifecycle.organizations import invalid
 from models.application import Application
 from models.audit import AuditEvent
@@ -65,11 +65,8 @@ def set_backend_keys(runtime, application_id: str, jwks_url: str | None = None, 
         except JwksError as exc:
             raise invalid(f"jwks: {exc}.") from None
     app.jwks_url, app.jwks = jwks_url, stored
-    app.save()
-    AuditEvent.record(actor, "application.jwks_set", app.id, jwks_url=jwks_url,
-                      kids=[k["kid"] for k in json.loads(stored)["keys"]] if stored else None)
-    runtime.changes.announce(APPLICATIONS)
-    return app
+    return record_change(runtime, app, actor, "application.jwks_set", jwks_url=jwks_url,
+                         kids=[k["kid"] for k in json.loads(stored)["keys"]] if stored else None)
 
 
 def set_system_scopes(runtime, application_id: str, scope: str, actor: str = "operator") -> Application:
@@ -80,7 +77,4 @@ def set_system_scopes(runtime, application_id: str, scope: str, actor: str = "op
         raise invalid(f"system_scopes: {exc}.") from None
     app = find_application(application_id)
     app.system_scopes = normalised
-    app.save()
-    AuditEvent.record(actor, "application.system_scopes_set", app.id, system_scopes=normalised)
-    runtime.changes.announce(APPLICATIONS)
-    return app
+    return record_change(runtime, app, actor, "application.system_scopes_set", system_scopes=normalised)
