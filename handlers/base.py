@@ -8,6 +8,7 @@ from urllib.parse import parse_qsl
 import tornado.web
 
 from audit.disclosures import Disclosure, without_signature
+from ops.jsontext import compact_json
 from conf.logging import redact
 from errors import ApiError
 from oauth.errors import OAuthError, invalid_request
@@ -16,8 +17,6 @@ from ops.observability import bind_request_id, request_id_for
 from ops.proxy import client_address
 
 log = logging.getLogger("svc_auth.http")
-
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # every JSON response; built once, not per response
 
 
 def _nesting_exceeds(text: str, limit: int) -> bool:
@@ -151,7 +150,7 @@ class BaseHandler(tornado.web.RequestHandler):
     def write_json(self, value, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=UTF-8")
-        self.finish(_COMPACT_JSON.encode(value))
+        self.finish(compact_json(value))
 
     def write_error(self, status_code: int, **kwargs):
         exc = kwargs.get("exc_info", (None, None, None))[1]

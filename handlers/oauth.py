@@ -12,7 +12,7 @@ from oauth.errors import AuthorizeError
 from oauth.introspection import introspect
 from oauth.resource import USERINFO, userinfo
 from oauth.revocation import revoke
-from oauth.token_endpoint import answers_in_memory, token_response
+from oauth.token_endpoint import in_memory_client, token_response
 from oauth.variants import VARIANTS
 from hub.introspection import platform_introspection
 
@@ -53,9 +53,9 @@ class TokenHandler(CorsHandler, VariantHandler):
         params, authorization = self.body_params(), self.request.headers.get("Authorization")
         if "Origin" in self.request.headers:  # a browser's request (CORS); servers send none
             await self.allow_origin_of(claimed_client_id(params, authorization))
-        if answers_in_memory(self.runtime, self.variant, params, authorization):
-            # No I/O at all (cached client, in-process failure counts): sign inline.
-            response = token_response(self.runtime, self.variant, params, authorization, self.client_address())
+        client = in_memory_client(self.runtime, self.variant, params, authorization)
+        if client is not None:  # no I/O at all (a cached client, its right secret): sign inline
+            response = token_response(self.runtime, self.variant, params, authorization, client=client)
         else:
             response = await self.run(token_response, self.runtime, self.variant, params, authorization,
                                       self.client_address())

@@ -31,7 +31,7 @@ from urllib.parse import unquote
 
 from models.application import Application
 from oauth.errors import OAuthError, invalid_client, invalid_request
-from oauth.params import check_fields
+from oauth.params import check_text
 from oauth.secret_rotation import CURRENT, RETIRED, hashed_under_current_key, presented_secret, rehash_secret
 from ratelimit.lockout import throttle_check, throttle_failure
 
@@ -52,8 +52,9 @@ def _basic_credentials(authorization: str) -> tuple[str, str] | None:
     if not sep:
         raise invalid_client("The Basic authorization header is malformed.", basic=True)
     client_id, secret = unquote(client_id), unquote(secret)
-    try:
-        check_fields({"client_id": client_id, "client_secret": secret})
+    try:  # the checks `check_fields` makes of these two values, in its order (the secret first)
+        check_text("client_secret", secret)
+        check_text("client_id", client_id)
     except OAuthError as exc:
         raise invalid_client(f"The Basic authorization header is malformed: {exc.message}", basic=True) from None
     return client_id, secret

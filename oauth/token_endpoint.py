@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from models.application import Application
 from oauth.authorization_code import AuthorizationCodeGrant
 from oauth.client_assertion import authenticate_assertion, presents_assertion, spend
 from oauth.client_credentials import ClientCredentialsGrant
@@ -26,39 +27,48 @@ def supported_grants(variant) -> list[str]:
     return [name for name in GRANTS if name in variant.grant_types]
 
 
-def token_response(runtime, variant, params: dict, authorization: str | None, address: str | None = None) -> dict:
-    """The token response for this request, or an `OAuthError` (RFC 6749 5.2)."""
+def token_response(runtime, variant, params: dict, authorization: str | None, address: str | None = None,
+                   client: Application | None = None) -> dict:
+    """The token response for this request, or an `OAuthError` (RFC 6749 5.2). `client`: the
+    application `in_memory_client` has already authenticated (its checks are not made twice)."""
     grant_type = text_param(params, "grant_type")
     if grant_type not in GRANTS or grant_type not in variant.grant_types:
         raise OAuthError("unsupported_grant_type",
                          f"grant_type must be one of: {', '.join(supported_grants(variant))}.")
-    if presents_assertion(params):  # private_key_jwt (RFC 7523): a backend app's key pair
-        client = authenticate_assertion(runtime, params, authorization, address)
+    if client is None and presents_assertion(params):  # private_key_jwt (RFC 7523): a backend app's key pair
+        assertion_client = authenticate_assertion(runtime, params, authorization, address)
         if grant_type == SystemCredentialsGrant.grant_type:
-            response = SystemCredentialsGrant(runtime).exchange(client, params)  # spends the jti itself
+            response = SystemCredentialsGrant(runtime).exchange(assertion_client, params)  # spends the jti itself
         else:
-            spend(runtime, client)
-            response = GRANTS[grant_type](runtime).exchange(client.app, params, with_billing=variant.billing_claims)
+            spend(runtime, assertion_client)
+            response = GRANTS[grant_type](runtime).exchange(assertion_client.app, params,
+                                                            with_billing=variant.billing_claims)
         runtime.metrics.count_token_issued(grant_type)
         return response
-    app = authenticate_client(runtime, params, authorization, address, allow_public=True)
+    app = client or authenticate_client(runtime, params, authorization, address, allow_public=True)
     response = GRANTS[grant_type](runtime).exchange(app, params, with_billing=variant.billing_claims)
     runtime.metrics.count_token_issued(grant_type)
     return response
 
 
-def answers_in_memory(runtime, variant, params: dict, authorization: str | None) -> bool:
-    """True when `token_response` needs no I/O for this request: a `client_credentials` grant by
-    an application this process has cached, with its right secret (checked before any throttle,
-    so not even Redis is asked, whatever the configuration). The handler then answers on the
-    IOLoop: the work is one HMAC compare and one RS256 signature, and handing it to the pool costs
-    more CPU than it saves (BENCHMARKS.md). Anything else goes to the pool."""
-    if params.get("grant_type") != "client_credentials" \
-            or "client_credentials" not in variant.grant_types or "client_secret" in params and authorization:
-        return False
+def in_memory_client(runtime, variant, params: dict, authorization: str | None) -> Application | None:
+    """The application of a request `token_response` can answer with no I/O, else None: a
+    `client_credentials` grant by an application this process has cached, with its right secret
+    (checked before any throttle, so not even Redis is asked, whatever the configuration), one
+    authentication method, and no other client_id in the body. The handler then answers on the
+    IOLoop, passing this application to `token_response` (authenticated once): the work is one
+    HMAC compare and one RS256 signature, and handing it to the pool costs more CPU than it saves
+    (BENCHMARKS.md). Anything else goes to the pool, whose `authenticate_client` answers it."""
+    if params.get("grant_type") != "client_credentials" or "client_credentials" not in variant.grant_types \
+            or "client_secret" in params and authorization or presents_assertion(params):
+        return None
     credentials = presented_credentials(params, authorization)
     if credentials is None:
-        return False
-    app = runtime.applications.cached(credentials[0])
-    return (app is not None and is_current_secret(app, credentials[1], runtime.hasher)
-            and hashed_under_current_key(app, runtime.hasher))  # else the pool re-hashes it (authenticate_client)
+        return None
+    client_id, secret = credentials
+    if params.get("client_id", client_id) != client_id:  # Basic and another body client_id: invalid_request
+        return None
+    app = runtime.applications.cached(client_id)
+    if app is None or not is_current_secret(app, secret, runtime.hasher) or not hashed_under_current_key(app, runtime.hasher):
+        return None  # else the pool answers (a wrong secret is counted; an old key's hash is re-hashed)
+    return app

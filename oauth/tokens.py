@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import padding
 from jose import jwt
 from jose.exceptions import JOSEError
 
+from ops.jsontext import compact_json
 from keys.signing import ALGORITHM, KeyRing
 from models.ids import new_secret
 
@@ -25,7 +26,6 @@ SYSTEM_AUDIENCE = "fhir-system"  # a backend app's system token (SMART Backend S
 ACCESS_TOKEN_TYPE = "at+jwt"
 
 VERIFIED_CACHE_SIZE = 4096     # verified tokens remembered per process (about 4 MB at most)
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))  # python-jose's JSON for JWS parts, built once
 _PKCS1V15 = padding.PKCS1v15()
 _SHA256 = hashes.SHA256()
 
@@ -68,7 +68,7 @@ class TokenService:
         as python-jose's `jwt.encode` (sorted header, compact JSON), signed with `cryptography`
         directly, the header encoded once per key (a token's CPU is mostly this signature)."""
         key = self.keyring.active
-        signing_input = self._header(key.kid, typ) + b"." + _b64url(_COMPACT_JSON.encode(claims).encode())
+        signing_input = self._header(key.kid, typ) + b"." + _b64url(compact_json(claims))
         signature = rsa_signature(key.private, signing_input)
         return (signing_input + b"." + _b64url(signature)).decode("ascii")
 

@@ -256,22 +256,29 @@ def test_an_older_database_is_migrated(runtime):
 
 
 def test_only_a_cached_client_with_its_right_secret_is_answered_without_the_pool(runtime, world):
-    from oauth.token_endpoint import answers_in_memory
+    from oauth.token_endpoint import in_memory_client
     from oauth.variants import VARIANTS
     v1 = next(v for v in VARIANTS if v.prefix == "/v1")
     app = world.app
     good = {"grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world.secret}
     basic = basic_auth(app.client_id, world.secret)
     runtime.applications.clear()
-    assert not answers_in_memory(runtime, v1, good, None)  # not cached yet: the pool reads it
+    assert in_memory_client(runtime, v1, good, None) is None  # not cached yet: the pool reads it
     runtime.applications.by_client_id(app.client_id)
-    assert answers_in_memory(runtime, v1, good, None)
-    assert answers_in_memory(runtime, v1, {"grant_type": "client_credentials"}, basic)
-    assert not answers_in_memory(runtime, v1, {**good, "client_secret": "wrong"}, None)  # failures are counted
-    assert not answers_in_memory(runtime, v1, {**good, "grant_type": "authorization_code"}, None)
-    assert not answers_in_memory(runtime, v1, good, basic)  # both methods: the error comes from the pool path
+    assert in_memory_client(runtime, v1, good, None).id == app.id
+    assert in_memory_client(runtime, v1, {"grant_type": "client_credentials"}, basic).id == app.id
+    assert in_memory_client(runtime, v1, {"grant_type": "client_credentials", "client_id": app.client_id},
+                            basic).id == app.id
+    # Basic and another client_id in the body: the pool path answers invalid_request.
+    assert in_memory_client(runtime, v1, {"grant_type": "client_credentials", "client_id": "cli_other"}, basic) is None
+    assert in_memory_client(runtime, v1, {**good, "client_secret": "wrong"}, None) is None  # failures are counted
+    assert in_memory_client(runtime, v1, {**good, "grant_type": "authorization_code"}, None) is None
+    assert in_memory_client(runtime, v1, good, basic) is None  # both methods: the error comes from the pool path
+    assert in_memory_client(runtime, v1, {**good, "client_assertion": "x",
+                                          "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"},
+                            None) is None
     runtime.settings = runtime.settings.replace(redis_url=REDIS_URL)  # the right secret never asks the throttle
-    assert answers_in_memory(runtime, v1, good, None)
+    assert in_memory_client(runtime, v1, good, None).id == app.id
 
 
 @pytest.mark.gen_test
