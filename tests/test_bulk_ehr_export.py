@@ -164,6 +164,55 @@ def test_a_failing_ehr_export_falls_back_to_the_per_patient_path(runtime, world,
     assert "fallback" in job.ehr_export
 
 
+def test_file_urls_off_the_ehrs_origin_are_never_followed(runtime, world, live, fhir_ehr, start_worker):
+    """A manifest naming files on another host (here svc-auth's own port: an internal address) is not
+    followed (refused before any request), so svc-auth's token at the EHR never goes there: the job
+    reads per patient."""
+    client = _clinic(runtime, world, live, fhir_ehr)
+    fhir_ehr.bulk(export=True, polls=0, file_base=f"{live}/fhir/R4")
+    start_worker()
+    url, _, files = _export(client)
+    log = [(c["method"], c["path"].split("/")[1]) for c in fhir_ehr.bulk()["log"]]
+    assert ("GET", "$export-file") not in log and log[-1] == ("DELETE", "$export-status")
+    assert "origin" in BulkExport.get_by_id(url.rsplit("/", 1)[1]).ehr_export["fallback"]
+    _only_the_clinics(files)
+
+
+def test_deleting_an_export_deletes_the_ehrs_export_too(runtime, world, live, fhir_ehr, start_worker):
+    client = _clinic(runtime, world, live, fhir_ehr)
+    fhir_ehr.bulk(export=True, polls=1000, retry_after=1)  # the EHR's export never completes
+    start_worker()
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation"})
+    assert status == 202, body
+    url = headers["Content-Location"]
+    export_id = url.rsplit("/", 1)[1]
+    wait_until(lambda: any(c["path"].startswith("/$export-status/") for c in fhir_ehr.bulk()["log"]), 60,
+               "the worker polling the EHR's export")
+    status_url = BulkExport.get_by_id(export_id).ehr_export["status_url"]
+    assert client.request("DELETE", url)[0] == 202
+    assert ("DELETE", "/" + status_url.split("/fhir/R4/", 1)[1]) in [(c["method"], c["path"]) for c in fhir_ehr.bulk()["log"]]
+    assert fhir_ehr.bulk()["jobs"] == 0  # gone at the EHR
+    assert client.status(url)[0] == 404 and BulkExport.get_or_none(BulkExport.id == export_id) is None
+
+
+def test_what_a_capability_statement_must_say_to_offer_bulk_export():
+    from connectors.fhir.capability import offers_bulk_export
+    statement = {"resourceType": "CapabilityStatement", "rest": [{"mode": "server", "resource": [{"type": "Patient"}]}]}
+    assert not offers_bulk_export(statement)
+    assert offers_bulk_export({**statement, "instantiates": ["http://hl7.org/fhir/uv/bulkdata/CapabilityStatement/bulk-data|2.0.0"]})
+    for operation in ({"name": "export"}, {"name": "patient-export"}, {"name": "$export"},
+                      {"name": "bulk", "definition": "http://hl7.org/fhir/uv/bulkdata/OperationDefinition/patient-export"}):
+        assert offers_bulk_export({**statement, "rest": [{"mode": "server", "resource": [{"type": "Patient", "operation": [operation]}]}]})
+        assert offers_bulk_export({**statement, "rest": [{"mode": "server", "operation": [operation]}]})
+    assert not offers_bulk_export({**statement, "rest": [{"mode": "client", "operation": [{"name": "export"}]}]})
+    assert not offers_bulk_export({**statement, "rest": [{"mode": "server", "resource": [{"type": "Patient", "operation": [
+        {"name": "everything"}]}]}]})
+    # The EHR's export is asked only for the types svc-auth's token there grants (None: an open server).
+    from connectors.fhir.grants import export_types
+    assert export_types(("Patient", "Observation", "Goal"), frozenset({"Patient", "Goal"})) == ("Patient", "Goal")
+    assert export_types(("Patient", "Observation"), None) == ("Patient", "Observation")
+
+
 def test_a_worker_killed_mid_ehr_export_resumes_the_ehrs_job_and_lists_no_truncated_file(
         runtime, world, live, fhir_ehr, start_worker):
     client = _clinic(runtime, world, live, fhir_ehr, observations=80)

@@ -71,7 +71,7 @@ class FhirEhr:
     def bulk(self, **settings) -> dict:
         """Bulk Data export on this EHR (tests/js/bulk_export.mjs; off until `export=True`): change its
         switches (`export`, `polls`, `retry_after`, `patient` honour|refuse|ignore, `fail`
-        status|manifest-error, `drip_ms`); returns `{"settings", "log"}` (each bulk request's
+        status|manifest-error, `drip_ms`, `file_base`: the manifest's files under another base); returns `{"settings", "log"}` (each bulk request's
         method and path)."""
         return self.admin("bulk", settings) if settings else self.admin("bulk")
 

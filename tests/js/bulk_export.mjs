@@ -22,14 +22,15 @@
 // Switches (POST /admin/bulk): {export: true|false, polls: N (202s before the manifest),
 // retry_after: S, patient: "honour"|"refuse"|"ignore" (ignore: every patient is exported, as a server
 // that drops the parameter), fail: null|"status"|"manifest-error", drip_ms: M (a wait per line of a
-// file)}. GET /admin/bulk: the switches and the request log ({method, path, ...} of each call).
+// file), file_base: URL (the manifest lists its files under this base: another host's, as a hostile
+// or misconfigured server would)}. GET /admin/bulk: the switches and the request log ({method, path, ...} of each call).
 
 const jobs = new Map();
 let settings = {};
 let log = [];
 let counter = 0;
 
-export function bulkReset() { settings = { export: false, polls: 1, retry_after: 1, patient: 'honour', fail: null, drip_ms: 0 }; jobs.clear(); log = []; }
+export function bulkReset() { settings = { export: false, polls: 1, retry_after: 1, patient: 'honour', fail: null, drip_ms: 0, file_base: null }; jobs.clear(); log = []; }
 bulkReset();
 export const bulkOn = () => settings.export;
 export function bulkAdmin(body) { if (body) Object.assign(settings, body); return { settings, log, jobs: jobs.size }; }
@@ -70,7 +71,7 @@ export async function bulkRequest(req, res, ctx) {
       send(res, 202, '');
       return true;
     }
-    const output = Object.entries(job.files).map(([type, lines]) => ({ type, url: `${ctx.base}/$export-file/${id}/${type}.ndjson`, count: lines.length }));
+    const output = Object.entries(job.files).map(([type, lines]) => ({ type, url: `${settings.file_base ?? ctx.base}/$export-file/${id}/${type}.ndjson`, count: lines.length }));
     const error = settings.fail === 'manifest-error' ? [{ type: 'OperationOutcome', url: `${ctx.base}/$export-file/${id}/errors.ndjson` }] : [];
     send(res, 200, { transactionTime: job.transactionTime, request: job.request, requiresAccessToken: true, output, error }, 'application/json');
     return true;
