@@ -5,12 +5,14 @@ its `Bounds`.
 
 - Kick-off: `POST {base}/Patient/$export` with `Accept: application/fhir+json`,
   `Prefer: respond-async` and a `Parameters` body (`_type`, `_since`, `patient` references); a 202
-  names the status URL in `Content-Location`, which must be inside the EHR's FHIR base.
+  names the status URL in `Content-Location`.
 - Status: `GET` the status URL: 202 (in progress; `Retry-After` honoured, at most the bounds'
   `max_retry_after` a poll), 200 and the manifest, or an error.
-- Files: only URLs on the EHR's own origin (scheme, host and port of its FHIR base) are followed,
-  so svc-auth's token never goes to another host and the EHR cannot point the worker at another
-  one (SSRF); each file is streamed a line at a time (`Transport.lines`).
+- The status URL and the files: only URLs on the EHR's own origin (scheme, host and port of its
+  FHIR base, not necessarily under its path: SMART's reference server answers `/fhir/bulkstatus/..`
+  for a base `/{settings}/fhir`) are followed, so svc-auth's token never goes to another host and
+  the EHR cannot point the worker at another one (SSRF); each file is streamed a line at a time
+  (`Transport.lines`).
 - DELETE of the status URL: the EHR's job and files are removed (best effort).
 Anything else (a refusal, an error status or manifest, a URL elsewhere) is `EhrExportFailed`.
 """
@@ -21,7 +23,7 @@ import logging
 from urllib.parse import urljoin, urlsplit
 
 from connectors.base import ConnectorError
-from connectors.fhir.transport import inside_base, same_origin
+from connectors.fhir.transport import same_origin
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 DEFAULT_POLL_SECONDS = 2.0   # a 202 without Retry-After: poll again after this
@@ -60,14 +62,20 @@ class EhrBulkExport:
             raise EhrExportFailed(f"The EHR refused its Patient/$export (HTTP {status}: {_issue(answer)}).")
         location = headers.get("Content-Location") or ""
         location = urljoin(url, location) if location else ""
-        if not location or not inside_base(location, self.client.base):
-            raise EhrExportFailed(f"The EHR's export status URL {location[:200]!r} is not inside its FHIR base.")
+        if not location or not same_origin(location, self.client.base):
+            raise EhrExportFailed(f"The EHR's export status URL {location[:200]!r} is not on its own origin "
+                                  f"({_origin(self.client.base)}).")
         return location
+
+    def _on_origin(self, url: str) -> str:
+        if not same_origin(url, self.client.base):
+            raise EhrExportFailed(f"Not following {url[:200]!r}: not on the EHR's origin ({_origin(self.client.base)}).")
+        return url
 
     def poll(self, status_url: str):
         """("running", seconds to wait) or ("complete", manifest); `EhrExportFailed` otherwise
         (`LookupError` when the EHR no longer knows the job: 404/410)."""
-        self.transport.confine(status_url)
+        self._on_origin(status_url)
         status, answer, headers = self.transport.send("GET", status_url, None, self._headers("application/json"))
         if status == 202:
             wait = _seconds(headers.get("Retry-After"))
@@ -96,15 +104,14 @@ class EhrBulkExport:
 
     def lines(self, url: str, with_token: bool, deadline: float):
         """The lines of one file (bytes), streamed; the token sent only when the manifest requires it."""
-        if not same_origin(url, self.client.base):
-            raise EhrExportFailed(f"Not following {url[:200]!r}: not on the EHR's origin.")
+        self._on_origin(url)
         headers = self._headers("application/fhir+ndjson") if with_token else {"Accept": "application/fhir+ndjson"}
         return self.transport.lines(url, headers, deadline)
 
     def delete(self, status_url: str) -> None:
         """DELETE the EHR's job (its files go with it); a failure is logged, never raised."""
         try:
-            self.transport.confine(status_url)
+            self._on_origin(status_url)
             status, _, _ = self.transport.send("DELETE", status_url, None, self._headers("application/json"))
             if status not in (200, 202, 204, 404, 410):
                 log.warning("the EHR at %s answered HTTP %s to the DELETE of its export", self.client.base, status)
