@@ -5,7 +5,8 @@ batch bounds (a fresh connector per page of patients), with the very search the 
 (`connectors.base.ResourceQuery` of the patient; the sandbox renders with `connectors.sandbox.render`,
 the FHIR EHR answers, and what a real EHR sends passes the one matcher `connectors.matching.matches`),
 then `_since`, `_typeFilter` (the FHIR API's search parser, lenient) and `_elements`, written by
-`bulk.files.TypeWriter`. Each stored part is recorded in the job's transaction only while this
+`bulk.files.TypeWriter`. A FHIR clinic whose EHR offers Bulk Data export reads the types it can
+from that export instead (`bulk.ehr_export`), and falls back to the searches when it fails. Each stored part is recorded in the job's transaction only while this
 delivery holds the job's lease (`owner`); a job deleted or taken over meanwhile (`ExportGone`)
 stops the build and its just-stored object is removed.
 """
