@@ -5,7 +5,8 @@ batch bounds (a fresh connector per page of patients), with the very search the 
 (`connectors.base.ResourceQuery` of the patient; the sandbox renders with `connectors.sandbox.render`,
 the FHIR EHR answers, and what a real EHR sends passes the one matcher `connectors.matching.matches`),
 then `_since`, `_typeFilter` (the FHIR API's search parser, lenient) and `_elements`, written by
-`bulk.files.TypeWriter`. Each stored part is recorded in the job's transaction only while this
+`bulk.files.TypeWriter`. A FHIR clinic whose EHR offers Bulk Data export reads the types it can
+from that export instead (`bulk.ehr_export`), and falls back to the searches when it fails. Each stored part is recorded in the job's transaction only while this
 delivery holds the job's lease (`owner`); a job deleted or taken over meanwhile (`ExportGone`)
 stops the build and its just-stored object is removed.
 """
@@ -14,10 +15,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from bulk.ehr_export import EhrSource, Gone, delete_ehr_job
 from bulk.files import Part, TypeWriter, export_prefix, subset, temporary_directory
 from bulk.groups import CLINIC_GROUP, members
 from bulk.params import PATIENT_TYPES, ExportParameters, type_filter_args
-from connectors import Bounds, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for
+from connectors import Bounds, ConnectorError, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for
 from connectors.matching import matches
 from fhir_api import fhir_base_url
 from fhir_api.search import parse_search
@@ -97,8 +99,10 @@ def _search(connector, query: ResourceQuery):
     return found
 
 
-def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str):
-    """Every resource of `kind` the job exports, lazily (filters applied; `_elements` not yet)."""
+def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str, ehr=None):
+    """Every resource of `kind` the job exports, lazily (filters applied; `_elements` not yet):
+    from the EHR's own export (`ehr`, a `bulk.ehr_export.EhrSource`) when it has the type, else
+    through the connector."""
     base = fhir_base_url(runtime.settings, job.organization_id)
     filters = [parse_search(kind, type_filter_args(q), base) for of, q in params.type_filters if of == kind]
     filters = [f.query for f in filters if not f.unmatchable]
@@ -111,7 +115,9 @@ def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str
         return not has_filters or any(matches(resource, query) for query in filters)
 
     bounds = Bounds.batch(runtime.settings)
-    if kind in PATIENT_TYPES:
+    if ehr is not None and kind in ehr.types:
+        yield from filter(kept, ehr.resources(kind))
+    elif kind in PATIENT_TYPES:
         for batch in patient_batches(job, params):
             connector = connector_for(runtime, job.organization, bounds)
             for patient in batch:
@@ -124,6 +130,42 @@ def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str
         yield from filter(kept, _search(connector, ResourceQuery(kind, count=100)))
 
 
+def _write_type(runtime, job: BulkExport, params: ExportParameters, kind: str, owner: str, ehr=None) -> None:
+    """Write and record every file of one type."""
+    settings = runtime.settings
+    with temporary_directory() as directory:
+        writer = TypeWriter(runtime.object_store, job.id, kind, settings.bulk_file_max_bytes,
+                            lambda part: record_part(runtime, job.id, owner, part), directory)
+        try:
+            for resource in type_resources(runtime, job, params, kind, ehr):
+                writer.add(subset(resource, params.elements) if params.elements else resource)
+            writer.close()
+        finally:
+            if not writer.handle.closed:
+                writer.handle.close()
+
+
+def _ehr_state(export_id: str, owner: str):
+    """`live(state)` for `bulk.ehr_export.EhrSource`: keep `state` in the job (None: only check),
+    True while this delivery still holds the job."""
+    def live(state) -> bool:
+        if state is None:
+            return BulkExport.select().where(_live(export_id, owner)).exists()
+        return bool(BulkExport.update(ehr_export=state).where(_live(export_id, owner)).execute())
+    return live
+
+
+def _fall_back(runtime, job: BulkExport, owner: str, ehr, reason: str) -> None:
+    """The EHR's export failed: keep that in the job, DELETE it at the EHR, and drop what the
+    type being written had recorded (it is written again through the connector)."""
+    log.warning("export %s: the EHR's own $export failed (%s): reading the EHR per patient", job.id, reason)
+    ehr.finish()
+    if not _ehr_state(job.id, owner)({"fallback": reason[:500]}):
+        raise ExportGone(job.id)
+    job.ehr_export = {"fallback": reason[:500]}
+    forget_unfinished_types(runtime, BulkExport.get_by_id(job.id))
+
+
 def build_export(runtime, export_id: str, owner: str) -> None:
     """Write every type not done of a pending job whose lease `owner` holds, then complete it."""
     job = BulkExport.get_or_none(BulkExport.id == export_id)
@@ -132,27 +174,31 @@ def build_export(runtime, export_id: str, owner: str) -> None:
     params = ExportParameters.from_json(job.parameters)
     forget_unfinished_types(runtime, job)
     done = list(job.done_types or ())
-    store, settings = runtime.object_store, runtime.settings
+    settings = runtime.settings
+    ehr = EhrSource.open(runtime, job, params, owner, patient_batches(job, params), _ehr_state(export_id, owner))
     for kind in params.types:
         if kind in done:
             continue
-        with temporary_directory() as directory:
-            writer = TypeWriter(store, export_id, kind, settings.bulk_file_max_bytes,
-                                lambda part: record_part(runtime, export_id, owner, part), directory)
-            try:
-                for resource in type_resources(runtime, job, params, kind):
-                    writer.add(subset(resource, params.elements) if params.elements else resource)
-                writer.close()
-            finally:
-                if not writer.handle.closed:
-                    writer.handle.close()
+        try:
+            _write_type(runtime, job, params, kind, owner, ehr)
+        except Gone:
+            raise ExportGone(export_id) from None
+        except ConnectorError as exc:
+            if ehr is None or kind not in ehr.types:
+                raise
+            _fall_back(runtime, job, owner, ehr, str(exc))
+            ehr = None
+            _write_type(runtime, job, params, kind, owner)
         done.append(kind)
         if not BulkExport.update(done_types=done).where(_live(export_id, owner)).execute():
             raise ExportGone(export_id)
+    if ehr is not None:
+        ehr.finish()
     now = runtime.clock.now()
     BulkExport.update(status="complete", completed_at=now,
                       expires_at=now + dt.timedelta(seconds=settings.bulk_file_ttl),
-                      lease_owner=None, lease_until=None).where(_live(export_id, owner)).execute()
+                      lease_owner=None, lease_until=None,
+                      **({"ehr_export": {"done": True}} if ehr is not None else {})).where(_live(export_id, owner)).execute()
     log.info("export %s complete", export_id)
 
 
@@ -164,7 +210,9 @@ def mark_failed(runtime, export_id: str, message: str, status: int = 500) -> Non
 
 
 def delete_export(runtime, export_id: str) -> bool:
-    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`)."""
+    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`),
+    and DELETE the EHR's own export it had kicked off (`bulk.ehr_export`)."""
+    job = BulkExport.get_or_none(BulkExport.id == export_id)
     with runtime.db.atomic():
         keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
                 .where(BulkExportFile.export == export_id)]
@@ -173,4 +221,6 @@ def delete_export(runtime, export_id: str) -> bool:
     store = runtime.object_store
     for key in dict.fromkeys([*keys, *store.list_keys(export_prefix(export_id))]):  # a part stored, not yet recorded, too
         store.delete(key)
+    if job is not None and job.ehr_export:
+        delete_ehr_job(runtime, job.organization, job.ehr_export)
     return bool(gone)

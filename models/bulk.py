@@ -49,6 +49,10 @@ class BulkExport(BaseModel):
     attempts = peewee.IntegerField(default=0)
     lease_owner = peewee.CharField(max_length=64, null=True)
     lease_until = peewee.DateTimeField(null=True)
+    # A FHIR clinic's EHR's own export this job reads (`bulk.ehr_export`): None (not decided, or not
+    # used), {"status_url": ...} (kicked off at the EHR: a later delivery polls it again), or
+    # {"fallback": reason} (it failed: the per-patient path).
+    ehr_export = JSONText(null=True)
 
     class Meta:
         indexes = ((("application", "status"), False), (("status", "lease_until"), False))

@@ -261,6 +261,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
      _add_missing_columns("application", ("jwks_url", peewee.CharField(max_length=500, null=True)),
                           ("jwks", peewee.TextField(null=True)),
                           ("system_scopes", peewee.TextField(default="")))),
+    # 4850-4859: a FHIR clinic's EHR's own $export (branch issue48-ehr-export).
+    (4850, "bulk_export.ehr_export: the status URL of a FHIR clinic's EHR's own $export a job reads (or its fallback)",
+     _add_missing_columns("bulk_export", ("ehr_export", peewee.TextField(null=True)))),
 )
 
 

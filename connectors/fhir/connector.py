@@ -14,7 +14,7 @@ from connectors.bounds import Bounds
 from connectors.fhir import check as ehr_check
 from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
                                    FhirState)
-from connectors.fhir.capability import ehr_types
+from connectors.fhir.capability import ehr_types, offers_bulk_export
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
 from connectors.fhir.epic_schedule import EpicSchedule, no_schedule_search
 from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
@@ -157,14 +157,17 @@ class FhirConnector:
     def capability_view(self) -> dict:
         """What this EHR offers svc-auth: `granted` (the types its token grants, sorted; None on an
         open server) and `types` (`connectors.fhir.capability.ehr_types` of its CapabilityStatement:
-        None when it serves none). The FHIR API's CapabilityStatement of the clinic is built from it."""
+        None when it serves none), and `bulk_export` (whether it offers Bulk Data `$export`:
+        `connectors.fhir.capability.offers_bulk_export`). The FHIR API's CapabilityStatement of the
+        clinic is built from it; a Bulk Data export of the clinic reads `bulk_export` (`bulk.ehr_export`)."""
         granted = self.client.granted_types()
         try:
             statement = self.client.get("metadata")
         except (LookupError, RequestRefused, AccessRefused, EhrReportedError) as exc:
             log.warning("the EHR at %s serves no CapabilityStatement (%s)", self.client.base, exc)
             statement = None
-        return {"granted": sorted(granted) if granted is not None else None, "types": ehr_types(statement)}
+        return {"granted": sorted(granted) if granted is not None else None, "types": ehr_types(statement),
+                "bulk_export": offers_bulk_export(statement)}
 
     def check(self, npis, now: dt.datetime) -> list[dict]:
         """`svc-auth ehr check` (`connectors.fhir.check`) for these NPIs (in order)."""

@@ -7,7 +7,8 @@ syntax. An EHR may grant fewer (its registration of svc-auth decides): the token
 `scope` says which (RFC 6749 5.1: absent means as asked). A type not granted is never asked of the
 EHR: the FHIR API answers 403 `forbidden` for it (`NotGranted`), the clinic's CapabilityStatement
 leaves it out, and an `_include`/`_revinclude` of it becomes an OperationOutcome entry
-(`connectors.fhir.client.NotGranted`).
+(`connectors.fhir.client.NotGranted`). The EHR's own Bulk Data `Patient/$export` needs no other
+scope: it is asked only for granted types (`export_types`).
 """
 from __future__ import annotations
 
@@ -53,3 +54,11 @@ def granted_types(token_response: dict, asked: tuple[str, ...]) -> frozenset[str
         return scope_types(asked)
     return scope_types(scope.split())
 
+
+
+def export_types(asked, granted: frozenset[str] | None) -> tuple[str, ...]:
+    """The types of `asked` svc-auth may name in the `_type` of the EHR's own `Patient/$export`:
+    those its token grants (Bulk Data Access IG 2.0.0: a server exports only the types the client's
+    `system/` scopes reach; the scopes are the ones asked above, no other). `granted` None: an open
+    server, every type."""
+    return tuple(t for t in asked if t in REQUESTED_TYPES and (granted is None or t in granted))

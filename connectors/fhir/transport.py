@@ -72,6 +72,13 @@ def inside_base(url: str, base: str) -> bool:
     return theirs[3] == prefix[:-1] or theirs[3].startswith(prefix)
 
 
+def same_origin(url: str, base: str) -> bool:
+    """Whether `url` is an http(s) URL on the scheme, host and port of the FHIR `base` (a Bulk Data
+    file of the EHR's: the only ones svc-auth follows, and sends its token to)."""
+    ours, theirs = _origin_and_path(base.rstrip("/")), _origin_and_path(url)
+    return ours is not None and theirs is not None and ours[:3] == theirs[:3]
+
+
 def relative_to_base(url: str, base: str) -> str | None:
     """`url` relative to the FHIR `base` (`{base}/Patient/x` -> `Patient/x`), or None when it is not inside it."""
     if not inside_base(url, base):
@@ -199,6 +206,55 @@ class Transport:
             self.sleep(wait)
             delay *= 2
         raise AssertionError("unreachable")
+
+    def lines(self, url: str, headers: dict | None, deadline: float):
+        """The lines of a GET's body (an ndjson file of a Bulk Data export), streamed: no more than
+        one line (at most `max_bytes`) in memory, each read waiting at most `request_deadline`, the
+        whole body over by `deadline` (monotonic clock; a watchdog shuts the socket then). No retry:
+        a body cut short raises `ConnectorUnavailable`, and the caller drops what it wrote of it."""
+        host = urlsplit(url).netloc
+        timeout = urllib3.Timeout(connect=self.bounds.connect, read=self.bounds.request_deadline)
+        try:
+            response = self.http.request("GET", url, headers=headers, redirect=False, retries=False,
+                                         preload_content=False, timeout=timeout)
+        except urllib3.exceptions.HTTPError as exc:
+            raise ConnectorUnavailable(f"The EHR at {host} did not send a file ({type(exc).__name__}).") from None
+        if response.status != 200:
+            _drop(response)
+            if 300 <= response.status < 400:
+                raise BoundExceeded("redirect", f"The EHR at {host} answered a file with HTTP {response.status} "
+                                                f"(a redirect); not followed.")
+            raise ConnectorError(f"The EHR at {host} answered HTTP {response.status} to {urlsplit(url).path[:200]}.")
+        cut = threading.Event()
+        watched = self.watchdog.watch(deadline, lambda: _shut(response, cut))
+        pending, whole = b"", False
+        try:
+            while True:
+                chunk = response.read1(CHUNK_BYTES)
+                if cut.is_set() or self.clock() >= deadline:
+                    raise self._late(url)
+                if not chunk:
+                    whole = True
+                    break
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                if len(pending) > self.bounds.max_bytes:
+                    raise self._too_big(url)
+                for line in complete:
+                    if line.strip():
+                        yield line
+            if pending.strip():
+                yield pending
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if cut.is_set() or self.clock() >= deadline:
+                raise self._late(url) from None
+            raise ConnectorUnavailable(f"The EHR at {host} broke off a file ({type(exc).__name__}).") from None
+        finally:
+            self.watchdog.cancel(watched)
+            if whole:
+                response.release_conn()
+            else:
+                _drop(response)
 
     def _read(self, response, url: str, deadline: float) -> bytes:
         """The body, streamed: at most `max_bytes`, and over at `deadline` (a watchdog shuts the

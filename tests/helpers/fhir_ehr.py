@@ -68,6 +68,13 @@ class FhirEhr:
         `"listed"`: offered in the CapabilityStatement, refused when called (400 not-supported)."""
         self.admin("capabilities", {"everything": offered})
 
+    def bulk(self, **settings) -> dict:
+        """Bulk Data export on this EHR (tests/js/bulk_export.mjs; off until `export=True`): change its
+        switches (`export`, `polls`, `retry_after`, `patient` honour|refuse|ignore, `fail`
+        status|manifest-error, `drip_ms`, `file_base`: the manifest's files under another base); returns `{"settings", "log"}` (each bulk request's
+        method and path)."""
+        return self.admin("bulk", settings) if settings else self.admin("bulk")
+
     def expire_tokens(self) -> None:
         """Every token used so far expires: the EHR answers 401 to it from now on."""
         self.admin("expire", {})

@@ -4,6 +4,9 @@
 // private_key_jwt). Test controls live under /admin (seed resources, inject faults, revoke, expire
 // tokens, hide the $everything operation).
 //
+// Bulk Data export (`Patient/$export`, its status and files) is a switch, off by default: POST
+// /admin/bulk (bulk_export.mjs, which cites what it follows); its data is Medplum's searches.
+//
 // Medplum's fhir-router serves neither `metadata` nor `Patient/{id}/$everything` (both live in
 // Medplum's server, which needs PostgreSQL and Redis). This harness adds them as FHIR R4 says: a
 // CapabilityStatement of what it serves, and $everything as the patient compartment (Medplum's
@@ -15,6 +18,7 @@ import http from 'node:http';
 import crypto from 'node:crypto';
 import { VENDORS, neededScope, vendorBasePath, vendorOffersEverything, vendorRequest, vendorScopes, vendorSmart } from './vendors.mjs';
 import { EpicScheduling, GET_PROVIDER_APPOINTMENTS } from './epic_scheduling.mjs';
+import { bulkAdmin, bulkRequest, bulkReset, bulkStatement } from './bulk_export.mjs';
 
 globalThis.WebSocket ??= class WebSocket {};  // Node 20: @medplum/core touches it at import
 
@@ -102,6 +106,10 @@ const PATIENT_COMPARTMENT = readJson('fhir/r4/compartmentdefinition-patient.json
   .filter((r) => r.param?.length && SERVED.includes(r.code));
 
 function capabilityStatement() {
+  return bulkStatement(fhirStatement());
+}
+
+function fhirStatement() {
   return { resourceType: 'CapabilityStatement', status: 'active', date: '2026-01-01', kind: 'instance',
     fhirVersion: '4.0.1', format: ['json'],
     rest: [{ mode: 'server', security: { service: [{ coding: [{ system: 'http://terminology.hl7.org/CodeSystem/restful-security-service', code: 'SMART-on-FHIR' }] }] },
@@ -164,7 +172,7 @@ async function admin(req, res, path) {
   }
   if (path === '/admin/reset') {
     repo.clear(); compartments = new Map(); hostile = []; statement = { hide: [], params: {} }; maxCount = 0; epic.reset(); offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
-    stats.pages = {}; stats.metadata = 0;
+    stats.pages = {}; stats.metadata = 0; bulkReset();
     return send(res, 200, {}, 'application/json');
   }
   if (path === '/admin/capabilities') {
@@ -172,6 +180,7 @@ async function admin(req, res, path) {
     serveEverything = body.everything === true || body.everything === undefined;
     return send(res, 200, {}, 'application/json');
   }
+  if (path === '/admin/bulk') return send(res, 200, bulkAdmin(req.method === 'POST' ? body : null), 'application/json');
   if (path === '/admin/statement') { statement = { hide: body.hide || [], params: body.params || {} }; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/paging') { maxCount = Number(body.max_count || 0); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/hostile') { hostile = body.appointments || []; return send(res, 200, {}, 'application/json'); }
@@ -269,6 +278,11 @@ async function fhir(req, res, url) {
   }
   const query = {};
   for (const [k, v] of url.searchParams) query[k] = k in query ? [].concat(query[k], v) : v;
+  const bulkBody = req.method === 'POST' && pathname.endsWith('/$export') ? JSON.parse((await readBody(req)) || 'null') : null;
+  if (await bulkRequest(req, res, { base, pathname, url, query, body: bulkBody, served: SERVED, compartmentOf,
+    allows: (kind) => { const needed = neededScope(vendor, kind); return !needed || granted === '*' || granted.split(' ').includes(needed); },
+    allPatients: async () => ((await repo.search(parseSearchRequest('Patient?_count=100000'))).entry ?? []).map((e) => e.resource.id),
+    send: (r, status, b, type) => send(r, status, b, type) })) return;
   let served = url.search;  // what Medplum searches (paging links keep what the client sent)
   // Every request is checked against the token's scopes, as certified EHRs do: the type in its path
   // needs its system/ scope (a read, a search, an operation on it).
