@@ -190,6 +190,24 @@ def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(fhir_clinic, r
     assert sorted(ids(fhir.search("Practitioner"))) == ["pr-ana", "pr-ben"]
 
 
+def test_an_ehr_answering_404_to_a_search_is_a_502_never_a_500(fhir_clinic, fhir_ehr):
+    """An EHR that answers a search 404 (it serves no such search) is refusing svc-auth's request:
+    the app gets 502 `exception`, as for any refusal, never a 500; a read's 404 stays the app's 404."""
+    _, _, fhir = fhir_clinic
+    assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
+    fhir_ehr.fault(404, count=1000)
+    try:
+        for path in ("/Practitioner?identifier=" + ANA_NPI, "/Condition?patient=pt-a", "/Appointment"):
+            status, _, body = fhir.get(path)
+            assert status == 502 and outcome(body) == "exception", (path, status, body)
+            no_ehr_url(body, fhir_ehr)
+        status, _, body = fhir.get("/Observation/ob-missing")
+        assert status == 404 and outcome(body) == "not-found", body
+    finally:
+        fhir_ehr.fault(404, count=0)
+    assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
+
+
 def test_the_ehr_down_is_a_503_and_a_revoked_registration_a_502(fhir_clinic, fhir_ehr, tmp_path):
     org_id, _, fhir = fhir_clinic
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"

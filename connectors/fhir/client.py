@@ -225,9 +225,19 @@ class FhirClient:
 
     def search(self, resource_type: str, params: dict) -> dict:
         """A search's first page, a Bundle checked as `pages` checks each (no `next` followed)."""
-        bundle = self.get(resource_type, params)
+        bundle = self._search_page(resource_type, self.url(resource_type, params))
         _searchset(bundle, resource_type)
         return bundle
+
+    def _search_page(self, resource_type: str, url: str) -> dict:
+        """`get` of a search's page. A 404 or 410 there says the EHR serves no such search (or
+        forgot the page), not that a resource is missing: `RequestRefused` (502 in the FHIR API,
+        a failed export), never a `LookupError` that callers of a search do not expect."""
+        try:
+            return self.get(url)
+        except LookupError as exc:
+            raise RequestRefused(f"The EHR answered 404 to a search of {resource_type} at {urlsplit(url).path}: "
+                                 f"{exc}") from None
 
     def pages(self, resource_type: str, params: dict):
         """A search's Bundles, one page at a time, along their `next` links: at most the bounds'
@@ -239,7 +249,7 @@ class FhirClient:
     def linked_pages(self, resource_type: str, url: str):
         """`pages` from the page at `url` (the search's first, or a `next` link the EHR sent earlier):
         (that page's URL, its Bundle, its `next` link or None), a page at a time."""
-        bundle, seen = self.get(url), {url}
+        bundle, seen = self._search_page(resource_type, url), {url}
         for number in range(1, self.bounds.max_pages + 1):
             _searchset(bundle, resource_type)
             following = next((link.get("url") for link in bundle.get("link") or ()
@@ -255,7 +265,7 @@ class FhirClient:
                 raise BoundExceeded("repeated_next", f"The EHR at {self.base} sent the same next link twice in a "
                                                      f"search of {resource_type}; not followed.")
             seen.add(following)
-            url, bundle = following, self.get(following)
+            url, bundle = following, self._search_page(resource_type, following)
 
     def offers_everything(self) -> bool:
         """Whether the EHR's CapabilityStatement offers `Patient/{id}/$everything` (cached per base)."""
