@@ -9,7 +9,6 @@ import time
 import uuid
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-import urllib3
 from jose import jwt
 
 from connectors.base import (
@@ -24,6 +23,7 @@ from connectors.bounds import Bounds
 from connectors.compartment import asked_patients, patients_of
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
+from connectors.fhir.connections import Connections
 from connectors.fhir.grants import granted_types, requested_scopes
 from connectors.fhir.transport import Transport
 from models.fhir_grammar import is_resource_type
@@ -62,7 +62,7 @@ class FhirClient:
     """HTTP to one FHIR base: discovery, the backend-services token, JSON reads with retries."""
 
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
-                 capabilities: ExpiringCache, bounds: Bounds, http: urllib3.PoolManager | None = None,
+                 capabilities: ExpiringCache, bounds: Bounds, http: Connections | None = None,
                  sleep=time.sleep, scopes=None, configurations: ExpiringCache | None = None, watchdog=None,
                  clock=time.time):
         """`bounds`: the caller's (`connectors.bounds`); `scopes(smart_configuration) -> scopes to

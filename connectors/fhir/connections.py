@@ -1,0 +1,78 @@
+"""Kept-alive HTTP/1.1 connections to the clinics' EHRs, per origin: what `transport.Transport`
+sends each request on (the standard library's `http.client`; the transport holds every bound).
+
+- One process's `Connections` (`connectors.fhir.cache.FhirState`) keeps up to `per_origin` idle
+  connections per (scheme, host, port), for at most `MAX_ORIGINS` origins (the least recently used
+  origin's connections are closed past it). A request takes an idle one or a new, unconnected one,
+  and gives it back only once its answer was read whole (`keep`); any other outcome closes it.
+- An idle connection the EHR closed meanwhile (readable while idle: its FIN, or bytes nobody asked
+  for) is closed when taken, never written to.
+- HTTPS verifies the EHR's certificate and host name (`ssl.create_default_context`)."""
+from __future__ import annotations
+
+import http.client
+import select
+import ssl
+import threading
+
+MAX_ORIGINS = 16                 # origins whose idle connections are kept (past it: the least recently used closed)
+
+
+class Connections:
+    """Idle kept-alive connections by origin (thread-safe)."""
+
+    def __init__(self, per_origin: int = 8, context: ssl.SSLContext | None = None):
+        self.per_origin = per_origin
+        self.context = context or ssl.create_default_context()
+        self._lock = threading.Lock()
+        self._idle: dict[tuple, list] = {}  # origin -> idle connections (the last given back last); origins in use order
+
+    def take(self, origin: tuple[str, str, int], connect_timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """(a connection to `origin`, whether it was kept from an earlier request): an idle one the
+        EHR has not closed, else a new one (connected by its first request, within `connect_timeout`)."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(origin)
+                connection = idle.pop() if idle else None
+            if connection is None:
+                break
+            if connection.sock is not None and not _readable(connection.sock):
+                return connection, True
+            connection.close()
+        scheme, host, port = origin
+        if scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=connect_timeout, context=self.context), False
+        return http.client.HTTPConnection(host, port, timeout=connect_timeout), False
+
+    def keep(self, origin: tuple[str, str, int], connection: http.client.HTTPConnection) -> None:
+        """Give back a connection whose answer was read whole (closed instead when the EHR said it
+        closes it, or `per_origin` are idle already)."""
+        dropped = []
+        with self._lock:
+            idle = self._idle.pop(origin, None)
+            if idle is None:
+                idle = []
+                while len(self._idle) >= MAX_ORIGINS:
+                    dropped += self._idle.pop(next(iter(self._idle)))
+            self._idle[origin] = idle  # most recently used last
+            if connection.sock is not None and len(idle) < self.per_origin:
+                idle.append(connection)
+            else:
+                dropped.append(connection)
+        for other in dropped:
+            other.close()
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                connection.close()
+
+
+def _readable(sock) -> bool:
+    """Whether an idle connection's socket has something to read: the EHR closed it (or wrote out of turn)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
