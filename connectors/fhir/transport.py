@@ -74,7 +74,11 @@ def inside_base(url: str, base: str) -> bool:
     """Whether `url` is an absolute URL under the FHIR `base`: same scheme, host and port, and a path
     that is the base's or below it at a `/` boundary (`/fhir/R4` holds `/fhir/R4/Patient`, not
     `/fhir/R4x` nor `/fhir/R4/../admin`)."""
-    ours, theirs = _origin_and_path(base.rstrip("/")), _origin_and_path(url)
+    return _inside(_origin_and_path(url), _origin_and_path(base.rstrip("/")))
+
+
+def _inside(theirs, ours) -> bool:
+    """`inside_base` of two `_origin_and_path` results (a URL's, its base's)."""
     if ours is None or theirs is None or ours[:3] != theirs[:3]:
         return False
     prefix = ours[3].rstrip("/") + "/"
@@ -154,6 +158,7 @@ class Transport:
     def __init__(self, base: str, bounds: Bounds, http: Connections | None = None,
                  sleep=time.sleep, clock=time.monotonic, watchdog: Watchdog | None = None, wall=time.time):
         self.base = base.rstrip("/")
+        self._base_parts = _origin_and_path(self.base)  # parsed once: `confine` runs on every request
         self.bounds = bounds
         self.http = http or Connections()
         self.sleep, self.clock, self.wall = sleep, clock, wall
@@ -162,7 +167,7 @@ class Transport:
 
     def confine(self, url: str) -> str:
         """`url`, when it is inside this EHR's base; else `BoundExceeded("outside_base")` (no request made)."""
-        if not inside_base(url, self.base):
+        if not _inside(_origin_and_path(url), self._base_parts):
             raise BoundExceeded("outside_base", f"The EHR at {self.base} sent a link outside its FHIR base "
                                                 f"({url[:200]!r}); not followed.")
         return url
@@ -220,7 +225,8 @@ class Transport:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 raise self._late(url)
-            connection, reused = self.http.take(origin, min(self.bounds.connect, remaining))
+            connection, reused = self.http.take(origin, min(self.bounds.connect, remaining),
+                                                check=method not in IDEMPOTENT)
             cut = threading.Event()
             watched = self.watchdog.watch(deadline, lambda: _shut(connection, cut))
             kept = False
