@@ -43,8 +43,8 @@ setup(
         "prometheus-client==0.26.0",
         "argon2-cffi==25.1.0",  # developer-console passwords: Argon2id, a maintained password hash
         "pyotp==2.12.0",  # the console's optional TOTP second factor (RFC 6238)
-        # HTTP to clinics' EHRs (connectors/fhir/transport.py): streamed bodies (`read1`) and a
-        # deadline watchdog (`HTTPResponse.shutdown`, 2.3+); the version boto3 already brought in.
+        # Apps' JWKS fetches (oauth/client_jwks.py); the version boto3 already brought in. (The EHR
+        # transport, connectors/fhir/, uses the standard library's http.client since issue 46 item 7.)
         "urllib3==2.8.0",
         # The FHIR API's JSON bodies (handlers/fhir.py): a search page of 50 encodes in 27 us against
         # json's 284 us, the same bytes (BENCHMARKS.md, issue 35). The disclosure chain's canonical

@@ -97,6 +97,88 @@ def test_an_http_date_already_past_is_no_wait_and_one_too_far_ends_the_attempts(
         far.close()
 
 
+class KeptAlive:
+    """An HTTP/1.1 EHR counting the connections it accepts. Each answer is `{"n": <request number>}`,
+    by `shape`: `length` (Content-Length), `chunked`, `alternate` (one then the other), `hang-up`
+    (Content-Length, then the connection closed without a word, as a keep-alive timeout does) or
+    `short` (a Content-Length the body never reaches before the connection closes)."""
+
+    def __init__(self, shape: str):
+        self.shape, self.requests, self.connections = shape, 0, 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True   # headers and body are two writes: no 40 ms wait between answers
+
+            def log_message(self, *args):
+                pass
+
+            def setup(self):
+                outer.connections += 1
+                super().setup()
+
+            def do_GET(self):  # noqa: N802
+                outer.requests += 1
+                body = b'{"n": %d}' % outer.requests
+                chunked = outer.shape == "chunked" or (outer.shape == "alternate" and outer.requests % 2 == 0)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/fhir+json")
+                if chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+                    return
+                self.send_header("Content-Length", str(len(body) + (100 if outer.shape == "short" else 0)))
+                self.end_headers()
+                self.wfile.write(body)
+                if outer.shape in ("hang-up", "short"):
+                    self.wfile.flush()
+                    self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/fhir"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("shape", ["length", "chunked", "alternate"])
+def test_one_connection_carries_request_after_request(shape):
+    """Issue 46 item 7: the EHR's connection is kept alive, whatever framing its answers use."""
+    ehr, waits = KeptAlive(shape), []
+    try:
+        transport = Transport(ehr.base, BOUNDS, sleep=waits.append)
+        answers = [transport.send("GET", f"{ehr.base}/Patient/p")[:2] for _ in range(6)]
+        assert answers == [(200, {"n": n}) for n in range(1, 7)]
+        assert ehr.connections == 1 and waits == []
+    finally:
+        ehr.close()
+
+
+def test_a_kept_connection_the_ehr_closed_is_replaced_without_a_retry_or_a_wait():
+    ehr, waits = KeptAlive("hang-up"), []
+    try:
+        transport = Transport(ehr.base, BOUNDS, sleep=waits.append)
+        answers = [transport.send("GET", f"{ehr.base}/Patient/p")[:2] for _ in range(4)]
+        assert answers == [(200, {"n": n}) for n in range(1, 5)]
+        assert ehr.requests == 4 and ehr.connections == 4 and waits == []
+    finally:
+        ehr.close()
+
+
+def test_a_body_shorter_than_its_content_length_is_a_broken_answer_never_data():
+    ehr = KeptAlive("short")
+    try:
+        with pytest.raises(ConnectorUnavailable, match="broke off its answer"):
+            Transport(ehr.base, BOUNDS, sleep=[].append).send("GET", f"{ehr.base}/Patient/p")
+    finally:
+        ehr.close()
+
+
 class TlsListener:
     """A TLS port on loopback counting the connections it accepts: with `certificate` it completes
     handshakes with that (self-signed) certificate; without, it hangs up during each handshake."""

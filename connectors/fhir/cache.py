@@ -5,8 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-import urllib3
-
+from connectors.fhir.connections import Connections
 from connectors.fhir.transport import Watchdog
 
 POOL_CONNECTIONS_PER_HOST = 8   # kept-alive connections per EHR host and process (SVC_DB_THREADS' default)
@@ -89,6 +88,6 @@ class FhirState:
         # for a few seconds, so anonymous `metadata` requests cannot make svc-auth hammer a failing EHR.
         self.capability_failures = ExpiringCache(clock)
         # Kept-alive connections to the EHRs (thread-safe; up to a pool thread's worth per EHR host), and
-        # the one thread that holds every body read to its deadline.
-        self.http = urllib3.PoolManager(retries=False, maxsize=POOL_CONNECTIONS_PER_HOST)
+        # the one thread that holds every exchange with an EHR to its deadline.
+        self.http = Connections(POOL_CONNECTIONS_PER_HOST)
         self.watchdog = Watchdog()

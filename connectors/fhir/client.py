@@ -9,7 +9,6 @@ import time
 import uuid
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-import urllib3
 from jose import jwt
 
 from connectors.base import (
@@ -24,6 +23,7 @@ from connectors.bounds import Bounds
 from connectors.compartment import asked_patients, patients_of
 from connectors.fhir.cache import ExpiringCache
 from connectors.fhir.capability import offers_patient_everything
+from connectors.fhir.connections import Connections
 from connectors.fhir.grants import granted_types, requested_scopes
 from connectors.fhir.transport import Transport
 from models.fhir_grammar import is_resource_type
@@ -62,13 +62,14 @@ class FhirClient:
     """HTTP to one FHIR base: discovery, the backend-services token, JSON reads with retries."""
 
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
-                 capabilities: ExpiringCache, bounds: Bounds, http: urllib3.PoolManager | None = None,
+                 capabilities: ExpiringCache, bounds: Bounds, http: Connections | None = None,
                  sleep=time.sleep, scopes=None, configurations: ExpiringCache | None = None, watchdog=None,
                  clock=time.time):
         """`bounds`: the caller's (`connectors.bounds`); `scopes(smart_configuration) -> scopes to
         ask`: the profile's and discovery's choice (`connectors.fhir.profiles`); by default `SCOPES`.
         `clock`: the runtime's wall clock (`runtime.clock.time`), for an HTTP-date `Retry-After`."""
         self.base = base_url.rstrip("/")
+        self._base_path = urlsplit(self.base).path
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
         self.capabilities = capabilities
         self.bounds = bounds
@@ -162,7 +163,7 @@ class FhirClient:
 
     def type_of(self, url: str) -> str:
         """The first path segment of `url` under the base (a resource type, `metadata`...)."""
-        return urlsplit(url).path[len(urlsplit(self.base).path):].strip("/").split("/")[0]
+        return urlsplit(url).path[len(self._base_path):].strip("/").split("/")[0]
 
     def get(self, path_or_url: str, params: dict | None = None) -> dict:
         """GET a FHIR JSON resource (a relative path or an absolute `next` link of this server; a URL
@@ -183,9 +184,11 @@ class FhirClient:
     def _record(self, outcome: str, url: str, body) -> None:
         """One `ehr.fetch` disclosure record per read, through the recorder given to the connector:
         the patients of what it returned, or (a failure) those its URL asked for."""
+        if self.recorder is None:
+            return
         parts = urlsplit(url)
-        path = parts.path[len(urlsplit(self.base).path):].strip("/")
-        if self.recorder is None or path == "metadata":  # the CapabilityStatement is no patient data
+        path = parts.path[len(self._base_path):].strip("/")
+        if path == "metadata":  # the CapabilityStatement is no patient data
             return
         if isinstance(body, dict) and body.get("resourceType") == "Bundle":
             resources = [entry.get("resource") or {} for entry in body.get("entry") or ()]

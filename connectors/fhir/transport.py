@@ -2,8 +2,10 @@
 held to the caller's `Bounds` (connectors/bounds.py).
 
 - A wall-clock deadline per request, retries, `Retry-After` waits and every byte included: a
-  watchdog shuts the socket at the deadline, so a body dripping a byte a second ends there, not
-  when the EHR stops; the connection and read timeouts never outlast it either.
+  watchdog shuts the socket at the deadline, so an answer (its head or its body) dripping a byte a
+  second ends there, not when the EHR stops; the connection and read timeouts never outlast it either.
+- Connections are kept alive between requests (`connectors.fhir.connections`, `http.client`):
+  one is reused only after its answer was read whole, and closed after anything else.
 - The body is streamed and read up to `max_bytes`; past it the connection is dropped.
 - `Retry-After` (delay-seconds or an HTTP-date, RFC 9110 10.2.3, read against the runtime's wall
   clock) is honoured up to `max_retry_after`; a longer one (or one past the deadline) ends the
@@ -19,26 +21,33 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import heapq
+import http.client
 import itertools
 import json
 import logging
 import re
+import socket
 import ssl
 import threading
 import time
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
-import urllib3
+import orjson
 
 from connectors.base import BoundExceeded, ConnectorError, ConnectorUnavailable, DeadlineExceeded
 from connectors.bounds import Bounds
+from connectors.fhir.connections import Connections
 
 BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
 CHUNK_BYTES = 64 * 1024          # a body is read this much at a time
 DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
 _ENCODED_SEPARATOR = re.compile(r"%(2e|2f|5c|25)", re.IGNORECASE)  # `.`, `/`, `\`, `%` spelled encoded
 _PRINTABLE = re.compile(r"[!-~]+")
+USER_AGENT = "svc-auth"
+IDEMPOTENT = frozenset(("GET", "HEAD"))
+STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+"""What writing on a kept connection the EHR had just closed raises (before any answer)."""
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -65,7 +74,11 @@ def inside_base(url: str, base: str) -> bool:
     """Whether `url` is an absolute URL under the FHIR `base`: same scheme, host and port, and a path
     that is the base's or below it at a `/` boundary (`/fhir/R4` holds `/fhir/R4/Patient`, not
     `/fhir/R4x` nor `/fhir/R4/../admin`)."""
-    ours, theirs = _origin_and_path(base.rstrip("/")), _origin_and_path(url)
+    return _inside(_origin_and_path(url), _origin_and_path(base.rstrip("/")))
+
+
+def _inside(theirs, ours) -> bool:
+    """`inside_base` of two `_origin_and_path` results (a URL's, its base's)."""
     if ours is None or theirs is None or ours[:3] != theirs[:3]:
         return False
     prefix = ours[3].rstrip("/") + "/"
@@ -91,14 +104,16 @@ def relative_to_base(url: str, base: str) -> str | None:
 
 class Watchdog:
     """One thread per process that calls each watched function at its deadline (monotonic clock),
-    unless it was cancelled first: the deadline of every EHR body being read, without a thread per
-    request. Started on first use (after `serve` forked)."""
+    unless it was cancelled first: the deadline of every EHR exchange, without a thread per
+    request. The thread is woken only when a new deadline comes before every other one (with one
+    request deadline, hardly ever): watching and cancelling are a heap push and a dict pop. Started
+    on first use (after `serve` forked)."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
         self._condition = threading.Condition()
-        self._heap: list = []          # (deadline, number, fn)
-        self._cancelled: set = set()   # numbers cancelled before their deadline (dropped when due)
+        self._heap: list = []          # (deadline, number): live and cancelled ones (these dropped when due)
+        self._live: dict = {}          # number -> fn, until called or cancelled
         self._numbers = itertools.count()
         self._thread: threading.Thread | None = None
 
@@ -106,26 +121,29 @@ class Watchdog:
         """Call `fn()` at `deadline`; returns the number `cancel` takes."""
         with self._condition:
             number = next(self._numbers)
-            heapq.heappush(self._heap, (deadline, number, fn))
+            self._live[number] = fn
+            heapq.heappush(self._heap, (deadline, number))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="svc-ehr-watchdog", daemon=True)
                 self._thread.start()
-            self._condition.notify()
+            elif self._heap[0][1] == number:  # sooner than the thread's wait: it must wait less
+                self._condition.notify()
             return number
 
-    def cancel(self, number: int) -> None:
+    def cancel(self, number: int) -> bool:
+        """Cancel `number`'s call; False when it was already called (or being called)."""
         with self._condition:
-            self._cancelled.add(number)
+            return self._live.pop(number, None) is not None
 
     def _due(self):
         """The next function whose deadline has come (waiting for it), skipping cancelled ones."""
         with self._condition:
             while True:
-                while self._heap and self._heap[0][1] in self._cancelled:
-                    self._cancelled.discard(heapq.heappop(self._heap)[1])
+                while self._heap and self._heap[0][1] not in self._live:
+                    heapq.heappop(self._heap)
                 now = self.clock()
                 if self._heap and self._heap[0][0] <= now:
-                    return heapq.heappop(self._heap)[2]
+                    return self._live.pop(heapq.heappop(self._heap)[1])
                 self._condition.wait(self._heap[0][0] - now if self._heap else None)
 
     def _run(self) -> None:
@@ -140,22 +158,23 @@ class Watchdog:
 class Transport:
     """HTTP to one FHIR base under one caller's `Bounds` (`operation_deadline` counts from here).
     `http` and `watchdog` are the process's (`connectors.fhir.cache.FhirState`): connections to the
-    EHR are kept alive from one request to the next, and one thread keeps every body's deadline.
-    `clock` measures the deadlines (monotonic); `wall` is the runtime's clock (`runtime.clock.time`),
-    against which an HTTP-date `Retry-After` is read."""
+    EHR are kept alive from one request to the next (`connectors.fhir.connections`), and one thread
+    keeps every exchange's deadline. `clock` measures the deadlines (monotonic); `wall` is the
+    runtime's clock (`runtime.clock.time`), against which an HTTP-date `Retry-After` is read."""
 
-    def __init__(self, base: str, bounds: Bounds, http: urllib3.PoolManager | None = None,
+    def __init__(self, base: str, bounds: Bounds, http: Connections | None = None,
                  sleep=time.sleep, clock=time.monotonic, watchdog: Watchdog | None = None, wall=time.time):
         self.base = base.rstrip("/")
+        self._base_parts = _origin_and_path(self.base)  # parsed once: `confine` runs on every request
         self.bounds = bounds
-        self.http = http or urllib3.PoolManager(retries=False)
+        self.http = http or Connections()
         self.sleep, self.clock, self.wall = sleep, clock, wall
         self.watchdog = watchdog or Watchdog(clock)
         self.started = clock()
 
     def confine(self, url: str) -> str:
         """`url`, when it is inside this EHR's base; else `BoundExceeded("outside_base")` (no request made)."""
-        if not inside_base(url, self.base):
+        if not _inside(_origin_and_path(url), self._base_parts):
             raise BoundExceeded("outside_base", f"The EHR at {self.base} sent a link outside its FHIR base "
                                                 f"({url[:200]!r}); not followed.")
         return url
@@ -172,33 +191,30 @@ class Transport:
         connections within the bounds. Raises `DeadlineExceeded`, `BoundExceeded` (`max_bytes`,
         `redirect`) or `ConnectorUnavailable` (attempts spent, or a `Retry-After` too long)."""
         bounds, deadline, delay = self.bounds, self.deadline(), BACKOFF_SECONDS
-        host = urlsplit(url).netloc
+        origin, target = _origin_and_target(url)
+        host = f"{origin[1]}:{origin[2]}"
+        sent = {"User-Agent": USER_AGENT, **(headers or {})}
         for attempt in range(1, bounds.attempts + 1):
-            remaining = deadline - self.clock()
-            if remaining <= 0:
+            if deadline - self.clock() <= 0:
                 raise self._late(url)
-            timeout = urllib3.Timeout(connect=min(bounds.connect, remaining), read=remaining)
             try:
-                response = self.http.request(method, url, body=body, headers=headers, redirect=False, retries=False,
-                                             preload_content=False, timeout=timeout)
-            except urllib3.exceptions.HTTPError as exc:
+                status, answered, data = self._exchange(method, origin, target, body, sent, url, deadline)
+            except _Broken as exc:
                 if self.clock() >= deadline:
                     raise self._late(url) from None
-                if _certificate_refused(exc):
+                if _certificate_refused(exc.cause):
                     raise ConnectorError(f"The EHR at {host} presented a TLS certificate that does not verify "
-                                         f"({str(exc)[:300]}); check its certificate chain and the FHIR base URL.") from None
-                outcome, wait = type(exc).__name__, delay
+                                         f"({str(exc.cause)[:300]}); check its certificate chain and the FHIR base "
+                                         f"URL.") from None
+                outcome, wait = type(exc.cause).__name__, delay
             else:
-                status = response.status
                 if 300 <= status < 400:
-                    _drop(response)
                     raise BoundExceeded("redirect", f"The EHR at {host} answered HTTP {status} (a redirect, to "
-                                                    f"{str(response.headers.get('Location'))[:200]!r}); not followed.")
+                                                    f"{str(answered.get('Location'))[:200]!r}); not followed.")
                 if status != 429 and status < 500:
-                    return status, _json(self._read(response, url, deadline)), response.headers
-                _drop(response)
+                    return status, _json(data), answered
                 outcome = f"HTTP {status}"
-                wait = _retry_after(response.headers.get("Retry-After"), delay, self.wall())
+                wait = _retry_after(answered.get("Retry-After"), delay, self.wall())
             if attempt == bounds.attempts or wait > bounds.max_retry_after or self.clock() + wait >= deadline:
                 raise ConnectorUnavailable(f"The EHR at {host} is unavailable ({outcome}); the request will be "
                                            f"retried.")
@@ -211,86 +227,130 @@ class Transport:
         """The lines of a GET's body (an ndjson file of a Bulk Data export), streamed: no more than
         one line (at most `max_bytes`) in memory, each read waiting at most `request_deadline`, the
         whole body over by `deadline` (monotonic clock; a watchdog shuts the socket then). No retry:
-        a body cut short raises `ConnectorUnavailable`, and the caller drops what it wrote of it."""
-        host = urlsplit(url).netloc
-        timeout = urllib3.Timeout(connect=self.bounds.connect, read=self.bounds.request_deadline)
-        try:
-            response = self.http.request("GET", url, headers=headers, redirect=False, retries=False,
-                                         preload_content=False, timeout=timeout)
-        except urllib3.exceptions.HTTPError as exc:
-            raise ConnectorUnavailable(f"The EHR at {host} did not send a file ({type(exc).__name__}).") from None
-        if response.status != 200:
-            _drop(response)
-            if 300 <= response.status < 400:
-                raise BoundExceeded("redirect", f"The EHR at {host} answered a file with HTTP {response.status} "
-                                                f"(a redirect); not followed.")
-            raise ConnectorError(f"The EHR at {host} answered HTTP {response.status} to {urlsplit(url).path[:200]}.")
+        a body cut short raises `ConnectorUnavailable`, and the caller drops what it wrote of it. The
+        connection is kept alive for the next request only when the body was read whole."""
+        origin, target = _origin_and_target(url)
+        host = f"{origin[1]}:{origin[2]}"
+        if deadline - self.clock() <= 0:
+            raise self._late(url)
+        connection, _ = self.http.take(origin, min(self.bounds.connect, deadline - self.clock()), check=True)
         cut = threading.Event()
-        watched = self.watchdog.watch(deadline, lambda: _shut(response, cut))
-        pending, whole = b"", False
+        watched = self.watchdog.watch(deadline, lambda: _shut(connection, cut))
+        kept = False
         try:
-            while True:
-                chunk = response.read1(CHUNK_BYTES)
+            try:
+                if connection.sock is None:
+                    connection.connect()
+                connection.sock.settimeout(self.bounds.request_deadline)
+                connection.request("GET", target, headers={"User-Agent": USER_AGENT, **(headers or {})})
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
                 if cut.is_set() or self.clock() >= deadline:
-                    raise self._late(url)
-                if not chunk:
-                    whole = True
-                    break
-                pending += chunk
-                *complete, pending = pending.split(b"\n")
-                if len(pending) > self.bounds.max_bytes:
-                    raise self._too_big(url)
-                for line in complete:
-                    if line.strip():
-                        yield line
+                    raise self._late(url) from None
+                raise ConnectorUnavailable(f"The EHR at {host} did not send a file ({type(exc).__name__}).") from None
+            if response.status != 200:
+                if 300 <= response.status < 400:
+                    raise BoundExceeded("redirect", f"The EHR at {host} answered a file with HTTP {response.status} "
+                                                    f"(a redirect); not followed.")
+                raise ConnectorError(f"The EHR at {host} answered HTTP {response.status} to {urlsplit(url).path[:200]}.")
+            pending = b""
+            try:
+                while True:
+                    chunk = response.read1(CHUNK_BYTES)
+                    if cut.is_set() or self.clock() >= deadline:
+                        raise self._late(url)
+                    if not chunk:
+                        if response.length:  # the connection ended before its Content-Length
+                            raise http.client.IncompleteRead(b"", response.length)
+                        response.close()
+                        kept = not response.will_close
+                        break
+                    pending += chunk
+                    *complete, pending = pending.split(b"\n")
+                    if len(pending) > self.bounds.max_bytes:
+                        raise self._too_big(url)
+                    for line in complete:
+                        if line.strip():
+                            yield line
+            except (OSError, http.client.HTTPException) as exc:
+                if cut.is_set() or self.clock() >= deadline:
+                    raise self._late(url) from None
+                raise ConnectorUnavailable(f"The EHR at {host} broke off a file ({type(exc).__name__}).") from None
             if pending.strip():
                 yield pending
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            if cut.is_set() or self.clock() >= deadline:
-                raise self._late(url) from None
-            raise ConnectorUnavailable(f"The EHR at {host} broke off a file ({type(exc).__name__}).") from None
         finally:
-            self.watchdog.cancel(watched)
-            if whole:
-                response.release_conn()
+            if self.watchdog.cancel(watched) and kept:
+                self.http.keep(origin, connection)
             else:
-                _drop(response)
+                connection.close()
 
-    def _read(self, response, url: str, deadline: float) -> bytes:
-        """The body, streamed: at most `max_bytes`, and over at `deadline` (a watchdog shuts the
+    def _exchange(self, method: str, origin: tuple, target: str, body, headers: dict, url: str, deadline: float):
+        """One attempt: (status, headers, body: bytes, or None when not read: a redirect, 429 or 5xx)
+        on a kept-alive connection (a fresh one when a kept GET finds it closed before any answer).
+        A watchdog shuts the socket at `deadline`, so neither the answer's head nor its body can
+        drip past it. `_Broken` for a connection that failed (refused, reset, TLS, a timeout)."""
+        for fresh_retry in (False, True):
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                raise self._late(url)
+            connection, reused = self.http.take(origin, min(self.bounds.connect, remaining),
+                                                check=method not in IDEMPOTENT)
+            cut = threading.Event()
+            watched = self.watchdog.watch(deadline, lambda: _shut(connection, cut))
+            kept = False
+            try:
+                try:
+                    if connection.sock is None:
+                        connection.connect()
+                    connection.sock.settimeout(max(deadline - self.clock(), 0.001))
+                    connection.request(method, target, body=body, headers=headers)
+                    response = connection.getresponse()
+                except (OSError, http.client.HTTPException) as exc:
+                    if cut.is_set() or self.clock() >= deadline:
+                        raise self._late(url) from None
+                    if reused and not fresh_retry and method in IDEMPOTENT and isinstance(exc, STALE):
+                        continue  # the EHR closed the kept connection as we wrote: once more, on a new one
+                    raise _Broken(exc) from None
+                status = response.status
+                if 300 <= status < 400 or status == 429 or status >= 500:
+                    return status, response.headers, None
+                data = self._read(response, url, deadline, cut)
+                kept = not response.will_close
+                return status, response.headers, data
+            finally:
+                if self.watchdog.cancel(watched) and kept:
+                    self.http.keep(origin, connection)
+                else:
+                    connection.close()
+        raise AssertionError("unreachable")
+
+    def _read(self, response, url: str, deadline: float, cut: threading.Event) -> bytes:
+        """The body, streamed: at most `max_bytes`, and over at `deadline` (the watchdog shuts the
         socket then, so no byte-by-byte drip outlasts it)."""
         limit = self.bounds.max_bytes
         declared = response.headers.get("Content-Length")
         if declared and declared.isdigit() and int(declared) > limit:
-            _drop(response)
             raise self._too_big(url)
-        cut = threading.Event()
-        watched = self.watchdog.watch(deadline, lambda: _shut(response, cut))
-        chunks, size, whole = [], 0, False
+        chunks, size = [], 0
         try:
             while True:
                 chunk = response.read1(CHUNK_BYTES)
                 if cut.is_set() or self.clock() >= deadline:
                     raise self._late(url)
                 if not chunk:
-                    whole = True
-                    break
+                    if response.length:  # the connection ended before its Content-Length
+                        raise http.client.IncompleteRead(b"".join(chunks), response.length)
+                    response.close()  # `read1` leaves a Content-Length answer open at its end
+                    return b"".join(chunks)
                 size += len(chunk)
                 if size > limit:
                     raise self._too_big(url)
                 chunks.append(chunk)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except (OSError, http.client.HTTPException) as exc:
             if cut.is_set() or self.clock() >= deadline:
                 raise self._late(url) from None
             raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer "
                                        f"({type(exc).__name__}); the request will be retried.") from None
-        finally:
-            self.watchdog.cancel(watched)
-            if whole:
-                response.release_conn()
-            else:
-                _drop(response)
-        return b"".join(chunks)
 
     def _late(self, url: str) -> DeadlineExceeded:
         return DeadlineExceeded("deadline", f"The EHR at {urlsplit(url).netloc} did not answer within the "
@@ -303,26 +363,50 @@ class Transport:
                                           f"({urlsplit(url).path[:200]}); not read further.")
 
 
-def _shut(response, cut: threading.Event) -> None:
-    """The watchdog: unblock a read waiting on the socket (urllib3's `HTTPResponse.shutdown`)."""
+class _Broken(Exception):
+    """A connection to the EHR that failed before an answer (`cause`: the socket's, TLS's or HTTP's error)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _origin_and_target(url: str) -> tuple[tuple[str, str, int], str]:
+    """((scheme, host, port), path and query) of an absolute http(s) URL; `ConnectorError` for any other."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+        scheme = ""
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        raise ConnectorError(f"Not an http(s) URL of an EHR: {url[:200]!r}.")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return (scheme, parts.hostname.lower(), port or DEFAULT_PORTS[scheme]), target
+
+
+def _shut(connection, cut: threading.Event) -> None:
+    """The watchdog: unblock a connect, write or read waiting on the socket."""
     cut.set()
+    sock = connection.sock
     try:
-        response.shutdown()
-    except (ValueError, RuntimeError, OSError):
-        pass  # already closed or released
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
 
 
-def _drop(response) -> None:
-    """Close the response and its connection (unread bytes must not reach the next request)."""
+def _json(data: bytes | None):
+    """The body as JSON (orjson; `json` for what it refuses, e.g. an integer past 64 bits), or None."""
+    if not data:
+        return None
     try:
-        response.close()
-    finally:
-        response.release_conn()
-
-
-def _json(data: bytes):
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
     try:
-        return json.loads(data) if data else None
+        return json.loads(data)
     except (ValueError, RecursionError):  # not JSON, or nested past what the parser follows
         return None
 
@@ -349,7 +433,7 @@ def _retry_after(value: str | None, default: float, now: float) -> float:
 
 
 def _certificate_refused(exc: BaseException) -> bool:
-    """Whether urllib3's error is a certificate that failed verification (permanent), as opposed to
+    """Whether a connection's error is a certificate that failed verification (permanent), as opposed to
     a TLS handshake broken off or timed out (transient)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
