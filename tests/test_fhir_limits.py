@@ -131,6 +131,72 @@ def test_per_app_and_per_token_limits_shared_by_two_processes_through_redis(runt
     assert list(redis.Redis.from_url(REDIS_URL).scan_iter(f"{redis_namespace}:ratelimit:fhir_app:*"))
 
 
+@pytest.mark.slow
+def test_quota_leased_by_two_processes_is_never_exceeded_and_fully_usable(runtime, world, serving, redis_namespace):
+    """Issue 49: each process leases blocks of a counter's quota from Redis and spends them in
+    memory. Over two real serve processes the fleet admits the limit exactly: never one more,
+    every unit usable, and each `RateLimit-Remaining` at most the limit less what the answering
+    process admitted (`ratelimit.leases`: as of that process's last lease)."""
+    import redis
+    from concurrent.futures import ThreadPoolExecutor
+    limit = 300
+    env = dict(SVC_FHIR_RATE_LIMIT=f"100000/{DAY}", SVC_FHIR_TOKEN_RATE_LIMIT=f"{limit}/{DAY}", SVC_REDIS_URL=REDIS_URL,
+               SVC_REDIS_NAMESPACE=redis_namespace)
+    issuer, first = serving(**env)
+    _, second = serving(**env)
+    path = f"/Practitioner/{world.physician.id}"
+    client = redis.Redis.from_url(REDIS_URL)
+
+    def shared_count() -> int:
+        keys = list(client.scan_iter(f"{redis_namespace}:ratelimit:fhir_token:*"))
+        assert len(keys) == 1, keys
+        return int(client.get(keys[0]))
+
+    def check_sequential(token):
+        admitted, by = 0, {first: 0, second: 0}
+
+        def read(base):
+            nonlocal admitted
+            status, headers, body = Fhir(base, world.org.id, token).get(path)
+            if status == 200:
+                admitted += 1
+                by[base] += 1
+                assert 0 <= int(headers["RateLimit-Remaining"]) <= limit - by[base], (by, headers)
+            else:
+                throttled(status, headers, body, whose="access token")
+            return status
+        for _ in range(40):
+            assert read(first) == 200
+        leased = shared_count()
+        assert 40 < leased <= limit  # blocks: Redis counted more than the 40 admitted, in far fewer calls
+        while read(second) == 200:  # the second process takes what Redis has left...
+            pass
+        assert shared_count() == limit and admitted < limit  # ...while the first still holds quota
+        while read(first) == 200:  # which it alone spends
+            pass
+        assert admitted == limit and shared_count() == limit
+        assert read(second) == 429 and read(first) == 429
+    check_sequential(mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id))
+    client.delete(*client.scan_iter(f"{redis_namespace}:ratelimit:fhir_token:*"))
+
+    # At once: 8 threads over both processes, then each process drained in turn.
+    token = mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id)
+    bases = [first, second] * 4
+
+    def burst(base):
+        statuses = [Fhir(base, world.org.id, token).get(path)[0] for _ in range(50)]
+        assert set(statuses) <= {200, 429}
+        return statuses.count(200)
+    with ThreadPoolExecutor(len(bases)) as pool:
+        admitted = sum(pool.map(burst, bases))
+    assert admitted <= limit and shared_count() <= limit
+    for base in (first, second):
+        while Fhir(base, world.org.id, token).get(path)[0] == 200:
+            admitted += 1
+    assert admitted == limit and shared_count() == limit
+    client.close()
+
+
 @pytest.mark.gen_test
 async def test_the_limiters_store_down_is_a_503_with_retry_after(api, runtime, world):
     # Only the limiter's store is down (the deny-list and the rest of the process work).
