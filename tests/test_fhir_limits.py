@@ -197,6 +197,31 @@ def test_quota_leased_by_two_processes_is_never_exceeded_and_fully_usable(runtim
     client.close()
 
 
+@pytest.mark.slow
+def test_a_revocation_reaches_every_process_at_once_through_the_redis_deny_list(runtime, world, serving,
+                                                                               redis_namespace):
+    """Issue 49: with Redis, each process keeps the deny-list's answers while the database's `denied`
+    version stands still (no Redis call per read). A token revoked through one process is refused by
+    the very next read in every process."""
+    import urllib.request
+    from helpers.http import basic_auth
+    env = dict(SVC_REDIS_URL=REDIS_URL, SVC_REDIS_NAMESPACE=redis_namespace)
+    issuer, first = serving(**env)
+    _, second = serving(**env)
+    path = f"/Practitioner/{world.physician.id}"
+    token = mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id)
+    for base in (first, second, first, second):  # each process has read (and kept) "not denied"
+        assert Fhir(base, world.org.id, token).get(path)[0] == 200
+    request = urllib.request.Request(f"{first}/v1/oauth/revoke", method="POST",
+                                     data=f"token={token}".encode(),
+                                     headers={"Content-Type": "application/x-www-form-urlencoded",
+                                              "Authorization": basic_auth(world.app.client_id, world.secret)})
+    assert urllib.request.urlopen(request, timeout=10).status == 200
+    for base in (second, first):
+        status, headers, _ = Fhir(base, world.org.id, token).get(path)
+        assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"]
+
+
 @pytest.mark.gen_test
 async def test_the_limiters_store_down_is_a_503_with_retry_after(api, runtime, world):
     # Only the limiter's store is down (the deny-list and the rest of the process work).
