@@ -4,7 +4,8 @@ A lease is a block of a counter's quota in one fixed window that Redis has alrea
 (`ratelimit.redis_limiter.LEASE_SCRIPT`): this process may admit that many requests against the
 counter without asking Redis again. Redis never leases past the limit, so all processes together
 never admit more than it. What a process leased and did not spend is not given back: it is spent
-by that process's next requests of the counter, or expires with the window. To keep that small:
+by that process's next requests of the counter, or expires with the window (or is forfeit when the
+counter's limit changes: an operator lowering it is obeyed at the next request). To keep that small:
 - a process's first lease of a counter in a window is one request, and each next one twice the
   last (at most MAX_BLOCK): a counter this process serves rarely is counted one request at a time;
 - Redis grants at most 1/LEASE_DIVISOR of what is left of the limit (at least one request): near
@@ -35,13 +36,14 @@ PRUNE_SECONDS = 1.0
 
 
 class _Lease:
-    __slots__ = ("left", "count", "block", "seconds", "index")
+    __slots__ = ("left", "count", "block", "limit", "seconds", "index")
 
-    def __init__(self, seconds: int, index: int):
+    def __init__(self, limit: Limit, index: int):
         self.left = 0       # requests this process may still admit
         self.count = 0      # the shared count right after this process's last lease
         self.block = 0      # the last block granted (the next asks twice it)
-        self.seconds, self.index = seconds, index
+        self.limit = limit.count  # the limit it was leased under: another limit forfeits what is left
+        self.seconds, self.index = limit.seconds, index
 
 
 class Leases:
@@ -60,7 +62,8 @@ class Leases:
         here (then spent from each), else (None, indexes of the counters without); nothing spent."""
         with self._lock:
             held = [self._held.get(key) for key in keys]
-            missing = [n for n, lease in enumerate(held) if lease is None or lease.left < 1]
+            missing = [n for n, lease in enumerate(held)
+                       if lease is None or lease.left < 1 or lease.limit != limits[n].count]
             if missing:
                 return None, missing
             for lease in held:
@@ -85,8 +88,8 @@ class Leases:
                 self._prune(now)
             for key, limit, count, block in zip(keys, limits, counts, blocks):
                 lease = self._held.get(key)
-                if lease is None:
-                    lease = self._held[key] = _Lease(limit.seconds, int(now // limit.seconds))
+                if lease is None or lease.limit != limit.count:  # a changed limit: what was left is forfeit
+                    lease = self._held[key] = _Lease(limit, int(now // limit.seconds))
                 lease.left += block
                 lease.count = max(lease.count, count)
                 lease.block = block

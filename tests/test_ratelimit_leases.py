@@ -82,3 +82,12 @@ def test_a_refusal_takes_nothing_from_the_other_counter(fleet, redis_namespace):
     assert not refused.allowed and refused.key == "token" and refused.remaining == 0
     assert shared(redis_namespace, "app") == before
     assert b.hit_all_now([app]).allowed  # the app's quota is still there for its other tokens
+
+
+def test_a_lowered_limit_is_obeyed_at_once_though_quota_was_leased(fleet, redis_namespace):
+    _, (a, _b) = fleet
+    for _ in range(40):  # a holds a block leased under 1000
+        assert a.hit_all_now([("t", Limit(1000, 60))]).allowed
+    assert shared(redis_namespace, "t") > 40
+    refused = a.hit_all_now([("t", Limit(30, 60))])  # `apps update` lowered it below what was counted
+    assert not refused.allowed and refused.remaining == 0
