@@ -57,7 +57,7 @@ class Leases:
     def __len__(self) -> int:
         return len(self._held)
 
-    def spend(self, keys: list[str], limits: list[Limit], now: float):
+    def spend(self, keys: list[str], limits: list[Limit]):
         """One request against every counter: (counts used as reported, None) when each has quota
         here (then spent from each), else (None, indexes of the counters without); nothing spent."""
         with self._lock:
@@ -70,7 +70,7 @@ class Leases:
                 lease.left -= 1
             return [lease.count - lease.left for lease in held], None
 
-    def used(self, keys: list[str], limits: list[Limit], now: float) -> list[int]:
+    def used(self, keys: list[str]) -> list[int]:
         """Each counter's count as this process reports it (limit - remaining), nothing spent."""
         with self._lock:
             return [(lease.count - lease.left) if lease is not None else 0

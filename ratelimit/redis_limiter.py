@@ -161,7 +161,7 @@ class RedisRateLimiter(RateLimiter):
         limits = [limit for _, limit in counters]
         now = self.clock.time()
         while True:
-            spent, missing = self.leases.spend(keys, limits, now)
+            spent, missing = self.leases.spend(keys, limits)
             if spent is not None:
                 return binding([key for key, _ in counters], spent, limits, resets, True)
             asks = [self.leases.block_for(keys[n]) for n in missing]
@@ -174,7 +174,7 @@ class RedisRateLimiter(RateLimiter):
                 raise RateLimiterUnavailable(str(exc)) from exc
             allowed, counts, blocks = int(reply[0]), [int(c) for c in reply[1:1 + len(missing)]], reply[1 + len(missing):]
             if not allowed:
-                used = self.leases.used(keys, limits, now)
+                used = self.leases.used(keys)
                 for n, count in zip(missing, counts):
                     used[n] = count
                 return binding([key for key, _ in counters], used, limits, resets, False)
