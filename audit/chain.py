@@ -126,7 +126,9 @@ def append(db, key: bytes, rows: list[dict], now, after: tuple[int, str] | None 
     """Append `rows` (field dicts without seq, at, mac) in one transaction; their seqs. `now()` is
     read under the lock, so `at` never goes backwards along the chain (within one clock). Inside a
     caller's transaction, the rows are part of it. `after`: the (seq, mac) the chain continues
-    from when the table is empty (a prune that removed every record): seq never starts again at 1."""
+    from when the table is empty (a prune that removed every record): seq never starts again at 1.
+    `rows` may be a function giving them, called once the lock is held (the group commit takes
+    what arrived while it waited for another process's append, issue 49)."""
     if _is_postgres(db) and not db.in_transaction() and after is None:
         return _append_postgres(db, key, rows, now)
     with db.atomic():
@@ -134,7 +136,7 @@ def append(db, key: bytes, rows: list[dict], now, after: tuple[int, str] | None 
         head = _head(db)
         if after is not None and (head is None or head[0] < after[0]):
             head = after
-        records = _linked(key, head, rows, to_ms(now()))
+        records = _linked(key, head, rows() if callable(rows) else rows, to_ms(now()))
         db.execute_sql(*_insert_sql(db, records))
     return [r["seq"] for r in records]
 
@@ -147,7 +149,7 @@ def _append_postgres(db, key: bytes, rows: list[dict], now) -> list[int]:
     with db.manual_commit():
         try:
             head = db.execute_sql(f"BEGIN; SELECT pg_advisory_xact_lock(%s); {_HEAD}", (ADVISORY_LOCK_ID,)).fetchone()
-            records = _linked(key, head, rows, to_ms(now()))
+            records = _linked(key, head, rows() if callable(rows) else rows, to_ms(now()))
             sql, params = _insert_sql(db, records)
             db.execute_sql(f"{sql}; COMMIT", params)
         except BaseException:

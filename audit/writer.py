@@ -117,12 +117,19 @@ class ChainWriter:
             with self._lock:
                 if self._expected:  # other requests' calls are queued or running: gather their records
                     self._all_in.wait_for(lambda: not self._expected, GATHER_SECONDS)
-                batch, self._pending = self._pending, []
-                if not batch:
+                if not self._pending:
                     self._writing = False
                     return
+            batch: list = []
+
+            def take() -> list[dict]:
+                """Once the chain's lock is held: everything waiting, its own and whatever arrived
+                while another process's append held the lock."""
+                with self._lock:
+                    batch[:], self._pending = self._pending, []
+                return [fields for fields, _, _ in batch]
             try:
-                append(self.db, self.key, [fields for fields, _, _ in batch], self.now)
+                append(self.db, self.key, take, self.now)
             except BaseException as exc:
                 self._fail(batch)
                 if isinstance(exc, DATABASE_ERRORS) or not isinstance(exc, peewee.PeeweeException):

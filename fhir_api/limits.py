@@ -1,7 +1,8 @@
 """The FHIR API's request limits: which counters one request counts in, and their limits.
 
 Every authenticated read or search counts once in two fixed-window counters, decided together
-(`RateLimiter.hit_all`: one Lua script in Redis, shared by every serve process):
+(`RateLimiter.hit_all_now`: shared by every serve process through Redis, each process spending
+blocks of quota it leased there, `ratelimit.leases`):
 - the application in the clinic (`fhir_app:{application id}:{clinic}`): the app's own
   `fhir_rate_limit` (`apps update --fhir-rate-limit`), else SVC_FHIR_RATE_LIMIT (600/60);
 - the access token (`fhir_token:{jti}`): the app's `fhir_token_rate_limit`, else

@@ -3,7 +3,9 @@
 Both count requests per (client, operation) in fixed windows aligned to the service clock
 (the runtime's clock), so a limit of N per minute allows exactly N requests in each clock minute. The
 Redis limiter does the whole decision in one Lua script (one atomic round trip), so any number of
-`serve` processes sharing a Redis together allow exactly the limit.
+`serve` processes sharing a Redis together allow exactly the limit; the FHIR API's `hit_all_now`
+leases blocks of quota in such a script and spends them in memory (`ratelimit.leases`), never
+past the limit.
 """
 from __future__ import annotations
 

@@ -1,4 +1,13 @@
-"""The Redis limiter: one Lua script per request, so all `serve` processes share one exact count."""
+"""The Redis limiter: one Lua script per decision, so all `serve` processes share one exact count.
+
+`hit_all_now` (the FHIR API's, on its pool) leases quota instead of counting each request in Redis
+(issue 49): one script call takes a block of each counter's remaining quota for this process
+(`LEASE_SCRIPT`: counted in Redis as used at once), and the process spends it in memory
+(`ratelimit.leases.Leases`). Redis never hands out more than the limit, so the processes together
+never admit more; blocks shrink as the quota runs out (`LEASE_DIVISOR`) and start at one request
+per counter and window in each process, doubling while it keeps spending them (`MAX_BLOCK` at
+most), so a small limit is counted one request at a time, exactly as before.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +17,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from ratelimit.leases import LEASE_DIVISOR, Leases
 from ratelimit.limiter import Decision, RateLimiter, RateLimiterUnavailable, binding, window_of
 from ratelimit.policy import Limit
 
@@ -48,6 +58,40 @@ table.insert(counts, 1, allowed)
 return counts
 """
 
+# hit_all_now's leases: KEYS = the counters this process holds no quota of; ARGV = limit, window
+# seconds and the block this process asks for, of each in turn, then LEASE_DIVISOR. All or nothing,
+# as HIT_ALL_SCRIPT: when any counter is at its limit nothing is taken. Otherwise each counter gives
+# min(asked, floor(left / divisor)), at least 1, and counts it as used at once.
+LEASE_SCRIPT = """
+local counts = {}
+local allowed = 1
+for i = 1, #KEYS do
+  counts[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if counts[i] >= tonumber(ARGV[3 * i - 2]) then
+    allowed = 0
+  end
+end
+local blocks = {}
+if allowed == 1 then
+  local divisor = tonumber(ARGV[3 * #KEYS + 1])
+  for i = 1, #KEYS do
+    local block = math.floor((tonumber(ARGV[3 * i - 2]) - counts[i]) / divisor)
+    if block > tonumber(ARGV[3 * i]) then block = tonumber(ARGV[3 * i]) end
+    if block < 1 then block = 1 end
+    local before = counts[i]
+    counts[i] = redis.call('INCRBY', KEYS[i], block)
+    if before == 0 then
+      redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3 * i - 1]) + 1)
+    end
+    blocks[i] = block
+  end
+end
+local reply = {allowed}
+for i = 1, #KEYS do table.insert(reply, counts[i]) end
+for i = 1, #blocks do table.insert(reply, blocks[i]) end
+return reply
+"""
+
 
 class RedisRateLimiter(RateLimiter):
     def __init__(self, url: str, limits, clock, namespace: str = "svc-auth", timeout: float = 1.0):
@@ -56,7 +100,8 @@ class RedisRateLimiter(RateLimiter):
         self.namespace = namespace
         self.timeout = timeout
         self._clients: dict[int, tuple] = {}
-        self._blocking = None  # (client, hit_all script) for pool threads: `hit_all_now`
+        self._blocking = None  # (client, lease script) for pool threads: `hit_all_now`
+        self.leases = Leases()  # this process's unspent quota, per counter and window
         self._blocking_lock = threading.Lock()
 
     def _script(self):
@@ -110,19 +155,39 @@ class RedisRateLimiter(RateLimiter):
         return self._decision(counters, resets, reply)
 
     def hit_all_now(self, counters: list[tuple[str, Limit]]) -> Decision:
-        keys, args, resets = self._counters(counters)
-        try:
-            reply = self._blocking_script()(keys=keys, args=args)
-        except (RedisError, OSError) as exc:
-            raise RateLimiterUnavailable(str(exc)) from exc
-        return self._decision(counters, resets, reply)
+        """`hit_all`, spending this process's leased quota: one Redis call only when a counter has
+        none left here (`ratelimit.leases`)."""
+        keys, _, resets = self._counters(counters)
+        limits = [limit for _, limit in counters]
+        now = self.clock.time()
+        while True:
+            spent, missing = self.leases.spend(keys, limits)
+            if spent is not None:
+                return binding([key for key, _ in counters], spent, limits, resets, True)
+            asks = [self.leases.block_for(keys[n]) for n in missing]
+            try:
+                reply = self._blocking_script()(
+                    keys=[keys[n] for n in missing],
+                    args=[v for n, ask in zip(missing, asks) for v in (limits[n].count, limits[n].seconds, ask)]
+                    + [LEASE_DIVISOR])
+            except (RedisError, OSError) as exc:
+                raise RateLimiterUnavailable(str(exc)) from exc
+            allowed, counts, blocks = int(reply[0]), [int(c) for c in reply[1:1 + len(missing)]], reply[1 + len(missing):]
+            if not allowed:
+                used = self.leases.used(keys)
+                for n, count in zip(missing, counts):
+                    used[n] = count
+                return binding([key for key, _ in counters], used, limits, resets, False)
+            self.leases.add([keys[n] for n in missing], [limits[n] for n in missing], counts,
+                            [int(b) for b in blocks], now)
+            # spend again: another thread may have spent what this call leased; then lease again
 
     def _blocking_script(self):
-        """The blocking client's hit_all script (redis-py's client is thread-safe: a connection pool)."""
+        """The blocking client's lease script (redis-py's client is thread-safe: a connection pool)."""
         with self._blocking_lock:
             if self._blocking is None:
                 client = redis.Redis.from_url(self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout)
-                self._blocking = (client, client.register_script(HIT_ALL_SCRIPT))
+                self._blocking = (client, client.register_script(LEASE_SCRIPT))
             return self._blocking[1]
 
     def close(self) -> None:

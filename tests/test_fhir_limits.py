@@ -131,6 +131,99 @@ def test_per_app_and_per_token_limits_shared_by_two_processes_through_redis(runt
     assert list(redis.Redis.from_url(REDIS_URL).scan_iter(f"{redis_namespace}:ratelimit:fhir_app:*"))
 
 
+@pytest.mark.slow
+def test_quota_leased_by_two_processes_is_never_exceeded_and_fully_usable(runtime, world, serving, redis_namespace):
+    """Issue 49: each process leases blocks of a counter's quota from Redis and spends them in
+    memory. Over two real serve processes the fleet admits the limit exactly: never one more,
+    every unit usable, and each `RateLimit-Remaining` at most the limit less what the answering
+    process admitted (`ratelimit.leases`: as of that process's last lease)."""
+    import redis
+    from concurrent.futures import ThreadPoolExecutor
+    limit = 300
+    env = dict(SVC_FHIR_RATE_LIMIT=f"100000/{DAY}", SVC_FHIR_TOKEN_RATE_LIMIT=f"{limit}/{DAY}", SVC_REDIS_URL=REDIS_URL,
+               SVC_REDIS_NAMESPACE=redis_namespace,
+               SVC_FHIR_EHR_CONCURRENCY="64")  # the burst's 8 threads never meet the EHR cap (a 503 after counting)
+    issuer, first = serving(**env)
+    _, second = serving(**env)
+    path = f"/Practitioner/{world.physician.id}"
+    client = redis.Redis.from_url(REDIS_URL)
+
+    def shared_count() -> int:
+        keys = list(client.scan_iter(f"{redis_namespace}:ratelimit:fhir_token:*"))
+        assert len(keys) == 1, keys
+        return int(client.get(keys[0]))
+
+    def check_sequential(token):
+        admitted, by = 0, {first: 0, second: 0}
+
+        def read(base):
+            nonlocal admitted
+            status, headers, body = Fhir(base, world.org.id, token).get(path)
+            if status == 200:
+                admitted += 1
+                by[base] += 1
+                assert 0 <= int(headers["RateLimit-Remaining"]) <= limit - by[base], (by, headers)
+            else:
+                throttled(status, headers, body, whose="access token")
+            return status
+        for _ in range(40):
+            assert read(first) == 200
+        leased = shared_count()
+        assert 40 < leased <= limit  # blocks: Redis counted more than the 40 admitted, in far fewer calls
+        while read(second) == 200:  # the second process takes what Redis has left...
+            pass
+        assert shared_count() == limit and admitted < limit  # ...while the first still holds quota
+        while read(first) == 200:  # which it alone spends
+            pass
+        assert admitted == limit and shared_count() == limit
+        assert read(second) == 429 and read(first) == 429
+    check_sequential(mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id))
+    client.delete(*client.scan_iter(f"{redis_namespace}:ratelimit:fhir_token:*"))
+
+    # At once: 8 threads over both processes, then each process drained in turn.
+    token = mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id)
+    bases = [first, second] * 4
+
+    def burst(base):
+        answers = [Fhir(base, world.org.id, token).get(path) for _ in range(50)]
+        statuses = [status for status, _, _ in answers]
+        assert set(statuses) <= {200, 429}, [body for status, _, body in answers if status not in (200, 429)]
+        return statuses.count(200)
+    with ThreadPoolExecutor(len(bases)) as pool:
+        admitted = sum(pool.map(burst, bases))
+    assert admitted <= limit and shared_count() <= limit
+    for base in (first, second):
+        while Fhir(base, world.org.id, token).get(path)[0] == 200:
+            admitted += 1
+    assert admitted == limit and shared_count() == limit
+    client.close()
+
+
+@pytest.mark.slow
+def test_a_revocation_reaches_every_process_at_once_through_the_redis_deny_list(runtime, world, serving,
+                                                                               redis_namespace):
+    """Issue 49: with Redis, each process keeps the deny-list's answers while the database's `denied`
+    version stands still (no Redis call per read). A token revoked through one process is refused by
+    the very next read in every process."""
+    import urllib.request
+    from helpers.http import basic_auth
+    env = dict(SVC_REDIS_URL=REDIS_URL, SVC_REDIS_NAMESPACE=redis_namespace)
+    issuer, first = serving(**env)
+    _, second = serving(**env)
+    path = f"/Practitioner/{world.physician.id}"
+    token = mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id)
+    for base in (first, second, first, second):  # each process has read (and kept) "not denied"
+        assert Fhir(base, world.org.id, token).get(path)[0] == 200
+    request = urllib.request.Request(f"{first}/v1/oauth/revoke", method="POST",
+                                     data=f"token={token}".encode(),
+                                     headers={"Content-Type": "application/x-www-form-urlencoded",
+                                              "Authorization": basic_auth(world.app.client_id, world.secret)})
+    assert urllib.request.urlopen(request, timeout=10).status == 200
+    for base in (second, first):
+        status, headers, _ = Fhir(base, world.org.id, token).get(path)
+        assert status == 401 and 'error="invalid_token"' in headers["WWW-Authenticate"]
+
+
 @pytest.mark.gen_test
 async def test_the_limiters_store_down_is_a_503_with_retry_after(api, runtime, world):
     # Only the limiter's store is down (the deny-list and the rest of the process work).
