@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.processes import ROOT, free_port, settings_env, start_process, stop_process, wait_until
 from server import HARD_BODY_LIMIT
 
 CONNECTIONS = ("httptools", "tornado")
@@ -228,3 +228,55 @@ def test_sigterm_closes_idle_keep_alive_connections_and_stops(serve):
     assert reader.file.read() == b""  # the idle keep-alive connection is closed
     assert proc.wait(30) == 0
     sock.close()
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory so far, bytes (Linux VmHWM)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def download(port: int, target: bytes, size: int, slow: bool) -> bytes:
+    """GET `target` and read its `size`-byte body (with a 4 KB receive window if `slow`): the head."""
+    sock = socket.socket()
+    if slow:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.settimeout(30)
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(4096)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = len(body)
+    while length < size:
+        chunk = sock.recv(4096 if slow else 1 << 20)
+        assert chunk, "closed before the whole file came"
+        length += len(chunk)
+    sock.close()
+    assert length == size and head.startswith(b"HTTP/1.1 200") and b"Content-Length: %d" % size in head, head
+    return head
+
+
+def test_a_slow_reader_of_a_large_file_does_not_make_the_server_hold_it(serve, runtime, tmp_path):
+    """A streamed download (handlers/objects.py flushes every 256 KB) waits for the client to read:
+    a client with a 4 KB receive window reads a 32 MB object (8 times the kernel's largest send
+    buffer) and the serve process's peak memory grows by far less than the file (the transport's
+    write buffer pauses the handler at its high-water mark). Without back-pressure it grew ~10 MB."""
+    port, _, proc = serve
+    store = runtime.object_store
+    size = 32 * 1024 * 1024
+    for name, length in (("small.bin", 1024 * 1024), ("big.bin", size)):
+        (tmp_path / name).write_bytes(bytes(range(256)) * (length // 256))
+        store.put_file(f"exports/{name}", str(tmp_path / name))
+
+    def target(name: str) -> bytes:
+        return ("/" + store.presigned_url(f"exports/{name}", 600).split("://", 1)[1].partition("/")[2]).encode()
+
+    download(port, target("small.bin"), 1024 * 1024, slow=False)  # the route's code and pools warmed up
+    before = peak_rss(proc.pid)
+    download(port, target("big.bin"), size, slow=True)
+    grown = peak_rss(proc.pid) - before
+    assert grown < 4 * 1024 * 1024, f"the server's peak memory grew {grown} bytes for a {size}-byte download"
