@@ -8,6 +8,10 @@ transport that implements Tornado's public `httputil.HTTPConnection` and hands e
 both with wrk (16 connections), `client_credentials` tokens and `/healthz`, alternating, and prints
 the CPU of each process per request.
 
+`python -m bench.lean_connection --settings` measures the real thing instead: `serve` with
+`SVC_HTTP_CONNECTION=httptools` (ops/httpconn.py, the connection this prototype became) against
+`SVC_HTTP_CONNECTION=tornado`, each on its own seeded database, alternating.
+
 `LeanConnection` knows only what wrk sends: Content-Length bodies and keep-alive. No chunked bodies,
 no `Expect: 100-continue`, no HTTP/1.0, no limits, no back-pressure, no idle timeout, no connection
 count for the balancer: it is the lower bound of a connection layer, kept here so the figure in
