@@ -66,14 +66,14 @@ class _Message:
     """One request as parsed: its head, its body chunks not yet handed on, whether it is all in."""
 
     __slots__ = ("url", "fields", "start_line", "headers", "chunks", "queued_bytes", "head_bytes",
-                 "body_bytes", "complete", "error")
+                 "head_fed", "body_bytes", "complete", "error")
 
     def __init__(self):
         self.url = b""
         self.fields: list = []  # [name, value] pairs as bytes
         self.start_line = self.headers = None
         self.chunks: list = []
-        self.queued_bytes = self.head_bytes = self.body_bytes = 0
+        self.queued_bytes = self.head_bytes = self.head_fed = self.body_bytes = 0
         self.complete = False
         self.error = 0  # 400/413/431: answer this and close once it is this message's turn
 
@@ -96,7 +96,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.queue: collections.deque = collections.deque()  # parsed or parsing, not yet current
         self.current: _Message | None = None  # the request the application has
         self.delegate = None
-        self.delivered_head = False
+        self.delivered_head = self.expect_continue = False
         self.waiting = False  # the delegate asked us to wait (a future from headers_received/data_received)
         self.read_finished = self.write_finished = True
         self.disconnect_on_finish = False
@@ -126,6 +126,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        heading = self.incoming if self.incoming is not None and self.incoming.headers is None else None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -136,6 +137,13 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         except httptools.HttpParserError as exc:
             cause = exc.__context__
             self._stop_parsing(cause.status if isinstance(cause, _TooLarge) else 400)
+        else:
+            if heading is not None and heading is self.incoming and heading.headers is None:
+                # Headers still incomplete: llhttp holds an unfinished line whole, so count what
+                # came while they did (a single endless header line is refused too).
+                heading.head_fed += len(data)
+                if heading.head_fed > self.server.max_header_size:
+                    self._stop_parsing(431)
         self._pump()
         if not self.reading_paused and not self.closing and self._queued_bytes() > PIPELINE_BYTES:
             self.reading_paused = True
@@ -230,6 +238,11 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             self.reading_paused = True
             self.transport.pause_reading()
 
+    def _resume_reading_if_room(self) -> None:
+        if self.reading_paused and not self.closing and self._queued_bytes() <= PIPELINE_BYTES:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
     def _queued_bytes(self) -> int:
         current = self.current.queued_bytes if self.current is not None else 0
         return current + sum(m.queued_bytes + m.head_bytes for m in self.queue)
@@ -253,20 +266,20 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             message = self.current
             if not self.delivered_head:
                 self.delivered_head = True
+                self.expect_continue = message.headers.get("Expect") == "100-continue"
                 if not self._call(self.delegate.headers_received, message.start_line, message.headers):
                     return
-                if (message.headers.get("Expect") == "100-continue" and not self.write_finished
-                        and not self.closed):
-                    self.transport.write(b"HTTP/1.1 100 (Continue)\r\n\r\n")
                 continue
+            if self.expect_continue:
+                self.expect_continue = False
+                if not self.write_finished and not self.closed:
+                    self.transport.write(b"HTTP/1.1 100 (Continue)\r\n\r\n")
             if message.error and not self.read_finished:
                 self._fail_current(message.error)
                 return
             if message.chunks:
                 chunks, message.chunks, message.queued_bytes = message.chunks, [], 0
-                if self.reading_paused and not self.closing and self._queued_bytes() <= PIPELINE_BYTES:
-                    self.reading_paused = False
-                    self.transport.resume_reading()
+                self._resume_reading_if_room()
                 for i, chunk in enumerate(chunks):
                     if self.write_finished:
                         continue  # answered already: the rest of the body is read and dropped
@@ -311,6 +324,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
     def _begin(self, message: _Message) -> None:
         self.server.header_waits.since.pop(self, None)
         self.current, self.delivered_head, self.waiting = message, False, False
+        self._resume_reading_if_room()
         self.read_finished = self.write_finished = False
         self.chunking_output, self.expected_remaining, self.close_callback = False, None, None
         self.disconnect_on_finish = self.server.draining or not self._can_keep_alive(message)

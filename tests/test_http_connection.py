@@ -180,13 +180,37 @@ def test_a_body_over_the_hard_limit_is_refused_and_the_connection_closed(serve, 
 
 def test_headers_over_the_limit_are_refused_and_the_connection_closed(serve):
     port, kind, _ = serve
-    big = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"y" * 1000) for i in range(80))  # 80 KB of headers
-    answer, closed = raw_answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+    big = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"y" * 1000) for i in range(80)) + b"\r\n"  # 80 KB
+    answer, closed = raw_answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + big)
     assert closed
     if kind == "httptools":
         assert answer.startswith(b"HTTP/1.1 431")
     else:
         assert not answer.startswith(b"HTTP/1.1 200")  # Tornado closes without an answer
+
+
+def test_a_header_line_that_never_ends_is_not_held_until_it_does(serve):
+    """llhttp keeps an unfinished header line whole: the connection counts what came while the
+    headers were incomplete and closes past the limit (Tornado's read_until stops at its limit)."""
+    port, kind, _ = serve
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Filler: ")
+    try:
+        for _ in range(100):  # 400 KB, a piece at a time, never the end of the line
+            sock.sendall(b"y" * 4096)
+    except OSError:
+        pass  # closed by the server past the limit
+    answer, closed = b"", False
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+        closed = True
+    except ConnectionResetError:
+        closed = True  # the server closed with the client's bytes unread
+    sock.close()
+    assert closed, "the server held an endless header line"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431" if kind == "httptools" else b"HTTP/1.1 4"), answer[:80]
 
 
 SMUGGLING = {
