@@ -232,8 +232,10 @@ def test_request_smuggling_shapes_get_400_and_the_connection_closed(serve, shape
     assert closed and answer.count(b"HTTP/1.1 ") == 1  # the request behind it is never served
 
 
-def test_a_client_gone_mid_body_leaves_the_server_serving(serve):
-    port, _, _ = serve
+def test_a_client_gone_mid_body_is_told_to_the_request_and_the_server_keeps_serving(serve, tmp_path):
+    """The request's delegate hears on_connection_close (the request stops counting as in flight:
+    SIGTERM then finds nothing to wait for), and other connections are served meanwhile."""
+    port, _, proc = serve
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\ngrant_type=")
     sock.close()
@@ -241,6 +243,9 @@ def test_a_client_gone_mid_body_leaves_the_server_serving(serve):
     other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert reader.response()[0] == 200
     other.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert b"still in flight" not in (tmp_path / "serve.log").read_bytes()
 
 
 def test_sigterm_closes_idle_keep_alive_connections_and_stops(serve):
