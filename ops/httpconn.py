@@ -42,6 +42,9 @@ PIPELINE_BYTES = 65536
 WRITE_HIGH_WATER = 65536
 """A flush waits while the transport holds more than this (asyncio's pause_writing)."""
 
+CLOSE_SECONDS = 2.0
+"""At the end of a drain, how long a closing connection may take to send what it holds."""
+
 _CR_OR_LF = re.compile(rb"\r|\n")
 _BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _REASONS = ((413, b"Payload Too Large"), (431, b"Request Header Fields Too Large"))
@@ -543,9 +546,13 @@ class HttptoolsServer:
         self.header_waits.stop()
         connections = list(self.connections)
         for connection in connections:
-            connection.close()
+            connection.close()  # what is written is still sent...
+        if connections:
+            await asyncio.wait([c.lost for c in connections], timeout=CLOSE_SECONDS)
         for connection in connections:
-            await connection.lost
+            if not connection.lost.done():
+                connection.transport.abort()  # ...unless its client stopped reading it
+                await connection.lost
 
     def on_connection_closed(self) -> None:
         """Replaced by the `BalancedAcceptor` serving this server."""
