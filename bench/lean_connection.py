@@ -8,6 +8,10 @@ transport that implements Tornado's public `httputil.HTTPConnection` and hands e
 both with wrk (16 connections), `client_credentials` tokens and `/healthz`, alternating, and prints
 the CPU of each process per request.
 
+`python -m bench.lean_connection --settings` measures the real thing instead: `serve` with
+`SVC_HTTP_CONNECTION=httptools` (ops/httpconn.py, the connection this prototype became) against
+`SVC_HTTP_CONNECTION=tornado`, each on its own seeded database, alternating.
+
 `LeanConnection` knows only what wrk sends: Content-Length bodies and keep-alive. No chunked bodies,
 no `Expect: 100-continue`, no HTTP/1.0, no limits, no back-pressure, no idle timeout, no connection
 count for the balancer: it is the lower bound of a connection layer, kept here so the figure in
@@ -119,10 +123,31 @@ async def _serve_lean(port: int) -> None:
     await asyncio.Event().wait()
 
 
-def compare(rounds: int, seconds: float) -> dict:
-    """CPU per request of `serve` and of the lean connection, alternating rounds (the first unmeasured)."""
+def _measure(targets: dict, env: dict, rounds: int, seconds: float) -> dict:
+    """CPU per request of each target {name: (url, pid)}, alternating rounds (the first unmeasured)."""
     from bench import loadgen
     from bench.remote_db import _proc_cpu
+    totals: dict = {}
+    for number in range(rounds + 1):
+        for kind, path, lua in (("token", "/v1/oauth/token", "post"), ("healthz", "/healthz", "get")):
+            for name in (list(targets) if number % 2 else list(targets)[::-1]):
+                url, pid = targets[name]
+                before = _proc_cpu(pid)
+                run = loadgen.run(url + path, lua, 16, seconds, env=env)
+                cpu, answered = _proc_cpu(pid) - before, run["rps"] * run["seconds"]
+                if run["errors"]:
+                    raise RuntimeError(f"{name} {kind}: {run['errors']}")
+                if number:
+                    total = totals.setdefault(f"{name} {kind}", [0.0, 0.0])
+                    total[0] += cpu
+                    total[1] += answered
+                print(f"round {number}{' (warm-up)' if not number else ''}, {name} {kind}: "
+                      f"{cpu / answered * 1e6:.1f} CPU us per request", flush=True)
+    return {key: round(cpu / answered * 1e6, 1) for key, (cpu, answered) in totals.items()}
+
+
+def compare(rounds: int, seconds: float) -> dict:
+    """CPU per request of `serve` and of the lean connection, alternating rounds (the first unmeasured)."""
     from bench.service import BenchService, free_port
     service = BenchService(None, processes=1)
     service.seed()
@@ -135,33 +160,49 @@ def compare(rounds: int, seconds: float) -> dict:
             raise RuntimeError("the lean connection did not start")
         targets = {"serve": (service.url, service.proc.pid), "lean": (f"http://127.0.0.1:{port}", lean.pid)}
         env = {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": service.client_auth}
-        totals: dict = {}
-        for number in range(rounds + 1):
-            for kind, path, lua in (("token", "/v1/oauth/token", "post"), ("healthz", "/healthz", "get")):
-                for name in (list(targets) if number % 2 else list(targets)[::-1]):
-                    url, pid = targets[name]
-                    before = _proc_cpu(pid)
-                    run = loadgen.run(url + path, lua, 16, seconds, env=env)
-                    cpu, answered = _proc_cpu(pid) - before, run["rps"] * run["seconds"]
-                    if run["errors"]:
-                        raise RuntimeError(f"{name} {kind}: {run['errors']}")
-                    if number:
-                        total = totals.setdefault(f"{name} {kind}", [0.0, 0.0])
-                        total[0] += cpu
-                        total[1] += answered
-                    print(f"round {number}{' (warm-up)' if not number else ''}, {name} {kind}: "
-                          f"{cpu / answered * 1e6:.1f} CPU us per request", flush=True)
-        return {key: round(cpu / answered * 1e6, 1) for key, (cpu, answered) in totals.items()}
+        return _measure(targets, env, rounds, seconds)
     finally:
         lean.terminate()
         lean.wait()
         service.stop()
 
 
+def compare_settings(rounds: int, seconds: float) -> dict:
+    """CPU per request of `serve` with SVC_HTTP_CONNECTION=httptools and =tornado (ops/httpconn.py),
+    each on its own seeded embedded database, alternating rounds."""
+    from bench.service import BenchService
+    services = {kind: BenchService(None, processes=1, extra_env={"SVC_HTTP_CONNECTION": kind})
+                for kind in ("httptools", "tornado")}
+    try:
+        for service in services.values():
+            service.seed()
+            service.start_seeded()
+        targets = {kind: (service.url, service.proc.pid) for kind, service in services.items()}
+        auth = {kind: service.client_auth for kind, service in services.items()}
+        # wrk sends one Authorization header: each service gets its own client, so measure each
+        # with its own credentials (the loop alternates the order).
+        totals: dict = {}
+        results = {}
+        for number in range(rounds):
+            for kind in (list(targets) if number % 2 else list(targets)[::-1]):
+                env = {"BENCH_BODY": "grant_type=client_credentials", "BENCH_AUTHORIZATION": auth[kind]}
+                part = _measure({kind: targets[kind]}, env, 1, seconds)
+                for key, value in part.items():
+                    totals.setdefault(key, []).append(value)
+        for key, values in totals.items():
+            results[key] = round(sum(values) / len(values), 1)
+        return results
+    finally:
+        for service in services.values():
+            service.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4)
+    parser.add_argument("--settings", action="store_true",
+                        help="compare serve with SVC_HTTP_CONNECTION=httptools and =tornado instead")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -169,7 +210,7 @@ def main() -> None:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_serve_lean(args.serve))
         return
-    result = compare(args.rounds, args.seconds)
+    result = (compare_settings if args.settings else compare)(args.rounds, args.seconds)
     for key, value in sorted(result.items()):
         print(f"{key}: {value} CPU us per request")
 

@@ -54,6 +54,10 @@ class BenchService:
                          "SVC_SANDBOX": "on",
                          # The secret every host shares (secret hashes, sealed signing keys).
                          "SVC_HMAC_KEY": secrets.token_hex(32)})
+        # The one SVC_ setting taken from the environment: the HTTP connection being compared
+        # (`SVC_HTTP_CONNECTION=tornado python -m bench --only production`, against the default).
+        if os.environ.get("SVC_HTTP_CONNECTION"):
+            self.env["SVC_HTTP_CONNECTION"] = os.environ["SVC_HTTP_CONNECTION"]
         self.env.update(extra_env or {})
         self.proc = None
         self.log = None

@@ -200,6 +200,9 @@ class Settings:
     # A connection that keeps `serve` waiting longer than this for a request's headers (idle
     # between keep-alive requests, or sending its headers slowly) is closed (ops/idle.py).
     idle_connection_timeout: int = 3600
+    # serve's HTTP/1.1 connection under the Tornado application: "httptools" (llhttp's parser on the
+    # loop's transport, ops/httpconn.py) or "tornado" (Tornado's HTTP1ServerConnection over IOStream).
+    http_connection: str = "httptools"
     # `svc-auth hl7 listen`: a connection silent this long is closed (docs/hl7-feed.md).
     hl7_idle_timeout: int = 300
     # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
@@ -299,6 +302,8 @@ class Settings:
                 raise ValueError
         except ValueError:
             raise ConfigError(f"SVC_TASK_MAX_RETRIES must be 0 or more, got {merged['task_max_retries']!r}") from None
+        if merged["http_connection"] not in ("httptools", "tornado"):
+            raise ConfigError(f"SVC_HTTP_CONNECTION must be httptools or tornado, got {merged['http_connection']!r}")
         if not _SYNC_WINDOW.match(str(merged["sync_window"])):
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",

@@ -113,6 +113,11 @@ class CountingHTTPServer(tornado.httpserver.HTTPServer):
         self.slot.opened()
         super().handle_stream(stream, address)
 
+    def handle_socket(self, connection: socket.socket, address) -> None:
+        """An accepted socket (from `BalancedAcceptor`), served over a NoDelayIOStream."""
+        self.handle_stream(NoDelayIOStream(connection, max_buffer_size=self.max_buffer_size,
+                                           read_chunk_size=self.read_chunk_size), address)
+
     def start_request(self, server_conn, request_conn):
         return WatchedRequest(super().start_request(server_conn, request_conn), self.header_waits, request_conn)
 
@@ -149,14 +154,15 @@ class NoDelayIOStream(tornado.iostream.IOStream):
 
 class BalancedAcceptor:
     """Accepts connections one at a time from shared listening sockets, while the slot allows it,
-    and hands each to the server as an IOStream."""
+    and hands each to the server's `handle_socket` (CountingHTTPServer: an IOStream under Tornado's
+    HTTP1ServerConnection; ops.httpconn.HttptoolsServer: a protocol on the loop's transport)."""
 
     POLL_SECONDS = 0.005
     IDLE_POLL_SECONDS = 0.05
     STALL_SECONDS = 0.05
     MAX_ACCEPTS = 8
 
-    def __init__(self, server: CountingHTTPServer, sockets: list[socket.socket]):
+    def __init__(self, server, sockets: list[socket.socket]):
         self.server, self.sockets, self.slot = server, list(sockets), server.slot
         self.loop = tornado.ioloop.IOLoop.current()
         self.watching = False
@@ -221,9 +227,7 @@ class BalancedAcceptor:
                 return False
             raise
         connection.setblocking(False)
-        stream = NoDelayIOStream(connection, max_buffer_size=self.server.max_buffer_size,
-                                 read_chunk_size=self.server.read_chunk_size)
-        self.server.handle_stream(stream, address)
+        self.server.handle_socket(connection, address)
         return True
 
     def pause(self) -> None:

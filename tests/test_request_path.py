@@ -241,7 +241,8 @@ def _closed_after(sock: socket.socket, started: float, timeout: float = 6.0) -> 
     return time.monotonic() - started
 
 
-def test_a_connection_that_keeps_serve_waiting_for_headers_past_the_idle_limit_is_closed(settings, tmp_path):
+@pytest.mark.parametrize("connection", ["httptools", "tornado"])
+def test_a_connection_that_keeps_serve_waiting_for_headers_past_the_idle_limit_is_closed(settings, tmp_path, connection):
     """SVC_IDLE_CONNECTION_TIMEOUT bounds the wait for a request's headers (Tornado's own timer,
     armed around every request, is replaced by one sweep): a silent connection, one that sends
     its headers a line at a time without ending them, and a keep-alive connection idle after its
@@ -249,7 +250,8 @@ def test_a_connection_that_keeps_serve_waiting_for_headers_past_the_idle_limit_i
     body is slow is answered, not swept."""
     port = free_port()
     issuer = f"http://127.0.0.1:{port}"
-    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_IDLE_CONNECTION_TIMEOUT="1")
+    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_IDLE_CONNECTION_TIMEOUT="1",
+                       SVC_HTTP_CONNECTION=connection)
     proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
     try:
         silent = socket.create_connection(("127.0.0.1", port))

@@ -1,0 +1,311 @@
+"""serve's HTTP/1.1 connection (ops/httpconn.py, issue 49) over a real `svc-auth serve` and raw
+sockets, with each SVC_HTTP_CONNECTION: keep-alive, pipelining, HTTP/1.0, Connection: close, HEAD,
+chunked and 100-continue request bodies, the body and header limits, request-smuggling shapes,
+a client gone mid-body, and SIGTERM draining. Where Tornado's own connection answers differently
+(it has no 413/431 of its own), the test says so."""
+from __future__ import annotations
+
+import http.client
+import io
+import signal
+import socket
+
+import pytest
+
+from helpers.processes import ROOT, free_port, settings_env, start_process, stop_process, wait_until
+from server import HARD_BODY_LIMIT
+
+CONNECTIONS = ("httptools", "tornado")
+
+
+@pytest.fixture(params=CONNECTIONS)
+def serve(request, settings, tmp_path):
+    """A real `svc-auth serve` with SVC_HTTP_CONNECTION=param; yields (port, kind, process)."""
+    port = free_port()
+    issuer = f"http://127.0.0.1:{port}"
+    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_HTTP_CONNECTION=request.param)
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    yield port, request.param, proc
+    stop_process(proc)
+
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite"])  # the connection, not the database, is under test
+
+
+class _KeptOpen(io.BufferedReader):
+    """The socket's buffered reader, left open when http.client closes a response."""
+
+    def close(self) -> None:
+        pass
+
+
+class Reader:
+    """Responses read one after another from one socket (http.client's parser, one shared buffer)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.file = sock, _KeptOpen(socket.SocketIO(sock, "rb"))
+
+    def makefile(self, *args, **kwargs):
+        return self.file
+
+    def response(self, method: str = "GET") -> tuple[int, http.client.HTTPMessage, bytes]:
+        response = http.client.HTTPResponse(self, method=method)
+        response.begin()
+        return response.status, response.headers, response.read()
+
+
+def connect(port: int) -> tuple[socket.socket, Reader]:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(10)
+    return sock, Reader(sock)
+
+
+def raw_answer(port: int, data: bytes) -> tuple[bytes, bool]:
+    """Send `data`, read until the server closes (or 10 s): (what came, whether it closed)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(10)
+    sock.sendall(data)
+    received, closed = b"", False
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+        closed = True
+    except ConnectionResetError:
+        closed = True
+    except socket.timeout:
+        pass
+    sock.close()
+    return received, closed
+
+
+TOKEN = b"grant_type=client_credentials&client_id=nobody&client_secret=wrong"
+
+
+def test_keep_alive_and_pipelined_requests_answered_in_order(serve):
+    port, _, _ = serve
+    sock, reader = connect(port)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reader.response()[0] == 200
+    # Three at once: a GET, a POST with a body, a 404; answered in that order on one connection.
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(TOKEN), TOKEN)
+                 + b"GET /no/such/path HTTP/1.1\r\nHost: x\r\n\r\n")
+    first, second, third = reader.response(), reader.response(), reader.response()
+    assert first[0] == 200 and first[2] == b'{"status":"ok"}'
+    assert second[0] == 401 and b"invalid_client" in second[2]
+    assert third[0] == 404
+    sock.close()
+
+
+def test_chunked_request_body_is_decoded(serve):
+    port, _, _ = serve
+    sock, reader = connect(port)
+    body = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (10, TOKEN[:10], len(TOKEN) - 10, TOKEN[10:])
+    sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n" + body)
+    status, _, answer = reader.response()
+    assert status == 401 and b"invalid_client" in answer  # the form was read whole: a client was looked up
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reader.response()[0] == 200  # and the connection is still usable
+    sock.close()
+
+
+def test_expect_100_continue_gets_100_before_the_body_is_sent(serve):
+    port, _, _ = serve
+    sock, reader = connect(port)
+    sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                 b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(TOKEN))
+    assert reader.file.readline().startswith(b"HTTP/1.1 100")
+    assert reader.file.readline() == b"\r\n"
+    sock.sendall(TOKEN)
+    status, _, answer = reader.response()
+    assert status == 401 and b"invalid_client" in answer
+    sock.close()
+
+
+def test_http_10_closes_unless_keep_alive_and_connection_close_closes(serve):
+    port, _, _ = serve
+    answer, closed = raw_answer(port, b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"status":"ok"}') and closed
+
+    sock, reader = connect(port)
+    sock.sendall(b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    status, headers, _ = reader.response()
+    assert status == 200 and headers["Connection"] == "Keep-Alive"
+    sock.sendall(b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    assert reader.response()[0] == 200
+    sock.close()
+
+    answer, closed = raw_answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer and closed
+
+
+def test_head_has_headers_and_no_body(serve):
+    port, _, _ = serve
+    sock, reader = connect(port)
+    sock.sendall(b"HEAD /.well-known/openid-configuration HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = reader.response("HEAD")
+    assert body == b""
+    assert reader.response()[2] == b'{"status":"ok"}'  # no stray body bytes came before it
+    sock.close()
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_hard_limit_is_refused_and_the_connection_closed(serve, chunked):
+    port, kind, _ = serve
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(10)
+    if chunked:
+        sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"x" * 65536
+        try:
+            for _ in range(HARD_BODY_LIMIT // len(piece) + 2):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        except OSError:
+            pass  # closed by the server once past the limit
+    else:
+        sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (HARD_BODY_LIMIT + 1))
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    sock.close()
+    # Tornado's own connection answers 400 ("Content-Length too long", "chunked body too large").
+    assert answer.startswith(b"HTTP/1.1 413" if kind == "httptools" else b"HTTP/1.1 400"), answer[:80]
+
+
+def test_headers_over_the_limit_are_refused_and_the_connection_closed(serve):
+    port, kind, _ = serve
+    big = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"y" * 1000) for i in range(80)) + b"\r\n"  # 80 KB
+    answer, closed = raw_answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + big)
+    assert closed
+    if kind == "httptools":
+        assert answer.startswith(b"HTTP/1.1 431")
+    else:
+        assert not answer.startswith(b"HTTP/1.1 200")  # Tornado closes without an answer
+
+
+def test_a_header_line_that_never_ends_is_not_held_until_it_does(serve):
+    """llhttp keeps an unfinished header line whole: the connection counts what came while the
+    headers were incomplete and closes past the limit (Tornado's read_until stops at its limit)."""
+    port, kind, _ = serve
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Filler: ")
+    try:
+        for _ in range(100):  # 400 KB, a piece at a time, never the end of the line
+            sock.sendall(b"y" * 4096)
+    except OSError:
+        pass  # closed by the server past the limit
+    answer, closed = b"", False
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+        closed = True
+    except ConnectionResetError:
+        closed = True  # the server closed with the client's bytes unread
+    sock.close()
+    assert closed, "the server held an endless header line"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431" if kind == "httptools" else b"HTTP/1.1 4"), answer[:80]
+
+
+SMUGGLING = {
+    "content-length and transfer-encoding": b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                                            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "two content-lengths": b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 4\r\n\r\nabcd",
+    "bad chunk size": b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+    "nul in a header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+    "bare cr in a header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n",
+    "garbage start line": b"GET /healthz HTTP/9.x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("shape", SMUGGLING)
+def test_request_smuggling_shapes_get_400_and_the_connection_closed(serve, shape):
+    port, _, _ = serve
+    answer, closed = raw_answer(port, SMUGGLING[shape] + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+    assert closed and answer.count(b"HTTP/1.1 ") == 1  # the request behind it is never served
+
+
+def test_a_client_gone_mid_body_is_told_to_the_request_and_the_server_keeps_serving(serve, tmp_path):
+    """The request's delegate hears on_connection_close (the request stops counting as in flight:
+    SIGTERM then finds nothing to wait for), and other connections are served meanwhile."""
+    port, _, proc = serve
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\ngrant_type=")
+    sock.close()
+    other, reader = connect(port)
+    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reader.response()[0] == 200
+    other.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert b"still in flight" not in (tmp_path / "serve.log").read_bytes()
+
+
+def test_sigterm_closes_idle_keep_alive_connections_and_stops(serve):
+    port, _, proc = serve
+    sock, reader = connect(port)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reader.response()[0] == 200
+    proc.send_signal(signal.SIGTERM)
+    assert reader.file.read() == b""  # the idle keep-alive connection is closed
+    assert proc.wait(30) == 0
+    sock.close()
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory so far, bytes (Linux VmHWM)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def download(port: int, target: bytes, size: int, slow: bool) -> bytes:
+    """GET `target` and read its `size`-byte body (with a 4 KB receive window if `slow`): the head."""
+    sock = socket.socket()
+    if slow:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.settimeout(30)
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(4096)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = len(body)
+    while length < size:
+        chunk = sock.recv(4096 if slow else 1 << 20)
+        assert chunk, "closed before the whole file came"
+        length += len(chunk)
+    sock.close()
+    assert length == size and head.startswith(b"HTTP/1.1 200") and b"Content-Length: %d" % size in head, head
+    return head
+
+
+def test_a_slow_reader_of_a_large_file_does_not_make_the_server_hold_it(serve, runtime, tmp_path):
+    """A streamed download (handlers/objects.py flushes every 256 KB) waits for the client to read:
+    a client with a 4 KB receive window reads a 32 MB object (8 times the kernel's largest send
+    buffer) and the serve process's peak memory grows by far less than the file (the transport's
+    write buffer pauses the handler at its high-water mark). Without back-pressure it grew ~10 MB."""
+    port, _, proc = serve
+    store = runtime.object_store
+    size = 32 * 1024 * 1024
+    for name, length in (("small.bin", 1024 * 1024), ("big.bin", size)):
+        (tmp_path / name).write_bytes(bytes(range(256)) * (length // 256))
+        store.put_file(f"exports/{name}", str(tmp_path / name))
+
+    def target(name: str) -> bytes:
+        return ("/" + store.presigned_url(f"exports/{name}", 600).split("://", 1)[1].partition("/")[2]).encode()
+
+    download(port, target("small.bin"), 1024 * 1024, slow=False)  # the route's code and pools warmed up
+    before = peak_rss(proc.pid)
+    download(port, target("big.bin"), size, slow=True)
+    grown = peak_rss(proc.pid) - before
+    assert grown < 4 * 1024 * 1024, f"the server's peak memory grew {grown} bytes for a {size}-byte download"
