@@ -239,11 +239,8 @@ class Transport:
         kept = False
         try:
             try:
-                if connection.sock is None:
-                    connection.connect()
-                connection.sock.settimeout(self.bounds.request_deadline)
-                connection.request("GET", target, headers={"User-Agent": USER_AGENT, **(headers or {})})
-                response = connection.getresponse()
+                response = _request(connection, "GET", target, None, {"User-Agent": USER_AGENT, **(headers or {})},
+                                    self.bounds.request_deadline)
             except (OSError, http.client.HTTPException) as exc:
                 if cut.is_set() or self.clock() >= deadline:
                     raise self._late(url) from None
@@ -300,11 +297,7 @@ class Transport:
             kept = False
             try:
                 try:
-                    if connection.sock is None:
-                        connection.connect()
-                    connection.sock.settimeout(max(deadline - self.clock(), 0.001))
-                    connection.request(method, target, body=body, headers=headers)
-                    response = connection.getresponse()
+                    response = _request(connection, method, target, body, headers, max(deadline - self.clock(), 0.001))
                 except (OSError, http.client.HTTPException) as exc:
                     if cut.is_set() or self.clock() >= deadline:
                         raise self._late(url) from None
@@ -384,6 +377,16 @@ def _origin_and_target(url: str) -> tuple[tuple[str, str, int], str]:
         raise ConnectorError(f"Not an http(s) URL of an EHR: {url[:200]!r}.")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return (scheme, parts.hostname.lower(), port or DEFAULT_PORTS[scheme]), target
+
+
+def _request(connection, method: str, target: str, body, headers: dict, timeout: float):
+    """Send one request on `connection` (connected first when it is new), each socket wait at most
+    `timeout`, and read the answer's status line and headers."""
+    if connection.sock is None:
+        connection.connect()
+    connection.sock.settimeout(timeout)
+    connection.request(method, target, body=body, headers=headers)
+    return connection.getresponse()
 
 
 def _shut(connection, cut: threading.Event) -> None:
