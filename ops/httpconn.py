@@ -206,8 +206,8 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         version = "HTTP/" + parser.get_http_version()
         message.start_line = httputil.RequestStartLine(method, message.url.decode("latin1"), version)
         headers = httputil.HTTPHeaders()
-        for name, value in message.fields:
-            headers.add(name.decode("latin1"), value.decode("latin1"))
+        for name, value in message.fields:  # a value without its surrounding whitespace (RFC 9110 5.5 OWS),
+            headers.add(name.decode("latin1"), value.strip(b" \t").decode("latin1"))  # as Tornado's parser gives it
         message.headers, message.fields = headers, None
         length = headers.get("Content-Length")
         if length is not None and length.isdigit() and int(length) > self.server.max_body_size:

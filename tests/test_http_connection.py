@@ -98,6 +98,21 @@ def test_keep_alive_and_pipelined_requests_answered_in_order(serve):
     sock.close()
 
 
+def test_whitespace_around_a_header_value_is_not_part_of_it(serve):
+    """RFC 9110 5.5: the spaces and tabs around a field value are not the value. `Authorization:
+    Bearer x ` is a (wrong) token, answered 401 as any, not a 400 that drops the API's JSON error
+    (the REST fuzz test found that shape)."""
+    port, _, _ = serve
+    sock, reader = connect(port)
+    for value in (b"Bearer x ", b"Bearer x\t", b"Bearer ", b" \tBearer x \t"):
+        sock.sendall(b"GET /v1/oauth/userinfo HTTP/1.1\r\nHost: x\r\nAuthorization: " + value + b"\r\n\r\n")
+        status, headers, body = reader.response()
+        assert status == 401 and headers["Content-Type"].startswith("application/json"), (value, status, body)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padded: \t ok \t\r\n\r\n")
+    assert reader.response()[0] == 200
+    sock.close()
+
+
 def test_chunked_request_body_is_decoded(serve):
     port, _, _ = serve
     sock, reader = connect(port)
