@@ -10,7 +10,9 @@ import json
 import logging
 import os
 import select
+import sqlite3
 import threading
+import time
 from urllib.parse import urlsplit
 
 import peewee
@@ -62,6 +64,30 @@ class BaseModel(peewee.Model):
         legacy_table_names = False
 
 
+def _switch_to_wal(path: str, seconds: float = 10.0) -> None:
+    """Put the SQLite file in WAL mode (once per file: it stays so) before any connection of the
+    pool opens it. The switch needs the file to itself; processes switching at once each hold a
+    shared lock and want the exclusive one, and SQLite fails all but one at once ("database is
+    locked", busy_timeout or not), so a loser tries again until the mode is WAL (two `db migrate`s
+    started together on a restored database died that way)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        connection = sqlite3.connect(path, timeout=seconds)
+        try:
+            if connection.execute("PRAGMA journal_mode=wal").fetchone()[0] == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise peewee.OperationalError(str(exc)) from None
+        except sqlite3.Error as exc:  # not a database, say: peewee's error, as its connect would raise
+            raise peewee.DatabaseError(str(exc)) from None
+        finally:
+            connection.close()
+        if time.monotonic() >= deadline:
+            raise peewee.OperationalError("database is locked: could not switch it to WAL")
+        time.sleep(0.01)
+
+
 def open_database(url: str, max_connections: int = 20) -> peewee.Database:
     """A database for `url` (sqlite:///path or postgresql://...); not bound to the models yet.
 
@@ -76,6 +102,7 @@ def open_database(url: str, max_connections: int = 20) -> peewee.Database:
             path = url[len("sqlite:///"):]
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            _switch_to_wal(path)
         # WAL lets readers run beside a writer; busy_timeout makes concurrent writers
         # (several serve processes, the worker thread) wait instead of failing. Transactions begin
         # IMMEDIATE: a deferred one that reads and then writes cannot upgrade its read snapshot once
