@@ -216,7 +216,7 @@ def ratios(run: dict, ceiling: float, cpu_ceiling: float) -> dict:
 
 
 def production_benchmarks(postgres_url: str, redis_url: str, seconds: float, say) -> dict:
-    per_run = int(1600 * seconds) + 500  # above the exchanges/s two processes reach here (~1,000-1,200)
+    per_run = int(3200 * seconds) + 500  # above the exchanges/s either shape reaches here (~1,500-2,100 with httptools)
     namespace = f"svc-bench-{secrets.token_hex(4)}"
     with scratch_database(postgres_url) as db_url, redis_namespace(redis_url, namespace):
         database = db_url.rsplit("/", 1)[1]
