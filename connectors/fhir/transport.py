@@ -252,16 +252,7 @@ class Transport:
                 raise ConnectorError(f"The EHR at {host} answered HTTP {response.status} to {urlsplit(url).path[:200]}.")
             pending = b""
             try:
-                while True:
-                    chunk = response.read1(CHUNK_BYTES)
-                    if cut.is_set() or self.clock() >= deadline:
-                        raise self._late(url)
-                    if not chunk:
-                        if response.length:  # the connection ended before its Content-Length
-                            raise http.client.IncompleteRead(b"", response.length)
-                        response.close()
-                        kept = not response.will_close
-                        break
+                for chunk in self._chunks(response, url, deadline, cut):
                     pending += chunk
                     *complete, pending = pending.split(b"\n")
                     if len(pending) > self.bounds.max_bytes:
@@ -269,6 +260,7 @@ class Transport:
                     for line in complete:
                         if line.strip():
                             yield line
+                kept = not response.will_close
             except (OSError, http.client.HTTPException) as exc:
                 if cut.is_set() or self.clock() >= deadline:
                     raise self._late(url) from None
@@ -326,24 +318,32 @@ class Transport:
             raise self._too_big(url)
         chunks, size = [], 0
         try:
-            while True:
-                chunk = response.read1(CHUNK_BYTES)
-                if cut.is_set() or self.clock() >= deadline:
-                    raise self._late(url)
-                if not chunk:
-                    if response.length:  # the connection ended before its Content-Length
-                        raise http.client.IncompleteRead(b"".join(chunks), response.length)
-                    response.close()  # `read1` leaves a Content-Length answer open at its end
-                    return b"".join(chunks)
+            for chunk in self._chunks(response, url, deadline, cut):
                 size += len(chunk)
                 if size > limit:
                     raise self._too_big(url)
                 chunks.append(chunk)
+            return b"".join(chunks)
         except (OSError, http.client.HTTPException) as exc:
             if cut.is_set() or self.clock() >= deadline:
                 raise self._late(url) from None
             raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer "
                                        f"({type(exc).__name__}); the request will be retried.") from None
+
+    def _chunks(self, response, url: str, deadline: float, cut: threading.Event):
+        """The body as it comes, a read at a time, none past `deadline`; a body cut short of its
+        Content-Length raises `IncompleteRead`. The response is closed at its end (`read1` leaves
+        a Content-Length answer open there)."""
+        while True:
+            chunk = response.read1(CHUNK_BYTES)
+            if cut.is_set() or self.clock() >= deadline:
+                raise self._late(url)
+            if not chunk:
+                if response.length:  # the connection ended before its Content-Length
+                    raise http.client.IncompleteRead(b"", response.length)
+                response.close()
+                return
+            yield chunk
 
     def _late(self, url: str) -> DeadlineExceeded:
         return DeadlineExceeded("deadline", f"The EHR at {urlsplit(url).netloc} did not answer within the "
