@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
 import socket
 
 import httptools
@@ -45,7 +44,6 @@ WRITE_HIGH_WATER = 65536
 CLOSE_SECONDS = 2.0
 """At the end of a drain, how long a closing connection may take to send what it holds."""
 
-_CR_OR_LF = re.compile(rb"\r|\n")
 _BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _REASONS = ((413, b"Payload Too Large"), (431, b"Request Header Fields Too Large"))
 
@@ -81,12 +79,6 @@ class _Message:
         self.error = 0  # 400/413/431: answer this and close once it is this message's turn
 
 
-def _done_future() -> Future:
-    future = Future()
-    future.set_result(None)
-    return future
-
-
 class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
     """One client connection: requests parsed by llhttp, run by the application one at a time."""
 
@@ -110,7 +102,12 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.drain_waiters: list = []
         self.closed = False
         self.closing = False
-        self.lost = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.lost = loop.create_future()
+        # What every write returns while the transport takes more: one done future for the
+        # connection's life, not a new one per write (nothing sets or cancels a done future).
+        self.sent = loop.create_future()
+        self.sent.set_result(None)
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -269,7 +266,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             message = self.current
             if not self.delivered_head:
                 self.delivered_head = True
-                self.expect_continue = message.headers.get("Expect") == "100-continue"
+                self.expect_continue = _optional(message.headers, "Expect") == "100-continue"
                 if not self._call(self.delegate.headers_received, message.start_line, message.headers):
                     return
                 continue
@@ -337,7 +334,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
     def _can_keep_alive(message: _Message) -> bool:
         """Tornado's HTTP1Connection._can_keep_alive, for a request."""
         start_line, headers = message.start_line, message.headers
-        connection = headers.get("Connection")
+        connection = _optional(headers, "Connection")
         if connection is not None:
             connection = connection.lower()
         if start_line.version == "HTTP/1.1":
@@ -425,12 +422,13 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             self.expected_remaining = None
             if not self.chunking_output and code not in (204, 304) and not 100 <= code < 200:
                 self.disconnect_on_finish = True  # HTTP/1.0 without a length: the close ends the body
-        lines = [b"HTTP/1.1 %d %s" % (code, start_line.reason.encode("latin1"))]
-        lines.extend(f"{name}: {value}".encode("latin1") for name, value in headers.get_all())
-        for line in lines:
-            if _CR_OR_LF.search(line):
-                raise ValueError("Illegal characters (CR or LF) in header: %r" % line)
-        data = b"\r\n".join(lines) + b"\r\n\r\n"
+        lines = [f"HTTP/1.1 {code} {start_line.reason}"]
+        lines += [f"{name}: {value}" for name, value in headers.get_all()]
+        text = "\r\n".join(lines)  # one scan for CR or LF in all of them: only the joins' may be there
+        if text.count("\r") != len(lines) - 1 or text.count("\n") != len(lines) - 1:
+            line = next(line for line in lines if "\r" in line or "\n" in line)
+            raise ValueError("Illegal characters (CR or LF) in header: %r" % line.encode("latin1", "replace"))
+        data = (text + "\r\n\r\n").encode("latin1")
         if chunk:
             data += self._body(chunk)
         return self._send(data)
@@ -457,7 +455,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         if data:
             self.transport.write(data)
         if not self.writing_paused:
-            return _done_future()
+            return self.sent
         future = Future()
         self.drain_waiters.append(future)
         return future
@@ -491,6 +489,11 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
                 self.close()
             return
         self._end_message()
+
+
+def _optional(headers: httputil.HTTPHeaders, name: str) -> str | None:
+    """`headers.get(name)` for a header most requests lack (its `get` raises and catches a KeyError then)."""
+    return headers[name] if name in headers else None
 
 
 class _TooLarge(Exception):
