@@ -29,6 +29,13 @@ def key_id(key: bytes) -> str:
     return hmac.new(key, KEY_ID_LABEL, hashlib.sha256).hexdigest()[:16]
 
 
+def _hexdigest(keyed, data: bytes) -> str:
+    """HMAC-SHA-256 of `data` under the key `keyed` (an HMAC object holding only its key), in hex."""
+    mac = keyed.copy()
+    mac.update(data)
+    return mac.hexdigest()
+
+
 class SecretHasher:
     """HMAC-SHA-256 under the server key (and, for checks, the previous ones); compares in constant time."""
 
@@ -40,6 +47,8 @@ class SecretHasher:
         self._keys = (key, *(k for k in previous if k != key))
         self.key_id = key_id(key)
         self.key_ids = tuple(key_id(k) for k in self._keys)  # the current key's, then the previous keys'
+        # Each key's HMAC keyed once: a hash copies it (about 1 µs) instead of keying it anew (about 2.7).
+        self._macs = tuple(hmac.new(k, digestmod=hashlib.sha256) for k in self._keys)
         # The sealing ciphers, derived once (every code exchange seals the ID token into its access token).
         self._sealers = tuple(AESGCM(hmac.new(k, b"svc-auth seal v1", hashlib.sha256).digest()) for k in self._keys)
 
@@ -50,13 +59,13 @@ class SecretHasher:
 
     def digest(self, secret: str) -> str:
         """The keyed hash to store, under the current key."""
-        return hmac.new(self._key, secret.encode("utf-8"), hashlib.sha256).hexdigest()
+        return _hexdigest(self._macs[0], secret.encode("utf-8"))
 
     def digests(self, secret: str) -> list[str]:
         """The keyed hash of `secret` under every key, current first: what a stored hash may be
         (look a row up with `.in_(hasher.digests(token))`)."""
         data = secret.encode("utf-8")
-        return [hmac.new(k, data, hashlib.sha256).hexdigest() for k in self._keys]
+        return [_hexdigest(mac, data) for mac in self._macs]
 
     def match(self, secret: str, digest: str | None) -> int | None:
         """Which key (0 = current) made `digest` from `secret`, or None. Every key is compared."""
