@@ -55,6 +55,7 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 _UNREDACTED = frozenset({"ts", "level", "logger", "request_id"})  # ours, never the caller's text
 _LINE_JSON = json.JSONEncoder(default=str, separators=(",", ":"))  # built once, not per line
 _JSON_TEXT = json.encoder.encode_basestring_ascii  # what _LINE_JSON writes for a str (C)
+ACCESS_PARTS_KEPT = 1024  # access lines' fixed parts kept per formatter (emptied when full)
 
 
 class AccessRecord(logging.LogRecord):
@@ -85,18 +86,31 @@ def access_line(formatter: "JsonFormatter", created: float, levelname: str, name
                 request_id: str, method: str, route: str, path: str, status: int, duration_ms: float,
                 client: str) -> str | None:
     """The line JsonFormatter's general path writes for an access record of these fields (its texts
-    redacted as that path redacts them), or None when that path must write it (a field of another type)."""
+    redacted as that path redacts them), or None when that path must write it (a field of another type).
+
+    That path redacts the texts when any of them may hold a secret; `redact` leaves a text that
+    cannot alone, so each text is redacted on its own, and the request id (never redacted) decides
+    nothing. The JSON of the fields other than the time, the request id and the duration is kept
+    per formatter for lines none of whose texts may hold a secret (a route's lines repeat them)."""
     if (not request_id or type(status) is not int or type(duration_ms) is not float
             or not type(method) is type(route) is type(path) is type(client) is type(request_id) is str):
         return None
-    if _MAY_HOLD_SECRET.search(f"{levelname}\n{name}\n{message}\n{request_id}\n{method}\n{route}\n{path}\n{client}"):
-        # A query (`?patient=…`) is enough: the general path then redacts every text but its own.
-        message, method, route, path, client = (redact(t) for t in (message, method, route, path, client))
-    return (f'{{"ts":"{formatter.timestamp(created)}","level":{_JSON_TEXT(levelname)},'
-            f'"logger":{_JSON_TEXT(name)},"message":{_JSON_TEXT(message)},'
-            f'"request_id":{_JSON_TEXT(request_id)},'
-            f'"method":{_JSON_TEXT(method)},"route":{_JSON_TEXT(route)},"path":{_JSON_TEXT(path)},'
-            f'"status":{status!r},"duration_ms":{duration_ms!r},"client":{_JSON_TEXT(client)}}}')
+    key = (levelname, name, message, method, route, path, status, client)
+    parts = formatter.access_parts.get(key)
+    if parts is None:
+        clean = not _MAY_HOLD_SECRET.search(f"{levelname}\n{name}\n{message}\n{method}\n{route}\n{path}\n{client}")
+        if not clean:  # a query (`?patient=…`) is enough: each text is redacted then
+            message, method, route, path, client = (redact(t) for t in (message, method, route, path, client))
+        parts = (f'"level":{_JSON_TEXT(levelname)},"logger":{_JSON_TEXT(name)},"message":{_JSON_TEXT(message)},',
+                 f',"method":{_JSON_TEXT(method)},"route":{_JSON_TEXT(route)},"path":{_JSON_TEXT(path)},'
+                 f'"status":{status!r},', _JSON_TEXT(client))
+        if clean:  # nothing a secret could be in is kept
+            if len(formatter.access_parts) >= ACCESS_PARTS_KEPT:
+                formatter.access_parts.clear()
+            formatter.access_parts[key] = parts
+    head, middle, client_text = parts
+    return (f'{{"ts":"{formatter.timestamp(created)}",{head}"request_id":{_JSON_TEXT(request_id)}{middle}'
+            f'"duration_ms":{duration_ms!r},"client":{client_text}}}')
 
 
 class JsonLineHandler(logging.StreamHandler):
@@ -158,6 +172,7 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._second: tuple[float, str] = (-1.0, "")  # the last whole second and its ISO text
+        self.access_parts: dict[tuple, tuple[str, str, str]] = {}  # see `access_line`
 
     def timestamp(self, created: float) -> str:
         """`created` as ISO 8601 UTC with milliseconds, as `datetime.isoformat(timespec="milliseconds")`

@@ -54,6 +54,12 @@ def route_of(handler) -> str:
     """The route pattern that served `handler` (e.g. `/v1/oauth/token`), never the raw path."""
     app, cls = handler.application, type(handler)
     cache = app.route_patterns
+    rule = app.exact_routes.get(handler.request.path)
+    if rule is not None and rule.target is cls:  # found by its literal path (`find_handler`): no match to try
+        known = cache.get(rule)
+        if known is None:
+            known = cache[rule] = _pattern(rule)
+        return known
     known = cache.get(cls)
     if known is None:
         rules = [(rule, _pattern(rule)) for rule in app.wildcard_router.rules if rule.target is cls]
