@@ -28,6 +28,9 @@ def _printable(name: str) -> str:
 
 def check_fields(value, path: str = "") -> None:
     """Walk a parsed body (dicts, lists, strings) without recursion: bounded depth, clean text."""
+    if type(value) is dict and all(type(item) is str for item in value.values()) \
+            and not _BAD_TEXT.search("".join(value) + "".join(value.values())):
+        return  # a flat object of clean text (a form, a query): one scan, nothing to name
     stack = [(value, path, 1)]
     while stack:
         item, where, depth = stack.pop()

@@ -18,7 +18,7 @@ _FLAT = frozenset({str, int, bool, type(None)})
 
 def compact_json(value) -> bytes:
     """`value` as the encoder's compact JSON, in bytes (ASCII)."""
-    if type(value) is dict and all(type(item) in _FLAT for item in value.values()):
+    if type(value) is dict and _FLAT.issuperset(map(type, value.values())):
         try:
             data = orjson.dumps(value)
         except TypeError:  # an integer past 64 bits, a non-text key, a lone surrogate: the encoder decides
