@@ -126,6 +126,7 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings)
+    runtime.metrics.count_per_loop_turn(loop)  # every request's counts added once per loop turn
     # Signing keys in memory before the first request (JWKS and signing never wait on the
     # database), then kept current, with the cached applications, as changes are announced.
     await runtime.run(runtime.keyring.load)

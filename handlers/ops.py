@@ -21,6 +21,7 @@ class ReadinessHandler(BaseHandler):
 
 class MetricsHandler(BaseHandler):
     async def get(self):
+        self.runtime.metrics.flush()  # this loop turn's counts first
         body, content_type = await self.run(self.runtime.metrics.exposition)  # queue depths may ask Redis
         self.set_header("Content-Type", content_type)
         self.no_store()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +62,8 @@ class Metrics:
         self.registry.register(self.queue_depths)
         self._children: dict = {}
         self._request_children: dict = {}  # (route, method, status) -> (count child, latency child)
+        self._loop = self._loop_thread = None  # see `count_per_loop_turn`
+        self._pending: dict = {}  # counter child -> counts waiting for the end of the loop turn
 
     def _child(self, metric, *labels):
         """`metric.labels(*labels)`, remembered: the lookup costs more than the increment. Routes,
@@ -77,11 +80,33 @@ class Metrics:
         if children is None:
             children = self._request_children[key] = (
                 self.requests.labels(route, method, str(status)), self._child(self.latency, route, method))
-        children[0].inc()
+        self._count(children[0])
         children[1].observe(seconds)
 
     def count_token_issued(self, grant: str) -> None:
-        self._child(self.tokens, grant).inc()
+        self._count(self._child(self.tokens, grant))
+
+    def count_per_loop_turn(self, loop) -> None:
+        """From now on, the request and token counts made on `loop`'s thread (called there) are
+        summed and added to their counters once per loop turn, at its end: in multiprocess mode
+        every increment takes a lock, a `getpid` and a write to the process's file (issue 49). A
+        count waits at most one loop turn; counts from any other thread are added at once."""
+        self._loop, self._loop_thread = loop, threading.get_ident()
+
+    def _count(self, child) -> None:
+        if self._loop_thread is not None and threading.get_ident() == self._loop_thread:
+            pending = self._pending
+            if not pending:
+                self._loop.call_soon(self.flush)
+            pending[child] = pending.get(child, 0) + 1
+        else:
+            child.inc()
+
+    def flush(self) -> None:
+        """Add the counts waiting for the end of the loop turn (on the loop's thread)."""
+        pending, self._pending = self._pending, {}
+        for child, count in pending.items():
+            child.inc(count)
 
     def count_rate_limit_rejection(self, operation: str) -> None:
         self._child(self.rate_limited, operation).inc()
