@@ -6,6 +6,11 @@ both up, alternating ABBA (issue 49 item 3).
 Patient read and the page of 50, each side on its own scratch database and Redis namespace; CPU
 per request by process group (serve, the scratch database's PostgreSQL backends, the Redis server)
 summed over the rounds, and each side's reads ÷ its own `/healthz` per CPU-second.
+
+`--together`: each round drives both sides at once (CONNECTIONS each, two wrk processes) instead of
+one after the other, so both see the same minute of a machine shared with other work: each side's
+CPU is still its own processes', over the same window (the one Redis server's counts on both sides:
+about 1% of a read's).
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import argparse
 import contextlib
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 
 from bench.fhir_reads import NO_FHIR_LIMITS, Measured, _loads, _started
 from bench.fleet import DEFAULT_POSTGRES_URL, redis_namespace, scratch_database
@@ -35,11 +41,18 @@ def _sides(stack, baseline_root, postgres_url: str, redis_url: str) -> dict:
     return measured
 
 
+def _note(runs: dict, number: int, side: str, name: str, run: dict) -> None:
+    runs[side][name].append(run)
+    print(f"round {number + 1} {side} {name}: {run['rps']:.0f}/s, {run['svc_cpu_ms_per_request']:.3f} ms, errors "
+          f"{run['errors'] or 'none'}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", required=True)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--together", action="store_true", help="drive both sides at once in each round")
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL))
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
@@ -53,12 +66,17 @@ def main() -> None:
         runs = {side: {name: [] for name in LOADS} for side in sides}
         print(f"baseline {commit[:7]}, load average {os.getloadavg()[0]:.2f}", flush=True)
         for number in range(args.rounds):
+            if args.together:
+                with ThreadPoolExecutor(len(sides)) as both:
+                    for name in LOADS:
+                        futures = {side: both.submit(sides[side].run, *loads[side][name], args.seconds, warm_up=False)
+                                   for side in sides}
+                        for side, future in futures.items():
+                            _note(runs, number, side, name, future.result())
+                continue
             for side in (list(sides) if number % 2 == 0 else list(sides)[::-1]):
                 for name, (path, lua, env) in loads[side].items():
-                    run = sides[side].run(path, lua, env, args.seconds, warm_up=False)
-                    runs[side][name].append(run)
-                    print(f"round {number + 1} {side} {name}: {run['rps']:.0f}/s, {run['svc_cpu_ms_per_request']:.3f} "
-                          f"ms, errors {run['errors'] or 'none'}", flush=True)
+                    _note(runs, number, side, name, sides[side].run(path, lua, env, args.seconds, warm_up=False))
         print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for side in sides:
             per = {}
