@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from audit.disclosures import Disclosure, Recording
+from audit.disclosures import Disclosure, Later, Recording
 from errors import ApiError
 from fhir_api.access import Caller, authenticate
 from fhir_api.disclosure import fhir_disclosure
@@ -73,12 +73,16 @@ def answer(runtime, ask: Ask, admission: Admission, recording: Recording, checks
             raise FhirError(503, "transient", "Too many requests to this clinic's EHR are in progress; "
                                               f"retry after {EHR_BUSY_RETRY_AFTER} seconds.",
                             {"Retry-After": str(EHR_BUSY_RETRY_AFTER)})
+        held = ask.uses_ehr
         try:
             checks()  # 404 / 400 before the disclosure record holds them
             disclosure = fhir_disclosure(caller, ask.action, ask.resource_type, ask.path_id, ask.raw_args, ask.request)
-            return recording.call(disclosure, describe, 200, fn, runtime, caller, *args)
+            outcome = recording.call(disclosure, describe, 200, fn, runtime, caller, *args)
+            if held and isinstance(outcome, tuple) and isinstance(outcome[1], Later):  # the EHR's exchange is still to come
+                outcome[1].release, held = lambda: cap.release(clinic), False
+            return outcome
         finally:
-            if ask.uses_ehr:
+            if held:
                 cap.release(clinic)
     except ApiError as exc:
         recording.skip()
