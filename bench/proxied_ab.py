@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--baseline", action="append", default=[])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--loads", default=",".join(LOADS), help="which of read,healthz,sandbox to drive")
     args = parser.parse_args()
+    chosen = [load for load in LOADS if load in args.loads.split(",")]
     ehr, origin = _start_ehr()
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: (ehr.terminate(), ehr.wait(30)))
@@ -57,14 +59,14 @@ def main() -> None:
             sides[name] = (measured, {"read": _proxied_clinic(service, origin), "healthz": ("/healthz", {}),
                                       "sandbox": (sandbox, {"BENCH_AUTHORIZATION": f"Bearer {token}"})})
         for measured, loads in sides.values():  # warm-up
-            for path, env in loads.values():
-                measured.run(path, "get", env, 1.5, warm_up=False)
+            for load in chosen:
+                measured.run(*loads[load][:1], "get", loads[load][1], 1.5, warm_up=False)
         sums = {name: {load: [0.0, 0.0, 0.0, 0] for load in LOADS} for name in sides}
         names = list(sides)
         for number in range(args.rounds):
             for name in (names if number % 2 == 0 else names[::-1]):
                 measured, loads = sides[name]
-                for load in LOADS:
+                for load in chosen:
                     p, e = loads[load]
                     switched = _switches(measured.service.proc.pid)
                     run = measured.run(p, "get", e, args.seconds, warm_up=False)
@@ -79,6 +81,9 @@ def main() -> None:
                           f"{run['svc_cpu_ms_per_request']:.3f} CPU ms, errors {run['errors'] or 'none'}", flush=True)
         print(f"load average {os.getloadavg()}")
         for name, loads in sums.items():
+            if len(chosen) < len(LOADS):
+                print(name, {k: round(1000 * loads[k][1] / max(loads[k][0], 1), 3) for k in chosen})
+                continue
             read, healthz, sandbox = (1000 * loads[k][1] / max(loads[k][0], 1) for k in LOADS)
             print(f"{name}: proxied read {read:.3f} CPU ms ({loads['read'][3] / max(loads['read'][0], 1):.1f} "
                   f"switches, EHR {1000 * loads['read'][2] / max(loads['read'][0], 1):.3f} ms), /healthz "
