@@ -5,8 +5,9 @@ EHR, open mode, the audit on) and per `/healthz`, this checkout against commits,
 
 Every side is one embedded `serve` (`bench.fhir_reads`' shape and limits) on one shared test EHR;
 each round drives each side in turn (ABBA order) with the proxied read, `/healthz` and a sandbox
-Patient read (for reference), wrk at 16 connections; sums over the rounds. Also the voluntary context switches of all of serve's threads
-per request (`/proc/PID/task/*/status`). The EHR's CPU is shown, not counted."""
+Patient read (for reference), wrk at 16 connections; sums over the rounds. Also the voluntary
+context switches of all of serve's threads per request (`/proc/PID/task/*/status`). The EHR's CPU
+is shown, not counted."""
 from __future__ import annotations
 
 import argparse

@@ -6,8 +6,9 @@ one check of an answer's head and size (`_body_limit`); each only drives its con
 (`connectors.fhir.connections`, `http.client`; `connectors.fhir.aio`, asyncio with llhttp).
 
 - A wall-clock deadline per request, retries, `Retry-After` waits and every byte included: a
-  watchdog (on the IOLoop, a timer of the loop) shuts the socket at the deadline, so an answer (its head or its body) dripping a byte a
-  second ends there, not when the EHR stops; the connection and read timeouts never outlast it either.
+  watchdog (on the IOLoop, a timer of the loop) shuts the socket at the deadline, so an answer (its
+  head or its body) dripping a byte a second ends there, not when the EHR stops; the connection
+  and read timeouts never outlast it either.
 - Connections are kept alive between requests: one is reused only after its answer was read
   whole, and closed after anything else.
 - The body is streamed and read up to `max_bytes`; past it the connection is dropped.
@@ -362,7 +363,7 @@ class Transport:
         """The body, streamed: at most `max_bytes`, and over at `deadline` (the watchdog shuts the
         socket then, so no byte-by-byte drip outlasts it)."""
         limit = self.bounds.max_bytes
-        self.check_declared(response.headers, url)
+        self._check_declared(response.headers, url)
         chunks, size = [], 0
         try:
             for chunk in self._chunks(response, url, deadline, cut):
@@ -374,8 +375,7 @@ class Transport:
         except (OSError, http.client.HTTPException) as exc:
             if cut.is_set() or self.clock() >= deadline:
                 raise self._late(url) from None
-            raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer "
-                                       f"({type(exc).__name__}); the request will be retried.") from None
+            raise self._broken_off(url, exc) from None
 
     async def _exchange_async(self, method: str, origin: tuple, target: str, body, headers: dict, url: str,
                               deadline: float):
@@ -402,8 +402,7 @@ class Transport:
                     if connection.cut or self.clock() >= deadline:
                         raise self._late(url) from None
                     if connection.answered:
-                        raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer "
-                                                   f"({type(exc).__name__}); the request will be retried.") from None
+                        raise self._broken_off(url, exc) from None
                     if reused and not fresh_retry and method in IDEMPOTENT and connection.unanswered_close:
                         continue  # the EHR closed the kept connection as we wrote: once more, on a new one
                     raise _Broken(exc) from None
@@ -420,10 +419,10 @@ class Transport:
         past it raises), or None to read none (a redirect, 429, 5xx: the attempts decide)."""
         if not wants_body(status):
             return None
-        self.check_declared(head, url)
+        self._check_declared(head, url)
         return self.bounds.max_bytes
 
-    def check_declared(self, head, url: str) -> None:
+    def _check_declared(self, head, url: str) -> None:
         """`max_bytes` against an answer's declared Content-Length, before its body is read."""
         declared = head.get("Content-Length")
         if declared and declared.isdigit() and int(declared) > self.bounds.max_bytes:
@@ -448,6 +447,11 @@ class Transport:
         return DeadlineExceeded("deadline", f"The EHR at {urlsplit(url).netloc} did not answer within the "
                                             f"{self.bounds.name} deadline ({self.bounds.request_deadline:g} s per "
                                             f"request, retries included).")
+
+    @staticmethod
+    def _broken_off(url: str, exc: BaseException) -> ConnectorUnavailable:
+        return ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer ({type(exc).__name__}); "
+                                    f"the request will be retried.")
 
     def _too_big(self, url: str) -> BoundExceeded:
         return BoundExceeded("max_bytes", f"The EHR at {urlsplit(url).netloc} answered more than the "
