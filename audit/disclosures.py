@@ -87,6 +87,34 @@ def record(runtime, disclosure: Disclosure, outcome: str, status: int | None,
         raise audit_unavailable() from exc
 
 
+class Later:
+    """A domain call's result that is finished on the IOLoop (a FHIR read's exchange with the EHR:
+    no pool thread waits on it): `exchange(offload)`, a coroutine function prepared by the pool
+    job, then `then(fetched)` on the loop, where `fetched()` gives the exchange's result or raises
+    its error; `offload(fn)` awaits blocking `fn()` on the pool. `release()` when it is over
+    (the EHR slot the job held)."""
+
+    def __init__(self, exchange, then):
+        self.exchange, self.then = exchange, then
+        self.release = lambda: None
+
+    async def result(self, offload):
+        try:
+            try:
+                value = await self.exchange(offload)
+            except Exception as exc:  # noqa: BLE001 - `then` decides what the exchange's error answers
+                error = exc
+
+                def fetched():
+                    raise error
+            else:
+                def fetched():
+                    return value
+            return self.then(fetched)
+        finally:
+            self.release()
+
+
 class Recording:
     """One request's pool job and its disclosure record: opened on the IOLoop before the job (the
     writer then waits a moment for the record), run with `run(fn, ...)`, whose future gives
@@ -119,14 +147,51 @@ class Recording:
                 return None, fn(*args)
             except ApiError as exc:
                 return exc, None
-        writer = self.runtime.disclosure_writer
         try:
             result = fn(*args)
+        except ApiError as exc:
+            return self._record(disclosure, describe, status, exc, None, self.runtime.disclosure_writer.enqueue)
+        except BaseException:
+            self.runtime.disclosure_writer.unexpect(self.future)
+            raise
+        if isinstance(result, Later):  # finished on the IOLoop (`finish`): its record comes from there
+            self._later = disclosure, describe, status
+            return None, result
+        return self._record(disclosure, describe, status, None, result, self.runtime.disclosure_writer.enqueue)
+
+    async def finish(self, later: Later):
+        """On the IOLoop: the outcome `(error, result)` of a `call` whose result was `later`, once
+        its record (with the audit on) is committed; its record joins the group commit from the
+        loop (`ChainWriter.enqueue_soon`: no pool job of its own)."""
+        try:
+            result = await later.result(self.runtime.run)
+        except ApiError as exc:
+            error, result = exc, None
+        except BaseException:
+            self.skip()
+            raise
+        else:
+            error = None
+        if not self.audited:
+            return error, result
+        writer = self.runtime.disclosure_writer
+        writer.unexpect(self.future)  # the pool job's, settled with `later`: this record comes with a future of its own
+        self.future = asyncio.get_running_loop().create_future()
+        outcome = self._record(*self._later, error, result, writer.enqueue_soon)
+        return outcome if outcome is not self.runtime.executor.DEFERRED else await self.future
+
+    def _record(self, disclosure: Disclosure, describe, status: int, error, result, enqueue):
+        """`call`'s record of `fn`'s outcome: handed to the group commit by `enqueue` (DEFERRED
+        returned: the commit settles the future), or, when the answer is no disclosure, the outcome."""
+        writer = self.runtime.disclosure_writer
+        if error is not None:
+            self.recorded = True
+            enqueue(_fields(disclosure, "failure", error.status), self.future, (error, None))
+            return self.runtime.executor.DEFERRED
+        try:
             described = describe(result)
         except ApiError as exc:
-            self.recorded = True
-            writer.enqueue(_fields(disclosure, "failure", exc.status), self.future, (exc, None))
-            return self.runtime.executor.DEFERRED
+            return self._record(disclosure, describe, status, exc, None, enqueue)
         except BaseException:
             writer.unexpect(self.future)
             raise
@@ -135,7 +200,7 @@ class Recording:
             return None, result
         patients, resource_ids = described
         self.recorded = True
-        writer.enqueue(_fields(disclosure, "success", status, patients, resource_ids), self.future, (None, result))
+        enqueue(_fields(disclosure, "success", status, patients, resource_ids), self.future, (None, result))
         return self.runtime.executor.DEFERRED
 
     def skip(self) -> None:

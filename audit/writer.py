@@ -110,6 +110,20 @@ class ChainWriter:
             self._writing = True
         self._lead()
 
+    def enqueue_soon(self, fields: dict, future: asyncio.Future, outcome=None) -> None:
+        """`enqueue` from the IOLoop, which never writes: the record joins the batch being written,
+        or, when nobody leads, a pool job leads (`handoff`), one for every record waiting then."""
+        with self._lock:
+            self._pending.append((fields, future, outcome))
+            self._arrived(future)
+            if self._writing:
+                return
+            self._writing = True
+        try:
+            self.handoff(self._lead)
+        except RuntimeError:  # the pool is shut down: nobody is left to write what waits
+            self._fail([])
+
     def _lead(self) -> None:
         """As the leader: commit what waits, round after round, at most MAX_ROUNDS; then, if more
         waits, hand leadership on (a new pool job leads) and return."""

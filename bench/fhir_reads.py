@@ -133,12 +133,23 @@ def _shape_summary(name: str, runs: dict, say) -> dict:
 
 def _proxied(measured: Measured, ehr_origin: str, seconds: float, say) -> dict:
     """Reads through a clinic on the test FHIR EHR (open mode): svc-auth's CPU per read vs /healthz."""
+    path, env = _proxied_clinic(measured.service, ehr_origin)
+    read = measured.run(path, "get", env, seconds)
+    healthz = measured.run("/healthz", "get", {}, seconds)
+    ratio = round(read["svc_cpu_ms_per_request"] / max(healthz["svc_cpu_ms_per_request"], 1e-9), 2)
+    say(f"proxied Patient read: {read['rps']:.0f}/s, svc-auth {read['svc_cpu_ms_per_request']:.3f} CPU ms per read "
+        f"({ratio}x /healthz's {healthz['svc_cpu_ms_per_request']:.3f}), the EHR {read['ehr_cpu_ms_per_request']:.3f} "
+        f"CPU ms per read; errors {read['errors'] or 'none'}")
+    return {"read": read, "healthz": healthz, "svc_cpu_per_read_vs_healthz": ratio}
+
+
+def _proxied_clinic(service: BenchService, ehr_origin: str) -> tuple[str, dict]:
+    """A clinic of `service` on the test EHR at `ehr_origin`, its patient seeded: (the read's path, wrk's env)."""
     from conf import Settings
     from lifecycle.applications import install_application
     from lifecycle.organizations import create_organization
     from lifecycle.users import create_user
     from runtime import Runtime
-    service = measured.service
     runtime = Runtime(Settings.from_env(service.env, dotenv=None))
     try:
         org = create_organization("Bench FHIR Clinic", "fhir", f"{ehr_origin}/fhir/R4", fhir_auth="none")
@@ -151,14 +162,7 @@ def _proxied(measured: Measured, ehr_origin: str, seconds: float, say) -> dict:
          "birthDate": "1970-01-01", "gender": "female"}]}).encode())
     urllib.request.urlopen(request, timeout=60).read()
     token = service.platform_token(organization_id=org.id, user_id=user.id)
-    read = measured.run(f"/fhir/r4/{org.id}/Patient/bench-pt", "get", {"BENCH_AUTHORIZATION": f"Bearer {token}"},
-                        seconds)
-    healthz = measured.run("/healthz", "get", {}, seconds)
-    ratio = round(read["svc_cpu_ms_per_request"] / max(healthz["svc_cpu_ms_per_request"], 1e-9), 2)
-    say(f"proxied Patient read: {read['rps']:.0f}/s, svc-auth {read['svc_cpu_ms_per_request']:.3f} CPU ms per read "
-        f"({ratio}x /healthz's {healthz['svc_cpu_ms_per_request']:.3f}), the EHR {read['ehr_cpu_ms_per_request']:.3f} "
-        f"CPU ms per read; errors {read['errors'] or 'none'}")
-    return {"read": read, "healthz": healthz, "svc_cpu_per_read_vs_healthz": ratio}
+    return f"/fhir/r4/{org.id}/Patient/bench-pt", {"BENCH_AUTHORIZATION": f"Bearer {token}"}
 
 
 def _start_ehr():

@@ -9,7 +9,9 @@ tenth of its CPU: issue 35 item 6):
 4. a slot of the clinic's EHR in this process (`runtime.ehr_concurrency`): none free, 503 (not
    for a request that does not call the EHR, `Ask.uses_ehr` False: Bulk Data's kick-off, status, files);
 5. the request's own checks (its type and id: 404/400), then its domain call, recorded by the
-   disclosure audit (`audit.disclosures.Recording`), success or failure.
+   disclosure audit (`audit.disclosures.Recording`), success or failure. A call that finishes on
+   the IOLoop (a FHIR clinic's read: `audit.disclosures.Later`, the EHR asked from the loop) keeps
+   the EHR slot until the EHR has answered, and is recorded from there (`Recording.finish`).
 Nothing is recorded before step 5. What steps 2 and 3 decided is kept on the `Admission` the
 handler passed in, so every answer after the limiter carries its `RateLimit-*` headers, however
 the job ended.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from audit.disclosures import Disclosure, Recording
+from audit.disclosures import Disclosure, Later, Recording
 from errors import ApiError
 from fhir_api.access import Caller, authenticate
 from fhir_api.disclosure import fhir_disclosure
@@ -73,12 +75,16 @@ def answer(runtime, ask: Ask, admission: Admission, recording: Recording, checks
             raise FhirError(503, "transient", "Too many requests to this clinic's EHR are in progress; "
                                               f"retry after {EHR_BUSY_RETRY_AFTER} seconds.",
                             {"Retry-After": str(EHR_BUSY_RETRY_AFTER)})
+        held = ask.uses_ehr
         try:
             checks()  # 404 / 400 before the disclosure record holds them
             disclosure = fhir_disclosure(caller, ask.action, ask.resource_type, ask.path_id, ask.raw_args, ask.request)
-            return recording.call(disclosure, describe, 200, fn, runtime, caller, *args)
+            outcome = recording.call(disclosure, describe, 200, fn, runtime, caller, *args)
+            if held and isinstance(outcome, tuple) and isinstance(outcome[1], Later):  # the EHR is still to answer
+                outcome[1].release, held = lambda: cap.release(clinic), False
+            return outcome
         finally:
-            if ask.uses_ehr:
+            if held:
                 cap.release(clinic)
     except ApiError as exc:
         recording.skip()

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import logging
 
+from audit.disclosures import Later
 from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion, DeadlineExceeded,
                         EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery, TypeNotGranted,
                         connector_for)
@@ -98,21 +99,38 @@ def _counted(matches, total: int) -> int | None:
     return None if rest > TOTAL_SCAN_LIMIT else total + rest
 
 
-def read(runtime, caller: Caller, resource_type: str, raw_id: str) -> dict:
-    """`GET {iss}/{Type}/{id}`: the resource, or 404 (also for one outside a patient/ grant)."""
+def read(runtime, caller: Caller, resource_type: str, raw_id: str):
+    """`GET {iss}/{Type}/{id}`: the resource, or 404 (also for one outside a patient/ grant). On a
+    connector whose reads can finish on the IOLoop (a FHIR clinic: `read_later`), a `Later` whose
+    exchange with the EHR blocks no pool thread, checked there as here."""
     grant = grant_for(caller, supported_type(resource_type), "r")
     ident = resource_id(raw_id)
-    try:
-        resource = _connector(runtime, caller).read_resource(resource_type, ident)
-    except (ResourceNotFound, PatientNotFound):
-        raise not_found(resource_type, ident) from None
-    except ConnectorError as exc:
-        raise _failure(caller.organization_id, exc) from None
+    connector = _connector(runtime, caller)
+    later = getattr(connector, "read_later", None)
+    if later is None:
+        return _read(caller, grant, resource_type, ident, lambda: connector.read_resource(resource_type, ident))
+    exchange = _fetched(caller, lambda: later(resource_type, ident), resource_type, ident)
+    return Later(exchange, lambda fetched: _read(caller, grant, resource_type, ident, fetched))
+
+
+def _read(caller: Caller, grant: Grant, resource_type: str, ident: str, fetch) -> dict:
+    """The read's answer: what `fetch()` gives when the caller may see it, else its error (404, 502...)."""
+    resource = _fetched(caller, fetch, resource_type, ident)
     if resource.get("resourceType") != resource_type or resource.get("id") != ident:
         raise not_found(resource_type, ident)
     if grant.patient is not None and not in_compartment(resource, grant.patient):
         raise not_found(resource_type, ident)  # another patient's resource is indistinguishable from none
     return resource
+
+
+def _fetched(caller: Caller, fetch, resource_type: str, ident: str):
+    """`fetch()`, a connector's error as the app's answer."""
+    try:
+        return fetch()
+    except (ResourceNotFound, PatientNotFound):
+        raise not_found(resource_type, ident) from None
+    except ConnectorError as exc:
+        raise _failure(caller.organization_id, exc) from None
 
 
 def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str]], strict: bool = False) -> dict:

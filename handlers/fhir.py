@@ -18,7 +18,7 @@ from types import MappingProxyType
 import orjson
 import tornado.web
 
-from audit.disclosures import Recording, without_signature
+from audit.disclosures import Later, Recording, without_signature
 from errors import ApiError
 from fhir_api import FHIR_PATH_PREFIX
 from fhir_api.admission import Admission, Ask, answer
@@ -90,6 +90,8 @@ class FhirHandler(CorsHandler):
         try:
             error, result = await recording.run(answer, self.runtime, ask, admission, recording, checks, describe, fn,
                                                 *args)
+            if isinstance(result, Later):  # the EHR's exchange, on this loop, then its record
+                error, result = await recording.finish(result)
         except BaseException:
             recording.skip()
             raise

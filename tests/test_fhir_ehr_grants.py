@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.parse
 
 import pytest
@@ -267,3 +268,21 @@ def test_metadata_of_a_clinic_whose_ehr_never_answered_is_a_503(grants_clinic, f
         fhir_ehr.fault(503, count=0)
     code, _ = ehr_check(runtime.settings, org_id)                 # the operator's check keeps it
     assert code == 0 and "CarePlan" in listed(fhir.ok("/metadata"))
+
+
+def test_a_read_on_the_ioloop_renews_svc_auths_token_and_waits_out_a_429(grants_clinic, fhir_ehr):
+    """Issue 46 item 7: a read's exchange with the EHR runs on the IOLoop (`connectors.fhir.aio`).
+    svc-auth's token expired at the EHR (401): one new token (asked on the pool), the read answered;
+    the EHR's 429s: each Retry-After waited out on the loop, then the read answered."""
+    _, fhir = grants_clinic
+    assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
+    tokens = fhir_ehr.stats()["token"]
+    fhir_ehr.expire_tokens()
+    assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
+    assert fhir_ehr.stats()["token"] == tokens + 1
+    assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
+    assert fhir_ehr.stats()["token"] == tokens + 1                  # kept for the next read
+    fhir_ehr.fault(429, count=2, retry_after=0.3)
+    began = time.monotonic()
+    assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"
+    assert time.monotonic() - began >= 2 * 0.3 and fhir_ehr.stats()["faults"] >= 2

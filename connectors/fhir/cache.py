@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 
+from connectors.fhir.aio import AsyncConnections
 from connectors.fhir.connections import Connections
 from connectors.fhir.transport import Watchdog
 
@@ -91,3 +92,5 @@ class FhirState:
         # the one thread that holds every exchange with an EHR to its deadline.
         self.http = Connections(POOL_CONNECTIONS_PER_HOST)
         self.watchdog = Watchdog()
+        # The same for the IOLoop's reads (`connectors.fhir.aio`: used from the loop only).
+        self.aio = AsyncConnections(POOL_CONNECTIONS_PER_HOST, self.http.context)

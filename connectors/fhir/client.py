@@ -64,7 +64,7 @@ class FhirClient:
     def __init__(self, base_url: str, client_id: str, auth: str, keys, tokens: ExpiringCache,
                  capabilities: ExpiringCache, bounds: Bounds, http: Connections | None = None,
                  sleep=time.sleep, scopes=None, configurations: ExpiringCache | None = None, watchdog=None,
-                 clock=time.time):
+                 clock=time.time, aio=None):
         """`bounds`: the caller's (`connectors.bounds`); `scopes(smart_configuration) -> scopes to
         ask`: the profile's and discovery's choice (`connectors.fhir.profiles`); by default `SCOPES`.
         `clock`: the runtime's wall clock (`runtime.clock.time`), for an HTTP-date `Retry-After`."""
@@ -73,7 +73,7 @@ class FhirClient:
         self.client_id, self.auth, self.keys, self.tokens = client_id, auth, keys, tokens
         self.capabilities = capabilities
         self.bounds = bounds
-        self.transport = Transport(self.base, bounds, http=http, sleep=sleep, watchdog=watchdog, wall=clock)
+        self.transport = Transport(self.base, bounds, http=http, sleep=sleep, watchdog=watchdog, wall=clock, aio=aio)
         self.configurations = configurations if configurations is not None else ExpiringCache(clock)
         self._token_endpoint: str | None = None
         self._scopes_for = scopes or (lambda configuration: SCOPES)
@@ -171,8 +171,33 @@ class FhirClient:
         fatal, whatever the status, is `EhrReportedError`."""
         url = self.url(path_or_url, params)
         self.transport.confine(url)
+        return self._recorded(url, lambda: self._get(url))
+
+    def get_later(self, path_or_url: str):
+        """`get` with its exchange left to the running IOLoop (`Transport.send_async`): prepared
+        here, blocking (the URL confined, the token; `NotGranted` raised) -> `fetched(offload)`, a
+        coroutine function giving what `get` gives. `offload(fn)` awaits blocking work elsewhere: a
+        token renewed after a 401 (then that one request is sent from there, as `get` sends it)."""
+        url = self.url(path_or_url)
+        self.transport.confine(url)
+        headers, token = self._headers(self._kind(url))
+
+        async def fetched(offload):
+            try:
+                status, body, _ = await self.transport.send_async("GET", url, headers=headers)
+            except ConnectorError:
+                self._record("failure", url, None)
+                raise
+            if status == 401 and token:
+                self._renew()
+                return await offload(lambda: self._recorded(url, lambda: self._get(url, renewed=True)))
+            return self._recorded(url, lambda: self._answer(url, status, body))
+        return fetched
+
+    def _recorded(self, url: str, fetch) -> dict:
+        """`fetch()`, its outcome recorded (`_record`): a request refused before it was made, none."""
         try:
-            body = self._get(url)
+            body = fetch()
         except NotGranted:
             raise  # no request was made: nothing disclosed
         except (ConnectorError, LookupError):
@@ -200,21 +225,38 @@ class FhirClient:
             patients = [p for resource in resources for p in patients_of(resource, self.base)]
         self.recorder(outcome, path.split("/")[0], [r.get("id") for r in resources], patients, parts.query)
 
-    def _get(self, url: str) -> dict:
-        kind = self.type_of(url)
-        kind = kind if is_resource_type(kind) else None
-        for renewed in (False, True):
-            headers = {"Accept": "application/fhir+json"}
-            token = self.access_token()
-            if kind and token and self.granted is not None and kind not in self.granted:
-                raise NotGranted(kind)  # never asked of the EHR: the token (maybe just renewed) lacks its scope
-            if token:
-                headers["Authorization"] = f"Bearer {token}"
+    def _get(self, url: str, renewed: bool = False) -> dict:
+        """One GET and its answer (`_answer`); on a 401, once more with a new token (`renewed`: it is one)."""
+        kind = self._kind(url)
+        while True:
+            headers, token = self._headers(kind)
             status, body, _ = self._send("GET", url, headers=headers)
             if status == 401 and token and not renewed:
-                self.tokens.drop((self.token_endpoint(), self.client_id))  # expired or revoked: ask once more
+                self._renew()
+                renewed = True
                 continue
-            break
+            return self._answer(url, status, body)
+
+    def _kind(self, url: str) -> str | None:
+        kind = self.type_of(url)
+        return kind if is_resource_type(kind) else None
+
+    def _headers(self, kind: str | None) -> tuple[dict, str | None]:
+        """(a GET's headers, its token): `NotGranted` when the token (maybe just asked for) lacks `kind`'s scope."""
+        headers = {"Accept": "application/fhir+json"}
+        token = self.access_token()
+        if kind and token and self.granted is not None and kind not in self.granted:
+            raise NotGranted(kind)  # never asked of the EHR: the token (maybe just renewed) lacks its scope
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers, token
+
+    def _renew(self) -> None:
+        """The EHR refused the token (expired or revoked): the next request asks for a new one."""
+        self.tokens.drop((self.token_endpoint(), self.client_id))
+
+    def _answer(self, url: str, status: int, body) -> dict:
+        """A GET's answer as data, or the error it is."""
         if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
             raise AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
                                  f"client registration and its scopes ({' '.join(self.scopes)}).")

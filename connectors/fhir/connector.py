@@ -259,12 +259,34 @@ class FhirConnector:
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
         """`GET {base}/{type}/{id}`; `ResourceNotFound` when the EHR has none (404, 410) or the id
         cannot be a FHIR id."""
-        if not is_resource_type(resource_type) or not is_id(resource_id):
-            raise ResourceNotFound(f"No {str(resource_type)[:64]} has id {str(resource_id)[:64]!r} in this EHR.")
+        self._readable(resource_type, resource_id)
         try:
             resource = self.client.get(f"{resource_type}/{resource_id}")
         except LookupError:
             raise ResourceNotFound(f"No {resource_type} has id {resource_id!r} in this EHR.") from None
+        return self._as_read(resource, resource_type, resource_id)
+
+    def read_later(self, resource_type: str, resource_id: str):
+        """`read_resource` with its exchange left to the running IOLoop (`FhirClient.get_later`):
+        prepared here, blocking -> `read(offload)`, a coroutine function giving what `read_resource` gives."""
+        self._readable(resource_type, resource_id)
+        fetched = self.client.get_later(f"{resource_type}/{resource_id}")
+
+        async def read(offload) -> dict:
+            try:
+                resource = await fetched(offload)
+            except LookupError:
+                raise ResourceNotFound(f"No {resource_type} has id {resource_id!r} in this EHR.") from None
+            return self._as_read(resource, resource_type, resource_id)
+        return read
+
+    @staticmethod
+    def _readable(resource_type: str, resource_id: str) -> None:
+        if not is_resource_type(resource_type) or not is_id(resource_id):
+            raise ResourceNotFound(f"No {str(resource_type)[:64]} has id {str(resource_id)[:64]!r} in this EHR.")
+
+    def _as_read(self, resource: dict, resource_type: str, resource_id: str) -> dict:
+        """The EHR's answer to a read, when it is the resource asked for (its type and id), references made relative."""
         if resource.get("resourceType") != resource_type or resource.get("id") != resource_id:
             raise ResourceNotFound(f"No {resource_type} has id {resource_id!r} in this EHR.")
         return relative_references(resource, self.client.base)
@@ -370,7 +392,7 @@ def connect(runtime, organization, bounds: Bounds | None = None) -> FhirConnecto
     client = FhirClient(organization.ehr_url, organization.fhir_client_id, organization.fhir_auth,
                         runtime.ehr_keys, state.tokens, state.capabilities, bounds or Bounds.batch(runtime.settings),
                         http=state.http, scopes=scopes_for, configurations=state.configurations,
-                        watchdog=state.watchdog, clock=state.clock)
+                        watchdog=state.watchdog, clock=state.clock, aio=state.aio)
     try:
         extra = [tuple(p) for p in json.loads(getattr(organization, "fhir_search_params", None) or "[]")]
     except ValueError:

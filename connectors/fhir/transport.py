@@ -1,11 +1,16 @@
-"""The one door to a clinic's FHIR base: every HTTP request to the EHR goes through `Transport.send`,
-held to the caller's `Bounds` (connectors/bounds.py).
+"""The one door to a clinic's FHIR base: every HTTP request to the EHR goes through `Transport.send`
+(blocking: workers, searches, the CLI) or `Transport.send_async` (on the IOLoop: an app's FHIR read,
+no pool thread blocked on the EHR), held to the caller's `Bounds` (connectors/bounds.py). Both run
+one core without I/O (`_attempts`: retries, waits, deadline, redirects, what an answer is) and
+one check of an answer's head and size (`_body_limit`); each only drives its connection
+(`connectors.fhir.connections`, `http.client`; `connectors.fhir.aio`, asyncio with llhttp).
 
 - A wall-clock deadline per request, retries, `Retry-After` waits and every byte included: a
-  watchdog shuts the socket at the deadline, so an answer (its head or its body) dripping a byte a
-  second ends there, not when the EHR stops; the connection and read timeouts never outlast it either.
-- Connections are kept alive between requests (`connectors.fhir.connections`, `http.client`):
-  one is reused only after its answer was read whole, and closed after anything else.
+  watchdog (on the IOLoop, a timer of the loop) shuts the socket at the deadline, so an answer (its
+  head or its body) dripping a byte a second ends there, not when the EHR stops; the connection
+  and read timeouts never outlast it either.
+- Connections are kept alive between requests: one is reused only after its answer was read
+  whole, and closed after anything else.
 - The body is streamed and read up to `max_bytes`; past it the connection is dropped.
 - `Retry-After` (delay-seconds or an HTTP-date, RFC 9110 10.2.3, read against the runtime's wall
   clock) is honoured up to `max_retry_after`; a longer one (or one past the deadline) ends the
@@ -18,6 +23,7 @@ held to the caller's `Bounds` (connectors/bounds.py).
   backslashes, no user info)."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import email.utils
 import heapq
@@ -37,6 +43,7 @@ import orjson
 
 from connectors.base import BoundExceeded, ConnectorError, ConnectorUnavailable, DeadlineExceeded
 from connectors.bounds import Bounds
+from connectors.fhir.aio import AsyncConnections, HttpError, request_head
 from connectors.fhir.connections import Connections
 
 BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
@@ -163,13 +170,15 @@ class Transport:
     runtime's clock (`runtime.clock.time`), against which an HTTP-date `Retry-After` is read."""
 
     def __init__(self, base: str, bounds: Bounds, http: Connections | None = None,
-                 sleep=time.sleep, clock=time.monotonic, watchdog: Watchdog | None = None, wall=time.time):
+                 sleep=time.sleep, clock=time.monotonic, watchdog: Watchdog | None = None, wall=time.time,
+                 aio: AsyncConnections | None = None, pause=asyncio.sleep):
         self.base = base.rstrip("/")
         self._base_parts = _origin_and_path(self.base)  # parsed once: `confine` runs on every request
         self.bounds = bounds
         self.http = http or Connections()
-        self.sleep, self.clock, self.wall = sleep, clock, wall
+        self.sleep, self.pause, self.clock, self.wall = sleep, pause, clock, wall
         self.watchdog = watchdog or Watchdog(clock)
+        self.aio = aio or AsyncConnections(self.http.per_origin, self.http.context)
         self.started = clock()
 
     def confine(self, url: str) -> str:
@@ -189,7 +198,48 @@ class Transport:
     def send(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
         """(status, parsed JSON or None, headers), retrying 429, 5xx, timeouts and refused
         connections within the bounds. Raises `DeadlineExceeded`, `BoundExceeded` (`max_bytes`,
-        `redirect`) or `ConnectorUnavailable` (attempts spent, or a `Retry-After` too long)."""
+        `redirect`) or `ConnectorUnavailable` (attempts spent, or a `Retry-After` too long).
+        Blocking (a pool thread, a worker): `_attempts` on `http.client` connections."""
+        attempts = self._attempts(method, url, body, headers)
+        step = next(attempts)
+        while True:
+            if step[0] == "sleep":
+                self.sleep(step[1])
+                outcome = None
+            else:
+                try:
+                    outcome = self._exchange(method, *step[1:])
+                except _Broken as exc:
+                    outcome = exc
+            try:
+                step = attempts.send(outcome)
+            except StopIteration as done:
+                return done.value
+
+    async def send_async(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
+        """`send` on the running IOLoop (`connectors.fhir.aio`: no thread blocked on the EHR): the
+        same attempts, bounds and answers; the waits between attempts are the loop's."""
+        attempts = self._attempts(method, url, body, headers)
+        step = next(attempts)
+        while True:
+            if step[0] == "sleep":
+                await self.pause(step[1])
+                outcome = None
+            else:
+                try:
+                    outcome = await self._exchange_async(method, *step[1:])
+                except _Broken as exc:
+                    outcome = exc
+            try:
+                step = attempts.send(outcome)
+            except StopIteration as done:
+                return done.value
+
+    def _attempts(self, method: str, url: str, body, headers: dict | None):
+        """The attempts of one request, without I/O (both drivers run it): yields
+        `("exchange", origin, target, body, headers, url, deadline)`, to be sent back the outcome
+        of one exchange ((status, headers, body or None) or `_Broken`), or `("sleep", seconds)`;
+        returns `send`'s answer. Every retry, wait, deadline and redirect rule is here."""
         bounds, deadline, delay = self.bounds, self.deadline(), BACKOFF_SECONDS
         origin, target = _origin_and_target(url)
         host = f"{origin[1]}:{origin[2]}"
@@ -197,29 +247,29 @@ class Transport:
         for attempt in range(1, bounds.attempts + 1):
             if deadline - self.clock() <= 0:
                 raise self._late(url)
-            try:
-                status, answered, data = self._exchange(method, origin, target, body, sent, url, deadline)
-            except _Broken as exc:
+            outcome = yield "exchange", origin, target, body, sent, url, deadline
+            if isinstance(outcome, _Broken):
                 if self.clock() >= deadline:
                     raise self._late(url) from None
-                if _certificate_refused(exc.cause):
+                if _certificate_refused(outcome.cause):
                     raise ConnectorError(f"The EHR at {host} presented a TLS certificate that does not verify "
-                                         f"({str(exc.cause)[:300]}); check its certificate chain and the FHIR base "
-                                         f"URL.") from None
-                outcome, wait = type(exc.cause).__name__, delay
+                                         f"({str(outcome.cause)[:300]}); check its certificate chain and the FHIR "
+                                         f"base URL.") from None
+                failure, wait = type(outcome.cause).__name__, delay
             else:
+                status, answered, data = outcome
                 if 300 <= status < 400:
                     raise BoundExceeded("redirect", f"The EHR at {host} answered HTTP {status} (a redirect, to "
                                                     f"{str(answered.get('Location'))[:200]!r}); not followed.")
                 if status != 429 and status < 500:
                     return status, _json(data), answered
-                outcome = f"HTTP {status}"
+                failure = f"HTTP {status}"
                 wait = _retry_after(answered.get("Retry-After"), delay, self.wall())
             if attempt == bounds.attempts or wait > bounds.max_retry_after or self.clock() + wait >= deadline:
-                raise ConnectorUnavailable(f"The EHR at {host} is unavailable ({outcome}); the request will be "
+                raise ConnectorUnavailable(f"The EHR at {host} is unavailable ({failure}); the request will be "
                                            f"retried.")
-            log.info("EHR %s answered %s; retrying in %.1f s", host, outcome, wait)
-            self.sleep(wait)
+            log.info("EHR %s answered %s; retrying in %.1f s", host, failure, wait)
+            yield "sleep", wait
             delay *= 2
         raise AssertionError("unreachable")
 
@@ -297,7 +347,7 @@ class Transport:
                         continue  # the EHR closed the kept connection as we wrote: once more, on a new one
                     raise _Broken(exc) from None
                 status = response.status
-                if 300 <= status < 400 or status == 429 or status >= 500:
+                if not wants_body(status):
                     return status, response.headers, None
                 data = self._read(response, url, deadline, cut)
                 kept = not response.will_close
@@ -313,9 +363,7 @@ class Transport:
         """The body, streamed: at most `max_bytes`, and over at `deadline` (the watchdog shuts the
         socket then, so no byte-by-byte drip outlasts it)."""
         limit = self.bounds.max_bytes
-        declared = response.headers.get("Content-Length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise self._too_big(url)
+        self._check_declared(response.headers, url)
         chunks, size = [], 0
         try:
             for chunk in self._chunks(response, url, deadline, cut):
@@ -327,8 +375,58 @@ class Transport:
         except (OSError, http.client.HTTPException) as exc:
             if cut.is_set() or self.clock() >= deadline:
                 raise self._late(url) from None
-            raise ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer "
-                                       f"({type(exc).__name__}); the request will be retried.") from None
+            raise self._broken_off(url, exc) from None
+
+    async def _exchange_async(self, method: str, origin: tuple, target: str, body, headers: dict, url: str,
+                              deadline: float):
+        """`_exchange` on the IOLoop (`connectors.fhir.aio`): one attempt on a kept-alive asyncio
+        connection (a fresh one when a kept GET finds it closed before any answer), cut at
+        `deadline` by a timer of the loop; the body read up to `max_bytes`."""
+        request = request_head(method, target, origin, headers, body)
+        for fresh_retry in (False, True):
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                raise self._late(url)
+            try:
+                connection, reused = await self.aio.take(origin, min(self.bounds.connect, remaining))
+            except (OSError, asyncio.TimeoutError) as exc:  # refused, unreachable, TLS, the connect timeout
+                if self.clock() >= deadline:
+                    raise self._late(url) from None
+                raise _Broken(exc) from None
+            kept = False
+            try:
+                try:
+                    status, answered, data = await connection.exchange(
+                        request, deadline - self.clock(), lambda status, head: self._body_limit(status, head, url))
+                except (OSError, HttpError) as exc:
+                    if connection.cut or self.clock() >= deadline:
+                        raise self._late(url) from None
+                    if connection.answered:
+                        raise self._broken_off(url, exc) from None
+                    if reused and not fresh_retry and method in IDEMPOTENT and connection.unanswered_close:
+                        continue  # the EHR closed the kept connection as we wrote: once more, on a new one
+                    raise _Broken(exc) from None
+                if len(data or b"") > self.bounds.max_bytes:
+                    raise self._too_big(url)
+                kept = data is not None and connection.reusable
+                return status, answered, data
+            finally:
+                self.aio.give_back(origin, connection, kept)
+        raise AssertionError("unreachable")
+
+    def _body_limit(self, status: int, head, url: str) -> int | None:
+        """An answer's head read: how many body bytes to read at most (`max_bytes`; a Content-Length
+        past it raises), or None to read none (a redirect, 429, 5xx: the attempts decide)."""
+        if not wants_body(status):
+            return None
+        self._check_declared(head, url)
+        return self.bounds.max_bytes
+
+    def _check_declared(self, head, url: str) -> None:
+        """`max_bytes` against an answer's declared Content-Length, before its body is read."""
+        declared = head.get("Content-Length")
+        if declared and declared.isdigit() and int(declared) > self.bounds.max_bytes:
+            raise self._too_big(url)
 
     def _chunks(self, response, url: str, deadline: float, cut: threading.Event):
         """The body as it comes, a read at a time, none past `deadline`; a body cut short of its
@@ -350,6 +448,11 @@ class Transport:
                                             f"{self.bounds.name} deadline ({self.bounds.request_deadline:g} s per "
                                             f"request, retries included).")
 
+    @staticmethod
+    def _broken_off(url: str, exc: BaseException) -> ConnectorUnavailable:
+        return ConnectorUnavailable(f"The EHR at {urlsplit(url).netloc} broke off its answer ({type(exc).__name__}); "
+                                    f"the request will be retried.")
+
     def _too_big(self, url: str) -> BoundExceeded:
         return BoundExceeded("max_bytes", f"The EHR at {urlsplit(url).netloc} answered more than the "
                                           f"{self.bounds.name} limit of {self.bounds.max_bytes} bytes "
@@ -362,6 +465,11 @@ class _Broken(Exception):
     def __init__(self, cause: BaseException):
         super().__init__(str(cause))
         self.cause = cause
+
+
+def wants_body(status: int) -> bool:
+    """Whether an answer's body is read: not a redirect's, a 429's or a 5xx's (the attempts decide on its head)."""
+    return not (300 <= status < 400 or status == 429 or status >= 500)
 
 
 def _origin_and_target(url: str) -> tuple[tuple[str, str, int], str]:
