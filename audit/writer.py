@@ -102,27 +102,28 @@ class ChainWriter:
         is settled with `outcome` once it is committed, or fails with `audit_unavailable`. Called on a pool thread
         inside a unit of work: when this call leads and the database fails, the error goes up too,
         so that unit of work discards the connection."""
-        with self._lock:
-            self._pending.append((fields, future, outcome))
-            self._arrived(future)
-            if self._writing:
-                return
-            self._writing = True
-        self._lead()
+        if self._join(fields, future, outcome):
+            self._lead()
 
     def enqueue_soon(self, fields: dict, future: asyncio.Future, outcome=None) -> None:
         """`enqueue` from the IOLoop, which never writes: the record joins the batch being written,
         or, when nobody leads, a pool job leads (`handoff`), one for every record waiting then."""
-        with self._lock:
-            self._pending.append((fields, future, outcome))
-            self._arrived(future)
-            if self._writing:
-                return
-            self._writing = True
+        if not self._join(fields, future, outcome):
+            return
         try:
             self.handoff(self._lead)
         except RuntimeError:  # the pool is shut down: nobody is left to write what waits
             self._fail([])
+
+    def _join(self, fields: dict, future: asyncio.Future, outcome) -> bool:
+        """Add a record to what waits: True when nobody leads, the caller now does."""
+        with self._lock:
+            self._pending.append((fields, future, outcome))
+            self._arrived(future)
+            if self._writing:
+                return False
+            self._writing = True
+            return True
 
     def _lead(self) -> None:
         """As the leader: commit what waits, round after round, at most MAX_ROUNDS; then, if more
