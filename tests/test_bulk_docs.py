@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from cryptography.hazmat.primitives import serialization
 
-from helpers.bulk import Backend, schedule_patients
+from helpers.bulk import Backend, schedule_patients, sync_window_closed_now
 from helpers.r4 import r4_problems
 from models.bulk import BulkExport
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bulk-data.md"
+pytestmark = pytest.mark.svc_settings(sync_window=sync_window_closed_now())  # the night never replaces a test's schedule
 
 
 def the_client() -> str:

@@ -11,7 +11,7 @@ import pytest
 from bulk.groups import CLINIC_GROUP, group_ids, group_resource, members
 from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
 from fhir_api.outcome import FhirError
-from helpers.bulk import KICKOFF_HEADERS, BulkClient, schedule_patients
+from helpers.bulk import KICKOFF_HEADERS, BulkClient, schedule_patients, sync_window_closed_now
 from helpers.fhir_api import outcome
 from helpers.r4 import r4_problems
 from helpers.tokens import mint_platform_token
@@ -23,6 +23,7 @@ from models.disclosures import DisclosureRecord
 
 BASE = "http://127.0.0.1:8888/fhir/r4/org"
 NOW = dt.datetime(2026, 6, 1, 12, 0)
+pytestmark = pytest.mark.svc_settings(sync_window=sync_window_closed_now())  # the night never replaces a test's schedule
 
 
 def _parse(level="patient", lenient=False, post=False, **args):
@@ -231,7 +232,7 @@ def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(expor
         **KICKOFF_HEADERS, "Prefer": "respond-async, handling=lenient"})[0] == 202
 
 
-@pytest.mark.svc_settings(bulk_max_concurrent=1)
+@pytest.mark.svc_settings(bulk_max_concurrent=1, sync_window=sync_window_closed_now())
 def test_concurrent_exports_per_app_are_limited(exporter):
     client, _ = exporter
     # The sandbox's latency holds the first export running while the second kick-off arrives.

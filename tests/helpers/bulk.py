@@ -15,6 +15,14 @@ from models.appointments import Snapshot, SnapshotAppointment
 KICKOFF_HEADERS = {"Accept": "application/fhir+json", "Prefer": "respond-async"}
 
 
+def sync_window_closed_now() -> str:
+    """SVC_SYNC_WINDOW opening 12 hours from now (UTC), for two hours: an embedded `serve`'s
+    scheduler queues no night during the test, so its build never replaces the schedule
+    `schedule_patients` wrote for today (the default 02:00-04:00 window did, at that hour)."""
+    start = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=12)
+    return f"{start:%H:%M}-{start + dt.timedelta(hours=2):%H:%M}"
+
+
 def schedule_patients(org, physician, app, count: int, day: dt.date | None = None, first: int = 0) -> list[str]:
     """`physician` authorized `app`, and a complete snapshot of `org` with `count` of the sandbox
     panel's patients (from `first`) on the physician's schedule; their ids."""
