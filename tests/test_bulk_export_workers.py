@@ -8,8 +8,10 @@ import datetime as dt
 
 import pytest
 
+from bulk.files import ndjson_line
 from bulk.params import ExportParameters
 from connectors import ResourceQuery, connector_for
+from connectors.sandbox import patient_panel
 from helpers.bulk import Backend, schedule_patients
 from helpers.processes import wait_until
 from helpers.r4 import r4_problems
@@ -30,9 +32,21 @@ def _expected(runtime, org, patients) -> dict[str, set[str]]:
             for kind in TYPES}
 
 
+def _each_splits_observations(runtime, org, count: int) -> int:
+    """The panel offset of `count` patients each of whose Observations alone pass a part's size:
+    whatever their order, the export records an Observation part before it searches the last
+    one (0.4 s), so the kill has a window. (With the panel's first patients, one run in ~60 had
+    every part boundary inside the last patient's answer: a window of milliseconds.)"""
+    connector, bound = connector_for(runtime, org), runtime.settings.bulk_file_max_bytes
+    big = [sum(len(ndjson_line(r)) for r in connector.search_resources(ResourceQuery("Observation", patient=p.id)))
+           > bound for p in patient_panel(org.id)]
+    return next(n for n in range(len(big) - count + 1) if all(big[n:n + count]))
+
+
 def test_a_worker_killed_mid_export_is_replaced_and_no_manifest_lists_a_truncated_file(
         runtime, world, live, start_worker, tmp_path):
-    patients = schedule_patients(world.org, world.physician, world.app, 3)
+    first = _each_splits_observations(runtime, world.org, 3)
+    patients = schedule_patients(world.org, world.physician, world.app, 3, first=first)
     expected = _expected(runtime, world.org, patients)
     set_ehr_url(world.org, "https://ehr.example/test?latency=0.4")  # each patient's search of a type: 0.4 s
     client = Backend(runtime, live, world.org).client(world.org.id)  # a key pair's system token
