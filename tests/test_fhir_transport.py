@@ -26,19 +26,38 @@ BOUNDS = Bounds("test", connect=2.0, request_deadline=30.0, max_bytes=1 << 20, m
                 attempts=3)
 
 
-class Busy:
+class QuietHandler(BaseHTTPRequestHandler):
+    """An HTTP/1.1 handler that logs nothing: the base of the EHR doubles below."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+
+class LoopbackEhr:
+    """A `ThreadingHTTPServer` on a loopback port serving `handler`, its FHIR base `base`;
+    `close()` stops it."""
+
+    def serve(self, handler: type) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/fhir"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Busy(LoopbackEhr):
     """An EHR that answers 503 with `Retry-After: <header(clock)>` `busy` times, then 200 {}."""
 
     def __init__(self, header, busy: int = 1):
         self.header, self.busy, self.requests = header, busy, 0
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):  # noqa: N802
                 outer.requests += 1
                 status, headers = (503, {"Retry-After": outer.header()}) if outer.requests <= outer.busy else (200, {})
@@ -50,14 +69,7 @@ class Busy:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/fhir"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 class Driver:
@@ -132,7 +144,7 @@ def test_an_http_date_already_past_is_no_wait_and_one_too_far_ends_the_attempts(
         far.close()
 
 
-class KeptAlive:
+class KeptAlive(LoopbackEhr):
     """An HTTP/1.1 EHR counting the connections it accepts. Each answer is `{"n": <request number>}`,
     by `shape`: `length` (Content-Length), `chunked`, `alternate` (one then the other), `hang-up`
     (Content-Length, then the connection closed without a word, as a keep-alive timeout does) or
@@ -142,12 +154,8 @@ class KeptAlive:
         self.shape, self.requests, self.connections = shape, 0, 0
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(QuietHandler):
             disable_nagle_algorithm = True   # headers and body are two writes: no 40 ms wait between answers
-
-            def log_message(self, *args):
-                pass
 
             def setup(self):
                 outer.connections += 1
@@ -171,14 +179,7 @@ class KeptAlive:
                     self.wfile.flush()
                     self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/fhir"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.mark.parametrize("shape", ["length", "chunked", "alternate"])
@@ -310,7 +311,7 @@ def test_the_expiring_cache_evicts_and_stays_bounded(clock_ahead):
     assert cache.get("short") is None and len(cache) <= 100
 
 
-class Hostile:
+class Hostile(LoopbackEhr):
     """An EHR answering every GET by `shape`: `redirect` (302 to another host), `declared` (a
     Content-Length past the limit), `endless` (a chunked body that never ends), `drip` (a byte every
     0.1 s), `slow-head` (no answer at all), `garbage` (not HTTP)."""
@@ -319,12 +320,7 @@ class Hostile:
         self.shape, self.requests = shape, 0
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):  # noqa: N802
                 outer.requests += 1
                 shape = outer.shape
@@ -359,14 +355,7 @@ class Hostile:
                 except OSError:
                     return
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/fhir"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.mark.parametrize("shape, error, bound", [("redirect", BoundExceeded, "redirect"),
