@@ -94,7 +94,7 @@ def _since_ok(resource: dict, since: dt.datetime | None) -> bool:
 
 def _search(connector, query: ResourceQuery):
     found = connector.search_resources(query)
-    if not getattr(connector, "answers_matched", False):
+    if not connector.answers_matched:
         found = (r for r in found if matches(r, query))
     return found
 

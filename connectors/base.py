@@ -213,7 +213,16 @@ class Connector(Protocol):
     def fetch_chart(self, patient_id: str) -> Chart:
         ...
 
+    reads_on_loop: bool = False
+    """True when the connector also has `read_later`: a read whose exchange with the EHR the
+    IOLoop finishes (`audit.disclosures.Later`), so no pool thread waits on the EHR."""
+
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
+        ...
+
+    def read_later(self, resource_type: str, resource_id: str):
+        """Only when `reads_on_loop`: `read_resource`, prepared here (blocking), its exchange left
+        to the IOLoop -> `read(offload)`, a coroutine function giving what `read_resource` gives."""
         ...
 
     def user_practitioner(self, provider: Provider) -> str | None:

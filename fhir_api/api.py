@@ -101,15 +101,14 @@ def _counted(matches, total: int) -> int | None:
 
 def read(runtime, caller: Caller, resource_type: str, raw_id: str):
     """`GET {iss}/{Type}/{id}`: the resource, or 404 (also for one outside a patient/ grant). On a
-    connector whose reads can finish on the IOLoop (a FHIR clinic: `read_later`), a `Later` whose
+    connector whose reads can finish on the IOLoop (`reads_on_loop`: a FHIR clinic), a `Later` whose
     exchange with the EHR blocks no pool thread, checked there as here."""
     grant = grant_for(caller, supported_type(resource_type), "r")
     ident = resource_id(raw_id)
     connector = _connector(runtime, caller)
-    later = getattr(connector, "read_later", None)
-    if later is None:
+    if not connector.reads_on_loop:
         return _read(caller, grant, resource_type, ident, lambda: connector.read_resource(resource_type, ident))
-    exchange = _fetched(caller, lambda: later(resource_type, ident), resource_type, ident)
+    exchange = _fetched(caller, lambda: connector.read_later(resource_type, ident), resource_type, ident)
     return Later(exchange, lambda fetched: _read(caller, grant, resource_type, ident, fetched))
 
 
@@ -157,7 +156,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         # a patient/ grant holds whatever the EHR sent), so the connector pages from 0 and the offset is ours.
         # A connector whose answers already passed it for this very query (the sandbox) is not checked twice.
         found = connector.search_resources(dataclasses.replace(query, offset=0))
-        if not getattr(connector, "answers_matched", False):
+        if not connector.answers_matched:
             found = (r for r in found if resource_matches(r, query))
         matches = itertools.islice(found, query.offset, None)
         page = list(itertools.islice(matches, query.count + 1))

@@ -481,3 +481,19 @@ def test_the_layout_checks_see_a_stray_module_a_second_definition_and_a_borrowed
     assert defined == {"world": ["conftest.py", "test_a.py"], "clinic": ["test_a.py"]}
     assert defined_twice(defined) == {"world": ["conftest.py", "test_a.py"]}
     assert borrowed(defined, used) == {"world": ["test_b.py"], "clinic": ["test_b.py"]}
+
+
+def test_every_connector_declares_the_interfaces_capabilities():
+    """`connectors.base.Connector`'s flags are declared by each connector itself (no `getattr`
+    default standing in for a forgotten one), and one that reads on the IOLoop has `read_later`."""
+    import typing
+
+    from connectors import CONNECTORS
+    from connectors.base import Connector
+    flags = [name for name, value in vars(Connector).items() if isinstance(value, bool) and not name.startswith("_")]
+    assert sorted(flags) == ["answers_matched", "reads_on_loop"]
+    for name, connect in CONNECTORS.items():
+        kind = typing.get_type_hints(connect)["return"]
+        declared = {flag for klass in kind.__mro__[:-1] for flag in flags if flag in vars(klass)}
+        assert declared == set(flags), (name, kind)
+        assert not kind.reads_on_loop or callable(getattr(kind, "read_later", None)), name

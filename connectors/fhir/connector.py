@@ -37,6 +37,11 @@ class FhirConnector:
     `profile` with the clinic's `extra` search parameters appended to every search. `skipped`
     counts what the EHR sent that could not be listed, by reason."""
 
+    answers_matched = False
+    """A real EHR's answers pass `connectors.matching.matches` (`connectors.base.Connector`)."""
+    reads_on_loop = True
+    """`read_later`: a read's exchange with the EHR runs on the IOLoop."""
+
     def __init__(self, organization, client: FhirClient, profile: Profile | None = None, extra=(),
                  practitioners: ExpiringCache | None = None):
         self.organization = organization

@@ -63,6 +63,8 @@ class SandboxFhir:
 
     answers_matched = True
     """`search_resources` yields what `connectors.matching.matches` accepts for the query (`_matches`)."""
+    reads_on_loop = False
+    """A read is generated in memory: nothing to wait for."""
 
     rendered = None
     """The process's `RenderedResources` (`connectors.sandbox.rendered`), or None: render every time."""
