@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import resource
+import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -58,21 +59,38 @@ def served(settings, world, tmp_path):
 
 
 def cli(settings, *args, timeout: float = 120):
-    """`svc-auth ARGS` as a child: (CompletedProcess, seconds, the peak RSS in bytes of every child
-    this test process has waited for, this one included: an upper bound of its own); a child still
-    running at `timeout` is killed and the test fails."""
+    """`svc-auth ARGS` as a child: (CompletedProcess, seconds, the peak RSS in bytes of this child
+    and of the children it waited for: `os.wait4`'s figure for it alone. `RUSAGE_CHILDREN` was the
+    largest of every child this test process ever waited for, so in a whole `make test` another
+    module's 344 MiB process failed these tests.) A child still running at `timeout` is killed and
+    the test fails."""
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings), cwd=str(ROOT),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"svc-auth {' '.join(args)} did not end within {timeout} s")
-    seconds = time.monotonic() - started
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    return subprocess.CompletedProcess(args, proc.returncode, out, err), seconds, peak
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings),
+                                cwd=str(ROOT), stdout=out, stderr=err)
+        usage = _reaped(proc, started + timeout)
+        if usage is None:
+            pytest.fail(f"svc-auth {' '.join(args)} did not end within {timeout} s")
+        seconds = time.monotonic() - started
+        out.seek(0)
+        err.seek(0)
+        texts = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    return subprocess.CompletedProcess(args, proc.returncode, *texts), seconds, usage.ru_maxrss * 1024
+
+
+def _reaped(proc: subprocess.Popen, deadline: float):
+    """`proc`'s resource usage once it has ended (`os.wait4`, its `returncode` set), or None when it
+    was still running at `deadline` (then killed and reaped)."""
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage
+        time.sleep(0.02)
+    proc.kill()
+    _, status, _ = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return None
 
 
 @pytest.fixture
