@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,39 +59,35 @@ def served(settings, world, tmp_path):
     stop_process(proc)
 
 
+MEASURED = ("import resource, subprocess, sys\n"
+            "code = subprocess.call(sys.argv[2:])\n"
+            "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+            "sys.exit(code)")
+"""Runs a command and writes its peak RSS (KiB) to a file. Linux counts a new process's peak from
+the memory it was forked with, kept through `exec`, so neither `RUSAGE_CHILDREN` nor `wait4` in
+this test process says what the command used: they start at this process's own size (about 300 MiB
+late in a whole `make test`, which failed these tests). This small process forks the command, so
+the figure starts near its own few MiB."""
+
+
 def cli(settings, *args, timeout: float = 120):
-    """`svc-auth ARGS` as a child: (CompletedProcess, seconds, the peak RSS in bytes of this child
-    and of the children it waited for: `os.wait4`'s figure for it alone. `RUSAGE_CHILDREN` was the
-    largest of every child this test process ever waited for, so in a whole `make test` another
-    module's 344 MiB process failed these tests.) A child still running at `timeout` is killed and
+    """`svc-auth ARGS` as a child: (CompletedProcess, seconds, the peak RSS in bytes of that command
+    and of the children it waited for, `MEASURED`); a child still running at `timeout` is killed and
     the test fails."""
     started = time.monotonic()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.__main__", *args], env=settings_env(settings),
-                                cwd=str(ROOT), stdout=out, stderr=err)
-        usage = _reaped(proc, started + timeout)
-        if usage is None:
+    with tempfile.NamedTemporaryFile("r") as peak:
+        proc = subprocess.Popen([sys.executable, "-c", MEASURED, peak.name, sys.executable, "-m", "cli.__main__", *args],
+                                env=settings_env(settings), cwd=str(ROOT), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             pytest.fail(f"svc-auth {' '.join(args)} did not end within {timeout} s")
         seconds = time.monotonic() - started
-        out.seek(0)
-        err.seek(0)
-        texts = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-    return subprocess.CompletedProcess(args, proc.returncode, *texts), seconds, usage.ru_maxrss * 1024
-
-
-def _reaped(proc: subprocess.Popen, deadline: float):
-    """`proc`'s resource usage once it has ended (`os.wait4`, its `returncode` set), or None when it
-    was still running at `deadline` (then killed and reaped)."""
-    while time.monotonic() < deadline:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return usage
-        time.sleep(0.02)
-    proc.kill()
-    _, status, _ = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return None
+        kib = int(peak.read() or 0)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err), seconds, kib * 1024
 
 
 @pytest.fixture
