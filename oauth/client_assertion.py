@@ -130,7 +130,7 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
     if app is None or not app.is_backend:
         raise guess("Unknown client, or no public keys are registered for it (apps update --jwks-url/--jwks-file).")
     alg = header.get("alg")
-    if alg not in ALGORITHMS:
+    if not isinstance(alg, str) or alg not in ALGORITHMS:  # a list or object is no algorithm (nor hashable)
         raise guess("The assertion must be signed RS384 or ES384.")
     if "crit" in header:
         raise guess("The assertion's header names critical extensions svc-auth does not support (crit).")

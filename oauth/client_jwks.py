@@ -3,8 +3,10 @@ owned by the runtime: `runtime.client_jwks`).
 
 A stored JWKS (`apps ... --jwks-file`) is read from the application. A JWKS URL (`--jwks-url`) is
 fetched only from that URL, never from one a request names:
-- with a deadline (`FETCH_TIMEOUT` seconds for the whole answer, every byte included), at most
-  `MAX_JWKS_BYTES`, redirects not followed, a 200 only;
+- with a deadline (`FETCH_TIMEOUT` seconds for the whole exchange: the connection, the status
+  line and headers, every byte of the body; the socket is closed when it passes), at most
+  `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's `http.client`
+  (https: the certificate and host name verified);
 - kept `CACHE_SECONDS`, then fetched again when next needed (a failed fetch keeps the keys
   fetched before, at most `MAX_STALE_SECONDS` after they were fetched: a key the partner removed
   stops verifying within the hour even while its host is down);
@@ -15,11 +17,13 @@ A set that cannot be fetched or read verifies nothing: the assertion is refused 
 """
 from __future__ import annotations
 
+import http.client
 import logging
+import socket
+import ssl
 import threading
 import time
-
-import urllib3
+from urllib.parse import urlsplit
 
 from oauth.client_keys import MAX_JWKS_BYTES, JwksError, find_key, parse_jwks, stored_jwks
 
@@ -52,9 +56,8 @@ class ClientKeySets:
 
     MAX_APPS = 10_000
 
-    def __init__(self, monotonic=time.monotonic, http: urllib3.PoolManager | None = None):
+    def __init__(self, monotonic=time.monotonic):
         self.monotonic = monotonic
-        self.http = http or urllib3.PoolManager(num_pools=16, retries=False, maxsize=4)
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self.fetches = 0  # JWKS URL requests made by this process (tests and metrics read it)
@@ -102,33 +105,64 @@ class ClientKeySets:
                         "the keys fetched before" if entry.jwks is not None else "no keys")
 
     def _fetch(self, url: str) -> bytes:
+        """The body at `url` (a 200, at most MAX_JWKS_BYTES), all of it within FETCH_TIMEOUT: the
+        connection (its name resolution aside), every byte of the status line and headers, the body. A per-read timeout
+        alone lets a host that drips a byte every few seconds hold the fetch (and the app's lock,
+        and a pool thread) for as long as it likes; `_Deadline` closes the socket at the deadline."""
         self.fetches += 1
-        deadline = time.monotonic() + FETCH_TIMEOUT
+        parts = urlsplit(url)
+        if parts.scheme == "https":
+            connection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=FETCH_TIMEOUT,
+                                                     context=ssl.create_default_context())
+        else:
+            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=FETCH_TIMEOUT)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        deadline = _Deadline(connection, FETCH_TIMEOUT)
         try:
-            response = self.http.request("GET", url, headers={"Accept": "application/json"}, redirect=False,
-                                         preload_content=False,
-                                         timeout=urllib3.Timeout(connect=FETCH_TIMEOUT, read=FETCH_TIMEOUT))
-        except urllib3.exceptions.HTTPError as exc:
-            raise JwksUnavailable(f"request failed: {type(exc).__name__}") from None
-        done = False
-        try:
+            connection.connect()
+            deadline.check()  # it expired while connecting: no socket was there to close
+            connection.request("GET", target, headers={"Accept": "application/json"})
+            response = connection.getresponse()  # a redirect is a status like any other: never followed
             if response.status != 200:
                 raise JwksUnavailable(f"HTTP {response.status}")
             body = bytearray()
-            while True:
-                if time.monotonic() > deadline:
-                    raise JwksUnavailable(f"no whole answer within {FETCH_TIMEOUT} seconds")
-                chunk = response.read1(CHUNK) if hasattr(response, "read1") else response.read(CHUNK)
-                if not chunk:
-                    break
+            while chunk := response.read1(CHUNK):
                 body += chunk
                 if len(body) > MAX_JWKS_BYTES:
                     raise JwksUnavailable(f"larger than {MAX_JWKS_BYTES} bytes")
-            done = True
+            deadline.check()
             return bytes(body)
-        except urllib3.exceptions.HTTPError as exc:
-            raise JwksUnavailable(f"reading failed: {type(exc).__name__}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            if deadline.expired:
+                raise JwksUnavailable(f"no whole answer within {FETCH_TIMEOUT} seconds") from None
+            raise JwksUnavailable(f"request failed: {type(exc).__name__}") from None
         finally:
-            if not done:
-                response.close()  # never hand a half-read connection back to the pool
-            response.release_conn()
+            deadline.cancel()
+            connection.close()
+
+
+class _Deadline:
+    """Closes `connection`'s socket `seconds` from now (a timer thread), so whatever the fetch is
+    waiting for then fails at once; `check` raises once it has expired."""
+
+    def __init__(self, connection: http.client.HTTPConnection, seconds: float):
+        self.connection, self.expired = connection, False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        self.expired = True
+        sock = self.connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
+    def check(self) -> None:
+        if self.expired:
+            raise JwksUnavailable(f"no whole answer within {FETCH_TIMEOUT} seconds")
+
+    def cancel(self) -> None:
+        self._timer.cancel()

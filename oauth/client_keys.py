@@ -69,11 +69,11 @@ def _check_key(key) -> dict:
     if not isinstance(key, dict):
         raise JwksError("each key must be a JSON object")
     kty, kid, alg = key.get("kty"), key.get("kid"), key.get("alg")
-    if kty not in PUBLIC_MEMBERS:
+    if not isinstance(kty, str) or kty not in PUBLIC_MEMBERS:  # JSON arrays and objects are not hashable
         raise JwksError(f"key type {str(kty)[:20]!r} is not accepted (RSA or EC P-384)")
     if not isinstance(kid, str) or not 1 <= len(kid) <= 200:
         raise JwksError("each key needs a kid (1 to 200 characters)")
-    if alg is not None and ALGORITHMS.get(alg) != kty:
+    if alg is not None and (not isinstance(alg, str) or ALGORITHMS.get(alg) != kty):
         raise JwksError(f"key {kid!r}: alg must be RS384 (RSA) or ES384 (EC P-384), got {str(alg)[:20]!r}")
     if key.get("use") not in (None, "sig"):
         raise JwksError(f"key {kid!r}: use must be sig")

@@ -370,6 +370,8 @@ def test_cli_refuses_bad_keys_urls_and_scopes(cli, runtime, world, tmp_path, key
         "an RS256 key": {"keys": [{**rsa.public_jwk, "alg": "RS256"}]},
         "no keys": {"keys": []},
         "not a JWKS": ["x"],
+        "a kty that is a JSON array": {"keys": [{**rsa.public_jwk, "kty": ["RSA"]}]},
+        "an alg that is a JSON object": {"keys": [{**rsa.public_jwk, "alg": {"RS384": 1}}]},
     }
     for name, document in files.items():
         path = tmp_path / "bad.json"
@@ -432,6 +434,58 @@ async def test_a_jwks_url_that_redirects_is_too_big_or_too_slow_verifies_nothing
         server.server_close()
 
 
+@pytest.mark.gen_test(timeout=60)
+async def test_a_jwks_host_that_drips_its_headers_or_serves_unhashable_members_verifies_nothing_in_time(
+        api, runtime, pbackend):
+    """A per-read timeout is not a deadline: a host that sends a header byte every 0.3 s must not
+    hold the fetch (and a pool thread) past FETCH_TIMEOUT; a key whose kty or alg is a JSON array
+    or object is skipped, not a 500."""
+    import socket
+    import threading
+    from oauth.client_jwks import FETCH_TIMEOUT
+
+    release = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    bodies = {b"/unhashable-kty": {"keys": [{"kty": ["RSA"], "kid": pbackend.rsa.kid, "n": "AQAB", "e": "AQAB"}]},
+              b"/unhashable-alg": {"keys": [{**pbackend.rsa.public_jwk, "alg": {"RS384": 1}}]}}
+
+    def serve(connection):
+        with connection:
+            path = connection.recv(4096).split(b" ")[1]
+            if path == b"/drip":
+                connection.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+                for _ in range(200):  # 60 s of one byte every 0.3 s, unless the client hung up
+                    if release.wait(0.3):
+                        return
+                    try:
+                        connection.sendall(b"a")
+                    except OSError:
+                        return
+            else:
+                body = json.dumps(bodies[path]).encode()
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def accept():
+        while not release.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(connection,), daemon=True).start()
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        for path in ("/drip", "/unhashable-kty", "/unhashable-alg"):
+            set_backend_keys(runtime, pbackend.app.id, jwks_url=f"http://127.0.0.1:{port}{path}")
+            started = time.monotonic()
+            status, _, body = await token(api, token_form(pbackend.assertion()))
+            assert status == 401 and body["error"] == "invalid_client", (path, status, body)
+            assert time.monotonic() - started < FETCH_TIMEOUT + 3, path
+    finally:
+        release.set()
+        listener.close()
+
+
 @pytest.mark.gen_test(timeout=30)
 async def test_a_spent_jti_is_spent_for_every_process(api, live, pbackend):
     """The same database, two processes: this test's server and a real `svc-auth serve`."""
@@ -464,8 +518,12 @@ async def test_hostile_assertions_are_4xx(api, pbackend):
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
     deep = b64(b"[" * 5000 + b"]" * 5000)
     header = b64(json.dumps({"alg": "RS384", "kid": pbackend.rsa.kid}).encode())
+    claims = b64(json.dumps({"iss": pbackend.client_id, "sub": pbackend.client_id, "aud": AUD,
+                             "exp": int(time.time()) + 60, "jti": uuid.uuid4().hex}).encode())
+    unhashable = [b64(json.dumps({"alg": alg, "kid": pbackend.rsa.kid}).encode()) for alg in (["RS384"], {"a": 1})]
     for value in (f"{header}.{deep}.c2ln", f"{deep}.{deep}.c2ln", "a" * 20000, "..", f"{header}.bm90IGpzb24.c2ln",
-                  f"{header}.{b64(json.dumps(['iss']).encode())}.c2ln"):
+                  f"{header}.{b64(json.dumps(['iss']).encode())}.c2ln",
+                  *(f"{h}.{claims}.c2ln" for h in unhashable)):  # an alg that is a JSON array or object
         status, _, body = await token(api, token_form(value))
         assert status in (400, 401) and body["error"] == "invalid_client", (value[:40], status, body)
     status, _, body = await token(api, {**token_form(pbackend.assertion()), "scope": "system/Patient.rs\x00"})
