@@ -46,8 +46,10 @@ setup(
         "prometheus-client==0.26.0",
         "argon2-cffi==25.1.0",  # developer-console passwords: Argon2id, a maintained password hash
         "pyotp==2.12.0",  # the console's optional TOTP second factor (RFC 6238)
-        # Apps' JWKS fetches (oauth/client_jwks.py); the version boto3 already brought in. (The EHR
-        # transport, connectors/fhir/, uses the standard library's http.client since issue 46 item 7.)
+        # boto3's HTTP client, pinned to the version it brought in when our own code used it too.
+        # Our code uses the standard library's http.client: the EHR transport (connectors/fhir/,
+        # since issue 46 item 7) and apps' JWKS fetches (oauth/client_jwks.py, whose deadline closes
+        # the socket: urllib3's timeouts are per read).
         "urllib3==2.8.0",
         # The FHIR API's JSON bodies (handlers/fhir.py): a search page of 50 encodes in 27 us against
         # json's 284 us, the same bytes (BENCHMARKS.md, issue 35). The disclosure chain's canonical
