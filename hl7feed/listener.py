@@ -8,9 +8,10 @@ connection are taken in order, one at a time; connections are independent.
 A connection is closed, with nothing stored for what it was sending, when it breaks the framing
 (a byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent
 for SVC_HL7_IDLE_TIMEOUT seconds, or fails its TLS handshake (a missing or foreign client
-certificate with --tls-client-ca). When the database cannot be reached the message gets no ACK
-and its connection is closed: the sender keeps it and sends it again. None of this stops the
-listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
+certificate with --tls-client-ca). Content that cannot be applied, whatever it holds, is answered
+`AE` by `store.receive` and the connection stays open; only when the database fails (down, busy:
+`store.database_unavailable`) does the message get no ACK and its connection close: the sender
+keeps it and sends it again. None of this stops the listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class FeedListener(TCPServer):
             log.warning("hl7: %s: %s; connection closed, nothing stored", peer, exc)
         except StreamClosedError:
             pass
-        except Exception:  # noqa: BLE001  (the database went away: no ACK, the sender sends it again)
+        except Exception:  # noqa: BLE001  (the database failed: no ACK, the sender sends it again)
             log.exception("hl7: a message from %s could not be stored; closed without an ACK", peer)
         finally:
             self.streams.discard(stream)

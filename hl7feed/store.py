@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 
 import peewee
+from playhouse.pool import MaxConnectionsExceeded
 
 from hl7feed.config import allowed_networks
 from hl7feed.message import ParseError, parse
@@ -108,7 +109,8 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
     try:
         check_type(message, h)
         update = appointment(message, h, _zone(org))
-    except Refused as refusal:
+    except Exception as exc:  # noqa: BLE001  (content only: no database work above)
+        refusal = exc if isinstance(exc, Refused) else _unapplicable(org, h, exc)
         if h.control_id and _acknowledged(org, h.control_id):  # acknowledged AA before: AA, whatever it says now
             return _duplicate(runtime, org, h, now)
         return _refused(runtime, org, h, refusal, now)
@@ -116,6 +118,24 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
         return _apply(runtime, org, h, update, now)
     except peewee.IntegrityError:  # this control id was acknowledged AA before (here or by another listener)
         return _duplicate(runtime, org, h, now)
+    except Exception as exc:  # noqa: BLE001
+        if database_unavailable(exc):  # the listener closes without an ACK: the sender sends it again
+            raise
+        return _refused(runtime, org, h, _unapplicable(org, h, exc), now)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database failed (down, busy, its own error), as opposed to refusing what the message
+    holds (a value it cannot store: peewee's DataError, or the driver's ValueError/OverflowError)."""
+    if isinstance(exc, peewee.DataError):
+        return False
+    return isinstance(exc, (peewee.DatabaseError, peewee.InterfaceError, MaxConnectionsExceeded))
+
+
+def _unapplicable(org: Organization, h: Header, exc: Exception) -> Refused:
+    """`AE` for content no check above foresaw; logged by its type only (never the values)."""
+    log.error("hl7 %s from %s: %s while applying it: AE", h.control_id[:40], org.id, type(exc).__name__)
+    return Refused("AE", "the message holds a value that cannot be applied", "", "207")
 
 
 def _acknowledged(org: Organization, control_id: str) -> bool:

@@ -212,6 +212,35 @@ def test_refusals_carry_an_err_and_store_nothing(runtime, world, feed_clinic, li
     assert all(listed[c]["error"] for c in ("R2", "R5", "R9"))
 
 
+def test_content_that_cannot_be_stored_is_ae_and_the_connection_stays_usable(runtime, feed_clinic, listen, settings):
+    """A duration or start past year 9999, a NUL hidden in an escape (`\\X00\\`): AE with an ERR
+    that quotes nothing of the message, nothing stored, and the next message on that connection AA."""
+    _, port = listen()
+    org = feed_clinic
+    cases = [  # (control, message, ERR-2's field)
+        ("U1", siu("S12", "U1", "U-1", sch_times=False).replace("|20|MIN|", "|1e7|d|"), "SCH^1^9"),
+        ("U2", siu("S12", "U2", "U-2", start="99991231235959", end="").replace("|20|MIN|", "|60|MIN|"),
+         "SCH^1^9"),
+        ("U3", siu("S12", "U3", "U-3").replace("IM^ROOM 4^^NORTH", "IM^ROOM\\X00\\1^^NORTH"), "AIL^1^3"),
+        ("U4", siu("S12", "U4", "U-4").replace("DOE^JANE", "DOE\\X00\\^JANE"), "PID^1^5"),
+        ("U5", siu("S17", "U5", "U-\\X00\\5"), "SCH^1^2"),
+    ]
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for n, (control, message, where) in enumerate(cases):
+            reply = client.send_message(message)
+            assert reply, f"{control}: the connection was closed without an ACK"
+            got, echoed, error = acked(reply)
+            assert (got, echoed) == ("AE", control), (control, got, error)
+            err = [s for s in hl7.parse(reply[1:-2].decode()) if str(s[0]) == "ERR"][0]
+            assert str(err[2]) == where, (control, str(err[2]))
+            assert not any(quoted in error for quoted in ("ROOM", "DOE", "9999", "1e7", "U-")), error
+            # The same connection serves the next message.
+            assert acked(client.send_message(siu("S12", f"OK{n}", f"OK-{n}")))[:2] == ("AA", f"OK{n}")
+    assert sorted(a.key for a in FeedAppointment.select()) == [f"OK-{n}" for n in range(len(cases))]
+    listed = {m["control_id"]: m for m in hl7_messages(settings, org)}
+    assert {c: listed[c]["ack"] for c, *_ in cases} == {c: "AE" for c, *_ in cases}
+
+
 def _closed(sock: socket.socket, timeout: float = 15.0) -> bool:
     """The peer closed the connection (EOF or reset) within `timeout`."""
     sock.settimeout(timeout)
