@@ -23,7 +23,7 @@ import pytest
 
 from helpers.environment import ROOT
 from helpers.fhir_ehr import patient, start_fhir_ehr
-from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
 from hl7feed.config import configure_feed
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
@@ -74,13 +74,13 @@ def feed_clinic(runtime, world):
 
 @pytest.fixture
 def listen(settings, tmp_path):
-    """Starts `svc-auth hl7 listen` processes on the test's database; `listen(*args, idle=300)` ->
-    (process, port). Each is stopped after the test."""
+    """Starts `svc-auth hl7 listen` processes on the test's database; `listen(*args, idle=300, **env)`
+    -> (process, port). Each is stopped after the test."""
     procs = []
 
-    def start(*args, idle: int = 300, port: int | None = None):
+    def start(*args, idle: int = 300, port: int | None = None, **env: str):
         port = port or free_port()
-        env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle))
+        env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle), **env)
         proc = start_process(["hl7", "listen", "--host", "127.0.0.1", "--port", str(port), *args], env, port,
                              log_path=tmp_path / f"hl7-{len(procs)}.log")
         procs.append(proc)
@@ -302,6 +302,36 @@ def test_bad_input_closes_that_connection_only(runtime, feed_clinic, listen):
     assert set(served) == {"AA"} and all(appointment(org, f"BY-{n}") for n in range(len(served)))
 
 
+def test_a_message_dripped_past_its_deadline_is_cut_off(runtime, feed_clinic, listen):
+    """A byte every 0.5 s is never silent for SVC_HL7_IDLE_TIMEOUT (30), yet the message must end
+    within SVC_HL7_FRAME_TIMEOUT (2) of its first byte: closed, nothing stored. Between messages
+    only the idle timeout applies."""
+    _, port = listen(idle=30, SVC_HL7_FRAME_TIMEOUT="2")
+    org = feed_clinic
+    with hl7.client.MLLPClient("127.0.0.1", port) as bystander:
+        assert acked(bystander.send_message(siu("S12", "DR0", "DR-0")))[0] == "AA"
+        data = SB + siu("S12", "DR1", "DR-1").encode() + EB
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.settimeout(0.5)
+            began, closed = time.monotonic(), False
+            for byte in data[:-1]:
+                try:
+                    sock.sendall(bytes([byte]))
+                    closed = sock.recv(65536) == b""
+                except socket.timeout:
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                if closed or time.monotonic() - began > 20:
+                    break
+            took = time.monotonic() - began
+        assert closed and 1.5 <= took < 20, (closed, took)
+        # The bystander, connected all along and idle between its messages for longer than 2 s.
+        assert acked(bystander.send_message(siu("S12", "DR2", "DR-2")))[0] == "AA"
+    assert appointment(org, "DR-1") is None and appointment(org, "DR-2") is not None
+    assert not FeedMessage.select().where(FeedMessage.control_id == "DR1").exists()
+
+
 # -- TLS -----------------------------------------------------------------------------------------
 
 def _certificates(directory):
@@ -380,6 +410,39 @@ def test_every_trigger_over_tls_with_client_certificates(runtime, feed_clinic, l
     # And the listener serves the clinic's interface still.
     replies = asyncio.run(_send_tls(port, _client_context(paths, "client"), [siu("S12", "T9", "T-3")]))
     assert acked(replies[0])[0] == "AA" and appointment(org, "T-3") is not None
+
+
+def test_connections_over_the_cap_are_closed_at_once(runtime, feed_clinic, listen, tmp_path):
+    """SVC_HL7_MAX_CONNECTIONS=2, held by a clinic's served connection and one that never finishes
+    its TLS handshake: a third is closed at once (logged), not served; once the idle timeout
+    (5 s) closed those two, a connection is served again."""
+    paths = _certificates(tmp_path)
+    _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1], "--tls-client-ca", paths["ca"],
+                     idle=5, SVC_HL7_MAX_CONNECTIONS="2")
+    context = _client_context(paths, "client")
+
+    async def over_the_cap() -> None:
+        reader, writer = await hl7.mllp.open_hl7_connection("127.0.0.1", port, ssl=context)
+        stalled = None
+        try:
+            writer.writemessage(hl7.parse(siu("S12", "CAP0", "CAP-0")))
+            await writer.drain()
+            assert acked(await asyncio.wait_for(reader.readmessage(), 30))[0] == "AA"
+            stalled = socket.create_connection(("127.0.0.1", port))   # no ClientHello, ever
+            began = time.monotonic()
+            with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError, OSError)):
+                await _send_tls(port, context, [siu("S12", "CAP1", "CAP-1")])
+            assert time.monotonic() - began < 4, "closed at once, not by the idle timeout"
+            assert _closed(stalled), "an unfinished handshake ends with the idle timeout"
+        finally:
+            writer.close()
+            if stalled is not None:
+                stalled.close()
+    asyncio.run(over_the_cap())
+    wait_until(lambda: "SVC_HL7_MAX_CONNECTIONS" in (tmp_path / "hl7-0.log").read_text(), 30, "the log line")
+    replies = asyncio.run(_send_tls(port, context, [siu("S12", "CAP2", "CAP-2")]))
+    assert acked(replies[0])[0] == "AA"
+    assert appointment(feed_clinic, "CAP-1") is None and appointment(feed_clinic, "CAP-2") is not None
 
 
 def test_plain_mllp_is_refused_by_a_tls_listener(runtime, feed_clinic, listen, tmp_path):
