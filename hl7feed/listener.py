@@ -39,6 +39,16 @@ PRUNE_SECONDS = 3600
 DRAIN_SECONDS = 30
 
 
+def client_names(stream) -> tuple[str, ...]:
+    """The subject CNs of the client certificate the connection's TLS handshake verified (none
+    without TLS, or without --tls-client-ca: a certificate not asked for is not verified)."""
+    sock = stream.socket
+    if not isinstance(sock, ssl.SSLSocket):
+        return ()
+    cert = sock.getpeercert() or {}
+    return tuple(value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName")
+
+
 def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
     """TLS 1.2+ with our certificate; with `client_ca`, a client certificate it signed is required."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -74,6 +84,7 @@ class FeedListener(TCPServer):
         deframer = Deframer()
         loop = asyncio.get_running_loop()
         frame_ends = None  # while a message is incomplete: when it must have ended
+        names = None  # the client certificate's subject CNs, once the handshake is done
         try:
             while not self.stopping:
                 wait = self.idle_timeout if frame_ends is None else min(self.idle_timeout, frame_ends - loop.time())
@@ -90,9 +101,10 @@ class FeedListener(TCPServer):
                                  "" if deframer.idle else " in the middle of a message (nothing stored)")
                     return
                 for message in deframer.feed(data):
+                    names = client_names(stream) if names is None else names
                     self.busy.add(stream)
                     try:
-                        outcome = await self.runtime.run(receive, self.runtime, message, peer)
+                        outcome = await self.runtime.run(receive, self.runtime, message, peer, names)
                     finally:
                         self.busy.discard(stream)
                     await stream.write(frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,

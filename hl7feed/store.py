@@ -1,7 +1,9 @@
 """Applying a clinic's SIU messages to its feed appointments (`models.hl7`), and what is kept.
 
-`receive(runtime, data, peer)` takes one message off the wire and returns its `Outcome` (the
-ACK's code and why); it runs on a pool thread. A message is applied in one transaction with its
+`receive(runtime, data, peer, client_names)` takes one message off the wire and returns its
+`Outcome` (the ACK's code and why); it runs on a pool thread. A clinic's message is taken only
+from an address in its `--hl7-allow` and, when it has `--hl7-client-subject`s, only over a
+connection whose client certificate's subject CN is one of them (else `AR`). A message is applied in one transaction with its
 `FeedMessage` row, so `AA` (sent by the listener only once `receive` returned) means committed.
 On PostgreSQL the transaction first takes an advisory lock on (clinic, appointment key): several
 listeners on one database apply the messages of one appointment one at a time, in MSH-7 order,
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import peewee
 from playhouse.pool import MaxConnectionsExceeded
 
-from hl7feed.config import allowed_networks
+from hl7feed.config import allowed_networks, client_subjects
 from hl7feed.message import ParseError, parse
 from hl7feed.siu import Header, Refused, Update, appointment, check_type, header
 from models.clock import utc_iso
@@ -86,13 +88,20 @@ def sender_allowed(org: Organization, peer: str) -> bool:
     return any(address in ipaddress.ip_network(n) for n in networks)
 
 
+def certificate_allowed(org: Organization, client_names: tuple[str, ...]) -> bool:
+    """No `--hl7-client-subject`: any connection; else one whose certificate has one of those CNs."""
+    subjects = client_subjects(org)
+    return not subjects or any(name in subjects for name in client_names)
+
+
 def _zone(org: Organization) -> str:
     """The clinic's time zone (IANA), for times sent without an offset."""
     return org.time_zone or "UTC"
 
 
-def receive(runtime, data: bytes, peer: str) -> Outcome:
-    """Parse, check and apply one message from `peer` (an IP address)."""
+def receive(runtime, data: bytes, peer: str, client_names: tuple[str, ...] = ()) -> Outcome:
+    """Parse, check and apply one message from `peer` (an IP address) over a connection whose
+    client certificate has the subject CNs `client_names` (none: no verified certificate)."""
     now = runtime.clock.now()
     try:
         message = parse(data)
@@ -105,6 +114,9 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
         return Outcome("AR", h, "MSH-4 (sending facility) names no clinic of this service", "MSH-4", "204")
     if not sender_allowed(org, peer):
         return _refused(runtime, org, h, Refused("AR", "the sender's address is not allowed for this facility",
+                                                 "MSH-4"), now)
+    if not certificate_allowed(org, client_names):
+        return _refused(runtime, org, h, Refused("AR", "the client certificate is not allowed for this facility",
                                                  "MSH-4"), now)
     try:
         check_type(message, h)

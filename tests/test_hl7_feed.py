@@ -335,8 +335,9 @@ def test_a_message_dripped_past_its_deadline_is_cut_off(runtime, feed_clinic, li
 # -- TLS -----------------------------------------------------------------------------------------
 
 def _certificates(directory):
-    """A CA, the listener's certificate (127.0.0.1) and a client's, both signed by it; and a client
-    certificate signed by another CA. Returns their PEM paths."""
+    """A CA, the listener's certificate (127.0.0.1) and two clients' (CN `clinic interface` and
+    `other clinic`), all signed by it; and a client certificate signed by another CA. Returns
+    their PEM paths."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -369,6 +370,7 @@ def _certificates(directory):
     paths = {"ca": write("ca", *ca)[0]}
     paths["server"] = write("server", *make("listener", ca, san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
     paths["client"] = write("client", *make("clinic interface", ca))
+    paths["other"] = write("other", *make("other clinic", ca))
     paths["rogue"] = write("rogue", *make("someone", rogue))
     return paths
 
@@ -443,6 +445,47 @@ def test_connections_over_the_cap_are_closed_at_once(runtime, feed_clinic, liste
     replies = asyncio.run(_send_tls(port, context, [siu("S12", "CAP2", "CAP-2")]))
     assert acked(replies[0])[0] == "AA"
     assert appointment(feed_clinic, "CAP-1") is None and appointment(feed_clinic, "CAP-2") is not None
+
+
+def test_a_clinic_bound_to_client_certificates_takes_only_theirs(runtime, world, feed_clinic, listen, settings,
+                                                                 tmp_path):
+    """`--hl7-client-subject`: the clinic's messages are applied only over a connection whose
+    client certificate (signed by --tls-client-ca) has one of those subject CNs; another clinic's
+    certificate from the same CA, or no certificate (plain MLLP), is AR, nothing stored. A clinic
+    without the setting takes any certificate the CA signed."""
+    from lifecycle.organizations import create_organization
+    code, shown = cli_json(settings, "orgs", "update", "--org", feed_clinic.id, "--hl7-client-subject",
+                           "clinic interface, backup interface", "--hl7-client-subject", "clinic interface", "--json")
+    assert code == 0 and shown["hl7_client_subjects"] == ["clinic interface", "backup interface"], shown
+    code, shown = cli_json(settings, "orgs", "show", "--org", feed_clinic.id, "--json")
+    assert shown["hl7_client_subjects"] == ["clinic interface", "backup interface"]
+    code, error = cli_json(settings, "orgs", "update", "--org", feed_clinic.id, "--hl7-client-subject", "bad\tname")
+    assert code == 2 and "--hl7-client-subject" in error
+    unbound = create_organization("Unbound Clinic")
+    configure_feed(unbound.id, "siu", "UNBOUND", [])
+    paths = _certificates(tmp_path)
+    _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1], "--tls-client-ca", paths["ca"])
+    own, other = _client_context(paths, "client"), _client_context(paths, "other")
+    # Another clinic's certificate names this clinic's facility: AR; then the same connection's
+    # message for its own (unbound) clinic is applied.
+    replies = asyncio.run(_send_tls(port, other, [siu("S12", "B1", "B-1"), siu("S12", "B2", "B-2", facility="UNBOUND")]))
+    assert [acked(r)[0] for r in replies] == ["AR", "AA"]
+    assert "client certificate" in acked(replies[0])[2]
+    replies = asyncio.run(_send_tls(port, own, [siu("S12", "B3", "B-3")]))
+    assert acked(replies[0])[0] == "AA"
+    # Without TLS there is no certificate: AR.
+    _, plain = listen()
+    with hl7.client.MLLPClient("127.0.0.1", plain) as client:
+        assert acked(client.send_message(siu("S12", "B4", "B-4")))[0] == "AR"
+    assert appointment(feed_clinic, "B-1") is None and appointment(feed_clinic, "B-4") is None
+    assert appointment(feed_clinic, "B-3") is not None and appointment(unbound, "B-2") is not None
+    assert {m["control_id"]: m["ack"] for m in hl7_messages(settings, feed_clinic)} == {"B1": "AR", "B3": "AA",
+                                                                                        "B4": "AR"}
+    # '' clears the list: any certificate (or none) again.
+    code, shown = cli_json(settings, "orgs", "update", "--org", feed_clinic.id, "--hl7-client-subject", "", "--json")
+    assert code == 0 and shown["hl7_client_subjects"] == []
+    with hl7.client.MLLPClient("127.0.0.1", plain) as client:
+        assert acked(client.send_message(siu("S12", "B5", "B-5")))[0] == "AA"
 
 
 def test_plain_mllp_is_refused_by_a_tls_listener(runtime, feed_clinic, listen, tmp_path):
