@@ -5,15 +5,16 @@ thread (`store.receive`: the database work never runs on the IOLoop) and its ACK
 the same connection once that returns, so `AA` always follows a commit. Messages of one
 connection are taken in order, one at a time; connections are independent.
 
-A connection is closed, with nothing stored for what it was sending, when it breaks the framing
-(a byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent
-for SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seconds after its
-first bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
-certificate with --tls-client-ca). A connection arriving while SVC_HL7_MAX_CONNECTIONS are open
-(TLS handshakes in progress included) is closed at once, so a flood cannot take every descriptor. Content that cannot be applied, whatever it holds, is answered
-`AE` by `store.receive` and the connection stays open; only when the database fails (down, busy:
-`store.database_unavailable`) does the message get no ACK and its connection close: the sender
-keeps it and sends it again. None of this stops the listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
+A connection is closed, with nothing stored for what it was sending, when it breaks the framing (a
+byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent for
+SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seconds after its first
+bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
+certificate with --tls-client-ca). A connection arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
+handshakes in progress included) is closed at once, so a flood cannot take every descriptor. Content
+that cannot be applied, whatever it holds, is answered `AE` by `store.receive` and the connection
+stays open; only when the database fails (down, busy: `store.database_unavailable`) does the message
+get no ACK and its connection close: the sender keeps it and sends it again. None of this stops the
+listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
 """
 from __future__ import annotations
 

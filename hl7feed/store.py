@@ -1,15 +1,15 @@
 """Applying a clinic's SIU messages to its feed appointments (`models.hl7`), and what is kept.
 
 `receive(runtime, data, peer, client_names)` takes one message off the wire and returns its
-`Outcome` (the ACK's code and why); it runs on a pool thread. A clinic's message is taken only
-from an address in its `--hl7-allow` and, when it has `--hl7-client-subject`s, only over a
-connection whose client certificate's subject CN is one of them (else `AR`). A message is applied in one transaction with its
-`FeedMessage` row, so `AA` (sent by the listener only once `receive` returned) means committed.
-On PostgreSQL the transaction first takes an advisory lock on (clinic, appointment key): several
-listeners on one database apply the messages of one appointment one at a time, in MSH-7 order,
-and the same message sent to two of them is applied once (the second finds its control id
-acknowledged; the unique index `feed_message_one_acknowledged` backs that up). SQLite transactions
-are already one at a time (BEGIN IMMEDIATE).
+`Outcome` (the ACK's code and why); it runs on a pool thread. A clinic's message is taken only from
+an address in its `--hl7-allow` and, when it has `--hl7-client-subject`s, only over a connection
+whose client certificate's subject CN is one of them (else `AR`). A message is applied in one
+transaction with its `FeedMessage` row, so `AA` (sent by the listener only once `receive` returned)
+means committed. On PostgreSQL the transaction first takes an advisory lock on (clinic, appointment
+key): several listeners on one database apply the messages of one appointment one at a time, in
+MSH-7 order, and the same message sent to two of them is applied once (the second finds its control
+id acknowledged; the unique index `feed_message_one_acknowledged` backs that up). SQLite
+transactions are already one at a time (BEGIN IMMEDIATE).
 
 Retention (docs/hl7-feed.md): `prune` removes appointments that ended more than `KEEP_PAST` ago
 (no snapshot can hold them any more) and message records older than `MESSAGE_DAYS`; an appointment

@@ -468,7 +468,8 @@ def test_a_clinic_bound_to_client_certificates_takes_only_theirs(runtime, world,
     own, other = _client_context(paths, "client"), _client_context(paths, "other")
     # Another clinic's certificate names this clinic's facility: AR; then the same connection's
     # message for its own (unbound) clinic is applied.
-    replies = asyncio.run(_send_tls(port, other, [siu("S12", "B1", "B-1"), siu("S12", "B2", "B-2", facility="UNBOUND")]))
+    replies = asyncio.run(_send_tls(port, other, [siu("S12", "B1", "B-1"),
+                                                  siu("S12", "B2", "B-2", facility="UNBOUND")]))
     assert [acked(r)[0] for r in replies] == ["AR", "AA"]
     assert "client certificate" in acked(replies[0])[2]
     replies = asyncio.run(_send_tls(port, own, [siu("S12", "B3", "B-3")]))
