@@ -33,15 +33,20 @@ def add_feed_flags(p) -> None:
                    help="the clinic's HL7 sending facility, as its messages' MSH-4 names it ('' clears it)")
     p.add_argument("--hl7-allow", nargs="*", metavar="CIDR",
                    help="addresses the feed may come from (on update, replaces the list; none given: anywhere)")
+    p.add_argument("--hl7-client-subject", action="append", metavar="CN",
+                   help="the feed is applied only from a client certificate whose subject CN is one of these "
+                        "(repeatable or a comma list; on update, replaces the list; '' clears it: any certificate)")
 
 
 def feed_flags_given(args) -> bool:
-    return any(v is not None for v in (args.schedule_source, args.hl7_facility, args.hl7_allow))
+    return any(v is not None for v in (args.schedule_source, args.hl7_facility, args.hl7_allow,
+                                       args.hl7_client_subject))
 
 
 def apply_feed_flags(organization_id: str, args):
     from hl7feed.config import configure_feed
-    return configure_feed(organization_id, args.schedule_source, args.hl7_facility, args.hl7_allow)
+    return configure_feed(organization_id, args.schedule_source, args.hl7_facility, args.hl7_allow,
+                          subjects=args.hl7_client_subject)
 
 
 def _listen(runtime, args) -> int:

@@ -203,8 +203,12 @@ class Settings:
     # serve's HTTP/1.1 connection under the Tornado application: "httptools" (llhttp's parser on the
     # loop's transport, ops/httpconn.py) or "tornado" (Tornado's HTTP1ServerConnection over IOStream).
     http_connection: str = "httptools"
-    # `svc-auth hl7 listen`: a connection silent this long is closed (docs/hl7-feed.md).
+    # `svc-auth hl7 listen` (docs/hl7-feed.md): a connection silent this long is closed; one whose
+    # message has not ended this long after its first bytes were read is closed; a connection
+    # beyond this many open ones is closed at once.
     hl7_idle_timeout: int = 300
+    hl7_frame_timeout: int = 60
+    hl7_max_connections: int = 200
     # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
     rate_limits: tuple = ()
     # FHIR API (docs/fhir-api.md, Limits): requests per application and clinic, and per access
@@ -308,7 +312,7 @@ class Settings:
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
                      "sandbox_token_ttl", "online_access_ttl", "offline_access_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
-                     "idle_connection_timeout", "hl7_idle_timeout",
+                     "idle_connection_timeout", "hl7_idle_timeout", "hl7_frame_timeout",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
                      "console_idle_timeout", "s3_multipart_bytes", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
@@ -319,6 +323,8 @@ class Settings:
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         merged["fhir_ehr_concurrency"] = _at_least("SVC_FHIR_EHR_CONCURRENCY", merged["fhir_ehr_concurrency"], 1,
                                                    "a whole number of requests, 1 or more")
+        merged["hl7_max_connections"] = _at_least("SVC_HL7_MAX_CONNECTIONS", merged["hl7_max_connections"], 1,
+                                                  "a whole number of connections, 1 or more")
         merged["bulk_max_concurrent"] = _at_least("SVC_BULK_MAX_CONCURRENT", merged["bulk_max_concurrent"], 1,
                                                   "a whole number of exports, 1 or more")
         if merged["key_holder_window"] < 4:

@@ -1,5 +1,5 @@
-"""A clinic's feed settings: where its night reads its schedule, which HL7 facility it is, and
-from which addresses its messages may come."""
+"""A clinic's feed settings: where its night reads its schedule, which HL7 facility it is, from
+which addresses its messages may come, and over which client certificates (subject CN)."""
 from __future__ import annotations
 
 import ipaddress
@@ -16,6 +16,10 @@ SCHEDULE_SOURCES = ("ehr", "siu")
 # A facility is matched exactly against MSH-4's first component (escapes decoded): printable, no
 # HL7 delimiter, 1-200 characters.
 _FACILITY = re.compile(r"^[^|^~\\&\x00-\x1f\x7f]{1,200}$")
+# A client certificate subject's CN as `--hl7-client-subject` names it: printable, no comma (the
+# flag's list separator), 1-200 characters, compared exactly.
+_SUBJECT = re.compile(r"^[^,\x00-\x1f\x7f]{1,200}$")
+MAX_SUBJECTS = 20
 
 
 def _invalid(message: str) -> ApiError:
@@ -28,6 +32,31 @@ def allowed_networks(org: Organization) -> list[str]:
         return list(json.loads(org.hl7_allow or "[]"))
     except ValueError:
         return []
+
+
+def client_subjects(org: Organization) -> list[str]:
+    """The clinic's `--hl7-client-subject` CNs, as stored (validated on the way in)."""
+    try:
+        return list(json.loads(org.hl7_client_subjects or "[]"))
+    except ValueError:
+        return []
+
+
+def clean_subjects(values) -> list[str]:
+    """`--hl7-client-subject` values (each one CN or a comma list; '' alone clears the list)."""
+    subjects = []
+    for value in values:
+        for name in str(value).split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if not _SUBJECT.match(name):
+                raise _invalid("--hl7-client-subject must be certificate subject CNs of 1 to 200 printable characters")
+            if name not in subjects:
+                subjects.append(name)
+    if len(subjects) > MAX_SUBJECTS:
+        raise _invalid(f"--hl7-client-subject takes at most {MAX_SUBJECTS} names")
+    return subjects
 
 
 def clean_networks(values) -> list[str]:
@@ -43,10 +72,11 @@ def clean_networks(values) -> list[str]:
 
 
 def configure_feed(organization_id: str, schedule_source: str | None = None, facility: str | None = None,
-                   allow=None, actor: str = "operator") -> Organization | None:
-    """Set the clinic's schedule source, HL7 facility ('' clears it) and allowed networks (None:
-    unchanged); audited. A clinic on `siu` needs a facility. None when nothing was given."""
-    if schedule_source is None and facility is None and allow is None:
+                   allow=None, actor: str = "operator", subjects=None) -> Organization | None:
+    """Set the clinic's schedule source, HL7 facility ('' clears it), allowed networks and client
+    certificate subjects (None: unchanged); audited. A clinic on `siu` needs a facility. None when
+    nothing was given."""
+    if schedule_source is None and facility is None and allow is None and subjects is None:
         return None
     org = Organization.get_or_none(Organization.id == organization_id)
     if org is None:
@@ -63,6 +93,8 @@ def configure_feed(organization_id: str, schedule_source: str | None = None, fac
         changes["hl7_facility"] = facility or None
     if allow is not None:
         changes["hl7_allow"] = json.dumps(clean_networks(allow))
+    if subjects is not None:
+        changes["hl7_client_subjects"] = json.dumps(clean_subjects(subjects))
     if changes.get("schedule_source", org.schedule_source) == "siu" and not changes.get("hl7_facility",
                                                                                         org.hl7_facility):
         raise _invalid("A clinic whose schedule comes from the SIU feed needs its sending facility (--hl7-facility).")
@@ -77,4 +109,4 @@ def configure_feed(organization_id: str, schedule_source: str | None = None, fac
 
 def feed_dict(org: Organization) -> dict:
     return {"schedule_source": org.schedule_source, "hl7_facility": org.hl7_facility,
-            "hl7_allow": allowed_networks(org)}
+            "hl7_allow": allowed_networks(org), "hl7_client_subjects": client_subjects(org)}

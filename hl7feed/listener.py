@@ -5,11 +5,15 @@ thread (`store.receive`: the database work never runs on the IOLoop) and its ACK
 the same connection once that returns, so `AA` always follows a commit. Messages of one
 connection are taken in order, one at a time; connections are independent.
 
-A connection is closed, with nothing stored for what it was sending, when it breaks the framing
-(a byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent
-for SVC_HL7_IDLE_TIMEOUT seconds, or fails its TLS handshake (a missing or foreign client
-certificate with --tls-client-ca). When the database cannot be reached the message gets no ACK
-and its connection is closed: the sender keeps it and sends it again. None of this stops the
+A connection is closed, with nothing stored for what it was sending, when it breaks the framing (a
+byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent for
+SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seconds after its first
+bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
+certificate with --tls-client-ca). A connection arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
+handshakes in progress included) is closed at once, so a flood cannot take every descriptor. Content
+that cannot be applied, whatever it holds, is answered `AE` by `store.receive` and the connection
+stays open; only when the database fails (down, busy: `store.database_unavailable`) does the message
+get no ACK and its connection close: the sender keeps it and sends it again. None of this stops the
 listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
 """
 from __future__ import annotations
@@ -36,6 +40,16 @@ PRUNE_SECONDS = 3600
 DRAIN_SECONDS = 30
 
 
+def client_names(stream) -> tuple[str, ...]:
+    """The subject CNs of the client certificate the connection's TLS handshake verified (none
+    without TLS, or without --tls-client-ca: a certificate not asked for is not verified)."""
+    sock = stream.socket
+    if not isinstance(sock, ssl.SSLSocket):
+        return ()
+    cert = sock.getpeercert() or {}
+    return tuple(value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName")
+
+
 def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
     """TLS 1.2+ with our certificate; with `client_ca`, a client certificate it signed is required."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -54,37 +68,57 @@ class FeedListener(TCPServer):
         super().__init__(ssl_options=ssl_options, read_chunk_size=READ_CHUNK)
         self.runtime = runtime
         self.idle_timeout = runtime.settings.hl7_idle_timeout
+        self.frame_timeout = runtime.settings.hl7_frame_timeout
+        self.max_connections = runtime.settings.hl7_max_connections
         self.streams: set = set()
         self.busy: set = set()
         self.stopping = False
 
     async def handle_stream(self, stream, address) -> None:
         peer = address[0] if isinstance(address, tuple) else ""
+        if len(self.streams) >= self.max_connections:
+            log.warning("hl7: %s: %d connections open (SVC_HL7_MAX_CONNECTIONS): closed at once", peer,
+                        len(self.streams))
+            stream.close()
+            return
         self.streams.add(stream)
         deframer = Deframer()
+        loop = asyncio.get_running_loop()
+        frame_ends = None  # while a message is incomplete: when it must have ended
+        names = None  # the client certificate's subject CNs, once the handshake is done
         try:
             while not self.stopping:
+                wait = self.idle_timeout if frame_ends is None else min(self.idle_timeout, frame_ends - loop.time())
                 try:
-                    data = await gen.with_timeout(dt.timedelta(seconds=self.idle_timeout),
+                    data = await gen.with_timeout(dt.timedelta(seconds=max(wait, 0.0)),
                                                   stream.read_bytes(READ_CHUNK, partial=True),
                                                   quiet_exceptions=(StreamClosedError,))
                 except gen.TimeoutError:
-                    log.info("hl7: %s silent for %ss: closed%s", peer, self.idle_timeout,
-                             "" if deframer.idle else " in the middle of a message (nothing stored)")
+                    if frame_ends is not None and wait < self.idle_timeout:
+                        log.info("hl7: %s did not end its message within %ss: closed (nothing stored)", peer,
+                                 self.frame_timeout)
+                    else:
+                        log.info("hl7: %s silent for %ss: closed%s", peer, self.idle_timeout,
+                                 "" if deframer.idle else " in the middle of a message (nothing stored)")
                     return
                 for message in deframer.feed(data):
+                    names = client_names(stream) if names is None else names
                     self.busy.add(stream)
                     try:
-                        outcome = await self.runtime.run(receive, self.runtime, message, peer)
+                        outcome = await self.runtime.run(receive, self.runtime, message, peer, names)
                     finally:
                         self.busy.discard(stream)
                     await stream.write(frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
                                            outcome.where, outcome.code)))
+                if deframer.idle:
+                    frame_ends = None
+                elif frame_ends is None:  # a message began: it has SVC_HL7_FRAME_TIMEOUT to end
+                    frame_ends = loop.time() + self.frame_timeout
         except FramingError as exc:
             log.warning("hl7: %s: %s; connection closed, nothing stored", peer, exc)
         except StreamClosedError:
             pass
-        except Exception:  # noqa: BLE001  (the database went away: no ACK, the sender sends it again)
+        except Exception:  # noqa: BLE001  (the database failed: no ACK, the sender sends it again)
             log.exception("hl7: a message from %s could not be stored; closed without an ACK", peer)
         finally:
             self.streams.discard(stream)

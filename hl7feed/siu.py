@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from hl7feed.message import BadTime, Message, parse_date, parse_dtm
 from models.npi import is_npi
@@ -29,6 +29,10 @@ UNITS = MappingProxyType({"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60
 # Where a resource segment keeps its start and its duration (value, units).
 RESOURCE_TIMES = (("AIS", 4, 7, 8), ("AIG", 8, 11, 12), ("AIL", 6, 9, 10), ("AIP", 6, 9, 10))
 MAX_KEY = 200
+STORED_FROM = MappingProxyType({"key": "SCH-2", "reason": "SCH-7", "appointment_type": "SCH-8", "location": "AIL-3",
+               "physician_npi": "AIP-3", "patient_identifier": "PID-3", "patient_authority": "PID-3",
+               "patient_first_name": "PID-5", "patient_last_name": "PID-5"})
+"""Where each text an `Update` stores comes from (an ERR-2 location)."""
 
 
 class Refused(Exception):
@@ -142,14 +146,19 @@ def _times(m: Message, zone: str) -> tuple[dt.datetime, dt.datetime]:
     if end_text:
         end = _time(end_text, zone, "SCH-11.5")
     else:
-        length = _duration(m, sch, 9, 10, "SCH-9")
+        where = "SCH-9"
+        length = _duration(m, sch, 9, 10, where)
         if length is None and source is not None:
             segment, name, value_field, units_field = source
-            length = _duration(m, segment, value_field, units_field, f"{name}-{value_field}")
+            where = f"{name}-{value_field}"
+            length = _duration(m, segment, value_field, units_field, where)
         if length is None:
             raise Refused("AE", "no end time (SCH-11.5, SCH-9, or the duration of the segment giving the start)",
                           "SCH-11.5", "101")
-        end = start + length
+        try:
+            end = start + length
+        except OverflowError:  # past year 9999: not a time any database or snapshot can hold
+            raise Refused("AE", "the appointment's end (start + duration) is out of range", where, "102") from None
     if end < start:
         raise Refused("AE", "the appointment ends before it starts", "SCH-11.5", "102")
     return start, end
@@ -198,7 +207,7 @@ def appointment(m: Message, h: Header, zone: str) -> Update:
         raise Refused("AE", "MSH-7 (the message's time) is empty", "MSH-7", "101")
     message_time = _time(sent, zone, "MSH-7")
     if h.trigger == "S17":
-        return Update(key=key, message_time=message_time, remove=True)
+        return _without_nul(Update(key=key, message_time=message_time, remove=True))
     start, end = _times(m, zone)
     filler = m.value(sch, 25, 1)
     status = STATUSES.get(filler.lower()) if filler else "booked"
@@ -212,10 +221,20 @@ def appointment(m: Message, h: Header, zone: str) -> Update:
         date_of_birth = parse_date(birth) if birth else None
     except BadTime:
         raise Refused("AE", "PID-7 is not an HL7 date", "PID-7", "102") from None
-    return Update(
+    return _without_nul(Update(
         key=key, message_time=message_time, start=start, end=end, status=status, physician_npi=_physician(m),
         appointment_type=_text(m, sch, 8)[:64], reason=_text(m, sch, 7)[:500], location=_location(m)[:200],
         patient_identifier=m.value(pid, 3, 1)[:200],
         patient_authority=(m.value(pid, 3, 4, 2) or m.value(pid, 3, 4, 1))[:200],
         patient_first_name=m.value(pid, 5, 2)[:100], patient_last_name=m.value(pid, 5, 1)[:100],
-        patient_date_of_birth=date_of_birth, patient_sex=SEXES.get(m.value(pid, 8, 1).upper(), "unknown"))
+        patient_date_of_birth=date_of_birth, patient_sex=SEXES.get(m.value(pid, 8, 1).upper(), "unknown")))
+
+
+def _without_nul(update: Update) -> Update:
+    """`update`, unless a text it stores holds a NUL (an escape such as `\\X00\\` decodes to one):
+    PostgreSQL refuses NUL in text, so the message cannot be applied (`AE`)."""
+    for f in fields(update):
+        value = getattr(update, f.name)
+        if isinstance(value, str) and "\x00" in value:
+            raise Refused("AE", "the message contains a NUL character", STORED_FROM.get(f.name, ""), "102")
+    return update

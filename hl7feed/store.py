@@ -1,13 +1,15 @@
 """Applying a clinic's SIU messages to its feed appointments (`models.hl7`), and what is kept.
 
-`receive(runtime, data, peer)` takes one message off the wire and returns its `Outcome` (the
-ACK's code and why); it runs on a pool thread. A message is applied in one transaction with its
-`FeedMessage` row, so `AA` (sent by the listener only once `receive` returned) means committed.
-On PostgreSQL the transaction first takes an advisory lock on (clinic, appointment key): several
-listeners on one database apply the messages of one appointment one at a time, in MSH-7 order,
-and the same message sent to two of them is applied once (the second finds its control id
-acknowledged; the unique index `feed_message_one_acknowledged` backs that up). SQLite transactions
-are already one at a time (BEGIN IMMEDIATE).
+`receive(runtime, data, peer, client_names)` takes one message off the wire and returns its
+`Outcome` (the ACK's code and why); it runs on a pool thread. A clinic's message is taken only from
+an address in its `--hl7-allow` and, when it has `--hl7-client-subject`s, only over a connection
+whose client certificate's subject CN is one of them (else `AR`). A message is applied in one
+transaction with its `FeedMessage` row, so `AA` (sent by the listener only once `receive` returned)
+means committed. On PostgreSQL the transaction first takes an advisory lock on (clinic, appointment
+key): several listeners on one database apply the messages of one appointment one at a time, in
+MSH-7 order, and the same message sent to two of them is applied once (the second finds its control
+id acknowledged; the unique index `feed_message_one_acknowledged` backs that up). SQLite
+transactions are already one at a time (BEGIN IMMEDIATE).
 
 Retention (docs/hl7-feed.md): `prune` removes appointments that ended more than `KEEP_PAST` ago
 (no snapshot can hold them any more) and message records older than `MESSAGE_DAYS`; an appointment
@@ -22,8 +24,9 @@ import logging
 from dataclasses import dataclass
 
 import peewee
+from playhouse.pool import MaxConnectionsExceeded
 
-from hl7feed.config import allowed_networks
+from hl7feed.config import allowed_networks, client_subjects
 from hl7feed.message import ParseError, parse
 from hl7feed.siu import Header, Refused, Update, appointment, check_type, header
 from models.clock import utc_iso
@@ -85,13 +88,20 @@ def sender_allowed(org: Organization, peer: str) -> bool:
     return any(address in ipaddress.ip_network(n) for n in networks)
 
 
+def certificate_allowed(org: Organization, client_names: tuple[str, ...]) -> bool:
+    """No `--hl7-client-subject`: any connection; else one whose certificate has one of those CNs."""
+    subjects = client_subjects(org)
+    return not subjects or any(name in subjects for name in client_names)
+
+
 def _zone(org: Organization) -> str:
     """The clinic's time zone (IANA), for times sent without an offset."""
     return org.time_zone or "UTC"
 
 
-def receive(runtime, data: bytes, peer: str) -> Outcome:
-    """Parse, check and apply one message from `peer` (an IP address)."""
+def receive(runtime, data: bytes, peer: str, client_names: tuple[str, ...] = ()) -> Outcome:
+    """Parse, check and apply one message from `peer` (an IP address) over a connection whose
+    client certificate has the subject CNs `client_names` (none: no verified certificate)."""
     now = runtime.clock.now()
     try:
         message = parse(data)
@@ -105,10 +115,14 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
     if not sender_allowed(org, peer):
         return _refused(runtime, org, h, Refused("AR", "the sender's address is not allowed for this facility",
                                                  "MSH-4"), now)
+    if not certificate_allowed(org, client_names):
+        return _refused(runtime, org, h, Refused("AR", "the client certificate is not allowed for this facility",
+                                                 "MSH-4"), now)
     try:
         check_type(message, h)
         update = appointment(message, h, _zone(org))
-    except Refused as refusal:
+    except Exception as exc:  # noqa: BLE001  (content only: no database work above)
+        refusal = exc if isinstance(exc, Refused) else _unapplicable(org, h, exc)
         if h.control_id and _acknowledged(org, h.control_id):  # acknowledged AA before: AA, whatever it says now
             return _duplicate(runtime, org, h, now)
         return _refused(runtime, org, h, refusal, now)
@@ -116,6 +130,24 @@ def receive(runtime, data: bytes, peer: str) -> Outcome:
         return _apply(runtime, org, h, update, now)
     except peewee.IntegrityError:  # this control id was acknowledged AA before (here or by another listener)
         return _duplicate(runtime, org, h, now)
+    except Exception as exc:  # noqa: BLE001
+        if database_unavailable(exc):  # the listener closes without an ACK: the sender sends it again
+            raise
+        return _refused(runtime, org, h, _unapplicable(org, h, exc), now)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database failed (down, busy, its own error), as opposed to refusing what the message
+    holds (a value it cannot store: peewee's DataError, or the driver's ValueError/OverflowError)."""
+    if isinstance(exc, peewee.DataError):
+        return False
+    return isinstance(exc, (peewee.DatabaseError, peewee.InterfaceError, MaxConnectionsExceeded))
+
+
+def _unapplicable(org: Organization, h: Header, exc: Exception) -> Refused:
+    """`AE` for content no check above foresaw; logged by its type only (never the values)."""
+    log.error("hl7 %s from %s: %s while applying it: AE", h.control_id[:40], org.id, type(exc).__name__)
+    return Refused("AE", "the message holds a value that cannot be applied", "", "207")
 
 
 def _acknowledged(org: Organization, control_id: str) -> bool:

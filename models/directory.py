@@ -39,10 +39,13 @@ class Organization(BaseModel):
     created_at = peewee.DateTimeField(default=wall_now)
     # Where the night reads the clinic's schedule: `ehr` (its connector's pull) or `siu` (the
     # HL7v2 SIU feed it pushes, docs/hl7-feed.md). The feed's messages name the clinic by MSH-4
-    # (`hl7_facility`, unique) and may come only from `hl7_allow` (JSON [CIDR], empty: anywhere).
+    # (`hl7_facility`, unique) and may come only from `hl7_allow` (JSON [CIDR], empty: anywhere)
+    # and only over a connection whose client certificate's subject CN is one of
+    # `hl7_client_subjects` (JSON [CN], empty: any certificate, or none).
     schedule_source = peewee.CharField(max_length=8, default="ehr", constraints=db_default("ehr"))
     hl7_facility = peewee.CharField(max_length=200, null=True)
     hl7_allow = peewee.TextField(default="[]", constraints=db_default("[]"))
+    hl7_client_subjects = peewee.TextField(default="[]", constraints=db_default("[]"))
 
 
 ONE_FACILITY = Organization.index(Organization.hl7_facility, unique=True, name="organization_hl7_facility")

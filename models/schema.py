@@ -255,6 +255,8 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # The SIU feed (branch issue47h; tables feed_appointment and feed_message are new: MODELS).
     (4701, "organization: schedule source (ehr | siu), HL7 sending facility (unique) and allowed senders",
      _hl7_feed_settings),
+    (4702, "organization.hl7_client_subjects: the client certificate subjects (CN) a clinic's feed may come from",
+     _add_missing_columns("organization", ("hl7_client_subjects", peewee.TextField(default="[]")))),
     # Issue 48 numbers its steps 48xx (4801-4849: backend services, branch issue48a; table
     # spent_assertion is new: MODELS).
     (4801, "application.jwks_url, jwks, system_scopes: SMART Backend Services keys and system scopes",

@@ -23,7 +23,7 @@ from lifecycle.activation import set_activation_status
 from lifecycle.applications import install_application
 from lifecycle.users import create_user
 from lifecycle.verification import record_platform_verification
-from models.appointments import Snapshot
+from models.appointments import Snapshot, SnapshotAppointment
 from models.disclosures import DisclosureRecord
 from workers.snapshot import COVERAGE, night_window
 
@@ -269,6 +269,27 @@ async def test_a_refusal_fails_the_night_and_keeps_the_previous_snapshot(api, ru
     failure = json.loads(done.stdout)["organizations"][org_id]
     assert done.returncode == 1 and "[bound: max_bytes]" in failure and "GetProviderAppointments" in failure, failure
     assert Snapshot.latest_complete(org_id).id == kept.id
+
+
+def test_an_unreadable_duration_skips_that_appointment_only(runtime, world, live, epic_web_ehr):
+    """`AppointmentDuration` "²" (str.isdigit says yes, int() refuses) or Arabic-Indic digits: that
+    appointment is skipped as unreadable, named in the night's report; the night is built."""
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_schedule(epic_web_ehr, start)
+    epic_web_ehr.epic(durations={"ana-booked": "\u00b2", "ben-007": "\u0661\u0662", "ben-008": " 25 "})
+    code, report = night_of(runtime.settings, night)
+    assert code == 0 and org_id in report["built"], report
+    skipped = report["skipped"][org_id]
+    durations = skipped.pop("unparseable duration", {})
+    assert durations.get("count") == 2 and sorted(durations["appointments"]) == ["ana-booked", "ben-007"], report
+    assert skipped == {"unknown Epic status": {"count": 1, "appointments": ["ana-bumped"]},
+                       "patient not found in the EHR": {"count": 1, "appointments": ["ana-ghost"]}}
+    snapshot = Snapshot.latest_complete(org_id)
+    rows = {r.ehr_appointment_id: r
+            for r in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)}
+    assert sorted(rows) == sorted(set(EXPECTED) - {"ana-booked", "ben-007"})
+    assert rows["ben-008"].end - rows["ben-008"].start == dt.timedelta(minutes=25)
 
 
 def test_without_an_epic_user_the_night_names_both_ways_out(runtime, world, live, epic_web_ehr):

@@ -23,7 +23,7 @@ import pytest
 
 from helpers.environment import ROOT
 from helpers.fhir_ehr import patient, start_fhir_ehr
-from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
 from hl7feed.config import configure_feed
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
@@ -74,13 +74,13 @@ def feed_clinic(runtime, world):
 
 @pytest.fixture
 def listen(settings, tmp_path):
-    """Starts `svc-auth hl7 listen` processes on the test's database; `listen(*args, idle=300)` ->
-    (process, port). Each is stopped after the test."""
+    """Starts `svc-auth hl7 listen` processes on the test's database; `listen(*args, idle=300, **env)`
+    -> (process, port). Each is stopped after the test."""
     procs = []
 
-    def start(*args, idle: int = 300, port: int | None = None):
+    def start(*args, idle: int = 300, port: int | None = None, **env: str):
         port = port or free_port()
-        env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle))
+        env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle), **env)
         proc = start_process(["hl7", "listen", "--host", "127.0.0.1", "--port", str(port), *args], env, port,
                              log_path=tmp_path / f"hl7-{len(procs)}.log")
         procs.append(proc)
@@ -212,6 +212,35 @@ def test_refusals_carry_an_err_and_store_nothing(runtime, world, feed_clinic, li
     assert all(listed[c]["error"] for c in ("R2", "R5", "R9"))
 
 
+def test_content_that_cannot_be_stored_is_ae_and_the_connection_stays_usable(runtime, feed_clinic, listen, settings):
+    """A duration or start past year 9999, a NUL hidden in an escape (`\\X00\\`): AE with an ERR
+    that quotes nothing of the message, nothing stored, and the next message on that connection AA."""
+    _, port = listen()
+    org = feed_clinic
+    cases = [  # (control, message, ERR-2's field)
+        ("U1", siu("S12", "U1", "U-1", sch_times=False).replace("|20|MIN|", "|1e7|d|"), "SCH^1^9"),
+        ("U2", siu("S12", "U2", "U-2", start="99991231235959", end="").replace("|20|MIN|", "|60|MIN|"),
+         "SCH^1^9"),
+        ("U3", siu("S12", "U3", "U-3").replace("IM^ROOM 4^^NORTH", "IM^ROOM\\X00\\1^^NORTH"), "AIL^1^3"),
+        ("U4", siu("S12", "U4", "U-4").replace("DOE^JANE", "DOE\\X00\\^JANE"), "PID^1^5"),
+        ("U5", siu("S17", "U5", "U-\\X00\\5"), "SCH^1^2"),
+    ]
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for n, (control, message, where) in enumerate(cases):
+            reply = client.send_message(message)
+            assert reply, f"{control}: the connection was closed without an ACK"
+            got, echoed, error = acked(reply)
+            assert (got, echoed) == ("AE", control), (control, got, error)
+            err = [s for s in hl7.parse(reply[1:-2].decode()) if str(s[0]) == "ERR"][0]
+            assert str(err[2]) == where, (control, str(err[2]))
+            assert not any(quoted in error for quoted in ("ROOM", "DOE", "9999", "1e7", "U-")), error
+            # The same connection serves the next message.
+            assert acked(client.send_message(siu("S12", f"OK{n}", f"OK-{n}")))[:2] == ("AA", f"OK{n}")
+    assert sorted(a.key for a in FeedAppointment.select()) == [f"OK-{n}" for n in range(len(cases))]
+    listed = {m["control_id"]: m for m in hl7_messages(settings, org)}
+    assert {c: listed[c]["ack"] for c, *_ in cases} == {c: "AE" for c, *_ in cases}
+
+
 def _closed(sock: socket.socket, timeout: float = 15.0) -> bool:
     """The peer closed the connection (EOF or reset) within `timeout`."""
     sock.settimeout(timeout)
@@ -273,11 +302,42 @@ def test_bad_input_closes_that_connection_only(runtime, feed_clinic, listen):
     assert set(served) == {"AA"} and all(appointment(org, f"BY-{n}") for n in range(len(served)))
 
 
+def test_a_message_dripped_past_its_deadline_is_cut_off(runtime, feed_clinic, listen):
+    """A byte every 0.5 s is never silent for SVC_HL7_IDLE_TIMEOUT (30), yet the message must end
+    within SVC_HL7_FRAME_TIMEOUT (2) of its first byte: closed, nothing stored. Between messages
+    only the idle timeout applies."""
+    _, port = listen(idle=30, SVC_HL7_FRAME_TIMEOUT="2")
+    org = feed_clinic
+    with hl7.client.MLLPClient("127.0.0.1", port) as bystander:
+        assert acked(bystander.send_message(siu("S12", "DR0", "DR-0")))[0] == "AA"
+        data = SB + siu("S12", "DR1", "DR-1").encode() + EB
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.settimeout(0.5)
+            began, closed = time.monotonic(), False
+            for byte in data[:-1]:
+                try:
+                    sock.sendall(bytes([byte]))
+                    closed = sock.recv(65536) == b""
+                except socket.timeout:
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                if closed or time.monotonic() - began > 20:
+                    break
+            took = time.monotonic() - began
+        assert closed and 1.5 <= took < 20, (closed, took)
+        # The bystander, connected all along and idle between its messages for longer than 2 s.
+        assert acked(bystander.send_message(siu("S12", "DR2", "DR-2")))[0] == "AA"
+    assert appointment(org, "DR-1") is None and appointment(org, "DR-2") is not None
+    assert not FeedMessage.select().where(FeedMessage.control_id == "DR1").exists()
+
+
 # -- TLS -----------------------------------------------------------------------------------------
 
 def _certificates(directory):
-    """A CA, the listener's certificate (127.0.0.1) and a client's, both signed by it; and a client
-    certificate signed by another CA. Returns their PEM paths."""
+    """A CA, the listener's certificate (127.0.0.1) and two clients' (CN `clinic interface` and
+    `other clinic`), all signed by it; and a client certificate signed by another CA. Returns
+    their PEM paths."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -310,6 +370,7 @@ def _certificates(directory):
     paths = {"ca": write("ca", *ca)[0]}
     paths["server"] = write("server", *make("listener", ca, san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
     paths["client"] = write("client", *make("clinic interface", ca))
+    paths["other"] = write("other", *make("other clinic", ca))
     paths["rogue"] = write("rogue", *make("someone", rogue))
     return paths
 
@@ -351,6 +412,81 @@ def test_every_trigger_over_tls_with_client_certificates(runtime, feed_clinic, l
     # And the listener serves the clinic's interface still.
     replies = asyncio.run(_send_tls(port, _client_context(paths, "client"), [siu("S12", "T9", "T-3")]))
     assert acked(replies[0])[0] == "AA" and appointment(org, "T-3") is not None
+
+
+def test_connections_over_the_cap_are_closed_at_once(runtime, feed_clinic, listen, tmp_path):
+    """SVC_HL7_MAX_CONNECTIONS=2, held by a clinic's served connection and one that never finishes
+    its TLS handshake: a third is closed at once (logged), not served; once the idle timeout
+    (5 s) closed those two, a connection is served again."""
+    paths = _certificates(tmp_path)
+    _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1], "--tls-client-ca", paths["ca"],
+                     idle=5, SVC_HL7_MAX_CONNECTIONS="2")
+    context = _client_context(paths, "client")
+
+    async def over_the_cap() -> None:
+        reader, writer = await hl7.mllp.open_hl7_connection("127.0.0.1", port, ssl=context)
+        stalled = None
+        try:
+            writer.writemessage(hl7.parse(siu("S12", "CAP0", "CAP-0")))
+            await writer.drain()
+            assert acked(await asyncio.wait_for(reader.readmessage(), 30))[0] == "AA"
+            stalled = socket.create_connection(("127.0.0.1", port))   # no ClientHello, ever
+            began = time.monotonic()
+            with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError, OSError)):
+                await _send_tls(port, context, [siu("S12", "CAP1", "CAP-1")])
+            assert time.monotonic() - began < 4, "closed at once, not by the idle timeout"
+            assert _closed(stalled), "an unfinished handshake ends with the idle timeout"
+        finally:
+            writer.close()
+            if stalled is not None:
+                stalled.close()
+    asyncio.run(over_the_cap())
+    wait_until(lambda: "SVC_HL7_MAX_CONNECTIONS" in (tmp_path / "hl7-0.log").read_text(), 30, "the log line")
+    replies = asyncio.run(_send_tls(port, context, [siu("S12", "CAP2", "CAP-2")]))
+    assert acked(replies[0])[0] == "AA"
+    assert appointment(feed_clinic, "CAP-1") is None and appointment(feed_clinic, "CAP-2") is not None
+
+
+def test_a_clinic_bound_to_client_certificates_takes_only_theirs(runtime, world, feed_clinic, listen, settings,
+                                                                 tmp_path):
+    """`--hl7-client-subject`: the clinic's messages are applied only over a connection whose
+    client certificate (signed by --tls-client-ca) has one of those subject CNs; another clinic's
+    certificate from the same CA, or no certificate (plain MLLP), is AR, nothing stored. A clinic
+    without the setting takes any certificate the CA signed."""
+    from lifecycle.organizations import create_organization
+    code, shown = cli_json(settings, "orgs", "update", "--org", feed_clinic.id, "--hl7-client-subject",
+                           "clinic interface, backup interface", "--hl7-client-subject", "clinic interface", "--json")
+    assert code == 0 and shown["hl7_client_subjects"] == ["clinic interface", "backup interface"], shown
+    code, shown = cli_json(settings, "orgs", "show", "--org", feed_clinic.id, "--json")
+    assert shown["hl7_client_subjects"] == ["clinic interface", "backup interface"]
+    code, error = cli_json(settings, "orgs", "update", "--org", feed_clinic.id, "--hl7-client-subject", "bad\tname")
+    assert code == 2 and "--hl7-client-subject" in error
+    unbound = create_organization("Unbound Clinic")
+    configure_feed(unbound.id, "siu", "UNBOUND", [])
+    paths = _certificates(tmp_path)
+    _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1], "--tls-client-ca", paths["ca"])
+    own, other = _client_context(paths, "client"), _client_context(paths, "other")
+    # Another clinic's certificate names this clinic's facility: AR; then the same connection's
+    # message for its own (unbound) clinic is applied.
+    replies = asyncio.run(_send_tls(port, other, [siu("S12", "B1", "B-1"),
+                                                  siu("S12", "B2", "B-2", facility="UNBOUND")]))
+    assert [acked(r)[0] for r in replies] == ["AR", "AA"]
+    assert "client certificate" in acked(replies[0])[2]
+    replies = asyncio.run(_send_tls(port, own, [siu("S12", "B3", "B-3")]))
+    assert acked(replies[0])[0] == "AA"
+    # Without TLS there is no certificate: AR.
+    _, plain = listen()
+    with hl7.client.MLLPClient("127.0.0.1", plain) as client:
+        assert acked(client.send_message(siu("S12", "B4", "B-4")))[0] == "AR"
+    assert appointment(feed_clinic, "B-1") is None and appointment(feed_clinic, "B-4") is None
+    assert appointment(feed_clinic, "B-3") is not None and appointment(unbound, "B-2") is not None
+    assert {m["control_id"]: m["ack"] for m in hl7_messages(settings, feed_clinic)} == {"B1": "AR", "B3": "AA",
+                                                                                        "B4": "AR"}
+    # '' clears the list: any certificate (or none) again.
+    code, shown = cli_json(settings, "orgs", "update", "--org", feed_clinic.id, "--hl7-client-subject", "", "--json")
+    assert code == 0 and shown["hl7_client_subjects"] == []
+    with hl7.client.MLLPClient("127.0.0.1", plain) as client:
+        assert acked(client.send_message(siu("S12", "B5", "B-5")))[0] == "AA"
 
 
 def test_plain_mllp_is_refused_by_a_tls_listener(runtime, feed_clinic, listen, tmp_path):

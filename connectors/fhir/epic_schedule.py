@@ -53,6 +53,7 @@ KNOWN_PATIENTS = 5000            # Patients kept for one night (by Epic id), the
 USER_ID_TEXT = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")   # printable ASCII, no edge spaces
 USER_ID_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9 _-]{0,63}")
 SYSTEM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]{1,490}")
+MINUTES = re.compile(r"[0-9]{1,6}")      # AppointmentDuration, ASCII digits (at most MAX_DURATION_MINUTES)
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -330,8 +331,9 @@ def _excerpt(text, limit: int = 300) -> str:
 
 
 def _minutes(value) -> int:
+    """`AppointmentDuration`: ASCII digits only (`str.isdigit` takes "²", which `int` refuses)."""
     text = value.strip() if isinstance(value, str) else str(value) if type(value) is int else ""
-    if not text.isdigit() or int(text) > MAX_DURATION_MINUTES:
+    if not MINUTES.fullmatch(text) or int(text) > MAX_DURATION_MINUTES:
         raise Unlisted("unparseable duration")
     return int(text)
 

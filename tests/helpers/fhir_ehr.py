@@ -82,7 +82,8 @@ class FhirEhr:
     def epic(self, **settings) -> dict:
         """Epic's GetProviderAppointments on this EHR (vendor epic; tests/js/epic_scheduling.mjs): change
         its settings (`user_id`, `time_zone`, `patient_system`, `provider_system`, `fhir_patient_ids`,
-        `statuses` {appointment id: Epic status}, `error` + `error_status`: refuse every call); returns
+        `statuses` {appointment id: Epic status}, `durations` {appointment id: AppointmentDuration},
+        `error` + `error_status`: refuse every call); returns
         `{"settings", "calls"}` (the request bodies received)."""
         return self.admin("epic", settings) if settings else self.admin("epic")
 

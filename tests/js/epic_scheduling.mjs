@@ -35,6 +35,7 @@ const DEFAULTS = () => ({
   provider_system: null,              // an External provider id's system (else identifier type.text EXTERNAL)
   fhir_patient_ids: false,            // add a PatientIDs entry of Type FHIR (none in E6's sample)
   statuses: {},                       // appointment id -> the AppointmentStatus to show instead
+  durations: {},                      // appointment id -> the AppointmentDuration to show instead (any JSON value)
   error: null,                        // refuse every call: {"Error": error, "Appointments": null} ...
   error_status: 200,                  // ... with this HTTP status
 });
@@ -127,7 +128,7 @@ export class EpicScheduling {
     const external = practitioner.identifier?.find((i) => String(i.type?.text ?? '').toUpperCase() === 'EXTERNAL'
       || (this.settings.provider_system && i.system === this.settings.provider_system))?.value;
     return {
-      AppointmentDuration: String(minutes),
+      AppointmentDuration: appointment.id in this.settings.durations ? this.settings.durations[appointment.id] : String(minutes),
       AppointmentNotes: appointment.comment ? [appointment.comment] : [],
       AppointmentStartTime: local.time,
       AppointmentStatus: status,
