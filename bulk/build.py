@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 
 from bulk.ehr_export import EhrSource, Gone, delete_ehr_job
-from bulk.files import Part, TypeWriter, export_prefix, subset, temporary_directory
+from bulk.files import Part, TypeWriter, export_prefix, temporary_directory
 from bulk.groups import CLINIC_GROUP, members
 from bulk.params import PATIENT_TYPES, ExportParameters, type_filter_args
 from connectors import Bounds, ConnectorError, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for
@@ -135,10 +135,10 @@ def _write_type(runtime, job: BulkExport, params: ExportParameters, kind: str, o
     settings = runtime.settings
     with temporary_directory() as directory:
         writer = TypeWriter(runtime.object_store, job.id, kind, settings.bulk_file_max_bytes,
-                            lambda part: record_part(runtime, job.id, owner, part), directory)
+                            lambda part: record_part(runtime, job.id, owner, part), directory, params.elements)
         try:
             for resource in type_resources(runtime, job, params, kind, ehr):
-                writer.add(subset(resource, params.elements) if params.elements else resource)
+                writer.add(resource)  # subset there, after its patients are taken from the whole resource
             writer.close()
         finally:
             if not writer.handle.closed:

@@ -190,6 +190,25 @@ def test_post_kickoff_with_patients_elements_and_type_filter(exporter):
     assert tag == [{"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}]
 
 
+def test_a_subsetted_file_download_names_every_patient_whose_resources_it_holds(exporter, runtime, world):
+    """`_elements=code` drops `subject` from each Observation; the file still holds every patient's
+    Observations, so its `bulk.download` record names each of them (docs/audit.md)."""
+    from connectors import ResourceQuery, connector_for
+    client, patients = exporter
+    connector = connector_for(runtime, world.org)
+    expected = {p for p in patients if list(connector.search_resources(ResourceQuery("Observation", patient=p, count=1)))}
+    assert len(expected) > 1
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Observation", "_elements": "code"})
+    assert status == 202, body
+    manifest = client.wait(headers["Content-Location"])
+    for output in manifest["output"]:
+        found = client.download(output["url"])
+        assert found and all("subject" not in o for o in found)
+    downloads = list(DisclosureRecord.select().where(DisclosureRecord.action == "bulk.download"))
+    assert len(downloads) == len(manifest["output"]) >= 1
+    assert set().union(*(set(r.patients) for r in downloads)) == expected
+
+
 def test_group_and_system_exports(exporter, world):
     client, patients = exporter
     bundle_status, _, raw = client.request("GET", "/Group", headers={"Accept": "application/fhir+json"})
