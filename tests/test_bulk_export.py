@@ -225,6 +225,26 @@ def test_group_and_system_exports(exporter, world):
     assert [o["type"] for o in manifest["output"]] == ["Patient", "Organization", "Practitioner"]
 
 
+def test_a_patient_scope_reads_no_group(exporter, runtime, world, live):
+    """A Group lists other patients: a launch's `patient/*.rs` with a patient context reads none of
+    them (403 forbidden); the clinic-wide `user/*.rs` token still does."""
+    client, patients = exporter
+    accept = {"Accept": "application/fhir+json"}
+    status, _, raw = client.request("GET", "/Group", headers=accept)
+    assert status == 200
+    ids = [e["resource"]["id"] for e in json.loads(raw)["entry"]]
+    assert CLINIC_GROUP in ids and any(i.startswith("physician-") for i in ids)
+    launch = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
+                                                         scope="openid launch/patient patient/*.rs", patient=patients[0]))
+    for path in ("/Group", *(f"/Group/{i}" for i in ids)):
+        status, _, raw = launch.request("GET", path, headers=accept)
+        body = json.loads(raw)
+        assert status == 403 and outcome(body) == "forbidden", (path, status, body)
+        assert "patient/ scope does not reach Group" in body["issue"][0]["diagnostics"]
+    assert client.request("GET", f"/Group/{CLINIC_GROUP}", headers=accept)[0] == 200
+    assert launch.request("GET", f"/Patient/{patients[0]}", headers=accept)[0] == 200  # its own patient, still
+
+
 def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(exporter, runtime, world, live):
     client, _ = exporter
     status, headers, _ = client.kick_off("/Patient/$export", {"_type": "Patient,Condition"})
