@@ -85,10 +85,10 @@ def _since_ok(resource: dict, since: dt.datetime | None) -> bool:
         return True
     try:
         moment = dt.datetime.fromisoformat(updated.replace("Z", "+00:00"))
-    except ValueError:
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError):  # unreadable, or its UTC outside years 1-9999: kept, as one without
         return True
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
     return moment >= since
 
 

@@ -167,6 +167,25 @@ def test_kickoff_refusals(exporter, runtime, world, live):
     assert BulkExport.select().count() == 0
 
 
+def test_a_since_whose_utc_leaves_the_date_range_is_a_recorded_400(exporter):
+    """`_since` valid as written but outside years 1-9999 once in UTC (GET query or POST
+    `valueInstant`): a 400 OperationOutcome, never a 500, recorded as every refused kick-off."""
+    client, _ = exporter
+    refusals = 0
+    for since in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+        for sent in ({"params": {"_since": since}},
+                     {"parameters": {"resourceType": "Parameters",
+                                     "parameter": [{"name": "_since", "valueInstant": since}]}}):
+            status, headers, body = client.kick_off("/Patient/$export", **sent)
+            assert status == 400 and outcome(body) == "invalid", (since, sent, status, body)
+            assert "_since" in body["issue"][0]["diagnostics"] and headers["Content-Type"].startswith("application/fhir+json")
+            refusals += 1
+    refused = DisclosureRecord.select().where((DisclosureRecord.action == "bulk.kickoff")
+                                              & (DisclosureRecord.outcome == "failure") & (DisclosureRecord.status == 400))
+    assert refused.count() == refusals == 4
+    assert BulkExport.select().count() == 0
+
+
 def test_post_kickoff_with_patients_elements_and_type_filter(exporter):
     client, patients = exporter
     parameters = {"resourceType": "Parameters", "parameter": [
