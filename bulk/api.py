@@ -9,7 +9,9 @@ on the runtime's pool, after the FHIR API's own admission: token, CORS, limits).
   whatever its state), the manifest once complete, the failure's OperationOutcome once failed.
 - `cancel`: the job and its files are deleted (`workers.export.delete_export`).
 - `open_file`: one file's stream, for a token of the exporting app whose scopes cover its type.
-Only the exporting app's tokens see a job, on the job's clinic; anything else is a 404.
+Only the exporting app's tokens see a job, on the job's clinic; anything else is a 404. Status,
+DELETE and files refuse, as the kick-off does (403), a token that reaches one of the job's types
+only through a `patient/` scope (`fhir_api.access.patient_scoped`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from bulk.groups import check_group, group_ids, group_resource
 from bulk.params import ExportParameters, parse_kickoff
 from errors import ApiError
 from fhir_api import fhir_base_url
-from fhir_api.access import grant_for
+from fhir_api.access import grant_for, patient_scoped
 from fhir_api.bundle import searchset
 from fhir_api.outcome import FhirError, operation_outcome
 from models.application import Application
@@ -46,17 +48,22 @@ def file_url(settings, organization_id: str, export_id: str, name: str) -> str:
     return f"{fhir_base_url(settings, organization_id)}/{FILE_SEGMENT}/{export_id}/{name}"
 
 
+def _no_patient_scope(caller, kinds, permission: str = "s") -> None:
+    """403 when the caller reaches one of `kinds` only through a `patient/` scope: such a grant
+    cannot export, nor poll, delete or download an export."""
+    if any(patient_scoped(caller, kind, permission) for kind in kinds):
+        raise FhirError(403, "forbidden", "A patient/ scope cannot export; a backend app asks for system/ scopes.")
+
+
 def _grant(caller, kind: str):
     """The caller's search grant on `kind`, or None when its scopes do not reach it (whole clinic only)."""
+    _no_patient_scope(caller, (kind,))
     try:
-        grant = grant_for(caller, kind, "s")
+        return grant_for(caller, kind, "s")
     except ApiError as exc:  # insufficient_scope (oauth.bearer), or a FhirError
         if exc.status == 403:
             return None
         raise
-    if grant.patient is not None:
-        raise FhirError(403, "forbidden", "A patient/ scope cannot export; a backend app asks for system/ scopes.")
-    return grant
 
 
 def _scoped(caller, params: ExportParameters, explicit: bool, lenient: bool) -> ExportParameters:
@@ -108,11 +115,13 @@ def forget_expired(runtime, application_id: str) -> None:
 
 
 def _job(caller, organization_id: str, export_id: str, now) -> BulkExport:
-    """The caller's app's job on this clinic, or 404 (another app's is never revealed)."""
+    """The caller's app's job on this clinic, or 404 (another app's is never revealed); 403 when the
+    caller reaches one of its types only through a `patient/` scope (as its kick-off would be)."""
     job = BulkExport.get_or_none(BulkExport.id == export_id) if is_id(export_id) else None
     if (job is None or job.application_id != caller.app.id or job.organization_id != organization_id
             or (job.expires_at is not None and job.expires_at < now)):
         raise FhirError(404, "not-found", "No such export (it may have been deleted or have expired).")
+    _no_patient_scope(caller, ExportParameters.from_json(job.parameters).types)
     return job
 
 
@@ -168,6 +177,7 @@ def open_file(runtime, caller, organization_id: str, export_id: str, name: str):
                                          & (BulkExportFile.part == int(part)))
     if row is None:
         raise FhirError(404, "not-found", "No such file in this export.")
+    _no_patient_scope(caller, (kind,), "r")
     grant_for(caller, kind, "r")
     try:
         stream, size = runtime.object_store.open_object(row.object_key)

@@ -49,14 +49,27 @@ def authenticate(runtime, authorization: str | None, organization_id: str) -> Ca
     return gate.caller(runtime, authorization, organization_id=organization_id)
 
 
+def _accesses(caller: Caller, resource_type: str, permission: str):
+    """(the token's, the app's) `oauth.smart_scopes.Access` to `resource_type`, or (None, None)."""
+    try:
+        return (access(caller.claims.get("scope"), resource_type, permission),
+                access(caller.declared_scopes, resource_type, permission))  # a system token: its system scopes
+    except ScopeSyntaxError:
+        return None, None
+
+
+def patient_scoped(caller: Caller, resource_type: str, permission: str) -> bool:
+    """Does `caller` reach `resource_type` (`r` read, `s` search) only through a `patient/` scope
+    (its token's or its app's), whether or not the type is in the Patient compartment?"""
+    by_token, by_app = _accesses(caller, resource_type, permission)
+    return bool(by_token and by_token.allowed and by_app and by_app.allowed
+                and (by_token.patient_only or by_app.patient_only))
+
+
 def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
     """What `caller` may do (`r` read, `s` search) with `resource_type`, or 403."""
     verb = "read" if permission == "r" else "search"
-    try:
-        by_token = access(caller.claims.get("scope"), resource_type, permission)
-        by_app = access(caller.declared_scopes, resource_type, permission)  # a system token: its system scopes
-    except ScopeSyntaxError:
-        by_token = by_app = None
+    by_token, by_app = _accesses(caller, resource_type, permission)
     if not (by_token and by_token.allowed and by_app and by_app.allowed):
         if getattr(caller, "is_system", False):
             raise insufficient_scope(f"The token's scopes do not allow {verb} of {resource_type} (needs "

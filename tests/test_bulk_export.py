@@ -290,6 +290,31 @@ def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(expor
         **KICKOFF_HEADERS, "Prefer": "respond-async, handling=lenient"})[0] == 202
 
 
+def test_a_patient_scope_of_the_exporting_app_cannot_poll_delete_or_download(exporter, runtime, world, live):
+    """A launch token of the exporting app with `patient/*.rs` (with or without a patient context)
+    gets the kick-off's 403 at the status URL, its DELETE and each file; the exporting token's
+    scopes still get everything."""
+    client, patients = exporter
+    status, headers, _ = client.kick_off("/Patient/$export", {"_type": "Patient,Condition"})
+    assert status == 202
+    url = headers["Content-Location"]
+    manifest = client.wait(url)
+    scopes = ({"scope": "openid launch/patient patient/*.rs", "patient": patients[0]}, {"scope": "openid patient/*.rs"})
+    for claims in scopes:
+        launch = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
+                                                             **claims))
+        answers = [launch.kick_off(), launch.kick_off("/$export", {"_type": "Practitioner"}), launch.status(url),
+                   launch.request("DELETE", url), *(launch.request("GET", o["url"]) for o in manifest["output"])]
+        for status, _, body in answers:
+            body = body if isinstance(body, dict) or body is None else json.loads(body)
+            assert status == 403 and outcome(body) == "forbidden", (claims, status, body)
+            assert "patient/ scope cannot export" in body["issue"][0]["diagnostics"], (claims, body)
+    assert client.status(url)[0] == 200  # not deleted
+    assert all(client.request("GET", o["url"])[0] == 200 for o in manifest["output"])
+    assert BulkExport.select().count() == 1
+    assert client.request("DELETE", url)[0] == 202
+
+
 @pytest.mark.svc_settings(bulk_max_concurrent=1, sync_window=sync_window_closed_now())
 def test_concurrent_exports_per_app_are_limited(exporter):
     client, _ = exporter
