@@ -3,11 +3,12 @@ on the runtime's pool, after the FHIR API's own admission: token, CORS, limits).
 
 - `kick_off`: the checked parameters (`bulk.params`), narrowed to the types the token's scopes
   let it search (a type named in `_type` that they do not is a 403, or left out with
-  `handling=lenient`; a `patient/` grant cannot export); at most SVC_BULK_MAX_CONCURRENT pending
-  exports per app (429 + Retry-After); the job is committed, then queued (`workers.export.enqueue_export`, passed in).
+  `handling=lenient`; a `patient/` grant cannot export); at most SVC_BULK_MAX_CONCURRENT exports
+  per app in progress (429 + Retry-After): pending ones, and DELETEd ones whose build has not stopped
+  yet; the job is committed, then queued (`workers.export.enqueue_export`, passed in).
 - `export_status`: 202 + `X-Progress` + `Retry-After` while it runs (and at the first poll
   whatever its state), the manifest once complete, the failure's OperationOutcome once failed.
-- `cancel`: the job and its files are deleted (`workers.export.delete_export`).
+- `cancel`: the job and its files are deleted, its build stopped (`bulk.build.cancel_export`).
 - `open_file`: one file's stream, for a token of the exporting app whose scopes cover its type.
 Only the exporting app's tokens see a job, on the job's clinic; anything else is a 404. Status,
 DELETE and files refuse, as the kick-off does (403), a token that reaches one of the job's types
@@ -21,7 +22,7 @@ import email.utils
 
 import peewee
 
-from bulk.build import delete_export
+from bulk.build import cancel_export, delete_export
 from bulk.groups import check_group, group_ids, group_resource
 from bulk.params import ExportParameters, parse_kickoff
 from errors import ApiError
@@ -92,8 +93,9 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
     with runtime.db.atomic():  # SQLite: an IMMEDIATE transaction (models.db), so kick-offs count one at a time
         if not isinstance(runtime.db, peewee.SqliteDatabase):  # PostgreSQL: the app's row, locked, does
             list(Application.select(Application.id).where(Application.id == app_id).for_update())
-        running = BulkExport.select().where((BulkExport.application == app_id)
-                                            & (BulkExport.status == "pending")).count()
+        running = BulkExport.select().where((BulkExport.application == app_id) & (
+            (BulkExport.status == "pending")
+            | ((BulkExport.status == "cancelled") & (BulkExport.lease_until >= now)))).count()  # its build not stopped yet
         if running >= settings.bulk_max_concurrent:
             raise FhirError(429, "throttled", f"This application has {running} exports in progress (at most "
                                               f"{settings.bulk_max_concurrent}); retry once one is done or deleted.",
@@ -119,7 +121,7 @@ def _job(caller, organization_id: str, export_id: str, now) -> BulkExport:
     caller reaches one of its types only through a `patient/` scope (as its kick-off would be)."""
     job = BulkExport.get_or_none(BulkExport.id == export_id) if is_id(export_id) else None
     if (job is None or job.application_id != caller.app.id or job.organization_id != organization_id
-            or (job.expires_at is not None and job.expires_at < now)):
+            or job.status == "cancelled" or (job.expires_at is not None and job.expires_at < now)):
         raise FhirError(404, "not-found", "No such export (it may have been deleted or have expired).")
     _no_patient_scope(caller, ExportParameters.from_json(job.parameters).types)
     return job
@@ -159,9 +161,9 @@ def _http_date(moment) -> str:
 
 
 def cancel(runtime, caller, organization_id: str, export_id: str) -> None:
-    """`DELETE` of the status URL: the job and its files are gone."""
+    """`DELETE` of the status URL: the job and its files are gone, and its build stops."""
     job = _job(caller, organization_id, export_id, runtime.clock.now())
-    if not delete_export(runtime, job.id):
+    if not cancel_export(runtime, job.id):
         raise FhirError(404, "not-found", "No such export.")
 
 

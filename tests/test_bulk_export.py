@@ -13,6 +13,7 @@ from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
 from fhir_api.outcome import FhirError
 from helpers.bulk import KICKOFF_HEADERS, BulkClient, schedule_patients, sync_window_closed_now
 from helpers.fhir_api import outcome
+from helpers.processes import wait_until
 from helpers.r4 import r4_problems
 from helpers.tokens import mint_platform_token
 from helpers.worlds import clinic
@@ -326,6 +327,8 @@ def test_concurrent_exports_per_app_are_limited(exporter):
     status, busy, body = client.kick_off()
     assert status == 429 and int(busy["Retry-After"]) > 0 and outcome(body) == "throttled"
     assert client.request("DELETE", headers["Content-Location"])[0] == 202
+    # The DELETEd export counts until its build has stopped (at its next search: bulk.build).
+    wait_until(lambda: not BulkExport.select().exists(), 30, "the deleted export's build stopped")
     # Kick-offs arriving together are counted one at a time: exactly one gets in.
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(6) as pool:
