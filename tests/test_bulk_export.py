@@ -304,8 +304,8 @@ def test_a_patient_scope_of_the_exporting_app_cannot_poll_delete_or_download(exp
     for claims in scopes:
         launch = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
                                                              **claims))
-        answers = [launch.kick_off(), launch.kick_off("/$export", {"_type": "Practitioner"}), launch.status(url),
-                   launch.request("DELETE", url), *(launch.request("GET", o["url"]) for o in manifest["output"])]
+        answers = [launch.status(url), *(launch.request("GET", o["url"]) for o in manifest["output"]),
+                   launch.request("DELETE", url), launch.kick_off(), launch.kick_off("/$export", {"_type": "Practitioner"})]
         for status, _, body in answers:
             body = body if isinstance(body, dict) or body is None else json.loads(body)
             assert status == 403 and outcome(body) == "forbidden", (claims, status, body)
