@@ -3,13 +3,16 @@ on the runtime's pool, after the FHIR API's own admission: token, CORS, limits).
 
 - `kick_off`: the checked parameters (`bulk.params`), narrowed to the types the token's scopes
   let it search (a type named in `_type` that they do not is a 403, or left out with
-  `handling=lenient`; a `patient/` grant cannot export); at most SVC_BULK_MAX_CONCURRENT pending
-  exports per app (429 + Retry-After); the job is committed, then queued (`workers.export.enqueue_export`, passed in).
+  `handling=lenient`; a `patient/` grant cannot export); at most SVC_BULK_MAX_CONCURRENT exports
+  per app in progress (429 + Retry-After): pending ones, and DELETEd ones whose build has not stopped
+  yet; the job is committed, then queued (`workers.export.enqueue_export`, passed in).
 - `export_status`: 202 + `X-Progress` + `Retry-After` while it runs (and at the first poll
   whatever its state), the manifest once complete, the failure's OperationOutcome once failed.
-- `cancel`: the job and its files are deleted (`workers.export.delete_export`).
+- `cancel`: the job and its files are deleted, its build stopped (`bulk.build.cancel_export`).
 - `open_file`: one file's stream, for a token of the exporting app whose scopes cover its type.
-Only the exporting app's tokens see a job, on the job's clinic; anything else is a 404.
+Only the exporting app's tokens see a job, on the job's clinic; anything else is a 404. Status,
+DELETE and files refuse, as the kick-off does (403), a token that reaches one of the job's types
+only through a `patient/` scope (`fhir_api.access.patient_scoped`).
 """
 from __future__ import annotations
 
@@ -19,12 +22,12 @@ import email.utils
 
 import peewee
 
-from bulk.build import delete_export
+from bulk.build import cancel_export, delete_export
 from bulk.groups import check_group, group_ids, group_resource
 from bulk.params import ExportParameters, parse_kickoff
 from errors import ApiError
 from fhir_api import fhir_base_url
-from fhir_api.access import grant_for
+from fhir_api.access import grant_for, patient_scoped
 from fhir_api.bundle import searchset
 from fhir_api.outcome import FhirError, operation_outcome
 from models.application import Application
@@ -46,17 +49,22 @@ def file_url(settings, organization_id: str, export_id: str, name: str) -> str:
     return f"{fhir_base_url(settings, organization_id)}/{FILE_SEGMENT}/{export_id}/{name}"
 
 
+def _no_patient_scope(caller, kinds, permission: str = "s") -> None:
+    """403 when the caller reaches one of `kinds` only through a `patient/` scope: such a grant
+    cannot export, nor poll, delete or download an export."""
+    if any(patient_scoped(caller, kind, permission) for kind in kinds):
+        raise FhirError(403, "forbidden", "A patient/ scope cannot export; a backend app asks for system/ scopes.")
+
+
 def _grant(caller, kind: str):
     """The caller's search grant on `kind`, or None when its scopes do not reach it (whole clinic only)."""
+    _no_patient_scope(caller, (kind,))
     try:
-        grant = grant_for(caller, kind, "s")
+        return grant_for(caller, kind, "s")
     except ApiError as exc:  # insufficient_scope (oauth.bearer), or a FhirError
         if exc.status == 403:
             return None
         raise
-    if grant.patient is not None:
-        raise FhirError(403, "forbidden", "A patient/ scope cannot export; a backend app asks for system/ scopes.")
-    return grant
 
 
 def _scoped(caller, params: ExportParameters, explicit: bool, lenient: bool) -> ExportParameters:
@@ -85,8 +93,9 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
     with runtime.db.atomic():  # SQLite: an IMMEDIATE transaction (models.db), so kick-offs count one at a time
         if not isinstance(runtime.db, peewee.SqliteDatabase):  # PostgreSQL: the app's row, locked, does
             list(Application.select(Application.id).where(Application.id == app_id).for_update())
-        running = BulkExport.select().where((BulkExport.application == app_id)
-                                            & (BulkExport.status == "pending")).count()
+        running = BulkExport.select().where((BulkExport.application == app_id) & (
+            (BulkExport.status == "pending")
+            | ((BulkExport.status == "cancelled") & (BulkExport.lease_until >= now)))).count()  # its build not stopped yet
         if running >= settings.bulk_max_concurrent:
             raise FhirError(429, "throttled", f"This application has {running} exports in progress (at most "
                                               f"{settings.bulk_max_concurrent}); retry once one is done or deleted.",
@@ -108,11 +117,13 @@ def forget_expired(runtime, application_id: str) -> None:
 
 
 def _job(caller, organization_id: str, export_id: str, now) -> BulkExport:
-    """The caller's app's job on this clinic, or 404 (another app's is never revealed)."""
+    """The caller's app's job on this clinic, or 404 (another app's is never revealed); 403 when the
+    caller reaches one of its types only through a `patient/` scope (as its kick-off would be)."""
     job = BulkExport.get_or_none(BulkExport.id == export_id) if is_id(export_id) else None
     if (job is None or job.application_id != caller.app.id or job.organization_id != organization_id
-            or (job.expires_at is not None and job.expires_at < now)):
+            or job.status == "cancelled" or (job.expires_at is not None and job.expires_at < now)):
         raise FhirError(404, "not-found", "No such export (it may have been deleted or have expired).")
+    _no_patient_scope(caller, ExportParameters.from_json(job.parameters).types)
     return job
 
 
@@ -150,9 +161,9 @@ def _http_date(moment) -> str:
 
 
 def cancel(runtime, caller, organization_id: str, export_id: str) -> None:
-    """`DELETE` of the status URL: the job and its files are gone."""
+    """`DELETE` of the status URL: the job and its files are gone, and its build stops."""
     job = _job(caller, organization_id, export_id, runtime.clock.now())
-    if not delete_export(runtime, job.id):
+    if not cancel_export(runtime, job.id):
         raise FhirError(404, "not-found", "No such export.")
 
 
@@ -168,6 +179,7 @@ def open_file(runtime, caller, organization_id: str, export_id: str, name: str):
                                          & (BulkExportFile.part == int(part)))
     if row is None:
         raise FhirError(404, "not-found", "No such file in this export.")
+    _no_patient_scope(caller, (kind,), "r")
     grant_for(caller, kind, "r")
     try:
         stream, size = runtime.object_store.open_object(row.object_key)

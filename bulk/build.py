@@ -5,7 +5,9 @@ batch bounds (a fresh connector per page of patients), with the very search the 
 (`connectors.base.ResourceQuery` of the patient; the sandbox renders with `connectors.sandbox.render`,
 the FHIR EHR answers, and what a real EHR sends passes the one matcher `connectors.matching.matches`),
 then `_since`, `_typeFilter` (the FHIR API's search parser, lenient) and `_elements`, written by
-`bulk.files.TypeWriter`. A FHIR clinic whose EHR offers Bulk Data export reads the types it can
+`bulk.files.TypeWriter`. Before each patient's search (and each directory type's) the build checks,
+with one indexed read, that its delivery still holds the job: a job DELETEd meanwhile (`cancel_export`)
+stops it there, not at its next checkpoint. A FHIR clinic whose EHR offers Bulk Data export reads the types it can
 from that export instead (`bulk.ehr_export`), and falls back to the searches when it fails. Each stored part is recorded in the job's transaction only while this
 delivery holds the job's lease (`owner`); a job deleted or taken over meanwhile (`ExportGone`)
 stops the build and its just-stored object is removed.
@@ -16,7 +18,7 @@ import datetime as dt
 import logging
 
 from bulk.ehr_export import EhrSource, Gone, delete_ehr_job
-from bulk.files import Part, TypeWriter, export_prefix, subset, temporary_directory
+from bulk.files import Part, TypeWriter, export_prefix, temporary_directory
 from bulk.groups import CLINIC_GROUP, members
 from bulk.params import PATIENT_TYPES, ExportParameters, type_filter_args
 from connectors import Bounds, ConnectorError, PatientNotFound, ResourceNotFound, ResourceQuery, connector_for
@@ -34,6 +36,11 @@ class ExportGone(Exception):
 
 def _live(export_id: str, owner: str):
     return ((BulkExport.id == export_id) & (BulkExport.status == "pending") & (BulkExport.lease_owner == owner))
+
+
+def holds(export_id: str, owner: str) -> bool:
+    """Does delivery `owner` still hold the pending job (not deleted, not taken over)? One indexed read."""
+    return BulkExport.select(BulkExport.id).where(_live(export_id, owner)).exists()
 
 
 def record_part(runtime, export_id: str, owner: str, part: Part) -> None:
@@ -85,10 +92,10 @@ def _since_ok(resource: dict, since: dt.datetime | None) -> bool:
         return True
     try:
         moment = dt.datetime.fromisoformat(updated.replace("Z", "+00:00"))
-    except ValueError:
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError):  # unreadable, or its UTC outside years 1-9999: kept, as one without
         return True
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
     return moment >= since
 
 
@@ -99,10 +106,10 @@ def _search(connector, query: ResourceQuery):
     return found
 
 
-def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str, ehr=None):
+def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str, ehr=None, live=lambda: True):
     """Every resource of `kind` the job exports, lazily (filters applied; `_elements` not yet):
     from the EHR's own export (`ehr`, a `bulk.ehr_export.EhrSource`) when it has the type, else
-    through the connector."""
+    through the connector, `live()` asked before each search (False: `ExportGone`)."""
     base = fhir_base_url(runtime.settings, job.organization_id)
     filters = [parse_search(kind, type_filter_args(q), base) for of, q in params.type_filters if of == kind]
     filters = [f.query for f in filters if not f.unmatchable]
@@ -121,11 +128,15 @@ def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str
         for batch in patient_batches(job, params):
             connector = connector_for(runtime, job.organization, bounds)
             for patient in batch:
+                if not live():
+                    raise ExportGone(job.id)
                 try:
                     yield from filter(kept, _search(connector, ResourceQuery(kind, patient=patient, count=100)))
                 except (PatientNotFound, ResourceNotFound):
                     continue
     else:
+        if not live():
+            raise ExportGone(job.id)
         connector = connector_for(runtime, job.organization, bounds)
         yield from filter(kept, _search(connector, ResourceQuery(kind, count=100)))
 
@@ -135,10 +146,10 @@ def _write_type(runtime, job: BulkExport, params: ExportParameters, kind: str, o
     settings = runtime.settings
     with temporary_directory() as directory:
         writer = TypeWriter(runtime.object_store, job.id, kind, settings.bulk_file_max_bytes,
-                            lambda part: record_part(runtime, job.id, owner, part), directory)
+                            lambda part: record_part(runtime, job.id, owner, part), directory, params.elements)
         try:
-            for resource in type_resources(runtime, job, params, kind, ehr):
-                writer.add(subset(resource, params.elements) if params.elements else resource)
+            for resource in type_resources(runtime, job, params, kind, ehr, lambda: holds(job.id, owner)):
+                writer.add(resource)  # subset there, after its patients are taken from the whole resource
             writer.close()
         finally:
             if not writer.handle.closed:
@@ -150,7 +161,7 @@ def _ehr_state(export_id: str, owner: str):
     True while this delivery still holds the job."""
     def live(state) -> bool:
         if state is None:
-            return BulkExport.select().where(_live(export_id, owner)).exists()
+            return holds(export_id, owner)
         return bool(BulkExport.update(ehr_export=state).where(_live(export_id, owner)).execute())
     return live
 
@@ -195,10 +206,12 @@ def build_export(runtime, export_id: str, owner: str) -> None:
     if ehr is not None:
         ehr.finish()
     now = runtime.clock.now()
-    BulkExport.update(status="complete", completed_at=now,
-                      expires_at=now + dt.timedelta(seconds=settings.bulk_file_ttl),
-                      lease_owner=None, lease_until=None,
-                      **({"ehr_export": {"done": True}} if ehr is not None else {})).where(_live(export_id, owner)).execute()
+    if not BulkExport.update(status="complete", completed_at=now,
+                             expires_at=now + dt.timedelta(seconds=settings.bulk_file_ttl),
+                             lease_owner=None, lease_until=None,
+                             **({"ehr_export": {"done": True}} if ehr is not None else {})
+                             ).where(_live(export_id, owner)).execute():
+        raise ExportGone(export_id)
     log.info("export %s complete", export_id)
 
 
@@ -207,6 +220,12 @@ def mark_failed(runtime, export_id: str, message: str, status: int = 500) -> Non
     (BulkExport.update(status="failed", error=message, error_status=status, completed_at=now,
                        expires_at=now + dt.timedelta(seconds=runtime.settings.bulk_file_ttl))
      .where((BulkExport.id == export_id) & (BulkExport.status == "pending")).execute())
+
+
+def _delete_objects(runtime, export_id: str, keys=()) -> None:
+    store = runtime.object_store
+    for key in dict.fromkeys([*keys, *store.list_keys(export_prefix(export_id))]):  # a part stored, not yet recorded, too
+        store.delete(key)
 
 
 def delete_export(runtime, export_id: str) -> bool:
@@ -218,9 +237,41 @@ def delete_export(runtime, export_id: str) -> bool:
                 .where(BulkExportFile.export == export_id)]
         BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
         gone = BulkExport.delete().where(BulkExport.id == export_id).execute()
-    store = runtime.object_store
-    for key in dict.fromkeys([*keys, *store.list_keys(export_prefix(export_id))]):  # a part stored, not yet recorded, too
-        store.delete(key)
+    _delete_objects(runtime, export_id, keys)
     if job is not None and job.ehr_export:
         delete_ehr_job(runtime, job.organization, job.ehr_export)
     return bool(gone)
+
+
+def cancel_export(runtime, export_id: str) -> bool:
+    """`DELETE` of a job: its files (and the EHR's own export) go now. A pending job a delivery is
+    building stays, `cancelled`, until that build stops (`forget_cancelled`: within one search) or
+    its lease lapses (the sweep), so it still counts against the app's concurrent exports while
+    the build runs; any other job's row goes now. False: no such job (or already cancelled)."""
+    if not BulkExport.update(status="cancelled").where((BulkExport.id == export_id)
+                                                       & (BulkExport.status == "pending")).execute():
+        job = BulkExport.get_or_none(BulkExport.id == export_id)
+        return job is not None and job.status != "cancelled" and delete_export(runtime, export_id)
+    job = BulkExport.get_or_none(BulkExport.id == export_id)  # no delivery can claim it from now on
+    if job is None:
+        return True
+    if job.lease_owner is None or job.lease_until is None or job.lease_until < runtime.clock.now():
+        delete_export(runtime, export_id)  # queued, or its worker dead: nothing builds it
+        return True
+    with runtime.db.atomic():
+        keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
+                .where(BulkExportFile.export == export_id)]
+        BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
+        BulkExport.update(ehr_export=None).where(BulkExport.id == export_id).execute()
+    _delete_objects(runtime, export_id, keys)
+    if job.ehr_export:
+        delete_ehr_job(runtime, job.organization, job.ehr_export)
+    return True
+
+
+def forget_cancelled(runtime, export_id: str, owner: str) -> None:
+    """A build stopped (`ExportGone`) or a delivery started on a job cancelled while `owner` held
+    it: the job and whatever the build left in the object store go now."""
+    if BulkExport.select(BulkExport.id).where((BulkExport.id == export_id) & (BulkExport.status == "cancelled")
+                                              & (BulkExport.lease_owner == owner)).exists():
+        delete_export(runtime, export_id)

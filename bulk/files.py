@@ -4,7 +4,8 @@
 SVC_BULK_FILE_MAX_BYTES the type goes on in a new part. A part is put into the store all or
 nothing (`ObjectStore.put_file`: a local rename, an S3 PutObject or a completed multipart upload),
 checked to be there, and only then handed to `on_part` (the job records it). Each part keeps the
-patients its resources belong to (`connectors.compartment.patients_of`): its downloads name them.
+patients its resources belong to (`connectors.compartment.patients_of`, of each whole resource,
+before `_elements` subsets it: a `subject` left out still names its patient): its downloads name them.
 Memory holds one resource and one part's patient ids, whatever the number of patients.
 """
 from __future__ import annotations
@@ -69,12 +70,15 @@ class Part:
 
 
 class TypeWriter:
-    """Writes one type's resources into parts of at most `max_bytes` (past one resource), each put
-    into `store` under `file_key(export_id, type, n)` and passed to `on_part(Part)` once stored."""
+    """Writes one type's resources (each subset by `elements`, `_elements`) into parts of at most
+    `max_bytes` (past one resource), each put into `store` under `file_key(export_id, type, n)` and
+    passed to `on_part(Part)` once stored."""
 
-    def __init__(self, store, export_id: str, resource_type: str, max_bytes: int, on_part, directory: str):
+    def __init__(self, store, export_id: str, resource_type: str, max_bytes: int, on_part, directory: str,
+                 elements: tuple[tuple[str | None, str], ...] = ()):
         self.store, self.export_id, self.resource_type = store, export_id, resource_type
         self.max_bytes, self.on_part, self.directory = max_bytes, on_part, directory
+        self.elements = elements
         self.part = 0
         self._open()
 
@@ -86,7 +90,8 @@ class TypeWriter:
         self.patients: dict[str, None] = {}
 
     def add(self, resource: dict) -> None:
-        line = ndjson_line(resource)
+        """Write `resource` (subset by `elements`); its patients are the whole resource's."""
+        line = ndjson_line(subset(resource, self.elements) if self.elements else resource)
         if self.count and self.size + len(line) > self.max_bytes:
             self._finish()
             self._open()

@@ -6,7 +6,7 @@ From the query string of a `GET`, or the `Parameters` body of a `POST` (`applica
 
 - `_type`: comma-separated types, repeatable; a type not exported at this level is a 400, or with
   `Prefer: handling=lenient` left out.
-- `_since`: a FHIR instant (with seconds and a zone), not in the future.
+- `_since`: a FHIR instant (with seconds and a zone) whose UTC is within years 0001-9999, not in the future.
 - `_outputFormat`: `application/fhir+ndjson`, `application/ndjson` or `ndjson`.
 - `_elements`: `element` or `Type.element`, comma-separated: each resource keeps them, `id` and
   `meta`, and is tagged SUBSETTED.
@@ -144,8 +144,8 @@ def _since(values: list[str], now: dt.datetime) -> str | None:
         raise invalid("_since must be a FHIR instant with seconds and a zone, e.g. 2026-01-01T00:00:00Z.")
     try:
         moment = _naive_utc(dt.datetime.fromisoformat(value.replace("Z", "+00:00")))
-    except ValueError:
-        raise invalid(f"_since: {value[:40]!r} is not a valid instant.") from None
+    except (ValueError, OverflowError):  # OverflowError: its UTC is outside years 1-9999 (0001-01-01T00:00:00+01:00)
+        raise invalid(f"_since: {value[:40]!r} is not a valid instant (or not within years 0001-9999 in UTC).") from None
     if moment > now:
         raise invalid("_since is in the future.")
     return moment.isoformat() + "Z"

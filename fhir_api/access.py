@@ -11,7 +11,8 @@
   registered `system_scopes`); `r` read, `s` search.
   A `patient/` scope limits access to the token's `patient` (its compartment) for the types of
   the Patient compartment (`connectors.compartment`); the others (the clinic's directory:
-  Practitioner, Organization, Location, Medication...) it reads whole.
+  Practitioner, Organization, Location, Medication...) it reads whole, except the types that list
+  patients (`PATIENT_LISTS`: Group), which it does not reach at all (403).
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ from oauth.smart_scopes import ScopeSyntaxError, access
 from oauth.tokens import PLATFORM_AUDIENCE
 from fhir_api.system_access import SYSTEM_FHIR_API, presents_system_token
 
+
+PATIENT_LISTS = ("Group",)
+"""Types outside the Patient compartment whose resources list patients (a Group: the clinic's, a
+physician's): a `patient/` grant would read other patients in them, so it does not reach them."""
 
 FHIR_API = BearerGate(PLATFORM_AUDIENCE, requirements=(own_clinic, known_user, usable_installation))
 """The FHIR API's gate: userinfo's, and the path's clinic must be the token's."""
@@ -44,14 +49,27 @@ def authenticate(runtime, authorization: str | None, organization_id: str) -> Ca
     return gate.caller(runtime, authorization, organization_id=organization_id)
 
 
+def _accesses(caller: Caller, resource_type: str, permission: str):
+    """(the token's, the app's) `oauth.smart_scopes.Access` to `resource_type`, or (None, None)."""
+    try:
+        return (access(caller.claims.get("scope"), resource_type, permission),
+                access(caller.declared_scopes, resource_type, permission))  # a system token: its system scopes
+    except ScopeSyntaxError:
+        return None, None
+
+
+def patient_scoped(caller: Caller, resource_type: str, permission: str) -> bool:
+    """Does `caller` reach `resource_type` (`r` read, `s` search) only through a `patient/` scope
+    (its token's or its app's), whether or not the type is in the Patient compartment?"""
+    by_token, by_app = _accesses(caller, resource_type, permission)
+    return bool(by_token and by_token.allowed and by_app and by_app.allowed
+                and (by_token.patient_only or by_app.patient_only))
+
+
 def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
     """What `caller` may do (`r` read, `s` search) with `resource_type`, or 403."""
     verb = "read" if permission == "r" else "search"
-    try:
-        by_token = access(caller.claims.get("scope"), resource_type, permission)
-        by_app = access(caller.declared_scopes, resource_type, permission)  # a system token: its system scopes
-    except ScopeSyntaxError:
-        by_token = by_app = None
+    by_token, by_app = _accesses(caller, resource_type, permission)
     if not (by_token and by_token.allowed and by_app and by_app.allowed):
         if getattr(caller, "is_system", False):
             raise insufficient_scope(f"The token's scopes do not allow {verb} of {resource_type} (needs "
@@ -60,7 +78,12 @@ def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:
         raise insufficient_scope(f"The token's scopes do not allow {verb} of {resource_type} (needs "
                                  f"patient/{resource_type}.{permission} or user/{resource_type}.{permission}).",
                                  scope=f"patient/{resource_type}.{permission} user/{resource_type}.{permission}")
-    if (by_token.patient_only or by_app.patient_only) and in_patient_compartment(resource_type):
+    patient_only = by_token.patient_only or by_app.patient_only
+    if patient_only and resource_type in PATIENT_LISTS:
+        raise FhirError(403, "forbidden", f"A patient/ scope does not reach {resource_type}: a {resource_type} lists "
+                                          f"other patients (it needs user/{resource_type}.{permission} or "
+                                          f"system/{resource_type}.{permission}).")
+    if patient_only and in_patient_compartment(resource_type):
         if caller.patient is None:
             raise FhirError(403, "forbidden", "A patient/ scope needs a launch with a patient context.")
         return Grant(patient=caller.patient)

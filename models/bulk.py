@@ -7,7 +7,8 @@ complete there; a type is added to `done_types` once all its files are recorded.
 mid-type leaves that type's files unrecorded (or recorded for a type not done, which the next
 delivery removes before it writes the type again), so the manifest, built only from a `complete`
 job's rows, never lists a truncated file. `expires_at` is when the sweep deletes the job and its
-objects (`workers.export.sweep_exports`).
+objects (`workers.export.sweep_exports`). A job DELETEd while a delivery builds it is `cancelled`
+(its files gone, the API answers 404) until that build stops and removes it (`bulk.build.cancel_export`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from models.application import Application
 from models.db import BaseModel, JSONText, wall_now
 from models.directory import Organization
 
-EXPORT_STATUSES = ("pending", "complete", "failed")
+EXPORT_STATUSES = ("pending", "complete", "failed", "cancelled")
 
 
 def new_export_id() -> str:

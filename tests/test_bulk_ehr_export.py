@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from helpers.bulk import BulkClient
+from helpers.bulk import BulkClient, sync_window_closed_now
 from helpers.fhir_ehr import appointment, chart_record, connect_clinic, patient, practitioner
 from helpers.processes import wait_until
 from helpers.r4 import r4_problems
@@ -29,9 +29,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_reco
                                                          bulk_file_max_bytes=4000)]
 
 
-def _clinic(runtime, world, live, ehr, observations: int = 3) -> BulkClient:
-    """A FHIR clinic on the test EHR: pt-x and pt-y on its physician's schedule, pt-z in the EHR but
-    not the clinic's, an Observation of another server's patient; a token of its installed app."""
+def _clinic(runtime, world, live, ehr, observations: int = 3, more: int = 0) -> BulkClient:
+    """A FHIR clinic on the test EHR: pt-x and pt-y (and `more` patients pt-000...) on its physician's
+    schedule, pt-z in the EHR but not the clinic's, an Observation of another server's patient; a
+    token of its installed app."""
+    extra = [f"pt-{n:03d}" for n in range(more)]
     org_id = connect_clinic(runtime.settings, ehr, f"{live}/ehr/jwks.json", name="Bulk EHR Clinic")
     monday = dt.datetime(2026, 3, 2, 9, 0)
     ehr.seed(practitioner("pr-bulk", "1417000043", "Lopez", "Ana"),
@@ -46,13 +48,14 @@ def _clinic(runtime, world, live, ehr, observations: int = 3) -> BulkClient:
              {"resourceType": "Encounter", "id": "enc-z", "status": "finished", "class": {"code": "AMB"},
               "subject": {"reference": "Patient/pt-z"}},
              {"resourceType": "Observation", "id": "obs-foreign", "status": "final", "code": {"text": "Weight"},
-              "subject": {"reference": "https://other-ehr.example/fhir/R4/Patient/pt-x"}})
+              "subject": {"reference": "https://other-ehr.example/fhir/R4/Patient/pt-x"}},
+             *(patient(p, "Many", f"P{n}", "1980-01-01", "female") for n, p in enumerate(extra)))
     install_application(world.app.id, org_id)
     ana = create_user(org_id, "ana@bulk.example", "Ana", "Lopez", "alopez", "1417000043")
     Authorization.create(application=world.app.id, user=ana.id)
     snapshot = Snapshot.create(organization=org_id, snapshot_date=dt.date.today(), status="complete",
                                completed_at=dt.datetime.utcnow())
-    for n, pid in enumerate(("pt-x", "pt-y")):  # pt-z is on nobody's schedule: never exported
+    for n, pid in enumerate(("pt-x", "pt-y", *extra)):  # pt-z is on nobody's schedule: never exported
         SnapshotAppointment.create(snapshot=snapshot, ehr_appointment_id=f"a{n}", provider=ana.id, provider_npi=ana.npi,
                                    provider_name="Ana", start=monday, end=monday, status="booked", appointment_type="x",
                                    patient_id=pid, patient_first_name="P", patient_last_name="Q",
@@ -192,7 +195,73 @@ def test_deleting_an_export_deletes_the_ehrs_export_too(runtime, world, live, fh
     assert client.request("DELETE", url)[0] == 202
     assert ("DELETE", "/" + status_url.split("/fhir/R4/", 1)[1]) in [(c["method"], c["path"]) for c in fhir_ehr.bulk()["log"]]
     assert fhir_ehr.bulk()["jobs"] == 0  # gone at the EHR
-    assert client.status(url)[0] == 404 and BulkExport.get_or_none(BulkExport.id == export_id) is None
+    assert client.status(url)[0] == 404
+    wait_until(lambda: BulkExport.get_or_none(BulkExport.id == export_id) is None, 30,
+               "its build stopped (at its next look at the EHR's export) and its job gone")
+
+
+def _since_now() -> str:
+    """`_since` now: everything seeded before is left out, so a build keeps nothing (no part stored,
+    so no checkpoint of its own until a type ends)."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reading(ehr, more_than: int) -> int:
+    return wait_until(lambda: (served := ehr.stats()["fhir"]) > more_than and served, 60, "the build reading the EHR")
+
+
+def _stopped(ehr) -> dict:
+    """The EHR's stats once no FHIR request has been in flight for a second (a build reads it every
+    ~0.1 s while it runs)."""
+    return wait_until(lambda: (stats := ehr.stats())["idleMs"] > 1000 and stats, 30, "the EHR no longer read")
+
+
+def test_a_deleted_export_stops_reading_the_ehr_and_leaves_nothing_stored(runtime, world, live, fhir_ehr, start_worker):
+    """DELETE mid-type of a slow EHR (0.1 s a request, 32 patients: the type alone takes seconds, and
+    `_since` now keeps nothing, so no part is stored): the build stops within one search."""
+    client = _clinic(runtime, world, live, fhir_ehr, more=30)
+    fhir_ehr.latency(100)
+    start_worker()
+    before = fhir_ehr.stats()["fhir"]
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation", "_since": _since_now()})
+    assert status == 202, body
+    url = headers["Content-Location"]
+    export_id = url.rsplit("/", 1)[1]
+    _reading(fhir_ehr, before + 3)
+    assert client.request("DELETE", url)[0] == 202
+    at_delete = fhir_ehr.stats()["fhir"]
+    assert client.status(url)[0] == 404
+    after = _stopped(fhir_ehr)["fhir"]
+    assert after - at_delete <= 2, f"{after - at_delete} EHR requests after the DELETE"
+    wait_until(lambda: BulkExport.get_or_none(BulkExport.id == export_id) is None, 30, "the cancelled job removed")
+    assert [k for k in bucket_keys(runtime.settings) if k.startswith("bulk/")] == []
+    assert BulkExportFile.select().count() == 0
+
+
+@pytest.mark.svc_settings(workers=True, task_recovery_seconds=RECOVERY_SECONDS, bulk_file_max_bytes=4000,
+                          bulk_max_concurrent=1, sync_window=sync_window_closed_now())
+def test_kick_off_and_delete_loops_never_build_more_exports_at_once_than_the_cap(
+        runtime, world, live, fhir_ehr, start_worker):
+    """SVC_BULK_MAX_CONCURRENT=1, a worker with two threads: a DELETEd export counts until its build
+    has stopped, so the EHR never serves two exports' searches at once."""
+    client = _clinic(runtime, world, live, fhir_ehr, more=30)
+    fhir_ehr.latency(100)
+    start_worker()
+
+    def admitted():
+        status, headers, _ = client.kick_off("/Patient/$export", {"_type": "Patient,Observation", "_since": _since_now()})
+        assert status in (202, 429), status
+        return headers["Content-Location"] if status == 202 else None
+    for _ in range(4):
+        before = fhir_ehr.stats()["fhir"]
+        url = wait_until(admitted, 30, "a kick-off admitted once the deleted export's build stopped")
+        _reading(fhir_ehr, before + 2)
+        assert client.kick_off("/Patient/$export", {"_type": "Patient"})[0] == 429
+        assert client.request("DELETE", url)[0] == 202
+    stats = _stopped(fhir_ehr)
+    assert stats["maxInFlight"] == 1, stats
+    wait_until(lambda: not BulkExport.select().exists(), 30, "every cancelled job removed")
+    assert [k for k in bucket_keys(runtime.settings) if k.startswith("bulk/")] == []
 
 
 def test_what_a_capability_statement_must_say_to_offer_bulk_export():

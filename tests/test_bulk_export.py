@@ -13,6 +13,7 @@ from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
 from fhir_api.outcome import FhirError
 from helpers.bulk import KICKOFF_HEADERS, BulkClient, schedule_patients, sync_window_closed_now
 from helpers.fhir_api import outcome
+from helpers.processes import wait_until
 from helpers.r4 import r4_problems
 from helpers.tokens import mint_platform_token
 from helpers.worlds import clinic
@@ -167,6 +168,25 @@ def test_kickoff_refusals(exporter, runtime, world, live):
     assert BulkExport.select().count() == 0
 
 
+def test_a_since_whose_utc_leaves_the_date_range_is_a_recorded_400(exporter):
+    """`_since` valid as written but outside years 1-9999 once in UTC (GET query or POST
+    `valueInstant`): a 400 OperationOutcome, never a 500, recorded as every refused kick-off."""
+    client, _ = exporter
+    refusals = 0
+    for since in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+        for sent in ({"params": {"_since": since}},
+                     {"parameters": {"resourceType": "Parameters",
+                                     "parameter": [{"name": "_since", "valueInstant": since}]}}):
+            status, headers, body = client.kick_off("/Patient/$export", **sent)
+            assert status == 400 and outcome(body) == "invalid", (since, sent, status, body)
+            assert "_since" in body["issue"][0]["diagnostics"] and headers["Content-Type"].startswith("application/fhir+json")
+            refusals += 1
+    refused = DisclosureRecord.select().where((DisclosureRecord.action == "bulk.kickoff")
+                                              & (DisclosureRecord.outcome == "failure") & (DisclosureRecord.status == 400))
+    assert refused.count() == refusals == 4
+    assert BulkExport.select().count() == 0
+
+
 def test_post_kickoff_with_patients_elements_and_type_filter(exporter):
     client, patients = exporter
     parameters = {"resourceType": "Parameters", "parameter": [
@@ -190,6 +210,25 @@ def test_post_kickoff_with_patients_elements_and_type_filter(exporter):
     assert tag == [{"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}]
 
 
+def test_a_subsetted_file_download_names_every_patient_whose_resources_it_holds(exporter, runtime, world):
+    """`_elements=code` drops `subject` from each Observation; the file still holds every patient's
+    Observations, so its `bulk.download` record names each of them (docs/audit.md)."""
+    from connectors import ResourceQuery, connector_for
+    client, patients = exporter
+    connector = connector_for(runtime, world.org)
+    expected = {p for p in patients if list(connector.search_resources(ResourceQuery("Observation", patient=p, count=1)))}
+    assert len(expected) > 1
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Observation", "_elements": "code"})
+    assert status == 202, body
+    manifest = client.wait(headers["Content-Location"])
+    for output in manifest["output"]:
+        found = client.download(output["url"])
+        assert found and all("subject" not in o for o in found)
+    downloads = list(DisclosureRecord.select().where(DisclosureRecord.action == "bulk.download"))
+    assert len(downloads) == len(manifest["output"]) >= 1
+    assert set().union(*(set(r.patients) for r in downloads)) == expected
+
+
 def test_group_and_system_exports(exporter, world):
     client, patients = exporter
     bundle_status, _, raw = client.request("GET", "/Group", headers={"Accept": "application/fhir+json"})
@@ -204,6 +243,26 @@ def test_group_and_system_exports(exporter, world):
     assert status == 202
     manifest = client.wait(headers["Content-Location"])
     assert [o["type"] for o in manifest["output"]] == ["Patient", "Organization", "Practitioner"]
+
+
+def test_a_patient_scope_reads_no_group(exporter, runtime, world, live):
+    """A Group lists other patients: a launch's `patient/*.rs` with a patient context reads none of
+    them (403 forbidden); the clinic-wide `user/*.rs` token still does."""
+    client, patients = exporter
+    accept = {"Accept": "application/fhir+json"}
+    status, _, raw = client.request("GET", "/Group", headers=accept)
+    assert status == 200
+    ids = [e["resource"]["id"] for e in json.loads(raw)["entry"]]
+    assert CLINIC_GROUP in ids and any(i.startswith("physician-") for i in ids)
+    launch = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
+                                                         scope="openid launch/patient patient/*.rs", patient=patients[0]))
+    for path in ("/Group", *(f"/Group/{i}" for i in ids)):
+        status, _, raw = launch.request("GET", path, headers=accept)
+        body = json.loads(raw)
+        assert status == 403 and outcome(body) == "forbidden", (path, status, body)
+        assert "patient/ scope does not reach Group" in body["issue"][0]["diagnostics"]
+    assert client.request("GET", f"/Group/{CLINIC_GROUP}", headers=accept)[0] == 200
+    assert launch.request("GET", f"/Patient/{patients[0]}", headers=accept)[0] == 200  # its own patient, still
 
 
 def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(exporter, runtime, world, live):
@@ -232,6 +291,31 @@ def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(expor
         **KICKOFF_HEADERS, "Prefer": "respond-async, handling=lenient"})[0] == 202
 
 
+def test_a_patient_scope_of_the_exporting_app_cannot_poll_delete_or_download(exporter, runtime, world, live):
+    """A launch token of the exporting app with `patient/*.rs` (with or without a patient context)
+    gets the kick-off's 403 at the status URL, its DELETE and each file; the exporting token's
+    scopes still get everything."""
+    client, patients = exporter
+    status, headers, _ = client.kick_off("/Patient/$export", {"_type": "Patient,Condition"})
+    assert status == 202
+    url = headers["Content-Location"]
+    manifest = client.wait(url)
+    scopes = ({"scope": "openid launch/patient patient/*.rs", "patient": patients[0]}, {"scope": "openid patient/*.rs"})
+    for claims in scopes:
+        launch = BulkClient(client.base, mint_platform_token(runtime, live, world.physician, world.app, world.org.id,
+                                                             **claims))
+        answers = [launch.status(url), *(launch.request("GET", o["url"]) for o in manifest["output"]),
+                   launch.request("DELETE", url), launch.kick_off(), launch.kick_off("/$export", {"_type": "Practitioner"})]
+        for status, _, body in answers:
+            body = body if isinstance(body, dict) or body is None else json.loads(body)
+            assert status == 403 and outcome(body) == "forbidden", (claims, status, body)
+            assert "patient/ scope cannot export" in body["issue"][0]["diagnostics"], (claims, body)
+    assert client.status(url)[0] == 200  # not deleted
+    assert all(client.request("GET", o["url"])[0] == 200 for o in manifest["output"])
+    assert BulkExport.select().count() == 1
+    assert client.request("DELETE", url)[0] == 202
+
+
 @pytest.mark.svc_settings(bulk_max_concurrent=1, sync_window=sync_window_closed_now())
 def test_concurrent_exports_per_app_are_limited(exporter):
     client, _ = exporter
@@ -243,6 +327,8 @@ def test_concurrent_exports_per_app_are_limited(exporter):
     status, busy, body = client.kick_off()
     assert status == 429 and int(busy["Retry-After"]) > 0 and outcome(body) == "throttled"
     assert client.request("DELETE", headers["Content-Location"])[0] == 202
+    # The DELETEd export counts until its build has stopped (at its next search: bulk.build).
+    wait_until(lambda: not BulkExport.select().exists(), 30, "the deleted export's build stopped")
     # Kick-offs arriving together are counted one at a time: exactly one gets in.
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(6) as pool:

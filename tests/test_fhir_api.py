@@ -73,6 +73,10 @@ def test_answers_and_refusals_over_http_are_fhir_json(live, runtime, world):
     cases = [
         ("/Patient", {"birthdate": "1970-02-30"}, 400),            # a malformed value of a served parameter
         ("/Appointment", {"date": "2026-01-01T10:00"}, 400),       # a time needs a zone
+        ("/Observation", {"date": "0001-01-01T00:00:00+01:00"}, 400),  # valid as written, before year 1 in UTC
+        ("/Observation", {"date": "9999-12-31T23:59:59-01:00"}, 400),  # after year 9999 in UTC
+        ("/Appointment", {"date": "gt9999-12-31T23:59:59Z"}, 400),     # its upper bound past year 9999
+        ("/Observation", {"_lastUpdated": "le0001-01-01T00:00:00+01:00"}, 400),
         ("/Patient", {"_format": "xml"}, 406),
         ("/Patient/a%00b", None, 400),
         ("/Patient/" + "x" * 5000, None, 400),

@@ -6,8 +6,10 @@ writes (`workers.leases.LeaseKeeper`); each finished file is recorded as it is s
 (`bulk.build`), each finished type is marked done. A worker killed mid-export stops renewing;
 `sweep_exports` (part of every recovery sweep, `workers.recovery.sweep`) re-queues the job, whose
 next delivery drops the files of the unfinished type and goes on from there; a job whose tries
-are used up is failed. The sweep also deletes expired exports (their objects, then their rows),
-and aborts unfinished uploads under `bulk/` that no live delivery is writing.
+are used up is failed. A job DELETEd while built (`cancelled`) keeps its lease renewed until its
+build stops (it checks before each search) and removes it. The sweep also deletes expired exports
+(their objects, then their rows) and cancelled ones whose worker died, and aborts unfinished
+uploads under `bulk/` that no live delivery is writing.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import secrets
 
 from dramatiq.middleware import CurrentMessage
 
-from bulk.build import ExportGone, build_export as build, delete_export, mark_failed
+from bulk.build import ExportGone, build_export as build, delete_export, forget_cancelled, mark_failed
 from bulk.files import EXPORT_PREFIX
 from connectors import BoundExceeded, ConnectorError, ConnectorUnavailable
 from errors import ApiError
@@ -40,9 +42,11 @@ def claim_export(runtime, export_id: str, owner: str) -> bool:
 
 
 def extend_export_lease(runtime, export_id: str, owner: str, seconds: float) -> int:
+    """Renew `owner`'s lease, a cancelled job's too: it counts against the app's exports until its build stops."""
     until = runtime.clock.now() + dt.timedelta(seconds=seconds)
     return (BulkExport.update(lease_until=until)
-            .where((BulkExport.id == export_id) & (BulkExport.status == "pending") & (BulkExport.lease_owner == owner))
+            .where((BulkExport.id == export_id) & BulkExport.status.in_(("pending", "cancelled"))
+                   & (BulkExport.lease_owner == owner))
             .execute())
 
 
@@ -55,13 +59,18 @@ def run_export(runtime, export_id: str, owner: str | None = None) -> None:
     """Build a pending export under its lease (a direct call gets a one-off owner). Safe to run again."""
     owner = owner or f"direct-{secrets.token_hex(8)}"
     job = BulkExport.get_or_none(BulkExport.id == export_id)
+    if job is not None and job.status == "cancelled":
+        forget_cancelled(runtime, export_id, owner)  # DELETEd after the sweep gave it to this message
     if job is None or job.status != "pending":
         return
     if not claim_export(runtime, export_id, owner):
         log.info("export %s: another delivery holds its lease", export_id)
         return
     with export_lease_keeper(runtime, export_id, owner):
-        build(runtime, export_id, owner)
+        try:
+            build(runtime, export_id, owner)
+        finally:  # DELETEd while built: gone now that the build stopped, however it stopped
+            forget_cancelled(runtime, export_id, owner)
 
 
 @task(queue_name="exports")
@@ -127,9 +136,11 @@ def requeue_stale_exports(runtime) -> list[str]:
 
 
 def delete_expired_exports(runtime) -> list[str]:
+    """Delete the exports past their expiry, and the cancelled ones whose build's lease lapsed."""
     now = runtime.clock.now()
     expired = [job.id for job in BulkExport.select(BulkExport.id).where(
-        (BulkExport.status != "pending") & (BulkExport.expires_at < now))]
+        ((BulkExport.status != "pending") & (BulkExport.expires_at < now))
+        | ((BulkExport.status == "cancelled") & (BulkExport.lease_until.is_null() | (BulkExport.lease_until < now))))]
     for export_id in expired:
         delete_export(runtime, export_id)
     if expired:
@@ -141,7 +152,7 @@ def abort_stale_uploads(runtime) -> list[str]:
     """Abort unfinished uploads under `bulk/` of exports no live delivery is building."""
     store, now = runtime.object_store, runtime.clock.now()
     live = {job.id for job in BulkExport.select(BulkExport.id).where(
-        (BulkExport.status == "pending") & (BulkExport.lease_until >= now))}
+        BulkExport.status.in_(("pending", "cancelled")) & (BulkExport.lease_until >= now))}
     aborted = []
     for upload in list(store.unfinished_uploads(EXPORT_PREFIX)):
         key = upload.key

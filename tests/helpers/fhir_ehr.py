@@ -48,6 +48,11 @@ class FhirEhr:
         """The EHR's searches answer at most `max_count` matches a page, whatever `_count` asks."""
         self.admin("paging", {"max_count": max_count})
 
+    def latency(self, ms: int) -> None:
+        """Each FHIR request is answered `ms` later; `stats()` then has `maxInFlight` (most requests
+        served at once since), `inFlight` and `idleMs` (how long none has been in flight)."""
+        self.admin("latency", {"ms": ms})
+
     def revoke(self) -> None:
         self.admin("revoke", {})
 

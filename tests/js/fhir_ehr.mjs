@@ -65,6 +65,11 @@ let grantOnly = null;
 let statement = { hide: [], params: {} };
 // /admin/paging {max_count: N}: the server pages by at most N whatever `_count` asks (as EHRs cap it).
 let maxCount = 0;
+// /admin/latency {ms}: each FHIR request is answered `ms` later (a slow EHR); /admin/stats says how
+// many it served at once at most since (`maxInFlight`), and how long none has been in flight (`idleMs`).
+let latencyMs = 0;
+let inFlight = 0;
+let lastFhirEnd = performance.now();
 
 let clients = [];
 let provider = makeProvider();
@@ -90,7 +95,7 @@ function makeProvider() {
 // Faults: the next `count` FHIR requests answer `status` (with Retry-After when given).
 let fault = null;
 // `pages`: requests per search kind (`Observation`, `Patient/$everything`, ...), to show paging.
-const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0, metadata: 0, pages: {} };
+const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0, metadata: 0, pages: {}, maxInFlight: 0 };
 // /admin/capabilities {everything: false} hides and refuses the operation; {everything: "listed"}
 // lists it in the CapabilityStatement but refuses it (as EHRs that list what a client may not use).
 let offerEverything = vendorOffersEverything(vendor);
@@ -172,7 +177,7 @@ async function admin(req, res, path) {
   }
   if (path === '/admin/reset') {
     repo.clear(); compartments = new Map(); hostile = []; statement = { hide: [], params: {} }; maxCount = 0; epic.reset(); offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
-    stats.pages = {}; stats.metadata = 0; bulkReset();
+    stats.pages = {}; stats.metadata = 0; bulkReset(); latencyMs = 0; stats.maxInFlight = inFlight;
     return send(res, 200, {}, 'application/json');
   }
   if (path === '/admin/capabilities') {
@@ -183,6 +188,7 @@ async function admin(req, res, path) {
   if (path === '/admin/bulk') return send(res, 200, bulkAdmin(req.method === 'POST' ? body : null), 'application/json');
   if (path === '/admin/statement') { statement = { hide: body.hide || [], params: body.params || {} }; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/paging') { maxCount = Number(body.max_count || 0); return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/latency') { latencyMs = Number(body.ms || 0); stats.maxInFlight = inFlight; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/hostile') { hostile = body.appointments || []; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/expire') { for (const jti of liveTokens) expiredTokens.add(jti); liveTokens = new Set(); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/client') {  // {client_id, jwks_uri, grant?}: register svc-auth (replaces any earlier)
@@ -200,7 +206,7 @@ async function admin(req, res, path) {
     for (const r of await compartmentOf(path.slice('/admin/compartment/'.length))) (byType[r.resourceType] ??= []).push(r.id);
     return send(res, 200, byType, 'application/json');
   }
-  if (path === '/admin/stats') return send(res, 200, stats, 'application/json');
+  if (path === '/admin/stats') return send(res, 200, { ...stats, inFlight, idleMs: inFlight ? 0 : performance.now() - lastFhirEnd }, 'application/json');
   if (path === '/admin/epic') {  // Epic's web service: settings (epic_scheduling.mjs) and the calls it received
     if (req.method === 'POST') epic.configure(body);
     return send(res, 200, epic.report(), 'application/json');
@@ -347,8 +353,12 @@ const server = http.createServer(async (req, res) => {
     if (url.pathname.startsWith('/admin/')) return await admin(req, res, url.pathname);
     if (vendor === 'epic' && url.pathname === GET_PROVIDER_APPOINTMENTS) return await epicWebService(req, res);
     if (url.pathname.startsWith(basePath)) {
-      const began = performance.now();
-      try { return await fhir(req, res, url); } finally { stats.fhirBusyMs += performance.now() - began; }
+      inFlight += 1; stats.maxInFlight = Math.max(stats.maxInFlight, inFlight);
+      try {
+        if (latencyMs) await new Promise((resolve) => setTimeout(resolve, latencyMs));
+        const began = performance.now();
+        try { return await fhir(req, res, url); } finally { stats.fhirBusyMs += performance.now() - began; }
+      } finally { inFlight -= 1; lastFhirEnd = performance.now(); }
     }
     if (url.pathname.startsWith('/oauth')) {
       stats.token += 1;
