@@ -17,7 +17,9 @@ Every refusal is 401 `invalid_client` saying why.
 A `jti` is spent (`spend`) only when what the assertion was for succeeds: by the grant, just
 before it issues a token, so an assertion refused for its scope (`invalid_scope`) may be sent
 again. Spent jtis are rows of `spent_assertion` (the database: every process and host sees them)
-until their assertion's `exp`, when they are useless anyway.
+until an hour past their assertion's `exp` (`SPENT_RETENTION`): each host drops them by its own
+clock, so a host whose clock runs ahead must not drop a jti that a host running behind would still
+take as unexpired.
 
 Throttling (`ratelimit.failures`, the client secrets' throttle): the signature is the secret here.
 An assertion that verifies under the app's key is never refused by the throttle, from any address,
@@ -50,6 +52,7 @@ from ratelimit.lockout import throttle_check, throttle_failure
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 MAX_LIFETIME = 300      # seconds: exp at most this far ahead (SMART Backend Services)
 LEEWAY = 5              # seconds of clock skew tolerated on exp's upper bound and nbf
+SPENT_RETENTION = 3600  # seconds a spent jti is kept past its exp: the hosts' clock skew it covers
 MAX_ASSERTION_LENGTH = 16 * 1024
 MAX_JTI_LENGTH = 255
 _SIGNATURE_ONLY = MappingProxyType({"verify_signature": True, "verify_aud": False, "verify_iat": False, "verify_exp": False,
@@ -185,9 +188,9 @@ def _spent_key(client_id: str, jti: str) -> str:
 
 def spend(runtime, client: AssertedClient) -> None:
     """Mark the assertion's jti spent, or 401 `invalid_client` when it already was (a replay; two
-    racing requests with one assertion: one wins). Spent jtis past their exp are dropped."""
+    racing requests with one assertion: one wins). Spent jtis an hour past their exp are dropped."""
     now = int(runtime.clock.time())
-    SpentAssertion.delete().where(SpentAssertion.expires_at < now).execute()
+    SpentAssertion.delete().where(SpentAssertion.expires_at < now - SPENT_RETENTION).execute()
     try:
         with runtime.db.atomic():
             SpentAssertion.insert(key=_spent_key(client.app.client_id, client.jti), expires_at=client.exp).execute()

@@ -165,6 +165,20 @@ async def test_a_jti_is_spent_once(api, pbackend):
 
 
 @pytest.mark.gen_test
+async def test_a_spent_jti_outlives_a_host_whose_clock_runs_ahead(api, runtime, pbackend):
+    """Two hosts share the spent jtis; each drops them by its own clock. A host 10 minutes ahead
+    spends another assertion (dropping what it thinks expired); the first assertion, replayed to a
+    host on time, must still be refused."""
+    signed = pbackend.assertion(exp_in=60)
+    assert (await token(api, token_form(signed)))[0] == 200
+    runtime.clock.advance(600)  # the host whose clock runs ahead
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200
+    runtime.clock.advance(-600)  # the host on time, while `signed` is still unexpired
+    status, _, body = await token(api, token_form(signed))
+    assert status == 401 and "already used" in body["error_description"], body
+
+
+@pytest.mark.gen_test
 async def test_the_jwks_url_is_cached_and_refetched_on_an_unknown_kid_at_most_once_a_minute(api, runtime, pbackend):
     await system_token(api, pbackend)
     await system_token(api, pbackend, pair=pbackend.ec)
