@@ -53,11 +53,11 @@ vendor-fhirclient:
 
 install: $(STAMP)
 
-# Debian packages the browser and proxy tests need (installed once; skipped when present).
+# Debian packages the browser, proxy and load-balancer tests need (installed once; skipped when present).
 system-deps:
-	@if ! command -v chromium >/dev/null || ! command -v nginx >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx-light >/dev/null; \
-	  else echo "install Debian's chromium and nginx-light for the browser and proxy tests"; fi; fi
+	@if ! command -v chromium >/dev/null || ! command -v nginx >/dev/null || ! command -v haproxy >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx-light haproxy >/dev/null; \
+	  else echo "install Debian's chromium, nginx-light and haproxy for the browser and proxy tests"; fi; fi
 
 demo: install
 	$(BIN)/svc-auth serve --demo --port $(PORT) --demo-app-port $(APP_PORT)

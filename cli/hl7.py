@@ -17,6 +17,9 @@ def register(commands) -> None:
     p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", metavar="FILE",
                    help="PEM CA certificate(s): require a client certificate signed by one of them")
+    p.add_argument("--proxy-protocol", action="store_true",
+                   help="behind a TCP load balancer: every connection comes from SVC_TRUSTED_PROXIES and begins "
+                        "with a PROXY header (v1 or v2), whose client address --hl7-allow checks")
     p.set_defaults(handler=with_runtime(_listen))
     p = hl7.add_parser("messages", help="what a clinic's feed sent and how it was acknowledged, newest first")
     p.add_argument("--org", required=True, help="organization id (org_...)")
@@ -57,13 +60,15 @@ def _listen(runtime, args) -> int:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key (client certificates are a TLS feature)")
     if not 0 < args.port < 65536:
         raise UsageError("--port must be 1-65535")
+    if args.proxy_protocol and not runtime.settings.trusted_proxies:
+        raise UsageError("--proxy-protocol needs SVC_TRUSTED_PROXIES: the balancers whose PROXY headers are believed")
     try:
         ssl = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     except (OSError, ValueError) as exc:
         raise UsageError(f"TLS: {exc}") from None
     from ops.startup import StartupError
     try:
-        serve_forever(runtime, args.host, args.port, ssl)
+        serve_forever(runtime, args.host, args.port, ssl, args.proxy_protocol)
     except OSError as exc:  # the port is taken, the address is not ours: one line
         raise StartupError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return 0

@@ -9,7 +9,9 @@ A connection is closed, with nothing stored for what it was sending, when it bre
 byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent for
 SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seconds after its first
 bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
-certificate with --tls-client-ca). A connection arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
+certificate with --tls-client-ca). With --proxy-protocol (behind a TCP load balancer) a connection
+must come from SVC_TRUSTED_PROXIES and begin with a PROXY header (`proxy_protocol`), read before
+TLS starts; the address it names is the sender's, as `--hl7-allow` sees it. A connection arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
 handshakes in progress included) is closed at once, so a flood cannot take every descriptor. Content
 that cannot be applied, whatever it holds, is answered `AE` by `store.receive` and the connection
 stays open; only when the database fails (down, busy: `store.database_unavailable`) does the message
@@ -31,7 +33,9 @@ from tornado.tcpserver import TCPServer
 
 from hl7feed.ack import ack
 from hl7feed.mllp import Deframer, FramingError, frame
+from hl7feed.proxy_protocol import ProxyHeaderError, read_source
 from hl7feed.store import prune, receive
+from ops.proxy import is_trusted_proxy
 
 log = logging.getLogger("svc_auth.hl7")
 
@@ -64,23 +68,36 @@ def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
 class FeedListener(TCPServer):
     """One listener process's server: its connections, and those with a message in hand."""
 
-    def __init__(self, runtime, ssl_options: ssl.SSLContext | None = None):
-        super().__init__(ssl_options=ssl_options, read_chunk_size=READ_CHUNK)
+    def __init__(self, runtime, ssl_options: ssl.SSLContext | None = None, proxy_protocol: bool = False):
+        # Behind a balancer the PROXY header comes before the TLS handshake: TLS starts after it.
+        super().__init__(ssl_options=None if proxy_protocol else ssl_options, read_chunk_size=READ_CHUNK)
         self.runtime = runtime
+        self.tls = ssl_options if proxy_protocol else None
+        self.proxy_protocol = proxy_protocol
         self.idle_timeout = runtime.settings.hl7_idle_timeout
         self.frame_timeout = runtime.settings.hl7_frame_timeout
         self.max_connections = runtime.settings.hl7_max_connections
         self.streams: set = set()
         self.busy: set = set()
+        self.opening = 0  # connections still reading their PROXY header or TLS handshake
         self.stopping = False
 
     async def handle_stream(self, stream, address) -> None:
         peer = address[0] if isinstance(address, tuple) else ""
-        if len(self.streams) >= self.max_connections:
+        if len(self.streams) + self.opening >= self.max_connections:
             log.warning("hl7: %s: %d connections open (SVC_HL7_MAX_CONNECTIONS): closed at once", peer,
-                        len(self.streams))
+                        len(self.streams) + self.opening)
             stream.close()
             return
+        if self.proxy_protocol:
+            self.opening += 1
+            try:
+                opened = await self._through_balancer(stream, peer)
+            finally:
+                self.opening -= 1
+            if opened is None:
+                return
+            stream, peer = opened
         self.streams.add(stream)
         deframer = Deframer()
         loop = asyncio.get_running_loop()
@@ -124,6 +141,29 @@ class FeedListener(TCPServer):
             self.streams.discard(stream)
             stream.close()
 
+    async def _through_balancer(self, stream, balancer: str):
+        """The PROXY header (only from SVC_TRUSTED_PROXIES), then TLS if configured: (stream, the
+        client's address), or None with the connection closed."""
+        if not is_trusted_proxy(balancer, self.runtime.settings):
+            log.warning("hl7: %s is not in SVC_TRUSTED_PROXIES (--proxy-protocol): closed", balancer)
+            stream.close()
+            return None
+        try:
+            client = await read_source(stream.socket, self.frame_timeout)
+        except (ProxyHeaderError, TimeoutError, OSError) as exc:
+            log.warning("hl7: %s: %s; closed, nothing read", balancer,
+                        exc if isinstance(exc, ProxyHeaderError) else "no PROXY header in time")
+            stream.close()
+            return None
+        if self.tls is not None:
+            try:  # a failed or cancelled handshake closes its socket (Tornado >= 6.6)
+                stream = await asyncio.wait_for(stream.start_tls(server_side=True, ssl_options=self.tls),
+                                                self.idle_timeout)
+            except (TimeoutError, OSError, StreamClosedError):
+                log.info("hl7: %s (via %s): no TLS handshake; closed, nothing read", client or balancer, balancer)
+                return None
+        return stream, client or balancer
+
     async def drain(self) -> None:
         """Stop: idle connections close now; those with a message in hand once its ACK is written."""
         self.stopping = True
@@ -146,16 +186,17 @@ async def _prune_now(runtime) -> None:
         log.exception("hl7: retention sweep failed; next one in %ss", PRUNE_SECONDS)
 
 
-async def _serve(runtime, host: str, port: int, context: ssl.SSLContext | None) -> None:
-    listener = FeedListener(runtime, context)
+async def _serve(runtime, host: str, port: int, context: ssl.SSLContext | None, proxy_protocol: bool) -> None:
+    listener = FeedListener(runtime, context, proxy_protocol)
     listener.listen(port, host)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("hl7 listener on %s:%d (%s)", host, port,
+    log.info("hl7 listener on %s:%d (%s%s)", host, port,
              "TLS" + (", client certificates required" if context and context.verify_mode == ssl.CERT_REQUIRED else "")
-             if context else "plain MLLP")
+             if context else "plain MLLP", ", behind a balancer: PROXY headers from SVC_TRUSTED_PROXIES"
+             if proxy_protocol else "")
     while not stop.is_set():
         await _prune_now(runtime)
         try:
@@ -166,6 +207,6 @@ async def _serve(runtime, host: str, port: int, context: ssl.SSLContext | None) 
     await listener.drain()
 
 
-def serve_forever(runtime, host: str, port: int, context: ssl.SSLContext | None) -> None:
+def serve_forever(runtime, host: str, port: int, context: ssl.SSLContext | None, proxy_protocol: bool = False) -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(runtime, host, port, context))
+        runner.run(_serve(runtime, host, port, context, proxy_protocol))

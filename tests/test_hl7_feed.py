@@ -23,7 +23,7 @@ import pytest
 
 from helpers.environment import ROOT
 from helpers.fhir_ehr import patient, start_fhir_ehr
-from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port, wait_until
 from hl7feed.config import configure_feed
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
@@ -375,8 +375,12 @@ def _certificates(directory):
     return paths
 
 
-async def _send_tls(port, context, messages) -> list:
-    reader, writer = await hl7.mllp.open_hl7_connection("127.0.0.1", port, ssl=context)
+async def _send_tls(port, context, messages, source: str | None = None) -> list:
+    """Each message on one connection (TLS with `context`, plain MLLP with None), from the
+    loopback address `source` if given; the replies."""
+    reader, writer = await hl7.mllp.open_hl7_connection(
+        "127.0.0.1", port, ssl=context, server_hostname="127.0.0.1" if context else None,
+        local_addr=(source, 0) if source else None)
     replies = []
     try:
         for message in messages:
@@ -498,6 +502,103 @@ def test_plain_mllp_is_refused_by_a_tls_listener(runtime, feed_clinic, listen, t
     assert appointment(feed_clinic, "P-1") is None
     replies = asyncio.run(_send_tls(port, _client_context(paths, None), [siu("S12", "P2", "P-2")]))
     assert acked(replies[0])[0] == "AA"
+
+
+# -- behind a TCP load balancer (HAProxy, the PROXY protocol) ----------------------------------------
+
+@pytest.fixture
+def balancer(tmp_path):
+    """`balancer(port, "send-proxy" | "send-proxy-v2")` -> the port of a real HAProxy in TCP mode
+    that forwards to `port` with a PROXY header of that version (Debian's haproxy; HAProxy's spec:
+    https://www.haproxy.org/download/2.6/doc/proxy-protocol.txt)."""
+    procs = []
+
+    def start(backend: int, option: str) -> int:
+        front = free_port()
+        config = tmp_path / f"haproxy-{len(procs)}.cfg"
+        config.write_text(f"""defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend feed
+  bind 127.0.0.1:{front}
+  default_backend listener
+backend listener
+  server hl7 127.0.0.1:{backend} {option}
+""")
+        proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
+                                stderr=open(tmp_path / f"haproxy-{len(procs)}.log", "wb"))
+        procs.append(proc)
+        wait_for_port(front, proc=proc)
+        return front
+    yield start
+    for proc in procs:
+        stop_process(proc)
+
+
+@pytest.mark.parametrize("option", ["send-proxy", "send-proxy-v2"])
+def test_behind_a_balancer_the_allow_list_sees_the_client(runtime, world, listen, balancer, option, tmp_path):
+    """`hl7 listen --proxy-protocol` behind HAProxy: the clinic's `--hl7-allow` is checked against
+    the address HAProxy's PROXY header names (v1 and v2), not HAProxy's own; a connection from
+    outside SVC_TRUSTED_PROXIES, or without a header, is closed with nothing stored. TLS with client
+    certificates passes through the balancer as before."""
+    org = configure_feed(world.org.id, "siu", FACILITY, ["127.0.0.2/32"])
+    paths = _certificates(tmp_path)
+    _, port = listen("--proxy-protocol", "--tls-cert", paths["server"][0], "--tls-key", paths["server"][1],
+                     "--tls-client-ca", paths["ca"], SVC_TRUSTED_PROXIES="127.0.0.1/32")
+    front = balancer(port, option)
+    own = _client_context(paths, "client")
+    replies = asyncio.run(_send_tls(front, own, [siu("S12", "L1", "L-1")], source="127.0.0.2"))
+    assert acked(replies[0])[:2] == ("AA", "L1")
+    replies = asyncio.run(_send_tls(front, own, [siu("S12", "L2", "L-2")], source="127.0.0.3"))
+    assert acked(replies[0])[0] == "AR" and "address" in acked(replies[0])[2]
+    # Straight to the listener: from outside SVC_TRUSTED_PROXIES, or from it with no header.
+    for source in ("127.0.0.2", "127.0.0.1"):
+        with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError, OSError)):
+            asyncio.run(_send_tls(port, own, [siu("S12", f"D-{source}", "L-3")], source=source))
+    assert appointment(org, "L-1") is not None
+    assert appointment(org, "L-2") is None and appointment(org, "L-3") is None
+    # Plain MLLP behind the balancer; and without --proxy-protocol the listener sees only the
+    # balancer's address, so the list refuses the clinic's own interface.
+    _, plain = listen("--proxy-protocol", SVC_TRUSTED_PROXIES="127.0.0.1/32")
+    replies = asyncio.run(_send_tls(balancer(plain, option), None, [siu("S12", "L4", "L-4")], source="127.0.0.2"))
+    assert acked(replies[0])[:2] == ("AA", "L4")
+    _, unaware = listen()
+    replies = asyncio.run(_send_tls(balancer(unaware, ""), None, [siu("S12", "L5", "L-5")], source="127.0.0.2"))
+    assert acked(replies[0])[0] == "AR"
+
+
+def test_a_malformed_proxy_header_closes_the_connection_unread(runtime, world, listen):
+    """From a trusted balancer address, headers an attacker might forge or garble: each connection
+    is closed with nothing stored, and the listener serves the next one."""
+    org = configure_feed(world.org.id, "siu", FACILITY, ["127.0.0.2/32"])
+    _, port = listen("--proxy-protocol", SVC_TRUSTED_PROXIES="127.0.0.1/32")
+    message = SB + siu("S12", "H1", "H-1").encode() + EB
+    v2 = b"\r\n\r\n\x00\r\nQUIT\n"
+    for header in (b"PROXY TCP4 127.0.0.2 999.0.0.1 1000 2575\r\n",      # not an address
+                   b"PROXY TCP6 127.0.0.2 127.0.0.1 1000 2575\r\n",      # the wrong family
+                   b"PROXY TCP4 127.0.0.2 127.0.0.1 1000 99999\r\n",     # not a port
+                   b"PROXY TCP4 " + b"1" * 200 + b"\r\n",                  # over 107 bytes
+                   b"PROXY \x00TCP4 127.0.0.2 127.0.0.1 1000 2575\r\n",  # a NUL
+                   v2 + b"\x21\x11\xff\xff",                              # 65,535 bytes announced
+                   v2 + b"\x31\x11\x00\x0c" + bytes(12),                 # version 3
+                   v2 + b"\x21\x11\x00\x04" + bytes(4)):                 # shorter than its addresses
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(header + message)
+            assert _closed(sock), header
+    assert appointment(org, "H-1") is None
+    with socket.create_connection(("127.0.0.1", port)) as sock:  # a well-formed one, written by hand
+        sock.sendall(b"PROXY TCP4 127.0.0.2 127.0.0.1 40000 2575\r\n" + message)
+        sock.settimeout(15)
+        assert acked(sock.recv(65536))[:2] == ("AA", "H1")
+
+
+def test_the_proxy_protocol_needs_trusted_proxies(settings):
+    out = subprocess.run([sys.executable, "-m", "cli.__main__", "hl7", "listen", "--proxy-protocol", "--port",
+                          str(free_port())], env=settings_env(settings), cwd=str(ROOT), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "SVC_TRUSTED_PROXIES" in out.stderr, out.stderr
 
 
 # -- kill -9 and several listeners ------------------------------------------------------------------
