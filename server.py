@@ -158,7 +158,7 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     gc.freeze()
     acceptor = BalancedAcceptor(server, sockets)
     acceptor.start()
-    if on_start:
+    if on_start and slot.index == 0:  # the first process only (under --processes N, one seeds the demo)
         on_start(runtime)
     log.info("svc-auth listening on %s", ", ".join(str(s.getsockname()) for s in sockets))
     if pulse is not None:

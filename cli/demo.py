@@ -25,14 +25,13 @@ def start_demo(runtime, app_port: int, sockets) -> None:
     """`serve --demo`: seed, start the example partner app (and the example SMART app under
     /smart/ on the same port) on this IOLoop, print where to look.
     `sockets`: already bound to `app_port` (`serve` binds them first, so a taken port stops the
-    start with one line). `cli.demo_seed` seeds; this module serves."""
+    start with one line). Under --processes N, `serve` calls it in the first worker only: one seed,
+    one banner, and the example apps (whose sessions live in memory) in one process.
+    `cli.demo_seed` seeds; this module serves."""
     import tornado.httpserver
-    import tornado.process
     from tornado.routing import AnyMatches, PathMatches, RuleRouter
     from examples.partner_app.web import make_partner_app
     from examples.smart_app.web import PREFIX, make_smart_app
-    if tornado.process.task_id() not in (None, 0):
-        return  # with --processes N, the first worker seeds and runs the (single-process) example app
     info = seed_demo(runtime, demo_app_url(app_port))
     patient = demo_patient()
     router = RuleRouter([(PathMatches(PREFIX + ".*"), make_smart_app(smart_app_config(runtime, app_port))),

@@ -108,6 +108,30 @@ def test_make_demo_serves_and_prints_the_ports_it_was_given(settings, sqlite_onl
             proc.wait()
 
 
+def test_serve_demo_with_several_processes_seeds_and_prints_once(settings, sqlite_only, tmp_path):
+    """`serve --demo --processes 2`: both workers serve, one seeds and prints the banner, and only
+    it serves the example apps (their sign-in state is in its memory)."""
+    port, app_port = free_port(), free_port()
+    log_path = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.__main__", "serve", "--demo", "--processes", "2",
+                             "--port", str(port), "--demo-app-port", str(app_port)],
+                            cwd=str(ROOT), env=demo_env(settings), stdout=subprocess.PIPE,
+                            stderr=open(log_path, "wb"), text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while log_path.read_text().count("svc-auth listening on") < 2 and time.time() < deadline:
+            assert proc.poll() is None, log_path.read_text()
+            time.sleep(0.1)
+        assert log_path.read_text().count("svc-auth listening on") == 2, log_path.read_text()
+        status, _, _ = fetch(f"http://127.0.0.1:{app_port}/app")
+        assert status in (200, 302)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert out.count(BANNER_END) == 1, out
+    assert log_path.read_text().count("demo data ready") == 1
+
+
 def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):
     from hub.launches import create_launch
     from lifecycle.verification import record_platform_verification
