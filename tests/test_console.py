@@ -222,6 +222,26 @@ async def test_totp_second_factor(http_client, base_url, runtime, world):
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_a_totp_code_that_is_not_ascii_is_wrong_not_a_500(http_client, base_url, runtime, world):
+    """`hmac.compare_digest` raises on non-ASCII text: anyone holding an invitation link (and a
+    developer with a TOTP factor, at sign-in) got a 500 for a code such as `é` or `١٢٣٤٥٦`."""
+    client = ConsoleClient(http_client, base_url)
+    path = invite_path(runtime, world.app.id, "otp@partner.example")
+    await client.get(path)
+    import re
+    secret = re.search(r'id="totp-secret">([A-Z2-7]+)<', client.last_html).group(1)
+    for junk in ("\u00e9", "\u0661\u0662\u0663\u0664\u0665\u0666", "\U0001f511" * 6):
+        wrong = await client.post(path, {"password": PASSWORD, "confirm": PASSWORD, "totp_code": junk})
+        assert wrong.code == 400 and 'id="totp-error"' in client.last_html, (junk, wrong.code)
+    code = pyotp.TOTP(secret).at(runtime.clock.time())
+    assert (await client.post(path, {"password": PASSWORD, "confirm": PASSWORD, "totp_code": code})).code == 303
+    runtime.clock.advance(30)
+    assert (await client.sign_in("otp@partner.example", PASSWORD, "\u00e9\u00e9\u00e9")).code == 401
+    fresh = pyotp.TOTP(secret).at(runtime.clock.time())
+    assert (await client.sign_in("otp@partner.example", PASSWORD, fresh)).code == 303
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_idle_session_expires(http_client, base_url, runtime, world):
     client = await developer(http_client, base_url, runtime, world.app.id, "dev@partner.example")
     assert (await client.get("/console")).code == 200
