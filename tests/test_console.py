@@ -388,6 +388,25 @@ async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_an_offline_access_lifetime_that_is_no_whole_number_is_refused_beside_its_field(
+        http_client, base_url, runtime, world):
+    """`str.isdigit` takes "²" and Arabic-Indic digits, and any number of digits: `int()` then
+    raised (or refused over 4,300 digits), and the SMART settings form answered 500."""
+    app = world.app
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    for junk in ("\u00b2", "\u0663\u0666\u0660\u0660", "9" * 5000, "1e4", "-3600"):
+        await client.get(f"/console/apps/{app.id}")
+        bad = await client.post(f"/console/apps/{app.id}/smart", {
+            "client_type": "confidential", "smart_scopes": "", "offline_access_ttl": junk})
+        assert bad.code == 400 and 'id="offline_access_ttl-error"' in client.last_html, (junk[:8], bad.code)
+    assert Application.get_by_id(app.id).offline_access_ttl is None
+    await client.get(f"/console/apps/{app.id}")
+    good = await client.post(f"/console/apps/{app.id}/smart", {
+        "client_type": "confidential", "smart_scopes": "", "offline_access_ttl": " 7200 "})
+    assert good.code == 303 and Application.get_by_id(app.id).offline_access_ttl == 7200
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_an_allowed_origin_with_a_path_is_refused_beside_its_field(http_client, base_url, runtime, world):
     """CORS matches origins only: the console once stored `https://app.example/home` and CORS then
     ignored it silently. The one manifest validation refuses it, here as in `apps create`."""
