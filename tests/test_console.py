@@ -407,6 +407,20 @@ async def test_an_offline_access_lifetime_that_is_no_whole_number_is_refused_bes
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_revoking_a_grant_whose_id_is_no_id_is_a_404(http_client, base_url, runtime, world):
+    """The grant id in the Revoke form's path reached the database as it came: on PostgreSQL a NUL
+    or an id over 64 characters answered 500. Now nothing is looked up, nothing audited: 404."""
+    app = world.app
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    for junk in ("%00", "grt%00x", "g" * 300, "%25%30%30", "..", "grt_unknown"):
+        await client.get(f"/console/apps/{app.id}/grants")
+        response = await client.post(f"/console/apps/{app.id}/grants/{junk}/revoke", {})
+        assert response.code == 404, (junk[:10], response.code)
+    revoked = AuditEvent.select().where(AuditEvent.action == "grants.revoked")
+    assert [event.subject for event in revoked] == ["grt_unknown"]  # a well-formed id is looked up (none)
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_an_allowed_origin_with_a_path_is_refused_beside_its_field(http_client, base_url, runtime, world):
     """CORS matches origins only: the console once stored `https://app.example/home` and CORS then
     ignored it silently. The one manifest validation refuses it, here as in `apps create`."""
