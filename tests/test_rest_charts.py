@@ -10,6 +10,7 @@ import pyzipper
 from connectors.sandbox import patient_panel
 from lifecycle.applications import register_application
 from models.charts import ChartRequest
+from models.disclosures import DisclosureRecord
 from helpers.charts import fetch_zip, wait_until_not_pending
 from helpers.rest import partner_headers
 from ratelimit.policy import DEFAULT_LIMITS
@@ -90,6 +91,26 @@ async def test_chart_request_bad_input(api, world, runtime):
     for junk in ("%00", "a%00b", "x" * 300):  # NUL reaches no query (PostgreSQL refuses it in text: a 500 once)
         status, _, answer = await api.call("GET", f"/v1/chart-retrieval/download-url/{junk}", headers=headers)
         assert status == 400, (junk, answer)
+    assert ChartRequest.select().count() == 0
+
+
+@pytest.mark.gen_test
+async def test_a_chart_request_naming_no_id_is_a_recorded_400_on_both_databases(api, world, runtime):
+    """The body's `svc_organization_id` went into the failure's disclosure record as it came: on
+    PostgreSQL one over 64 characters overflowed the column, and the caller got 503
+    `audit_unavailable` (bad input, retried for ever) instead of 400; its `patient_id` was recorded too."""
+    headers = await partner_headers(api, world.app, world.secret)
+    before = DisclosureRecord.select().count()
+    for body in ({"svc_organization_id": "o" * 65, "patient_id": "pat-1"},
+                 {"svc_organization_id": "o" * 5000, "patient_id": "p" * 5000},
+                 {"svc_organization_id": world.org.id, "patient_id": "p" * 65},
+                 {"svc_organization_id": world.org.id + "/..", "patient_id": "pat 1"}):
+        status, _, answer = await api.call("POST", "/v1/chart-retrieval/requests", body, headers=headers)
+        assert status == 400 and answer["error"] == "invalid_path_parameter", (status, answer)
+    records = list(DisclosureRecord.select().where(DisclosureRecord.seq > before).order_by(DisclosureRecord.seq))
+    assert [(r.action, r.outcome, r.status) for r in records] == [("chart.request", "failure", 400)] * 4
+    assert [r.organization_id for r in records] == [None, None, world.org.id, None]
+    assert all(r.patients in ([], ["pat-1"]) for r in records), [r.patients for r in records]
     assert ChartRequest.select().count() == 0
 
 
