@@ -12,7 +12,9 @@ from lifecycle.applications import register_application
 from models.charts import ChartRequest
 from models.disclosures import DisclosureRecord
 from helpers.charts import fetch_zip, wait_until_not_pending
+from helpers.processes import free_port
 from helpers.rest import partner_headers
+from helpers.s3 import AWS
 from ratelimit.policy import DEFAULT_LIMITS
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
@@ -112,6 +114,26 @@ async def test_a_chart_request_naming_no_id_is_a_recorded_400_on_both_databases(
     assert [r.organization_id for r in records] == [None, None, world.org.id, None]
     assert all(r.patients in ([], ["pat-1"]) for r in records), [r.patients for r in records]
     assert ChartRequest.select().count() == 0
+
+
+@pytest.fixture
+def unreachable_s3(monkeypatch):
+    """Credentials for an S3 store configured on a loopback port nothing listens on."""
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.svc_settings(s3_bucket="charts-unreachable", s3_endpoint_url=f"http://127.0.0.1:{free_port()}")
+@pytest.mark.gen_test(timeout=90)
+async def test_an_unreachable_object_store_is_503_with_retry_after(api, world, runtime, unreachable_s3):
+    """The test-mode ZIP is built into the store on first use: with S3 unreachable botocore's
+    EndpointConnectionError reached Tornado and the partner got a 500 (a down dependency is a 503)."""
+    headers = await partner_headers(api, world.app, world.secret)
+    status, response_headers, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{TEST_ID}",
+                                                     headers=headers)
+    assert status == 503 and int(response_headers["Retry-After"]) > 0, (status, body)
+    assert body["error"] == "temporarily_unavailable" and "object store" in body["message"]
+    assert not DisclosureRecord.select().where(DisclosureRecord.outcome == "success").exists()  # nothing went out
 
 
 @pytest.mark.gen_test(timeout=60)
