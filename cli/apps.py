@@ -9,7 +9,7 @@ from lifecycle.backend_apps import set_backend_keys, set_system_scopes
 from lifecycle.manifest import update_manifest
 from lifecycle.applications import (delete_application, register_application, set_fhir_rate_limits,
                                     set_offline_access_ttl, set_public, set_redirect_policy, set_require_pkce,
-                                    set_smart_scopes)
+                                    set_smart_scopes, whole_seconds)
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from models.application import Application, Installation
 from models.clock import utc_iso
@@ -165,9 +165,10 @@ def _offline_ttl(text: str):
     """An argparse type: whole seconds, or `default`."""
     if text.strip().lower() == _DEFAULT:
         return _DEFAULT
-    if not text.strip().isdigit():
+    seconds = whole_seconds(text)
+    if seconds is None:
         raise argparse.ArgumentTypeError("a whole number of seconds, or 'default'")
-    return int(text)
+    return seconds
 
 
 def _user_fields(text: str) -> list[str]:

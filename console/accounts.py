@@ -79,13 +79,14 @@ def open_invite(runtime, token: str) -> DeveloperInvite:
 
 def totp_step(runtime, secret: str, code: str | None) -> int | None:
     """The time step whose authenticator code (spaces ignored) for `secret` is `code`: now, or one
-    step either side (clock drift); None when it matches none of them."""
-    code = (code or "").replace(" ", "")
+    step either side (clock drift); None when it matches none of them. Compared as UTF-8 bytes:
+    `compare_digest` raises on non-ASCII text, and a form may carry any."""
+    presented = (code or "").replace(" ", "").encode("utf-8", "surrogatepass")
     totp = pyotp.TOTP(secret)
     now = runtime.clock.time()
     for offset in (0, -1, 1):
         at = now + offset * totp.interval
-        if hmac.compare_digest(totp.at(at), code):
+        if hmac.compare_digest(totp.at(at).encode("ascii"), presented):
             return totp.timecode(dt.datetime.fromtimestamp(at, dt.timezone.utc))
     return None
 

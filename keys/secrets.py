@@ -97,10 +97,12 @@ class SecretHasher:
         return self._mac(self._key, message)
 
     def verify(self, message: str, signature: str) -> bool:
-        """True when any key (current, then previous) signed `message`."""
+        """True when any key (current, then previous) signed `message`. `signature` is whatever a
+        caller sent: compared as UTF-8 bytes (`compare_digest` raises on non-ASCII text)."""
+        presented = (signature or "").encode("utf-8", "surrogatepass")
         ok = False
         for key in self._keys:
-            ok |= hmac.compare_digest(self._mac(key, message), signature or "")
+            ok |= hmac.compare_digest(self._mac(key, message).encode("ascii"), presented)
         return ok
 
     def seal(self, plaintext: str, context: str) -> str:

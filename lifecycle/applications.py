@@ -6,6 +6,8 @@ keeps applications in memory (app_cache) and drops them when it hears of a chang
 """
 from __future__ import annotations
 
+import re
+
 from app_cache.applications import TOPIC as APPLICATIONS
 from fhir_api.limits import rate_text
 from lifecycle.manifest_validation import validate
@@ -94,6 +96,16 @@ def set_fhir_rate_limits(runtime, application_id: str, actor: str = "operator", 
         setattr(app, name, rate_text(limit) if limit is not None else None)
     return record_change(runtime, app, actor, "application.fhir_rate_limits_set",
                          **{name: getattr(app, name) for name in limits})
+
+
+_WHOLE_SECONDS = re.compile(r"[0-9]{1,12}")  # ASCII digits, matched whole (`str.isdigit` takes "²", `int` refuses it)
+
+
+def whole_seconds(text: str) -> int | None:
+    """`text` (spaces around ignored) as a whole number of seconds, or None when it is not one:
+    how the console and `apps update --offline-access-ttl` read an `offline_access` lifetime."""
+    text = text.strip()
+    return int(text) if _WHOLE_SECONDS.fullmatch(text) else None
 
 
 def set_offline_access_ttl(runtime, application_id: str, seconds: int | None, actor: str = "operator") -> Application:

@@ -3,6 +3,7 @@ Revoke button): audited, through `oauth.smart_grants.revoke_grants`."""
 from __future__ import annotations
 
 from models.audit import AuditEvent
+from models.ids import is_id
 from models.refresh import SmartGrant
 from errors import ApiError
 from oauth.smart_grants import revoke_grants
@@ -16,6 +17,8 @@ def end_grants(runtime, actor: str, grant_id: str | None = None, application_id:
     given = [(field, value) for field, value in filters if value is not None]
     if not given:
         raise ApiError(400, "invalid_request", "Name the grants to revoke: a grant, an application or a user.")
+    if not all(is_id(value) for _, value in given):
+        return 0  # no stored id has that shape (NUL, overlong: PostgreSQL refused them with a 500)
     condition = given[0][0] == given[0][1]
     for field, value in given[1:]:
         condition &= field == value

@@ -18,9 +18,10 @@ def describe_page(page: dict):
 
 
 def chart_request_patient(body: dict) -> str | None:
-    """The patient a chart request names, as the request records it (R4's spelling: `models.ids.fhir_id`)."""
+    """The patient a chart request names, as the request records it (R4's spelling: `models.ids.fhir_id`);
+    None when it is no id (the request is refused: a failure record names no junk)."""
     value = body.get("patient_id")
-    return fhir_id(value) if isinstance(value, str) and value else None
+    return fhir_id(value) if is_id(value) else None
 
 
 def describe_chart_request(answer: dict, patient_id: str):

@@ -38,6 +38,7 @@ from ratelimit import RateLimiterUnavailable, build_rate_limiter
 from ratelimit.concurrency import ConcurrencyCap
 from ratelimit.failures import FailurePolicy, build_failure_throttle
 from ratelimit.policy import Limit
+from storage import store_unreachable
 from runtime.pool import BlockingPool
 
 
@@ -175,7 +176,8 @@ class Runtime:
         The one place dependency outages of blocking work are mapped: a database connection that
         failed (PostgreSQL gone or restarted, SQLite locked past its busy timeout) is discarded, and
         the request answers 503 `temporarily_unavailable` with Retry-After, never a 500. Redis
-        unreachable from a sync call (the failed-authentication counts, the broker) is the same."""
+        unreachable from a sync call (the failed-authentication counts, the broker) is the same, and
+        so is the object store (S3) unreachable or answering 5xx (`storage.store_unreachable`)."""
         return self._unit(None, fn, args, kwargs)
 
     def _unit(self, asked_at: int | None, fn, args: tuple, kwargs: dict):
@@ -187,6 +189,10 @@ class Runtime:
             raise dependency_unavailable("database") from exc
         except (RateLimiterUnavailable, RedisConnectionError, RedisTimeoutError) as exc:
             raise dependency_unavailable("Redis") from exc
+        except Exception as exc:
+            if store_unreachable(exc):
+                raise dependency_unavailable("object store") from exc
+            raise
         finally:
             self.versions.end()
 

@@ -16,7 +16,18 @@ from __future__ import annotations
 
 from typing import Iterator, Protocol
 
+from botocore.exceptions import ClientError, ConnectionError as S3ConnectionError, HTTPClientError
+
 from storage.uploads import UnfinishedUpload
+
+
+def store_unreachable(exc: BaseException) -> bool:
+    """Is `exc` the object store failing, never the caller's fault: S3 unreachable (refused, a
+    timeout, a dropped connection) or answering 5xx (`SlowDown`, `ServiceUnavailable`,
+    `InternalError`)? `Runtime.run` answers such a request 503 + Retry-After."""
+    if isinstance(exc, (S3ConnectionError, HTTPClientError)):
+        return True
+    return isinstance(exc, ClientError) and exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
 
 
 class ObjectStore(Protocol):

@@ -76,6 +76,20 @@ async def test_signed_urls_expire_and_cannot_be_forged(runtime, world, api, cloc
     assert status in (403, 404) and "error" in body
 
 
+@pytest.mark.gen_test(timeout=30)
+async def test_a_signature_that_is_not_ascii_is_a_403_not_a_500(runtime, world, api):
+    """`hmac.compare_digest` raises TypeError on non-ASCII text: a download URL whose `signature`
+    was `é` (or any non-ASCII character, encoded once or twice) answered 500."""
+    key = charts.test_mode_object(runtime)
+    url = local_path(runtime.object_store.presigned_url(key, 60))
+    for junk in ("%C3%A9", "%25C3%25A9", "%E2%80%AE" * 40, "%F0%9F%94%91"):
+        forged = url[:url.index("signature=") + len("signature=")] + junk
+        status, _, body = await api.call("GET", forged)
+        assert status == 403 and body["error"] == "invalid_signature", (junk, body)
+    status, _, _ = await api.call("GET", url)
+    assert status == 200  # the real signature still works
+
+
 def test_unknown_patient_fails_with_a_reason(runtime, world):
     request = ChartRequest.create(application=world.app.id, organization=world.org.id, patient_id="pat_nobody")
     charts.enqueue_chart_build(runtime, request.id)

@@ -222,6 +222,26 @@ async def test_totp_second_factor(http_client, base_url, runtime, world):
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_a_totp_code_that_is_not_ascii_is_wrong_not_a_500(http_client, base_url, runtime, world):
+    """`hmac.compare_digest` raises on non-ASCII text: anyone holding an invitation link (and a
+    developer with a TOTP factor, at sign-in) got a 500 for a code such as `é` or `١٢٣٤٥٦`."""
+    client = ConsoleClient(http_client, base_url)
+    path = invite_path(runtime, world.app.id, "otp@partner.example")
+    await client.get(path)
+    import re
+    secret = re.search(r'id="totp-secret">([A-Z2-7]+)<', client.last_html).group(1)
+    for junk in ("\u00e9", "\u0661\u0662\u0663\u0664\u0665\u0666", "\U0001f511" * 6):
+        wrong = await client.post(path, {"password": PASSWORD, "confirm": PASSWORD, "totp_code": junk})
+        assert wrong.code == 400 and 'id="totp-error"' in client.last_html, (junk, wrong.code)
+    code = pyotp.TOTP(secret).at(runtime.clock.time())
+    assert (await client.post(path, {"password": PASSWORD, "confirm": PASSWORD, "totp_code": code})).code == 303
+    runtime.clock.advance(30)
+    assert (await client.sign_in("otp@partner.example", PASSWORD, "\u00e9\u00e9\u00e9")).code == 401
+    fresh = pyotp.TOTP(secret).at(runtime.clock.time())
+    assert (await client.sign_in("otp@partner.example", PASSWORD, fresh)).code == 303
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_idle_session_expires(http_client, base_url, runtime, world):
     client = await developer(http_client, base_url, runtime, world.app.id, "dev@partner.example")
     assert (await client.get("/console")).code == 200
@@ -365,6 +385,39 @@ async def test_bad_console_input_is_a_4xx_page_never_a_500(http_client, base_url
     assert month.code == 400 and "YYYY-MM" in client.last_html
     status = await client.post(f"/console/apps/{app.id}/installations/{world.org.id}/status", {"status": "On"})
     assert status.code in (400, 409) and 'class="error"' in client.last_html
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_an_offline_access_lifetime_that_is_no_whole_number_is_refused_beside_its_field(
+        http_client, base_url, runtime, world):
+    """`str.isdigit` takes "²" and Arabic-Indic digits, and any number of digits: `int()` then
+    raised (or refused over 4,300 digits), and the SMART settings form answered 500."""
+    app = world.app
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    for junk in ("\u00b2", "\u0663\u0666\u0660\u0660", "9" * 5000, "1e4", "-3600"):
+        await client.get(f"/console/apps/{app.id}")
+        bad = await client.post(f"/console/apps/{app.id}/smart", {
+            "client_type": "confidential", "smart_scopes": "", "offline_access_ttl": junk})
+        assert bad.code == 400 and 'id="offline_access_ttl-error"' in client.last_html, (junk[:8], bad.code)
+    assert Application.get_by_id(app.id).offline_access_ttl is None
+    await client.get(f"/console/apps/{app.id}")
+    good = await client.post(f"/console/apps/{app.id}/smart", {
+        "client_type": "confidential", "smart_scopes": "", "offline_access_ttl": " 7200 "})
+    assert good.code == 303 and Application.get_by_id(app.id).offline_access_ttl == 7200
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_revoking_a_grant_whose_id_is_no_id_is_a_404(http_client, base_url, runtime, world):
+    """The grant id in the Revoke form's path reached the database as it came: on PostgreSQL a NUL
+    or an id over 64 characters answered 500. Now nothing is looked up, nothing audited: 404."""
+    app = world.app
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    for junk in ("%00", "grt%00x", "g" * 300, "%25%30%30", "..", "grt_unknown"):
+        await client.get(f"/console/apps/{app.id}/grants")
+        response = await client.post(f"/console/apps/{app.id}/grants/{junk}/revoke", {})
+        assert response.code == 404, (junk[:10], response.code)
+    revoked = AuditEvent.select().where(AuditEvent.action == "grants.revoked")
+    assert [event.subject for event in revoked] == ["grt_unknown"]  # a well-formed id is looked up (none)
 
 
 @pytest.mark.gen_test(timeout=60)

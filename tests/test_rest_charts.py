@@ -10,8 +10,11 @@ import pyzipper
 from connectors.sandbox import patient_panel
 from lifecycle.applications import register_application
 from models.charts import ChartRequest
+from models.disclosures import DisclosureRecord
 from helpers.charts import fetch_zip, wait_until_not_pending
+from helpers.processes import free_port
 from helpers.rest import partner_headers
+from helpers.s3 import AWS
 from ratelimit.policy import DEFAULT_LIMITS
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
@@ -91,6 +94,46 @@ async def test_chart_request_bad_input(api, world, runtime):
         status, _, answer = await api.call("GET", f"/v1/chart-retrieval/download-url/{junk}", headers=headers)
         assert status == 400, (junk, answer)
     assert ChartRequest.select().count() == 0
+
+
+@pytest.mark.gen_test
+async def test_a_chart_request_naming_no_id_is_a_recorded_400_on_both_databases(api, world, runtime):
+    """The body's `svc_organization_id` went into the failure's disclosure record as it came: on
+    PostgreSQL one over 64 characters overflowed the column, and the caller got 503
+    `audit_unavailable` (bad input, retried for ever) instead of 400; its `patient_id` was recorded too."""
+    headers = await partner_headers(api, world.app, world.secret)
+    before = DisclosureRecord.select().count()
+    for body in ({"svc_organization_id": "o" * 65, "patient_id": "pat-1"},
+                 {"svc_organization_id": "o" * 5000, "patient_id": "p" * 5000},
+                 {"svc_organization_id": world.org.id, "patient_id": "p" * 65},
+                 {"svc_organization_id": world.org.id + "/..", "patient_id": "pat 1"}):
+        status, _, answer = await api.call("POST", "/v1/chart-retrieval/requests", body, headers=headers)
+        assert status == 400 and answer["error"] == "invalid_path_parameter", (status, answer)
+    records = list(DisclosureRecord.select().where(DisclosureRecord.seq > before).order_by(DisclosureRecord.seq))
+    assert [(r.action, r.outcome, r.status) for r in records] == [("chart.request", "failure", 400)] * 4
+    assert [r.organization_id for r in records] == [None, None, world.org.id, None]
+    assert all(r.patients in ([], ["pat-1"]) for r in records), [r.patients for r in records]
+    assert ChartRequest.select().count() == 0
+
+
+@pytest.fixture
+def unreachable_s3(monkeypatch):
+    """Credentials for an S3 store configured on a loopback port nothing listens on."""
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.svc_settings(s3_bucket="charts-unreachable", s3_endpoint_url=f"http://127.0.0.1:{free_port()}")
+@pytest.mark.gen_test(timeout=90)
+async def test_an_unreachable_object_store_is_503_with_retry_after(api, world, runtime, unreachable_s3):
+    """The test-mode ZIP is built into the store on first use: with S3 unreachable botocore's
+    EndpointConnectionError reached Tornado and the partner got a 500 (a down dependency is a 503)."""
+    headers = await partner_headers(api, world.app, world.secret)
+    status, response_headers, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{TEST_ID}",
+                                                     headers=headers)
+    assert status == 503 and int(response_headers["Retry-After"]) > 0, (status, body)
+    assert body["error"] == "temporarily_unavailable" and "object store" in body["message"]
+    assert not DisclosureRecord.select().where(DisclosureRecord.outcome == "success").exists()  # nothing went out
 
 
 @pytest.mark.gen_test(timeout=60)

@@ -12,13 +12,14 @@ import pytest
 from workers.activity import end_activity, record_activity
 from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization
-from lifecycle.users import create_user
+from lifecycle.users import create_user, update_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization
 from workers.snapshot import build_snapshot, night_window, run_night
 
 from helpers.environment import ROOT
+from helpers.rest import partner_headers
 from helpers.processes import settings_env
 
 NIGHT = dt.date(2030, 3, 4)  # a Monday
@@ -58,6 +59,23 @@ def test_covers_the_next_ten_days(runtime, active_clinic):
     assert max(r.start for r in rows) >= start + dt.timedelta(days=9)
     assert {r.provider_id for r in rows} == {active_clinic.physician.id}
     assert all(r.provider_npi == active_clinic.physician.npi for r in rows)
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_a_physician_with_long_names_still_gets_a_night_and_an_appointments_page(api, runtime, active_clinic):
+    """A row's provider name is the user's given and family names (200 characters each allowed):
+    past 200 together, PostgreSQL refused the row and the clinic's whole night failed (no app saw
+    any appointment); SQLite stored it whole. Free text is cut to its column, as the feed's is."""
+    update_user(active_clinic.physician.id, given_name="G" * 150, family_name="F" * 150)
+    snapshot = build_snapshot(runtime, active_clinic.org.id, NIGHT)
+    assert snapshot.status == "complete" and appointments(snapshot)
+    headers = await partner_headers(api, active_clinic.app, active_clinic.secret)
+    status, _, _ = await api.call("PUT", f"/v1/applications/{active_clinic.app.id}/organizations/"
+                                         f"{active_clinic.org.id}/activation-status", {"status": "Enabled"}, headers=headers)
+    assert status == 200
+    status, _, page = await api.call("GET", f"/v1/appointments/{active_clinic.org.id}", headers=headers)
+    assert status == 200 and page["total"] == len(appointments(snapshot)) > 0, page
+    assert {a["provider"]["name"] for a in page["appointments"]} == {("G" * 150 + " " + "F" * 150)[:200]}
 
 
 def test_only_physicians_with_an_npi(runtime, active_clinic):

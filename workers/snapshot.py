@@ -75,14 +75,24 @@ def eligible_providers(settings, organization_id: str, night: dt.date) -> list[U
         & User.id.in_(authorized) & User.id.in_(in_session)).order_by(User.id))
 
 
+_TEXT_COLUMNS = tuple((name, SnapshotAppointment._meta.fields[name].max_length) for name in (
+    "provider_name", "appointment_type", "reason", "location", "patient_first_name", "patient_last_name", "patient_sex"))
+"""Free text a row holds, cut to its column: a user's name (given and family, up to 200 each) or
+whatever an EHR writes (names, visit types) never fails the clinic's night (PostgreSQL refuses
+text longer than a column; SQLite stored it whole). Ids are never cut."""
+
+
 def _rows(snapshot_id: int, user: User, appointments):
     for a in appointments:
-        yield {"snapshot": snapshot_id, "ehr_appointment_id": a.id, "provider": user.id, "provider_npi": user.npi,
+        row = {"snapshot": snapshot_id, "ehr_appointment_id": a.id, "provider": user.id, "provider_npi": user.npi,
                "provider_name": user.display_name, "start": a.start, "end": a.end, "status": a.status,
-               "appointment_type": a.appointment_type, "reason": a.reason[:500], "location": a.location[:200],
+               "appointment_type": a.appointment_type, "reason": a.reason, "location": a.location,
                "patient_id": a.patient.id, "patient_first_name": a.patient.first_name,
                "patient_last_name": a.patient.last_name, "patient_date_of_birth": a.patient.date_of_birth,
                "patient_sex": a.patient.sex}
+        for name, length in _TEXT_COLUMNS:
+            row[name] = row[name][:length]
+        yield row
 
 
 class BuildInProgress(Exception):

@@ -13,7 +13,8 @@ from lifecycle.billing import parse_month
 from partner_api.billing import billing_of
 from console.views import audit_view, billing_csv_rows, grants_view, installations_view
 from console.accounts import actor_of
-from lifecycle.applications import declared_smart_scopes, set_offline_access_ttl, set_public, set_smart_scopes
+from lifecycle.applications import declared_smart_scopes, set_offline_access_ttl, set_public, set_smart_scopes, \
+    whole_seconds
 from lifecycle.grants import end_grants
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
@@ -71,12 +72,9 @@ class SmartSettingsHandler(AppPage):
             declared_smart_scopes(scopes)
         except ApiError as exc:
             errors["smart_scopes"] = exc.message
-        seconds = None
-        if ttl.strip():
-            if not ttl.strip().isdigit():
-                errors["offline_access_ttl"] = "A whole number of seconds, or empty for the default (90 days)."
-            else:
-                seconds = int(ttl.strip())
+        seconds = whole_seconds(ttl) if ttl.strip() else None
+        if ttl.strip() and seconds is None:
+            errors["offline_access_ttl"] = "A whole number of seconds, or empty for the default (90 days)."
         actor = actor_of(self.developer)
         if not errors:
             try:

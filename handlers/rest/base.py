@@ -11,6 +11,7 @@ from __future__ import annotations
 from audit.disclosures import disclosed
 from handlers.base import BaseHandler
 from errors import ApiError
+from models.ids import is_id
 from partner_api.access import path_id
 from partner_api.auth import partner_caller
 from partner_api.network import parse_networks, require_allowed_network
@@ -70,7 +71,7 @@ class PartnerApiHandler(BaseHandler):
         credentials: no user; `asked`: the resource type, ids and patients a failure names."""
         app = self.partner_app
         disclosure = self.request_disclosure(
-            action, organization_id=organization_id if isinstance(organization_id, str) else None,
+            action, organization_id=organization_id if is_id(organization_id) else None,  # a body's: any text
             application_id=app.id, client_id=app.client_id, jti=self.partner_claims.get("jti"),
             scope=self.partner_claims.get("scope"), **asked)
         return await disclosed(self.runtime, disclosure, describe, status, fn, *args)
