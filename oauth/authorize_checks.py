@@ -14,7 +14,7 @@ import datetime as dt
 
 from errors import ApiError
 from models.application import Application
-from models.grants import Launch
+from models.grants import AuthorizationCode, Launch
 from oauth.errors import AuthorizeError
 from oauth.pkce import PkceError, challenge_of
 from oauth.scopes import REFRESH_SCOPES, InvalidScope, granted_scope
@@ -118,6 +118,13 @@ def max_age_value(a: Authorization) -> None:
         a.max_age = int(max_age)
 
 
+def nonce_value(a: Authorization) -> None:
+    """The nonce (OIDC Core 3.1.2.1) is bound to the code, so it is at most what a code can carry."""
+    nonce, longest = a.value("nonce"), AuthorizationCode.nonce.max_length
+    if nonce is not None and len(nonce) > longest:
+        raise a.fail("invalid_request", f"nonce must be at most {longest} characters.")
+
+
 def no_interactive_login(a: Authorization) -> None:
     if "login" in a.prompt:
         raise a.fail("login_required", "This server has no interactive login: the platform signs the user in "
@@ -179,5 +186,5 @@ def launch_consumed(a: Authorization) -> None:
         raise a.fail(a.no_launch_error, STALE_LAUNCH)
 
 
-CHECKS = (no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value,
+CHECKS = (no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value, nonce_value,
           no_interactive_login, smart_launch_alias, live_launch, openable_installation, smart_audience, recent_sign_in, launch_consumed)

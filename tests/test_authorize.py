@@ -2,6 +2,7 @@
 import urllib.parse
 
 import pytest
+from jose import jwt
 
 from models.grants import Launch
 from oauth.redirects import redirect_uri_allowed
@@ -125,3 +126,18 @@ async def test_login_hint_is_accepted_as_launch_id(flow):
 async def test_both_variants_serve_authorize(flow):
     status, headers, _ = await flow.authorize(prefix="/os-api/v2")
     assert status == 302 and "code" in location_query(headers)
+
+
+@pytest.mark.gen_test
+async def test_an_overlong_nonce_is_refused_and_the_launch_kept(flow):
+    """A nonce longer than a code can carry (500 characters) is invalid_request, redirected with the
+    state; it was a 500 on PostgreSQL, after the launch had been spent. 500 characters still work,
+    and reach the ID token."""
+    launch_id = await flow.launch()
+    status, headers, _ = await flow.authorize(launch_id=launch_id, nonce="n" * 501, state="s1")
+    assert status == 302
+    query = location_query(headers)
+    assert query["error"] == "invalid_request" and "nonce" in query["error_description"] and query["state"] == "s1"
+    status, headers, _ = await flow.authorize(launch_id=launch_id, nonce="n" * 500)
+    status, _, body = await flow.exchange(location_query(headers)["code"])
+    assert status == 200 and jwt.get_unverified_claims(body["id_token"])["nonce"] == "n" * 500
