@@ -49,6 +49,9 @@ class AuthorizationRequest:
         except RedirectUriError as exc:
             raise AuthorizeError("invalid_request", f"redirect_uri does not match the application's "
                                                     f"registration: {exc}.") from None
+        longest = AuthorizationCode.redirect_uri.max_length  # the code is bound to it
+        if len(redirect_uri) > longest:
+            raise AuthorizeError("invalid_request", f"redirect_uri must be at most {longest} characters.")
         return app, redirect_uri
 
     def issue_code(self, params: dict) -> str:

@@ -141,3 +141,15 @@ async def test_an_overlong_nonce_is_refused_and_the_launch_kept(flow):
     status, headers, _ = await flow.authorize(launch_id=launch_id, nonce="n" * 500)
     status, _, body = await flow.exchange(location_query(headers)["code"])
     assert status == 200 and jwt.get_unverified_claims(body["id_token"])["nonce"] == "n" * 500
+
+
+@pytest.mark.gen_test
+async def test_an_overlong_redirect_uri_is_shown_never_redirected(flow, world):
+    """A redirect_uri under the base but longer than a code can be bound to (1000 characters) is
+    shown as an error (it was a 500 on PostgreSQL, after the launch had been spent); 1000 work."""
+    base = world.app.redirect_uri + "/"
+    launch_id = await flow.launch()
+    status, headers, _ = await flow.authorize(launch_id=launch_id, redirect_uri=base + "a" * (1001 - len(base)))
+    assert status == 400 and "Location" not in headers
+    status, headers, _ = await flow.authorize(launch_id=launch_id, redirect_uri=base + "a" * (1000 - len(base)))
+    assert status == 302 and "code" in location_query(headers)
