@@ -14,7 +14,7 @@ from oauth.pkce import PkceError, verify
 from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
 from oauth.launch_tokens import launch_token_response
 from oauth.scopes import refresh_access
-from oauth.smart_grants import revoke_grants_of_jtis, start_grant
+from oauth.smart_grants import CODE_REPLAYED, revoke_grants_of_jtis, start_grant
 from oauth.smart_scopes import LAUNCH_SCOPES
 
 
@@ -103,7 +103,7 @@ class AuthorizationCodeGrant:
             # RFC 6749 4.1.2: a replayed code revokes what its first use issued.
             runtime.denylist.deny(grant.issued_jtis, until=runtime.clock.time() + runtime.settings.access_token_ttl)
             revoke_grants_of_jtis(runtime, grant.issued_jtis, "code_replayed")  # and its refresh tokens
-            raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
+            raise invalid_grant(CODE_REPLAYED)
         if grant.expires_at <= grant.used_at:
             raise invalid_grant("The authorization code has expired.")
         if redirect_uri is not None and _normalised_or_none(redirect_uri) != grant.redirect_uri:

@@ -26,6 +26,7 @@ import peewee
 
 from models.clock import utc_iso
 from models.directory import User
+from models.grants import AuthorizationCode
 from models.ids import new_secret
 from models.refresh import RefreshToken, SmartGrant
 from models.sandbox import SandboxSession
@@ -35,6 +36,7 @@ from oauth import smart_scopes
 
 REPLAYED = "The refresh token was already used; every token of its grant is revoked (RFC 9700 4.14.2)."
 INVALID = "The refresh token is invalid, expired or revoked."
+CODE_REPLAYED = "The authorization code was already used; tokens issued from it are revoked."
 
 
 def _seconds_after(moment: dt.datetime, seconds: int) -> dt.datetime:
@@ -75,6 +77,12 @@ def start_grant(runtime, app, redemption, access: str, context: dict, fhir_user:
             expires_at = min(expires_at, session.expires_at)
     stored_context = dict(context, **({"fhirUser": fhir_user} if fhir_user else {}))
     with runtime.db.atomic():
+        # The code's row, locked: a replay of the code (`AuthorizationCode.redeem`) either came first
+        # and marked it (no grant then), or waits for this grant to commit and then revokes it.
+        code = _locked(runtime, AuthorizationCode.select(AuthorizationCode.replayed_at).where(
+            AuthorizationCode.code_hash == redemption.code_hash)).first()
+        if code is None or code.replayed_at is not None:
+            raise invalid_grant(CODE_REPLAYED)
         grant = SmartGrant.create(
             application=app.id, client_id=app.client_id, user=redemption.user.id,
             organization=redemption.organization_id,
