@@ -6,7 +6,8 @@ one at the code exchange, rotate its refresh token on every use, revoke it, list
   `offline` = the app's `offline_access_ttl`, else SVC_OFFLINE_ACCESS_TTL (90 days); `online` =
   SVC_ONLINE_ACCESS_TTL, and never longer than the hub session the launch came from (the session
   whose sign-in is the launch's `auth_time`): when that session ends (sign-out) or expires, so
-  does the grant. A launch made without a hub session (a script's sandbox token) is bounded by
+  does the grant, and a launch made after it ended (its sandbox token lives on) starts a grant
+  already over. A launch made without a hub session (a script's sandbox token) is bounded by
   SVC_ONLINE_ACCESS_TTL alone.
 - A refresh token is 256 random bits, stored only as its keyed hash (`runtime.hasher`), found by
   that hash and confirmed with a constant-time compare. Each use spends it (one conditional UPDATE:
@@ -44,16 +45,17 @@ def _seconds_after(moment: dt.datetime, seconds: int) -> dt.datetime:
 
 
 def _hub_session(runtime, user_id: str, auth_time: int | None) -> SandboxSession | None:
-    """The live hub session the launch came from: the user's, signed in at `auth_time` (the
-    sandbox token of a hub session carries its sign-in time, truncated to the second)."""
+    """The hub session the launch came from: the user's, signed in at `auth_time` (the sandbox token
+    of a hub session carries its sign-in time, truncated to the second); a live one first, else one
+    that has ended or expired (its sandbox token outlives it: the grant is then over at once)."""
     if auth_time is None:
         return None
     start = dt.datetime.fromtimestamp(auth_time, dt.timezone.utc).replace(tzinfo=None)
     now = runtime.clock.now()
-    return (SandboxSession.select().where(
+    sessions = SandboxSession.select().where(
         (SandboxSession.user == user_id) & (SandboxSession.signed_in_at >= start)
-        & (SandboxSession.signed_in_at < _seconds_after(start, 1)) & SandboxSession.ended_at.is_null()
-        & (SandboxSession.expires_at > now)).order_by(SandboxSession.expires_at.desc()).first())
+        & (SandboxSession.signed_in_at < _seconds_after(start, 1))).order_by(SandboxSession.expires_at.desc())
+    return max(sessions, key=lambda s: s.ended_at is None and s.expires_at > now, default=None)
 
 
 def _new_token(runtime, grant_id: str, access_jti: str, now: dt.datetime) -> str:
