@@ -3,7 +3,7 @@
 Every process (`serve`, `worker`, `scheduler`, operator commands) calls `configure_logging` once.
 Each line carries `ts`, `level`, `logger`, `message`, `request_id` (the HTTP request being served,
 or `null` outside one) and any `extra={...}` fields. The formatter redacts, as a last line of
-defence, the values of sensitive query parameters (`code`, `launch_id`, `client_secret`...),
+defence, the values of sensitive query parameters (`code`, `launch_id` and SMART's `launch`, `client_secret`...),
 bearer/basic credentials and anything shaped like a JWT, wherever they appear in a line.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("svc
 REDACTED = "[REDACTED]"
 
 SENSITIVE_PARAMS = (
-    "code", "launch_id", "login_hint", "client_secret", "secret", "password", "token", "access_token",
+    "code", "launch_id", "launch", "login_hint", "client_secret", "secret", "password", "token", "access_token",
     "id_token", "refresh_token", "sandbox_token", "assertion", "signature", "sig", "state", "nonce",
     "x-amz-signature", "x-amz-credential", "x-amz-security-token",
 )

@@ -185,6 +185,20 @@ async def test_logs_are_json_with_request_ids_and_no_secrets(api, flow, world, j
     assert "launch_id=[REDACTED]" in authorize[0]["path"] and f"client_id={app.client_id}" in authorize[0]["path"]
 
 
+@pytest.mark.gen_test
+async def test_a_smart_launch_parameter_never_reaches_the_log(api, flow, world, json_logs):
+    """SMART's `launch` names the launch as `launch_id` does: a live one opens the app as its user
+    (a public client needs nothing else), so its value is redacted like launch_id's. It was logged in
+    clear; here authorize fails on `aud` before the launch is spent, so the logged id was still live."""
+    launch_id = await flow.launch()
+    status, headers, _ = await flow.authorize(launch_id=None, launch=launch_id, aud="https://elsewhere.example/fhir")
+    assert status == 302 and "error=invalid_request" in headers["Location"]
+    raw, lines = json_logs()
+    authorize = [line for line in lines if line["logger"] == "svc_auth.access" and "/oauth/authorize" in line["path"]]
+    assert len(authorize) == 1 and "launch=[REDACTED]" in authorize[0]["path"]
+    assert launch_id not in raw
+
+
 def test_redact_covers_query_values_json_fields_credentials_and_jwts():
     text = ('GET /cb?code=abc123&state=s1&client_id=app1 {"client_secret": "s3cr3t", "name": "x"} '
             'Authorization: Bearer tok.en.value Basic dXNlcjpwYXNz eyJhbGciOi.eyJzdWIiOiJ4In0.c2ln')
