@@ -8,7 +8,7 @@ from models.grants import AuthorizationCode, Redemption, expiry
 from models.ids import new_secret
 from oauth.authorize_checks import CHECKS, Authorization, query_value
 from errors import ApiError
-from oauth.errors import AuthorizeError, OAuthError, invalid_grant
+from oauth.errors import AuthorizeError, OAuthError, invalid_grant, redirect_description
 from oauth.params import text_param
 from oauth.pkce import PkceError, verify
 from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
@@ -75,7 +75,8 @@ class AuthorizationRequest:
 
     def error_location(self, err: AuthorizeError) -> str:
         """RFC 6749 4.1.2.1 error redirect, with `iss` (RFC 9207) like every authorization response."""
-        return with_query(err.redirect_uri, error=err.error, error_description=err.description, state=err.state,
+        return with_query(err.redirect_uri, error=err.error, error_description=redirect_description(err.description),
+                          state=err.state,
                           iss=self.runtime.settings.issuer_claim)
 
 
