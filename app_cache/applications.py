@@ -5,7 +5,7 @@ announced on the `applications` topic, so dropping the whole cache then is simpl
 lookup that raced with a drop does not store what it read: it may be older than the change.
 
 A client_id or id that is not there is remembered too (up to `MAX_MISSING` of them, then they
-are forgotten all at once), so a spray of wrong secrets for unknown client_ids costs no database
+are forgotten all at once; one longer than any can be is not even looked up), so a spray of wrong secrets for unknown client_ids costs no database
 round trip after the first, and an unknown client_id is answered as fast as a known one: timing
 does not tell which exist either. A new application is announced like any change, which drops them.
 """
@@ -20,6 +20,10 @@ TOPIC = "applications"
 
 class ApplicationCache:
     MAX_MISSING = 10_000
+    # No application has a longer id or client_id (the columns' width): a longer key is answered
+    # None at once, neither looked up nor remembered (10,000 remembered 64 KiB client_ids from
+    # unauthenticated requests held 640 MB in every process).
+    MAX_KEY_LENGTH = max(Application.id.max_length, Application.client_id.max_length)
 
     def __init__(self):
         self._by_client_id: dict[str, Application] = {}
@@ -60,7 +64,7 @@ class ApplicationCache:
         return self._lookup(self._by_id, "id", application_id, Application.by_id)
 
     def _lookup(self, index: dict, name: str, key, load) -> Application | None:
-        if not isinstance(key, str):
+        if not isinstance(key, str) or len(key) > self.MAX_KEY_LENGTH:
             return None
         app = index.get(key)
         if app is None:

@@ -3,8 +3,9 @@
 Every process (`serve`, `worker`, `scheduler`, operator commands) calls `configure_logging` once.
 Each line carries `ts`, `level`, `logger`, `message`, `request_id` (the HTTP request being served,
 or `null` outside one) and any `extra={...}` fields. The formatter redacts, as a last line of
-defence, the values of sensitive query parameters (`code`, `launch_id`, `client_secret`...),
-bearer/basic credentials and anything shaped like a JWT, wherever they appear in a line.
+defence, the values of sensitive query parameters (`code`, `launch_id` and SMART's `launch`, `client_secret`...),
+bearer/basic credentials, the secret of a one-time link's path (`SECRET_PATHS`) and anything shaped
+like a JWT, wherever they appear in a line.
 """
 from __future__ import annotations
 
@@ -23,28 +24,35 @@ request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("svc
 REDACTED = "[REDACTED]"
 
 SENSITIVE_PARAMS = (
-    "code", "launch_id", "login_hint", "client_secret", "secret", "password", "token", "access_token",
+    "code", "launch_id", "launch", "login_hint", "client_secret", "secret", "password", "token", "access_token",
     "id_token", "refresh_token", "sandbox_token", "assertion", "signature", "sig", "state", "nonce",
     "x-amz-signature", "x-amz-credential", "x-amz-security-token",
 )
 """Query/form parameter names whose values never reach a log line."""
 
+SECRET_PATHS = ("/sandbox/signin/", "/console/invite/", "/invitations/")
+"""Paths whose next segment is a one-time secret (a sandbox sign-in link, a console or a partner's
+invitation): that segment never reaches a log line either."""
+
 _PARAM = re.compile(r"(?i)(?<![\w-])(" + "|".join(re.escape(p) for p in SENSITIVE_PARAMS) + r")=[^&\s\"'#]*")
 _JSON_FIELD = re.compile(r"(?i)(\"(?:" + "|".join(re.escape(p) for p in SENSITIVE_PARAMS) + r")\"\s*:\s*)\"[^\"]*\"")
 _CREDENTIAL = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")
-# Text none of the four patterns can match (no `=`, no `"`, no `eyJ`, no bearer/basic) is returned
-# as is: one scan instead of four substitutions for most fields of most lines.
-_MAY_HOLD_SECRET = re.compile(r'[="]|eyJ|(?i:bearer|basic)')
+_SECRET_PATH = re.compile("(" + "|".join(re.escape(p) for p in SECRET_PATHS) + r")[^/?#&\s\"']+")
+# Text none of the five patterns can match (no `=`, no `"`, no `eyJ`, no bearer/basic, none of the
+# secret paths) is returned as is: one scan instead of five substitutions for most fields of most lines.
+_MAY_HOLD_SECRET = re.compile(r'[="]|eyJ|(?i:bearer|basic)|' + "|".join(re.escape(p) for p in SECRET_PATHS))
 
 
 def redact(text: str) -> str:
-    """`text` with secret values replaced by `[REDACTED]` (query params, JSON fields, credentials, JWTs)."""
+    """`text` with secret values replaced by `[REDACTED]` (query params, JSON fields, credentials, JWTs,
+    the secret segment of a one-time link's path)."""
     if not text or not _MAY_HOLD_SECRET.search(text):
         return text
     text = _PARAM.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
     text = _JSON_FIELD.sub(lambda m: f'{m.group(1)}"{REDACTED}"', text)
     text = _CREDENTIAL.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    text = _SECRET_PATH.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     return _JWT.sub(REDACTED, text)
 
 

@@ -70,6 +70,10 @@ class AuthorizationCode(BaseModel):
     scope = peewee.TextField(null=True)  # granted scope (oauth.scopes; SMART scopes can be long)
     patient_id = peewee.CharField(max_length=64, null=True)  # copied from the launch (SMART context)
     key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made code_hash
+    # When the code was first presented again (a replay), by the consuming statement: the first use's
+    # refresh grant is started only while this is NULL, under the code row's lock
+    # (`oauth.smart_grants.start_grant`), so a replay either sees that grant to revoke it or stops it.
+    replayed_at = peewee.DateTimeField(null=True)
 
     @classmethod
     def redeem(cls, db: peewee.Database, code_hash: str, application_id: str, now: dt.datetime,
@@ -77,14 +81,15 @@ class AuthorizationCode(BaseModel):
         """Consume the code in ONE statement and read what the exchange needs with it.
 
         The UPDATE sets `used_at` and `issued_jtis` only if the code is unused (COALESCE keeps
-        the first use's values) and returns the row with the user's and the installation's
+        the first use's values), `replayed_at` only if it was used, and returns the row with the user's and the installation's
         columns (scalar subqueries, which SQLite >= 3.35 and PostgreSQL both allow in RETURNING).
         The row lock (PostgreSQL) or the write lock (SQLite) serialises concurrent exchanges:
         the caller whose `jtis` came back consumed the code; anyone else sees the first use's
         jtis, to revoke them. None: no such code for this application."""
         p = db.param
         row = db.execute_sql(_REDEEM_SQL.format(p=p), (
-            AuthorizationCode.used_at.db_value(now), jtis, code_hash, application_id)).fetchone()
+            AuthorizationCode.used_at.db_value(now), jtis, AuthorizationCode.replayed_at.db_value(now), code_hash,
+            application_id)).fetchone()
         if row is None:
             return None
         (used_at, issued, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, patient_id, launch_id,
@@ -125,7 +130,8 @@ class Redemption:
     launch_id: str | None = None  # the launch the code came from (a SMART grant records it)
 
 
-_REDEEM_SQL = """UPDATE "authorization_code" SET used_at = COALESCE(used_at, {p}), issued_jtis = COALESCE(issued_jtis, {p})
+_REDEEM_SQL = """UPDATE "authorization_code" SET used_at = COALESCE(used_at, {p}), issued_jtis = COALESCE(issued_jtis, {p}),
+ replayed_at = CASE WHEN used_at IS NULL THEN replayed_at ELSE COALESCE(replayed_at, {p}) END
 WHERE code_hash = {p} AND application_id = {p}
 RETURNING used_at, issued_jtis, expires_at, redirect_uri, nonce, code_challenge, auth_time, scope, patient_id, launch_id,
  user_id,

@@ -266,6 +266,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # 4850-4859: a FHIR clinic's EHR's own $export (branch issue48-ehr-export).
     (4850, "bulk_export.ehr_export: the status URL of a FHIR clinic's EHR's own $export a job reads (or its fallback)",
      _add_missing_columns("bulk_export", ("ehr_export", peewee.TextField(null=True)))),
+    # The OAuth security review (branch rev-oauth) numbers its steps 49xx.
+    (4901, "authorization_code.replayed_at: a replayed code stops the refresh grant its first use is starting",
+     _add_missing_columns("authorization_code", ("replayed_at", peewee.DateTimeField(null=True)))),
 )
 
 

@@ -8,13 +8,13 @@ from models.grants import AuthorizationCode, Redemption, expiry
 from models.ids import new_secret
 from oauth.authorize_checks import CHECKS, Authorization, query_value
 from errors import ApiError
-from oauth.errors import AuthorizeError, OAuthError, invalid_grant
+from oauth.errors import AuthorizeError, OAuthError, invalid_grant, redirect_description
 from oauth.params import text_param
 from oauth.pkce import PkceError, verify
 from oauth.redirects import RedirectUriError, match_redirect_uri, normalise_redirect_uri, with_query
 from oauth.launch_tokens import launch_token_response
 from oauth.scopes import refresh_access
-from oauth.smart_grants import revoke_grants_of_jtis, start_grant
+from oauth.smart_grants import CODE_REPLAYED, revoke_grants_of_jtis, start_grant
 from oauth.smart_scopes import LAUNCH_SCOPES
 
 
@@ -49,6 +49,9 @@ class AuthorizationRequest:
         except RedirectUriError as exc:
             raise AuthorizeError("invalid_request", f"redirect_uri does not match the application's "
                                                     f"registration: {exc}.") from None
+        longest = AuthorizationCode.redirect_uri.max_length  # the code is bound to it
+        if len(redirect_uri) > longest:
+            raise AuthorizeError("invalid_request", f"redirect_uri must be at most {longest} characters.")
         return app, redirect_uri
 
     def issue_code(self, params: dict) -> str:
@@ -72,7 +75,8 @@ class AuthorizationRequest:
 
     def error_location(self, err: AuthorizeError) -> str:
         """RFC 6749 4.1.2.1 error redirect, with `iss` (RFC 9207) like every authorization response."""
-        return with_query(err.redirect_uri, error=err.error, error_description=err.description, state=err.state,
+        return with_query(err.redirect_uri, error=err.error, error_description=redirect_description(err.description),
+                          state=err.state,
                           iss=self.runtime.settings.issuer_claim)
 
 
@@ -100,7 +104,7 @@ class AuthorizationCodeGrant:
             # RFC 6749 4.1.2: a replayed code revokes what its first use issued.
             runtime.denylist.deny(grant.issued_jtis, until=runtime.clock.time() + runtime.settings.access_token_ttl)
             revoke_grants_of_jtis(runtime, grant.issued_jtis, "code_replayed")  # and its refresh tokens
-            raise invalid_grant("The authorization code was already used; tokens issued from it are revoked.")
+            raise invalid_grant(CODE_REPLAYED)
         if grant.expires_at <= grant.used_at:
             raise invalid_grant("The authorization code has expired.")
         if redirect_uri is not None and _normalised_or_none(redirect_uri) != grant.redirect_uri:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from urllib.parse import quote_plus
 
 from errors import ApiError
 from models.application import Application
-from models.grants import Launch
+from models.grants import AuthorizationCode, Launch
 from oauth.errors import AuthorizeError
 from oauth.pkce import PkceError, challenge_of
 from oauth.scopes import REFRESH_SCOPES, InvalidScope, granted_scope
@@ -23,6 +24,10 @@ from oauth.scopes import REFRESH_SCOPES, InvalidScope, granted_scope
 # the user before the launch), so `login` cannot be honoured and is answered login_required.
 PROMPT_VALUES = frozenset({"none", "login", "consent", "select_account"})
 STALE_LAUNCH = "The launch is unknown, expired, already used or issued for another client."
+MAX_STATE_LENGTH = 2048
+"""The longest state, %-encoded as the authorization response carries it back: with the longest
+redirect_uri (1000) and error description (`oauth.errors.redirect_description`), a response's
+Location stays under 5 KB, which the shipped nginx passes on (`proxy_buffer_size 8k`)."""
 
 
 def query_value(params: dict, name: str) -> str | None:
@@ -63,8 +68,15 @@ class Authorization:
         return "login_required" if "none" in self.prompt else "invalid_request"
 
 
+def state_length(a: Authorization) -> None:
+    """First: a state too long to carry back is shown, never redirected (the redirect would carry it)."""
+    if a.state is not None and len(quote_plus(a.state)) > MAX_STATE_LENGTH:
+        raise AuthorizeError("invalid_request", f"state must be at most {MAX_STATE_LENGTH} characters once "
+                                                "URL-encoded: the authorization response carries it back.")
+
+
 def no_request_object(a: Authorization) -> None:
-    """First: with a request object the other parameters may be inside it."""
+    """Before the other parameters are read: with a request object they may be inside it."""
     if "request" in a.params:
         raise a.fail("request_not_supported", "Request objects (the request parameter) are not supported.")
     if "request_uri" in a.params:
@@ -116,6 +128,13 @@ def max_age_value(a: Authorization) -> None:
         if not max_age.isdigit() or len(max_age) > 10:
             raise a.fail("invalid_request", "max_age must be a whole number of seconds.")
         a.max_age = int(max_age)
+
+
+def nonce_value(a: Authorization) -> None:
+    """The nonce (OIDC Core 3.1.2.1) is bound to the code, so it is at most what a code can carry."""
+    nonce, longest = a.value("nonce"), AuthorizationCode.nonce.max_length
+    if nonce is not None and len(nonce) > longest:
+        raise a.fail("invalid_request", f"nonce must be at most {longest} characters.")
 
 
 def no_interactive_login(a: Authorization) -> None:
@@ -179,5 +198,5 @@ def launch_consumed(a: Authorization) -> None:
         raise a.fail(a.no_launch_error, STALE_LAUNCH)
 
 
-CHECKS = (no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value,
+CHECKS = (state_length, no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value, nonce_value,
           no_interactive_login, smart_launch_alias, live_launch, openable_installation, smart_audience, recent_sign_in, launch_consumed)

@@ -1,6 +1,8 @@
 """OAuth's errors (RFC 6749 5.2, authorize redirects; RFC 6750's are `oauth.bearer`'s) over `errors.ApiError`; `handlers.base` renders them."""
 from __future__ import annotations
 
+import re
+
 from errors import ApiError, OAuthError  # noqa: F401  (OAuthError lives in errors/: ratelimit/lockout.py raises it too)
 
 
@@ -23,6 +25,16 @@ def dependency_unavailable(dependency: str, retry_after: int = 2) -> OAuthError:
     return OAuthError("temporarily_unavailable",
                       f"The {dependency} cannot be reached right now; retry in {retry_after} seconds.",
                       status=503, headers={"Retry-After": str(retry_after)})
+
+
+MAX_REDIRECT_DESCRIPTION = 500
+_NOT_DESCRIPTION = re.compile(r"[^\x20-\x21\x23-\x5b\x5d-\x7e]")
+
+
+def redirect_description(description: str) -> str:
+    """`description` as an authorization response's `error_description` may carry it (RFC 6749
+    4.1.2.1: printable ASCII without `"` or `\\`; anything else becomes `?`), at most 500 characters."""
+    return _NOT_DESCRIPTION.sub("?", description)[:MAX_REDIRECT_DESCRIPTION]
 
 
 class AuthorizeError(Exception):

@@ -6,7 +6,8 @@ one at the code exchange, rotate its refresh token on every use, revoke it, list
   `offline` = the app's `offline_access_ttl`, else SVC_OFFLINE_ACCESS_TTL (90 days); `online` =
   SVC_ONLINE_ACCESS_TTL, and never longer than the hub session the launch came from (the session
   whose sign-in is the launch's `auth_time`): when that session ends (sign-out) or expires, so
-  does the grant. A launch made without a hub session (a script's sandbox token) is bounded by
+  does the grant, and a launch made after it ended (its sandbox token lives on) starts a grant
+  already over. A launch made without a hub session (a script's sandbox token) is bounded by
   SVC_ONLINE_ACCESS_TTL alone.
 - A refresh token is 256 random bits, stored only as its keyed hash (`runtime.hasher`), found by
   that hash and confirmed with a constant-time compare. Each use spends it (one conditional UPDATE:
@@ -26,6 +27,7 @@ import peewee
 
 from models.clock import utc_iso
 from models.directory import User
+from models.grants import AuthorizationCode
 from models.ids import new_secret
 from models.refresh import RefreshToken, SmartGrant
 from models.sandbox import SandboxSession
@@ -35,6 +37,7 @@ from oauth import smart_scopes
 
 REPLAYED = "The refresh token was already used; every token of its grant is revoked (RFC 9700 4.14.2)."
 INVALID = "The refresh token is invalid, expired or revoked."
+CODE_REPLAYED = "The authorization code was already used; tokens issued from it are revoked."
 
 
 def _seconds_after(moment: dt.datetime, seconds: int) -> dt.datetime:
@@ -42,16 +45,17 @@ def _seconds_after(moment: dt.datetime, seconds: int) -> dt.datetime:
 
 
 def _hub_session(runtime, user_id: str, auth_time: int | None) -> SandboxSession | None:
-    """The live hub session the launch came from: the user's, signed in at `auth_time` (the
-    sandbox token of a hub session carries its sign-in time, truncated to the second)."""
+    """The hub session the launch came from: the user's, signed in at `auth_time` (the sandbox token
+    of a hub session carries its sign-in time, truncated to the second); a live one first, else one
+    that has ended or expired (its sandbox token outlives it: the grant is then over at once)."""
     if auth_time is None:
         return None
     start = dt.datetime.fromtimestamp(auth_time, dt.timezone.utc).replace(tzinfo=None)
     now = runtime.clock.now()
-    return (SandboxSession.select().where(
+    sessions = SandboxSession.select().where(
         (SandboxSession.user == user_id) & (SandboxSession.signed_in_at >= start)
-        & (SandboxSession.signed_in_at < _seconds_after(start, 1)) & SandboxSession.ended_at.is_null()
-        & (SandboxSession.expires_at > now)).order_by(SandboxSession.expires_at.desc()).first())
+        & (SandboxSession.signed_in_at < _seconds_after(start, 1))).order_by(SandboxSession.expires_at.desc())
+    return max(sessions, key=lambda s: s.ended_at is None and s.expires_at > now, default=None)
 
 
 def _new_token(runtime, grant_id: str, access_jti: str, now: dt.datetime) -> str:
@@ -75,6 +79,12 @@ def start_grant(runtime, app, redemption, access: str, context: dict, fhir_user:
             expires_at = min(expires_at, session.expires_at)
     stored_context = dict(context, **({"fhirUser": fhir_user} if fhir_user else {}))
     with runtime.db.atomic():
+        # The code's row, locked: a replay of the code (`AuthorizationCode.redeem`) either came first
+        # and marked it (no grant then), or waits for this grant to commit and then revokes it.
+        code = _locked(runtime, AuthorizationCode.select(AuthorizationCode.replayed_at).where(
+            AuthorizationCode.code_hash == redemption.code_hash)).first()
+        if code is None or code.replayed_at is not None:
+            raise invalid_grant(CODE_REPLAYED)
         grant = SmartGrant.create(
             application=app.id, client_id=app.client_id, user=redemption.user.id,
             organization=redemption.organization_id,

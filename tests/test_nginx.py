@@ -208,6 +208,45 @@ def test_full_launch_and_client_credentials_through_nginx(proxied, world):
         assert secret not in logs
 
 
+def test_one_time_links_in_paths_reach_no_log_through_nginx(proxied, world, runtime):
+    """The secret of a one-time link's path (conf/logging.py SECRET_PATHS, the same list in the
+    site's map) is in neither nginx's access log nor the service's; nginx wrote it in clear."""
+    from conf.logging import SECRET_PATHS
+    from hub.sandbox import create_signin_link
+    assert re.search(r'"~\^\((.*?)\)"', SITE.read_text()).group(1).split("|") == list(SECRET_PATHS)
+    link = urllib.parse.urlsplit(create_signin_link(runtime, world.physician.id)).path
+    status, headers, _ = proxied.call("GET", link, headers={"X-Request-Id": "one-time-link-1"})
+    assert status == 302
+    for prefix in SECRET_PATHS:
+        proxied.call("GET", prefix + "not-a-secret-but-looks-like-one")
+    assert proxied.access_line("one-time-link-1")["path"] == "/sandbox/signin/[REDACTED]"
+    logs = proxied.all_logs()
+    assert link.rsplit("/", 1)[1] not in logs and "not-a-secret-but-looks-like-one" not in logs
+    assert "GET /sandbox/signin/[REDACTED] HTTP/1.1" in (proxied.nginx_dir / "access.log").read_text()
+
+
+def test_the_longest_authorization_responses_pass_through_nginx(proxied, world):
+    """An authorization response is at most the longest redirect_uri, a 2048-byte state and an error
+    description: nginx passes it on (its default 4 KiB header buffer answered 502 past about 4000
+    bytes of state, after the launch was spent); a longer state is the service's 400, not a 502."""
+    app = world.app
+
+    def authorize(**params):
+        status, _, launch = proxied.call("POST", "/v1/sandbox/launches", {"client_id": app.client_id},
+                                         headers={"Authorization": f"Bearer {world.sandbox_token}"})
+        assert status == 201, launch
+        query = {"client_id": app.client_id, "response_type": "code", "launch_id": launch["launch_id"], **params}
+        return proxied.call("GET", f"/v1/oauth/authorize?{urllib.parse.urlencode(query)}")
+
+    longest = app.redirect_uri + "/" + "a" * (1000 - len(app.redirect_uri) - 1)
+    status, headers, _ = authorize(redirect_uri=longest, state="a" * 2048)
+    assert status == 302 and "code=" in headers["Location"]
+    status, headers, _ = authorize(redirect_uri=longest, state="a" * 2048, scope="\u00e9" * 300)
+    assert status == 302 and "error=invalid_scope" in headers["Location"]
+    status, _, _ = authorize(redirect_uri=app.redirect_uri, state="a" * 2049)
+    assert status == 400
+
+
 def test_nginx_limits_body_size_and_keeps_json_413_below_it(proxied, world):
     status, _, body = proxied.call("POST", "/v1/oauth/token", body="x" * (2 * 1024 * 1024),
                                    headers={"Content-Type": "application/x-www-form-urlencoded"})

@@ -5,6 +5,7 @@ import io
 import json
 import logging
 import re
+import urllib.parse
 import uuid
 
 import pytest
@@ -183,6 +184,48 @@ async def test_logs_are_json_with_request_ids_and_no_secrets(api, flow, world, j
     authorize = [line for line in access if line["request_id"] == authorize_rid]
     assert len(authorize) == 1 and authorize[0]["status"] == 302
     assert "launch_id=[REDACTED]" in authorize[0]["path"] and f"client_id={app.client_id}" in authorize[0]["path"]
+
+
+@pytest.mark.gen_test
+async def test_a_smart_launch_parameter_never_reaches_the_log(api, flow, world, json_logs):
+    """SMART's `launch` names the launch as `launch_id` does: a live one opens the app as its user
+    (a public client needs nothing else), so its value is redacted like launch_id's. It was logged in
+    clear; here authorize fails on `aud` before the launch is spent, so the logged id was still live."""
+    launch_id = await flow.launch()
+    status, headers, _ = await flow.authorize(launch_id=None, launch=launch_id, aud="https://elsewhere.example/fhir")
+    assert status == 302 and "error=invalid_request" in headers["Location"]
+    raw, lines = json_logs()
+    authorize = [line for line in lines if line["logger"] == "svc_auth.access" and "/oauth/authorize" in line["path"]]
+    assert len(authorize) == 1 and "launch=[REDACTED]" in authorize[0]["path"]
+    assert launch_id not in raw
+
+
+@pytest.mark.gen_test
+async def test_one_time_links_in_paths_never_reach_the_log(api, world, runtime, json_logs):
+    """A sandbox sign-in link, a console invitation and a partner's invitation link carry their
+    secret in the path, which the access log wrote in clear. A sign-in link refused while its
+    address is locked (429) is not spent, and a console invitation's page spends nothing: the
+    logged link still signed its holder in as the clinician, or set the developer's password."""
+    from console.accounts import invite_developer
+    from hub.sandbox import create_signin_link
+    from ratelimit.failures import build_failure_throttle
+    runtime.clock.advance(300 - runtime.clock.time() % 300 + 0.5)
+    runtime.settings = runtime.settings.replace(auth_address_failure_limit=(1, 300))
+    runtime.sandbox_signin_throttle = build_failure_throttle(runtime.settings, "sandbox_signin",
+                                                             runtime.failure_policy(), lambda: runtime.clock.time())
+    assert (await api.call("GET", "/sandbox/signin/a-wrong-guess"))[0] == 401
+    link = urllib.parse.urlsplit(create_signin_link(runtime, world.physician.id)).path
+    assert (await api.call("GET", link))[0] == 429
+    _, invite_url, _ = invite_developer(runtime, world.app.id, "dev@partner.example")
+    invite = urllib.parse.urlsplit(invite_url).path
+    assert (await api.call("GET", invite))[0] == 200
+    raw, lines = json_logs()
+    for secret in (link.rsplit("/", 1)[1], invite.rsplit("/", 1)[1], "a-wrong-guess"):
+        assert secret not in raw
+    paths = [line["path"] for line in lines if line["logger"] == "svc_auth.access"]
+    assert "/sandbox/signin/[REDACTED]" in paths and "/console/invite/[REDACTED]" in paths
+    runtime.clock.advance(300)
+    assert (await api.call("GET", link))[0] == 302  # the link the log held was live
 
 
 def test_redact_covers_query_values_json_fields_credentials_and_jwts():

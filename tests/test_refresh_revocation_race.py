@@ -19,9 +19,9 @@ from jose import jwt
 
 from helpers.environment import ROOT
 from helpers.processes import settings_env
-from helpers.smart import SmartClient
-from models.application import DEFAULT_SMART_SCOPES
-from models.refresh import RefreshToken
+from helpers.smart import VERIFIER, SmartClient
+from models.application import DEFAULT_SMART_SCOPES, Installation
+from models.refresh import RefreshToken, SmartGrant
 
 REFRESH_SCOPES = DEFAULT_SMART_SCOPES + " offline_access online_access"
 
@@ -103,3 +103,41 @@ async def test_refreshes_and_revocations_released_together_never_leave_a_live_to
                                                   refreshing.revoke(tokens["refresh_token"]))
         assert revoked == 200
         await _after_both(refreshing, refreshed)
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_a_code_replayed_while_its_first_exchange_starts_the_grant_revokes_that_grant(refreshing, runtime,
+                                                                                          settings, backend):
+    """RFC 6749 4.1.2: a replayed code revokes what its first use issued, the refresh grant that use is
+    still creating included. The first exchange is held after it has spent the code, before its
+    grant is written (this test holds the installation's row, which the grant's foreign key needs);
+    the replay is sent then. Before the fix, the replay found no grant to revoke and the first use's
+    refresh token went on refreshing."""
+    if backend != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serializes every writing transaction")
+    answer = await refreshing.authorize()
+    form = {"grant_type": "authorization_code", "code": answer["code"], "redirect_uri": refreshing.app.redirect_uri,
+            "code_verifier": VERIFIER}
+    installation = Installation.find(refreshing.app.id, refreshing.org_id)
+    holder = psycopg2.connect(settings.database_url)
+    watcher = psycopg2.connect(settings.database_url)
+    watcher.autocommit = True
+    try:
+        holder.cursor().execute('SELECT 1 FROM "installation" WHERE "id" = %s FOR UPDATE', (installation.id,))
+        first = asyncio.ensure_future(refreshing.token(form))
+        await _until(lambda: _waiting(watcher.cursor()) >= 1 or first.done(), "the first exchange waits on the row lock")
+        assert not first.done(), first.result()
+        replay = asyncio.ensure_future(refreshing.token(form))
+        await _until(lambda: replay.done() or _waiting(watcher.cursor()) >= 2, "the replay ends or waits")
+        holder.rollback()  # the first exchange goes on
+        (first_status, first_body), (replay_status, replay_body) = await asyncio.gather(first, replay)
+    finally:
+        holder.close()
+        watcher.close()
+    assert replay_status == 400 and replay_body["error"] == "invalid_grant", replay_body
+    if first_status == 200:  # it committed first: the replay must have ended what it issued
+        assert (await refreshing.read_patient(first_body["access_token"]))[0] == 401
+        assert (await refreshing.refresh(first_body["refresh_token"]))[0] == 400
+    else:
+        assert first_status == 400 and first_body["error"] == "invalid_grant", first_body
+    assert not SmartGrant.select().where(SmartGrant.revoked_at.is_null()).exists()

@@ -279,6 +279,23 @@ async def test_online_access_lives_no_longer_than_the_hub_session(api, smart, ru
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_online_access_from_a_hub_session_already_ended_never_refreshes(api, smart, runtime):
+    """The hub's sandbox token outlives a sign-out (30 minutes): a launch made with it afterwards (a
+    hub page left open in another tab) came from a session that has ended, so its online grant has
+    ended too. It was bound to no session at all and refreshed for SVC_ONLINE_ACCESS_TTL (12 h)."""
+    from hub.sandbox import end_sandbox_session, issue_sandbox_token, open_sandbox_session, sandbox_session_of
+    from hub.sandbox import signed_in_at
+    session_id = open_sandbox_session(runtime, smart.physician)
+    _, session = sandbox_session_of(runtime, session_id)
+    hub_token = issue_sandbox_token(runtime, smart.physician, signed_in_at(session))  # as the hub page does
+    end_sandbox_session(runtime, session_id)  # the clinician signs out; the hub page's token still launches
+    client = SmartClient(api, smart.app, smart.secret, hub_token, smart.org.id)
+    tokens = await client.tokens("launch openid online_access patient/*.rs")
+    status, body = await client.refresh(tokens["refresh_token"])
+    assert status == 400 and body["error"] == "invalid_grant", body
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_offline_access_lifetime_is_per_app_and_ends(confidential, smart, runtime, settings, clock):
     updated = cli(settings, "apps", "update", "--app", smart.app.id, "--offline-access-ttl", "3600", "--json")
     assert updated["offline_access_ttl"] == 3600
