@@ -228,19 +228,25 @@ def _delete_objects(runtime, export_id: str, keys=()) -> None:
         store.delete(key)
 
 
-def delete_export(runtime, export_id: str) -> bool:
-    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`),
-    and DELETE the EHR's own export it had kicked off (`bulk.ehr_export`)."""
-    job = BulkExport.get_or_none(BulkExport.id == export_id)
+def _drop_files(runtime, job: BulkExport | None, export_id: str, change) -> int:
+    """Remove a job's file rows and apply `change` (a query on its row) in one transaction, then its
+    objects, and DELETE the EHR's own export it had kicked off (`bulk.ehr_export`); `change`'s count."""
     with runtime.db.atomic():
         keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
                 .where(BulkExportFile.export == export_id)]
         BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
-        gone = BulkExport.delete().where(BulkExport.id == export_id).execute()
+        changed = change.execute()
     _delete_objects(runtime, export_id, keys)
     if job is not None and job.ehr_export:
         delete_ehr_job(runtime, job.organization, job.ehr_export)
-    return bool(gone)
+    return changed
+
+
+def delete_export(runtime, export_id: str) -> bool:
+    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`),
+    and DELETE the EHR's own export it had kicked off."""
+    job = BulkExport.get_or_none(BulkExport.id == export_id)
+    return bool(_drop_files(runtime, job, export_id, BulkExport.delete().where(BulkExport.id == export_id)))
 
 
 def cancel_export(runtime, export_id: str) -> bool:
@@ -258,14 +264,7 @@ def cancel_export(runtime, export_id: str) -> bool:
     if job.lease_owner is None or job.lease_until is None or job.lease_until < runtime.clock.now():
         delete_export(runtime, export_id)  # queued, or its worker dead: nothing builds it
         return True
-    with runtime.db.atomic():
-        keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
-                .where(BulkExportFile.export == export_id)]
-        BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
-        BulkExport.update(ehr_export=None).where(BulkExport.id == export_id).execute()
-    _delete_objects(runtime, export_id, keys)
-    if job.ehr_export:
-        delete_ehr_job(runtime, job.organization, job.ehr_export)
+    _drop_files(runtime, job, export_id, BulkExport.update(ehr_export=None).where(BulkExport.id == export_id))
     return True
 
 
