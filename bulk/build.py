@@ -5,17 +5,21 @@ batch bounds (a fresh connector per page of patients), with the very search the 
 (`connectors.base.ResourceQuery` of the patient; the sandbox renders with `connectors.sandbox.render`,
 the FHIR EHR answers, and what a real EHR sends passes the one matcher `connectors.matching.matches`),
 then `_since`, `_typeFilter` (the FHIR API's search parser, lenient) and `_elements`, written by
-`bulk.files.TypeWriter`. Before each patient's search (and each directory type's) the build checks,
-with one indexed read, that its delivery still holds the job: a job DELETEd meanwhile (`cancel_export`)
-stops it there, not at its next checkpoint. A FHIR clinic whose EHR offers Bulk Data export reads the types it can
-from that export instead (`bulk.ehr_export`), and falls back to the searches when it fails. Each stored part is recorded in the job's transaction only while this
-delivery holds the job's lease (`owner`); a job deleted or taken over meanwhile (`ExportGone`)
-stops the build and its just-stored object is removed.
+`bulk.files.TypeWriter`. Before a patient's search (and a directory type's) the build checks, with
+one indexed read, that its delivery still holds the job, unless it checked less than `HOLDS_SECONDS`
+ago: a job DELETEd meanwhile (`cancel_export`) stops it within one search of a networked EHR (or
+`HOLDS_SECONDS` of the sandbox's quick ones), not at its next checkpoint. A FHIR clinic whose EHR
+offers Bulk Data export reads the types it can from that export instead (`bulk.ehr_export`), and
+falls back to the searches when it fails. Each stored part is recorded in the job's transaction
+only while this delivery holds the job's lease (`owner`); a job deleted or taken over meanwhile
+(`ExportGone`) stops the build and its just-stored object is removed.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+import time
 
 from bulk.ehr_export import EhrSource, Gone, delete_ehr_job
 from bulk.files import Part, TypeWriter, export_prefix, temporary_directory
@@ -28,6 +32,9 @@ from fhir_api.search import parse_search
 from models.bulk import BulkExport, BulkExportFile
 
 log = logging.getLogger("svc_auth.bulk")
+HOLDS_SECONDS = 0.05
+"""A build asks `holds` before a search only once this long has passed since it last asked: before
+each search that takes longer (a networked EHR's), once per ~100 of the sandbox's (~0.5 ms each)."""
 
 
 class ExportGone(Exception):
@@ -41,6 +48,20 @@ def _live(export_id: str, owner: str):
 def holds(export_id: str, owner: str) -> bool:
     """Does delivery `owner` still hold the pending job (not deleted, not taken over)? One indexed read."""
     return BulkExport.select(BulkExport.id).where(_live(export_id, owner)).exists()
+
+
+def at_most_every(seconds: float, check):
+    """`check()`, asked only when `seconds` have passed since it last was (True in between)."""
+    last = -math.inf
+
+    def live() -> bool:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < seconds:
+            return True
+        last = now
+        return check()
+    return live
 
 
 def record_part(runtime, export_id: str, owner: str, part: Part) -> None:
@@ -144,11 +165,12 @@ def type_resources(runtime, job: BulkExport, params: ExportParameters, kind: str
 def _write_type(runtime, job: BulkExport, params: ExportParameters, kind: str, owner: str, ehr=None) -> None:
     """Write and record every file of one type."""
     settings = runtime.settings
+    live = at_most_every(HOLDS_SECONDS, lambda: holds(job.id, owner))
     with temporary_directory() as directory:
         writer = TypeWriter(runtime.object_store, job.id, kind, settings.bulk_file_max_bytes,
                             lambda part: record_part(runtime, job.id, owner, part), directory, params.elements)
         try:
-            for resource in type_resources(runtime, job, params, kind, ehr, lambda: holds(job.id, owner)):
+            for resource in type_resources(runtime, job, params, kind, ehr, live):
                 writer.add(resource)  # subset there, after its patients are taken from the whole resource
             writer.close()
         finally:
@@ -228,24 +250,30 @@ def _delete_objects(runtime, export_id: str, keys=()) -> None:
         store.delete(key)
 
 
-def delete_export(runtime, export_id: str) -> bool:
-    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`),
-    and DELETE the EHR's own export it had kicked off (`bulk.ehr_export`)."""
-    job = BulkExport.get_or_none(BulkExport.id == export_id)
+def _drop_files(runtime, job: BulkExport | None, export_id: str, change) -> int:
+    """Remove a job's file rows and apply `change` (a query on its row) in one transaction, then its
+    objects, and DELETE the EHR's own export it had kicked off (`bulk.ehr_export`); `change`'s count."""
     with runtime.db.atomic():
         keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
                 .where(BulkExportFile.export == export_id)]
         BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
-        gone = BulkExport.delete().where(BulkExport.id == export_id).execute()
+        changed = change.execute()
     _delete_objects(runtime, export_id, keys)
     if job is not None and job.ehr_export:
         delete_ehr_job(runtime, job.organization, job.ehr_export)
-    return bool(gone)
+    return changed
+
+
+def delete_export(runtime, export_id: str) -> bool:
+    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`),
+    and DELETE the EHR's own export it had kicked off."""
+    job = BulkExport.get_or_none(BulkExport.id == export_id)
+    return bool(_drop_files(runtime, job, export_id, BulkExport.delete().where(BulkExport.id == export_id)))
 
 
 def cancel_export(runtime, export_id: str) -> bool:
     """`DELETE` of a job: its files (and the EHR's own export) go now. A pending job a delivery is
-    building stays, `cancelled`, until that build stops (`forget_cancelled`: within one search) or
+    building stays, `cancelled`, until that build stops (`forget_cancelled`: within one EHR search) or
     its lease lapses (the sweep), so it still counts against the app's concurrent exports while
     the build runs; any other job's row goes now. False: no such job (or already cancelled)."""
     if not BulkExport.update(status="cancelled").where((BulkExport.id == export_id)
@@ -258,14 +286,7 @@ def cancel_export(runtime, export_id: str) -> bool:
     if job.lease_owner is None or job.lease_until is None or job.lease_until < runtime.clock.now():
         delete_export(runtime, export_id)  # queued, or its worker dead: nothing builds it
         return True
-    with runtime.db.atomic():
-        keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
-                .where(BulkExportFile.export == export_id)]
-        BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
-        BulkExport.update(ehr_export=None).where(BulkExport.id == export_id).execute()
-    _delete_objects(runtime, export_id, keys)
-    if job.ehr_export:
-        delete_ehr_job(runtime, job.organization, job.ehr_export)
+    _drop_files(runtime, job, export_id, BulkExport.update(ehr_export=None).where(BulkExport.id == export_id))
     return True
 
 

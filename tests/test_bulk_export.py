@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pytest
 
+from bulk.build import at_most_every
 from bulk.groups import CLINIC_GROUP, group_ids, group_resource, members
 from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
 from fhir_api.outcome import FhirError
@@ -37,6 +39,15 @@ def _refused(**kwargs) -> str:
         _parse(**kwargs)
     assert caught.value.status == 400
     return caught.value.message
+
+
+def test_a_build_asks_whether_it_holds_its_job_at_most_once_per_interval():
+    """`bulk.build.HOLDS_SECONDS`: the sandbox's quick searches share one read; a False stops the build."""
+    asked = []
+    live = at_most_every(0.3, lambda: asked.append(1) or len(asked) < 2)
+    assert all(live() for _ in range(1000)) and len(asked) == 1
+    time.sleep(0.35)
+    assert not live() and len(asked) == 2
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)

@@ -7,9 +7,9 @@ writes (`workers.leases.LeaseKeeper`); each finished file is recorded as it is s
 `sweep_exports` (part of every recovery sweep, `workers.recovery.sweep`) re-queues the job, whose
 next delivery drops the files of the unfinished type and goes on from there; a job whose tries
 are used up is failed. A job DELETEd while built (`cancelled`) keeps its lease renewed until its
-build stops (it checks before each search) and removes it. The sweep also deletes expired exports
-(their objects, then their rows) and cancelled ones whose worker died, and aborts unfinished
-uploads under `bulk/` that no live delivery is writing.
+build stops (it checks before each EHR search, at most every 50 ms) and removes it. The sweep
+also deletes expired exports (their objects, then their rows) and cancelled ones whose worker
+died, and aborts unfinished uploads under `bulk/` that no live delivery is writing.
 """
 from __future__ import annotations
 
