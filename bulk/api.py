@@ -174,7 +174,7 @@ def open_file(runtime, caller, organization_id: str, export_id: str, name: str):
     kind, _, rest = name.partition("-")
     part = rest[:-len(".ndjson")] if rest.endswith(".ndjson") else ""
     row = None
-    if job.status == "complete" and part.isdigit() and len(part) < 7:
+    if job.status == "complete" and part.isascii() and part.isdigit() and len(part) < 7:
         row = BulkExportFile.get_or_none((BulkExportFile.export == job.id) & (BulkExportFile.resource_type == kind)
                                          & (BulkExportFile.part == int(part)))
     if row is None:

@@ -125,7 +125,7 @@ def prompt_values(a: Authorization) -> None:
 def max_age_value(a: Authorization) -> None:
     max_age = a.value("max_age")
     if max_age is not None:
-        if not max_age.isdigit() or len(max_age) > 10:
+        if not (max_age.isascii() and max_age.isdigit()) or len(max_age) > 10:
             raise a.fail("invalid_request", "max_age must be a whole number of seconds.")
         a.max_age = int(max_age)
 

@@ -207,7 +207,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             headers.add(name.decode("latin1"), value.strip(b" \t").decode("latin1"))  # as Tornado's parser gives it
         message.headers, message.fields = headers, None
         length = headers.get("Content-Length")
-        if length is not None and length.isdigit() and int(length) > self.server.max_body_size:
+        if length is not None and length.isascii() and length.isdigit() and int(length) > self.server.max_body_size:
             raise _TooLarge(413)  # before one byte of it is read
 
     def on_body(self, body: bytes) -> None:

@@ -144,6 +144,17 @@ async def test_an_overlong_nonce_is_refused_and_the_launch_kept(flow):
 
 
 @pytest.mark.gen_test
+async def test_a_max_age_of_digits_that_are_not_ascii_is_invalid_request(flow):
+    """`max_age=²` (a digit to `str.isdigit`, not to `int`) is invalid_request, not a 500."""
+    launch_id = await flow.launch()
+    for value in ("\u00b2", "\u0663\u0660", "60\u00b2"):
+        status, headers, _ = await flow.authorize(launch_id=launch_id, max_age=value, state="s1")
+        assert status == 302, (value, status)
+        query = location_query(headers)
+        assert query["error"] == "invalid_request" and "max_age" in query["error_description"], query
+
+
+@pytest.mark.gen_test
 async def test_an_overlong_redirect_uri_is_shown_never_redirected(flow, world):
     """A redirect_uri under the base but longer than a code can be bound to (1000 characters) is
     shown as an error (it was a 500 on PostgreSQL, after the launch had been spent); 1000 work."""

@@ -296,6 +296,9 @@ def test_only_the_exporting_app_sees_its_export_and_scopes_cover_each_file(expor
     by_type = {o["type"]: o["url"] for o in manifest["output"]}
     assert narrow.request("GET", by_type["Patient"])[0] == 200
     assert narrow.request("GET", by_type["Condition"])[0] == 403
+    # A file name whose part is digits only to `str.isdigit` (², Arabic-Indic) names no file: 404.
+    for odd in ("%C2%B2", "%D9%A1"):
+        assert client.request("GET", by_type["Patient"].replace("Patient-1.ndjson", f"Patient-{odd}.ndjson"))[0] == 404
     # Narrow scopes export only what they reach; a type named that they do not reach is a 403.
     assert narrow.kick_off(params={"_type": "Condition"})[0] == 403
     assert narrow.kick_off(params={"_type": "Patient,Condition"}, headers={

@@ -127,6 +127,18 @@ def test_an_http_date_retry_after_is_waited_out_against_the_runtime_clock(clock_
         ehr.close()
 
 
+def test_a_retry_after_of_digits_that_are_not_ascii_is_unreadable(driver):
+    """`Retry-After: ²` (a digit to `str.isdigit`, not to `float`) is an unreadable header: the
+    default wait, then the retry, never an exception out of the transport."""
+    ehr = Busy(lambda: "\u00b2")
+    waits: list[float] = []
+    try:
+        status, body, _ = driver.send(driver.transport(ehr.base, waits=waits), "GET", f"{ehr.base}/Patient/p1")
+        assert (status, body) == (200, {}) and ehr.requests == 2 and len(waits) == 1, waits
+    finally:
+        ehr.close()
+
+
 def test_an_http_date_already_past_is_no_wait_and_one_too_far_ends_the_attempts(clock_ahead, driver):
     past = Busy(lambda: http_date(clock_ahead.time() - 60))
     waits: list[float] = []

@@ -425,7 +425,7 @@ class Transport:
     def _check_declared(self, head, url: str) -> None:
         """`max_bytes` against an answer's declared Content-Length, before its body is read."""
         declared = head.get("Content-Length")
-        if declared and declared.isdigit() and int(declared) > self.bounds.max_bytes:
+        if declared and declared.isascii() and declared.isdigit() and int(declared) > self.bounds.max_bytes:
             raise self._too_big(url)
 
     def _chunks(self, response, url: str, deadline: float, cut: threading.Event):
@@ -528,7 +528,7 @@ def _retry_after(value: str | None, default: float, now: float) -> float:
     if value is None:
         return default
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         return max(0.0, float(value))  # not RFC 9110's grammar, but what some EHRs send ("0.5")
