@@ -45,6 +45,35 @@ def _nesting_exceeds(text: str, limit: int) -> bool:
     return False
 
 
+class JsonBodyError(ValueError):
+    """A request body that is no JSON document svc-auth takes; its message says why (for the client)."""
+
+
+def _unique_members(pairs: list) -> dict:
+    """`json.loads`' object hook: a member named twice is refused, as a repeated form or query
+    parameter is (RFC 8259 4: names SHOULD be unique; last-wins would let one value hide another)."""
+    members = {}
+    for name, value in pairs:
+        if name in members:
+            raise JsonBodyError(f"The JSON body has the member {json.dumps(name)[:80]} more than once.")
+        members[name] = value
+    return members
+
+
+def json_document(text: str):
+    """The one parser of JSON request bodies (OAuth, the partner and sandbox APIs, Bulk Data kick-offs):
+    nested at most `MAX_JSON_DEPTH` deep (checked before parsing), valid JSON, no member repeated in
+    any object; else `JsonBodyError`, which each caller answers as a 400 in its own shape."""
+    if _nesting_exceeds(text, MAX_JSON_DEPTH):
+        raise JsonBodyError(f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.")
+    try:
+        return json.loads(text, object_pairs_hook=_unique_members)
+    except JsonBodyError:
+        raise
+    except (ValueError, RecursionError):
+        raise JsonBodyError("The request body is not valid JSON.") from None
+
+
 class BaseHandler(tornado.web.RequestHandler):
     """Every handler's base. Errors raised as `ApiError` become `{"error", "message"}` JSON."""
 
@@ -98,12 +127,10 @@ class BaseHandler(tornado.web.RequestHandler):
         if content_type == "application/json" or (not content_type and text.lstrip().startswith("{")):
             if not text.strip():
                 return {}
-            if _nesting_exceeds(text, MAX_JSON_DEPTH):
-                raise invalid_request(f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.")
             try:
-                value = json.loads(text)
-            except (ValueError, RecursionError):
-                raise invalid_request("The request body is not valid JSON.") from None
+                value = json_document(text)
+            except JsonBodyError as exc:
+                raise invalid_request(str(exc)) from None
             if not isinstance(value, dict):
                 raise invalid_request("The JSON body must be an object.")
             check_fields(value)

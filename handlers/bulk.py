@@ -11,15 +11,12 @@ Thin: `bulk.api` decides. Each request is one pool job of the FHIR API's admissi
 """
 from __future__ import annotations
 
-import json
-
 from errors import ApiError
 from bulk.api import cancel, export_status, kick_off, open_file, read_group, search_groups
 from bulk.params import lenient_handling, parameters_body, query_values, respond_async
 from fhir_api import FHIR_PATH_PREFIX, fhir_base_url
 from fhir_api.outcome import FhirError, invalid, operation_outcome
-from handlers.base import _nesting_exceeds
-from oauth.params import MAX_JSON_DEPTH
+from handlers.base import JsonBodyError, json_document
 from handlers.fhir import FhirHandler, fhir_json
 from models.fhir_grammar import is_resource_type
 from workers.export import enqueue_export
@@ -80,12 +77,11 @@ class KickoffHandler(BulkHandler):
             raise FhirError(415, "not-supported", "A POST kick-off's body is a Parameters resource sent as "
                                                   "application/fhir+json or application/json.")
         try:
-            text = (self.request.body or b"").decode("utf-8")
-            if _nesting_exceeds(text, MAX_JSON_DEPTH):
-                raise invalid(f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.")
-            body = json.loads(text)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+            body = json_document((self.request.body or b"").decode("utf-8"))
+        except UnicodeDecodeError:
             raise invalid("The body is not valid JSON.") from None
+        except JsonBodyError as exc:
+            raise invalid(str(exc)) from None
         return parameters_body(body)
 
     async def _kick_off(self, organization_id: str, group_id: str | None, from_post: bool):

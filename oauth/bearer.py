@@ -204,7 +204,11 @@ class BearerGate:
         return claims
 
     def caller(self, runtime, authorization: str | None, **context) -> Caller:
-        claims = self.claims(runtime, authorization)
+        return self.token_caller(runtime, bearer_value(authorization), **context)
+
+    def token_caller(self, runtime, token: str | None, **context) -> Caller:
+        """`caller` of a token already taken out of its `Authorization` header (introspection's `token`)."""
+        claims = self.token_claims(runtime, token)
         lookup = runtime.applications.by_client_id if self.app_claim == "client_id" else runtime.applications.by_id
         app = lookup(claims.get(self.app_claim)) if self.app_claim else None
         if self.app_claim and app is None:

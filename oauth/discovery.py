@@ -18,6 +18,9 @@ ID_TOKEN_CLAIMS = ("sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "ema
 # (RFC 7523; oauth/client_assertion.py), RS384 or ES384.
 TOKEN_ENDPOINT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "none", "private_key_jwt")
 TOKEN_ENDPOINT_AUTH_SIGNING_ALGS = ("RS384", "ES384")
+# Introspection takes a confidential client's secret or a backend app's assertion, never a public
+# client's client_id alone (oauth/introspection.py); revocation takes all four (oauth/revocation.py).
+INTROSPECTION_ENDPOINT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "private_key_jwt")
 
 
 def claims_supported(settings) -> list[str]:
@@ -54,7 +57,8 @@ def openid_configuration(settings, variant=V1) -> dict:
         "token_endpoint_auth_methods_supported": list(TOKEN_ENDPOINT_AUTH_METHODS),
         "token_endpoint_auth_signing_alg_values_supported": list(TOKEN_ENDPOINT_AUTH_SIGNING_ALGS),
         "revocation_endpoint_auth_signing_alg_values_supported": list(TOKEN_ENDPOINT_AUTH_SIGNING_ALGS),
-        "introspection_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+        "introspection_endpoint_auth_methods_supported": list(INTROSPECTION_ENDPOINT_AUTH_METHODS),
+        "introspection_endpoint_auth_signing_alg_values_supported": list(TOKEN_ENDPOINT_AUTH_SIGNING_ALGS),
         "scopes_supported": advertised_scopes() + ([PARTNER_API_SCOPE] if "client_credentials" in variant.grant_types
                                                      else []),
         "claims_supported": claims_supported(settings),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from oauth.bearer import live_claims
 from oauth.client_assertion import authenticate_assertion, presents_assertion, spend
 from oauth.clients import authenticate_client
-from oauth.resource import active_client_token, active_user_token
+from oauth.resource import active_client_token, usable_user_token
 from oauth.smart_grants import introspected
 from oauth.tokens import PARTNER_API_AUDIENCE, SYSTEM_AUDIENCE
 
@@ -26,7 +26,7 @@ def introspect(runtime, params: dict, token: str, authorization: str, address: s
         app = client.app
     else:
         app = authenticate_client(runtime, params, authorization, address)  # first: no token work for strangers
-    claims = active_user_token(runtime, token)
+    claims = usable_user_token(runtime, token)  # refused everywhere (user gone, app Disabled): inactive
     if claims is not None and claims["client_id"] != app.client_id:
         claims = None
     if claims is None:

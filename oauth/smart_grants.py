@@ -13,11 +13,15 @@ one at the code exchange, rotate its refresh token on every use, revoke it, list
   that hash and confirmed with a constant-time compare. Each use spends it (one conditional UPDATE:
   exactly one of two racing uses wins) and issues the next. Presenting a spent one is a replay:
   the whole grant is revoked.
-- Revoking a grant (replay, RFC 7009, `svc-auth grants revoke`, the installation `Disabled`) marks
-  it revoked and puts the jtis of its access tokens that may still be live (issued within the
-  access-token lifetime) on the deny-list, so they stop at once everywhere (FHIR API included) at
-  no cost to the bearer path. Deleting the app, the user or the installation deletes the grant
-  (foreign keys); their access tokens are already refused by the bearer gate.
+- A refresh is answered only while the app still declares the grant's `offline_access` or
+  `online_access` (`--smart-scopes`): once it no longer does, the next refresh ends the grant
+  (`invalid_grant`; declaring it again revives nothing).
+- Revoking a grant (replay, RFC 7009, `svc-auth grants revoke`, the installation `Disabled`, its
+  refresh scope no longer declared) marks it revoked and puts the jtis of its access tokens that
+  may still be live (issued within the access-token lifetime) on the deny-list, so they stop at
+  once everywhere (FHIR API included) at no cost to the bearer path. Deleting the app, the user or
+  the installation deletes the grant (foreign keys); their access tokens are already refused by the
+  bearer gate.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from models.ids import new_secret
 from models.refresh import RefreshToken, SmartGrant
 from models.sandbox import SandboxSession
 from oauth.errors import invalid_grant
-from oauth.scopes import InvalidScope
+from oauth.scopes import OFFLINE_ACCESS, ONLINE_ACCESS, InvalidScope
 from oauth import smart_scopes
 
 REPLAYED = "The refresh token was already used; every token of its grant is revoked (RFC 9700 4.14.2)."
@@ -134,6 +138,17 @@ def narrowed_scope(requested: str | None, granted: str) -> str:
     return " ".join(dict.fromkeys(kept))
 
 
+def refresh_scope_name(grant: SmartGrant) -> str:
+    """The scope the grant's refresh tokens rest on: `offline_access` or `online_access`, which the
+    app must still declare (`Application.smart_scopes`) for a refresh to be answered."""
+    return OFFLINE_ACCESS if grant.access == "offline" else ONLINE_ACCESS
+
+
+def still_declared(app, grant: SmartGrant) -> bool:
+    """Does `app` still declare the scope `grant` rests on (`refresh_scope_name`)?"""
+    return refresh_scope_name(grant) in (app.smart_scopes or "").split()
+
+
 def _locked(runtime, query):
     """`query` (a SELECT) holding the rows it reads until the transaction ends: FOR UPDATE on
     PostgreSQL; on SQLite every transaction already holds the write lock (BEGIN IMMEDIATE)."""
@@ -154,6 +169,10 @@ def rotate(runtime, app, token: str, requested_scope: str | None, jti: str) -> t
         raise invalid_grant(INVALID)
     if not _live(runtime, row.grant):
         raise invalid_grant(INVALID)
+    if not still_declared(app, row.grant):  # its basis is gone: the grant ends
+        revoke_grants(runtime, SmartGrant.id == row.grant_id, "refresh_scope_undeclared")
+        raise invalid_grant(f"The grant has ended: the application no longer declares "
+                            f"{refresh_scope_name(row.grant)}.")
     scope = narrowed_scope(requested_scope, row.grant.scope)  # before spending: a refused scope keeps the token
     with runtime.db.atomic():
         grant = _locked(runtime, SmartGrant.select().where(SmartGrant.id == row.grant_id)).first()
@@ -213,7 +232,8 @@ def revoke_grants_of_jtis(runtime, jtis, reason: str) -> int:
 def introspected(runtime, app, token: str) -> dict | None:
     """RFC 7662 for a refresh token of `app`'s: the claims of a live, unspent one, else None."""
     row = _token_row(runtime, token)
-    if row is None or row.grant.application_id != app.id or row.spent_at is not None or not _live(runtime, row.grant):
+    if (row is None or row.grant.application_id != app.id or row.spent_at is not None or not _live(runtime, row.grant)
+            or not still_declared(app, row.grant)):  # a refresh would end it
         return None
     grant = row.grant
     return {"active": True, "client_id": grant.client_id, "scope": grant.scope, "sub": grant.user_id,

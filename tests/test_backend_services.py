@@ -594,3 +594,41 @@ def test_a_system_token_reads_a_clinic_on_a_fhir_ehr(live, runtime, world, fhir_
     status, _, body = fhir.get("/Encounter", {"patient": "pt-a"})
     assert status == 403, body  # not in its scopes
     assert Fhir(live, world.org.id, answer["access_token"]).get("/Patient")[0] == 403  # installed, not Enabled
+
+
+@pytest.mark.gen_test
+async def test_discovery_lists_exactly_the_auth_methods_introspection_and_revocation_take(api, world, pbackend,
+                                                                                           runtime):
+    """RFC 8414 2: `{introspection,revocation}_endpoint_auth_methods_supported` tell the truth. Each
+    method is tried at each endpoint over HTTP (the token is junk: an authenticated client gets 200)."""
+    from helpers.http import basic_auth
+    from lifecycle.applications import set_public
+    public, _ = register_application(runtime, "Browser", "https://browser.example/cb", "https://browser.example/l")
+    public, _ = set_public(runtime, public.id, True)
+    methods = {
+        "client_secret_basic": lambda: ({"token": "junk"},
+                                        {"Authorization": basic_auth(world.app.client_id, world.secret)}),
+        "client_secret_post": lambda: ({"token": "junk", "client_id": world.app.client_id,
+                                        "client_secret": world.secret}, {}),
+        "none": lambda: ({"token": "junk", "client_id": public.client_id}, {}),
+        "private_key_jwt": lambda: ({"token": "junk", "client_assertion_type": ASSERTION_TYPE,
+                                     "client_assertion": pbackend.assertion()}, {}),
+    }
+    taken = {}
+    for endpoint in ("introspect", "revoke"):
+        taken[endpoint] = set()
+        for method, request in methods.items():
+            form, headers = request()
+            status, _, _ = await api.call("POST", f"/v1/oauth/{endpoint}", body=urllib.parse.urlencode(form),
+                                          headers={**FORM, **headers})
+            assert status in (200, 401), (endpoint, method, status)
+            if status == 200:
+                taken[endpoint].add(method)
+    assert taken["introspect"] == {"client_secret_basic", "client_secret_post", "private_key_jwt"}
+    for path in ("/.well-known/openid-configuration", "/.well-known/oauth-authorization-server"):
+        status, _, meta = await api.call("GET", path)
+        assert status == 200
+        assert set(meta["introspection_endpoint_auth_methods_supported"]) == taken["introspect"], path
+        assert set(meta["revocation_endpoint_auth_methods_supported"]) == taken["revoke"], path
+        for endpoint in ("introspection", "revocation"):  # RFC 8414: present with private_key_jwt
+            assert set(meta[f"{endpoint}_endpoint_auth_signing_alg_values_supported"]) == {"RS384", "ES384"}, path

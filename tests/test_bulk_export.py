@@ -176,6 +176,11 @@ def test_kickoff_refusals(exporter, runtime, world, live):
     status, _, _ = client.request("POST", "/Patient/$export", deep, {**KICKOFF_HEADERS, "Content-Type": "application/fhir+json"})
     assert status == 400
     assert client.request("POST", "/Patient/$export", b"\x00", {**KICKOFF_HEADERS, "Content-Type": "application/json"})[0] == 400
+    # A member repeated in the body is refused naming it, never taken last-wins (as a repeated query parameter).
+    repeated = b'{"resourceType":"Parameters","parameter":[{"name":"_type","valueString":"Group","valueString":"Patient"}]}'
+    status, _, raw = client.request("POST", "/Patient/$export", repeated,
+                                    {**KICKOFF_HEADERS, "Content-Type": "application/fhir+json"})
+    assert status == 400 and "valueString" in json.loads(raw)["issue"][0]["diagnostics"], raw
     assert BulkExport.select().count() == 0
 
 

@@ -39,6 +39,36 @@ async def test_moderate_nesting_inside_strings_is_fine(api, world):
 
 
 @pytest.mark.gen_test
+async def test_a_member_repeated_in_a_json_body_is_refused_naming_it(api, world, runtime, caplog):
+    """A repeated member is refused as a repeated form or query parameter is, never taken last-wins:
+    `{"client_id": "a", "client_id": "b"}` must not authenticate as "b"."""
+    from lifecycle.applications import register_application
+    other, _ = register_application(runtime, "Other", "https://o.example/cb", "https://o.example/l")
+    raw = ('{"grant_type": "client_credentials", "client_id": "%s", "client_id": "%s", "client_secret": "%s"}'
+           % (other.client_id, world.app.client_id, world.secret))
+    status, _, body = await api.call("POST", "/v1/oauth/token", body=raw, headers={"Content-Type": "application/json"})
+    assert status == 400 and body["error"] == "invalid_request", body
+    assert "client_id" in body["error_description"] and "more than once" in body["error_description"]
+    # The same request as a form is refused alike (the rule JSON now follows).
+    form = urllib.parse.urlencode([("grant_type", "client_credentials"), ("client_id", other.client_id),
+                                   ("client_id", world.app.client_id), ("client_secret", world.secret)])
+    status, _, body = await api.call("POST", "/v1/oauth/token", body=form,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 400 and body["error"] == "invalid_request" and "client_id" in body["message"]
+    # The partner API (JSON only), at any depth of the document.
+    headers = {**await partner_headers(api, world.app, world.secret), "Content-Type": "application/json"}
+    for raw in ('{"email": "a@clinic.example", "email": "b@clinic.example", "given_name": "Ann", '
+                '"family_name": "Example", "organization_name": "Ann\'s Clinic"}',
+                '{"email": "a@clinic.example", "given_name": "Ann", "given_name": "Bea"}'):
+        status, _, body = await api.call("POST", "/v1/invitations", body=raw, headers=headers)
+        assert status == 400 and body["error"] == "invalid_request", body
+        assert "more than once" in body["message"], body
+    status, _, body = await api.call("POST", "/v1/invitations", body='{"email": {"x": 1, "x": 2}}', headers=headers)
+    assert status == 400 and body["error"] == "invalid_request" and '"x"' in body["message"], body
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.gen_test
 @pytest.mark.parametrize("value", ["Basic \xff\xfe", "Basic \u00e9t\u00e9", "Basic ////", "Basic AA==",
                                    "Basic " + "YQBiOmM=",  # "a\0b:c"
                                    ])

@@ -237,6 +237,29 @@ async def test_the_grant_ends_with_the_installation_the_app_or_the_user(confiden
         assert SmartGrant.select().count() == 0 and RefreshToken.select().count() == 0
 
 
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("refresh_scope", ["offline_access", "online_access"])
+async def test_the_grant_ends_when_the_app_no_longer_declares_its_refresh_scope(confidential, smart, runtime,
+                                                                                refresh_scope):
+    """The developer takes `offline_access` (or `online_access`) out of the app's SMART scopes: the
+    grants it was the basis of end at their next refresh (invalid_grant), and declaring it again
+    revives none of them."""
+    from lifecycle.applications import set_smart_scopes
+    tokens = await confidential.tokens(f"launch openid {refresh_scope} patient/*.rs")
+    assert refresh_scope in tokens["scope"].split() and tokens["refresh_token"], tokens
+    status, body = await confidential.refresh(tokens["refresh_token"])
+    assert status == 200, body
+    set_smart_scopes(runtime, smart.app.id, " ".join(n for n in REFRESH_SCOPES.split() if n != refresh_scope))
+    assert await confidential.introspect(body["refresh_token"], smart.secret) == {"active": False}
+    status, refused = await confidential.refresh(body["refresh_token"])
+    assert (status, refused["error"]) == (400, "invalid_grant"), refused
+    assert refresh_scope in refused["error_description"]
+    assert SmartGrant.get().revoked_reason == "refresh_scope_undeclared"
+    set_smart_scopes(runtime, smart.app.id, REFRESH_SCOPES)
+    status, again = await confidential.refresh(body["refresh_token"])
+    assert (status, again["error"]) == (400, "invalid_grant"), again
+
+
 @pytest.mark.gen_test(timeout=90)
 async def test_cli_grants_list_and_revoke(confidential, public, smart, settings, world):
     first = await confidential.tokens()

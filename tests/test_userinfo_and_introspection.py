@@ -76,3 +76,56 @@ async def test_introspection_requires_caller_authentication(api, flow):
     tokens = await flow.tokens()
     status, _, body = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]})
     assert status == 401 and body["error"] == "invalid_client"
+
+
+# -- a token every resource refuses is never introspected active (RFC 7662 2.2) ------------------
+
+async def _introspect_as_client(api, world, token):
+    return await api.call("POST", "/v1/oauth/introspect", {"token": token},
+                          headers={"Authorization": basic_auth(world.app.client_id, world.secret)})
+
+
+@pytest.mark.gen_test
+async def test_introspection_of_a_token_whose_user_was_removed_is_inactive(api, flow, world, runtime):
+    from hub.sandbox import issue_sandbox_token
+    from lifecycle.users import create_user
+    from models.directory import User
+    leaver = create_user(world.org.id, "leaver@example.com", "Lea", "Ver", "lver")
+    code = await flow.code(launch_id=await flow.launch(sandbox_token=issue_sandbox_token(runtime, leaver)))
+    status, _, tokens = await flow.exchange(code)
+    assert status == 200, tokens
+    assert (await _introspect_as_client(api, world, tokens["access_token"]))[2]["active"] is True
+    User.delete().where(User.id == leaver.id).execute()
+    bearer = {"Authorization": f"Bearer {tokens['access_token']}"}
+    assert (await api.call("GET", "/v1/oauth/userinfo", headers=bearer))[0] == 401
+    status, _, body = await _introspect_as_client(api, world, tokens["access_token"])
+    assert status == 200 and body == {"active": False}
+
+
+@pytest.mark.gen_test
+async def test_introspection_of_a_token_whose_installation_is_disabled_is_inactive(api, flow, world, runtime):
+    from lifecycle.activation import set_activation_status
+    from lifecycle.verification import record_platform_verification
+    record_platform_verification(runtime, world.app, world.physician)  # the first launch: Disabled
+    set_activation_status(runtime, Installation.find(world.app.id, world.org.id), "Enabled", "test")
+    tokens = await flow.tokens()
+    assert (await _introspect_as_client(api, world, tokens["access_token"]))[2]["active"] is True
+    set_activation_status(runtime, Installation.find(world.app.id, world.org.id), "Disabled", "test")
+    bearer = {"Authorization": f"Bearer {tokens['access_token']}"}
+    status, _, body = await api.call("GET", "/v1/oauth/userinfo", headers=bearer)
+    assert status == 403 and body["error"] == "application_disabled"
+    status, _, body = await _introspect_as_client(api, world, tokens["access_token"])
+    assert status == 200 and body == {"active": False}
+
+
+@pytest.mark.gen_test
+async def test_introspection_of_a_token_whose_installation_was_removed_is_inactive(api, flow, world):
+    tokens = await flow.tokens()
+    assert (await _introspect_as_client(api, world, tokens["access_token"]))[2]["active"] is True
+    Installation.delete().where((Installation.application == world.app.id)
+                                & (Installation.organization == world.org.id)).execute()
+    bearer = {"Authorization": f"Bearer {tokens['access_token']}"}
+    status, _, body = await api.call("GET", "/v1/oauth/userinfo", headers=bearer)
+    assert status == 403 and body["error"] == "not_installed"
+    status, _, body = await _introspect_as_client(api, world, tokens["access_token"])
+    assert status == 200 and body == {"active": False}
