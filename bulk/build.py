@@ -74,7 +74,7 @@ def record_part(runtime, export_id: str, owner: str, part: Part) -> None:
                                   object_key=part.object_key, count=part.count, size=part.size,
                                   patients=list(part.patients))
     if not held:
-        runtime.object_store.delete(part.object_key)
+        runtime.batch_object_store.delete(part.object_key)
         raise ExportGone(export_id)
 
 
@@ -85,7 +85,7 @@ def forget_unfinished_types(runtime, job: BulkExport) -> None:
     stale = list(BulkExportFile.select().where((BulkExportFile.export == job.id)
                                                & BulkExportFile.resource_type.not_in(done or [""])))
     for row in stale:
-        runtime.object_store.delete(row.object_key)
+        runtime.batch_object_store.delete(row.object_key)
     if stale:
         BulkExportFile.delete().where(BulkExportFile.id.in_([r.id for r in stale])).execute()
     written = sum(r.count for r in BulkExportFile.select(BulkExportFile.count).where(BulkExportFile.export == job.id))
@@ -167,7 +167,7 @@ def _write_type(runtime, job: BulkExport, params: ExportParameters, kind: str, o
     settings = runtime.settings
     live = at_most_every(HOLDS_SECONDS, lambda: holds(job.id, owner))
     with temporary_directory() as directory:
-        writer = TypeWriter(runtime.object_store, job.id, kind, settings.bulk_file_max_bytes,
+        writer = TypeWriter(runtime.batch_object_store, job.id, kind, settings.bulk_file_max_bytes,
                             lambda part: record_part(runtime, job.id, owner, part), directory, params.elements)
         try:
             for resource in type_resources(runtime, job, params, kind, ehr, live):

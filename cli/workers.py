@@ -78,6 +78,7 @@ def _consume(runtime, args, stop: threading.Event) -> int:
 
 
 def run_scheduler_command(runtime, args) -> int:
+    from workers.retention import retention_due
     from workers.scheduler import run_scheduler, tick
     if args.interval <= 0:
         raise UsageError("--interval must be positive")
@@ -85,6 +86,7 @@ def run_scheduler_command(runtime, args) -> int:
     if args.once:
         night = tick(runtime)
         print(f"queued the nightly sync of {night}" if night else "nothing to queue now")
+        retention_due(runtime)  # from cron too: today's retention sweep, if no scheduler ran it yet
         return 0
     stop = _wait_for_signal()
     log.info("scheduler running; sync window %s UTC", runtime.settings.sync_window)

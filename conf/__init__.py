@@ -154,6 +154,10 @@ class Settings:
     # Chart ZIPs up to this size are one atomic PutObject; larger ones a multipart upload, which the
     # recovery sweep aborts when its build's lease lapses.
     s3_multipart_bytes: int = 64 * 1024 * 1024
+    # Seconds an S3 call may take to connect, and to wait for each read of its answer: calls made
+    # while an HTTP request waits (tried twice, then 503), and the workers' uploads (tried 5 times).
+    s3_timeout: int = 5
+    s3_batch_timeout: int = 60
     claims_namespace: str = ""
     demo_application_id: str = "demo-application"
     sync_window: str = "02:00-04:00"
@@ -315,7 +319,7 @@ class Settings:
                      "idle_connection_timeout", "hl7_idle_timeout", "hl7_frame_timeout",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "s3_multipart_bytes", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
+                     "console_idle_timeout", "s3_multipart_bytes", "s3_timeout", "s3_batch_timeout", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
                      "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
                      "ehr_batch_max_bytes", "ehr_batch_max_pages",

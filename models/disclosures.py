@@ -30,7 +30,7 @@ class DisclosureRecord(BaseModel):
     resource_type = peewee.CharField(max_length=64, default="")
     resource_ids = JSONText(default=list)
     query = peewee.TextField(default="")
-    jti = peewee.CharField(max_length=200, null=True)
+    jti = peewee.CharField(max_length=200, null=True, index=True)  # an audit's and the retention sweep's look-up
     scope = peewee.TextField(null=True)
     source_address = peewee.CharField(max_length=64, null=True)
     request_id = peewee.CharField(max_length=128, null=True)

@@ -27,6 +27,10 @@ class Launch(BaseModel):
     # SMART launch context: the patient the app was launched for (a FHIR Patient id), if any.
     patient_id = peewee.CharField(max_length=64, null=True)
 
+    class Meta:
+        # Each app's and user's newest launch (`last_launch_at`), which retention keeps (workers.retention).
+        indexes = ((("application", "user", "created_at"), False),)
+
     @classmethod
     def of_application(cls, launch_id: str, application_id: str) -> "Launch | None":
         """The launch `launch_id` issued for `application_id`, with `launch.installation` (that app's

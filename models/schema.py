@@ -269,6 +269,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # The OAuth security review (branch rev-oauth) numbers its steps 49xx.
     (4901, "authorization_code.replayed_at: a replayed code stops the refresh grant its first use is starting",
      _add_missing_columns("authorization_code", ("replayed_at", peewee.DateTimeField(null=True)))),
+    # Retention of short-lived rows (branch retain) numbers its steps 51xx.
+    (5101, "indexes for the retention sweep: disclosure_record.jti (a record's token), launch (app, user, created_at)",
+     lambda migrator: [model._schema.create_indexes(safe=True) for model in (DisclosureRecord, Launch)]),
 )
 
 

@@ -92,7 +92,7 @@ class Runtime:
             settings, "console_signin", self.console_signin_policy(), self.clock.time, self.hasher)
         # Backend apps' public keys (SMART Backend Services): JWKS URLs fetched and cached per app.
         self.client_jwks = ClientKeySets(monotonic=self.clock.time)
-        self._object_store = None
+        self._object_stores: dict = {}
         self._task_queue = None
         self._metrics = None
         self.ehr_keys = EhrClientKeys(self.keyring.cipher)  # svc-auth's key at FHIR EHRs (/ehr/jwks.json)
@@ -124,11 +124,20 @@ class Runtime:
 
     @property
     def object_store(self):
-        """Where chart ZIPs live: S3 (boto3) when SVC_S3_BUCKET is set, else `var/objects/` (built lazily)."""
-        if self._object_store is None:
+        """Where chart ZIPs live: S3 (boto3) when SVC_S3_BUCKET is set, else `var/objects/` (built lazily).
+        For calls made while an HTTP request waits: short timeouts (SVC_S3_TIMEOUT)."""
+        return self._store(batch=False)
+
+    @property
+    def batch_object_store(self):
+        """The same store for the workers' uploads and the sweeps: longer timeouts (SVC_S3_BATCH_TIMEOUT)."""
+        return self._store(batch=True)
+
+    def _store(self, batch: bool):
+        if batch not in self._object_stores:
             from storage import open_object_store
-            self._object_store = open_object_store(self.settings, self.hasher, self.clock)
-        return self._object_store
+            self._object_stores[batch] = open_object_store(self.settings, self.hasher, self.clock, batch=batch)
+        return self._object_stores[batch]
 
     @property
     def metrics(self):

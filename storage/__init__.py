@@ -57,11 +57,20 @@ class ObjectStore(Protocol):
         """Discard an unfinished upload (no error when it is already gone)."""
 
 
-def open_object_store(settings, hasher, clock) -> ObjectStore:
-    """The store the configuration names: S3 when a bucket is configured, else the local one."""
+REQUEST_ATTEMPTS = 2  # a call made while an HTTP request waits: one retry, then 503 + Retry-After
+BATCH_ATTEMPTS = 5    # a worker's call (a chart ZIP's or a Bulk Data file's upload): Dramatiq retries the task too
+
+
+def open_object_store(settings, hasher, clock, batch: bool = False) -> ObjectStore:
+    """The store the configuration names: S3 when a bucket is configured, else the local one.
+
+    S3 calls are bounded: made while an HTTP request waits, SVC_S3_TIMEOUT seconds to connect and
+    per read, tried twice; a worker's (`batch`), SVC_S3_BATCH_TIMEOUT, tried five times."""
     if settings.s3_bucket:
         from storage.s3 import S3ObjectStore
+        timeout, attempts = ((settings.s3_batch_timeout, BATCH_ATTEMPTS) if batch
+                             else (settings.s3_timeout, REQUEST_ATTEMPTS))
         return S3ObjectStore(settings.s3_bucket, settings.s3_endpoint_url or None,
-                             multipart_bytes=settings.s3_multipart_bytes)
+                             multipart_bytes=settings.s3_multipart_bytes, timeout=timeout, attempts=attempts)
     from storage.local import LocalObjectStore
     return LocalObjectStore(settings.objects_dir, settings.public_url, hasher, clock)

@@ -41,14 +41,19 @@ def _naive_utc(moment: dt.datetime) -> dt.datetime:
 
 
 class S3ObjectStore:
-    def __init__(self, bucket: str, endpoint_url: str | None = None, multipart_bytes: int = 64 * 1024 * 1024):
+    def __init__(self, bucket: str, endpoint_url: str | None = None, multipart_bytes: int = 64 * 1024 * 1024,
+                 timeout: float = 60, attempts: int = 5):
+        """`timeout`: seconds to connect, and to wait for each read of an answer; `attempts`: tries
+        of one call in all (botocore's standard retries), so a silent S3 costs at most about
+        `timeout * attempts` seconds per call (storage.open_object_store chooses them)."""
         self.bucket = bucket
         self.multipart_bytes = multipart_bytes
         session = boto3.session.Session()
         self.client = session.client(
             "s3", endpoint_url=endpoint_url, region_name=session.region_name or "us-east-1",
             config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                          retries={"max_attempts": 5, "mode": "standard"}))
+                          connect_timeout=timeout, read_timeout=timeout,
+                          retries={"total_max_attempts": attempts, "mode": "standard"}))
         self._bucket_checked = False
         self._lock = threading.Lock()
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import pytest
 import pyzipper
@@ -12,9 +13,10 @@ from lifecycle.applications import register_application
 from models.charts import ChartRequest
 from models.disclosures import DisclosureRecord
 from helpers.charts import fetch_zip, wait_until_not_pending
-from helpers.processes import free_port
+from helpers.http import LiveHttp
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from helpers.rest import partner_headers
-from helpers.s3 import AWS
+from helpers.s3 import AWS, SilentServer
 from ratelimit.policy import DEFAULT_LIMITS
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
@@ -134,6 +136,34 @@ async def test_an_unreachable_object_store_is_503_with_retry_after(api, world, r
     assert status == 503 and int(response_headers["Retry-After"]) > 0, (status, body)
     assert body["error"] == "temporarily_unavailable" and "object store" in body["message"]
     assert not DisclosureRecord.select().where(DisclosureRecord.outcome == "success").exists()  # nothing went out
+
+
+def test_a_silent_object_store_is_503_with_retry_after_within_seconds(world, settings, tmp_path):
+    """An S3 endpoint that accepts connections and never answers: botocore's default 60 s read
+    timeout times its retries held the request (and a pool thread) for minutes. The test-mode ZIP is
+    built into the store on first use; a `serve` process on that endpoint answers 503 + Retry-After
+    within SVC_S3_TIMEOUT (5 s) times two tries."""
+    silent = SilentServer()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = settings_env(settings, SVC_ISSUER=base, SVC_PUBLIC_URL=base, SVC_S3_BUCKET="charts-silent",
+                       SVC_S3_ENDPOINT_URL=silent.url, **AWS)
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    try:
+        http = LiveHttp(base)
+        status, _, token = http.call("POST", "/v1/oauth/token", {
+            "grant_type": "client_credentials", "client_id": world.app.client_id, "client_secret": world.secret})
+        assert status == 200, token
+        started = time.monotonic()
+        status, headers, body = http.call("GET", f"/v1/chart-retrieval/download-url/{TEST_ID}",
+                                          headers={"Authorization": f"Bearer {token['access_token']}"})
+        waited = time.monotonic() - started
+    finally:
+        stop_process(proc)
+        silent.close()
+    assert status == 503 and int(headers["Retry-After"]) > 0, (status, body)
+    assert body["error"] == "temporarily_unavailable" and "object store" in body["message"]
+    assert waited < 20, waited
 
 
 @pytest.mark.gen_test(timeout=60)

@@ -9,6 +9,7 @@ from workers.activity import record_activity
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
 from models.schedule import ScheduledRun
+from workers.retention import JOB as RETENTION_JOB
 
 from helpers.processes import free_port, settings_env, start_process, stop_process
 
@@ -44,7 +45,8 @@ def test_serve_schedules_and_builds_the_night_in_process(runtime, world, setting
         snapshot = Snapshot.latest_complete(world.org.id)
         assert snapshot is not None, (tmp_path / "serve0.log").read_text()[-3000:]
         assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id).count() > 0
-        assert ScheduledRun.select().count() == 1  # two processes, one claim
+        assert ScheduledRun.select().where(ScheduledRun.job != RETENTION_JOB).count() == 1  # two processes, one claim
+        assert ScheduledRun.select().where(ScheduledRun.job == RETENTION_JOB).count() == 1  # and one retention sweep
     finally:
         for proc in procs:
             assert stop_process(proc) == 0

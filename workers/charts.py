@@ -60,7 +60,7 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
         chart = connector_for(runtime, request.organization, Bounds.batch(runtime.settings),
                               recorder).fetch_chart(request.patient_id)
         key = chart_key(request_id)
-        store = runtime.object_store
+        store = runtime.batch_object_store
         with tempfile.TemporaryDirectory(prefix="svc-chart-") as directory:
             path = write_chart_zip(chart, request_id, zip_password(request.application_id), directory)
             store.put_file(key, path)

@@ -150,7 +150,7 @@ def delete_expired_exports(runtime) -> list[str]:
 
 def abort_stale_uploads(runtime) -> list[str]:
     """Abort unfinished uploads under `bulk/` of exports no live delivery is building."""
-    store, now = runtime.object_store, runtime.clock.now()
+    store, now = runtime.batch_object_store, runtime.clock.now()
     live = {job.id for job in BulkExport.select(BulkExport.id).where(
         BulkExport.status.in_(("pending", "cancelled")) & (BulkExport.lease_until >= now))}
     aborted = []

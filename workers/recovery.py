@@ -155,7 +155,7 @@ def _upload_is_live(upload: UnfinishedUpload, live_keys: set[str], now: dt.datet
 
 def sweep_uploads(runtime) -> list[str]:
     """Abort the object store's unfinished uploads that no live build is writing; returns their keys."""
-    store = runtime.object_store
+    store = runtime.batch_object_store
     now = runtime.clock.now()
     live_keys = {chart_key(r.id) for r in ChartRequest.select(ChartRequest.id).where(
         (ChartRequest.status == "pending") & (ChartRequest.lease_until >= now))}

@@ -15,6 +15,7 @@ import threading
 from models.schedule import ScheduledRun
 from workers.loops import run_every
 from workers.recovery import sweep
+from workers.retention import retention_due
 from workers.snapshot import NIGHTLY_JOB, enqueue_night, night_window
 
 log = logging.getLogger("svc_auth.scheduler")
@@ -49,6 +50,7 @@ def tick(runtime, now: dt.datetime | None = None) -> dt.date | None:
 def tick_and_sweep(runtime) -> None:
     tick(runtime)
     sweep(runtime)  # also re-queue the work of workers that died (workers.recovery)
+    retention_due(runtime)  # once a day: delete the rows of sign-in and authorization nothing needs (workers.retention)
 
 
 def run_scheduler(runtime, stop: threading.Event, interval: float = 30.0) -> None:

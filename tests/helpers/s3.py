@@ -119,3 +119,44 @@ class HoldingProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class SilentServer:
+    """A TCP server on loopback that accepts every connection, reads what it is sent and never
+    answers: an S3 endpoint that has hung (the connect succeeds, no byte ever comes back)."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.listener.close()
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.sockets.append(client)
+            threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _swallow(client: socket.socket) -> None:
+        try:
+            while client.recv(65536):
+                pass
+        except OSError:
+            pass
