@@ -46,20 +46,13 @@ def worker_env(settings) -> dict:
                         SVC_TASK_RECOVERY_SECONDS=settings.task_recovery_seconds, **AWS)
 
 
-class HoldingProxy:
-    """A TCP proxy in front of the S3 test server that can hold a writer inside an upload.
+class _LoopbackListener:
+    """A TCP listener on loopback whose accepted connections a subclass handles (`_connected`);
+    `close()` stops it and closes every connection it holds."""
 
-    Armed with a pattern, it never forwards the first request whose bytes match (say, the `PUT` of a
-    chart object or of one of its parts) and sets `held`: the writer then sits inside that upload
-    for as long as the test wants, and a kill lands there every time. Everything else is forwarded
-    unchanged, both ways."""
-
-    def __init__(self, upstream_port: int):
-        self.upstream_port = upstream_port
+    def __init__(self):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.pattern: re.Pattern | None = None
-        self.held = threading.Event()
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -68,14 +61,7 @@ class HoldingProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def arm(self, pattern: bytes) -> None:
-        """Hold the next request matching `pattern`."""
-        self.held.clear()
-        self.pattern = re.compile(pattern)
-
-    def disarm(self) -> None:
-        """Forward everything from now on, and drop the connections open until now (a held one too)."""
-        self.pattern = None
+    def _drop_connections(self) -> None:
         with self.lock:
             sockets, self.sockets = self.sockets, []
         for sock in sockets:
@@ -86,7 +72,7 @@ class HoldingProxy:
             sock.close()
 
     def close(self) -> None:
-        self.disarm()
+        self._drop_connections()
         self.listener.close()
 
     def _accept(self) -> None:
@@ -95,11 +81,42 @@ class HoldingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            with self.lock:
-                self.sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+            self._connected(client)
+
+    def _connected(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class HoldingProxy(_LoopbackListener):
+    """A TCP proxy in front of the S3 test server that can hold a writer inside an upload.
+
+    Armed with a pattern, it never forwards the first request whose bytes match (say, the `PUT` of a
+    chart object or of one of its parts) and sets `held`: the writer then sits inside that upload
+    for as long as the test wants, and a kill lands there every time. Everything else is forwarded
+    unchanged, both ways."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.pattern: re.Pattern | None = None
+        self.held = threading.Event()
+        super().__init__()
+
+    def arm(self, pattern: bytes) -> None:
+        """Hold the next request matching `pattern`."""
+        self.held.clear()
+        self.pattern = re.compile(pattern)
+
+    def disarm(self) -> None:
+        """Forward everything from now on, and drop the connections open until now (a held one too)."""
+        self.pattern = None
+        self._drop_connections()
+
+    def _connected(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        with self.lock:
+            self.sockets += [client, upstream]
+        threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
     def _pump(self, source: socket.socket, target: socket.socket, from_client: bool) -> None:
         holding = False
@@ -121,37 +138,14 @@ class HoldingProxy:
                     pass
 
 
-class SilentServer:
+class SilentServer(_LoopbackListener):
     """A TCP server on loopback that accepts every connection, reads what it is sent and never
     answers: an S3 endpoint that has hung (the connect succeeds, no byte ever comes back)."""
 
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.listener.close()
+    def _connected(self, client: socket.socket) -> None:
         with self.lock:
-            sockets, self.sockets = self.sockets, []
-        for sock in sockets:
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.sockets.append(client)
-            threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
+            self.sockets.append(client)
+        threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
 
     @staticmethod
     def _swallow(client: socket.socket) -> None:
