@@ -14,9 +14,8 @@ incomplete multipart upload, or a `_uploads/` staging object of versions before 
 """
 from __future__ import annotations
 
+import sys
 from typing import Iterator, Protocol
-
-from botocore.exceptions import ClientError, ConnectionError as S3ConnectionError, HTTPClientError
 
 from storage.uploads import UnfinishedUpload
 
@@ -24,10 +23,15 @@ from storage.uploads import UnfinishedUpload
 def store_unreachable(exc: BaseException) -> bool:
     """Is `exc` the object store failing, never the caller's fault: S3 unreachable (refused, a
     timeout, a dropped connection) or answering 5xx (`SlowDown`, `ServiceUnavailable`,
-    `InternalError`)? `Runtime.run` answers such a request 503 + Retry-After."""
-    if isinstance(exc, (S3ConnectionError, HTTPClientError)):
+    `InternalError`)? `Runtime.run` answers such a request 503 + Retry-After. botocore is looked up,
+    not imported: a process that never made an S3 client (the embedded store) cannot have its errors,
+    and starts without loading it."""
+    errors = sys.modules.get("botocore.exceptions")
+    if errors is None:
+        return False
+    if isinstance(exc, (errors.ConnectionError, errors.HTTPClientError)):
         return True
-    return isinstance(exc, ClientError) and exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
+    return isinstance(exc, errors.ClientError) and exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
 
 
 class ObjectStore(Protocol):
