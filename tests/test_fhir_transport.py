@@ -350,8 +350,9 @@ class Hostile(LoopbackEhr):
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/fhir+json")
-                if shape == "declared":
-                    self.send_header("Content-Length", str(BOUNDS.max_bytes + 1))
+                if shape in ("declared", "declared-digits"):
+                    # declared-digits: more digits than Python's int() reads (4,300)
+                    self.send_header("Content-Length", str(BOUNDS.max_bytes + 1) if shape == "declared" else "9" * 5000)
                     self.end_headers()
                     self.wfile.write(b"{" * 1024)
                     return
@@ -387,6 +388,20 @@ def test_every_bound_holds_on_both_drivers(shape, error, bound, driver):
             driver.send(driver.transport(ehr.base, short), "GET", f"{ehr.base}/Patient/p")
         assert raised.value.bound == bound and time.monotonic() - started < 2.5
         assert ehr.requests == 1
+    finally:
+        ehr.close()
+
+
+def test_a_content_length_of_5000_digits_is_the_ehrs_error_not_ours(driver):
+    """A hostile EHR's Content-Length of 5,000 digits: past the size limit on the blocking driver
+    (it was a bare ValueError from int(), a 500), not HTTP to llhttp on the loop's; an EHR's error
+    either way, never an exception of ours."""
+    ehr = Hostile("declared-digits")
+    try:
+        with pytest.raises(ConnectorError) as raised:
+            driver.send(driver.transport(ehr.base), "GET", f"{ehr.base}/Patient/p")
+        if driver.kind == "blocking":
+            assert isinstance(raised.value, BoundExceeded) and raised.value.bound == "max_bytes"
     finally:
         ehr.close()
 

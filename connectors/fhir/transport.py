@@ -425,7 +425,9 @@ class Transport:
     def _check_declared(self, head, url: str) -> None:
         """`max_bytes` against an answer's declared Content-Length, before its body is read."""
         declared = head.get("Content-Length")
-        if declared and declared.isascii() and declared.isdigit() and int(declared) > self.bounds.max_bytes:
+        # Past 18 digits it is past any limit: int() of 4,300 digits or more raises ValueError.
+        if declared and declared.isascii() and declared.isdigit() and (len(declared) > 18
+                                                                       or int(declared) > self.bounds.max_bytes):
             raise self._too_big(url)
 
     def _chunks(self, response, url: str, deadline: float, cut: threading.Event):
