@@ -8,6 +8,10 @@ A client_id or id that is not there is remembered too (up to `MAX_MISSING` of th
 are forgotten all at once; one longer than any can be is not even looked up), so a spray of wrong secrets for unknown client_ids costs no database
 round trip after the first, and an unknown client_id is answered as fast as a known one: timing
 does not tell which exist either. A new application is announced like any change, which drops them.
+
+Every origin some application registered (what a CORS preflight is answered for) is kept too, read
+from every application once after each change, so an unauthenticated preflight is a set lookup and
+never a scan of the applications table.
 """
 from __future__ import annotations
 
@@ -29,8 +33,10 @@ class ApplicationCache:
         self._by_client_id: dict[str, Application] = {}
         self._by_id: dict[str, Application] = {}
         self._missing: set[tuple[str, str]] = set()  # (index, key) known to have no application
+        self._origins: frozenset[str] | None = None  # every registered origin, None until read
         self._generation = 0
         self._lock = threading.Lock()
+        self._origins_read = threading.Lock()  # one read of every origin at a time: a burst waits for it
 
     def clear(self) -> None:
         with self._lock:
@@ -38,6 +44,7 @@ class ApplicationCache:
             self._by_client_id = {}
             self._by_id = {}
             self._missing = set()
+            self._origins = None
 
     def _remember_missing(self, generation: int, entry: tuple[str, str]) -> None:
         with self._lock:
@@ -55,6 +62,26 @@ class ApplicationCache:
     def cached(self, client_id) -> Application | None:
         """The application if this process holds it now (never reads the database)."""
         return self._by_client_id.get(client_id) if isinstance(client_id, str) else None
+
+    def held_origins(self) -> frozenset[str] | None:
+        """Every registered origin if this process holds them now (never reads the database)."""
+        return self._origins
+
+    def origins(self, load) -> frozenset[str]:
+        """Every origin some application registered, as `load()` reads them from every application
+        (oauth.cors owns their normalization): read once after each change, then from memory.
+        Preflights that arrive during the read wait for it rather than each reading every application."""
+        origins = self._origins
+        if origins is None:
+            with self._origins_read:
+                origins = self._origins
+                if origins is None:
+                    generation = self._generation
+                    origins = load()
+                    with self._lock:
+                        if generation == self._generation:
+                            self._origins = origins
+        return origins
 
     def by_client_id(self, client_id) -> Application | None:
         """The application with this client_id (shared, read-only object), or None."""

@@ -3,7 +3,8 @@ the FHIR API): the preflight answer and the response's `Access-Control-*` header
 from __future__ import annotations
 
 from handlers.base import BaseHandler
-from oauth.cors import ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client, origin_registered
+from oauth.cors import (ALLOWED_HEADERS, ALLOWED_METHODS, MAX_AGE_SECONDS, origin_allowed_for_client,
+                        origin_registered, registered_origins)
 
 
 class CorsHandler(BaseHandler):
@@ -21,13 +22,21 @@ class CorsHandler(BaseHandler):
 
     async def options(self):
         origin = self.request.headers.get("Origin")
-        if origin and await self.run(origin_registered, origin):
+        if origin and origin_registered(await self.known_origins(), origin):
             self.set_header("Access-Control-Allow-Origin", origin)
             self.set_header("Access-Control-Allow-Methods", ALLOWED_METHODS)
             self.set_header("Access-Control-Allow-Headers", ALLOWED_HEADERS)
             self.set_header("Access-Control-Max-Age", str(MAX_AGE_SECONDS))
         self.set_status(204)
         self.finish()
+
+    async def known_origins(self) -> frozenset[str]:
+        """Every registered origin: from memory on the IOLoop, else read once in the pool."""
+        applications = self.runtime.applications
+        origins = applications.held_origins()
+        if origins is None:
+            origins = await self.run(applications.origins, registered_origins)
+        return origins
 
     async def allow_origin_of(self, client_id: str | None) -> None:
         """Let the request's origin read this response when `client_id` registered it."""

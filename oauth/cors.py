@@ -1,6 +1,8 @@
 """CORS for an application's own browser code calling the OAuth endpoints (`--allowed-origin`).
 
-A preflight carries no credentials, so it is answered for any origin some application registered;
+A preflight carries no credentials, so it is answered for any origin some application registered
+(every registered origin is held in the application cache, read once per change to applications:
+a preflight from anyone never scans the applications table);
 the real response names the calling application (client_id in the body or HTTP Basic, or the
 access token's client) and carries `Access-Control-Allow-Origin` only when that application
 registered the request's origin. A browser on any other origin cannot read the answer.
@@ -51,9 +53,14 @@ def origin_allowed_for_client(applications, client_id: str | None, origin: str |
     return app is not None and origin in _registered(app)
 
 
-def origin_registered(origin: str | None) -> bool:
-    """True when any application registered `origin` (enough to answer a preflight)."""
+def registered_origins() -> frozenset[str]:
+    """Every origin some application registered, normalized: reads every application (the
+    application cache calls it once per change: `ApplicationCache.origins`)."""
+    return frozenset(o for app in Application.select(Application.allowed_origins) for o in _registered(app))
+
+
+def origin_registered(origins: frozenset[str], origin: str | None) -> bool:
+    """True when `origin` is one of `origins` (`registered_origins()`) once normalized: enough to
+    answer a preflight."""
     origin = normalize_origin(origin)
-    if origin is None:
-        return False
-    return any(origin in _registered(app) for app in Application.select(Application.allowed_origins))
+    return origin is not None and origin in origins

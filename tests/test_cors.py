@@ -1,10 +1,14 @@
-"""`apps create --allowed-origin`: CORS for that application's browser calls, over real HTTP."""
+"""`apps create --allowed-origin`: CORS for that application's browser calls, over real HTTP; the
+preflight's registered origins held in memory and following changes made by any process."""
+import asyncio
 import dataclasses
 from typing import Any
 
 import pytest
 
-from helpers.http import basic_auth
+from helpers.http import basic_auth, http
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
+from helpers.statements import StatementCounter
 from helpers.worlds import World
 
 APP_ORIGIN = "https://notes.example"
@@ -89,3 +93,85 @@ def test_allowed_origin_must_be_an_origin(runtime):
     with pytest.raises(ApiError, match="scheme://host"):
         register_application(runtime, "A", "https://a.example/app", "https://a.example/launch",
                              allowed_origins=["https://a.example/path"])
+
+
+def preflight_allows(base: str, origin: str) -> bool:
+    """A real preflight from `origin` to the token endpoint of `base` is answered for it."""
+    status, headers, _ = http("OPTIONS", f"{base}/v1/oauth/token", None,
+                              {"Origin": origin, "Access-Control-Request-Method": "POST"})
+    assert status == 204
+    return headers.get("Access-Control-Allow-Origin") == origin
+
+
+def every_process(base: str, origin: str, allowed: bool) -> bool:
+    """Ten preflights, each on a new connection (spread over the serve processes), all answer `allowed`."""
+    return all(preflight_allows(base, origin) == allowed for _ in range(10))
+
+
+@pytest.fixture
+def two_processes(settings, cors_world, tmp_path):
+    """`svc-auth serve --processes 2` over the test's database and `cors_world`; yields its address."""
+    port = free_port()
+    proc = start_process(["serve", "--port", str(port), "--processes", "2"], settings_env(settings), port,
+                         log_path=tmp_path / "serve.log")
+    yield f"http://127.0.0.1:{port}"
+    stop_process(proc)
+
+
+@pytest.mark.slow
+def test_preflights_follow_origin_changes_made_by_other_processes(two_processes, cors_world, cli):
+    """The serve processes hold every registered origin in memory; an origin added, replaced or
+    deleted by the CLI (another process, as another host would be) is answered accordingly within
+    the change feed's poll, as the rest of an application's settings are."""
+    from models.application import DISABLED, Installation
+    app, other, new = cors_world.app, cors_world.other, "https://new.example"
+    for origin, allowed in ((APP_ORIGIN, True), (OTHER_ORIGIN, True), (new, False)):  # and held in memory
+        wait_until(lambda: every_process(two_processes, origin, allowed), 10, f"{origin} allowed={allowed}")
+
+    cli("apps", "update", "--app", app.id, "--allowed-origin", "HTTPS://New.Example:443", "--json")
+    wait_until(lambda: every_process(two_processes, new, True), 10, "the added origin")
+    assert every_process(two_processes, APP_ORIGIN, False)  # replaced: refused
+    assert every_process(two_processes, OTHER_ORIGIN, True)
+
+    # A disabled installation changes nothing: a preflight names no application (the real request,
+    # which does, is refused by the installation's check).
+    Installation.update(activation_status=DISABLED).where(Installation.application == app.id).execute()
+    assert every_process(two_processes, new, True)
+
+    cli("apps", "delete", "--app", other.id, "--yes", "--json")
+    wait_until(lambda: every_process(two_processes, OTHER_ORIGIN, False), 10, "the deleted app's origin refused")
+    cli("apps", "update", "--app", app.id, "--no-allowed-origins", "--json")
+    wait_until(lambda: every_process(two_processes, new, False), 10, "the removed origin refused")
+
+
+@pytest.mark.gen_test
+async def test_a_preflight_reads_no_application_once_the_origins_are_held(api, cors_world, runtime):
+    """Every preflight (unauthenticated, from anyone) read and normalized every application's
+    origins: the applications table scanned per request. The registered origins are now read once
+    after each change to applications, then answered from memory with no database round trip."""
+    from lifecycle.applications import register_application
+    from lifecycle.manifest import update_manifest
+    for i in range(40):
+        register_application(runtime, f"App {i}", f"https://app{i}.example/cb", f"https://app{i}.example/launch",
+                             allowed_origins=[f"https://app{i}.example"])
+
+    async def allows(origin: str) -> bool:
+        status, headers, _ = await api.call("OPTIONS", "/v1/oauth/token",
+                                            headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert status == 204
+        return headers.get("Access-Control-Allow-Origin") == origin
+    with StatementCounter(runtime.db) as counter:
+        assert await allows(APP_ORIGIN)
+        assert len(counter.statements) == 1  # every application's origins, read once
+        counter.reset()
+        for origin in (APP_ORIGIN, "https://app39.example", "https://APP7.example:443", OTHER_ORIGIN):
+            assert await allows(origin), origin
+        for origin in ("https://unknown.example", "null", "https://app1.example/path", "http://app1.example",
+                       "https://" + "x" * 4000 + ".example"):
+            assert not await allows(origin), origin
+        assert counter.statements == []
+    # A change to any application is announced: the origins are read again, once for a burst.
+    update_manifest(runtime, cors_world.app.id, "operator", allowed_origins=["https://moved.example"])
+    with StatementCounter(runtime.db) as counter:
+        answers = await asyncio.gather(*(allows(o) for o in ["https://moved.example", APP_ORIGIN] * 5))
+        assert answers == [True, False] * 5 and len(counter.statements) == 1
