@@ -249,8 +249,10 @@ class Settings:
     ehr_batch_deadline: int = 120
     ehr_batch_max_bytes: int = 32 * 1024 * 1024
     ehr_batch_max_pages: int = 1000
-    # Developer console: a session unused for this long is signed out.
+    # Developer console: a session unused for this long is signed out, and any session this long
+    # after its sign-in, however busy (an absolute lifetime: a stolen cookie is not good forever).
     console_idle_timeout: int = 30 * 60
+    console_session_lifetime: int = 12 * 3600
     # Console sign-in: failures allowed per account and per source address in a window, "COUNT/SECONDS".
     console_signin_failure_limit: tuple = (5, 900)
     # A chart request or snapshot whose worker died is found and re-queued within this many
@@ -319,7 +321,8 @@ class Settings:
                      "idle_connection_timeout", "hl7_idle_timeout", "hl7_frame_timeout",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "s3_multipart_bytes", "s3_timeout", "s3_batch_timeout", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
+                     "console_idle_timeout", "console_session_lifetime",
+                     "s3_multipart_bytes", "s3_timeout", "s3_batch_timeout", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
                      "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
                      "ehr_batch_max_bytes", "ehr_batch_max_pages",

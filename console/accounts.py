@@ -1,5 +1,5 @@
 """Console accounts: operator invitations, passwords (Argon2id), optional TOTP, server-side
-sessions with idle expiry, and which applications a developer may manage.
+sessions with idle and absolute expiry, and which applications a developer may manage.
 
 Tokens (invitation links, session cookies) carry 256 random bits and are stored only as keyed
 hashes (`runtime.hasher`), like client secrets; passwords, which people choose, get Argon2id.
@@ -169,17 +169,17 @@ def start_console_session(runtime, developer: Developer) -> str:
 
 
 def session_developer(runtime, token: str | None) -> Developer | None:
-    """The developer of a live session, touching it; None when unknown or idle too long."""
+    """The developer of a live session, touching it; None (the session deleted) when unknown, idle
+    too long, or signed in longer ago than SVC_CONSOLE_SESSION_LIFETIME, however recently used."""
     if not token:
         return None
     now = runtime.clock.now()
-    idle_since = now - dt.timedelta(seconds=runtime.settings.console_idle_timeout)
     session = (ConsoleSession.select(ConsoleSession, Developer).join(Developer)
                .where(ConsoleSession.token_hash.in_(runtime.hasher.digests(token))).first())
     if session is None:
         return None
     digest = session.token_hash  # made under the current SVC_HMAC_KEY or a previous one
-    if session.last_seen_at <= idle_since:
+    if session.ended(runtime.settings, now):
         ConsoleSession.delete().where(ConsoleSession.token_hash == digest).execute()
         return None
     ConsoleSession.update(last_seen_at=now).where(ConsoleSession.token_hash == digest).execute()

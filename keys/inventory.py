@@ -11,7 +11,6 @@ SVC_PRESIGNED_URL_TTL and are re-made on request.
 """
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -45,8 +44,7 @@ def _unused(model, now):
 
 
 def _console_sessions(runtime, now):
-    idle_since = now - dt.timedelta(seconds=runtime.settings.console_idle_timeout)
-    return ConsoleSession.select(ConsoleSession.key_id).where(ConsoleSession.last_seen_at > idle_since)
+    return ConsoleSession.select(ConsoleSession.key_id).where(ConsoleSession.live_at(runtime.settings, now))
 
 
 def _sandbox_sessions(runtime, now):

@@ -13,6 +13,7 @@ def test_defaults_match_the_contract():
     assert (s.code_ttl, s.launch_ttl, s.access_token_ttl, s.id_token_ttl, s.sandbox_token_ttl,
             s.presigned_url_ttl) == (60, 300, 300, 3600, 1800, 900)
     assert s.keys_dir == "var/keys" and s.objects_dir == "var/objects"
+    assert (s.console_idle_timeout, s.console_session_lifetime) == (1800, 12 * 3600)
 
 
 def test_environment_and_dotenv(tmp_path):
@@ -35,6 +36,8 @@ def test_environment_and_dotenv(tmp_path):
     ({"SVC_EHR_INTERACTIVE_DEADLINE": "0"}, "SVC_EHR_INTERACTIVE_DEADLINE"),
     ({"SVC_EHR_BATCH_MAX_PAGES": "many"}, "SVC_EHR_BATCH_MAX_PAGES"),
     ({"SVC_EHR_BATCH_MAX_BYTES": "-1"}, "SVC_EHR_BATCH_MAX_BYTES"),
+    ({"SVC_CONSOLE_SESSION_LIFETIME": "0"}, "SVC_CONSOLE_SESSION_LIFETIME"),
+    ({"SVC_CONSOLE_SESSION_LIFETIME": "12h"}, "SVC_CONSOLE_SESSION_LIFETIME"),
 ])
 def test_bad_values_are_refused_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=name):

@@ -21,6 +21,7 @@ from lifecycle.applications import install_application, register_application
 from lifecycle.organizations import create_organization, update_organization
 from models.application import Application
 from models.audit import AuditEvent
+from models.developers import ConsoleSession
 from errors import ApiError
 from oauth.secret_rotation import is_current_secret
 
@@ -251,6 +252,29 @@ async def test_idle_session_expires(http_client, base_url, runtime, world):
     assert (await client.get("/console")).headers["Location"] == "/console/login"
 
 
+@pytest.mark.gen_test(timeout=120)
+async def test_a_busy_session_ends_at_its_absolute_lifetime(http_client, base_url, runtime, world):
+    client = await developer(http_client, base_url, runtime, world.app.id, "dev@partner.example")
+    lifetime = runtime.settings.console_session_lifetime
+    await client.keep_busy(runtime, lifetime - 60)  # used a minute before the lifetime ends
+    runtime.clock.advance(120)  # a minute past it: used a minute ago, not idle
+    refused = await client.get("/console")
+    assert refused.code == 302 and refused.headers["Location"] == "/console/login"
+    assert "svc_console" not in client.cookies and ConsoleSession.select().count() == 0  # ended, not just refused
+    assert (await client.sign_in("dev@partner.example", PASSWORD)).code == 303  # a new sign-in starts a new one
+    assert (await client.get("/console")).code == 200
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.svc_settings(console_session_lifetime=600)
+async def test_the_session_lifetime_is_a_setting(http_client, base_url, runtime, world):
+    client = await developer(http_client, base_url, runtime, world.app.id, "dev@partner.example")
+    runtime.clock.advance(590)
+    assert (await client.get("/console")).code == 200
+    runtime.clock.advance(20)  # idle 20 s, signed in 610 s ago
+    assert (await client.get("/console")).headers["Location"] == "/console/login"
+
+
 # -- isolation, CSRF, throttling ---------------------------------------------------------------
 
 @pytest.mark.gen_test(timeout=90)
@@ -286,6 +310,7 @@ async def test_a_developer_sees_and_changes_only_their_own_applications(http_cli
 async def test_a_post_without_the_csrf_token_is_403(api, http_client, base_url, runtime, world):
     app = world.app
     client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    await client.get("/console")  # the signed-in page sets the CSRF cookie (the sign-in dropped the one before)
     for path, form in ((f"/console/apps/{app.id}", {"name": "Changed", "launch_url": app.launch_url,
                                                     "redirect_uri": app.redirect_uri}),
                        (f"/console/apps/{app.id}/secret/fallback", {}), ("/console/logout", {}),
@@ -300,6 +325,38 @@ async def test_a_post_without_the_csrf_token_is_403(api, http_client, base_url, 
     status, _, body = await api.call("POST", "/v1/oauth/token", {
         "grant_type": "client_credentials", "client_id": app.client_id, "client_secret": world.secret})
     assert status == 200, body
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_sign_in_and_sign_out_rotate_the_csrf_token(http_client, base_url, runtime, world):
+    app = world.app
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    await client.get("/console")
+    assert (await client.post("/console/logout")).code == 303
+    await client.get("/console/login")
+    before, cookie_before = client.xsrf(), client.cookies["_xsrf"]  # known to whoever planted or read it
+    signed_in = await client.sign_in("dev@partner.example", PASSWORD)
+    assert signed_in.code == 303, client.last_html
+    # The sign-in response drops the CSRF cookie with the attributes it was set with.
+    dropped = [c for c in signed_in.headers.get_list("Set-Cookie") if c.startswith("_xsrf=")]
+    assert len(dropped) == 1 and "path=/console" in dropped[0].lower() and "httponly" in dropped[0].lower(), dropped
+    assert (await client.get("/console")).code == 200  # the signed-in page makes a new token
+    assert client.cookies["_xsrf"] != cookie_before
+    rename = {"name": "Planted", "launch_url": app.launch_url, "redirect_uri": app.redirect_uri}
+    assert (await client.post(f"/console/apps/{app.id}", [*rename.items(), ("_xsrf", before)], xsrf=False)).code == 403
+    assert (await client.post("/console/logout", {"_xsrf": before}, xsrf=False)).code == 403
+    assert Application.get_by_id(app.id).name == "Test App"
+    await client.get(f"/console/apps/{app.id}")
+    assert (await client.post(f"/console/apps/{app.id}", rename)).code in (200, 303)  # the new page's token works
+    assert Application.get_by_id(app.id).name == "Planted"
+    # Sign-out rotates it too: a signed-in page's token cannot sign anyone in afterwards.
+    await client.get("/console")
+    signed_in_token = client.xsrf()
+    assert (await client.post("/console/logout")).code == 303
+    again = await client.post("/console/login", {"email": "dev@partner.example", "password": PASSWORD,
+                                                 "_xsrf": signed_in_token}, xsrf=False)
+    assert again.code == 403 and "svc_console" not in client.cookies
+    assert (await client.sign_in("dev@partner.example", PASSWORD)).code == 303
 
 
 @pytest.mark.gen_test(timeout=90)

@@ -286,3 +286,36 @@ def test_serve_refuses_to_drop_the_key_that_linked_the_chain_until_a_rekey_vouch
     finally:
         rotated.close()
     assert start(SVC_LOG_LEVEL="INFO") is None  # vouched for: it starts without OLD
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_a_console_session_past_its_lifetime_needs_no_old_key(http_client, base_url, settings, runtime, world):
+    """`keys rekey` and `serve`'s start count a console session made under the old key while it lives,
+    and not once its absolute lifetime is over, however recently it was used."""
+    from console.accounts import invite_developer
+    from helpers.console import ConsoleClient
+    from keys.inventory import orphaned
+    from keys.rekey import rekey
+    from runtime import Runtime
+
+    def counted() -> tuple[int, int]:
+        """(still old for `keys rekey` while rotating, orphaned for `serve` once OLD is dropped)"""
+        rotated = Runtime(settings.replace(hmac_key=NEW, hmac_key_previous=(OLD,)), clock=runtime.clock)
+        dropped = Runtime(settings.replace(hmac_key=NEW), clock=runtime.clock)
+        try:
+            return (rekey(rotated)["still_old"]["console_sessions"],
+                    orphaned(dropped).get(key_id(OLD.encode()), {}).get("console_sessions", 0))
+        finally:
+            rotated.close()
+            dropped.close()
+
+    password = "correct horse battery staple"
+    console = ConsoleClient(http_client, base_url)
+    path = urllib.parse.urlsplit(invite_developer(runtime, world.app.id, "dev@partner.example")[1]).path
+    assert (await console.get(path)).code == 200
+    assert (await console.post(path, {"password": password, "confirm": password})).code == 303, console.last_html
+    assert (await console.sign_in("dev@partner.example", password)).code == 303, console.last_html
+    await console.keep_busy(runtime, runtime.settings.console_session_lifetime - 60)
+    assert counted() == (1, 1)
+    runtime.clock.advance(120)  # past the lifetime, used two minutes ago
+    assert counted() == (0, 0)

@@ -24,6 +24,7 @@ from models.grants import AuthorizationCode, Launch
 from models.invitations import Invitation
 from models.refresh import RefreshToken, SmartGrant
 from models.sandbox import SandboxSession, SandboxSigninLink
+from workers.retention import margin, sweep_retention
 from workers.scheduler import tick_and_sweep
 
 DAY = 24 * 3600
@@ -177,6 +178,22 @@ async def test_expired_links_invitations_and_sessions_go_after_their_margins(api
     tick_and_sweep(runtime)
     assert Invitation.select().count() == SandboxSigninLink.select().count() == DeveloperInvite.select().count() == 0
     assert AuditEvent.select().where(AuditEvent.action == "invitation.created").exists()  # the audit stays
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_a_console_session_goes_a_margin_after_its_lifetime_however_recently_used(http_client, base_url,
+                                                                                       runtime, clock, world):
+    console = ConsoleClient(http_client, base_url)
+    _, url, _ = invite_developer(runtime, world.app.id, "dev@partner.example")
+    path = urllib.parse.urlsplit(url).path
+    assert (await console.get(path)).code == 200
+    assert (await console.post(path, {"password": PASSWORD, "confirm": PASSWORD})).code == 303, console.last_html
+    assert (await console.sign_in("dev@partner.example", PASSWORD)).code == 303, console.last_html
+    await console.keep_busy(runtime, runtime.settings.console_session_lifetime - 60)  # used a minute before its end
+    clock.advance(margin(runtime.settings).total_seconds())  # over for less than the margin: kept
+    assert sweep_retention(runtime)["console_sessions"] == 0 and ConsoleSession.select().count() == 1
+    clock.advance(120)  # over for more than the margin (its last use was well within SVC_CONSOLE_IDLE_TIMEOUT)
+    assert sweep_retention(runtime)["console_sessions"] == 1 and ConsoleSession.select().count() == 0
 
 
 def test_the_sweep_runs_once_a_day_whoever_ticks(runtime, clock):

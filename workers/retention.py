@@ -19,7 +19,8 @@ deletes, in batches:
   then a late click is told "expired" or "used", not "unknown");
 - hub sessions expired more than `margin` plus SVC_SANDBOX_TOKEN_TTL ago (a sandbox token made in a
   session outlives it, and an online grant started with it must find it ended: `_hub_session`),
-  and console sessions idle more than `margin` plus SVC_CONSOLE_IDLE_TIMEOUT.
+  and console sessions over (idle past SVC_CONSOLE_IDLE_TIMEOUT, or past SVC_CONSOLE_SESSION_LIFETIME
+  since their sign-in: `ConsoleSession.live_at`) more than `margin` ago.
 
 Disclosure records and configuration audit events are never deleted here (`svc-auth audit prune`
 alone removes disclosure records, past their retention). See docs/operations.md, "Retention".
@@ -100,7 +101,7 @@ def _hub_sessions(settings, now):
 
 
 def _console_sessions(settings, now):
-    return ConsoleSession.last_seen_at < now - margin(settings) - dt.timedelta(seconds=settings.console_idle_timeout)
+    return ~ConsoleSession.live_at(settings, now - margin(settings))
 
 
 @dataclass(frozen=True)

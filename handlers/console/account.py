@@ -36,6 +36,7 @@ class LoginHandler(ConsoleHandler):
                 self.set_header(name, value)
             return self.page("login.html", exc.status, email=email, error=exc.message, notice="")
         self.set_session_cookie(token)
+        self.rotate_csrf_token()
         self.redirect("/console", status=303)
 
 
@@ -45,6 +46,7 @@ class LogoutHandler(ConsoleHandler):
     async def post(self):
         await self.run(end_console_session, self.runtime, self.get_cookie(SESSION_COOKIE))
         self.clear_cookie(SESSION_COOKIE, path="/console")
+        self.rotate_csrf_token()
         self.redirect("/console/login?notice=signed-out", status=303)
 
 

@@ -49,6 +49,13 @@ class ConsoleHandler(BaseHandler):
     def set_session_cookie(self, token: str) -> None:
         self.set_cookie(SESSION_COOKIE, token, path="/console", httponly=True, samesite="Lax", secure=self.secure)
 
+    def rotate_csrf_token(self) -> None:
+        """Drop the CSRF cookie at sign-in and sign-out: the next page makes a new token, so a token
+        from before (planted in the browser, or read off a page) is refused after it."""
+        # With the attributes it was set with (server.py), or a browser keeps a Secure/SameSite one.
+        self.clear_cookie(self.settings.get("xsrf_cookie_name", "_xsrf"),
+                          **self.settings.get("xsrf_cookie_kwargs", {}))
+
     async def own_application(self, application_id: str):
         """The signed-in developer's application, checked on every request; anything else 404."""
         return await self.run(developer_application, self.developer, application_id)

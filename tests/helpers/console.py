@@ -67,3 +67,12 @@ class ConsoleClient:
     async def sign_in(self, email: str, password: str, code: str = ""):
         await self.get("/console/login")
         return await self.post("/console/login", {"email": email, "password": password, "totp_code": code})
+
+    async def keep_busy(self, runtime, seconds: float) -> None:
+        """Use the session, as a developer at work would, while the runtime's clock moves `seconds`
+        on (never idle as long as SVC_CONSOLE_IDLE_TIMEOUT)."""
+        step = runtime.settings.console_idle_timeout - 60
+        while seconds > 0:
+            runtime.clock.advance(min(step, seconds))
+            seconds -= step
+            assert (await self.get("/console")).code == 200, self.last_html
