@@ -52,7 +52,8 @@ def make_app(runtime: Runtime, **tornado_settings) -> tornado.web.Application:
     routes = []
     for module in ROUTE_MODULES:
         routes += module.routes(runtime)
-    # xsrf_cookies stays off: only the developer console's forms check the token (ConsoleHandler).
+    # xsrf_cookies stays off: only the developer console's forms check the token (ConsoleHandler);
+    # the _xsrf cookie serves its pages without a session, signed-in pages use the session's token.
     xsrf_cookie_kwargs = {"httponly": True, "samesite": "Lax", "path": "/console",
                           "secure": runtime.settings.issuer.startswith("https:")}
     return ObservedApplication(routes, runtime=runtime, default_handler_class=NotFoundHandler,

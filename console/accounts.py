@@ -1,5 +1,6 @@
 """Console accounts: operator invitations, passwords (Argon2id), optional TOTP, server-side
-sessions with idle and absolute expiry, and which applications a developer may manage.
+sessions with idle and absolute expiry, their CSRF tokens, and which applications a developer may
+manage.
 
 Tokens (invitation links, session cookies) carry 256 random bits and are stored only as keyed
 hashes (`runtime.hasher`), like client secrets; passwords, which people choose, get Argon2id.
@@ -22,6 +23,7 @@ from models.ids import is_id, new_secret
 from errors import ApiError
 from ratelimit.lockout import throttle_check, throttle_failure
 
+CSRF_LABEL = "console-csrf\x00"  # sets the session's CSRF MACs apart from the key's other MACs
 PASSWORD_MIN = 12
 PASSWORD_MAX = 1024
 _HASHER = argon2.PasswordHasher()
@@ -186,6 +188,19 @@ def session_developer(runtime, token: str | None) -> Developer | None:
     return session.developer
 
 
+def session_csrf_token(runtime, token: str) -> str:
+    """The CSRF token of the session whose cookie value is `token` (the synchronizer-token
+    pattern): a MAC of it under SVC_HMAC_KEY. Only the server and the pages it serves that session
+    know it; no cookie anyone else can set, and no other session, makes it."""
+    return runtime.hasher.sign(CSRF_LABEL + token)
+
+
+def session_csrf_valid(runtime, token: str, presented: str | None) -> bool:
+    """True when `presented` is the CSRF token of session `token` under the current or a previous
+    SVC_HMAC_KEY (a page served before a rotation still posts). Compared in constant time."""
+    return bool(token) and bool(presented) and runtime.hasher.verify(CSRF_LABEL + token, presented)
+
+
 def end_console_session(runtime, token: str | None) -> None:
     if token:
         ConsoleSession.delete().where(ConsoleSession.token_hash.in_(runtime.hasher.digests(token))).execute()
@@ -210,8 +225,8 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
 
 
 __all__ = ("FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
-           "developer_application", "end_console_session", "invite_developer", "open_invite", "session_developer",
-           "sign_in", "start_console_session", "totp_uri")
+           "developer_application", "end_console_session", "invite_developer", "open_invite", "session_csrf_token",
+           "session_csrf_valid", "session_developer", "sign_in", "start_console_session", "totp_uri")
 
 
 def signin_subject(email: str) -> tuple:

@@ -13,7 +13,7 @@ import pytest
 
 from helpers.console import ConsoleClient
 from helpers.environment import ROOT
-from helpers.processes import settings_env
+from helpers.processes import free_port, settings_env, start_process, stop_process
 from ratelimit.failures import build_failure_throttle
 from console.accounts import check_credentials, invite_developer, sign_in
 from lifecycle.manifest import ManifestInvalid, update_manifest
@@ -310,14 +310,14 @@ async def test_a_developer_sees_and_changes_only_their_own_applications(http_cli
 async def test_a_post_without_the_csrf_token_is_403(api, http_client, base_url, runtime, world):
     app = world.app
     client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
-    await client.get("/console")  # the signed-in page sets the CSRF cookie (the sign-in dropped the one before)
+    await client.get("/console")
     for path, form in ((f"/console/apps/{app.id}", {"name": "Changed", "launch_url": app.launch_url,
                                                     "redirect_uri": app.redirect_uri}),
                        (f"/console/apps/{app.id}/secret/fallback", {}), ("/console/logout", {}),
                        ("/console/login", {"email": "dev@partner.example", "password": PASSWORD})):
         response = await client.post(path, form, xsrf=False)
         assert response.code == 403, path
-    assert client.cookies.get("_xsrf")  # the cookie alone is not enough: the form must carry the token
+    assert "_xsrf" not in client.cookies  # signed in, the token is the session's: no cookie is involved
     stored = Application.get_by_id(app.id)
     assert stored.name == "Test App" and stored.fallback_secret_hash is None
     assert (await client.get("/console")).code == 200  # still signed in: the logout was refused
@@ -334,14 +334,15 @@ async def test_sign_in_and_sign_out_rotate_the_csrf_token(http_client, base_url,
     await client.get("/console")
     assert (await client.post("/console/logout")).code == 303
     await client.get("/console/login")
-    before, cookie_before = client.xsrf(), client.cookies["_xsrf"]  # known to whoever planted or read it
+    before = client.xsrf()  # known to whoever planted or read it (with its cookie)
+    assert client.cookies["_xsrf"]
     signed_in = await client.sign_in("dev@partner.example", PASSWORD)
     assert signed_in.code == 303, client.last_html
     # The sign-in response drops the CSRF cookie with the attributes it was set with.
     dropped = [c for c in signed_in.headers.get_list("Set-Cookie") if c.startswith("_xsrf=")]
     assert len(dropped) == 1 and "path=/console" in dropped[0].lower() and "httponly" in dropped[0].lower(), dropped
-    assert (await client.get("/console")).code == 200  # the signed-in page makes a new token
-    assert client.cookies["_xsrf"] != cookie_before
+    assert (await client.get("/console")).code == 200  # the signed-in page carries the session's token
+    assert client.xsrf() != before and "_xsrf" not in client.cookies
     rename = {"name": "Planted", "launch_url": app.launch_url, "redirect_uri": app.redirect_uri}
     assert (await client.post(f"/console/apps/{app.id}", [*rename.items(), ("_xsrf", before)], xsrf=False)).code == 403
     assert (await client.post("/console/logout", {"_xsrf": before}, xsrf=False)).code == 403
@@ -357,6 +358,106 @@ async def test_sign_in_and_sign_out_rotate_the_csrf_token(http_client, base_url,
                                                  "_xsrf": signed_in_token}, xsrf=False)
     assert again.code == 403 and "svc_console" not in client.cookies
     assert (await client.sign_in("dev@partner.example", PASSWORD)).code == 303
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_a_planted_csrf_cookie_and_a_form_token_to_match_are_refused_when_signed_in(
+        http_client, base_url, runtime, world):
+    """A sibling host of the parent domain can set an `_xsrf` cookie the console cannot clear (for
+    the parent domain, or a longer path) and post a form token to match: the double-submit check
+    alone passes that. Signed in, only the session's own token is accepted."""
+    app = world.app
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    attacker = ConsoleClient(http_client, base_url)  # a valid pair of Tornado's, from its own visit
+    await attacker.get("/console/login")
+    pairs = (("planted", "planted"), (attacker.cookies["_xsrf"], attacker.xsrf()))
+    rename = {"name": "Forged", "launch_url": app.launch_url, "redirect_uri": app.redirect_uri}
+    for cookie, token in pairs:
+        await client.get(f"/console/apps/{app.id}")
+        client.cookies["_xsrf"] = cookie
+        for path, form in ((f"/console/apps/{app.id}", rename), (f"/console/apps/{app.id}/secret/fallback", {}),
+                           (f"/console/apps/{app.id}/installations/{world.org.id}/status", {"status": "Enabled"}),
+                           ("/console/logout", {})):
+            response = await client.post(path, {**form, "_xsrf": token}, xsrf=False)
+            assert response.code == 403, (path, cookie)
+            assert "wrong CSRF token" in client.last_html
+    stored = Application.get_by_id(app.id)
+    assert stored.name == "Test App" and stored.fallback_secret_hash is None
+    assert stored.installations.get().activation_status is None
+    assert (await client.get(f"/console/apps/{app.id}")).code == 200  # still signed in: the sign-out was refused
+    assert (await client.post(f"/console/apps/{app.id}", rename)).code in (200, 303)  # the page's own token works
+    assert Application.get_by_id(app.id).name == "Forged"
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_the_csrf_token_of_another_session_is_refused(http_client, base_url, runtime, world):
+    app = world.app
+    a = await developer(http_client, base_url, runtime, app.id, "dev@a.example")
+    b = await developer(http_client, base_url, runtime, app.id, "dev@b.example")  # the same application
+    a_again = ConsoleClient(http_client, base_url)  # a second session of the same developer
+    assert (await a_again.sign_in("dev@a.example", PASSWORD)).code == 303
+    rename = {"name": "Renamed", "launch_url": app.launch_url, "redirect_uri": app.redirect_uri}
+    for other in (b, a_again):
+        await other.get(f"/console/apps/{app.id}")
+        await a.get(f"/console/apps/{app.id}")
+        assert other.xsrf() != a.xsrf()
+        refused = await a.post(f"/console/apps/{app.id}", {**rename, "_xsrf": other.xsrf()}, xsrf=False)
+        assert refused.code == 403
+    assert Application.get_by_id(app.id).name == "Test App"
+    await a.get(f"/console/apps/{app.id}")
+    assert (await a.post(f"/console/apps/{app.id}", rename)).code in (200, 303)
+    assert Application.get_by_id(app.id).name == "Renamed"
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_sign_out_ends_the_sessions_csrf_token(http_client, base_url, runtime, world):
+    app = world.app
+    client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
+    await client.get(f"/console/apps/{app.id}")
+    token, session = client.xsrf(), client.cookies["svc_console"]
+    assert (await client.post("/console/logout")).code == 303 and "svc_console" not in client.cookies
+    rename = {"name": "Late", "launch_url": app.launch_url, "redirect_uri": app.redirect_uri, "_xsrf": token}
+    client.cookies["svc_console"] = session  # the ended session's cookie, replayed: the sign-in page, nothing changed
+    replayed = await client.post(f"/console/apps/{app.id}", rename, xsrf=False)
+    assert replayed.code == 303 and replayed.headers["Location"] == "/console/login"
+    assert (await client.sign_in("dev@partner.example", PASSWORD)).code == 303  # a new session
+    assert (await client.post(f"/console/apps/{app.id}", rename, xsrf=False)).code == 403
+    assert (await client.post("/console/logout", {"_xsrf": token}, xsrf=False)).code == 403
+    assert Application.get_by_id(app.id).name == "Test App"
+    assert (await client.get("/console")).code == 200
+
+
+@pytest.mark.gen_test(timeout=300)
+async def test_a_page_served_before_an_hmac_key_rotation_still_posts(http_client, settings, runtime, world,
+                                                                     tmp_path):
+    """Real `serve` processes restarted through the rotation (docs/operations.md): a form on a page
+    the old key served still posts; pages served after it carry the new key's token, which works."""
+    app, old, new = world.app, settings.hmac_key, "n" * 40
+
+    def serve(name: str, **keys):
+        port = free_port()
+        env = settings_env(settings, SVC_VAR_DIR=tmp_path / name, SVC_KEYS_DIR=tmp_path / name / "keys", **keys)
+        return port, start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / f"{name}.log")
+
+    port, proc = serve("old")
+    try:
+        client = await developer(http_client, f"http://127.0.0.1:{port}", runtime, app.id, "dev@partner.example")
+        await client.get(f"/console/apps/{app.id}")
+        token = client.xsrf()
+    finally:
+        stop_process(proc)
+    port, proc = serve("rotated", SVC_HMAC_KEY=new, SVC_HMAC_KEY_PREVIOUS=old)
+    try:
+        client.base_url = f"http://127.0.0.1:{port}"
+        rename = {"launch_url": app.launch_url, "redirect_uri": app.redirect_uri}
+        assert (await client.post(f"/console/apps/{app.id}", {**rename, "name": "Old page"})).code in (200, 303)
+        assert Application.get_by_id(app.id).name == "Old page"
+        await client.get(f"/console/apps/{app.id}")
+        assert client.xsrf() != token
+        assert (await client.post(f"/console/apps/{app.id}", {**rename, "name": "New page"})).code in (200, 303)
+        assert Application.get_by_id(app.id).name == "New page"
+    finally:
+        stop_process(proc)
 
 
 @pytest.mark.gen_test(timeout=90)

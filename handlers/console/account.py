@@ -41,7 +41,8 @@ class LoginHandler(ConsoleHandler):
 
 
 class LogoutHandler(ConsoleHandler):
-    signed_in_only = False
+    """Ends the session; its CSRF token, bound to it, ends with it. Without a live session there is
+    nothing to end: the visitor goes to the sign-in page (ConsoleHandler.prepare)."""
 
     async def post(self):
         await self.run(end_console_session, self.runtime, self.get_cookie(SESSION_COOKIE))

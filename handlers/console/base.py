@@ -6,7 +6,7 @@ from pathlib import Path
 import tornado.web
 
 from handlers.base import BaseHandler
-from console.accounts import developer_application, session_developer
+from console.accounts import developer_application, session_csrf_token, session_csrf_valid, session_developer
 from errors import ApiError
 
 TEMPLATE_DIR = str(Path(__file__).resolve().parent / "templates")
@@ -20,6 +20,7 @@ class ConsoleHandler(BaseHandler):
 
     signed_in_only = True
     developer = None
+    session_token = None  # the `svc_console` cookie's value while its session is live
 
     def get_template_path(self):
         return TEMPLATE_DIR
@@ -32,15 +33,39 @@ class ConsoleHandler(BaseHandler):
 
     async def prepare(self):
         super().prepare()
+        token = self.get_cookie(SESSION_COOKIE)
+        self.developer = await self.run(session_developer, self.runtime, token)
+        self.session_token = token if self.developer is not None else None
+        if self.developer is None and self.signed_in_only:
+            # Nothing changes without a session: a form posted after it ended leads to the sign-in.
+            if token:
+                self.clear_cookie(SESSION_COOKIE, path="/console")
+            return self.redirect("/console/login", status=303 if self.request.method == "POST" else 302)
         if self.request.method not in ("GET", "HEAD", "OPTIONS"):
             # xsrf_cookies stays off for the application (OAuth/REST clients post without it);
             # every console form must carry the token: 403 without it.
             self.check_xsrf_cookie()
-        self.developer = await self.run(session_developer, self.runtime, self.get_cookie(SESSION_COOKIE))
-        if self.developer is None and self.signed_in_only:
-            if self.get_cookie(SESSION_COOKIE):
-                self.clear_cookie(SESSION_COOKIE, path="/console")
-            self.redirect("/console/login", status=303 if self.request.method == "POST" else 302)
+
+    @property
+    def xsrf_token(self) -> bytes:
+        """The forms' CSRF token (`xsrf_form_html` puts it in each form): with a live session, the
+        session's own (`session_csrf_token`), no cookie involved; without one (sign-in, invitation),
+        Tornado's double-submit token, which sets the `_xsrf` cookie."""
+        if self.session_token:
+            return session_csrf_token(self.runtime, self.session_token).encode("ascii")
+        return super().xsrf_token
+
+    def check_xsrf_cookie(self) -> None:
+        """403 unless the request carries the right CSRF token (form field `_xsrf`, or the
+        X-XSRFToken / X-CSRFToken header, as Tornado reads it): with a live session, only that
+        session's token, so a planted `_xsrf` cookie and a form token to match it are refused;
+        without one, Tornado's check of the token against the `_xsrf` cookie."""
+        if not self.session_token:
+            return super().check_xsrf_cookie()
+        presented = (self.get_argument("_xsrf", None) or self.request.headers.get("X-Xsrftoken")
+                     or self.request.headers.get("X-Csrftoken"))
+        if not session_csrf_valid(self.runtime, self.session_token, presented):
+            raise tornado.web.HTTPError(403, "'_xsrf' argument is not this session's CSRF token")
 
     @property
     def secure(self) -> bool:
@@ -50,8 +75,8 @@ class ConsoleHandler(BaseHandler):
         self.set_cookie(SESSION_COOKIE, token, path="/console", httponly=True, samesite="Lax", secure=self.secure)
 
     def rotate_csrf_token(self) -> None:
-        """Drop the CSRF cookie at sign-in and sign-out: the next page makes a new token, so a token
-        from before (planted in the browser, or read off a page) is refused after it."""
+        """Drop the double-submit CSRF cookie at sign-in and sign-out: signed-in pages use the
+        session's token instead, and the next page without a session makes a new one."""
         # With the attributes it was set with (server.py), or a browser keeps a Secure/SameSite one.
         self.clear_cookie(self.settings.get("xsrf_cookie_name", "_xsrf"),
                           **self.settings.get("xsrf_cookie_kwargs", {}))
@@ -82,7 +107,7 @@ class ConsoleHandler(BaseHandler):
             for name, value in exc.headers.items():
                 self.set_header(name, value)
         elif isinstance(exc, tornado.web.HTTPError) and status_code == 403:
-            message = "The form expired or did not come from this console (missing CSRF token). Reload and retry."
+            message = "The form expired or did not come from this console (missing or wrong CSRF token). Reload and retry."
         elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
             message = {404: "No such page."}.get(status_code, exc.log_message or self._reason)
         else:
