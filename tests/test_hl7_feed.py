@@ -332,6 +332,32 @@ def test_a_message_dripped_past_its_deadline_is_cut_off(runtime, feed_clinic, li
     assert not FeedMessage.select().where(FeedMessage.control_id == "DR1").exists()
 
 
+def test_a_sender_that_never_reads_its_acks_is_closed(runtime, feed_clinic, listen):
+    """Messages pipelined without reading a single ACK, until the ACKs fill both sockets' buffers
+    and the listener's write cannot finish: that write waits at most SVC_HL7_IDLE_TIMEOUT (2 s),
+    then the connection is closed, so such connections cannot hold SVC_HL7_MAX_CONNECTIONS (1
+    here) against the clinics for ever."""
+    _, port = listen(idle=2, SVC_HL7_MAX_CONNECTIONS="1")
+    org = feed_clinic
+    stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # before connect: a small window
+    stuck.connect(("127.0.0.1", port))
+    stuck.settimeout(1.0)
+    burst = (SB + b"X" + EB) * 1000   # each answered AR (an MSH that cannot be read), never read here
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < 60:
+            stuck.sendall(burst)   # until the listener stops reading: its ACK's write is blocked
+        pytest.fail("the listener kept reading a connection whose ACKs are never read")
+    except socket.timeout:
+        pass
+    time.sleep(4)   # past the idle timeout: the blocked write has given up and the connection is closed
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "RD1", "RD-1")))[:2] == ("AA", "RD1")
+    assert appointment(org, "RD-1") is not None
+    stuck.close()
+
+
 # -- TLS -----------------------------------------------------------------------------------------
 
 def _certificates(directory):
