@@ -241,6 +241,29 @@ def test_content_that_cannot_be_stored_is_ae_and_the_connection_stays_usable(run
     assert {c: listed[c]["ack"] for c, *_ in cases} == {c: "AE" for c, *_ in cases}
 
 
+def test_an_ack_echoes_control_characters_escaped(runtime, feed_clinic, listen):
+    """MSH-10 and MSH-3 holding escapes of MLLP's own bytes (`\\X1C\\`, `\\X0B\\`, `\\X1C0D\\`): the
+    ACK echoes them as escapes, so it stays one well-formed frame (before, MSA-2 carried a raw
+    0x1C 0x0D that ended the ACK early and left bytes outside the framing, on every resend too)."""
+    _, port = listen()
+    control = "CC\\X1C\\1"
+    message = siu("S12", control, "CC-1").replace("|EPIC|", "|EP\\X0B\\IC\\X1C0D\\|", 1)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        for _ in range(2):   # the first AA, then the resend's (a duplicate)
+            sock.sendall(SB + message.encode() + EB)
+            reply = b""
+            while not reply.endswith(EB):
+                chunk = sock.recv(65536)
+                assert chunk, reply
+                reply += chunk
+            inner = reply[1:-2]
+            assert b"\x0b" not in inner and b"\x1c" not in inner, reply
+            assert acked(reply)[:2] == ("AA", control)
+            assert str(hl7.parse(inner.decode()).segment("MSH")[5]) == "EP\\X0B\\IC"   # trailing 0x1C 0x0D: blank, trimmed
+    assert appointment(feed_clinic, "CC-1") is not None
+
+
 def _closed(sock: socket.socket, timeout: float = 15.0) -> bool:
     """The peer closed the connection (EOF or reset) within `timeout`."""
     sock.settimeout(timeout)
