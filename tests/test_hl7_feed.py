@@ -859,6 +859,13 @@ def test_a_clinics_feed_settings_on_the_command_line(runtime, world, settings):
         "ehr", "SOUTH", [])
     code, default = cli_json(settings, "orgs", "show", "--org", world.org.id, "--json")
     assert (default["schedule_source"], default["hl7_facility"], default["hl7_allow"]) == ("ehr", None, [])
+    # `hl7 messages --limit` past what the database counts in (a 64-bit LIMIT): exit 2 naming the
+    # flag, not a traceback of the driver's overflow.
+    for limit in (str(2 ** 64), "0", "10001"):
+        code, error = cli_json(settings, "hl7", "messages", "--org", org["id"], "--limit", limit, "--json")
+        assert code == 2 and "--limit" in error and "Traceback" not in error, (limit, error)
+    code, listed = cli_json(settings, "hl7", "messages", "--org", org["id"], "--limit", "10000", "--json")
+    assert code == 0 and listed == []
 
 
 def test_retention_removes_what_no_snapshot_needs(runtime, world, feed_clinic, listen):
