@@ -158,6 +158,33 @@ def test_times_without_an_offset_are_in_the_clinics_time_zone(runtime, feed_clin
     assert appointment(feed_clinic, "Z-1").message_time == dt.datetime(2030, 3, 1, 15, 0)
 
 
+def test_a_cancellation_in_the_repeated_hour_is_not_taken_for_older(runtime, feed_clinic, listen):
+    """Chicago's clocks go back on 3 November 2030 at 02:00 CDT: 01:00-02:00 comes twice. An S12
+    stamped 01:50 (no offset) during the first pass (06:50 UTC), then its S15 stamped 01:10 during
+    the second (07:10 UTC, 20 minutes later): the cancellation is applied (read as its first pass,
+    06:10, it was taken for older and dropped, though acknowledged AA). Each listener's clock is
+    set to when its message is sent; a message of the first pass received during the second still
+    reads as the first pass (its second reading is in the future), and is older."""
+    from lifecycle.organizations import update_organization
+    update_organization(feed_clinic.id, time_zone="America/Chicago")
+
+    def listener_at(moment: dt.datetime) -> int:
+        offset = (moment - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)).total_seconds()
+        return listen(SVC_CLOCK_OFFSET=str(offset))[1]
+
+    sent = {"start": "20301104093000", "end": "20301104095000"}
+    with hl7.client.MLLPClient("127.0.0.1", listener_at(dt.datetime(2030, 11, 3, 6, 50))) as first_pass:
+        assert acked(first_pass.send_message(siu("S12", "DST1", "DST-1", sent="20301103015000", **sent)))[0] == "AA"
+    assert appointment(feed_clinic, "DST-1").message_time == dt.datetime(2030, 11, 3, 6, 50)
+    with hl7.client.MLLPClient("127.0.0.1", listener_at(dt.datetime(2030, 11, 3, 7, 10))) as second_pass:
+        assert acked(second_pass.send_message(siu("S15", "DST2", "DST-1", sent="20301103011000", **sent)))[0] == "AA"
+        row = appointment(feed_clinic, "DST-1")
+        assert (row.status, row.message_time) == ("cancelled", dt.datetime(2030, 11, 3, 7, 10))
+        # A first-pass message (01:55 CDT) arriving now: 06:55 UTC (07:55 has not come), older.
+        assert acked(second_pass.send_message(siu("S14", "DST3", "DST-1", sent="20301103015500", **sent)))[0] == "AA"
+        assert appointment(feed_clinic, "DST-1").status == "cancelled"
+
+
 def test_duplicates_and_older_messages_change_nothing(runtime, feed_clinic, listen):
     _, port = listen()
     org = feed_clinic
