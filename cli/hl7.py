@@ -5,6 +5,7 @@ from __future__ import annotations
 from cli.common import UsageError, add_json_flag, emit_list, existing, with_runtime
 
 DEFAULT_PORT = 2575  # IANA's port for HL7 over MLLP
+MAX_LIMIT = 10000    # `hl7 messages --limit` (as `audit --limit`)
 
 
 def register(commands) -> None:
@@ -23,7 +24,7 @@ def register(commands) -> None:
     p.set_defaults(handler=with_runtime(_listen))
     p = hl7.add_parser("messages", help="what a clinic's feed sent and how it was acknowledged, newest first")
     p.add_argument("--org", required=True, help="organization id (org_...)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--limit", type=int, default=100, help=f"at most this many (default 100, at most {MAX_LIMIT})")
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_messages))
 
@@ -77,8 +78,8 @@ def _listen(runtime, args) -> int:
 def _messages(runtime, args) -> int:
     from hl7feed.store import recent_messages
     from models.directory import Organization
-    if args.limit < 1:
-        raise UsageError("--limit must be 1 or more")
+    if not 0 < args.limit <= MAX_LIMIT:
+        raise UsageError(f"--limit must be between 1 and {MAX_LIMIT}")
     existing(Organization.get_or_none(Organization.id == args.org), "organization", args.org)
     emit_list(recent_messages(args.org, args.limit), args.json, ["received_at", "control_id", "type", "ack", "error"])
     return 0

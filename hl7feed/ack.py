@@ -26,10 +26,16 @@ def location(where: str) -> str:
     return "^".join([segment, "1"] + ([field] if field else []) + (["1", component] if component else []))
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def escape(text: str) -> str:
-    """`text` safe inside a field with the default encoding characters."""
-    return (text.replace("\\", "\\E\\").replace("|", "\\F\\").replace("^", "\\S\\").replace("&", "\\T\\")
-            .replace("~", "\\R\\").replace("\r", " ").replace("\n", " "))
+    """`text` safe inside a field with the default encoding characters; a control character (an
+    echoed value may hold one, decoded from an escape) as a hex escape, so that no CR, 0x0B or 0x1C
+    can end a segment or the ACK's MLLP frame."""
+    text = (text.replace("\\", "\\E\\").replace("|", "\\F\\").replace("^", "\\S\\").replace("&", "\\T\\")
+            .replace("~", "\\R\\"))
+    return _CONTROL.sub(lambda m: f"\\X{ord(m.group()):02X}\\", text)
 
 
 def ack(code: str, h: Header | None, now: dt.datetime, text: str = "", where: str = "", error: str = "207") -> bytes:

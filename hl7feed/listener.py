@@ -9,7 +9,9 @@ A connection is closed, with nothing stored for what it was sending, when it bre
 byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent for
 SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seconds after its first
 bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
-certificate with --tls-client-ca). With --proxy-protocol (behind a TCP load balancer) a connection
+certificate with --tls-client-ca). One that leaves an ACK unread for SVC_HL7_IDLE_TIMEOUT seconds
+(its socket's buffers full) is closed too: that message stays applied, and is applied once when
+sent again. With --proxy-protocol (behind a TCP load balancer) a connection
 must come from SVC_TRUSTED_PROXIES and begin with a PROXY header (`proxy_protocol`), read before
 TLS starts; the address it names is the sender's, as `--hl7-allow` sees it. A connection arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
 handshakes in progress included) is closed at once, so a flood cannot take every descriptor. Content
@@ -125,8 +127,14 @@ class FeedListener(TCPServer):
                         outcome = await self.runtime.run(receive, self.runtime, message, peer, names)
                     finally:
                         self.busy.discard(stream)
-                    await stream.write(frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
-                                           outcome.where, outcome.code)))
+                    reply = frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
+                                      outcome.where, outcome.code))
+                    try:  # a peer that never reads its ACKs must not hold the connection for ever
+                        await gen.with_timeout(dt.timedelta(seconds=self.idle_timeout), stream.write(reply),
+                                               quiet_exceptions=(StreamClosedError,))
+                    except gen.TimeoutError:
+                        log.info("hl7: %s did not read its ACK within %ss: closed", peer, self.idle_timeout)
+                        return
                 if deframer.idle:
                     frame_ends = None
                 elif frame_ends is None:  # a message began: it has SVC_HL7_FRAME_TIMEOUT to end

@@ -122,12 +122,16 @@ def parse(data: bytes) -> Message:
     return Message(segments, encoding, "\x00" in text)
 
 
+CLOCK_SKEW = dt.timedelta(minutes=10)
+"""How far ahead of ours a sender's clock may run (less than any zone's repeated hour: 30 min at least)."""
 _DTM = re.compile(r"^(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:\.(\d{1,4}))?)?)?)?)?)?([+-]\d{4})?$")
 
 
-def parse_dtm(value: str, zone: str = "UTC") -> dt.datetime:
+def parse_dtm(value: str, zone: str = "UTC", received: dt.datetime | None = None) -> dt.datetime:
     """An HL7 DTM (YYYY[MM[DD[HH[MM[SS[.S...]]]]]][+/-ZZZZ]) as a naive UTC datetime; a time
-    without an offset is in `zone` (IANA)."""
+    without an offset is in `zone` (IANA). One in the hour repeated when clocks go back is its first
+    occurrence, unless `received` (naive UTC: the time of a message received then) says the second
+    one had already come (within `CLOCK_SKEW`): a message's own time is never in the future."""
     m = _DTM.match(value.strip())
     if not m:
         raise BadTime(f"{value[:40]!r} is not an HL7 DTM")
@@ -143,7 +147,12 @@ def parse_dtm(value: str, zone: str = "UTC") -> dt.datetime:
             tz = dt.timezone(sign * dt.timedelta(hours=hours, minutes=minutes))
         else:
             tz = ZoneInfo(zone or "UTC")
-        return local.replace(tzinfo=tz).astimezone(dt.timezone.utc).replace(tzinfo=None)
+        first = local.replace(tzinfo=tz).astimezone(dt.timezone.utc).replace(tzinfo=None)
+        if not offset and received is not None:
+            second = local.replace(tzinfo=tz, fold=1).astimezone(dt.timezone.utc).replace(tzinfo=None)
+            if first < second <= received + CLOCK_SKEW:   # repeated (a skipped time reads the other way)
+                return second
+        return first
     except (ValueError, OverflowError) as exc:
         raise BadTime(f"{value[:40]!r} is not an HL7 DTM ({exc})") from None
 

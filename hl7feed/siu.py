@@ -103,9 +103,9 @@ def check_type(m: Message, h: Header) -> None:
         raise Refused("AR", f"HL7 version {h.version[:10]!r} is not accepted ({', '.join(VERSIONS)})", "MSH-12", "203")
 
 
-def _time(value: str, zone: str, where: str) -> dt.datetime:
+def _time(value: str, zone: str, where: str, received: dt.datetime | None = None) -> dt.datetime:
     try:
-        return parse_dtm(value, zone)
+        return parse_dtm(value, zone, received)
     except BadTime:
         raise Refused("AE", f"{where} is not an HL7 DTM", where, "102") from None
 
@@ -192,8 +192,9 @@ def _location(m: Message) -> str:
                      if p)
 
 
-def appointment(m: Message, h: Header, zone: str) -> Update:
-    """The appointment the message carries; `AE` when it cannot be applied."""
+def appointment(m: Message, h: Header, zone: str, received: dt.datetime | None = None) -> Update:
+    """The appointment the message carries; `AE` when it cannot be applied. `received` (naive UTC)
+    reads an MSH-7 without an offset in the hour repeated when clocks go back (`parse_dtm`)."""
     if m.has_nul:
         raise Refused("AE", "the message contains a NUL character")
     sch = m.first("SCH")
@@ -205,7 +206,7 @@ def appointment(m: Message, h: Header, zone: str) -> Update:
     sent = m.value(m.first("MSH"), 7, 1)
     if not sent:
         raise Refused("AE", "MSH-7 (the message's time) is empty", "MSH-7", "101")
-    message_time = _time(sent, zone, "MSH-7")
+    message_time = _time(sent, zone, "MSH-7", received)
     if h.trigger == "S17":
         return _without_nul(Update(key=key, message_time=message_time, remove=True))
     start, end = _times(m, zone)

@@ -120,7 +120,7 @@ def receive(runtime, data: bytes, peer: str, client_names: tuple[str, ...] = ())
                                                  "MSH-4"), now)
     try:
         check_type(message, h)
-        update = appointment(message, h, _zone(org))
+        update = appointment(message, h, _zone(org), now)
     except Exception as exc:  # noqa: BLE001  (content only: no database work above)
         refusal = exc if isinstance(exc, Refused) else _unapplicable(org, h, exc)
         if h.control_id and _acknowledged(org, h.control_id):  # acknowledged AA before: AA, whatever it says now

@@ -292,6 +292,25 @@ def test_an_unreadable_duration_skips_that_appointment_only(runtime, world, live
     assert rows["ben-008"].end - rows["ben-008"].start == dt.timedelta(minutes=25)
 
 
+def test_a_start_out_of_range_skips_that_appointment_only(runtime, world, live, epic_web_ehr):
+    """A `Date` of 12/31/9999 whose evening in Chicago is past year 9999 in UTC (Python's datetime
+    overflows; the whole `snapshot run` died of it): that appointment is skipped as an unparseable
+    start, named in the night's report, as is a start time of 13:00 PM; the night is built."""
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_schedule(epic_web_ehr, start)
+    epic_web_ehr.epic(overrides={"ana-booked": {"Date": "12/31/9999", "AppointmentStartTime": "11:30 PM"},
+                                 "ben-007": {"AppointmentStartTime": "13:00 PM"}})
+    code, report = night_of(runtime.settings, night)
+    assert code == 0 and org_id in report["built"], report
+    skipped = report["skipped"][org_id]
+    starts = skipped.pop("unparseable start", {})
+    assert starts.get("count") == 2 and sorted(starts["appointments"]) == ["ana-booked", "ben-007"], report
+    snapshot = Snapshot.latest_complete(org_id)
+    rows = {r.ehr_appointment_id for r in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)}
+    assert sorted(rows) == sorted(set(EXPECTED) - {"ana-booked", "ben-007"})
+
+
 def test_without_an_epic_user_the_night_names_both_ways_out(runtime, world, live, epic_web_ehr):
     settings = runtime.settings
     org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH")

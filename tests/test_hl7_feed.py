@@ -158,6 +158,33 @@ def test_times_without_an_offset_are_in_the_clinics_time_zone(runtime, feed_clin
     assert appointment(feed_clinic, "Z-1").message_time == dt.datetime(2030, 3, 1, 15, 0)
 
 
+def test_a_cancellation_in_the_repeated_hour_is_not_taken_for_older(runtime, feed_clinic, listen):
+    """Chicago's clocks go back on 3 November 2030 at 02:00 CDT: 01:00-02:00 comes twice. An S12
+    stamped 01:50 (no offset) during the first pass (06:50 UTC), then its S15 stamped 01:10 during
+    the second (07:10 UTC, 20 minutes later): the cancellation is applied (read as its first pass,
+    06:10, it was taken for older and dropped, though acknowledged AA). Each listener's clock is
+    set to when its message is sent; a message of the first pass received during the second still
+    reads as the first pass (its second reading is in the future), and is older."""
+    from lifecycle.organizations import update_organization
+    update_organization(feed_clinic.id, time_zone="America/Chicago")
+
+    def listener_at(moment: dt.datetime) -> int:
+        offset = (moment - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)).total_seconds()
+        return listen(SVC_CLOCK_OFFSET=str(offset))[1]
+
+    sent = {"start": "20301104093000", "end": "20301104095000"}
+    with hl7.client.MLLPClient("127.0.0.1", listener_at(dt.datetime(2030, 11, 3, 6, 50))) as first_pass:
+        assert acked(first_pass.send_message(siu("S12", "DST1", "DST-1", sent="20301103015000", **sent)))[0] == "AA"
+    assert appointment(feed_clinic, "DST-1").message_time == dt.datetime(2030, 11, 3, 6, 50)
+    with hl7.client.MLLPClient("127.0.0.1", listener_at(dt.datetime(2030, 11, 3, 7, 10))) as second_pass:
+        assert acked(second_pass.send_message(siu("S15", "DST2", "DST-1", sent="20301103011000", **sent)))[0] == "AA"
+        row = appointment(feed_clinic, "DST-1")
+        assert (row.status, row.message_time) == ("cancelled", dt.datetime(2030, 11, 3, 7, 10))
+        # A first-pass message (01:55 CDT) arriving now: 06:55 UTC (07:55 has not come), older.
+        assert acked(second_pass.send_message(siu("S14", "DST3", "DST-1", sent="20301103015500", **sent)))[0] == "AA"
+        assert appointment(feed_clinic, "DST-1").status == "cancelled"
+
+
 def test_duplicates_and_older_messages_change_nothing(runtime, feed_clinic, listen):
     _, port = listen()
     org = feed_clinic
@@ -239,6 +266,29 @@ def test_content_that_cannot_be_stored_is_ae_and_the_connection_stays_usable(run
     assert sorted(a.key for a in FeedAppointment.select()) == [f"OK-{n}" for n in range(len(cases))]
     listed = {m["control_id"]: m for m in hl7_messages(settings, org)}
     assert {c: listed[c]["ack"] for c, *_ in cases} == {c: "AE" for c, *_ in cases}
+
+
+def test_an_ack_echoes_control_characters_escaped(runtime, feed_clinic, listen):
+    """MSH-10 and MSH-3 holding escapes of MLLP's own bytes (`\\X1C\\`, `\\X0B\\`, `\\X1C0D\\`): the
+    ACK echoes them as escapes, so it stays one well-formed frame (before, MSA-2 carried a raw
+    0x1C 0x0D that ended the ACK early and left bytes outside the framing, on every resend too)."""
+    _, port = listen()
+    control = "CC\\X1C\\1"
+    message = siu("S12", control, "CC-1").replace("|EPIC|", "|EP\\X0B\\IC\\X1C0D\\|", 1)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        for _ in range(2):   # the first AA, then the resend's (a duplicate)
+            sock.sendall(SB + message.encode() + EB)
+            reply = b""
+            while not reply.endswith(EB):
+                chunk = sock.recv(65536)
+                assert chunk, reply
+                reply += chunk
+            inner = reply[1:-2]
+            assert b"\x0b" not in inner and b"\x1c" not in inner, reply
+            assert acked(reply)[:2] == ("AA", control)
+            assert str(hl7.parse(inner.decode()).segment("MSH")[5]) == "EP\\X0B\\IC"   # trailing 0x1C 0x0D: blank, trimmed
+    assert appointment(feed_clinic, "CC-1") is not None
 
 
 def _closed(sock: socket.socket, timeout: float = 15.0) -> bool:
@@ -330,6 +380,32 @@ def test_a_message_dripped_past_its_deadline_is_cut_off(runtime, feed_clinic, li
         assert acked(bystander.send_message(siu("S12", "DR2", "DR-2")))[0] == "AA"
     assert appointment(org, "DR-1") is None and appointment(org, "DR-2") is not None
     assert not FeedMessage.select().where(FeedMessage.control_id == "DR1").exists()
+
+
+def test_a_sender_that_never_reads_its_acks_is_closed(runtime, feed_clinic, listen):
+    """Messages pipelined without reading a single ACK, until the ACKs fill both sockets' buffers
+    and the listener's write cannot finish: that write waits at most SVC_HL7_IDLE_TIMEOUT (2 s),
+    then the connection is closed, so such connections cannot hold SVC_HL7_MAX_CONNECTIONS (1
+    here) against the clinics for ever."""
+    _, port = listen(idle=2, SVC_HL7_MAX_CONNECTIONS="1")
+    org = feed_clinic
+    stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # before connect: a small window
+    stuck.connect(("127.0.0.1", port))
+    stuck.settimeout(1.0)
+    burst = (SB + b"X" + EB) * 1000   # each answered AR (an MSH that cannot be read), never read here
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < 60:
+            stuck.sendall(burst)   # until the listener stops reading: its ACK's write is blocked
+        pytest.fail("the listener kept reading a connection whose ACKs are never read")
+    except socket.timeout:
+        pass
+    time.sleep(4)   # past the idle timeout: the blocked write has given up and the connection is closed
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "RD1", "RD-1")))[:2] == ("AA", "RD1")
+    assert appointment(org, "RD-1") is not None
+    stuck.close()
 
 
 # -- TLS -----------------------------------------------------------------------------------------
@@ -810,6 +886,13 @@ def test_a_clinics_feed_settings_on_the_command_line(runtime, world, settings):
         "ehr", "SOUTH", [])
     code, default = cli_json(settings, "orgs", "show", "--org", world.org.id, "--json")
     assert (default["schedule_source"], default["hl7_facility"], default["hl7_allow"]) == ("ehr", None, [])
+    # `hl7 messages --limit` past what the database counts in (a 64-bit LIMIT): exit 2 naming the
+    # flag, not a traceback of the driver's overflow.
+    for limit in (str(2 ** 64), "0", "10001"):
+        code, error = cli_json(settings, "hl7", "messages", "--org", org["id"], "--limit", limit, "--json")
+        assert code == 2 and "--limit" in error and "Traceback" not in error, (limit, error)
+    code, listed = cli_json(settings, "hl7", "messages", "--org", org["id"], "--limit", "10000", "--json")
+    assert code == 0 and listed == []
 
 
 def test_retention_removes_what_no_snapshot_needs(runtime, world, feed_clinic, listen):

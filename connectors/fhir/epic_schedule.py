@@ -255,15 +255,16 @@ class EpicSchedule:
                               location=_department(item.get("Providers")), patient=patient)
 
     def start_of(self, item: dict) -> dt.datetime:
-        """`Date` (M/d/yyyy) + `AppointmentStartTime` (h:mm AM/PM), local to the clinic, as naive UTC."""
+        """`Date` (M/d/yyyy) + `AppointmentStartTime` (h:mm AM/PM), local to the clinic, as naive UTC
+        (`Unlisted` when it is not one, or is past year 9999 or before year 1 in UTC)."""
         date, time = item.get("Date"), item.get("AppointmentStartTime")
         if not isinstance(date, str) or not isinstance(time, str):
             raise Unlisted("unparseable start")
         try:
             local = dt.datetime.strptime(f"{date.strip()} {' '.join(time.split()).upper()}", "%m/%d/%Y %I:%M %p")
-        except ValueError:
+            return local_to_utc(local, self.zone)
+        except (ValueError, OverflowError):
             raise Unlisted("unparseable start") from None
-        return local_to_utc(local, self.zone)
 
     def patient_of(self, ids):
         """The appointment's patient as the EHR's FHIR Patient; `Unlisted` when it is not found."""

@@ -88,6 +88,7 @@ class FhirEhr:
         """Epic's GetProviderAppointments on this EHR (vendor epic; tests/js/epic_scheduling.mjs): change
         its settings (`user_id`, `time_zone`, `patient_system`, `provider_system`, `fhir_patient_ids`,
         `statuses` {appointment id: Epic status}, `durations` {appointment id: AppointmentDuration},
+        `overrides` {appointment id: {member: value} shown instead},
         `error` + `error_status`: refuse every call); returns
         `{"settings", "calls"}` (the request bodies received)."""
         return self.admin("epic", settings) if settings else self.admin("epic")

@@ -36,6 +36,7 @@ const DEFAULTS = () => ({
   fhir_patient_ids: false,            // add a PatientIDs entry of Type FHIR (none in E6's sample)
   statuses: {},                       // appointment id -> the AppointmentStatus to show instead
   durations: {},                      // appointment id -> the AppointmentDuration to show instead (any JSON value)
+  overrides: {},                      // appointment id -> {member: value} shown instead of what it renders
   error: null,                        // refuse every call: {"Error": error, "Appointments": null} ...
   error_status: 200,                  // ... with this HTTP status
 });
@@ -109,7 +110,8 @@ export class EpicScheduling {
         if (local.key < first || local.key > last) continue;
         const status = s.statuses[appointment.id] ?? EPIC_STATUS[appointment.status] ?? appointment.status;
         if (!all && !['Scheduled', 'Arrived', 'Present'].includes(status)) continue;
-        appointments.push(await this.render(appointment, practitioner, local, status));
+        appointments.push({ ...await this.render(appointment, practitioner, local, status),
+          ...s.overrides[appointment.id] });
       }
     }
     return [200, { Error: null, Appointments: appointments }];
