@@ -25,8 +25,8 @@ import re
 from urllib.parse import parse_qs
 
 from connectors.compartment import PATIENT_COMPARTMENT
-from fhir_api.outcome import invalid
-from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id
+from fhir_api.outcome import FhirError, invalid
+from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id, search_arguments
 from models.fhir_grammar import RESOURCE_TYPE
 
 OUTPUT_FORMATS = ("application/fhir+ndjson", "application/ndjson", "ndjson")
@@ -179,8 +179,18 @@ def _elements(values: list[str], types: tuple[str, ...]) -> tuple[tuple[str | No
 
 
 def type_filter_args(query: str) -> dict[str, list[str]]:
-    """A `_typeFilter`'s search part as search arguments (name -> [values])."""
-    return parse_qs(query, keep_blank_values=True)
+    """A `_typeFilter`'s search part as search arguments (name -> [values]), checked as the FHIR API
+    checks a query (`fhir_api.search.search_arguments`): 400 for a value not UTF-8 once decoded, holding
+    a control character (NUL...), or overlong."""
+    try:
+        query.encode("utf-8")  # a lone surrogate (a POST's JSON escape) is no text either
+        args = parse_qs(query, keep_blank_values=True, errors="strict")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise invalid("_typeFilter: its search holds a value that is not valid UTF-8.") from None
+    try:
+        return search_arguments(args)
+    except FhirError as exc:
+        raise invalid(f"_typeFilter: {exc.message}") from None
 
 
 def _type_filters(values: list[str], types: tuple[str, ...], base_url: str) -> tuple[tuple[str, str], ...]:

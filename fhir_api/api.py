@@ -168,6 +168,11 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         included, outcomes = included_resources(connector, caller, grant, asked, page)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
+    except BoundExceeded as exc:
+        if exc.bound == "max_pages" and query.offset:  # the app's own `_offset`, read from the EHR's first page
+            raise invalid(f"_offset={query.offset} reads past the pages of this clinic's EHR one request may read; "
+                          f"follow the Bundle's next link (its {CURSOR_PARAM} starts where a page ended).") from None
+        raise _failure(caller.organization_id, exc) from None
     except ConnectorError as exc:
         raise _failure(caller.organization_id, exc) from None
     next_url = search_url(base, resource_type, asked.applied, _count=query.count,

@@ -21,7 +21,10 @@ from fhir_api.outcome import invalid
 CURSOR_PARAM = "_cursor"
 CURSOR_SECONDS = 3600
 """How long a `next` link of a FHIR clinic's search may be followed."""
-MAX_CURSOR_CHARS = 4096
+MAX_CURSOR_CHARS = 64 * 1024
+"""What a request carries (a request line, or a POST `_search` form, is at most 64 KiB): the cursor holds
+an EHR page's URL whose search values are percent-encoded, so values within the search limits (512
+characters each, a non-ASCII one 6 to 12 characters once encoded) make cursors of many KiB."""
 LABEL = "svc-auth fhir cursor v1"
 UNBOUND = frozenset(("_count", "_offset", "_format", CURSOR_PARAM))
 """Parameters a cursor does not bind (a page's size may change from one page to the next)."""

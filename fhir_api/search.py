@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from connectors import Criterion, ResourceQuery
 from connectors.matching import folded
 from connectors.us_core import INCLUDES, REFERENCE_TARGETS, REVINCLUDES, SEARCH_PARAMS, SUPPORTED_TYPES  # noqa: F401
+from fhir_api.cursor import CURSOR_PARAM, MAX_CURSOR_CHARS
 from fhir_api.outcome import invalid
 from models.fhir_grammar import date_parts
 from models.ids import ID_RULE, fhir_id, is_id
@@ -33,8 +34,6 @@ MAX_COUNT = 100
 MAX_OFFSET = 100_000
 MAX_IDS = 100
 MAX_VALUE_LENGTH = 512
-MAX_CURSOR_LENGTH = 4096
-"""`_cursor` (`fhir_api.cursor`: a FHIR clinic's paging position, holding the EHR's own link) may be longer."""
 DATE_PREFIXES = ("eq", "ge", "gt", "le", "lt")
 """A date search value's comparator prefix (the date after it: `models.fhir_grammar.DATE`)."""
 
@@ -124,7 +123,7 @@ def search_arguments(raw: dict) -> dict[str, list[str]]:
                 text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
             except UnicodeDecodeError:
                 raise invalid(f"The {name[:40]!r} parameter is not valid UTF-8.") from None
-            if len(text) > (MAX_CURSOR_LENGTH if name == "_cursor" else MAX_VALUE_LENGTH) or any(ord(c) < 32 or ord(c) == 127 for c in text):
+            if len(text) > (MAX_CURSOR_CHARS if name == CURSOR_PARAM else MAX_VALUE_LENGTH) or any(ord(c) < 32 or ord(c) == 127 for c in text):
                 raise invalid(f"The {name[:40]!r} parameter is too long or holds control characters.")
             texts.append(text)
         found[name] = texts

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from types import MappingProxyType
+from urllib.parse import quote_from_bytes
 
 import orjson
 import tornado.web
@@ -35,6 +36,9 @@ _ISSUE = MappingProxyType({400: "invalid", 401: "login", 403: "forbidden", 404: 
                            406: "not-supported", 415: "not-supported", 413: "too-costly", 429: "throttled", 503: "transient",
                            504: "timeout"})
 EXPOSED_HEADERS = "WWW-Authenticate, Retry-After, RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset"
+QUERY_TEXT = "".join(map(chr, range(0x21, 0x7F)))
+"""The bytes a query string carries as they are (printable ASCII): a POST `_search` form's other bytes
+(a space, NUL and the other controls, non-ASCII, non-UTF-8) are recorded percent-encoded, as a GET's are."""
 
 
 def fhir_json(value: dict) -> bytes:
@@ -198,7 +202,7 @@ class PostSearchHandler(SearchHandler):
         return self._args
 
     def request_disclosure(self, action: str, **fields):
-        body = self.request.body.decode("utf-8", "replace")
+        body = quote_from_bytes(self.request.body or b"", safe=QUERY_TEXT)  # no NUL: PostgreSQL text refuses it
         query = "&".join(part for part in (self.request.query, body) if part)
         return dataclasses.replace(super().request_disclosure(action, **fields), query=without_signature(query))
 

@@ -203,6 +203,34 @@ def test_a_since_whose_utc_leaves_the_date_range_is_a_recorded_400(exporter):
     assert BulkExport.select().count() == 0
 
 
+def test_a_type_filter_value_the_fhir_api_refuses_is_a_recorded_400(exporter):
+    """`_typeFilter` is the FHIR API's search of the type, so a value its search refuses (a NUL or
+    other control character, not UTF-8, longer than 512 characters, once the filter's own query is
+    decoded) is a 400 here too; they were taken (202) and the export ran with a filter nobody could
+    have sent to the FHIR API. A GET query (the filter encoded twice) and a POST `valueString` alike."""
+    client, _ = exporter
+    bad = ("Observation?code=x%00", "Observation?code=%FF", "Observation?code=" + "x" * 600,
+           "Observation?code=%1F")
+    sent = 0
+    for value in bad:
+        for how in ({"params": {"_typeFilter": value}},
+                    {"parameters": {"resourceType": "Parameters", "parameter": [{"name": "_typeFilter",
+                                                                                 "valueString": value}]}}):
+            status, _, body = client.kick_off("/Patient/$export", **how)
+            assert status == 400 and outcome(body) == "invalid", (value[:40], how.keys(), status, body)
+            assert "_typeFilter" in body["issue"][0]["diagnostics"], body
+            sent += 1
+    lone = {"resourceType": "Parameters", "parameter": [{"name": "_typeFilter", "valueString": "Observation?code=\ud800"}]}
+    status, _, body = client.kick_off("/Patient/$export", parameters=lone)  # a lone surrogate: POST only
+    assert status == 400 and "_typeFilter" in body["issue"][0]["diagnostics"], body
+    sent += 1
+    refused = DisclosureRecord.select().where((DisclosureRecord.action == "bulk.kickoff")
+                                              & (DisclosureRecord.status == 400))
+    assert refused.count() == sent and BulkExport.select().count() == 0
+    status, _, body = client.kick_off("/Patient/$export", {"_typeFilter": "Observation?code=%E4%B8%80"})
+    assert status == 202, body  # non-ASCII, encoded twice: fine
+
+
 def test_post_kickoff_with_patients_elements_and_type_filter(exporter):
     client, patients = exporter
     parameters = {"resourceType": "Parameters", "parameter": [

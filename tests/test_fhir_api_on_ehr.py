@@ -190,6 +190,22 @@ def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(fhir_clinic, r
     assert sorted(ids(fhir.search("Practitioner"))) == ["pr-ana", "pr-ben"]
 
 
+def test_a_next_link_of_a_search_with_long_values_is_followed(fhir_clinic, fhir_ehr):
+    """A page ending inside an EHR page: its `next` link's `_cursor` holds that EHR page's URL, every
+    search value in it percent-encoded (a non-ASCII character as 6 to 12 characters). Values within
+    the API's own limits (512 characters) made cursors past the 4,096 characters `_cursor` was
+    allowed: following the Bundle's own `next` link was a 400, so the search could not be paged."""
+    _, _, fhir = fhir_clinic
+    filler = ",".join(["\u4e00" * 100] * 5)  # 504 characters, OR'd: matches no name
+    first = fhir.search("Patient", {"name": f"j,r,{filler}", "_count": 1})
+    following = [link["url"] for link in first["link"] if link["relation"] == "next"]
+    assert ids(first) == ["pt-a"] and len(following) == 1 and len(following[0]) > 8000
+    status, _, second = fhir.get(following[0])
+    assert status == 200 and ids(second) == ["pt-b"], second
+    assert not [link for link in second["link"] if link["relation"] == "next"]
+    no_ehr_url(second, fhir_ehr)
+
+
 def test_an_ehr_answering_404_to_a_search_is_a_502_never_a_500(fhir_clinic, fhir_ehr):
     """An EHR that answers a search 404 (it serves no such search) is refusing svc-auth's request:
     the app gets 502 `exception`, as for any refusal, never a 500; a read's 404 stays the app's 404."""

@@ -236,6 +236,11 @@ def test_paging_through_the_ehrs_own_position_reaches_the_end(grants_clinic, fhi
     assert max(requests) <= 3, requests                     # the page's EHR page, and at most 2 for `total`
     assert bundle["total"] == len(expected)                 # the last page knows it
     assert fhir.search("Observation", {"_count": 100}).get("total") is None      # too far to count
+    # An app's own `_offset` reads the EHR's search from its first page, within the 20 EHR pages one
+    # request may read: past them, a 400 pointing at the next links (it was a 502, the EHR's fault).
+    assert len(resources(fhir.search("Observation", {"_offset": 500, "_count": 10}))) == 10
+    status, _, body = fhir.get("/Observation", {"_offset": 1500, "_count": 10})
+    assert status == 400 and outcome(body) == "invalid" and "_offset" in body["issue"][0]["diagnostics"], body
 
     # The cursor is bound to its search, clinic and patient, and signed.
     second = fhir.search("Observation", {})

@@ -123,3 +123,31 @@ async def test_overlong_client_ids_are_never_remembered(api, runtime, world):
                                              headers=origin)
             assert status == 401 and body["error"] == "invalid_client", (path, body)
     assert max((len(key) for _, key in runtime.applications._missing), default=0) <= 64
+
+
+@pytest.mark.gen_test
+async def test_a_post_search_form_with_raw_nul_or_non_utf8_bytes_is_a_recorded_400(api, runtime, world):
+    """A FHIR `POST {Type}/_search` form is recorded with the query string (the query's, then the
+    form's). A raw NUL byte in the form went into the record as is: PostgreSQL refuses NUL in text,
+    so the request got 503 `transient` (retry: the same 503 forever) and no record. The form's bytes
+    that a query string cannot hold raw are recorded percent-encoded, as a GET's query has them."""
+    from helpers.tokens import mint_platform_token
+    from models.disclosures import DisclosureRecord
+    token = mint_platform_token(runtime, None, world.physician, world.app, world.org)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/x-www-form-urlencoded"}
+    path = f"/fhir/r4/{world.org.id}/Patient/_search"
+    cases = {b"name=a\x00b": (400, "name=a%00b"), b"_count=2&x=\x00\x1f": (400, "_count=2&x=%00%1F"),
+             b"_count=2&\x00=1": (200, "_count=2&%00=1"), b"_count=2&x=\xff": (400, "_count=2&x=%FF"),
+             "_count=2&name=Zoë z".encode(): (200, "_count=2&name=Zo%C3%AB%20z")}
+    for body, (expected, _) in cases.items():
+        status, _, answer = await api.call("POST", path, body=body, headers=headers)
+        assert status == expected, (body, status, answer)
+        assert answer["resourceType"] == ("Bundle" if status == 200 else "OperationOutcome")
+    rows = list(DisclosureRecord.select().where(DisclosureRecord.action == "search").order_by(DisclosureRecord.seq))
+    assert [(r.status, r.query) for r in rows] == list(cases.values())
+    # As a GET of the same search records it.
+    status, _, _ = await api.call("GET", f"/fhir/r4/{world.org.id}/Patient?_count=2&name=Zo%C3%AB%20z",
+                                  headers={"Authorization": f"Bearer {token}"})
+    assert status == 200
+    last = DisclosureRecord.select().order_by(DisclosureRecord.seq.desc()).get()
+    assert last.query == rows[-1].query
