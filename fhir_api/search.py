@@ -24,7 +24,6 @@ from fhir_api.cursor import CURSOR_PARAM, MAX_CURSOR_CHARS
 from fhir_api.outcome import invalid
 from models.fhir_grammar import date_parts
 from models.ids import ID_RULE, fhir_id, is_id
-from models.npi import NPI_SYSTEM
 
 CONTROL_PARAMS = ("_count", "_offset", "_format", "_include", "_revinclude", "_cursor")
 REFERENCE_TYPES = SUPPORTED_TYPES
