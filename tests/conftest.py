@@ -18,6 +18,7 @@ from conf import Settings
 from helpers.browser import CHROMIUM, CHROMIUM_ARGS, Demo
 from helpers.environment import BACKENDS, PG_DSN, REDIS_URL, database_url
 from helpers.fhir_ehr import start_fhir_ehr
+from helpers.hostile_ehr import HostileEhr
 from helpers.http import Api
 from helpers.launch import Flow
 from helpers.partner_app import Partner
@@ -239,6 +240,14 @@ def fhir_ehr():
     yield ehr
     ehr.proc.terminate()
     ehr.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    """The hostile FHIR EHR (tests/helpers/hostile_ehr.py), one per test module; `calm()` it first."""
+    ehr = HostileEhr()
+    yield ehr
+    ehr.close()
 
 
 # -- the example partner app -------------------------------------------------------------------

@@ -41,13 +41,6 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.svc_settings(ehr_interactive_deadline=INTERACTIVE_DEADLINE, ehr_batch_deadline=BATCH_DEADLINE)]
 
 
-@pytest.fixture(scope="module")
-def hostile():
-    ehr = HostileEhr()
-    yield ehr
-    ehr.close()
-
-
 @pytest.fixture
 def served(settings, world, tmp_path):
     """A real `svc-auth serve` (its address and process)."""

@@ -19,8 +19,10 @@ from models.directory import Organization
 from workers.snapshot import build_snapshot, night_window, run_night
 
 from helpers.environment import ROOT
+from helpers.hostile_ehr import NPI as HOSTILE_NPI
 from helpers.rest import partner_headers
 from helpers.processes import settings_env
+from helpers.worlds import clinic
 
 NIGHT = dt.date(2030, 3, 4)  # a Monday
 
@@ -200,6 +202,36 @@ def test_snapshot_run_command(runtime, active_clinic, settings):
     bad = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", "2030-13-01"],
                          env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--date must be YYYY-MM-DD" in bad.stderr
+
+
+def test_one_clinic_s_unexpected_failure_costs_the_others_nothing(runtime, active_clinic, settings, hostile):
+    """`snapshot run` over three clinics whose middle one's EHR answers what the code does not expect
+    (a Practitioner without an id: an unexpected exception, not an EHR error): the first and third
+    get their night, the report names the middle one's failure, its traceback is logged, and the
+    command exits 1."""
+    hostile.calm()
+    first, app = active_clinic.org, active_clinic.app
+    middle = create_organization("Hostile Clinic", "fhir", hostile.base, fhir_auth="none")
+    ana = create_user(middle.id, "ana@hostile.example", "Ana", "Lopez", "alopez", HOSTILE_NPI)
+    third, other = clinic("Third Clinic", "https://ehr.example/third")
+    for org, user in ((middle, ana), (third, other)):
+        install_application(app.id, org.id)
+        record_platform_verification(runtime, app, user)
+        record_activity(runtime, user)
+    hostile.attack("no-id", on="Practitioner")
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(),
+                             "--org", first.id, "--org", middle.id, "--org", third.id, "--json"],
+                            env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    body = json.loads(result.stdout)
+    assert body["built"] == [first.id, third.id] and body["found_built"] == [], body
+    failure = body["organizations"][middle.id]
+    assert failure.startswith("failed: unexpected error: KeyError"), body
+    for org in (first, third):
+        snapshot = Snapshot.latest_complete(org.id)
+        assert snapshot.snapshot_date == NIGHT and body["organizations"][org.id] == len(appointments(snapshot)) > 0
+    assert not Snapshot.select().where(Snapshot.organization == middle.id).exists()   # nothing half-written
+    assert "Traceback" in result.stderr and "KeyError" in result.stderr and middle.id in result.stderr
 
 
 def test_organizations_without_installations_are_not_synced(runtime, active_clinic):

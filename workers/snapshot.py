@@ -242,21 +242,41 @@ class NightReport:
 
 def run_night(runtime, night: dt.date, organization_ids: list[str] | None = None) -> NightReport:
     """Build `night`'s snapshots now, in this process (`svc-auth snapshot run`), cooperating with
-    any other builder of the same night (`build_or_await`)."""
+    any other builder of the same night (`build_or_await`).
+
+    Each organization's night is isolated: any failure (an EHR's error, or an unexpected exception,
+    logged with its traceback) is that organization's `failed: why`, and the next one is built (on
+    a fresh database connection when the failure was the database's: `HeldConnections.run`)."""
     report = NightReport()
     for org_id in organization_ids or organizations_to_sync():
         try:
-            outcome, snapshot = build_or_await(runtime, org_id, night)
+            outcome, snapshot, count = runtime.connections.run(_build_counted, runtime, org_id, night)
         except ConnectorError as exc:
             log.error("snapshot of %s for %s failed: %s", org_id, night, exc)
             report.organizations[org_id] = f"failed: {exc}"
             continue
+        except Exception as exc:
+            log.exception("snapshot of %s for %s failed unexpectedly; going on with the next organization",
+                          org_id, night)
+            report.organizations[org_id] = f"failed: unexpected error: {_one_line(exc)} (traceback in the log)"
+            continue
         (report.built if outcome == "built" else report.found_built).append(org_id)
         if snapshot.skipped:
             report.skipped[org_id] = json.loads(snapshot.skipped)
-        report.organizations[org_id] = (SnapshotAppointment.select()
-                                        .where(SnapshotAppointment.snapshot == snapshot.id).count())
+        report.organizations[org_id] = count
     return report
+
+
+def _build_counted(runtime, organization_id: str, night: dt.date) -> tuple[str, Snapshot, int]:
+    """`build_or_await`, and the number of appointments of the snapshot it built or found."""
+    outcome, snapshot = build_or_await(runtime, organization_id, night)
+    return outcome, snapshot, SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id).count()
+
+
+def _one_line(exc: Exception) -> str:
+    """`Type: message` of an exception, on one line (a database error's detail lines stay in the log)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def enqueue_night(runtime, night: dt.date):

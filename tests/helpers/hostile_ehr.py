@@ -15,7 +15,9 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   an `outcome` entry of severity `error`; `outcome-warning`: the normal searchset plus an
   `outcome` entry of severity `warning` (fine);
 - `foreign-refs`: resources whose references and attachment URLs name another host;
-- `redirect`: a 302 to another host; `retry-after`: 503 with `Retry-After: 30`.
+- `redirect`: a 302 to another host; `retry-after`: 503 with `Retry-After: 30`;
+- `no-id`: a searchset whose resources have no `id` (a Practitioner search's answer that svc-auth
+  does not expect: the night of the clinic fails unexpectedly).
 
 For a `smart-backend` clinic it serves `.well-known/smart-configuration` and a token endpoint
 (`/oauth/token`) that grants `TOKEN` to any client assertion.
@@ -201,6 +203,8 @@ class _Handler(BaseHTTPRequestHandler):
         matches = {"Practitioner": [practitioner()], "Patient": [patient(attack == "foreign-refs")],
                    "Appointment": [appointment(), patient()],
                    "Observation": [observation(base, attack == "foreign-refs")]}.get(kind, [])
+        if attack == "no-id":
+            matches = [{k: v for k, v in r.items() if k != "id"} for r in matches]
         if attack == "outcome-entry":
             return self.send_json(200, searchset(matches, outcome=outcome("error")))
         if attack == "outcome-warning":
