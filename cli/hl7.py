@@ -81,5 +81,5 @@ def _messages(runtime, args) -> int:
     if not 0 < args.limit <= MAX_LIMIT:
         raise UsageError(f"--limit must be between 1 and {MAX_LIMIT}")
     existing(Organization.get_or_none(Organization.id == args.org), "organization", args.org)
-    emit_list(recent_messages(args.org, args.limit), args.json, ["received_at", "control_id", "type", "ack", "error"])
+    emit_list(recent_messages(args.org, args.limit), args.json, ["received_at", "control_id", "type", "ack", "error", "note"])
     return 0

@@ -209,10 +209,12 @@ class Settings:
     http_connection: str = "httptools"
     # `svc-auth hl7 listen` (docs/hl7-feed.md): a connection silent this long is closed; one whose
     # message has not ended this long after its first bytes were read is closed; a connection
-    # beyond this many open ones is closed at once.
+    # beyond this many open ones is closed at once, and so is one beyond this many from one peer
+    # address (None: a quarter of hl7_max_connections).
     hl7_idle_timeout: int = 300
     hl7_frame_timeout: int = 60
     hl7_max_connections: int = 200
+    hl7_max_connections_per_peer: int | None = None
     # Partner REST API rate-limit overrides: "operation=COUNT/SECONDS,..." (see docs/rest-api.md).
     rate_limits: tuple = ()
     # FHIR API (docs/fhir-api.md, Limits): requests per application and clinic, and per access
@@ -332,6 +334,10 @@ class Settings:
                                                    "a whole number of requests, 1 or more")
         merged["hl7_max_connections"] = _at_least("SVC_HL7_MAX_CONNECTIONS", merged["hl7_max_connections"], 1,
                                                   "a whole number of connections, 1 or more")
+        merged["hl7_max_connections_per_peer"] = (
+            max(1, merged["hl7_max_connections"] // 4) if merged["hl7_max_connections_per_peer"] is None
+            else _at_least("SVC_HL7_MAX_CONNECTIONS_PER_PEER", merged["hl7_max_connections_per_peer"], 1,
+                           "a whole number of connections, 1 or more"))
         merged["bulk_max_concurrent"] = _at_least("SVC_BULK_MAX_CONCURRENT", merged["bulk_max_concurrent"], 1,
                                                   "a whole number of exports, 1 or more")
         if merged["key_holder_window"] < 4:

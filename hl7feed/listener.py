@@ -14,7 +14,11 @@ certificate with --tls-client-ca). One that leaves an ACK unread for SVC_HL7_IDL
 sent again. With --proxy-protocol (behind a TCP load balancer) a connection
 must come from SVC_TRUSTED_PROXIES and begin with a PROXY header (`proxy_protocol`), read before
 TLS starts; the address it names is the sender's, as `--hl7-allow` sees it. A connection arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
-handshakes in progress included) is closed at once, so a flood cannot take every descriptor. Content
+handshakes in progress included) is closed at once, so a flood cannot take every descriptor; so is
+one from a peer address (the PROXY header's client with --proxy-protocol, read first; else the
+socket's peer) that already holds SVC_HL7_MAX_CONNECTIONS_PER_PEER, before any of its bytes (or
+its TLS handshake) is read, so one sender cannot hold every slot with connections it keeps open
+(messages refused `AR` do not close a connection). Content
 that cannot be applied, whatever it holds, is answered `AE` by `store.receive` and the connection
 stays open; only when the database fails (down, busy: `store.database_unavailable`) does the message
 get no ACK and its connection close: the sender keeps it and sends it again. None of this stops the
@@ -79,6 +83,8 @@ class FeedListener(TCPServer):
         self.idle_timeout = runtime.settings.hl7_idle_timeout
         self.frame_timeout = runtime.settings.hl7_frame_timeout
         self.max_connections = runtime.settings.hl7_max_connections
+        self.max_per_peer = runtime.settings.hl7_max_connections_per_peer
+        self.per_peer: dict[str, int] = {}  # peer address -> its connections counted (see `_admit`)
         self.streams: set = set()
         self.busy: set = set()
         self.opening = 0  # connections still reading their PROXY header or TLS handshake
@@ -100,6 +106,8 @@ class FeedListener(TCPServer):
             if opened is None:
                 return
             stream, peer = opened
+        elif not self._admit(stream, peer):
+            return
         self.streams.add(stream)
         deframer = Deframer()
         loop = asyncio.get_running_loop()
@@ -147,11 +155,32 @@ class FeedListener(TCPServer):
             log.exception("hl7: a message from %s could not be stored; closed without an ACK", peer)
         finally:
             self.streams.discard(stream)
+            self._release(peer)
             stream.close()
 
+    def _admit(self, stream, peer: str) -> bool:
+        """Count the connection against its peer's SVC_HL7_MAX_CONNECTIONS_PER_PEER (released by
+        `_release`); one over it is closed at once and logged: False."""
+        held = self.per_peer.get(peer, 0)
+        if held >= self.max_per_peer:
+            log.warning("hl7: %s already has %d connections open (SVC_HL7_MAX_CONNECTIONS_PER_PEER): closed at once",
+                        peer, held)
+            stream.close()
+            return False
+        self.per_peer[peer] = held + 1
+        return True
+
+    def _release(self, peer: str) -> None:
+        left = self.per_peer.get(peer, 0) - 1
+        if left > 0:
+            self.per_peer[peer] = left
+        else:
+            self.per_peer.pop(peer, None)
+
     async def _through_balancer(self, stream, balancer: str):
-        """The PROXY header (only from SVC_TRUSTED_PROXIES), then TLS if configured: (stream, the
-        client's address), or None with the connection closed."""
+        """The PROXY header (only from SVC_TRUSTED_PROXIES), the client's SVC_HL7_MAX_CONNECTIONS_PER_PEER,
+        then TLS if configured: (stream, the client's address, counted by `_admit`), or None with the
+        connection closed (and not counted)."""
         if not is_trusted_proxy(balancer, self.runtime.settings):
             log.warning("hl7: %s is not in SVC_TRUSTED_PROXIES (--proxy-protocol): closed", balancer)
             stream.close()
@@ -163,14 +192,21 @@ class FeedListener(TCPServer):
                         exc if isinstance(exc, ProxyHeaderError) else "no PROXY header in time")
             stream.close()
             return None
+        peer = client or balancer
+        if not self._admit(stream, peer):  # before the TLS handshake: nothing more is read
+            return None
         if self.tls is not None:
             try:  # a failed or cancelled handshake closes its socket (Tornado >= 6.6)
                 stream = await asyncio.wait_for(stream.start_tls(server_side=True, ssl_options=self.tls),
                                                 self.idle_timeout)
             except (TimeoutError, OSError, StreamClosedError):
-                log.info("hl7: %s (via %s): no TLS handshake; closed, nothing read", client or balancer, balancer)
+                log.info("hl7: %s (via %s): no TLS handshake; closed, nothing read", peer, balancer)
+                self._release(peer)
                 return None
-        return stream, client or balancer
+            except BaseException:  # cancelled: the connection is not counted any more
+                self._release(peer)
+                raise
+        return stream, peer
 
     async def drain(self) -> None:
         """Stop: idle connections close now; those with a message in hand once its ACK is written."""

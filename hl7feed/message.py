@@ -123,7 +123,8 @@ def parse(data: bytes) -> Message:
 
 
 CLOCK_SKEW = dt.timedelta(minutes=10)
-"""How far ahead of ours a sender's clock may run (less than any zone's repeated hour: 30 min at least)."""
+"""How far ahead of ours a sender's clock may run (less than any zone's repeated hour: 30 min at least).
+An MSH-7 further ahead orders its message as received (`siu.appointment`)."""
 _DTM = re.compile(r"^(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:\.(\d{1,4}))?)?)?)?)?)?([+-]\d{4})?$")
 
 

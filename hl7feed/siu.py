@@ -12,7 +12,7 @@ from types import MappingProxyType
 import datetime as dt
 from dataclasses import dataclass, fields
 
-from hl7feed.message import BadTime, Message, parse_date, parse_dtm
+from hl7feed.message import CLOCK_SKEW, BadTime, Message, parse_date, parse_dtm
 from models.npi import is_npi
 
 TRIGGERS = ("S12", "S13", "S14", "S15", "S17", "S26")
@@ -57,11 +57,14 @@ class Header:
 
 @dataclass(frozen=True)
 class Update:
-    """One appointment as a message tells it; `remove` for S17."""
+    """One appointment as a message tells it; `remove` for S17. `message_time` orders it (MSH-7, or
+    when it was received if MSH-7 was more than `CLOCK_SKEW` ahead: `sent_at` keeps MSH-7 as read)."""
 
     key: str
     message_time: dt.datetime
     remove: bool = False
+    sent_at: dt.datetime | None = None
+    ahead: bool = False
     start: dt.datetime | None = None
     end: dt.datetime | None = None
     status: str = "booked"
@@ -194,7 +197,9 @@ def _location(m: Message) -> str:
 
 def appointment(m: Message, h: Header, zone: str, received: dt.datetime | None = None) -> Update:
     """The appointment the message carries; `AE` when it cannot be applied. `received` (naive UTC)
-    reads an MSH-7 without an offset in the hour repeated when clocks go back (`parse_dtm`)."""
+    reads an MSH-7 without an offset in the hour repeated when clocks go back (`parse_dtm`), and
+    orders a message whose MSH-7 is more than `CLOCK_SKEW` ahead of it as sent when received (a
+    sender's clock a year ahead must not make every later message about that appointment older)."""
     if m.has_nul:
         raise Refused("AE", "the message contains a NUL character")
     sch = m.first("SCH")
@@ -206,9 +211,12 @@ def appointment(m: Message, h: Header, zone: str, received: dt.datetime | None =
     sent = m.value(m.first("MSH"), 7, 1)
     if not sent:
         raise Refused("AE", "MSH-7 (the message's time) is empty", "MSH-7", "101")
-    message_time = _time(sent, zone, "MSH-7", received)
+    sent_at = _time(sent, zone, "MSH-7", received)
+    ahead = received is not None and sent_at > received + CLOCK_SKEW
+    # To the second, as MSH-7 usually is: a message stamped in the second it was received is not older.
+    times = dict(message_time=received.replace(microsecond=0) if ahead else sent_at, sent_at=sent_at, ahead=ahead)
     if h.trigger == "S17":
-        return _without_nul(Update(key=key, message_time=message_time, remove=True))
+        return _without_nul(Update(key=key, remove=True, **times))
     start, end = _times(m, zone)
     filler = m.value(sch, 25, 1)
     status = STATUSES.get(filler.lower()) if filler else "booked"
@@ -223,7 +231,7 @@ def appointment(m: Message, h: Header, zone: str, received: dt.datetime | None =
     except BadTime:
         raise Refused("AE", "PID-7 is not an HL7 date", "PID-7", "102") from None
     return _without_nul(Update(
-        key=key, message_time=message_time, start=start, end=end, status=status, physician_npi=_physician(m),
+        key=key, **times, start=start, end=end, status=status, physician_npi=_physician(m),
         appointment_type=_text(m, sch, 8)[:64], reason=_text(m, sch, 7)[:500], location=_location(m)[:200],
         patient_identifier=m.value(pid, 3, 1)[:200],
         patient_authority=(m.value(pid, 3, 4, 2) or m.value(pid, 3, 4, 1))[:200],

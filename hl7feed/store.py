@@ -27,7 +27,7 @@ import peewee
 from playhouse.pool import MaxConnectionsExceeded
 
 from hl7feed.config import allowed_networks, client_subjects
-from hl7feed.message import ParseError, parse
+from hl7feed.message import CLOCK_SKEW, ParseError, parse
 from hl7feed.siu import Header, Refused, Update, appointment, check_type, header
 from models.clock import utc_iso
 from models.directory import Organization
@@ -127,13 +127,18 @@ def receive(runtime, data: bytes, peer: str, client_names: tuple[str, ...] = ())
             return _duplicate(runtime, org, h, now)
         return _refused(runtime, org, h, refusal, now)
     try:
-        return _apply(runtime, org, h, update, now)
+        outcome = _apply(runtime, org, h, update, now)
     except peewee.IntegrityError:  # this control id was acknowledged AA before (here or by another listener)
         return _duplicate(runtime, org, h, now)
     except Exception as exc:  # noqa: BLE001
         if database_unavailable(exc):  # the listener closes without an ACK: the sender sends it again
             raise
         return _refused(runtime, org, h, _unapplicable(org, h, exc), now)
+    if update.ahead:
+        log.warning("hl7 %s from %s: MSH-7 %s is more than %d minutes ahead of this listener's clock: ordered as "
+                    "received (%s)", h.control_id[:40], org.id, utc_iso(update.sent_at), CLOCK_SKEW.seconds // 60,
+                    utc_iso(update.message_time))
+    return outcome
 
 
 def database_unavailable(exc: BaseException) -> bool:
@@ -156,9 +161,18 @@ def _acknowledged(org: Organization, control_id: str) -> bool:
 
 
 def _record(org: Organization, h: Header, ack: str, now: dt.datetime, error: str | None = None,
-            first: bool = False) -> None:
+            first: bool = False, sent_at: dt.datetime | None = None, note: str | None = None) -> None:
     _INSERT_MESSAGE.insert(organization=org.id, control_id=h.control_id[:200], message_type=h.message_type[:32],
-                           received_at=now, ack=ack, error=error[:500] if error else None, first=first)
+                           received_at=now, ack=ack, error=error[:500] if error else None, first=first,
+                           sent_at=sent_at, note=note)
+
+
+def _ahead_note(update: Update) -> str | None:
+    """The record's note of a message whose MSH-7 was more than `CLOCK_SKEW` ahead of our clock."""
+    if not update.ahead:
+        return None
+    return (f"MSH-7 is more than {CLOCK_SKEW.seconds // 60} minutes ahead of this service's clock: "
+            f"ordered as received ({utc_iso(update.message_time)})")
 
 
 def _refused(runtime, org, h, refusal: Refused, now) -> Outcome:
@@ -187,7 +201,7 @@ def _apply(runtime, org: Organization, h: Header, update: Update, now: dt.dateti
         _lock(db, org, update.key)
         # The first AA of this control id, or IntegrityError (acknowledged before: `receive` answers
         # AA, and this transaction, which changed nothing yet, is rolled back).
-        _record(org, h, "AA", now, first=True)
+        _record(org, h, "AA", now, first=True, sent_at=update.sent_at, note=_ahead_note(update))
         row = _APPOINTMENT.first(org.id, update.key)
         if row is not None and update.message_time < row.message_time:
             return Outcome("AA", h, change="older")
@@ -229,4 +243,5 @@ def recent_messages(organization_id: str, limit: int) -> list[dict]:
     query = (FeedMessage.select().where(FeedMessage.organization == organization_id)
              .order_by(FeedMessage.received_at.desc(), FeedMessage.id.desc()).limit(limit))
     return [{"control_id": m.control_id, "type": m.message_type, "received_at": utc_iso(m.received_at),
-             "ack": m.ack, "error": m.error} for m in query]
+             "ack": m.ack, "error": m.error, "sent_at": utc_iso(m.sent_at), "note": m.note}
+            for m in query]

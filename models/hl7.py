@@ -8,7 +8,9 @@ with `removed` set (a tombstone), so an older message cannot bring it back. The 
 are kept only while the row can still be in a snapshot (`hl7feed.store.prune`).
 
 `FeedMessage` is one message received from a clinic's facility: its control id (MSH-10), type,
-when, and how it was acknowledged; never its content. `first` marks the one acknowledged `AA`
+when, and how it was acknowledged, and for one taken `AA` its MSH-7 as sent (`sent_at`: a time
+more than the allowed clock skew ahead of ours orders the message as received, and `note` says
+so); never its content. `first` marks the one acknowledged `AA`
 row of a control id per clinic (a unique index): a message sent again, to this listener or to
 another one on the same database, is acknowledged `AA` and changes nothing.
 """
@@ -53,6 +55,8 @@ class FeedMessage(BaseModel):
     ack = peewee.CharField(max_length=2)                  # AA | AE | AR
     error = peewee.CharField(max_length=500, null=True)   # why AE/AR (never patient data)
     first = peewee.BooleanField(default=False)            # the first AA of this control id in this clinic
+    sent_at = peewee.DateTimeField(null=True)             # MSH-7 as read (naive UTC), of a message applied or older
+    note = peewee.CharField(max_length=200, null=True)    # what was done besides (an MSH-7 ahead: ordered as received)
 
     class Meta:
         indexes = ((("organization", "received_at"), False),)

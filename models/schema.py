@@ -272,6 +272,11 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Retention of short-lived rows (branch retain) numbers its steps 51xx.
     (5101, "indexes for the retention sweep: disclosure_record.jti (a record's token), launch (app, user, created_at)",
      lambda migrator: [model._schema.create_indexes(safe=True) for model in (DisclosureRecord, Launch)]),
+    # The HL7 feed's limits (branch hl7-limits) number its steps 527x.
+    (5271, "feed_message.sent_at, note: a message's MSH-7 as read, and what was done besides (an MSH-7 ahead "
+           "of our clock is ordered as received)",
+     _add_missing_columns("feed_message", ("sent_at", peewee.DateTimeField(null=True)),
+                          ("note", peewee.CharField(max_length=200, null=True)))),
 )
 
 

@@ -38,6 +38,8 @@ def test_environment_and_dotenv(tmp_path):
     ({"SVC_EHR_BATCH_MAX_BYTES": "-1"}, "SVC_EHR_BATCH_MAX_BYTES"),
     ({"SVC_CONSOLE_SESSION_LIFETIME": "0"}, "SVC_CONSOLE_SESSION_LIFETIME"),
     ({"SVC_CONSOLE_SESSION_LIFETIME": "12h"}, "SVC_CONSOLE_SESSION_LIFETIME"),
+    ({"SVC_HL7_MAX_CONNECTIONS_PER_PEER": "0"}, "SVC_HL7_MAX_CONNECTIONS_PER_PEER"),
+    ({"SVC_HL7_MAX_CONNECTIONS_PER_PEER": "lots"}, "SVC_HL7_MAX_CONNECTIONS_PER_PEER"),
 ])
 def test_bad_values_are_refused_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=name):
@@ -51,3 +53,10 @@ def test_key_prepublication_bounds_the_jwks_cache_lifetime():
     assert Settings.build(key_prepublish_seconds="0").jwks_max_age == 0
     with pytest.raises(ConfigError, match="SVC_KEY_PREPUBLISH_SECONDS"):
         Settings.build(key_prepublish_seconds="-1")
+
+
+def test_the_hl7_per_peer_cap_defaults_to_a_quarter_of_the_listeners():
+    assert (Settings.build().hl7_max_connections, Settings.build().hl7_max_connections_per_peer) == (200, 50)
+    assert Settings.from_env({"SVC_HL7_MAX_CONNECTIONS": "40"}, dotenv=None).hl7_max_connections_per_peer == 10
+    assert Settings.from_env({"SVC_HL7_MAX_CONNECTIONS": "2"}, dotenv=None).hl7_max_connections_per_peer == 1
+    assert Settings.from_env({"SVC_HL7_MAX_CONNECTIONS_PER_PEER": "7"}, dotenv=None).hl7_max_connections_per_peer == 7

@@ -33,6 +33,9 @@ from workers.snapshot import build_snapshot, night_window
 
 FACILITY = "NORTH_CLINIC"
 NIGHT = dt.date(2030, 3, 4)
+FEED_CLOCK = dt.datetime(2030, 3, 2)
+"""The listeners' clock (UTC) when a test sets none: after every MSH-7 the tests send (an MSH-7 more
+than 10 minutes ahead of the listener's clock would be ordered as received)."""
 SB, EB = b"\x0b", b"\x1c\x0d"
 
 
@@ -75,11 +78,14 @@ def feed_clinic(runtime, world):
 @pytest.fixture
 def listen(settings, tmp_path):
     """Starts `svc-auth hl7 listen` processes on the test's database; `listen(*args, idle=300, **env)`
-    -> (process, port). Each is stopped after the test."""
+    -> (process, port), its clock at FEED_CLOCK unless SVC_CLOCK_OFFSET is given. Each is stopped
+    after the test."""
     procs = []
 
     def start(*args, idle: int = 300, port: int | None = None, **env: str):
         port = port or free_port()
+        env.setdefault("SVC_CLOCK_OFFSET", str((FEED_CLOCK - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
+                                               .total_seconds()))
         env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle), **env)
         proc = start_process(["hl7", "listen", "--host", "127.0.0.1", "--port", str(port), *args], env, port,
                              log_path=tmp_path / f"hl7-{len(procs)}.log")
@@ -183,6 +189,41 @@ def test_a_cancellation_in_the_repeated_hour_is_not_taken_for_older(runtime, fee
         # A first-pass message (01:55 CDT) arriving now: 06:55 UTC (07:55 has not come), older.
         assert acked(second_pass.send_message(siu("S14", "DST3", "DST-1", sent="20301103015500", **sent)))[0] == "AA"
         assert appointment(feed_clinic, "DST-1").status == "cancelled"
+
+
+def test_an_msh7_far_ahead_of_our_clock_does_not_freeze_the_appointment(runtime, feed_clinic, listen, settings,
+                                                                         tmp_path):
+    """An S12 stamped a year ahead (a sender's clock gone wrong), then an S15 stamped now: the
+    cancellation is applied (the S12 is ordered as received, to the second; by its MSH-7 every
+    message for a year was older: acknowledged AA and dropped). Its record keeps the MSH-7 as sent
+    and says what was done; an MSH-7 within the allowed skew (10 minutes) orders as sent."""
+    _, port = listen(SVC_CLOCK_OFFSET="0")
+
+    def stamp(moment: dt.datetime) -> str:
+        return moment.strftime("%Y%m%d%H%M%S") + "+0000"
+
+    def utc_now() -> dt.datetime:
+        return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    year_ahead = utc_now().replace(microsecond=0) + dt.timedelta(days=365)
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        before = utc_now().replace(microsecond=0)
+        assert acked(client.send_message(siu("S12", "FU1", "FU-1", sent=stamp(year_ahead))))[:2] == ("AA", "FU1")
+        assert appointment(feed_clinic, "FU-1").status == "booked"
+        assert acked(client.send_message(siu("S15", "FU2", "FU-1", sent=stamp(utc_now()))))[:2] == ("AA", "FU2")
+        row = appointment(feed_clinic, "FU-1")
+        assert row.status == "cancelled" and before <= row.message_time <= utc_now()
+        # A clock 5 minutes ahead is within the skew: that MSH-7 orders the message as it says.
+        near = utc_now().replace(microsecond=0) + dt.timedelta(minutes=5)
+        assert acked(client.send_message(siu("S12", "FU3", "FU-3", sent=stamp(near))))[0] == "AA"
+        assert appointment(feed_clinic, "FU-3").message_time == near
+    listed = {m["control_id"]: m for m in hl7_messages(settings, feed_clinic)}
+    assert listed["FU1"]["sent_at"] == year_ahead.isoformat() + "Z"
+    assert "ahead of this service's clock" in listed["FU1"]["note"] and listed["FU1"]["ack"] == "AA"
+    assert listed["FU2"]["note"] is None and listed["FU3"]["note"] is None
+    assert listed["FU3"]["sent_at"] == near.isoformat() + "Z"
+    wait_until(lambda: "FU1" in (tmp_path / "hl7-0.log").read_text(), 30, "the listener's log line")
+    logged = [line for line in (tmp_path / "hl7-0.log").read_text().splitlines() if "ordered as received" in line]
+    assert len(logged) == 1 and "FU1" in logged[0] and year_ahead.isoformat() + "Z" in logged[0]
 
 
 def test_duplicates_and_older_messages_change_nothing(runtime, feed_clinic, listen):
@@ -408,6 +449,83 @@ def test_a_sender_that_never_reads_its_acks_is_closed(runtime, feed_clinic, list
     stuck.close()
 
 
+def test_one_peer_cannot_hold_every_connection(runtime, feed_clinic, listen, tmp_path):
+    """SVC_HL7_MAX_CONNECTIONS_PER_PEER=2: two connections from 127.0.0.1 whose messages are all
+    refused (AR) stay open; a third from 127.0.0.1 is closed at once, nothing read or stored
+    (logged); a connection from 127.0.0.2 is still served and its message applied. Once one of the
+    two closes, 127.0.0.1 is served again."""
+    _, port = listen(SVC_HL7_MAX_CONNECTIONS="10", SVC_HL7_MAX_CONNECTIONS_PER_PEER="2")
+    garbage = SB + b"garbage" + EB
+    held = []
+    for _ in range(2):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(garbage)
+        sock.settimeout(15)
+        assert acked(sock.recv(65536))[0] == "AR"   # served, and kept open
+        held.append(sock)
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as third:
+            began = time.monotonic()
+            try:
+                third.sendall(SB + siu("S12", "PP1", "PP-1").encode() + EB)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            assert _closed(third) and time.monotonic() - began < 10, "closed at once"
+        wait_until(lambda: "SVC_HL7_MAX_CONNECTIONS_PER_PEER" in (tmp_path / "hl7-0.log").read_text(), 30,
+                   "the log line")
+        replies = asyncio.run(_send_tls(port, None, [siu("S12", "PP2", "PP-2")], source="127.0.0.2"))
+        assert acked(replies[0])[:2] == ("AA", "PP2")
+        for sock in held:   # still open: a message on each is answered
+            sock.sendall(garbage)
+            assert acked(sock.recv(65536))[0] == "AR"
+    finally:
+        held.pop().close()
+    # One slot of 127.0.0.1 freed (once the listener has seen that connection end): served again.
+
+    def served_again() -> bool:
+        try:
+            return acked(asyncio.run(_send_tls(port, None, [siu("S12", "PP3", "PP-3")]))[0])[0] == "AA"
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            return False
+    wait_until(served_again, 30, "127.0.0.1 served once one of its connections closed")
+    held.pop().close()
+    assert appointment(feed_clinic, "PP-1") is None
+    assert appointment(feed_clinic, "PP-2") is not None and appointment(feed_clinic, "PP-3") is not None
+    assert not FeedMessage.select().where(FeedMessage.control_id == "PP1").exists()
+
+
+def test_behind_a_balancer_the_peer_cap_counts_the_client(runtime, world, listen):
+    """With --proxy-protocol, SVC_HL7_MAX_CONNECTIONS_PER_PEER counts the address the PROXY header
+    names, not the balancer's: two connections of client 127.0.0.2 held, a third closed at once
+    before its message is read, while client 127.0.0.3 over the same balancer address is served."""
+    org = configure_feed(world.org.id, "siu", FACILITY, [])
+    _, port = listen("--proxy-protocol", SVC_TRUSTED_PROXIES="127.0.0.1/32", SVC_HL7_MAX_CONNECTIONS_PER_PEER="2")
+
+    def connect(client: str) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(f"PROXY TCP4 {client} 127.0.0.1 40000 2575\r\n".encode())
+        sock.settimeout(15)
+        return sock
+    held = [connect("127.0.0.2") for _ in range(2)]
+    try:
+        for n, sock in enumerate(held):
+            sock.sendall(SB + siu("S12", f"PX{n}", f"PX-{n}").encode() + EB)
+            assert acked(sock.recv(65536))[:2] == ("AA", f"PX{n}")
+        with connect("127.0.0.2") as third:
+            try:
+                third.sendall(SB + siu("S12", "PX2", "PX-2").encode() + EB)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            assert _closed(third)
+        with connect("127.0.0.3") as other:
+            other.sendall(SB + siu("S12", "PX3", "PX-3").encode() + EB)
+            assert acked(other.recv(65536))[:2] == ("AA", "PX3")
+    finally:
+        for sock in held:
+            sock.close()
+    assert appointment(org, "PX-2") is None and appointment(org, "PX-3") is not None
+
+
 # -- TLS -----------------------------------------------------------------------------------------
 
 def _certificates(directory):
@@ -495,12 +613,12 @@ def test_every_trigger_over_tls_with_client_certificates(runtime, feed_clinic, l
 
 
 def test_connections_over_the_cap_are_closed_at_once(runtime, feed_clinic, listen, tmp_path):
-    """SVC_HL7_MAX_CONNECTIONS=2, held by a clinic's served connection and one that never finishes
-    its TLS handshake: a third is closed at once (logged), not served; once the idle timeout
-    (5 s) closed those two, a connection is served again."""
+    """SVC_HL7_MAX_CONNECTIONS=2 (all of them allowed to one address here), held by a clinic's
+    served connection and one that never finishes its TLS handshake: a third is closed at once
+    (logged), not served; once the idle timeout (5 s) closed those two, a connection is served again."""
     paths = _certificates(tmp_path)
     _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1], "--tls-client-ca", paths["ca"],
-                     idle=5, SVC_HL7_MAX_CONNECTIONS="2")
+                     idle=5, SVC_HL7_MAX_CONNECTIONS="2", SVC_HL7_MAX_CONNECTIONS_PER_PEER="2")
     context = _client_context(paths, "client")
 
     async def over_the_cap() -> None:
@@ -897,7 +1015,7 @@ def test_a_clinics_feed_settings_on_the_command_line(runtime, world, settings):
 
 def test_retention_removes_what_no_snapshot_needs(runtime, world, feed_clinic, listen):
     from hl7feed.store import prune
-    _, port = listen()
+    _, port = listen(SVC_CLOCK_OFFSET="0")
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
 
     def hl7_time(when: dt.datetime) -> str:
