@@ -50,7 +50,11 @@ def _export_env_file(path: str) -> None:
         values = read_env_file(Path(path))
     except OSError as exc:
         raise ConfigError(f"--env-file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--env-file {path}: not UTF-8 text") from None
     for key, value in values.items():
+        if "\0" in key or "\0" in value or not key or "=" in key:  # os.environ refuses them: ValueError
+            raise ConfigError(f"--env-file {path}: {key[:40]!r} is not a variable the environment can hold")
         os.environ.setdefault(key, value)
 
 

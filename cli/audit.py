@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import sys
 
-from cli.common import add_json_flag, UsageError, emit, with_runtime
+from cli.common import add_json_flag, UsageError, emit, existing, with_runtime
 from models.audit import AuditEvent
 from models.clock import utc_iso
 
@@ -72,16 +72,19 @@ def parse_time(name: str, value: str | None) -> dt.datetime | None:
         return None
     try:
         parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{name} must be an ISO 8601 date or time, e.g. 2026-01-31T00:00:00Z, got {value!r}") from None
-    if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        if parsed.tzinfo is not None:  # 9999-12-31T23:00-10:00 lies past year 9999 in UTC: OverflowError
+            parsed = parsed.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError):
+        raise UsageError(f"{name} must be an ISO 8601 date or time between the years 1 and 9999 in UTC, e.g. "
+                         f"2026-01-31T00:00:00Z, got {value[:80]!r}") from None
     return parsed
 
 
 def _disclosures(runtime, args):
     from audit.accounting import as_csv, as_fhir_bundle, read_accounting
+    from models.directory import Organization
     output = args.format or "json"
+    existing(Organization.get_or_none(Organization.id == args.org), "organization", args.org)  # before audit.read
     start, end = parse_time("--from", args.start), parse_time("--to", args.end)
     filters = {"patient": args.patient, "app": args.app, "user": args.user, "from": args.start, "to": args.end}
     records = read_accounting(ACTOR, filters, output, organization_id=args.org, patient=args.patient,

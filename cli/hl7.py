@@ -70,6 +70,8 @@ def _listen(runtime, args) -> int:
     from ops.startup import StartupError
     try:
         serve_forever(runtime, args.host, args.port, ssl, args.proxy_protocol)
+    except UnicodeError:  # a --host no resolver takes (a label over 63 characters): the idna codec refuses it
+        raise UsageError(f"--host must be a host name or an IP address, got {args.host[:80]!r}") from None
     except OSError as exc:  # the port is taken, the address is not ours: one line
         raise StartupError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return 0

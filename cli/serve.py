@@ -1,12 +1,14 @@
 """`svc-auth serve`: the HTTP server (`--demo` also seeds demo data and starts the example app)."""
 from __future__ import annotations
 
+MAX_PROCESSES = 256  # `--processes`
+
 
 def register(commands) -> None:
     p = commands.add_parser("serve", help="run the HTTP server")
     p.add_argument("--port", type=int, default=8888, help="TCP port to listen on (default 8888)")
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--processes", type=int, default=1, help="fork N processes, sharing the port, new connections to the one with the fewest (0 = one per core)")
+    p.add_argument("--processes", type=int, default=1, help="fork N processes, sharing the port, new connections to the one with the fewest (0 = one per core; at most 256)")
     p.add_argument("--restart-budget", type=int, default=30, metavar="N",
                    help="with --processes: at most N worker restarts per minute; more wait (default 30)")
     p.add_argument("--restart-backoff-max", type=float, default=10.0, metavar="SECONDS",
@@ -24,8 +26,8 @@ def register(commands) -> None:
 def run(settings, args) -> int:
     from cli.common import UsageError
     from server import serve
-    if args.processes < 0:
-        raise UsageError("--processes must be 0 (one per core) or more")
+    if not 0 <= args.processes <= MAX_PROCESSES:  # 2**64 would fork until the machine gave out
+        raise UsageError(f"--processes must be 0 (one per core) to {MAX_PROCESSES}")
     if not 0 < args.port < 65536:
         raise UsageError("--port must be between 1 and 65535")
     from ops.processes import SupervisorPolicy

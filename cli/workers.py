@@ -9,16 +9,18 @@ import threading
 from cli.common import UsageError, emit, existing, with_runtime
 
 log = logging.getLogger("svc_auth.workers")
+MAX_THREADS = 256  # `worker --threads`: more is a typo (2**64 would start threads until memory ran out)
+FIRST_NIGHT, LAST_NIGHT = dt.date(2000, 1, 1), dt.date(9998, 12, 31)  # `snapshot run --date`
 
 
 def register(commands) -> None:
     p = commands.add_parser("worker", help="run a Dramatiq worker (needs SVC_REDIS_URL)")
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default SVC_WORKER_THREADS)")
+    p.add_argument("--threads", type=int, default=None, help="worker threads, 1 to 256 (default SVC_WORKER_THREADS)")
     p.add_argument("--queues", nargs="*", default=None, help="only consume these queues (snapshots, charts, exports)")
     p.set_defaults(handler=with_runtime(run_worker, check_redis=True))
 
     p = commands.add_parser("scheduler", help="queue the nightly appointment sync at SVC_SYNC_WINDOW")
-    p.add_argument("--interval", type=float, default=30.0, help="seconds between checks (default 30)")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between checks, above 0 and below 86400 (default 30)")
     p.add_argument("--once", action="store_true", help="check once and exit (for cron)")
     p.set_defaults(handler=with_runtime(run_scheduler_command, check_redis=True))
 
@@ -41,8 +43,8 @@ def _wait_for_signal() -> threading.Event:
 def run_worker(runtime, args) -> int:
     if not runtime.settings.redis_url:
         raise UsageError("SVC_REDIS_URL is not set: without Redis, tasks run in the worker thread inside `svc-auth serve`")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError("--threads must be 1 or more")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be between 1 and {MAX_THREADS}")
     stop = _wait_for_signal()
     from keys.holders import KeyHeartbeat
     from workers.loops import run_every
@@ -80,8 +82,8 @@ def _consume(runtime, args, stop: threading.Event) -> int:
 def run_scheduler_command(runtime, args) -> int:
     from workers.retention import retention_due
     from workers.scheduler import run_scheduler, tick
-    if args.interval <= 0:
-        raise UsageError("--interval must be positive")
+    if not 0 < args.interval < 86400:  # also refuses nan and inf (an Event.wait(inf) overflows)
+        raise UsageError("--interval must be a number of seconds above 0 and below 86400")
     runtime.task_queue  # noqa: B018  (connect the broker before the first tick)
     if args.once:
         night = tick(runtime)
@@ -100,7 +102,9 @@ def run_snapshot(runtime, args) -> int:
     try:
         night = dt.date.fromisoformat(args.date) if args.date else coming_night(runtime.settings, runtime.clock.now())
     except ValueError:
-        raise UsageError(f"--date must be YYYY-MM-DD, got {args.date!r}") from None
+        raise UsageError(f"--date must be YYYY-MM-DD, got {args.date[:80]!r}") from None
+    if not FIRST_NIGHT <= night <= LAST_NIGHT:  # the night's window and session TTL must stay within dates
+        raise UsageError(f"--date must be a night from {FIRST_NIGHT} to {LAST_NIGHT}, got {night}")
     for org_id in args.org or ():
         existing(Organization.get_or_none(Organization.id == org_id), "organization", org_id)
     from keys.holders import KeyHeartbeat

@@ -119,9 +119,18 @@ def clean_time_zone(name: str) -> str:
 
 
 def clean_ehr_url(ehr_url: str) -> str:
+    if len(ehr_url) > 500:  # the column's width: PostgreSQL refuses more, SQLite would store it
+        raise invalid("ehr_url (--ehr-url, --fhir-base-url) must be at most 500 characters.")
     if ehr_url and not redirect_uri_allowed(ehr_url, ehr_url):
         raise invalid(f"ehr_url must be an absolute http(s) URL without a fragment, got {ehr_url!r}.")
     return ehr_url
+
+
+def clean_fhir_client_id(client_id: str) -> str:
+    client_id = client_id.strip()
+    if len(client_id) > 200:
+        raise invalid("fhir_client_id (--fhir-client-id) must be at most 200 characters.")
+    return client_id
 
 
 def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_id: str | None = None,
@@ -130,7 +139,7 @@ def create_organization(name: str, ehr: str = "sandbox", ehr_url: str = "", org_
                         time_zone: str = DEFAULT_TIME_ZONE, **epic) -> Organization:
     """A new organization (`epic`: the `EPIC_FIELDS` of Epic's web service, when given)."""
     fields = {"name": clean_name(name), "ehr": clean_ehr(ehr), "ehr_url": clean_ehr_url(ehr_url or ""),
-              "fhir_client_id": (fhir_client_id or "").strip(), "fhir_auth": fhir_auth,
+              "fhir_client_id": clean_fhir_client_id(fhir_client_id or ""), "fhir_auth": fhir_auth,
               "time_zone": clean_time_zone(time_zone)}
     clean_fhir_profile(fields, fhir_profile, fhir_scopes, fhir_search_params)
     clean_epic(fields, epic)
@@ -156,7 +165,7 @@ def update_organization(organization_id: str, name: str | None = None, ehr: str 
     if ehr_url is not None:
         changes["ehr_url"] = clean_ehr_url(ehr_url)
     if fhir_client_id is not None:
-        changes["fhir_client_id"] = fhir_client_id.strip()
+        changes["fhir_client_id"] = clean_fhir_client_id(fhir_client_id)
     if fhir_auth is not None:
         changes["fhir_auth"] = fhir_auth
     clean_fhir_profile(changes, fhir_profile, fhir_scopes, fhir_search_params)

@@ -30,12 +30,21 @@ def clean_npi(npi: str | None) -> str | None:
     return npi or None
 
 
+def clean_name_field(field: str, value: str | None) -> str | None:
+    """A given name, family name or EHR username (None or "": none); 400 past the column's 200
+    characters, which PostgreSQL refuses and SQLite would store."""
+    if value and len(value) > 200:
+        raise invalid(f"{field} (--{field.replace('_', '-')}) must be at most 200 characters.")
+    return value or None
+
+
 def create_user(organization_id: str, email: str, given_name: str | None = None, family_name: str | None = None,
                 ehr_username: str | None = None, npi: str | None = None, user_id: str | None = None) -> User:
     org = find_organization(organization_id)
     email = clean_email(email)
-    fields = dict(organization=org.id, email=email, given_name=given_name or None, family_name=family_name or None,
-                  ehr_username=ehr_username or None, npi=clean_npi(npi))
+    fields = dict(organization=org.id, email=email, given_name=clean_name_field("given_name", given_name),
+                  family_name=clean_name_field("family_name", family_name),
+                  ehr_username=clean_name_field("ehr_username", ehr_username), npi=clean_npi(npi))
     if user_id:
         fields["id"] = user_id
     try:
@@ -56,7 +65,7 @@ def update_user(user_id: str, email: str | None = None, given_name: str | None =
         changes["email"] = email = clean_email(email)
     for field, value in (("given_name", given_name), ("family_name", family_name), ("ehr_username", ehr_username)):
         if value is not None:
-            changes[field] = value.strip() or None
+            changes[field] = clean_name_field(field, value.strip())
     if npi is not None:
         changes["npi"] = clean_npi(npi)
     if changes:

@@ -265,3 +265,43 @@ def test_env_file_is_read_like_systemds_environment_file(settings, runtime, tmp_
         == ["Env Clinic"]
     missing = run("--env-file", str(tmp_path / "nope"), "orgs", "list")
     assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "--env-file" in missing.stderr
+
+
+# An attacker-minded sweep of the CLI's arguments: out-of-range dates, values wider than their
+# PostgreSQL column (SQLite stored them), unbounded numbers and unreadable files each printed a
+# traceback (or were stored) instead of one line naming the flag, exit 2, nothing changed.
+LONG = "x" * 10000
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["audit", "list", "--from", "9999-12-31T23:59:59-10:00"], "--from"),  # past year 9999 in UTC: OverflowError
+    (["audit", "disclosures", "--org", "ORG", "--to", "0001-01-01T00:00:00+10:00"], "--to"),
+    (["audit", "prune", "--before", "0001-01-01T00:00:00+10:00"], "--before"),
+    (["audit", "disclosures", "--org", LONG], "no organization"),  # PostgreSQL: audit.read's subject too long
+    (["orgs", "create", "--name", "Wide Clinic", "--ehr-url", "https://ehr.example/" + LONG], "--ehr-url"),
+    (["orgs", "update", "--org", "ORG", "--fhir-client-id", LONG], "--fhir-client-id"),
+    (["users", "create", "--org", "ORG", "--email", "wide@example.com", "--given-name", LONG], "--given-name"),
+    (["users", "update", "--user", "USER", "--ehr-username", LONG], "--ehr-username"),
+    (["snapshot", "run", "--date", "0001-01-01"], "--date"),  # the night's window fell before year 1
+    (["scheduler", "--interval", "inf"], "--interval"),  # Event.wait(inf): OverflowError
+    (["hl7", "listen", "--host", LONG, "--port", "1"], "--host"),  # the idna codec refused it: UnicodeError
+])
+def test_out_of_range_arguments_exit_2_naming_the_flag_and_change_nothing(cli, world, runtime, args, needle):
+    args = [{"ORG": world.org.id, "USER": world.physician.id}.get(a, a) for a in args]
+    before = (Organization.select().count(), User.select().count(), User.get_by_id(world.physician.id).ehr_username,
+              Organization.get_by_id(world.org.id).fhir_client_id)
+    result = cli(*args, expect=2)
+    assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len([line for line in result.stderr.splitlines() if '"level"' not in line]) == 1
+    assert (Organization.select().count(), User.select().count(), User.get_by_id(world.physician.id).ehr_username,
+            Organization.get_by_id(world.org.id).fhir_client_id) == before
+
+
+@pytest.mark.parametrize("content", [b"SVC_X=caf\xe9\n", b"SVC_X=a\x00b\n"])
+def test_an_unreadable_env_file_is_a_configuration_error(settings, tmp_path, content):
+    (tmp_path / "env").write_bytes(content)
+    env = {k: v for k, v in settings_env(settings).items() if not k.startswith("SVC_")}
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "--env-file", str(tmp_path / "env"), "orgs", "list"],
+                            env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and "--env-file" in result.stderr, \
+        result.stderr
