@@ -31,8 +31,9 @@ def find_organization(organization_id: str) -> Organization:
 
 def clean_name(name: str | None) -> str:
     name = (name or "").strip()
-    if not name or len(name) > 200:
-        raise invalid("An organization needs a name of 1 to 200 characters.")
+    width = Organization.name.max_length
+    if not name or len(name) > width:
+        raise invalid(f"An organization needs a name of 1 to {width} characters.")
     return name
 
 
@@ -119,8 +120,9 @@ def clean_time_zone(name: str) -> str:
 
 
 def clean_ehr_url(ehr_url: str) -> str:
-    if len(ehr_url) > 500:  # the column's width: PostgreSQL refuses more, SQLite would store it
-        raise invalid("ehr_url (--ehr-url, --fhir-base-url) must be at most 500 characters.")
+    width = Organization.ehr_url.max_length
+    if len(ehr_url) > width:  # PostgreSQL refuses more, SQLite would store it
+        raise invalid(f"ehr_url (--ehr-url, --fhir-base-url) must be at most {width} characters.")
     if ehr_url and not redirect_uri_allowed(ehr_url, ehr_url):
         raise invalid(f"ehr_url must be an absolute http(s) URL without a fragment, got {ehr_url!r}.")
     return ehr_url
@@ -128,8 +130,9 @@ def clean_ehr_url(ehr_url: str) -> str:
 
 def clean_fhir_client_id(client_id: str) -> str:
     client_id = client_id.strip()
-    if len(client_id) > 200:
-        raise invalid("fhir_client_id (--fhir-client-id) must be at most 200 characters.")
+    width = Organization.fhir_client_id.max_length
+    if len(client_id) > width:
+        raise invalid(f"fhir_client_id (--fhir-client-id) must be at most {width} characters.")
     return client_id
 
 

@@ -31,10 +31,11 @@ def clean_npi(npi: str | None) -> str | None:
 
 
 def clean_name_field(field: str, value: str | None) -> str | None:
-    """A given name, family name or EHR username (None or "": none); 400 past the column's 200
-    characters, which PostgreSQL refuses and SQLite would store."""
-    if value and len(value) > 200:
-        raise invalid(f"{field} (--{field.replace('_', '-')}) must be at most 200 characters.")
+    """A given name, family name or EHR username (None or "": none); 400 past the column's width (200
+    characters), which PostgreSQL refuses and SQLite would store."""
+    width = getattr(User, field).max_length
+    if value and len(value) > width:
+        raise invalid(f"{field} (--{field.replace('_', '-')}) must be at most {width} characters.")
     return value or None
 
 

@@ -21,7 +21,7 @@ from workers.snapshot import build_snapshot, night_window, run_night
 from helpers.environment import ROOT
 from helpers.hostile_ehr import NPI as HOSTILE_NPI
 from helpers.rest import partner_headers
-from helpers.processes import settings_env
+from helpers.processes import faulty_env, settings_env
 from helpers.worlds import clinic
 
 NIGHT = dt.date(2030, 3, 4)  # a Monday
@@ -204,11 +204,9 @@ def test_snapshot_run_command(runtime, active_clinic, settings):
     assert bad.returncode == 2 and "--date must be YYYY-MM-DD" in bad.stderr
 
 
-def test_one_clinic_s_unexpected_failure_costs_the_others_nothing(runtime, active_clinic, settings, hostile):
-    """`snapshot run` over three clinics whose middle one's EHR answers what the code does not expect
-    (a Practitioner without an id: an unexpected exception, not an EHR error): the first and third
-    get their night, the report names the middle one's failure, its traceback is logged, and the
-    command exits 1."""
+def _three_clinics(runtime, active_clinic, hostile):
+    """The active clinic, a FHIR clinic on the hostile EHR (calm) and a third clinic, each with the
+    same app installed and an active, verified user: the night builds all three."""
     hostile.calm()
     first, app = active_clinic.org, active_clinic.app
     middle = create_organization("Hostile Clinic", "fhir", hostile.base, fhir_auth="none")
@@ -218,20 +216,49 @@ def test_one_clinic_s_unexpected_failure_costs_the_others_nothing(runtime, activ
         install_application(app.id, org.id)
         record_platform_verification(runtime, app, user)
         record_activity(runtime, user)
-    hostile.attack("no-id", on="Practitioner")
+    return first, middle, third
+
+
+def _night_of_three(env: dict, *orgs) -> tuple[subprocess.CompletedProcess, dict]:
     result = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(),
-                             "--org", first.id, "--org", middle.id, "--org", third.id, "--json"],
-                            env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+                             *[arg for org in orgs for arg in ("--org", org.id)], "--json"],
+                            env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
-    body = json.loads(result.stdout)
+    return result, json.loads(result.stdout)
+
+
+def _assert_only_the_middle_failed(body: dict, first, middle, third) -> str:
     assert body["built"] == [first.id, third.id] and body["found_built"] == [], body
-    failure = body["organizations"][middle.id]
-    assert failure.startswith("failed: unexpected error: KeyError"), body
     for org in (first, third):
         snapshot = Snapshot.latest_complete(org.id)
         assert snapshot.snapshot_date == NIGHT and body["organizations"][org.id] == len(appointments(snapshot)) > 0
     assert not Snapshot.select().where(Snapshot.organization == middle.id).exists()   # nothing half-written
-    assert "Traceback" in result.stderr and "KeyError" in result.stderr and middle.id in result.stderr
+    return body["organizations"][middle.id]
+
+
+def test_a_practitioner_without_an_id_fails_its_clinic_s_night_as_the_ehr_s_error(runtime, active_clinic, settings,
+                                                                                 hostile):
+    """An EHR whose Practitioner search answers a Practitioner without `id` (FHIR requires one): that
+    clinic's night fails with a message naming the EHR's answer, not as an unexpected error (it was
+    a `KeyError` and a traceback); the other clinics get their night."""
+    first, middle, third = _three_clinics(runtime, active_clinic, hostile)
+    hostile.attack("no-id", on="Practitioner")
+    result, body = _night_of_three(settings_env(settings), first, middle, third)
+    failure = _assert_only_the_middle_failed(body, first, middle, third)
+    assert failure.startswith("failed: The clinic's EHR answered the search for the Practitioner with NPI "
+                              f"{HOSTILE_NPI} with no valid id"), body
+    assert "Traceback" not in result.stderr and "KeyError" not in result.stderr
+
+
+def test_one_clinic_s_unexpected_failure_costs_the_others_nothing(runtime, active_clinic, settings, hostile):
+    """`snapshot run` over three clinics whose middle one meets an exception no code expects (a
+    defect not yet found, injected by `helpers/faults`): the first and third get their night, the
+    report names the middle one's failure, its traceback is logged, and the command exits 1."""
+    first, middle, third = _three_clinics(runtime, active_clinic, hostile)
+    result, body = _night_of_three(faulty_env(settings, middle.id), first, middle, third)
+    failure = _assert_only_the_middle_failed(body, first, middle, third)
+    assert failure.startswith(f"failed: unexpected error: RuntimeError: injected fault for {middle.id}"), body
+    assert "Traceback" in result.stderr and "RuntimeError" in result.stderr and middle.id in result.stderr
 
 
 def test_organizations_without_installations_are_not_synced(runtime, active_clinic):

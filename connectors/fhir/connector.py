@@ -73,8 +73,12 @@ class FhirConnector:
     def practitioner_id(self, npi: str) -> str | None:
         """The FHIR id of the Practitioner with this NPI, or None when the EHR has none."""
         bundle = self.client.search("Practitioner", self.search({"identifier": f"{NPI_SYSTEM}|{npi}"}))
-        ids = [e["resource"]["id"] for e in bundle.get("entry") or () if isinstance(e, dict) and isinstance(
+        found = [e["resource"].get("id") for e in bundle.get("entry") or () if isinstance(e, dict) and isinstance(
             e.get("resource"), dict) and e["resource"].get("resourceType") == "Practitioner"]
+        ids = [ident for ident in found if isinstance(ident, str) and is_id(ident)]
+        if found and not ids:
+            raise ConnectorError(f"The clinic's EHR answered the search for the Practitioner with NPI {npi} "
+                                 "with no valid id (FHIR requires one on every resource it returns)")
         if len(ids) > 1:
             log.warning("%d practitioners have NPI %s in %s; using the first", len(ids), npi, self.organization.id)
         return ids[0] if ids else None

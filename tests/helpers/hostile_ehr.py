@@ -16,8 +16,8 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   `outcome` entry of severity `warning` (fine);
 - `foreign-refs`: resources whose references and attachment URLs name another host;
 - `redirect`: a 302 to another host; `retry-after`: 503 with `Retry-After: 30`;
-- `no-id`: a searchset whose resources have no `id` (a Practitioner search's answer that svc-auth
-  does not expect: the night of the clinic fails unexpectedly).
+- `no-id`: a searchset whose resources have no `id` (FHIR requires one: svc-auth fails that read or
+  night with a clear error naming the answer).
 
 For a `smart-backend` clinic it serves `.well-known/smart-configuration` and a token endpoint
 (`/oauth/token`) that grants `TOKEN` to any client assertion.

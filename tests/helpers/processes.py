@@ -35,6 +35,14 @@ def settings_env(settings: Settings, **extra) -> dict:
     return env
 
 
+def faulty_env(settings: Settings, organization_id: str) -> dict:
+    """`settings_env`, with the fault of `helpers/faults/sitecustomize.py` switched on for one
+    organization: its FHIR connector raises an exception no code expects."""
+    faults = Path(__file__).resolve().parent / "faults"
+    path = os.pathsep.join([str(faults), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return settings_env(settings, PYTHONPATH=path, SVC_TEST_FAULT_ORGANIZATION=organization_id)
+
+
 def wait_for_port(port: int, timeout: float = 60.0, proc=None) -> None:
     """Until something accepts on `port`; a `proc` that exits fails at once. The bound is long
     because a Python process's imports can take tens of seconds on a loaded 2-core machine (a
