@@ -46,12 +46,7 @@ def _export_env_file(path: str) -> None:
     from conf import read_env_file
     if not Path(path).is_file():
         raise ConfigError(f"--env-file {path}: no such file")
-    try:
-        values = read_env_file(Path(path))
-    except OSError as exc:
-        raise ConfigError(f"--env-file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--env-file {path}: not UTF-8 text") from None
+    values = read_env_file(Path(path), f"--env-file {path}")
     for key, value in values.items():
         if "\0" in key or "\0" in value or not key or "=" in key:  # os.environ refuses them: ValueError
             raise ConfigError(f"--env-file {path}: {key[:40]!r} is not a variable the environment can hold")

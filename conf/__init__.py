@@ -21,12 +21,19 @@ class ConfigError(ValueError):
 _SYNC_WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    """Parse a `.env`-style file: KEY=VALUE lines, `#` comments, optional quotes."""
+def read_env_file(path: Path, label: str | None = None) -> dict[str, str]:
+    """Parse a `.env`-style file: KEY=VALUE lines, `#` comments, optional quotes. A file that cannot
+    be read or is not UTF-8 is a `ConfigError` naming it (`label`, default its path)."""
     values: dict[str, str] = {}
     if not path.is_file():
         return values
-    for raw in path.read_text().splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{label or path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{label or path}: not UTF-8 text") from None
+    for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue
@@ -47,16 +54,25 @@ def _url(name: str, value: str) -> str:
     return value.rstrip("/")
 
 
+_TEN_YEARS = 10 * 366 * 86400
+_UNITS = (("_BYTES", "bytes", 2 ** 50), ("_MS", "milliseconds", _TEN_YEARS * 1000), ("_DAYS", "days", 100 * 366),
+          ("_PAGES", "pages", 1_000_000), ("_THREADS", "threads", 256))
+"""A whole-number setting's unit and largest value, by the end of its name (else seconds, at most
+ten years): past them a date overflows or threads are started without end, so refuse at start."""
+
+
 def _seconds(name: str, value: str) -> int:
-    """A positive whole number (seconds, milliseconds or bytes, as the setting's name says)."""
+    """A positive whole number (seconds, milliseconds, bytes, pages or threads, as the setting's name
+    says), no larger than its unit's bound (`_UNITS`)."""
+    unit, largest = next(((u, top) for end, u, top in _UNITS if name.endswith(end)), ("seconds", _TEN_YEARS))
     try:
         number = int(value)
     except ValueError:
-        unit = ("bytes" if name.endswith("_BYTES") else "milliseconds" if name.endswith("_MS")
-                else "days" if name.endswith("_DAYS") else "pages" if name.endswith("_PAGES") else "seconds")
         raise ConfigError(f"{name} must be a whole number of {unit}, got {value!r}") from None
     if number <= 0:
         raise ConfigError(f"{name} must be positive, got {value!r}")
+    if number > largest:
+        raise ConfigError(f"{name} must be at most {largest} {unit}, got {value!r}")
     return number
 
 

@@ -305,3 +305,15 @@ def test_an_unreadable_env_file_is_a_configuration_error(settings, tmp_path, con
                             env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and "--env-file" in result.stderr, \
         result.stderr
+
+
+def test_an_unreadable_default_env_file_is_a_configuration_error(settings, tmp_path):
+    """The `./.env` read without `--env-file` (here not UTF-8): one line naming it, exit 2 (it was
+    a traceback)."""
+    (tmp_path / ".env").write_bytes(b"SVC_X=caf\xe9\n")
+    env = {k: v for k, v in settings_env(settings).items() if not k.startswith("SVC_")}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "orgs", "list"],
+                            env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "svc-auth: configuration error: .env: not UTF-8 text"], result.stderr

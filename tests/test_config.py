@@ -40,6 +40,12 @@ def test_environment_and_dotenv(tmp_path):
     ({"SVC_CONSOLE_SESSION_LIFETIME": "12h"}, "SVC_CONSOLE_SESSION_LIFETIME"),
     ({"SVC_HL7_MAX_CONNECTIONS_PER_PEER": "0"}, "SVC_HL7_MAX_CONNECTIONS_PER_PEER"),
     ({"SVC_HL7_MAX_CONNECTIONS_PER_PEER": "lots"}, "SVC_HL7_MAX_CONNECTIONS_PER_PEER"),
+    # no upper bound: a date past year 9999 on the first token, threads started without end
+    ({"SVC_ACCESS_TOKEN_TTL": str(10 ** 12)}, "SVC_ACCESS_TOKEN_TTL"),
+    ({"SVC_DISCLOSURE_RETENTION_DAYS": str(10 ** 7)}, "SVC_DISCLOSURE_RETENTION_DAYS"),
+    ({"SVC_WORKER_THREADS": str(2 ** 64)}, "SVC_WORKER_THREADS"),
+    ({"SVC_DB_THREADS": "100000"}, "SVC_DB_THREADS"),
+    ({"SVC_TASK_MAX_BACKOFF_MS": str(10 ** 15)}, "SVC_TASK_MAX_BACKOFF_MS"),
 ])
 def test_bad_values_are_refused_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=name):

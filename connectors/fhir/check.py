@@ -48,8 +48,9 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
         if not npis:
             params = connector.search({"_count": 1})
             entries = connector.client.search("Practitioner", params).get("entry") or ()
-            first = next((e["resource"]["id"] for e in entries), None)
-            if first:
+            first = next((r.get("id") for e in entries if isinstance(e, dict)
+                          and isinstance(r := e.get("resource"), dict)), None)
+            if isinstance(first, str) and first:
                 known[""] = f"Practitioner/{first}"
             return "no physician (user with an NPI) to look up; the Practitioner search answered"
         for npi in npis[:MAX_NPIS]:
