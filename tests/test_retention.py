@@ -5,6 +5,7 @@ longer matter is gone while the replay detections, the audit's jti look-up and `
 what they need."""
 from __future__ import annotations
 
+import datetime as dt
 import urllib.parse
 
 import pytest
@@ -202,3 +203,21 @@ def test_the_sweep_runs_once_a_day_whoever_ticks(runtime, clock):
     assert retention_due(runtime) is None  # another scheduler, the same day
     clock.advance(DAY)
     assert retention_due(runtime) is not None
+
+
+def test_a_day_s_claims_go_once_the_day_is_past_the_links_margin(runtime, clock):
+    """The schedulers' one row per job and day (the night, the sweep, a failed sync) grew without
+    end: a day's rows go once that day is more than `LINKS_KEPT` ago; recent days' stay, so no night
+    is claimed twice."""
+    from models.schedule import ScheduledRun
+    from workers.retention import LINKS_KEPT, retention_due
+    first_day = clock.now().date()
+    assert ScheduledRun.claim("nightly-sync", first_day) and retention_due(runtime) is not None
+    clock.advance(LINKS_KEPT.days * DAY)
+    assert retention_due(runtime)["scheduled_runs"] == 0  # that day is exactly LINKS_KEPT ago: kept
+    assert ScheduledRun.claim("nightly-sync", clock.now().date())
+    clock.advance(DAY)
+    assert retention_due(runtime)["scheduled_runs"] == 2  # the first day's night and sweep
+    assert not ScheduledRun.claim("nightly-sync", first_day + dt.timedelta(days=LINKS_KEPT.days))  # kept: no second night
+    assert sorted(r.run_date for r in ScheduledRun.select()) == [
+        first_day + dt.timedelta(days=LINKS_KEPT.days + n) for n in (0, 0, 1)]

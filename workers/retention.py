@@ -17,6 +17,8 @@ deletes, in batches:
   newest launch of its app and user (the partner API's `last_launch_at`);
 - sign-in links, invitations and console invitations expired more than `LINKS_KEPT` ago (until
   then a late click is told "expired" or "used", not "unknown");
+- the schedulers' claims of a day (`ScheduledRun`: the night, the sweep, a clinic's failed sync)
+  for a day more than `LINKS_KEPT` ago (the recovery sweep reads yesterday's and today's only);
 - hub sessions expired more than `margin` plus SVC_SANDBOX_TOKEN_TTL ago (a sandbox token made in a
   session outlives it, and an online grant started with it must find it ended: `_hub_session`),
   and console sessions over (idle past SVC_CONSOLE_IDLE_TIMEOUT, or past SVC_CONSOLE_SESSION_LIFETIME
@@ -96,6 +98,10 @@ def _expired_links(model):
     return lambda settings, now: model.expires_at < now - LINKS_KEPT
 
 
+def _old_claims(settings, now):
+    return ScheduledRun.run_date < (now - LINKS_KEPT).date()
+
+
 def _hub_sessions(settings, now):
     return SandboxSession.expires_at < now - margin(settings) - dt.timedelta(seconds=settings.sandbox_token_ttl)
 
@@ -122,6 +128,7 @@ RULES = (
     Rule("sandbox_signin_links", SandboxSigninLink, _expired_links(SandboxSigninLink)),
     Rule("invitations", Invitation, _expired_links(Invitation)),
     Rule("developer_invites", DeveloperInvite, _expired_links(DeveloperInvite)),
+    Rule("scheduled_runs", ScheduledRun, _old_claims),
     Rule("sandbox_sessions", SandboxSession, _hub_sessions),
     Rule("console_sessions", ConsoleSession, _console_sessions),
 )
