@@ -206,6 +206,9 @@ class Settings:
     # max-age is never longer (see keys/signing.py). 0: a new key signs at once.
     key_prepublish_seconds: int = 300
     presigned_url_ttl: int = 900
+    # A ready chart's ZIP is deleted from the object store this long after it was built; its
+    # request then reads `expired` (workers.recovery.expire_charts). A new request builds it again.
+    chart_ttl: int = 7 * 24 * 3600
     invitation_ttl: int = 7 * 24 * 3600
     # Networks allowed to call the REST API (empty: any); proxies whose X-Forwarded-* we trust.
     rest_allowed_networks: tuple = ()
@@ -335,7 +338,7 @@ class Settings:
         if not _SYNC_WINDOW.match(str(merged["sync_window"])):
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
-                     "sandbox_token_ttl", "online_access_ttl", "offline_access_ttl", "presigned_url_ttl", "invitation_ttl", "max_body_bytes",
+                     "sandbox_token_ttl", "online_access_ttl", "offline_access_ttl", "presigned_url_ttl", "chart_ttl", "invitation_ttl", "max_body_bytes",
                      "idle_connection_timeout", "hl7_idle_timeout", "hl7_frame_timeout",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",

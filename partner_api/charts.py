@@ -2,7 +2,8 @@
 
 The worker side (`workers.charts`) builds the AES-256 ZIP and stores it in `runtime.object_store`;
 here are the partner-facing rules: a request belongs to the app that made it (others get 404),
-a pending request answers 202 + `Retry-After`, a failed one 409, and the test id
+a pending request answers 202 + `Retry-After`, a failed one 409, an expired one (its archive deleted
+SVC_CHART_TTL after it was built: `workers.recovery.expire_charts`) 410, and the test id
 `a1b2c3d4e5f6a7b8c9d0` always answers the fixed de-identified ZIP (password SVC_DEMO_APPLICATION_ID).
 """
 from __future__ import annotations
@@ -81,6 +82,8 @@ def download_target(app: Application, request_id: str) -> tuple[str | None, dict
     installation_of(app, request.organization_id, "svc_organization_id", USE)  # a Disabled app gets no chart
     if request.status == "pending":
         return None, request_status(app, request_id)
+    if request.status == "expired":
+        raise ApiError(410, "chart_expired", request.error or "The chart's archive was deleted; request the chart again.")
     if request.status == "failed" or not request.object_key:
         raise ApiError(409, "chart_failed", f"The chart could not be built: {request.error or 'unknown error'}")
     return request.object_key, None

@@ -157,7 +157,7 @@ SCHEMAS = MappingProxyType({
     "ChartRequestAccepted": _object({"request_id": {"type": "string"},
                                      "status": {"type": "string", "enum": ["pending"]}}),
     "ChartRequest": _object({"request_id": {"type": "string"},
-                             "status": {"type": "string", "enum": ["pending", "ready", "failed"]},
+                             "status": {"type": "string", "enum": ["pending", "ready", "failed", "expired"]},
                              "created_at": DATE_TIME, "ready_at": NULLABLE_DATE_TIME, "error": NULLABLE_STRING}),
     "DownloadUrl": _object({"download_url": {"type": "string", "format": "uri"}, "expires_at": DATE_TIME}),
 })
@@ -284,7 +284,9 @@ def _rest_paths() -> dict:
             {"200": _json(_ref("DownloadUrl"), "the URL"),
              "202": _json(_ref("ChartRequest"), "still pending; retry after `Retry-After` seconds",
                           {"Retry-After": {**HEADERS["Retry-After"], "required": True}})},
-            {**BAD_ID, **NOT_FOUND, "409": _error("`chart_failed`: the chart could not be built")}, [request_id])},
+            {**BAD_ID, **NOT_FOUND, "409": _error("`chart_failed`: the chart could not be built"),
+             "410": _error("`chart_expired`: the archive was deleted `SVC_CHART_TTL` after it was built; "
+                           "request the chart again")}, [request_id])},
     }
 
 

@@ -18,6 +18,7 @@ from helpers.processes import free_port, settings_env, start_process, stop_proce
 from helpers.rest import partner_headers
 from helpers.s3 import AWS, SilentServer
 from ratelimit.policy import DEFAULT_LIMITS
+from workers.recovery import sweep
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
 
@@ -60,6 +61,38 @@ async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, worl
         "GET", f"/v1/chart-retrieval/download-url/{request_id}",
         headers=await partner_headers(api, app, world.secret)))[2]["download_url"], runtime)
     assert response.code == 200 and body_url  # a fresh URL works after the old one expired
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_a_chart_s_archive_is_deleted_svc_chart_ttl_after_it_was_built(api, world, runtime, clock):
+    """A patient's chart ZIP stayed in the object store for ever. The workers' sweep deletes it
+    SVC_CHART_TTL after it was built: the request reads `expired`, a download URL is 410
+    `chart_expired`, and a URL handed out before no longer downloads anything."""
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
+        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
+    request_id = created["request_id"]
+    assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
+    key = ChartRequest.get_by_id(request_id).object_key
+    runtime.batch_object_store.open_object(key)[0].close()  # it is there
+    clock.advance(runtime.settings.chart_ttl - 60)
+    sweep(runtime)  # what every worker's recovery loop runs
+    headers = await partner_headers(api, world.app, world.secret)  # the partner's token of a week ago expired
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}", headers=headers)
+    assert status == 200  # a minute before its time: kept
+    early_url = body["download_url"]
+
+    clock.advance(61)
+    sweep(runtime)
+    with pytest.raises(FileNotFoundError):
+        runtime.batch_object_store.open_object(key)
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}", headers=headers)
+    assert status == 200 and body["status"] == "expired" and "SVC_CHART_TTL" in body["error"], body
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}", headers=headers)
+    assert status == 410 and body["error"] == "chart_expired" and "request the chart again" in body["message"], body
+    assert (await fetch_zip(api, early_url, runtime)).code == 404
+    sweep(runtime)  # nothing left to do, nothing changes
+    assert ChartRequest.get_by_id(request_id).status == "expired"
 
 
 @pytest.mark.gen_test

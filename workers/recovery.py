@@ -14,7 +14,9 @@ its lease lapses. The sweep (`sweep`), run by every `svc-auth worker` and by the
   that night (its message was lost before it started), unless its sync failed for good;
 - aborts each unfinished upload in the object store whose build no longer holds a live lease (a
   multipart upload or temporary file of a killed writer), and removes older versions' staging
-  objects, so the store holds exactly one object per ready request and nothing else.
+  objects, so the store holds exactly one object per ready request and nothing else;
+- deletes the ZIP of each chart ready for longer than SVC_CHART_TTL (`expire_charts`): a patient's
+  chart is not kept in the store once its app has had the time to fetch it.
 
 With the lease at half of SVC_TASK_RECOVERY_SECONDS, renewed every sixth, and a sweep every
 quarter, a dead worker's work is re-queued within SVC_TASK_RECOVERY_SECONDS. Builds are idempotent
@@ -143,6 +145,27 @@ def _claim_requeue(job: str, night: dt.date, now: dt.datetime, every: float) -> 
                    & (ScheduledRun.claimed_at < now - dt.timedelta(seconds=every))).execute()) == 1
 
 
+CHART_EXPIRED = "The chart's archive was deleted SVC_CHART_TTL after it was built; request the chart again."
+
+
+def expire_charts(runtime) -> list[str]:
+    """Delete the archive of each request ready since before SVC_CHART_TTL ago; the request becomes
+    `expired`. The object goes first: a sweep that stops between the two deletes it again (a
+    delete of an absent object succeeds), and the request is never `expired` with its chart kept."""
+    cut = runtime.clock.now() - dt.timedelta(seconds=runtime.settings.chart_ttl)
+    expired = []
+    for request in ChartRequest.select(ChartRequest.id, ChartRequest.object_key).where(
+            (ChartRequest.status == "ready") & (ChartRequest.ready_at < cut)):
+        if request.object_key:
+            runtime.batch_object_store.delete(request.object_key)
+        if (ChartRequest.update(status="expired", object_key=None, error=CHART_EXPIRED)
+                .where((ChartRequest.id == request.id) & (ChartRequest.status == "ready")).execute()):
+            expired.append(request.id)
+    if expired:
+        log.info("deleted the archives of %d chart(s) past SVC_CHART_TTL: %s", len(expired), ", ".join(expired))
+    return expired
+
+
 # -- unfinished uploads -----------------------------------------------------------------------
 
 def _upload_is_live(upload: UnfinishedUpload, live_keys: set[str], now: dt.datetime, grace: float) -> bool:
@@ -175,6 +198,7 @@ def sweep(runtime) -> None:
     sweep_snapshots(runtime)
     sweep_unstarted_nights(runtime)
     sweep_uploads(runtime)
+    expire_charts(runtime)
     sweep_exports(runtime)  # Bulk Data exports: re-queued, expired, their stale uploads (workers.export)
 
 
