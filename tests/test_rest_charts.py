@@ -1,6 +1,7 @@
 """Chart retrieval over HTTP: request -> worker builds the ZIP -> download URL -> the encrypted archive."""
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import time
@@ -18,7 +19,7 @@ from helpers.processes import free_port, settings_env, start_process, stop_proce
 from helpers.rest import partner_headers
 from helpers.s3 import AWS, SilentServer
 from ratelimit.policy import DEFAULT_LIMITS
-from workers.recovery import sweep
+from workers.recovery import EXPIRE_BATCH, expire_charts, sweep
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
 
@@ -93,6 +94,22 @@ async def test_a_chart_s_archive_is_deleted_svc_chart_ttl_after_it_was_built(api
     assert (await fetch_zip(api, early_url, runtime)).code == 404
     sweep(runtime)  # nothing left to do, nothing changes
     assert ChartRequest.get_by_id(request_id).status == "expired"
+
+
+def test_a_backlog_of_old_charts_expires_a_batch_per_sweep_oldest_first(world, runtime):
+    """The first sweep after an upgrade finds every chart ever built: it deletes EXPIRE_BATCH of
+    them, the oldest, and the next sweep the rest; a chart still within SVC_CHART_TTL stays."""
+    now = runtime.clock.now()
+    old = [now - dt.timedelta(seconds=runtime.settings.chart_ttl + 3600 * (n + 1)) for n in range(EXPIRE_BATCH + 1)]
+    ChartRequest.insert_many([{"id": f"chr_old{n:04d}", "application": world.app.id, "organization": world.org.id,
+                               "patient_id": "p1", "status": "ready", "ready_at": at, "created_at": at,
+                               "object_key": f"charts/chr_old{n:04d}.zip"} for n, at in enumerate(old)]).execute()
+    ChartRequest.create(id="chr_recent", application=world.app.id, organization=world.org.id, patient_id="p1",
+                        status="ready", ready_at=now, object_key="charts/chr_recent.zip")
+    first = expire_charts(runtime)
+    assert len(first) == EXPIRE_BATCH and f"chr_old{EXPIRE_BATCH:04d}" in first and "chr_old0000" not in first
+    assert expire_charts(runtime) == ["chr_old0000"] and expire_charts(runtime) == []
+    assert ChartRequest.get_by_id("chr_recent").status == "ready"
 
 
 @pytest.mark.gen_test

@@ -146,16 +146,21 @@ def _claim_requeue(job: str, night: dt.date, now: dt.datetime, every: float) -> 
 
 
 CHART_EXPIRED = "The chart's archive was deleted SVC_CHART_TTL after it was built; request the chart again."
+EXPIRE_BATCH = 200
+"""Archives one sweep deletes at most, oldest first: a backlog (the first sweep after an upgrade)
+goes over several sweeps, and never holds up the sweep's other work for long."""
 
 
 def expire_charts(runtime) -> list[str]:
-    """Delete the archive of each request ready since before SVC_CHART_TTL ago; the request becomes
-    `expired`. The object goes first: a sweep that stops between the two deletes it again (a
-    delete of an absent object succeeds), and the request is never `expired` with its chart kept."""
+    """Delete the archive of each request ready since before SVC_CHART_TTL ago (at most EXPIRE_BATCH,
+    oldest first); the request becomes `expired`. The object goes first: a sweep that stops between
+    the two deletes it again (a delete of an absent object succeeds), and the request is never
+    `expired` with its chart kept."""
     cut = runtime.clock.now() - dt.timedelta(seconds=runtime.settings.chart_ttl)
     expired = []
     for request in ChartRequest.select(ChartRequest.id, ChartRequest.object_key).where(
-            (ChartRequest.status == "ready") & (ChartRequest.ready_at < cut)):
+            (ChartRequest.status == "ready") & (ChartRequest.ready_at < cut)).order_by(
+            ChartRequest.ready_at).limit(EXPIRE_BATCH):
         if request.object_key:
             runtime.batch_object_store.delete(request.object_key)
         if (ChartRequest.update(status="expired", object_key=None, error=CHART_EXPIRED)
