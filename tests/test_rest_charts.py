@@ -20,6 +20,7 @@ from helpers.rest import partner_headers
 from helpers.s3 import AWS, SilentServer
 from ratelimit.policy import DEFAULT_LIMITS
 from workers.recovery import EXPIRE_BATCH, expire_charts, sweep
+from workers.retention import LINKS_KEPT, sweep_retention
 
 TEST_ID = "a1b2c3d4e5f6a7b8c9d0"
 
@@ -94,6 +95,37 @@ async def test_a_chart_s_archive_is_deleted_svc_chart_ttl_after_it_was_built(api
     assert (await fetch_zip(api, early_url, runtime)).code == 404
     sweep(runtime)  # nothing left to do, nothing changes
     assert ChartRequest.get_by_id(request_id).status == "expired"
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_an_ended_chart_request_is_forgotten_links_kept_after_it_ended(api, world, runtime, clock):
+    """Chart requests were never deleted. Retention deletes one `expired` more than LINKS_KEPT ago,
+    or `failed` more than LINKS_KEPT ago; until then the partner API still says which, then 404.
+    A ready one is left to the recovery sweep (its archive goes first)."""
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
+        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
+    request_id = created["request_id"]
+    assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
+    ChartRequest.create(id="chr_failed", application=world.app.id, organization=world.org.id, patient_id="p1",
+                        status="failed", error="The chart build could not be queued.", created_at=clock.now())
+    clock.advance(runtime.settings.chart_ttl + 60)
+    sweep(runtime)
+    ChartRequest.create(id="chr_ready", application=world.app.id, organization=world.org.id, patient_id="p1",
+                        status="ready", ready_at=clock.now(), object_key="charts/chr_ready.zip")
+    clock.advance(LINKS_KEPT.total_seconds() - runtime.settings.chart_ttl)
+    assert sweep_retention(runtime)["chart_requests"] == 1  # the failed one, ended LINKS_KEPT and a minute ago
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}", headers=headers)
+    assert status == 200 and body["status"] == "expired", body  # expired less than LINKS_KEPT ago: kept
+    assert (await api.call("GET", "/v1/chart-retrieval/requests/chr_failed", headers=headers))[0] == 404
+
+    clock.advance(runtime.settings.chart_ttl)
+    assert sweep_retention(runtime)["chart_requests"] == 1  # expired LINKS_KEPT and a minute ago
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/requests/{request_id}", headers=headers)
+    assert status == 404, body
+    assert ChartRequest.get_by_id("chr_ready").status == "ready"  # not retention's to delete
 
 
 def test_a_backlog_of_old_charts_expires_a_batch_per_sweep_oldest_first(world, runtime):

@@ -17,6 +17,9 @@ deletes, in batches:
   newest launch of its app and user (the partner API's `last_launch_at`);
 - sign-in links, invitations and console invitations expired more than `LINKS_KEPT` ago (until
   then a late click is told "expired" or "used", not "unknown");
+- chart requests that ended: `expired` (their archive deleted by the recovery sweep) more than
+  `LINKS_KEPT` ago, or `failed` more than `LINKS_KEPT` ago (until then the partner API still says
+  which, and after it the request is unknown: 404);
 - the schedulers' claims of a day (`ScheduledRun`: the night, the sweep, a clinic's failed sync)
   for a day more than `LINKS_KEPT` ago (the recovery sweep reads yesterday's and today's only);
 - hub sessions expired more than `margin` plus SVC_SANDBOX_TOKEN_TTL ago (a sandbox token made in a
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 
 import peewee
 
+from models.charts import ChartRequest
 from models.developers import ConsoleSession, DeveloperInvite
 from models.disclosures import DisclosureRecord
 from models.grants import AuthorizationCode, Launch
@@ -98,6 +102,12 @@ def _expired_links(model):
     return lambda settings, now: model.expires_at < now - LINKS_KEPT
 
 
+def _ended_charts(settings, now):
+    cut = now - LINKS_KEPT
+    expired = (ChartRequest.status == "expired") & (ChartRequest.ready_at < cut - dt.timedelta(seconds=settings.chart_ttl))
+    return expired | ((ChartRequest.status == "failed") & (ChartRequest.created_at < cut))
+
+
 def _old_claims(settings, now):
     return ScheduledRun.run_date < (now - LINKS_KEPT).date()
 
@@ -128,6 +138,7 @@ RULES = (
     Rule("sandbox_signin_links", SandboxSigninLink, _expired_links(SandboxSigninLink)),
     Rule("invitations", Invitation, _expired_links(Invitation)),
     Rule("developer_invites", DeveloperInvite, _expired_links(DeveloperInvite)),
+    Rule("chart_requests", ChartRequest, _ended_charts),
     Rule("scheduled_runs", ScheduledRun, _old_claims),
     Rule("sandbox_sessions", SandboxSession, _hub_sessions),
     Rule("console_sessions", ConsoleSession, _console_sessions),
