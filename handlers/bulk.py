@@ -91,8 +91,9 @@ class KickoffHandler(BulkHandler):
         if from_post:
             args.update(self._post_args())
         base = fhir_base_url(self.svc_settings, organization_id)
-        suffix = self.request.path.split(f"/{organization_id}", 1)[1]
-        request_url = base + suffix + (f"?{self.request.query}" if self.request.query else "")
+        # The path as sent after the clinic's segment (which Tornado gave decoded: `%61bc` is `abc`).
+        suffix = self.request.path[len(FHIR_PATH_PREFIX) + 1:].partition("/")[2]
+        request_url = f"{base}/{suffix}" + (f"?{self.request.query}" if self.request.query else "")
         url = await self.admit(organization_id, "bulk.kickoff", "", None,
                                lambda url: ((), (url.rpartition("/")[2],)),
                                kick_off, organization_id, self.level, group_id, args, lenient, from_post, request_url,

@@ -184,6 +184,19 @@ def test_kickoff_refusals(exporter, runtime, world, live):
     assert BulkExport.select().count() == 0
 
 
+def test_a_clinic_id_sent_percent_encoded_kicks_off_as_written_plainly(exporter, world, live):
+    """The request URL was cut at the clinic id as decoded, so `/fhir/r4/%61bc/$export` raised
+    IndexError: a 500 before any token was looked at. Now it is the clinic's kick-off (401 without a
+    token), and the manifest's `request` is the export's URL."""
+    client, _ = exporter
+    encoded = "".join(f"%{ord(c):02X}" if i == 0 else c for i, c in enumerate(world.org.id))
+    anonymous = BulkClient(f"{live}/fhir/r4/{encoded}", None)
+    assert anonymous.kick_off("/Patient/$export")[0] == 401
+    status, headers, body = BulkClient(f"{live}/fhir/r4/{encoded}", client.token).kick_off("/Patient/$export")
+    assert status == 202, body
+    assert client.wait(headers["Content-Location"])["request"] == client.base + "/Patient/$export"
+
+
 def test_a_since_whose_utc_leaves_the_date_range_is_a_recorded_400(exporter):
     """`_since` valid as written but outside years 1-9999 once in UTC (GET query or POST
     `valueInstant`): a 400 OperationOutcome, never a 500, recorded as every refused kick-off."""

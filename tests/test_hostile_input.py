@@ -151,3 +151,37 @@ async def test_a_post_search_form_with_raw_nul_or_non_utf8_bytes_is_a_recorded_4
     assert status == 200
     last = DisclosureRecord.select().order_by(DisclosureRecord.seq.desc()).get()
     assert last.query == rows[-1].query
+
+
+def _path_rules(router):
+    """Every path rule of `router` and the routers under it: (regex, handler class)."""
+    for rule in router.rules:
+        if hasattr(rule.target, "rules"):
+            yield from _path_rules(rule.target)
+        elif getattr(rule.matcher, "regex", None) is not None:
+            yield rule.matcher, rule.target
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_every_route_with_a_percent_encoded_segment_is_never_a_500(app, api, world, base_url, http_client):
+    """Tornado decodes a route's captured segments but not `request.path`: the Bulk Data kick-off cut
+    its URL at the decoded clinic id and answered 500 to `/fhir/r4/%61bc/$export`, before any token.
+    Each route with segments, each captured one sent percent-encoded (the clinic's id, a plain word,
+    one encoded twice, a NUL), by GET, POST and DELETE without credentials: a 4xx, never a 500."""
+    org = world.org.id
+    values = ["%" + format(ord(org[0]), "02X") + org[1:], "%78", "%2578", "%00", "%C3%A9"]
+    tried = 0
+    for matcher, handler in _path_rules(app.wildcard_router):
+        groups = matcher.regex.groups
+        if not groups:
+            continue
+        for value in values:
+            path = matcher.reverse(*(["SEGMENT"] * groups)).replace("SEGMENT", value)  # reverse() would escape it
+            for method in ("GET", "POST", "DELETE"):
+                response = await http_client.fetch(base_url + path, method=method, raise_error=False,
+                                                   body=b"{}" if method == "POST" else None,
+                                                   headers={"Accept": "application/fhir+json", "Prefer": "respond-async",
+                                                            "Content-Type": "application/json"})
+                assert response.code < 500, (method, path, handler.__name__, response.code, response.body[:300])
+                tried += 1
+    assert tried > 300
