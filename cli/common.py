@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import json
 
+# What a terminal would act on rather than show: C0 and C1 controls, DEL, and Unicode's line
+# separators and bidirectional overrides. A table or `key: value` line shows each as an escape, so a
+# value stored from outside (an HL7 sender's control id) can neither move the cursor nor forge a row.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    c: f"\\u{c:04x}" for c in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def printable(value) -> str:
+    """`value` as text for a terminal, every control character escaped (`\\x1b`)."""
+    return "" if value is None else str(value).translate(_CONTROLS)
+
 
 class UsageError(Exception):
     """A bad argument discovered after parsing (unknown id, duplicate email...): exit 2."""
@@ -15,7 +26,7 @@ def emit(result: dict, as_json: bool) -> None:
         print(json.dumps(result, default=str))
     else:
         for key, value in result.items():
-            print(f"{key}: {value}")
+            print(f"{key}: {printable(value)}")
 
 
 def emit_list(rows: list[dict], as_json: bool, columns: list[str]) -> None:
@@ -23,7 +34,7 @@ def emit_list(rows: list[dict], as_json: bool, columns: list[str]) -> None:
     if as_json:
         print(json.dumps(rows, default=str))
         return
-    cells = [[("" if row.get(c) is None else str(row.get(c))) for c in columns] for row in rows]
+    cells = [[printable(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     for line in [columns, *cells]:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())

@@ -317,3 +317,22 @@ def test_an_unreadable_default_env_file_is_a_configuration_error(settings, tmp_p
                             env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.splitlines() == [
         "svc-auth: configuration error: .env: not UTF-8 text"], result.stderr
+
+
+def test_a_table_shows_control_characters_a_sender_stored_as_escapes(cli, runtime, world):
+    """An HL7 sender's MSH-10 may decode to ESC, CR and LF (`\\X1B\\`, `\\X0D0A\\`) or hold a
+    bidirectional override, and is stored as sent; `hl7 messages` printed it raw, so a table could
+    clear the operator's screen or show a forged row. The table shows each as an escape; `--json`
+    keeps the value as stored."""
+    from hl7feed.config import configure_feed
+    from hl7feed.store import receive
+    configure_feed(world.org.id, "siu", "NORTH_CLINIC", [])
+    control = "A\\X0D0A\\2030-03-01 forged  AA\\X1B\\[2J\u202e"  # a raw U+202E too
+    message = "\r".join([f"MSH|^~\\&|EPIC|NORTH_CLINIC|SVCAUTH|HUB|20300301090000||SIU^S99^SIU_S12|{control}|P|2.5.1",
+                         "SCH||K-1"])
+    assert receive(runtime, message.encode(), "127.0.0.1").ack == "AR"  # a trigger not accepted: recorded
+    table = cli("hl7", "messages", "--org", world.org.id).stdout
+    assert table.count("\n") == 2 and "\x1b" not in table and "\r" not in table and "\u202e" not in table, table
+    assert "A\\x0d\\x0a2030-03-01 forged  AA\\x1b[2J\\u202e" in table, table
+    stored = json.loads(cli("hl7", "messages", "--org", world.org.id, "--json").stdout)[0]["control_id"]
+    assert stored == "A\r\n2030-03-01 forged  AA\x1b[2J\u202e"
