@@ -51,8 +51,9 @@ def subset(resource: dict, elements: tuple[tuple[str | None, str], ...]) -> dict
     if not keep:
         return resource
     kept = {k: v for k, v in resource.items() if k in keep or k in ("resourceType", "id", "meta")}
-    meta = dict(kept.get("meta") or {})
-    meta["tag"] = [t for t in meta.get("tag") or () if t.get("code") != "SUBSETTED"] + [dict(SUBSETTED)]
+    meta = dict(kept["meta"]) if isinstance(kept.get("meta"), dict) else {}  # an EHR's may be malformed
+    tags = meta.get("tag") if isinstance(meta.get("tag"), list) else []
+    meta["tag"] = [t for t in tags if isinstance(t, dict) and t.get("code") != "SUBSETTED"] + [dict(SUBSETTED)]
     kept["meta"] = meta
     return kept
 

@@ -41,6 +41,17 @@ def _refused(**kwargs) -> str:
     return caught.value.message
 
 
+@pytest.mark.parametrize("meta", ["x", ["a"], {"tag": "x"}, {"tag": ["x", None, {"code": "SUBSETTED"}]}, None])
+def test_elements_subset_a_resource_whose_meta_the_ehr_sent_malformed(meta):
+    """An EHR's resource with `meta` (or `meta.tag`) not the object (list of objects) FHIR says:
+    `_elements` raised on it, and the whole export failed after its retries. Now the malformed part
+    is dropped and the file is written, tagged SUBSETTED once."""
+    from bulk.files import SUBSETTED, subset
+    kept = subset({"resourceType": "Patient", "id": "p1", "gender": "female", "birthDate": "1980", "meta": meta},
+                  ((None, "gender"),))
+    assert set(kept) == {"resourceType", "id", "gender", "meta"} and kept["meta"]["tag"] == [SUBSETTED]
+
+
 def test_a_build_asks_whether_it_holds_its_job_at_most_once_per_interval():
     """`bulk.build.HOLDS_SECONDS`: the sandbox's quick searches share one read; a False stops the build."""
     asked = []
