@@ -309,6 +309,16 @@ def test_content_that_cannot_be_stored_is_ae_and_the_connection_stays_usable(run
     assert {c: listed[c]["ack"] for c, *_ in cases} == {c: "AE" for c, *_ in cases}
 
 
+def _read_ack(sock: socket.socket) -> bytes:
+    """One MLLP-framed reply, read whole."""
+    reply = b""
+    while not reply.endswith(EB):
+        chunk = sock.recv(65536)
+        assert chunk, reply[:80]
+        reply += chunk
+    return reply
+
+
 def test_an_ack_echoes_control_characters_escaped(runtime, feed_clinic, listen):
     """MSH-10 and MSH-3 holding escapes of MLLP's own bytes (`\\X1C\\`, `\\X0B\\`, `\\X1C0D\\`): the
     ACK echoes them as escapes, so it stays one well-formed frame (before, MSA-2 carried a raw
@@ -320,16 +330,27 @@ def test_an_ack_echoes_control_characters_escaped(runtime, feed_clinic, listen):
         sock.settimeout(15)
         for _ in range(2):   # the first AA, then the resend's (a duplicate)
             sock.sendall(SB + message.encode() + EB)
-            reply = b""
-            while not reply.endswith(EB):
-                chunk = sock.recv(65536)
-                assert chunk, reply
-                reply += chunk
+            reply = _read_ack(sock)
             inner = reply[1:-2]
             assert b"\x0b" not in inner and b"\x1c" not in inner, reply
             assert acked(reply)[:2] == ("AA", control)
             assert str(hl7.parse(inner.decode()).segment("MSH")[5]) == "EP\\X0B\\IC"   # trailing 0x1C 0x0D: blank, trimmed
     assert appointment(feed_clinic, "CC-1") is not None
+
+
+def test_an_ack_echoing_a_huge_msh_field_stays_small(runtime, feed_clinic, listen):
+    """An MSH-3 of almost 1 MiB of 0x01 bytes (each escaped as 5 bytes: `\\X01\\`): the ACK echoes
+    its first 227 characters (HL7 v2.5's HD length), so it stays under 2 KiB and parses (before, it
+    echoed the whole field: a 5 MiB ACK for a 1 MiB message)."""
+    _, port = listen()
+    message = siu("S12", "BIG1", "BIG-1").replace("|EPIC|", "|" + "\x01" * (1024 * 1024 - 2048) + "|", 1)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        sock.sendall(SB + message.encode() + EB)
+        reply = _read_ack(sock)
+    assert len(reply) < 2048, len(reply)
+    assert acked(reply)[:2] == ("AA", "BIG1")
+    assert str(hl7.parse(reply[1:-2].decode()).segment("MSH")[5]) == "\\X01\\" * 227
 
 
 def _closed(sock: socket.socket, timeout: float = 15.0) -> bool:
