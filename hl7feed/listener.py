@@ -17,10 +17,12 @@ TLS starts; the address it names is the sender's, as `--hl7-allow` sees it. A co
 handshakes in progress included) is closed at once, so a flood cannot take every descriptor; so is
 one from a peer address (the PROXY header's client with --proxy-protocol, read first; else the
 socket's peer) that already holds SVC_HL7_MAX_CONNECTIONS_PER_PEER, before any of its bytes (or
-its TLS handshake) is read, so one sender cannot hold every slot with connections it keeps open
-(messages refused `AR` do not close a connection). Content
-that cannot be applied, whatever it holds, is answered `AE` by `store.receive` and the connection
-stays open; only when the database fails (down, busy: `store.database_unavailable`) does the message
+its TLS handshake) is read, so one sender cannot hold every slot with connections it keeps open.
+A message refused for its sender (`Outcome.sender_passed` false: an MSH that cannot be read, an
+MSH-4 naming no clinic, an address or client certificate the clinic does not take) closes its
+connection once its `AR` is written: that connection would be refused again. Content
+that cannot be applied, whatever it holds, is answered `AE` (or `AR`, a type not taken) by
+`store.receive` and the connection stays open; only when the database fails (down, busy: `store.database_unavailable`) does the message
 get no ACK and its connection close: the sender keeps it and sends it again. None of this stops the
 listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
 """
@@ -130,18 +132,7 @@ class FeedListener(TCPServer):
                     return
                 for message in deframer.feed(data):
                     names = client_names(stream) if names is None else names
-                    self.busy.add(stream)
-                    try:
-                        outcome = await self.runtime.run(receive, self.runtime, message, peer, names)
-                    finally:
-                        self.busy.discard(stream)
-                    reply = frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
-                                      outcome.where, outcome.code))
-                    try:  # a peer that never reads its ACKs must not hold the connection for ever
-                        await gen.with_timeout(dt.timedelta(seconds=self.idle_timeout), stream.write(reply),
-                                               quiet_exceptions=(StreamClosedError,))
-                    except gen.TimeoutError:
-                        log.info("hl7: %s did not read its ACK within %ss: closed", peer, self.idle_timeout)
+                    if not await self._answer(stream, peer, message, names):
                         return
                 if deframer.idle:
                     frame_ends = None
@@ -157,6 +148,27 @@ class FeedListener(TCPServer):
             self.streams.discard(stream)
             self._release(peer)
             stream.close()
+
+    async def _answer(self, stream, peer: str, message: bytes, names: tuple[str, ...]) -> bool:
+        """Apply one message and write its ACK; False: the connection is to be closed (an ACK left
+        unread, or a message refused for its sender: the connection would be refused again)."""
+        self.busy.add(stream)
+        try:
+            outcome = await self.runtime.run(receive, self.runtime, message, peer, names)
+        finally:
+            self.busy.discard(stream)
+        reply = frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text, outcome.where,
+                          outcome.code))
+        try:  # a peer that never reads its ACKs must not hold the connection for ever
+            await gen.with_timeout(dt.timedelta(seconds=self.idle_timeout), stream.write(reply),
+                                   quiet_exceptions=(StreamClosedError,))
+        except gen.TimeoutError:
+            log.info("hl7: %s did not read its ACK within %ss: closed", peer, self.idle_timeout)
+            return False
+        if not outcome.sender_passed:
+            log.info("hl7: %s: AR %s for its sender: closed", peer, outcome.code)
+            return False
+        return True
 
     def _admit(self, stream, peer: str) -> bool:
         """Count the connection against its peer's SVC_HL7_MAX_CONNECTIONS_PER_PEER (released by
