@@ -25,6 +25,7 @@ from helpers.environment import ROOT
 from helpers.fhir_ehr import patient, start_fhir_ehr
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port, wait_until
 from hl7feed.config import configure_feed
+from hl7feed.slots import Slots, peer_key
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
 from models.hl7 import FeedAppointment, FeedMessage
@@ -536,6 +537,55 @@ def test_one_peer_cannot_hold_every_connection(runtime, feed_clinic, listen, tmp
     assert not FeedMessage.select().where(FeedMessage.control_id == "PP1").exists()
 
 
+def test_senders_never_proven_hold_at_most_half_the_connections(runtime, feed_clinic, listen, tmp_path):
+    """SVC_HL7_MAX_CONNECTIONS=8, SVC_HL7_MAX_CONNECTIONS_PER_PEER=2. The clinic's interface
+    (127.0.0.1) sends a message (applied: its address is proven), then disconnects. Silent
+    connections from 127.0.0.2 to 127.0.0.5, two each (before: every slot, the clinic locked out),
+    take the half left to senders never proven: the first four are kept, the next closed at once
+    (logged), as is a new sender's (127.0.0.6), message and all; the clinic's interface still
+    connects and its message is applied."""
+    _, port = listen(SVC_HL7_MAX_CONNECTIONS="8", SVC_HL7_MAX_CONNECTIONS_PER_PEER="2")
+    wait_until(lambda: _served(port, None, siu("S12", "PV1", "PV-1")), 30, "the clinic's first message")
+    silent = [socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{2 + n % 4}", 0))
+              for n in range(8)]
+    try:
+        began = time.monotonic()
+        assert all(_closed(sock, 10) for sock in silent[4:]) and time.monotonic() - began < 10, "closed at once"
+        assert not any(_closed(sock, 0.2) for sock in silent[:4]), "the first four are kept"
+        wait_until(lambda: "never proven" in (tmp_path / "hl7-0.log").read_text(), 30, "the log line")
+        assert not _served(port, None, siu("S12", "PV2", "PV-2"), source="127.0.0.6")
+        replies = asyncio.run(_send_tls(port, None, [siu("S12", "PV3", "PV-3")]))
+        assert acked(replies[0])[:2] == ("AA", "PV3")
+    finally:
+        for sock in silent:
+            sock.close()
+    assert appointment(feed_clinic, "PV-2") is None and appointment(feed_clinic, "PV-3") is not None
+
+
+def test_a_peer_is_counted_by_its_address_or_its_ipv6_64():
+    """`peer_key` and `Slots`, as units: loopback has one IPv6 address (::1), so connections from
+    several addresses of one /64 cannot be made here. A /64 is one peer for
+    SVC_HL7_MAX_CONNECTIONS_PER_PEER and for the proven peers remembered (the most recent only)."""
+    assert peer_key("2001:db8:1:2::1") == peer_key("2001:db8:1:2:ffff:ffff:ffff:fffe") == "2001:db8:1:2::/64"
+    assert peer_key("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+    assert peer_key("::ffff:192.0.2.7") == peer_key("192.0.2.7") == "192.0.2.7"
+    assert peer_key("fe80::1%eth0") == "fe80::/64" and peer_key("") == ""
+    slots = Slots(8, 2, remembered=2)
+    held = [slots.take(peer_key(f"2001:db8::{n}")) for n in (1, 2)]
+    assert "SVC_HL7_MAX_CONNECTIONS_PER_PEER" in slots.refusal(peer_key("2001:db8::3"))
+    assert slots.refusal(peer_key("2001:db8:0:1::3")) is None
+    held += [slots.take(f"192.0.2.{n}") for n in (1, 2)]   # four never proven: half of eight
+    assert "never proven" in slots.refusal("192.0.2.3")
+    for slot in held[:2] + held[3:]:   # 2001:db8::/64 and 192.0.2.2 proven: 192.0.2.1 is left
+        slots.prove(slot)
+    assert slots.refusal("192.0.2.3") is None and slots.open_unproven() == 1
+    slots.prove(slots.take("198.51.100.1"))   # a third proven peer: the first forgotten
+    assert list(slots.proven) == ["192.0.2.2", "198.51.100.1"]
+    for slot in held:
+        slots.release(slot)
+    assert (slots.held, slots.unproven) == ({"198.51.100.1": 1}, {})
+
+
 def test_behind_a_balancer_the_peer_cap_counts_the_client(runtime, world, listen):
     """With --proxy-protocol, SVC_HL7_MAX_CONNECTIONS_PER_PEER counts the address the PROXY header
     names, not the balancer's: two connections of client 127.0.0.2 held, a third closed at once
@@ -673,6 +723,9 @@ def test_connections_over_the_cap_are_closed_at_once(runtime, feed_clinic, liste
     _, port = listen("--tls-cert", paths["server"][0], "--tls-key", paths["server"][1], "--tls-client-ca", paths["ca"],
                      idle=5, SVC_HL7_MAX_CONNECTIONS="2", SVC_HL7_MAX_CONNECTIONS_PER_PEER="2")
     context = _client_context(paths, "client")
+    # Its address proven by a first message (retried: the start-up probe's connection may still
+    # hold the one slot of senders never proven), so its stalled connection below is taken.
+    wait_until(lambda: _served(port, context, siu("S12", "CAPP", "CAP-P")), 30, "a first message served")
 
     async def over_the_cap() -> None:
         reader, writer = await hl7.mllp.open_hl7_connection("127.0.0.1", port, ssl=context)
