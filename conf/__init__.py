@@ -228,8 +228,9 @@ class Settings:
     http_connection: str = "httptools"
     # `svc-auth hl7 listen` (docs/hl7-feed.md): a connection silent this long is closed; one whose
     # message has not ended this long after its first bytes were read is closed; a connection
-    # beyond this many open ones is closed at once, and so is one beyond this many from one peer
-    # address (None: a quarter of hl7_max_connections).
+    # beyond this many open ones is closed at once (half of them for senders proven: hl7feed/slots.py),
+    # and so is one beyond this many from one peer address or IPv6 /64 (None: a quarter of
+    # hl7_max_connections).
     hl7_idle_timeout: int = 300
     hl7_frame_timeout: int = 60
     hl7_max_connections: int = 200

@@ -6,6 +6,8 @@
 - `ack`: the original-mode acknowledgment (MSA `AA`/`AE`/`AR`, ERR saying why).
 - `store`: applying a message in one transaction, duplicates and MSH-7 order; retention.
 - `listener`: the TCP (optionally TLS) server, one process per `hl7 listen`.
+- `slots`: its connection caps: in all, per peer (an IPv4 address, an IPv6 /64), and half for senders
+  never proven.
 - `config`: a clinic's feed settings (`orgs create|update --schedule-source --hl7-facility --hl7-allow
   --hl7-client-subject`).
 - `source`: the night's schedule source that reads the feed's appointments.

@@ -14,6 +14,12 @@ ERROR_NAMES = MappingProxyType({"100": "Segment sequence error", "101": "Require
                "103": "Table value not found", "200": "Unsupported message type", "201": "Unsupported event code",
                "203": "Unsupported version id", "204": "Unknown key identifier", "207": "Application internal error"})
 """HL7 table 0357 (message error condition codes)."""
+HD_LENGTH = 227
+"""What an ACK echoes of MSH-3 to MSH-6 (HD fields: HL7 v2.5's maximum length), before escaping."""
+CONTROL_ID_LENGTH = 199
+"""What an ACK echoes of MSH-10 (the store keeps up to 200 characters of it)."""
+TRIGGER_LENGTH = 3
+"""What an ACK echoes of MSH-9.2 (an event type code: ID, 3 characters)."""
 _WHERE = re.compile(r"^([A-Z][A-Z0-9]{2})(?:-(\d+)(?:\.(\d+))?)?$")
 
 
@@ -38,6 +44,12 @@ def escape(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\X{ord(m.group()):02X}\\", text)
 
 
+def echo(value: str, length: int) -> str:
+    """A value of the message, cut to `length` characters then escaped: an ACK stays small whatever
+    the message held (escaping makes a control character 5 bytes)."""
+    return escape(value[:length])
+
+
 def ack(code: str, h: Header | None, now: dt.datetime, text: str = "", where: str = "", error: str = "207") -> bytes:
     """The ACK of a message (`h` None: its MSH could not be read) with MSA-1 `code`."""
     h = h or Header("", "", "", "", "", "", "", "2.5.1")
@@ -45,10 +57,11 @@ def ack(code: str, h: Header | None, now: dt.datetime, text: str = "", where: st
     version = h.version if h.version in ("2.3", "2.3.1", "2.4", "2.5", "2.5.1") else "2.5.1"
     control = "ACK" + uuid.uuid4().hex[:17]  # unique without shared state (MSH-10: up to 20 characters)
     segments = [
-        "|".join(["MSH", "^~\\&", escape(h.receiving_application) or APPLICATION, escape(h.receiving_facility),
-                  escape(h.sending_application), escape(h.facility), stamp, "", f"ACK^{escape(h.trigger)}^ACK", control,
+        "|".join(["MSH", "^~\\&", echo(h.receiving_application, HD_LENGTH) or APPLICATION,
+                  echo(h.receiving_facility, HD_LENGTH), echo(h.sending_application, HD_LENGTH),
+                  echo(h.facility, HD_LENGTH), stamp, "", f"ACK^{echo(h.trigger, TRIGGER_LENGTH)}^ACK", control,
                   "P", version]),
-        "|".join(["MSA", code, escape(h.control_id)] + ([escape(text)] if text else [])),
+        "|".join(["MSA", code, echo(h.control_id, CONTROL_ID_LENGTH)] + ([escape(text)] if text else [])),
     ]
     if code != "AA":
         error = error if error in ERROR_NAMES else "207"

@@ -11,18 +11,25 @@ SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seco
 bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
 certificate with --tls-client-ca). One that leaves an ACK unread for SVC_HL7_IDLE_TIMEOUT seconds
 (its socket's buffers full) is closed too: that message stays applied, and is applied once when
-sent again. With --proxy-protocol (behind a TCP load balancer) a connection
-must come from SVC_TRUSTED_PROXIES and begin with a PROXY header (`proxy_protocol`), read before
-TLS starts; the address it names is the sender's, as `--hl7-allow` sees it. A connection arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
-handshakes in progress included) is closed at once, so a flood cannot take every descriptor; so is
-one from a peer address (the PROXY header's client with --proxy-protocol, read first; else the
-socket's peer) that already holds SVC_HL7_MAX_CONNECTIONS_PER_PEER, before any of its bytes (or
-its TLS handshake) is read, so one sender cannot hold every slot with connections it keeps open
-(messages refused `AR` do not close a connection). Content
-that cannot be applied, whatever it holds, is answered `AE` by `store.receive` and the connection
-stays open; only when the database fails (down, busy: `store.database_unavailable`) does the message
-get no ACK and its connection close: the sender keeps it and sends it again. None of this stops the
-listener for anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
+sent again. With --proxy-protocol (behind a TCP load balancer) a connection must come from
+SVC_TRUSTED_PROXIES and begin with a PROXY header (`proxy_protocol`), read before TLS starts; the
+address it names is the sender's, as `--hl7-allow` sees it.
+
+Connections are counted by `slots.Slots`: one arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
+handshakes and PROXY headers in progress included) is closed at once, so a flood cannot take every
+descriptor; so is one from a peer (`slots.peer_key`: an IPv4 address, an IPv6 /64; the PROXY
+header's client with --proxy-protocol, read first; else the socket's peer) that already holds
+SVC_HL7_MAX_CONNECTIONS_PER_PEER, and one neither proven nor from a peer proven before while half
+of SVC_HL7_MAX_CONNECTIONS are held by such connections, before any of its bytes (or its TLS
+handshake) is read: senders that never get a message past the sender checks, from however many
+addresses, cannot hold the slots of the clinics' interfaces. A message refused for its sender
+(`Outcome.sender_passed` false: an MSH that cannot be read, an MSH-4 naming no clinic, an address
+or client certificate the clinic does not take) closes its connection once its `AR` is written:
+that connection would be refused again. Content that cannot be applied, whatever it holds, is
+answered `AE` (or `AR`, a type not taken) by `store.receive` and the connection stays open; only
+when the database fails (down, busy: `store.database_unavailable`) does the message get no ACK and
+its connection close: the sender keeps it and sends it again. None of this stops the listener for
+anyone else. SIGTERM stops accepting, lets messages in hand finish, then exits.
 """
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ from tornado.tcpserver import TCPServer
 from hl7feed.ack import ack
 from hl7feed.mllp import Deframer, FramingError, frame
 from hl7feed.proxy_protocol import ProxyHeaderError, read_source
+from hl7feed.slots import Slot, Slots, peer_key
 from hl7feed.store import prune, receive
 from ops.proxy import is_trusted_proxy
 
@@ -72,7 +80,7 @@ def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
 
 
 class FeedListener(TCPServer):
-    """One listener process's server: its connections, and those with a message in hand."""
+    """One listener process's server: its connections (`slots`), and those with a message in hand."""
 
     def __init__(self, runtime, ssl_options: ssl.SSLContext | None = None, proxy_protocol: bool = False):
         # Behind a balancer the PROXY header comes before the TLS handshake: TLS starts after it.
@@ -82,33 +90,34 @@ class FeedListener(TCPServer):
         self.proxy_protocol = proxy_protocol
         self.idle_timeout = runtime.settings.hl7_idle_timeout
         self.frame_timeout = runtime.settings.hl7_frame_timeout
-        self.max_connections = runtime.settings.hl7_max_connections
-        self.max_per_peer = runtime.settings.hl7_max_connections_per_peer
-        self.per_peer: dict[str, int] = {}  # peer address -> its connections counted (see `_admit`)
+        self.slots = Slots(runtime.settings.hl7_max_connections, runtime.settings.hl7_max_connections_per_peer)
         self.streams: set = set()
         self.busy: set = set()
-        self.opening = 0  # connections still reading their PROXY header or TLS handshake
         self.stopping = False
 
     async def handle_stream(self, stream, address) -> None:
         peer = address[0] if isinstance(address, tuple) else ""
-        if len(self.streams) + self.opening >= self.max_connections:
-            log.warning("hl7: %s: %d connections open (SVC_HL7_MAX_CONNECTIONS): closed at once", peer,
-                        len(self.streams) + self.opening)
-            stream.close()
-            return
         if self.proxy_protocol:
-            self.opening += 1
-            try:
-                opened = await self._through_balancer(stream, peer)
-            finally:
-                self.opening -= 1
+            if self._over_cap(stream, peer, None):
+                return
+            opened = await self._through_balancer(stream, peer)
             if opened is None:
                 return
-            stream, peer = opened
-        elif not self._admit(stream, peer):
-            return
+            stream, peer, slot = opened
+        else:
+            slot = self._admit(stream, peer)
+            if slot is None:
+                return
         self.streams.add(stream)
+        try:
+            await self._serve_connection(stream, peer, slot)
+        finally:
+            self.streams.discard(stream)
+            self.slots.release(slot)
+            stream.close()
+
+    async def _serve_connection(self, stream, peer: str, slot: Slot) -> None:
+        """Read, apply and acknowledge the connection's messages until it ends (see the module)."""
         deframer = Deframer()
         loop = asyncio.get_running_loop()
         frame_ends = None  # while a message is incomplete: when it must have ended
@@ -130,18 +139,7 @@ class FeedListener(TCPServer):
                     return
                 for message in deframer.feed(data):
                     names = client_names(stream) if names is None else names
-                    self.busy.add(stream)
-                    try:
-                        outcome = await self.runtime.run(receive, self.runtime, message, peer, names)
-                    finally:
-                        self.busy.discard(stream)
-                    reply = frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text,
-                                      outcome.where, outcome.code))
-                    try:  # a peer that never reads its ACKs must not hold the connection for ever
-                        await gen.with_timeout(dt.timedelta(seconds=self.idle_timeout), stream.write(reply),
-                                               quiet_exceptions=(StreamClosedError,))
-                    except gen.TimeoutError:
-                        log.info("hl7: %s did not read its ACK within %ss: closed", peer, self.idle_timeout)
+                    if not await self._answer(stream, peer, slot, message, names):
                         return
                 if deframer.idle:
                     frame_ends = None
@@ -153,38 +151,52 @@ class FeedListener(TCPServer):
             pass
         except Exception:  # noqa: BLE001  (the database failed: no ACK, the sender sends it again)
             log.exception("hl7: a message from %s could not be stored; closed without an ACK", peer)
-        finally:
-            self.streams.discard(stream)
-            self._release(peer)
-            stream.close()
 
-    def _admit(self, stream, peer: str) -> bool:
-        """Count the connection against its peer's SVC_HL7_MAX_CONNECTIONS_PER_PEER (released by
-        `_release`); one over it is closed at once and logged: False."""
-        held = self.per_peer.get(peer, 0)
-        if held >= self.max_per_peer:
-            log.warning("hl7: %s already has %d connections open (SVC_HL7_MAX_CONNECTIONS_PER_PEER): closed at once",
-                        peer, held)
-            stream.close()
+    async def _answer(self, stream, peer: str, slot: Slot, message: bytes, names: tuple[str, ...]) -> bool:
+        """Apply one message and write its ACK; False: the connection is to be closed (an ACK left
+        unread, or a message refused for its sender: the connection would be refused again)."""
+        self.busy.add(stream)
+        try:
+            outcome = await self.runtime.run(receive, self.runtime, message, peer, names)
+        finally:
+            self.busy.discard(stream)
+        if outcome.sender_passed:
+            self.slots.prove(slot)
+        reply = frame(ack(outcome.ack, outcome.header, self.runtime.clock.now(), outcome.text, outcome.where,
+                          outcome.code))
+        try:  # a peer that never reads its ACKs must not hold the connection for ever
+            await gen.with_timeout(dt.timedelta(seconds=self.idle_timeout), stream.write(reply),
+                                   quiet_exceptions=(StreamClosedError,))
+        except gen.TimeoutError:
+            log.info("hl7: %s did not read its ACK within %ss: closed", peer, self.idle_timeout)
             return False
-        self.per_peer[peer] = held + 1
+        if not outcome.sender_passed:
+            log.info("hl7: %s: AR %s for its sender: closed", peer, outcome.code)
+            return False
         return True
 
-    def _release(self, peer: str) -> None:
-        left = self.per_peer.get(peer, 0) - 1
-        if left > 0:
-            self.per_peer[peer] = left
-        else:
-            self.per_peer.pop(peer, None)
+    def _over_cap(self, stream, peer: str, key: str | None) -> bool:
+        """One more connection from `key` (None: not known yet) is over a cap: closed at once, logged."""
+        reason = self.slots.refusal(key)
+        if reason is not None:
+            log.warning("hl7: %s: %s: closed at once", peer, reason)
+            stream.close()
+        return reason is not None
+
+    def _admit(self, stream, peer: str) -> Slot | None:
+        """The connection counted for its peer (released with `Slots.release`), or None: closed at once."""
+        key = peer_key(peer)
+        return None if self._over_cap(stream, peer, key) else self.slots.take(key)
 
     async def _through_balancer(self, stream, balancer: str):
-        """The PROXY header (only from SVC_TRUSTED_PROXIES), the client's SVC_HL7_MAX_CONNECTIONS_PER_PEER,
-        then TLS if configured: (stream, the client's address, counted by `_admit`), or None with the
-        connection closed (and not counted)."""
+        """The PROXY header (only from SVC_TRUSTED_PROXIES), the client's caps (`_admit`), then TLS
+        if configured: (stream, the client's address, its slot), or None with the connection closed
+        (and not counted)."""
         if not is_trusted_proxy(balancer, self.runtime.settings):
             log.warning("hl7: %s is not in SVC_TRUSTED_PROXIES (--proxy-protocol): closed", balancer)
             stream.close()
             return None
+        self.slots.unknown += 1
         try:
             client = await read_source(stream.socket, self.frame_timeout)
         except (ProxyHeaderError, TimeoutError, OSError) as exc:
@@ -192,8 +204,11 @@ class FeedListener(TCPServer):
                         exc if isinstance(exc, ProxyHeaderError) else "no PROXY header in time")
             stream.close()
             return None
+        finally:
+            self.slots.unknown -= 1
         peer = client or balancer
-        if not self._admit(stream, peer):  # before the TLS handshake: nothing more is read
+        slot = self._admit(stream, peer)  # before the TLS handshake: nothing more is read
+        if slot is None:
             return None
         if self.tls is not None:
             try:  # a failed or cancelled handshake closes its socket (Tornado >= 6.6)
@@ -201,12 +216,12 @@ class FeedListener(TCPServer):
                                                 self.idle_timeout)
             except (TimeoutError, OSError, StreamClosedError):
                 log.info("hl7: %s (via %s): no TLS handshake; closed, nothing read", peer, balancer)
-                self._release(peer)
+                self.slots.release(slot)
                 return None
             except BaseException:  # cancelled: the connection is not counted any more
-                self._release(peer)
+                self.slots.release(slot)
                 raise
-        return stream, peer
+        return stream, peer, slot
 
     async def drain(self) -> None:
         """Stop: idle connections close now; those with a message in hand once its ACK is written."""

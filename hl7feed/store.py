@@ -3,7 +3,9 @@
 `receive(runtime, data, peer, client_names)` takes one message off the wire and returns its
 `Outcome` (the ACK's code and why); it runs on a pool thread. A clinic's message is taken only from
 an address in its `--hl7-allow` and, when it has `--hl7-client-subject`s, only over a connection
-whose client certificate's subject CN is one of them (else `AR`). A message is applied in one
+whose client certificate's subject CN is one of them (else `AR`). `Outcome.sender_passed` tells the
+listener whether the sender passed those checks (its MSH read, MSH-4 a clinic's, address and
+certificate accepted), whatever the ACK. A message is applied in one
 transaction with its `FeedMessage` row, so `AA` (sent by the listener only once `receive` returned)
 means committed. On PostgreSQL the transaction first takes an advisory lock on (clinic, appointment
 key): several listeners on one database apply the messages of one appointment one at a time, in
@@ -21,13 +23,13 @@ import datetime as dt
 import hashlib
 import ipaddress
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import peewee
 from playhouse.pool import MaxConnectionsExceeded
 
 from hl7feed.config import allowed_networks, client_subjects
-from hl7feed.message import CLOCK_SKEW, ParseError, parse
+from hl7feed.message import CLOCK_SKEW, Message, ParseError, parse
 from hl7feed.siu import Header, Refused, Update, appointment, check_type, header
 from models.clock import utc_iso
 from models.directory import Organization
@@ -73,19 +75,26 @@ class Outcome:
     where: str = ""
     code: str = "207"           # HL7 table 0357
     change: str = ""            # AA: applied | duplicate | older
+    sender_passed: bool = False  # the sender checks passed (see `receive`): True whatever the ACK
+
+
+def sender_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`peer` as an address (an IPv4-mapped IPv6 one as its IPv4, a zone dropped); None: not one."""
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
 
 
 def sender_allowed(org: Organization, peer: str) -> bool:
     networks = allowed_networks(org)
     if not networks:
         return True
-    try:
-        address = ipaddress.ip_address(peer.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
-    return any(address in ipaddress.ip_network(n) for n in networks)
+    address = sender_ip(peer)
+    return address is not None and any(address in ipaddress.ip_network(n) for n in networks)
 
 
 def certificate_allowed(org: Organization, client_names: tuple[str, ...]) -> bool:
@@ -118,6 +127,11 @@ def receive(runtime, data: bytes, peer: str, client_names: tuple[str, ...] = ())
     if not certificate_allowed(org, client_names):
         return _refused(runtime, org, h, Refused("AR", "the client certificate is not allowed for this facility",
                                                  "MSH-4"), now)
+    return replace(_take(runtime, org, message, h, now), sender_passed=True)
+
+
+def _take(runtime, org: Organization, message: Message, h: Header, now: dt.datetime) -> Outcome:
+    """Check and apply a message of a sender that passed the checks of `receive`."""
     try:
         check_type(message, h)
         update = appointment(message, h, _zone(org), now)
