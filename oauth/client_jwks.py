@@ -7,6 +7,9 @@ fetched only from that URL, never from one a request names:
   line and headers, every byte of the body; the socket is closed when it passes), at most
   `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's `http.client`
   (https: the certificate and host name verified);
+- by one request, which holds only its own pool thread: while it runs, the app's other requests
+  verify with the keys fetched before, and one whose kid they lack is refused at once ("being
+  fetched: try again"), never waiting for the fetch;
 - kept `CACHE_SECONDS`, then fetched again when next needed (a failed fetch keeps the keys
   fetched before, at most `MAX_STALE_SECONDS` after they were fetched: a key the partner removed
   stops verifying within the hour even while its host is down);
@@ -65,21 +68,31 @@ class ClientKeySets:
     def key(self, app, kid: str, alg: str) -> dict | None:
         """The public JWK of `app` with this `kid` for `alg`, or None when it has none (after at
         most one refetch of its URL, rate-limited). JwksUnavailable when its URL cannot be read
-        and no keys are known."""
+        and no keys are known, or when another request is fetching them and the kid is not cached."""
         if not app.jwks_url:
             return find_key(stored_jwks(app.jwks), kid, alg)
         entry = self._entry(app.id, app.jwks_url)
-        with entry.lock:
-            now = self.monotonic()
-            if entry.jwks is None or now - entry.fetched_at >= CACHE_SECONDS:
-                self._refresh(entry, now)  # the first use, or stale
-            found = find_key(entry.jwks, kid, alg)
-            if found is None and entry.jwks is not None and now - entry.attempted_at >= REFETCH_INTERVAL:
-                self._refresh(entry, now)  # an unknown kid: the app may have rotated its keys
-                found = find_key(entry.jwks, kid, alg)
-            if entry.jwks is None:
-                raise JwksUnavailable("The application's JWKS URL could not be read; its keys are unknown.")
-            return found
+        if self._due(entry, kid, alg) and entry.lock.acquire(blocking=False):  # held: another request fetches
+            try:
+                if self._due(entry, kid, alg):  # nobody fetched it meanwhile
+                    self._refresh(entry)
+            finally:
+                entry.lock.release()
+        found = find_key(entry.jwks, kid, alg)
+        if found is None and entry.lock.locked():
+            raise JwksUnavailable("The application's keys are being fetched from its JWKS URL; "
+                                  "try again in a few seconds.")
+        if entry.jwks is None:
+            raise JwksUnavailable("The application's JWKS URL could not be read; its keys are unknown.")
+        return found
+
+    def _due(self, entry: _Entry, kid: str, alg: str) -> bool:
+        """Is a fetch wanted (the first use, stale keys, an unknown kid: the app may have rotated
+        its keys) and allowed (none tried within REFETCH_INTERVAL)?"""
+        now = self.monotonic()
+        if now - entry.attempted_at < REFETCH_INTERVAL:
+            return False
+        return now - entry.fetched_at >= CACHE_SECONDS or find_key(entry.jwks, kid, alg) is None
 
     def _entry(self, app_id: str, url: str) -> _Entry:
         with self._lock:
@@ -90,11 +103,10 @@ class ClientKeySets:
                 entry = self._entries[app_id] = _Entry(url)
             return entry
 
-    def _refresh(self, entry: _Entry, now: float) -> None:
-        """One fetch of the entry's URL, unless one was tried within REFETCH_INTERVAL."""
-        if now - entry.attempted_at < REFETCH_INTERVAL:
-            return
-        entry.attempted_at = now
+    def _refresh(self, entry: _Entry) -> None:
+        """One fetch of the entry's URL (its lock held); a failure keeps the keys fetched before,
+        at most MAX_STALE_SECONDS."""
+        now = entry.attempted_at = self.monotonic()
         try:
             entry.jwks = parse_jwks(self._fetch(entry.url), strict=False)
             entry.fetched_at = now
@@ -107,8 +119,8 @@ class ClientKeySets:
     def _fetch(self, url: str) -> bytes:
         """The body at `url` (a 200, at most MAX_JWKS_BYTES), all of it within FETCH_TIMEOUT: the
         connection (its name resolution aside), every byte of the status line and headers, the body. A per-read timeout
-        alone lets a host that drips a byte every few seconds hold the fetch (and the app's lock,
-        and a pool thread) for as long as it likes; `_Deadline` closes the socket at the deadline."""
+        alone lets a host that drips a byte every few seconds hold the fetch (and a pool
+        thread) for as long as it likes; `_Deadline` closes the socket at the deadline."""
         self.fetches += 1
         parts = urlsplit(url)
         if parts.scheme == "https":
