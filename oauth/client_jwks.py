@@ -3,10 +3,11 @@ owned by the runtime: `runtime.client_jwks`).
 
 A stored JWKS (`apps ... --jwks-file`) is read from the application. A JWKS URL (`--jwks-url`) is
 fetched only from that URL, never from one a request names:
-- with a deadline (`FETCH_TIMEOUT` seconds for the whole exchange: the connection, the status
-  line and headers, every byte of the body; the socket is closed when it passes), at most
-  `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's `http.client`
-  (https: the certificate and host name verified);
+- with a deadline (`FETCH_TIMEOUT` seconds for the whole exchange: the connection, every address
+  the name resolves to within what remains of it, the status line and headers, every byte of the
+  body; the socket is closed when it passes; the name's resolution is the system resolver's), at
+  most `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's
+  `http.client` (https: the certificate and host name verified);
 - by one request, which holds only its own pool thread: while it runs, the app's other requests
   verify with the keys fetched before, and one whose kid they lack is refused at once ("being
   fetched: try again"), never waiting for the fetch;
@@ -118,9 +119,10 @@ class ClientKeySets:
 
     def _fetch(self, url: str) -> bytes:
         """The body at `url` (a 200, at most MAX_JWKS_BYTES), all of it within FETCH_TIMEOUT: the
-        connection (its name resolution aside), every byte of the status line and headers, the body. A per-read timeout
-        alone lets a host that drips a byte every few seconds hold the fetch (and a pool
-        thread) for as long as it likes; `_Deadline` closes the socket at the deadline."""
+        connection (its name resolution aside), every byte of the status line and headers, the
+        body. A per-read timeout alone lets a host that drips a byte every few seconds hold the
+        fetch (and a pool thread) for as long as it likes; `_Deadline` connects within what remains
+        of the deadline and closes the socket when it passes."""
         self.fetches += 1
         parts = urlsplit(url)
         if parts.scheme == "https":
@@ -154,17 +156,43 @@ class ClientKeySets:
 
 
 class _Deadline:
-    """Closes `connection`'s socket `seconds` from now (a timer thread), so whatever the fetch is
-    waiting for then fails at once; `check` raises once it has expired."""
+    """A fetch's deadline, `seconds` from now: `connection` connects within what remains of it
+    (`connect`), and its socket is closed when it passes (a timer thread), so whatever the fetch
+    is waiting for then fails at once; `check` raises once it has expired."""
 
     def __init__(self, connection: http.client.HTTPConnection, seconds: float):
-        self.connection, self.expired = connection, False
+        self.connection, self._fired = connection, False
+        self._ends = time.monotonic() + seconds
+        connection._create_connection = self.connect  # http.client's hook that makes the socket
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
         self._timer.start()
 
+    @property
+    def expired(self) -> bool:
+        return self._fired or self._ends <= time.monotonic()
+
+    def connect(self, address: tuple, timeout=None, source_address=None) -> socket.socket:
+        """`socket.create_connection`, but the addresses tried share what remains of the deadline
+        (it gives each one the whole `timeout`, and the timer cannot close a socket still
+        connecting)."""
+        failure: OSError = TimeoutError("no time left to connect")
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
+            remaining = self._ends - time.monotonic()
+            if remaining <= 0:
+                break
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(remaining)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                failure = exc
+        raise failure
+
     def _expire(self) -> None:
-        self.expired = True
+        self._fired = True
         sock = self.connection.sock
         if sock is not None:
             try:

@@ -557,6 +557,40 @@ async def test_cached_keys_verify_while_the_jwks_url_is_refetched(api, runtime, 
     assert pbackend.host.hits == 2
 
 
+@pytest.mark.gen_test(timeout=40)
+async def test_a_jwks_host_whose_every_address_never_connects_is_given_up_at_the_deadline(
+        api, runtime, pbackend, monkeypatch):
+    """A listener whose one-place backlog is full drops new connections' SYNs: connect() hangs. The
+    host's name resolves to two such addresses; the fetch gives up on both within FETCH_TIMEOUT
+    (socket.create_connection would give each address the whole timeout)."""
+    import socket
+    from oauth.client_jwks import FETCH_TIMEOUT
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port), timeout=5)  # the backlog's place, never accepted
+    probe = socket.socket()
+    probe.settimeout(0.3)
+    with pytest.raises(TimeoutError), probe:  # a connect hangs there (else this test proves nothing)
+        probe.connect(("127.0.0.1", port))
+    resolve = socket.getaddrinfo
+
+    def two_addresses(host, *args, **kwargs):
+        return resolve("127.0.0.1", *args, **kwargs) * 2 if host == "jwks.localhost" else resolve(host, *args, **kwargs)
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    try:
+        set_backend_keys(runtime, pbackend.app.id, jwks_url=f"http://jwks.localhost:{port}/jwks.json")
+        started = time.monotonic()
+        status, _, body = await token(api, token_form(pbackend.assertion()))
+        elapsed = time.monotonic() - started
+        assert status == 401 and "could not be read" in body["error_description"], body
+        assert elapsed < FETCH_TIMEOUT + 2, elapsed
+    finally:
+        filler.close()
+        listener.close()
+
+
 @pytest.mark.gen_test(timeout=30)
 async def test_a_spent_jti_is_spent_for_every_process(api, live, pbackend):
     """The same database, two processes: this test's server and a real `svc-auth serve`."""
