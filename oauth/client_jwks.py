@@ -125,13 +125,11 @@ class ClientKeySets:
         of the deadline and closes the socket when it passes."""
         self.fetches += 1
         parts = urlsplit(url)
-        if parts.scheme == "https":
-            connection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=FETCH_TIMEOUT,
-                                                     context=ssl.create_default_context())
-        else:
-            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=FETCH_TIMEOUT)
+        tls = ssl.create_default_context() if parts.scheme == "https" else None
+        deadline = _Deadline(FETCH_TIMEOUT)
+        connection = deadline.connection = _Connection(parts.hostname, parts.port or (443 if tls else 80),
+                                                       deadline.connect, tls)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        deadline = _Deadline(connection, FETCH_TIMEOUT)
         try:
             connection.connect()
             deadline.check()  # it expired while connecting: no socket was there to close
@@ -155,15 +153,29 @@ class ClientKeySets:
             connection.close()
 
 
+class _Connection(http.client.HTTPConnection):
+    """`http.client`'s connection whose socket `open_socket` makes (the deadline's `connect`), then
+    TLS wraps when `tls` is given (the certificate and host name verified)."""
+
+    def __init__(self, host: str, port: int, open_socket, tls: ssl.SSLContext | None):
+        super().__init__(host, port, timeout=FETCH_TIMEOUT)
+        self.open_socket, self.tls = open_socket, tls
+
+    def connect(self) -> None:
+        self.sock = self.open_socket((self.host, self.port))  # from here the deadline's timer can shut it
+        if self.tls is not None:
+            self.sock = self.tls.wrap_socket(self.sock, server_hostname=self.host)
+
+
 class _Deadline:
-    """A fetch's deadline, `seconds` from now: `connection` connects within what remains of it
+    """A fetch's deadline, `seconds` from now: its `connection` connects within what remains of it
     (`connect`), and its socket is closed when it passes (a timer thread), so whatever the fetch
     is waiting for then fails at once; `check` raises once it has expired."""
 
-    def __init__(self, connection: http.client.HTTPConnection, seconds: float):
-        self.connection, self._fired = connection, False
+    def __init__(self, seconds: float):
+        self.connection: http.client.HTTPConnection | None = None
+        self._fired = False
         self._ends = time.monotonic() + seconds
-        connection._create_connection = self.connect  # http.client's hook that makes the socket
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
         self._timer.start()
@@ -193,7 +205,7 @@ class _Deadline:
 
     def _expire(self) -> None:
         self._fired = True
-        sock = self.connection.sock
+        sock = self.connection.sock if self.connection is not None else None
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
