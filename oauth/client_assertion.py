@@ -146,7 +146,7 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
     try:
         key = runtime.client_jwks.key(app, kid, alg)
     except JwksUnavailable as exc:
-        raise _refused(str(exc), counted=True) from None  # the app's host is down: nobody guessed
+        raise _refused(str(exc), counted=True) from None  # its host is down, or another request fetches: nobody guessed
     if key is None:
         raise guess(f"No {alg} key with that kid is in the application's JWKS.")
     try:

@@ -3,10 +3,14 @@ owned by the runtime: `runtime.client_jwks`).
 
 A stored JWKS (`apps ... --jwks-file`) is read from the application. A JWKS URL (`--jwks-url`) is
 fetched only from that URL, never from one a request names:
-- with a deadline (`FETCH_TIMEOUT` seconds for the whole exchange: the connection, the status
-  line and headers, every byte of the body; the socket is closed when it passes), at most
-  `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's `http.client`
-  (https: the certificate and host name verified);
+- with a deadline (`FETCH_TIMEOUT` seconds for the whole exchange: the connection, every address
+  the name resolves to within what remains of it, the status line and headers, every byte of the
+  body; the socket is closed when it passes; the name's resolution is the system resolver's), at
+  most `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's
+  `http.client` (https: the certificate and host name verified);
+- by one request, which holds only its own pool thread: while it runs, the app's other requests
+  verify with the keys fetched before, and one whose kid they lack is refused at once ("being
+  fetched: try again"), never waiting for the fetch;
 - kept `CACHE_SECONDS`, then fetched again when next needed (a failed fetch keeps the keys
   fetched before, at most `MAX_STALE_SECONDS` after they were fetched: a key the partner removed
   stops verifying within the hour even while its host is down);
@@ -65,21 +69,31 @@ class ClientKeySets:
     def key(self, app, kid: str, alg: str) -> dict | None:
         """The public JWK of `app` with this `kid` for `alg`, or None when it has none (after at
         most one refetch of its URL, rate-limited). JwksUnavailable when its URL cannot be read
-        and no keys are known."""
+        and no keys are known, or when another request is fetching them and the kid is not cached."""
         if not app.jwks_url:
             return find_key(stored_jwks(app.jwks), kid, alg)
         entry = self._entry(app.id, app.jwks_url)
-        with entry.lock:
-            now = self.monotonic()
-            if entry.jwks is None or now - entry.fetched_at >= CACHE_SECONDS:
-                self._refresh(entry, now)  # the first use, or stale
-            found = find_key(entry.jwks, kid, alg)
-            if found is None and entry.jwks is not None and now - entry.attempted_at >= REFETCH_INTERVAL:
-                self._refresh(entry, now)  # an unknown kid: the app may have rotated its keys
-                found = find_key(entry.jwks, kid, alg)
-            if entry.jwks is None:
-                raise JwksUnavailable("The application's JWKS URL could not be read; its keys are unknown.")
-            return found
+        if self._due(entry, kid, alg) and entry.lock.acquire(blocking=False):  # held: another request fetches
+            try:
+                if self._due(entry, kid, alg):  # nobody fetched it meanwhile
+                    self._refresh(entry)
+            finally:
+                entry.lock.release()
+        found = find_key(entry.jwks, kid, alg)
+        if found is None and entry.lock.locked():
+            raise JwksUnavailable("The application's keys are being fetched from its JWKS URL; "
+                                  "try again in a few seconds.")
+        if entry.jwks is None:
+            raise JwksUnavailable("The application's JWKS URL could not be read; its keys are unknown.")
+        return found
+
+    def _due(self, entry: _Entry, kid: str, alg: str) -> bool:
+        """Is a fetch wanted (the first use, stale keys, an unknown kid: the app may have rotated
+        its keys) and allowed (none tried within REFETCH_INTERVAL)?"""
+        now = self.monotonic()
+        if now - entry.attempted_at < REFETCH_INTERVAL:
+            return False
+        return now - entry.fetched_at >= CACHE_SECONDS or find_key(entry.jwks, kid, alg) is None
 
     def _entry(self, app_id: str, url: str) -> _Entry:
         with self._lock:
@@ -90,11 +104,10 @@ class ClientKeySets:
                 entry = self._entries[app_id] = _Entry(url)
             return entry
 
-    def _refresh(self, entry: _Entry, now: float) -> None:
-        """One fetch of the entry's URL, unless one was tried within REFETCH_INTERVAL."""
-        if now - entry.attempted_at < REFETCH_INTERVAL:
-            return
-        entry.attempted_at = now
+    def _refresh(self, entry: _Entry) -> None:
+        """One fetch of the entry's URL (its lock held); a failure keeps the keys fetched before,
+        at most MAX_STALE_SECONDS."""
+        now = entry.attempted_at = self.monotonic()
         try:
             entry.jwks = parse_jwks(self._fetch(entry.url), strict=False)
             entry.fetched_at = now
@@ -106,18 +119,17 @@ class ClientKeySets:
 
     def _fetch(self, url: str) -> bytes:
         """The body at `url` (a 200, at most MAX_JWKS_BYTES), all of it within FETCH_TIMEOUT: the
-        connection (its name resolution aside), every byte of the status line and headers, the body. A per-read timeout
-        alone lets a host that drips a byte every few seconds hold the fetch (and the app's lock,
-        and a pool thread) for as long as it likes; `_Deadline` closes the socket at the deadline."""
+        connection (its name resolution aside), every byte of the status line and headers, the
+        body. A per-read timeout alone lets a host that drips a byte every few seconds hold the
+        fetch (and a pool thread) for as long as it likes; `_Deadline` connects within what remains
+        of the deadline and closes the socket when it passes."""
         self.fetches += 1
         parts = urlsplit(url)
-        if parts.scheme == "https":
-            connection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=FETCH_TIMEOUT,
-                                                     context=ssl.create_default_context())
-        else:
-            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=FETCH_TIMEOUT)
+        tls = ssl.create_default_context() if parts.scheme == "https" else None
+        deadline = _Deadline(FETCH_TIMEOUT)
+        connection = deadline.connection = _Connection(parts.hostname, parts.port or (443 if tls else 80),
+                                                       deadline.connect, tls)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        deadline = _Deadline(connection, FETCH_TIMEOUT)
         try:
             connection.connect()
             deadline.check()  # it expired while connecting: no socket was there to close
@@ -141,19 +153,59 @@ class ClientKeySets:
             connection.close()
 
 
-class _Deadline:
-    """Closes `connection`'s socket `seconds` from now (a timer thread), so whatever the fetch is
-    waiting for then fails at once; `check` raises once it has expired."""
+class _Connection(http.client.HTTPConnection):
+    """`http.client`'s connection whose socket `open_socket` makes (the deadline's `connect`), then
+    TLS wraps when `tls` is given (the certificate and host name verified)."""
 
-    def __init__(self, connection: http.client.HTTPConnection, seconds: float):
-        self.connection, self.expired = connection, False
+    def __init__(self, host: str, port: int, open_socket, tls: ssl.SSLContext | None):
+        super().__init__(host, port, timeout=FETCH_TIMEOUT)
+        self.open_socket, self.tls = open_socket, tls
+
+    def connect(self) -> None:
+        self.sock = self.open_socket((self.host, self.port))  # from here the deadline's timer can shut it
+        if self.tls is not None:
+            self.sock = self.tls.wrap_socket(self.sock, server_hostname=self.host)
+
+
+class _Deadline:
+    """A fetch's deadline, `seconds` from now: its `connection` connects within what remains of it
+    (`connect`), and its socket is closed when it passes (a timer thread), so whatever the fetch
+    is waiting for then fails at once; `check` raises once it has expired."""
+
+    def __init__(self, seconds: float):
+        self.connection: http.client.HTTPConnection | None = None
+        self._fired = False
+        self._ends = time.monotonic() + seconds
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
         self._timer.start()
 
+    @property
+    def expired(self) -> bool:
+        return self._fired or self._ends <= time.monotonic()
+
+    def connect(self, address: tuple, timeout=None, source_address=None) -> socket.socket:
+        """`socket.create_connection`, but the addresses tried share what remains of the deadline
+        (it gives each one the whole `timeout`, and the timer cannot close a socket still
+        connecting)."""
+        failure: OSError = TimeoutError("no time left to connect")
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
+            remaining = self._ends - time.monotonic()
+            if remaining <= 0:
+                break
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(remaining)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                failure = exc
+        raise failure
+
     def _expire(self) -> None:
-        self.expired = True
-        sock = self.connection.sock
+        self._fired = True
+        sock = self.connection.sock if self.connection is not None else None
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)

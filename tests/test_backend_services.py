@@ -4,6 +4,7 @@ from `client_credentials`, and reads and searches the FHIR API of the clinics wh
 and Enabled. Every rule of RFC 7523 and SMART is tried by a request that breaks it."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.parse
@@ -497,6 +498,96 @@ async def test_a_jwks_host_that_drips_its_headers_or_serves_unhashable_members_v
             assert time.monotonic() - started < FETCH_TIMEOUT + 3, path
     finally:
         release.set()
+        listener.close()
+
+
+async def wait_for(event) -> None:
+    """Until `event` (a threading.Event) is set, leaving the IOLoop free to serve the requests."""
+    assert await asyncio.get_running_loop().run_in_executor(None, event.wait, 20)
+
+
+@pytest.mark.gen_test(timeout=40)
+async def test_a_jwks_fetch_in_progress_makes_no_other_request_wait(api, world, pbackend):
+    """The app's JWKS host takes the fetch and says nothing. Meanwhile ten assertions of that app
+    are refused at once (its keys are being fetched), and another app's token, which the blocking
+    pool answers, is issued: nobody waits on the fetch, nor for a pool thread held by a waiter."""
+    from oauth.client_jwks import FETCH_TIMEOUT
+    pbackend.host.hold()
+    fetching = asyncio.ensure_future(token(api, token_form(pbackend.assertion(headers={"kid": "unknown"}))))
+    await wait_for(pbackend.host.asked)
+    started = time.monotonic()
+    waiting = [token(api, token_form(pbackend.assertion())) for _ in range(10)]
+    # world's app has asked nothing yet: no client cached, so its secret is checked on the pool
+    unrelated = api.call("POST", "/v1/oauth/token", {"grant_type": "client_credentials",
+                                                     "client_id": world.app.client_id, "client_secret": world.secret})
+    *refused, (status, _, body) = await asyncio.gather(*waiting, unrelated)
+    elapsed = time.monotonic() - started
+    assert elapsed < FETCH_TIMEOUT / 2 and not fetching.done(), elapsed  # all answered while it was pending
+    assert status == 200 and body["access_token"], body
+    for status, _, body in refused:
+        assert status == 401 and body["error"] == "invalid_client", body
+        assert "being fetched" in body["error_description"], body
+    pbackend.host.release()
+    status, _, body = await fetching
+    assert status == 401 and body["error"] == "invalid_client", body
+
+
+@pytest.mark.gen_test(timeout=40)
+async def test_cached_keys_verify_while_the_jwks_url_is_refetched(api, runtime, pbackend):
+    """An unknown kid a minute later refetches the URL; while its host is silent, the cached keys
+    verify at once, and other unknown kids are refused at once: try again when the keys are in."""
+    from oauth.client_jwks import FETCH_TIMEOUT
+    await system_token(api, pbackend)
+    runtime.clock.advance(61)
+    pbackend.host.hold()
+    fetching = asyncio.ensure_future(token(api, token_form(pbackend.assertion(headers={"kid": "rotated"}))))
+    await wait_for(pbackend.host.asked)
+    started = time.monotonic()
+    known = [token(api, token_form(pbackend.assertion(pair))) for pair in (pbackend.rsa, pbackend.ec) * 3]
+    unknown = [token(api, token_form(pbackend.assertion(headers={"kid": uuid.uuid4().hex}))) for _ in range(4)]
+    answers = await asyncio.gather(*known, *unknown)
+    elapsed = time.monotonic() - started
+    assert elapsed < FETCH_TIMEOUT / 2 and not fetching.done(), elapsed
+    assert [status for status, _, _ in answers[:6]] == [200] * 6, answers
+    for status, _, body in answers[6:]:
+        assert status == 401 and "being fetched" in body["error_description"], body
+    pbackend.host.release()
+    status, _, body = await fetching
+    assert status == 401 and body["error"] == "invalid_client", body  # the set has no such kid
+    assert pbackend.host.hits == 2
+
+
+@pytest.mark.gen_test(timeout=40)
+async def test_a_jwks_host_whose_every_address_never_connects_is_given_up_at_the_deadline(
+        api, runtime, pbackend, monkeypatch):
+    """A listener whose one-place backlog is full drops new connections' SYNs: connect() hangs. The
+    host's name resolves to two such addresses; the fetch gives up on both within FETCH_TIMEOUT
+    (socket.create_connection would give each address the whole timeout)."""
+    import socket
+    from oauth.client_jwks import FETCH_TIMEOUT
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port), timeout=5)  # the backlog's place, never accepted
+    probe = socket.socket()
+    probe.settimeout(0.3)
+    with pytest.raises(TimeoutError), probe:  # a connect hangs there (else this test proves nothing)
+        probe.connect(("127.0.0.1", port))
+    resolve = socket.getaddrinfo
+
+    def two_addresses(host, *args, **kwargs):
+        return resolve("127.0.0.1", *args, **kwargs) * 2 if host == "jwks.localhost" else resolve(host, *args, **kwargs)
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    try:
+        set_backend_keys(runtime, pbackend.app.id, jwks_url=f"http://jwks.localhost:{port}/jwks.json")
+        started = time.monotonic()
+        status, _, body = await token(api, token_form(pbackend.assertion()))
+        elapsed = time.monotonic() - started
+        assert status == 401 and "could not be read" in body["error_description"], body
+        assert elapsed < FETCH_TIMEOUT + 2, elapsed
+    finally:
+        filler.close()
         listener.close()
 
 

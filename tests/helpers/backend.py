@@ -74,17 +74,24 @@ def token_form(client_assertion: str, scope: str | None = "system/Patient.rs", *
 
 class JwksHost:
     """A JWKS served over HTTP on loopback (`url`), counting its requests (`hits`); `document` may
-    be replaced at any time (the backend rotating its keys), and `status` set (the host failing)."""
+    be replaced at any time (the backend rotating its keys), and `status` set (the host failing).
+    `hold()`: the requests after it are read and left unanswered (`asked` is set) until `release()`."""
 
     def __init__(self, document: dict):
         self.document = document
         self.status = 200  # set to e.g. 503: the host is down
         self.hits = 0
+        self.held = False
+        self.asked = threading.Event()
+        self._released = threading.Event()
         host = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 host.hits += 1
+                if host.held:
+                    host.asked.set()
+                    host._released.wait(60)
                 body = json.dumps(host.document).encode()
                 self.send_response(host.status)
                 self.send_header("Content-Type", "application/json")
@@ -100,6 +107,14 @@ class JwksHost:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
+    def hold(self):
+        self.held = True
+
+    def release(self):
+        self.held = False
+        self._released.set()
+
     def close(self):
+        self.release()
         self.server.shutdown()
         self.server.server_close()
