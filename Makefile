@@ -62,9 +62,13 @@ system-deps:
 demo: install
 	$(BIN)/svc-auth serve --demo --port $(PORT) --demo-app-port $(APP_PORT)
 
+# The tests mostly wait (on child processes, deadlines, kills), so two pytest processes halve the
+# wall time on two cores; each test file runs whole in one of them (its module fixtures once).
+# `make test TEST_WORKERS=0` runs them all in this process.
+TEST_WORKERS ?= 2
 test: install system-deps tests/js/node_modules/.package-lock.json sdk/js/node_modules/.package-lock.json
 	cd sdk/js && npm test --silent
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The load generator (wrk) and nginx (the load generator's own ceiling) for `make bench`; the
 # appointments and snapshot benchmarks need PostgreSQL and Redis (BENCH_POSTGRES_URL, BENCH_REDIS_URL;
