@@ -78,7 +78,7 @@ class FeedSource:
     def _patient_id(self, row: FeedAppointment, appointment_id: str) -> str | None:
         if self.ehr is None:
             return _digest_id("pat", self.organization.id, row.patient_authority, row.patient_identifier)
-        key = (row.patient_authority, row.patient_identifier)
+        key = (row.patient_authority, row.patient_identifier, row.patient_date_of_birth)
         if key not in self._patients:
             self._patients[key] = self._ehr_patient(*key)
         found = self._patients[key]
@@ -88,8 +88,11 @@ class FeedSource:
             self.skipped.add("patient identifier names several Patients in the EHR", appointment_id)
         return found or None
 
-    def _ehr_patient(self, authority: str, value: str) -> str | None:
-        """The id of the one EHR Patient with this identifier; None: none; "": several."""
+    def _ehr_patient(self, authority: str, value: str, born: dt.date) -> str | None:
+        """The id of the one EHR Patient with this identifier; None: none; "": several. An identifier
+        without a system (CX.4 a namespace, such as `EPI`) matches a value in any system, so it names
+        only a Patient born on PID-7's date: another patient whose value in another system happens
+        to be the same is not taken for this one."""
         system = identifier_system(authority)
         query = ResourceQuery("Patient", criteria=(Criterion("identifier", "token", ((system, value),)),))
         ids = []
@@ -98,7 +101,8 @@ class FeedSource:
                 continue
             for identifier in resource.get("identifier") or ():
                 if (isinstance(identifier, dict) and identifier.get("value") == value
-                        and (system is None or identifier.get("system") == system)):
+                        and (identifier.get("system") == system if system is not None
+                             else resource.get("birthDate") == born.isoformat())):
                     if resource["id"] not in ids:
                         ids.append(resource["id"])
                     break

@@ -1051,7 +1051,9 @@ def test_a_fhir_clinics_feed_patients_are_the_ehrs_patients(runtime, world, list
     twin["identifier"] = [{"system": "http://hospital.example/mrn", "value": "MRN-dup"}]
     other = patient("pt-other", "Poe", "Ann", "1960-01-01", "female")
     other["identifier"] = [{"system": "http://hospital.example/mrn", "value": "MRN-dup"}]
-    open_fhir_ehr.seed(patient("pt-1", "Doe", "Jane", "1970-01-02", "female"), twin, other)
+    born = patient("pt-born", "Loe", "Lee", "1980-01-01", "female")  # siu()'s PID-7
+    born["identifier"] = [{"system": "http://lab.example/id", "value": "LAB-7"}]
+    open_fhir_ehr.seed(patient("pt-1", "Doe", "Jane", "1970-01-02", "female"), twin, other, born)
     clinic = create_organization("FHIR Feed Clinic", "fhir", open_fhir_ehr.base, fhir_auth="none")
     doctor = create_user(clinic.id, "feed-doc@example.com", "Feed", "Doc", "fdoc", "1245319599")
     install_application(world.app.id, clinic.id)
@@ -1064,19 +1066,23 @@ def test_a_fhir_clinics_feed_patients_are_the_ehrs_patients(runtime, world, list
     when = (start + dt.timedelta(days=1, hours=8)).strftime("%Y%m%d%H%M%S")
     mrn = "^^^&http://hospital.example/mrn&URI^MR"
     with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        # H4, H5: CX.4 a namespace, not a system: the value in any system, of a Patient born on PID-7's
+        # date (pt-1 has MRN-pt-1 but another birth date: not taken for the patient the EHR lacks).
         for control, key, pid3 in (("H1", "H-known", "MRN-pt-1" + mrn), ("H2", "H-unknown", "MRN-nobody" + mrn),
-                                   ("H3", "H-twice", "MRN-dup" + mrn)):
+                                   ("H3", "H-twice", "MRN-dup" + mrn), ("H4", "H-other-born", "MRN-pt-1^^^EPI^MR"),
+                                   ("H5", "H-born", "LAB-7^^^EPI^MR")):
             reply = client.send_message(siu("S12", control, key, facility="FHIR_FEED", npi="1245319599", pid3=pid3,
                                             start=when, end=when[:-4] + "3000"))
             assert acked(reply)[0] == "AA"
     snapshot = build_snapshot(runtime, clinic.id, NIGHT)
     rows = list(SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id))
-    assert [(r.ehr_appointment_id, r.patient_id) for r in rows] == [("H-known", "pt-1")]
+    assert sorted((r.ehr_appointment_id, r.patient_id) for r in rows) == [("H-born", "pt-born"), ("H-known", "pt-1")]
     assert json.loads(snapshot.skipped) == {
         "patient identifier names several Patients in the EHR": {"count": 1, "appointments": ["H-twice"]},
-        "patient not found in the EHR": {"count": 1, "appointments": ["H-unknown"]}}
+        "patient not found in the EHR": {"count": 2, "appointments": ["H-other-born", "H-unknown"]}}
     # The id is the EHR's: its chart is read from the EHR.
-    chart = connector_for(runtime, clinic, Bounds.batch(runtime.settings)).fetch_chart(rows[0].patient_id)
+    known = next(r.patient_id for r in rows if r.ehr_appointment_id == "H-known")
+    chart = connector_for(runtime, clinic, Bounds.batch(runtime.settings)).fetch_chart(known)
     assert (chart.patient.id, chart.patient.last_name) == ("pt-1", "Doe")
 
 
