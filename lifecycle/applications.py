@@ -10,10 +10,13 @@ import re
 
 from app_cache.applications import TOPIC as APPLICATIONS
 from fhir_api.limits import rate_text
+from bulk.build import delete_export
 from lifecycle.manifest_validation import validate
 from lifecycle.organizations import find_organization, invalid
 from models.application import BILLING_PLANS, DISABLED, Application, Installation
 from models.audit import AuditEvent
+from models.bulk import BulkExport
+from models.charts import ChartRequest
 from models.ids import new_secret
 from errors import ApiError
 from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri
@@ -202,8 +205,10 @@ def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str
 
 def delete_application(runtime, application_id: str, actor: str = "operator") -> Application:
     """Remove an application with its installations, launches, codes and tokens (the foreign keys
-    cascade); its client credentials stop working at once. Audited."""
+    cascade); its client credentials stop working at once. Audited. Its charts' ZIPs and Bulk Data
+    files go first: only its rows lead the expiry sweeps to them, and the cascade deletes those."""
     app = find_application(application_id)
+    _delete_stored_files(runtime, app.id)
     with Application._meta.database.atomic():
         # recursive: peewee deletes the dependent rows itself, so SQLite without foreign-key
         # enforcement and tables other parts add later behave the same.
@@ -211,3 +216,14 @@ def delete_application(runtime, application_id: str, actor: str = "operator") ->
         AuditEvent.record(actor, "application.deleted", app.id, client_id=app.client_id, name=app.name)
     runtime.changes.announce(APPLICATIONS)  # every process forgets it: its credentials stop working
     return app
+
+
+def _delete_stored_files(runtime, application_id: str) -> None:
+    """The objects the app's chart requests and exports stored, each before its row (a stop between
+    the two leaves a row whose object is gone, never an object nothing finds)."""
+    for request in ChartRequest.select(ChartRequest.id, ChartRequest.object_key).where(
+            (ChartRequest.application == application_id) & ChartRequest.object_key.is_null(False)):
+        runtime.batch_object_store.delete(request.object_key)
+        ChartRequest.update(object_key=None).where(ChartRequest.id == request.id).execute()
+    for (export_id,) in BulkExport.select(BulkExport.id).where(BulkExport.application == application_id).tuples():
+        delete_export(runtime, export_id)

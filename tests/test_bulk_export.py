@@ -164,6 +164,22 @@ def test_a_patient_export_end_to_end(exporter, runtime, world):
     assert BulkExportFile.select().count() == 0 and BulkExport.select().count() == 0
 
 
+def test_deleting_an_app_deletes_its_exports_files(exporter, runtime, world):
+    """`apps delete` cascaded to the app's exports but left their files in the object store for ever
+    (the expiry sweep finds them through those rows). They go first now."""
+    from bulk.files import export_prefix
+    from lifecycle.applications import delete_application
+    client, _ = exporter
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
+    assert status == 202, body
+    export_id = headers["Content-Location"].rsplit("/", 1)[1]
+    assert client.wait(headers["Content-Location"])["output"]
+    assert list(runtime.batch_object_store.list_keys(export_prefix(export_id)))
+    delete_application(runtime, world.app.id)
+    assert list(runtime.batch_object_store.list_keys(export_prefix(export_id))) == []
+    assert BulkExport.select().count() == 0 and BulkExportFile.select().count() == 0
+
+
 def test_kickoff_refusals(exporter, runtime, world, live):
     client, _ = exporter
     status, _, body = client.kick_off(headers={"Accept": "application/fhir+json"})

@@ -128,6 +128,44 @@ async def test_an_ended_chart_request_is_forgotten_links_kept_after_it_ended(api
     assert ChartRequest.get_by_id("chr_ready").status == "ready"  # not retention's to delete
 
 
+@pytest.mark.gen_test(timeout=60)
+async def test_deleting_an_app_deletes_its_charts_zips(api, world, runtime, cli):
+    """`apps delete` cascaded to the app's chart requests but left their ZIPs in the object store for
+    ever (the expiry sweep finds them through those rows), and a URL handed out before still
+    downloaded. The ZIPs go first now."""
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
+        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
+    request_id = created["request_id"]
+    assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
+    key = ChartRequest.get_by_id(request_id).object_key
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}", headers=headers)
+    assert status == 200 and (await fetch_zip(api, body["download_url"], runtime)).code == 200
+    cli("apps", "delete", "--app", world.app.id, "--yes")
+    with pytest.raises(FileNotFoundError):
+        runtime.batch_object_store.open_object(key)
+    assert (await fetch_zip(api, body["download_url"], runtime)).code == 404
+    assert ChartRequest.get_or_none(ChartRequest.id == request_id) is None
+
+
+def test_a_chart_built_while_its_app_was_deleted_leaves_no_zip(world, runtime, monkeypatch):
+    """The app is deleted (its request with it) while its chart is uploaded: the build finds no
+    request to mark ready, and deletes the ZIP nothing would ever find."""
+    from lifecycle.applications import delete_application
+    from workers.charts import build_chart_archive, chart_key
+    request = ChartRequest.create(application=world.app.id, organization=world.org.id,
+                                  patient_id=patient_panel(world.org.id)[0].id)
+    store = runtime.batch_object_store
+    real_put = store.put_file
+
+    def put_then_app_deleted(key, path):
+        real_put(key, path)
+        delete_application(runtime, world.app.id)
+    monkeypatch.setattr(store, "put_file", put_then_app_deleted)
+    assert build_chart_archive(runtime, request.id) is None
+    assert not store.exists(chart_key(request.id))
+
+
 def test_a_backlog_of_old_charts_expires_a_batch_per_sweep_oldest_first(world, runtime):
     """The first sweep after an upgrade finds every chart ever built: it deletes EXPIRE_BATCH of
     them, the oldest, and the next sweep the rest; a chart still within SVC_CHART_TTL stays."""

@@ -66,8 +66,12 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
             store.put_file(key, path)
         if not store.exists(key):
             raise OSError(f"{key} is not in the object store after its upload")
-    (ChartRequest.update(status="ready", ready_at=runtime.clock.now(), object_key=key, error=None)
-     .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute())
+    if not (ChartRequest.update(status="ready", ready_at=runtime.clock.now(), object_key=key, error=None)
+            .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute()):
+        request = ChartRequest.get_or_none(ChartRequest.id == request_id)
+        if request is None:  # deleted with its app while it was built: nothing would ever find the ZIP
+            store.delete(key)
+        return request
     return ChartRequest.get_by_id(request_id)
 
 
