@@ -79,7 +79,10 @@ def normalise_redirect_uri(uri: str) -> str:
         raise RedirectUriError("the redirect_uri must not have a fragment")
     # Browsers read `\` as `/` in http(s) URLs (WHATWG URL); read it the same way before anything else.
     uri = uri.replace("\\", "/")
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError:  # e.g. `http://[::1`: an unclosed IPv6 literal
+        raise RedirectUriError("the redirect_uri is not a URL") from None
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
         raise RedirectUriError("the redirect_uri must be an absolute http(s) URL")
@@ -89,7 +92,8 @@ def normalise_redirect_uri(uri: str) -> str:
         raise RedirectUriError("the redirect_uri must not carry user information")
     netloc = parts.netloc
     host_text = netloc[:netloc.index("]") + 1] if netloc.startswith("[") and "]" in netloc else netloc.rsplit(":", 1)[0]
-    if not re.fullmatch(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]", host_text) or not parts.hostname:
+    if (not re.fullmatch(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]", host_text) or not parts.hostname
+            or not re.fullmatch(r"(:[0-9]*)?", netloc[len(host_text):])):  # `[::1]x`: no URL a browser follows
         raise RedirectUriError("the redirect_uri has no usable host")
     host = parts.hostname
     try:
@@ -105,6 +109,9 @@ def normalise_redirect_uri(uri: str) -> str:
         # Empty segments: browsers keep them, many servers collapse them (so `/app//..` is `/app/`
         # to one and `/` to the other).
         raise RedirectUriError("the redirect_uri's path has an empty segment (//)")
+    if any(";" in segment and segment.split(";", 1)[0] in (".", "..") for segment in path.split("/")):
+        # `..;x` is `..` to servers that strip path parameters (Tomcat, Spring): out of the base.
+        raise RedirectUriError("the redirect_uri's path has a dot segment with parameters (..;)")
     path = remove_dot_segments(path or "/") or "/"
     query = _normalise_percent(parts.query, "query", {"%", "#"}) if parts.query else ""
     if query:

@@ -30,6 +30,9 @@ ESCAPES = [
     "http://host/app/%u002e%u002e/evil",        # not a percent-encoding at all
     "http://host/apps",                         # not on a / boundary
     "http://host/app%2fevil",
+    "http://host/app/..;/evil",                 # `..` to servers that strip path parameters
+    "http://host/app/%2e%2e;x=1/evil",
+    "http://host/app/.;/../evil",
 ]
 AMBIGUOUS = [
     "http://host/app?code=ATTACKER&state=ATTACKER",
@@ -48,6 +51,8 @@ AMBIGUOUS = [
     "http://host/app/x%",
     "http://host:99999/app",
     "javascript://host/app",
+    "http://[::1",                              # urlsplit raised ValueError: a 500
+    "http://[::1]x/app",
     "//host/app",
 ]
 
@@ -132,6 +137,16 @@ async def test_authorize_never_redirects_an_escape(flow, suffix):
     status, headers, body = await authorize(flow, "https://app.example.com/main" + suffix)
     assert status == 400 and "Location" not in headers
     assert body["error"] == "invalid_request" and "redirect_uri" in body["error_description"]
+
+
+@pytest.mark.gen_test
+async def test_a_redirect_uri_that_is_not_a_url_is_a_400_at_authorize_and_at_the_token_endpoint(flow):
+    """`http://[::1` made urlsplit raise ValueError: a 500 at authorize, and at the token endpoint a
+    500 after the code was spent (the client's retry then read as a replay)."""
+    status, headers, body = await authorize(flow, "http://[::1")
+    assert status == 400 and "Location" not in headers and body["error"] == "invalid_request", body
+    status, _, body = await flow.exchange(await flow.code(), redirect_uri="http://[::1")
+    assert status == 400 and body["error"] == "invalid_grant", body
 
 
 @pytest.mark.gen_test
