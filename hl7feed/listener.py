@@ -17,7 +17,7 @@ address it names is the sender's, as `--hl7-allow` sees it.
 
 Connections are counted by `slots.Slots`: one arriving while SVC_HL7_MAX_CONNECTIONS are open (TLS
 handshakes and PROXY headers in progress included) is closed at once, so a flood cannot take every
-descriptor; so is one from a peer (`slots.peer_key`: an IPv4 address, an IPv6 /64; the PROXY
+descriptor; so is one from a peer (`ops.addresses.counted_as`: an IPv4 address, an IPv6 /64; the PROXY
 header's client with --proxy-protocol, read first; else the socket's peer) that already holds
 SVC_HL7_MAX_CONNECTIONS_PER_PEER, and one neither proven nor from a peer proven before while half
 of SVC_HL7_MAX_CONNECTIONS are held by such connections, before any of its bytes (or its TLS
@@ -47,8 +47,9 @@ from tornado.tcpserver import TCPServer
 from hl7feed.ack import ack
 from hl7feed.mllp import Deframer, FramingError, frame
 from hl7feed.proxy_protocol import ProxyHeaderError, read_source
-from hl7feed.slots import Slot, Slots, peer_key
+from hl7feed.slots import Slot, Slots
 from hl7feed.store import prune, receive
+from ops.addresses import counted_as
 from ops.proxy import is_trusted_proxy
 
 log = logging.getLogger("svc_auth.hl7")
@@ -185,7 +186,7 @@ class FeedListener(TCPServer):
 
     def _admit(self, stream, peer: str) -> Slot | None:
         """The connection counted for its peer (released with `Slots.release`), or None: closed at once."""
-        key = peer_key(peer)
+        key = counted_as(peer)
         return None if self._over_cap(stream, peer, key) else self.slots.take(key)
 
     async def _through_balancer(self, stream, balancer: str):

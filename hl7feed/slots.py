@@ -1,5 +1,5 @@
 """Who holds a listener's connections: SVC_HL7_MAX_CONNECTIONS in all, SVC_HL7_MAX_CONNECTIONS_PER_PEER
-per peer (`peer_key`: an IPv4 address, an IPv6 /64), and half of them for senders never proven.
+per peer (`ops.addresses.counted_as`: an IPv4 address, an IPv6 /64), and half of them for senders never proven.
 
 A connection is *proven* once a message on it passed the sender checks (`store.Outcome.sender_passed`:
 its MSH-4 names a clinic whose address list and client certificates accept it), whatever its ACK;
@@ -10,25 +10,12 @@ slots of the clinics' interfaces. One `Slots` per listener; IOLoop only (no lock
 """
 from __future__ import annotations
 
-import ipaddress
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from hl7feed.store import sender_ip
 
 PROVEN_PEERS = 4096
 """How many proven peers a listener remembers (the most recently proven; the oldest is forgotten)."""
-
-
-def peer_key(peer: str) -> str:
-    """What a peer is counted and remembered as: its IPv4 address (an IPv4-mapped IPv6 one's
-    too), its IPv6 address's /64 (one host may hold a whole /64); `peer` itself if no address."""
-    address = sender_ip(peer)
-    if address is None:
-        return peer
-    if address.version == 6:
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
 
 
 @dataclass

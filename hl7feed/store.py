@@ -31,6 +31,7 @@ from playhouse.pool import MaxConnectionsExceeded
 from hl7feed.config import allowed_networks, client_subjects
 from hl7feed.message import CLOCK_SKEW, Message, ParseError, parse
 from hl7feed.siu import Header, Refused, Update, appointment, check_type, header
+from ops.addresses import address_of
 from models.clock import utc_iso
 from models.directory import Organization
 from models.hl7 import FeedAppointment, FeedMessage
@@ -78,22 +79,11 @@ class Outcome:
     sender_passed: bool = False  # the sender checks passed (see `receive`): True whatever the ACK
 
 
-def sender_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """`peer` as an address (an IPv4-mapped IPv6 one as its IPv4, a zone dropped); None: not one."""
-    try:
-        address = ipaddress.ip_address(peer.split("%", 1)[0])
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        return address.ipv4_mapped
-    return address
-
-
 def sender_allowed(org: Organization, peer: str) -> bool:
     networks = allowed_networks(org)
     if not networks:
         return True
-    address = sender_ip(peer)
+    address = address_of(peer)
     return address is not None and any(address in ipaddress.ip_network(n) for n in networks)
 
 

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from ops.addresses import counted_as
 from ratelimit.limiter import RateLimiterUnavailable, window_of
 from ratelimit.policy import Limit
 
@@ -149,7 +150,9 @@ class FailureThrottle:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
     def _keys(self, subject: Key | None, address: str | None, now: float) -> list[tuple[Key, Limit, str, int]]:
-        """(what, its limit, store key, seconds until its window ends) of each counter of an attempt."""
+        """(what, its limit, store key, seconds until its window ends) of each counter of an attempt
+        (an IPv6 address counted by its /64: `ops.addresses`)."""
+        address = counted_as(address) if address else address
         out = []
         if subject is not None:
             index, reset = window_of(self.policy.subject, now)

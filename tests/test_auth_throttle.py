@@ -111,6 +111,19 @@ async def test_one_address_trying_many_clients_is_locked(api, world, runtime):
     assert (await client_token(api, app.client_id, world.secret, LEGIT))[0] == 200
 
 
+@pytest.mark.gen_test
+async def test_one_ipv6_64_trying_many_clients_is_one_address(api, world, runtime):
+    """Each IPv6 address had its own counter, so one host with a /64 (2^64 addresses) was never
+    locked: console sign-ins (an Argon2 hash each) could fill the pool. A /64 is counted as one."""
+    address_limit = start_window(runtime).address
+    trust_local_proxy(runtime)
+    for n in range(address_limit.count):
+        status, _, _ = await client_token(api, f"client-{n}", "secret", f"2001:db8:7:7::{n + 1:x}")
+        assert status == 401
+    assert (await client_token(api, "client-x", "secret", "2001:db8:7:7:ffff::1"))[0] == 429
+    assert (await client_token(api, "client-y", "secret", "2001:db8:7:8::1"))[0] == 401  # the next /64: its own
+
+
 def test_redis_counts_are_shared_between_processes(redis_namespace):
     """Two throttles on one Redis namespace (two `serve` processes) see one count."""
     now = [1_000_000.0]

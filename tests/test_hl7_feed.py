@@ -25,7 +25,8 @@ from helpers.environment import ROOT
 from helpers.fhir_ehr import patient, start_fhir_ehr
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port, wait_until
 from hl7feed.config import configure_feed
-from hl7feed.slots import Slots, peer_key
+from hl7feed.slots import Slots
+from ops.addresses import counted_as as peer_key
 from lifecycle.verification import record_platform_verification
 from models.appointments import SnapshotAppointment
 from models.hl7 import FeedAppointment, FeedMessage
@@ -563,8 +564,8 @@ def test_senders_never_proven_hold_at_most_half_the_connections(runtime, feed_cl
 
 
 def test_a_peer_is_counted_by_its_address_or_its_ipv6_64():
-    """`peer_key` and `Slots`, as units: loopback has one IPv6 address (::1), so connections from
-    several addresses of one /64 cannot be made here. A /64 is one peer for
+    """`peer_key` (`ops.addresses.counted_as`) and `Slots`, as units: loopback has one IPv6 address
+    (::1), so connections from several addresses of one /64 cannot be made here. A /64 is one peer for
     SVC_HL7_MAX_CONNECTIONS_PER_PEER and for the proven peers remembered (the most recent only)."""
     assert peer_key("2001:db8:1:2::1") == peer_key("2001:db8:1:2:ffff:ffff:ffff:fffe") == "2001:db8:1:2::/64"
     assert peer_key("2001:db8:1:3::1") == "2001:db8:1:3::/64"
