@@ -18,6 +18,7 @@ from audit.chain import iso_ms
 from models.audit import AuditEvent
 from models.disclosures import CHECKPOINT, DisclosureRecord
 from models.ids import fhir_id, id_spellings
+from ops.csvcells import text_row
 
 FIELDS = ("seq", "at", "action", "outcome", "status", "application_id", "client_id", "user_id", "organization_id",
           "patients", "resource_type", "resource_ids", "query", "jti", "scope", "source_address", "request_id")
@@ -71,13 +72,12 @@ def read_accounting(actor: str, filters: dict, output: str, **query) -> list[dic
 
 
 def as_csv(records: list[dict]) -> str:
-    """One header row, then one row per record; lists are `;`-joined."""
+    """One header row, then one row per record; lists are `;`-joined; no cell a formula (`ops.csvcells`)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(FIELDS)
     for record in records:
-        writer.writerow([";".join(v) if isinstance(v, list) else "" if v is None else v
-                         for v in (record[name] for name in FIELDS)])
+        writer.writerow(text_row(";".join(v) if isinstance(v, list) else v for v in (record[name] for name in FIELDS)))
     return out.getvalue()
 
 

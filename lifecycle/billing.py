@@ -14,6 +14,7 @@ from models.billing import BillableUse
 from models.directory import Organization, User
 from billing.free_trial import trial_state
 from errors import ApiError
+from ops.csvcells import text_row
 
 MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")  # anchored for the OpenAPI document; matched whole
 
@@ -68,11 +69,12 @@ def billing_report(month: str, application_id: str | None = None) -> dict:
 
 
 def report_rows(report: dict) -> list[list[str]]:
-    """The report flattened for CSV: one row per billable user."""
+    """The report flattened for CSV: one row per billable user (`ops.csvcells`: no cell a formula)."""
     rows = [["month", "application_id", "organization_id", "organization_name", "user_id", "email",
              "first_verified_at"]]
     for group in report["organizations"]:
         for user in group["users"]:
-            rows.append([report["month"], group["application_id"], group["organization_id"],
-                         group["organization_name"], user["user_id"], user["email"], user["first_verified_at"]])
+            rows.append(text_row([report["month"], group["application_id"], group["organization_id"],
+                                  group["organization_name"], user["user_id"], user["email"],
+                                  user["first_verified_at"]]))
     return rows

