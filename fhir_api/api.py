@@ -155,13 +155,13 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         # Every answer passes the one matcher (an EHR that ignored a parameter widens nothing, and
         # a patient/ grant holds whatever the EHR sent), so the connector pages from 0 and the offset is ours.
         # A connector whose answers already passed it for this very query (the sandbox) is not checked twice.
-        found = connector.search_resources(dataclasses.replace(query, offset=0))
+        matches = iter(connector.search_resources(dataclasses.replace(query, offset=0)))
         if not connector.answers_matched:
-            found = (r for r in found if resource_matches(r, query))
-        matches = itertools.islice(found, query.offset, None)
+            matches = (r for r in matches if resource_matches(r, query))
+        skipped = sum(1 for _ in itertools.islice(matches, query.offset))  # fewer: `_offset` is past the end
         page = list(itertools.islice(matches, query.count + 1))
         more = len(page) > query.count
-        total = query.offset + len(page)
+        total = skipped + len(page)
         if more:
             total = _counted(matches, total)
         page = page[:query.count]

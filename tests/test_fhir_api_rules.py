@@ -176,6 +176,8 @@ def test_paging_follows_next_links_to_the_end(doctor):
         bundle = fhir.follow(following[0])
     assert pages == -(-PANEL_SIZE // 40) and len(seen) == len(set(seen)) == PANEL_SIZE
     assert fhir.search("Patient", {"_count": 1000})["total"] == PANEL_SIZE  # capped at MAX_COUNT a page
+    past = fhir.search("Patient", {"_offset": PANEL_SIZE + 500})  # past the end: no entry, the true total
+    assert past["total"] == PANEL_SIZE and not resources(past), past["total"]
     assert PANEL_SIZE > MAX_COUNT and len(resources(fhir.search("Patient", {"_count": 1000}))) == MAX_COUNT
 
 
