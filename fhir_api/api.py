@@ -324,7 +324,7 @@ def _revincluded(connector, caller: Caller, grant: Grant, kind: str, name: str, 
     for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
         if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
             continue
-        references = [(t or {}).get("reference") for t in values_at(resource, (name,))]
+        references = [t.get("reference") if isinstance(t, dict) else None for t in values_at(resource, (name,))]
         if may.patient is not None and not all(r in on_page for r in references):
             continue
         seen.add((kind, resource.get("id")))

@@ -317,6 +317,30 @@ def test_a_resource_without_a_valid_id_is_left_out_and_the_bundle_says_so(hostil
         "The clinic's EHR answered 2 resources without a valid id (FHIR requires one): left out.")}], body
 
 
+def test_a_provenance_target_written_as_a_bare_string_is_no_reference(hostile_clinic, hostile):
+    """A Provenance whose `target` holds a string beside its Reference objects: revincluded by the
+    Reference to the page (it was a 500, `AttributeError`), the string naming nothing."""
+    path, expected = "/Condition?patient=pt-1&_revinclude=Provenance:target", [
+        ("match", "Condition/cond-1"), ("include", "Provenance/prov-1")]
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == expected, body                              # the control
+    hostile.attack("string-refs", on="Provenance")
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == expected, body
+    assert body["entry"][1]["resource"]["target"][1] == "Patient/pt-1", body      # as the EHR holds it
+
+
+def test_an_appointment_actor_written_as_a_bare_string_takes_no_part(hostile_clinic, hostile):
+    """An Appointment whose `participant[].actor` is a string, not a Reference: it matches no
+    `practitioner=` search (it was a 500, `AttributeError`); the well-formed one beside it is served."""
+    path = "/Appointment?practitioner=Practitioner/pr-1"
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == [("match", "Appointment/ap-1")], body       # the control
+    hostile.attack("string-refs", on="Appointment")
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == [("match", "Appointment/ap-1")] and body["total"] == 1, body
+
+
 # -- the hub page ----------------------------------------------------------------------------------
 
 def hub_page(runtime, issuer: str, user_id: str):

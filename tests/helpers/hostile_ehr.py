@@ -20,7 +20,9 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `no-id`: a searchset whose resources have no `id` (FHIR requires one: svc-auth fails that read or
   night with a clear error naming the answer);
 - `bad-ids`: the normal searchset plus a copy of each match without `id` and one whose `id` is no
-  FHIR id (`../x`).
+  FHIR id (`../x`);
+- `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
+  Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings.
 
 For a `smart-backend` clinic it serves `.well-known/smart-configuration` and a token endpoint
 (`/oauth/token`) that grants `TOKEN` to any client assertion.
@@ -110,14 +112,21 @@ def appointment() -> dict:
                             {"actor": {"reference": "Patient/pt-1"}, "status": "accepted"}]}
 
 
+def string_actors() -> dict:
+    """An Appointment whose participants' `actor` is a bare string, not a Reference object."""
+    found = appointment()
+    return {**found, "id": "ap-2", "participant": [{**p, "actor": p["actor"]["reference"]} for p in found["participant"]]}
+
+
 def condition() -> dict:
     return {"resourceType": "Condition", "id": "cond-1", "code": {"text": "Asthma"},
             "subject": {"reference": "Patient/pt-1"}}
 
 
-def provenance() -> dict:
+def provenance(string_target: bool = False) -> dict:
+    second = "Patient/pt-1" if string_target else {"reference": "Patient/pt-1"}
     return {"resourceType": "Provenance", "id": "prov-1", "recorded": "2030-01-07T09:00:00Z",
-            "target": [{"reference": "Condition/cond-1"}, {"reference": "Patient/pt-1"}],
+            "target": [{"reference": "Condition/cond-1"}, second],
             "agent": [{"who": {"reference": "Practitioner/pr-1"}}]}
 
 
@@ -228,13 +237,15 @@ class _Handler(BaseHTTPRequestHandler):
         matches = {"Practitioner": [practitioner()], "Patient": [patient(attack == "foreign-refs")],
                    "Appointment": [appointment(), patient()],
                    "Observation": [observation(base, attack == "foreign-refs")], "Condition": [condition()],
-                   "Provenance": [provenance()], "MedicationRequest": [medication_request()],
+                   "Provenance": [provenance(attack == "string-refs")], "MedicationRequest": [medication_request()],
                    "Medication": [medication()]}.get(kind, [])
         if attack == "no-id":
             matches = [{k: v for k, v in r.items() if k != "id"} for r in matches]
         if attack == "bad-ids":
             ours = [r for r in matches if r["resourceType"] == kind]
             matches += [{k: v for k, v in r.items() if k != "id"} for r in ours] + [{**r, "id": "../x"} for r in ours]
+        if attack == "string-refs" and kind == "Appointment":
+            matches.insert(1, string_actors())
         if attack == "outcome-entry":
             return self.send_json(200, searchset(matches, outcome=outcome("error")))
         if attack == "outcome-warning":
