@@ -32,8 +32,8 @@ from types import MappingProxyType
 from connectors import fhir, sandbox
 from connectors.base import (APPOINTMENT_STATUSES, LISTED_STATUSES, Appointment, BoundExceeded, Chart,  # noqa: F401
                              Connector, ConnectorError, Criterion, ConnectorUnavailable, DeadlineExceeded, EhrReportedError,
-                             Encounter, Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery, Skipped,
-                             TypeNotGranted)
+                             Encounter, NO_VALID_ID, Patient, PatientNotFound, Provider, ResourceNotFound, ResourceQuery,
+                             Skipped, TypeNotGranted)
 from connectors.bounds import Bounds  # noqa: F401
 from models.directory import Organization, User
 

@@ -49,6 +49,11 @@ class TypeNotGranted(ConnectorError):
     resource_type: str = ""
 
 
+NO_VALID_ID = "resource without a valid id"
+"""The `Skipped` reason of a resource an EHR answered without an id, or with one that is no FHIR id
+(`models.ids`): it cannot be served (its URL would be invalid), so a search leaves it out."""
+
+
 class Skipped:
     """What a connector read from the EHR and left out, by reason: a count and the first ids
     (`KEEP`), e.g. an appointment whose start is not an instant. A connector may expose one as
@@ -64,6 +69,10 @@ class Skipped:
         entry["count"] += 1
         if isinstance(item_id, str) and item_id and len(entry["appointments"]) < self.KEEP:
             entry["appointments"].append(item_id[:64])
+
+    def count(self, reason: str) -> int:
+        """How many were left out for `reason`."""
+        return self.reasons[reason]["count"] if reason in self.reasons else 0
 
     def as_dict(self) -> dict:
         return {reason: {"count": e["count"], "appointments": list(e["appointments"])}

@@ -128,13 +128,11 @@ def has_npi(resource: dict, npi: str) -> bool:
 
 def takes_part(resource: dict, practitioner_id: str, base: str | None = None) -> bool:
     """Does the practitioner take part in the resource (an Appointment's `participant[].actor`,
-    an Encounter's `participant[].individual`)?"""
-    for participant in resource.get("participant") or ():
-        if isinstance(participant, dict):
-            for name in ("actor", "individual"):
-                if reference_id((participant.get(name) or {}).get("reference"), "Practitioner", base) == practitioner_id:
-                    return True
-    return False
+    an Encounter's `participant[].individual`)? Only a Reference object names one (a bare string,
+    as an EHR may send, names nobody)."""
+    return any(reference_id(value.get("reference"), "Practitioner", base) == practitioner_id
+               for name in ("actor", "individual") for value in values_at(resource, ("participant", name))
+               if isinstance(value, dict))
 
 
 def matches(resource: dict, query: ResourceQuery, base: str | None = None) -> bool:

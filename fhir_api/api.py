@@ -15,9 +15,9 @@ import itertools
 import logging
 
 from audit.disclosures import Later
-from connectors import (BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion, DeadlineExceeded,
-                        EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery, TypeNotGranted,
-                        connector_for)
+from connectors import (NO_VALID_ID, BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion,
+                        DeadlineExceeded, EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery,
+                        TypeNotGranted, connector_for)
 from connectors.matching import matches as resource_matches, reference_id, values_at
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, Grant, grant_for, in_compartment
@@ -134,7 +134,11 @@ def _fetched(caller: Caller, fetch, resource_type: str, ident: str):
 
 def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str]], strict: bool = False) -> dict:
     """`GET {iss}/{Type}?params`: one page of matches as a searchset Bundle, with the `_include`d
-    and `_revinclude`d resources the caller may see (`strict`: `Prefer: handling=strict`)."""
+    and `_revinclude`d resources the caller may see (`strict`: `Prefer: handling=strict`). A
+    match the EHR answered without a valid id cannot be served (its URL would be invalid): the
+    connector leaves it out, counted as what cannot be listed (`connectors.NO_VALID_ID`), the rest
+    is served, and the Bundle says how many in a warning OperationOutcome (`_left_out`): never a
+    500, nor a 502 (as an entry of another type or mode, it is not the answer's to serve)."""
     grant = grant_for(caller, supported_type(resource_type), "s")
     base = fhir_base_url(runtime.settings, caller.organization_id)
     args = {name: values for name, values in args.items() if name != "_format"}
@@ -166,6 +170,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
             total = _counted(matches, total)
         page = page[:query.count]
         included, outcomes = included_resources(connector, caller, grant, asked, page)
+        outcomes += _left_out(connector)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
     except BoundExceeded as exc:
@@ -211,6 +216,7 @@ def _search_by_position(runtime, caller: Caller, connector, grant: Grant, asked,
         served = position.served + len(page)
         total = served if after is None else _counted_pages(pages, query, served + rest, tail)
         included, outcomes = included_resources(connector, caller, grant, asked, page)
+        outcomes += _left_out(connector)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
     except ConnectorError as exc:
@@ -240,6 +246,17 @@ def _counted_pages(pages, query: ResourceQuery, total: int, following: str | Non
     except ConnectorError as exc:
         log.warning("FHIR API: the total was left out: %s", exc)
     return None
+
+
+def _left_out(connector) -> list[dict]:
+    """The Bundle's warning OperationOutcome (`incomplete`) counting the matches (page, includes,
+    `total`'s count) this call's connector left out for want of a valid id (`connectors.NO_VALID_ID`)."""
+    skipped = getattr(connector, "skipped", None)
+    count = skipped.count(NO_VALID_ID) if skipped is not None else 0
+    if not count:
+        return []
+    return [operation_outcome("incomplete", f"The clinic's EHR answered {count} resource{'s' if count > 1 else ''} "
+                                            f"without a valid id (FHIR requires one): left out.", "warning")]
 
 
 def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
@@ -307,7 +324,7 @@ def _revincluded(connector, caller: Caller, grant: Grant, kind: str, name: str, 
     for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
         if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
             continue
-        references = [(t or {}).get("reference") for t in values_at(resource, (name,))]
+        references = [t.get("reference") if isinstance(t, dict) else None for t in values_at(resource, (name,))]
         if may.patient is not None and not all(r in on_page for r in references):
             continue
         seen.add((kind, resource.get("id")))

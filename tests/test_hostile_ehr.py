@@ -282,6 +282,65 @@ def test_references_to_a_foreign_host_never_reach_the_app(hostile_clinic, hostil
     assert searched["entry"][0]["fullUrl"].startswith(issuer)
 
 
+# -- a malformed resource is left out, never a 500 ----------------------------------------------
+
+def served_entries(body: dict) -> list[tuple[str, str]]:
+    """(search mode, `Type/id`) of a searchset's entries but its OperationOutcomes."""
+    return [(e["search"]["mode"], f"{e['resource']['resourceType']}/{e['resource']['id']}")
+            for e in body.get("entry") or () if e["search"]["mode"] != "outcome"]
+
+
+def outcomes_of(body: dict) -> list[dict]:
+    return [e["resource"]["issue"][0] for e in body.get("entry") or () if e["search"]["mode"] == "outcome"]
+
+
+@pytest.mark.parametrize("path, attacked, expected", [
+    ("/Condition?patient=pt-1", "Condition", [("match", "Condition/cond-1")]),
+    ("/Condition?patient=pt-1&_revinclude=Provenance:target", "Condition",
+     [("match", "Condition/cond-1"), ("include", "Provenance/prov-1")]),
+    ("/Condition?patient=pt-1&_revinclude=Provenance:target", "Provenance",
+     [("match", "Condition/cond-1"), ("include", "Provenance/prov-1")]),
+    ("/MedicationRequest?patient=pt-1&_include=MedicationRequest:medication", "MedicationRequest",
+     [("match", "MedicationRequest/mr-1"), ("include", "Medication/med-1")]),
+])
+def test_a_resource_without_a_valid_id_is_left_out_and_the_bundle_says_so(hostile_clinic, hostile, path, attacked,
+                                                                          expected):
+    """A match or `_revinclude`d resource the EHR sent without an `id`, or with one that is no FHIR
+    id, cannot be served (its `fullUrl` would be invalid): the Bundle holds the others and a warning
+    `incomplete` outcome counting those left out (it was a 500, `KeyError: 'id'`)."""
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == expected and not outcomes_of(body), body    # the control
+    hostile.attack("bad-ids", on=attacked)
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == expected and body["total"] == 1, body
+    assert outcomes_of(body) == [{"severity": "warning", "code": "incomplete", "diagnostics": (
+        "The clinic's EHR answered 2 resources without a valid id (FHIR requires one): left out.")}], body
+
+
+def test_a_provenance_target_written_as_a_bare_string_is_no_reference(hostile_clinic, hostile):
+    """A Provenance whose `target` holds a string beside its Reference objects: revincluded by the
+    Reference to the page (it was a 500, `AttributeError`), the string naming nothing."""
+    path, expected = "/Condition?patient=pt-1&_revinclude=Provenance:target", [
+        ("match", "Condition/cond-1"), ("include", "Provenance/prov-1")]
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == expected, body                              # the control
+    hostile.attack("string-refs", on="Provenance")
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == expected, body
+    assert body["entry"][1]["resource"]["target"][1] == "Patient/pt-1", body      # as the EHR holds it
+
+
+def test_an_appointment_actor_written_as_a_bare_string_takes_no_part(hostile_clinic, hostile):
+    """An Appointment whose `participant[].actor` is a string, not a Reference: it matches no
+    `practitioner=` search (it was a 500, `AttributeError`); the well-formed one beside it is served."""
+    path = "/Appointment?practitioner=Practitioner/pr-1"
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == [("match", "Appointment/ap-1")], body       # the control
+    hostile.attack("string-refs", on="Appointment")
+    status, body, _, _ = fhir(hostile_clinic, path)
+    assert status == 200 and served_entries(body) == [("match", "Appointment/ap-1")] and body["total"] == 1, body
+
+
 # -- the hub page ----------------------------------------------------------------------------------
 
 def hub_page(runtime, issuer: str, user_id: str):

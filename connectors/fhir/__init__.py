@@ -23,7 +23,7 @@ An organization on `fhir` has a FHIR base URL (`ehr_url`), svc-auth's client id 
 - **The platform FHIR API** (`read_resource`, `search_resources`): a read is `GET {base}/{type}/{id}`
   (404/410: `ResourceNotFound`); a search translates the neutral `ResourceQuery` into this EHR's
   search parameters (`SEARCH_DATE`, `PATIENT_SEARCH`, each `Criterion` by its name) and yields the matches of the asked type
-  lazily, page by page. Ids, NPIs and types are validated before they reach a URL; a query that
+  lazily, page by page; a match without a valid id is left out (counted in `skipped`). Ids, NPIs and types are validated before they reach a URL; a query that
   cannot apply to the type (a date on Practitioner) matches nothing.
 - **Vendors** (`connectors.fhir.profiles`): a clinic's `fhir_profile` (generic, epic, oracle,
   athena) holds what its vendor documents and discovery cannot tell (Oracle: no `_include`,

@@ -8,8 +8,8 @@ import itertools
 import json
 import logging
 
-from connectors.base import (Chart, ConnectorError, EhrReportedError, PatientNotFound, Provider, ResourceNotFound, ResourceQuery,
-                             Skipped)
+from connectors.base import (NO_VALID_ID, Chart, ConnectorError, EhrReportedError, PatientNotFound, Provider, ResourceNotFound,
+                             ResourceQuery, Skipped)
 from connectors.bounds import Bounds
 from connectors.fhir import check as ehr_check
 from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS, UNAVAILABLE_SECONDS, ExpiringCache,
@@ -23,6 +23,7 @@ from connectors.fhir.profiles import Profile, profile_named, scope_version, scop
 from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, TOKEN_VALUE, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 from connectors.fhir.transport import relative_to_base
+from connectors.matching import matches
 from models.fhir_grammar import is_resource_type
 from models.ids import is_id
 from models.npi import NPI_SYSTEM, is_npi
@@ -259,11 +260,21 @@ class FhirConnector:
     def _all(self, resource_type: str, params: dict):
         """The matches of a search of `resource_type`, following its pages lazily."""
         for page in self.client.pages(resource_type, self.search(params)):
-            for entry in page.get("entry") or ():
-                resource = entry.get("resource") or {}
-                mode = (entry.get("search") or {}).get("mode", "match")  # not an `include`d or `outcome` entry
-                if resource.get("resourceType") == resource_type and mode == "match":
-                    yield resource
+            yield from _matches_of(page, resource_type)
+
+    def _servable(self, resource: dict, query: ResourceQuery) -> bool:
+        """Whether a match can be served: its `id` is an id (`models.ids`). One without is left out
+        (its URL would be invalid); when it meets `query` (else it was not to be served anyway), it
+        is counted in `skipped` under `NO_VALID_ID` (the FHIR API says how many), logged once."""
+        if is_id(resource.get("id")):
+            return True
+        if not matches(resource, query, self.client.base):
+            return False
+        self.skipped.add(NO_VALID_ID)
+        if self.skipped.count(NO_VALID_ID) == 1:
+            log.warning("the EHR at %s answered a %s without a valid id (FHIR requires one): left out",
+                        self.client.base, str(resource.get("resourceType"))[:64])
+        return False
 
     def read_resource(self, resource_type: str, resource_id: str) -> dict:
         """`GET {base}/{type}/{id}`; `ResourceNotFound` when the EHR has none (404, 410) or the id
@@ -302,11 +313,12 @@ class FhirConnector:
 
     def search_resources(self, query: ResourceQuery):
         """The resources matching `query`, from `query.offset` on, in the EHR's order; pages are
-        read only as the caller iterates. A query the EHR cannot answer for the type matches nothing."""
+        read only as the caller iterates. A query the EHR cannot answer for the type matches nothing.
+        A match without a valid id is left out and counted (`_servable`), never served nor a failure."""
         params = search_params(query)
         if params is None:
             return iter(())
-        found = self._criteria_or_not(query, params)
+        found = (r for r in self._criteria_or_not(query, params) if self._servable(r, query))
         return (relative_references(r, self.client.base) for r in itertools.islice(found, query.offset, None))
 
     def search_pages(self, query: ResourceQuery, link: str | None = None):
@@ -315,19 +327,19 @@ class FhirConnector:
         URL, its matches of the asked type, the EHR's `next` link or None), both relative to the
         base. Only the pages the caller iterates are read. As `search_resources`, a first page
         refused with every parameter is asked again without the `Criterion`s (the FHIR API's
-        matcher applies them)."""
+        matcher applies them), and a match without a valid id is left out and counted."""
         kind = query.resource_type
         if link is not None:
             link = self.client.url(link) if "://" not in link else ""
             if not link or not is_resource_type(kind) or self.client.type_of(link) != kind:
                 raise ResourceNotFound(f"That paging position is not a search of {kind}.")
-            yield from self._page_matches(kind, link)
+            yield from self._page_matches(query, link)
             return
         params = search_params(query)
         if params is None:
             return
         first = self.client.url(kind, self.search({**params, "_count": PAGE_SIZE}))
-        pages = self._page_matches(kind, first)
+        pages = self._page_matches(query, first)
         try:
             page = next(pages, None)
         except RequestRefused as exc:
@@ -336,26 +348,21 @@ class FhirConnector:
             log.warning("the EHR at %s refused a %s search with %s (%s): searching without them", self.client.base,
                         kind, ", ".join(c.name for c in query.criteria), exc)
             narrower = search_params(dataclasses.replace(query, criteria=()))
-            pages = self._page_matches(kind, self.client.url(kind, self.search({**narrower, "_count": PAGE_SIZE})))
+            pages = self._page_matches(query, self.client.url(kind, self.search({**narrower, "_count": PAGE_SIZE})))
             page = next(pages, None)
         if page is not None:
             yield page
             yield from pages
 
-    def _page_matches(self, kind: str, url: str):
-        """(page URL, matches, next link) of each page from `url`, the URLs relative to the base
-        (`Observation?…`: a position never names the EHR's host)."""
-        base = self.client.base
+    def _page_matches(self, query: ResourceQuery, url: str):
+        """(page URL, matches of `query`'s type, next link) of each page from `url`, the URLs
+        relative to the base (`Observation?…`: a position never names the EHR's host)."""
+        base, kind = self.client.base, query.resource_type
         for page_url, bundle, following in self.client.linked_pages(kind, url):
             if following is not None:
                 following = relative_to_base(self.client.transport.confine(following), base)
             page_url = relative_to_base(page_url, base)
-            found = []
-            for entry in bundle.get("entry") or ():
-                resource = entry.get("resource") if isinstance(entry, dict) else None
-                mode = (entry.get("search") or {}).get("mode", "match") if isinstance(entry, dict) else None
-                if isinstance(resource, dict) and resource.get("resourceType") == kind and mode == "match":
-                    found.append(relative_references(resource, self.client.base))
+            found = [relative_references(r, base) for r in _matches_of(bundle, kind) if self._servable(r, query)]
             yield page_url, found, following
 
     def _criteria_or_not(self, query: ResourceQuery, params: dict):
@@ -377,6 +384,19 @@ class FhirConnector:
         if first is not None:
             yield first
             yield from found
+
+
+def _matches_of(bundle: dict, kind: str) -> list[dict]:
+    """The resources of type `kind` of a searchset page's `match` entries (not an `include`d or
+    `outcome` entry; an entry, resource or `search` that is no object is none)."""
+    found = []
+    for entry in bundle.get("entry") or ():
+        resource = entry.get("resource") if isinstance(entry, dict) else None
+        search = entry.get("search") if isinstance(entry, dict) else None
+        mode = search.get("mode", "match") if isinstance(search, dict) else "match"
+        if isinstance(resource, dict) and resource.get("resourceType") == kind and mode == "match":
+            found.append(resource)
+    return found
 
 
 def fhir_state(runtime) -> FhirState:

@@ -1,6 +1,7 @@
 """A hostile FHIR R4 EHR for the tests: an open server (`--fhir-auth none`) on a free loopback port,
 in a thread of the test process, that answers a small clinic (one practitioner, one patient, one
-booked appointment, one observation) until a test switches an attack on for a resource type.
+booked appointment, one observation, one condition and its provenance, one medication request and its
+medication) until a test switches an attack on for a resource type.
 
 Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `next-other-host`, `next-outside-base`, `next-encoded`, `next-dotdot`, `next-prefix`: a searchset
@@ -17,7 +18,11 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `foreign-refs`: resources whose references and attachment URLs name another host;
 - `redirect`: a 302 to another host; `retry-after`: 503 with `Retry-After: 30`;
 - `no-id`: a searchset whose resources have no `id` (FHIR requires one: svc-auth fails that read or
-  night with a clear error naming the answer).
+  night with a clear error naming the answer);
+- `bad-ids`: the normal searchset plus a copy of each match without `id` and one whose `id` is no
+  FHIR id (`../x`);
+- `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
+  Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings.
 
 For a `smart-backend` clinic it serves `.well-known/smart-configuration` and a token endpoint
 (`/oauth/token`) that grants `TOKEN` to any client assertion.
@@ -107,6 +112,33 @@ def appointment() -> dict:
                             {"actor": {"reference": "Patient/pt-1"}, "status": "accepted"}]}
 
 
+def string_actors() -> dict:
+    """An Appointment whose participants' `actor` is a bare string, not a Reference object."""
+    found = appointment()
+    return {**found, "id": "ap-2", "participant": [{**p, "actor": p["actor"]["reference"]} for p in found["participant"]]}
+
+
+def condition() -> dict:
+    return {"resourceType": "Condition", "id": "cond-1", "code": {"text": "Asthma"},
+            "subject": {"reference": "Patient/pt-1"}}
+
+
+def provenance(string_target: bool = False) -> dict:
+    second = "Patient/pt-1" if string_target else {"reference": "Patient/pt-1"}
+    return {"resourceType": "Provenance", "id": "prov-1", "recorded": "2030-01-07T09:00:00Z",
+            "target": [{"reference": "Condition/cond-1"}, second],
+            "agent": [{"who": {"reference": "Practitioner/pr-1"}}]}
+
+
+def medication_request() -> dict:
+    return {"resourceType": "MedicationRequest", "id": "mr-1", "status": "active", "intent": "order",
+            "subject": {"reference": "Patient/pt-1"}, "medicationReference": {"reference": "Medication/med-1"}}
+
+
+def medication() -> dict:
+    return {"resourceType": "Medication", "id": "med-1", "code": {"text": "Salbutamol"}}
+
+
 def observation(base: str, foreign: bool = False) -> dict:
     found = {"resourceType": "Observation", "id": "obs-1", "status": "final", "code": {"text": "Weight"},
              "subject": {"reference": f"{base}/Patient/pt-1"}, "valueQuantity": {"value": 70, "unit": "kg"},
@@ -184,7 +216,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self.send_json(200, outcome("error"))
         if ident is not None:
             found = {"Patient": patient(attack == "foreign-refs"), "Practitioner": practitioner(),
-                     "Appointment": appointment(), "Observation": observation(base, attack == "foreign-refs")}.get(kind)
+                     "Appointment": appointment(), "Observation": observation(base, attack == "foreign-refs"),
+                     "Condition": condition(), "Provenance": provenance(), "MedicationRequest": medication_request(),
+                     "Medication": medication()}.get(kind)
             if found is None or found["id"] != ident:
                 return self.send_json(404, outcome("error"))
             return self.send_json(200, found)
@@ -202,9 +236,16 @@ class _Handler(BaseHTTPRequestHandler):
             return self.send_json(200, searchset(found, f"{base}/{kind}?page={page + 1}"))
         matches = {"Practitioner": [practitioner()], "Patient": [patient(attack == "foreign-refs")],
                    "Appointment": [appointment(), patient()],
-                   "Observation": [observation(base, attack == "foreign-refs")]}.get(kind, [])
+                   "Observation": [observation(base, attack == "foreign-refs")], "Condition": [condition()],
+                   "Provenance": [provenance(attack == "string-refs")], "MedicationRequest": [medication_request()],
+                   "Medication": [medication()]}.get(kind, [])
         if attack == "no-id":
             matches = [{k: v for k, v in r.items() if k != "id"} for r in matches]
+        if attack == "bad-ids":
+            ours = [r for r in matches if r["resourceType"] == kind]
+            matches += [{k: v for k, v in r.items() if k != "id"} for r in ours] + [{**r, "id": "../x"} for r in ours]
+        if attack == "string-refs" and kind == "Appointment":
+            matches.insert(1, string_actors())
         if attack == "outcome-entry":
             return self.send_json(200, searchset(matches, outcome=outcome("error")))
         if attack == "outcome-warning":
