@@ -250,6 +250,24 @@ def test_a_practitioner_without_an_id_fails_its_clinic_s_night_as_the_ehr_s_erro
     assert "Traceback" not in result.stderr and "KeyError" not in result.stderr
 
 
+def test_searchset_entries_that_are_no_objects_are_passed_over_by_the_night(runtime, active_clinic, settings,
+                                                                           hostile):
+    """An EHR whose searchsets carry entries that are no entry object (`"x"`, `7`, `null`, a string
+    resource) beside the real ones: the night records what the EHR disclosed and builds the clinic
+    from the real entries (the disclosure record's reading of the page raised AttributeError, and
+    the clinic's night failed as an unexpected error)."""
+    first, middle, third = _three_clinics(runtime, active_clinic, hostile)
+    for kind in ("Practitioner", "Appointment", "Patient"):
+        hostile.attack("junk-entries", on=kind)
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(),
+                             *[arg for org in (first, middle, third) for arg in ("--org", org.id)], "--json"],
+                            env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    body = json.loads(result.stdout)
+    assert body["built"] == [first.id, middle.id, third.id] and body["organizations"][middle.id] == 1, body
+    assert "Traceback" not in result.stderr
+
+
 def test_one_clinic_s_unexpected_failure_costs_the_others_nothing(runtime, active_clinic, settings, hostile):
     """`snapshot run` over three clinics whose middle one meets an exception no code expects (a
     defect not yet found, injected by `helpers/faults`): the first and third get their night, the

@@ -216,7 +216,8 @@ class FhirClient:
         if path == "metadata":  # the CapabilityStatement is no patient data
             return
         if isinstance(body, dict) and body.get("resourceType") == "Bundle":
-            resources = [entry.get("resource") or {} for entry in body.get("entry") or ()]
+            entries = body.get("entry") if isinstance(body.get("entry"), list) else []
+            resources = [e["resource"] for e in entries if isinstance(e, dict) and isinstance(e.get("resource"), dict)]
         else:
             resources = [body] if isinstance(body, dict) else []
         if body is None:

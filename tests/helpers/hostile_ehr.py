@@ -21,6 +21,8 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   night with a clear error naming the answer);
 - `bad-ids`: the normal searchset plus a copy of each match without `id` and one whose `id` is no
   FHIR id (`../x`);
+- `junk-entries`: the normal searchset plus entries that are no entry object (`"x"`, `7`, `null`,
+  `{"resource": "y"}`, an entry without `resource`);
 - `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
   Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings.
 
@@ -246,6 +248,10 @@ class _Handler(BaseHTTPRequestHandler):
             matches += [{k: v for k, v in r.items() if k != "id"} for r in ours] + [{**r, "id": "../x"} for r in ours]
         if attack == "string-refs" and kind == "Appointment":
             matches.insert(1, string_actors())
+        if attack == "junk-entries":
+            junk = searchset(matches, following)
+            junk["entry"] += ["x", 7, None, {"resource": "y"}, {"search": {"mode": "match"}}]
+            return self.send_json(200, junk)
         if attack == "outcome-entry":
             return self.send_json(200, searchset(matches, outcome=outcome("error")))
         if attack == "outcome-warning":
