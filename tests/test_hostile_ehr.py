@@ -317,6 +317,21 @@ def test_a_resource_without_a_valid_id_is_left_out_and_the_bundle_says_so(hostil
         "The clinic's EHR answered 2 resources without a valid id (FHIR requires one): left out.")}], body
 
 
+def test_a_chart_read_by_everything_passes_over_entries_that_are_no_objects(runtime, hostile_clinic, hostile):
+    """`Patient/{id}/$everything` answering entries that are no entry object beside the chart: the
+    chart is built from the real ones (an entry that was no object raised AttributeError)."""
+    from connectors import Bounds, connector_for
+    from helpers.hostile_ehr import patient
+    from models.directory import Organization
+    org_id = hostile_clinic[0]
+    hostile.attack("offered", on="metadata")
+    hostile.attack("junk-entries", on="$everything")
+    connector = connector_for(runtime, Organization.get_by_id(org_id), Bounds.batch(runtime.settings))
+    chart = connector.fetch_chart(patient()["id"])
+    assert chart.patient.id == patient()["id"]
+    assert any(path.endswith("/$everything") or "/$everything?" in path for path, _ in hostile.requests())
+
+
 def test_a_provenance_target_written_as_a_bare_string_is_no_reference(hostile_clinic, hostile):
     """A Provenance whose `target` holds a string beside its Reference objects: revincluded by the
     Reference to the page (it was a 500, `AttributeError`), the string naming nothing."""

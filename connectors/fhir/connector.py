@@ -231,7 +231,9 @@ class FhirConnector:
             else:
                 for page in itertools.chain((first,), pages):
                     for entry in page.get("entry") or ():
-                        yield entry.get("resource") or {}
+                        resource = entry.get("resource") if isinstance(entry, dict) else None
+                        if isinstance(resource, dict):  # an entry that is no object is none
+                            yield resource
                 return
         of_patient = {PATIENT_SEARCH: f"Patient/{patient_id}", "_count": PAGE_SIZE}
         refusals, searches = [], 0

@@ -22,7 +22,8 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `bad-ids`: the normal searchset plus a copy of each match without `id` and one whose `id` is no
   FHIR id (`../x`);
 - `junk-entries`: the normal searchset plus entries that are no entry object (`"x"`, `7`, `null`,
-  `{"resource": "y"}`, an entry without `resource`);
+  `{"resource": "y"}`, an entry without `resource`); on `$everything` (with `offered` on `metadata`,
+  which then offers it), `Patient/{id}/$everything` answers the patient's chart so;
 - `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
   Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings.
 
@@ -163,6 +164,13 @@ def searchset(resources: list[dict], next_url: str | None = None, outcome: dict 
             "link": [{"relation": "next", "url": next_url}] if next_url else []}
 
 
+def with_junk(bundle: dict) -> dict:
+    """`bundle` with entries that are no entry object (a string, a number, null, a string resource,
+    an entry without a resource) after its real ones."""
+    bundle["entry"] += ["x", 7, None, {"resource": "y"}, {"search": {"mode": "match"}}]
+    return bundle
+
+
 def outcome(severity: str) -> dict:
     return {"resourceType": "OperationOutcome",
             "issue": [{"severity": severity, "code": "exception", "diagnostics": f"the EHR's {severity}"}]}
@@ -202,6 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self.send_json(404, outcome("error"))
         rest = parts.path[len(BASE_PATH) + 1:].split("/")
         kind, ident = rest[0], (rest[1] if len(rest) > 1 else None)
+        if rest[-1] in ("metadata", "$everything") and self.ehr.attack_on(rest[-1]):
+            return self.everything(rest[-1], self.ehr.attack_on(rest[-1]))
         attack = self.ehr.attack_on(kind)
         asked = (parse_qs(parts.query).get("page") or ["1"])[0]
         page = int(asked) if asked.isdigit() else 1
@@ -249,14 +259,22 @@ class _Handler(BaseHTTPRequestHandler):
         if attack == "string-refs" and kind == "Appointment":
             matches.insert(1, string_actors())
         if attack == "junk-entries":
-            junk = searchset(matches, following)
-            junk["entry"] += ["x", 7, None, {"resource": "y"}, {"search": {"mode": "match"}}]
-            return self.send_json(200, junk)
+            return self.send_json(200, with_junk(searchset(matches, following)))
         if attack == "outcome-entry":
             return self.send_json(200, searchset(matches, outcome=outcome("error")))
         if attack == "outcome-warning":
             return self.send_json(200, searchset(matches, outcome=outcome("warning")))
         return self.send_json(200, searchset(matches, following))
+
+    def everything(self, path: str, attack: str) -> None:
+        """`metadata` offering Patient `$everything` (attack `offered`), and `Patient/{id}/$everything`
+        answering the patient, an Observation and a Condition (`junk-entries`: with junk entries)."""
+        if path == "metadata":
+            return self.send_json(200, {"resourceType": "CapabilityStatement", "status": "active", "kind": "instance",
+                                        "fhirVersion": "4.0.1", "format": ["json"], "rest": [{"mode": "server", "resource": [
+                                            {"type": "Patient", "operation": [{"name": "everything"}]}]}]})
+        bundle = searchset([patient(), observation(self.ehr.base), condition()])
+        return self.send_json(200, with_junk(bundle) if attack == "junk-entries" else bundle)
 
     def send_json(self, status: int, body: dict, headers: dict | None = None) -> None:
         data = json.dumps(body).encode()
