@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 from app_cache.applications import TOPIC as APPLICATIONS
-from fhir_api.limits import rate_text
 from bulk.build import delete_export
+from fhir_api.limits import rate_text
 from lifecycle.manifest_validation import validate
 from lifecycle.organizations import find_organization, invalid
 from models.application import BILLING_PLANS, DISABLED, Application, Installation
