@@ -27,7 +27,9 @@ hub.postMessage = (data, targetOrigin) => {
   setTimeout(() => app.dispatchEvent(event), 0);
 };
 
-const instance = await createSdk(app).loadSdk({ accessToken: input.accessToken, idToken: "unused", timeoutMs: 5000 });
+// A bundled SDK names its platform (it never takes the framing page for it).
+const instance = await createSdk(app).loadSdk({ accessToken: input.accessToken, idToken: "unused",
+  platformOrigin: hubOrigin, timeoutMs: 5000 });
 const results = [];
 for (const [method, type, arg] of input.calls) {
   try {

@@ -128,9 +128,7 @@
     function platformOriginFor(options) {
       if (options.platformOrigin) return new URL(options.platformOrigin).origin;
       if (scriptOrigin && scriptOrigin !== global.location.origin) return scriptOrigin;
-      var ancestors = global.location.ancestorOrigins;
-      if (ancestors && ancestors.length) return ancestors[0];
-      throw SvcSdkError("platform_unknown", "Cannot tell the platform origin; pass options.platformOrigin.");
+      throw SvcSdkError("platform_unknown", "Cannot tell the platform origin: load the SDK from the platform (a script tag) or pass options.platformOrigin.");
     }
     function PlatformChannel(origin, timeoutMs) {
       this.origin = origin;

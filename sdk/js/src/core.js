@@ -54,12 +54,14 @@ export function createSdk(global) {
     return error;
   }
 
+  // The platform is the origin the SDK was loaded from, or the one the app names. Never the page
+  // framing the app (`location.ancestorOrigins`): any page can frame it, and would be handed the
+  // access token and trusted for the FHIR base and the token endpoint.
   function platformOriginFor(options) {
     if (options.platformOrigin) return new URL(options.platformOrigin).origin;
     if (scriptOrigin && scriptOrigin !== global.location.origin) return scriptOrigin;
-    var ancestors = global.location.ancestorOrigins;
-    if (ancestors && ancestors.length) return ancestors[0];
-    throw SvcSdkError("platform_unknown", "Cannot tell the platform origin; pass options.platformOrigin.");
+    throw SvcSdkError("platform_unknown", "Cannot tell the platform origin: load the SDK from the platform " +
+      "(a script tag) or pass options.platformOrigin.");
   }
 
   /** One request/response exchange with the hub over postMessage, correlated by id. */

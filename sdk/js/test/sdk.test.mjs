@@ -81,11 +81,16 @@ test("tokenEndpoint in the options skips the context request", async () => {
   assert.deepEqual(hub.requests.map((m) => m.type), ["verify"]);
 });
 
-test("the platform origin defaults to the embedding page's ancestor origin", async () => {
+test("a bundled SDK without platformOrigin never takes the framing page for the platform", async () => {
+  // Any page can frame the app: taking `location.ancestorOrigins[0]` for the platform handed it the
+  // access token, and trusted its answers for the FHIR base and the token endpoint.
   const hub = hubThatVerifies();
-  const { app } = framedApp("http://app.example/app?code=good", HUB, hub.answer);
-  const instance = await createSdk(app).loadSdk({ tokenEndpoint: tokenUrl, timeoutMs: 2000 });
-  assert.equal(instance.platformOrigin, HUB);
+  const { app, hub: framer } = framedApp("http://app.example/app?code=good", HUB, hub.answer);
+  await assert.rejects(createSdk(app).loadSdk({ accessToken: "victim-token", timeoutMs: 2000 }),
+    { code: "platform_unknown" });
+  await assert.rejects(createSdk(app).loadSdk({ tokenEndpoint: tokenUrl, timeoutMs: 2000 }),
+    { code: "platform_unknown" });
+  assert.deepEqual(framer.posted, []);
 });
 
 for (const [code, expected, status] of [["refused", "forbidden", 403], ["expired", "trial_expired", 403],
