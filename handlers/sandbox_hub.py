@@ -22,7 +22,6 @@ import datetime as dt
 from pathlib import Path
 from urllib.parse import urlencode
 
-import tornado.escape
 import tornado.template
 
 from handlers.base import BaseHandler
@@ -30,6 +29,7 @@ from hub.view import frame_origins, hub_entries_for_token, hub_view, origin_of
 from hub.sandbox import (SESSION_COOKIE, end_sandbox_session, open_sandbox_session_from_link, require_sandbox_on,
                          sandbox_session_of, signed_in_at)
 from errors import ApiError
+from ops.jsontext import script_json
 
 TEMPLATES = tornado.template.Loader(str(Path(__file__).resolve().parent / "templates"))
 
@@ -140,7 +140,7 @@ class HubHandler(SandboxPageHandler):
                 "refreshSeconds": HUB_REFRESH_SECONDS}
         self.render_page("hub.html", csp, user=user, organization=organization, entries=entries,
                          appointments=view.appointments, appointments_error=view.appointments_error,
-                         sandbox=IFRAME_SANDBOX, data_json=tornado.escape.json_encode(data))
+                         sandbox=IFRAME_SANDBOX, data_json=script_json(data))
 
 
 class SettingsHandler(SandboxPageHandler):

@@ -26,3 +26,13 @@ def compact_json(value) -> bytes:
         if data is not None and data.isascii() and b"\x7f" not in data:  # the encoder escapes DEL too
             return data
     return _ENCODER.encode(value).encode("ascii")
+
+
+_IN_SCRIPT = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def script_json(value) -> str:
+    """`value` as JSON to put inside an HTML `<script type="application/json">` element: `<`, `>`
+    and `&` escaped, so no value (an app's name `<!--<script>`, `</script>`) can change how the
+    HTML parser reads the element; `JSON.parse` reads the same value back."""
+    return json.dumps(value).translate(_IN_SCRIPT)

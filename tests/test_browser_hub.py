@@ -107,6 +107,29 @@ def test_enabled_app_opens_again_and_a_new_one_is_openable(demo, page):
     assert demo.status() == "Disabled"  # the first completed initialization of a new installation
 
 
+def test_an_app_named_like_markup_leaves_the_hub_working(demo, page):
+    """An app's name is its developer's (the console sets it). `<!--<script>` in the hub's JSON data
+    element put Chromium's parser in a mode that swallowed hub.js and the whole body as its text: no
+    app list, for every clinic with the app. So did `?app=<!--<script>` in the hub's URL."""
+    def rename(name: str) -> None:
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", "apps", "update", "--app", APP_ID, "--name", name],
+                                env=settings_env(demo.settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+    shown = subprocess.run([sys.executable, "-m", "cli.__main__", "apps", "show", "--app", APP_ID, "--json"],
+                           env=settings_env(demo.settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    original = json.loads(shown.stdout)["name"]
+    rename("Demo <!--<script> & </script> app")
+    try:
+        page.goto(demo.signin(DEMO_PHYSICIAN_ID))
+        entry(page).wait_for(timeout=TIMEOUT_MS)
+        assert "Demo <!--<script> & </script> app" in entry(page).inner_text()
+        page.goto(demo.url + "/sandbox/hub?app=%3C!--%3Cscript%3E")
+        entry(page).wait_for(timeout=TIMEOUT_MS)
+        assert page.locator("#hub-status").count() == 1
+    finally:
+        rename(original)
+
+
 def test_sdk_refuses_messages_from_a_page_that_does_not_frame_it(demo, page):
     """Opened top-level (not in the hub), the SDK rejects instead of talking to anyone."""
     page.goto(f"{demo.app_url}/app?code=whatever")
