@@ -26,8 +26,8 @@ import tornado.template
 
 from handlers.base import BaseHandler
 from hub.view import frame_origins, hub_entries_for_token, hub_view, origin_of
-from hub.sandbox import (SESSION_COOKIE, end_sandbox_session, open_sandbox_session_from_link, require_sandbox_on,
-                         sandbox_session_of, signed_in_at)
+from hub.sandbox import (SESSION_COOKIE, end_sandbox_session, open_app_mark, open_sandbox_session_from_link,
+                         opens_at_once, require_sandbox_on, sandbox_session_of, signed_in_at)
 from errors import ApiError
 from ops.jsontext import script_json
 
@@ -111,7 +111,10 @@ class SignInLinkHandler(SandboxPageHandler):
         self.no_store()
         if link.target == "settings":
             return self.redirect("/sandbox/settings")
-        self.redirect("/sandbox/hub" + (f"?{urlencode({'app': link.application_id})}" if link.application_id else ""))
+        if not link.application_id:
+            return self.redirect("/sandbox/hub")
+        mark = open_app_mark(self.runtime, session_id, link.application_id)
+        self.redirect("/sandbox/hub?" + urlencode({"app": link.application_id, "open": mark}))
 
 
 class SignOutHandler(SandboxPageHandler):
@@ -136,11 +139,18 @@ class HubHandler(SandboxPageHandler):
         data = {"user": {"id": user.id, "name": user.display_name},
                 "organizationId": user.organization_id, "sandboxToken": token,
                 "apiBase": self.svc_settings.public_url + "/v1", "appsUrl": "/sandbox/api/apps",
-                "openApp": self.query_params().get("app"), "apps": [e.as_dict() for e in entries],
+                "openApp": self._app_to_open(), "apps": [e.as_dict() for e in entries],
                 "refreshSeconds": HUB_REFRESH_SECONDS}
         self.render_page("hub.html", csp, user=user, organization=organization, entries=entries,
                          appointments=view.appointments, appointments_error=view.appointments_error,
                          sandbox=IFRAME_SANDBOX, data_json=script_json(data))
+
+
+    def _app_to_open(self) -> str | None:
+        """`?app=`, when the sign-in link's redirect marked it for this session (`open_app_mark`)."""
+        params = self.query_params()
+        app = params.get("app")
+        return app if opens_at_once(self.runtime, self.get_cookie(SESSION_COOKIE), app, params.get("open")) else None
 
 
 class SettingsHandler(SandboxPageHandler):

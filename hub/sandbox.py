@@ -134,6 +134,21 @@ def open_sandbox_session_from_link(runtime, token: str, address: str | None = No
     return open_sandbox_session(runtime, user), user, link
 
 
+def open_app_mark(runtime, session_id: str, application_id: str) -> str:
+    """What a sign-in link's redirect adds to `/sandbox/hub?app=` (`open`) so the hub opens that app
+    at once: a MAC of this browser's session and the app. Any site can send a browser to
+    `/sandbox/hub?app=X` (its Lax cookie goes along on a top-level GET); without the mark the hub
+    only lists the app, so nobody else's page can launch an app, and start its installation's
+    first verification, for the user."""
+    return runtime.hasher.sign(f"hub-open\x00{session_id}\x00{application_id}")
+
+
+def opens_at_once(runtime, session_id: str, application_id: str | None, mark: str | None) -> bool:
+    """Whether `mark` is `open_app_mark` of this session and app (either key of a rotation)."""
+    return bool(application_id and mark) and runtime.hasher.verify(
+        f"hub-open\x00{session_id}\x00{application_id}", mark)
+
+
 def open_sandbox_session(runtime, user: User) -> str:
     """Start a browser session for `user` (sign-in link or invitation); returns the cookie value.
     The physician's EHR session is live from now on (the nightly sync may read for them)."""

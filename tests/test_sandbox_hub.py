@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 import pytest
 
@@ -72,10 +73,27 @@ async def test_platform_verification_greys_the_app_out_until_it_is_enabled(api, 
 
 
 @pytest.mark.gen_test
-async def test_deep_link_names_the_app_to_open(api, world):
+async def test_deep_link_names_the_app_to_open(api, world, runtime):
     status, _, page = await hub(api, world.physician.id, app=world.app.id)
     assert status == 200
     assert f'"openApp": "{world.app.id}"' in page
+
+
+@pytest.mark.gen_test
+async def test_only_the_sign_in_link_s_own_redirect_opens_an_app_at_once(api, world, runtime):
+    """Any site could send a signed-in browser to `/sandbox/hub?app=X` (the Lax cookie goes along on
+    a top-level GET) and the hub opened the app at once: a launch, an authorization and the
+    installation's first verification, with no click. Only the sign-in link's redirect, marked for
+    that browser's session, opens it now; otherwise the hub just lists it."""
+    cookie, location = await sandbox_signin(api, runtime, world.physician.id, world.app.id)
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(location).query)
+    assert query["app"] == [world.app.id] and query["open"]
+    assert f'"openApp": "{world.app.id}"' in (await api.call("GET", location, headers=cookie))[2]
+    other_cookie, other_location = await sandbox_signin(api, runtime, world.physician.id, world.app.id)
+    for forged in (f"/sandbox/hub?app={world.app.id}", f"/sandbox/hub?app={world.app.id}&open=x",
+                   other_location):  # another browser's mark
+        status, _, page = await api.call("GET", forged, headers=cookie)
+        assert status == 200 and '"openApp": null' in page, forged
 
 
 @pytest.mark.gen_test
