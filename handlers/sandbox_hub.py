@@ -119,6 +119,12 @@ class SignInLinkHandler(SandboxPageHandler):
 
 class SignOutHandler(SandboxPageHandler):
     async def post(self):
+        origin = self.request.headers.get("Origin")
+        if origin is not None and origin != origin_of(self.svc_settings.public_url):
+            # A form on another site: its POST carries no Lax cookie, but the answer's clearing
+            # Set-Cookie would still sign the user out. Browsers send Origin on every POST.
+            self.set_status(403)
+            return self.render_page("signin.html", PAGE_CSP, error="Sign out from the hub's own page.")
         await self.run(end_sandbox_session, self.runtime, self.get_cookie(SESSION_COOKIE))
         self.clear_cookie(SESSION_COOKIE, path="/sandbox")
         self.no_store()

@@ -139,7 +139,14 @@ async def test_sign_in_opens_and_sign_out_ends_the_sessions(api, world, runtime)
     claims = runtime.tokens.verify(token, SANDBOX_AUDIENCE)
     assert abs(claims["auth_time"] - signed_in_at) <= 2 and claims["iat"] - claims["auth_time"] >= 118
     assert 'action="/sandbox/signout"' in page
-    status, headers, _ = await api.call("POST", "/sandbox/signout", body="", headers=cookie)
+    # A form on another site: refused, and the cookie is not cleared (its POST sends no Lax cookie,
+    # but the answer's clearing Set-Cookie signed the user out).
+    status, headers, _ = await api.call("POST", "/sandbox/signout", body="",
+                                        headers={**cookie, "Origin": "https://evil.example"})
+    assert status == 403 and "Set-Cookie" not in headers
+    assert (await api.call("GET", "/sandbox/settings", headers=cookie))[0] == 200
+    own = runtime.settings.public_url
+    status, headers, _ = await api.call("POST", "/sandbox/signout", body="", headers={**cookie, "Origin": own})
     assert status == 302 and headers["Location"] == "/sandbox/signin"
     assert f"{SESSION_COOKIE}=;" in headers["Set-Cookie"] or 'Max-Age=0' in headers["Set-Cookie"] \
         or "expires=" in headers["Set-Cookie"].lower()
