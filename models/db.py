@@ -109,7 +109,7 @@ def open_database(url: str, max_connections: int = 20) -> peewee.Database:
         # another connection has written, and fails at once with "database is locked" (busy_timeout
         # does not apply); taking the write lock at BEGIN makes it wait its turn instead.
         return peewee.SqliteDatabase(path or ":memory:", lock_type="IMMEDIATE", pragmas={
-            "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1, "synchronous": "normal"})
+            "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1, "synchronous": "full"})
     if url.partition("://")[0] not in ("postgres", "postgresql", "postgresext", "postgresqlext"):
         raise ValueError("SVC_DATABASE_URL must be sqlite:///path or postgresql://...")
     return ResilientPostgresqlDatabase(**parse(url), autorollback=True, max_connections=max_connections,

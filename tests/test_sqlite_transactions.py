@@ -61,3 +61,19 @@ def test_processes_opening_a_rollback_journal_database_together_all_open_it_in_w
         outputs = [proc.communicate(timeout=60) for proc in procs]
         assert [proc.returncode for proc in procs] == [0] * 4 and all(out.strip() == "wal" for out, _ in outputs), \
             (round_, outputs)
+
+
+def test_a_commit_is_on_disk_before_it_returns(tmp_path):
+    """Every connection syncs the WAL at each commit (`synchronous=FULL`): under `NORMAL`, a commit
+    could roll back after a power loss or an OS crash (SQLite's documentation), and with it a
+    disclosure record whose response was already sent, leaving a shorter chain that still verifies."""
+    db = open_database(f"sqlite:///{tmp_path}/svc.db")
+    levels = []
+
+    def level():
+        levels.append(db.execute_sql("PRAGMA synchronous").fetchone()[0])
+        db.close()
+    for thread in [threading.Thread(target=level) for _ in range(2)]:
+        thread.start()
+        thread.join()
+    assert levels == [2, 2]  # FULL, on each thread's own connection
