@@ -225,11 +225,13 @@ async def disclosed(runtime, disclosure: Disclosure, describe, status: int, fn, 
     return result
 
 
-def ehr_recorder(runtime, organization_id: str, application_id: str | None = None, client_id: str | None = None):
+def ehr_recorder(runtime, organization_id: str, application_id: str | None = None, client_id: str | None = None,
+                 user_id: str | None = None):
     """The callback a connector calls once per request to its EHR (per call on the sandbox):
-    `recorder(outcome, resource_type, resource_ids, patients, query)` appends an `ehr.fetch` record."""
+    `recorder(outcome, resource_type, resource_ids, patients, query)` appends an `ehr.fetch` record
+    (`user_id`: the person the fetched data is shown to, as the hub's appointments)."""
     base = Disclosure(action="ehr.fetch", organization_id=organization_id, application_id=application_id,
-                      client_id=client_id)
+                      client_id=client_id, user_id=user_id)
 
     def recorder(outcome: str, resource_type: str, resource_ids=(), patients=(), query: str = "") -> None:
         record(runtime, dataclasses.replace(base, resource_type=resource_type, query=query), outcome, None,

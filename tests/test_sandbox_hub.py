@@ -97,6 +97,21 @@ async def test_only_the_sign_in_link_s_own_redirect_opens_an_app_at_once(api, wo
 
 
 @pytest.mark.gen_test
+async def test_the_hub_s_appointments_are_a_disclosure_to_the_physician(api, world, runtime):
+    """The hub page lists the physician's upcoming appointments (patients' names, visit reasons),
+    read from the clinic's EHR: each read is an `ehr.fetch` record naming the physician and every
+    patient on the page (it left no record)."""
+    from models.disclosures import DisclosureRecord
+    status, _, page = await hub(api, world.physician.id)
+    shown = set(re.findall(r'data-patient-id="([^"]+)"', page))
+    assert status == 200 and shown, page
+    records = list(DisclosureRecord.select().where((DisclosureRecord.action == "ehr.fetch")
+                                                   & (DisclosureRecord.user_id == world.physician.id)))
+    assert records and all(r.organization_id == world.org.id for r in records)
+    assert shown <= {p for r in records for p in r.patients}
+
+
+@pytest.mark.gen_test
 async def test_settings_page_shows_a_30_minute_sandbox_token(api, world, runtime):
     cookie, location = await sandbox_signin(api, runtime, world.staff.id, target="settings")
     assert location == "/sandbox/settings"
