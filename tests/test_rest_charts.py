@@ -65,16 +65,22 @@ async def test_chart_request_is_built_and_downloadable_by_its_app_only(api, worl
     assert response.code == 200 and body_url  # a fresh URL works after the old one expired
 
 
+async def ready_chart(api, world) -> tuple[dict, str]:
+    """The partner's headers and the id of a chart request of the clinic's first patient, built."""
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
+        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
+    assert status == 202, created
+    assert (await wait_until_not_pending(api, headers, created["request_id"]))["status"] == "ready"
+    return headers, created["request_id"]
+
+
 @pytest.mark.gen_test(timeout=60)
 async def test_a_chart_s_archive_is_deleted_svc_chart_ttl_after_it_was_built(api, world, runtime, clock):
     """A patient's chart ZIP stayed in the object store for ever. The workers' sweep deletes it
     SVC_CHART_TTL after it was built: the request reads `expired`, a download URL is 410
     `chart_expired`, and a URL handed out before no longer downloads anything."""
-    headers = await partner_headers(api, world.app, world.secret)
-    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
-        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
-    request_id = created["request_id"]
-    assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
+    headers, request_id = await ready_chart(api, world)
     key = ChartRequest.get_by_id(request_id).object_key
     runtime.batch_object_store.open_object(key)[0].close()  # it is there
     clock.advance(runtime.settings.chart_ttl - 60)
@@ -102,11 +108,7 @@ async def test_an_ended_chart_request_is_forgotten_links_kept_after_it_ended(api
     """Chart requests were never deleted. Retention deletes one `expired` more than LINKS_KEPT ago,
     or `failed` more than LINKS_KEPT ago; until then the partner API still says which, then 404.
     A ready one is left to the recovery sweep (its archive goes first)."""
-    headers = await partner_headers(api, world.app, world.secret)
-    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
-        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
-    request_id = created["request_id"]
-    assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
+    headers, request_id = await ready_chart(api, world)
     ChartRequest.create(id="chr_failed", application=world.app.id, organization=world.org.id, patient_id="p1",
                         status="failed", error="The chart build could not be queued.", created_at=clock.now())
     clock.advance(runtime.settings.chart_ttl + 60)
@@ -133,11 +135,7 @@ async def test_deleting_an_app_deletes_its_charts_zips(api, world, runtime, cli)
     """`apps delete` cascaded to the app's chart requests but left their ZIPs in the object store for
     ever (the expiry sweep finds them through those rows), and a URL handed out before still
     downloaded. The ZIPs go first now."""
-    headers = await partner_headers(api, world.app, world.secret)
-    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
-        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
-    request_id = created["request_id"]
-    assert (await wait_until_not_pending(api, headers, request_id))["status"] == "ready"
+    headers, request_id = await ready_chart(api, world)
     key = ChartRequest.get_by_id(request_id).object_key
     status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{request_id}", headers=headers)
     assert status == 200 and (await fetch_zip(api, body["download_url"], runtime)).code == 200
