@@ -151,7 +151,6 @@ class HubHandler(SandboxPageHandler):
                          appointments=view.appointments, appointments_error=view.appointments_error,
                          sandbox=IFRAME_SANDBOX, data_json=script_json(data))
 
-
     def _app_to_open(self) -> str | None:
         """`?app=`, when the sign-in link's redirect marked it for this session (`open_app_mark`)."""
         params = self.query_params()
