@@ -64,11 +64,14 @@ demo: install
 
 # The tests mostly wait (on child processes, deadlines, kills), so two pytest processes halve the
 # wall time on two cores; each test file runs whole in one of them (its module fixtures once).
-# `make test TEST_WORKERS=0` runs them all in this process.
+# Tests marked `serial` (pytest.ini) measure how processes share work, which the other pytest
+# process's CPU load would skew: they run alone, after the others.
+# `make test TEST_WORKERS=0` runs the first part in this process too.
 TEST_WORKERS ?= 2
 test: install system-deps tests/js/node_modules/.package-lock.json sdk/js/node_modules/.package-lock.json
 	cd sdk/js && npm test --silent
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -m serial
 
 # The load generator (wrk) and nginx (the load generator's own ceiling) for `make bench`; the
 # appointments and snapshot benchmarks need PostgreSQL and Redis (BENCH_POSTGRES_URL, BENCH_REDIS_URL;
