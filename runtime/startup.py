@@ -19,8 +19,12 @@ def open_runtime(settings, check_redis: bool = False) -> Runtime:
             _refuse_a_pending_schema(runtime)
         if not settings.disclosure_audit:  # ONC 170.315(d)(2): turning the audit off is itself audited
             from models.audit import AuditEvent
-            AuditEvent.record("svc-auth", "audit.disclosures_off", "SVC_DISCLOSURE_AUDIT",
-                              message="SVC_DISCLOSURE_AUDIT=off: disclosures are not recorded by this process")
+            message = "SVC_DISCLOSURE_AUDIT=off: disclosures are not recorded by this process"
+            AuditEvent.record("svc-auth", "audit.disclosures_off", "SVC_DISCLOSURE_AUDIT", message=message)
+            # and in the disclosure chain itself, which nobody can quietly change (an `audit_event` row
+            # the service role may delete): the gap in what follows is on the record
+            runtime.disclosure_writer.write({"action": "audit.disclosures_off", "outcome": "success",
+                                             "detail": {"setting": "SVC_DISCLOSURE_AUDIT", "message": message}})
     except MigrationError as exc:  # rolled back: one line, like a database that is down
         raise startup.StartupError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001  (only database errors are translated; the rest propagate)

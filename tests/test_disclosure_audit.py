@@ -386,6 +386,15 @@ def test_turning_the_audit_off_is_itself_audited(settings):
     assert json.loads(cli(settings, "audit", "list", "--from", "2999-01-01", "--json").stdout)["events"] == []
 
 
+def test_turning_the_audit_off_is_in_the_disclosure_chain_too(runtime):
+    """The `audit_event` row may be deleted by the service role; the chain's own record may not."""
+    cli(runtime.settings, "audit", "list", "--json", SVC_DISCLOSURE_AUDIT="off")
+    code, result = _verify_cli(runtime.settings)
+    assert code == 0 and result["ok"] and result["records"] == 1
+    (marker,) = DisclosureRecord.select()
+    assert marker.action == "audit.disclosures_off" and marker.detail["setting"] == "SVC_DISCLOSURE_AUDIT"
+
+
 def test_a_service_role_with_select_and_insert_only_records_and_cannot_erase(runtime, backend, world):
     """docs/operations.md: the services under a role that may only SELECT and INSERT the table."""
     if backend != "postgresql":
