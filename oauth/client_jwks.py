@@ -16,7 +16,10 @@ fetched only from that URL, never from one a request names:
   stops verifying within the hour even while its host is down);
 - an assertion naming a `kid` the cached set lacks makes one fetch at once (the app rotated its
   keys), but at most one fetch per app every `REFETCH_INTERVAL` seconds, whatever the requests
-  say: a flood of made-up kids costs the app's JWKS host one request a minute per process.
+  say: a flood of made-up kids costs the app's JWKS host one request a minute per process;
+- at most `max_fetches` fetches at once in the process (a quarter of its pool's threads, at least
+  one): apps whose hosts hang hold at most that many pool threads; a fetch wanted beyond it is not
+  made, and the request is refused as while its app's keys are being fetched ("try again").
 A set that cannot be fetched or read verifies nothing: the assertion is refused (`invalid_client`).
 """
 from __future__ import annotations
@@ -60,10 +63,11 @@ class ClientKeySets:
 
     MAX_APPS = 10_000
 
-    def __init__(self, monotonic=time.monotonic):
+    def __init__(self, monotonic=time.monotonic, max_fetches: int = 2):
         self.monotonic = monotonic
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
+        self._fetching = threading.BoundedSemaphore(max(1, max_fetches))
         self.fetches = 0  # JWKS URL requests made by this process (tests and metrics read it)
 
     def key(self, app, kid: str, alg: str) -> dict | None:
@@ -73,14 +77,20 @@ class ClientKeySets:
         if not app.jwks_url:
             return find_key(stored_jwks(app.jwks), kid, alg)
         entry = self._entry(app.id, app.jwks_url)
+        busy = False
         if self._due(entry, kid, alg) and entry.lock.acquire(blocking=False):  # held: another request fetches
             try:
                 if self._due(entry, kid, alg):  # nobody fetched it meanwhile
-                    self._refresh(entry)
+                    busy = not self._fetching.acquire(blocking=False)  # the process's fetches are all out
+                    if not busy:
+                        try:
+                            self._refresh(entry)
+                        finally:
+                            self._fetching.release()
             finally:
                 entry.lock.release()
         found = find_key(entry.jwks, kid, alg)
-        if found is None and entry.lock.locked():
+        if found is None and (busy or entry.lock.locked()):
             raise JwksUnavailable("The application's keys are being fetched from its JWKS URL; "
                                   "try again in a few seconds.")
         if entry.jwks is None:

@@ -91,7 +91,7 @@ class Runtime:
         self.console_signin_throttle = build_failure_throttle(
             settings, "console_signin", self.console_signin_policy(), self.clock.time, self.hasher)
         # Backend apps' public keys (SMART Backend Services): JWKS URLs fetched and cached per app.
-        self.client_jwks = ClientKeySets(monotonic=self.clock.time)
+        self.client_jwks = ClientKeySets(monotonic=self.clock.time, max_fetches=settings.db_threads // 4)
         self._object_stores: dict = {}
         self._task_queue = None
         self._metrics = None

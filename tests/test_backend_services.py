@@ -533,6 +533,38 @@ async def test_a_jwks_fetch_in_progress_makes_no_other_request_wait(api, world, 
 
 
 @pytest.mark.gen_test(timeout=40)
+async def test_jwks_hosts_that_hang_hold_at_most_a_quarter_of_the_pool(api, runtime, world, key_pairs):
+    """As many apps as the process allows fetches at once have hosts that take the fetch and say
+    nothing: one more app's first assertion is refused at once ("try again"), its host never asked,
+    instead of a further pool thread waiting out its deadline; once they answer, it verifies."""
+    from oauth.client_jwks import FETCH_TIMEOUT
+    allowed = runtime.settings.db_threads // 4
+    assert allowed >= 1
+    rsa, ec = key_pairs
+    hosts = [JwksHost(jwks(rsa, ec)) for _ in range(allowed + 1)]
+    backends = [Backend(runtime, world, host, rsa, ec) for host in hosts]
+    for host in hosts[:allowed]:
+        host.hold()
+    try:
+        hanging = [asyncio.ensure_future(token(api, token_form(b.assertion()))) for b in backends[:allowed]]
+        for host in hosts[:allowed]:
+            await wait_for(host.asked)
+        started = time.monotonic()
+        status, _, body = await token(api, token_form(backends[-1].assertion()))
+        assert time.monotonic() - started < FETCH_TIMEOUT / 2
+        assert status == 401 and "being fetched" in body["error_description"], body
+        assert hosts[-1].hits == 0
+        for host in hosts[:allowed]:
+            host.release()
+        assert [status for status, _, _ in await asyncio.gather(*hanging)] == [200] * allowed
+        assert (await token(api, token_form(backends[-1].assertion())))[0] == 200
+    finally:
+        for host in hosts:
+            host.release()
+            host.close()
+
+
+@pytest.mark.gen_test(timeout=40)
 async def test_cached_keys_verify_while_the_jwks_url_is_refetched(api, runtime, pbackend):
     """An unknown kid a minute later refetches the URL; while its host is silent, the cached keys
     verify at once, and other unknown kids are refused at once: try again when the keys are in."""
