@@ -31,7 +31,7 @@ from urllib.parse import urlencode, urlsplit
 
 from connectors.base import Appointment, ConnectorError, EhrReportedError
 from connectors.fhir.client import AccessRefused, RequestRefused
-from connectors.fhir.mapping import Unlisted, patient_of
+from connectors.fhir.mapping import Unlisted, listed_patient
 from models.ids import is_id
 from models.npi import NPI_SYSTEM, is_npi
 from models.timezones import local_to_utc, zone_named
@@ -277,9 +277,7 @@ class EpicSchedule:
             resource = None
         if resource is None:
             raise Unlisted("patient not found in the EHR")
-        if not resource.get("birthDate"):
-            raise Unlisted("patient has no birthDate")
-        return patient_of(resource)
+        return listed_patient(resource)
 
     def _known(self, key: str, lookup):
         if key not in self.patients:

@@ -99,8 +99,6 @@ def appointment_of(resource: dict, patients: dict) -> Appointment | None:
     patient = patients.get(reference)
     if patient is None:
         raise Unlisted("patient not found in the EHR")
-    if not patient.get("birthDate"):
-        raise Unlisted("patient has no birthDate")
     location = next(((p.get("actor") or {}).get("display", "") for p in found
                      if str((p.get("actor") or {}).get("reference", "")).startswith("Location/")), "")
     return Appointment(id=resource["id"], start=start, end=end,
@@ -108,7 +106,18 @@ def appointment_of(resource: dict, patients: dict) -> Appointment | None:
                        reason=text_of(_object(next(iter(resource.get("reasonCode") if isinstance(resource.get("reasonCode"), list)
                                                         else ()), None)))
                        or _string(resource.get("description")),
-                       location=_string(location), patient=patient_of(patient))
+                       location=_string(location), patient=listed_patient(patient))
+
+
+def listed_patient(resource: dict) -> Patient:
+    """`patient_of` for a schedule, whose rows need a day of birth: `Unlisted` when the birthDate is
+    missing or not a whole day (FHIR allows "1980" and "1980-05")."""
+    if not resource.get("birthDate"):
+        raise Unlisted("patient has no birthDate")
+    patient = patient_of(resource)
+    if patient.date_of_birth is None:
+        raise Unlisted("patient's birthDate is not a whole day")
+    return patient
 
 
 def patient_of(resource: dict) -> Patient:
