@@ -104,6 +104,28 @@ async def test_a_chart_s_archive_is_deleted_svc_chart_ttl_after_it_was_built(api
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_a_store_that_refuses_its_upload_listing_still_has_its_charts_expired(
+        api, world, runtime, clock, monkeypatch, caplog):
+    """S3 credentials without s3:ListBucketMultipartUploads made every sweep stop at its uploads
+    step, so expiry (the steps after it) never ran: a patient's chart was kept for ever. Each step
+    now runs whatever the others did; the round still counts as failed, and says which step."""
+    from workers.loops import StepsFailed
+    _, request_id = await ready_chart(api, world)
+    key = ChartRequest.get_by_id(request_id).object_key
+
+    def refused(prefix):
+        raise PermissionError("AccessDenied: s3:ListBucketMultipartUploads")
+    monkeypatch.setattr(runtime.batch_object_store, "unfinished_uploads", refused)
+    clock.advance(runtime.settings.chart_ttl + 60)
+    with pytest.raises(StepsFailed, match="2 of 6 steps failed: sweep_uploads, sweep_exports"):
+        sweep(runtime)
+    assert ChartRequest.get_by_id(request_id).status == "expired"
+    with pytest.raises(FileNotFoundError):
+        runtime.batch_object_store.open_object(key)
+    assert any("sweep_uploads failed" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_an_ended_chart_request_is_forgotten_links_kept_after_it_ended(api, world, runtime, clock):
     """Chart requests were never deleted. Retention deletes one `expired` more than LINKS_KEPT ago,
     or `failed` more than LINKS_KEPT ago; until then the partner API still says which, then 404.

@@ -15,6 +15,25 @@ import time
 from models.db import release
 
 
+class StepsFailed(Exception):
+    """Steps of a round failed (each logged with its traceback when it failed)."""
+
+
+def run_steps(runtime, steps, log: logging.Logger) -> None:
+    """Each `step(runtime)` of a round in turn, whatever the ones before did: a failed step is
+    logged and the rest still run (an object store that refuses one listing must not stop chart
+    expiry); then StepsFailed, so the loop counts the round failed."""
+    failed = []
+    for step in steps:
+        try:
+            step(runtime)
+        except Exception:
+            log.exception("%s failed; the round's other steps still run", step.__name__)
+            failed.append(step.__name__)
+    if failed:
+        raise StepsFailed(f"{len(failed)} of {len(steps)} steps failed: {', '.join(failed)}")
+
+
 def run_every(runtime, stop: threading.Event, interval: float, work, what: str, log: logging.Logger,
               at_once: bool = True) -> None:
     """`work(runtime)` every `interval` seconds until `stop` is set (the first round at once, or
@@ -25,11 +44,14 @@ def run_every(runtime, stop: threading.Event, interval: float, work, what: str, 
     while not stop.is_set():
         try:
             runtime.connections.run(work, runtime)
-        except Exception:
+        except Exception as exc:
             if not failures:
                 failing_since = time.monotonic()
             failures += 1
-            log.exception("%s failed; trying again in %ss", what, interval)
+            if isinstance(exc, StepsFailed):  # each step's traceback is logged already
+                log.error("%s failed (%s); trying again in %ss", what, exc, interval)
+            else:
+                log.exception("%s failed; trying again in %ss", what, interval)
         else:
             if failures:
                 log.warning("%s succeeded again after %d failed round(s) over %.1fs", what, failures,

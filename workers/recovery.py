@@ -35,7 +35,7 @@ from models.schedule import ScheduledRun
 from storage.uploads import UnfinishedUpload
 from workers.charts import CHART_PREFIX, build_chart, chart_key, mark_failed
 from workers.export import sweep_exports
-from workers.loops import run_every
+from workers.loops import run_every, run_steps
 from workers.leases import lease_seconds, sweep_interval, sync_job
 from workers.snapshot import NIGHTLY_JOB, night_window, organizations_to_sync, sync_organization
 
@@ -198,13 +198,13 @@ def sweep_uploads(runtime) -> list[str]:
     return aborted
 
 
+SWEEP_STEPS = (sweep_charts, sweep_snapshots, sweep_unstarted_nights, sweep_uploads, expire_charts,
+               sweep_exports)  # Bulk Data exports: re-queued, expired, their stale uploads (workers.export)
+"""A recovery sweep's steps, each run whatever the others did (`workers.loops.run_steps`)."""
+
+
 def sweep(runtime) -> None:
-    sweep_charts(runtime)
-    sweep_snapshots(runtime)
-    sweep_unstarted_nights(runtime)
-    sweep_uploads(runtime)
-    expire_charts(runtime)
-    sweep_exports(runtime)  # Bulk Data exports: re-queued, expired, their stale uploads (workers.export)
+    run_steps(runtime, SWEEP_STEPS, log)
 
 
 def run_recovery(runtime, stop: threading.Event, interval: float | None = None) -> None:

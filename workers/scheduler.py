@@ -13,8 +13,8 @@ import socket
 import threading
 
 from models.schedule import ScheduledRun
-from workers.loops import run_every
-from workers.recovery import sweep
+from workers.loops import run_every, run_steps
+from workers.recovery import SWEEP_STEPS
 from workers.retention import retention_due
 from workers.snapshot import NIGHTLY_JOB, enqueue_night, night_window
 
@@ -48,9 +48,9 @@ def tick(runtime, now: dt.datetime | None = None) -> dt.date | None:
 
 
 def tick_and_sweep(runtime) -> None:
-    tick(runtime)
-    sweep(runtime)  # also re-queue the work of workers that died (workers.recovery)
-    retention_due(runtime)  # once a day: delete the rows of sign-in and authorization nothing needs (workers.retention)
+    """Tonight's sync, the recovery sweep's steps (the work of workers that died: workers.recovery),
+    then, once a day, retention (workers.retention): each whatever the others did."""
+    run_steps(runtime, (tick, *SWEEP_STEPS, retention_due), log)
 
 
 def run_scheduler(runtime, stop: threading.Event, interval: float = 30.0) -> None:
