@@ -286,7 +286,7 @@ class Supervisor:
         return False
 
     def worker(self, index: int) -> Worker:
-        return Worker(Slot(self.counts, index), Pulse(self.heartbeats, index, self.policy.beat_interval))
+        return Worker(Slot(self.counts, index, self.heartbeats.times, self.policy.beat_interval), Pulse(self.heartbeats, index, self.policy.beat_interval))
 
     def on_stop(self, signum, frame) -> None:
         self.signalled = signum  # the loop wakes (wakeup fd) and stops; nothing else in a handler

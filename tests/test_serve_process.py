@@ -417,3 +417,45 @@ def test_a_worker_failing_at_startup_stops_the_server_with_one_line(settings, ru
                         r"\(failed at startup; see its error above\); stopping the server", last), out.stderr
     assert "svc-auth: configuration error: the worker cannot start" in out.stderr
     assert "restarting" not in out.stderr
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_a_stopped_worker_does_not_hold_back_the_others(settings, runtime, tmp_path):
+    """A stopped worker's connection count stays in shared memory; the live one used to compare
+    itself with it, pause once it was one connection ahead, and take one connection per
+    STALL_SECONDS + POLL_SECONDS (~55 ms) until the supervisor's heartbeat kill (30 s). A worker
+    whose heartbeat is older than 2 beat intervals (1 s each here) is no longer counted against.
+    The broken code cannot pass the bound: each connection past the second waited >= 50 ms, so
+    100 took at least 4.9 s (2.2 s for 40 in the reviewer's run); fixed, 100 take a fraction of a second."""
+    import http.client
+    proc, port, log_path = start_supervised(settings, tmp_path)  # heartbeat timeout 30 s: not killed meanwhile
+    victim = worker_pids(log_path)[0]
+    connections = []
+    try:
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(2 * 1.0 + 1.0)  # its last beat is now older than 2 beat intervals (ops/balance.py STALE_BEATS)
+        started = time.monotonic()
+        for _ in range(100):  # kept open: the live worker's count grows far ahead of the stopped one's
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+            connections.append(conn)
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+        took = time.monotonic() - started
+        assert took < 3.0, f"100 new connections took {took:.2f}s beside a stopped worker"
+        assert victim in children_of(proc.pid), "the stopped worker was not replaced meanwhile"
+        os.kill(victim, signal.SIGCONT)
+        for conn in connections:
+            conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        for conn in connections:
+            conn.close()
+        try:
+            os.kill(victim, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        stop_process(proc)
