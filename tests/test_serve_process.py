@@ -12,7 +12,7 @@ import pytest
 
 from helpers.http import basic_auth
 from helpers.metrics import sample
-from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
@@ -458,4 +458,51 @@ def test_a_stopped_worker_does_not_hold_back_the_others(settings, runtime, tmp_p
             os.kill(victim, signal.SIGCONT)
         except ProcessLookupError:
             pass
+        stop_process(proc)
+
+
+def kill_leftovers(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_sighup_to_the_supervisor_stops_every_worker(settings, runtime, tmp_path):
+    """SIGHUP drains and stops like SIGTERM. The supervisor had no handler for it (and installed
+    its others only after forking): a HUP killed the parent alone and its workers kept serving,
+    reparented to init."""
+    proc, port, log_path = start_supervised(settings, tmp_path)
+    workers = children_of(proc.pid)
+    try:
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(15) == 0, "the parent drained its workers and exited"
+        assert not any(alive(pid) for pid in workers)
+        assert "SIGHUP received" in log_path.read_text()
+    finally:
+        kill_leftovers(workers)
+        stop_process(proc)
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_workers_exit_when_the_supervisor_is_killed(settings, runtime, tmp_path):
+    """A supervisor killed outright (SIGKILL, no handler can run) used to leave its workers serving
+    with PPID 1 and nobody to replace or stop them; now each gets SIGTERM from the kernel as its
+    parent dies (PR_SET_PDEATHSIG), or sees it gone at its next heartbeat, and exits."""
+    proc, port, log_path = start_supervised(settings, tmp_path)
+    workers = children_of(proc.pid)
+    try:
+        assert len(workers) == 2
+        proc.kill()
+        proc.wait(15)
+        wait_until(lambda: not any(alive(pid) for pid in workers), timeout=10, what="the orphaned workers to exit")
+        with pytest.raises(ConnectionRefusedError):  # nobody holds the listening socket any more
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        kill_leftovers(workers)
         stop_process(proc)
