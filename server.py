@@ -124,7 +124,9 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
                                pulse: Pulse | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # before serving: a SIGTERM at start-up still drains
+    # Before serving: a SIGTERM at start-up still drains. SIGHUP (the terminal or session went
+    # away; the whole process group gets it) drains too, as under the supervisor (ops/processes.py).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings)
     runtime.metrics.count_per_loop_turn(loop)  # every request's counts added once per loop turn

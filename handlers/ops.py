@@ -13,7 +13,7 @@ class HealthHandler(BaseHandler):
 
 class ReadinessHandler(BaseHandler):
     async def get(self):
-        ready, checks = await self.run(self.runtime.readiness.report, self.runtime)
+        ready, checks = await self.runtime.readiness.answer(self.runtime)  # runs on the pool; shared, cached 1 s
         self.no_store()
         self.write_json({"status": "ready" if ready else "unavailable", "checks": checks},
                         status=200 if ready else 503)

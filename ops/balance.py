@@ -10,6 +10,11 @@ or 2), in every burst, instead of going to whichever process woke first (one sha
 Tornado's accept loop) or by a random hash (`SO_REUSEPORT`: the smaller share below 35% in 11% of
 bursts of 32).
 
+A process whose heartbeat (`ops.processes.Pulse`, in shared memory too) is older than
+STALE_BEATS beat intervals (stopped, or its loop stuck) is not counted against: the others compare
+themselves only with the processes that are alive, until the supervisor replaces it. (Counted, a
+stopped process's connections held every other one to one connection per STALL_SECONDS.)
+
 A paused process looks again every POLL_SECONDS (IDLE_POLL_SECONDS while nothing waits): if the
 others have caught up it watches the socket again; if connections have waited for STALL_SECONDS
 while the others took none (busy on CPU, or stopped), it takes one, so the backlog never waits on
@@ -35,6 +40,8 @@ from ops.idle import HeaderWaits, WatchedRequest
 log = logging.getLogger("svc_auth.balance")
 
 ABSENT = -1
+STALE_BEATS = 2
+"""A process whose last heartbeat is older than this many beat intervals is not counted against."""
 
 
 class ConnectionCounts:
@@ -53,8 +60,12 @@ class ConnectionCounts:
 class Slot:
     """One process's slot in `ConnectionCounts`: its open connections, and whether it may accept."""
 
-    def __init__(self, counts: ConnectionCounts, index: int):
+    def __init__(self, counts: ConnectionCounts, index: int, beats=None, beat_interval: float = 1.0):
+        """`beats`: the shared array of every process's last heartbeat (`time.monotonic()`, 0 before
+        its first), or None (one process: nobody else to compare with)."""
         self.counts, self.index = counts, index
+        self.beats = beats
+        self.stale_after = STALE_BEATS * beat_interval
         self.open = 0
         self.present = False
 
@@ -77,12 +88,18 @@ class Slot:
             self.counts.slots[self.index] = self.open
 
     def others(self) -> tuple[int, int]:
-        """(the smallest count of the other processes that accept, the sum of their counts);
-        (-1, 0) when no other process accepts."""
-        slots = self.counts.slots
+        """(the smallest count of the other processes that accept and beat, the sum of their
+        counts); (-1, 0) when no other process does. A process whose heartbeat is stale is left out."""
+        slots, beats = self.counts.slots, self.beats
         smallest, total = -1, 0
+        stale_before = None
         for i in range(len(slots)):
             if i != self.index and (value := slots[i]) >= 0:
+                if beats is not None and (beat := beats[i]) > 0:
+                    if stale_before is None:
+                        stale_before = time.monotonic() - self.stale_after
+                    if beat < stale_before:
+                        continue  # stopped or stuck: its connections do not hold the others back
                 total += value
                 if smallest < 0 or value < smallest:
                     smallest = value

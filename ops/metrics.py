@@ -20,6 +20,11 @@ import threading
 import time
 from pathlib import Path
 
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+"""The methods a request's `method` label names (Tornado's RequestHandler.SUPPORTED_METHODS); any
+other token a client sends is labelled OTHER: with SVC_HTTP_CONNECTION=tornado any token reaches
+the application, and each new one would add a set of series to every scrape."""
+OTHER_METHOD = "OTHER"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -75,6 +80,8 @@ class Metrics:
         return child
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        if method not in METHODS:
+            method = OTHER_METHOD  # a client's made-up token is not a label value (nor a key below)
         key = (route, method, status)  # one lookup per request for both children
         children = self._request_children.get(key)
         if children is None:

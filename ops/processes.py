@@ -22,22 +22,28 @@ The parent never accepts; it supervises (like gunicorn's arbiter), and logs ever
   or resource only a worker meets) stops the whole server: the others are stopped and `serve`
   exits non-zero with one line (`StartupError`). A replacement that fails before serving is a crash
   like any other (a dependency may be down for a while).
-- Stop: SIGTERM/SIGINT are forwarded to every worker (a plain `kill <parent>` drains them
+- Stop: SIGTERM/SIGINT/SIGHUP (installed before the first fork, so no signal finds the parent
+  without them) are forwarded to every worker as SIGTERM (a plain `kill <parent>` drains them
   gracefully, not only systemd's cgroup-wide signal); the parent closes its copy of the socket at
   once (the kernel keeps accepting into a listening socket while any process holds it, and the
   parent never answers), cancels pending restarts, and SIGKILLs whatever has not exited
   `drain_timeout` + KILL_GRACE_SECONDS later, so the parent always exits (1 if it had to kill).
+- The parent gone (SIGKILL, a crash): its workers drain and exit. Each asks the kernel for SIGTERM
+  when its parent dies (`PR_SET_PDEATHSIG`, Linux), and its heartbeat checks `getppid()` too (any
+  system), so no worker keeps serving orphaned, with no supervisor to replace or stop it.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import fcntl
 import logging
 import multiprocessing
 import os
 import select
 import signal
+import sys
 import time
 from dataclasses import dataclass
 
@@ -58,6 +64,9 @@ KILL_GRACE_SECONDS = 5.0
 BUDGET_WINDOW_SECONDS = 60.0
 TICK_SECONDS = 0.25
 """The supervisor looks at its workers' heartbeats at least this often (a signal wakes it at once)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Each makes the supervisor stop its workers as SIGTERM does (HUP: the terminal or session went away)."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -81,16 +90,22 @@ class Heartbeats:
 
 
 class Pulse:
-    """One worker's heartbeat: `start()` on its running loop once it serves."""
+    """One worker's heartbeat: `start()` on its running loop once it serves. A beat that finds
+    the supervisor (`parent`) gone sends this worker SIGTERM: it drains and exits."""
 
-    def __init__(self, heartbeats: Heartbeats, index: int, interval: float):
-        self.heartbeats, self.index, self.interval = heartbeats, index, interval
+    def __init__(self, heartbeats: Heartbeats, index: int, interval: float, parent: int | None = None):
+        self.heartbeats, self.index, self.interval, self.parent = heartbeats, index, interval, parent
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
 
         def beat() -> None:
             self.heartbeats.times[self.index] = time.monotonic()
+            if self.parent is not None and os.getppid() != self.parent:
+                log.error("worker %d (pid %d): the supervisor (pid %d) is gone; stopping", self.index,
+                          os.getpid(), self.parent)
+                self.parent = None
+                os.kill(os.getpid(), signal.SIGTERM)
             loop.call_later(self.interval, beat)
 
         beat()
@@ -117,6 +132,7 @@ class Supervisor:
     def __init__(self, count: int, sockets: list, policy: SupervisorPolicy | None = None):
         self.count, self.sockets = count, list(sockets)
         self.policy = policy or SupervisorPolicy()
+        self.pid = os.getpid()  # the supervisor's, as its workers know it
         self.counts = ConnectionCounts(count)  # before the first fork: shared by every worker
         self.heartbeats = Heartbeats(count)
         self.children: dict[int, _Child] = {}
@@ -137,13 +153,17 @@ class Supervisor:
         self.wakeup_r, self.wakeup_w = os.pipe()
         for fd in (self.wakeup_r, self.wakeup_w):
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        # Before the first fork: a signal at any moment from here on stops the workers forked so far
+        # (a SIGHUP used to kill the parent alone, at its default action, leaving them orphaned).
+        signal.set_wakeup_fd(self.wakeup_w)  # a signal wakes the select below at once
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.on_stop)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         for index in range(self.count):
+            if self.signalled:
+                break  # the loop below stops those already forked
             if self.fork(index):
                 return self.worker(index)
-        signal.set_wakeup_fd(self.wakeup_w)  # a signal wakes the select below at once
-        signal.signal(signal.SIGTERM, self.on_stop)
-        signal.signal(signal.SIGINT, self.on_stop)
-        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         log.info("supervisor %d: %d workers, restart budget %d/min, heartbeat timeout %.1fs, drain timeout %.1fs",
                  os.getpid(), self.count, self.policy.restart_budget, self.policy.heartbeat_timeout,
                  self.policy.drain_timeout)
@@ -273,20 +293,29 @@ class Supervisor:
         """Fork the worker of slot `index`; True in the child."""
         self.counts.set(index, ABSENT)  # until the new worker accepts
         self.heartbeats.times[index] = 0.0
-        pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                signal.signal(sig, signal.SIG_DFL)
-            os.close(self.wakeup_r)
-            os.close(self.wakeup_w)
-            return True
+        # Blocked across the fork: a signal meant for the child before it restored the default
+        # actions would otherwise run the parent's handler in the child, and be lost.
+        handled = {*STOP_SIGNALS, signal.SIGCHLD}
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                for sig in handled:
+                    signal.signal(sig, signal.SIG_DFL)
+                os.close(self.wakeup_r)
+                os.close(self.wakeup_w)
+                exit_with_parent(self.pid)
+                return True
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self.children[pid] = _Child(index, time.monotonic())
         log.info("worker %d started (pid %d)", index, pid)
         return False
 
     def worker(self, index: int) -> Worker:
-        return Worker(Slot(self.counts, index), Pulse(self.heartbeats, index, self.policy.beat_interval))
+        return Worker(Slot(self.counts, index, self.heartbeats.times, self.policy.beat_interval),
+                      Pulse(self.heartbeats, index, self.policy.beat_interval, parent=self.pid))
 
     def on_stop(self, signum, frame) -> None:
         self.signalled = signum  # the loop wakes (wakeup fd) and stops; nothing else in a handler
@@ -305,6 +334,21 @@ class Supervisor:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+
+def exit_with_parent(parent: int) -> None:
+    """In a just-forked worker: SIGTERM when the supervisor dies (Linux's `PR_SET_PDEATHSIG`,
+    through libc's `prctl`); at once if it already has. Elsewhere the heartbeat's `getppid()`
+    check (`Pulse`) does it, within a beat interval."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+                log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+        except (OSError, AttributeError) as exc:
+            log.warning("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
+    if os.getppid() != parent:  # it died before the request above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def describe(status: int) -> str:

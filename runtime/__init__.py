@@ -211,6 +211,7 @@ class Runtime:
 
     def close(self) -> None:
         self.changes.stop()
+        self.readiness.close()
         self.denylist.close()
         self.executor.shutdown(wait=True)
         self.rate_limiter.close()

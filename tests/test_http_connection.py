@@ -324,3 +324,37 @@ def test_a_slow_reader_of_a_large_file_does_not_make_the_server_hold_it(serve, r
     download(port, target("big.bin"), size, slow=True)
     grown = peak_rss(proc.pid) - before
     assert grown < 4 * 1024 * 1024, f"the server's peak memory grew {grown} bytes for a {size}-byte download"
+
+
+def test_made_up_methods_are_not_metrics_labels(serve):
+    """Each method token a client sent used to become a `method` label value: ~19 series per token
+    on /metrics. Tornado's connection hands any token to the application; llhttp (httptools)
+    refuses most with a 400 but hands on the ones it knows (PROPFIND...). Those that reach the
+    application (405) are now counted as OTHER."""
+    port, kind, _ = serve
+    made_up = [f"AAA{i}" for i in range(5)] + ["PROPFIND", "BREW"]
+    reached = 0  # requests the application answered (405), each counted under some method label
+    for method in made_up:
+        answer, _ = raw_answer(port, f"{method} /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                                     .encode())
+        assert answer.startswith(b"HTTP/1.1 4"), answer[:200]  # 405 from the application, or llhttp's 400
+        reached += answer.startswith(b"HTTP/1.1 405")
+    assert reached == (len(made_up) if kind == "tornado" else 1)  # httptools: PROPFIND only
+    sock, reader = connect(port)
+    try:
+        def scraped():
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            status, _, body = reader.response()
+            assert status == 200
+            text = body.decode()
+            counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith("svc_http_requests_total{") and 'route="/healthz"' in line
+                          and 'status="405"' in line)
+            return text if counted == reached else None  # each is counted just after its answer
+        text = wait_until(scraped, timeout=10, what="the 405 answers to be counted")
+    finally:
+        sock.close()
+    for method in made_up:
+        assert f'method="{method}"' not in text, method
+    from helpers.metrics import sample
+    assert sample(text, "svc_http_requests_total", route="/healthz", method="OTHER", status="405") == reached

@@ -341,3 +341,95 @@ async def test_warns_once_when_the_proxy_reports_another_origin_than_the_issuer(
     warnings = [line for line in lines if line["level"] == "WARNING"]
     assert [w["external_base_url"] for w in warnings] == [f"https://{host}"]
     assert "SVC_ISSUER is http://127.0.0.1:8888" in warnings[0]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the probes, not the database, are under test
+def test_readyz_probes_reuse_one_redis_connection_and_share_reports(settings, tmp_path):
+    """/readyz is unauthenticated: every probe used to build a new Redis client (a new connection)
+    and, with S3, a new boto3 client, on the shared pool. A real `serve` on a Redis of its own
+    (its `total_connections_received` counts only this server's connections): 50 probes, ten at a
+    time, now open no Redis connection beyond the one the check keeps (before: one each). A Redis
+    that is down still answers 503 promptly."""
+    import concurrent.futures
+    import redis as redis_client
+    import urllib.error
+    import urllib.request
+    from bench.instances import LocalRedis
+    from helpers.processes import settings_env, start_process, stop_process, wait_until
+    server = LocalRedis()
+    server.start()
+    proc = None
+    try:
+        settings = settings.replace(redis_url=server.url)
+        port = free_port()
+        proc = start_process(["serve", "--port", str(port)], settings_env(settings), port,
+                             log_path=tmp_path / "serve.log")
+
+        def readyz() -> tuple[int, dict]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        status, body = readyz()  # the check's client connects once
+        assert status == 200 and body["checks"]["redis"]["status"] == "ok", body
+        admin = redis_client.Redis.from_url(server.url)
+        # Whatever else the process connects at its start (change feed, rate limits) is settled first.
+        wait_until(lambda: readyz()[0] == 200 and admin.info("clients")["connected_clients"] >= 2, timeout=20,
+                   what="serve's own Redis connections")
+        before = admin.info("stats")["total_connections_received"]
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(lambda _: readyz(), range(50)))
+        assert all(status == 200 for status, _ in answers), answers
+        opened = admin.info("stats")["total_connections_received"] - before  # admin reuses its one connection
+        assert opened <= 3, f"50 /readyz opened {opened} Redis connections"
+        admin.close()
+        server.stop()  # down: a 503 naming it, within the check's 1 s timeout (and the 1 s a report is reused)
+        status, body = wait_until(lambda: (answer := readyz())[0] == 503 and answer, timeout=10, what="a 503")
+        assert body["checks"]["redis"]["status"] == "failed", body
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        server.destroy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the probes, not the database, are under test
+def test_readyz_probes_reuse_one_s3_client(settings, s3_endpoint, tmp_path):
+    """With S3, every probe used to build a new boto3 client (~10 ms of CPU; its own connection). A
+    real `serve` reaches moto's S3 through a counting proxy: 50 probes, ten at a time, now open no
+    connection beyond the one the check's client keeps (before: one each)."""
+    import concurrent.futures
+    import urllib.request
+    import boto3
+    from helpers.processes import settings_env, start_process, stop_process
+    from helpers.s3 import AWS, HoldingProxy
+    bucket = f"readyz-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+    proxy = HoldingProxy(int(s3_endpoint.rsplit(":", 1)[1]))  # forwards everything; counts connections
+    proc = None
+    try:
+        settings = settings.replace(s3_bucket=bucket, s3_endpoint_url=proxy.url)
+        port = free_port()
+        proc = start_process(["serve", "--port", str(port)], settings_env(settings, **AWS), port,
+                             log_path=tmp_path / "serve.log")
+
+        def readyz() -> dict:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
+                assert response.status == 200
+                return json.loads(response.read())
+
+        assert readyz()["checks"]["object_store"]["status"] == "ok"  # the check's client connects once
+        before = len(proxy.sockets) // 2
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(lambda _: readyz(), range(50)))
+        assert all(body["checks"]["object_store"]["status"] == "ok" for body in answers)
+        opened = len(proxy.sockets) // 2 - before
+        assert opened <= 3, f"50 /readyz opened {opened} connections to S3"
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        proxy.close()

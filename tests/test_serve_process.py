@@ -12,7 +12,7 @@ import pytest
 
 from helpers.http import basic_auth
 from helpers.metrics import sample
-from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
@@ -417,3 +417,93 @@ def test_a_worker_failing_at_startup_stops_the_server_with_one_line(settings, ru
                         r"\(failed at startup; see its error above\); stopping the server", last), out.stderr
     assert "svc-auth: configuration error: the worker cannot start" in out.stderr
     assert "restarting" not in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # a time bound: run alone, not beside another test process's load
+@supervisor_backend
+def test_a_stopped_worker_does_not_hold_back_the_others(settings, runtime, tmp_path):
+    """A stopped worker's connection count stays in shared memory; the live one used to compare
+    itself with it, pause once it was one connection ahead, and take one connection per
+    STALL_SECONDS + POLL_SECONDS (~55 ms) until the supervisor's heartbeat kill (30 s). A worker
+    whose heartbeat is older than 2 beat intervals (1 s each here) is no longer counted against.
+    The broken code cannot pass the bound: each connection past the second waited >= 50 ms, so
+    100 took at least 4.9 s (2.2 s for 40 in the reviewer's run); fixed, 100 take a fraction of a second."""
+    import http.client
+    proc, port, log_path = start_supervised(settings, tmp_path)  # heartbeat timeout 30 s: not killed meanwhile
+    victim = worker_pids(log_path)[0]
+    connections = []
+    try:
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(2 * 1.0 + 1.0)  # its last beat is now older than 2 beat intervals (ops/balance.py STALE_BEATS)
+        started = time.monotonic()
+        for _ in range(100):  # kept open: the live worker's count grows far ahead of the stopped one's
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+            connections.append(conn)
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+        took = time.monotonic() - started
+        assert took < 3.0, f"100 new connections took {took:.2f}s beside a stopped worker"
+        assert victim in children_of(proc.pid), "the stopped worker was not replaced meanwhile"
+        os.kill(victim, signal.SIGCONT)
+        for conn in connections:
+            conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        for conn in connections:
+            conn.close()
+        try:
+            os.kill(victim, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        stop_process(proc)
+
+
+def kill_leftovers(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_sighup_to_the_supervisor_stops_every_worker(settings, runtime, tmp_path):
+    """SIGHUP drains and stops like SIGTERM. The supervisor had no handler for it (and installed
+    its others only after forking): a HUP killed the parent alone and its workers kept serving,
+    reparented to init."""
+    proc, port, log_path = start_supervised(settings, tmp_path)
+    workers = children_of(proc.pid)
+    try:
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(15) == 0, "the parent drained its workers and exited"
+        assert not any(alive(pid) for pid in workers)
+        assert "SIGHUP received" in log_path.read_text()
+    finally:
+        kill_leftovers(workers)
+        stop_process(proc)
+
+
+@pytest.mark.slow
+@supervisor_backend
+def test_workers_exit_when_the_supervisor_is_killed(settings, runtime, tmp_path):
+    """A supervisor killed outright (SIGKILL, no handler can run) used to leave its workers serving
+    with PPID 1 and nobody to replace or stop them; now each gets SIGTERM from the kernel as its
+    parent dies (PR_SET_PDEATHSIG), or sees it gone at its next heartbeat, and exits."""
+    proc, port, log_path = start_supervised(settings, tmp_path)
+    workers = children_of(proc.pid)
+    try:
+        assert len(workers) == 2
+        proc.kill()
+        proc.wait(15)
+        wait_until(lambda: not any(alive(pid) for pid in workers), timeout=10, what="the orphaned workers to exit")
+        with pytest.raises(ConnectionRefusedError):  # nobody holds the listening socket any more
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        kill_leftovers(workers)
+        stop_process(proc)
