@@ -98,6 +98,18 @@ def _key_ids(name: str, value) -> tuple:
     return ids
 
 
+EXAMPLE_HMAC_KEY = "change-me-to-64-random-hex-characters-shared-by-every-host-000000"
+"""The placeholder of deploy/env.example: public, so never a key (`_refuse_placeholder`)."""
+
+
+def _refuse_placeholder(name: str, key: str) -> None:
+    """A key copied from deploy/env.example (or any value saying `change-me`) is public: every host
+    would hash secrets, seal signing keys and link the audit chain under it. Refuse it at start."""
+    if "change-me" in key.lower() or key == EXAMPLE_HMAC_KEY:
+        raise ConfigError(f"{name} is the placeholder of deploy/env.example (it contains 'change-me'): set a "
+                          "secret key, e.g. the output of `openssl rand -hex 32`, the same on every host")
+
+
 def _hmac_keys(name: str, value) -> tuple:
     """Comma-separated keys (or a sequence of them), each at least 32 characters, in order."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
@@ -106,6 +118,7 @@ def _hmac_keys(name: str, value) -> tuple:
         if len(key.encode("utf-8")) < 32:
             raise ConfigError(f"{name} must be a comma-separated list of keys of at least 32 characters each "
                               "(the earlier values of SVC_HMAC_KEY)")
+        _refuse_placeholder(name, key)
     return keys
 
 
@@ -391,6 +404,8 @@ class Settings:
         if merged["hmac_key"] and len(str(merged["hmac_key"]).encode("utf-8")) < 32:
             raise ConfigError("SVC_HMAC_KEY must be at least 32 characters (for example the output of "
                               "`openssl rand -hex 32`), or unset to generate one in SVC_KEYS_DIR")
+        if merged["hmac_key"]:
+            _refuse_placeholder("SVC_HMAC_KEY", str(merged["hmac_key"]))
         merged["hmac_key_previous"] = _hmac_keys("SVC_HMAC_KEY_PREVIOUS", merged["hmac_key_previous"])
         merged["hmac_key_retired"] = _key_ids("SVC_HMAC_KEY_RETIRED", merged["hmac_key_retired"])
         if merged["task_max_backoff_ms"] < merged["task_min_backoff_ms"]:

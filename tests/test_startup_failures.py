@@ -82,3 +82,25 @@ def test_bad_setting_is_one_line(env, variable, value):
     env[variable] = value
     for command in (["serve", "--port", str(free_port())], ["db", "migrate"]):
         assert_one_line(run_cli(env, *command), variable)
+
+
+def test_the_shipped_env_example_is_refused_until_its_key_is_replaced():
+    """deploy/env.example copied as it is (without the documented `sed` of SVC_HMAC_KEY) would run
+    every host on its public placeholder key: every command refuses it, naming the variable."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SVC_")}
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "--env-file", str(ROOT / "deploy" / "env.example"),
+                             "db", "status"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "SVC_HMAC_KEY" in assert_one_line(result, "configuration error", "placeholder")
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("SVC_HMAC_KEY", "CHANGE-ME-" + "0" * 40),
+    ("SVC_HMAC_KEY_PREVIOUS", "a" * 64 + ",my-change-me-key-of-at-least-32-chars"),
+])
+def test_a_change_me_key_is_refused_naming_the_variable(env, variable, value):
+    env[variable] = value
+    for command in (["serve", "--port", str(free_port())], ["db", "status"]):
+        result = run_cli(env, *command)
+        assert result.returncode == 2, result.stderr
+        assert_one_line(result, variable, "change-me")
