@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -381,6 +382,11 @@ class Settings:
             merged["clock_offset"] = float(merged["clock_offset"])
         except ValueError:
             raise ConfigError(f"SVC_CLOCK_OFFSET must be a number of seconds, got {merged['clock_offset']!r}") from None
+        if not math.isfinite(merged["clock_offset"]) or abs(merged["clock_offset"]) > _TEN_YEARS:
+            # nan and inf compare false with everything (every expiry check would pass or fail at
+            # once); 1e300 overflows the first date. TEST ONLY in any case: bounded, never silent.
+            raise ConfigError(f"SVC_CLOCK_OFFSET (test only) must be a finite number of seconds within "
+                              f"±{_TEN_YEARS} (ten years), got {merged['clock_offset']!r}")
         merged["key_prepublish_seconds"] = _at_least("SVC_KEY_PREPUBLISH_SECONDS", merged["key_prepublish_seconds"], 0,
                                                      "0 or more seconds")
         for name in ("rest_allowed_networks", "trusted_proxies"):

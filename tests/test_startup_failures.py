@@ -1,6 +1,7 @@
 """Start-up failures are one line on stderr naming what to fix, a non-zero exit, no traceback.
 
 Each case runs the real `svc-auth` process (issue 14, item 6)."""
+import json
 import socket
 import subprocess
 import sys
@@ -104,3 +105,26 @@ def test_a_change_me_key_is_refused_naming_the_variable(env, variable, value):
         result = run_cli(env, *command)
         assert result.returncode == 2, result.stderr
         assert_one_line(result, variable, "change-me")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", str(11 * 366 * 86400), str(-11 * 366 * 86400)])
+def test_a_clock_offset_that_is_not_finite_or_beyond_ten_years_is_refused(env, value):
+    """SVC_CLOCK_OFFSET is test only, but it was taken anywhere: nan (every comparison of a time
+    false), inf or 1e300 (a date overflow in the first token) and centuries."""
+    env["SVC_CLOCK_OFFSET"] = value
+    for command in (["serve", "--port", str(free_port())], ["db", "status"]):
+        result = run_cli(env, *command)
+        assert result.returncode == 2, result.stderr
+        assert_one_line(result, "SVC_CLOCK_OFFSET", "ten years")
+
+
+def test_a_moved_clock_is_a_warning_at_start(env):
+    env["SVC_CLOCK_OFFSET"] = "3600"
+    result = run_cli(env, "db", "status", "--json")
+    assert result.returncode in (0, 3), result.stderr
+    warnings = [json.loads(line) for line in result.stderr.splitlines() if '"WARNING"' in line]
+    assert [w["message"] for w in warnings if "SVC_CLOCK_OFFSET" in w["message"]] \
+        == ["SVC_CLOCK_OFFSET is 3600.0 seconds: this process's clock is moved (a test-only setting; unset it in "
+            "a deployment)"]
+    env["SVC_CLOCK_OFFSET"] = "0"
+    assert "SVC_CLOCK_OFFSET" not in run_cli(env, "db", "status", "--json").stderr
