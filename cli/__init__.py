@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from conf.logging import configure_logging
     configure_logging(settings.log_level)
+    if settings.clock_offset:
+        logging.getLogger("svc_auth.config").warning(
+            "SVC_CLOCK_OFFSET is %s seconds: this process's clock is moved (a test-only setting; unset it in "
+            "a deployment)", settings.clock_offset, extra={"clock_offset": settings.clock_offset})
     from ops.startup import StartupError, database_error, is_database_error
     try:
         return args.handler(settings, args) or 0

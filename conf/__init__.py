@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -98,6 +99,18 @@ def _key_ids(name: str, value) -> tuple:
     return ids
 
 
+EXAMPLE_HMAC_KEY = "change-me-to-64-random-hex-characters-shared-by-every-host-000000"
+"""The placeholder of deploy/env.example: public, so never a key (`_refuse_placeholder`)."""
+
+
+def _refuse_placeholder(name: str, key: str) -> None:
+    """A key copied from deploy/env.example (or any value saying `change-me`) is public: every host
+    would hash secrets, seal signing keys and link the audit chain under it. Refuse it at start."""
+    if "change-me" in key.lower() or key == EXAMPLE_HMAC_KEY:
+        raise ConfigError(f"{name} is the placeholder of deploy/env.example (it contains 'change-me'): set a "
+                          "secret key, e.g. the output of `openssl rand -hex 32`, the same on every host")
+
+
 def _hmac_keys(name: str, value) -> tuple:
     """Comma-separated keys (or a sequence of them), each at least 32 characters, in order."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
@@ -106,6 +119,7 @@ def _hmac_keys(name: str, value) -> tuple:
         if len(key.encode("utf-8")) < 32:
             raise ConfigError(f"{name} must be a comma-separated list of keys of at least 32 characters each "
                               "(the earlier values of SVC_HMAC_KEY)")
+        _refuse_placeholder(name, key)
     return keys
 
 
@@ -368,6 +382,11 @@ class Settings:
             merged["clock_offset"] = float(merged["clock_offset"])
         except ValueError:
             raise ConfigError(f"SVC_CLOCK_OFFSET must be a number of seconds, got {merged['clock_offset']!r}") from None
+        if not math.isfinite(merged["clock_offset"]) or abs(merged["clock_offset"]) > _TEN_YEARS:
+            # nan and inf compare false with everything (every expiry check would pass or fail at
+            # once); 1e300 overflows the first date. TEST ONLY in any case: bounded, never silent.
+            raise ConfigError(f"SVC_CLOCK_OFFSET (test only) must be a finite number of seconds within "
+                              f"±{_TEN_YEARS} (ten years), got {merged['clock_offset']!r}")
         merged["key_prepublish_seconds"] = _at_least("SVC_KEY_PREPUBLISH_SECONDS", merged["key_prepublish_seconds"], 0,
                                                      "0 or more seconds")
         for name in ("rest_allowed_networks", "trusted_proxies"):
@@ -391,6 +410,8 @@ class Settings:
         if merged["hmac_key"] and len(str(merged["hmac_key"]).encode("utf-8")) < 32:
             raise ConfigError("SVC_HMAC_KEY must be at least 32 characters (for example the output of "
                               "`openssl rand -hex 32`), or unset to generate one in SVC_KEYS_DIR")
+        if merged["hmac_key"]:
+            _refuse_placeholder("SVC_HMAC_KEY", str(merged["hmac_key"]))
         merged["hmac_key_previous"] = _hmac_keys("SVC_HMAC_KEY_PREVIOUS", merged["hmac_key_previous"])
         merged["hmac_key_retired"] = _key_ids("SVC_HMAC_KEY_RETIRED", merged["hmac_key_retired"])
         if merged["task_max_backoff_ms"] < merged["task_min_backoff_ms"]:

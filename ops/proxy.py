@@ -77,14 +77,29 @@ def external_base_url(request, settings) -> str:
     return f"{scheme}://{host}"
 
 
+WARNED_ORIGINS = 16
+"""How many distinct origins `warn_if_misconfigured` logs per process: the host is the client's
+choice (a proxy passes on any Host), so an unbounded set and a WARNING each would let anyone fill
+memory and the log."""
+_FURTHER = "\0further origins"  # the marker in `warned` that the cap was reached (no origin has a NUL)
+
+
 def warn_if_misconfigured(request, settings, log, warned: set) -> None:
     """Log once per external origin (remembered in `warned`, the application's set) when a trusted
     proxy says clients reach us at an origin other than SVC_ISSUER / SVC_PUBLIC_URL: every URL we
-    hand out would then point elsewhere."""
+    hand out would then point elsewhere. At most WARNED_ORIGINS origins, then one line saying
+    further ones are not logged."""
     if not settings.trusted_proxies or not is_trusted_proxy(request.remote_ip, settings):
         return
     seen = external_base_url(request, settings)
     if seen in warned or seen in (settings.issuer, settings.public_url):
+        return
+    if len(warned) >= WARNED_ORIGINS:
+        if _FURTHER not in warned:
+            warned.add(_FURTHER)
+            log.warning("clients reach this service at more than %d origins other than SVC_ISSUER (%s) and "
+                        "SVC_PUBLIC_URL (%s); further ones are not logged", WARNED_ORIGINS, settings.issuer,
+                        settings.public_url)
         return
     warned.add(seen)
     log.warning("clients reach this service at %s but SVC_ISSUER is %s and SVC_PUBLIC_URL is %s; "

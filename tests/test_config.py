@@ -66,3 +66,20 @@ def test_the_hl7_per_peer_cap_defaults_to_a_quarter_of_the_listeners():
     assert Settings.from_env({"SVC_HL7_MAX_CONNECTIONS": "40"}, dotenv=None).hl7_max_connections_per_peer == 10
     assert Settings.from_env({"SVC_HL7_MAX_CONNECTIONS": "2"}, dotenv=None).hl7_max_connections_per_peer == 1
     assert Settings.from_env({"SVC_HL7_MAX_CONNECTIONS_PER_PEER": "7"}, dotenv=None).hl7_max_connections_per_peer == 7
+
+
+def test_every_setting_is_in_the_readme_configuration_table_and_the_allowlist_in_env_example():
+    """README's configuration table names every SVC_* variable Settings reads (it lacked seven), and
+    deploy/env.example names SVC_REST_ALLOWED_NETWORKS, which docs/security.md says to set."""
+    import dataclasses
+    from helpers.environment import ROOT
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## Configuration", 1)[1].split("\n\n### ", 1)[0]
+    rows = "\n".join(line.split(" | ", 1)[0] for line in table.splitlines() if line.startswith("| `SVC_"))
+    absent = [name for name in ("SVC_" + f.name.upper() for f in dataclasses.fields(Settings))
+              if f"`{name}`" not in rows and name != "SVC_DB_THREADS"]  # SVC_DB_THREADS: the paragraph below it
+    assert absent == []
+    assert "`SVC_DB_THREADS`" in table
+    example = (ROOT / "deploy" / "env.example").read_text()
+    assert "SVC_REST_ALLOWED_NETWORKS" in (ROOT / "docs" / "security.md").read_text()
+    assert "# SVC_REST_ALLOWED_NETWORKS=" in example

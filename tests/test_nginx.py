@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -19,12 +18,10 @@ from pathlib import Path
 import pytest
 from jose import jwt
 
-from helpers.environment import BACKENDS, ROOT
+from helpers.environment import BACKENDS
 from helpers.http import basic_auth
+from helpers.nginx_site import NGINX, SITE, nginx_conf, runnable_site
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port
-
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-SITE = ROOT / "deploy" / "nginx" / "svc-auth.conf"
 PROXY_ADDRESS = "127.0.0.2"  # nginx connects upstream from here, so the test client (127.0.0.1) is not a proxy
 
 pytestmark = [
@@ -39,34 +36,18 @@ pytestmark = [
 
 
 def nginx_config(tmp: Path, port: int, upstream_ports: list[int]) -> Path:
-    """The shipped site config on a loopback port with these upstreams, in a non-root nginx.conf."""
-    site = SITE.read_text()
-    servers = "\n".join(f"    server 127.0.0.1:{p} max_fails=3 fail_timeout=10s;" for p in upstream_ports)
-    site, count = re.subn(r"(?m)^\s*server 127\.0\.0\.1:\d+ [^\n]*;\n(\s*server 127\.0\.0\.1:\d+ [^\n]*;\n)*",
-                          servers + "\n", site)
-    assert count == 1, "the upstream block of deploy/nginx/svc-auth.conf changed shape"
-    site = site.replace("    listen 80;\n", f"    listen 127.0.0.1:{port};\n").replace("    listen [::]:80;\n", "")
-    site = site.replace("/var/log/nginx/svc-auth.access.log", str(tmp / "access.log"))
-    site = site.replace("    location / {", f"    proxy_bind {PROXY_ADDRESS};\n\n    location / {{", 1)
-    for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (tmp / name).mkdir(exist_ok=True)
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    conf = tmp / "nginx.conf"
-    conf.write_text(f"""{user}worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-    client_body_temp_path {tmp}/client_body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-{site}
-}}
-""")
-    return conf
+    """The shipped site config with these upstreams, in a non-root nginx.conf: its proxying server
+    in plain HTTP on a loopback port (the issuer here is http://127.0.0.1:PORT), so X-Forwarded-Host
+    carries that port; its default and port-80 servers on ports of their own (tests/test_nginx_site.py
+    checks them, and TLS, on the file as shipped)."""
+    ports = {"default_http": free_port(), "default_https": free_port(), "http": free_port(), "https": port}
+    site = runnable_site(tmp, ports, upstream_ports, tls=False)
+    site, count = re.subn(r"(?m)^(\s*)proxy_set_header X-Forwarded-Host \$host;",
+                          r"\1proxy_set_header X-Forwarded-Host $host:$server_port;", site)
+    assert count == 1, "the proxied X-Forwarded-Host of deploy/nginx/svc-auth.conf changed"
+    site, count = re.subn(r"(?m)^(\s*)proxy_buffer_size 8k;", rf"\g<0>\n\1proxy_bind {PROXY_ADDRESS};", site)
+    assert count == 1, "deploy/nginx/svc-auth.conf changed shape"
+    return nginx_conf(tmp, site)
 
 
 class ProxiedStack:

@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -132,6 +133,13 @@ def test_install_block_runs_and_the_units_start(scratch):
     assert (Path(f"{root}/etc/nginx/sites-enabled/svc-auth")).resolve().is_file()
     assert oct(Path(f"{root}/etc/svc-auth/env").stat().st_mode & 0o777) == "0o640"
 
+    # The working directory is the service user's to write: a `.env` there must change nothing (the
+    # units name /etc/svc-auth/env with --env-file, which replaces the ./.env read).
+    Path(f"{root}/var/lib/svc-auth/.env").write_text("SVC_SANDBOX=on\n")
+    for unit in ("svc-auth-serve@.service", "svc-auth-worker.service", "svc-auth-scheduler.service",
+                 "svc-auth-hl7.service"):
+        assert "--env-file /etc/svc-auth/env " in (ROOT / "deploy" / "systemd" / unit).read_text(), unit
+
     # systemctl enable --now svc-auth.target: every unit it wants starts with its configuration
     port = free_port()
     args, unit_env, cwd = unit_command("svc-auth-serve@.service", root, port)
@@ -143,6 +151,11 @@ def test_install_block_runs_and_the_units_start(scratch):
         wait_for_port(port, proc=procs[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
             assert response.status == 200
+        launch = urllib.request.Request(f"http://127.0.0.1:{port}/v1/sandbox/launches", data=b"{}", method="POST",
+                                        headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(launch, timeout=10)
+        assert refused.value.code == 404  # the sandbox stays off: ./.env was not read
         time.sleep(1)
         for proc in procs:
             assert proc.poll() is None, proc.stdout.read().decode()

@@ -507,3 +507,28 @@ def test_workers_exit_when_the_supervisor_is_killed(settings, runtime, tmp_path)
     finally:
         kill_leftovers(workers)
         stop_process(proc)
+
+
+def test_origins_reported_by_a_trusted_proxy_are_logged_for_at_most_16(settings, tmp_path):
+    """The Host (X-Forwarded-Host) is the client's choice: a serve process behind a trusted proxy
+    logged a WARNING for every new one and remembered them all. 100 distinct hosts: 16 warnings and
+    one line saying further ones are not logged."""
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    env = settings_env(settings, SVC_TRUSTED_PROXIES="127.0.0.1/32")
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=log_path)
+    try:
+        wait_until_listening(log_path)
+        for n in range(100):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/healthz", headers={
+                "X-Forwarded-Proto": "https", "X-Forwarded-Host": f"host-{n}.attacker.example"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+    finally:
+        stop_process(proc)
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    warnings = [line["message"] for line in lines if line["level"] == "WARNING" and "clients reach" in line["message"]]
+    assert len(warnings) == 17, warnings
+    assert [w.split(" but ")[0] for w in warnings[:16]] == [
+        f"clients reach this service at https://host-{n}.attacker.example" for n in range(16)]
+    assert "further ones are not logged" in warnings[16]

@@ -1,6 +1,7 @@
 """Start-up failures are one line on stderr naming what to fix, a non-zero exit, no traceback.
 
 Each case runs the real `svc-auth` process (issue 14, item 6)."""
+import json
 import socket
 import subprocess
 import sys
@@ -82,3 +83,48 @@ def test_bad_setting_is_one_line(env, variable, value):
     env[variable] = value
     for command in (["serve", "--port", str(free_port())], ["db", "migrate"]):
         assert_one_line(run_cli(env, *command), variable)
+
+
+def test_the_shipped_env_example_is_refused_until_its_key_is_replaced():
+    """deploy/env.example copied as it is (without the documented `sed` of SVC_HMAC_KEY) would run
+    every host on its public placeholder key: every command refuses it, naming the variable."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SVC_")}
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "--env-file", str(ROOT / "deploy" / "env.example"),
+                             "db", "status"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "SVC_HMAC_KEY" in assert_one_line(result, "configuration error", "placeholder")
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("SVC_HMAC_KEY", "CHANGE-ME-" + "0" * 40),
+    ("SVC_HMAC_KEY_PREVIOUS", "a" * 64 + ",my-change-me-key-of-at-least-32-chars"),
+])
+def test_a_change_me_key_is_refused_naming_the_variable(env, variable, value):
+    env[variable] = value
+    for command in (["serve", "--port", str(free_port())], ["db", "status"]):
+        result = run_cli(env, *command)
+        assert result.returncode == 2, result.stderr
+        assert_one_line(result, variable, "change-me")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", str(11 * 366 * 86400), str(-11 * 366 * 86400)])
+def test_a_clock_offset_that_is_not_finite_or_beyond_ten_years_is_refused(env, value):
+    """SVC_CLOCK_OFFSET is test only, but it was taken anywhere: nan (every comparison of a time
+    false), inf or 1e300 (a date overflow in the first token) and centuries."""
+    env["SVC_CLOCK_OFFSET"] = value
+    for command in (["serve", "--port", str(free_port())], ["db", "status"]):
+        result = run_cli(env, *command)
+        assert result.returncode == 2, result.stderr
+        assert_one_line(result, "SVC_CLOCK_OFFSET", "ten years")
+
+
+def test_a_moved_clock_is_a_warning_at_start(env):
+    env["SVC_CLOCK_OFFSET"] = "3600"
+    result = run_cli(env, "db", "status", "--json")
+    assert result.returncode in (0, 3), result.stderr
+    warnings = [json.loads(line) for line in result.stderr.splitlines() if '"WARNING"' in line]
+    assert [w["message"] for w in warnings if "SVC_CLOCK_OFFSET" in w["message"]] \
+        == ["SVC_CLOCK_OFFSET is 3600.0 seconds: this process's clock is moved (a test-only setting; unset it in "
+            "a deployment)"]
+    env["SVC_CLOCK_OFFSET"] = "0"
+    assert "SVC_CLOCK_OFFSET" not in run_cli(env, "db", "status", "--json").stderr
