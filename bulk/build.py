@@ -251,22 +251,27 @@ def _delete_objects(runtime, export_id: str, keys=()) -> None:
 
 
 def _drop_files(runtime, job: BulkExport | None, export_id: str, change) -> int:
-    """Remove a job's file rows and apply `change` (a query on its row) in one transaction, then its
-    objects, and DELETE the EHR's own export it had kicked off (`bulk.ehr_export`); `change`'s count."""
+    """Remove a job's objects (those its rows name and any other under its prefix), then its file rows
+    and apply `change` (a query on its row) in one transaction, and DELETE the EHR's own export it had
+    kicked off (`bulk.ehr_export`); `change`'s count. A store that fails raises before any row goes:
+    the next sweep or DELETE finds the rows and tries again (docs/workers.md: objects, then rows)."""
+    keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
+            .where(BulkExportFile.export == export_id)]
+    _delete_objects(runtime, export_id, keys)
     with runtime.db.atomic():
-        keys = [row.object_key for row in BulkExportFile.select(BulkExportFile.object_key)
-                .where(BulkExportFile.export == export_id)]
         BulkExportFile.delete().where(BulkExportFile.export == export_id).execute()
         changed = change.execute()
-    _delete_objects(runtime, export_id, keys)
     if job is not None and job.ehr_export:
         delete_ehr_job(runtime, job.organization, job.ehr_export)
     return changed
 
 
 def delete_export(runtime, export_id: str) -> bool:
-    """Remove a job's rows, then its objects (a delivery still writing finds it gone: `bulk.build`),
-    and DELETE the EHR's own export it had kicked off."""
+    """Remove a job: a pending one is `cancelled` first, so no delivery records a part from then on (one
+    still writing removes its own: `record_part`), then its objects, then its rows, and DELETE the
+    EHR's own export it had kicked off."""
+    BulkExport.update(status="cancelled").where((BulkExport.id == export_id)
+                                                & (BulkExport.status == "pending")).execute()
     job = BulkExport.get_or_none(BulkExport.id == export_id)
     return bool(_drop_files(runtime, job, export_id, BulkExport.delete().where(BulkExport.id == export_id)))
 

@@ -7,19 +7,21 @@ has at most `MAX_PATIENTS` patients. Then one `Patient/$export` at the EHR (`pat
 patients; `_type`: those types; `_since` passed through) is kicked off on the first type written,
 its status URL kept in the job (`BulkExport.ehr_export`) so a delivery after a worker kill -9 polls
 the same EHR job, polled honouring `Retry-After` within the batch bounds (at most `WAIT_SECONDS`
-in all), and each of its ndjson files of a type is streamed a line at a time into the job's
-`bulk.files.TypeWriter`. Each line is kept only when it is of the type, and every patient it
-references is one of the job's (`connectors.compartment.patients_of`): an EHR that ignores
-`patient`, or sends another clinic's patient, passes nothing of them. References are made relative
+in all); a job the EHR no longer knows (404/410) is DELETEd there and kicked off anew a poll
+interval later, at most `MAX_RESTARTS` times per delivery. Each of its ndjson files of a type is
+streamed a line at a time into the job's `bulk.files.TypeWriter`. Each line is kept only when it
+is of the type, and every patient it references is one of the job's
+(`connectors.compartment.patients_of`): an EHR that ignores `patient`, or sends another clinic's
+patient, passes nothing of them. References are made relative
 (`relative_references`), then `_since`, `_typeFilter` and `_elements` apply as on the per-patient
 path. The other types (not granted, not in the compartment) take the per-patient path.
 
 Any failure of the EHR's export (its kick-off refused, e.g. the `patient` parameter; an error
 status or an error manifest; a file elsewhere than the EHR's origin; a wait past `WAIT_SECONDS`; a
-5xx or timeout past the connector's retries) makes the job fall back to the per-patient path for
-every type not done (`{"fallback": reason}` kept in the job, logged); that path then succeeds,
-retries or fails as it always does. The EHR's job is DELETEd once this job is done, falls back,
-or is deleted (`bulk.build.delete_export`).
+job forgotten again after its restart; a 5xx or timeout past the connector's retries) makes the
+job fall back to the per-patient path for every type not done (`{"fallback": reason}` kept in the
+job, logged); that path then succeeds, retries or fails as it always does. The EHR's job is
+DELETEd once this job is done, falls back, or is deleted (`bulk.build.delete_export`).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import orjson
 from bulk.params import PATIENT_TYPES, ExportParameters
 from connectors import Bounds, ConnectorError, connector_for
 from connectors.compartment import patients_of
-from connectors.fhir.bulk_client import EhrBulkExport, EhrExportFailed
+from connectors.fhir.bulk_client import DEFAULT_POLL_SECONDS, EhrBulkExport, EhrExportFailed
 from connectors.fhir.grants import export_types
 from connectors.fhir.mapping import relative_references
 from fhir_api.clinic_capability import clinic_view
@@ -41,6 +43,7 @@ from models.bulk import BulkExport
 log = logging.getLogger("svc_auth.bulk")
 MAX_PATIENTS = 1000      # a job with more patients reads its EHR per patient (one `patient` list per EHR job)
 WAIT_SECONDS = 3600      # the longest svc-auth waits for the EHR's export to complete
+MAX_RESTARTS = 1         # kick-offs anew per delivery after the EHR forgot its export (404/410 to a poll)
 
 
 class EhrSource:
@@ -94,6 +97,7 @@ class EhrSource:
             return self.manifest
         status_url = (self.job.ehr_export or {}).get("status_url")
         deadline = time.monotonic() + WAIT_SECONDS
+        restarts = 0
         while True:
             if not status_url:
                 status_url = self.bulk.kick_off(self.types, self.params.since, self.patients)
@@ -104,17 +108,21 @@ class EhrSource:
                 log.info("export %s: the EHR's own $export kicked off (%s)", self.job.id, ", ".join(self.types))
             try:
                 state, value = self.bulk.poll(status_url)
-            except LookupError:  # the EHR forgot it (expired after a long outage): once more from the start
-                status_url = None
+            except LookupError as exc:  # the EHR forgot it (expired after a long outage): once more from the start
+                restarts += 1
+                if restarts > MAX_RESTARTS:
+                    raise EhrExportFailed(f"{exc} It forgot the one kicked off anew too.") from None
+                self.bulk.delete(status_url)
                 self.job.ehr_export = None
-                continue
+                status_url, state, value = None, "forgotten", DEFAULT_POLL_SECONDS
             if state == "complete":
                 self.manifest = value
                 return value
             if time.monotonic() + value > deadline:
                 raise EhrExportFailed(f"The EHR's export did not complete within {WAIT_SECONDS} s.")
             if not self.live(None):
-                self.bulk.delete(status_url)
+                if status_url:
+                    self.bulk.delete(status_url)
                 raise Gone(self.job.id)
             time.sleep(value)
 

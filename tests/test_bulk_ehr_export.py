@@ -11,7 +11,8 @@ import json
 import pytest
 
 from helpers.bulk import BulkClient, sync_window_closed_now
-from helpers.fhir_ehr import appointment, chart_record, connect_clinic, patient, practitioner
+from helpers.fhir_ehr import appointment, chart_record, cli, connect_clinic, patient, practitioner
+from helpers.hostile_ehr import NPI as HOSTILE_NPI
 from helpers.processes import wait_until
 from helpers.r4 import r4_problems
 from helpers.s3 import bucket_keys
@@ -165,6 +166,42 @@ def test_a_failing_ehr_export_falls_back_to_the_per_patient_path(runtime, world,
     _only_the_clinics(files)
     job = BulkExport.get_by_id(url.rsplit("/", 1)[1])
     assert "fallback" in job.ehr_export
+
+
+def test_an_ehr_that_forgets_every_export_is_kicked_off_at_most_twice_then_read_per_patient(
+        runtime, world, live, hostile, start_worker):
+    """The hostile EHR (`export-forgotten`) answers 202 to each kick-off and 404 to every poll: the
+    build kicked off anew at once, for ever. It now kicks off once more, a poll interval later, then
+    falls back to the per-patient reads; each EHR job it started is DELETEd."""
+    hostile.calm()
+    hostile.attack("export-forgotten", on="$export")
+    done = cli(runtime.settings, "orgs", "create", "--name", "Forgetful EHR Clinic", "--ehr", "fhir",
+               "--fhir-base-url", hostile.base, "--fhir-auth", "none", "--json")
+    assert done.returncode == 0, done.stderr
+    org_id = json.loads(done.stdout)["id"]
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@forgetful.example", "Ana", "Lopez", "alopez", HOSTILE_NPI)
+    Authorization.create(application=world.app.id, user=ana.id)
+    monday = dt.datetime(2026, 3, 2, 9, 0)
+    snapshot = Snapshot.create(organization=org_id, snapshot_date=dt.date.today(), status="complete",
+                               completed_at=dt.datetime.utcnow())
+    SnapshotAppointment.create(snapshot=snapshot, ehr_appointment_id="ap-1", provider=ana.id, provider_npi=ana.npi,
+                               provider_name="Ana", start=monday, end=monday, status="booked", appointment_type="x",
+                               patient_id="pt-1", patient_first_name="Jane", patient_last_name="Doe",
+                               patient_date_of_birth=dt.date(1970, 1, 2), patient_sex="female")
+    client = BulkClient(f"{live}/fhir/r4/{org_id}", mint_platform_token(runtime, live, ana, world.app, org_id))
+    start_worker()
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation"})
+    assert status == 202, body
+    url = headers["Content-Location"]
+    manifest = client.wait(url, timeout=30)
+    files = {o["type"]: client.download(o["url"]) for o in manifest["output"]}
+    assert [p["id"] for p in files["Patient"]] == ["pt-1"] and [o["id"] for o in files["Observation"]] == ["obs-1"]
+    paths = [path for path, _ in hostile.requests()]
+    assert paths.count(f"{hostile.base[len(hostile.origin):]}/Patient/$export") == 2, paths
+    assert len([p for p in paths if "/$export-status/" in p]) == 4  # each job polled once and DELETEd
+    assert any(p.startswith("/fhir/R4/Observation?") for p in paths)  # read per patient instead
+    assert "no longer knows" in BulkExport.get_by_id(url.rsplit("/", 1)[1]).ehr_export["fallback"]
 
 
 def test_file_urls_off_the_ehrs_origin_are_never_followed(runtime, world, live, fhir_ehr, start_worker):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -13,9 +14,9 @@ from bulk.params import ExportParameters
 from connectors import ResourceQuery, connector_for
 from connectors.sandbox import patient_panel
 from helpers.bulk import Backend, schedule_patients
-from helpers.processes import wait_until
+from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
 from helpers.r4 import r4_problems
-from helpers.s3 import bucket_keys, set_ehr_url
+from helpers.s3 import AWS, HoldingProxy, bucket_keys, set_ehr_url
 from models.bulk import BulkExport, BulkExportFile
 from workers.export import requeue_stale_exports, run_export, sweep_exports
 
@@ -131,3 +132,49 @@ def test_an_export_whose_workers_keep_dying_fails_once_its_tries_are_used_up(run
     assert requeue_stale_exports(runtime) == []
     failed = BulkExport.get_by_id(job.id)
     assert failed.status == "failed" and "its worker stopped" in failed.error
+
+
+def test_a_delete_the_object_store_fails_keeps_the_rows_and_a_retry_removes_files_and_rows(
+        runtime, world, settings, tmp_path):
+    """`DELETE` of a complete export while S3 answers none of its object DELETEs (`HoldingProxy` holds
+    them; `serve` waits 1 s a try, two tries): the rows went first, and the patients' files stayed
+    under `bulk/<id>/` with nothing pointing at them. Objects go first now: the DELETE answers 503
+    with Retry-After, the export is as it was, and the DELETE sent again once S3 answers removes
+    its objects and its rows."""
+    proxy = HoldingProxy(urlsplit(settings.s3_endpoint_url).port)
+    port = free_port()
+    issuer = f"http://127.0.0.1:{port}"
+    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_S3_ENDPOINT_URL=proxy.url,
+                       SVC_S3_TIMEOUT=1, **AWS)
+    serve = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    try:
+        schedule_patients(world.org, world.physician, world.app, 2)
+        client = Backend(runtime, issuer, world.org).client(world.org.id)
+        status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Condition"})
+        assert status == 202, body
+        url = headers["Content-Location"]
+        export_id = url.rsplit("/", 1)[1]
+        run_export(runtime, export_id)  # built here: no worker takes its queued message
+        manifest = client.wait(url, timeout=30)
+        stored = sorted(k for k in bucket_keys(settings) if k.startswith(f"bulk/{export_id}/"))
+        assert stored and len(stored) == len(manifest["output"])
+
+        proxy.arm(rb"DELETE /" + settings.s3_bucket.encode() + rb"/bulk/")
+        status, headers, body = client.request("DELETE", url)
+        assert proxy.held.is_set()
+        assert status == 503 and int(headers["Retry-After"]) >= 1, body
+        rows = sorted(f.object_key for f in BulkExportFile.select().where(BulkExportFile.export == export_id))
+        assert rows == stored  # the rows that find the files are all there
+        assert sorted(k for k in bucket_keys(settings) if k.startswith(f"bulk/{export_id}/")) == stored
+        assert client.status(url)[0] == 200  # as it was: its manifest, its files downloadable
+        assert client.download(manifest["output"][0]["url"])
+
+        proxy.disarm()
+        assert client.request("DELETE", url)[0] == 202
+        assert BulkExport.get_or_none(BulkExport.id == export_id) is None
+        assert not BulkExportFile.select().where(BulkExportFile.export == export_id).exists()
+        assert [k for k in bucket_keys(settings) if k.startswith("bulk/")] == []
+        assert client.status(url)[0] == 404
+    finally:
+        stop_process(serve)
+        proxy.close()

@@ -25,7 +25,10 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   `{"resource": "y"}`, an entry without `resource`); on `$everything` (with `offered` on `metadata`,
   which then offers it), `Patient/{id}/$everything` answers the patient's chart so;
 - `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
-  Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings.
+  Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings;
+- `export-forgotten` (on `$export`): `metadata` offers Bulk Data export, each `POST Patient/$export`
+  answers 202 with a new status URL (`$export-status/N`), and every status URL answers 404 (the EHR
+  forgets each job at once), to a GET and a DELETE.
 
 For a `smart-backend` clinic it serves `.well-known/smart-configuration` and a token endpoint
 (`/oauth/token`) that grants `TOKEN` to any client assertion.
@@ -62,6 +65,7 @@ class HostileEhr:
         self._lock = threading.Lock()
         self._attacks: dict[str, str] = {}
         self._requests: list[tuple[str, str | None]] = []
+        self._jobs = 0
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -73,6 +77,12 @@ class HostileEhr:
         with self._lock:
             self._attacks.clear()
             self._requests.clear()
+
+    def kick_off(self) -> int:
+        """The number of a new export job (`export-forgotten`)."""
+        with self._lock:
+            self._jobs += 1
+            return self._jobs
 
     def attack_on(self, kind: str) -> str | None:
         with self._lock:
@@ -171,6 +181,16 @@ def with_junk(bundle: dict) -> dict:
     return bundle
 
 
+def bulk_statement() -> dict:
+    """A CapabilityStatement offering Bulk Data export (`Patient/$export`) of the types this EHR answers."""
+    kinds = ("Patient", "Practitioner", "Appointment", "Observation", "Condition", "Provenance",
+             "MedicationRequest", "Medication")
+    return {"resourceType": "CapabilityStatement", "status": "active", "kind": "instance", "fhirVersion": "4.0.1",
+            "format": ["json"], "instantiates": ["http://hl7.org/fhir/uv/bulkdata/CapabilityStatement/bulk-data"],
+            "rest": [{"mode": "server", "resource": [
+                {"type": k, **({"operation": [{"name": "patient-export"}]} if k == "Patient" else {})} for k in kinds]}]}
+
+
 def outcome(severity: str) -> dict:
     return {"resourceType": "OperationOutcome",
             "issue": [{"severity": severity, "code": "exception", "diagnostics": f"the EHR's {severity}"}]}
@@ -196,9 +216,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802: the token endpoint of a `smart-backend` clinic grants any assertion
         self.ehr.record(self.path, self.headers.get("Authorization"))
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == f"{BASE_PATH}/Patient/$export" and self.ehr.attack_on("$export") == "export-forgotten":
+            return self.send_json(202, outcome("information"),
+                                  {"Content-Location": f"{self.ehr.base}/$export-status/{self.ehr.kick_off()}"})
         if self.path != "/oauth/token":
             return self.send_json(404, outcome("error"))
         self.send_json(200, {"access_token": TOKEN, "token_type": "Bearer", "expires_in": 300})
+
+    def do_DELETE(self):  # noqa: N802: an export's status URL (`export-forgotten`: no job is ever known)
+        self.ehr.record(self.path, self.headers.get("Authorization"))
+        self.send_json(404, outcome("error"))
 
     def do_GET(self):
         self.ehr.record(self.path, self.headers.get("Authorization"))
@@ -210,6 +237,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self.send_json(404, outcome("error"))
         rest = parts.path[len(BASE_PATH) + 1:].split("/")
         kind, ident = rest[0], (rest[1] if len(rest) > 1 else None)
+        if rest == ["metadata"] and self.ehr.attack_on("$export") == "export-forgotten":
+            return self.send_json(200, bulk_statement())
         if rest[-1] in ("metadata", "$everything") and self.ehr.attack_on(rest[-1]):
             return self.everything(rest[-1], self.ehr.attack_on(rest[-1]))
         attack = self.ehr.attack_on(kind)
