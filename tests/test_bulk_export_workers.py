@@ -123,6 +123,37 @@ def test_expired_exports_are_deleted_with_their_files(runtime, world):
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_an_expired_export_the_store_will_not_delete_holds_back_no_other(runtime, world, monkeypatch):
+    """The expiry sweep stopped at the first export whose files the store refused to delete, so
+    with its rows now kept until the files go, every export expiring after it would be kept for
+    ever. Each is deleted whatever happened to the others; the stuck one is logged and kept."""
+    from workers.export import ExportsKept, delete_expired_exports
+    schedule_patients(world.org, world.physician, world.app, 2)
+    jobs = []
+    for _ in range(2):
+        job = BulkExport.create(application=world.app.id, organization=world.org.id, level="patient",
+                                request_url="x", transaction_time=runtime.clock.now(),
+                                parameters=ExportParameters("patient", ("Patient",)).as_json())
+        run_export(runtime, job.id)
+        jobs.append(job.id)
+        runtime.clock.advance(1)  # the first expires first: the sweep takes it first
+    stuck, other = jobs
+    store, delete = runtime.object_store, runtime.object_store.delete
+
+    def refusing(key):  # the store refuses this export's objects (a lock, a policy): the others go
+        if key.startswith(f"bulk/{stuck}/"):
+            raise PermissionError(f"AccessDenied: DeleteObject {key}")
+        delete(key)
+    monkeypatch.setattr(store, "delete", refusing)
+    runtime.clock.advance(runtime.settings.bulk_file_ttl + 1)
+    with pytest.raises(ExportsKept, match=stuck):
+        delete_expired_exports(runtime)
+    assert BulkExport.get_or_none(BulkExport.id == other) is None
+    assert not [k for k in bucket_keys(runtime.settings) if k.startswith(f"bulk/{other}/")]
+    assert BulkExport.get_or_none(BulkExport.id == stuck) is not None  # its rows still lead to what is left
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_an_export_whose_workers_keep_dying_fails_once_its_tries_are_used_up(runtime, world):
     job = BulkExport.create(application=world.app.id, organization=world.org.id, level="patient", request_url="x",
                             transaction_time=runtime.clock.now(),

@@ -24,6 +24,7 @@ from bulk.files import EXPORT_PREFIX
 from connectors import BoundExceeded, ConnectorError, ConnectorUnavailable
 from errors import ApiError
 from models.bulk import BulkExport
+from models.db import DATABASE_ERRORS
 from workers.leases import LeaseKeeper, lease_seconds
 from workers.tasks import task
 
@@ -135,17 +136,36 @@ def requeue_stale_exports(runtime) -> list[str]:
     return requeued
 
 
+class ExportsKept(Exception):
+    """Expired exports whose files or rows could not be deleted this sweep (each logged)."""
+
+
 def delete_expired_exports(runtime) -> list[str]:
-    """Delete the exports past their expiry, and the cancelled ones whose build's lease lapsed."""
+    """Delete the exports past their expiry, and the cancelled ones whose build's lease lapsed,
+    oldest first, each whatever happened to the others: one whose files the store will not delete
+    is logged and kept for the next sweep (ExportsKept once the rest are done), never holding back
+    the exports after it."""
     now = runtime.clock.now()
     expired = [job.id for job in BulkExport.select(BulkExport.id).where(
         ((BulkExport.status != "pending") & (BulkExport.expires_at < now))
-        | ((BulkExport.status == "cancelled") & (BulkExport.lease_until.is_null() | (BulkExport.lease_until < now))))]
+        | ((BulkExport.status == "cancelled") & (BulkExport.lease_until.is_null() | (BulkExport.lease_until < now))))
+        .order_by(BulkExport.expires_at.asc(nulls="first"), BulkExport.id)]
+    deleted, kept = [], []
     for export_id in expired:
-        delete_export(runtime, export_id)
-    if expired:
-        log.info("deleted %d expired export(s)", len(expired))
-    return expired
+        try:
+            delete_export(runtime, export_id)
+        except DATABASE_ERRORS:
+            raise  # the sweep's connection is dropped (models.db.HeldConnections); nothing else would go
+        except Exception:
+            log.exception("expired export %s could not be deleted; the next sweep tries again", export_id)
+            kept.append(export_id)
+        else:
+            deleted.append(export_id)
+    if deleted:
+        log.info("deleted %d expired export(s)", len(deleted))
+    if kept:
+        raise ExportsKept(f"{len(kept)} expired export(s) kept: {', '.join(kept)}")
+    return deleted
 
 
 def abort_stale_uploads(runtime) -> list[str]:

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from models.db import release
+from models.db import DATABASE_ERRORS, release
 
 
 class StepsFailed(Exception):
@@ -22,11 +22,14 @@ class StepsFailed(Exception):
 def run_steps(runtime, steps, log: logging.Logger) -> None:
     """Each `step(runtime)` of a round in turn, whatever the ones before did: a failed step is
     logged and the rest still run (an object store that refuses one listing must not stop chart
-    expiry); then StepsFailed, so the loop counts the round failed."""
+    expiry); then StepsFailed, so the loop counts the round failed. A database error ends the
+    round at once, as it is: every step needs the database, and the held connection is dropped."""
     failed = []
     for step in steps:
         try:
             step(runtime)
+        except DATABASE_ERRORS:
+            raise
         except Exception:
             log.exception("%s failed; the round's other steps still run", step.__name__)
             failed.append(step.__name__)
