@@ -12,6 +12,7 @@ import logging
 import threading
 
 import peewee
+from dramatiq.middleware import CurrentMessage
 
 from models.appointments import Snapshot
 from models.charts import ChartRequest
@@ -83,6 +84,16 @@ def extend_chart_lease(runtime, request_id: str, owner: str, seconds: float) -> 
             .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")
                    & (ChartRequest.lease_owner == owner))
             .execute())
+
+
+def hold_for_retry(runtime, extend, job_id: str, owner: str) -> None:
+    """A retry is coming after Dramatiq's backoff: keep `owner`'s lease until then (`extend(runtime,
+    job_id, owner, seconds)`: a chart's or an export's), so the sweep does not queue it beside the retry."""
+    settings = runtime.settings
+    message = CurrentMessage.get_current_message()
+    retries = message.options.get("retries", 0) if message is not None else 0
+    backoff_ms = min(settings.task_min_backoff_ms * 2 ** (retries + 1), settings.task_max_backoff_ms)
+    extend(runtime, job_id, owner, backoff_ms / 1000 + lease_seconds(settings))
 
 
 def chart_lease_keeper(runtime, request_id: str, owner: str) -> LeaseKeeper:
