@@ -22,6 +22,10 @@ class Snapshot(BaseModel):
     # A `building` snapshot's worker renews this while it writes; once it lapses the worker is gone
     # and the sweep (workers.recovery) removes the snapshot and re-queues its organization's night.
     lease_until = peewee.DateTimeField(null=True)
+    # The token of the build that holds the `building` row (workers.snapshot.claim_build): its renewals,
+    # rows, publish and discard apply only while the row is still its own (SQLite reuses the id of a
+    # deleted newest row, so a builder that lost its lease could otherwise find the next one's row).
+    lease_owner = peewee.CharField(max_length=64, null=True)
     # JSON {reason: {"count", "appointments": [first ids]}}: what the EHR sent that the night left out.
     skipped = peewee.TextField(null=True)
 

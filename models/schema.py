@@ -277,6 +277,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
            "of our clock is ordered as received)",
      _add_missing_columns("feed_message", ("sent_at", peewee.DateTimeField(null=True)),
                           ("note", peewee.CharField(max_length=200, null=True)))),
+    # The snapshot lease's owner (branch snaplease) numbers its steps 53xx.
+    (5301, "snapshot.lease_owner: a builder that lost its lease changes nothing of the next builder's snapshot",
+     _add_missing_columns("snapshot", ("lease_owner", peewee.CharField(max_length=64, null=True)))),
 )
 
 

@@ -1,6 +1,7 @@
 """Bulk Data exports on real workers (Redis broker, S3 on moto's server): a `svc-auth worker` killed
 with SIGKILL mid-type is replaced, the export ends complete, and no manifest lists a truncated file;
-expired exports and stale uploads are swept (issue 48 item 4)."""
+an export waiting for its retry after an EHR outage keeps its lease through the backoff; expired
+exports and stale uploads are swept (issue 48 item 4)."""
 from __future__ import annotations
 
 import collections
@@ -21,6 +22,7 @@ from models.bulk import BulkExport, BulkExportFile
 from workers.export import requeue_stale_exports, run_export, sweep_exports
 
 RECOVERY_SECONDS = 6
+BACKOFF_MS = 20_000  # Dramatiq's first retry waits 20-40 s: far beyond the lease (3 s)
 TYPES = ("Patient", "Condition", "Encounter", "Observation")
 pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_recovery_seconds=RECOVERY_SECONDS,
                                                          bulk_file_max_bytes=40_000)]
@@ -96,6 +98,26 @@ def test_a_worker_killed_mid_export_is_replaced_and_no_manifest_lists_a_truncate
     keys = [k for k in bucket_keys(runtime.settings) if k.startswith(f"bulk/{export_id}/")]
     assert sorted(keys) == sorted(f.object_key for f in BulkExportFile.select().where(BulkExportFile.export == export_id))
     assert len(keys) == len(manifest["output"])
+
+
+@pytest.mark.svc_settings(workers=True, task_recovery_seconds=RECOVERY_SECONDS, task_min_backoff_ms=BACKOFF_MS)
+def test_an_export_waiting_for_its_retry_after_an_ehr_outage_keeps_its_lease_through_the_backoff(
+        runtime, world, live, start_worker, tmp_path):
+    """Else the sweep re-queued a second delivery beside Dramatiq's retry: each claim counted an
+    attempt, and a long outage ended the export as its worker's death (500), not the EHR's (503)."""
+    schedule_patients(world.org, world.physician, world.app, 1)
+    set_ehr_url(world.org, "https://ehr.example/test?outage=1")
+    client = Backend(runtime, live, world.org).client(world.org.id)
+    start_worker()
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
+    assert status == 202, body
+    export_id = headers["Content-Location"].rsplit("/", 1)[1]
+    wait_until(lambda: "Retrying message" in (tmp_path / "worker0.log").read_text(), 60,
+               "the first try to meet the outage")
+    runtime.clock.advance(2 * BACKOFF_MS / 1000)  # the longest the first retry may wait
+    assert requeue_stale_exports(runtime) == []
+    job = BulkExport.get_by_id(export_id)
+    assert (job.status, job.attempts) == ("pending", 1)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)

@@ -25,7 +25,7 @@ from connectors.sandbox import SandboxConnector, patient_panel
 from models.charts import ChartRequest
 from workers.tasks import task
 from workers.chart_archive import write_chart_zip, zip_password
-from workers.leases import chart_lease_keeper, claim_chart, extend_chart_lease, lease_seconds
+from workers.leases import chart_lease_keeper, claim_chart, extend_chart_lease, hold_for_retry
 
 log = logging.getLogger("svc_auth.charts")
 
@@ -75,15 +75,6 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
     return ChartRequest.get_by_id(request_id)
 
 
-def _hold_for_retry(runtime, request_id: str, owner: str) -> None:
-    """A retry is coming after Dramatiq's backoff: keep the lease until then, so the sweep waits."""
-    settings = runtime.settings
-    message = CurrentMessage.get_current_message()
-    retries = message.options.get("retries", 0) if message is not None else 0
-    backoff_ms = min(settings.task_min_backoff_ms * 2 ** (retries + 1), settings.task_max_backoff_ms)
-    extend_chart_lease(runtime, request_id, owner, backoff_ms / 1000 + lease_seconds(settings))
-
-
 def mark_failed(request_id: str, reason: str) -> None:
     (ChartRequest.update(status="failed", error=reason)
      .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute())
@@ -101,7 +92,7 @@ def build_chart(runtime, request_id: str) -> None:
             attempts = request.attempts if request else 0
             mark_failed(request_id, f"The EHR did not answer after {attempts} attempts: {exc}")
             return
-        _hold_for_retry(runtime, request_id, owner)
+        hold_for_retry(runtime, extend_chart_lease, request_id, owner)
         raise
     except ConnectorError as exc:
         mark_failed(request_id, str(exc))
@@ -110,7 +101,7 @@ def build_chart(runtime, request_id: str) -> None:
         if runtime.task_queue.last_attempt():
             mark_failed(request_id, "The chart archive could not be built.")
             return
-        _hold_for_retry(runtime, request_id, owner)
+        hold_for_retry(runtime, extend_chart_lease, request_id, owner)
         raise
 
 

@@ -1,15 +1,17 @@
 """Bulk Data exports on the task workers: the `build_export` task, its lease, and the sweep.
 
 As a chart build (`workers.charts`): the kick-off creates a pending `BulkExport`, commits, then
-queues `build_export`. The task claims the job's lease (its message id) and renews it while it
-writes (`workers.leases.LeaseKeeper`); each finished file is recorded as it is stored
-(`bulk.build`), each finished type is marked done. A worker killed mid-export stops renewing;
-`sweep_exports` (part of every recovery sweep, `workers.recovery.sweep`) re-queues the job, whose
-next delivery drops the files of the unfinished type and goes on from there; a job whose tries
-are used up is failed. A job DELETEd while built (`cancelled`) keeps its lease renewed until its
-build stops (it checks before each EHR search, at most every 50 ms) and removes it. The sweep
-also deletes expired exports (their objects, then their rows) and cancelled ones whose worker
-died, and aborts unfinished uploads under `bulk/` that no live delivery is writing.
+queues `build_export`. The task claims the job's lease (its message id), renews it while it
+writes (`workers.leases.LeaseKeeper`) and keeps it while a retry waits for its backoff
+(`workers.leases.hold_for_retry`: the sweep does not queue a second delivery beside the retry);
+each finished file is recorded as it is stored (`bulk.build`), each finished type is marked done.
+A worker killed mid-export stops renewing; `sweep_exports` (part of every recovery sweep,
+`workers.recovery.sweep`) re-queues the job, whose next delivery drops the files of the
+unfinished type and goes on from there; a job whose tries are used up is failed. A job DELETEd
+while built (`cancelled`) keeps its lease renewed until its build stops (it checks before each
+EHR search, at most every 50 ms) and removes it. The sweep also deletes expired exports (their
+objects, then their rows) and cancelled ones whose worker died, and aborts unfinished uploads
+under `bulk/` that no live delivery is writing.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from connectors import BoundExceeded, ConnectorError, ConnectorUnavailable
 from errors import ApiError
 from models.bulk import BulkExport
 from models.db import DATABASE_ERRORS
-from workers.leases import LeaseKeeper, lease_seconds
+from workers.leases import LeaseKeeper, hold_for_retry, lease_seconds
 from workers.tasks import task
 
 log = logging.getLogger("svc_auth.bulk")
@@ -88,6 +90,7 @@ def build_export(runtime, export_id: str) -> None:
         if runtime.task_queue.last_attempt():
             mark_failed(runtime, export_id, f"The clinic's EHR did not answer: {exc}", 503)
             return
+        hold_for_retry(runtime, extend_export_lease, export_id, owner)
         raise
     except BoundExceeded as exc:
         log.error("export %s: the EHR went past a bound: %s", export_id, exc)
@@ -100,6 +103,7 @@ def build_export(runtime, export_id: str) -> None:
         if runtime.task_queue.last_attempt():
             mark_failed(runtime, export_id, "The export could not be built.", 500)
             return
+        hold_for_retry(runtime, extend_export_lease, export_id, owner)
         raise
 
 

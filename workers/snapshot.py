@@ -13,13 +13,16 @@ yesterday's snapshot until the instant today's is whole. Re-running a night repl
 Builders cooperate: one `building` row per (organization, night) is allowed (a unique index), so
 a second builder of the same night never destroys the first one's work. A task leaves the night
 to the live builder; `snapshot run` waits for it and reports the night found built; a builder
-whose lease lapsed (it died) is taken over.
+whose lease lapsed (it died) is taken over. Each build holds its row by a token of its own
+(`lease_owner`): a builder paused past its lease, whose row was swept or taken over, stops at its
+next write, and its renewals, rows, publish and discard change nothing (`BuildTakenOver`).
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +36,8 @@ from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization, User
 from models.prepared import PreparedInsert
 from schedules import schedule_source
-from workers.leases import lease_seconds, record_sync_failure, snapshot_lease_keeper
+from workers.leases import (extend_snapshot_lease, lease_seconds, record_sync_failure, snapshot_held,
+                            snapshot_lease_keeper)
 from workers.tasks import task
 
 log = logging.getLogger("svc_auth.snapshot")
@@ -99,6 +103,11 @@ class BuildInProgress(Exception):
     """Another builder holds a live lease on this (organization, night)."""
 
 
+class BuildTakenOver(BuildInProgress):
+    """This build lost its lease while it ran (its row was swept or taken over): it stops, and the
+    night is the sweep's re-queued task's or the other builder's."""
+
+
 def claim_build(runtime, organization_id: str, night: dt.date) -> Snapshot | None:
     """Start the build of (organization, night): its one `building` row, leased to this builder.
 
@@ -116,7 +125,7 @@ def claim_build(runtime, organization_id: str, night: dt.date) -> Snapshot | Non
     try:
         with db.atomic():
             return Snapshot.create(organization=organization_id, snapshot_date=night, status="building",
-                                   started_at=now, lease_until=now + lease)
+                                   started_at=now, lease_until=now + lease, lease_owner=secrets.token_hex(16))
     except peewee.IntegrityError:
         return None
 
@@ -138,17 +147,18 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
         raise BuildInProgress(f"the snapshot of {organization_id} for {night} is being built by another process")
     try:
         count = 0
-        with snapshot_lease_keeper(runtime, snapshot.id):
+        with snapshot_lease_keeper(runtime, snapshot) as keeper:
             for user in providers:
+                if keeper.lost.is_set():
+                    raise BuildTakenOver(f"snapshot {snapshot.id} was taken over while it was built")
                 provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name,
                                     ehr_username=user.ehr_username)
                 rows = _rows(snapshot.id, user,
                              source.fetch_appointments(provider, window_start, window_start + COVERAGE))
                 for chunk in peewee.chunked(rows, INSERT_CHUNK):
-                    with db.atomic():
-                        count += _INSERT_APPOINTMENT.insert_many(chunk)
+                    count += _insert(runtime, snapshot, chunk)
     except BaseException:
-        _discard(db, snapshot.id)
+        _discard(db, snapshot)
         raise
     skipped = source.skipped
     if skipped is not None and skipped.total():
@@ -159,6 +169,14 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
     publish(runtime, snapshot)
     log.info("snapshot of %s for %s: %d appointments of %d providers", organization_id, night, count, len(providers))
     return snapshot
+
+
+def _insert(runtime, snapshot: Snapshot, rows) -> int:
+    """Store rows of the night, in the transaction that renews the build's lease (none once it lost it)."""
+    with runtime.db.atomic():
+        if not extend_snapshot_lease(runtime, snapshot):
+            raise BuildTakenOver(f"snapshot {snapshot.id} was taken over while it was built")
+        return _INSERT_APPOINTMENT.insert_many(rows)
 
 
 def build_or_await(runtime, organization_id: str, night: dt.date, poll: float = 0.5) -> tuple[str, Snapshot]:
@@ -191,9 +209,13 @@ def publish(runtime, snapshot: Snapshot) -> None:
     """Make `snapshot` the one of its night, in one transaction (readers switch atomically).
 
     It replaces the night's earlier complete snapshot and prunes complete ones of old nights; a
-    `building` one of an old night belongs to a live builder (or to the sweep) and is left alone."""
+    `building` one of an old night belongs to a live builder (or to the sweep) and is left alone.
+    A build that lost its lease changes nothing (`BuildTakenOver`)."""
     org, night = snapshot.organization_id, snapshot.snapshot_date
     with runtime.db.atomic():
+        if not (Snapshot.update(status="complete", completed_at=runtime.clock.now(), skipped=snapshot.skipped)
+                .where(snapshot_held(snapshot)).execute()):  # our lease lapsed: the night is another's
+            raise BuildTakenOver(f"snapshot {snapshot.id} was taken over while it was built")
         replaced = [s.id for s in Snapshot.select(Snapshot.id).where(
             (Snapshot.organization == org) & (Snapshot.id != snapshot.id)
             & ((Snapshot.snapshot_date == night)
@@ -201,20 +223,18 @@ def publish(runtime, snapshot: Snapshot) -> None:
         if replaced:
             SnapshotAppointment.delete().where(SnapshotAppointment.snapshot.in_(replaced)).execute()
             Snapshot.delete().where(Snapshot.id.in_(replaced)).execute()
-        updated = (Snapshot.update(status="complete", completed_at=runtime.clock.now(), skipped=snapshot.skipped)
-                   .where((Snapshot.id == snapshot.id) & (Snapshot.status == "building")).execute())
-        if not updated:  # our lease lapsed (the sweep removed it): build again
-            raise ConnectorUnavailable(f"snapshot {snapshot.id} was removed while it was built; retrying")
     snapshot.status = "complete"
 
 
-def _discard(db, snapshot_id: int) -> None:
+def _discard(db, snapshot: Snapshot) -> None:
+    """Remove the build's unfinished snapshot, unless it lost it (the row is then another's, or gone)."""
     try:
         with db.atomic():
-            SnapshotAppointment.delete().where(SnapshotAppointment.snapshot == snapshot_id).execute()
-            Snapshot.delete().where(Snapshot.id == snapshot_id).execute()
+            SnapshotAppointment.delete().where(SnapshotAppointment.snapshot.in_(
+                Snapshot.select(Snapshot.id).where(snapshot_held(snapshot)))).execute()
+            Snapshot.delete().where(snapshot_held(snapshot)).execute()
     except peewee.PeeweeException:
-        log.exception("could not remove unfinished snapshot %s", snapshot_id)
+        log.exception("could not remove unfinished snapshot %s", snapshot.id)
 
 
 def organizations_to_sync() -> list[str]:
@@ -307,8 +327,9 @@ def sync_organization(runtime, organization_id: str, night: str) -> None:
     try:
         build_snapshot(runtime, organization_id, dt.date.fromisoformat(night))
     except BuildInProgress as exc:
-        # Another builder (a `snapshot run`, a redelivery) has it: it publishes the night, or,
-        # if it dies, its lease lapses and the sweep queues the night again.
+        # Another builder (a `snapshot run`, a redelivery, the one that took over a lapsed lease)
+        # has it, or the sweep re-queued it: it publishes the night, or, if it dies, its lease
+        # lapses and the sweep queues the night again.
         log.info("%s; leaving it to that builder", exc)
     except ConnectorUnavailable:
         raise  # retried; yesterday's snapshot keeps being served meanwhile
