@@ -12,7 +12,9 @@ both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size
 a header: 400 and the connection closed); headers above `max_header_size` bytes: 431 and closed; a
 declared body above `max_body_size`: 413 before it is read, a chunked one that grows past it: 413
 and closed. Pipelined requests are answered in order, one at a time; reading pauses while the
-requests waiting behind the current one hold more than PIPELINE_BYTES. A response is chunked when its
+requests waiting behind the current one hold more than PIPELINE_BYTES, and the next request waits
+(reading paused) while the transport holds more than its high-water mark of responses the client has
+not read, as Tornado's connection waits for its pending write. A response is chunked when its
 handler flushes before finishing; a flush resolves once the transport's buffer is below its
 high-water mark (back-pressure). Keep-alive, HTTP/1.0, `Connection: close`, `Expect: 100-continue`,
 HEAD and 1xx/204/304 follow Tornado's HTTP1Connection.
@@ -102,6 +104,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.drain_waiters: list = []
         self.closed = False
         self.closing = False
+        self.held = False  # the next request waits for the client to read what was written
         loop = asyncio.get_running_loop()
         self.lost = loop.create_future()
         # What every write returns while the transport takes more: one done future for the
@@ -175,6 +178,10 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
     def resume_writing(self) -> None:
         self.writing_paused = False
         self._release_writers(None)
+        if self.held and not self.closed:
+            self.held = False
+            self._pump()
+            self._resume_reading_if_room()
 
     # -- httptools callbacks (they only record; _pump hands on) -----------------------------------
     def on_message_begin(self) -> None:
@@ -238,8 +245,17 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             self.reading_paused = True
             self.transport.pause_reading()
 
+    def _hold(self) -> None:
+        """Responses the client has not read fill the transport: no next request, no reading, until
+        `resume_writing` (else a client pipelining requests it never reads grows the buffer without end)."""
+        self.held = True
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
     def _resume_reading_if_room(self) -> None:
-        if self.reading_paused and not self.closing and self._queued_bytes() <= PIPELINE_BYTES:
+        if (self.reading_paused and not self.closing and not self.held
+                and self._queued_bytes() <= PIPELINE_BYTES):
             self.reading_paused = False
             self.transport.resume_reading()
 
@@ -252,6 +268,9 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         while True:
             if self.current is None:
                 if not self.queue or self.closed:
+                    return
+                if self.writing_paused:
+                    self._hold()
                     return
                 message = self.queue[0]
                 if message.error:

@@ -9,6 +9,7 @@ import http.client
 import io
 import signal
 import socket
+import threading
 
 import pytest
 
@@ -324,3 +325,58 @@ def test_a_slow_reader_of_a_large_file_does_not_make_the_server_hold_it(serve, r
     download(port, target("big.bin"), size, slow=True)
     grown = peak_rss(proc.pid) - before
     assert grown < 4 * 1024 * 1024, f"the server's peak memory grew {grown} bytes for a {size}-byte download"
+
+
+def resident(pid: int) -> int:
+    """The process's resident memory now, bytes (Linux VmRSS)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_pipelined_requests_wait_for_a_client_that_reads_nothing(serve, tmp_path):
+    """A client pipelines 2,000 requests for a 62 KB document and reads nothing: the server answers
+    only what its transport's buffer takes (then waits for the client to read, as Tornado's connection
+    does), so its memory stays put; without the wait it answered all 2,000 into memory (+124 MB).
+    The client then reads every response, whole and in order."""
+    port, _, proc = serve
+    count = 2000
+    warm, reader = connect(port)
+    warm.sendall(b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, document = reader.response()  # the document built and cached once
+    assert status == 200 and len(document) > 50_000
+    warm.close()
+    before = resident(proc.pid)
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(60)
+    requests = b"".join(b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\nX-Request-Id: pipelined-%d\r\n\r\n" % i
+                        for i in range(count))
+    sender = threading.Thread(target=sock.sendall, args=(requests,), daemon=True)
+    sender.start()  # it blocks once the server stops reading; reading below lets it finish
+    log = tmp_path / "serve.log"
+
+    def answered() -> int:
+        return log.read_bytes().count(b"pipelined-")
+
+    # The server's own pace decides how far it runs: wait until it has answered all (the fault) or
+    # for a bound; the assertion on memory does not depend on how long that took.
+    try:
+        wait_until(lambda: answered() >= count or resident(proc.pid) - before > 48 * 1024 * 1024,
+                   timeout=20, what="every pipelined request answered")
+    except AssertionError:
+        pass
+    grown = resident(proc.pid) - before
+    assert grown < 32 * 1024 * 1024, f"{answered()} answered into memory: the server grew {grown} bytes"
+    assert answered() < count
+    reader = Reader(sock)
+    for _ in range(count):
+        status, headers, body = reader.response()
+        assert status == 200 and body == document
+    sender.join(60)
+    assert not sender.is_alive()
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reader.response()[2] == b'{"status":"ok"}'  # the connection still serves, in order
+    sock.close()
+    ids = [line.split(b"pipelined-")[1][:6] for line in log.read_bytes().splitlines() if b"pipelined-" in line]
+    assert [int(i.split(b'"')[0]) for i in ids] == list(range(count))
