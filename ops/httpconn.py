@@ -9,7 +9,8 @@ Tornado's public `httputil.HTTPConnection` and hands every request to the applic
 
 What it guarantees (docs/security.md): requests are parsed by llhttp in strict mode (a request with
 both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size, a NUL or bare CR in
-a header: 400 and the connection closed); headers above `max_header_size` bytes: 431 and closed; a
+a header, and what Tornado's HTTPServerRequest refuses: a missing, repeated or invalid Host, too many
+query arguments: 400 and the connection closed); headers above `max_header_size` bytes: 431 and closed; a
 declared body above `max_body_size`: 413 before it is read, a chunked one that grows past it: 413
 and closed. Pipelined requests are answered in order, one at a time; reading pauses while the
 requests waiting behind the current one hold more than PIPELINE_BYTES, and the next request waits
@@ -325,6 +326,9 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         """Call a delegate method; False if it returned a future to wait for (resumed when done)."""
         try:
             result = method(*args)
+        except httputil.HTTPInputError as exc:
+            self._malformed(exc)
+            return False
         except Exception:
             log.exception("error in the request's delegate")
             self._abort()
@@ -383,6 +387,12 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             self.transport.write(_BAD_REQUEST if reason is None else
                                  b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Length: 0\r\n\r\n" % (status, reason))
         self.close()
+
+    def _malformed(self, exc: httputil.HTTPInputError) -> None:
+        """Tornado refused the request (HTTPServerRequest: a missing, repeated or invalid Host, too
+        many query arguments): 400 and close, logged at INFO, as its HTTP1Connection does."""
+        log.info("Malformed HTTP request from %s: %s", self.context, exc)
+        self._fail_current(400)
 
     def _fail_current(self, status: int) -> None:
         """The current request's body broke the rules mid-way: tell its delegate, answer, close."""

@@ -248,6 +248,30 @@ def test_request_smuggling_shapes_get_400_and_the_connection_closed(serve, shape
     assert closed and answer.count(b"HTTP/1.1 ") == 1  # the request behind it is never served
 
 
+REFUSED_BY_TORNADO = {
+    "no host": b"GET /healthz HTTP/1.1\r\n\r\n",
+    "two hosts": b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    "invalid host": b"GET /healthz HTTP/1.1\r\nHost: a/b\r\n\r\n",
+    "1,001 query arguments": b"GET /healthz?%s HTTP/1.1\r\nHost: x\r\n\r\n" % b"&".join([b"a=1"] * 1001),
+}
+
+
+@pytest.mark.parametrize("shape", REFUSED_BY_TORNADO)
+def test_a_request_tornado_refuses_gets_400_not_a_traceback_and_a_reset(serve, shape, tmp_path):
+    """llhttp parses these, Tornado's HTTPServerRequest refuses them (HTTPInputError): 400 and the
+    connection closed, as Tornado's own connection answers; nothing logged as an error."""
+    port, _, _ = serve
+    answer, closed = raw_answer(port, REFUSED_BY_TORNADO[shape] + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+    assert closed and answer.count(b"HTTP/1.1 ") == 1  # the request behind it is never served
+    sock, reader = connect(port)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reader.response()[0] == 200  # logged after the refusal: the log below holds what it wrote
+    sock.close()
+    log = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in log and '"level":"ERROR"' not in log, log[-3000:]
+
+
 def test_a_client_gone_mid_body_is_told_to_the_request_and_the_server_keeps_serving(serve, tmp_path):
     """The request's delegate hears on_connection_close (the request stops counting as in flight:
     SIGTERM then finds nothing to wait for), and other connections are served meanwhile."""
