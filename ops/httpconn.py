@@ -18,14 +18,20 @@ requests waiting behind the current one hold more than PIPELINE_BYTES, and the n
 not read, as Tornado's connection waits for its pending write. A response is chunked when its
 handler flushes before finishing; a flush resolves once the transport's buffer is below its
 high-water mark (back-pressure). Keep-alive, HTTP/1.0, `Connection: close`, `Expect: 100-continue`,
-HEAD and 1xx/204/304 follow Tornado's HTTP1Connection.
+HEAD and 1xx/204/304 follow Tornado's HTTP1Connection. Once the server drains (SIGTERM), every
+response says `Connection: close` and its connection closes after it; a connection idle between
+requests (no byte of a next one read, none waiting in the kernel) is half-closed at once (a FIN:
+a request crossing it is the client's to retry on another connection, never a reset).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import logging
 import socket
+import struct
+import termios
 
 import httptools
 from tornado import httputil, iostream
@@ -126,6 +132,8 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.context = _Context(transport.get_extra_info("peername"))
         self.server.connection_made(self)
         self.server.header_waits.since[self] = self.server.header_waits.clock()
+        if self.server.draining:
+            self.drain()  # accepted just before the drain: served only if its request is arriving
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -407,6 +415,25 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             self.write_finished = True
             self._answer_error(status)
 
+    def drain(self) -> None:
+        """The server drains: close now if idle; a request under way is answered, then closed."""
+        if self.closed or self.closing or self.current is not None or self.queue or self._unread():
+            return
+        self.closing = True  # what the client sends from now on is read and dropped
+        self.transport.write_eof()  # a FIN, not a close: a request crossing it meets an EOF, not a reset
+
+    def serving(self) -> bool:
+        """A request under way or begun (the drain waits for it); False once closing between requests."""
+        return not self.closed and not (self.closing and self.current is None)
+
+    def _unread(self) -> int:
+        """Bytes the kernel holds that the transport has not read yet (a request just arriving)."""
+        sock = self.transport.get_extra_info("socket")
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        except (AttributeError, OSError):
+            return 0
+
     def _abort(self) -> None:
         if not self.closed:
             self.transport.abort()
@@ -437,6 +464,8 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.chunking_output = (request.version == "HTTP/1.1" and request.method != "HEAD"
                                 and code not in (204, 304) and not 100 <= code < 200
                                 and "Content-Length" not in headers)
+        if self.server.draining:
+            self.disconnect_on_finish = True  # begun before the drain, answered after it
         if request.version == "HTTP/1.1" and self.disconnect_on_finish:
             headers["Connection"] = "close"
         if request.version == "HTTP/1.0" and self.current.headers.get("Connection", "").lower() == "keep-alive":
@@ -571,6 +600,16 @@ class HttptoolsServer:
             self.connections.discard(connection)
             self.slot.closed()
             self.on_connection_closed()
+
+    def start_draining(self) -> None:
+        """SIGTERM: every response from now on closes its connection; idle connections close now."""
+        self.draining = True
+        for connection in list(self.connections):
+            connection.drain()
+
+    def busy(self) -> bool:
+        """Whether a connection still has a request to answer (serve's drain waits for it)."""
+        return any(connection.serving() for connection in self.connections)
 
     async def close_all_connections(self) -> None:
         """Close every connection (after serve has let in-flight requests finish) and wait for them."""
