@@ -169,8 +169,9 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     await stop.wait()
     runtime.draining = True  # /readyz says 503 from now on
     acceptor.stop()  # stop accepting at once, close this process's listening socket; let in-flight requests finish
+    server.start_draining()  # every response from now on says Connection: close; idle connections close now
     deadline = loop.time() + drain_seconds
-    while app.in_flight > 0 and loop.time() < deadline:
+    while (app.in_flight > 0 or server.busy()) and loop.time() < deadline:
         await asyncio.sleep(0.02)
     if app.in_flight:
         log.warning("shutting down with %d requests still in flight", app.in_flight)

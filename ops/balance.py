@@ -138,6 +138,15 @@ class CountingHTTPServer(tornado.httpserver.HTTPServer):
     def start_request(self, server_conn, request_conn):
         return WatchedRequest(super().start_request(server_conn, request_conn), self.header_waits, request_conn)
 
+    def start_draining(self) -> None:
+        """SIGTERM. Tornado's connection decides keep-alive when a request starts (a private flag) and
+        has no public way to close once a response is sent: its keep-alive connections are served as
+        before until `close_all_connections` (docs/operations.md, Shutdown)."""
+
+    def busy(self) -> bool:
+        """Only `in_flight` tells (the application's count): nothing more to wait for here."""
+        return False
+
     async def close_all_connections(self) -> None:
         await super().close_all_connections()
         self.header_waits.stop()

@@ -9,20 +9,29 @@ Tornado's public `httputil.HTTPConnection` and hands every request to the applic
 
 What it guarantees (docs/security.md): requests are parsed by llhttp in strict mode (a request with
 both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size, a NUL or bare CR in
-a header: 400 and the connection closed); headers above `max_header_size` bytes: 431 and closed; a
+a header, and what Tornado's HTTPServerRequest refuses: a missing, repeated or invalid Host, too many
+query arguments: 400 and the connection closed); headers above `max_header_size` bytes: 431 and closed; a
 declared body above `max_body_size`: 413 before it is read, a chunked one that grows past it: 413
 and closed. Pipelined requests are answered in order, one at a time; reading pauses while the
-requests waiting behind the current one hold more than PIPELINE_BYTES. A response is chunked when its
+requests waiting behind the current one hold more than PIPELINE_BYTES, and the next request waits
+(reading paused) while the transport holds more than its high-water mark of responses the client has
+not read, as Tornado's connection waits for its pending write. A response is chunked when its
 handler flushes before finishing; a flush resolves once the transport's buffer is below its
 high-water mark (back-pressure). Keep-alive, HTTP/1.0, `Connection: close`, `Expect: 100-continue`,
-HEAD and 1xx/204/304 follow Tornado's HTTP1Connection.
+HEAD and 1xx/204/304 follow Tornado's HTTP1Connection. Once the server drains (SIGTERM), every
+response says `Connection: close` and its connection closes after it; a connection idle between
+requests (no byte of a next one read, none waiting in the kernel) is half-closed at once (a FIN:
+a request crossing it is the client's to retry on another connection, never a reset).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import logging
 import socket
+import struct
+import termios
 
 import httptools
 from tornado import httputil, iostream
@@ -102,6 +111,7 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.drain_waiters: list = []
         self.closed = False
         self.closing = False
+        self.held = False  # the next request waits for the client to read what was written
         loop = asyncio.get_running_loop()
         self.lost = loop.create_future()
         # What every write returns while the transport takes more: one done future for the
@@ -122,6 +132,8 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.context = _Context(transport.get_extra_info("peername"))
         self.server.connection_made(self)
         self.server.header_waits.since[self] = self.server.header_waits.clock()
+        if self.server.draining:
+            self.drain()  # accepted just before the drain: served only if its request is arriving
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -175,6 +187,10 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
     def resume_writing(self) -> None:
         self.writing_paused = False
         self._release_writers(None)
+        if self.held and not self.closed:
+            self.held = False
+            self._pump()
+            self._resume_reading_if_room()
 
     # -- httptools callbacks (they only record; _pump hands on) -----------------------------------
     def on_message_begin(self) -> None:
@@ -238,8 +254,17 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
             self.reading_paused = True
             self.transport.pause_reading()
 
+    def _hold(self) -> None:
+        """Responses the client has not read fill the transport: no next request, no reading, until
+        `resume_writing` (else a client pipelining requests it never reads grows the buffer without end)."""
+        self.held = True
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
     def _resume_reading_if_room(self) -> None:
-        if self.reading_paused and not self.closing and self._queued_bytes() <= PIPELINE_BYTES:
+        if (self.reading_paused and not self.closing and not self.held
+                and self._queued_bytes() <= PIPELINE_BYTES):
             self.reading_paused = False
             self.transport.resume_reading()
 
@@ -252,6 +277,9 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         while True:
             if self.current is None:
                 if not self.queue or self.closed:
+                    return
+                if self.writing_paused:
+                    self._hold()
                     return
                 message = self.queue[0]
                 if message.error:
@@ -306,6 +334,9 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         """Call a delegate method; False if it returned a future to wait for (resumed when done)."""
         try:
             result = method(*args)
+        except httputil.HTTPInputError as exc:
+            self._malformed(exc)
+            return False
         except Exception:
             log.exception("error in the request's delegate")
             self._abort()
@@ -365,6 +396,12 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
                                  b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Length: 0\r\n\r\n" % (status, reason))
         self.close()
 
+    def _malformed(self, exc: httputil.HTTPInputError) -> None:
+        """Tornado refused the request (HTTPServerRequest: a missing, repeated or invalid Host, too
+        many query arguments): 400 and close, logged at INFO, as its HTTP1Connection does."""
+        log.info("Malformed HTTP request from %s: %s", self.context, exc)
+        self._fail_current(400)
+
     def _fail_current(self, status: int) -> None:
         """The current request's body broke the rules mid-way: tell its delegate, answer, close."""
         self.read_finished = True
@@ -377,6 +414,25 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         else:
             self.write_finished = True
             self._answer_error(status)
+
+    def drain(self) -> None:
+        """The server drains: close now if idle; a request under way is answered, then closed."""
+        if self.closed or self.closing or self.current is not None or self.queue or self._unread():
+            return
+        self.closing = True  # what the client sends from now on is read and dropped
+        self.transport.write_eof()  # a FIN, not a close: a request crossing it meets an EOF, not a reset
+
+    def serving(self) -> bool:
+        """A request under way or begun (the drain waits for it); False once closing between requests."""
+        return not self.closed and not (self.closing and self.current is None)
+
+    def _unread(self) -> int:
+        """Bytes the kernel holds that the transport has not read yet (a request just arriving)."""
+        sock = self.transport.get_extra_info("socket")
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        except (AttributeError, OSError):
+            return 0
 
     def _abort(self) -> None:
         if not self.closed:
@@ -408,6 +464,8 @@ class HttptoolsConnection(asyncio.Protocol, httputil.HTTPConnection):
         self.chunking_output = (request.version == "HTTP/1.1" and request.method != "HEAD"
                                 and code not in (204, 304) and not 100 <= code < 200
                                 and "Content-Length" not in headers)
+        if self.server.draining:
+            self.disconnect_on_finish = True  # begun before the drain, answered after it
         if request.version == "HTTP/1.1" and self.disconnect_on_finish:
             headers["Connection"] = "close"
         if request.version == "HTTP/1.0" and self.current.headers.get("Connection", "").lower() == "keep-alive":
@@ -542,6 +600,16 @@ class HttptoolsServer:
             self.connections.discard(connection)
             self.slot.closed()
             self.on_connection_closed()
+
+    def start_draining(self) -> None:
+        """SIGTERM: every response from now on closes its connection; idle connections close now."""
+        self.draining = True
+        for connection in list(self.connections):
+            connection.drain()
+
+    def busy(self) -> bool:
+        """Whether a connection still has a request to answer (serve's drain waits for it)."""
+        return any(connection.serving() for connection in self.connections)
 
     async def close_all_connections(self) -> None:
         """Close every connection (after serve has let in-flight requests finish) and wait for them."""
