@@ -38,9 +38,15 @@ ROUTE_MODULES = (wellknown, oauth, bulk, fhir, sandbox_api, sandbox_hub, objects
                  console)
 """Every handler module contributes `routes(runtime)`; add a module here to mount it."""
 
-# Tornado refuses bodies above this outright; BaseHandler answers a clear 413 for smaller ones
-# that still exceed SVC_MAX_BODY_BYTES.
-HARD_BODY_LIMIT = 8 * 1024 * 1024
+BODY_FLOOR = 1024 * 1024
+
+
+def connection_body_limit(settings) -> int:
+    """The body the connection refuses outright (413 before reading it, or 400 under Tornado's own
+    connection): SVC_MAX_BODY_BYTES, at least 1 MiB, so a body a little over the setting still gets
+    BaseHandler's JSON 413 and none is buffered far past it (8 MiB a connection let 40 connections
+    hold 330 MB of bodies every route refuses)."""
+    return max(BODY_FLOOR, settings.max_body_bytes)
 
 # Bytes read from a socket at once (HTTPServer's chunk_size: also its IOStreams' read_chunk_size).
 # Tornado allocates a zeroed buffer of this size for every read; a request's headers and a token
@@ -142,9 +148,9 @@ async def _serve_until_stopped(settings: Settings, sockets, slot: Slot, on_start
     if settings.http_connection == "httptools":
         # llhttp parsing under the same Application (ops/httpconn.py): less CPU per request.
         server = HttptoolsServer(app, slot, idle_connection_timeout=settings.idle_connection_timeout,
-                                 max_body_size=HARD_BODY_LIMIT)
+                                 max_body_size=connection_body_limit(settings))
     else:
-        server = CountingHTTPServer(app, xheaders=False, max_body_size=HARD_BODY_LIMIT, chunk_size=READ_CHUNK_SIZE,
+        server = CountingHTTPServer(app, xheaders=False, max_body_size=connection_body_limit(settings), chunk_size=READ_CHUNK_SIZE,
                                     idle_connection_timeout=settings.idle_connection_timeout, slot=slot)
     stop_scheduler = None
     if not settings.redis_url:

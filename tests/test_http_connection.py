@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
-from server import HARD_BODY_LIMIT
+from server import BODY_FLOOR
 
 CONNECTIONS = ("httptools", "tornado")
 
@@ -177,12 +177,12 @@ def test_a_body_over_the_hard_limit_is_refused_and_the_connection_closed(serve, 
         sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
         piece = b"x" * 65536
         try:
-            for _ in range(HARD_BODY_LIMIT // len(piece) + 2):
+            for _ in range(BODY_FLOOR // len(piece) + 2):
                 sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         except OSError:
             pass  # closed by the server once past the limit
     else:
-        sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (HARD_BODY_LIMIT + 1))
+        sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (BODY_FLOOR + 1))
     answer = b""
     try:
         while chunk := sock.recv(65536):
@@ -191,6 +191,25 @@ def test_a_body_over_the_hard_limit_is_refused_and_the_connection_closed(serve, 
         pass
     sock.close()
     # Tornado's own connection answers 400 ("Content-Length too long", "chunked body too large").
+    assert answer.startswith(b"HTTP/1.1 413" if kind == "httptools" else b"HTTP/1.1 400"), answer[:80]
+
+
+def test_a_declared_body_far_past_svc_max_body_bytes_is_refused_before_it_is_read(serve):
+    """Every route refuses a body over SVC_MAX_BODY_BYTES (64 KiB), yet the connection read and kept
+    up to 8 MiB of one first (40 connections: 330 MB). A declared 2 MiB is refused at once, unread."""
+    port, kind, _ = serve
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(15)
+    sock.sendall(b"POST /v1/oauth/token HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (2 * 1024 * 1024))
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):  # no byte of the body is sent: only a refusal ends this
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pass  # nothing answered: the server waits for the body it means to read
+    sock.close()
     assert answer.startswith(b"HTTP/1.1 413" if kind == "httptools" else b"HTTP/1.1 400"), answer[:80]
 
 
