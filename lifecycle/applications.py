@@ -31,9 +31,16 @@ def find_application(application_id: str) -> Application:
     return app
 
 
+def save_changes(app: Application) -> None:
+    """Write the columns changed on `app`, only those: a full-row save from a copy read before
+    another change committed (a secret activated meanwhile) would write that change back."""
+    if app.dirty_fields:
+        app.save(only=app.dirty_fields)
+
+
 def record_change(runtime, app: Application, actor: str, action: str, **detail) -> Application:
     """Save a changed application, audit it (`action` with `detail`) and tell every process."""
-    app.save()
+    save_changes(app)
     AuditEvent.record(actor, action, app.id, **detail)
     runtime.changes.announce(APPLICATIONS)
     return app
@@ -134,7 +141,7 @@ def set_public(runtime, application_id: str, public: bool, actor: str = "operato
         secret = new_secret()
         app.client_secret_hash, app.secret_key_id = runtime.hasher.digest(secret), runtime.hasher.key_id
     app.public = bool(public)
-    app.save()
+    save_changes(app)
     AuditEvent.record(actor, "application.client_type_set", app.id, public=app.public)
     runtime.changes.announce(APPLICATIONS)
     return app, secret

@@ -203,3 +203,27 @@ async def test_the_retired_secret_is_recognised_not_counted_as_a_guess(api, part
     runtime.clock.advance(runtime.settings.retired_secret_grace + 1)
     status, _, body = await token(old)
     assert (status, body["error_description"]) == (401, "Unknown client or wrong client secret.")
+
+
+@pytest.mark.parametrize("change", ["smart_scopes", "public"])
+def test_a_change_saved_from_a_copy_read_before_an_activation_keeps_the_activation(runtime, world, monkeypatch,
+                                                                                  change):
+    """Two changes to one app at once (two console sessions): one activates the fallback secret, the
+    other saves SMART settings (or makes the app public) from a copy it read before that activation
+    committed. The second wrote every column of its copy back: the old secret current again, the new
+    one pending again, the audit saying otherwise. Now only the columns it changed are written."""
+    import lifecycle.applications as applications
+    from lifecycle.applications import set_public, set_smart_scopes
+    from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret, is_current_secret
+    new_secret = generate_fallback_secret(runtime, world.app.id)
+    stale = Application.get_by_id(world.app.id)  # read by the other change before the activation commits
+    activate_fallback_secret(runtime, world.app.id)
+    monkeypatch.setattr(applications, "find_application", lambda application_id: stale)
+    if change == "smart_scopes":
+        set_smart_scopes(runtime, world.app.id, "launch openid fhirUser patient/Patient.rs")
+    else:
+        set_public(runtime, world.app.id, False)  # already confidential: nothing of its secrets changes
+    saved = Application.get_by_id(world.app.id)
+    assert is_current_secret(saved, new_secret, runtime.hasher)
+    assert not is_current_secret(saved, world.secret, runtime.hasher)
+    assert saved.fallback_secret_hash is None
