@@ -194,6 +194,14 @@ def _create(runtime, args):
 
 
 def _update(runtime, args):
+    """Every option given, or none: one transaction, so an option refused after others were applied
+    (a bad `--smart-scopes` after `--name`) leaves the app as it was."""
+    with runtime.db.atomic():
+        app, secret = _apply_update(runtime, args)
+    emit({**manifest_dict(app), **({"client_secret": secret} if secret else {})}, args.json)
+
+
+def _apply_update(runtime, args):
     changes = {key: value for key, value in (("name", args.name), ("launch_url", args.launch_url),
                                              ("redirect_uri", args.redirect_uri),
                                              ("token_endpoint", args.token_endpoint)) if value is not None}
@@ -222,7 +230,7 @@ def _update(runtime, args):
     secret = None
     if args.public is not None:
         app, secret = set_public(runtime, app.id, args.public)
-    emit({**manifest_dict(app), **({"client_secret": secret} if secret else {})}, args.json)
+    return app, secret
 
 
 def _check_backend_flags(args, jwks_text: str | None) -> None:

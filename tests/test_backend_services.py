@@ -755,3 +755,14 @@ async def test_discovery_lists_exactly_the_auth_methods_introspection_and_revoca
         assert set(meta["revocation_endpoint_auth_methods_supported"]) == taken["revoke"], path
         for endpoint in ("introspection", "revocation"):  # RFC 8414: present with private_key_jwt
             assert set(meta[f"{endpoint}_endpoint_auth_signing_alg_values_supported"]) == {"RS384", "ES384"}, path
+
+
+def test_an_update_refused_part_way_changes_nothing(cli, world):
+    """`apps update` wrote its options one by one: `--name` was kept when `--smart-scopes` was then
+    refused (exit 2). Now all of them or none."""
+    before = json.loads(cli("apps", "show", "--app", world.app.id, "--json").stdout)
+    result = cli("apps", "update", "--app", world.app.id, "--name", "Renamed", "--require-pkce",
+                 "--smart-scopes", "bogus/scope", "--json", expect=2)
+    assert "scope" in result.stderr.lower()
+    after = json.loads(cli("apps", "show", "--app", world.app.id, "--json").stdout)
+    assert after == before
