@@ -426,9 +426,10 @@ class Settings:
 
     @property
     def jwks_max_age(self) -> int:
-        """How long relying parties may cache the JWKS: at most the key pre-publication time, so a
-        new key is in every cached copy before it signs."""
-        return min(300, self.key_prepublish_seconds)
+        """How long relying parties may cache the JWKS: half the key pre-publication time (at most
+        300 s), so a new key is in every cached copy before it signs, with the other half as a margin
+        for a copy served just before a process reloaded its keys, or by a host whose clock is ahead."""
+        return min(300, self.key_prepublish_seconds // 2)
 
     @property
     def issuer_claim(self) -> str:
