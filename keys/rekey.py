@@ -57,12 +57,14 @@ def rekey(runtime, actor: str = "operator") -> dict:
     waiting = hosts_on_old_key(runtime)
     if waiting:
         return _refused(runtime, actor, waiting, checked["still_old"])
-    resealed_keys = _reseal_rows(cipher, SigningKeyRecord, "")
-    ehr = _reseal_rows(cipher, EhrClientKey, AAD_PREFIX)
     chain = reseal(runtime.db, keys, runtime.clock.now, {"actor": actor, "reason": "keys rekey"},
                    guard=lambda: hosts_on_old_key(runtime))
     if chain.get("refused"):  # a record linked, or a host on the old key started, between the check and the lock
         return _refused(runtime, actor, chain["refused"], chain["still_old"])
+    # The keys only once the chain's guard let the rekey through: a refusal changes nothing (a host
+    # still on the old key could not open signing keys sealed under the new one)
+    resealed_keys = _reseal_rows(cipher, SigningKeyRecord, "")
+    ehr = _reseal_rows(cipher, EhrClientKey, AAD_PREFIX)
     result = {"resealed": resealed_keys + ehr + chain["resealed"],
               "still_old": {"signing_keys": _old_rows(cipher, SigningKeyRecord, ""),
                             "ehr_client_keys": _old_rows(cipher, EhrClientKey, AAD_PREFIX),

@@ -136,6 +136,7 @@ def test_rekey_waits_for_a_host_still_on_the_old_key_and_the_chain_stays_one(set
         # (refused either way: the newest record may be a's now, which the chain itself shows)
         assert code == 1 and result["refused"]["cause"] in ("hosts_on_old_key", "old_key_still_linking"), result
         assert result["resealed"] == 0 and records()[1] == before[1], result
+        assert result["still_old"]["signing_keys"] >= 1  # refused early or under the lock: no key re-sealed
         reads(a), reads(b)  # a's next records still link, and the chain verifies
         code, result, _ = cli(b_env, "audit", "verify")
         assert code == 0 and result["ok"], result
