@@ -1,10 +1,11 @@
 """`svc-auth ehr check --org ORG [--npi NPI]... [--json]`: can svc-auth read this clinic's FHIR EHR?
-`svc-auth ehr jwks`: svc-auth's EHR client public keys, for an EHR that takes an uploaded key set."""
+`svc-auth ehr jwks`: svc-auth's EHR client public keys, for an EHR that takes an uploaded key set.
+`svc-auth ehr rotate-key [--finish] [--json]`: a new EHR client key (lifecycle.ehr_keys)."""
 from __future__ import annotations
 
 import json
 
-from cli.common import UsageError, existing, with_runtime
+from cli.common import UsageError, emit, existing, with_runtime
 from models.directory import Organization, User
 from models.npi import is_npi
 
@@ -22,6 +23,12 @@ def register(commands) -> None:
     p = ehr.add_parser("jwks", help="print svc-auth's EHR client public keys (JWKS), for EHRs that take an "
                                     "uploaded key set (Oracle Health's System Account Management)")
     p.set_defaults(handler=with_runtime(_jwks))
+    p = ehr.add_parser("rotate-key", help="add an EHR client key that signs from now on; the previous keys stay in "
+                                          "/ehr/jwks.json for SVC_EHR_KEY_OVERLAP_SECONDS, then are deleted")
+    p.add_argument("--finish", action="store_true", help="end the overlap now: delete every key but the newest "
+                                                         "(after a leak, or once every EHR has the new key)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=with_runtime(_rotate_key))
 
 
 def _check(runtime, args) -> int:
@@ -60,4 +67,10 @@ def _check(runtime, args) -> int:
 def _jwks(runtime, args) -> int:
     """The same document as `GET {SVC_ISSUER}/ehr/jwks.json`: public halves only."""
     print(json.dumps(runtime.ehr_keys.jwks(), indent=1))
+    return 0
+
+
+def _rotate_key(runtime, args) -> int:
+    from lifecycle.ehr_keys import finish_ehr_key_rotation, rotate_ehr_key
+    emit(finish_ehr_key_rotation(runtime) if args.finish else rotate_ehr_key(runtime), args.json)
     return 0

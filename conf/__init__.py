@@ -219,6 +219,9 @@ class Settings:
     # A rotated signing key is in the JWKS this long before it signs; the JWKS's Cache-Control
     # max-age is never longer (see keys/signing.py). 0: a new key signs at once.
     key_prepublish_seconds: int = 300
+    # After `svc-auth ehr rotate-key`, the previous EHR client keys stay in /ehr/jwks.json this long
+    # (EHRs cache svc-auth's JWKS), then are deleted, private halves included (keys/ehr_client.py).
+    ehr_key_overlap_seconds: int = 24 * 3600
     presigned_url_ttl: int = 900
     # A ready chart's ZIP is deleted from the object store this long after it was built; its
     # request then reads `expired` (workers.recovery.expire_charts). A new request builds it again.
@@ -389,6 +392,8 @@ class Settings:
                               f"±{_TEN_YEARS} (ten years), got {merged['clock_offset']!r}")
         merged["key_prepublish_seconds"] = _at_least("SVC_KEY_PREPUBLISH_SECONDS", merged["key_prepublish_seconds"], 0,
                                                      "0 or more seconds")
+        merged["ehr_key_overlap_seconds"] = _at_least("SVC_EHR_KEY_OVERLAP_SECONDS", merged["ehr_key_overlap_seconds"],
+                                                      0, "0 or more seconds")
         for name in ("rest_allowed_networks", "trusted_proxies"):
             if isinstance(merged[name], str):
                 merged[name] = _networks("SVC_" + name.upper(), merged[name])

@@ -95,7 +95,8 @@ class Runtime:
         self._object_stores: dict = {}
         self._task_queue = None
         self._metrics = None
-        self.ehr_keys = EhrClientKeys(self.keyring.cipher)  # svc-auth's key at FHIR EHRs (/ehr/jwks.json)
+        # svc-auth's keys at FHIR EHRs (/ehr/jwks.json; `ehr rotate-key`)
+        self.ehr_keys = EhrClientKeys(self.keyring.cipher, settings.ehr_key_overlap_seconds, clock=self.clock.time)
         self._connector_states: dict = {}
         self._connector_states_lock = threading.Lock()
         # The disclosure audit's chain (audit/): group-committed appends, under a key derived from SVC_HMAC_KEY.

@@ -114,17 +114,26 @@ class FhirClient:
         if cached:
             token, self.granted = cached
             return token
-        kid, pem = self.keys.current()
-        now = int(time.time())
-        assertion = jwt.encode({"iss": self.client_id, "sub": self.client_id, "aud": endpoint,
-                                "jti": uuid.uuid4().hex, "iat": now, "exp": now + ASSERTION_SECONDS},
-                               pem.decode(), algorithm="RS384", headers={"kid": kid})
-        form = urlencode({"grant_type": "client_credentials", "scope": " ".join(self.scopes),
-                          "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
-                          "client_assertion": assertion})
-        status, body, _ = self._send("POST", endpoint, body=form.encode(),
-                                     headers={"Content-Type": "application/x-www-form-urlencoded",
-                                              "Accept": "application/json"})
+        # The newest key signs. During a key rotation's overlap (`ehr rotate-key`) an EHR whose cached
+        # copy of svc-auth's JWKS predates the new key refuses it (invalid_client): the previous key,
+        # still published, is tried then, until the EHR fetches the JWKS again.
+        signing = self.keys.signing_keys()
+        for attempt, (kid, pem) in enumerate(signing):
+            now = int(time.time())
+            assertion = jwt.encode({"iss": self.client_id, "sub": self.client_id, "aud": endpoint,
+                                    "jti": uuid.uuid4().hex, "iat": now, "exp": now + ASSERTION_SECONDS},
+                                   pem.decode(), algorithm="RS384", headers={"kid": kid})
+            form = urlencode({"grant_type": "client_credentials", "scope": " ".join(self.scopes),
+                              "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+                              "client_assertion": assertion})
+            status, body, _ = self._send("POST", endpoint, body=form.encode(),
+                                         headers={"Content-Type": "application/x-www-form-urlencoded",
+                                                  "Accept": "application/json"})
+            refused_client = status in (400, 401) and isinstance(body, dict) and body.get("error") == "invalid_client"
+            if not refused_client or attempt == len(signing) - 1:
+                break
+            log.info("the EHR at %s refused svc-auth's newest EHR client key %s; trying the previous one, still "
+                     "published (the EHR's copy of /ehr/jwks.json predates the rotation)", self.base, kid)
         if status != 200 or not isinstance(body, dict) or not body.get("access_token"):
             error = body.get("error") if isinstance(body, dict) else None
             raise ConnectorError(

@@ -86,16 +86,28 @@ function makeProvider() {
     fetch: (url, options) => { delete options.dispatcher; return globalThis.fetch(url, options); },
   });
   p.proxy = false;
+  // The `kid` of each client assertion the token endpoint received, and whether a token was issued
+  // (/admin/stats `assertions`): which of svc-auth's keys signed.
+  p.on('grant.success', (ctx) => noteAssertion(ctx, true));
+  p.on('grant.error', (ctx) => noteAssertion(ctx, false));
   for (const event of ['grant.error', 'server_error']) {
     p.on(event, (ctx, err) => console.log(`${event}: ${err.message}: ${err.error_description ?? ''} ${err.error_detail ?? ''} ${err.cause ? String(err.cause) + ' ' + String(err.cause.cause ?? '') : ''}`));
   }
   return p;
 }
 
+function noteAssertion(ctx, ok) {
+  const assertion = ctx.oidc?.params?.client_assertion;
+  if (typeof assertion !== 'string') return;
+  let kid = null;
+  try { kid = JSON.parse(Buffer.from(assertion.split('.')[0], 'base64url').toString()).kid ?? null; } catch { /* not a JWT */ }
+  stats.assertions.push({ kid, ok });
+}
+
 // Faults: the next `count` FHIR requests answer `status` (with Retry-After when given).
 let fault = null;
 // `pages`: requests per search kind (`Observation`, `Patient/$everything`, ...), to show paging.
-const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0, metadata: 0, pages: {}, maxInFlight: 0 };
+const stats = { fhir: 0, token: 0, faults: 0, fhirBusyMs: 0, metadata: 0, pages: {}, maxInFlight: 0, assertions: [] };
 // /admin/capabilities {everything: false} hides and refuses the operation; {everything: "listed"}
 // lists it in the CapabilityStatement but refuses it (as EHRs that list what a client may not use).
 let offerEverything = vendorOffersEverything(vendor);
