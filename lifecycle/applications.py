@@ -212,7 +212,8 @@ def set_rest_allowed_networks(runtime, application_id: str, networks, actor: str
 
 def delete_application(runtime, application_id: str, actor: str = "operator") -> Application:
     """Remove an application with its installations, launches, codes and tokens (the foreign keys
-    cascade); its client credentials stop working at once. Audited. Its charts' ZIPs and Bulk Data
+    cascade); its client credentials stop working at once. Its billing ledger stays (no foreign
+    key: `billing report` still lists its rows). Audited. Its charts' ZIPs and Bulk Data
     files go first: only its rows lead the expiry sweeps to them, and the cascade deletes those."""
     app = find_application(application_id)
     _delete_stored_files(runtime, app.id)

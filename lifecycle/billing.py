@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 
+from peewee import JOIN, fn
+
 from lifecycle.activation import is_billable_status
 from models.billing import BillableUse
 from models.directory import Organization, User
@@ -30,11 +32,15 @@ def record_billable_use(app, user, installation, now) -> bool:
     """Add the ledger row if billable; True when this call created it.
 
     The unique index and INSERT ... ON CONFLICT DO NOTHING make concurrent verifications in any
-    number of processes write one row."""
+    number of processes write one row. The row copies the clinic's name (in the same statement)
+    and the user's email: the report prints them after the app, clinic or user is deleted."""
     if not is_billable(app, installation, now):
         return False
-    inserted = (BillableUse.insert(application=app.id, organization=installation.organization_id, user=user.id,
-                                   month=now.strftime("%Y-%m"), first_verified_at=now)
+    clinic_name = (Organization.select(Organization.name)
+                   .where(Organization.id == installation.organization_id))
+    inserted = (BillableUse.insert(application_id=app.id, organization_id=installation.organization_id,
+                                   user_id=user.id, month=now.strftime("%Y-%m"), first_verified_at=now,
+                                   organization_name=clinic_name, user_email=user.email)
                 .on_conflict_ignore().execute())
     return bool(inserted)
 
@@ -46,23 +52,32 @@ def parse_month(value) -> str:
 
 
 def billing_report(month: str, application_id: str | None = None) -> dict:
-    """Billable users per application and organization for `month`."""
+    """Billable users per application and organization for `month`: every ledger row, whether the
+    app, the clinic or the user still exists. Names are the current ones while the clinic and the
+    user exist, else those copied when the use was billed (empty for a row the previous release
+    wrote during a rolling upgrade whose clinic or user is gone since)."""
     month = parse_month(month)
-    query = (BillableUse.select(BillableUse, Organization, User)
-             .join(Organization, on=(BillableUse.organization == Organization.id))
-             .switch(BillableUse).join(User, on=(BillableUse.user == User.id))
+    clinic_name = fn.COALESCE(Organization.name, BillableUse.organization_name, "")
+    email = fn.COALESCE(User.email, BillableUse.user_email, "")
+    query = (BillableUse.select(BillableUse.application_id, BillableUse.organization_id, BillableUse.user_id,
+                                BillableUse.first_verified_at, clinic_name.alias("clinic_name"),
+                                email.alias("email"))
+             .join(Organization, JOIN.LEFT_OUTER, on=(BillableUse.organization_id == Organization.id))
+             .switch(BillableUse).join(User, JOIN.LEFT_OUTER, on=(BillableUse.user_id == User.id))
              .where(BillableUse.month == month)
-             .order_by(BillableUse.application, Organization.name, User.email))
+             .order_by(BillableUse.application_id, clinic_name, BillableUse.organization_id, email,
+                       BillableUse.user_id))
     if application_id:
-        query = query.where(BillableUse.application == application_id)
+        query = query.where(BillableUse.application_id == application_id)
     groups: OrderedDict = OrderedDict()
-    for row in query:
-        key = (row.application_id, row.organization_id)
-        group = groups.setdefault(key, {"application_id": row.application_id, "organization_id": row.organization_id,
-                                        "organization_name": row.organization.name, "billable_users": 0, "users": []})
+    for row in query.dicts():
+        key = (row["application_id"], row["organization_id"])
+        group = groups.setdefault(key, {"application_id": row["application_id"],
+                                        "organization_id": row["organization_id"],
+                                        "organization_name": row["clinic_name"], "billable_users": 0, "users": []})
         group["billable_users"] += 1
-        group["users"].append({"user_id": row.user_id, "email": row.user.email,
-                               "first_verified_at": row.first_verified_at.replace(microsecond=0).isoformat() + "Z"})
+        group["users"].append({"user_id": row["user_id"], "email": row["email"],
+                               "first_verified_at": row["first_verified_at"].replace(microsecond=0).isoformat() + "Z"})
     organizations = list(groups.values())
     return {"month": month, "total_billable_users": sum(g["billable_users"] for g in organizations),
             "organizations": organizations}

@@ -168,6 +168,46 @@ def _hl7_feed_settings(migrator) -> None:
     migrator.database.execute(ONE_FACILITY.safe())
 
 
+def _ledger_outlives_what_it_names(migrator) -> None:
+    """billable_use keeps its rows when an app, a clinic or a user is deleted: no foreign key (they
+    cascaded, and `apps delete` erased the app's ledger, months not yet invoiced included), and
+    the clinic's name and the user's email copied into each row (filled here from the current ones).
+
+    PostgreSQL drops the foreign-key constraints, whatever their names; SQLite cannot, so it
+    rebuilds the table (foreign keys are off: nothing references it), keeping every row and its id,
+    and the same index names. Rolling-upgrade safe: the columns are the previous release's plus two
+    NULLable ones; its inserts, joins and recursive deletes work as before (its `apps delete` still
+    deletes the app's rows: delete apps with this release)."""
+    db = migrator.database
+    table = BillableUse._meta.table_name
+    if isinstance(db, peewee.SqliteDatabase):
+        if db.get_foreign_keys(table):
+            db.execute_sql(f'ALTER TABLE "{table}" RENAME TO "{table}_before_5501"')
+            for index in db.get_indexes(f"{table}_before_5501"):  # the names the new table's indexes take
+                if not index.name.startswith("sqlite_autoindex_"):
+                    db.execute_sql(f'DROP INDEX "{index.name}"')
+            BillableUse._schema.create_table(safe=False)
+            db.execute_sql(f'INSERT INTO "{table}" ("id", "application_id", "organization_id", "user_id", "month", '
+                           f'"first_verified_at") SELECT "id", "application_id", "organization_id", "user_id", '
+                           f'"month", "first_verified_at" FROM "{table}_before_5501"')
+            db.execute_sql(f'DROP TABLE "{table}_before_5501"')
+            BillableUse._schema.create_indexes(safe=True)
+        else:  # created by this release (or rebuilt): only columns, if any, are missing
+            _add_missing_columns(table, ("organization_name", BillableUse.organization_name),
+                                 ("user_email", BillableUse.user_email))(migrator)
+    else:
+        for (name,) in db.execute_sql("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass "
+                                      "AND contype = 'f'", (f'"{table}"',)).fetchall():
+            db.execute_sql(f'ALTER TABLE "{table}" DROP CONSTRAINT "{name}"')
+        _add_missing_columns(table, ("organization_name", BillableUse.organization_name),
+                             ("user_email", BillableUse.user_email))(migrator)
+    (BillableUse.update(organization_name=Organization.select(Organization.name)
+                        .where(Organization.id == BillableUse.organization_id))
+     .where(BillableUse.organization_name.is_null()).execute())
+    (BillableUse.update(user_email=User.select(User.email).where(User.id == BillableUse.user_id))
+     .where(BillableUse.user_email.is_null()).execute())
+
+
 MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # Codes note the jtis their exchange issued (replaces one issued_token row per token).
     (1, "authorization_code.issued_jtis",
@@ -280,6 +320,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # The snapshot lease's owner (branch snaplease) numbers its steps 53xx.
     (5301, "snapshot.lease_owner: a builder that lost its lease changes nothing of the next builder's snapshot",
      _add_missing_columns("snapshot", ("lease_owner", peewee.CharField(max_length=64, null=True)))),
+    # The billing ledger kept through deletions (branch ledger) numbers its steps 55xx.
+    (5501, "billable_use: no foreign keys (deleting an app, clinic or user keeps its ledger); the clinic's name "
+           "and the user's email copied into each row", _ledger_outlives_what_it_names),
 )
 
 

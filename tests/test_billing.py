@@ -240,3 +240,46 @@ async def test_a_paid_plan_is_billed_from_the_first_enabled_verification(api, fl
     set_status(runtime, world, "Enabled", trial_days_ago=0)
     await verify_on_platform(api, flow, world)
     assert BillableUse.select().count() == 1
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_deleting_the_app_its_clinic_or_its_users_keeps_the_billing_ledger(api, flow, world, settings, runtime):
+    """`apps delete` used to cascade to the app's ledger, months not yet invoiced included, so the
+    operator's report showed 0 for a month that had billable users; a removed clinic or user
+    (`demo seed --reset`) dropped rows too. The ledger keeps plain ids and the names the report
+    prints, copied when the use is billed."""
+    from helpers.rest import partner_headers
+    set_status(runtime, world, "Enabled")
+    await verify_on_platform(api, flow, world)  # a launch, and the platform's verification of its token
+    month = runtime.clock.now().strftime("%Y-%m")
+    env = settings_env(settings)
+    headers = await partner_headers(api, world.app, world.secret)
+
+    def cli(*args):
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *args], env=env, cwd=str(ROOT),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def billed(*only):
+        report = json.loads(cli("billing", "report", "--month", month, "--format", "json", *only))
+        users = [(group["application_id"], group["organization_id"], group["organization_name"], user["user_id"],
+                  user["email"]) for group in report["organizations"] for user in group["users"]]
+        assert report["total_billable_users"] == len(users)
+        return users
+
+    kept = [(world.app.id, world.org.id, "Test Clinic", world.physician.id, "doc@example.com")]
+    assert billed() == kept
+    cli("apps", "delete", "--app", world.app.id, "--yes")
+    assert billed() == kept and billed("--app", world.app.id) == kept
+    rows = list(csv.reader(io.StringIO(cli("billing", "report", "--month", month, "--format", "csv"))))
+    assert rows[1][1:6] == [world.app.id, world.org.id, "Test Clinic", world.physician.id, "doc@example.com"], rows
+    # The partner API shows a deleted app nothing: its credentials are gone.
+    status, _, body = await api.call("GET", billing_path(world.app.id, month), headers=headers)
+    assert status == 401, body
+    # The clinic and its users removed (as `demo seed --reset` removes the demo clinic): the names
+    # copied when the use was billed.
+    from models.directory import Organization, User
+    Organization.get_by_id(world.org.id).delete_instance(recursive=True)
+    assert User.select().where(User.id == world.physician.id).count() == 0
+    assert billed() == kept

@@ -176,10 +176,97 @@ def test_the_previous_release_runs_on_the_upgraded_schema(commit, backend, tmp_p
             "grant_type": "authorization_code", "client_id": app["client_id"], "client_secret": app["client_secret"],
             "code": code})
         assert status == 200 and tokens["id_token"], tokens
+        # The platform verifies the token (the first SDK initialization: Disabled), the app enables
+        # itself, and the platform verifies it again (a paid plan): the previous release bills the user
+        # into the ledger migration 5501 rebuilt (no foreign keys; two NULLable columns it leaves out).
+        for status_before in (None, "Enabled"):
+            if status_before:
+                previous.cli("installs", "update", "--app", app["application_id"], "--org", org, "--status",
+                             status_before)
+            status, _, body = http.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
+                                        headers={"Authorization": f"Bearer {sandbox}"})
+            assert status == 200 and body["active"] is True, body
     finally:
         stop_process(proc)
     shown = svc_auth(env, "orgs", "show", "--org", org, "--json")  # and the current code reads what it wrote
     assert shown.returncode == 0 and json.loads(shown.stdout)["users"] == [user], shown.stdout + shown.stderr
+    [(month,)] = run_sql(url, 'SELECT "month" FROM "billable_use" WHERE "application_id" = %s',
+                         (app["application_id"],))
+    assert json.loads(previous.cli("billing", "report", "--month", month))["total_billable_users"] == 1  # its report
+    billed = [(g["organization_name"], u["user_id"], u["email"])
+              for g in ledger(env, month, app["application_id"])["organizations"] for u in g["users"]]
+    assert billed == [("Rolling Clinic", user, "roll@clinic.example")], billed
+    assert svc_auth(env, "apps", "delete", "--app", app["application_id"], "--yes").returncode == 0
+    assert ledger(env, month, app["application_id"])["total_billable_users"] == 1
+
+
+def ledger(env: dict, month: str, app: str | None = None) -> dict:
+    """The current code's `billing report --month MONTH [--app APP]` (JSON)."""
+    report = svc_auth(env, "billing", "report", "--month", month, "--format", "json", *(["--app", app] if app else []))
+    assert report.returncode == 0, report.stderr
+    return json.loads(report.stdout)
+
+
+def run_sql(url: str, statement: str, params: tuple = ()) -> list:
+    """One statement with plain SQL (SQLite path URL or PostgreSQL), committed; its rows, if any."""
+    if url.startswith("sqlite"):
+        import sqlite3
+        con = sqlite3.connect(url[len("sqlite:///"):])
+        try:
+            rows = con.execute(statement.replace("%s", "?"), params).fetchall()
+            con.commit()
+            return rows
+        finally:
+            con.close()
+    import psycopg2
+    con = psycopg2.connect(url)
+    try:
+        with con, con.cursor() as cur:
+            cur.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        con.close()
+
+
+def test_an_upgrade_keeps_the_billing_ledger_and_deletions_keep_it_after(backend, tmp_path, scratch_database):
+    """Migration 5501 keeps every ledger row (id and values) while it removes the foreign keys that
+    cascaded an app's, a clinic's or a user's deletion into the ledger; it copies the names the
+    report prints into the rows; and the unique index that bills a user once a month stays."""
+    url, env, day = restore(RELEASES[-1], backend, tmp_path, scratch_database)
+    seed = day["seed"]
+    written = [(7, seed["application_id"], seed["organization_id"], seed["physician_user_id"], "2026-10"),
+               (8, seed["application_id"], seed["organization_id"], seed["other_user_id"], "2026-11")]
+    for row in written:
+        run_sql(url, 'INSERT INTO "billable_use" ("id", "application_id", "organization_id", "user_id", "month", '
+                     '"first_verified_at") VALUES (%s, %s, %s, %s, %s, \'2026-10-05 09:30:00\')', row)
+    [(clinic,)] = run_sql(url, 'SELECT "name" FROM "organization" WHERE "id" = %s', (seed["organization_id"],))
+    emails = dict(run_sql(url, 'SELECT "id", "email" FROM "user"'))
+    migrated = svc_auth(env, "db", "migrate")
+    assert migrated.returncode == 0 and "migration 5501" in migrated.stdout, migrated.stdout + migrated.stderr
+    rows = run_sql(url, 'SELECT "id", "application_id", "organization_id", "user_id", "month", "organization_name", '
+                        '"user_email" FROM "billable_use" ORDER BY "id"')
+    assert [tuple(r) for r in rows] == [(*row, clinic, emails[row[3]]) for row in written], rows
+    from models.db import open_database
+    db = open_database(url, max_connections=1)
+    try:
+        assert db.get_foreign_keys("billable_use") == []
+        assert {i.name: (i.columns, i.unique) for i in db.get_indexes("billable_use")
+                if i.name.startswith("billable_use_application_id_organization")} == {
+            "billable_use_application_id_organization_id_user_id_month": (
+                ["application_id", "organization_id", "user_id", "month"], True)}
+    finally:
+        db.close()
+    # The app is deleted, then the clinic (with its users, as `demo seed --reset` does): every row stays,
+    # with the names copied by the migration.
+    assert svc_auth(env, "apps", "delete", "--app", seed["application_id"], "--yes").returncode == 0
+    reset = svc_auth(env, "demo", "seed", "--reset")
+    assert reset.returncode == 0, reset.stderr
+    assert run_sql(url, 'SELECT COUNT(*) FROM "billable_use"') == [(2,)]
+    for _, app_id, org_id, user_id, month in written:
+        report = ledger(env, month)
+        assert [(g["application_id"], g["organization_id"], g["organization_name"], u["user_id"], u["email"])
+                for g in report["organizations"] for u in g["users"]] == [
+            (app_id, org_id, clinic, user_id, emails[user_id])], report
 
 
 def hold_the_migration_lock(backend: str, url: str):

@@ -50,7 +50,7 @@ class Demo:
     def billable_users(self) -> int:
         runtime = Runtime(self.settings)
         try:
-            return BillableUse.select().where(BillableUse.application == APP_ID).count()
+            return BillableUse.select().where(BillableUse.application_id == APP_ID).count()
         finally:
             runtime.close()
 
