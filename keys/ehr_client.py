@@ -71,6 +71,11 @@ class EhrClientKeys:
         """Every published key's public half (the document EHRs fetch as svc-auth's `jwks_uri`)."""
         return {"keys": [json.loads(row.public_jwk) for row in self._live_rows()]}
 
+    def created(self, kid: str) -> int:
+        """When this key was created (epoch seconds): its predecessor stays published for the
+        overlap after it."""
+        return EhrClientKey.get(EhrClientKey.kid == kid).created
+
     def kids(self) -> list[str]:
         """Every stored key's kid, newest first (published or not yet pruned)."""
         return [row.kid for row in self._rows()]

@@ -26,10 +26,10 @@ def ehr_key_state(runtime) -> dict:
 def rotate_ehr_key(runtime, actor: str = "operator") -> dict:
     """Add an EHR client key that signs from now on; older keys stay published for the overlap."""
     keys = runtime.ehr_keys
+    dropped = keys.prune(keys.expired(), reason="overlap over")   # before `current` prunes them unsaid
     previous = keys.current()[0]
     kid = keys.add()
-    dropped = keys.prune(keys.expired(), reason="overlap over")
-    until = _when(runtime.clock.time() + keys.overlap_seconds)
+    until = _when(keys.created(kid) + keys.overlap_seconds)       # as `/ehr/jwks.json` keeps `previous`
     AuditEvent.record(actor, "ehr.key_rotated", kid, previous_kid=previous, previous_published_until=until,
                       dropped=dropped)
     return {"kid": kid, "previous_kid": previous, "previous_published_until": until, "dropped": dropped,

@@ -151,3 +151,24 @@ def test_rotate_key_refuses_odd_input_with_exit_2_and_one_line(runtime, cli_any,
     assert bad.stderr.strip().splitlines() == [
         "svc-auth: configuration error: SVC_EHR_KEY_OVERLAP_SECONDS must be 0 or more seconds, got '-1'"]
     assert stored_kids() == before                            # nothing rotated
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.svc_settings(ehr_key_overlap_seconds=2)
+def test_a_rotation_reports_the_keys_whose_overlap_it_ended(runtime, cli_any):
+    """A rotation after an earlier one's overlap deletes the oldest key and says so: `dropped` in its
+    answer names it, and the published-until time is the one the JWKS keeps the previous key to."""
+    cli = cli_any
+    first = json.loads(cli("ehr", "rotate-key", "--json").stdout)
+    assert first["dropped"] == []
+    time.sleep(2.2)                                           # SVC_EHR_KEY_OVERLAP_SECONDS
+    second = json.loads(cli("ehr", "rotate-key", "--json").stdout)
+    assert second["previous_kid"] == first["kid"]
+    assert second["dropped"] == [first["previous_kid"]]       # the key the first rotation replaced
+    assert second["published"] == [second["kid"], first["kid"]]
+    assert stored_kids() == {second["kid"], first["kid"]}
+    row = EhrClientKey.get(EhrClientKey.kid == second["kid"])
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row.created + 2))
+    assert second["previous_published_until"] == until
+    [event] = [e for e in audited(cli, "ehr.key_rotated") if e["subject"] == second["kid"]]
+    assert event["detail"]["dropped"] == [first["previous_kid"]]
