@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import subprocess
-import time
+import threading
 from pathlib import Path
 
 from bench.service import basic, free_port
@@ -52,21 +52,33 @@ class OidcPeer:
         return basic(self.client_id, self.secret)
 
     def start(self) -> "OidcPeer":
+        """Start the peer and wait (60 s at most) for its `ready` line. Its output is drained by a
+        thread for as long as it runs: a blocking `readline` here could wait past any deadline on a
+        peer that hangs silently, and an unread pipe stalls Node (its writes to a pipe block) once
+        `server_error` lines fill it."""
         storage = ["--database-url", self.database_url] if self.database_url else ["--clients-in-config"]
         self.proc = subprocess.Popen(
             [NODE, str(JS / "oidc_peer.mjs"), "--port", str(self.port), *storage,
              "--client-id", self.client_id, "--client-secret", self.secret, "--processes", str(self.processes)],
             cwd=str(JS), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 60
-        seen = []
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("oidc_peer.mjs exited: " + "".join(seen))
-            seen.append(line)
-            if line.startswith("ready "):
-                return self
-        raise TimeoutError("oidc_peer.mjs did not start")
+        self.output, ready, ended = [], threading.Event(), threading.Event()
+
+        def drain(stream=self.proc.stdout):
+            for line in stream:
+                if len(self.output) < 200:
+                    self.output.append(line)
+                if line.startswith("ready "):
+                    ready.set()
+            ended.set()
+            ready.set()  # woken: start() sees it ended
+
+        threading.Thread(target=drain, name="oidc-peer-output", daemon=True).start()
+        if not ready.wait(60):
+            self.stop()
+            raise TimeoutError("oidc_peer.mjs did not start within 60 s: " + "".join(self.output))
+        if ended.is_set():
+            raise RuntimeError("oidc_peer.mjs exited: " + "".join(self.output))
+        return self
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
