@@ -19,6 +19,7 @@ from __future__ import annotations
 import calendar
 import dataclasses
 import email.utils
+import logging
 
 import peewee
 
@@ -33,12 +34,15 @@ from fhir_api.outcome import FhirError, operation_outcome
 from models.application import Application
 from models.bulk import BulkExport, BulkExportFile
 from models.clock import utc_iso
+from models.db import DATABASE_ERRORS
 from models.ids import is_id
 
 STATUS_SEGMENT = "$export-status"
 FILE_SEGMENT = "$export-file"
 POLL_SECONDS = 2          # Retry-After of a running export
 BUSY_RETRY_AFTER = 60     # Retry-After of a kick-off over the app's concurrent exports
+
+log = logging.getLogger("svc_auth.bulk")
 
 
 def status_url(settings, organization_id: str, export_id: str) -> str:
@@ -109,11 +113,20 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
 
 def forget_expired(runtime, application_id: str) -> None:
     """Delete the app's expired exports now (the recovery sweep of the workers and the scheduler does
-    it for every app; this frees the app's expired files at once, whenever the next sweep runs)."""
+    it for every app; this frees the app's expired files at once, whenever the next sweep runs).
+    The kick-off needs none of them gone: at the first one the object store will not delete, the
+    rest are left to the sweep (logged), and the kick-off goes on."""
     now = runtime.clock.now()
     for job in BulkExport.select(BulkExport.id).where((BulkExport.application == application_id)
                                                       & (BulkExport.status != "pending") & (BulkExport.expires_at < now)):
-        delete_export(runtime, job.id)
+        try:
+            delete_export(runtime, job.id)
+        except DATABASE_ERRORS:
+            raise
+        except Exception:
+            log.warning("expired export %s could not be deleted at a kick-off; the sweep tries again",
+                        job.id, exc_info=True)
+            return
 
 
 def _job(caller, organization_id: str, export_id: str, now) -> BulkExport:

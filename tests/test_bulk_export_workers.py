@@ -231,3 +231,47 @@ def test_a_delete_the_object_store_fails_keeps_the_rows_and_a_retry_removes_file
     finally:
         stop_process(serve)
         proxy.close()
+
+
+def test_a_kick_off_is_not_held_back_by_an_expired_export_the_store_will_not_delete(
+        runtime, world, settings, tmp_path):
+    """A kick-off first deletes the app's expired exports (`bulk.api.forget_expired`), which it needs
+    none of gone. Since an export's rows stay until its objects go, one whose objects S3 does not
+    delete (`HoldingProxy` holds its DELETEs: `serve` waits 1 s a try, two tries) made every kick-off
+    of the app answer 503 for as long as that lasted. The kick-off goes on (the export is left, rows
+    and files, to the sweep), and one sent once S3 answers again deletes it."""
+    proxy = HoldingProxy(urlsplit(settings.s3_endpoint_url).port)
+    port = free_port()
+    issuer = f"http://127.0.0.1:{port}"
+    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_S3_ENDPOINT_URL=proxy.url,
+                       SVC_S3_TIMEOUT=1, **AWS)
+    serve = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    try:
+        schedule_patients(world.org, world.physician, world.app, 2)
+        client = Backend(runtime, issuer, world.org).client(world.org.id)
+        status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
+        assert status == 202, body
+        expired = headers["Content-Location"].rsplit("/", 1)[1]
+        run_export(runtime, expired)  # built here: no worker takes its queued message
+        client.wait(headers["Content-Location"], timeout=30)
+        stored = sorted(k for k in bucket_keys(settings) if k.startswith(f"bulk/{expired}/"))
+        assert stored
+        (BulkExport.update(expires_at=runtime.clock.now() - dt.timedelta(seconds=1))
+         .where(BulkExport.id == expired).execute())
+
+        proxy.arm(rb"DELETE /" + settings.s3_bucket.encode() + rb"/bulk/")
+        status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
+        assert proxy.held.is_set()
+        assert status == 202, (status, body)
+        assert BulkExport.get_or_none(BulkExport.id == expired) is not None  # left to the sweep
+        assert sorted(k for k in bucket_keys(settings) if k.startswith(f"bulk/{expired}/")) == stored
+
+        proxy.disarm()
+        status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
+        assert status == 202, (status, body)
+        assert BulkExport.get_or_none(BulkExport.id == expired) is None
+        assert not BulkExportFile.select().where(BulkExportFile.export == expired).exists()
+        assert not [k for k in bucket_keys(settings) if k.startswith(f"bulk/{expired}/")]
+    finally:
+        stop_process(serve)
+        proxy.close()
