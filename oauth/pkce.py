@@ -10,8 +10,10 @@ import hmac
 import re
 
 SUPPORTED_METHODS = ("S256",)
-_CHALLENGE = re.compile(r"^[A-Za-z0-9_-]{43}$")           # base64url of a SHA-256, no padding
-_VERIFIER = re.compile(r"^[A-Za-z0-9\-._~]{43,128}$")     # RFC 7636 4.1
+# Matched whole (`fullmatch`): `$` would also match before a final newline, and a challenge
+# ending in one binds the code to something no verifier can prove.
+_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")           # base64url of a SHA-256, no padding
+_VERIFIER = re.compile(r"[A-Za-z0-9\-._~]{43,128}")     # RFC 7636 4.1
 
 
 class PkceError(ValueError):
@@ -37,7 +39,7 @@ def challenge_of(params: dict, required: bool) -> str | None:
                         "'plain', which is not supported).")
     if method != "S256":
         raise PkceError("code_challenge_method must be S256; 'plain' is not supported.")
-    if not isinstance(challenge, str) or not _CHALLENGE.match(challenge):
+    if not isinstance(challenge, str) or not _CHALLENGE.fullmatch(challenge):
         raise PkceError("code_challenge must be the 43-character base64url SHA-256 of the code_verifier.")
     return challenge
 
@@ -50,7 +52,7 @@ def verify(challenge: str | None, verifier) -> None:
         return
     if verifier is None:
         raise PkceError("code_verifier is required: the authorization request sent a code_challenge.")
-    if not isinstance(verifier, str) or not _VERIFIER.match(verifier):
+    if not isinstance(verifier, str) or not _VERIFIER.fullmatch(verifier):
         raise PkceError("code_verifier must be 43 to 128 characters of A-Z a-z 0-9 - . _ ~.")
     if not hmac.compare_digest(s256(verifier), challenge):
         raise PkceError("code_verifier does not match the code_challenge.")

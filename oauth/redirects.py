@@ -25,7 +25,7 @@ RESPONSE_PARAMS = frozenset({"code", "state", "error", "error_description", "err
                              "access_token"})
 _UNRESERVED = re.compile(r"[A-Za-z0-9\-._~]")
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
-_ALLOWED = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no space
+_ALLOWED = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space (fullmatch: `$` lets a final newline by)
 
 
 class RedirectUriError(ValueError):
@@ -73,7 +73,7 @@ def normalise_redirect_uri(uri: str) -> str:
     """The URI as a browser will follow it, or `RedirectUriError` when it is unusable or ambiguous."""
     if not isinstance(uri, str) or not uri:
         raise RedirectUriError("the redirect_uri is empty")
-    if not _ALLOWED.match(uri):
+    if not _ALLOWED.fullmatch(uri):
         raise RedirectUriError("the redirect_uri contains spaces, control characters or non-ASCII text")
     if "#" in uri:
         raise RedirectUriError("the redirect_uri must not have a fragment")

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 from errors import ApiError
-from oauth.bearer import BearerGate, Caller, known_user, live_claims, usable_installation
+from oauth.bearer import BearerGate, Caller, insufficient_scope, known_user, live_claims, usable_installation
 from oauth.claims import userinfo_claims
 from oauth.tokens import PARTNER_API_AUDIENCE, PLATFORM_AUDIENCE
 
-USERINFO = BearerGate(PLATFORM_AUDIENCE, requirements=(known_user, usable_installation))
-"""userinfo's gate: a live user access token, its user still in its clinic, the app usable there."""
+OPENID = "openid"
+
+
+def openid_scope(gate: BearerGate, runtime, caller: Caller, context: dict) -> Caller:
+    """UserInfo is OpenID Connect's (OIDC Core 5.3): the token's scope has `openid`, else 403
+    `insufficient_scope` naming it (as node-oidc-provider answers). Authorize always grants it;
+    only a refresh narrowed away from it lacks it, and such a token must not say who the user is."""
+    scope = caller.claims.get("scope")
+    if not isinstance(scope, str) or OPENID not in scope.split():
+        raise insufficient_scope("UserInfo needs an access token whose scope includes openid.", scope=OPENID,
+                                 realm=gate.realm)
+    return caller
+
+
+USABLE = BearerGate(PLATFORM_AUDIENCE, requirements=(known_user, usable_installation))
+"""A live user access token, its user still in its clinic, the app usable there: what every
+resource requires of a user token (introspection's answer, `usable_user_token`)."""
+USERINFO = BearerGate(PLATFORM_AUDIENCE, requirements=(known_user, usable_installation, openid_scope))
+"""userinfo's gate: `USABLE`, and `openid` in the token's scope."""
 
 
 def active_user_token(runtime, token: str | None) -> dict | None:
@@ -17,11 +34,11 @@ def active_user_token(runtime, token: str | None) -> dict | None:
 
 
 def usable_user_token(runtime, token: str | None) -> dict | None:
-    """Claims of a user access token the service still honours, else None: `USERINFO`'s gate, so a
+    """Claims of a user access token the service still honours, else None: `USABLE`'s gate, so a
     token every resource refuses (its user removed from its clinic, its app removed, or the app's
     installation there removed or `Disabled`) is never introspected active by a client (RFC 7662 2.2)."""
     try:
-        return USERINFO.token_caller(runtime, token).claims
+        return USABLE.token_caller(runtime, token).claims
     except ApiError as refused:
         if refused.status >= 500:
             raise

@@ -9,6 +9,7 @@ import urllib.parse
 import pytest
 
 from helpers.environment import ROOT
+from helpers.http import http
 from helpers.processes import settings_env
 from lifecycle.applications import install_application, register_application
 from oauth.pkce import s256
@@ -90,3 +91,23 @@ def test_cli_require_pkce(runtime, settings):
                          env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["require_pkce"] is True
+
+
+def test_a_challenge_or_verifier_with_a_trailing_newline_is_refused_at_a_real_serve(live, runtime, world):
+    """RFC 7636 4.2: a challenge is exactly 43 base64url characters. One with a final newline
+    (`$` matches before it) used to be taken, binding the code to a challenge no verifier proves;
+    it is invalid_request at authorize. A verifier with a final newline is refused as malformed."""
+    from helpers.launch import authorize_at
+    challenge = s256(VERIFIER)
+    status, headers, _ = authorize_at(live, runtime, world.physician, world.app,
+                                      code_challenge=challenge + "\n", code_challenge_method="S256")
+    assert status == 302 and error_of(headers)["error"] == "invalid_request", headers.get("Location")
+    assert "code" not in error_of(headers)
+    status, headers, _ = authorize_at(live, runtime, world.physician, world.app,
+                                      code_challenge=challenge, code_challenge_method="S256")
+    code = error_of(headers)["code"]
+    status, _, body = http("POST", f"{live}/v1/oauth/token", json.dumps({
+        "grant_type": "authorization_code", "client_id": world.app.client_id, "client_secret": world.secret,
+        "code": code, "code_verifier": VERIFIER + "\n"}).encode(), {"Content-Type": "application/json"})
+    assert status == 400 and json.loads(body)["error"] == "invalid_grant"
+    assert "43 to 128 characters" in json.loads(body)["error_description"], body

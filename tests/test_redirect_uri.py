@@ -193,3 +193,15 @@ def test_cli_apps_create_exact_mode(runtime, settings, tmp_path):
                           "--redirect-uri", "https://e.example/cb?state=1", "--launch-url", "https://e.example/l"],
                          env=env, cwd=str(ROOT), capture_output=True, text=True)
     assert bad.returncode != 0 and "state" in bad.stderr
+
+
+def test_a_redirect_uri_with_a_trailing_newline_is_shown_never_redirected_at_a_real_serve(live, runtime, world):
+    """Control characters make a redirect_uri unusable; a final newline slipped past the check (`$`
+    matches before it) and the code was sent to the URI with it silently dropped."""
+    from helpers.launch import authorize_at
+    for uri in (world.app.redirect_uri + "\n", world.app.redirect_uri + "/cb\n"):
+        status, headers, body = authorize_at(live, runtime, world.physician, world.app, redirect_uri=uri)
+        assert status == 400 and "Location" not in headers, (uri, headers.get("Location"))
+        assert b"control characters" in body, body  # the error page names what is wrong
+    status, headers, _ = authorize_at(live, runtime, world.physician, world.app)
+    assert status == 302 and "code=" in headers["Location"]

@@ -129,3 +129,44 @@ async def test_introspection_of_a_token_whose_installation_was_removed_is_inacti
     assert status == 403 and body["error"] == "not_installed"
     status, _, body = await _introspect_as_client(api, world, tokens["access_token"])
     assert status == 200 and body == {"active": False}
+
+
+def test_userinfo_needs_openid_in_the_tokens_scope_at_a_real_serve(live, runtime, world):
+    """UserInfo is OpenID Connect's (OIDC Core 5.3): an access token without `openid` in its scope is
+    403 `insufficient_scope` naming `openid`, as node-oidc-provider answers. Only a refresh narrowed
+    away from it has none (authorize always grants it), and a token narrowed to a resource scope must
+    not still tell who the user is (email, name, EHR username, clinic): narrowing is least privilege."""
+    import json
+    import urllib.parse
+    from helpers.http import http
+    from helpers.smart import launch_tokens
+    from lifecycle.applications import set_smart_scopes
+    from models.application import DEFAULT_SMART_SCOPES
+
+    set_smart_scopes(runtime, world.app.id, DEFAULT_SMART_SCOPES + " offline_access")
+    first = launch_tokens(live, runtime, world.physician, world.app, world.secret,
+                          "launch openid fhirUser offline_access patient/*.rs")
+    client = {"Authorization": basic_auth(world.app.client_id, world.secret),
+              "Content-Type": "application/x-www-form-urlencoded"}
+
+    def userinfo(token: str):
+        status, headers, body = http("GET", f"{live}/v1/oauth/userinfo", headers={"Authorization": f"Bearer {token}"})
+        return status, headers, json.loads(body)
+
+    status, _, info = userinfo(first["access_token"])
+    assert status == 200 and info["sub"] == world.physician.id and info["email"] == "doc@example.com", info
+    status, _, body = http("POST", f"{live}/v1/oauth/token", urllib.parse.urlencode({
+        "grant_type": "refresh_token", "refresh_token": first["refresh_token"],
+        "scope": "patient/Patient.rs"}).encode(), client)
+    narrowed = json.loads(body)
+    assert status == 200 and narrowed["scope"] == "patient/Patient.rs", narrowed
+    status, headers, info = userinfo(narrowed["access_token"])
+    assert status == 403 and info["error"] == "insufficient_scope" and "email" not in info, info
+    assert 'error="insufficient_scope"' in headers["WWW-Authenticate"]
+    assert 'scope="openid"' in headers["WWW-Authenticate"], headers["WWW-Authenticate"]
+    status, _, body = http("POST", f"{live}/v1/oauth/introspect",
+                           f"token={narrowed['access_token']}".encode(), client)
+    assert status == 200 and json.loads(body)["active"] is True  # the token itself is fine
+    status, _, body = http("POST", f"{live}/v1/oauth/token", urllib.parse.urlencode({
+        "grant_type": "refresh_token", "refresh_token": narrowed["refresh_token"]}).encode(), client)
+    assert status == 200 and userinfo(json.loads(body)["access_token"])[0] == 200  # the grant keeps openid

@@ -44,3 +44,20 @@ class Flow:
         status, headers, body = await self.exchange(await self.code(prefix), prefix)
         assert status == 200, body
         return body
+
+
+def authorize_at(live: str, runtime, user, app, **params):
+    """`GET /v1/oauth/authorize` at a live `svc-auth serve` for a fresh launch of `app` by `user`
+    (client_id, the registered redirect_uri and response_type=code unless `params` say otherwise):
+    (status, headers, body bytes), the redirect not followed."""
+    import json
+    from helpers.http import http
+    from helpers.tokens import as_service
+    from hub.sandbox import issue_sandbox_token
+    status, _, body = http("POST", f"{live}/v1/sandbox/launches", json.dumps({"client_id": app.client_id}).encode(),
+                           {"Authorization": f"Bearer {issue_sandbox_token(as_service(runtime, live), user)}",
+                            "Content-Type": "application/json"})
+    assert status == 201, body
+    query = {"client_id": app.client_id, "redirect_uri": app.redirect_uri, "response_type": "code",
+             "launch_id": json.loads(body)["launch_id"], **params}
+    return http("GET", f"{live}/v1/oauth/authorize?{urllib.parse.urlencode(query)}")
