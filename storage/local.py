@@ -35,9 +35,8 @@ class LocalObjectStore:
 
     def put_file(self, key: str, path: str) -> None:
         target = self.path_of(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
         # Copy next to the target, then rename: readers never see a partial file.
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        fd, temp = self._temp_beside(target)
         try:
             with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
                 shutil.copyfileobj(src, out, 1024 * 1024)
@@ -86,10 +85,34 @@ class LocalObjectStore:
         return handle, os.fstat(handle.fileno()).st_size
 
     def delete(self, key: str) -> None:
+        """Remove the object, then its directories left empty (an export's `bulk/{id}/`): a store
+        that deletes every export's files does not keep a directory per export for ever."""
+        path = self.path_of(key)
         try:
-            self.path_of(key).unlink()
+            path.unlink()
         except FileNotFoundError:
             pass
+        directory = path.parent
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except FileNotFoundError:
+                pass  # removed by another delete meanwhile: its parent may be empty now
+            except OSError:
+                return  # not empty: an object, or an upload's temporary file, is still there
+            directory = directory.parent
+
+    @staticmethod
+    def _temp_beside(target: Path, attempts: int = 3):
+        """(fd, path) of a new temporary file in `target`'s directory, made if need be. A `delete`
+        may remove that directory, once empty, between the two steps: it is made again."""
+        for attempt in range(attempts):
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                return tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+            except FileNotFoundError:
+                if attempt == attempts - 1:
+                    raise
 
     def presigned_url(self, key: str, ttl: int) -> str:
         expires = int(self.clock.time()) + int(ttl)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from bulk.build import at_most_every
+from bulk.files import export_prefix
 from bulk.groups import CLINIC_GROUP, group_ids, group_resource, members
 from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
 from fhir_api.outcome import FhirError
@@ -23,6 +24,7 @@ from lifecycle.applications import install_application, register_application
 from lifecycle.users import create_user
 from models.bulk import BulkExport, BulkExportFile
 from models.disclosures import DisclosureRecord
+from storage.local import LocalObjectStore
 
 BASE = "http://127.0.0.1:8888/fhir/r4/org"
 NOW = dt.datetime(2026, 6, 1, 12, 0)
@@ -162,6 +164,11 @@ def test_a_patient_export_end_to_end(exporter, runtime, world):
     assert status == 404 and headers["Content-Type"].startswith("application/json") and outcome(body) == "not-found"
     assert client.request("GET", manifest["output"][0]["url"])[0] == 404
     assert BulkExportFile.select().count() == 0 and BulkExport.select().count() == 0
+    # Nor is its directory kept in the embedded store (one per export, for ever, before).
+    store = runtime.batch_object_store
+    assert isinstance(store, LocalObjectStore)
+    assert not store.path_of(export_prefix(url.rsplit("/", 1)[1]).rstrip("/")).exists()
+    assert store.root.is_dir()
 
 
 def test_deleting_an_app_deletes_its_exports_files(exporter, runtime, world):
