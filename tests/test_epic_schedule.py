@@ -339,3 +339,25 @@ def test_bad_epic_settings_exit_2_naming_them(runtime, flags, needle):
     done = cli(runtime.settings, "orgs", "create", "--name", "Bad Epic", "--ehr", "fhir", "--fhir-base-url",
                "https://epic.example/fhir/R4", "--fhir-client-id", "x", "--fhir-profile", "epic", "--epic-user-id", "U")
     assert done.returncode == 2 and "/api/FHIR/R4" in done.stderr
+
+
+def test_control_characters_in_epics_text_never_fail_the_night(runtime, world, live, epic_web_ehr):
+    """A NUL (or other control character) in what Epic writes (`VisitTypeName`, `DepartmentName`)
+    or in a Patient's name: PostgreSQL refuses NUL in text, so one such appointment failed the whole
+    clinic's night, every night. The characters are dropped from the snapshot's text; the night is
+    built with every appointment, as readable text."""
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_schedule(epic_web_ehr, start)
+    epic_web_ehr.seed(epic_patient("pt-2", "Ro\u0000e", "Ri\u001bck", "1955-06-30", "male", "Z1002"))
+    epic_web_ehr.epic(overrides={"ana-booked": {"VisitTypeName": "Follow\u0000-up\u0007"},
+                                 "ben-007": {"Providers": [{"DepartmentName": "Main\u0000 Street\u0085Clinic"}]}})
+    code, report = night_of(runtime.settings, night)
+    assert code == 0 and org_id in report["built"], report
+    snapshot = Snapshot.latest_complete(org_id)
+    rows = {r.ehr_appointment_id: r
+            for r in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)}
+    assert sorted(rows) == EXPECTED
+    assert rows["ana-booked"].appointment_type == "Follow-up"
+    assert rows["ben-007"].location == "Main Street Clinic"
+    assert (rows["ben-001"].patient_last_name, rows["ben-001"].patient_first_name) == ("Roe", "Rick")
