@@ -361,3 +361,27 @@ def test_control_characters_in_epics_text_never_fail_the_night(runtime, world, l
     assert rows["ana-booked"].appointment_type == "Follow-up"
     assert rows["ben-007"].location == "Main Street Clinic"
     assert (rows["ben-001"].patient_last_name, rows["ben-001"].patient_first_name) == ("Roe", "Rick")
+
+
+def test_an_identifier_list_of_the_wrong_type_skips_that_physician_or_patient_only(runtime, world, live,
+                                                                                   epic_web_ehr):
+    """A Practitioner or Patient whose `identifier` is a number or `true`, not a list (no FHIR server
+    stores one; a broken or hostile EHR may send it): iterating it raised TypeError, and the whole
+    clinic's night failed as an unexpected error. Now that physician is counted as having no Epic
+    provider id and that patient as not found; the night is built with everyone else."""
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_schedule(epic_web_ehr, start)
+    epic_web_ehr.reshape({"Practitioner/pr-ana": {"identifier": 5}, "Patient/pt-2": {"identifier": True}})
+    try:
+        code, report = night_of(runtime.settings, night)
+    finally:
+        epic_web_ehr.reshape({})
+    assert code == 0 and org_id in report["built"], report
+    skipped = report["skipped"][org_id]
+    assert skipped["physician without an Epic provider id (an identifier whose type.text is EXTERNAL)"] == {
+        "count": 1, "appointments": ["NPI 1417000001"]}, skipped
+    assert skipped["patient not found in the EHR"]["count"] == 35, skipped     # Ben's odd ones: pt-2's
+    snapshot = Snapshot.latest_complete(org_id)
+    rows = {r.ehr_appointment_id for r in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)}
+    assert sorted(rows) == [f"ben-{n:03d}" for n in range(0, 70, 2)]

@@ -168,8 +168,8 @@ class EpicSchedule:
         if (self.organization.epic_provider_id_type or "External") == "NPI":
             return provider.npi
         system = self.organization.epic_provider_id_system
-        for identifier in practitioners[0].get("identifier") or ():
-            if not isinstance(identifier, dict) or not isinstance(identifier.get("value"), str):
+        for identifier in _identifiers(practitioners[0]):
+            if not isinstance(identifier.get("value"), str):
                 continue
             kind = identifier.get("type") if isinstance(identifier.get("type"), dict) else {}
             if (identifier.get("system") == system) if system else \
@@ -318,9 +318,14 @@ def _id_of(ids, kind: str) -> str | None:
     return None
 
 
+def _identifiers(resource: dict) -> list[dict]:
+    """The resource's `identifier` objects: none when it is not a list (a number, `true`...)."""
+    found = resource.get("identifier")
+    return [i for i in found if isinstance(i, dict)] if isinstance(found, list) else []
+
+
 def _has_identifier(resource: dict, system: str, value: str) -> bool:
-    return any(isinstance(i, dict) and i.get("system") == system and str(i.get("value", "")).strip() == value
-               for i in resource.get("identifier") or ())
+    return any(i.get("system") == system and str(i.get("value", "")).strip() == value for i in _identifiers(resource))
 
 
 def _excerpt(text, limit: int = 300) -> str:
