@@ -67,7 +67,8 @@ class FhirEhr:
 
     def reshape(self, members: dict) -> None:
         """`{"Type/id": {member: value}}`: those members of that resource, in every answer that holds
-        it (a read, a search's entries), replaced by values no FHIR server would store."""
+        it (a read, a search's entries), replaced by values no FHIR server would store;
+        `{"searchset/Type": {...}}`: those of every searchset Bundle of a search of that type."""
         self.admin("hostile", {"members": members})
 
     def stats(self) -> dict:

@@ -119,7 +119,8 @@ let compartments = new Map();  // $everything's matches per patient, until the n
 // a bare-string participant), added as matches to the first page of every Appointment search.
 let hostile = [];
 // /admin/hostile {members: {"Type/id": {member: value}}}: those members of that resource, wherever
-// an answer holds it (a read, a search's entries), replaced by values no FHIR server would store.
+// an answer holds it (a read, a search's entries), replaced by values no FHIR server would store;
+// {"searchset/Type": {member: value}}: those of every searchset Bundle of a search of Type.
 let reshaped = {};
 const reshape = (r) => (r && reshaped[`${r.resourceType}/${r.id}`] ? { ...r, ...reshaped[`${r.resourceType}/${r.id}`] } : r);
 
@@ -334,6 +335,7 @@ async function fhir(req, res, url) {
         resource.entry = [...(resource.entry ?? []), ...hostile.map((r) => ({ resource: r, search: { mode: 'match' } }))];
       }
       if (resource.entry) resource.entry = resource.entry.map((e) => ({ ...e, resource: reshape(e.resource) }));
+      Object.assign(resource, reshaped[`searchset/${kind}`] ?? {});
     }
     return send(res, getStatus(oc), reshape(resource) ?? oc);
   } catch (err) {
