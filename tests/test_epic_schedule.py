@@ -385,3 +385,31 @@ def test_an_identifier_list_of_the_wrong_type_skips_that_physician_or_patient_on
     snapshot = Snapshot.latest_complete(org_id)
     rows = {r.ehr_appointment_id for r in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)}
     assert sorted(rows) == [f"ben-{n:03d}" for n in range(0, 70, 2)]
+
+
+def test_ehr_check_fails_when_the_physician_has_no_epic_provider_id(runtime, world, live, epic_web_ehr):
+    """`ehr check` of an Epic clinic whose Practitioners carry no identifier the web service can be
+    asked with (no `type.text` EXTERNAL, or a wrong `--epic-provider-id-system`): it reported
+    `ok`, "GetProviderAppointments answered ... (0 listed)", without calling Epic at all, while every
+    night skips every physician. It now fails on `appointments`, naming the missing identifier and
+    the flags that fix it; with `--epic-provider-id-type NPI` it asks Epic and passes."""
+    settings = runtime.settings
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    epic_web_ehr.seed(practitioner("pr-ana", "1417000001", "Lopez", "Ana"),
+                      practitioner("pr-ben", "1417000019", "Okafor", "Ben"))
+    done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+    verdict = json.loads(done.stdout)
+    step = verdict["steps"][-1]
+    assert done.returncode == 1 and not verdict["ok"], verdict
+    assert step["step"] == "appointments" and not step["ok"], step
+    assert "no Epic provider id (an identifier whose type.text is EXTERNAL)" in step["detail"] and "--epic-provider-id-system" in \
+        step["detail"] and "--epic-provider-id-type NPI" in step["detail"], step
+    assert epic_web_ehr.epic()["calls"] == []
+
+    assert cli(settings, "orgs", "update", "--org", org_id, "--epic-provider-id-type", "NPI").returncode == 0
+    done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+    verdict = json.loads(done.stdout)
+    assert done.returncode == 0 and verdict["ok"], verdict
+    assert "Epic's GetProviderAppointments answered for NPI 1417000001" in verdict["steps"][-1]["detail"]
+    assert [c["Providers"] for c in epic_web_ehr.epic()["calls"]] == [[{"ID": "1417000001", "IDType": "NPI"}]]
