@@ -104,8 +104,9 @@ def epic_appointments(connector, npi: str | None, now: dt.datetime) -> str:
     schedule, provider = connector.epic_schedule, Provider(user_id="", npi=npi, name="")
     provider_id = schedule.provider_id(provider)
     if provider_id is None:
-        raise ConnectorError(f"the Practitioner with NPI {npi} has no Epic provider id ({schedule.wanted_provider_id()}),"
-                             f" so Epic's GetProviderAppointments cannot be asked for it and each night skips such "
+        wanted = schedule.wanted_provider_id()
+        raise ConnectorError(f"the Practitioner with NPI {npi} has no Epic provider id ({wanted}), so Epic's "
+                             f"GetProviderAppointments cannot be asked for it and each night skips such "
                              f"physicians: set --epic-provider-id-system URI (the system of their Epic provider id), "
                              f"or --epic-provider-id-type NPI")
     found = list(schedule.appointments_of(provider, provider_id, now, now + dt.timedelta(days=1)))
