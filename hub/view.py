@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 from audit.disclosures import ehr_recorder
-from connectors import Bounds, ConnectorError, Provider, connector_for
+from connectors import Bounds, ConnectorError, Provider
+from schedules import schedule_source
 from workers.activity import record_activity
 from lifecycle.activation import may_open
 from models.application import Application, Installation
@@ -78,7 +79,8 @@ class HubAppointment:
 
 def upcoming_appointments(runtime, user: User) -> tuple[list[HubAppointment], str | None]:
     """The physician's appointments from now to `APPOINTMENT_DAYS` ahead, read from the clinic's
-    connector within `Bounds.interactive` (the page answers within `SVC_EHR_INTERACTIVE_DEADLINE`),
+    schedule source (`schedules`, as the night reads it: its EHR, or its SIU feed) within
+    `Bounds.interactive` (the page answers within `SVC_EHR_INTERACTIVE_DEADLINE`),
     and None; or no rows and what went wrong (the hub still opens apps without them).
     A user without an NPI is not a physician: no appointments. Each fetch is an `ehr.fetch`
     disclosure record naming the user it is shown to (its patients are on the page)."""
@@ -88,8 +90,8 @@ def upcoming_appointments(runtime, user: User) -> tuple[list[HubAppointment], st
     provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
     try:
         recorder = ehr_recorder(runtime, user.organization_id, user_id=user.id)
-        found = connector_for(runtime, user.organization, Bounds.interactive(runtime.settings), recorder).fetch_appointments(
-            provider, now, now + dt.timedelta(days=APPOINTMENT_DAYS))
+        found = schedule_source(runtime, user.organization, Bounds.interactive(runtime.settings), recorder
+                                ).fetch_appointments(provider, now, now + dt.timedelta(days=APPOINTMENT_DAYS))
         rows = sorted(itertools.islice(found, 2000), key=lambda a: a.start)[:APPOINTMENT_ROWS]
     except ConnectorError as exc:
         return [], f"The clinic's EHR did not answer: {exc}"

@@ -8,7 +8,8 @@
 A clinic on `--schedule-source ehr` (the default) is pulled from its EHR by its connector
 (`EhrPull`: the FHIR search, the sandbox, and what a connector does for its vendor); one on `siu`
 is read from what its HL7v2 SIU feed pushed (`hl7feed.source.FeedSource`). `workers.snapshot`
-builds the same snapshot from either, without knowing which it has.
+builds the same snapshot from either, and `hub.view` lists a physician's upcoming appointments from
+it, neither knowing which it has.
 """
 from __future__ import annotations
 

@@ -339,3 +339,79 @@ def test_bad_epic_settings_exit_2_naming_them(runtime, flags, needle):
     done = cli(runtime.settings, "orgs", "create", "--name", "Bad Epic", "--ehr", "fhir", "--fhir-base-url",
                "https://epic.example/fhir/R4", "--fhir-client-id", "x", "--fhir-profile", "epic", "--epic-user-id", "U")
     assert done.returncode == 2 and "/api/FHIR/R4" in done.stderr
+
+
+def test_control_characters_in_epics_text_never_fail_the_night(runtime, world, live, epic_web_ehr):
+    """A NUL (or other control character) in what Epic writes (`VisitTypeName`, `DepartmentName`)
+    or in a Patient's name: PostgreSQL refuses NUL in text, so one such appointment failed the whole
+    clinic's night, every night. The characters are dropped from the snapshot's text; the night is
+    built with every appointment, as readable text."""
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_schedule(epic_web_ehr, start)
+    epic_web_ehr.seed(epic_patient("pt-2", "Ro\u0000e", "Ri\u001bck", "1955-06-30", "male", "Z1002"))
+    epic_web_ehr.epic(overrides={"ana-booked": {"VisitTypeName": "Follow\u0000-up\u0007"},
+                                 "ben-007": {"Providers": [{"DepartmentName": "Main\u0000 Street\u0085Clinic"}]}})
+    code, report = night_of(runtime.settings, night)
+    assert code == 0 and org_id in report["built"], report
+    snapshot = Snapshot.latest_complete(org_id)
+    rows = {r.ehr_appointment_id: r
+            for r in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)}
+    assert sorted(rows) == EXPECTED
+    assert rows["ana-booked"].appointment_type == "Follow-up"
+    assert rows["ben-007"].location == "Main Street Clinic"
+    assert (rows["ben-001"].patient_last_name, rows["ben-001"].patient_first_name) == ("Roe", "Rick")
+
+
+def test_an_identifier_list_of_the_wrong_type_skips_that_physician_or_patient_only(runtime, world, live,
+                                                                                   epic_web_ehr):
+    """A Practitioner or Patient whose `identifier` is a number or `true`, not a list (no FHIR server
+    stores one; a broken or hostile EHR may send it): iterating it raised TypeError, and the whole
+    clinic's night failed as an unexpected error. Now that physician is counted as having no Epic
+    provider id and that patient as not found; the night is built with everyone else."""
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_schedule(epic_web_ehr, start)
+    epic_web_ehr.reshape({"Practitioner/pr-ana": {"identifier": 5}, "Patient/pt-2": {"identifier": True}})
+    try:
+        code, report = night_of(runtime.settings, night)
+    finally:
+        epic_web_ehr.reshape({})
+    assert code == 0 and org_id in report["built"], report
+    skipped = report["skipped"][org_id]
+    assert skipped["physician without an Epic provider id (an identifier whose type.text is EXTERNAL)"] == {
+        "count": 1, "appointments": ["NPI 1417000001"]}, skipped
+    assert skipped["patient not found in the EHR"]["count"] == 35, skipped     # Ben's odd ones: pt-2's
+    snapshot = Snapshot.latest_complete(org_id)
+    rows = {r.ehr_appointment_id
+            for r in SnapshotAppointment.select().where(SnapshotAppointment.snapshot == snapshot.id)}
+    assert sorted(rows) == [f"ben-{n:03d}" for n in range(0, 70, 2)]
+
+
+def test_ehr_check_fails_when_the_physician_has_no_epic_provider_id(runtime, world, live, epic_web_ehr):
+    """`ehr check` of an Epic clinic whose Practitioners carry no identifier the web service can be
+    asked with (no `type.text` EXTERNAL, or a wrong `--epic-provider-id-system`): it reported
+    `ok`, "GetProviderAppointments answered ... (0 listed)", without calling Epic at all, while every
+    night skips every physician. It now fails on `appointments`, naming the missing identifier and
+    the flags that fix it; with `--epic-provider-id-type NPI` it asks Epic and passes."""
+    settings = runtime.settings
+    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
+                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    epic_web_ehr.seed(practitioner("pr-ana", "1417000001", "Lopez", "Ana"),
+                      practitioner("pr-ben", "1417000019", "Okafor", "Ben"))
+    done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+    verdict = json.loads(done.stdout)
+    step = verdict["steps"][-1]
+    assert done.returncode == 1 and not verdict["ok"], verdict
+    assert step["step"] == "appointments" and not step["ok"], step
+    for needle in ("no Epic provider id (an identifier whose type.text is EXTERNAL)", "--epic-provider-id-system",
+                   "--epic-provider-id-type NPI"):
+        assert needle in step["detail"], step
+    assert epic_web_ehr.epic()["calls"] == []
+
+    assert cli(settings, "orgs", "update", "--org", org_id, "--epic-provider-id-type", "NPI").returncode == 0
+    done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+    verdict = json.loads(done.stdout)
+    assert done.returncode == 0 and verdict["ok"], verdict
+    assert "Epic's GetProviderAppointments answered for NPI 1417000001" in verdict["steps"][-1]["detail"]
+    assert [c["Providers"] for c in epic_web_ehr.epic()["calls"]] == [[{"ID": "1417000001", "IDType": "NPI"}]]

@@ -259,3 +259,19 @@ def test_the_ehr_down_is_a_503_and_a_revoked_registration_a_502(fhir_clinic, fhi
     assert fhir.get("/metadata")[0] == 200                   # the kept one: no EHR call
     fhir_ehr.register(CLIENT_ID, f"{fhir.base.split('/fhir/')[0]}/ehr/jwks.json")
     assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"          # registered again: served again
+
+
+def test_a_searchset_whose_entry_or_link_is_no_list_is_a_502_never_a_500(fhir_clinic, fhir_ehr):
+    """A searchset Bundle whose `entry` or `link` is a number or `true` (no FHIR server sends one; a
+    broken or hostile EHR may): iterating it raised TypeError, a 500 for the app (and an unexpected
+    error failing the clinic's night). It is the EHR's error: 502 `exception`, as any malformed answer."""
+    _, _, fhir = fhir_clinic
+    fhir_ehr.reshape({"searchset/Condition": {"entry": 5}, "searchset/Practitioner": {"link": True}})
+    try:
+        for path in ("/Condition?patient=pt-a", "/Practitioner?identifier=" + ANA_NPI):
+            status, _, body = fhir.get(path)
+            assert status == 502 and outcome(body) == "exception", (path, status, body)
+            no_ehr_url(body, fhir_ehr)
+    finally:
+        fhir_ehr.reshape({})
+    assert ids(fhir.search("Condition", {"patient": "pt-a"}))

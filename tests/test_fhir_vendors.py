@@ -242,6 +242,27 @@ def test_hostile_values_are_skipped_counted_and_named_in_the_night_and_the_hub(r
     assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-2", "pt-2"]
 
 
+def test_an_appointment_id_that_is_no_fhir_id_is_skipped_not_a_failed_night(runtime, world, live, oracle_ehr):
+    """An Appointment whose id is no FHIR id (65 characters, a NUL, a space), or whose `_include`d
+    Patient's is not (65 characters), which no FHIR server stores: the snapshot's row refused it on
+    PostgreSQL (its id columns hold 64 characters, and no text holds a NUL), so the whole clinic's
+    night failed; on SQLite the API then listed an id no FHIR request can name. Each is skipped and
+    counted (`invalid id`, `patient without a valid id`); the night is built."""
+    settings = runtime.settings
+    org_id, night, start, ana = clinic_night(runtime, world, oracle_ehr, live, "--fhir-profile", "oracle")
+    oracle_ehr.seed(*schedule(ana, start))
+    soon = start + dt.timedelta(days=1)
+    long_patient = {**patient("pt-x", "Long", "Id", "1970-01-02", "other"), "id": "p" * 65}   # `_include`d
+    oracle_ehr.hostile(*[{**appointment("a-x", "pr-ana", "pt-1", soon), "id": bad}
+                         for bad in ("a" * 65, "a\u0000b", "a b")],
+                       appointment("a-long-patient", "pr-ana", "p" * 65, soon), long_patient)
+    code, report = night_of(settings, night)
+    assert code == 0 and org_id in report["built"], report
+    assert snapshot_ids(org_id) == ["a-arrived", "a-booked", "a-proposed"]
+    assert report["skipped"][org_id]["invalid id"]["count"] == 3, report["skipped"]
+    assert report["skipped"][org_id]["patient without a valid id"] == {"count": 1, "appointments": ["a-long-patient"]}
+
+
 def test_migration_2651_gives_an_older_schema_the_profile_columns(runtime):
     """A database made before the vendor profiles gains them on migrate (existing clinics: generic, auto, none)."""
     import peewee

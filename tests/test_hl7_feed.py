@@ -1147,3 +1147,42 @@ def test_retention_removes_what_no_snapshot_needs(runtime, world, feed_clinic, l
     assert appointment(feed_clinic, "O-past") is None and appointment(feed_clinic, "O-soon") is not None
     assert prune(runtime, now + dt.timedelta(days=91)) == (1, 3)
     assert not FeedMessage.select().exists() and appointment(feed_clinic, "O-nobody") is not None
+
+
+def test_the_hub_lists_the_feeds_schedule_as_the_night_does(runtime, world, feed_clinic, live, settings):
+    """A clinic on the SIU feed: the physician's hub page listed what the clinic's EHR connector
+    answered (the sandbox EHR's own made-up schedule here; on Epic without `--epic-user-id`, an error
+    on every page), not the feed's schedule that the night and the API serve: the hub went around
+    the one schedule-source interface. It now reads the clinic's schedule source, as the night does."""
+    import urllib.parse
+    import urllib.request
+    from hl7feed.store import receive
+
+    now = runtime.clock.now().replace(tzinfo=None)
+    when = now.replace(microsecond=0) + dt.timedelta(days=1)
+    stamp = lambda moment: moment.strftime("%Y%m%d%H%M%S")  # noqa: E731
+    message = siu("S12", "HUB-1", "HUBKEY1", sent=stamp(now - dt.timedelta(minutes=1)), start=stamp(when),
+                  end=stamp(when + dt.timedelta(minutes=20)), npi=world.physician.npi)
+    outcome = receive(runtime, message.replace("DOE^JANE", "ZEBRA^QUINCY").encode(), "127.0.0.1")
+    assert outcome.ack == "AA" and outcome.change == "applied", outcome
+
+    done = subprocess.run([sys.executable, "-m", "cli.__main__", "sandbox", "signin-link", "--user",
+                           world.physician.id, "--json"], env=settings_env(settings), cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    link = urllib.parse.urlsplit(json.loads(done.stdout)["url"])
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+    opener = urllib.request.build_opener(Stay)
+    try:
+        opener.open(f"{live}{link.path}?{link.query}", timeout=30)
+        raise AssertionError("the sign-in link did not redirect")
+    except urllib.error.HTTPError as redirect:
+        assert redirect.code == 302
+        cookie = redirect.headers["Set-Cookie"].split(";")[0]
+    request = urllib.request.Request(f"{live}/sandbox/hub", headers={"Cookie": cookie, "Accept": "text/html"})
+    with opener.open(request, timeout=30) as response:
+        page = response.read().decode()
+    assert "ZEBRA" in page.upper() and "QUINCY" in page.upper(), page

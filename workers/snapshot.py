@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -84,6 +85,17 @@ _TEXT_COLUMNS = tuple((name, SnapshotAppointment._meta.fields[name].max_length) 
 """Free text a row holds, cut to its column: a user's name (given and family, up to 200 each) or
 whatever an EHR writes (names, visit types) never fails the clinic's night (PostgreSQL refuses
 text longer than a column; SQLite stored it whole). Ids are never cut."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NOT_SPACE_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
+
+
+def _plain(text: str) -> str:
+    """Free text without control characters (PostgreSQL refuses a NUL in text, so one in an EHR's
+    name or visit type failed the clinic's whole night): those that are spacing (tab, newline,
+    NEL...) become one space, the others are dropped; text without any is left as it is."""
+    if not _CONTROL.search(text):
+        return text
+    return " ".join(_NOT_SPACE_CONTROL.sub("", text).split())
 
 
 def _rows(snapshot_id: int, user: User, appointments):
@@ -95,7 +107,7 @@ def _rows(snapshot_id: int, user: User, appointments):
                "patient_last_name": a.patient.last_name, "patient_date_of_birth": a.patient.date_of_birth,
                "patient_sex": a.patient.sex}
         for name, length in _TEXT_COLUMNS:
-            row[name] = row[name][:length]
+            row[name] = _plain(row[name])[:length]
         yield row
 
 

@@ -97,11 +97,19 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
 
 def epic_appointments(connector, npi: str | None, now: dt.datetime) -> str:
     """The `appointments` step of an Epic clinic with `--epic-user-id`: GetProviderAppointments for
-    the first physician the EHR knows, over the next day."""
+    the first physician the EHR knows, over the next day; it fails when that physician's
+    Practitioner has no identifier to name them to Epic by (each night would skip them all)."""
     if npi is None:
         return "no physician (user with an NPI the EHR knows) to ask Epic's GetProviderAppointments for"
-    found = list(connector.epic_schedule.fetch_appointments(Provider(user_id="", npi=npi, name=""), now,
-                                                            now + dt.timedelta(days=1)))
+    schedule, provider = connector.epic_schedule, Provider(user_id="", npi=npi, name="")
+    provider_id = schedule.provider_id(provider)
+    if provider_id is None:
+        wanted = schedule.wanted_provider_id()
+        raise ConnectorError(f"the Practitioner with NPI {npi} has no Epic provider id ({wanted}), so Epic's "
+                             f"GetProviderAppointments cannot be asked for it and each night skips such "
+                             f"physicians: set --epic-provider-id-system URI (the system of their Epic provider id), "
+                             f"or --epic-provider-id-type NPI")
+    found = list(schedule.appointments_of(provider, provider_id, now, now + dt.timedelta(days=1)))
     return f"Epic's GetProviderAppointments answered for NPI {npi} ({len(found)} listed in the next 24 hours)"
 
 

@@ -357,15 +357,27 @@ def _failed(outcome: dict) -> bool:
 
 
 def _searchset(bundle: dict, resource_type: str) -> None:
-    """A search page must be a Bundle without a failed `outcome` entry (warnings and information
-    entries are fine)."""
+    """A search page must be a Bundle whose `entry` and `link` are lists when present (a number
+    there failed every caller's loop with a TypeError), without a failed `outcome` entry (warnings
+    and information entries are fine)."""
     if bundle.get("resourceType") != "Bundle":
         raise EhrReportedError(f"The EHR answered a {str(bundle.get('resourceType'))[:64]} where a searchset of "
                                f"{resource_type} belongs.")
+    for member in ("entry", "link"):
+        if bundle.get(member) is not None and not isinstance(bundle[member], list):
+            raise EhrReportedError(f"The EHR answered a searchset of {resource_type} whose {member} is "
+                                   f"{_json_kind(bundle[member])}, not a list.")
     for entry in bundle.get("entry") or ():
         resource = entry.get("resource") if isinstance(entry, dict) else None
         if isinstance(resource, dict) and resource.get("resourceType") == "OperationOutcome" and _failed(resource):
             raise EhrReportedError(f"The EHR's search of {resource_type} reported an error: {_issue_text(resource)}")
+
+
+def _json_kind(value) -> str:
+    """What a parsed JSON value is, in JSON's words (`true` is a boolean, not an int)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    return {int: "a number", float: "a number", str: "a string", dict: "an object"}.get(type(value), "not JSON")
 
 
 def _issue_code(body) -> str | None:

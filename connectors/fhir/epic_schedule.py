@@ -122,12 +122,19 @@ class EpicSchedule:
 
     # -- one physician ------------------------------------------------------------------------
     def fetch_appointments(self, provider, start: dt.datetime, end: dt.datetime):
-        """The physician's listed appointments starting in [start, end) (naive UTC)."""
+        """The physician's listed appointments starting in [start, end) (naive UTC); none when
+        `provider_id` finds no way to name them to Epic."""
         if self.misconfigured:
             raise ConnectorError(self.misconfigured)
         provider_id = self.provider_id(provider)
         if provider_id is None:
             return
+        yield from self.appointments_of(provider, provider_id, start, end)
+
+    def appointments_of(self, provider, provider_id: str, start: dt.datetime, end: dt.datetime):
+        """`fetch_appointments` of the physician Epic knows as `provider_id`: one call to the web service."""
+        if self.misconfigured:
+            raise ConnectorError(self.misconfigured)
         first, last = self.local_dates(start, end)
         body = {"UserID": self.organization.epic_user_id,
                 "UserIDType": self.organization.epic_user_id_type or DEFAULT_USER_ID_TYPE,
@@ -168,8 +175,8 @@ class EpicSchedule:
         if (self.organization.epic_provider_id_type or "External") == "NPI":
             return provider.npi
         system = self.organization.epic_provider_id_system
-        for identifier in practitioners[0].get("identifier") or ():
-            if not isinstance(identifier, dict) or not isinstance(identifier.get("value"), str):
+        for identifier in _identifiers(practitioners[0]):
+            if not isinstance(identifier.get("value"), str):
                 continue
             kind = identifier.get("type") if isinstance(identifier.get("type"), dict) else {}
             if (identifier.get("system") == system) if system else \
@@ -177,11 +184,16 @@ class EpicSchedule:
                 value = identifier["value"].strip()
                 if value and USER_ID_TEXT.fullmatch(value):
                     return value
-        what = f"an identifier of system {system}" if system else "an identifier whose type.text is EXTERNAL"
+        what = self.wanted_provider_id()
         log.warning("Practitioner/%s (NPI %s) of %s has no %s: no appointments (see --epic-provider-id-system)",
                     practitioners[0].get("id"), provider.npi, self.organization.id, what)
         self.connector.skipped.add(f"physician without an Epic provider id ({what})", f"NPI {provider.npi}")
         return None
+
+    def wanted_provider_id(self) -> str:
+        """Which identifier of a Practitioner names the physician to Epic (`--epic-provider-id-type External`)."""
+        system = self.organization.epic_provider_id_system
+        return f"an identifier of system {system}" if system else "an identifier whose type.text is EXTERNAL"
 
     def local_dates(self, start: dt.datetime, end: dt.datetime) -> tuple[dt.date, dt.date]:
         """The clinic's local dates of the window's first and last instants."""
@@ -318,9 +330,14 @@ def _id_of(ids, kind: str) -> str | None:
     return None
 
 
+def _identifiers(resource: dict) -> list[dict]:
+    """The resource's `identifier` objects: none when it is not a list (a number, `true`...)."""
+    found = resource.get("identifier")
+    return [i for i in found if isinstance(i, dict)] if isinstance(found, list) else []
+
+
 def _has_identifier(resource: dict, system: str, value: str) -> bool:
-    return any(isinstance(i, dict) and i.get("system") == system and str(i.get("value", "")).strip() == value
-               for i in resource.get("identifier") or ())
+    return any(i.get("system") == system and str(i.get("value", "")).strip() == value for i in _identifiers(resource))
 
 
 def _excerpt(text, limit: int = 300) -> str:

@@ -9,6 +9,7 @@ from connectors.base import LISTED_STATUSES, Appointment, Patient
 from connectors.fhir.spool import text_of
 from connectors.fhir.transport import relative_to_base
 from models.fhir_grammar import fhir_day
+from models.ids import is_id
 
 MAX_REFERENCE_DEPTH = 64         # how deep into a resource references are made relative (deeper: left out)
 REFERENCE_KEYS = ("reference", "fullUrl", "url")
@@ -88,6 +89,8 @@ def appointment_of(resource: dict, patients: dict) -> Appointment | None:
         return None
     if not isinstance(resource.get("id"), str) or not resource["id"]:
         raise Unlisted("no id")
+    if not is_id(resource["id"]):  # a row's id column holds 64 characters, and no text a NUL
+        raise Unlisted("invalid id")
     if not resource.get("start"):
         raise Unlisted("no start")
     start = _datetime(resource["start"], "start")
@@ -112,6 +115,8 @@ def appointment_of(resource: dict, patients: dict) -> Appointment | None:
 def listed_patient(resource: dict) -> Patient:
     """`patient_of` for a schedule, whose rows need a day of birth: `Unlisted` when the birthDate is
     missing or not a whole day (FHIR allows "1980" and "1980-05")."""
+    if not is_id(resource.get("id")):
+        raise Unlisted("patient without a valid id")
     if not resource.get("birthDate"):
         raise Unlisted("patient has no birthDate")
     patient = patient_of(resource)

@@ -65,6 +65,12 @@ class FhirEhr:
         """Add these (unstorable) Appointments to the first page of every Appointment search."""
         self.admin("hostile", {"appointments": list(appointments)})
 
+    def reshape(self, members: dict) -> None:
+        """`{"Type/id": {member: value}}`: those members of that resource, in every answer that holds
+        it (a read, a search's entries), replaced by values no FHIR server would store;
+        `{"searchset/Type": {...}}`: those of every searchset Bundle of a search of that type."""
+        self.admin("hostile", {"members": members})
+
     def stats(self) -> dict:
         return self.admin("stats")
 

@@ -118,6 +118,11 @@ let compartments = new Map();  // $everything's matches per patient, until the n
 // /admin/hostile {appointments: [...]}: resources no FHIR server would store (an unparseable start,
 // a bare-string participant), added as matches to the first page of every Appointment search.
 let hostile = [];
+// /admin/hostile {members: {"Type/id": {member: value}}}: those members of that resource, wherever
+// an answer holds it (a read, a search's entries), replaced by values no FHIR server would store;
+// {"searchset/Type": {member: value}}: those of every searchset Bundle of a search of Type.
+let reshaped = {};
+const reshape = (r) => (r && reshaped[`${r.resourceType}/${r.id}`] ? { ...r, ...reshaped[`${r.resourceType}/${r.id}`] } : r);
 
 const PATIENT_COMPARTMENT = readJson('fhir/r4/compartmentdefinition-patient.json').resource
   .filter((r) => r.param?.length && SERVED.includes(r.code));
@@ -188,7 +193,7 @@ async function admin(req, res, path) {
     return send(res, 200, { created: created.map((r) => `${r.resourceType}/${r.id}`) }, 'application/json');
   }
   if (path === '/admin/reset') {
-    repo.clear(); compartments = new Map(); hostile = []; statement = { hide: [], params: {} }; maxCount = 0; epic.reset(); offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
+    repo.clear(); compartments = new Map(); hostile = []; reshaped = {}; statement = { hide: [], params: {} }; maxCount = 0; epic.reset(); offerEverything = vendorOffersEverything(vendor); serveEverything = offerEverything;
     stats.pages = {}; stats.metadata = 0; bulkReset(); latencyMs = 0; stats.maxInFlight = inFlight;
     return send(res, 200, {}, 'application/json');
   }
@@ -201,7 +206,7 @@ async function admin(req, res, path) {
   if (path === '/admin/statement') { statement = { hide: body.hide || [], params: body.params || {} }; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/paging') { maxCount = Number(body.max_count || 0); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/latency') { latencyMs = Number(body.ms || 0); stats.maxInFlight = inFlight; return send(res, 200, {}, 'application/json'); }
-  if (path === '/admin/hostile') { hostile = body.appointments || []; return send(res, 200, {}, 'application/json'); }
+  if (path === '/admin/hostile') { hostile = body.appointments ?? hostile; reshaped = body.members ?? reshaped; return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/expire') { for (const jti of liveTokens) expiredTokens.add(jti); liveTokens = new Set(); return send(res, 200, {}, 'application/json'); }
   if (path === '/admin/client') {  // {client_id, jwks_uri, grant?}: register svc-auth (replaces any earlier)
     grantOnly = body.grant || null;
@@ -329,8 +334,10 @@ async function fhir(req, res, url) {
       if (kind === 'Appointment' && hostile.length && !query._offset) {
         resource.entry = [...(resource.entry ?? []), ...hostile.map((r) => ({ resource: r, search: { mode: 'match' } }))];
       }
+      if (resource.entry) resource.entry = resource.entry.map((e) => ({ ...e, resource: reshape(e.resource) }));
+      Object.assign(resource, reshaped[`searchset/${kind}`] ?? {});
     }
-    return send(res, getStatus(oc), resource ?? oc);
+    return send(res, getStatus(oc), reshape(resource) ?? oc);
   } catch (err) {
     return send(res, 500, outcome('exception', String(err)));
   }
