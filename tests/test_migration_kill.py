@@ -154,3 +154,54 @@ def test_a_migrate_killed_inside_a_migration_loses_nothing(backend, tmp_path, sc
     finally:
         stop_process(proc)
 
+
+
+def test_a_migrate_killed_while_it_waits_for_a_lock_leaves_no_server_process_behind(tmp_path, scratch_database):
+    """PostgreSQL: a migration waiting for a table lock (a long transaction of a running `serve` reads the
+    ledger) is killed, as a deploy's timeout would. Its server process must end with it: left behind, it
+    would keep waiting in the lock queue, holding the runner's advisory lock (the next `db migrate`,
+    and every `serve` starting with auto-migrate, wait for it) and its own locks (every later query of
+    the ledger queues behind it) until that transaction ends. The runner asks the server to check its
+    client every second (`client_connection_check_interval`)."""
+    import psycopg2
+    url, env, day = restore(RELEASES[-1], "postgresql", tmp_path, scratch_database)
+    reader = psycopg2.connect(url)  # a long transaction that has read the ledger: ACCESS SHARE until it ends
+    reader.cursor().execute('SELECT COUNT(*) FROM "billable_use"')
+    watcher = psycopg2.connect(url)
+    watcher.autocommit = True
+    child = subprocess.Popen([sys.executable, "-m", "cli", "db", "migrate"], cwd=str(ROOT), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def waiting():
+            if child.poll() is not None:
+                raise AssertionError(f"db migrate ended before it was killed: {child.communicate()}")
+            with watcher.cursor() as cur:
+                cur.execute("SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+                            "WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' "
+                            "AND a.query LIKE 'ALTER TABLE \"billable_use\"%%' AND l.locktype = 'advisory' "
+                            "AND l.granted")
+                row = cur.fetchone()
+            return row and row[0]
+        server_pid = wait_until(waiting, what="db migrate waiting for the ledger's lock in migration 5501")
+        os.kill(child.pid, signal.SIGKILL)
+        child.communicate()
+
+        def ended():
+            with watcher.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = %s", (server_pid,))
+                return cur.fetchone()[0] == 0
+        wait_until(ended, timeout=10, what="the killed migrator's server process ending (the reader still reads)")
+        with watcher.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database())")
+            assert cur.fetchone()[0] == 0  # the runner's lock is free
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        reader.close()
+        watcher.close()
+    assert committed_schema(url) == 2903
+    again = svc_auth(env, "db", "migrate")
+    assert again.returncode == 0 and "migration 5501" in again.stdout, again.stdout + again.stderr
+    assert table_counts(url)["billable_use"] == day["counts"]["billable_use"]
