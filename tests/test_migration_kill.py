@@ -13,7 +13,8 @@ process and is killed while it is provably inside that migration:
 After the kill the database is still the previous release's (schema number, every row). A second
 `db migrate` then migrates it: the newest schema number, every ledger row with its id and values (and
 the copied names), every other table's rows, `db status` clean, and a `serve` starts and answers as
-the upgrade tests check.
+the upgrade tests check. Two more kills: a PostgreSQL migrator waiting for a table lock (its server
+process must end with it) and an SQLite migrator copying its backup (no partial file under a backup's name).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from helpers.environment import ROOT
 from helpers.http import LiveHttp
 from helpers.processes import free_port, start_process, stop_process, wait_until
 from helpers.releases import table_counts
-from test_upgrade import BOOKKEEPING, RELEASES, restore, run_sql, svc_auth, works_as_before
+from test_upgrade import BACKUP_LINE, BOOKKEEPING, RELEASES, restore, run_sql, svc_auth, works_as_before
 
 MONTHS_PER_USER = 20_000
 """Ledger rows per user of the fixture (three users): enough that 5501 runs for a second or more."""
@@ -205,3 +206,44 @@ def test_a_migrate_killed_while_it_waits_for_a_lock_leaves_no_server_process_beh
     again = svc_auth(env, "db", "migrate")
     assert again.returncode == 0 and "migration 5501" in again.stdout, again.stdout + again.stderr
     assert table_counts(url)["billable_use"] == day["counts"]["billable_use"]
+
+
+def test_a_migrate_killed_while_it_writes_the_sqlite_backup_leaves_no_partial_backup(tmp_path, scratch_database):
+    """SQLite: `db migrate` first copies the database to `<file>.schema-N.<time>.bak`. Killed while it
+    copies, it must not leave a file of that name that is not the whole database (an operator would
+    restore it): the copy is written as `….bak.partial` and renamed when complete. The next run
+    deletes the partial copy, writes its own and migrates."""
+    url, env, day = restore(RELEASES[-1], "sqlite", tmp_path, scratch_database)
+    fill_the_ledger("sqlite", url, day["seed"])
+    before = table_counts(url)
+    database = tmp_path / "svc.db"
+    child = subprocess.Popen([sys.executable, "-m", "cli", "db", "migrate"], cwd=str(ROOT), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def copying():  # a copy beside the database, not yet the database's size
+            if child.poll() is not None:
+                raise AssertionError(f"db migrate ended before it was killed: {child.communicate()}")
+            copies = [p for p in tmp_path.glob("svc.db.schema-*") if not p.name.endswith("-journal")]
+            return [p for p in copies if p.stat().st_size < database.stat().st_size]
+        deadline, seen = time.monotonic() + 60, None
+        while not seen and time.monotonic() < deadline:
+            seen = copying()
+            time.sleep(0.002)
+        assert seen, "db migrate never seen writing its backup"
+        os.kill(child.pid, signal.SIGKILL)
+        child.communicate()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert committed_schema(url) == 2903 and table_counts(url) == before
+    backups = sorted(tmp_path.glob("svc.db.schema-*.bak"))
+    assert not backups or table_counts(f"sqlite:///{backups[0]}") == before, \
+        f"killed while copying {seen[0].name}, {backups[0].name} is not the whole database"
+    assert sorted(p.name for p in tmp_path.glob("svc.db.schema-*.bak.partial")) == [seen[0].name], seen
+
+    again = svc_auth(env, "db", "migrate")
+    assert again.returncode == 0 and "migration 5501" in again.stdout, again.stdout + again.stderr
+    backup = BACKUP_LINE.search(again.stdout)
+    assert backup and table_counts(f"sqlite:///{backup.group(1)}") == before, again.stdout
+    assert not list(tmp_path.glob("svc.db.schema-*.partial*")), list(tmp_path.iterdir())
