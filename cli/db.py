@@ -35,18 +35,27 @@ def _open(settings):
 
 def sqlite_backup(db) -> str:
     """Copy the SQLite database beside itself with SQLite's online backup API (consistent while
-    other processes write); returns the line `db migrate` prints (None for a database still empty)."""
+    other processes write); returns the line `db migrate` prints (None for a database still empty).
+
+    The copy is written as `<backup>.partial` and renamed when complete, so a run killed while it
+    copies leaves no file named as a backup that is not one; the next run (under the migration
+    lock, so no other is copying) deletes such leftovers."""
+    import glob
+    import os
     import sqlite3
     from models.schema import schema_number
+    for leftover in glob.glob(glob.escape(db.database) + ".schema-*.bak.partial*"):
+        os.remove(leftover)
     if not db.get_tables():
         return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = f"{db.database}.schema-{schema_number(db)}.{stamp}.bak"
-    target = sqlite3.connect(path)
+    target = sqlite3.connect(path + ".partial")
     try:
         db.connection().backup(target)
     finally:
         target.close()
+    os.replace(path + ".partial", path)
     return f"backup of the database before migrating: {path}"
 
 

@@ -6,7 +6,8 @@ numbered step in `MIGRATIONS`, applied once and recorded in `schema_version`.
 The runner (`migrate`) holds a lock while it works, so of several processes starting together one
 migrates and the others find the schema up to date (PostgreSQL: an advisory lock; SQLite: an
 exclusive lock on `<database>.migrate-lock`). PostgreSQL runs every pending step in one transaction
-(transactional DDL). SQLite runs them in one transaction with foreign keys OFF (the pragma only
+(transactional DDL); the runner's server process checks for a vanished client every second, so a
+migrator killed mid-statement has it roll back and release its locks at once. SQLite runs them in one transaction with foreign keys OFF (the pragma only
 takes effect outside a transaction): a step that rebuilds a table drops the old one, and with
 foreign keys on that DROP would cascade to every row that references it. `PRAGMA
 foreign_key_check` must come back empty before the transaction commits.
@@ -379,14 +380,31 @@ def migration_lock(db: peewee.Database):
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         return
+    _check_the_client(db, CLIENT_CHECK_INTERVAL)
     db.execute_sql("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
     try:
         yield
     finally:
         db.execute_sql("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        _check_the_client(db, None)
 
 
 MIGRATION_LOCK_KEY = 0x5356_4341_3336  # pg_advisory_lock's key for the migration runner ("SVCA36")
+CLIENT_CHECK_INTERVAL = "1s"
+"""How often the migrator's PostgreSQL server process checks that the migrator is still there."""
+
+
+def _check_the_client(db: peewee.Database, interval: str | None) -> None:
+    """Set the session's `client_connection_check_interval` (None: back to its default). A migrator
+    killed mid-statement (a deploy's timeout, an OOM kill) then has its server process stop within
+    the interval and roll back; without it the server process runs the statement, or waits for a
+    lock, to the end, holding the advisory lock and its table locks all that time. PostgreSQL
+    before 14 has no such setting (no row: nothing set); a platform without the check accepts 0 only."""
+    try:
+        db.execute_sql("SELECT set_config(name, COALESCE(%s, reset_val), false) FROM pg_settings "
+                       "WHERE name = 'client_connection_check_interval'", (interval,))
+    except peewee.DatabaseError:  # that platform: as before (autocommit: nothing left aborted)
+        pass
 
 
 def migrate(db: peewee.Database, before_change=None) -> list[str]:
