@@ -3,7 +3,9 @@
 Only appointments of providers who completed this application's auth flow (an `Authorization`
 row), only in organizations where the application is installed. Pages are ordered by
 (start, row id), a total order within one snapshot, so consecutive pages never overlap or skip;
-the snapshot only changes when the next night's one is complete.
+the snapshot only changes when the next night's one is complete, or when a night is built again
+(its snapshot replaced in one transaction: a page read across that commit is read again from the
+new one, `_still_latest`).
 
 A page is one round trip: the page query also returns the total (`COUNT(*) OVER ()`, computed
 from the rows the sort reads anyway); only a page past the end runs a separate count. The queries
@@ -97,10 +99,29 @@ def appointments_page(runtime, app: Application, organization_id: str, query: di
     if organization_id == testdata.TEST_ORGANIZATION_ID:
         return testdata.appointments_page(runtime.clock.now().date(), offset, limit)
     installation_of(app, organization_id, "svcOrganizationId", USE)
-    snapshot = Snapshot.latest_complete(organization_id)
-    if snapshot is None:
-        return {"appointments": [], "offset": offset, "limit": limit, "total": 0, "snapshot_date": None}
-    page = _PAGE_WITH_TOTAL.dicts(app.id, snapshot.id, organization_id, offset, limit)
-    total = page[0]["total_rows"] if page else _TOTAL.dicts(app.id, snapshot.id, organization_id)[0]["total_rows"]
+    for _ in range(REREADS):
+        snapshot = Snapshot.latest_complete(organization_id)
+        if snapshot is None:
+            return {"appointments": [], "offset": offset, "limit": limit, "total": 0, "snapshot_date": None}
+        page = _PAGE_WITH_TOTAL.dicts(app.id, snapshot.id, organization_id, offset, limit)
+        if page:
+            total = page[0]["total_rows"]
+            break
+        total = _TOTAL.dicts(app.id, snapshot.id, organization_id)[0]["total_rows"]
+        if _still_latest(snapshot, organization_id):
+            break
     return {"appointments": [appointment_json(row) for row in page], "offset": offset, "limit": limit,
             "total": total, "snapshot_date": snapshot.snapshot_date.isoformat()}
+
+
+REREADS = 3
+"""Reads of a page whose snapshot was replaced between its lookup and its rows (see `_still_latest`)."""
+
+
+def _still_latest(snapshot: Snapshot, organization_id: str) -> bool:
+    """Is `snapshot` still the latest complete one? A night published again replaces its snapshot
+    in one transaction: a page whose lookup came before that commit and its rows after finds no
+    rows (every row goes at once, so a page with rows is all of one snapshot). Only an empty page
+    asks; when it was replaced, the page is read again from the new one."""
+    latest = Snapshot.latest_complete(organization_id)
+    return latest is not None and latest.id == snapshot.id
