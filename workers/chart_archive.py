@@ -5,7 +5,8 @@ Everything goes through files in a temporary directory: the JSON is written entr
 archive, and the store uploads the archive from disk, so no step holds the whole archive in
 memory. The PDF is the exception: fpdf2 keeps every page in memory until it writes the file, so
 the PDF shows at most `PDF_MAX_ENCOUNTERS` encounters, `PDF_MAX_OBSERVATIONS` observations and
-`PDF_MAX_DOCUMENTS` documents (and says how many more the JSON holds); memory stays flat however
+`PDF_MAX_DOCUMENTS` documents (and says how many more the JSON holds), and at most `PDF_MAX_TEXT`
+characters of any one text (an EHR's field can be megabytes); memory and time stay flat however
 large the chart.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ PDF_MAX_OBSERVATIONS = 5000
 """Observations the PDF shows (one line each, ~100 pages); the JSON has all of them."""
 PDF_MAX_DOCUMENTS = 2000
 """Documents the PDF lists (one line each); the JSON has all of them."""
+PDF_MAX_TEXT = 4000
+"""Characters of one text the PDF shows (an EHR's name, reason or value: ~1 page); the JSON has all of it."""
 
 
 def _latin1(text) -> str:
@@ -93,12 +96,27 @@ class ChartPdf(FPDF):
         in the line length), and even `get_string_width` copies the graphics state per call:
         ~4 ms per encounter. Summing the core font's character widths word by word is linear.
         """
-        for line in self.wrap(_latin1(text)):
+        for line in self.wrap(_latin1(_clipped(str(text)))):
             self.cell(0, 5, line, new_x=XPos.LMARGIN, new_y=YPos.NEXT)
 
     def text_width(self, text: str) -> float:
-        widths = self.current_font.cw  # core fonts: 1/1000 of the font size per character
-        return sum(widths[c] for c in text) * self.font_size_pt * 0.001 / self.k
+        return sum(self.char_widths(text))
+
+    def char_widths(self, text: str):
+        """The width of each character (core fonts: 1/1000 of the font size per character)."""
+        widths, scale = self.current_font.cw, self.font_size_pt * 0.001 / self.k
+        return (widths[c] * scale for c in text)
+
+    def pieces(self, word: str, width: float):
+        """`word` cut into pieces no wider than `width` (one character at least), in one pass: a
+        word as long as the EHR likes costs time linear in its length."""
+        start, used = 0, 0.0
+        for index, char_width in enumerate(self.char_widths(word)):
+            if used + char_width > width and index > start:
+                yield word[start:index]
+                start, used = index, 0.0
+            used += char_width
+        yield word[start:]
 
     def wrap(self, text: str):
         """Lines of `text` no wider than the cell width, broken at spaces (or inside a longer word)."""
@@ -111,17 +129,22 @@ class ChartPdf(FPDF):
                 if not line or line_width + space + word_width > width:
                     if line:
                         yield line
-                    while word_width > width and len(word) > 1:  # a word wider than the page
-                        cut = len(word) - 1
-                        while cut > 1 and self.text_width(word[:cut]) > width:
-                            cut -= 1
-                        yield word[:cut]
-                        word = word[cut:]
+                    if word_width > width:  # a word wider than the page: all but its last piece
+                        *full, word = self.pieces(word, width)
+                        yield from full
                         word_width = self.text_width(word)
                     line, line_width = word, word_width
                 else:
                     line, line_width = f"{line} {word}", line_width + space + word_width
             yield line
+
+
+def _clipped(text: str) -> str:
+    """`text` cut to `PDF_MAX_TEXT` characters, saying so (the JSON holds the whole of it)."""
+    if len(text) <= PDF_MAX_TEXT:
+        return text
+    return (f"{text[:PDF_MAX_TEXT]} [... {len(text) - PDF_MAX_TEXT:,} more characters: "
+            f"the JSON file in this archive holds the whole text]")
 
 
 def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.datetime | None = None) -> None:

@@ -24,6 +24,8 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `junk-entries`: the normal searchset plus entries that are no entry object (`"x"`, `7`, `null`,
   `{"resource": "y"}`, an entry without `resource`); on `$everything` (with `offered` on `metadata`,
   which then offers it), `Patient/{id}/$everything` answers the patient's chart so;
+- `long-text`: the Condition's `code.text` is `LONG_WORD`, one word of 60,000 characters without a
+  space (a chart build wrapped such a word in time cubic in its length: hours);
 - `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
   Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings;
 - `export-forgotten` (on `$export`): `metadata` offers Bulk Data export, each `POST Patient/$export`
@@ -48,6 +50,7 @@ NPI = "1417000043"
 FOREIGN = "http://attacker.example/fhir"
 BASE_PATH = "/fhir/R4"
 TOKEN = "hostile-ehr-token"   # what its token endpoint grants svc-auth (`smart-backend` clinics)
+LONG_WORD = "Asthma" + "x" * 59_994   # `long-text`: one word, no space (60,000 characters)
 DRIP_SECONDS = 120          # a drip stops by itself after this long (the test has long failed by then)
 
 
@@ -285,6 +288,8 @@ class _Handler(BaseHTTPRequestHandler):
         if attack == "bad-ids":
             ours = [r for r in matches if r["resourceType"] == kind]
             matches += [{k: v for k, v in r.items() if k != "id"} for r in ours] + [{**r, "id": "../x"} for r in ours]
+        if attack == "long-text":
+            matches = [{**r, "code": {"text": LONG_WORD}} if r["resourceType"] == "Condition" else r for r in matches]
         if attack == "string-refs" and kind == "Appointment":
             matches.insert(1, string_actors())
         if attack == "junk-entries":

@@ -1,0 +1,62 @@
+"""Chart builds against a hostile EHR (tests/helpers/hostile_ehr.py) by a real `svc-auth worker`
+process: whatever the EHR's data, a chart request ends (`ready` or `failed` with a reason) within
+bounded time and memory, and the archive holds what the EHR said."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from helpers.charts import open_archive
+from helpers.hostile_ehr import LONG_WORD
+from helpers.processes import wait_until
+from lifecycle.applications import install_application
+from models.charts import ChartRequest
+from workers.chart_archive import PDF_MAX_TEXT
+from workers.charts import enqueue_chart_build
+
+pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_max_retries=1, task_min_backoff_ms=100,
+                                                         task_max_backoff_ms=300, ehr_batch_deadline=10)]
+
+BUILD_SECONDS = 45  # a small chart's build on a busy 2-core machine, worker start included
+
+
+@pytest.fixture
+def hostile_clinic(runtime, world, cli, hostile):
+    """The hostile EHR as an open FHIR clinic (`--fhir-auth none`) with the app installed: its id."""
+    hostile.calm()
+    done = cli("orgs", "create", "--name", "Hostile Clinic", "--ehr", "fhir", "--fhir-base-url", hostile.base,
+               "--fhir-auth", "none", "--json")
+    org_id = json.loads(done.stdout)["id"]
+    install_application(world.app.id, org_id)
+    return org_id
+
+
+def built(runtime, world, org_id) -> ChartRequest:
+    """A chart request of the EHR's patient, queued, once a worker has ended it."""
+    request = ChartRequest.create(application=world.app.id, organization=org_id, patient_id="pt-1")
+    enqueue_chart_build(runtime, request.id)
+    return wait_until(lambda: (found := ChartRequest.get_by_id(request.id)).status != "pending" and found,
+                      timeout=BUILD_SECONDS, what="the chart build")
+
+
+def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runtime, world, hostile, hostile_clinic,
+                                                                           start_worker):
+    """A Condition whose text is one 60,000-character word: the PDF's line wrapping cut such a word
+    in time cubic in its length (6,000 characters took 27 s; this one, hours), so the worker sat on
+    the build, renewing its lease, and the request stayed `pending` for good. The PDF now shows the
+    first PDF_MAX_TEXT characters and says the JSON holds the rest; the JSON holds all of it."""
+    hostile.attack("long-text", on="Condition")
+    start_worker()
+    done = built(runtime, world, hostile_clinic)
+    assert (done.status, done.error) == ("ready", None)
+    handle, _ = runtime.object_store.open_object(done.object_key)
+    with handle:
+        text, chart = open_archive(handle.read(), done.id, world.app.id)
+    assert [p["description"] for p in chart["problems"]] == [LONG_WORD]
+    flat = re.sub(r"Patient chart [0-9a-f]+ - page \d+", "", text.replace("\n", ""))  # without page footers
+    shown = re.search(r"(Asthmax+) \[\.\.\. ([\d,]+) more characters: the JSON ?file in this archive holds the ?"
+                      r"whole text\]", flat)  # (a line break between two words leaves no space)
+    assert shown and PDF_MAX_TEXT - 10 < len(shown[1]) <= PDF_MAX_TEXT, flat[flat.index("Medications") - 300:]
+    assert len(shown[1]) + int(shown[2].replace(",", "")) == len(LONG_WORD)
