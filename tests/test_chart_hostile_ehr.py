@@ -23,7 +23,7 @@ BUILD_SECONDS = 45  # a small chart's build on a busy 2-core machine, worker sta
 
 
 @pytest.fixture
-def hostile_clinic(runtime, world, cli, hostile):
+def hostile_chart_clinic(runtime, world, cli, hostile):
     """The hostile EHR as an open FHIR clinic (`--fhir-auth none`) with the app installed: its id."""
     hostile.calm()
     done = cli("orgs", "create", "--name", "Hostile Clinic", "--ehr", "fhir", "--fhir-base-url", hostile.base,
@@ -41,7 +41,7 @@ def built(runtime, world, org_id) -> ChartRequest:
                       timeout=BUILD_SECONDS, what="the chart build")
 
 
-def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runtime, world, hostile, hostile_clinic,
+def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runtime, world, hostile, hostile_chart_clinic,
                                                                            start_worker):
     """A Condition whose text is one 60,000-character word: the PDF's line wrapping cut such a word
     in time cubic in its length (6,000 characters took 27 s; this one, hours), so the worker sat on
@@ -49,7 +49,7 @@ def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runti
     first PDF_MAX_TEXT characters and says the JSON holds the rest; the JSON holds all of it."""
     hostile.attack("long-text", on="Condition")
     start_worker()
-    done = built(runtime, world, hostile_clinic)
+    done = built(runtime, world, hostile_chart_clinic)
     assert (done.status, done.error) == ("ready", None)
     handle, _ = runtime.object_store.open_object(done.object_key)
     with handle:
@@ -60,3 +60,23 @@ def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runti
                       r"whole text\]", flat)  # (a line break between two words leaves no space)
     assert shown and PDF_MAX_TEXT - 10 < len(shown[1]) <= PDF_MAX_TEXT, flat[flat.index("Medications") - 300:]
     assert len(shown[1]) + int(shown[2].replace(",", "")) == len(LONG_WORD)
+
+
+def test_a_resource_not_in_r4_s_shape_is_left_out_and_named_and_the_chart_is_built(runtime, world, hostile,
+                                                                                   hostile_chart_clinic, start_worker):
+    """Conditions whose `code` is a string, whose `coding` holds a string, whose `text` is an object:
+    the mapping raised AttributeError, the task was retried (the whole chart read from the EHR
+    again each time) and the request ended `failed` with "could not be built", for one bad
+    resource. The chart is now built from the valid ones, and its `omitted` names the rest."""
+    hostile.attack("malformed", on="Condition")
+    start_worker()
+    done = built(runtime, world, hostile_chart_clinic)
+    assert (done.status, done.error) == ("ready", None)
+    handle, _ = runtime.object_store.open_object(done.object_key)
+    with handle:
+        text, chart = open_archive(handle.read(), done.id, world.app.id)
+    assert [(p["id"], p["description"]) for p in chart["problems"]] == [("cond-1", "Asthma")]
+    assert chart["omitted"] == [{"resourceType": "Condition", "reason": (
+        "3 Condition resource(s) the EHR answered are not valid FHIR R4 and were left out "
+        "(ids: cond-2, cond-3, cond-4)")}]
+    assert "not valid FHIR R4" in text.replace("\n", " ")

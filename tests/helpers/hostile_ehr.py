@@ -26,6 +26,8 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   which then offers it), `Patient/{id}/$everything` answers the patient's chart so;
 - `long-text`: the Condition's `code.text` is `LONG_WORD`, one word of 60,000 characters without a
   space (a chart build wrapped such a word in time cubic in its length: hours);
+- `malformed` (on Condition): beside `cond-1`, Conditions not in R4's shape: `cond-2` whose `code` is
+  a bare string, `cond-3` whose `code.coding` holds a string, `cond-4` whose `code.text` is an object;
 - `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
   Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings;
 - `export-forgotten` (on `$export`): `metadata` offers Bulk Data export, each `POST Patient/$export`
@@ -290,6 +292,10 @@ class _Handler(BaseHTTPRequestHandler):
             matches += [{k: v for k, v in r.items() if k != "id"} for r in ours] + [{**r, "id": "../x"} for r in ours]
         if attack == "long-text":
             matches = [{**r, "code": {"text": LONG_WORD}} if r["resourceType"] == "Condition" else r for r in matches]
+        if attack == "malformed" and kind == "Condition":
+            matches += [{**condition(), "id": "cond-2", "code": "Asthma"},
+                        {**condition(), "id": "cond-3", "code": {"coding": ["J45"]}},
+                        {**condition(), "id": "cond-4", "code": {"text": {"div": "Asthma"}}}]
         if attack == "string-refs" and kind == "Appointment":
             matches.insert(1, string_actors())
         if attack == "junk-entries":
