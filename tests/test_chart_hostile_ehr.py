@@ -9,7 +9,7 @@ import re
 import pytest
 
 from helpers.charts import open_archive
-from helpers.hostile_ehr import LONG_WORD
+from helpers.hostile_ehr import LARGE_PAGES, LONG_WORD
 from helpers.processes import wait_until
 from lifecycle.applications import install_application
 from models.charts import ChartRequest
@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_max_
                                                          task_max_backoff_ms=300, ehr_batch_deadline=10)]
 
 BUILD_SECONDS = 45  # a small chart's build on a busy 2-core machine, worker start included
+MEMORY_GROWTH = 120 * 2**20  # a worker's peak memory grows less than this building a chart of ~80 MB of problems
 
 
 @pytest.fixture
@@ -80,3 +81,30 @@ def test_a_resource_not_in_r4_s_shape_is_left_out_and_named_and_the_chart_is_bui
         "3 Condition resource(s) the EHR answered are not valid FHIR R4 and were left out "
         "(ids: cond-2, cond-3, cond-4)")}]
     assert "not valid FHIR R4" in text.replace("\n", " ")
+
+
+def peak_rss(pid: int) -> int:
+    """A live process's peak resident memory so far (VmHWM), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) * 1024
+
+
+def test_problems_as_many_and_long_as_the_ehr_likes_stay_on_disk(runtime, world, hostile, hostile_chart_clinic,
+                                                                 start_worker):
+    """80 Conditions of ~1 MB of text each (10 pages): problems, medications and allergies were kept
+    in memory ("a chart has tens"), and the JSON was written from one string of them all, so the
+    worker's memory grew by several times the EHR's answers: an EHR could exhaust it. They are now
+    spooled to disk like encounters and written to the JSON one by one (the PDF lists PDF_MAX_LIST
+    of each and PDF_MAX_TEXT characters of a text)."""
+    worker = start_worker()
+    assert built(runtime, world, hostile_chart_clinic).status == "ready"  # warm: every module loaded
+    before = peak_rss(worker.pid)
+    hostile.attack("large-problems", on="Condition")
+    done = built(runtime, world, hostile_chart_clinic)
+    assert (done.status, done.error) == ("ready", None)
+    growth = peak_rss(worker.pid) - before
+    handle, _ = runtime.object_store.open_object(done.object_key)
+    with handle:
+        _, chart = open_archive(handle.read(), done.id, world.app.id)
+    assert len(chart["problems"]) == LARGE_PAGES * 8 and len(chart["problems"][-1]["description"]) > 1_000_000
+    assert growth < MEMORY_GROWTH, f"the worker's peak memory grew by {growth / 2**20:.0f} MiB"

@@ -4,8 +4,8 @@ Everything goes through files in a temporary directory: the JSON is written entr
 (encounters, observations, documents stream from the chart), pyzipper streams the files into the
 archive, and the store uploads the archive from disk, so no step holds the whole archive in
 memory. The PDF is the exception: fpdf2 keeps every page in memory until it writes the file, so
-the PDF shows at most `PDF_MAX_ENCOUNTERS` encounters, `PDF_MAX_OBSERVATIONS` observations and
-`PDF_MAX_DOCUMENTS` documents (and says how many more the JSON holds), and at most `PDF_MAX_TEXT`
+the PDF shows at most `PDF_MAX_ENCOUNTERS` encounters, `PDF_MAX_OBSERVATIONS` observations,
+`PDF_MAX_DOCUMENTS` documents and `PDF_MAX_LIST` problems, medications and allergies each (and says how many more the JSON holds), and at most `PDF_MAX_TEXT`
 characters of any one text (an EHR's field can be megabytes); memory and time stay flat however
 large the chart.
 """
@@ -29,6 +29,8 @@ PDF_MAX_OBSERVATIONS = 5000
 """Observations the PDF shows (one line each, ~100 pages); the JSON has all of them."""
 PDF_MAX_DOCUMENTS = 2000
 """Documents the PDF lists (one line each); the JSON has all of them."""
+PDF_MAX_LIST = 2000
+"""Problems, medications and allergies the PDF lists, each (one line each); the JSON has all of them."""
 PDF_MAX_TEXT = 4000
 """Characters of one text the PDF shows (an EHR's name, reason or value: ~1 page); the JSON has all of it."""
 
@@ -43,13 +45,13 @@ def write_chart_json(chart: Chart, request_id: str, path: str) -> None:
     p = chart.patient
     head = {"request_id": request_id, "organization": chart.organization_name,
             "patient": {"id": p.id, "first_name": p.first_name, "last_name": p.last_name,
-                        "date_of_birth": p.date_of_birth.isoformat(), "sex": p.sex},
-            "problems": [entry("problems", e) for e in chart.problems],
-            "medications": [entry("medications", e) for e in chart.medications],
-            "allergies": [entry("allergies", e) for e in chart.allergies],
-            "omitted": [{"resourceType": o["resourceType"], "reason": o["reason"]} for o in chart.omitted]}
+                        "date_of_birth": p.date_of_birth.isoformat(), "sex": p.sex}}
+    omitted = [{"resourceType": o["resourceType"], "reason": o["reason"]} for o in chart.omitted]
     with open(path, "w", encoding="utf-8") as out:
         out.write(json.dumps(head, indent=1)[:-2])
+        for name in ("problems", "medications", "allergies"):
+            _json_array(out, name, (entry(name, e) for e in getattr(chart, name)))
+        out.write(',\n "omitted": ' + json.dumps(omitted))
         _json_array(out, "encounters", (encounter_entry(e) for e in chart.encounters()))
         _json_array(out, "observations", (entry("observations", o) for o in chart.observations()))
         _json_array(out, "documents", (entry("documents", d) for d in chart.documents()))
@@ -163,18 +165,17 @@ def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.dateti
     pdf.line_text(f"Patient ID: {p.id}")
     pdf.line_text(f"Date of birth: {p.date_of_birth.isoformat()}    Sex: {p.sex}")
     pdf.heading("Problems")
-    for item in chart.problems or [{"code": "", "description": "None recorded", "onset": ""}]:
-        pdf.line_text(f"{item['code']}  {item['description']}" + (f"  (since {item['onset']})" if item["onset"] else ""))
+    _bounded(pdf, chart.problems, PDF_MAX_LIST, "problems", lambda pdf, item: pdf.line_text(
+        f"{item['code']}  {item['description']}" + (f"  (since {item['onset']})" if item["onset"] else "")))
     pdf.heading("Medications")
-    if not chart.medications:
-        pdf.line_text("None recorded")
-    for item in chart.medications:
-        pdf.line_text(f"{item['name']} {item['dose']}, {item['frequency']} (started {item['started']})")
+    _bounded(pdf, chart.medications, PDF_MAX_LIST, "medications", lambda pdf, item: pdf.line_text(
+        f"{item['name']} {item['dose']}, {item['frequency']} (started {item['started']})"))
     pdf.heading("Allergies")
     if not chart.allergies:
         pdf.line_text("No known allergies")
-    for item in chart.allergies:
-        pdf.line_text(f"{item['substance']}: {item['reaction']} ({item['severity']})")
+    else:
+        _bounded(pdf, chart.allergies, PDF_MAX_LIST, "allergies", lambda pdf, item: pdf.line_text(
+            f"{item['substance']}: {item['reaction']} ({item['severity']})"))
     pdf.heading("Encounters")
     _bounded(pdf, chart.encounters(), PDF_MAX_ENCOUNTERS, "encounters", _encounter_lines)
     observations, documents = iter(chart.observations()), iter(chart.documents())

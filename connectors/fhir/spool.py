@@ -1,10 +1,10 @@
 """A FHIR patient's chart: R4 resources (US Core shapes) mapped to the chart's entries, and spooled.
 
 `ChartSpool` takes the patient's resources in any order and mix of types (the pages of
-`Patient/{id}/$everything`, or of searches by patient) and keeps them one page at a time:
-problems, medications and allergies in memory (a chart has tens), encounters, observations and
-documents appended to anonymous temporary files and read back line by line, as often as the PDF
-and the JSON ask. So a chart of thousands of resources is read from the EHR once and memory stays
+`Patient/{id}/$everything`, or of searches by patient) and keeps them one page at a time: every
+entry (problems, medications and allergies too: an EHR decides how many and how long they are)
+appended to anonymous temporary files and read back line by line, as often as the PDF and the
+JSON ask. So a chart of thousands of resources is read from the EHR once and memory stays
 flat. A resource that names another patient is left out, and so is one not in R4's shape (an
 object where a string belongs, a string where an object does): counted in `malformed` per type,
 which the chart's `omitted` names, and every field of an entry is text. No FHIR search syntax here (`connectors.fhir.query`).
@@ -22,7 +22,7 @@ from models.ids import is_id
 
 CHART_TYPES = ("Condition", "MedicationRequest", "AllergyIntolerance", "Encounter", "Observation", "DocumentReference")
 """The resource types a chart holds, in the order the search path reads them."""
-STREAMED = ("encounters", "observations", "documents")
+STREAMED = ("problems", "medications", "allergies", "encounters", "observations", "documents")
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -33,9 +33,7 @@ class ChartSpool:
     def __init__(self, patient_id: str, base: str | None = None):
         self.patient_id = patient_id
         self.base = base  # the EHR's FHIR base: its absolute references are its own
-        self.problems: list[dict] = []
-        self.medications: list[dict] = []
-        self.allergies: list[dict] = []
+        self.problems, self.medications, self.allergies = (Spooled(self, kind) for kind in STREAMED[:3])
         self.counts = dict.fromkeys(STREAMED, 0)
         self.left_out = 0
         self.malformed: dict[str, list[str]] = {}  # type -> ids of the resources not in R4's shape
@@ -54,11 +52,11 @@ class ChartSpool:
             self.malformed.setdefault(kind, []).append(resource["id"] if is_id(resource.get("id")) else "(none)")
             return
         if kind == "Condition":
-            self.problems.append(mapped)
+            self._append("problems", mapped)
         elif kind == "MedicationRequest":
-            self.medications.append(mapped)
+            self._append("medications", mapped)
         elif kind == "AllergyIntolerance":
-            self.allergies.append(mapped)
+            self._append("allergies", mapped)
         elif kind == "Encounter":
             if mapped.date is not None:  # a chart lists dated visits
                 self._append("encounters", {**mapped.__dict__, "date": mapped.date.isoformat()})
@@ -100,6 +98,19 @@ class ChartSpool:
         """Whether the resource names this patient as its patient (`connectors.matching`:
         `Patient/{id}`, versioned, or absolute under this EHR's base; never another server's)."""
         return in_compartment(resource, self.patient_id, self.base)
+
+
+class Spooled:
+    """The spooled entries of one kind as a chart's list: sized, true when not empty, iterated from disk."""
+
+    def __init__(self, spool: ChartSpool, kind: str):
+        self.spool, self.kind = spool, kind
+
+    def __len__(self) -> int:
+        return self.spool.counts[self.kind]
+
+    def __iter__(self):
+        return self.spool.read(self.kind)
 
 
 def problem_of(condition: dict) -> dict:
