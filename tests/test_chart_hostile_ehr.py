@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.svc_settings(workers=True, task_max_
                                                          task_max_backoff_ms=300, ehr_batch_deadline=10)]
 
 BUILD_SECONDS = 45  # a small chart's build on a busy 2-core machine, worker start included
+CHART_DEADLINE = 8          # SVC_CHART_BUILD_DEADLINE in the slow EHR's test
 MEMORY_GROWTH = 120 * 2**20  # a worker's peak memory grows less than this building a chart of ~80 MB of problems
 
 
@@ -108,3 +109,17 @@ def test_problems_as_many_and_long_as_the_ehr_likes_stay_on_disk(runtime, world,
         _, chart = open_archive(handle.read(), done.id, world.app.id)
     assert len(chart["problems"]) == LARGE_PAGES * 8 and len(chart["problems"][-1]["description"]) > 1_000_000
     assert growth < MEMORY_GROWTH, f"the worker's peak memory grew by {growth / 2**20:.0f} MiB"
+
+
+@pytest.mark.svc_settings(workers=True, task_max_retries=1, task_min_backoff_ms=100, task_max_backoff_ms=300,
+                          ehr_batch_deadline=10, chart_build_deadline=CHART_DEADLINE)
+def test_an_ehr_paging_slowly_for_ever_fails_the_chart_at_its_build_deadline(runtime, world, hostile,
+                                                                             hostile_chart_clinic, start_worker):
+    """Every page a second, each linking a new next page: each request was within its deadline, a
+    search ran to its 1,000 pages (1,000 s), and a chart has six of them, so the request stayed
+    `pending` (its lease renewed) for hours. The build's requests together now have
+    SVC_CHART_BUILD_DEADLINE: the request fails, saying so."""
+    hostile.attack("slow-endless", on="Condition")
+    start_worker()
+    done = built(runtime, world, hostile_chart_clinic)
+    assert done.status == "failed" and f"within its deadline ({CHART_DEADLINE} s)" in done.error, done.error

@@ -30,6 +30,8 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   a bare string, `cond-3` whose `code.coding` holds a string, `cond-4` whose `code.text` is an object;
 - `large-problems` (on Condition): `LARGE_PAGES` pages of 8 Conditions, each with a text of about
   1 MB (words), along `next` links: some 80 MB of problems in all;
+- `slow-endless`: each page comes after `SLOW_PAGE_SECONDS`, well within any deadline per request,
+  and links a new next page, forever;
 - `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
   Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings;
 - `export-forgotten` (on `$export`): `metadata` offers Bulk Data export, each `POST Patient/$export`
@@ -56,6 +58,7 @@ BASE_PATH = "/fhir/R4"
 TOKEN = "hostile-ehr-token"   # what its token endpoint grants svc-auth (`smart-backend` clinics)
 LONG_WORD = "Asthma" + "x" * 59_994   # `long-text`: one word, no space (60,000 characters)
 LARGE_PAGES = 10                    # `large-problems`: pages of 8 Conditions of ~1 MB of text each
+SLOW_PAGE_SECONDS = 1.0              # `slow-endless`: the wait before each page
 DRIP_SECONDS = 120          # a drip stops by itself after this long (the test has long failed by then)
 
 
@@ -295,6 +298,9 @@ class _Handler(BaseHTTPRequestHandler):
             matches += [{k: v for k, v in r.items() if k != "id"} for r in ours] + [{**r, "id": "../x"} for r in ours]
         if attack == "long-text":
             matches = [{**r, "code": {"text": LONG_WORD}} if r["resourceType"] == "Condition" else r for r in matches]
+        if attack == "slow-endless":
+            ehr.stopping.wait(SLOW_PAGE_SECONDS)
+            return self.send_json(200, searchset([], f"{base}/{kind}?page={page + 1}"))
         if attack == "large-problems" and kind == "Condition":
             found = [{**condition(), "id": f"cond-{page}-{n}", "code": {"text": f"Problem {page}-{n} " + "lorem " * 170_000}}
                      for n in range(8)]
