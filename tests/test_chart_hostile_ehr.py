@@ -66,7 +66,7 @@ def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runti
 
 def test_a_resource_not_in_r4_s_shape_is_left_out_and_named_and_the_chart_is_built(runtime, world, hostile,
                                                                                    hostile_chart_clinic, start_worker):
-    """Conditions whose `code` is a string, whose `coding` holds a string, whose `text` is an object:
+    """Conditions whose `code` is a string, whose `coding` holds a string or is one:
     the mapping raised AttributeError, the task was retried (the whole chart read from the EHR
     again each time) and the request ended `failed` with "could not be built", for one bad
     resource. The chart is now built from the valid ones, and its `omitted` names the rest."""

@@ -184,11 +184,13 @@ def entry_of(kind: str, resource: dict):
 
 
 def text_of(concept) -> str:
-    """A CodeableConcept's text, else its first coding's display, else its code."""
+    """A CodeableConcept's text, else its first coding's display, else its code (the first of
+    them that is a string: the schedule's mapping calls this too, and passes over the rest)."""
     if not isinstance(concept, dict):
         return ""
     coding = next(iter(concept.get("coding") or ()), {})
-    return _text(concept.get("text")) or _text(coding.get("display")) or _text(coding.get("code"))
+    return next((value for value in (concept.get("text"), coding.get("display"), coding.get("code"))
+                 if isinstance(value, str) and value), "")
 
 
 def _text(value) -> str:

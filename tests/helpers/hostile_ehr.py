@@ -27,7 +27,7 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `long-text`: the Condition's `code.text` is `LONG_WORD`, one word of 60,000 characters without a
   space (a chart build wrapped such a word in time cubic in its length: hours);
 - `malformed` (on Condition): beside `cond-1`, Conditions not in R4's shape: `cond-2` whose `code` is
-  a bare string, `cond-3` whose `code.coding` holds a string, `cond-4` whose `code.text` is an object;
+  a bare string, `cond-3` whose `code.coding` holds a string, `cond-4` whose `code.coding` is a string;
 - `large-problems` (on Condition): `LARGE_PAGES` pages of 8 Conditions, each with a text of about
   1 MB (words), along `next` links: some 80 MB of problems in all;
 - `slow-endless`: each page comes after `SLOW_PAGE_SECONDS`, well within any deadline per request,
@@ -308,7 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
         if attack == "malformed" and kind == "Condition":
             matches += [{**condition(), "id": "cond-2", "code": "Asthma"},
                         {**condition(), "id": "cond-3", "code": {"coding": ["J45"]}},
-                        {**condition(), "id": "cond-4", "code": {"text": {"div": "Asthma"}}}]
+                        {**condition(), "id": "cond-4", "code": {"coding": "J45"}}]
         if attack == "string-refs" and kind == "Appointment":
             matches.insert(1, string_actors())
         if attack == "junk-entries":
