@@ -288,6 +288,9 @@ class Settings:
     ehr_batch_deadline: int = 120
     ehr_batch_max_bytes: int = 32 * 1024 * 1024
     ehr_batch_max_pages: int = 1000
+    # A chart build's requests to the EHR together, every page of every search (seconds): past it the
+    # request fails, naming the deadline (each request still has the batch deadline).
+    chart_build_deadline: int = 1800
     # Developer console: a session unused for this long is signed out, and any session this long
     # after its sign-in, however busy (an absolute lifetime: a stolen cookie is not good forever).
     console_idle_timeout: int = 30 * 60
@@ -364,7 +367,7 @@ class Settings:
                      "s3_multipart_bytes", "s3_timeout", "s3_batch_timeout", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
                      "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
-                     "ehr_batch_max_bytes", "ehr_batch_max_pages",
+                     "ehr_batch_max_bytes", "ehr_batch_max_pages", "chart_build_deadline",
                      "bulk_file_ttl", "bulk_file_max_bytes"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         merged["fhir_ehr_concurrency"] = _at_least("SVC_FHIR_EHR_CONCURRENCY", merged["fhir_ehr_concurrency"], 1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterator, Protocol
+from typing import Collection, Iterator, Protocol
 
 
 class ConnectorError(Exception):
@@ -151,9 +151,10 @@ class Chart:
 
     patient: Patient
     organization_name: str
-    problems: list[dict] = field(default_factory=list)
-    medications: list[dict] = field(default_factory=list)
-    allergies: list[dict] = field(default_factory=list)
+    problems: Collection[dict] = field(default_factory=list)
+    """Problems, medications, allergies: lists, or the FHIR spool's collections read from disk."""
+    medications: Collection[dict] = field(default_factory=list)
+    allergies: Collection[dict] = field(default_factory=list)
     encounter_source: object = None
     observation_source: object = None
     document_source: object = None

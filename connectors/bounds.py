@@ -7,6 +7,7 @@ deadline), the night fails for that clinic, the hub renders without appointments
 tunes them with the `SVC_EHR_*` settings (docs/security.md lists each with its default)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -48,6 +49,13 @@ class Bounds:
         deadline = float(settings.ehr_interactive_deadline)
         return cls("check", connect=min(3.0, deadline), request_deadline=deadline, max_bytes=settings.ehr_interactive_max_bytes,
                    max_pages=1, max_retry_after=min(2.0, deadline), attempts=3)
+
+    @classmethod
+    def chart(cls, settings) -> Bounds:
+        """A chart build: the batch bounds, and all its requests within `SVC_CHART_BUILD_DEADLINE`
+        (an EHR paging slowly but within each request's deadline cannot keep a request pending for days)."""
+        return dataclasses.replace(cls.batch(settings), name="chart",
+                                   operation_deadline=float(settings.chart_build_deadline))
 
     @classmethod
     def batch(cls, settings) -> Bounds:

@@ -63,7 +63,8 @@ def test_the_spool_keeps_only_the_patients_resources_and_streams_them_back_to_se
                "period": {"start": "2024-01-02T09:00:00Z"}, "type": [{"text": "Office visit"}]})
     spool.add({"resourceType": "Appointment", "id": "x", "participant": []})   # not part of a chart
     assert spool.left_out == 5 and [a["substance"] for a in spool.allergies] == ["Latex"]
-    assert spool.counts == {"encounters": 1, "observations": 3, "documents": 0}
+    assert spool.counts == {"problems": 0, "medications": 0, "allergies": 1, "encounters": 1, "observations": 3,
+                            "documents": 0}
     first, second = spool.read("observations"), spool.read("observations")
     assert next(first)["id"] == "o-0" and next(second)["id"] == "o-0"          # each reader has its place
     assert [o["id"] for o in first] == ["o-1", "o-2"] and [o["id"] for o in second] == ["o-1", "o-2"]

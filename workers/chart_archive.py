@@ -4,8 +4,9 @@ Everything goes through files in a temporary directory: the JSON is written entr
 (encounters, observations, documents stream from the chart), pyzipper streams the files into the
 archive, and the store uploads the archive from disk, so no step holds the whole archive in
 memory. The PDF is the exception: fpdf2 keeps every page in memory until it writes the file, so
-the PDF shows at most `PDF_MAX_ENCOUNTERS` encounters, `PDF_MAX_OBSERVATIONS` observations and
-`PDF_MAX_DOCUMENTS` documents (and says how many more the JSON holds); memory stays flat however
+the PDF shows at most `PDF_MAX_ENCOUNTERS` encounters, `PDF_MAX_OBSERVATIONS` observations,
+`PDF_MAX_DOCUMENTS` documents and `PDF_MAX_LIST` problems, medications and allergies each (and says how many more the JSON holds), and at most `PDF_MAX_TEXT`
+characters of any one text (an EHR's field can be megabytes); memory and time stay flat however
 large the chart.
 """
 from __future__ import annotations
@@ -28,6 +29,10 @@ PDF_MAX_OBSERVATIONS = 5000
 """Observations the PDF shows (one line each, ~100 pages); the JSON has all of them."""
 PDF_MAX_DOCUMENTS = 2000
 """Documents the PDF lists (one line each); the JSON has all of them."""
+PDF_MAX_LIST = 2000
+"""Problems, medications and allergies the PDF lists, each (one line each); the JSON has all of them."""
+PDF_MAX_TEXT = 4000
+"""Characters of one text the PDF shows (an EHR's name, reason or value: ~1 page); the JSON has all of it."""
 
 
 def _latin1(text) -> str:
@@ -40,13 +45,13 @@ def write_chart_json(chart: Chart, request_id: str, path: str) -> None:
     p = chart.patient
     head = {"request_id": request_id, "organization": chart.organization_name,
             "patient": {"id": p.id, "first_name": p.first_name, "last_name": p.last_name,
-                        "date_of_birth": p.date_of_birth.isoformat(), "sex": p.sex},
-            "problems": [entry("problems", e) for e in chart.problems],
-            "medications": [entry("medications", e) for e in chart.medications],
-            "allergies": [entry("allergies", e) for e in chart.allergies],
-            "omitted": [{"resourceType": o["resourceType"], "reason": o["reason"]} for o in chart.omitted]}
+                        "date_of_birth": p.date_of_birth.isoformat(), "sex": p.sex}}
+    omitted = [{"resourceType": o["resourceType"], "reason": o["reason"]} for o in chart.omitted]
     with open(path, "w", encoding="utf-8") as out:
         out.write(json.dumps(head, indent=1)[:-2])
+        for name in ("problems", "medications", "allergies"):
+            _json_array(out, name, (entry(name, e) for e in getattr(chart, name)))
+        out.write(',\n "omitted": ' + json.dumps(omitted))
         _json_array(out, "encounters", (encounter_entry(e) for e in chart.encounters()))
         _json_array(out, "observations", (entry("observations", o) for o in chart.observations()))
         _json_array(out, "documents", (entry("documents", d) for d in chart.documents()))
@@ -93,12 +98,27 @@ class ChartPdf(FPDF):
         in the line length), and even `get_string_width` copies the graphics state per call:
         ~4 ms per encounter. Summing the core font's character widths word by word is linear.
         """
-        for line in self.wrap(_latin1(text)):
+        for line in self.wrap(_latin1(_clipped(str(text)))):
             self.cell(0, 5, line, new_x=XPos.LMARGIN, new_y=YPos.NEXT)
 
     def text_width(self, text: str) -> float:
-        widths = self.current_font.cw  # core fonts: 1/1000 of the font size per character
-        return sum(widths[c] for c in text) * self.font_size_pt * 0.001 / self.k
+        return sum(self.char_widths(text))
+
+    def char_widths(self, text: str):
+        """The width of each character (core fonts: 1/1000 of the font size per character)."""
+        widths, scale = self.current_font.cw, self.font_size_pt * 0.001 / self.k
+        return (widths[c] * scale for c in text)
+
+    def pieces(self, word: str, width: float):
+        """`word` cut into pieces no wider than `width` (one character at least), in one pass: a
+        word as long as the EHR likes costs time linear in its length."""
+        start, used = 0, 0.0
+        for index, char_width in enumerate(self.char_widths(word)):
+            if used + char_width > width and index > start:
+                yield word[start:index]
+                start, used = index, 0.0
+            used += char_width
+        yield word[start:]
 
     def wrap(self, text: str):
         """Lines of `text` no wider than the cell width, broken at spaces (or inside a longer word)."""
@@ -111,17 +131,22 @@ class ChartPdf(FPDF):
                 if not line or line_width + space + word_width > width:
                     if line:
                         yield line
-                    while word_width > width and len(word) > 1:  # a word wider than the page
-                        cut = len(word) - 1
-                        while cut > 1 and self.text_width(word[:cut]) > width:
-                            cut -= 1
-                        yield word[:cut]
-                        word = word[cut:]
+                    if word_width > width:  # a word wider than the page: all but its last piece
+                        *full, word = self.pieces(word, width)
+                        yield from full
                         word_width = self.text_width(word)
                     line, line_width = word, word_width
                 else:
                     line, line_width = f"{line} {word}", line_width + space + word_width
             yield line
+
+
+def _clipped(text: str) -> str:
+    """`text` cut to `PDF_MAX_TEXT` characters, saying so (the JSON holds the whole of it)."""
+    if len(text) <= PDF_MAX_TEXT:
+        return text
+    return (f"{text[:PDF_MAX_TEXT]} [... {len(text) - PDF_MAX_TEXT:,} more characters: "
+            f"the JSON file in this archive holds the whole text]")
 
 
 def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.datetime | None = None) -> None:
@@ -140,18 +165,17 @@ def write_chart_pdf(chart: Chart, request_id: str, path: str, created: dt.dateti
     pdf.line_text(f"Patient ID: {p.id}")
     pdf.line_text(f"Date of birth: {p.date_of_birth.isoformat()}    Sex: {p.sex}")
     pdf.heading("Problems")
-    for item in chart.problems or [{"code": "", "description": "None recorded", "onset": ""}]:
-        pdf.line_text(f"{item['code']}  {item['description']}" + (f"  (since {item['onset']})" if item["onset"] else ""))
+    _bounded(pdf, chart.problems, PDF_MAX_LIST, "problems", lambda pdf, item: pdf.line_text(
+        f"{item['code']}  {item['description']}" + (f"  (since {item['onset']})" if item["onset"] else "")))
     pdf.heading("Medications")
-    if not chart.medications:
-        pdf.line_text("None recorded")
-    for item in chart.medications:
-        pdf.line_text(f"{item['name']} {item['dose']}, {item['frequency']} (started {item['started']})")
+    _bounded(pdf, chart.medications, PDF_MAX_LIST, "medications", lambda pdf, item: pdf.line_text(
+        f"{item['name']} {item['dose']}, {item['frequency']} (started {item['started']})"))
     pdf.heading("Allergies")
     if not chart.allergies:
         pdf.line_text("No known allergies")
-    for item in chart.allergies:
-        pdf.line_text(f"{item['substance']}: {item['reaction']} ({item['severity']})")
+    else:
+        _bounded(pdf, chart.allergies, PDF_MAX_LIST, "allergies", lambda pdf, item: pdf.line_text(
+            f"{item['substance']}: {item['reaction']} ({item['severity']})"))
     pdf.heading("Encounters")
     _bounded(pdf, chart.encounters(), PDF_MAX_ENCOUNTERS, "encounters", _encounter_lines)
     observations, documents = iter(chart.observations()), iter(chart.documents())

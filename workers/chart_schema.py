@@ -62,7 +62,7 @@ def chart_schema() -> dict:
             "documents": {"type": "array", "items": _entry(
                 "what a DocumentReference is (never its content)", id=text, date=_day("the document's date"),
                 title=text, type=text, category=text, status=text, content_type=text)},
-            "omitted": {"type": "array", "description": "resource types the EHR refused for this chart, and why",
+            "omitted": {"type": "array", "description": "resource types the EHR refused for this chart, or whose resources it answered in a shape that is not R4's (those are left out), and why",
                         "items": _entry("a refused type", resourceType=text, reason=text)},
         },
     }

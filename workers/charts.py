@@ -57,7 +57,7 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
     with chart_lease_keeper(runtime, request_id, owner):
         recorder = ehr_recorder(runtime, request.organization_id, request.application_id,
                                 request.application.client_id)
-        chart = connector_for(runtime, request.organization, Bounds.batch(runtime.settings),
+        chart = connector_for(runtime, request.organization, Bounds.chart(runtime.settings),
                               recorder).fetch_chart(request.patient_id)
         key = chart_key(request_id)
         store = runtime.batch_object_store

@@ -207,6 +207,9 @@ class FhirConnector:
             raise
         if spool.left_out:
             log.warning("%d resources read for Patient %s name another patient: left out", spool.left_out, patient_id)
+        for omission in spool.omissions():
+            log.warning("chart of Patient %s in %s: %s", patient_id, self.organization.id, omission["reason"])
+            omitted.append(omission)
         return Chart(patient=patient, organization_name=self.organization.name, problems=spool.problems,
                      medications=spool.medications, allergies=spool.allergies,
                      encounter_source=lambda: spool.read("encounters"),

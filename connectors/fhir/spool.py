@@ -1,11 +1,13 @@
 """A FHIR patient's chart: R4 resources (US Core shapes) mapped to the chart's entries, and spooled.
 
 `ChartSpool` takes the patient's resources in any order and mix of types (the pages of
-`Patient/{id}/$everything`, or of searches by patient) and keeps them one page at a time:
-problems, medications and allergies in memory (a chart has tens), encounters, observations and
-documents appended to anonymous temporary files and read back line by line, as often as the PDF
-and the JSON ask. So a chart of thousands of resources is read from the EHR once and memory stays
-flat. A resource that names another patient is left out. No FHIR search syntax here (`connectors.fhir.query`).
+`Patient/{id}/$everything`, or of searches by patient) and keeps them one page at a time: every
+entry (problems, medications and allergies too: an EHR decides how many and how long they are)
+appended to anonymous temporary files and read back line by line, as often as the PDF and the
+JSON ask. So a chart of thousands of resources is read from the EHR once and memory stays
+flat. A resource that names another patient is left out, and so is one not in R4's shape (an
+object where a string belongs, a string where an object does): counted in `malformed` per type,
+which the chart's `omitted` names, and every field of an entry is text. No FHIR search syntax here (`connectors.fhir.query`).
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import tempfile
 
 from connectors.base import Encounter
 from connectors.matching import day_of, in_compartment
+from models.ids import is_id
 
 CHART_TYPES = ("Condition", "MedicationRequest", "AllergyIntolerance", "Encounter", "Observation", "DocumentReference")
 """The resource types a chart holds, in the order the search path reads them."""
-STREAMED = ("encounters", "observations", "documents")
+STREAMED = ("problems", "medications", "allergies", "encounters", "observations", "documents")
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -30,11 +33,10 @@ class ChartSpool:
     def __init__(self, patient_id: str, base: str | None = None):
         self.patient_id = patient_id
         self.base = base  # the EHR's FHIR base: its absolute references are its own
-        self.problems: list[dict] = []
-        self.medications: list[dict] = []
-        self.allergies: list[dict] = []
+        self.problems, self.medications, self.allergies = (Spooled(self, kind) for kind in STREAMED[:3])
         self.counts = dict.fromkeys(STREAMED, 0)
         self.left_out = 0
+        self.malformed: dict[str, list[str]] = {}  # type -> ids of the resources not in R4's shape
         self._files = {kind: tempfile.TemporaryFile(prefix="svc-fhir-chart-") for kind in STREAMED}
 
     def add(self, resource: dict) -> None:
@@ -44,20 +46,31 @@ class ChartSpool:
         if not self._of_patient(resource):
             self.left_out += 1
             return
+        try:
+            mapped = entry_of(kind, resource)
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError):
+            self.malformed.setdefault(kind, []).append(resource["id"] if is_id(resource.get("id")) else "(none)")
+            return
         if kind == "Condition":
-            self.problems.append(problem_of(resource))
+            self._append("problems", mapped)
         elif kind == "MedicationRequest":
-            self.medications.append(medication_of(resource))
+            self._append("medications", mapped)
         elif kind == "AllergyIntolerance":
-            self.allergies.append(allergy_of(resource))
+            self._append("allergies", mapped)
         elif kind == "Encounter":
-            encounter = encounter_of(resource)
-            if encounter.date is not None:  # a chart lists dated visits
-                self._append("encounters", {**encounter.__dict__, "date": encounter.date.isoformat()})
+            if mapped.date is not None:  # a chart lists dated visits
+                self._append("encounters", {**mapped.__dict__, "date": mapped.date.isoformat()})
         elif kind == "Observation":
-            self._append("observations", observation_of(resource))
+            self._append("observations", mapped)
         else:
-            self._append("documents", document_of(resource))
+            self._append("documents", mapped)
+
+    def omissions(self) -> list[dict]:
+        """The chart's `omitted` entries for the resources left out as not in R4's shape."""
+        return [{"resourceType": kind, "reason": (
+            f"{len(ids)} {kind} resource(s) the EHR answered are not valid FHIR R4 and were left out "
+            f"(ids: {', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})")[:500]}
+            for kind, ids in self.malformed.items()]
 
     def read(self, kind: str):
         """The entries of `kind` (`STREAMED`) in the order added, one line at a time; several
@@ -87,6 +100,19 @@ class ChartSpool:
         return in_compartment(resource, self.patient_id, self.base)
 
 
+class Spooled:
+    """The spooled entries of one kind as a chart's list: sized, true when not empty, iterated from disk."""
+
+    def __init__(self, spool: ChartSpool, kind: str):
+        self.spool, self.kind = spool, kind
+
+    def __len__(self) -> int:
+        return self.spool.counts[self.kind]
+
+    def __iter__(self):
+        return self.spool.read(self.kind)
+
+
 def problem_of(condition: dict) -> dict:
     coding = next(iter((condition.get("code") or {}).get("coding") or ()), {})
     return {"id": condition.get("id"), "code": coding.get("code", ""), "description": text_of(condition.get("code")),
@@ -113,7 +139,7 @@ def allergy_of(allergy: dict) -> dict:
 def encounter_of(encounter: dict) -> Encounter:
     provider = next(((p.get("individual") or {}).get("display", "") for p in encounter.get("participant") or ()), "")
     kind = text_of(next(iter(encounter.get("type") or ()), None)) or (encounter.get("class") or {}).get("display", "")
-    return Encounter(date=_date(day_of(encounter)), encounter_type=kind, provider=provider,
+    return Encounter(date=_date(day_of(encounter)), encounter_type=_text(kind), provider=_text(provider),
                      reason=text_of(next(iter(encounter.get("reasonCode") or ()), None)),
                      vitals={}, assessment="", plan="", id=str(encounter.get("id") or ""))
 
@@ -147,12 +173,36 @@ def document_of(reference: dict) -> dict:
             "status": reference.get("status", ""), "content_type": attachment.get("contentType", "")}
 
 
+def entry_of(kind: str, resource: dict):
+    """The chart entry of a resource of `kind` (`CHART_TYPES`); AttributeError, TypeError... for one
+    not in R4's shape."""
+    if kind == "Encounter":
+        return encounter_of(resource)
+    mapper = {"Condition": problem_of, "MedicationRequest": medication_of, "AllergyIntolerance": allergy_of,
+              "Observation": observation_of, "DocumentReference": document_of}[kind]
+    return _texts(mapper(resource))
+
+
 def text_of(concept) -> str:
-    """A CodeableConcept's text, else its first coding's display, else its code."""
+    """A CodeableConcept's text, else its first coding's display, else its code (the first of
+    them that is a string: the schedule's mapping calls this too, and passes over the rest)."""
     if not isinstance(concept, dict):
         return ""
     coding = next(iter(concept.get("coding") or ()), {})
-    return concept.get("text") or coding.get("display") or coding.get("code") or ""
+    return next((value for value in (concept.get("text"), coding.get("display"), coding.get("code"))
+                 if isinstance(value, str) and value), "")
+
+
+def _text(value) -> str:
+    """A string element as text; anything else (an EHR's object, list or number there) is malformed."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise TypeError(f"a string element is a {type(value).__name__}")
+
+
+def _texts(entry: dict) -> dict:
+    """A chart entry whose every field is text (what the PDF and the JSON schema expect)."""
+    return {name: _text(value) if name != "id" else (None if value is None else str(value)) for name, value in entry.items()}
 
 
 def _value(element: dict) -> tuple[str, str]:

@@ -446,6 +446,10 @@ class Transport:
             yield chunk
 
     def _late(self, url: str) -> DeadlineExceeded:
+        whole = self.bounds.operation_deadline
+        if whole not in (None, self.bounds.request_deadline) and self.clock() >= self.started + whole:
+            return DeadlineExceeded("deadline", f"The EHR at {urlsplit(url).netloc} did not answer all the requests "
+                                                f"of this {self.bounds.name} build within its deadline ({whole:g} s).")
         return DeadlineExceeded("deadline", f"The EHR at {urlsplit(url).netloc} did not answer within the "
                                             f"{self.bounds.name} deadline ({self.bounds.request_deadline:g} s per "
                                             f"request, retries included).")

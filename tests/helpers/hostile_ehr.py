@@ -24,6 +24,14 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `junk-entries`: the normal searchset plus entries that are no entry object (`"x"`, `7`, `null`,
   `{"resource": "y"}`, an entry without `resource`); on `$everything` (with `offered` on `metadata`,
   which then offers it), `Patient/{id}/$everything` answers the patient's chart so;
+- `long-text`: the Condition's `code.text` is `LONG_WORD`, one word of 60,000 characters without a
+  space (a chart build wrapped such a word in time cubic in its length: hours);
+- `malformed` (on Condition): beside `cond-1`, Conditions not in R4's shape: `cond-2` whose `code` is
+  a bare string, `cond-3` whose `code.coding` holds a string, `cond-4` whose `code.coding` is a string;
+- `large-problems` (on Condition): `LARGE_PAGES` pages of 8 Conditions, each with a text of about
+  1 MB (words), along `next` links: some 80 MB of problems in all;
+- `slow-endless`: each page comes after `SLOW_PAGE_SECONDS`, well within any deadline per request,
+  and links a new next page, forever;
 - `string-refs`: a Provenance whose second `target` is a bare string (`"Patient/pt-1"`), an
   Appointment search answering beside `ap-1` an `ap-2` whose `participant[].actor`s are bare strings;
 - `export-forgotten` (on `$export`): `metadata` offers Bulk Data export, each `POST Patient/$export`
@@ -48,6 +56,9 @@ NPI = "1417000043"
 FOREIGN = "http://attacker.example/fhir"
 BASE_PATH = "/fhir/R4"
 TOKEN = "hostile-ehr-token"   # what its token endpoint grants svc-auth (`smart-backend` clinics)
+LONG_WORD = "Asthma" + "x" * 59_994   # `long-text`: one word, no space (60,000 characters)
+LARGE_PAGES = 10                    # `large-problems`: pages of 8 Conditions of ~1 MB of text each
+SLOW_PAGE_SECONDS = 1.0              # `slow-endless`: the wait before each page
 DRIP_SECONDS = 120          # a drip stops by itself after this long (the test has long failed by then)
 
 
@@ -285,6 +296,19 @@ class _Handler(BaseHTTPRequestHandler):
         if attack == "bad-ids":
             ours = [r for r in matches if r["resourceType"] == kind]
             matches += [{k: v for k, v in r.items() if k != "id"} for r in ours] + [{**r, "id": "../x"} for r in ours]
+        if attack == "long-text":
+            matches = [{**r, "code": {"text": LONG_WORD}} if r["resourceType"] == "Condition" else r for r in matches]
+        if attack == "slow-endless":
+            ehr.stopping.wait(SLOW_PAGE_SECONDS)
+            return self.send_json(200, searchset([], f"{base}/{kind}?page={page + 1}"))
+        if attack == "large-problems" and kind == "Condition":
+            found = [{**condition(), "id": f"cond-{page}-{n}", "code": {"text": f"Problem {page}-{n} " + "lorem " * 170_000}}
+                     for n in range(8)]
+            return self.send_json(200, searchset(found, f"{base}/{kind}?page={page + 1}" if page < LARGE_PAGES else None))
+        if attack == "malformed" and kind == "Condition":
+            matches += [{**condition(), "id": "cond-2", "code": "Asthma"},
+                        {**condition(), "id": "cond-3", "code": {"coding": ["J45"]}},
+                        {**condition(), "id": "cond-4", "code": {"coding": "J45"}}]
         if attack == "string-refs" and kind == "Appointment":
             matches.insert(1, string_actors())
         if attack == "junk-entries":

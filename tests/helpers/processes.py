@@ -26,7 +26,8 @@ def settings_env(settings: Settings, **extra) -> dict:
                  "claims_namespace", "redis_namespace", "demo_application_id", "sync_window", "var_dir", "keys_dir",
                  "objects_dir", "hmac_key", "ehr_interactive_deadline", "ehr_interactive_max_bytes",
                  "ehr_interactive_max_pages", "ehr_batch_deadline", "ehr_batch_max_bytes", "ehr_batch_max_pages",
-                 "bulk_max_concurrent", "bulk_file_ttl", "bulk_file_max_bytes", "ehr_key_overlap_seconds"):
+                 "bulk_max_concurrent", "bulk_file_ttl", "bulk_file_max_bytes", "ehr_key_overlap_seconds",
+                 "chart_build_deadline"):
         value = getattr(settings, name, None)
         if value:
             env["SVC_" + name.upper()] = str(value)
