@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 
+import pytest
+
 from connectors.sandbox import patient_panel
 from models.charts import ChartRequest
 from workers.charts import chart_key
@@ -35,3 +37,13 @@ def test_the_sweep_removes_temporary_files_of_stopped_builds_only(runtime, world
     assert sorted(sweep_uploads(runtime)) == sorted([chart_key(dead.id), legacy])
     assert os.path.exists(kept) and not os.path.exists(removed) and not os.path.exists(legacy)
     assert sweep_uploads(runtime) == []
+
+
+@pytest.mark.parametrize("key", ["charts/a.zip\n", "charts/../a.zip", ".hidden", "/abs", "a//b", "a/\x00b", ""])
+def test_an_object_key_is_matched_whole(key):
+    """Every store names objects only by `check_key`'s keys: a final newline (which `$` let by),
+    `..`, a leading dot or slash, an empty segment or a NUL is refused."""
+    from storage.keys import check_key
+    with pytest.raises(ValueError):
+        check_key(key)
+    assert check_key("bulk/0a1b/Patient-1.ndjson") == "bulk/0a1b/Patient-1.ndjson"
