@@ -140,7 +140,7 @@ def _rate_limits(name: str, value: str) -> tuple:
     """`invitations=10/60,appointments=100/60` -> ((operation, count, seconds), ...)."""
     limits = []
     for item in filter(None, (p.strip() for p in value.split(","))):
-        m = _RATE_LIMIT.match(item)
+        m = _RATE_LIMIT.fullmatch(item)
         if not m or int(m[2]) < 1 or int(m[3]) < 1:
             raise ConfigError(f"{name} entries must look like operation=COUNT/SECONDS (e.g. appointments=50/60), "
                               f"got {item!r}")
@@ -356,7 +356,7 @@ class Settings:
             raise ConfigError(f"SVC_TASK_MAX_RETRIES must be 0 or more, got {merged['task_max_retries']!r}") from None
         if merged["http_connection"] not in ("httptools", "tornado"):
             raise ConfigError(f"SVC_HTTP_CONNECTION must be httptools or tornado, got {merged['http_connection']!r}")
-        if not _SYNC_WINDOW.match(str(merged["sync_window"])):
+        if not _SYNC_WINDOW.fullmatch(str(merged["sync_window"])):
             raise ConfigError(f"SVC_SYNC_WINDOW must look like 02:00-04:00 (UTC), got {merged['sync_window']!r}")
         for name in ("code_ttl", "launch_ttl", "access_token_ttl", "client_token_ttl", "id_token_ttl",
                      "sandbox_token_ttl", "online_access_ttl", "offline_access_ttl", "presigned_url_ttl", "chart_ttl", "invitation_ttl", "max_body_bytes",
@@ -446,5 +446,5 @@ class Settings:
 
     @property
     def sync_window_bounds(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        m = _SYNC_WINDOW.match(self.sync_window)
+        m = _SYNC_WINDOW.fullmatch(self.sync_window)
         return (int(m[1]), int(m[2])), (int(m[3]), int(m[4]))

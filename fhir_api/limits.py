@@ -23,7 +23,7 @@ _RATE = re.compile(r"^\s*(\d{1,7})\s*/\s*(\d{1,5}|second|minute|hour|day)\s*$")
 
 def parse_rate(text: str) -> Limit:
     """`600/minute`, `50/second`, `600/60` (seconds) -> Limit; ValueError says what is wrong."""
-    m = _RATE.match(text or "")
+    m = _RATE.fullmatch(text or "")
     if not m:
         raise ValueError(f"expected COUNT/UNIT (UNIT: second, minute, hour, day) or COUNT/SECONDS, "
                          f"e.g. 600/minute; got {text!r}")

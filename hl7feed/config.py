@@ -50,7 +50,7 @@ def clean_subjects(values) -> list[str]:
             name = name.strip()
             if not name:
                 continue
-            if not _SUBJECT.match(name):
+            if not _SUBJECT.fullmatch(name):
                 raise _invalid("--hl7-client-subject must be certificate subject CNs of 1 to 200 printable characters")
             if name not in subjects:
                 subjects.append(name)
@@ -88,7 +88,7 @@ def configure_feed(organization_id: str, schedule_source: str | None = None, fac
         changes["schedule_source"] = schedule_source
     if facility is not None:
         facility = facility.strip()
-        if facility and not _FACILITY.match(facility):
+        if facility and not _FACILITY.fullmatch(facility):
             raise _invalid("--hl7-facility must be 1 to 200 printable characters without an HL7 delimiter (|^~\\&).")
         changes["hl7_facility"] = facility or None
     if allow is not None:

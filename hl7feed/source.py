@@ -26,7 +26,7 @@ MATCHES_READ = 50  # Patients of one identifier search looked at before giving u
 
 def identifier_system(authority: str) -> str | None:
     """CX.4 as a FHIR identifier system: an OID as `urn:oid:`, a URI as it is, else None (any system)."""
-    if _OID.match(authority):
+    if _OID.fullmatch(authority):
         return f"urn:oid:{authority}"
     if ":" in authority:
         return authority

@@ -38,7 +38,7 @@ def clean_name(name: str | None) -> str:
 
 
 def clean_ehr(ehr: str | None) -> str:
-    if not EHR_NAME.match(ehr or ""):
+    if not EHR_NAME.fullmatch(ehr or ""):
         raise invalid("ehr must be a short lower-case EHR name such as 'sandbox'.")
     return ehr
 

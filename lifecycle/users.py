@@ -17,7 +17,7 @@ EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 def clean_email(email: str | None) -> str:
     """The address trimmed and lower-cased; 400 when it is not a plausible e-mail address."""
     email = (email or "").strip().lower()
-    if not EMAIL.match(email) or len(email) > 254:
+    if not EMAIL.fullmatch(email) or len(email) > 254:
         raise invalid(f"{email!r} is not a valid e-mail address.")
     return email
 

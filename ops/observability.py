@@ -31,7 +31,7 @@ def request_id_for(request) -> str:
     rid = getattr(request, "_svc_request_id", None)
     if rid is None:
         headers = request.headers  # `in` first: a missing header's `get` raises and catches a KeyError
-        if REQUEST_ID_HEADER in headers and _SANE_REQUEST_ID.match(incoming := headers[REQUEST_ID_HEADER].strip()):
+        if REQUEST_ID_HEADER in headers and _SANE_REQUEST_ID.fullmatch(incoming := headers[REQUEST_ID_HEADER].strip()):
             rid = incoming
         else:
             rid = f"{random.getrandbits(128):032x}"

@@ -72,7 +72,7 @@ def external_base_url(request, settings) -> str:
         if proto in ("http", "https"):
             scheme = proto
         forwarded_host = _first_header_value(request, "X-Forwarded-Host")
-        if forwarded_host and _HOST.match(forwarded_host):
+        if forwarded_host and _HOST.fullmatch(forwarded_host):
             host = forwarded_host
     return f"{scheme}://{host}"
 

@@ -52,7 +52,7 @@ class LocalObjectStore:
         base = self.path_of(prefix.rstrip("/"))
         for directory, _, files in os.walk(base):
             for name in files:
-                match = TEMP_FILE.match(name)
+                match = TEMP_FILE.fullmatch(name)
                 if not match:
                     continue
                 path = Path(directory) / name
@@ -76,7 +76,7 @@ class LocalObjectStore:
         base = self.path_of(prefix.rstrip("/"))
         for directory, _, files in os.walk(base):
             for name in files:
-                if not TEMP_FILE.match(name):
+                if not TEMP_FILE.fullmatch(name):
                     yield (Path(directory) / name).relative_to(self.root).as_posix()
 
     def open_object(self, key: str):

@@ -336,3 +336,13 @@ def test_a_table_shows_control_characters_a_sender_stored_as_escapes(cli, runtim
     assert "A\\x0d\\x0a2030-03-01 forged  AA\\x1b[2J\\u202e" in table, table
     stored = json.loads(cli("hl7", "messages", "--org", world.org.id, "--json").stdout)[0]["control_id"]
     assert stored == "A\r\n2030-03-01 forged  AA\x1b[2J\u202e"
+
+
+def test_values_ending_in_a_newline_are_refused_not_stored(cli, runtime):
+    """`$` in a `match` also matches before a final newline: `--ehr 'sandbox\\n'` created a clinic
+    whose EHR name no connector knows, and `--rate-limit`-style settings and HL7 names took the same
+    path. Each such value is now matched whole: exit 2, nothing created."""
+    before = Organization.select().count()
+    result = cli("orgs", "create", "--name", "Newline Clinic", "--ehr", "sandbox\n", expect=2)
+    assert "ehr" in (result.stderr + result.stdout).lower()
+    assert Organization.select().count() == before

@@ -82,7 +82,7 @@ class SandboxFhir:
         elif resource_type in DIRECTORY:
             found = next((r for r in self._directory(resource_type) if r["id"] == resource_id), None)
         elif _KINDS.get(resource_type):
-            match = _CHART_ID.match(resource_id)
+            match = _CHART_ID.fullmatch(resource_id)
             if match and match.group(1) == _KINDS.get(resource_type):
                 found = next((r for r in self._chart_resources(resource_type, sandbox_id("pat", match.group(2)))
                               if r["id"] == resource_id), None)
@@ -115,7 +115,7 @@ class SandboxFhir:
             found = iter(self._directory(kind))
         elif kind == "Provenance" and not query.patient and any(c.name == "target" for c in query.criteria):
             targets = [t for c in query.criteria if c.name == "target" for t in c.values]  # their patients' only
-            keys = {m.group(2) for _, ident in targets for m in (_CHART_ID.match(ident or ""),) if m}
+            keys = {m.group(2) for _, ident in targets for m in (_CHART_ID.fullmatch(ident or ""),) if m}
             keys |= {ident[len(PATIENT_PREFIX):] for kind_, ident in targets if kind_ == "Patient"}
             found = (r for key in sorted(keys) for r in self._chart_resources(kind, PATIENT_PREFIX + key))
         elif _KINDS.get(kind):
