@@ -431,6 +431,30 @@ def seed_restricted(ehr, start: dt.datetime) -> dt.datetime:
     return soon
 
 
+def hub_page(settings, live, user) -> str:
+    """The physician's hub page, as `serve` renders it (their appointments of the next 7 days)."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    done = cli(settings, "sandbox", "signin-link", "--user", user.id, "--json")
+    assert done.returncode == 0, done.stderr
+    link = urllib.parse.urlsplit(json.loads(done.stdout)["url"])
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+    opener = urllib.request.build_opener(Stay)
+    try:
+        opener.open(f"{live}{link.path}?{link.query}", timeout=30)
+        raise AssertionError("the sign-in link did not redirect")
+    except urllib.error.HTTPError as redirect:
+        assert redirect.code == 302
+        cookie = redirect.headers["Set-Cookie"].split(";")[0]
+    request = urllib.request.Request(f"{live}/sandbox/hub", headers={"Cookie": cookie, "Accept": "text/html"})
+    with opener.open(request, timeout=60) as response:
+        return response.read().decode()
+
+
 @pytest.mark.gen_test(timeout=600)
 async def test_a_restricted_patient_is_left_out_and_counted(api, runtime, world, live, epic_web_ehr):
     """A restricted patient (break-the-glass: Epic answers their Patient read 403 with an
@@ -438,8 +462,8 @@ async def test_a_restricted_patient_is_left_out_and_counted(api, runtime, world,
     whole clinic's night, every night ("The EHR refused svc-auth's access"). Now that appointment is
     left out and counted; the night publishes everyone else, and `ehr check` says so."""
     settings = runtime.settings
-    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
-                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    org_id, night, start, (ana, _, _, _) = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id",
+                                                       "SVCAUTH", "--epic-patient-id-system", PATIENT_SYSTEM)
     seed_restricted(epic_web_ehr, start)
     epic_web_ehr.epic(restricted=["pt-vip"])
     code, report = night_of(settings, night)
@@ -459,14 +483,18 @@ async def test_a_restricted_patient_is_left_out_and_counted(api, runtime, world,
     assert done.returncode == 0 and verdict["ok"], verdict
     assert "(1 listed in the next 24 hours; 1 Patient read(s) refused by Epic (restricted" in detail, detail
 
+    # Ana's hub page (the next 7 days: Jane at the next hours, Vic restricted): Jane, no error.
+    page = hub_page(settings, live, ana)
+    assert "JANE" in page.upper() and "appointments-error" not in page and "STAR" not in page.upper(), page
+
 
 def test_every_patient_read_refused_fails_the_night_naming_it(runtime, world, live, epic_web_ehr):
     """When Epic refuses EVERY Patient read (the backend client lacks Patient.Read, an Epic user who
     may see no patient), leaving each appointment out would publish an empty snapshot as if fine:
     the clinic's night fails naming the cause, nothing is published, and `ehr check` fails the same way."""
     settings = runtime.settings
-    org_id, night, start, _ = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id", "SVCAUTH",
-                                          "--epic-patient-id-system", PATIENT_SYSTEM)
+    org_id, night, start, (ana, _, _, _) = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id",
+                                                       "SVCAUTH", "--epic-patient-id-system", PATIENT_SYSTEM)
     seed_restricted(epic_web_ehr, start)
     epic_web_ehr.epic(restricted=["pt-1", "pt-2", "pt-ghost", "pt-vip"])
     code, report = night_of(settings, night)
@@ -482,6 +510,8 @@ def test_every_patient_read_refused_fails_the_night_naming_it(runtime, world, li
     step = json.loads(done.stdout)["steps"][-1]
     assert done.returncode == 1 and step["step"] == "appointments" and not step["ok"], step
     assert "Epic refused every Patient read (2, none answered" in step["detail"], step
+    page = hub_page(settings, live, ana)       # the hub says why, never "no appointments"
+    assert "appointments-error" in page and "Epic refused every Patient read" in page, page
 
     epic_web_ehr.epic(restricted=["pt-vip"])       # one patient read answered: the night is built
     code, report = night_of(settings, night)
