@@ -46,6 +46,9 @@ class FeedSource:
         self._patients: dict[tuple[str, str], str | None] = {}
         prune(runtime, runtime.clock.now(), organization.id)  # what no snapshot needs any more
 
+    def finish_night(self) -> None:
+        """Nothing to refuse: the feed's rows are what the night publishes."""
+
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime) -> Iterator[Appointment]:
         rows = (FeedAppointment.select()
                 .where((FeedAppointment.organization == self.organization.id)

@@ -90,9 +90,10 @@ def upcoming_appointments(runtime, user: User) -> tuple[list[HubAppointment], st
     provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name, ehr_username=user.ehr_username)
     try:
         recorder = ehr_recorder(runtime, user.organization_id, user_id=user.id)
-        found = schedule_source(runtime, user.organization, Bounds.interactive(runtime.settings), recorder
-                                ).fetch_appointments(provider, now, now + dt.timedelta(days=APPOINTMENT_DAYS))
+        source = schedule_source(runtime, user.organization, Bounds.interactive(runtime.settings), recorder)
+        found = source.fetch_appointments(provider, now, now + dt.timedelta(days=APPOINTMENT_DAYS))
         rows = sorted(itertools.islice(found, 2000), key=lambda a: a.start)[:APPOINTMENT_ROWS]
+        source.finish_night()   # as the night: Epic refusing every Patient read is an error, not "no appointments"
     except ConnectorError as exc:
         return [], f"The clinic's EHR did not answer: {exc}"
     return [HubAppointment(start=a.start, patient_id=a.patient.id,

@@ -3,7 +3,9 @@
 `schedule_source(runtime, organization, bounds, recorder)` returns a `ScheduleSource`:
 - `fetch_appointments(provider, start, end)`: the physician's listed appointments starting in
   [start, end) (naive UTC), as `connectors.Appointment`s;
-- `skipped`: a `connectors.Skipped` of what the source had but left out, or None.
+- `skipped`: a `connectors.Skipped` of what the source had but left out, or None;
+- `finish_night()`: after the night's last physician, a `ConnectorError` when what it read cannot
+  be published (an Epic clinic whose every Patient read was refused), so the night fails.
 
 A clinic on `--schedule-source ehr` (the default) is pulled from its EHR by its connector
 (`EhrPull`: the FHIR search, the sandbox, and what a connector does for its vendor); one on `siu`
@@ -25,6 +27,9 @@ class ScheduleSource(Protocol):
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime) -> Iterator[Appointment]:
         ...
 
+    def finish_night(self) -> None:
+        ...
+
 
 class EhrPull:
     """The clinic's EHR connector, asked for each physician's appointments."""
@@ -38,6 +43,11 @@ class EhrPull:
 
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime) -> Iterator[Appointment]:
         return self.connector.fetch_appointments(provider, start, end)
+
+    def finish_night(self) -> None:
+        finish = getattr(self.connector, "finish_night", None)   # the FHIR connector's (Epic); others have none
+        if finish is not None:
+            finish()
 
 
 def schedule_source(runtime, organization, bounds: Bounds, recorder=None) -> ScheduleSource:

@@ -415,3 +415,104 @@ def test_ehr_check_fails_when_the_physician_has_no_epic_provider_id(runtime, wor
     assert done.returncode == 0 and verdict["ok"], verdict
     assert "Epic's GetProviderAppointments answered for NPI 1417000001" in verdict["steps"][-1]["detail"]
     assert [c["Providers"] for c in epic_web_ehr.epic()["calls"]] == [[{"ID": "1417000001", "IDType": "NPI"}]]
+
+
+def seed_restricted(ehr, start: dt.datetime) -> dt.datetime:
+    """`seed_schedule`, with Vic, a VIP patient, on Ana's schedule that night and, as Jane, in the
+    next hours (what `ehr check` reads); patients named by their FHIR id (each one a Patient read).
+    The moment of the next hours' appointments."""
+    seed_schedule(ehr, start)
+    soon = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, second=0, microsecond=0) + dt.timedelta(hours=3)
+    ehr.seed(epic_patient("pt-vip", "Star", "Vic", "1966-03-04", "male", "Z1003"),
+             appointment("ana-vip", "pr-ana", "pt-vip", start + dt.timedelta(days=2, hours=6)),
+             appointment("ana-soon-vip", "pr-ana", "pt-vip", soon),
+             appointment("ana-soon", "pr-ana", "pt-1", soon + dt.timedelta(hours=1)))
+    ehr.epic(fhir_patient_ids=True)
+    return soon
+
+
+def hub_page(settings, live, user) -> str:
+    """The physician's hub page, as `serve` renders it (their appointments of the next 7 days)."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    done = cli(settings, "sandbox", "signin-link", "--user", user.id, "--json")
+    assert done.returncode == 0, done.stderr
+    link = urllib.parse.urlsplit(json.loads(done.stdout)["url"])
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+    opener = urllib.request.build_opener(Stay)
+    try:
+        opener.open(f"{live}{link.path}?{link.query}", timeout=30)
+        raise AssertionError("the sign-in link did not redirect")
+    except urllib.error.HTTPError as redirect:
+        assert redirect.code == 302
+        cookie = redirect.headers["Set-Cookie"].split(";")[0]
+    request = urllib.request.Request(f"{live}/sandbox/hub", headers={"Cookie": cookie, "Accept": "text/html"})
+    with opener.open(request, timeout=60) as response:
+        return response.read().decode()
+
+
+@pytest.mark.gen_test(timeout=600)
+async def test_a_restricted_patient_is_left_out_and_counted(api, runtime, world, live, epic_web_ehr):
+    """A restricted patient (break-the-glass: Epic answers their Patient read 403 with an
+    OperationOutcome, every other patient reads fine): one such patient on Ana's schedule failed the
+    whole clinic's night, every night ("The EHR refused svc-auth's access"). Now that appointment is
+    left out and counted; the night publishes everyone else, and `ehr check` says so."""
+    settings = runtime.settings
+    org_id, night, start, (ana, _, _, _) = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id",
+                                                       "SVCAUTH", "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_restricted(epic_web_ehr, start)
+    epic_web_ehr.epic(restricted=["pt-vip"])
+    code, report = night_of(settings, night)
+    assert code == 0 and org_id in report["built"], report
+    assert report["skipped"][org_id] == {
+        "patient restricted by Epic (Patient read refused, HTTP 403)": {"count": 1, "appointments": ["ana-vip"]},
+        "unknown Epic status": {"count": 1, "appointments": ["ana-bumped"]}}, report
+    headers = await partner_headers(api, world.app, world.secret)
+    rows = await listed(api, headers, org_id)
+    assert sorted(r["id"] for r in rows) == sorted(EXPECTED + ["ana-ghost"])
+    assert {r["patient"]["id"] for r in rows} == {"pt-1", "pt-2", "pt-ghost"}
+    assert Snapshot.latest_complete(org_id).skipped and "ana-vip" in Snapshot.latest_complete(org_id).skipped
+
+    done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+    verdict = json.loads(done.stdout)
+    detail = verdict["steps"][-1]["detail"]
+    assert done.returncode == 0 and verdict["ok"], verdict
+    assert "(1 listed in the next 24 hours; 1 Patient read(s) refused by Epic (restricted" in detail, detail
+
+    # Ana's hub page (the next 7 days: Jane at the next hours, Vic restricted): Jane, no error.
+    page = hub_page(settings, live, ana)
+    assert "JANE" in page.upper() and "appointments-error" not in page and "STAR" not in page.upper(), page
+
+
+def test_every_patient_read_refused_fails_the_night_naming_it(runtime, world, live, epic_web_ehr):
+    """When Epic refuses EVERY Patient read (the backend client lacks Patient.Read, an Epic user who
+    may see no patient), leaving each appointment out would publish an empty snapshot as if fine:
+    the clinic's night fails naming the cause, nothing is published, and `ehr check` fails the same way."""
+    settings = runtime.settings
+    org_id, night, start, (ana, _, _, _) = epic_clinic(runtime, world, epic_web_ehr, live, "--epic-user-id",
+                                                       "SVCAUTH", "--epic-patient-id-system", PATIENT_SYSTEM)
+    seed_restricted(epic_web_ehr, start)
+    epic_web_ehr.epic(restricted=["pt-1", "pt-2", "pt-ghost", "pt-vip"])
+    code, report = night_of(settings, night)
+    failure = report["organizations"][org_id]
+    assert code == 1 and failure.startswith("failed: Epic refused every Patient read (4, none answered; e.g. "), report
+    for needle in ("restricted. You must break the glass", "lacks Patient.Read", "'SVCAUTH'", "nothing was published"):
+        assert needle in failure, failure
+    assert org_id not in report["built"] and org_id not in report["skipped"]
+    assert Snapshot.latest_complete(org_id) is None
+    assert Snapshot.select().where(Snapshot.organization == org_id).count() == 0
+
+    done = cli(settings, "ehr", "check", "--org", org_id, "--json")
+    step = json.loads(done.stdout)["steps"][-1]
+    assert done.returncode == 1 and step["step"] == "appointments" and not step["ok"], step
+    assert "Epic refused every Patient read (2, none answered" in step["detail"], step
+    page = hub_page(settings, live, ana)       # the hub says why, never "no appointments"
+    assert "appointments-error" in page and "Epic refused every Patient read" in page, page
+
+    epic_web_ehr.epic(restricted=["pt-vip"])       # one patient read answered: the night is built
+    code, report = night_of(settings, night)
+    assert code == 0 and org_id in report["built"], report

@@ -169,6 +169,7 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
                              source.fetch_appointments(provider, window_start, window_start + COVERAGE))
                 for chunk in peewee.chunked(rows, INSERT_CHUNK):
                     count += _insert(runtime, snapshot, chunk)
+            source.finish_night()   # e.g. Epic refused every Patient read: fail, publish nothing
     except BaseException:
         _discard(db, snapshot)
         raise

@@ -110,7 +110,10 @@ def epic_appointments(connector, npi: str | None, now: dt.datetime) -> str:
                              f"physicians: set --epic-provider-id-system URI (the system of their Epic provider id), "
                              f"or --epic-provider-id-type NPI")
     found = list(schedule.appointments_of(provider, provider_id, now, now + dt.timedelta(days=1)))
-    return f"Epic's GetProviderAppointments answered for NPI {npi} ({len(found)} listed in the next 24 hours)"
+    schedule.finish_night()   # every Patient read refused: the night would fail the same way
+    restricted = (f"; {schedule.refusals} Patient read(s) refused by Epic (restricted, break-the-glass): "
+                  f"their appointments are left out" if schedule.refusals else "")
+    return f"Epic's GetProviderAppointments answered for NPI {npi} ({len(found)} listed in the next 24 hours{restricted})"
 
 
 def scopes_step(client, open_server: bool):

@@ -40,7 +40,12 @@ log = logging.getLogger("svc_auth.connectors.fhir")
 
 
 class AccessRefused(ConnectorError):
-    """The EHR refused svc-auth's access (401/403, an OperationOutcome login/forbidden/security)."""
+    """The EHR refused svc-auth's access (401/403, an OperationOutcome login/forbidden/security);
+    `status`: the HTTP status of that answer (None: no request made), `detail`: what the EHR said."""
+
+    def __init__(self, message: str, status: int | None = None, detail: str = ""):
+        super().__init__(message)
+        self.status, self.detail = status, detail
 
 
 class NotGranted(AccessRefused, TypeNotGranted):
@@ -269,7 +274,8 @@ class FhirClient:
         """A GET's answer as data, or the error it is."""
         if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
             raise AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
-                                 f"client registration and its scopes ({' '.join(self.scopes)}).")
+                                 f"client registration and its scopes ({' '.join(self.scopes)}).",
+                                 status=status, detail=_issue_text(body))
         if status in (404, 410):  # unknown, or deleted
             raise LookupError(_issue_text(body))
         if status != 200 or not isinstance(body, dict):

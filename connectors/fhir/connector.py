@@ -113,6 +113,12 @@ class FhirConnector:
         cache.put(key, found, PRACTITIONER_SECONDS if found else NO_PRACTITIONER_SECONDS)
         return found or None
 
+    def finish_night(self) -> None:
+        """After the night's last physician: a `ConnectorError` when what was read cannot be published
+        (Epic: every Patient read refused, `EpicSchedule.finish_night`)."""
+        if self.epic_schedule is not None:
+            self.epic_schedule.finish_night()
+
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime):
         if self.epic_schedule is not None:
             yield from self.epic_schedule.fetch_appointments(provider, start, end)

@@ -17,6 +17,11 @@ token. Shapes as Ronin's production client shows them (research/epic_schedules.m
   FHIR (`STATUSES`; any other is skipped and named); its patient the EHR's FHIR Patient (the
   `FHIR` entry of `PatientIDs`, else a search by `{epic_patient_id_system}|{Internal ID}`), whose
   name, birth date and sex are the snapshot's.
+- A restricted patient (break-the-glass, confidential, VIP, a department the Epic user cannot see)
+  whose `Patient/{id}` read Epic refuses (HTTP 403) while others read fine: that appointment is left
+  out and counted (`RESTRICTED`). But when no Patient read succeeded all night and one was refused,
+  the refusal is the token's or the Epic user's, not a patient's: `finish_night` fails the night
+  naming it (never an all-skipped snapshot published as if fine).
 - Every request to the EHR is one `ehr.fetch` disclosure record (the web service's names the
   FHIR Patients of its answer); all go through the connector's `Transport`, under its `Bounds`.
 """
@@ -50,6 +55,9 @@ STATUSES = MappingProxyType({
 LISTED = frozenset(("proposed", "pending", "booked", "arrived", "checked-in"))
 MAX_DURATION_MINUTES = 7 * 24 * 60
 KNOWN_PATIENTS = 5000            # Patients kept for one night (by Epic id), then forgotten
+RESTRICTED = "patient restricted by Epic (Patient read refused, HTTP 403)"
+"""The skipped reason of an appointment whose patient Epic refuses to show (break-the-glass)."""
+REFUSED = object()               # `_read`'s answer for a Patient whose read Epic refused
 USER_ID_TEXT = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")   # printable ASCII, no edge spaces
 USER_ID_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9 _-]{0,63}")
 SYSTEM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]{1,490}")
@@ -119,6 +127,28 @@ class EpicSchedule:
         except ValueError as exc:  # `orgs create|update` refuses this; a row edited by hand fails the night
             self.url, self.misconfigured = None, f"Organization {organization.id}: {exc}"
         self.patients: dict[str, dict | None] = {}   # "FHIR:{id}" / "Internal:{id}" -> Patient (None: not found)
+        self.reads = 0                                # Patient reads that Epic answered this night
+        self.refused: dict[str, str] = {}             # Patient id -> why Epic refused its read (first ones)
+        self.refusals = 0                             # Patient reads that Epic refused this night
+
+    def finish_night(self) -> None:
+        """After the night's last physician: `AccessRefused` when Epic refused every Patient read it
+        was asked (at least one), so the night fails naming the cause instead of publishing a
+        snapshot whose patients were all left out."""
+        failure = self.all_refused()
+        if failure:
+            raise AccessRefused(failure)
+
+    def all_refused(self) -> str | None:
+        """Why no appointment can be listed when every Patient read was refused (None otherwise)."""
+        if self.reads or not self.refusals:
+            return None
+        first, why = next(iter(self.refused.items()))
+        return (f"Epic refused every Patient read ({self.refusals}, none answered; e.g. Patient/{first}: {why}): "
+                f"a restricted (break-the-glass) patient is left out, but when no patient can be read the "
+                f"backend client {self.client.client_id!r} lacks Patient.Read (R4) or the Epic user "
+                f"{self.organization.epic_user_id!r} may see no patient of these departments; nothing was published "
+                f"for this clinic")
 
     # -- one physician ------------------------------------------------------------------------
     def fetch_appointments(self, provider, start: dt.datetime, end: dt.datetime):
@@ -287,6 +317,8 @@ class EpicSchedule:
             resource = self._known(f"Internal:{internal}", lambda: self._search(internal))
         else:
             resource = None
+        if resource is REFUSED:
+            raise Unlisted(RESTRICTED)
         if resource is None:
             raise Unlisted("patient not found in the EHR")
         return listed_patient(resource)
@@ -298,11 +330,25 @@ class EpicSchedule:
             self.patients[key] = lookup()
         return self.patients[key]
 
-    def _read(self, patient_id: str) -> dict | None:
+    def _read(self, patient_id: str):
+        """The Patient; None when Epic has none; `REFUSED` when Epic answers 403 for this patient (a
+        restricted one, or, if it refuses every read, the token: `finish_night`). A token that lacks
+        Patient's scope (`NotGranted`, no request made) or any other refusal fails the night at once."""
         try:
             resource = self.client.get(f"Patient/{patient_id}")
         except LookupError:
+            self.reads += 1
             return None
+        except AccessRefused as exc:
+            if exc.status != 403:   # NotGranted (no request made: None), a 401 after a new token...
+                raise
+            self.refusals += 1
+            if len(self.refused) < 5:
+                self.refused[patient_id] = _excerpt(exc.detail or str(exc), 200)
+            log.warning("Epic refused Patient/%s of %s (HTTP 403, restricted?): its appointments are left out",
+                        patient_id, self.organization.id)
+            return REFUSED
+        self.reads += 1
         return resource if resource.get("resourceType") == "Patient" and resource.get("id") == patient_id else None
 
     def _search(self, internal: str) -> dict | None:

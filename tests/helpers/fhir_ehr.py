@@ -95,7 +95,8 @@ class FhirEhr:
         its settings (`user_id`, `time_zone`, `patient_system`, `provider_system`, `fhir_patient_ids`,
         `statuses` {appointment id: Epic status}, `durations` {appointment id: AppointmentDuration},
         `overrides` {appointment id: {member: value} shown instead},
-        `error` + `error_status`: refuse every call); returns
+        `error` + `error_status`: refuse every call; `restricted` [Patient id]: those patients' FHIR
+        Patient.Read answers 403 with Epic's break-the-glass OperationOutcome); returns
         `{"settings", "calls"}` (the request bodies received)."""
         return self.admin("epic", settings) if settings else self.admin("epic")
 

@@ -39,7 +39,19 @@ const DEFAULTS = () => ({
   overrides: {},                      // appointment id -> {member: value} shown instead of what it renders
   error: null,                        // refuse every call: {"Error": error, "Appointments": null} ...
   error_status: 200,                  // ... with this HTTP status
+  restricted: [],                     // Patient ids whose FHIR Patient.Read answers 403 (restrictedRead)
 });
+
+// A restricted patient ("break-the-glass": a confidential or VIP patient, a hospital employee, a
+// department the backend user cannot see): Epic answers that patient's Patient.Read with an
+// OperationOutcome, while every other patient reads fine. Epic's FHIR error-code registry (code
+// 4131, severity Fatal: "The patient you are attempting to access is restricted. You must break the
+// glass to access patient data.", "returned when you attempt a Patient.Read on that patient"; 4130
+// for Break-the-Glass security on other resources), captured from https://fhir.epic.com/Specifications
+// and https://fhir.epic.com/Documentation?docId=troubleshooting in api-evangelist/epic-systems
+// `errors/epic-systems-error-codes.yml` @e75c10ac2aceab4ef651a7bbc8363d9f4c1739d9. The HTTP status
+// (403) and the issue code `forbidden` are this file's choice: that registry gives only Epic's code.
+const RESTRICTED_TEXT = 'The patient you are attempting to access is restricted. You must break the glass to access patient data.';
 
 function localParts(instant, timeZone) {
   const parts = Object.fromEntries(new Intl.DateTimeFormat('en-US', { timeZone, year: 'numeric', month: 'numeric',
@@ -69,6 +81,14 @@ export class EpicScheduling {
   configure(body) { Object.assign(this.settings, body); }
 
   report() { return { settings: this.settings, calls: this.calls }; }
+
+  // [403, OperationOutcome] for a read of a restricted Patient (`restricted`), else null.
+  restrictedRead(method, pathname) {
+    const [, type, id, more] = pathname.split('/');
+    if (method !== 'GET' || type !== 'Patient' || !id || more !== undefined || !this.settings.restricted.includes(id)) return null;
+    return [403, { resourceType: 'OperationOutcome', issue: [{ severity: 'fatal', code: 'forbidden',
+      details: { coding: [{ code: '4131', display: RESTRICTED_TEXT }], text: RESTRICTED_TEXT } }] }];
+  }
 
   async search(query) { return ((await this.repo.search(this.parse(query))).entry ?? []).map((e) => e.resource); }
 

@@ -314,6 +314,8 @@ async function fhir(req, res, url) {
   if (!allows(type)) {
     return send(res, 403, outcome('forbidden', `The access token lacks the ${neededScope(vendor, type)} scope.`));
   }
+  const restricted = vendor === 'epic' ? epic.restrictedRead(req.method, pathname) : null;  // break-the-glass
+  if (restricted) return send(res, restricted[0], restricted[1]);
   if (maxCount && query._count !== undefined && Number(query._count) > maxCount) query._count = String(maxCount);
   if (vendor || maxCount) {  // the vendor's search rules (vendors.mjs); a page no larger than the EHR's
     const refused = vendor ? vendorRequest(vendor, type, pathname, query) : null;
