@@ -89,9 +89,16 @@ def listen(settings, tmp_path):
         env.setdefault("SVC_CLOCK_OFFSET", str((FEED_CLOCK - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
                                                .total_seconds()))
         env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle), **env)
-        proc = start_process(["hl7", "listen", "--host", "127.0.0.1", "--port", str(port), *args], env, port,
-                             log_path=tmp_path / f"hl7-{len(procs)}.log")
+        log_path = tmp_path / f"hl7-{len(procs)}.log"
+        proc = start_process(["hl7", "listen", "--host", "127.0.0.1", "--port", str(port), *args], env,
+                             log_path=log_path)
         procs.append(proc)
+        # Ready once it logs that it listens, not once a probe connects: the listener counts a
+        # connection until it has read its end, so a probe could still hold one of the caps
+        # (SVC_HL7_MAX_CONNECTIONS, _PER_PEER) the test then fills (a loaded machine showed it).
+        wait_until(lambda: proc.poll() is not None or f"hl7 listener on 127.0.0.1:{port} " in log_path.read_text(),
+                   60, "the listener listening")
+        assert proc.poll() is None, log_path.read_text()[-2000:]
         return proc, port
     yield start
     for proc in procs:
@@ -508,9 +515,7 @@ def test_a_sender_that_never_reads_its_acks_is_closed(runtime, feed_clinic, list
 def test_one_peer_cannot_hold_every_connection(runtime, feed_clinic, listen, tmp_path):
     """SVC_HL7_MAX_CONNECTIONS_PER_PEER=2: two silent connections from 127.0.0.3 stay open; a third
     from 127.0.0.3 is closed at once, nothing read or stored (logged); a connection from 127.0.0.2
-    is still served and its message applied. Once one of the two closes, 127.0.0.3 is served again.
-    (Not 127.0.0.1: the start's readiness probe comes from there, and the listener counts it until
-    it has read its end, which a loaded machine may not have let it do yet.)"""
+    is still served and its message applied. Once one of the two closes, 127.0.0.3 is served again."""
     peer = ("127.0.0.3", 0)
     _, port = listen(SVC_HL7_MAX_CONNECTIONS="10", SVC_HL7_MAX_CONNECTIONS_PER_PEER="2")
     held = [socket.create_connection(("127.0.0.1", port), source_address=peer) for _ in range(2)]
