@@ -209,7 +209,7 @@ class Transport:
 
     def send(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
         """(status, parsed JSON or None, headers), retrying 429, 5xx, timeouts and refused
-        connections within the bounds. Raises `DeadlineExceeded`, `BoundExceeded` (`max_bytes`,
+        connections within the bounds. Raises `DeadlineExceeded`, `BoundExceeded` (`max_bytes`, `json_values`,
         `redirect`) or `ConnectorUnavailable` (attempts spent, or a `Retry-After` too long).
         Blocking (a pool thread, a worker): `_attempts` on `http.client` connections."""
         attempts = self._attempts(method, url, body, headers)
