@@ -18,7 +18,7 @@ class ConnectorUnavailable(ConnectorError):
 class BoundExceeded(ConnectorError):
     """The EHR made a request go past one of the caller's `Bounds` (its size, its pages, a repeated
     or foreign `next` link, a redirect): the FHIR API answers 502, the night fails for the clinic.
-    `bound` names it (`max_bytes`, `max_pages`, `repeated_next`, `outside_base`, `redirect`...)."""
+    `bound` names it (`max_bytes`, `json_values`, `max_pages`, `repeated_next`, `outside_base`, `redirect`...)."""
 
     def __init__(self, bound: str, message: str):
         super().__init__(f"{message} [bound: {bound}]")

@@ -78,8 +78,8 @@ def _failure(organization_id: str, exc: ConnectorError) -> FhirError:
         return FhirError(504, "timeout", "The clinic's EHR did not answer in time.")
     if isinstance(exc, BoundExceeded):
         log.error("FHIR API: the EHR of %s went past a bound (%s): %s", organization_id, exc.bound, exc)
-        return FhirError(502, "exception", "The clinic's EHR answered beyond what svc-auth accepts (too large, too "
-                                           "many pages, or a link outside the clinic's FHIR base).")
+        return FhirError(502, "exception", "The clinic's EHR answered beyond what svc-auth accepts (too large or "
+                                           "dense, too many pages, or a link outside the clinic's FHIR base).")
     if isinstance(exc, EhrReportedError):
         log.error("FHIR API: the EHR of %s reported an error: %s", organization_id, exc)
         return FhirError(502, "exception", "The clinic's EHR reported an error.")

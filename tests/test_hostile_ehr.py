@@ -231,6 +231,23 @@ def test_an_endless_body_on_a_read_is_cut_at_the_size_limit_and_serve_stays_smal
     assert grown < SERVE_GROWTH_BYTES, f"serve's peak RSS grew by {grown >> 20} MiB"
 
 
+def test_a_body_of_many_empty_objects_is_refused_unparsed_and_serve_stays_small(hostile_clinic, hostile, served):
+    """`[{},{},...]` just under the 4 MiB cap parses to ~120 MiB of Python objects: refused before
+    parsing (502), on a read and on a search, while the same clinic's other answers are served."""
+    _, proc = served
+    status, body, _, _ = fhir(hostile_clinic, "/Observation?patient=pt-1")
+    assert status == 200 and [e["resource"]["id"] for e in body["entry"]] == ["obs-1"], body   # the control
+    before = peak_rss(proc.pid)
+    hostile.attack("many-objects", on="Observation")
+    for path in ("/Observation?patient=pt-1", "/Observation/obs-1", "/Observation?patient=pt-1"):
+        status, body, _seconds, _ = fhir(hostile_clinic, path)
+        assert_outcome(status, body, 502, "exception")
+    status, body, _, _ = fhir(hostile_clinic, "/Patient/pt-1")
+    assert status == 200 and body["id"] == "pt-1", body                  # the rest of the EHR still served
+    grown = peak_rss(proc.pid) - before
+    assert grown < SERVE_GROWTH_BYTES, f"serve's peak RSS grew by {grown >> 20} MiB"
+
+
 def test_a_slow_drip_hits_the_deadline_not_a_timeout_per_byte(hostile_clinic, hostile):
     hostile.attack("drip", on="Patient")
     status, body, seconds, _ = fhir(hostile_clinic, "/Patient/pt-1")
@@ -415,6 +432,7 @@ def night_of(runtime, world, ana) -> dt.date:
 
 @pytest.mark.parametrize("attack, bound", [("next-endless", "max_pages"), ("next-same", "repeated_next"),
                                            ("endless-body", "max_bytes"), ("outcome-200", "error"),
+                                           ("many-objects-32", "json_values"),
                                            ("next-outside-base", "outside_base")])
 def test_the_night_fails_loudly_for_the_attacked_clinic_and_the_others_go_on(runtime, world, hostile_clinic, hostile,
                                                                               attack, bound):

@@ -12,6 +12,9 @@ one check of an answer's head and size (`_body_limit`); each only drives its con
 - Connections are kept alive between requests: one is reused only after its answer was read
   whole, and closed after anything else.
 - The body is streamed and read up to `max_bytes`; past it the connection is dropped.
+- The JSON of a body (or of a Bulk Data ndjson line) is parsed only when it holds at most
+  `max_bytes // JSON_VALUE_BYTES` values (`json_values`, counted on the bytes before parsing); a
+  denser one (`[{},{},...]`: ~36 bytes of Python per byte) is refused (`BoundExceeded("json_values")`).
 - `Retry-After` (delay-seconds or an HTTP-date, RFC 9110 10.2.3, read against the runtime's wall
   clock) is honoured up to `max_retry_after`; a longer one (or one past the deadline) ends the
   attempts as `ConnectorUnavailable`.
@@ -48,6 +51,15 @@ from connectors.fhir.connections import Connections
 
 BACKOFF_SECONDS = 0.5            # doubled per attempt, unless the EHR says Retry-After
 CHUNK_BYTES = 64 * 1024          # a body is read this much at a time
+JSON_VALUE_BYTES = 8             # an answer's JSON is parsed only when it holds at most max_bytes/8 values
+"""Parsed JSON costs memory per value and key (a `{}`, a `"a"`, a `1.5`), whatever its bytes: a body of
+`[{},{},...]` just under the cap costs ~30x its size, `["a","a",...]` ~22x, where real FHIR JSON
+holds a value per 10-30 bytes (a US Core Observation entry 10.5, Medplum's R4 definitions 15-30;
+the densest seen, 7.5, is refused only past 94% of the cap) and costs 2-4.5x its size. Measured
+(peak RSS of a child process over the body it holds; orjson 3.13): the worst body the rule admits
+(`["a",...]` of max_bytes/8 values) costs 44 MiB at the 4 MiB interactive cap and 353 MiB at the
+32 MiB batch cap, against 121 MiB and 941 MiB for `[{},...]` unbounded (a real 14 MiB FHIR
+Bundle: 65 MiB)."""
 DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
 _ENCODED_SEPARATOR = re.compile(r"%(2e|2f|5c|25)", re.IGNORECASE)  # `.`, `/`, `\`, `%` spelled encoded
 _PRINTABLE = re.compile(r"[!-~]+")
@@ -197,7 +209,7 @@ class Transport:
 
     def send(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None):
         """(status, parsed JSON or None, headers), retrying 429, 5xx, timeouts and refused
-        connections within the bounds. Raises `DeadlineExceeded`, `BoundExceeded` (`max_bytes`,
+        connections within the bounds. Raises `DeadlineExceeded`, `BoundExceeded` (`max_bytes`, `json_values`,
         `redirect`) or `ConnectorUnavailable` (attempts spent, or a `Retry-After` too long).
         Blocking (a pool thread, a worker): `_attempts` on `http.client` connections."""
         attempts = self._attempts(method, url, body, headers)
@@ -262,7 +274,7 @@ class Transport:
                     raise BoundExceeded("redirect", f"The EHR at {host} answered HTTP {status} (a redirect, to "
                                                     f"{str(answered.get('Location'))[:200]!r}); not followed.")
                 if status != 429 and status < 500:
-                    return status, _json(data), answered
+                    return status, self.parse(data, url), answered
                 failure = f"HTTP {status}"
                 wait = _retry_after(answered.get("Retry-After"), delay, self.wall())
             if attempt == bounds.attempts or wait > bounds.max_retry_after or self.clock() + wait >= deadline:
@@ -309,14 +321,14 @@ class Transport:
                         raise self._too_big(url)
                     for line in complete:
                         if line.strip():
-                            yield line
+                            yield self.within_values(line, url)
                 kept = not response.will_close
             except (OSError, http.client.HTTPException) as exc:
                 if cut.is_set() or self.clock() >= deadline:
                     raise self._late(url) from None
                 raise ConnectorUnavailable(f"The EHR at {host} broke off a file ({type(exc).__name__}).") from None
             if pending.strip():
-                yield pending
+                yield self.within_values(pending, url)
         finally:
             if self.watchdog.cancel(watched) and kept:
                 self.http.keep(origin, connection)
@@ -445,6 +457,21 @@ class Transport:
                 return
             yield chunk
 
+    def parse(self, data: bytes | None, url: str):
+        """An answer's body as JSON (`_json`), once `within_values`."""
+        return _json(self.within_values(data, url) if data else data)
+
+    def within_values(self, data: bytes, url: str) -> bytes:
+        """`data` when its JSON can hold at most `max_bytes // JSON_VALUE_BYTES` values (`json_values`);
+        else `BoundExceeded("json_values")`, before anything is parsed (`JSON_VALUE_BYTES`: why)."""
+        limit = self.bounds.max_bytes // JSON_VALUE_BYTES
+        if len(data) > limit and json_values(data) > limit:
+            raise BoundExceeded("json_values", f"The EHR at {urlsplit(url).netloc} answered JSON of more than "
+                                               f"{limit} values (the {self.bounds.name} limit: one per "
+                                               f"{JSON_VALUE_BYTES} bytes of {self.bounds.max_bytes}) "
+                                               f"({urlsplit(url).path[:200]}); not parsed.")
+        return data
+
     def _late(self, url: str) -> DeadlineExceeded:
         whole = self.bounds.operation_deadline
         if whole not in (None, self.bounds.request_deadline) and self.clock() >= self.started + whole:
@@ -512,6 +539,13 @@ def _shut(connection, cut: threading.Event) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass  # already closed
+
+
+def json_values(data: bytes) -> int:
+    """An upper bound of the values and keys that parsing `data` as JSON makes: each is the first of
+    its array (`[`) or object (`{`), follows a `,` or a `:`, or is the document (counted in strings
+    too: more, never fewer). Four C scans of the bytes, no parse."""
+    return 1 + data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":")
 
 
 def _json(data: bytes | None):

@@ -12,6 +12,9 @@ Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
   matches on each page;
 - `endless-body`: a 200 whose body never ends (chunked, as fast as it is read);
 - `drip`: a 200 whose body comes one byte a second;
+- `many-objects`: a 200 searchset (or resource) whose `entry` is empty objects, `[{},{},...]`, the
+  body 1 KiB short of the interactive cap (4 MiB, `SVC_EHR_INTERACTIVE_MAX_BYTES`);
+  `many-objects-32`: the same 1 KiB short of the batch cap (32 MiB, `SVC_EHR_BATCH_MAX_BYTES`);
 - `outcome-200`: a 200 OperationOutcome of severity `error`; `outcome-entry`: a searchset carrying
   an `outcome` entry of severity `error`; `outcome-warning`: the normal searchset plus an
   `outcome` entry of severity `warning` (fine);
@@ -60,6 +63,7 @@ LONG_WORD = "Asthma" + "x" * 59_994   # `long-text`: one word, no space (60,000 
 LARGE_PAGES = 10                    # `large-problems`: pages of 8 Conditions of ~1 MB of text each
 SLOW_PAGE_SECONDS = 1.0              # `slow-endless`: the wait before each page
 DRIP_SECONDS = 120          # a drip stops by itself after this long (the test has long failed by then)
+MANY_OBJECTS_BYTES = {"many-objects": 4 * 1024 * 1024 - 1024, "many-objects-32": 32 * 1024 * 1024 - 1024}
 
 
 class HostileEhr:
@@ -260,6 +264,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self.endless(kind, ident)
         if attack == "drip":
             return self.drip()
+        if attack in MANY_OBJECTS_BYTES:
+            return self.many_objects(MANY_OBJECTS_BYTES[attack])
         if attack == "redirect":
             return self.send_json(302, {}, {"Location": f"http://localhost:{ehr.port}{BASE_PATH}/{kind}"})
         if attack == "retry-after":
@@ -357,6 +363,19 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the reader hung up: what a bounded client does
         self.close_connection = True
+
+    def many_objects(self, size: int) -> None:
+        """A 200 searchset of `size` bytes whose entries are empty objects: ~30x its size once parsed."""
+        head, tail = b'{"resourceType": "Bundle", "type": "searchset", "entry": [', b"{}]}"
+        body = head + b"{}," * ((size - len(head) - len(tail)) // 3) + tail
+        self.send_response(200)
+        self.send_header("Content-Type", "application/fhir+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:
+            pass  # the reader hung up
 
     def drip(self) -> None:
         """A 200 whose body comes one byte a second (a large Content-Length it never reaches)."""
