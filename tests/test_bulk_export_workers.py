@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
@@ -187,13 +188,10 @@ def test_an_export_whose_workers_keep_dying_fails_once_its_tries_are_used_up(run
     assert failed.status == "failed" and "its worker stopped" in failed.error
 
 
-def test_a_delete_the_object_store_fails_keeps_the_rows_and_a_retry_removes_files_and_rows(
-        runtime, world, settings, tmp_path):
-    """`DELETE` of a complete export while S3 answers none of its object DELETEs (`HoldingProxy` holds
-    them; `serve` waits 1 s a try, two tries): the rows went first, and the patients' files stayed
-    under `bulk/<id>/` with nothing pointing at them. Objects go first now: the DELETE answers 503
-    with Retry-After, the export is as it was, and the DELETE sent again once S3 answers removes
-    its objects and its rows."""
+@contextmanager
+def serve_behind_holding_s3(runtime, world, settings, tmp_path):
+    """A `serve` whose S3 is behind a `HoldingProxy` (1 s a try), the clinic with 2 scheduled
+    patients: (the proxy, a backend's Bulk client of the clinic); both stopped after."""
     proxy = HoldingProxy(urlsplit(settings.s3_endpoint_url).port)
     port = free_port()
     issuer = f"http://127.0.0.1:{port}"
@@ -202,7 +200,20 @@ def test_a_delete_the_object_store_fails_keeps_the_rows_and_a_retry_removes_file
     serve = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
     try:
         schedule_patients(world.org, world.physician, world.app, 2)
-        client = Backend(runtime, issuer, world.org).client(world.org.id)
+        yield proxy, Backend(runtime, issuer, world.org).client(world.org.id)
+    finally:
+        stop_process(serve)
+        proxy.close()
+
+
+def test_a_delete_the_object_store_fails_keeps_the_rows_and_a_retry_removes_files_and_rows(
+        runtime, world, settings, tmp_path):
+    """`DELETE` of a complete export while S3 answers none of its object DELETEs (`HoldingProxy` holds
+    them; `serve` waits 1 s a try, two tries): the rows went first, and the patients' files stayed
+    under `bulk/<id>/` with nothing pointing at them. Objects go first now: the DELETE answers 503
+    with Retry-After, the export is as it was, and the DELETE sent again once S3 answers removes
+    its objects and its rows."""
+    with serve_behind_holding_s3(runtime, world, settings, tmp_path) as (proxy, client):
         status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Condition"})
         assert status == 202, body
         url = headers["Content-Location"]
@@ -228,9 +239,6 @@ def test_a_delete_the_object_store_fails_keeps_the_rows_and_a_retry_removes_file
         assert not BulkExportFile.select().where(BulkExportFile.export == export_id).exists()
         assert [k for k in bucket_keys(settings) if k.startswith("bulk/")] == []
         assert client.status(url)[0] == 404
-    finally:
-        stop_process(serve)
-        proxy.close()
 
 
 def test_a_kick_off_is_not_held_back_by_an_expired_export_the_store_will_not_delete(
@@ -240,15 +248,7 @@ def test_a_kick_off_is_not_held_back_by_an_expired_export_the_store_will_not_del
     delete (`HoldingProxy` holds its DELETEs: `serve` waits 1 s a try, two tries) made every kick-off
     of the app answer 503 for as long as that lasted. The kick-off goes on (the export is left, rows
     and files, to the sweep), and one sent once S3 answers again deletes it."""
-    proxy = HoldingProxy(urlsplit(settings.s3_endpoint_url).port)
-    port = free_port()
-    issuer = f"http://127.0.0.1:{port}"
-    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_S3_ENDPOINT_URL=proxy.url,
-                       SVC_S3_TIMEOUT=1, **AWS)
-    serve = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
-    try:
-        schedule_patients(world.org, world.physician, world.app, 2)
-        client = Backend(runtime, issuer, world.org).client(world.org.id)
+    with serve_behind_holding_s3(runtime, world, settings, tmp_path) as (proxy, client):
         status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
         assert status == 202, body
         expired = headers["Content-Location"].rsplit("/", 1)[1]
@@ -272,6 +272,3 @@ def test_a_kick_off_is_not_held_back_by_an_expired_export_the_store_will_not_del
         assert BulkExport.get_or_none(BulkExport.id == expired) is None
         assert not BulkExportFile.select().where(BulkExportFile.export == expired).exists()
         assert not [k for k in bucket_keys(settings) if k.startswith(f"bulk/{expired}/")]
-    finally:
-        stop_process(serve)
-        proxy.close()

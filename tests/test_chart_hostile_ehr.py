@@ -43,6 +43,16 @@ def built(runtime, world, org_id) -> ChartRequest:
                       timeout=BUILD_SECONDS, what="the chart build")
 
 
+def built_archive(runtime, world, org_id):
+    """`built`, ready: (the request, its archive's PDF text, its JSON chart)."""
+    done = built(runtime, world, org_id)
+    assert (done.status, done.error) == ("ready", None)
+    handle, _ = runtime.object_store.open_object(done.object_key)
+    with handle:
+        text, chart = open_archive(handle.read(), done.id, world.app.id)
+    return done, text, chart
+
+
 def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runtime, world, hostile, hostile_chart_clinic,
                                                                            start_worker):
     """A Condition whose text is one 60,000-character word: the PDF's line wrapping cut such a word
@@ -51,11 +61,7 @@ def test_a_text_without_spaces_is_charted_in_seconds_and_whole_in_the_json(runti
     first PDF_MAX_TEXT characters and says the JSON holds the rest; the JSON holds all of it."""
     hostile.attack("long-text", on="Condition")
     start_worker()
-    done = built(runtime, world, hostile_chart_clinic)
-    assert (done.status, done.error) == ("ready", None)
-    handle, _ = runtime.object_store.open_object(done.object_key)
-    with handle:
-        text, chart = open_archive(handle.read(), done.id, world.app.id)
+    done, text, chart = built_archive(runtime, world, hostile_chart_clinic)
     assert [p["description"] for p in chart["problems"]] == [LONG_WORD]
     flat = re.sub(r"Patient chart [0-9a-f]+ - page \d+", "", text.replace("\n", ""))  # without page footers
     shown = re.search(r"(Asthmax+) \[\.\.\. ([\d,]+) more characters: the JSON ?file in this archive holds the ?"
@@ -72,11 +78,7 @@ def test_a_resource_not_in_r4_s_shape_is_left_out_and_named_and_the_chart_is_bui
     resource. The chart is now built from the valid ones, and its `omitted` names the rest."""
     hostile.attack("malformed", on="Condition")
     start_worker()
-    done = built(runtime, world, hostile_chart_clinic)
-    assert (done.status, done.error) == ("ready", None)
-    handle, _ = runtime.object_store.open_object(done.object_key)
-    with handle:
-        text, chart = open_archive(handle.read(), done.id, world.app.id)
+    done, text, chart = built_archive(runtime, world, hostile_chart_clinic)
     assert [(p["id"], p["description"]) for p in chart["problems"]] == [("cond-1", "Asthma")]
     assert chart["omitted"] == [{"resourceType": "Condition", "reason": (
         "3 Condition resource(s) the EHR answered are not valid FHIR R4 and were left out "
@@ -101,12 +103,8 @@ def test_problems_as_many_and_long_as_the_ehr_likes_stay_on_disk(runtime, world,
     assert built(runtime, world, hostile_chart_clinic).status == "ready"  # warm: every module loaded
     before = peak_rss(worker.pid)
     hostile.attack("large-problems", on="Condition")
-    done = built(runtime, world, hostile_chart_clinic)
-    assert (done.status, done.error) == ("ready", None)
+    done, _, chart = built_archive(runtime, world, hostile_chart_clinic)
     growth = peak_rss(worker.pid) - before
-    handle, _ = runtime.object_store.open_object(done.object_key)
-    with handle:
-        _, chart = open_archive(handle.read(), done.id, world.app.id)
     assert len(chart["problems"]) == LARGE_PAGES * 8 and len(chart["problems"][-1]["description"]) > 1_000_000
     assert growth < MEMORY_GROWTH, f"the worker's peak memory grew by {growth / 2**20:.0f} MiB"
 

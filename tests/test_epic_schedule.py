@@ -16,6 +16,7 @@ import pytest
 
 from helpers.charts import fetch_zip, open_archive, wait_until_not_pending
 from helpers.environment import ROOT
+from helpers.hub import hub_page_at
 from helpers.fhir_ehr import appointment, chart_record, cli, connect_clinic, patient, practitioner, start_fhir_ehr
 from helpers.processes import settings_env
 from helpers.rest import partner_headers
@@ -433,26 +434,7 @@ def seed_restricted(ehr, start: dt.datetime) -> dt.datetime:
 
 def hub_page(settings, live, user) -> str:
     """The physician's hub page, as `serve` renders it (their appointments of the next 7 days)."""
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-    done = cli(settings, "sandbox", "signin-link", "--user", user.id, "--json")
-    assert done.returncode == 0, done.stderr
-    link = urllib.parse.urlsplit(json.loads(done.stdout)["url"])
-
-    class Stay(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-    opener = urllib.request.build_opener(Stay)
-    try:
-        opener.open(f"{live}{link.path}?{link.query}", timeout=30)
-        raise AssertionError("the sign-in link did not redirect")
-    except urllib.error.HTTPError as redirect:
-        assert redirect.code == 302
-        cookie = redirect.headers["Set-Cookie"].split(";")[0]
-    request = urllib.request.Request(f"{live}/sandbox/hub", headers={"Cookie": cookie, "Accept": "text/html"})
-    with opener.open(request, timeout=60) as response:
-        return response.read().decode()
+    return hub_page_at(settings, live, user.id)
 
 
 @pytest.mark.gen_test(timeout=600)

@@ -23,6 +23,7 @@ import pytest
 
 from helpers.environment import ROOT
 from helpers.fhir_ehr import patient, start_fhir_ehr
+from helpers.hub import hub_page_at
 from helpers.processes import free_port, settings_env, start_process, stop_process, wait_for_port, wait_until
 from hl7feed.config import configure_feed
 from hl7feed.slots import Slots
@@ -1162,8 +1163,6 @@ def test_the_hub_lists_the_feeds_schedule_as_the_night_does(runtime, world, feed
     answered (the sandbox EHR's own made-up schedule here; on Epic without `--epic-user-id`, an error
     on every page), not the feed's schedule that the night and the API serve: the hub went around
     the one schedule-source interface. It now reads the clinic's schedule source, as the night does."""
-    import urllib.parse
-    import urllib.request
     from hl7feed.store import receive
 
     now = runtime.clock.now().replace(tzinfo=None)
@@ -1174,23 +1173,5 @@ def test_the_hub_lists_the_feeds_schedule_as_the_night_does(runtime, world, feed
     outcome = receive(runtime, message.replace("DOE^JANE", "ZEBRA^QUINCY").encode(), "127.0.0.1")
     assert outcome.ack == "AA" and outcome.change == "applied", outcome
 
-    done = subprocess.run([sys.executable, "-m", "cli.__main__", "sandbox", "signin-link", "--user",
-                           world.physician.id, "--json"], env=settings_env(settings), cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    link = urllib.parse.urlsplit(json.loads(done.stdout)["url"])
-
-    class Stay(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-    opener = urllib.request.build_opener(Stay)
-    try:
-        opener.open(f"{live}{link.path}?{link.query}", timeout=30)
-        raise AssertionError("the sign-in link did not redirect")
-    except urllib.error.HTTPError as redirect:
-        assert redirect.code == 302
-        cookie = redirect.headers["Set-Cookie"].split(";")[0]
-    request = urllib.request.Request(f"{live}/sandbox/hub", headers={"Cookie": cookie, "Accept": "text/html"})
-    with opener.open(request, timeout=30) as response:
-        page = response.read().decode()
+    page = hub_page_at(settings, live, world.physician.id, timeout=30)
     assert "ZEBRA" in page.upper() and "QUINCY" in page.upper(), page

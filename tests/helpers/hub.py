@@ -2,7 +2,13 @@
 to the sandbox EHR with a one-time link (`sandbox_signin`)."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import urllib.error
 import urllib.parse
+import urllib.request
+
 from hub.sandbox import issue_sandbox_token
 
 
@@ -16,6 +22,32 @@ async def sandbox_signin(api, runtime, user_id: str, app: str | None = None, tar
     cookies = [c for c in headers.get_list("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")]
     assert cookies, headers
     return {"Cookie": cookies[0].split(";")[0]}, headers["Location"]
+
+
+def hub_page_at(settings, live: str, user_id: str, timeout: float = 60) -> str:
+    """The physician's hub page as the `serve` at `live` renders it, signed in the way a person is:
+    `svc-auth sandbox signin-link` (a child process), its link opened without following the
+    redirect, then `/sandbox/hub` with the session cookie it set."""
+    from helpers.environment import ROOT
+    from helpers.processes import settings_env
+    done = subprocess.run([sys.executable, "-m", "cli.__main__", "sandbox", "signin-link", "--user", user_id, "--json"],
+                          env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    link = urllib.parse.urlsplit(json.loads(done.stdout)["url"])
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+    opener = urllib.request.build_opener(Stay)
+    try:
+        opener.open(f"{live}{link.path}?{link.query}", timeout=30)
+        raise AssertionError("the sign-in link did not redirect")
+    except urllib.error.HTTPError as redirect:
+        assert redirect.code == 302
+        cookie = redirect.headers["Set-Cookie"].split(";")[0]
+    request = urllib.request.Request(f"{live}/sandbox/hub", headers={"Cookie": cookie, "Accept": "text/html"})
+    with opener.open(request, timeout=timeout) as response:
+        return response.read().decode()
 
 
 class Hub:
