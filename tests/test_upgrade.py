@@ -69,6 +69,19 @@ def svc_auth(env: dict, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def serve_works_as_before(env: dict, day: dict, tmp_path) -> None:
+    """A `serve` on the upgraded database, its clock 10 minutes after the day's client token was
+    made, answers as the previous release did (`works_as_before`)."""
+    made_at = jwt.decode(day["client_token"], options={"verify_signature": False})["iat"]
+    env["SVC_CLOCK_OFFSET"] = str(made_at + 600 - time.time())
+    port = free_port()
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    try:
+        works_as_before(LiveHttp(f"http://127.0.0.1:{port}"), day)
+    finally:
+        stop_process(proc)
+
+
 @pytest.mark.parametrize("commit", RELEASES)
 def test_an_upgrade_keeps_every_row_and_everything_works(commit, backend, tmp_path, scratch_database):
     url, env, day = restore(commit, backend, tmp_path, scratch_database)
@@ -96,14 +109,7 @@ def test_an_upgrade_keeps_every_row_and_everything_works(commit, backend, tmp_pa
     # valid, and so is a key rotated away that day (kept an hour, the ID tokens' lifetime: 0.1.0's
     # rotation retires the old key an hour after, with no pre-publication, so "an hour after" was
     # past it).
-    made_at = jwt.decode(day["client_token"], options={"verify_signature": False})["iat"]
-    env["SVC_CLOCK_OFFSET"] = str(made_at + 600 - time.time())
-    port = free_port()
-    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
-    try:
-        works_as_before(LiveHttp(f"http://127.0.0.1:{port}"), day)
-    finally:
-        stop_process(proc)
+    serve_works_as_before(env, day, tmp_path)
 
 
 # What a release may lack (make_fixtures.py records it in day.json's `lacks`): only these checks may be left out.
@@ -522,14 +528,7 @@ def test_a_migrate_killed_inside_a_migration_loses_nothing(backend, tmp_path, sc
         assert run_sql(url, "PRAGMA foreign_key_check") == []
     assert "billable_use_before_5501" not in table_counts(url)
 
-    made_at = jwt.decode(day["client_token"], options={"verify_signature": False})["iat"]
-    env["SVC_CLOCK_OFFSET"] = str(made_at + 600 - time.time())
-    port = free_port()
-    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
-    try:
-        works_as_before(LiveHttp(f"http://127.0.0.1:{port}"), day)
-    finally:
-        stop_process(proc)
+    serve_works_as_before(env, day, tmp_path)
 
 
 
