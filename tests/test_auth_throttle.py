@@ -267,6 +267,20 @@ async def test_wrong_secrets_straddling_a_window_boundary_are_refused_past_the_l
     assert (await client_token(api, app.client_id, "wrong-again", ATTACKER))[0] == 401
 
 
+@pytest.mark.gen_test
+async def test_failure_counts_unreachable_are_a_503_and_the_right_secret_still_works(api, world, runtime):
+    """Redis unreachable: a wrong secret cannot be counted (nor checked against its counts), so it
+    gets 503 + Retry-After, never a 401 that would let guessing go uncounted; the right secret never
+    asks the throttle, so it is answered."""
+    from ratelimit.failures import build_failure_throttle
+    settings = runtime.settings.replace(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    runtime.client_auth_throttle = build_failure_throttle(settings, "client_auth", runtime.failure_policy(),
+                                                          runtime.clock.time, runtime.hasher)
+    status, headers, body = await client_token(api, world.app.client_id, "wrong", ATTACKER)
+    assert status == 503 and int(headers["Retry-After"]) >= 1, (status, body)
+    assert (await client_token(api, world.app.client_id, world.secret, ATTACKER))[0] == 200
+
+
 def test_a_locked_subject_is_locked_for_every_address():
     """No address is exempt: the subject's failures lock it wherever the next attempt comes from."""
     now = [1_000_000.0]
