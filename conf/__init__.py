@@ -261,7 +261,8 @@ class Settings:
     fhir_token_rate_limit: tuple = (200, 60)
     fhir_ehr_concurrency: int = 4
     # Failed authentication attempts (client secrets, sandbox sign-in): "COUNT/SECONDS" per
-    # subject (a client_id, an account) and per source address; past them, 429 + Retry-After.
+    # subject (a client_id, an account) and per source address, in any SECONDS (a sliding count);
+    # past them, 429 + Retry-After.
     auth_failure_limit: tuple = (10, 300)
     auth_address_failure_limit: tuple = (50, 300)
     # After `apps secret activate-fallback`, the retired secret is answered "retired by rotation"
@@ -295,7 +296,7 @@ class Settings:
     # after its sign-in, however busy (an absolute lifetime: a stolen cookie is not good forever).
     console_idle_timeout: int = 30 * 60
     console_session_lifetime: int = 12 * 3600
-    # Console sign-in: failures allowed per account and per source address in a window, "COUNT/SECONDS".
+    # Console sign-in: failures allowed per account and per source address in any SECONDS, "COUNT/SECONDS".
     console_signin_failure_limit: tuple = (5, 900)
     # A chart request or snapshot whose worker died is found and re-queued within this many
     # seconds (the delivery guarantee of docs/workers.md).

@@ -1,42 +1,54 @@
 """Failure throttle: slows down guessing (client secrets, sign-in passwords, sign-in links).
 
-Only failures are counted, never successes, in fixed windows aligned to the clock (as the
-request limiter does). Three counters per failure:
+Only failures are counted, never successes, in a sliding window: each counter keeps the times of
+its latest failures, and at most `limit.count` failures are admitted in any `limit.seconds`. A
+counter that reached its limit stays locked until the oldest of those `limit.count` failures is
+`limit.seconds` old (`Retry-After` says when, in whole seconds); attempts refused meanwhile are not
+counted, so they do not extend it. (Fixed windows aligned to the clock, as the request limiter
+keeps, let a guesser make twice the limit across a boundary and ended a lock at the boundary,
+a second after it began.) Three counters per failure:
 
 - the subject (`("client", client_id)`, `("account", email)`, ...) across all addresses: catches
   guessing spread over many addresses;
 - the address (`("address", ip)`) across all subjects: catches one address trying many subjects;
 - the pair (subject, address): the attacker's own address for that subject.
 
-A failed attempt is refused (`Throttled`, 429 + Retry-After) while any of its counters is over
-its limit, from any address: no address is exempt. Where the secret is a machine's (client
-secrets), the caller checks the secret first and consults the throttle only when it is wrong, so
-the right secret is never refused (from a new host too) while guessing is counted and refused
+A failed attempt is refused (`Throttled`, 429 + Retry-After) while any of its counters is at its
+limit, from any address: no address is exempt. Where the secret is a machine's (client secrets),
+the caller checks the secret first and consults the throttle only when it is wrong, so the right
+secret is never refused (from a new host too) while guessing is counted and refused
 (`oauth.clients`). Where people type it (console passwords), the caller checks the throttle
-first: a locked account refuses even the right password until its window ends.
+first: a locked account refuses even the right password until the lock ends.
 
 A subject is counted whether or not it exists (an unknown client_id like a known one), so the
 answers never tell which ones exist. Its key is a keyed hash of the subject (HMAC under the
 server key, 128 bits): fixed-size whatever was presented, and no presented value in Redis.
-Memory stays bounded: Redis keys expire with their window; in memory at most `MAX_ENTRIES`
-counters are kept, the least recently failed one dropped first when a spray of distinct
-subjects or addresses fills the table (it then forgets its oldest counts: a bigger guessing
-budget for that spray, never a lock-out of anyone).
+Memory stays bounded: a counter keeps at most `limit.count` failure times; Redis keys expire
+`limit.seconds` after their latest failure; in memory at most `MAX_ENTRIES` counters are kept,
+the least recently failed one dropped first when a spray of distinct subjects or addresses fills
+the table (it then forgets its failures: a bigger guessing budget for that spray, never a
+lock-out of anyone).
 
-Counts live in Redis when SVC_REDIS_URL is set (all `serve` processes share them), else in this
-process's memory. The interface is synchronous: domain code calls it from `Runtime.run`'s pool.
+Counts live in Redis when SVC_REDIS_URL is set (all `serve` processes share them: a sorted set of
+failure times per counter, changed in one MULTI/EXEC), else in this process's memory. Times are
+the process's clock (`runtime.clock`): hosts sharing a Redis keep their clocks in step (NTP), as
+everything else here assumes. The interface is synchronous: domain code calls it from
+`Runtime.run`'s pool.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
+import os
 import threading
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
 from ops.addresses import counted_as
-from ratelimit.limiter import RateLimiterUnavailable, window_of
+from ratelimit.limiter import RateLimiterUnavailable
 from ratelimit.policy import Limit
 
 Key = tuple  # e.g. ("client", "abc"), ("address", "203.0.113.9")
@@ -53,8 +65,8 @@ class Throttled(Exception):
 
 @dataclass(frozen=True)
 class FailurePolicy:
-    subject: Limit = Limit(10, 300)    # failures per subject (and per subject+address) per window
-    address: Limit = Limit(50, 300)    # failures per address, all subjects, per window
+    subject: Limit = Limit(10, 300)    # failures per subject (and per subject+address) in any 300 s
+    address: Limit = Limit(50, 300)    # failures per address, all subjects, in any 300 s
 
 
 def _text(key: Key) -> str:
@@ -62,48 +74,66 @@ def _text(key: Key) -> str:
     return ":".join(str(part).replace("%", "%25").replace(":", "%3A") for part in key)
 
 
+def retry_after(times: list[float], limit: Limit, now: float) -> int | None:
+    """Whole seconds until a counter with these recent failure times (ascending, within the
+    window) admits a failure again, at least 1; None while it is under its limit."""
+    if len(times) < limit.count:
+        return None
+    return max(1, math.ceil(times[-limit.count] + limit.seconds - now))
+
+
 class _MemoryStore:
-    """Counters in this process (the embedded default), at most `max_entries` of them."""
+    """Failure times per counter in this process (the embedded default), at most `max_entries` counters."""
 
     MAX_ENTRIES = 100_000
 
     def __init__(self, max_entries: int = MAX_ENTRIES):
-        # key -> (count, expires_at), least recently failed first.
-        self._counts: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        # key -> (times ascending, at most the limit's count; when the newest is forgotten),
+        # least recently failed first.
+        self._logs: OrderedDict[str, tuple[array, float]] = OrderedDict()
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
     def __len__(self) -> int:
-        return len(self._counts)
+        return len(self._logs)
 
     def _make_room(self, now: float) -> None:
-        """Drop expired counters from the old end, then the least recently failed ones past the cap;
+        """Drop forgotten counters from the old end, then the least recently failed ones past the cap;
         O(1) amortised (each counter is dropped once)."""
-        counts = self._counts
-        while counts:
-            key, (_, expires_at) = next(iter(counts.items()))
-            if expires_at > now and len(counts) < self.max_entries:
+        logs = self._logs
+        while logs:
+            _, forgotten_at = next(iter(logs.values()))
+            if forgotten_at > now and len(logs) < self.max_entries:
                 break
-            counts.popitem(last=False)
+            logs.popitem(last=False)
 
-    def counts(self, keys: list[str], now: float) -> list[int]:
-        with self._lock:
-            return [c if exp > now else 0 for c, exp in (self._counts.get(k, (0, 0.0)) for k in keys)]
-
-    def add(self, keys: list[tuple[str, float]], now: float) -> list[int]:
+    def recent(self, keys: list[tuple[str, Limit]], now: float) -> list[list[float]]:
+        """Each counter's failure times within its window, ascending."""
         with self._lock:
             out = []
-            for key, expires_at in keys:
-                count, exp = self._counts.pop(key, (0, 0.0))
+            for key, limit in keys:
+                times = self._logs.get(key, (array("d"), 0.0))[0]
+                out.append(list(times[bisect.bisect_right(times, now - limit.seconds):]))
+            return out
+
+    def add(self, keys: list[tuple[str, Limit]], now: float) -> list[int]:
+        """Count a failure at `now` in each counter; returns each one's failures within its window."""
+        with self._lock:
+            out = []
+            for key, limit in keys:
+                times, _ = self._logs.pop(key, (array("d"), 0.0))
                 self._make_room(now)
-                count = (count if exp > now else 0) + 1
-                self._counts[key] = (count, expires_at)
-                out.append(count)
+                del times[:bisect.bisect_right(times, now - limit.seconds)]
+                bisect.insort(times, now)
+                out.append(len(times))
+                del times[:-limit.count]
+                self._logs[key] = (times, times[-1] + limit.seconds)
             return out
 
 
 class _RedisStore:
-    """The same counters in Redis, so every process of a deployment sees one count."""
+    """The same logs in Redis (a sorted set of failure times per counter), so every process of a
+    deployment sees one count."""
 
     def __init__(self, url: str, timeout: float = 1.0):
         import redis
@@ -116,18 +146,30 @@ class _RedisStore:
         except (RedisError, OSError) as exc:
             raise RateLimiterUnavailable(str(exc)) from exc
 
-    def counts(self, keys: list[str], now: float) -> list[int]:
-        values = self._call(lambda: self.client.mget(keys))
-        return [int(v or 0) for v in values]
-
-    def add(self, keys: list[tuple[str, float]], now: float) -> list[int]:
-        def incr():
+    def recent(self, keys: list[tuple[str, Limit]], now: float) -> list[list[float]]:
+        def read():
             pipe = self.client.pipeline(transaction=True)
-            for key, expires_at in keys:
-                pipe.incr(key)
-                pipe.expire(key, max(1, math.ceil(expires_at - now)) + 1)
-            return pipe.execute()[0::2]
-        return [int(v) for v in self._call(incr)]
+            for key, limit in keys:
+                pipe.zrevrangebyscore(key, "+inf", f"({now - limit.seconds!r}", start=0, num=limit.count,
+                                      withscores=True)
+            return pipe.execute()
+        return [sorted(score for _, score in entries) for entries in self._call(read)]
+
+    def add(self, keys: list[tuple[str, Limit]], now: float) -> list[int]:
+        def count():
+            # One MULTI/EXEC per failure: forget what left the window, add this failure (a member
+            # unique to it: two in the same microsecond both count), count, keep the newest
+            # `limit.count`, expire when the newest leaves the window.
+            member = f"{now!r}:{os.urandom(8).hex()}"
+            pipe = self.client.pipeline(transaction=True)
+            for key, limit in keys:
+                pipe.zremrangebyscore(key, "-inf", repr(now - limit.seconds))
+                pipe.zadd(key, {member: now})
+                pipe.zcard(key)
+                pipe.zremrangebyrank(key, 0, -limit.count - 1)
+                pipe.expire(key, limit.seconds + 1)
+            return pipe.execute()[2::5]
+        return [int(n) for n in self._call(count)]
 
 
 class FailureThrottle:
@@ -149,46 +191,40 @@ class FailureThrottle:
             return self._hasher.sign(f"failure-throttle\x00{text}")[:22]
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
-    def _keys(self, subject: Key | None, address: str | None, now: float) -> list[tuple[Key, Limit, str, int]]:
-        """(what, its limit, store key, seconds until its window ends) of each counter of an attempt
-        (an IPv6 address counted by its /64: `ops.addresses`)."""
+    def _keys(self, subject: Key | None, address: str | None) -> list[tuple[Key, Limit, str]]:
+        """(what, its limit, store key) of each counter of an attempt (an IPv6 address counted by
+        its /64: `ops.addresses`)."""
         address = counted_as(address) if address else address
         out = []
         if subject is not None:
-            index, reset = window_of(self.policy.subject, now)
             hashed = self._subject_key(subject)
-            out.append((subject, self.policy.subject, f"{self.prefix}:s:{index}:{hashed}", reset))
+            out.append((subject, self.policy.subject, f"{self.prefix}:s:{hashed}"))
             if address:
                 pair = tuple(subject) + ("address", address)
-                out.append((pair, self.policy.subject, f"{self.prefix}:p:{index}:{hashed}:{_text(('address', address))}",
-                            reset))
+                out.append((pair, self.policy.subject, f"{self.prefix}:p:{hashed}:{_text(('address', address))}"))
         if address:
-            index, reset = window_of(self.policy.address, now)
-            out.append((("address", address), self.policy.address,
-                        f"{self.prefix}:a:{index}:{_text(('address', address))}", reset))
+            out.append((("address", address), self.policy.address, f"{self.prefix}:a:{_text(('address', address))}"))
         return out
 
     def check(self, subject: Key | None, address: str | None) -> None:
-        """Raise `Throttled` if this attempt must be refused unchecked; count nothing.
+        """Raise `Throttled` if this attempt must be refused unchecked; count nothing. Its
+        `retry_after` is the longest wait among the locked counters.
 
         Raises `RateLimiterUnavailable` when the shared store (Redis) cannot be reached."""
         now = self.clock()
-        keys = self._keys(subject, address, now)
-        counts = self.store.counts([k[2] for k in keys], now)
-        for (what, limit, _, reset), count in zip(keys, counts):
-            if count >= limit.count:
-                raise Throttled(what, reset)
+        keys = self._keys(subject, address)
+        logs = self.store.recent([(k[2], k[1]) for k in keys], now)
+        locked = [(wait, what) for (what, limit, _), times in zip(keys, logs)
+                  if (wait := retry_after(times, limit, now)) is not None]
+        if locked:
+            wait, what = max(locked, key=lambda lock: lock[0])
+            raise Throttled(what, wait)
 
     def failed(self, subject: Key | None, address: str | None) -> list[Key]:
         """Count one failure; returns the counters this failure just locked (audit them)."""
-        now = self.clock()
-        keys = self._keys(subject, address, now)
-        locked = []
-        counts = self.store.add([(k[2], now + k[3]) for k in keys], now)
-        for (what, limit, _, _), count in zip(keys, counts):
-            if count == limit.count:
-                locked.append(what)
-        return locked
+        keys = self._keys(subject, address)
+        counts = self.store.add([(k[2], k[1]) for k in keys], self.clock())
+        return [what for (what, limit, _), count in zip(keys, counts) if count == limit.count]
 
 
 def build_failure_throttle(settings, name: str, policy: FailurePolicy, clock: Callable[[], float],

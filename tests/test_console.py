@@ -14,6 +14,7 @@ import pytest
 from helpers.console import ConsoleClient
 from helpers.environment import ROOT
 from helpers.processes import free_port, settings_env, start_process, stop_process
+from helpers.throttle import expected_waits, just_before_a_boundary
 from ratelimit.failures import build_failure_throttle
 from console.accounts import check_credentials, invite_developer, sign_in
 from lifecycle.manifest import ManifestInvalid, update_manifest
@@ -462,20 +463,34 @@ async def test_a_page_served_before_an_hmac_key_rotation_still_posts(http_client
 
 @pytest.mark.gen_test(timeout=90)
 async def test_sign_in_throttle_per_account_and_per_address(http_client, base_url, runtime, world):
-    app = world.app
+    """The count slides: failures just before what was a fixed window's boundary and after it count
+    together (a fixed window started afresh at it, and ended a lock there: a CI run once signed in
+    with the right password a moment after the 5th failure). The lock lasts until the first of
+    them is the window's length old, as Retry-After says, even for the right password."""
+    app, clock = world.app, runtime.clock
     await developer(http_client, base_url, runtime, app.id, "dev@partner.example")
     client = ConsoleClient(http_client, base_url)
     limit = runtime.console_signin_policy().subject  # SVC_CONSOLE_SIGNIN_FAILURE_LIMIT
-    # The counters are per fixed window (`ratelimit.limiter.window_of`): start just after one begins,
-    # so a loaded machine cannot carry the attempts across a boundary (a CI run did, once).
-    runtime.clock.advance(limit.seconds - runtime.clock.time() % limit.seconds + 1)
-    for _ in range(limit.count):
+    just_before_a_boundary(clock, limit.seconds, lead=5)
+    first = clock.time()
+    assert (await client.sign_in("dev@partner.example", "wrong password!")).code == 401
+    oldest = (first, clock.time())
+    for _ in range(limit.count - 2):
         assert (await client.sign_in("dev@partner.example", "wrong password!")).code == 401
+    clock.advance(10)  # past the boundary
+    assert (await client.sign_in("dev@partner.example", "wrong password!")).code == 401
+    before = clock.time()
     refused = await client.sign_in("dev@partner.example", PASSWORD)  # even the right password
-    assert refused.code == 429 and 0 < int(refused.headers["Retry-After"]) <= limit.seconds
-    assert "Too many failed sign-ins" in client.last_html
+    at = (before, clock.time())
+    assert refused.code == 429 and "Too many failed sign-ins" in client.last_html
+    wait = int(refused.headers["Retry-After"])
+    assert wait in expected_waits(oldest, at, limit.seconds), (wait, oldest, at)
     # The source address (127.0.0.1 here) is throttled too: another account from it is refused.
     assert (await client.sign_in("someone@else.example", "whatever it is")).code == 429
+    clock.advance(wait - 60)  # a minute before the lock ends: still locked
+    assert (await client.sign_in("dev@partner.example", PASSWORD)).code == 429
+    clock.advance(at[1] + wait - clock.time())  # when Retry-After said: the right password signs in
+    assert (await client.sign_in("dev@partner.example", PASSWORD)).code == 303, client.last_html
 
 
 def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtime, world):
@@ -495,7 +510,7 @@ def test_sign_in_throttle_counts_an_account_across_addresses_and_recovers(runtim
     with pytest.raises(ApiError) as caught:  # another account from another address: not throttled
         sign_in(runtime, "other@partner.example", "bad", "", "10.0.1.2")
     assert caught.value.status == 401
-    runtime.clock.advance(limit.seconds + 1)  # the window has passed
+    runtime.clock.advance(limit.seconds + 1)  # every failure is older than the window
     assert sign_in(runtime, "dev@partner.example", PASSWORD, "", "10.0.1.1")
     assert check_credentials(runtime, "dev@partner.example", PASSWORD) is not None
 

@@ -11,28 +11,14 @@ from pathlib import Path
 import pytest
 
 from helpers.http import basic_auth
-from helpers.metrics import sample
-from helpers.processes import free_port, settings_env, start_process, stop_process, wait_until
+from helpers.metrics import requests_per_process, sample
+from helpers.processes import (children_of, free_port, settings_env, start_process, stop_process, wait_until,
+                               wait_until_listening)
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
         return response.status, response.read()
-
-
-def children_of(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
-def wait_until_listening(log_path: Path, processes: int = 1, timeout: float = 60.0) -> None:
-    """Until `processes` serve processes logged that they listen. The port accepts connections
-    (into the kernel's backlog) before a process has installed its signal handlers and added the
-    socket to its server: a SIGTERM in between stops it with nothing in flight."""
-    deadline = time.time() + timeout
-    while log_path.read_text().count("svc-auth listening on") < processes:
-        assert time.time() < deadline, log_path.read_text()[-2000:]
-        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:
@@ -176,18 +162,6 @@ def test_sigterm_under_processes_refuses_new_connections_at_once_and_finishes_in
 CONNECTIONS = 32      # keep-alive connections opened at once, as wrk does (issue 29's Done-when)
 ROUNDS = 3            # bursts before and after a worker restart
 REQUESTS_EACH = 2     # keep-alive requests on every connection
-
-
-def requests_per_process(metrics_dir: Path, route: str = "/healthz") -> dict[int, int]:
-    """Requests to `route` answered by each serve process (pid), from its own sample files."""
-    from prometheus_client.multiprocess import MultiProcessCollector
-    counts = {}
-    for path in metrics_dir.glob("counter_*.db"):
-        pid = int(path.stem.rsplit("_", 1)[1])
-        counts[pid] = sum(s.value for metric in MultiProcessCollector.merge([str(path)])
-                          for s in metric.samples
-                          if s.name == "svc_http_requests_total" and s.labels.get("route") == route)
-    return counts
 
 
 def keep_alive_connections_at_once(port: int) -> int:

@@ -81,6 +81,21 @@ def stop_process(proc, timeout: float = 10.0) -> int:
     return proc.returncode
 
 
+def children_of(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def wait_until_listening(log_path: Path, processes: int = 1, timeout: float = 60.0) -> None:
+    """Until `processes` serve processes logged that they listen. The port accepts connections
+    (into the kernel's backlog) before a process has installed its signal handlers and added the
+    socket to its server: a SIGTERM in between stops it with nothing in flight."""
+    deadline = time.time() + timeout
+    while log_path.read_text().count("svc-auth listening on") < processes:
+        assert time.time() < deadline, log_path.read_text()[-2000:]
+        time.sleep(0.05)
+
+
 def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
     """Poll `condition()` every 0.1 s until it returns something truthy (returned), or fail."""
     deadline = time.time() + timeout
