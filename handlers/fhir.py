@@ -84,12 +84,13 @@ class FhirHandler(CorsHandler):
                                             checks, describe, fn, *args))
 
     async def answered(self, organization_id: str, action: str, resource_type: str, path_id, search_args: dict,
-                       checks, describe, fn, *args, uses_ehr: bool = True):
+                       checks, describe, fn, *args, uses_ehr: bool = True, status: int = 200):
         """The result of `fn(runtime, caller, *args)` once admitted and recorded (or its error,
-        raised), with what it admitted (CORS, limit headers) set on this response."""
+        raised), with what it admitted (CORS, limit headers) set on this response; `status`: the
+        HTTP status this handler answers a success with (its disclosure record holds it)."""
         headers = self.request.headers
         ask = Ask(organization_id, headers.get("Authorization"), headers.get("Origin"), action, resource_type, path_id,
-                  search_args, self.request_disclosure(action), uses_ehr=uses_ehr)
+                  search_args, self.request_disclosure(action), uses_ehr=uses_ehr, status=status)
         admission, recording = Admission(), Recording(self.runtime)
         try:
             error, result = await recording.run(answer, self.runtime, ask, admission, recording, checks, describe, fn,
