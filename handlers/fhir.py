@@ -218,6 +218,17 @@ class PostSearchHandler(SearchHandler):
         await super().get(organization_id, resource_type)
 
 
+class UnservedPathHandler(FhirHandler):
+    """Any other path under the FHIR API (an operation or history not offered, a deeper path, a bare
+    base): 404 `not-found` as an OperationOutcome, whatever the method; no token looked at, nothing
+    recorded (the service's JSON 404 is not FHIR, and the API's errors all are)."""
+
+    async def prepare(self):
+        super().prepare()
+        raise FhirError(404, "not-found", "Nothing is served at this path: a clinic's FHIR base {iss} serves "
+                                          "metadata, {Type}/{id}, {Type}?params and Bulk Data's $export.")
+
+
 def routes(runtime) -> list:
     base = rf"{FHIR_PATH_PREFIX}/([^/]+)"
     return [
@@ -225,4 +236,5 @@ def routes(runtime) -> list:
         (rf"{base}/([^/]+)/_search", PostSearchHandler),
         (rf"{base}/([^/]+)/([^/]+)", ReadHandler),  # the type: `supported_type` (models.fhir_grammar)
         (rf"{base}/([^/]+)", SearchHandler),
+        (rf"{FHIR_PATH_PREFIX}(?:/.*)?", UnservedPathHandler),  # last: after bulk's routes too (server.py)
     ]
