@@ -46,6 +46,7 @@ class Ask:
     raw_args: dict            # the query's arguments, undecoded (the disclosure names the patients asked)
     request: Disclosure       # the handler's request-level disclosure fields
     uses_ehr: bool = True     # False: no call to the clinic's EHR (Bulk Data's status, files, Groups): no slot taken
+    status: int = 200         # the HTTP status of a success, which its record holds (a Bulk kick-off's: 202)
 
 
 @dataclasses.dataclass
@@ -79,7 +80,7 @@ def answer(runtime, ask: Ask, admission: Admission, recording: Recording, checks
         try:
             checks()  # 404 / 400 before the disclosure record holds them
             disclosure = fhir_disclosure(caller, ask.action, ask.resource_type, ask.path_id, ask.raw_args, ask.request)
-            outcome = recording.call(disclosure, describe, 200, fn, runtime, caller, *args)
+            outcome = recording.call(disclosure, describe, ask.status, fn, runtime, caller, *args)
             if held and isinstance(outcome, tuple) and isinstance(outcome[1], Later):  # the EHR is still to answer
                 outcome[1].release, held = lambda: cap.release(clinic), False
             return outcome

@@ -49,11 +49,12 @@ class BulkHandler(FhirHandler):
     async def options(self, organization_id, *rest):
         await super().options()  # CORS preflight: the caller's registered origins (handlers.cors)
 
-    async def admit(self, organization_id: str, action: str, resource_type: str, path_id, describe, fn, *args):
+    async def admit(self, organization_id: str, action: str, resource_type: str, path_id, describe, fn, *args,
+                    status: int = 200):
         self.check_organization(organization_id)
         # uses_ehr=False: the EHR is read by the worker, not here
         return await self.answered(organization_id, action, resource_type, path_id, {}, lambda: None, describe, fn,
-                                   *args, uses_ehr=False)
+                                   *args, uses_ehr=False, status=status)
 
 
 class KickoffHandler(BulkHandler):
@@ -97,7 +98,7 @@ class KickoffHandler(BulkHandler):
         url = await self.admit(organization_id, "bulk.kickoff", "", None,
                                lambda url: ((), (url.rpartition("/")[2],)),
                                kick_off, organization_id, self.level, group_id, args, lenient, from_post, request_url,
-                               enqueue_export)
+                               enqueue_export, status=202)
         self.set_status(202)
         self.set_header("Content-Location", url)
         self.set_header("Content-Type", "application/fhir+json; charset=UTF-8")

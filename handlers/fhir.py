@@ -84,12 +84,13 @@ class FhirHandler(CorsHandler):
                                             checks, describe, fn, *args))
 
     async def answered(self, organization_id: str, action: str, resource_type: str, path_id, search_args: dict,
-                       checks, describe, fn, *args, uses_ehr: bool = True):
+                       checks, describe, fn, *args, uses_ehr: bool = True, status: int = 200):
         """The result of `fn(runtime, caller, *args)` once admitted and recorded (or its error,
-        raised), with what it admitted (CORS, limit headers) set on this response."""
+        raised), with what it admitted (CORS, limit headers) set on this response; `status`: the
+        HTTP status this handler answers a success with (its disclosure record holds it)."""
         headers = self.request.headers
         ask = Ask(organization_id, headers.get("Authorization"), headers.get("Origin"), action, resource_type, path_id,
-                  search_args, self.request_disclosure(action), uses_ehr=uses_ehr)
+                  search_args, self.request_disclosure(action), uses_ehr=uses_ehr, status=status)
         admission, recording = Admission(), Recording(self.runtime)
         try:
             error, result = await recording.run(answer, self.runtime, ask, admission, recording, checks, describe, fn,
@@ -217,6 +218,17 @@ class PostSearchHandler(SearchHandler):
         await super().get(organization_id, resource_type)
 
 
+class UnservedPathHandler(FhirHandler):
+    """Any other path under the FHIR API (an operation or history not offered, a deeper path, a bare
+    base): 404 `not-found` as an OperationOutcome, whatever the method; no token looked at, nothing
+    recorded (the service's JSON 404 is not FHIR, and the API's errors all are)."""
+
+    async def prepare(self):
+        super().prepare()
+        raise FhirError(404, "not-found", "Nothing is served at this path: a clinic's FHIR base {iss} serves "
+                                          "metadata, {Type}/{id}, {Type}?params and Bulk Data's $export.")
+
+
 def routes(runtime) -> list:
     base = rf"{FHIR_PATH_PREFIX}/([^/]+)"
     return [
@@ -224,4 +236,5 @@ def routes(runtime) -> list:
         (rf"{base}/([^/]+)/_search", PostSearchHandler),
         (rf"{base}/([^/]+)/([^/]+)", ReadHandler),  # the type: `supported_type` (models.fhir_grammar)
         (rf"{base}/([^/]+)", SearchHandler),
+        (rf"{FHIR_PATH_PREFIX}(?:/.*)?", UnservedPathHandler),  # last: after bulk's routes too (server.py)
     ]

@@ -135,6 +135,10 @@ def test_a_patient_export_end_to_end(exporter, runtime, world):
     assert status == 202, body
     url = headers["Content-Location"]
     assert url.startswith(client.base + "/$export-status/")
+    # The kick-off's record holds the HTTP status it answered (CONTRACTS, "Disclosure audit": `status`).
+    kickoff = DisclosureRecord.get(DisclosureRecord.action == "bulk.kickoff")
+    assert (kickoff.outcome, kickoff.status, kickoff.request_id) == ("success", 202, headers["X-Request-Id"])
+    assert kickoff.resource_ids == [url.rpartition("/")[2]]
     first = client.status(url)  # the first poll is always 202
     assert first[0] == 202 and first[1]["X-Progress"] and first[1]["Retry-After"]
     manifest = client.wait(url)

@@ -22,6 +22,7 @@ from lifecycle.users import create_user
 from models.application import Application, Installation
 from models.audit import AuditEvent
 from models.directory import User
+from models.disclosures import DisclosureRecord
 
 
 def test_metadata_is_a_public_capability_statement(live, world):
@@ -128,6 +129,32 @@ def test_a_path_segment_that_names_no_served_type_gets_the_unsupported_types_ans
             diagnostics = body["issue"][0]["diagnostics"]
             assert ("Basic" in diagnostics) == (name == "Basic") and "xxxxx" not in diagnostics, diagnostics
     assert AuditEvent.select().count() == recorded
+
+
+def test_a_path_under_a_fhir_base_that_names_nothing_served_gets_an_operation_outcome(live, runtime, world):
+    """CONTRACTS ("SMART App Launch and the platform FHIR API"): under `{iss}` errors are
+    OperationOutcomes in `application/fhir+json`. A path no route serves (an operation or a history
+    this API does not offer, a deeper path, the bare base) answered the service's JSON 404
+    (`{"error": "not_found"}`, `application/json`), which a FHIR client cannot read; now a 404
+    `not-found` OperationOutcome, with a token or without, whatever the method, nothing recorded."""
+    fhir = Fhir(live, world.org.id, mint_platform_token(runtime, live, world.physician, world.app, world.org.id))
+    anonymous = Fhir(live, world.org.id, None)
+    recorded = DisclosureRecord.select().count()
+    paths = ("/Patient/pat-b15c092f2447b7a2/$everything", "/Patient/pat-b15c092f2447b7a2/_history/1",
+             "/Patient/pat-b15c092f2447b7a2/x/y", "/Group/clinic/members", "", "/")
+    for client in (fhir, anonymous):
+        for path in paths:
+            status, headers, body = client.get(path)
+            assert status == 404 and headers["Content-Type"].startswith("application/fhir+json"), (path, body)
+            assert outcome(body) == "not-found", (path, body)
+    for method in ("POST", "DELETE"):
+        status, headers, raw = http(method, f"{fhir.base}/Patient/pat-b15c092f2447b7a2/$everything", b"{}",
+                                    {"Authorization": f"Bearer {fhir.token}", "Content-Type": "application/fhir+json"})
+        assert status == 404 and headers["Content-Type"].startswith("application/fhir+json"), (method, raw)
+        assert outcome(json.loads(raw)) == "not-found"
+    status, headers, raw = http("GET", f"{live}/fhir/r4", None, {})
+    assert status == 404 and json.loads(raw)["resourceType"] == "OperationOutcome"
+    assert DisclosureRecord.select().count() == recorded
 
 
 def test_tokens_that_are_missing_bad_expired_or_revoked_get_401(live, runtime, world):
