@@ -292,6 +292,10 @@ class Settings:
     # A chart build's requests to the EHR together, every page of every search (seconds): past it the
     # request fails, naming the deadline (each request still has the batch deadline).
     chart_build_deadline: int = 1800
+    # One clinic's nightly snapshot build, from its start to its last row (seconds): past it the build
+    # stops at its next EHR request or batch of rows, that clinic's night fails naming the deadline, and
+    # its previous snapshot stays published (each request still has the batch deadline).
+    snapshot_build_deadline: int = 1800
     # Developer console: a session unused for this long is signed out, and any session this long
     # after its sign-in, however busy (an absolute lifetime: a stolen cookie is not good forever).
     console_idle_timeout: int = 30 * 60
@@ -368,7 +372,7 @@ class Settings:
                      "s3_multipart_bytes", "s3_timeout", "s3_batch_timeout", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
                      "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",
-                     "ehr_batch_max_bytes", "ehr_batch_max_pages", "chart_build_deadline",
+                     "ehr_batch_max_bytes", "ehr_batch_max_pages", "chart_build_deadline", "snapshot_build_deadline",
                      "bulk_file_ttl", "bulk_file_max_bytes"):
             merged[name] = _seconds("SVC_" + name.upper(), str(merged[name]))
         merged["fhir_ehr_concurrency"] = _at_least("SVC_FHIR_EHR_CONCURRENCY", merged["fhir_ehr_concurrency"], 1,

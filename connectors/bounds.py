@@ -1,10 +1,11 @@
 """How far one caller lets a connector go with the clinic's EHR: `Bounds`, chosen by the caller.
 
 The FHIR API and the hub page answer a person now (`interactive`), `ehr check` an operator
-(`check`), the night and chart builds run in the background (`batch`). Each bound, when hit, raises
-`BoundExceeded` naming it (`DeadlineExceeded` for time): the FHIR API answers 502 (504 for a
-deadline), the night fails for that clinic, the hub renders without appointments. The operator
-tunes them with the `SVC_EHR_*` settings (docs/security.md lists each with its default)."""
+(`check`), the night and chart builds run in the background (`batch`; `snapshot` and `chart` add a
+deadline for the whole build). Each bound, when hit, raises `BoundExceeded` naming it
+(`DeadlineExceeded` for time): the FHIR API answers 502 (504 for a deadline), the night fails for
+that clinic, the hub renders without appointments. The operator tunes them with the `SVC_EHR_*`
+and `SVC_*_BUILD_DEADLINE` settings (docs/security.md lists each with its default)."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,6 +57,14 @@ class Bounds:
         (an EHR paging slowly but within each request's deadline cannot keep a request pending for days)."""
         return dataclasses.replace(cls.batch(settings), name="chart",
                                    operation_deadline=float(settings.chart_build_deadline))
+
+    @classmethod
+    def snapshot(cls, settings) -> Bounds:
+        """One clinic's night: the batch bounds, and all its requests within `SVC_SNAPSHOT_BUILD_DEADLINE`
+        (an EHR answering each page just inside its deadline cannot hold a worker and the night's lease
+        for hours; `workers.snapshot` also stops the build at its next batch of rows past it)."""
+        return dataclasses.replace(cls.batch(settings), name="snapshot",
+                                   operation_deadline=float(settings.snapshot_build_deadline))
 
     @classmethod
     def batch(cls, settings) -> Bounds:

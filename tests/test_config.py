@@ -14,6 +14,7 @@ def test_defaults_match_the_contract():
             s.presigned_url_ttl) == (60, 300, 300, 3600, 1800, 900)
     assert s.keys_dir == "var/keys" and s.objects_dir == "var/objects"
     assert (s.console_idle_timeout, s.console_session_lifetime) == (1800, 12 * 3600)
+    assert (s.chart_build_deadline, s.snapshot_build_deadline) == (1800, 1800)
 
 
 def test_environment_and_dotenv(tmp_path):
@@ -36,6 +37,8 @@ def test_environment_and_dotenv(tmp_path):
     ({"SVC_EHR_INTERACTIVE_DEADLINE": "0"}, "SVC_EHR_INTERACTIVE_DEADLINE"),
     ({"SVC_EHR_BATCH_MAX_PAGES": "many"}, "SVC_EHR_BATCH_MAX_PAGES"),
     ({"SVC_EHR_BATCH_MAX_BYTES": "-1"}, "SVC_EHR_BATCH_MAX_BYTES"),
+    ({"SVC_SNAPSHOT_BUILD_DEADLINE": "0"}, "SVC_SNAPSHOT_BUILD_DEADLINE"),
+    ({"SVC_SNAPSHOT_BUILD_DEADLINE": "30m"}, "SVC_SNAPSHOT_BUILD_DEADLINE"),
     ({"SVC_CONSOLE_SESSION_LIFETIME": "0"}, "SVC_CONSOLE_SESSION_LIFETIME"),
     ({"SVC_CONSOLE_SESSION_LIFETIME": "12h"}, "SVC_CONSOLE_SESSION_LIFETIME"),
     ({"SVC_HL7_MAX_CONNECTIONS_PER_PEER": "0"}, "SVC_HL7_MAX_CONNECTIONS_PER_PEER"),

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -16,15 +17,19 @@ from lifecycle.users import create_user, update_user
 from lifecycle.verification import record_platform_verification
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
 from models.directory import Organization
-from workers.snapshot import build_snapshot, night_window, run_night
+from models.schedule import ScheduledRun
+from workers.leases import sync_job
+from workers.snapshot import build_snapshot, night_window, run_night, sync_organization
 
 from helpers.environment import ROOT
 from helpers.hostile_ehr import NPI as HOSTILE_NPI
 from helpers.rest import partner_headers
-from helpers.processes import faulty_env, settings_env
+from helpers.processes import faulty_env, settings_env, wait_until
 from helpers.worlds import clinic
 
 NIGHT = dt.date(2030, 3, 4)  # a Monday
+BUILD_DEADLINE = 5          # SVC_SNAPSHOT_BUILD_DEADLINE in the slow EHR's tests (the default is 1800 s)
+SLOW_NIGHT_SECONDS = 40     # `snapshot run` of three clinics, one stopped at BUILD_DEADLINE, on a busy 2-core machine
 
 
 def at(settings, night=NIGHT, minutes=0) -> dt.datetime:
@@ -277,6 +282,89 @@ def test_one_clinic_s_unexpected_failure_costs_the_others_nothing(runtime, activ
     failure = _assert_only_the_middle_failed(body, first, middle, third)
     assert failure.startswith(f"failed: unexpected error: RuntimeError: injected fault for {middle.id}"), body
     assert "Traceback" in result.stderr and "RuntimeError" in result.stderr and middle.id in result.stderr
+
+
+def _building(organization_id: str) -> bool:
+    return Snapshot.select().where((Snapshot.organization == organization_id) & (Snapshot.status == "building")).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.svc_settings(snapshot_build_deadline=BUILD_DEADLINE)
+def test_a_clinic_whose_ehr_pages_slowly_for_ever_fails_its_night_at_the_build_deadline(runtime, active_clinic,
+                                                                                       settings, hostile):
+    """An EHR answering each page of the appointment search after a second, each linking a new next
+    page: every request was within its deadline and a search ran to its 1,000 pages, per physician,
+    so that clinic's night held `snapshot run` (a worker, and the night's lease) for hours. Its build
+    now stops at SVC_SNAPSHOT_BUILD_DEADLINE: the night fails naming it, the previous snapshot is still
+    served, no `building` row is left, the clinic after it gets its night, and a later run builds it."""
+    first, middle, third = _three_clinics(runtime, active_clinic, hostile)
+    orgs = [arg for org in (first, middle, third) for arg in ("--org", org.id)]
+    env = settings_env(settings)
+    calm = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(), *orgs,
+                           "--json"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert calm.returncode == 0, calm.stdout + calm.stderr
+    previous = Snapshot.latest_complete(middle.id)
+    assert previous.snapshot_date == NIGHT and [a.ehr_appointment_id for a in appointments(previous)] == ["ap-1"]
+
+    hostile.attack("slow-endless", on="Appointment")
+    started = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(),
+                                 *orgs, "--json"], env=env, cwd=str(ROOT), capture_output=True, text=True,
+                                timeout=SLOW_NIGHT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`snapshot run` was still building the slow clinic's night after {SLOW_NIGHT_SECONDS} s")
+    finally:
+        hostile.calm()
+    seconds = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    body = json.loads(result.stdout)
+    assert body["built"] == [first.id, third.id] and body["found_built"] == [], body    # the clinic after it too
+    assert body["organizations"][middle.id] == (
+        f"failed: The clinic's snapshot was not built within its deadline (SVC_SNAPSHOT_BUILD_DEADLINE, "
+        f"{BUILD_DEADLINE} s): the build was stopped and nothing of it was published. [bound: deadline]"), body
+    assert BUILD_DEADLINE <= seconds < SLOW_NIGHT_SECONDS, seconds
+    assert Snapshot.latest_complete(middle.id).id == previous.id and len(appointments(previous)) == 1
+    assert not _building(middle.id)
+    assert "Traceback" not in result.stderr
+
+    later = subprocess.run([sys.executable, "-m", "cli.__main__", "snapshot", "run", "--date", NIGHT.isoformat(),
+                            "--org", middle.id, "--json"], env=env, cwd=str(ROOT), capture_output=True, text=True,
+                           timeout=120)
+    assert later.returncode == 0 and json.loads(later.stdout)["built"] == [middle.id], later.stdout + later.stderr
+    rebuilt = Snapshot.latest_complete(middle.id)
+    assert rebuilt.id != previous.id and [a.ehr_appointment_id for a in appointments(rebuilt)] == ["ap-1"]
+
+
+@pytest.mark.slow
+@pytest.mark.svc_settings(snapshot_build_deadline=BUILD_DEADLINE)
+@pytest.mark.gen_test(timeout=90)
+async def test_a_scheduled_night_past_its_build_deadline_fails_for_good_and_its_previous_snapshot_is_served(
+        api, runtime, active_clinic, caplog):
+    """The scheduled night (a `sync_organization` task on the worker) of a clinic whose EHR takes longer
+    than SVC_SNAPSHOT_BUILD_DEADLINE (the sandbox's simulated latency: one slow answer, then its rows)
+    stops at its batch of rows: nothing is published, the failure is recorded for good (the sweep does
+    not queue it again, Dramatiq does not retry it) with a log line naming the deadline, and the
+    appointments API still serves the previous snapshot."""
+    org, app = active_clinic.org, active_clinic.app
+    previous = build_snapshot(runtime, org.id, NIGHT)
+    Organization.update(ehr_url=f"https://ehr.example/test?latency={BUILD_DEADLINE + 1}").where(
+        Organization.id == org.id).execute()
+    runtime.task_queue.send(sync_organization, org.id, NIGHT.isoformat())
+    wait_until(lambda: ScheduledRun.select().where((ScheduledRun.job == sync_job("sync-failed", org.id))
+                                                   & (ScheduledRun.run_date == NIGHT)).exists(),
+               timeout=BUILD_DEADLINE + 30, what="the night failed for good")
+    logged = [r.getMessage() for r in caplog.records if r.name == "svc_auth.snapshot" and r.levelname == "ERROR"]
+    assert any(f"snapshot of {org.id} for {NIGHT} failed for good: The clinic's snapshot was not built within its "
+               f"deadline (SVC_SNAPSHOT_BUILD_DEADLINE, {BUILD_DEADLINE} s)" in m for m in logged), logged
+    assert not _building(org.id) and Snapshot.latest_complete(org.id).id == previous.id
+    headers = await partner_headers(api, app, active_clinic.secret)
+    status, _, _ = await api.call("PUT", f"/v1/applications/{app.id}/organizations/{org.id}/activation-status",
+                                  {"status": "Enabled"}, headers=headers)
+    assert status == 200
+    status, _, page = await api.call("GET", f"/v1/appointments/{org.id}", headers=headers)
+    assert status == 200 and page["snapshot_date"] == NIGHT.isoformat(), page
+    assert page["total"] == len(appointments(previous)) > 0
 
 
 def test_organizations_without_installations_are_not_synced(runtime, active_clinic):

@@ -85,6 +85,17 @@ def test_bad_setting_is_one_line(env, variable, value):
         assert_one_line(run_cli(env, *command), variable)
 
 
+@pytest.mark.parametrize("value, says", [("0", "must be positive"), ("half an hour", "must be a whole number of seconds"),
+                                         (str(10 ** 12), "must be at most")])
+def test_a_bad_snapshot_build_deadline_is_refused_at_start(env, value, says):
+    """SVC_SNAPSHOT_BUILD_DEADLINE bounds one clinic's night: a value that is no positive whole number
+    of seconds (or past ten years) stops every process that builds or serves it, in one line."""
+    env["SVC_SNAPSHOT_BUILD_DEADLINE"] = value
+    for command in (["snapshot", "run", "--json"], ["worker"], ["serve", "--port", str(free_port())]):
+        line = assert_one_line(run_cli(env, *command), "SVC_SNAPSHOT_BUILD_DEADLINE", says)
+        assert repr(value) in line, line
+
+
 def test_the_shipped_env_example_is_refused_until_its_key_is_replaced():
     """deploy/env.example copied as it is (without the documented `sed` of SVC_HMAC_KEY) would run
     every host on its public placeholder key: every command refuses it, naming the variable."""

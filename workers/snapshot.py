@@ -16,6 +16,10 @@ to the live builder; `snapshot run` waits for it and reports the night found bui
 whose lease lapsed (it died) is taken over. Each build holds its row by a token of its own
 (`lease_owner`): a builder paused past its lease, whose row was swept or taken over, stops at its
 next write, and its renewals, rows, publish and discard change nothing (`BuildTakenOver`).
+
+One clinic's build has a deadline, `SVC_SNAPSHOT_BUILD_DEADLINE` (`BuildDeadline`): past it the build
+stops at its next EHR request (`Bounds.snapshot`) or batch of rows, its `building` snapshot is
+discarded (the previous complete one stays published) and that clinic's night fails naming it.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 import peewee
 
 from audit.disclosures import ehr_recorder
-from connectors import Bounds, ConnectorError, ConnectorUnavailable, Provider
+from connectors import Bounds, ConnectorError, ConnectorUnavailable, DeadlineExceeded, Provider
 from workers.activity import active_during
 from models.application import Authorization, Installation
 from models.appointments import ConnectorSession, Snapshot, SnapshotAppointment
@@ -111,6 +115,45 @@ def _rows(snapshot_id: int, user: User, appointments):
         yield row
 
 
+class BuildDeadlineExceeded(DeadlineExceeded):
+    """One clinic's build ran past `SVC_SNAPSHOT_BUILD_DEADLINE`: its night fails (not retried)."""
+
+
+@dataclass(frozen=True)
+class BuildDeadline:
+    """When one clinic's build must end: `SVC_SNAPSHOT_BUILD_DEADLINE` after it started, on the
+    monotonic clock of the connector's own deadlines. Started before the connector, whose requests
+    `Bounds.snapshot` holds to the same length from its creation, so they end no earlier than this."""
+
+    seconds: float
+    ends: float
+
+    @classmethod
+    def start(cls, settings) -> BuildDeadline:
+        seconds = float(settings.snapshot_build_deadline)
+        return cls(seconds, time.monotonic() + seconds)
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.ends
+
+    def exceeded(self) -> BuildDeadlineExceeded:
+        return BuildDeadlineExceeded("deadline", f"The clinic's snapshot was not built within its deadline "
+                                                 f"(SVC_SNAPSHOT_BUILD_DEADLINE, {self.seconds:g} s): the build "
+                                                 f"was stopped and nothing of it was published.")
+
+    def check(self) -> None:
+        """At each physician and batch of rows: raise `BuildDeadlineExceeded` once the deadline passed."""
+        if self.passed():
+            raise self.exceeded()
+
+    def overdue(self, exc: ConnectorError) -> bool:
+        """`exc` ended the build because its deadline passed: the EHR's request stopped at it
+        (`DeadlineExceeded`), or a retry could not wait past it (`ConnectorUnavailable`, which would
+        otherwise be retried and hold a worker for another deadline)."""
+        return (isinstance(exc, (DeadlineExceeded, ConnectorUnavailable))
+                and not isinstance(exc, BuildDeadlineExceeded) and self.passed())
+
+
 class BuildInProgress(Exception):
     """Another builder holds a live lease on this (organization, night)."""
 
@@ -147,10 +190,12 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
 
     The `building` snapshot carries a lease renewed while it is written: if this process dies,
     the recovery sweep (workers.recovery) removes it and queues the night again. Raises
-    `BuildInProgress` when another builder is building the same night right now."""
+    `BuildInProgress` when another builder is building the same night right now, and
+    `BuildDeadlineExceeded` (its snapshot discarded) past `SVC_SNAPSHOT_BUILD_DEADLINE`."""
     settings, db = runtime.settings, runtime.db
+    deadline = BuildDeadline.start(settings)
     organization = Organization.get_by_id(organization_id)
-    source = schedule_source(runtime, organization, Bounds.batch(settings),  # a bound hit fails the night
+    source = schedule_source(runtime, organization, Bounds.snapshot(settings),  # a bound hit fails the night
                              ehr_recorder(runtime, organization_id))
     window_start, _ = night_window(settings, night)
     providers = eligible_providers(settings, organization_id, night)
@@ -163,13 +208,20 @@ def build_snapshot(runtime, organization_id: str, night: dt.date) -> Snapshot:
             for user in providers:
                 if keeper.lost.is_set():
                     raise BuildTakenOver(f"snapshot {snapshot.id} was taken over while it was built")
+                deadline.check()
                 provider = Provider(user_id=user.id, npi=user.npi, name=user.display_name,
                                     ehr_username=user.ehr_username)
                 rows = _rows(snapshot.id, user,
                              source.fetch_appointments(provider, window_start, window_start + COVERAGE))
                 for chunk in peewee.chunked(rows, INSERT_CHUNK):
+                    deadline.check()
                     count += _insert(runtime, snapshot, chunk)
             source.finish_night()   # e.g. Epic refused every Patient read: fail, publish nothing
+    except ConnectorError as exc:
+        _discard(db, snapshot)
+        if deadline.overdue(exc):
+            raise deadline.exceeded() from exc
+        raise
     except BaseException:
         _discard(db, snapshot)
         raise

@@ -27,7 +27,7 @@ def settings_env(settings: Settings, **extra) -> dict:
                  "objects_dir", "hmac_key", "ehr_interactive_deadline", "ehr_interactive_max_bytes",
                  "ehr_interactive_max_pages", "ehr_batch_deadline", "ehr_batch_max_bytes", "ehr_batch_max_pages",
                  "bulk_max_concurrent", "bulk_file_ttl", "bulk_file_max_bytes", "ehr_key_overlap_seconds",
-                 "chart_build_deadline"):
+                 "chart_build_deadline", "snapshot_build_deadline"):
         value = getattr(settings, name, None)
         if value:
             env["SVC_" + name.upper()] = str(value)
