@@ -11,6 +11,7 @@ and a secret shown once in an element labelled `Client secret`."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 
 import pytest
@@ -60,6 +61,11 @@ def test_partner_edits_smart_settings_and_revokes_a_grant(live, runtime, world, 
     page.get_by_role("heading", name="Test Clinic").wait_for()
     assert page.get_by_role("row").filter(has_text="offline").count() == 2
     doctor_row = page.get_by_role("row").filter(has_text="Doc Tor")
+    # One row per grant with the clinic, the user, the scope, online/offline and the expiry.
+    cells = doctor_row.get_by_role("cell").all_inner_texts() + doctor_row.get_by_role("rowheader").all_inner_texts()
+    assert {"Test Clinic", "Doc Tor", "offline"} <= {c.strip() for c in cells}, cells
+    assert [set(c.split()) for c in cells if "offline_access" in c] == [set(scope.split())], cells
+    assert sum(bool(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", c.strip())) for c in cells) == 2  # granted, expires
     doctor_row.get_by_role("button", name="Revoke", exact=True).click()
     page.get_by_role("status").filter(has_text="The grant is revoked").wait_for()
     assert page.get_by_role("row").filter(has_text="Doc Tor").count() == 0
