@@ -39,9 +39,10 @@ def register(commands) -> None:
     p.add_argument("--billing-plan", choices=["free_trial", "paid"], default="paid",
                    help="free_trial: 30 days from the first Enabled, then billed; paid: billed from the start")
     p.add_argument("--user-fields", default="email", help="comma-separated: email,name,ehrUsername,organization")
-    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
-                   help="an origin (https://app.example) whose browser code may call the token, userinfo, "
-                        "introspect and revoke endpoints with this app's client_id (CORS); repeatable")
+    p.add_argument("--allowed-origin", action="extend", nargs="+", default=[], metavar="ORIGIN",
+                   help="origins (https://app.example) whose browser code may call the token, userinfo, "
+                        "introspect and revoke endpoints with this app's client_id (CORS); several after one "
+                        "flag, or the flag repeated")
     _add_backend_flags(p)
     add_json_flag(p)
     p.set_defaults(handler=with_runtime(_create))
@@ -56,7 +57,8 @@ def register(commands) -> None:
     endpoint.add_argument("--no-token-endpoint", action="store_true",
                           help="remove the token endpoint (the identity-provider variant)")
     origins = p.add_mutually_exclusive_group()
-    origins.add_argument("--allowed-origin", action="append", help="replaces the list; repeat for several")
+    origins.add_argument("--allowed-origin", action="extend", nargs="+", metavar="ORIGIN",
+                         help="replaces the list; several after one flag, or the flag repeated")
     origins.add_argument("--no-allowed-origins", action="store_true", help="empty the list")
     p.add_argument("--user-fields", help="comma-separated: email,name,ehrUsername,organization ('' for none)")
     pkce = p.add_mutually_exclusive_group()

@@ -258,12 +258,12 @@ def test_partner_walks_the_console(stack, browser_page):
     # 3. Edit the manifest: an error shows beside its field, then the new base URL applies at once
     #    in the other process.
     page.get_by_label("Redirect base URL").fill("notes.example/v2")
-    page.get_by_role("button", name="Save").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     page.locator("#redirect_uri-error").wait_for()
     assert page.get_by_label("Redirect base URL").get_attribute("aria-invalid") == "true"
     check_accessibility(page, "manifest-error")
     page.get_by_label("Redirect base URL").fill("https://notes.example/v2")
-    page.get_by_role("button", name="Save").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     page.get_by_role("status").filter(has_text="manifest is saved").wait_for()
     eventually(lambda: launcher.authorize("https://notes.example/app")[0] == 400)
     status, headers, _ = launcher.authorize("https://notes.example/app")
@@ -275,7 +275,7 @@ def test_partner_walks_the_console(stack, browser_page):
 
     # 4. Narrow the permissions: userinfo drops the name at once.
     page.get_by_label("name", exact=True).uncheck()
-    page.get_by_role("button", name="Save").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     page.get_by_role("status").filter(has_text="manifest is saved").wait_for()
     assert not page.get_by_label("name", exact=True).is_checked() and page.get_by_label("email", exact=True).is_checked()
     eventually(lambda: "given_name" not in launcher.launch()["userinfo"])

@@ -346,3 +346,17 @@ def test_values_ending_in_a_newline_are_refused_not_stored(cli, runtime):
     result = cli("orgs", "create", "--name", "Newline Clinic", "--ehr", "sandbox\n", expect=2)
     assert "ehr" in (result.stderr + result.stdout).lower()
     assert Organization.select().count() == before
+
+
+def test_allowed_origin_takes_several_origins_after_one_flag_or_repeated(cli, world):
+    """CONTRACTS.md writes `[--allowed-origin ORIGIN ...]`: one flag followed by several origins
+    (argparse's "one or more") works, as does repeating the flag, for `apps create` and `apps update`."""
+    app = as_json(cli("apps", "create", "--name", "Origins", "--redirect-uri", "https://o.example/app",
+                      "--launch-url", "https://o.example/launch", "--allowed-origin", "https://a.example",
+                      "https://b.example", "--allowed-origin", "https://c.example", "--json"))
+    assert app["allowed_origins"] == ["https://a.example", "https://b.example", "https://c.example"]
+    updated = as_json(cli("apps", "update", "--app", app["application_id"], "--allowed-origin", "https://d.example",
+                          "https://e.example", "--json"))
+    assert updated["allowed_origins"] == ["https://d.example", "https://e.example"]
+    assert "--allowed-origin" in cli("apps", "update", "--app", app["application_id"], "--allowed-origin",
+                                     expect=2).stderr

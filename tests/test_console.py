@@ -573,12 +573,12 @@ async def test_an_offline_access_lifetime_that_is_no_whole_number_is_refused_bes
     for junk in ("\u00b2", "\u0663\u0666\u0660\u0660", "9" * 5000, "1e4", "-3600"):
         await client.get(f"/console/apps/{app.id}")
         bad = await client.post(f"/console/apps/{app.id}/smart", {
-            "client_type": "confidential", "smart_scopes": "", "offline_access_ttl": junk})
+            "smart_scopes": "", "offline_access_ttl": junk})
         assert bad.code == 400 and 'id="offline_access_ttl-error"' in client.last_html, (junk[:8], bad.code)
     assert Application.get_by_id(app.id).offline_access_ttl is None
     await client.get(f"/console/apps/{app.id}")
     good = await client.post(f"/console/apps/{app.id}/smart", {
-        "client_type": "confidential", "smart_scopes": "", "offline_access_ttl": " 7200 "})
+        "smart_scopes": "", "offline_access_ttl": " 7200 "})
     assert good.code == 303 and Application.get_by_id(app.id).offline_access_ttl == 7200
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 from handlers.console.base import ConsoleHandler
 from lifecycle.activation import installation_of, set_activation_status
@@ -17,6 +18,7 @@ from lifecycle.applications import declared_smart_scopes, set_offline_access_ttl
     whole_seconds
 from lifecycle.grants import end_grants
 from lifecycle.manifest import PERMISSION_GROUPS, ManifestInvalid, manifest_of, update_manifest
+from lifecycle.manifest_validation import validate
 from oauth.secret_rotation import activate_fallback_secret, generate_fallback_secret
 from errors import ApiError
 from models.ids import is_id
@@ -25,20 +27,36 @@ ACTIVATION_WARNING = ("Activating the fallback secret before your backend retrie
                       "breaks integrations: the current secret stops working at once.")
 
 
+SMART_FIELDS = ("smart_scopes", "allowed_origins", "offline_access_ttl")
+"""The fields of the SMART settings form (beside `public`), whose errors it shows (CONTRACTS.md:
+`Public client`, `SMART scopes`, `Allowed origins`, `Save SMART settings`)."""
+
+
+def origins_of(text: str) -> list[str]:
+    """The `Allowed origins` field: origins one per line, or separated by spaces or commas (an
+    origin holds none of them)."""
+    return [origin for origin in re.split(r"[\s,]+", text) if origin]
+
+
 class AppPage(ConsoleHandler):
     def render_app(self, app, status=200, form=None, errors=None, **extra):
         smart_form = extra.pop("smart_form", None) or {
-            "client_type": "public" if app.public else "confidential", "smart_scopes": app.smart_scopes,
+            "public": app.public, "smart_scopes": app.smart_scopes,
+            "allowed_origins": "\n".join(app.allowed_origins or []),
             "offline_access_ttl": str(app.offline_access_ttl or "")}
+        if "allowed_origins" in (errors or {}) and form is not None:  # a manifest POST that named origins
+            smart_form["allowed_origins"] = "\n".join(form.get("allowed_origins") or [])
         self.page("app.html", status, app=app, section="settings", form=form or manifest_of(app),
                   errors=errors or {}, groups=PERMISSION_GROUPS, warning=ACTIVATION_WARNING, smart_form=smart_form,
+                  smart_fields=SMART_FIELDS,
                   new_secret=extra.pop("new_secret", None),
                   fallback_secret=extra.pop("fallback_secret", None), confirm=extra.pop("confirm", False),
                   notice=extra.pop("notice", self.get_query_argument("notice", "")), **extra)
 
 
 class AppHandler(AppPage):
-    """`/console/apps/{id}`: the manifest form (POST saves it) and the secret rotation steps."""
+    """`/console/apps/{id}`: the manifest form (POST saves it) and the secret rotation steps. The
+    allowed origins are edited with the SMART settings; a POST that names them here still sets them."""
 
     async def get(self, application_id):
         app = await self.own_application(application_id)
@@ -48,8 +66,9 @@ class AppHandler(AppPage):
         app = await self.own_application(application_id)
         form = {"name": self.form("name"), "launch_url": self.form("launch_url"),
                 "redirect_uri": self.form("redirect_uri"), "token_endpoint": self.form("token_endpoint"),
-                "allowed_origins": self.form("allowed_origins").splitlines(),
                 "user_fields": self.form_list("user_fields")}
+        if self.get_body_argument("allowed_origins", None) is not None:
+            form["allowed_origins"] = origins_of(self.form("allowed_origins"))
         try:
             await self.run(update_manifest, self.runtime, app.id, actor_of(self.developer), **form)
         except ManifestInvalid as exc:
@@ -58,20 +77,28 @@ class AppHandler(AppPage):
 
 
 class SmartSettingsHandler(AppPage):
-    """`/console/apps/{id}/smart`: client type, declared SMART scopes and the offline_access
-    lifetime, validated by the same lifecycle functions as `apps update`."""
+    """`/console/apps/{id}/smart`: client type (the `Public client` checkbox), declared SMART scopes,
+    allowed origins and the offline_access lifetime, validated by the same lifecycle functions as
+    `apps update`; nothing is saved while a field is wrong. A POST without `allowed_origins` leaves them."""
 
     async def post(self, application_id):
         app = await self.own_application(application_id)
-        client_type, scopes, ttl = self.form("client_type"), self.form("smart_scopes"), self.form("offline_access_ttl")
-        smart_form = {"client_type": client_type, "smart_scopes": scopes, "offline_access_ttl": ttl}
+        public = self.form("public") == "on"
+        scopes, ttl = self.form("smart_scopes"), self.form("offline_access_ttl")
+        origins_text = self.get_body_argument("allowed_origins", None)
+        smart_form = {"public": public, "smart_scopes": scopes, "offline_access_ttl": ttl,
+                      "allowed_origins": "\n".join(app.allowed_origins or []) if origins_text is None else origins_text}
         errors = {}
-        if client_type not in ("public", "confidential"):
-            errors["client_type"] = "Choose public or confidential."
         try:
             declared_smart_scopes(scopes)
         except ApiError as exc:
             errors["smart_scopes"] = exc.message
+        origins = None if origins_text is None else origins_of(origins_text)
+        if origins is not None:
+            try:
+                validate({"allowed_origins": origins})
+            except ManifestInvalid as exc:
+                errors.update(exc.fields)
         seconds = whole_seconds(ttl) if ttl.strip() else None
         if ttl.strip() and seconds is None:
             errors["offline_access_ttl"] = "A whole number of seconds, or empty for the default (90 days)."
@@ -84,9 +111,11 @@ class SmartSettingsHandler(AppPage):
         if errors:
             return self.render_app(app, 400, errors=errors, smart_form=smart_form)
         await self.run(set_smart_scopes, self.runtime, app.id, scopes, actor)
+        if origins is not None:
+            await self.run(update_manifest, self.runtime, app.id, actor, allowed_origins=origins)
         secret = None
-        if (client_type == "public") != app.public:
-            app, secret = await self.run(set_public, self.runtime, app.id, client_type == "public", actor)
+        if public != app.public:
+            app, secret = await self.run(set_public, self.runtime, app.id, public, actor)
         if secret:  # confidential again: the new secret is shown once, in this response only
             return self.render_app(await self.own_application(application_id), new_secret=secret, notice="smart")
         self.redirect(f"/console/apps/{app.id}?notice=smart", status=303)
