@@ -351,7 +351,7 @@ class Settings:
         scheme = str(merged["database_url"]).split(":", 1)[0]
         if scheme not in ("sqlite", "postgres", "postgresql", "postgresext", "postgresqlext"):
             raise ConfigError(f"SVC_DATABASE_URL must be sqlite:///path or postgresql://..., got {merged['database_url']!r}")
-        if not re.match(r"^[A-Za-z0-9_.:-]{1,64}$", str(merged["redis_namespace"])):
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", str(merged["redis_namespace"])):
             raise ConfigError(f"SVC_REDIS_NAMESPACE must be 1-64 letters, digits or _.:-, got {merged['redis_namespace']!r}")
         try:
             merged["task_max_retries"] = int(merged["task_max_retries"])
