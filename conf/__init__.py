@@ -299,7 +299,8 @@ class Settings:
     # Console device cookies (console/devices.py): how long the cookie a sign-in gives a browser
     # keeps it a trusted device, exempt from the account's and the address's sign-in lockouts.
     console_device_cookie_lifetime: int = 180 * 24 * 3600
-    # Console sign-in: failures allowed per account and per source address in any SECONDS, "COUNT/SECONDS".
+    # Console sign-in: failures allowed per account and per source address in any SECONDS, "COUNT/SECONDS"
+    # (and per device cookie, for a browser with one of the account: console/devices.py).
     console_signin_failure_limit: tuple = (5, 900)
     # A chart request or snapshot whose worker died is found and re-queued within this many
     # seconds (the delivery guarantee of docs/workers.md).
