@@ -246,8 +246,8 @@ def sign_in(runtime, email: str, password: str, totp_code: str, address: str, de
     """A session for right credentials, and a new device cookie for the browser (`console.devices`).
     Failures go to `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the
     password. From a trusted device (a valid device cookie of this account) only that device's own
-    count applies: past the limit it gets 429, whatever the account's and the address's counts.
-    Otherwise, past the limit per account, per source address or per pair: 429 with Retry-After,
+    count refuses it: past the limit it gets 429, whatever the account's and the address's counts
+    (its failures count there too, so untrusted browsers are refused as if it had none). Otherwise, past the limit per account, per source address or per pair: 429 with Retry-After,
     the password unchecked (a locked account refuses even the right one to untrusted browsers)."""
     throttle = runtime.console_signin_throttle
     device = trusted_device(runtime, email, device_cookie)
@@ -255,6 +255,10 @@ def sign_in(runtime, email: str, password: str, totp_code: str, address: str, de
     throttle_check(throttle, subject, None if device else address, too_many="Too many failed sign-ins")
     developer = check_credentials(runtime, email, password, totp_code)
     if developer is None:
-        throttle_failure(throttle, subject, address, count_address=device is None)
+        if device:  # its own count, which alone can refuse it ...
+            throttle_failure(throttle, device, address, count_address=False)
+        # ... and the account's and address's, which refuse untrusted browsers (CONTRACTS.md: 5 failures
+        # of one account lock it, per account and per source address, wherever they came from)
+        throttle_failure(throttle, signin_subject(email), address)
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
     return SignedIn(start_console_session(runtime, developer), issue_device_cookie(runtime, developer.email))
