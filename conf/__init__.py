@@ -300,7 +300,11 @@ class Settings:
     # after its sign-in, however busy (an absolute lifetime: a stolen cookie is not good forever).
     console_idle_timeout: int = 30 * 60
     console_session_lifetime: int = 12 * 3600
-    # Console sign-in: failures allowed per account and per source address in any SECONDS, "COUNT/SECONDS".
+    # Console device cookies (console/devices.py): how long the cookie a sign-in gives a browser
+    # keeps it a trusted device, exempt from the account's and the address's sign-in lockouts.
+    console_device_cookie_lifetime: int = 180 * 24 * 3600
+    # Console sign-in: failures allowed per account and per source address in any SECONDS, "COUNT/SECONDS"
+    # (and per device cookie, for a browser with one of the account: console/devices.py).
     console_signin_failure_limit: tuple = (5, 900)
     # A chart request or snapshot whose worker died is found and re-queued within this many
     # seconds (the delivery guarantee of docs/workers.md).
@@ -368,7 +372,7 @@ class Settings:
                      "idle_connection_timeout", "hl7_idle_timeout", "hl7_frame_timeout",
                      "task_min_backoff_ms", "task_max_backoff_ms", "worker_threads", "connector_session_ttl",
                      "db_threads", "sandbox_session_ttl", "sandbox_link_ttl", "task_recovery_seconds",
-                     "console_idle_timeout", "console_session_lifetime",
+                     "console_idle_timeout", "console_session_lifetime", "console_device_cookie_lifetime",
                      "s3_multipart_bytes", "s3_timeout", "s3_batch_timeout", "key_holder_window", "retired_secret_grace", "disclosure_retention_days",
                      "ehr_interactive_deadline",
                      "ehr_interactive_max_bytes", "ehr_interactive_max_pages", "ehr_batch_deadline",

@@ -10,10 +10,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+from typing import NamedTuple
 
 import argon2
 import pyotp
 
+from console.devices import issue_device_cookie, trusted_device
 from lifecycle.applications import find_application
 from lifecycle.users import clean_email
 from models.application import Application
@@ -226,7 +228,13 @@ def developer_application(developer: Developer, application_id: str) -> Applicat
 
 __all__ = ("FieldErrors", "accept_invite", "actor_of", "applications_of", "check_credentials",
            "developer_application", "end_console_session", "invite_developer", "open_invite", "session_csrf_token",
-           "session_csrf_valid", "session_developer", "sign_in", "start_console_session", "totp_uri")
+           "session_csrf_valid", "session_developer", "SignedIn", "sign_in", "start_console_session", "totp_uri")
+
+
+class SignedIn(NamedTuple):
+    """A successful sign-in: the session cookie's value and the browser's new device cookie's."""
+    session: str
+    device: str
 
 
 def signin_subject(email: str) -> tuple:
@@ -234,16 +242,23 @@ def signin_subject(email: str) -> tuple:
     return ("account", hashlib.sha256((email or "").strip().lower().encode()).hexdigest()[:32])
 
 
-def sign_in(runtime, email: str, password: str, totp_code: str, address: str) -> str:
-    """A session token for right credentials. Failures go to `runtime.console_signin_throttle`
-    through `ratelimit.lockout`, as client authentication does: past the limit per account or per
-    source address, 429 with Retry-After without checking the password."""
+def sign_in(runtime, email: str, password: str, totp_code: str, address: str, device_cookie: str | None = None) -> SignedIn:
+    """A session for right credentials, and a new device cookie for the browser (`console.devices`).
+    Failures go to `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the
+    password. From a trusted device (a valid device cookie of this account) only that device's own
+    count refuses it: past the limit it gets 429, whatever the account's and the address's counts
+    (its failures count there too, so untrusted browsers are refused as if it had none). Otherwise, past the limit per account, per source address or per pair: 429 with Retry-After,
+    the password unchecked (a locked account refuses even the right one to untrusted browsers)."""
     throttle = runtime.console_signin_throttle
-    subject = signin_subject(email)
-    throttle_check(throttle, subject, address, too_many="Too many failed sign-ins")
+    device = trusted_device(runtime, email, device_cookie)
+    subject = device or signin_subject(email)
+    throttle_check(throttle, subject, None if device else address, too_many="Too many failed sign-ins")
     developer = check_credentials(runtime, email, password, totp_code)
     if developer is None:
-        throttle_failure(throttle, subject, address)
+        if device:  # its own count, which alone can refuse it ...
+            throttle_failure(throttle, device, address, count_address=False)
+        # ... and the account's and address's, which refuse untrusted browsers (CONTRACTS.md: 5 failures
+        # of one account lock it, per account and per source address, wherever they came from)
+        throttle_failure(throttle, signin_subject(email), address)
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
-    return start_console_session(runtime, developer)
-
+    return SignedIn(start_console_session(runtime, developer), issue_device_cookie(runtime, developer.email))

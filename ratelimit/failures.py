@@ -18,7 +18,9 @@ limit, from any address: no address is exempt. Where the secret is a machine's (
 the caller checks the secret first and consults the throttle only when it is wrong, so the right
 secret is never refused (from a new host too) while guessing is counted and refused
 (`oauth.clients`). Where people type it (console passwords), the caller checks the throttle
-first: a locked account refuses even the right password until the lock ends.
+first: a locked account refuses even the right password from an untrusted browser until the lock
+ends; a browser with a device cookie of that account is held only by its own cookie's counter
+(`console.devices`), so a stranger's spray does not lock the developer out.
 
 A subject is counted whether or not it exists (an unknown client_id like a known one), so the
 answers never tell which ones exist. Its key is a keyed hash of the subject (HMAC under the

@@ -119,7 +119,8 @@ class Runtime:
 
     def console_signin_policy(self) -> FailurePolicy:
         """SVC_CONSOLE_SIGNIN_FAILURE_LIMIT per account and per address. A console password is a
-        person's guessable secret: a locked account refuses even the right password."""
+        person's guessable secret: a locked account refuses even the right password, except from a
+        browser with a device cookie of the account, which has its own count (`console.devices`)."""
         limit = Limit(*self.settings.console_signin_failure_limit)
         return FailurePolicy(subject=limit, address=limit)
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.parse
 
 import pyotp
 import pytest
 
-from helpers.console import ConsoleClient
+from helpers.console import PASSWORD, ConsoleClient, developer, invite_path
 from helpers.environment import ROOT
 from helpers.processes import free_port, settings_env, start_process, stop_process
 from helpers.throttle import expected_waits, just_before_a_boundary
@@ -25,25 +24,6 @@ from models.audit import AuditEvent
 from models.developers import ConsoleSession
 from errors import ApiError
 from oauth.secret_rotation import is_current_secret
-
-PASSWORD = "correct horse battery staple"
-
-
-def invite_path(runtime, app_id, email):
-    _, url, _ = invite_developer(runtime, app_id, email)
-    return urllib.parse.urlsplit(url).path
-
-
-async def developer(http_client, base_url, runtime, app_id, email, password=PASSWORD) -> ConsoleClient:
-    """A developer invited to `app_id`, password set, signed in."""
-    client = ConsoleClient(http_client, base_url)
-    path = invite_path(runtime, app_id, email)
-    assert (await client.get(path)).code == 200
-    response = await client.post(path, {"password": password, "confirm": password})
-    assert response.code == 303, client.last_html
-    assert (await client.sign_in(email, password)).code == 303, client.last_html
-    return client
-
 
 @pytest.fixture
 def partner_b(runtime):

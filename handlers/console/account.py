@@ -1,7 +1,7 @@
 """Sign-in, sign-out, the invitation page (set a password, optional TOTP) and the app list."""
 from __future__ import annotations
 
-from handlers.console.base import SESSION_COOKIE, ConsoleHandler
+from handlers.console.base import DEVICE_COOKIE, SESSION_COOKIE, ConsoleHandler
 from console.accounts import FieldErrors, accept_invite, applications_of, end_console_session, open_invite, sign_in, \
     totp_uri
 from errors import ApiError
@@ -25,8 +25,8 @@ class LoginHandler(ConsoleHandler):
     async def post(self):
         email = self.form("email")
         try:
-            token = await self.run(sign_in, self.runtime, email, self.form("password"),
-                                   self.form("totp_code"), self.client_address())
+            signed_in = await self.run(sign_in, self.runtime, email, self.form("password"),
+                                       self.form("totp_code"), self.client_address(), self.get_cookie(DEVICE_COOKIE))
         except RateLimiterUnavailable:
             self.set_header("Retry-After", "5")
             return self.page("login.html", 503, email=email, notice="",
@@ -35,14 +35,16 @@ class LoginHandler(ConsoleHandler):
             for name, value in exc.headers.items():
                 self.set_header(name, value)
             return self.page("login.html", exc.status, email=email, error=exc.message, notice="")
-        self.set_session_cookie(token)
+        self.set_session_cookie(signed_in.session)
+        self.set_device_cookie(signed_in.device)
         self.rotate_csrf_token()
         self.redirect("/console", status=303)
 
 
 class LogoutHandler(ConsoleHandler):
     """Ends the session; its CSRF token, bound to it, ends with it. Without a live session there is
-    nothing to end: the visitor goes to the sign-in page (ConsoleHandler.prepare)."""
+    nothing to end: the visitor goes to the sign-in page (ConsoleHandler.prepare). The device
+    cookie stays: it signs nobody in, and keeps the browser trusted at its next sign-in."""
 
     async def post(self):
         await self.run(end_console_session, self.runtime, self.get_cookie(SESSION_COOKIE))

@@ -11,6 +11,7 @@ from errors import ApiError
 
 TEMPLATE_DIR = str(Path(__file__).resolve().parent / "templates")
 SESSION_COOKIE = "svc_console"
+DEVICE_COOKIE = "svc_console_device"  # console.devices: makes the browser a trusted device at sign-in
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
 
@@ -73,6 +74,12 @@ class ConsoleHandler(BaseHandler):
 
     def set_session_cookie(self, token: str) -> None:
         self.set_cookie(SESSION_COOKIE, token, path="/console", httponly=True, samesite="Lax", secure=self.secure)
+
+    def set_device_cookie(self, value: str) -> None:
+        """The device cookie a sign-in gives the browser: the session cookie's attributes, and kept
+        for SVC_CONSOLE_DEVICE_COOKIE_LIFETIME (signing out keeps it: it is no session)."""
+        self.set_cookie(DEVICE_COOKIE, value, path="/console", httponly=True, samesite="Lax", secure=self.secure,
+                        max_age=self.svc_settings.console_device_cookie_lifetime)
 
     def rotate_csrf_token(self) -> None:
         """Drop the double-submit CSRF cookie at sign-in and sign-out: signed-in pages use the

@@ -1,5 +1,6 @@
 """The developer console in tests: a small browser-like client over pytest-tornado's HTTP client
-(keeps cookies, reads the CSRF token from the last page, submits forms), and a page's CSRF token."""
+(keeps cookies, reads the CSRF token from the last page, submits forms), a page's CSRF token, and
+a developer invited, with a password, signed in."""
 from __future__ import annotations
 
 import re
@@ -7,6 +8,7 @@ import urllib.parse
 from http.cookies import SimpleCookie
 
 XSRF = re.compile(r'name="_xsrf" value="([^"]+)"')
+PASSWORD = "correct horse battery staple"
 
 
 def form_xsrf(html: str) -> str:
@@ -76,3 +78,23 @@ class ConsoleClient:
             runtime.clock.advance(min(step, seconds))
             seconds -= step
             assert (await self.get("/console")).code == 200, self.last_html
+
+
+def invite_path(runtime, app_id, email) -> str:
+    """The path of a new invitation link of `email` to `app_id`."""
+    from console.accounts import invite_developer
+    _, url, _ = invite_developer(runtime, app_id, email)
+    return urllib.parse.urlsplit(url).path
+
+
+async def developer(http_client, base_url, runtime, app_id, email, password=PASSWORD,
+                    address: str | None = None) -> ConsoleClient:
+    """A developer invited to `app_id`, password set, signed in (from `address`, through a
+    trusted proxy, when given)."""
+    client = ConsoleClient(http_client, base_url, address)
+    path = invite_path(runtime, app_id, email)
+    assert (await client.get(path)).code == 200
+    response = await client.post(path, {"password": password, "confirm": password})
+    assert response.code == 303, client.last_html
+    assert (await client.sign_in(email, password)).code == 303, client.last_html
+    return client
