@@ -13,6 +13,10 @@
   the Patient compartment (`connectors.compartment`); the others (the clinic's directory:
   Practitioner, Organization, Location, Medication...) it reads whole, except the types that list
   patients (`PATIENT_LISTS`: Group), which it does not reach at all (403).
+- The user themself (`read_grant`): a token granted `fhirUser` (and an app that still declares it)
+  reads the one Practitioner its `fhirUser` claim names without a Practitioner scope (SMART: "permission
+  to retrieve information about the current logged-in user"); nothing else (another Practitioner, a
+  search, an `_include`) widens.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ from oauth.smart_scopes import ScopeSyntaxError, access
 from oauth.tokens import PLATFORM_AUDIENCE
 from fhir_api.system_access import SYSTEM_FHIR_API, presents_system_token
 
+
+FHIR_USER = "fhirUser"
+"""The SMART scope of the current user's identity: a token granted it reads its own `fhirUser`."""
 
 PATIENT_LISTS = ("Group",)
 """Types outside the Patient compartment whose resources list patients (a Group: the clinic's, a
@@ -64,6 +71,28 @@ def patient_scoped(caller: Caller, resource_type: str, permission: str) -> bool:
     by_token, by_app = _accesses(caller, resource_type, permission)
     return bool(by_token and by_token.allowed and by_app and by_app.allowed
                 and (by_token.patient_only or by_app.patient_only))
+
+
+def own_practitioner(caller: Caller, base: str) -> str | None:
+    """The id of the Practitioner the token's `fhirUser` names on the clinic's FHIR base `base`, when
+    the token's scope and its app's declared scopes both grant `fhirUser`, else None."""
+    reference = caller.claims.get("fhirUser")
+    if not isinstance(reference, str) or FHIR_USER not in (caller.claims.get("scope") or "").split():
+        return None
+    if FHIR_USER not in (caller.declared_scopes or "").split():
+        return None
+    prefix = f"{base}/Practitioner/"
+    if not reference.startswith(prefix):
+        return None
+    return reference[len(prefix):] or None
+
+
+def read_grant(caller: Caller, resource_type: str, ident: str, base: str) -> Grant:
+    """`grant_for(caller, resource_type, "r")`, except that the user's own Practitioner (`fhirUser`,
+    `own_practitioner`) is readable with the `fhirUser` scope alone."""
+    if resource_type == "Practitioner" and ident == own_practitioner(caller, base):
+        return Grant()
+    return grant_for(caller, resource_type, "r")
 
 
 def grant_for(caller: Caller, resource_type: str, permission: str) -> Grant:

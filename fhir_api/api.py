@@ -20,7 +20,7 @@ from connectors import (NO_VALID_ID, BoundExceeded, Bounds, ConnectorError, Conn
                         TypeNotGranted, connector_for)
 from connectors.matching import matches as resource_matches, reference_id, values_at
 from fhir_api import fhir_base_url
-from fhir_api.access import Caller, Grant, grant_for, in_compartment
+from fhir_api.access import Caller, Grant, grant_for, in_compartment, read_grant
 from fhir_api.bundle import search_url, searchset
 from fhir_api.cursor import CURSOR_PARAM, Position, binding, seal, unseal
 from fhir_api.outcome import FhirError, invalid, not_found, operation_outcome
@@ -102,9 +102,11 @@ def _counted(matches, total: int) -> int | None:
 def read(runtime, caller: Caller, resource_type: str, raw_id: str):
     """`GET {iss}/{Type}/{id}`: the resource, or 404 (also for one outside a patient/ grant). On a
     connector whose reads can finish on the IOLoop (`reads_on_loop`: a FHIR clinic), a `Later` whose
-    exchange with the EHR blocks no pool thread, checked there as here."""
-    grant = grant_for(caller, supported_type(resource_type), "r")
+    exchange with the EHR blocks no pool thread, checked there as here. The user's own Practitioner
+    (`fhirUser`) needs only the `fhirUser` scope (`fhir_api.access.read_grant`)."""
     ident = resource_id(raw_id)
+    grant = read_grant(caller, supported_type(resource_type), ident,
+                       fhir_base_url(runtime.settings, caller.organization_id))
     connector = _connector(runtime, caller)
     if not connector.reads_on_loop:
         return _read(caller, grant, resource_type, ident, lambda: connector.read_resource(resource_type, ident))

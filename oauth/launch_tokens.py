@@ -12,8 +12,12 @@ def launch_token_response(runtime, app, user, organization_id: str, installation
                           fhir_user: str | None = None) -> dict:
     """`access_token` (jti `jti`), `id_token` (when `openid` is in `scope`), `token_type`,
     `expires_in`, `scope` and the launch `context` (SMART: `patient`). The access token carries the
-    context, `fhirUser` (introspection answers both) and its ID token sealed (`svc_idt`)."""
+    context, `fhirUser` (introspection answers both) and its ID token sealed (`svc_idt`). `fhirUser`
+    only while `scope` has it: a refresh narrowed without it carries no `fhirUser` (and so does not
+    read the user's Practitioner by it: `fhir_api.access.read_grant`)."""
     settings, tokens = runtime.settings, runtime.tokens
+    if "fhirUser" not in scope.split():
+        fhir_user = None
     access_claims = {"client_id": app.client_id, "org": organization_id, "scope": scope, "jti": jti, **context}
     response = {}
     if fhir_user:

@@ -1,6 +1,7 @@
 """One vocabulary whatever the clinic's EHR (CONTRACTS, "One vocabulary for every EHR"), over HTTP
 on both databases: `fhirUser` resolves with the launch's own access token on a sandbox clinic and on
-a FHIR clinic (the Medplum-based test EHR), appointment statuses are FHIR AppointmentStatus codes,
+a FHIR clinic (the Medplum-based test EHR), also when the token has no Practitioner scope (the
+`fhirUser` scope reads that one Practitioner, nothing more), appointment statuses are FHIR AppointmentStatus codes,
 and the chart JSON validates against the schema served at `GET /v1/schemas/chart.json` (a FHIR
 clinic's chart and night: tests/test_fhir_connector.py)."""
 from __future__ import annotations
@@ -12,8 +13,8 @@ import pytest
 from jose import jwt
 
 from helpers.charts import chart_schema_validator, open_archive, wait_until_not_pending
-from helpers.fhir_api import Fhir
-from helpers.fhir_ehr import connect_clinic, practitioner
+from helpers.fhir_api import Fhir, outcome
+from helpers.fhir_ehr import CLIENT_ID, cli, connect_clinic, practitioner
 from helpers.rest import partner_headers
 from helpers.smart import launch_tokens
 from connectors import APPOINTMENT_STATUSES, ResourceQuery, connector_for
@@ -27,6 +28,8 @@ from models.ids import fhir_id
 from workers.snapshot import build_snapshot, night_window
 
 FHIR_USER_SCOPE = "launch openid fhirUser user/Practitioner.rs"
+PATIENT_ONLY_SCOPE = "launch openid fhirUser patient/Patient.rs"
+"""What the demo SMART app (and many real ones) asks: `fhirUser`, and no Practitioner scope."""
 NIGHT = dt.date(2030, 3, 4)  # a Monday
 
 
@@ -49,6 +52,58 @@ def test_fhir_user_resolves_on_a_sandbox_clinic_with_the_launchs_own_token(fhir_
     tokens = launch_tokens(live, runtime, world.staff, world.app, world.secret, FHIR_USER_SCOPE)
     assert tokens["scope"] == "openid launch fhirUser user/Practitioner.rs"
     assert "fhirUser" not in jwt.get_unverified_claims(tokens["id_token"])
+
+
+@pytest.fixture
+def patient_only_world(runtime, world):
+    """`world` whose app declares `PATIENT_ONLY_SCOPE`, and a second physician of its clinic (set
+    before `live` starts): (world, that physician)."""
+    set_smart_scopes(runtime, world.app.id, PATIENT_ONLY_SCOPE)
+    other = create_user(world.org.id, "other@fhir-user.example", "Olga", "Other", "oother", "1417000019")
+    return world, other
+
+
+def disclosures(settings, org_id: str, *args: str) -> list[dict]:
+    done = cli(settings, "audit", "disclosures", "--org", org_id, *args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def refused_for_scope(answer) -> bool:
+    status, headers, body = answer
+    return (status == 403 and outcome(body) == "forbidden"
+            and 'error="insufficient_scope"' in headers.get("WWW-Authenticate", ""))
+
+
+def test_the_fhir_user_scope_alone_reads_the_users_practitioner_on_a_sandbox_clinic(patient_only_world, runtime,
+                                                                                     live):
+    world, other = patient_only_world
+    mine = fhir_id(world.physician.id)
+    for prefix in ("/v1", "/os-api/v2"):
+        tokens = launch_tokens(live, runtime, world.physician, world.app, world.secret, PATIENT_ONLY_SCOPE, prefix)
+        assert tokens["scope"] == "openid launch fhirUser patient/Patient.rs", tokens
+        fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
+        assert fhir_user == f"{live}/fhir/r4/{world.org.id}/Practitioner/{mine}"
+        fhir = Fhir(live, world.org.id, tokens["access_token"])
+        status, _, body = fhir.get(fhir_user)
+        assert status == 200 and body["resourceType"] == "Practitioner" and body["id"] == mine, (prefix, body)
+    # Nothing else: another Practitioner, a search of Practitioners (even of the user's own), by GET or POST.
+    assert refused_for_scope(fhir.get(f"/Practitioner/{fhir_id(other.id)}"))
+    assert refused_for_scope(fhir.get("/Practitioner"))
+    assert refused_for_scope(fhir.get("/Practitioner", {"_id": mine}))
+    assert refused_for_scope(fhir.post_search("Practitioner", {"_id": mine}))
+    # A token without `fhirUser` in its scope: today's answer, for the user's own Practitioner too.
+    tokens = launch_tokens(live, runtime, world.physician, world.app, world.secret, "launch openid patient/Patient.rs")
+    assert "fhirUser" not in tokens["scope"].split() and "fhirUser" not in jwt.get_unverified_claims(tokens["id_token"])
+    assert refused_for_scope(Fhir(live, world.org.id, tokens["access_token"]).get(f"/Practitioner/{mine}"))
+    # Each read is a disclosure record like any other, the one that succeeded and those refused.
+    reads = [r for r in disclosures(runtime.settings, world.org.id, "--user", world.physician.id)
+             if r["action"] == "read" and r["resource_type"] == "Practitioner"]
+    assert [(r["outcome"], r["status"], r["resource_ids"]) for r in reads] == [
+        ("success", 200, [mine]), ("success", 200, [mine]), ("failure", 403, [fhir_id(other.id)]),
+        ("failure", 403, [mine])], reads
+    assert reads[0]["scope"] == "openid launch fhirUser patient/Patient.rs" and reads[0]["patients"] == []
+    assert reads[0]["application_id"] == world.app.id and reads[0]["jti"]
 
 
 def test_the_chart_schema_is_served_without_a_token_and_is_cacheable(live):
@@ -146,3 +201,33 @@ def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(fhir_user_
     zed = create_user(org_id, "zed@fhir-user.example", "Zed", "Unknown", "zunknown", UNKNOWN_NPI)
     tokens = launch_tokens(live, runtime, zed, world.app, world.secret, FHIR_USER_SCOPE)
     assert "fhirUser" in tokens["scope"].split() and "fhirUser" not in jwt.get_unverified_claims(tokens["id_token"])
+
+
+@pytest.mark.slow
+def test_the_fhir_user_scope_alone_reads_the_users_practitioner_on_a_fhir_clinic(patient_only_world, runtime, live,
+                                                                                  fhir_ehr):
+    world, _ = patient_only_world
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="fhirUser Scope Clinic")
+    fhir_ehr.seed(practitioner("pr-ana", ANA_NPI, "Lopez", "Ana"), practitioner("pr-ben", BEN_NPI, "Okafor", "Ben"))
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@fhir-user-scope.example", "Ana", "Lopez", "alopez", ANA_NPI)
+    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, PATIENT_ONLY_SCOPE)
+    fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
+    assert fhir_user == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ana"
+    fhir = Fhir(live, org_id, tokens["access_token"])
+    status, _, body = fhir.get(fhir_user)                       # read from the EHR, as any read
+    assert status == 200 and body["resourceType"] == "Practitioner" and body["id"] == "pr-ana", body
+    assert {"system": "http://hl7.org/fhir/sid/us-npi", "value": ANA_NPI} in body["identifier"]
+    assert refused_for_scope(fhir.get("/Practitioner/pr-ben"))
+    assert refused_for_scope(fhir.get("/Practitioner", {"identifier": ANA_NPI}))
+    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, "launch openid patient/Patient.rs")
+    assert refused_for_scope(Fhir(live, org_id, tokens["access_token"]).get("/Practitioner/pr-ana"))
+    # The EHR no longer grants svc-auth Practitioner: the EHR's refusal, as for any read of it.
+    fhir_ehr.register(CLIENT_ID, f"{live}/ehr/jwks.json", grant=["Patient", "Appointment"])
+    status, _, body = fhir.get(fhir_user)
+    assert status == 403 and outcome(body) == "forbidden", body
+    assert "has not granted svc-auth access to Practitioner" in body["issue"][0]["diagnostics"], body
+    reads = [(r["outcome"], r["status"], r["resource_ids"]) for r in disclosures(runtime.settings, org_id)
+             if r["action"] == "read"]
+    assert reads == [("success", 200, ["pr-ana"]), ("failure", 403, ["pr-ben"]), ("failure", 403, ["pr-ana"]),
+                     ("failure", 403, ["pr-ana"])], reads

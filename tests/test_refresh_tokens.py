@@ -116,6 +116,46 @@ async def test_scope_may_narrow_never_widen(confidential, smart):
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_a_refresh_narrowed_without_fhir_user_no_longer_reads_the_users_practitioner(api, confidential,
+                                                                                          smart, runtime):
+    """`fhirUser` alone reads the user's own Practitioner (no Practitioner scope); a refresh narrowed
+    without it carries no `fhirUser` (ID token, introspection) and reads it no more, nor does a token
+    of an app that no longer declares `fhirUser`."""
+    from lifecycle.applications import set_smart_scopes
+    declared = "launch openid fhirUser offline_access patient/Patient.rs"
+    set_smart_scopes(runtime, smart.app.id, declared)
+    tokens = await confidential.tokens(declared)
+    fhir_user = f"{iss_of(smart.org.id)}/Practitioner/{fhir_id(smart.physician.id)}"
+    assert claims_of(tokens["id_token"])["fhirUser"] == fhir_user
+    path = f"/fhir/r4/{smart.org.id}/Practitioner/{fhir_id(smart.physician.id)}"
+
+    async def read(access_token: str) -> tuple[int, dict]:
+        status, _, body = await api.call("GET", path, headers={"Authorization": f"Bearer {access_token}",
+                                                               "Accept": "application/fhir+json"})
+        return status, body
+
+    status, body = await read(tokens["access_token"])
+    assert status == 200 and body["id"] == fhir_id(smart.physician.id), body
+    status, kept = await confidential.refresh(tokens["refresh_token"])
+    assert status == 200 and claims_of(kept["id_token"])["fhirUser"] == fhir_user, kept
+    assert (await read(kept["access_token"]))[0] == 200
+    status, narrow = await confidential.refresh(kept["refresh_token"], scope="launch openid patient/Patient.rs")
+    assert status == 200 and narrow["scope"] == "launch openid patient/Patient.rs", narrow
+    assert "fhirUser" not in claims_of(narrow["id_token"]) and "fhirUser" not in claims_of(narrow["access_token"])
+    assert "fhirUser" not in await confidential.introspect(narrow["access_token"], smart.secret)
+    status, body = await read(narrow["access_token"])
+    assert status == 403 and body["issue"][0]["code"] == "forbidden", body
+    # The grant keeps `fhirUser`: the next refresh without `scope` reads it again...
+    status, again = await confidential.refresh(narrow["refresh_token"])
+    assert status == 200 and claims_of(again["id_token"])["fhirUser"] == fhir_user, again
+    assert (await read(again["access_token"]))[0] == 200
+    # ...until the app no longer declares `fhirUser`: its live token reads it no more, at once.
+    set_smart_scopes(runtime, smart.app.id, "launch openid offline_access patient/Patient.rs")
+    status, body = await read(again["access_token"])
+    assert status == 403 and body["issue"][0]["code"] == "forbidden", body
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_a_replayed_refresh_token_revokes_the_whole_grant(confidential, smart, settings):
     tokens = await confidential.tokens()
     status, second = await confidential.refresh(tokens["refresh_token"])

@@ -103,8 +103,9 @@ class SmartClient:
         return status, body
 
 
-def launch_tokens(live: str, runtime, user, app, secret: str, scope: str) -> dict:
-    """The token response of a launch by `user` (signed in to the sandbox hub) of `app`, asking `scope`."""
+def launch_tokens(live: str, runtime, user, app, secret: str, scope: str, prefix: str = "/v1") -> dict:
+    """The token response of a launch by `user` (signed in to the sandbox hub) of `app`, asking `scope`
+    at the authorize and token endpoints under `prefix` (`/v1` or `/os-api/v2`)."""
     from hub.sandbox import issue_sandbox_token
     as_live = as_service(runtime, live)
     status, _, body = http("POST", f"{live}/v1/sandbox/launches", json.dumps({"client_id": app.client_id}).encode(),
@@ -113,11 +114,11 @@ def launch_tokens(live: str, runtime, user, app, secret: str, scope: str) -> dic
     assert status == 201, body
     query = {"client_id": app.client_id, "redirect_uri": app.redirect_uri, "response_type": "code",
              "launch": json.loads(body)["launch_id"], "scope": scope}
-    status, headers, body = http("GET", f"{live}/v1/oauth/authorize?{urllib.parse.urlencode(query)}")
+    status, headers, body = http("GET", f"{live}{prefix}/oauth/authorize?{urllib.parse.urlencode(query)}")
     assert status == 302, body
     location = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["Location"]).query)
     assert "code" in location, location
-    status, _, body = http("POST", f"{live}/v1/oauth/token", json.dumps({
+    status, _, body = http("POST", f"{live}{prefix}/oauth/token", json.dumps({
         "grant_type": "authorization_code", "client_id": app.client_id, "client_secret": secret,
         "code": location["code"][0]}).encode(), {"Content-Type": "application/json"})
     assert status == 200, body
