@@ -242,15 +242,16 @@ def signin_subject(email: str) -> tuple:
     return ("account", hashlib.sha256((email or "").strip().lower().encode()).hexdigest()[:32])
 
 
-def sign_in(runtime, email: str, password: str, totp_code: str, address: str, device_cookie: str | None = None) -> SignedIn:
-    """A session for right credentials, and a new device cookie for the browser (`console.devices`).
-    Failures go to `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the
-    password. From a trusted device (a valid device cookie of this account) only that device's own
+def sign_in(runtime, email: str, password: str, totp_code: str, address: str,
+            device_cookies: tuple[str, ...] = ()) -> SignedIn:
+    """A session for right credentials, and a new device cookie for the browser (`console.devices`;
+    `device_cookies`: every value of it the browser sent). Failures go to
+    `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the password. From a trusted device (a valid device cookie of this account) only that device's own
     count refuses it: past the limit it gets 429, whatever the account's and the address's counts
     (its failures count there too, so untrusted browsers are refused as if it had none). Otherwise, past the limit per account, per source address or per pair: 429 with Retry-After,
     the password unchecked (a locked account refuses even the right one to untrusted browsers)."""
     throttle = runtime.console_signin_throttle
-    device = trusted_device(runtime, email, device_cookie)
+    device = trusted_device(runtime, email, device_cookies)
     subject = device or signin_subject(email)
     throttle_check(throttle, subject, None if device else address, too_many="Too many failed sign-ins")
     developer = check_credentials(runtime, email, password, totp_code)

@@ -159,6 +159,31 @@ async def test_another_accounts_forged_tampered_or_expired_device_cookie_is_igno
 
 
 @pytest.mark.gen_test(timeout=90)
+async def test_a_cookie_of_the_same_name_a_sibling_host_plants_does_not_hide_the_genuine_one(
+        http_client, base_url, runtime, world):
+    """A host under the same parent domain (security.md's threat for the `_xsrf` cookie) can set
+    `svc_console_device` for the parent domain, Path=/console: the browser then sends both, the planted
+    one last when it was set later. The handler read one value per name, the last, so the developer's
+    browser was untrusted again and a stranger's spray locked them out of it, as before device cookies."""
+    trust_local_proxy(runtime)
+    attackers_own = await developer(http_client, base_url, runtime, world.app.id, "other@partner.example",
+                                     address=ATTACKER)  # a valid device cookie, of the attacker's account
+    browser = await developer(http_client, base_url, runtime, world.app.id, EMAIL, address=LEGIT)
+    await sign_out(browser)
+    await spray(http_client, base_url, runtime, EMAIL, ATTACKER)
+    forged = f"v1.{int(runtime.clock.time())}.{'A' * 43}.{'B' * 43}"
+    for planted in (attackers_own.cookies[DEVICE], forged, "junk"):
+        browser.planted = [(DEVICE, planted)]
+        signed_in = await browser.sign_in(EMAIL, PASSWORD)
+        assert signed_in.code == 303, (planted, browser.last_html)
+        await sign_out(browser)
+    # Planted ones alone are the untrusted path still: the account stays locked to them.
+    stranger = ConsoleClient(http_client, base_url, LEGIT)
+    stranger.planted = [(DEVICE, attackers_own.cookies[DEVICE]), (DEVICE, forged)]
+    assert (await stranger.sign_in(EMAIL, PASSWORD)).code == 429
+
+
+@pytest.mark.gen_test(timeout=90)
 async def test_the_device_cookie_signs_nobody_in_and_the_second_factor_still_applies(
         http_client, base_url, runtime, world):
     client = ConsoleClient(http_client, base_url)
