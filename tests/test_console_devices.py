@@ -5,6 +5,7 @@ own wrong passwords lock only it (`console.devices`; OWASP, "Slow Down Online Gu
 Device Cookies")."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import ipaddress
 import json
@@ -14,6 +15,7 @@ import pyotp
 import pytest
 
 from helpers.console import PASSWORD, ConsoleClient, developer, invite_path
+from helpers.processes import free_port
 from models.audit import AuditEvent
 
 DEVICE = "svc_console_device"
@@ -230,3 +232,50 @@ async def test_the_device_cookie_attributes(http_client, base_url, runtime, worl
     await client.get("/console/login")
     secure = await client.post("/console/login", {"email": EMAIL, "password": PASSWORD})
     assert secure.code == 303 and "Secure" in device_set_cookie(secure).split("; ")
+
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.svc_settings(redis=True))])
+@pytest.mark.gen_test(timeout=90)
+async def test_wrong_passwords_sent_together_get_no_more_tries_than_the_limit(
+        http_client, base_url, runtime, world, store):
+    """The throttle was checked before the password's hash and counted after it: every sign-in
+    whose check ran while others were hashing passed, so one burst of 15 wrong passwords got 12
+    answers (401) where the account allows 5 in 15 minutes."""
+    trust_local_proxy(runtime)
+    await developer(http_client, base_url, runtime, world.app.id, EMAIL, address=LEGIT)
+    limit = runtime.console_signin_policy().subject
+    attackers = [ConsoleClient(http_client, base_url, ATTACKER) for _ in range(3 * limit.count)]
+    for attacker in attackers:
+        assert (await attacker.get("/console/login")).code == 200
+    answers = await asyncio.gather(*(attacker.post("/console/login", {"email": EMAIL, "password": WRONG})
+                                     for attacker in attackers))
+    assert sorted(answer.code for answer in answers) == [401] * limit.count + [429] * (2 * limit.count)
+    # Only failures stay counted: right passwords sent together (new browsers, as many as the limit)
+    # all sign in and leave nothing counted, so the account still has its 5 wrong ones after them.
+    await developer(http_client, base_url, runtime, world.app.id, "other@partner.example", address=LEGIT)
+    browsers = [ConsoleClient(http_client, base_url, LEGIT) for _ in range(limit.count)]
+    for browser in browsers:
+        assert (await browser.get("/console/login")).code == 200
+    answers = await asyncio.gather(*(browser.post("/console/login", {"email": "other@partner.example",
+                                                                      "password": PASSWORD}) for browser in browsers))
+    assert [answer.code for answer in answers] == [303] * limit.count
+    stranger = ConsoleClient(http_client, base_url, "192.0.2.1")
+    assert [(await stranger.sign_in("other@partner.example", WRONG)).code for _ in range(limit.count + 1)] == \
+        [401] * limit.count + [429]
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_sign_in_with_the_failure_counts_unreachable_is_a_503(http_client, base_url, runtime, world):
+    """Redis unreachable: a sign-in can be neither checked against its counts nor counted, so it gets
+    503 + Retry-After (a wrong password never an uncounted 401), from a trusted browser too."""
+    from ratelimit.failures import build_failure_throttle
+    browser = await developer(http_client, base_url, runtime, world.app.id, EMAIL)
+    await sign_out(browser)
+    settings = runtime.settings.replace(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    runtime.console_signin_throttle = build_failure_throttle(settings, "console_signin", runtime.console_signin_policy(),
+                                                             runtime.clock.time, runtime.hasher)
+    for password in (WRONG, PASSWORD):
+        for client in (browser, ConsoleClient(http_client, base_url)):
+            answer = await client.sign_in(EMAIL, password)
+            assert answer.code == 503 and int(answer.headers["Retry-After"]) >= 1, client.last_html
