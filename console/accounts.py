@@ -248,10 +248,12 @@ def sign_in(runtime, email: str, password: str, totp_code: str, address: str,
             device_cookies: tuple[str, ...] = ()) -> SignedIn:
     """A session for right credentials, and a new device cookie for the browser (`console.devices`;
     `device_cookies`: every value of it the browser sent). Failures go to
-    `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the password. From a trusted device (a valid device cookie of this account) only that device's own
-    count refuses it: past the limit it gets 429, whatever the account's and the address's counts
-    (its failures count there too, so untrusted browsers are refused as if it had none). Otherwise, past the limit per account, per source address or per pair: 429 with Retry-After,
-    the password unchecked (a locked account refuses even the right one to untrusted browsers)."""
+    `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the password. From
+    a trusted device (a valid device cookie of this account) only that device's own count refuses
+    it: past the limit it gets 429, whatever the account's and the address's counts (its failures
+    count there too, so untrusted browsers are refused as if it had none). Otherwise, past the limit
+    per account, per source address or per pair: 429 with Retry-After, the password unchecked (a
+    locked account refuses even the right one to untrusted browsers)."""
     throttle = runtime.console_signin_throttle
     device = trusted_device(runtime, email, device_cookies)
     subject = device or signin_subject(email)
@@ -265,10 +267,10 @@ def sign_in(runtime, email: str, password: str, totp_code: str, address: str,
             throttle_withdraw(throttle, attempt)  # not answered: no failure
         raise
     if developer is None:
-        throttle_failed(throttle, attempt, subject, address)  # a device: its own count, which alone can refuse it ...
+        throttle_failed(throttle, attempt, subject, address)  # a device's: its own, which alone can refuse it ...
         if device:
-            # ... and the account's and address's, which refuse untrusted browsers (CONTRACTS.md: 5 failures
-            # of one account lock it, per account and per source address, wherever they came from)
+            # ... and the account's and address's, which refuse untrusted browsers (CONTRACTS.md: 5
+            # failures of one account lock it, per account and per source address, wherever they came from)
             throttle_failure(throttle, signin_subject(email), address)
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
     throttle_withdraw(throttle, attempt)

@@ -21,7 +21,8 @@ secret is never refused (from a new host too) while guessing is counted and refu
 first, and counts the attempt as a failure in the same step (`attempt`, one script in Redis), taken
 back when the password was right (`withdraw`): sign-ins whose slow password checks overlap, in one
 process or several, cannot get past the limit together. A locked account refuses even the right
-password from an untrusted browser until the lock ends; a browser with a device cookie of that account is held only by its own cookie's counter
+password from an untrusted browser until the lock ends; a browser with a device cookie of that
+account is held only by its own cookie's counter
 (`console.devices`), so a stranger's spray does not lock the developer out.
 
 A subject is counted whether or not it exists (an unknown client_id like a known one), so the
