@@ -7,6 +7,7 @@ hashes (`runtime.hasher`), like client secrets; passwords, which people choose, 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
@@ -23,7 +24,8 @@ from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
 from models.ids import is_id, new_secret
 from errors import ApiError
-from ratelimit.lockout import throttle_check, throttle_failure
+from ratelimit.limiter import RateLimiterUnavailable
+from ratelimit.lockout import throttle_attempt, throttle_failed, throttle_failure, throttle_withdraw
 
 CSRF_LABEL = "console-csrf\x00"  # sets the session's CSRF MACs apart from the key's other MACs
 PASSWORD_MIN = 12
@@ -242,23 +244,34 @@ def signin_subject(email: str) -> tuple:
     return ("account", hashlib.sha256((email or "").strip().lower().encode()).hexdigest()[:32])
 
 
-def sign_in(runtime, email: str, password: str, totp_code: str, address: str, device_cookie: str | None = None) -> SignedIn:
-    """A session for right credentials, and a new device cookie for the browser (`console.devices`).
-    Failures go to `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the
-    password. From a trusted device (a valid device cookie of this account) only that device's own
-    count refuses it: past the limit it gets 429, whatever the account's and the address's counts
-    (its failures count there too, so untrusted browsers are refused as if it had none). Otherwise, past the limit per account, per source address or per pair: 429 with Retry-After,
-    the password unchecked (a locked account refuses even the right one to untrusted browsers)."""
+def sign_in(runtime, email: str, password: str, totp_code: str, address: str,
+            device_cookies: tuple[str, ...] = ()) -> SignedIn:
+    """A session for right credentials, and a new device cookie for the browser (`console.devices`;
+    `device_cookies`: every value of it the browser sent). Failures go to
+    `runtime.console_signin_throttle` through `ratelimit.lockout`, checked before the password. From
+    a trusted device (a valid device cookie of this account) only that device's own count refuses
+    it: past the limit it gets 429, whatever the account's and the address's counts (its failures
+    count there too, so untrusted browsers are refused as if it had none). Otherwise, past the limit
+    per account, per source address or per pair: 429 with Retry-After, the password unchecked (a
+    locked account refuses even the right one to untrusted browsers)."""
     throttle = runtime.console_signin_throttle
-    device = trusted_device(runtime, email, device_cookie)
+    device = trusted_device(runtime, email, device_cookies)
     subject = device or signin_subject(email)
-    throttle_check(throttle, subject, None if device else address, too_many="Too many failed sign-ins")
-    developer = check_credentials(runtime, email, password, totp_code)
+    # Counted as a failure as it is admitted, taken back if the password is right: sign-ins whose
+    # password hashes overlap (one process or several) cannot pass the limit together.
+    attempt = throttle_attempt(throttle, subject, None if device else address, too_many="Too many failed sign-ins")
+    try:
+        developer = check_credentials(runtime, email, password, totp_code)
+    except BaseException:
+        with contextlib.suppress(RateLimiterUnavailable):
+            throttle_withdraw(throttle, attempt)  # not answered: no failure
+        raise
     if developer is None:
-        if device:  # its own count, which alone can refuse it ...
-            throttle_failure(throttle, device, address, count_address=False)
-        # ... and the account's and address's, which refuse untrusted browsers (CONTRACTS.md: 5 failures
-        # of one account lock it, per account and per source address, wherever they came from)
-        throttle_failure(throttle, signin_subject(email), address)
+        throttle_failed(throttle, attempt, subject, address)  # a device's: its own, which alone can refuse it ...
+        if device:
+            # ... and the account's and address's, which refuse untrusted browsers (CONTRACTS.md: 5
+            # failures of one account lock it, per account and per source address, wherever they came from)
+            throttle_failure(throttle, signin_subject(email), address)
         raise ApiError(401, "invalid_credentials", "The e-mail address, password or authentication code is wrong.")
+    throttle_withdraw(throttle, attempt)
     return SignedIn(start_console_session(runtime, developer), issue_device_cookie(runtime, developer.email))

@@ -6,7 +6,9 @@ account and of the address (which anyone who knows the e-mail can set off by spr
 passwords) do not hold it; its own failures count against that cookie alone, in the same failure
 throttle with the same limit, and lock only it. Without one (no cookie, another account's, forged,
 tampered or expired) sign-in is throttled per account, address and pair as before. The cookie
-signs nobody in: the password (and TOTP code) are checked all the same.
+signs nobody in: the password (and TOTP code) are checked all the same. Every value of the cookie
+the browser sends is tried: a host under the same parent domain can set one of the same name for
+that domain, which must not hide the genuine one (nor can it make a browser trusted: it has no MAC).
 
 Value: `v1.<issued, Unix seconds>.<nonce, 256 random bits>.<MAC>`, the MAC an HMAC under
 SVC_HMAC_KEY (any previous key accepted, compared in constant time) of the account's e-mail, the
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 
 from models.ids import new_secret
 
@@ -39,12 +42,21 @@ def issue_device_cookie(runtime, email: str) -> str:
     return f"v1.{issued}.{nonce}.{runtime.hasher.sign(_message(email, issued, nonce))}"
 
 
-def trusted_device(runtime, email: str, value: str | None) -> tuple | None:
-    """The failure-throttle subject of a valid device cookie of the account `email`: `("device",
-    hash of its nonce)`, so neither the nonce nor the e-mail is written to a store or the audit
-    trail. None (the untrusted path) for no cookie, a malformed, forged or tampered one, another
-    account's, or one older than SVC_CONSOLE_DEVICE_COOKIE_LIFETIME."""
-    found = _VALUE.fullmatch(value or "")
+def trusted_device(runtime, email: str, values: Iterable[str]) -> tuple | None:
+    """The failure-throttle subject of the first valid device cookie of the account `email` among
+    `values` (each one the browser sent): `("device", hash of its nonce)`, so neither the nonce nor
+    the e-mail is written to a store or the audit trail. None (the untrusted path) when none is
+    valid: no cookie, malformed, forged or tampered ones, another account's, or ones older than
+    SVC_CONSOLE_DEVICE_COOKIE_LIFETIME. Only well-formed values cost an HMAC (per key)."""
+    for value in dict.fromkeys(values):
+        device = _device(runtime, email, value)
+        if device is not None:
+            return device
+    return None
+
+
+def _device(runtime, email: str, value: str) -> tuple | None:
+    found = _VALUE.fullmatch(value)
     if found is None:
         return None
     issued, nonce, mac = found.groups()

@@ -18,8 +18,11 @@ limit, from any address: no address is exempt. Where the secret is a machine's (
 the caller checks the secret first and consults the throttle only when it is wrong, so the right
 secret is never refused (from a new host too) while guessing is counted and refused
 (`oauth.clients`). Where people type it (console passwords), the caller checks the throttle
-first: a locked account refuses even the right password from an untrusted browser until the lock
-ends; a browser with a device cookie of that account is held only by its own cookie's counter
+first, and counts the attempt as a failure in the same step (`attempt`, one script in Redis), taken
+back when the password was right (`withdraw`): sign-ins whose slow password checks overlap, in one
+process or several, cannot get past the limit together. A locked account refuses even the right
+password from an untrusted browser until the lock ends; a browser with a device cookie of that
+account is held only by its own cookie's counter
 (`console.devices`), so a stranger's spray does not lock the developer out.
 
 A subject is counted whether or not it exists (an unknown client_id like a known one), so the
@@ -63,6 +66,15 @@ class Throttled(Exception):
         super().__init__(f"too many failed attempts for {key[0]}; retry after {retry_after} s")
         self.key = key
         self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A failure counted before its attempt was checked (`FailureThrottle.attempt`): its counters
+    (store key, limit), the store's handle of it, and the counters it locked."""
+    keys: tuple
+    token: object
+    locked: list
 
 
 @dataclass(frozen=True)
@@ -112,25 +124,91 @@ class _MemoryStore:
     def recent(self, keys: list[tuple[str, Limit]], now: float) -> list[list[float]]:
         """Each counter's failure times within its window, ascending."""
         with self._lock:
-            out = []
-            for key, limit in keys:
-                times = self._logs.get(key, (array("d"), 0.0))[0]
-                out.append(list(times[bisect.bisect_right(times, now - limit.seconds):]))
-            return out
+            return self._recent(keys, now)
+
+    def _recent(self, keys: list[tuple[str, Limit]], now: float) -> list[list[float]]:
+        out = []
+        for key, limit in keys:
+            times = self._logs.get(key, (array("d"), 0.0))[0]
+            out.append(list(times[bisect.bisect_right(times, now - limit.seconds):]))
+        return out
 
     def add(self, keys: list[tuple[str, Limit]], now: float) -> list[int]:
         """Count a failure at `now` in each counter; returns each one's failures within its window."""
         with self._lock:
-            out = []
+            return self._add(keys, now)
+
+    def _add(self, keys: list[tuple[str, Limit]], now: float) -> list[int]:
+        out = []
+        for key, limit in keys:
+            times, _ = self._logs.pop(key, (array("d"), 0.0))
+            self._make_room(now)
+            del times[:bisect.bisect_right(times, now - limit.seconds)]
+            bisect.insort(times, now)
+            out.append(len(times))
+            del times[:-limit.count]
+            self._logs[key] = (times, times[-1] + limit.seconds)
+        return out
+
+    def claim(self, keys: list[tuple[str, Limit]], now: float) -> tuple[list[int] | None, list[float | None], float]:
+        """At once: when no counter is at its limit, a failure counted at `now` in each (`add`'s
+        counts); else nothing counted (None), and the time of each locked counter's oldest failure
+        of the `limit.count` newest (None for the others). The token `discard` takes: `now`."""
+        with self._lock:
+            logs = self._recent(keys, now)
+            oldest = [times[-limit.count] if len(times) >= limit.count else None
+                      for times, (_, limit) in zip(logs, keys)]
+            if any(t is not None for t in oldest):
+                return None, oldest, now
+            return self._add(keys, now), oldest, now
+
+    def discard(self, keys: list[tuple[str, Limit]], token: float) -> None:
+        """Forget one failure counted at `token` in each counter (`claim`'s, for an attempt that
+        succeeded); one already dropped (trimmed, or its counter forgotten) is left so."""
+        with self._lock:
             for key, limit in keys:
-                times, _ = self._logs.pop(key, (array("d"), 0.0))
-                self._make_room(now)
-                del times[:bisect.bisect_right(times, now - limit.seconds)]
-                bisect.insort(times, now)
-                out.append(len(times))
-                del times[:-limit.count]
-                self._logs[key] = (times, times[-1] + limit.seconds)
-            return out
+                entry = self._logs.get(key)
+                times = entry[0] if entry is not None else array("d")
+                index = bisect.bisect_left(times, token)
+                if index == len(times) or times[index] != token:
+                    continue
+                del times[index]
+                if times:
+                    self._logs[key] = (times, times[-1] + limit.seconds)
+                else:
+                    del self._logs[key]
+
+
+# `claim`: KEYS = an attempt's counters; ARGV[1] = now (a score), ARGV[2] = the attempt's member, then
+# per counter: its window's start, exclusive ("(t"), the same inclusive, its limit's count, its TTL.
+# All or nothing: when a counter holds `count` failures within its window, nothing is counted and
+# {0, index, score of its count-th newest, ...} is returned; else the failure is counted in each
+# counter as `add` counts it, and {1, each counter's count} returned.
+CLAIM_SCRIPT = """
+local locked = {0}
+for i = 1, #KEYS do
+  local arg = 2 + 4 * (i - 1)
+  local nth = redis.call('ZREVRANGEBYSCORE', KEYS[i], '+inf', ARGV[arg + 1], 'WITHSCORES',
+                         'LIMIT', tonumber(ARGV[arg + 3]) - 1, 1)
+  if #nth > 0 then
+    table.insert(locked, i)
+    table.insert(locked, nth[2])
+  end
+end
+if #locked > 1 then
+  return locked
+end
+local counts = {1}
+for i = 1, #KEYS do
+  local arg = 2 + 4 * (i - 1)
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[arg + 2])
+  redis.call('ZADD', KEYS[i], ARGV[1], ARGV[2])
+  table.insert(counts, redis.call('ZCARD', KEYS[i]))
+  redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -tonumber(ARGV[arg + 3]) - 1)
+  redis.call('EXPIRE', KEYS[i], tonumber(ARGV[arg + 4]))
+end
+return counts
+"""
 
 
 class _RedisStore:
@@ -140,6 +218,7 @@ class _RedisStore:
     def __init__(self, url: str, timeout: float = 1.0):
         import redis
         self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._claim = self.client.register_script(CLAIM_SCRIPT)
 
     def _call(self, fn):
         from redis.exceptions import RedisError
@@ -172,6 +251,29 @@ class _RedisStore:
                 pipe.expire(key, limit.seconds + 1)
             return pipe.execute()[2::5]
         return [int(n) for n in self._call(count)]
+
+    def claim(self, keys: list[tuple[str, Limit]], now: float) -> tuple[list[int] | None, list[float | None], str]:
+        """`_MemoryStore.claim` in one script (`CLAIM_SCRIPT`): every process sees it whole. The
+        token `discard` takes: the failure's member."""
+        member = f"{now!r}:{os.urandom(8).hex()}"
+        args = [repr(now), member]
+        for _, limit in keys:
+            args += [f"({now - limit.seconds!r}", repr(now - limit.seconds), limit.count, limit.seconds + 1]
+        answer = self._call(lambda: self._claim(keys=[key for key, _ in keys], args=args))
+        if int(answer[0]):
+            return [int(n) for n in answer[1:]], [None] * len(keys), member
+        oldest: list[float | None] = [None] * len(keys)
+        for index, score in zip(answer[1::2], answer[2::2]):
+            oldest[int(index) - 1] = float(score)
+        return None, oldest, member
+
+    def discard(self, keys: list[tuple[str, Limit]], token: str) -> None:
+        def remove():
+            pipe = self.client.pipeline(transaction=True)
+            for key, _ in keys:
+                pipe.zrem(key, token)
+            pipe.execute()
+        self._call(remove)
 
 
 class FailureThrottle:
@@ -221,6 +323,28 @@ class FailureThrottle:
         if locked:
             wait, what = max(locked, key=lambda lock: lock[0])
             raise Throttled(what, wait)
+
+    def attempt(self, subject: Key | None, address: str | None) -> Attempt:
+        """An attempt counted as a failure before it is checked, at once with `check`: `Throttled`
+        (nothing counted) while one of its counters is at its limit, else its failure counted in
+        each, so attempts checked together (a slow password hash, several processes) cannot pass
+        the limit. `withdraw` takes it back when it succeeds. Its `locked`: the counters it locked.
+
+        Raises `RateLimiterUnavailable` when the shared store (Redis) cannot be reached."""
+        now = self.clock()
+        keys = self._keys(subject, address)
+        stored = [(k[2], k[1]) for k in keys]
+        counts, oldest, token = self.store.claim(stored, now)
+        if counts is None:
+            wait, what = max(((max(1, math.ceil(t + limit.seconds - now)), what)
+                              for (what, limit, _), t in zip(keys, oldest) if t is not None), key=lambda lock: lock[0])
+            raise Throttled(what, wait)
+        return Attempt(tuple(stored), token, [what for (what, limit, _), count in zip(keys, counts)
+                                              if count == limit.count])
+
+    def withdraw(self, attempt: Attempt) -> None:
+        """Take back an `attempt`'s failure: it succeeded (or was never answered)."""
+        self.store.discard(list(attempt.keys), attempt.token)
 
     def failed(self, subject: Key | None, address: str | None) -> list[Key]:
         """Count one failure; returns the counters this failure just locked (audit them)."""

@@ -160,6 +160,37 @@ def sliding_throttle(store: str, namespace: str, now: list, limit: Limit | None 
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
+def test_an_attempt_is_counted_as_it_is_admitted_and_withdrawn_when_it_succeeds(store, redis_namespace):
+    """`attempt` (console sign-ins): admitted attempts are failures until withdrawn, so attempts in
+    flight together never pass the limit; refused ones count nothing, and their Retry-After is the
+    sliding count's. With Redis, two throttles (two processes) share it."""
+    now = [1_000_000.0]
+    first = sliding_throttle(store, redis_namespace, now)
+    second = first if store == "memory" else sliding_throttle(store, redis_namespace, now)
+    account, pair = ("account", "a"), ("account", "a", "address", "10.0.0.1")
+    right = first.attempt(account, "10.0.0.1")           # in flight at 0 s ...
+    now[0] += 10
+    assert second.attempt(account, "10.0.0.1").locked == []
+    now[0] += 10
+    held = first.attempt(account, "10.0.0.1")
+    assert held.locked == [account, pair]                # the third in flight locks it
+    now[0] += 5
+    with pytest.raises(Throttled) as err:
+        second.attempt(account, "10.0.0.2")
+    assert err.value.retry_after == 35                   # the first (25 s ago) is 60 s old in 35 s
+    first.withdraw(right)                                # ... and was the right password: no failure
+    assert second.attempt(account, "10.0.0.2").locked == [account]
+    with pytest.raises(Throttled) as err:
+        first.check(account, "10.0.0.3")
+    assert err.value.retry_after == 45                   # now the second failure, at 10 s, is the oldest
+    first.withdraw(right)                                # withdrawn twice: the second time, nothing
+    with pytest.raises(Throttled):
+        first.attempt(account, "10.0.0.3")
+    now[0] += 45
+    assert first.attempt(account, "10.0.0.3").locked == [account]  # the failure at 10 s left the window
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
 def test_failures_across_a_window_boundary_count_together_and_the_lock_lasts_a_window(store, redis_namespace):
     """Counted per fixed window aligned to the clock, 2 failures just before a boundary and 3 just
     after were all checked (twice the limit within seconds), and a lock taken 1 s before a boundary

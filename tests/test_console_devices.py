@@ -5,6 +5,7 @@ own wrong passwords lock only it (`console.devices`; OWASP, "Slow Down Online Gu
 Device Cookies")."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import ipaddress
 import json
@@ -14,6 +15,7 @@ import pyotp
 import pytest
 
 from helpers.console import PASSWORD, ConsoleClient, developer, invite_path
+from helpers.processes import free_port
 from models.audit import AuditEvent
 
 DEVICE = "svc_console_device"
@@ -159,6 +161,31 @@ async def test_another_accounts_forged_tampered_or_expired_device_cookie_is_igno
 
 
 @pytest.mark.gen_test(timeout=90)
+async def test_a_cookie_of_the_same_name_a_sibling_host_plants_does_not_hide_the_genuine_one(
+        http_client, base_url, runtime, world):
+    """A host under the same parent domain (security.md's threat for the `_xsrf` cookie) can set
+    `svc_console_device` for the parent domain, Path=/console: the browser then sends both, the planted
+    one last when it was set later. The handler read one value per name, the last, so the developer's
+    browser was untrusted again and a stranger's spray locked them out of it, as before device cookies."""
+    trust_local_proxy(runtime)
+    attackers_own = await developer(http_client, base_url, runtime, world.app.id, "other@partner.example",
+                                     address=ATTACKER)  # a valid device cookie, of the attacker's account
+    browser = await developer(http_client, base_url, runtime, world.app.id, EMAIL, address=LEGIT)
+    await sign_out(browser)
+    await spray(http_client, base_url, runtime, EMAIL, ATTACKER)
+    forged = f"v1.{int(runtime.clock.time())}.{'A' * 43}.{'B' * 43}"
+    for planted in (attackers_own.cookies[DEVICE], forged, "junk"):
+        browser.planted = [(DEVICE, planted)]
+        signed_in = await browser.sign_in(EMAIL, PASSWORD)
+        assert signed_in.code == 303, (planted, browser.last_html)
+        await sign_out(browser)
+    # Planted ones alone are the untrusted path still: the account stays locked to them.
+    stranger = ConsoleClient(http_client, base_url, LEGIT)
+    stranger.planted = [(DEVICE, attackers_own.cookies[DEVICE]), (DEVICE, forged)]
+    assert (await stranger.sign_in(EMAIL, PASSWORD)).code == 429
+
+
+@pytest.mark.gen_test(timeout=90)
 async def test_the_device_cookie_signs_nobody_in_and_the_second_factor_still_applies(
         http_client, base_url, runtime, world):
     client = ConsoleClient(http_client, base_url)
@@ -205,3 +232,50 @@ async def test_the_device_cookie_attributes(http_client, base_url, runtime, worl
     await client.get("/console/login")
     secure = await client.post("/console/login", {"email": EMAIL, "password": PASSWORD})
     assert secure.code == 303 and "Secure" in device_set_cookie(secure).split("; ")
+
+
+
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.svc_settings(redis=True))])
+@pytest.mark.gen_test(timeout=90)
+async def test_wrong_passwords_sent_together_get_no_more_tries_than_the_limit(
+        http_client, base_url, runtime, world, store):
+    """The throttle was checked before the password's hash and counted after it: every sign-in
+    whose check ran while others were hashing passed, so one burst of 15 wrong passwords got 12
+    answers (401) where the account allows 5 in 15 minutes."""
+    trust_local_proxy(runtime)
+    await developer(http_client, base_url, runtime, world.app.id, EMAIL, address=LEGIT)
+    limit = runtime.console_signin_policy().subject
+    attackers = [ConsoleClient(http_client, base_url, ATTACKER) for _ in range(3 * limit.count)]
+    for attacker in attackers:
+        assert (await attacker.get("/console/login")).code == 200
+    answers = await asyncio.gather(*(attacker.post("/console/login", {"email": EMAIL, "password": WRONG})
+                                     for attacker in attackers))
+    assert sorted(answer.code for answer in answers) == [401] * limit.count + [429] * (2 * limit.count)
+    # Only failures stay counted: right passwords sent together (new browsers, as many as the limit)
+    # all sign in and leave nothing counted, so the account still has its 5 wrong ones after them.
+    await developer(http_client, base_url, runtime, world.app.id, "other@partner.example", address=LEGIT)
+    browsers = [ConsoleClient(http_client, base_url, LEGIT) for _ in range(limit.count)]
+    for browser in browsers:
+        assert (await browser.get("/console/login")).code == 200
+    answers = await asyncio.gather(*(browser.post("/console/login", {"email": "other@partner.example",
+                                                                      "password": PASSWORD}) for browser in browsers))
+    assert [answer.code for answer in answers] == [303] * limit.count
+    stranger = ConsoleClient(http_client, base_url, "192.0.2.1")
+    assert [(await stranger.sign_in("other@partner.example", WRONG)).code for _ in range(limit.count + 1)] == \
+        [401] * limit.count + [429]
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_sign_in_with_the_failure_counts_unreachable_is_a_503(http_client, base_url, runtime, world):
+    """Redis unreachable: a sign-in can be neither checked against its counts nor counted, so it gets
+    503 + Retry-After (a wrong password never an uncounted 401), from a trusted browser too."""
+    from ratelimit.failures import build_failure_throttle
+    browser = await developer(http_client, base_url, runtime, world.app.id, EMAIL)
+    await sign_out(browser)
+    settings = runtime.settings.replace(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    runtime.console_signin_throttle = build_failure_throttle(settings, "console_signin", runtime.console_signin_policy(),
+                                                             runtime.clock.time, runtime.hasher)
+    for password in (WRONG, PASSWORD):
+        for client in (browser, ConsoleClient(http_client, base_url)):
+            answer = await client.sign_in(EMAIL, password)
+            assert answer.code == 503 and int(answer.headers["Retry-After"]) >= 1, client.last_html

@@ -26,7 +26,7 @@ class LoginHandler(ConsoleHandler):
         email = self.form("email")
         try:
             signed_in = await self.run(sign_in, self.runtime, email, self.form("password"),
-                                       self.form("totp_code"), self.client_address(), self.get_cookie(DEVICE_COOKIE))
+                                       self.form("totp_code"), self.client_address(), self.cookie_values(DEVICE_COOKIE))
         except RateLimiterUnavailable:
             self.set_header("Retry-After", "5")
             return self.page("login.html", 503, email=email, notice="",

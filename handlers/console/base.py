@@ -75,6 +75,14 @@ class ConsoleHandler(BaseHandler):
     def set_session_cookie(self, token: str) -> None:
         self.set_cookie(SESSION_COOKIE, token, path="/console", httponly=True, samesite="Lax", secure=self.secure)
 
+    def cookie_values(self, name: str) -> tuple[str, ...]:
+        """Every value of the cookie `name` the request carries, in order. `get_cookie` gives the
+        last one only, and a host under the same parent domain can set a cookie of that name for
+        the domain, which the browser sends beside (after) the console's own."""
+        return tuple(value.strip() for header in self.request.headers.get_list("Cookie")
+                     for key, sep, value in (chunk.partition("=") for chunk in header.split(";"))
+                     if sep and key.strip() == name)
+
     def set_device_cookie(self, value: str) -> None:
         """The device cookie a sign-in gives the browser: the session cookie's attributes, and kept
         for SVC_CONSOLE_DEVICE_COOKIE_LIFETIME (signing out keeps it: it is no session)."""

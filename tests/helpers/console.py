@@ -20,13 +20,16 @@ class ConsoleClient:
     def __init__(self, http_client, base_url, address: str | None = None):
         self.http, self.base_url = http_client, base_url
         self.cookies: dict[str, str] = {}
+        # Cookies another host set for a parent domain (a sibling host's): the browser sends them
+        # too, after its own of the same path when they were set later; the server never replaces them.
+        self.planted: list[tuple[str, str]] = []
         self.last_html = ""
         self.address = address  # sent as X-Forwarded-For (only read behind a trusted proxy)
 
     def _headers(self, extra=None) -> dict:
         headers = dict(extra or {})
-        if self.cookies:
-            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        if self.cookies or self.planted:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in [*self.cookies.items(), *self.planted])
         if self.address:
             headers["X-Forwarded-For"] = self.address
         return headers
