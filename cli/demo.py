@@ -40,7 +40,9 @@ def start_demo(runtime, app_port: int, sockets) -> None:
     server.add_sockets(sockets)
     log.info("demo data ready; sign in to the hub with the one-time links printed below")
     links = demo_signin_links(runtime, info)
-    print(f"\nsvc-auth demo (one-time sign-in links; `svc-auth sandbox signin-link --user ID` makes more)\n"
+    # A second terminal has neither the sandbox nor the issuer `serve --demo` set for itself.
+    more = f"SVC_SANDBOX=on SVC_ISSUER={runtime.settings.issuer} svc-auth sandbox signin-link --user ID"
+    print(f"\nsvc-auth demo (one-time sign-in links; `{more}` makes more)\n"
           f"  service (discovery): {runtime.settings.issuer}/.well-known/openid-configuration\n"
           f"  hub (physician): {info['hub_url']}\n"
           f"  example app opened at once (physician): {links['physician_app']}\n"

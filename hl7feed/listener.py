@@ -70,14 +70,33 @@ def client_names(stream) -> tuple[str, ...]:
 
 
 def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
-    """TLS 1.2+ with our certificate; with `client_ca`, a client certificate it signed is required."""
+    """TLS 1.2+ with our certificate; with `client_ca`, a client certificate it signed is required.
+    A file that cannot be used raises ValueError naming its option and path."""
+    for option, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)):
+        if path is not None:
+            _readable(option, path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise ValueError(f"--tls-cert {cert} and --tls-key {key} are not a PEM certificate chain and its "
+                         f"private key ({exc.reason or exc})") from None
     if client_ca:
-        context.load_verify_locations(client_ca)
+        try:
+            context.load_verify_locations(client_ca)
+        except ssl.SSLError as exc:
+            raise ValueError(f"--tls-client-ca {client_ca} holds no PEM CA certificate ({exc.reason or exc})") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _readable(option: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: {exc.strerror or exc}") from None
 
 
 class FeedListener(TCPServer):

@@ -72,7 +72,8 @@ def test_make_demo_serves_and_prints_the_ports_it_was_given(settings, sqlite_onl
                 break
         text = "".join(banner)
         assert BANNER_END in text, text + (tmp_path / "demo.log").read_text()
-        urls = [u.rstrip(";,.") for u in re.findall(r"https?://[^\s)]+", text)]
+        # Every URL it prints but the issuer in its command for more sign-in links (a setting, not a page).
+        urls = [u.rstrip(";,.") for u in re.findall(r"(?<!SVC_ISSUER=)https?://[^\s)]+", text)]
         assert urls
         assert re.search(r"developer console .*: http://127\.0\.0\.1:%d/console/invite/\S+" % port, text), text
         # The SMART example app: a hub sign-in link to open it from, and its launch URL on the app port.
@@ -130,6 +131,37 @@ def test_serve_demo_with_several_processes_seeds_and_prints_once(settings, sqlit
         out, _ = proc.communicate(timeout=60)
     assert out.count(BANNER_END) == 1, out
     assert log_path.read_text().count("demo data ready") == 1
+
+
+def test_the_banners_command_for_more_sign_in_links_works_as_printed(settings, sqlite_only, tmp_path):
+    """The banner names the command that makes more sign-in links. Run as printed from a new user's
+    second terminal (no SVC_SANDBOX, no SVC_ISSUER: `serve --demo` turns the sandbox on and picks the
+    issuer only for itself), it prints a link into this demo, on its port, that signs in."""
+    port, app_port = free_port(), free_port()
+    env = demo_env(settings)
+    env.pop("SVC_SANDBOX")
+    proc = subprocess.Popen([sys.executable, "-m", "cli.__main__", "serve", "--demo", "--port", str(port),
+                             "--demo-app-port", str(app_port)], cwd=str(ROOT), env=env, stdout=subprocess.PIPE,
+                            stderr=open(tmp_path / "serve.log", "wb"), text=True, start_new_session=True)
+    try:
+        banner, deadline = "", time.time() + 300
+        while BANNER_END not in banner and time.time() < deadline:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, (tmp_path / "serve.log").read_text()
+            banner += line
+        command = re.search(r"`([^`]*sandbox signin-link --user ID)` makes more", banner)
+        assert command, banner
+        shell_env = dict(env, PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}")
+        done = subprocess.run(command.group(1).replace("--user ID", "--user usr_demo_physician"), shell=True,
+                              env=shell_env, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        link = done.stdout.strip()
+        assert urllib.parse.urlsplit(link).port == port, link
+        status, headers, _ = fetch(link)
+        assert status == 302 and headers["Location"].endswith("/sandbox/hub"), (status, dict(headers))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
 
 
 def test_demo_seed_reset_returns_to_the_first_launch_state(settings, runtime):

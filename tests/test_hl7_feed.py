@@ -814,6 +814,27 @@ def test_plain_mllp_is_refused_by_a_tls_listener(runtime, feed_clinic, listen, t
     assert acked(replies[0])[0] == "AA"
 
 
+
+def test_a_tls_file_the_listener_cannot_read_is_named_at_start(settings, tmp_path):
+    """The shipped unit names three files (docs/hl7-feed.md): one missing, or not PEM, stops the
+    listener with one line naming its option and path, not a bare "[Errno 2] No such file"."""
+    paths = _certificates(tmp_path)
+    (tmp_path / "garbage.pem").write_text("not a certificate")
+    cert, key = paths["server"]
+    missing, garbage = str(tmp_path / "missing.pem"), str(tmp_path / "garbage.pem")
+    cases = [(["--tls-cert", missing, "--tls-key", key], "--tls-cert"),
+             (["--tls-cert", cert, "--tls-key", missing], "--tls-key"),
+             (["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", missing], "--tls-client-ca"),
+             (["--tls-cert", garbage, "--tls-key", key], "--tls-cert"),
+             (["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", garbage], "--tls-client-ca")]
+    for flags, option in cases:
+        out = subprocess.run([sys.executable, "-m", "cli.__main__", "hl7", "listen", "--port", str(free_port()), *flags],
+                             env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        path = flags[flags.index(option) + 1]
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, (flags, out.stderr)
+        assert f"{option} {path}" in out.stderr, (flags, out.stderr)
+
+
 # -- behind a TCP load balancer (HAProxy, the PROXY protocol) ----------------------------------------
 
 @pytest.fixture
