@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from cli import apps, audit, billing, db, demo, developers, directory, ehr, grants, hl7, keys, sandbox, serve, workers
@@ -53,6 +54,16 @@ def _export_env_file(path: str) -> None:
         os.environ.setdefault(key, value)
 
 
+def _reader_gone() -> int:
+    """Standard output's reader closed the pipe (`svc-auth ... | head`): end with status 1 and no
+    traceback, standard output pointed at /dev/null so the exit's flush cannot fail again (the
+    signal module's "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     parser = build_parser()
@@ -74,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
             "a deployment)", settings.clock_offset, extra={"clock_offset": settings.clock_offset})
     from ops.startup import StartupError, database_error, is_database_error
     try:
-        return args.handler(settings, args) or 0
+        status = args.handler(settings, args) or 0
+        sys.stdout.flush()  # a reader gone (`| head`) is met here, not in the interpreter's exit
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except UsageError as exc:
         print(f"svc-auth {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -360,3 +360,19 @@ def test_allowed_origin_takes_several_origins_after_one_flag_or_repeated(cli, wo
     assert updated["allowed_origins"] == ["https://d.example", "https://e.example"]
     assert "--allowed-origin" in cli("apps", "update", "--app", app["application_id"], "--allowed-origin",
                                      expect=2).stderr
+
+
+@pytest.mark.parametrize("argv", [("orgs", "list", "--json"), ("keys", "list", "--json")])
+def test_a_reader_that_goes_away_ends_the_command_quietly(settings, world, argv):
+    """`svc-auth ... | head`: the reader closes the pipe before the command writes; the command ends
+    with one status and no traceback (Python's "Note on SIGPIPE", the signal module's docs)."""
+    import os
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte
+    try:
+        result = subprocess.run([sys.executable, "-m", "cli.__main__", *argv], env=settings_env(settings),
+                                cwd=str(ROOT), stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr

@@ -313,3 +313,20 @@ async def test_activation_needs_an_app_session_and_a_rest_token(api, partner, wo
     grant = await p.state.platform.client_credentials()  # what the activation call presents
     assert grant.ok, grant.describe()
     assert grant.body["token_type"] == "Bearer" and grant.body["access_token"]
+
+
+def test_the_example_app_run_alone_explains_a_missing_configuration():
+    """`python -m examples.partner_app`: `--help` needs no configuration, and a missing PARTNER_*
+    setting is one line and exit 2, never a traceback."""
+    import os
+    import subprocess
+    import sys
+    from helpers.environment import ROOT
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARTNER_")}
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "examples.partner_app", *argv], env=env,  # noqa: E731
+                                       cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    helped = run("--help")
+    assert helped.returncode == 0 and "--port" in helped.stdout and "PARTNER_CLIENT_ID" in helped.stdout, helped.stderr
+    refused = run()
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "client_id and client_secret are required" in refused.stderr and "PARTNER_" in refused.stderr
