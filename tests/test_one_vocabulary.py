@@ -177,16 +177,25 @@ async def test_every_appointment_status_of_a_sandbox_clinic_is_a_fhir_code(api, 
 ANA_NPI, BEN_NPI, UNKNOWN_NPI = "1417000043", "1417000019", "1417000050"
 
 
-@pytest.mark.slow
-def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(fhir_user_world, runtime, live, fhir_ehr):
-    world = fhir_user_world
-    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="fhirUser Clinic")
+def ana_launched_on_a_fhir_clinic(world, runtime, live, fhir_ehr, name: str, scope: str):
+    """A FHIR clinic `name` on the test EHR (Practitioners pr-ana and pr-ben), the app installed, Dr.
+    Ana (NPI ANA_NPI) launched with `scope`: (clinic id, Ana, tokens, the ID token's `fhirUser`, the
+    EHR's Practitioner, not svc-auth's user id)."""
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name=name)
     fhir_ehr.seed(practitioner("pr-ana", ANA_NPI, "Lopez", "Ana"), practitioner("pr-ben", BEN_NPI, "Okafor", "Ben"))
     install_application(world.app.id, org_id)
     ana = create_user(org_id, "ana@fhir-user.example", "Ana", "Lopez", "alopez", ANA_NPI)
-    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, FHIR_USER_SCOPE)
+    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, scope)
     fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
-    assert fhir_user == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ana"     # the EHR's, not svc-auth's user id
+    assert fhir_user == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ana"
+    return org_id, ana, tokens, fhir_user
+
+
+@pytest.mark.slow
+def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(fhir_user_world, runtime, live, fhir_ehr):
+    world = fhir_user_world
+    org_id, ana, tokens, fhir_user = ana_launched_on_a_fhir_clinic(world, runtime, live, fhir_ehr, "fhirUser Clinic",
+                                                                   FHIR_USER_SCOPE)
     status, _, body = Fhir(live, org_id, tokens["access_token"]).get(fhir_user)
     assert status == 200 and body["resourceType"] == "Practitioner" and body["id"] == "pr-ana", body
     assert {"system": "http://hl7.org/fhir/sid/us-npi", "value": ANA_NPI} in body["identifier"]
@@ -207,13 +216,8 @@ def test_fhir_user_resolves_on_a_fhir_clinic_to_the_ehrs_practitioner(fhir_user_
 def test_the_fhir_user_scope_alone_reads_the_users_practitioner_on_a_fhir_clinic(patient_only_world, runtime, live,
                                                                                   fhir_ehr):
     world, _ = patient_only_world
-    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="fhirUser Scope Clinic")
-    fhir_ehr.seed(practitioner("pr-ana", ANA_NPI, "Lopez", "Ana"), practitioner("pr-ben", BEN_NPI, "Okafor", "Ben"))
-    install_application(world.app.id, org_id)
-    ana = create_user(org_id, "ana@fhir-user-scope.example", "Ana", "Lopez", "alopez", ANA_NPI)
-    tokens = launch_tokens(live, runtime, ana, world.app, world.secret, PATIENT_ONLY_SCOPE)
-    fhir_user = jwt.get_unverified_claims(tokens["id_token"])["fhirUser"]
-    assert fhir_user == f"{live}/fhir/r4/{org_id}/Practitioner/pr-ana"
+    org_id, ana, tokens, fhir_user = ana_launched_on_a_fhir_clinic(world, runtime, live, fhir_ehr,
+                                                                   "fhirUser Scope Clinic", PATIENT_ONLY_SCOPE)
     fhir = Fhir(live, org_id, tokens["access_token"])
     status, _, body = fhir.get(fhir_user)                       # read from the EHR, as any read
     assert status == 200 and body["resourceType"] == "Practitioner" and body["id"] == "pr-ana", body
