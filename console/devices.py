@@ -3,8 +3,9 @@
 Each successful console sign-in gives the browser a new device cookie bound to that account. At a
 later sign-in to the same account it makes the browser a trusted device: the lockouts of the
 account and of the address (which anyone who knows the e-mail can set off by spraying wrong
-passwords) do not hold it; its own failures count against that cookie alone, in the same failure
-throttle with the same limit, and lock only it. Without one (no cookie, another account's, forged,
+passwords) do not hold it: only its cookie's own count, in the same failure throttle with the same
+limit, refuses it. Its failures count for the account and the address as well, so those still lock
+out untrusted browsers (`console.accounts.sign_in`). Without one (no cookie, another account's, forged,
 tampered or expired) sign-in is throttled per account, address and pair as before. The cookie
 signs nobody in: the password (and TOTP code) are checked all the same. Every value of the cookie
 the browser sends is tried: a host under the same parent domain can set one of the same name for
