@@ -5,6 +5,7 @@ fixed response, to show it can drive far more requests than the service under te
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -60,6 +61,14 @@ def capacity(seconds: float, connections: int = 64) -> dict | None:
     """wrk's own ceiling here: requests/s against nginx returning a small fixed response."""
     if NGINX is None:
         return None
+    with fixed_server('{"status":"ok"}') as url:
+        return run(url, "get", connections, seconds)
+
+
+@contextlib.contextmanager
+def fixed_server(body: str, content_type: str = "application/json"):
+    """nginx (one worker, no access log) answering every GET with `body`: yields its base URL
+    (`http://127.0.0.1:PORT/`). `body` must not hold a single quote."""
     import socket
     import time
     with socket.socket() as s:
@@ -71,8 +80,8 @@ def capacity(seconds: float, connections: int = 64) -> dict | None:
         f"{user}worker_processes 1; daemon off; pid {tmp}/nginx.pid; error_log {tmp}/error.log;\n"
         f"events {{ worker_connections 1024; }}\n"
         f"http {{ access_log off; client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};"
-        f" uwsgi_temp_path {tmp}; scgi_temp_path {tmp};\n"
-        f"  server {{ listen 127.0.0.1:{port}; location / {{ return 200 '{{\"status\":\"ok\"}}'; }} }} }}\n")
+        f" uwsgi_temp_path {tmp}; scgi_temp_path {tmp}; keepalive_requests 1000000;\n"
+        f"  server {{ listen 127.0.0.1:{port}; location / {{ default_type {content_type}; return 200 '{body}'; }} }} }}\n")
     proc = subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -82,7 +91,7 @@ def capacity(seconds: float, connections: int = 64) -> dict | None:
                 break
             except OSError:
                 time.sleep(0.05)
-        return run(f"http://127.0.0.1:{port}/", "get", connections, seconds)
+        yield f"http://127.0.0.1:{port}/"
     finally:
         proc.terminate()
         proc.wait()

@@ -14,7 +14,9 @@ Application on `ops.httpconn`'s llhttp connection), answering two paths:
 `--no-record` answers the read without the record; `--versions` adds one shared version read per
 batch of requests (what svc-auth's revocation check costs at best); `--pool` runs the gate and the
 JSON in a job of svc-auth's own `runtime.pool.BlockingPool` (8 threads), as `answer` runs: the
-hop's cost. wrk drives each path at
+hop's cost; `--proxied` takes the Patient from an EHR stand-in first (nginx answering its JSON,
+its CPU not counted, as issue 46 item 7 leaves the EHR's out) over kept-alive connections on the
+IOLoop, parsed by llhttp, and writes it again with orjson: the least a proxied read adds. wrk drives each path at
 16 connections for `--seconds`, `--rounds` times alternating; CPU per request is the skeleton's
 process (every thread) plus its PostgreSQL backend, from /proc. The ratio the issues set is
 read ÷ `/healthz` per request: at most 2.5 (0.4 of `/healthz` per CPU-second).
@@ -22,6 +24,7 @@ read ÷ `/healthz` per request: at most 2.5 (0.4 of `/healthz` per CPU-second).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
 import hashlib
 import hmac
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 from bench import loadgen
 from bench.fleet import DEFAULT_POSTGRES_URL, scratch_database
@@ -38,6 +42,9 @@ from bench.remote_db import _proc_cpu, backend_pids
 from bench.service import free_port
 
 KEY = b"k" * 32
+PATIENT_JSON = ('{"resourceType":"Patient","id":"p1","gender":"female","birthDate":"1980-01-01",'
+                '"meta":{"versionId":"1","lastUpdated":"2026-11-30T00:00:00Z"},'
+                '"name":[{"family":"Example","given":["Ana"]}],"identifier":[{"system":"urn:oid:1.2.3","value":"12345"}]}')
 
 
 def token() -> str:
@@ -90,7 +97,53 @@ def _resolve(futures) -> None:
             future.set_result(None)
 
 
-def serve(port: int, db_url: str, record: bool, versions: bool, in_pool: bool) -> None:
+class _UpstreamConnection(asyncio.Protocol):
+    """One kept-alive connection to the EHR stand-in: one GET at a time, its body by llhttp."""
+
+    def __init__(self):
+        import httptools
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport, self.answer, self.chunks = None, None, []
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.answer.set_result(b"".join(self.chunks))
+
+    def get(self, request: bytes) -> asyncio.Future:
+        self.chunks, self.answer = [], asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.answer
+
+
+class Upstream:
+    """The EHR stand-in at `url`: a pool of kept-alive connections, each used by one read at a time."""
+
+    def __init__(self, url: str):
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname, parts.port
+        self.request = (f"GET /Patient/p1 HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                        "Accept: application/fhir+json\r\n\r\n").encode()
+        self.idle: list = []
+
+    async def patient(self) -> bytes:
+        if self.idle:
+            connection = self.idle.pop()
+        else:
+            _, connection = await asyncio.get_running_loop().create_connection(_UpstreamConnection, self.host, self.port)
+        body = await connection.get(self.request)
+        self.idle.append(connection)
+        return body
+
+
+def serve(port: int, db_url: str, record: bool, versions: bool, in_pool: bool, upstream_url: str | None) -> None:
     import orjson
     import tornado.web
 
@@ -104,15 +157,13 @@ def serve(port: int, db_url: str, record: bool, versions: bool, in_pool: bool) -
         def closed(self):
             pass
 
-    patients = {"p1": {"resourceType": "Patient", "id": "p1", "gender": "female", "birthDate": "1980-01-01",
-                       "meta": {"versionId": "1", "lastUpdated": "2026-11-30T00:00:00Z"},
-                       "name": [{"family": "Example", "given": ["Ana"]}],
-                       "identifier": [{"system": "urn:oid:1.2.3", "value": "12345"}]}}
+    patients = {"p1": orjson.loads(PATIENT_JSON)}
 
     async def main():
         loop = asyncio.get_running_loop()
         writer = GroupCommit(db_url, loop, versions) if record else None
         pool = BlockingPool(8, "floor") if in_pool else None
+        upstream = Upstream(upstream_url) if upstream_url else None
 
         class Health(tornado.web.RequestHandler):
             async def get(self):
@@ -136,6 +187,8 @@ def serve(port: int, db_url: str, record: bool, versions: bool, in_pool: bool) -
                 if answer is None:
                     raise tornado.web.HTTPError(401)
                 (app, user, patient, jti), body = answer
+                if upstream is not None:
+                    body = orjson.dumps(orjson.loads(await upstream.patient()))
                 if writer is not None:
                     await writer.record((app, user, jti, patient, time.time()))
                 self.set_header("Cache-Control", "no-store")
@@ -172,17 +225,21 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--versions", action="store_true")
     parser.add_argument("--pool", action="store_true")
+    parser.add_argument("--proxied", action="store_true")
+    parser.add_argument("--upstream", help=argparse.SUPPRESS)
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL))
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(int(args.serve[0]), args.serve[1], not args.no_record, args.versions, args.pool)
+        serve(int(args.serve[0]), args.serve[1], not args.no_record, args.versions, args.pool, args.upstream)
         return
-    with scratch_database(args.postgres_url) as db_url:
+    with contextlib.ExitStack() as stack:
+        db_url = stack.enter_context(scratch_database(args.postgres_url))
+        upstream = stack.enter_context(loadgen.fixed_server(PATIENT_JSON, "application/fhir+json")) if args.proxied else None
         port = free_port()
         child = subprocess.Popen([sys.executable, "-m", "bench.read_floor", "--serve", str(port), db_url,
                                   *(["--no-record"] if args.no_record else []), *(["--versions"] if args.versions else []),
-                                  *(["--pool"] if args.pool else [])],
+                                  *(["--pool"] if args.pool else []), *(["--upstream", upstream] if upstream else [])],
                                  stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout.readline().strip() == "ready"
