@@ -15,17 +15,17 @@ Application on `ops.httpconn`'s llhttp connection), answering two paths:
 batch of requests (what svc-auth's revocation check costs at best); `--pool` runs the gate and the
 JSON in a job of svc-auth's own `runtime.pool.BlockingPool` (8 threads), as `answer` runs: the
 hop's cost; `--proxied` takes the Patient from an EHR stand-in first (nginx answering its JSON,
-its CPU not counted, as issue 46 item 7 leaves the EHR's out) over kept-alive connections on the
-IOLoop, parsed by llhttp, and writes it again with orjson: the least a proxied read adds. wrk drives each path at
-16 connections for `--seconds`, `--rounds` times alternating; CPU per request is the skeleton's
-process (every thread) plus its PostgreSQL backend, from /proc. The ratio the issues set is
+its CPU not counted, as issue 46 item 7 leaves the EHR's out) through svc-auth's own EHR client on
+the IOLoop (`connectors.fhir.aio`), and writes it again with orjson: the least a proxied read adds.
+wrk drives each path at 16 connections for `--seconds`, `--rounds` times alternating; CPU per
+request is the skeleton's process (every thread) plus its PostgreSQL backend, from /proc. The ratio the issues set is
 read ÷ `/healthz` per request: at most 2.5 (0.4 of `/healthz` per CPU-second).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import os
@@ -97,49 +97,21 @@ def _resolve(futures) -> None:
             future.set_result(None)
 
 
-class _UpstreamConnection(asyncio.Protocol):
-    """One kept-alive connection to the EHR stand-in: one GET at a time, its body by llhttp."""
-
-    def __init__(self):
-        import httptools
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport, self.answer, self.chunks = None, None, []
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-
-    def on_message_complete(self) -> None:
-        self.answer.set_result(b"".join(self.chunks))
-
-    def get(self, request: bytes) -> asyncio.Future:
-        self.chunks, self.answer = [], asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        return self.answer
-
-
 class Upstream:
-    """The EHR stand-in at `url`: a pool of kept-alive connections, each used by one read at a time."""
+    """The EHR stand-in at `url`, through svc-auth's own EHR client (`connectors.fhir.aio`: kept-alive
+    connections, the answer parsed by llhttp, a deadline per exchange)."""
 
     def __init__(self, url: str):
+        from connectors.fhir.aio import AsyncConnections, request_head
         parts = urlsplit(url)
-        self.host, self.port = parts.hostname, parts.port
-        self.request = (f"GET /Patient/p1 HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                        "Accept: application/fhir+json\r\n\r\n").encode()
-        self.idle: list = []
+        self.origin = (parts.scheme, parts.hostname, parts.port)
+        self.request = request_head("GET", "/Patient/p1", self.origin, {"Accept": "application/fhir+json"}, None)
+        self.connections = AsyncConnections(per_origin=64)  # every read in flight keeps its connection
 
     async def patient(self) -> bytes:
-        if self.idle:
-            connection = self.idle.pop()
-        else:
-            _, connection = await asyncio.get_running_loop().create_connection(_UpstreamConnection, self.host, self.port)
-        body = await connection.get(self.request)
-        self.idle.append(connection)
+        connection, _ = await self.connections.take(self.origin, 5.0)
+        _, _, body = await connection.exchange(self.request, 10.0, lambda status, head: 1 << 20)
+        self.connections.give_back(self.origin, connection, connection.reusable)
         return body
 
 
