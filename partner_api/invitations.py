@@ -30,7 +30,8 @@ def invitation_fields(body: dict) -> dict:
         if value is None and name not in REQUIRED:
             continue
         if not isinstance(value, str) or not value.strip():
-            raise ApiError(400, "invalid_request", f"{name} is required and must be a non-empty string.")
+            rule = "is required and must be" if name in REQUIRED else "is optional; when given it must be"
+            raise ApiError(400, "invalid_request", f"{name} {rule} a non-empty string.")
         if len(value) > 200:
             raise ApiError(400, "invalid_request", f"{name} must be at most 200 characters.")
         fields[name] = value.strip()

@@ -216,6 +216,20 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
     assert User.select().count() == 2  # nothing was created by any of them
 
 
+@pytest.mark.gen_test
+async def test_a_bad_optional_npi_is_not_called_required(api, world):
+    """`npi` is optional: a partner sending `"npi": ""` or a number was told "npi is required",
+    which sent them looking for a rule that does not exist. The 400 says what is wrong with it."""
+    headers = await partner_headers(api, world.app, world.secret)
+    for npi in ("", "   ", 1234567893):
+        status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "npi": npi}, headers=headers)
+        assert (status, body["error"]) == (400, "invalid_request"), npi
+        assert "required" not in body["message"] and "npi" in body["message"] and "optional" in body["message"], body
+    status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "given_name": 7}, headers=headers)
+    assert status == 400 and "given_name is required" in body["message"]  # a required field still says so
+    assert User.select().count() == 2
+
+
 # -- appointments -----------------------------------------------------------------------------------
 
 @pytest.fixture
