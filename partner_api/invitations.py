@@ -70,15 +70,20 @@ def invite(runtime, app: Application, body: dict) -> dict:
 
 def expired_unopened(app: Application, user: User, now) -> bool:
     """Is `user` the app's invitee whose every invitation link expired unopened: never activated,
-    never authorized an app, invited last by this app into their clinic, where it is still installed?"""
+    no app authorized, the app still installed in their clinic, and no link live or used, the
+    latest one this app's? The links go 30 days after they expired (`workers.retention`): with none
+    left, the app installed in the clinic their invitation made is the one that invited them."""
     if user.invited_at is None or user.activated_at is not None:
         return False
-    invitations = list(Invitation.select().where(Invitation.user == user.id).order_by(Invitation.created_at.desc()))
-    return (bool(invitations) and invitations[0].application_id == app.id
-            and invitations[0].organization_id == user.organization_id
-            and all(i.used_at is None and i.expires_at <= now for i in invitations)
-            and Installation.find(app.id, user.organization_id) is not None
-            and not Authorization.select().where(Authorization.user == user.id).exists())
+    if (Installation.find(app.id, user.organization_id) is None
+            or Authorization.select().where(Authorization.user == user.id).exists()):
+        return False
+    links = Invitation.select().where(Invitation.user == user.id)
+    latest = links.order_by(Invitation.created_at.desc()).first()
+    if latest is None:
+        return True
+    return (latest.application_id == app.id and latest.organization_id == user.organization_id
+            and not links.where(Invitation.used_at.is_null(False) | (Invitation.expires_at > now)).exists())
 
 
 def invite_again(app: Application, user: User, fields: dict, now) -> tuple[str, str]:

@@ -229,6 +229,31 @@ async def test_an_invitation_that_expired_unopened_can_be_sent_again(api, world,
 
 
 @pytest.mark.gen_test
+async def test_an_invitee_whose_expired_links_were_swept_can_still_be_invited_again(api, world, runtime, clock,
+                                                                                    other_app):
+    """The retention sweep deletes invitation links 30 days after they expired: the invitee, never
+    activated, is still the inviting app's to invite again (the app installed in the clinic their
+    invitation made), and still no other app's."""
+    import datetime as dt
+    from models.invitations import Invitation
+    from workers.retention import LINKS_KEPT, sweep_retention
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, first = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
+    assert status == 201
+    clock.advance(runtime.settings.invitation_ttl + LINKS_KEPT.total_seconds() + dt.timedelta(days=1).total_seconds())
+    sweep_retention(runtime)
+    assert not Invitation.select().where(Invitation.user == first["user_id"]).exists()
+    status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=await partner_headers(api, *other_app))
+    assert status == 409 and body["error"] == "email_taken"
+    status, _, again = await api.call("POST", "/v1/invitations", INVITE,
+                                      headers=await partner_headers(api, world.app, world.secret))
+    assert status == 201, again
+    assert (again["organization_id"], again["user_id"]) == (first["organization_id"], first["user_id"])
+    status, _, _ = await api.call("GET", urllib.parse.urlsplit(again["invitation_url"]).path)
+    assert status == 302
+
+
+@pytest.mark.gen_test
 async def test_invitation_bad_input_is_a_clear_400(api, world):
     headers = await partner_headers(api, world.app, world.secret)
     json_headers = {**headers, "Content-Type": "application/json"}
