@@ -1,13 +1,18 @@
 """`POST /v1/invitations`: a new account (user) and organization, the app installed there, and a
-single-use, expiring link that lets the invited user into the sandbox hub."""
+single-use, expiring link that lets the invited user into the sandbox hub.
+
+An e-mail names one user, so inviting one that has an account is 409 `email_taken`, with one
+exception: the app's own invitee whose every link expired unopened (the link then says "ask for a
+new invitation") is invited again, the same user and organization with the new request's details.
+"""
 from __future__ import annotations
 
 import datetime as dt
 
 from lifecycle.applications import install_application
-from lifecycle.organizations import create_organization
-from lifecycle.users import create_user
-from models.application import Application
+from lifecycle.organizations import create_organization, update_organization
+from lifecycle.users import create_user, update_user
+from models.application import Application, Authorization, Installation
 from models.audit import AuditEvent
 from models.clock import utc_iso
 from models.directory import User
@@ -30,7 +35,8 @@ def invitation_fields(body: dict) -> dict:
         if value is None and name not in REQUIRED:
             continue
         if not isinstance(value, str) or not value.strip():
-            raise ApiError(400, "invalid_request", f"{name} is required and must be a non-empty string.")
+            rule = "is required and must be" if name in REQUIRED else "is optional; when given it must be"
+            raise ApiError(400, "invalid_request", f"{name} {rule} a non-empty string.")
         if len(value) > 200:
             raise ApiError(400, "invalid_request", f"{name} must be at most 200 characters.")
         fields[name] = value.strip()
@@ -45,18 +51,52 @@ def invite(runtime, app: Application, body: dict) -> dict:
     with runtime.db.atomic():
         # Checked first (and again by the unique index inside create_user) so a repeated
         # invitation creates no orphan organization.
-        if User.get_or_none(User.email == email) is not None:
-            raise ApiError(409, "email_taken", f"A user with e-mail {email} already exists; nothing was created.")
-        org = create_organization(fields["organization_name"])
-        user = create_user(org.id, email, fields["given_name"], fields["family_name"], npi=fields.get("npi"))
-        User.update(invited_at=now).where(User.id == user.id).execute()
-        install_application(app.id, org.id)
+        existing = User.get_or_none(User.email == email)
+        if existing is not None:
+            user_id, organization_id = invite_again(app, existing, fields, now)
+        else:
+            org = create_organization(fields["organization_name"])
+            user = create_user(org.id, email, fields["given_name"], fields["family_name"], npi=fields.get("npi"))
+            User.update(invited_at=now).where(User.id == user.id).execute()
+            install_application(app.id, org.id)
+            user_id, organization_id = user.id, org.id
         invitation = Invitation.create(token_hash=runtime.hasher.digest(token), key_id=runtime.hasher.key_id, application=app.id,
-                                       organization=org.id, user=user.id, created_at=now,
+                                       organization=organization_id, user=user_id, created_at=now,
                                        expires_at=now + dt.timedelta(seconds=runtime.settings.invitation_ttl))
-        AuditEvent.record(app.id, "invitation.created", user.id, organization_id=org.id)
+        AuditEvent.record(app.id, "invitation.created", user_id, organization_id=organization_id)
     return {"invitation_url": f"{runtime.settings.public_url}/invitations/{token}",
-            "expires_at": utc_iso(invitation.expires_at), "organization_id": org.id, "user_id": user.id}
+            "expires_at": utc_iso(invitation.expires_at), "organization_id": organization_id, "user_id": user_id}
+
+
+def expired_unopened(app: Application, user: User, now) -> bool:
+    """Is `user` the app's invitee whose every invitation link expired unopened: never activated,
+    no app authorized, the app still installed in their clinic, and no link live or used, the
+    latest one this app's? The links go 30 days after they expired (`workers.retention`): with none
+    left, the app installed in the clinic their invitation made is the one that invited them."""
+    if user.invited_at is None or user.activated_at is not None:
+        return False
+    if (Installation.find(app.id, user.organization_id) is None
+            or Authorization.select().where(Authorization.user == user.id).exists()):
+        return False
+    links = Invitation.select().where(Invitation.user == user.id)
+    latest = links.order_by(Invitation.created_at.desc()).first()
+    if latest is None:
+        return True
+    return (latest.application_id == app.id and latest.organization_id == user.organization_id
+            and not links.where(Invitation.used_at.is_null(False) | (Invitation.expires_at > now)).exists())
+
+
+def invite_again(app: Application, user: User, fields: dict, now) -> tuple[str, str]:
+    """(user id, organization id) of an invitee `expired_unopened` invited again, with this request's
+    names, NPI and organization name; anyone else's e-mail is taken (409). Inside the caller's
+    transaction: of two racing invitations of one e-mail, one moves `invited_at` and the other is 409."""
+    if not expired_unopened(app, user, now) or not User.update(invited_at=now).where(
+            (User.id == user.id) & (User.invited_at == user.invited_at) & User.activated_at.is_null()).execute():
+        raise ApiError(409, "email_taken", f"A user with e-mail {user.email} already exists; nothing was created.")
+    update_user(user.id, given_name=fields["given_name"], family_name=fields["family_name"],
+                npi=fields.get("npi", ""), actor=app.id)  # "" clears an NPI the first invitation gave
+    update_organization(user.organization_id, name=fields["organization_name"], actor=app.id)
+    return user.id, user.organization_id
 
 
 def accept(runtime, token: str) -> User:

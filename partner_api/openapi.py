@@ -243,7 +243,9 @@ def _rest_paths() -> dict:
         "/v1/invitations": {"post": _rest_operation(
             "Invite a user: creates the user and organization, installs the app, returns a single-use link",
             "invitations", True, {"201": _json(_ref("Invitation"), "invitation created")},
-            {"409": _error("`email_taken`: a user with this e-mail exists; nothing was created")},
+            {"409": _error("`email_taken`: a user with this e-mail exists; nothing was created (the app's own "
+                           "invitee whose every link expired unopened is invited again instead: 201, a new link "
+                           "for the same user and organization)")},
             body="InvitationRequest")},
         "/v1/applications/{applicationId}/organizations": {"get": _rest_operation(
             "Organizations where the application is installed", "organizations", True,

@@ -1,6 +1,7 @@
 """The partner REST API over HTTP: authentication, listings, invitations, appointments, activation."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import urllib.parse
@@ -188,6 +189,71 @@ async def test_invitation_link_expires(api, world, runtime, clock):
 
 
 @pytest.mark.gen_test
+async def test_an_invitation_that_expired_unopened_can_be_sent_again(api, world, runtime, clock, other_app):
+    """The expired link says "ask for a new invitation", but inviting the e-mail again answered 409
+    `email_taken` for ever: the clinician could never get in, and no app could ever invite that
+    e-mail. Its inviting app may now invite it again: a new link for the same user and organization,
+    with this request's details; the expired link stays dead. While a link is live, once it was used,
+    or for another app, the e-mail is still taken."""
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, first = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
+    assert status == 201
+    status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
+    assert status == 409 and body["error"] == "email_taken"  # its link is live
+
+    clock.advance(runtime.settings.invitation_ttl + 1)
+    orgs, users = Organization.select().count(), User.select().count()
+    headers, other_headers = await partner_headers(api, world.app, world.secret), await partner_headers(api, *other_app)
+    status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=other_headers)
+    assert status == 409 and body["error"] == "email_taken"  # another app's invitee is not its to invite
+    racing = await asyncio.gather(*[api.call("POST", "/v1/invitations", {  # sent twice at once: one new link
+        **INVITE, "given_name": "Anna", "organization_name": "Anna's Clinic", "npi": "1234567893"}, headers=headers)
+        for _ in range(3)])
+    assert sorted(status for status, _, _ in racing) == [201, 409, 409], racing
+    again = next(body for status, _, body in racing if status == 201)
+    assert (again["organization_id"], again["user_id"]) == (first["organization_id"], first["user_id"])
+    assert again["invitation_url"] != first["invitation_url"]
+    assert (Organization.select().count(), User.select().count()) == (orgs, users)  # nothing new was created
+    user = User.get_by_id(first["user_id"])
+    assert (user.given_name, user.npi) == ("Anna", "1234567893")
+    assert Organization.get_by_id(first["organization_id"]).name == "Anna's Clinic"
+
+    status, _, old = await api.call("GET", urllib.parse.urlsplit(first["invitation_url"]).path)
+    assert status == 410 and old["error"] == "invitation_expired"
+    status, _, _ = await api.call("GET", urllib.parse.urlsplit(again["invitation_url"]).path)
+    assert status == 302 and User.get_by_id(user.id).activated_at is not None
+    clock.advance(runtime.settings.invitation_ttl + 1)
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
+    assert status == 409 and body["error"] == "email_taken"  # accepted: an account in use
+
+
+@pytest.mark.gen_test
+async def test_an_invitee_whose_expired_links_were_swept_can_still_be_invited_again(api, world, runtime, clock,
+                                                                                    other_app):
+    """The retention sweep deletes invitation links 30 days after they expired: the invitee, never
+    activated, is still the inviting app's to invite again (the app installed in the clinic their
+    invitation made), and still no other app's."""
+    import datetime as dt
+    from models.invitations import Invitation
+    from workers.retention import LINKS_KEPT, sweep_retention
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, first = await api.call("POST", "/v1/invitations", INVITE, headers=headers)
+    assert status == 201
+    clock.advance(runtime.settings.invitation_ttl + LINKS_KEPT.total_seconds() + dt.timedelta(days=1).total_seconds())
+    sweep_retention(runtime)
+    assert not Invitation.select().where(Invitation.user == first["user_id"]).exists()
+    status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=await partner_headers(api, *other_app))
+    assert status == 409 and body["error"] == "email_taken"
+    status, _, again = await api.call("POST", "/v1/invitations", INVITE,
+                                      headers=await partner_headers(api, world.app, world.secret))
+    assert status == 201, again
+    assert (again["organization_id"], again["user_id"]) == (first["organization_id"], first["user_id"])
+    status, _, _ = await api.call("GET", urllib.parse.urlsplit(again["invitation_url"]).path)
+    assert status == 302
+
+
+@pytest.mark.gen_test
 async def test_invitation_bad_input_is_a_clear_400(api, world):
     headers = await partner_headers(api, world.app, world.secret)
     json_headers = {**headers, "Content-Type": "application/json"}
@@ -214,6 +280,20 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
                                      headers=json_headers)
     assert status == 413 and body["error"] == "request_too_large"
     assert User.select().count() == 2  # nothing was created by any of them
+
+
+@pytest.mark.gen_test
+async def test_a_bad_optional_npi_is_not_called_required(api, world):
+    """`npi` is optional: a partner sending `"npi": ""` or a number was told "npi is required",
+    which sent them looking for a rule that does not exist. The 400 says what is wrong with it."""
+    headers = await partner_headers(api, world.app, world.secret)
+    for npi in ("", "   ", 1234567893):
+        status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "npi": npi}, headers=headers)
+        assert (status, body["error"]) == (400, "invalid_request"), npi
+        assert "required" not in body["message"] and "npi" in body["message"] and "optional" in body["message"], body
+    status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "given_name": 7}, headers=headers)
+    assert status == 400 and "given_name is required" in body["message"]  # a required field still says so
+    assert User.select().count() == 2
 
 
 # -- appointments -----------------------------------------------------------------------------------

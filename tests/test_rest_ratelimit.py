@@ -146,3 +146,21 @@ def test_memory_limiter_drops_passed_windows_whole_and_never_rebuilds_its_table_
         assert not refused.allowed and 1 <= refused.reset <= 60
 
     asyncio.run(run())
+
+
+@pytest.mark.gen_test
+async def test_a_bad_path_id_is_a_limited_answer_too(api, world, runtime):
+    """Every answer after authentication is limited and says so (docs/rest-api.md, CONTRACTS): a
+    path id of the wrong shape was refused before the limiter, so its 400 carried no `RateLimit-*`
+    headers and did not count, and a client could send such requests without end. Still refused
+    before any lookup or disclosure record."""
+    from models.disclosures import DisclosureRecord
+    headers = await partner_headers(api, world.app, world.secret)
+    limit = DEFAULT_LIMITS["appointments"].count
+    for n in range(limit):
+        status, resp_headers, body = await api.call("GET", "/v1/appointments/bad%20id", headers=headers)
+        assert (status, body["error"]) == (400, "invalid_path_parameter")
+        assert resp_headers["RateLimit-Limit"] == str(limit) and resp_headers["RateLimit-Remaining"] == str(limit - n - 1)
+    status, resp_headers, body = await api.call("GET", "/v1/appointments/bad%20id", headers=headers)
+    assert status == 429 and body["error"] == "rate_limited" and resp_headers["Retry-After"]
+    assert DisclosureRecord.select().count() == 0

@@ -1,10 +1,11 @@
 """`PartnerApiHandler`: the one place a REST call is admitted.
 
 In order: the client network against the global allowlist, the Bearer client-credentials token
-(401 + `WWW-Authenticate`), the application's own allowlist, every path parameter against the id
-grammar (400 `invalid_path_parameter`, before any lookup or disclosure record holds it), then the rate limit of the
-operation for that client (`RateLimit-*` headers on every limited response, 429 + `Retry-After`
-when exceeded, 503 when the shared limiter cannot be reached).
+(401 + `WWW-Authenticate`), the application's own allowlist, the rate limit of the operation for
+that client (`RateLimit-*` headers on every limited response, a refused one included, 429 +
+`Retry-After` when exceeded, 503 when the shared limiter cannot be reached), then every path
+parameter against the id grammar (400 `invalid_path_parameter`, before any lookup or disclosure
+record holds it; the limiter is keyed by the client and operation, never by a path value).
 """
 from __future__ import annotations
 
@@ -37,11 +38,11 @@ class PartnerApiHandler(BaseHandler):
         self.partner_app, self.partner_claims = await self.run(partner_caller, self.runtime,
                                                                self.request.headers.get("Authorization"))
         require_allowed_network(address, parse_networks(self.partner_app.rest_allowed_networks))
-        for index, value in enumerate(self.path_args):  # before any lookup or audit record holds them
-            path_id(self.path_names[index] if index < len(self.path_names) else "path parameter", value)
         operation = self.operations.get(self.request.method)
         if operation:
             await self.apply_rate_limit(operation)
+        for index, value in enumerate(self.path_args):  # before any lookup or audit record holds them
+            path_id(self.path_names[index] if index < len(self.path_names) else "path parameter", value)
 
     async def apply_rate_limit(self, operation: str) -> None:
         try:
