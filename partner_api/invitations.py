@@ -72,7 +72,8 @@ def expired_unopened(app: Application, user: User, now) -> bool:
     """Is `user` the app's invitee whose every invitation link expired unopened: never activated,
     no app authorized, the app still installed in their clinic, and no link live or used, the
     latest one this app's? The links go 30 days after they expired (`workers.retention`): with none
-    left, the app installed in the clinic their invitation made is the one that invited them."""
+    left, the app installed in the clinic their invitation made is the one that invited them, when
+    it is the only app installed there (another one installed since could be it: nobody is)."""
     if user.invited_at is None or user.activated_at is not None:
         return False
     if (Installation.find(app.id, user.organization_id) is None
@@ -80,8 +81,9 @@ def expired_unopened(app: Application, user: User, now) -> bool:
         return False
     links = Invitation.select().where(Invitation.user == user.id)
     latest = links.order_by(Invitation.created_at.desc()).first()
-    if latest is None:
-        return True
+    if latest is None:  # the links are gone: the inviter is the clinic's one app, or nobody can tell
+        return not Installation.select().where((Installation.organization == user.organization_id)
+                                               & (Installation.application != app.id)).exists()
     return (latest.application_id == app.id and latest.organization_id == user.organization_id
             and not links.where(Invitation.used_at.is_null(False) | (Invitation.expires_at > now)).exists())
 

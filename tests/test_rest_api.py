@@ -245,6 +245,13 @@ async def test_an_invitee_whose_expired_links_were_swept_can_still_be_invited_ag
     assert not Invitation.select().where(Invitation.user == first["user_id"]).exists()
     status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=await partner_headers(api, *other_app))
     assert status == 409 and body["error"] == "email_taken"
+    from lifecycle.applications import install_application
+    from models.application import Installation
+    installed = install_application(other_app[0].id, first["organization_id"])  # two apps: whose invitee?
+    for app, secret in (other_app, (world.app, world.secret)):
+        status, _, body = await api.call("POST", "/v1/invitations", INVITE, headers=await partner_headers(api, app, secret))
+        assert status == 409 and body["error"] == "email_taken"
+    Installation.delete().where(Installation.id == installed.id).execute()
     status, _, again = await api.call("POST", "/v1/invitations", INVITE,
                                       headers=await partner_headers(api, world.app, world.secret))
     assert status == 201, again
