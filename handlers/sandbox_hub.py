@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import tornado.template
 
 from handlers.base import BaseHandler
-from hub.view import frame_origins, hub_entries_for_token, hub_view, origin_of
+from hub.view import frame_origins, hub_entries_for_token, hub_view
 from hub.sandbox import (SESSION_COOKIE, end_sandbox_session, open_app_mark, open_sandbox_session_from_link,
                          opens_at_once, require_sandbox_on, sandbox_session_of, signed_in_at)
 from errors import ApiError
+from oauth.cors import normalize_origin
 from ops.jsontext import script_json
 
 TEMPLATES = tornado.template.Loader(str(Path(__file__).resolve().parent / "templates"))
@@ -44,6 +45,13 @@ HUB_REFRESH_SECONDS = 3
 SIGNIN_PATH = "/sandbox/signin"
 PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
             "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
+
+
+def service_origin(settings) -> str:
+    """SVC_PUBLIC_URL's origin as a browser writes it (its `Origin` header, a CSP source): scheme and
+    host in lower case, no default port, however the setting spells them."""
+    parts = urlsplit(settings.public_url)
+    return normalize_origin(f"{parts.scheme}://{parts.netloc}") or f"{parts.scheme}://{parts.netloc}"
 
 
 class SandboxHandler(BaseHandler):
@@ -120,7 +128,7 @@ class SignInLinkHandler(SandboxPageHandler):
 class SignOutHandler(SandboxPageHandler):
     async def post(self):
         origin = self.request.headers.get("Origin")
-        if origin is not None and origin != origin_of(self.svc_settings.public_url):
+        if origin is not None and origin != service_origin(self.svc_settings):
             # A form on another site: its POST carries no Lax cookie, but the answer's clearing
             # Set-Cookie would still sign the user out. Browsers send Origin on every POST.
             self.set_status(403)
@@ -137,7 +145,7 @@ class HubHandler(SandboxPageHandler):
         if view is None:
             return
         user, entries, token, organization = view.user, view.entries, view.sandbox_token, view.organization
-        own = origin_of(self.svc_settings.public_url)
+        own = service_origin(self.svc_settings)
         frames = " ".join(dict.fromkeys(["'self'", own, *frame_origins(entries)]))
         csp = (f"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                f"connect-src 'self' {own}; frame-src {frames}; frame-ancestors 'none'; base-uri 'none'; "

@@ -18,10 +18,18 @@ from workers.activity import record_activity
 from lifecycle.activation import may_open
 from models.application import Application, Installation
 from models.directory import User
+from oauth.redirects import RedirectUriError, normalise_redirect_uri
 
 
-def origin_of(url: str) -> str:
-    parts = urlsplit(url)
+def origin_of(url: str) -> str | None:
+    """The origin of the page a browser opens at an app's registered `url`, as the browser writes
+    it (`event.origin`, a CSP source): read as the browser reads the URL (`\\` as `/`, scheme and
+    host in lower case, no default port; `oauth.redirects.normalise_redirect_uri`), so no text of the
+    stored URL reaches the hub's CSP header. None for a URL no browser would follow."""
+    try:
+        parts = urlsplit(normalise_redirect_uri(url))
+    except RedirectUriError:
+        return None
     return f"{parts.scheme}://{parts.netloc}"
 
 
@@ -34,8 +42,8 @@ class HubEntry:
     client_id: str
     activation_status: str | None
     openable: bool
-    app_origin: str          # where the app's page (redirect_uri) runs: the SDK's postMessage origin
-    launch_origin: str       # where the launch endpoint runs (framed first)
+    app_origin: str | None   # where the app's page (redirect_uri) runs: the SDK's postMessage origin
+    launch_origin: str | None  # where the launch endpoint runs (framed first)
     token_endpoint: str | None
 
     def as_dict(self) -> dict:
@@ -58,7 +66,7 @@ def hub_entries(user: User) -> list[HubEntry]:
 
 def frame_origins(entries: list[HubEntry]) -> list[str]:
     """Origins the hub may frame: every installed app's launch and main-page origins."""
-    return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin)))
+    return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin) if o))
 
 
 APPOINTMENT_DAYS = 7      # the hub lists the physician's appointments of the next 7 days

@@ -148,3 +148,65 @@ async def test_the_sdk_and_hub_assets_are_served(api, runtime):
                  "/static/sdk/nope.js"):
         status, _, _ = await api.call("GET", path)
         assert status in (403, 404), path
+
+
+def hub_data(page: str) -> dict:
+    import json
+    return json.loads(re.search(r'<script id="hub-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+
+
+def csp_directives(csp: str) -> dict[str, str]:
+    """The directive names of a policy (as a browser splits it, on `;`) and their values."""
+    parts = [d.strip().split(None, 1) for d in csp.split(";") if d.strip()]
+    return {p[0].lower(): (p[1] if len(p) > 1 else "") for p in parts}
+
+
+@pytest.mark.gen_test
+async def test_an_app_s_registered_urls_cannot_add_directives_to_the_hub_s_csp(api, world, runtime):
+    """A launch URL or redirect base with a backslash in its host part passes the manifest rule
+    (browsers read `\\` as `/`), and the hub put its origin, backslash and all, into its CSP:
+    `https://app.example.com\\;sandbox/launch` gave the hub page a `sandbox` directive, so the
+    hub's own script no longer ran for anyone in the clinics the app is installed in. The hub
+    takes each origin from the URL as the browser follows it."""
+    from lifecycle.manifest import update_manifest
+    update_manifest(runtime, world.app.id, "developer:dev@app.example",
+                    launch_url="https://app.example.com\\;sandbox/launch",
+                    redirect_uri="https://app.example.com\\;upgrade-insecure-requests/main")
+    status, headers, page = await hub(api, world.physician.id)
+    assert status == 200
+    directives = csp_directives(headers["Content-Security-Policy"])
+    assert set(directives) == {"default-src", "script-src", "style-src", "img-src", "connect-src", "frame-src",
+                               "frame-ancestors", "base-uri", "form-action", "object-src"}, directives
+    assert directives["frame-src"] == "'self' http://127.0.0.1:8888 https://app.example.com"
+    entry = hub_data(page)["apps"][0]
+    assert (entry["app_origin"], entry["launch_origin"]) == ("https://app.example.com", "https://app.example.com")
+
+
+@pytest.mark.gen_test
+async def test_the_hub_names_each_app_s_origin_as_the_browser_does(api, world, runtime):
+    """hub.js accepts the SDK's messages only from `app_origin`, compared with `event.origin`, which
+    a browser serialises in lower case without a default port. A redirect base registered as
+    `https://App.Example.com:443/main` (which the manifest and authorize rules accept) gave
+    `https://App.Example.com:443`, so the hub ignored every message of the app: it never started."""
+    from lifecycle.manifest import update_manifest
+    update_manifest(runtime, world.app.id, "operator", redirect_uri="https://App.Example.COM:443/main",
+                    launch_url="HTTPS://APP.example.com:443/launch")
+    status, headers, page = await hub(api, world.physician.id)
+    entry = hub_data(page)["apps"][0]
+    assert (entry["app_origin"], entry["launch_origin"]) == ("https://app.example.com", "https://app.example.com")
+    assert csp_directives(headers["Content-Security-Policy"])["frame-src"] == \
+        "'self' http://127.0.0.1:8888 https://app.example.com"
+
+
+@pytest.mark.gen_test
+async def test_sign_out_takes_the_service_s_origin_however_svc_public_url_spells_it(api, world, runtime):
+    """The sign-out's Origin check compared the browser's `Origin` with SVC_PUBLIC_URL's text: set
+    as `http://AUTH.example.com:80`, every sign-out from the hub's own page was refused (403)."""
+    runtime.settings = runtime.settings.replace(public_url="http://AUTH.example.com:80")
+    cookie, _ = await sandbox_signin(api, runtime, world.physician.id)
+    status, headers, _ = await api.call("POST", "/sandbox/signout", body="",
+                                        headers={**cookie, "Origin": "http://auth.example.com"})
+    assert status == 302 and headers["Location"] == "/sandbox/signin"
+    status, _, _ = await api.call("POST", "/sandbox/signout", body="",
+                                  headers={**cookie, "Origin": "http://auth.example.com:8080"})
+    assert status == 403
