@@ -52,7 +52,7 @@ def _url(name: str, value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{name} must be an http(s) URL like https://auth.example.com, got {value!r}")
-    return value.rstrip("/")
+    return (parts.scheme + value[len(parts.scheme):]).rstrip("/")  # `HTTPS://` is https: (cookies' Secure)
 
 
 _TEN_YEARS = 10 * 366 * 86400

@@ -25,6 +25,13 @@ def test_environment_and_dotenv(tmp_path):
     assert s.code_ttl == 45  # the environment wins over the file
 
 
+def test_a_url_s_scheme_is_read_in_lower_case():
+    """`HTTPS://` is https (RFC 3986 3.1): the cookies' `Secure` and every origin check read it so."""
+    s = Settings.from_env({"SVC_ISSUER": "HTTPS://auth.example.com/", "SVC_PUBLIC_URL": "Https://hub.example.com"},
+                          dotenv=None)
+    assert (s.issuer, s.public_url) == ("https://auth.example.com", "https://hub.example.com")
+
+
 @pytest.mark.parametrize("env,name", [
     ({"SVC_ISSUER": "auth.example.com"}, "SVC_ISSUER"),
     ({"SVC_DATABASE_URL": "mysql://x"}, "SVC_DATABASE_URL"),
