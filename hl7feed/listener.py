@@ -6,7 +6,7 @@ the same connection once that returns, so `AA` always follows a commit. Messages
 connection are taken in order, one at a time; connections are independent.
 
 A connection is closed, with nothing stored for what it was sending, when it breaks the framing (a
-byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent for
+byte outside `0x0B ... 0x1C 0x0D` or a 0x0B inside it, whatever follows), sends a message over 1 MiB, stays silent for
 SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seconds after its first
 bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
 certificate with --tls-client-ca). One that leaves an ACK unread for SVC_HL7_IDLE_TIMEOUT seconds

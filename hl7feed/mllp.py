@@ -1,9 +1,10 @@
 """MLLP framing (HL7 v2 Minimal Lower Layer Protocol): each message is `0x0B` content `0x1C 0x0D`.
 
 `Deframer` takes a connection's bytes as they come and hands back whole messages. It keeps at
-most one message (`MAX_MESSAGE` bytes) in memory: a longer one, or a byte outside a frame (before
-`0x0B`, or after `0x1C` anything but `0x0D`), is a `FramingError`, and the connection is closed
-whatever follows on it.
+most one message (`MAX_MESSAGE` bytes) in memory: a longer one, a byte outside a frame (before
+`0x0B`, or after `0x1C` anything but `0x0D`), or a `0x0B` inside one (MLLP content never holds it:
+a second start block means the message before it was cut off, and reading on would splice the
+next one onto it), is a `FramingError`, and the connection is closed whatever follows on it.
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ class Deframer:
     def _take(self, data: bytes, i: int, j: int) -> None:
         if len(self._buffer) + (j - i) > self.max_message:
             raise FramingError(f"message over {self.max_message} bytes")
+        if data.find(START, i, j) >= 0:
+            raise FramingError("0x0B inside a message (a start block before the previous message's end)")
         self._buffer += data[i:j]
 
 

@@ -1196,3 +1196,25 @@ def test_the_hub_lists_the_feeds_schedule_as_the_night_does(runtime, world, feed
 
     page = hub_page_at(settings, live, world.physician.id, timeout=30)
     assert "ZEBRA" in page.upper() and "QUINCY" in page.upper(), page
+
+
+def test_a_start_block_inside_a_message_is_a_framing_error(runtime, feed_clinic, listen):
+    """A message cut off (an engine that gave up writing it) then a whole one on the same connection:
+    `0x0B` part of M1 `0x0B` M2 `0x1C 0x0D`. MLLP content never holds 0x0B, so the second start block
+    is a framing error: closed, no ACK, nothing stored (before, the two were read as one message: M1's
+    header and segments with M2's appended, acknowledged AA for M1, and M1's appointment stored with
+    M2's physician, the one of the only whole AIP segment: another physician's snapshot listed it)."""
+    _, port = listen()
+    first = siu("S12", "SPL1", "SPL-1", npi="1234567893", mrn="E1")
+    cut = first[:first.index("AIP|1||") + len("AIP|1||")]
+    second = siu("S12", "SPL2", "SPL-2", npi="1245319599", mrn="E2")
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(SB + cut.encode() + SB + second.encode() + EB)
+        assert _closed(sock), "the spliced frame was read as a message"
+    assert appointment(feed_clinic, "SPL-1") is None and appointment(feed_clinic, "SPL-2") is None
+    assert not FeedMessage.select().where(FeedMessage.control_id.in_(["SPL1", "SPL2"])).exists()
+    # The engine reconnects and sends the message again: applied.
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(second))[:2] == ("AA", "SPL2")
+    assert appointment(feed_clinic, "SPL-2").physician_npi == "1245319599"
+
