@@ -2,8 +2,11 @@
 
 `parse(bytes)` reads the encoding characters from MSH-1/MSH-2 and splits the message once; values
 are read with `Message.value(segment, field, component, subcomponent, repetition)`, escapes
-decoded. Segments are separated by CR (LF and CRLF are accepted too). Every position counts from 1
-as HL7 does, MSH-1 being the field separator itself.
+decoded. Segments are separated by CR (LF and CRLF are accepted too: the end of MSH says which the
+message uses, so an LF left inside a field of a CR message stays in its field). Every position
+counts from 1 as HL7 does, MSH-1 being the field separator itself. Only an MSH that cannot be read
+is a `ParseError`; a later segment whose name is not one is kept aside (`Message.malformed`), for
+`siu.appointment` to refuse as content (`AE`).
 """
 from __future__ import annotations
 
@@ -30,15 +33,17 @@ class Encoding:
     subcomponent: str = "&"
 
 
-_SEGMENT_SEPARATORS = re.compile(r"\r\n|\r|\n")
+_CR_SEGMENTS = re.compile(r"\r\n|\r")
+_LF_SEGMENTS = re.compile(r"\n")
 _SEGMENT_ID = re.compile(r"^[A-Z][A-Z0-9]{2}$")
 
 
 class Message:
-    def __init__(self, segments: list[list[str]], encoding: Encoding, has_nul: bool):
+    def __init__(self, segments: list[list[str]], encoding: Encoding, has_nul: bool, malformed: int = 0):
         self.segments = segments
         self.encoding = encoding
         self.has_nul = has_nul
+        self.malformed = malformed  # segments after MSH whose name is not one (left out of `segments`)
         self._escape = re.compile(re.escape(encoding.escape) + r"([^" + re.escape(encoding.escape) + r"]*)"
                                   + re.escape(encoding.escape)) if encoding.escape else None
 
@@ -98,7 +103,9 @@ def parse(data: bytes) -> Message:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = data.decode("latin-1")
-    lines = [line for line in _SEGMENT_SEPARATORS.split(text) if line.strip()]
+    first_end = re.search(r"[\r\n]", text)   # what ends MSH ends every segment: CR (or CRLF), else LF
+    separators = _CR_SEGMENTS if first_end is None or first_end.group() == "\r" else _LF_SEGMENTS
+    lines = [line for line in separators.split(text) if line.strip()]
     if not lines or not lines[0].startswith("MSH") or len(lines[0]) < 8:
         raise ParseError("the message does not start with an MSH segment")
     head = lines[0]
@@ -111,15 +118,16 @@ def parse(data: bytes) -> Message:
     chars = (encoding_chars + "\x00\x00\x00")[:4]
     encoding = Encoding(separator, chars[0], chars[1], chars[2] if chars[2] != "\x00" else "",
                         chars[3] if chars[3] != "\x00" else "\x01")
-    segments = []
+    segments, malformed = [], 0
     for line in lines:
         fields = line.split(separator)
         if not _SEGMENT_ID.match(fields[0]):
-            raise ParseError(f"a segment name is not three letters or digits ({fields[0][:8]!r})")
+            malformed += 1   # never quoted: it may be a piece of patient text
+            continue
         if fields[0] == "MSH":
             fields = ["MSH", separator, *fields[1:]]  # MSH-n is fields[n], like every other segment
         segments.append(fields)
-    return Message(segments, encoding, "\x00" in text)
+    return Message(segments, encoding, "\x00" in text, malformed)
 
 
 CLOCK_SKEW = dt.timedelta(minutes=10)

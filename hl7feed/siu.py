@@ -202,6 +202,9 @@ def appointment(m: Message, h: Header, zone: str, received: dt.datetime | None =
     sender's clock a year ahead must not make every later message about that appointment older)."""
     if m.has_nul:
         raise Refused("AE", "the message contains a NUL character")
+    if m.malformed:
+        raise Refused("AE", f"{m.malformed} segment(s) after MSH do not begin with a segment name (three capital "
+                      "letters or digits)", "", "100")
     sch = m.first("SCH")
     key = m.value(sch, 2, 1) or m.value(sch, 1, 1)
     if not key:

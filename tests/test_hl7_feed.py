@@ -1218,3 +1218,37 @@ def test_a_start_block_inside_a_message_is_a_framing_error(runtime, feed_clinic,
         assert acked(client.send_message(second))[:2] == ("AA", "SPL2")
     assert appointment(feed_clinic, "SPL-2").physician_npi == "1245319599"
 
+
+def test_a_line_feed_inside_a_field_does_not_split_its_segment(runtime, feed_clinic, listen, settings):
+    """Segments end with CR; an EHR that leaves a line feed unescaped in a text (a reason typed on two
+    lines) sends it inside its field. It stays in that field: the message is applied, and the
+    connection stays open (before, the LF was taken for a segment end, the rest of SCH for a segment
+    whose name is not one, and the message refused AR as an MSH that cannot be read, unlisted in
+    `hl7 messages`, its connection closed: the clinic's feed stopped on it)."""
+    _, port = listen()
+    message = siu("S12", "LF1", "LF-1").replace("FOLLOWUP^Follow-up", "FOLLOWUP^Follow-up\nin two weeks")
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(message))[:2] == ("AA", "LF1")
+        assert acked(client.send_message(siu("S12", "LF2", "LF-2")))[:2] == ("AA", "LF2")
+    row = appointment(feed_clinic, "LF-1")
+    assert row.status == "booked" and row.reason.startswith("Follow-up") and row.physician_npi == "1234567893"
+    # A message whose segments end with LF only (or CRLF) is still read, as before.
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "LF3", "LF-3").replace("\r", "\n")))[:2] == ("AA", "LF3")
+        assert acked(client.send_message(siu("S12", "LF4", "LF-4").replace("\r", "\r\n")))[:2] == ("AA", "LF4")
+    assert appointment(feed_clinic, "LF-3").physician_npi == appointment(feed_clinic, "LF-4").physician_npi == "1234567893"
+
+
+def test_a_malformed_segment_after_msh_is_ae_for_the_clinic(runtime, feed_clinic, listen, settings):
+    """A message whose MSH reads well (a clinic's facility, a sender it takes) but with a later
+    segment whose name is not one (`Z1|...`, `pid|...`): its content cannot be applied, so AE, listed
+    in `hl7 messages`, and the connection stays open for the next message (before: AR as an MSH that
+    cannot be read, the connection closed, and nothing in the clinic's list)."""
+    _, port = listen()
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        got, control, error = acked(client.send_message(siu("S12", "BS1", "BS-1") + "\rz1|garbage"))
+        assert (got, control) == ("AE", "BS1"), error
+        assert acked(client.send_message(siu("S12", "BS2", "BS-2")))[:2] == ("AA", "BS2")
+    assert appointment(feed_clinic, "BS-1") is None
+    listed = {m["control_id"]: m for m in hl7_messages(settings, feed_clinic)}
+    assert listed["BS1"]["ack"] == "AE" and listed["BS1"]["error"]
