@@ -157,14 +157,15 @@ class FeedListener(TCPServer):
                         log.info("hl7: %s silent for %ss: closed%s", peer, self.idle_timeout,
                                  "" if deframer.idle else " in the middle of a message (nothing stored)")
                     return
-                for message in deframer.feed(data):
+                messages = deframer.feed(data)
+                for message in messages:
                     names = client_names(stream) if names is None else names
                     if not await self._answer(stream, peer, slot, message, names):
                         return
                 if deframer.idle:
                     frame_ends = None
-                elif frame_ends is None:  # a message began: it has SVC_HL7_FRAME_TIMEOUT to end
-                    frame_ends = loop.time() + self.frame_timeout
+                elif frame_ends is None or messages:  # a message began (in this read if one ended in it):
+                    frame_ends = loop.time() + self.frame_timeout   # it has SVC_HL7_FRAME_TIMEOUT to end
         except FramingError as exc:
             log.warning("hl7: %s: %s; connection closed, nothing stored", peer, exc)
         except StreamClosedError:

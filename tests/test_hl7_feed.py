@@ -1252,3 +1252,37 @@ def test_a_malformed_segment_after_msh_is_ae_for_the_clinic(runtime, feed_clinic
     assert appointment(feed_clinic, "BS-1") is None
     listed = {m["control_id"]: m for m in hl7_messages(settings, feed_clinic)}
     assert listed["BS1"]["ack"] == "AE" and listed["BS1"]["error"]
+
+
+def test_the_frame_deadline_is_each_messages_own(runtime, feed_clinic, listen):
+    """SVC_HL7_FRAME_TIMEOUT (2) counts from a message's own first bytes: a sender whose writes each
+    end one message and begin the next (messages sent back to back, a write every 0.3 s, each message
+    whole well within 2 s of its first byte) is served to the end (before, the deadline of the
+    first message that began was kept while every later one began in the read that ended the one
+    before: the connection was closed 2 s in, with a message begun a moment earlier)."""
+    _, port = listen(idle=30, SVC_HL7_FRAME_TIMEOUT="2")
+    framed = [SB + siu("S12", f"BB{n}", f"BB-{n}").encode() + EB for n in range(16)]
+    stream = b"".join(framed)
+    size = len(framed[0])
+    pieces = [stream[i:i + size] for i in range(0, len(stream), size)]
+    pieces = [pieces[0][:size // 2]] + [a[size // 2:] + b[:size // 2] for a, b in zip(pieces, pieces[1:])] + \
+        [pieces[-1][size // 2:]]
+    replies = b""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(0.3)
+        for piece in pieces:
+            try:
+                sock.sendall(piece)
+                time.sleep(0.3)
+                replies += sock.recv(65536)
+            except socket.timeout:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        sock.settimeout(10)
+        while replies.count(EB) < len(framed):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {replies.count(EB)} ACKs of {len(framed)}"
+            replies += chunk
+    assert [acked(SB + r + EB)[:2] for r in replies[1:-2].split(EB + SB)] == [("AA", f"BB{n}") for n in range(16)]
+    assert all(appointment(feed_clinic, f"BB-{n}") for n in range(16))
