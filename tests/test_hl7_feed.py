@@ -1286,3 +1286,17 @@ def test_the_frame_deadline_is_each_messages_own(runtime, feed_clinic, listen):
             replies += chunk
     assert [acked(SB + r + EB)[:2] for r in replies[1:-2].split(EB + SB)] == [("AA", f"BB{n}") for n in range(16)]
     assert all(appointment(feed_clinic, f"BB-{n}") for n in range(16))
+
+
+def test_msa2_is_the_whole_control_id_or_the_message_is_refused(runtime, feed_clinic, listen, settings):
+    """MSA-2 is the message's MSH-10 (CONTRACTS.md), which an engine matches to know what was
+    acknowledged: a control id of 199 characters (HL7's longest) is echoed whole; one of 200 is
+    refused AR, nothing stored (before, it was applied AA with an MSA-2 cut to 199 characters, which
+    matched nothing the engine sent: it waited for an ACK it never got, resending for ever)."""
+    _, port = listen()
+    longest, over = "L" * 198 + "1", "L" * 199 + "2"
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", longest, "LONG-1")))[:2] == ("AA", longest)
+        got, control, error = acked(client.send_message(siu("S12", over, "LONG-2")))
+        assert got == "AR" and "MSH-10" in error, (got, control, error)
+    assert appointment(feed_clinic, "LONG-1") is not None and appointment(feed_clinic, "LONG-2") is None
