@@ -133,7 +133,9 @@ def parse(data: bytes) -> Message:
 CLOCK_SKEW = dt.timedelta(minutes=10)
 """How far ahead of ours a sender's clock may run (less than any zone's repeated hour: 30 min at least).
 An MSH-7 further ahead orders its message as received (`siu.appointment`)."""
-_DTM = re.compile(r"^(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:\.(\d{1,4}))?)?)?)?)?)?([+-]\d{4})?$")
+_DTM = re.compile(r"^([0-9]{4})(?:([0-9]{2})(?:([0-9]{2})(?:([0-9]{2})(?:([0-9]{2})(?:([0-9]{2})(?:\.([0-9]{1,4}))?)?)?)?)?)?"
+                  r"([+-][0-9]{4})?$")
+"""ASCII digits only (`\\d` takes Arabic-Indic, full-width and other digits, which `int` reads)."""
 
 
 def parse_dtm(value: str, zone: str = "UTC", received: dt.datetime | None = None) -> dt.datetime:

@@ -1300,3 +1300,20 @@ def test_msa2_is_the_whole_control_id_or_the_message_is_refused(runtime, feed_cl
         got, control, error = acked(client.send_message(siu("S12", over, "LONG-2")))
         assert got == "AR" and "MSH-10" in error, (got, control, error)
     assert appointment(feed_clinic, "LONG-1") is not None and appointment(feed_clinic, "LONG-2") is None
+
+
+def test_a_time_of_digits_other_than_ascii_is_not_a_dtm(runtime, feed_clinic, listen):
+    """An HL7 DTM is ASCII digits: SCH-11.4 in Arabic-Indic digits, an MSH-7 in full-width ones, or a
+    PID-7 in Devanagari ones is AE naming the field, nothing stored (before, Python's `\\d` and `int`
+    took them: the message was applied AA)."""
+    _, port = listen()
+    arabic = "".join(chr(0x0660 + int(c)) for c in "20300305093000")
+    wide = "".join(chr(0xFF10 + int(c)) for c in "20300301090000")
+    devanagari = "".join(chr(0x0966 + int(c)) for c in "19800101")
+    cases = [(siu("S12", "AD1", "AD-1", start=arabic), "SCH-11.4"), (siu("S12", "AD2", "AD-2", sent=wide), "MSH-7"),
+             (siu("S12", "AD3", "AD-3").replace("19800101", devanagari), "PID-7")]
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for message, where in cases:
+            got, _, error = acked(client.send_message(message))
+            assert (got, where in error) == ("AE", True), (where, got, error)
+    assert FeedAppointment.select().count() == 0
