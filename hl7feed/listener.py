@@ -162,6 +162,7 @@ class FeedListener(TCPServer):
                     names = client_names(stream) if names is None else names
                     if not await self._answer(stream, peer, slot, message, names):
                         return
+                deframer.check()   # bytes outside the framing after those whole messages: closed now
                 if deframer.idle:
                     frame_ends = None
                 elif frame_ends is None or messages:  # a message began (in this read if one ended in it):

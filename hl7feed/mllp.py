@@ -4,7 +4,8 @@
 most one message (`MAX_MESSAGE` bytes) in memory: a longer one, a byte outside a frame (before
 `0x0B`, or after `0x1C` anything but `0x0D`), or a `0x0B` inside one (MLLP content never holds it:
 a second start block means the message before it was cut off, and reading on would splice the
-next one onto it), is a `FramingError`, and the connection is closed whatever follows on it.
+next one onto it), is a `FramingError`, and the connection is closed whatever follows on it. The
+whole messages before the error are handed back first (`feed`, then `check` raises it).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Deframer:
         self._buffer = bytearray()
         self._in_frame = False
         self._ending = False  # 0x1C seen: the next byte must be 0x0D
+        self.broken: FramingError | None = None  # the framing broke after whole messages `feed` returned
 
     @property
     def idle(self) -> bool:
@@ -30,8 +32,25 @@ class Deframer:
         return not self._in_frame
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The messages `data` completes (their content, without framing), in order."""
-        messages = []
+        """The messages `data` completes (their content, without framing), in order. A framing error
+        after some of them is kept (`check` raises it) so that those whole messages are answered
+        first, however TCP cut the bytes; one before any is raised at once."""
+        self.check()
+        messages: list[bytes] = []
+        try:
+            self._split(data, messages)
+        except FramingError as exc:
+            if not messages:
+                raise
+            self.broken = exc
+        return messages
+
+    def check(self) -> None:
+        """Raise the framing error that followed the messages `feed` last returned, if any."""
+        if self.broken is not None:
+            raise self.broken
+
+    def _split(self, data: bytes, messages: list[bytes]) -> None:
         i, n = 0, len(data)
         while i < n:
             if not self._in_frame:
@@ -53,7 +72,6 @@ class Deframer:
                     break
                 self._ending = True
                 i = end + 1
-        return messages
 
     def _take(self, data: bytes, i: int, j: int) -> None:
         if len(self._buffer) + (j - i) > self.max_message:

@@ -1317,3 +1317,20 @@ def test_a_time_of_digits_other_than_ascii_is_not_a_dtm(runtime, feed_clinic, li
             got, _, error = acked(client.send_message(message))
             assert (got, where in error) == ("AE", True), (where, got, error)
     assert FeedAppointment.select().count() == 0
+
+
+def test_a_whole_message_before_bytes_outside_the_framing_is_answered(runtime, feed_clinic, listen):
+    """A sender that writes a line feed after each frame's end (`0x0B` message `0x1C 0x0D 0x0A`, in
+    one write): the message is whole, so it is applied and acknowledged; the byte after it is
+    outside the framing, so the connection is then closed and nothing after it is read (before,
+    whether the message was applied depended on how TCP cut the bytes: read together with the
+    0x0A, as one write is, it got no ACK and was dropped, and so was every resend)."""
+    _, port = listen()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        sock.sendall(SB + siu("S12", "LFE1", "LFE-1").encode() + EB + b"\n"
+                     + SB + siu("S12", "LFE2", "LFE-2").encode() + EB)
+        assert acked(_read_ack(sock))[:2] == ("AA", "LFE1")
+        assert _closed(sock)
+    assert appointment(feed_clinic, "LFE-1") is not None and appointment(feed_clinic, "LFE-2") is None
+    assert not FeedMessage.select().where(FeedMessage.control_id == "LFE2").exists()
