@@ -39,8 +39,10 @@ _SEGMENT_ID = re.compile(r"^[A-Z][A-Z0-9]{2}$")
 
 
 class Message:
-    def __init__(self, segments: list[list[str]], encoding: Encoding, has_nul: bool, malformed: int = 0):
+    def __init__(self, segments: list[list[str]], encoding: Encoding, has_nul: bool, malformed: int = 0,
+                 charset: str = "utf-8"):
         self.segments = segments
+        self.charset = charset  # what the message was read as: `\X..\` escapes are bytes of it
         self.encoding = encoding
         self.has_nul = has_nul
         self.malformed = malformed  # segments after MSH whose name is not one (left out of `segments`)
@@ -81,7 +83,8 @@ class Message:
         return raw_field.split(self.encoding.component)
 
     def decode(self, text: str) -> str:
-        """HL7 escape sequences (\\F\\ \\S\\ \\T\\ \\R\\ \\E\\ \\Xhh..\\; formatting ones dropped)."""
+        """HL7 escape sequences (\\F\\ \\S\\ \\T\\ \\R\\ \\E\\ \\Xhh..\\, its bytes in the message's
+        character set; formatting ones dropped)."""
         if not self._escape or self.encoding.escape not in text:
             return text.strip()
         e = self.encoding
@@ -92,7 +95,7 @@ class Message:
             if code in table:
                 return table[code]
             if code[:1] == "X" and re.fullmatch(r"(?:[0-9A-Fa-f]{2})+", code[1:] or "x"):
-                return bytes.fromhex(code[1:]).decode("latin-1")
+                return _text_of(bytes.fromhex(code[1:]), self.charset)
             return ""
         return self._escape.sub(one, text).strip()
 
@@ -100,9 +103,9 @@ class Message:
 def parse(data: bytes) -> Message:
     """The message in `data` (UTF-8, else ISO 8859-1 text); ParseError when its MSH cannot be read."""
     try:
-        text = data.decode("utf-8")
+        text, charset = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
-        text = data.decode("latin-1")
+        text, charset = data.decode("latin-1"), "latin-1"
     first_end = re.search(r"[\r\n]", text)   # what ends MSH ends every segment: CR (or CRLF), else LF
     separators = _CR_SEGMENTS if first_end is None or first_end.group() == "\r" else _LF_SEGMENTS
     lines = [line for line in separators.split(text) if line.strip()]
@@ -127,7 +130,21 @@ def parse(data: bytes) -> Message:
         if fields[0] == "MSH":
             fields = ["MSH", separator, *fields[1:]]  # MSH-n is fields[n], like every other segment
         segments.append(fields)
-    return Message(segments, encoding, "\x00" in text, malformed)
+    return Message(segments, encoding, "\x00" in text, malformed, charset)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _text_of(data: bytes, charset: str) -> str:
+    """Bytes of a message read as `charset` (UTF-8, else ISO 8859-1: an escape whose bytes are not
+    UTF-8 is read as 8859-1, as a message would be)."""
+    return data.decode(charset if charset != "utf-8" or _is_utf8(data) else "latin-1")
 
 
 CLOCK_SKEW = dt.timedelta(minutes=10)

@@ -1334,3 +1334,20 @@ def test_a_whole_message_before_bytes_outside_the_framing_is_answered(runtime, f
         assert _closed(sock)
     assert appointment(feed_clinic, "LFE-1") is not None and appointment(feed_clinic, "LFE-2") is None
     assert not FeedMessage.select().where(FeedMessage.control_id == "LFE2").exists()
+
+
+def test_a_hex_escape_is_read_in_the_messages_character_set(runtime, feed_clinic, listen):
+    """`\\Xhh..\\` is bytes of the message's character set: in a UTF-8 message `M\\XC39C\\LLER` is
+    MÜLLER (before, every escape was read as ISO 8859-1: MÃ\\x9cLLER, the name the snapshot listed);
+    in an ISO 8859-1 message (a raw 0xE9 in it) `\\XDC\\` is Ü, as before."""
+    _, port = listen()
+    utf8 = siu("S12", "HX1", "HX-1").replace("DOE^JANE", "M\\XC39C\\LLER^J\\XC3A9\\R\\XC3B4\\ME").encode()
+    latin = siu("S12", "HX2", "HX-2").replace("DOE^JANE", "M\\XDC\\LLER^RENEE").encode().replace(b"RENEE", b"REN\xe9E")
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        for data, control in ((utf8, "HX1"), (latin, "HX2")):
+            sock.sendall(SB + data + EB)
+            assert acked(_read_ack(sock))[:2] == ("AA", control)
+    first, second = appointment(feed_clinic, "HX-1"), appointment(feed_clinic, "HX-2")
+    assert (first.patient_last_name, first.patient_first_name) == ("MÜLLER", "JéRôME")
+    assert (second.patient_last_name, second.patient_first_name) == ("MÜLLER", "RENéE")
