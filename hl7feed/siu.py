@@ -204,6 +204,8 @@ def appointment(m: Message, h: Header, zone: str, received: dt.datetime | None =
     sender's clock a year ahead must not make every later message about that appointment older)."""
     if m.has_nul:
         raise Refused("AE", "the message contains a NUL character")
+    if len(m.all("MSH")) > 1:   # read as one, its segments would mix (another appointment's physician...)
+        raise Refused("AE", "more than one MSH segment: one message per MLLP frame", "MSH", "100")
     if m.malformed:
         raise Refused("AE", f"{m.malformed} segment(s) after MSH do not begin with a segment name (three capital "
                       "letters or digits)", "", "100")

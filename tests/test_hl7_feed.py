@@ -1351,3 +1351,21 @@ def test_a_hex_escape_is_read_in_the_messages_character_set(runtime, feed_clinic
     first, second = appointment(feed_clinic, "HX-1"), appointment(feed_clinic, "HX-2")
     assert (first.patient_last_name, first.patient_first_name) == ("MÜLLER", "JéRôME")
     assert (second.patient_last_name, second.patient_first_name) == ("MÜLLER", "RENéE")
+
+
+def test_two_messages_in_one_frame_are_ae(runtime, feed_clinic, listen, settings):
+    """One MLLP frame holding two messages (an engine batching without FHS/BHS): M1, whose physician
+    is not named by NPI, then M2 of another appointment and physician. They are not read as one
+    message: AE for M1's control id, nothing stored, the connection stays open (before, M1 was
+    applied AA with M2's segments appended: its appointment took M2's physician, from the only AIP
+    naming one by NPI, and another physician's snapshot listed M1's patient)."""
+    _, port = listen()
+    first = siu("S12", "TW1", "TW-1", mrn="E1", xcn="ROOM4^EXAM ROOM")
+    second = siu("S12", "TW2", "TW-2", npi="1245319599", mrn="E2")
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        got, control, error = acked(client.send_message(first + "\r" + second))
+        assert (got, control) == ("AE", "TW1"), error
+        assert acked(client.send_message(second))[:2] == ("AA", "TW2")
+    assert appointment(feed_clinic, "TW-1") is None
+    assert appointment(feed_clinic, "TW-2").patient_identifier == "E2"
+    assert {m["control_id"]: m["ack"] for m in hl7_messages(settings, feed_clinic)}["TW1"] == "AE"
