@@ -7,7 +7,7 @@ import datetime as dt
 import re
 import uuid
 
-from hl7feed.siu import Header
+from hl7feed.siu import MAX_CONTROL_ID, Header
 
 APPLICATION = "SVC-AUTH"
 ERROR_NAMES = MappingProxyType({"100": "Segment sequence error", "101": "Required field missing", "102": "Data type error",
@@ -16,8 +16,9 @@ ERROR_NAMES = MappingProxyType({"100": "Segment sequence error", "101": "Require
 """HL7 table 0357 (message error condition codes)."""
 HD_LENGTH = 227
 """What an ACK echoes of MSH-3 to MSH-6 (HD fields: HL7 v2.5's maximum length), before escaping."""
-CONTROL_ID_LENGTH = 199
-"""What an ACK echoes of MSH-10 (the store keeps up to 200 characters of it)."""
+CONTROL_ID_LENGTH = MAX_CONTROL_ID
+"""What an ACK echoes of MSH-10: all of one taken (`siu.check_type` refuses a longer one, whose
+`AR` echoes this much)."""
 TRIGGER_LENGTH = 3
 """What an ACK echoes of MSH-9.2 (an event type code: ID, 3 characters)."""
 _WHERE = re.compile(r"^([A-Z][A-Z0-9]{2})(?:-(\d+)(?:\.(\d+))?)?$")

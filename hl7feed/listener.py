@@ -6,7 +6,7 @@ the same connection once that returns, so `AA` always follows a commit. Messages
 connection are taken in order, one at a time; connections are independent.
 
 A connection is closed, with nothing stored for what it was sending, when it breaks the framing (a
-byte outside `0x0B ... 0x1C 0x0D`, whatever follows), sends a message over 1 MiB, stays silent for
+byte outside `0x0B ... 0x1C 0x0D` or a 0x0B inside it, whatever follows), sends a message over 1 MiB, stays silent for
 SVC_HL7_IDLE_TIMEOUT seconds, has not ended a message SVC_HL7_FRAME_TIMEOUT seconds after its first
 bytes were read (however it drips), or fails its TLS handshake (a missing or foreign client
 certificate with --tls-client-ca). One that leaves an ACK unread for SVC_HL7_IDLE_TIMEOUT seconds
@@ -157,14 +157,16 @@ class FeedListener(TCPServer):
                         log.info("hl7: %s silent for %ss: closed%s", peer, self.idle_timeout,
                                  "" if deframer.idle else " in the middle of a message (nothing stored)")
                     return
-                for message in deframer.feed(data):
+                messages = deframer.feed(data)
+                for message in messages:
                     names = client_names(stream) if names is None else names
                     if not await self._answer(stream, peer, slot, message, names):
                         return
+                deframer.check()   # bytes outside the framing after those whole messages: closed now
                 if deframer.idle:
                     frame_ends = None
-                elif frame_ends is None:  # a message began: it has SVC_HL7_FRAME_TIMEOUT to end
-                    frame_ends = loop.time() + self.frame_timeout
+                elif frame_ends is None or messages:  # a message began (in this read if one ended in it):
+                    frame_ends = loop.time() + self.frame_timeout   # it has SVC_HL7_FRAME_TIMEOUT to end
         except FramingError as exc:
             log.warning("hl7: %s: %s; connection closed, nothing stored", peer, exc)
         except StreamClosedError:

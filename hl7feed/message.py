@@ -2,8 +2,11 @@
 
 `parse(bytes)` reads the encoding characters from MSH-1/MSH-2 and splits the message once; values
 are read with `Message.value(segment, field, component, subcomponent, repetition)`, escapes
-decoded. Segments are separated by CR (LF and CRLF are accepted too). Every position counts from 1
-as HL7 does, MSH-1 being the field separator itself.
+decoded. Segments are separated by CR (LF and CRLF are accepted too: the end of MSH says which the
+message uses, so an LF left inside a field of a CR message stays in its field). Every position
+counts from 1 as HL7 does, MSH-1 being the field separator itself. Only an MSH that cannot be read
+is a `ParseError`; a later segment whose name is not one is kept aside (`Message.malformed`), for
+`siu.appointment` to refuse as content (`AE`).
 """
 from __future__ import annotations
 
@@ -30,15 +33,19 @@ class Encoding:
     subcomponent: str = "&"
 
 
-_SEGMENT_SEPARATORS = re.compile(r"\r\n|\r|\n")
+_CR_SEGMENTS = re.compile(r"\r\n|\r")
+_LF_SEGMENTS = re.compile(r"\n")
 _SEGMENT_ID = re.compile(r"^[A-Z][A-Z0-9]{2}$")
 
 
 class Message:
-    def __init__(self, segments: list[list[str]], encoding: Encoding, has_nul: bool):
+    def __init__(self, segments: list[list[str]], encoding: Encoding, has_nul: bool, malformed: int = 0,
+                 charset: str = "utf-8"):
         self.segments = segments
+        self.charset = charset  # what the message was read as: `\X..\` escapes are bytes of it
         self.encoding = encoding
         self.has_nul = has_nul
+        self.malformed = malformed  # segments after MSH whose name is not one (left out of `segments`)
         self._escape = re.compile(re.escape(encoding.escape) + r"([^" + re.escape(encoding.escape) + r"]*)"
                                   + re.escape(encoding.escape)) if encoding.escape else None
 
@@ -76,7 +83,8 @@ class Message:
         return raw_field.split(self.encoding.component)
 
     def decode(self, text: str) -> str:
-        """HL7 escape sequences (\\F\\ \\S\\ \\T\\ \\R\\ \\E\\ \\Xhh..\\; formatting ones dropped)."""
+        """HL7 escape sequences (\\F\\ \\S\\ \\T\\ \\R\\ \\E\\ \\Xhh..\\, its bytes in the message's
+        character set; formatting ones dropped)."""
         if not self._escape or self.encoding.escape not in text:
             return text.strip()
         e = self.encoding
@@ -87,7 +95,7 @@ class Message:
             if code in table:
                 return table[code]
             if code[:1] == "X" and re.fullmatch(r"(?:[0-9A-Fa-f]{2})+", code[1:] or "x"):
-                return bytes.fromhex(code[1:]).decode("latin-1")
+                return _text_of(bytes.fromhex(code[1:]), self.charset)
             return ""
         return self._escape.sub(one, text).strip()
 
@@ -95,10 +103,12 @@ class Message:
 def parse(data: bytes) -> Message:
     """The message in `data` (UTF-8, else ISO 8859-1 text); ParseError when its MSH cannot be read."""
     try:
-        text = data.decode("utf-8")
+        text, charset = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
-        text = data.decode("latin-1")
-    lines = [line for line in _SEGMENT_SEPARATORS.split(text) if line.strip()]
+        text, charset = data.decode("latin-1"), "latin-1"
+    first_end = re.search(r"[\r\n]", text)   # what ends MSH ends every segment: CR (or CRLF), else LF
+    separators = _CR_SEGMENTS if first_end is None or first_end.group() == "\r" else _LF_SEGMENTS
+    lines = [line for line in separators.split(text) if line.strip()]
     if not lines or not lines[0].startswith("MSH") or len(lines[0]) < 8:
         raise ParseError("the message does not start with an MSH segment")
     head = lines[0]
@@ -111,21 +121,38 @@ def parse(data: bytes) -> Message:
     chars = (encoding_chars + "\x00\x00\x00")[:4]
     encoding = Encoding(separator, chars[0], chars[1], chars[2] if chars[2] != "\x00" else "",
                         chars[3] if chars[3] != "\x00" else "\x01")
-    segments = []
+    segments, malformed = [], 0
     for line in lines:
         fields = line.split(separator)
         if not _SEGMENT_ID.match(fields[0]):
-            raise ParseError(f"a segment name is not three letters or digits ({fields[0][:8]!r})")
+            malformed += 1   # never quoted: it may be a piece of patient text
+            continue
         if fields[0] == "MSH":
             fields = ["MSH", separator, *fields[1:]]  # MSH-n is fields[n], like every other segment
         segments.append(fields)
-    return Message(segments, encoding, "\x00" in text)
+    return Message(segments, encoding, "\x00" in text, malformed, charset)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _text_of(data: bytes, charset: str) -> str:
+    """Bytes of a message read as `charset` (UTF-8, else ISO 8859-1: an escape whose bytes are not
+    UTF-8 is read as 8859-1, as a message would be)."""
+    return data.decode(charset if charset != "utf-8" or _is_utf8(data) else "latin-1")
 
 
 CLOCK_SKEW = dt.timedelta(minutes=10)
 """How far ahead of ours a sender's clock may run (less than any zone's repeated hour: 30 min at least).
 An MSH-7 further ahead orders its message as received (`siu.appointment`)."""
-_DTM = re.compile(r"^(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:\.(\d{1,4}))?)?)?)?)?)?([+-]\d{4})?$")
+_DTM = re.compile(r"^([0-9]{4})(?:([0-9]{2})(?:([0-9]{2})(?:([0-9]{2})(?:([0-9]{2})(?:([0-9]{2})(?:\.([0-9]{1,4}))?)?)?)?)?)?"
+                  r"([+-][0-9]{4})?$")
+"""ASCII digits only (`\\d` takes Arabic-Indic, full-width and other digits, which `int` reads)."""
 
 
 def parse_dtm(value: str, zone: str = "UTC", received: dt.datetime | None = None) -> dt.datetime:

@@ -29,6 +29,8 @@ UNITS = MappingProxyType({"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60
 # Where a resource segment keeps its start and its duration (value, units).
 RESOURCE_TIMES = (("AIS", 4, 7, 8), ("AIG", 8, 11, 12), ("AIL", 6, 9, 10), ("AIP", 6, 9, 10))
 MAX_KEY = 200
+MAX_CONTROL_ID = 199
+"""MSH-10's longest (HL7 v2.7's ST length; v2.5.1 says 20): what an ACK's MSA-2 echoes whole."""
 STORED_FROM = MappingProxyType({"key": "SCH-2", "reason": "SCH-7", "appointment_type": "SCH-8", "location": "AIL-3",
                "physician_npi": "AIP-3", "patient_identifier": "PID-3", "patient_authority": "PID-3",
                "patient_first_name": "PID-5", "patient_last_name": "PID-5"})
@@ -97,8 +99,8 @@ def check_type(m: Message, h: Header) -> None:
     msh = m.first("MSH")
     if not h.control_id:
         raise Refused("AR", "MSH-10 (message control id) is empty", "MSH-10", "101")
-    if len(m.value(msh, 10, 1)) > MAX_KEY:
-        raise Refused("AR", f"MSH-10 is longer than {MAX_KEY} characters", "MSH-10", "102")
+    if len(m.value(msh, 10, 1)) > MAX_CONTROL_ID:
+        raise Refused("AR", f"MSH-10 is longer than {MAX_CONTROL_ID} characters", "MSH-10", "102")
     if m.value(msh, 9, 1) != "SIU" or h.trigger not in TRIGGERS:
         raise Refused("AR", f"message type {h.message_type[:20]!r} is not accepted (SIU^{', SIU^'.join(TRIGGERS)})",
                       "MSH-9", "200" if m.value(msh, 9, 1) != "SIU" else "201")
@@ -202,6 +204,11 @@ def appointment(m: Message, h: Header, zone: str, received: dt.datetime | None =
     sender's clock a year ahead must not make every later message about that appointment older)."""
     if m.has_nul:
         raise Refused("AE", "the message contains a NUL character")
+    if len(m.all("MSH")) > 1:   # read as one, its segments would mix (another appointment's physician...)
+        raise Refused("AE", "more than one MSH segment: one message per MLLP frame", "MSH", "100")
+    if m.malformed:
+        raise Refused("AE", f"{m.malformed} segment(s) after MSH do not begin with a segment name (three capital "
+                      "letters or digits)", "", "100")
     sch = m.first("SCH")
     key = m.value(sch, 2, 1) or m.value(sch, 1, 1)
     if not key:

@@ -1196,3 +1196,176 @@ def test_the_hub_lists_the_feeds_schedule_as_the_night_does(runtime, world, feed
 
     page = hub_page_at(settings, live, world.physician.id, timeout=30)
     assert "ZEBRA" in page.upper() and "QUINCY" in page.upper(), page
+
+
+def test_a_start_block_inside_a_message_is_a_framing_error(runtime, feed_clinic, listen):
+    """A message cut off (an engine that gave up writing it) then a whole one on the same connection:
+    `0x0B` part of M1 `0x0B` M2 `0x1C 0x0D`. MLLP content never holds 0x0B, so the second start block
+    is a framing error: closed, no ACK, nothing stored (before, the two were read as one message: M1's
+    header and segments with M2's appended, acknowledged AA for M1, and M1's appointment stored with
+    M2's physician, the one of the only whole AIP segment: another physician's snapshot listed it)."""
+    _, port = listen()
+    first = siu("S12", "SPL1", "SPL-1", npi="1234567893", mrn="E1")
+    cut = first[:first.index("AIP|1||") + len("AIP|1||")]
+    second = siu("S12", "SPL2", "SPL-2", npi="1245319599", mrn="E2")
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(SB + cut.encode() + SB + second.encode() + EB)
+        assert _closed(sock), "the spliced frame was read as a message"
+    assert appointment(feed_clinic, "SPL-1") is None and appointment(feed_clinic, "SPL-2") is None
+    assert not FeedMessage.select().where(FeedMessage.control_id.in_(["SPL1", "SPL2"])).exists()
+    # The engine reconnects and sends the message again: applied.
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(second))[:2] == ("AA", "SPL2")
+    assert appointment(feed_clinic, "SPL-2").physician_npi == "1245319599"
+
+
+def test_a_line_feed_inside_a_field_does_not_split_its_segment(runtime, feed_clinic, listen, settings):
+    """Segments end with CR; an EHR that leaves a line feed unescaped in a text (a reason typed on two
+    lines) sends it inside its field. It stays in that field: the message is applied, and the
+    connection stays open (before, the LF was taken for a segment end, the rest of SCH for a segment
+    whose name is not one, and the message refused AR as an MSH that cannot be read, unlisted in
+    `hl7 messages`, its connection closed: the clinic's feed stopped on it)."""
+    _, port = listen()
+    message = siu("S12", "LF1", "LF-1").replace("FOLLOWUP^Follow-up", "FOLLOWUP^Follow-up\nin two weeks")
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(message))[:2] == ("AA", "LF1")
+        assert acked(client.send_message(siu("S12", "LF2", "LF-2")))[:2] == ("AA", "LF2")
+    row = appointment(feed_clinic, "LF-1")
+    assert row.status == "booked" and row.reason.startswith("Follow-up") and row.physician_npi == "1234567893"
+    # A message whose segments end with LF only (or CRLF) is still read, as before.
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "LF3", "LF-3").replace("\r", "\n")))[:2] == ("AA", "LF3")
+        assert acked(client.send_message(siu("S12", "LF4", "LF-4").replace("\r", "\r\n")))[:2] == ("AA", "LF4")
+    assert appointment(feed_clinic, "LF-3").physician_npi == appointment(feed_clinic, "LF-4").physician_npi == "1234567893"
+
+
+def test_a_malformed_segment_after_msh_is_ae_for_the_clinic(runtime, feed_clinic, listen, settings):
+    """A message whose MSH reads well (a clinic's facility, a sender it takes) but with a later
+    segment whose name is not one (`Z1|...`, `pid|...`): its content cannot be applied, so AE, listed
+    in `hl7 messages`, and the connection stays open for the next message (before: AR as an MSH that
+    cannot be read, the connection closed, and nothing in the clinic's list)."""
+    _, port = listen()
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        got, control, error = acked(client.send_message(siu("S12", "BS1", "BS-1") + "\rz1|garbage"))
+        assert (got, control) == ("AE", "BS1"), error
+        assert acked(client.send_message(siu("S12", "BS2", "BS-2")))[:2] == ("AA", "BS2")
+    assert appointment(feed_clinic, "BS-1") is None
+    listed = {m["control_id"]: m for m in hl7_messages(settings, feed_clinic)}
+    assert listed["BS1"]["ack"] == "AE" and listed["BS1"]["error"]
+
+
+def test_the_frame_deadline_is_each_messages_own(runtime, feed_clinic, listen):
+    """SVC_HL7_FRAME_TIMEOUT (2) counts from a message's own first bytes: a sender whose writes each
+    end one message and begin the next (messages sent back to back, a write every 0.3 s, each message
+    whole well within 2 s of its first byte) is served to the end (before, the deadline of the
+    first message that began was kept while every later one began in the read that ended the one
+    before: the connection was closed 2 s in, with a message begun a moment earlier)."""
+    _, port = listen(idle=30, SVC_HL7_FRAME_TIMEOUT="2")
+    framed = [SB + siu("S12", f"BB{n}", f"BB-{n}").encode() + EB for n in range(16)]
+    stream = b"".join(framed)
+    size = len(framed[0])
+    pieces = [stream[i:i + size] for i in range(0, len(stream), size)]
+    pieces = [pieces[0][:size // 2]] + [a[size // 2:] + b[:size // 2] for a, b in zip(pieces, pieces[1:])] + \
+        [pieces[-1][size // 2:]]
+    replies = b""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(0.3)
+        for piece in pieces:
+            try:
+                sock.sendall(piece)
+                time.sleep(0.3)
+                replies += sock.recv(65536)
+            except socket.timeout:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        sock.settimeout(10)
+        while replies.count(EB) < len(framed):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {replies.count(EB)} ACKs of {len(framed)}"
+            replies += chunk
+    assert [acked(SB + r + EB)[:2] for r in replies[1:-2].split(EB + SB)] == [("AA", f"BB{n}") for n in range(16)]
+    assert all(appointment(feed_clinic, f"BB-{n}") for n in range(16))
+
+
+def test_msa2_is_the_whole_control_id_or_the_message_is_refused(runtime, feed_clinic, listen, settings):
+    """MSA-2 is the message's MSH-10 (CONTRACTS.md), which an engine matches to know what was
+    acknowledged: a control id of 199 characters (HL7's longest) is echoed whole; one of 200 is
+    refused AR, nothing stored (before, it was applied AA with an MSA-2 cut to 199 characters, which
+    matched nothing the engine sent: it waited for an ACK it never got, resending for ever)."""
+    _, port = listen()
+    longest, over = "L" * 198 + "1", "L" * 199 + "2"
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", longest, "LONG-1")))[:2] == ("AA", longest)
+        got, control, error = acked(client.send_message(siu("S12", over, "LONG-2")))
+        assert got == "AR" and "MSH-10" in error, (got, control, error)
+    assert appointment(feed_clinic, "LONG-1") is not None and appointment(feed_clinic, "LONG-2") is None
+
+
+def test_a_time_of_digits_other_than_ascii_is_not_a_dtm(runtime, feed_clinic, listen):
+    """An HL7 DTM is ASCII digits: SCH-11.4 in Arabic-Indic digits, an MSH-7 in full-width ones, or a
+    PID-7 in Devanagari ones is AE naming the field, nothing stored (before, Python's `\\d` and `int`
+    took them: the message was applied AA)."""
+    _, port = listen()
+    arabic = "".join(chr(0x0660 + int(c)) for c in "20300305093000")
+    wide = "".join(chr(0xFF10 + int(c)) for c in "20300301090000")
+    devanagari = "".join(chr(0x0966 + int(c)) for c in "19800101")
+    cases = [(siu("S12", "AD1", "AD-1", start=arabic), "SCH-11.4"), (siu("S12", "AD2", "AD-2", sent=wide), "MSH-7"),
+             (siu("S12", "AD3", "AD-3").replace("19800101", devanagari), "PID-7")]
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        for message, where in cases:
+            got, _, error = acked(client.send_message(message))
+            assert (got, where in error) == ("AE", True), (where, got, error)
+    assert FeedAppointment.select().count() == 0
+
+
+def test_a_whole_message_before_bytes_outside_the_framing_is_answered(runtime, feed_clinic, listen):
+    """A sender that writes a line feed after each frame's end (`0x0B` message `0x1C 0x0D 0x0A`, in
+    one write): the message is whole, so it is applied and acknowledged; the byte after it is
+    outside the framing, so the connection is then closed and nothing after it is read (before,
+    whether the message was applied depended on how TCP cut the bytes: read together with the
+    0x0A, as one write is, it got no ACK and was dropped, and so was every resend)."""
+    _, port = listen()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        sock.sendall(SB + siu("S12", "LFE1", "LFE-1").encode() + EB + b"\n"
+                     + SB + siu("S12", "LFE2", "LFE-2").encode() + EB)
+        assert acked(_read_ack(sock))[:2] == ("AA", "LFE1")
+        assert _closed(sock)
+    assert appointment(feed_clinic, "LFE-1") is not None and appointment(feed_clinic, "LFE-2") is None
+    assert not FeedMessage.select().where(FeedMessage.control_id == "LFE2").exists()
+
+
+def test_a_hex_escape_is_read_in_the_messages_character_set(runtime, feed_clinic, listen):
+    """`\\Xhh..\\` is bytes of the message's character set: in a UTF-8 message `M\\XC39C\\LLER` is
+    MÜLLER (before, every escape was read as ISO 8859-1: MÃ\\x9cLLER, the name the snapshot listed);
+    in an ISO 8859-1 message (a raw 0xE9 in it) `\\XDC\\` is Ü, as before."""
+    _, port = listen()
+    utf8 = siu("S12", "HX1", "HX-1").replace("DOE^JANE", "M\\XC39C\\LLER^J\\XC3A9\\R\\XC3B4\\ME").encode()
+    latin = siu("S12", "HX2", "HX-2").replace("DOE^JANE", "M\\XDC\\LLER^RENEE").encode().replace(b"RENEE", b"REN\xe9E")
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        for data, control in ((utf8, "HX1"), (latin, "HX2")):
+            sock.sendall(SB + data + EB)
+            assert acked(_read_ack(sock))[:2] == ("AA", control)
+    first, second = appointment(feed_clinic, "HX-1"), appointment(feed_clinic, "HX-2")
+    assert (first.patient_last_name, first.patient_first_name) == ("MÜLLER", "JéRôME")
+    assert (second.patient_last_name, second.patient_first_name) == ("MÜLLER", "RENéE")
+
+
+def test_two_messages_in_one_frame_are_ae(runtime, feed_clinic, listen, settings):
+    """One MLLP frame holding two messages (an engine batching without FHS/BHS): M1, whose physician
+    is not named by NPI, then M2 of another appointment and physician. They are not read as one
+    message: AE for M1's control id, nothing stored, the connection stays open (before, M1 was
+    applied AA with M2's segments appended: its appointment took M2's physician, from the only AIP
+    naming one by NPI, and another physician's snapshot listed M1's patient)."""
+    _, port = listen()
+    first = siu("S12", "TW1", "TW-1", mrn="E1", xcn="ROOM4^EXAM ROOM")
+    second = siu("S12", "TW2", "TW-2", npi="1245319599", mrn="E2")
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        got, control, error = acked(client.send_message(first + "\r" + second))
+        assert (got, control) == ("AE", "TW1"), error
+        assert acked(client.send_message(second))[:2] == ("AA", "TW2")
+    assert appointment(feed_clinic, "TW-1") is None
+    assert appointment(feed_clinic, "TW-2").patient_identifier == "E2"
+    assert {m["control_id"]: m["ack"] for m in hl7_messages(settings, feed_clinic)}["TW1"] == "AE"
