@@ -59,8 +59,8 @@ def _listen(runtime, args) -> int:
         raise UsageError("give --tls-cert and --tls-key together")
     if args.tls_client_ca and not args.tls_cert:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key (client certificates are a TLS feature)")
-    if not 0 < args.port < 65536:
-        raise UsageError("--port must be 1-65535")
+    if not 0 <= args.port < 65536:
+        raise UsageError("--port must be 0-65535 (0: a free port the system chooses, logged at start)")
     if args.proxy_protocol and not runtime.settings.trusted_proxies:
         raise UsageError("--proxy-protocol needs SVC_TRUSTED_PROXIES: the balancers whose PROXY headers are believed")
     try:

@@ -42,6 +42,7 @@ import ssl
 import uvloop
 from tornado import gen
 from tornado.iostream import StreamClosedError
+from tornado.netutil import bind_sockets
 from tornado.tcpserver import TCPServer
 
 from hl7feed.ack import ack
@@ -269,7 +270,9 @@ async def _prune_now(runtime) -> None:
 
 async def _serve(runtime, host: str, port: int, context: ssl.SSLContext | None, proxy_protocol: bool) -> None:
     listener = FeedListener(runtime, context, proxy_protocol)
-    listener.listen(port, host)
+    sockets = bind_sockets(port, host)
+    listener.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]  # `--port 0`: the one the system chose, as logged below
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

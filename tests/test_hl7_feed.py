@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -85,8 +86,7 @@ def listen(settings, tmp_path):
     after the test."""
     procs = []
 
-    def start(*args, idle: int = 300, port: int | None = None, **env: str):
-        port = port or free_port()
+    def start(*args, idle: int = 300, port: int = 0, **env: str):
         env.setdefault("SVC_CLOCK_OFFSET", str((FEED_CLOCK - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
                                                .total_seconds()))
         env = settings_env(settings, SVC_HL7_IDLE_TIMEOUT=str(idle), **env)
@@ -97,10 +97,13 @@ def listen(settings, tmp_path):
         # Ready once it logs that it listens, not once a probe connects: the listener counts a
         # connection until it has read its end, so a probe could still hold one of the caps
         # (SVC_HL7_MAX_CONNECTIONS, _PER_PEER) the test then fills (a loaded machine showed it).
-        wait_until(lambda: proc.poll() is not None or f"hl7 listener on 127.0.0.1:{port} " in log_path.read_text(),
-                   60, "the listener listening")
+        # Port 0 by default: the listener binds one the system chooses and logs it (a port found
+        # free beforehand could be taken by another process before the listener bound it).
+        listening = re.compile(rf"hl7 listener on 127\.0\.0\.1:({port or '[0-9]+'}) ")
+        wait_until(lambda: proc.poll() is not None or listening.search(log_path.read_text()), 60,
+                   "the listener listening")
         assert proc.poll() is None, log_path.read_text()[-2000:]
-        return proc, port
+        return proc, int(listening.search(log_path.read_text()).group(1))
     yield start
     for proc in procs:
         stop_process(proc)
