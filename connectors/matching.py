@@ -219,8 +219,12 @@ def _span(value) -> tuple[dt.datetime, dt.datetime] | None:
 def meets(resource: dict, criterion: Criterion, base: str | None = None) -> bool:
     """Does `resource` meet `criterion` (any of its values), as `SEARCH_PARAMS` defines the parameter?"""
     kind, paths = SEARCH_PARAMS.get(resource.get("resourceType"), {}).get(criterion.name, (None, ()))
-    if kind != criterion.kind or not paths:
+    if kind != criterion.kind:
         return False
+    if not paths:  # a participant of the neutral query's (`patient`, `practitioner`, `actor`): any of them
+        return kind == "reference" and any(
+            in_compartment(resource, ident, base) if of == "Patient" else of == "Practitioner" and takes_part(
+                resource, ident, base) for of, ident in criterion.values)
     if kind == "date":
         (start, end), = criterion.values
         found = next((values_at(resource, path)[0] for path in paths if values_at(resource, path)), None)

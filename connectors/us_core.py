@@ -84,7 +84,8 @@ SEARCH_PARAMS = MappingProxyType({
 })
 """type -> {search parameter: (kind, paths)}; besides `_id` (every type). A `reference` with no
 paths is one of the neutral query's fields (`patient`, `subject`: the patient; `practitioner`,
-`actor`: an Appointment's participants)."""
+`actor`: an Appointment's participants); several ORed (`patient=A,B`) are a `Criterion` named
+`patient`, `practitioner` or `actor`, which the matcher checks as it checks those fields."""
 REFERENCE_TARGETS = MappingProxyType({"practitioner": "Practitioner", "encounter": "Encounter", "location": "Location"})
 """The one type a reference parameter of this name names: a bare id (`practitioner=x`) means `Type/x`."""
 SUPPORTED_TYPES = tuple(sorted(SEARCH_PARAMS))

@@ -24,7 +24,7 @@ from fhir_api.access import Caller, Grant, grant_for, in_compartment, read_grant
 from fhir_api.bundle import search_url, searchset
 from fhir_api.cursor import CURSOR_PARAM, Position, binding, seal, unseal
 from fhir_api.outcome import FhirError, invalid, not_found, operation_outcome
-from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id
+from fhir_api.search import SUPPORTED_TYPES, for_patient, parse_search, resource_id
 from models.directory import Organization
 from models.fhir_grammar import is_resource_type
 
@@ -147,10 +147,10 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
     asked = parse_search(resource_type, args, base, strict)
     self_url = search_url(base, resource_type, asked.applied)
     query = asked.query
-    if asked.unmatchable or (grant.patient is not None and query.patient not in (None, grant.patient)):
+    if grant.patient is not None and not asked.unmatchable:
+        query = for_patient(query, grant.patient)
+    if asked.unmatchable or query is None:
         return searchset(base, [], 0, self_url, None)
-    if grant.patient is not None:
-        query = dataclasses.replace(query, patient=grant.patient)
     connector = _connector(runtime, caller)
     if getattr(connector, "search_pages", None) is not None and query.offset == 0:
         return _search_by_position(runtime, caller, connector, grant, asked, query, base, self_url)

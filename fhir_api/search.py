@@ -13,6 +13,7 @@ does: `fhir_api.cursor`).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from dataclasses import dataclass
@@ -217,6 +218,66 @@ def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, 
     return Search(query, applied, tuple(ignored), includes, revincludes, unmatchable)
 
 
+def _participants(value: str, name: str, types: tuple[str, ...], base_url: str,
+                  default: str | None = None) -> frozenset:
+    """The (type, id) pairs a patient or participant parameter ORs (`patient=A,Patient/B`); a bare
+    id is of type `default` (none: 400, the type must be named)."""
+    items = value.split(",")
+    if len(items) > MAX_OR_VALUES or not all(items):
+        raise invalid(f"{name} takes 1 to {MAX_OR_VALUES} comma-separated values, none empty.")
+    found = set()
+    for item in items:
+        kind, ident = reference(item, types, base_url, name)
+        if (kind or default) is None:
+            raise invalid(f"{name} must name its type: {'/{id} or '.join(types)}/{{id}}.")
+        found.add((kind or default, ident))
+    return frozenset(found)
+
+
+PARTICIPANTS = (("Patient", "patient"), ("Practitioner", "practitioner"))
+"""The neutral query's participants: its field (and the name of a `Criterion` ORing several), by type."""
+
+
+def _participation(asked: list[frozenset]) -> tuple[dict, tuple[Criterion, ...]]:
+    """The neutral query's `patient` and `practitioner` fields, and `Criterion`s, of the participant
+    parameters asked (each an OR of (type, id); together ANDed): the patients (practitioners) of the
+    parameters naming only patients (practitioners) intersect, one is the field, several a
+    `Criterion` of that name; a parameter naming both (`actor=Patient/A,Practitioner/X`) is an
+    `actor` `Criterion`. `Unmatchable` when an intersection is empty."""
+    fields, criteria = {}, []
+    for kind, field in PARTICIPANTS:
+        wanted = None
+        for found in asked:
+            if {k for k, _ in found} == {kind}:
+                ids = {ident for _, ident in found}
+                wanted = ids if wanted is None else wanted & ids
+        if wanted is not None and not wanted:
+            raise Unmatchable()
+        if wanted is not None and len(wanted) == 1:
+            fields[field] = next(iter(wanted))
+        elif wanted is not None:
+            criteria.append(Criterion(field, "reference", tuple(sorted((kind, ident) for ident in wanted))))
+    criteria += [Criterion("actor", "reference", tuple(sorted(found))) for found in asked
+                 if len({k for k, _ in found}) > 1]
+    return fields, tuple(criteria)
+
+
+def for_patient(query: ResourceQuery, patient: str) -> ResourceQuery | None:
+    """`query` within one patient's compartment (a `patient/` grant's), or None when it asks only
+    for other patients (`patient=B`, `patient=B,C`): a `patient` `Criterion` naming them becomes
+    the field."""
+    if query.patient not in (None, patient):
+        return None
+    criteria = []
+    for criterion in query.criteria:
+        if criterion.name == "patient" and criterion.kind == "reference":
+            if ("Patient", patient) not in criterion.values:
+                return None
+            continue
+        criteria.append(criterion)
+    return dataclasses.replace(query, patient=patient, criteria=tuple(criteria))
+
+
 def _query(resource_type: str, args: dict[str, list[str]], base_url: str) -> ResourceQuery:
     """The `ResourceQuery` of the applied `args`; raises `Unmatchable` for a search that cannot
     match anything."""
@@ -228,25 +289,15 @@ def _query(resource_type: str, args: dict[str, list[str]], base_url: str) -> Res
         if len(ids) > MAX_IDS:
             raise invalid(f"_id names at most {MAX_IDS} ids.")
         fields["ids"] = ids
-    patients = set()
-    for name in ("patient", "subject"):
-        if name in one:
-            patients.add(reference(one[name], ("Patient",), base_url, name)[1])
+    asked = [_participants(one[name], name, ("Patient",), base_url, "Patient")
+             for name in ("patient", "subject") if name in one]
     if "practitioner" in one and not params["practitioner"][1]:
-        fields["practitioner"] = reference(one["practitioner"], ("Practitioner",), base_url, "practitioner")[1]
+        asked.append(_participants(one["practitioner"], "practitioner", ("Practitioner",), base_url, "Practitioner"))
     if "actor" in one:
-        kind, ident = reference(one["actor"], ("Patient", "Practitioner"), base_url, "actor")
-        if kind is None:
-            raise invalid("actor must name its type: Patient/{id} or Practitioner/{id}.")
-        if kind == "Patient":
-            patients.add(ident)
-        elif fields.setdefault("practitioner", ident) != ident:
-            raise Unmatchable()
-    if len(patients) > 1:
-        raise Unmatchable()
-    if patients:
-        fields["patient"] = patients.pop()
-    criteria = []
+        asked.append(_participants(one["actor"], "actor", ("Patient", "Practitioner"), base_url))
+    participation = _participation(asked)
+    fields.update(participation[0])
+    criteria = list(participation[1])
     for name, values in args.items():
         kind, paths = params.get(name, (None, ()))
         if kind is not None and paths:

@@ -18,6 +18,7 @@ from urllib.parse import quote_from_bytes
 
 import orjson
 import tornado.web
+from tornado.httputil import HTTPInputError, parse_body_arguments
 
 from audit.disclosures import Later, Recording, without_signature
 from errors import ApiError
@@ -187,6 +188,10 @@ class SearchHandler(FhirHandler):
                           lambda runtime, caller: search(runtime, caller, resource_type, search_arguments(raw), strict))
 
 
+FORM = "application/x-www-form-urlencoded"
+"""The media type of a POST `_search`'s parameters (FHIR R4 3.1.1.4)."""
+
+
 class PostSearchHandler(SearchHandler):
     """`POST {iss}/{Type}/_search` (FHIR R4 3.1.1.4: `application/x-www-form-urlencoded`, its
     parameters those of the query and the form together): the same answer, limits and disclosure
@@ -195,9 +200,18 @@ class PostSearchHandler(SearchHandler):
     _args: dict | None = None
 
     def search_args(self) -> dict:
+        """The query's parameters, then the form's. The form is parsed here, whatever the spelling
+        of its media type (case-insensitive, RFC 9110 8.3.1; Tornado parses only the lower-case
+        one, so another spelling's parameters would be dropped: a wider search than asked); a
+        Content-Encoding is a 400, as Tornado answers it for the lower-case spelling."""
         if self._args is None:
+            form: dict = {}
+            try:
+                parse_body_arguments(FORM, self.request.body or b"", form, {}, self.request.headers)
+            except HTTPInputError as exc:
+                raise FhirError(400, "invalid", f"Invalid body: {exc}") from None
             merged = {name: list(values) for name, values in self.request.query_arguments.items()}
-            for name, values in self.request.body_arguments.items():
+            for name, values in form.items():
                 merged.setdefault(name, []).extend(values)
             self._args = merged
         return self._args
@@ -212,7 +226,7 @@ class PostSearchHandler(SearchHandler):
 
     async def post(self, organization_id, resource_type):
         content_type = (self.request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        if content_type != "application/x-www-form-urlencoded":
+        if content_type != FORM:
             raise FhirError(415, "not-supported", "A POST _search takes its parameters as "
                                                   "application/x-www-form-urlencoded.")
         await super().get(organization_id, resource_type)

@@ -190,6 +190,23 @@ def test_a_patient_scoped_token_reads_only_its_patient_on_the_ehr(fhir_clinic, r
     assert sorted(ids(fhir.search("Practitioner"))) == ["pr-ana", "pr-ben"]
 
 
+def test_a_comma_ors_patients_on_the_ehr_and_a_patient_token_keeps_its_own(fhir_clinic, runtime, world, live,
+                                                                            fhir_ehr):
+    """`patient=A,B` (docs/fhir-api.md: a comma ORs values of any parameter) was a 400; the EHR is
+    asked R4's `patient=Patient/A,Patient/B`. A `patient/` token naming others as well gets its own."""
+    org_id, ana, fhir = fhir_clinic
+    a, b = fhir_ehr.compartment("pt-a"), fhir_ehr.compartment("pt-b")
+    for kind in ("Condition", "Observation", "Appointment"):
+        both = fhir.search(kind, {"patient": "pt-a,Patient/pt-b", "_count": 100})
+        assert sorted(ids(both)) == sorted(a[kind] + b[kind]) and both["total"] == len(a[kind]) + len(b[kind]), kind
+    assert sorted(ids(fhir.search("Appointment", {"actor": "Patient/pt-b,Practitioner/pr-ben"}))) == sorted(
+        b["Appointment"])
+    mine = Fhir(live, org_id, mint_platform_token(runtime, live, ana, world.app, org_id,
+                                                  scope="openid launch/patient patient/*.rs", patient="pt-a"))
+    assert sorted(ids(mine.search("Condition", {"patient": "pt-b,pt-a", "_count": 100}))) == sorted(a["Condition"])
+    assert mine.search("Condition", {"patient": "pt-b,pt-zzz"})["total"] == 0
+
+
 def test_a_next_link_of_a_search_with_long_values_is_followed(fhir_clinic, fhir_ehr):
     """A page ending inside an EHR page: its `next` link's `_cursor` holds that EHR page's URL, every
     search value in it percent-encoded (a non-ASCII character as 6 to 12 characters). Values within

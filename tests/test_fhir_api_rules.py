@@ -219,6 +219,49 @@ def test_patient_scope_reaches_only_the_launch_patient(runtime, world, doctor):
                    "Patient", mine).status == 403
 
 
+def test_a_comma_ors_patients_and_practitioners_as_it_ors_any_parameter(runtime, world, doctor):
+    """docs/fhir-api.md: "a comma ORs values of any parameter". `patient=A,B` (and `subject`, `actor`,
+    an Appointment's `practitioner`) was a 400 calling the list a malformed id. Now the resources of
+    either; lists of two parameters intersect; a `patient/` token still gets only its own patient's,
+    whichever list names them, and nothing when none does."""
+    from connectors.compartment import patients_of
+
+    def patients(bundle):
+        return {p for r in resources(bundle) for p in patients_of(r)}
+    panel = [r["id"] for r in resources(doctor.search("Patient", {"_count": 100}))]
+    a, b, c = [p for p in panel if doctor.search("Condition", {"patient": p, "_count": 1})["total"]][:3]
+    count = {p: doctor.search("Condition", {"patient": p})["total"] for p in (a, b, c)}
+    both = doctor.search("Condition", {"patient": f"{a},Patient/{b}", "_count": 100})
+    assert patients(both) == {a, b} and both["total"] == count[a] + count[b]
+    assert patients(doctor.search("Condition", {"subject": f"{a},{b}", "patient": f"{b},{c}", "_count": 100})) == {b}
+    assert doctor.search("Condition", {"subject": a, "patient": f"{b},{c}"})["total"] == 0
+    # An Appointment's participants (on one day: fewer than a page): a patient or a practitioner, either.
+    first = resources(doctor.search("Appointment", {"_count": 1}))[0]
+    someone, day = next(p for p in patients_of(first)), first["start"][:10]
+
+    def appointments(**params):
+        found = doctor.search("Appointment", {**params, "date": day, "_count": 100})
+        assert len(resources(found)) == found["total"] < 100
+        return {r["id"] for r in resources(found)}
+    doctors, theirs = appointments(practitioner=world.physician.id), appointments(patient=someone)
+    assert doctors and theirs <= doctors
+    assert appointments(practitioner=f"{world.physician.id},Practitioner/nobody") == doctors
+    assert appointments(actor=f"Patient/{someone},Patient/nobody") == theirs
+    assert appointments(actor=f"Patient/nobody,Practitioner/{world.physician.id}") == doctors
+    assert appointments(actor=f"Patient/{someone},Practitioner/nobody") == theirs
+    assert appointments(actor="Patient/nobody,Practitioner/nobody") == set()
+    # A patient/ token: its own patient's, whichever list names them; nothing when none does.
+    fhir = client(runtime, world.physician, world.app, world.org, scope="openid launch/patient patient/*.rs",
+                  patient=a)
+    mine = fhir.search("Condition", {"patient": f"{b},{a}", "_count": 100})
+    assert patients(mine) == {a} and mine["total"] == count[a]
+    assert fhir.search("Condition", {"patient": f"{b},{c}"})["total"] == 0
+    assert fhir.search("Condition", {"subject": f"{b},{c}", "patient": a})["total"] == 0
+    # More than 20 values: a 400, as for any parameter.
+    refusal = refused(doctor.search, "Condition", {"patient": ",".join(panel[:21])})
+    assert (refusal.status, refusal.error) == (400, "invalid")
+
+
 def test_the_application_declared_scopes_bound_the_token(runtime, world):
     """The app's current `smart_scopes` cap what any of its tokens reaches."""
     narrow, _ = register_application(runtime, "Narrow", "https://narrow.example/cb", "https://narrow.example/l")

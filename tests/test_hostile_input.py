@@ -153,6 +153,33 @@ async def test_a_post_search_form_with_raw_nul_or_non_utf8_bytes_is_a_recorded_4
     assert last.query == rows[-1].query
 
 
+@pytest.mark.gen_test
+async def test_a_post_search_form_of_any_media_type_spelling_is_searched_as_sent(api, runtime, world):
+    """A media type is case-insensitive (RFC 9110 8.3.1): `POST {Type}/_search` accepted a form sent
+    as `Application/X-WWW-Form-Urlencoded`, but only Tornado's lower-case spelling had its body
+    parsed, so its parameters were dropped without a word: `patient=A` answered every patient's
+    Observations (the `self` link without it), and a form with a Content-Encoding was searched as
+    nothing at all. Every spelling is the same search; an encoded form is a 4xx, as it is in lower case."""
+    from connectors.compartment import patients_of
+    from helpers.tokens import mint_platform_token
+    token = mint_platform_token(runtime, None, world.physician, world.app, world.org)
+    path = f"/fhir/r4/{world.org.id}/Observation/_search"
+    status, _, first = await api.call("GET", f"/fhir/r4/{world.org.id}/Observation?_count=1",
+                                      headers={"Authorization": f"Bearer {token}"})
+    patient = patients_of(first["entry"][0]["resource"])[0]
+    form = f"patient={patient}&_count=100".encode()
+    for spelling in ("application/x-www-form-urlencoded", "Application/X-WWW-Form-Urlencoded",
+                     "APPLICATION/X-WWW-FORM-URLENCODED; charset=UTF-8"):
+        status, _, bundle = await api.call("POST", path, body=form, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": spelling})
+        assert status == 200 and bundle["entry"], (spelling, bundle)
+        assert {p for e in bundle["entry"] for p in patients_of(e["resource"])} == {patient}, spelling
+        assert f"patient={patient}" in bundle["link"][0]["url"], spelling
+        status, _, body = await api.call("POST", path, body=form, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": spelling, "Content-Encoding": "gzip"})
+        assert 400 <= status < 500 and body["resourceType"] == "OperationOutcome", (spelling, status, body)
+
+
 def _path_rules(router):
     """Every path rule of `router` and the routers under it: (regex, handler class)."""
     for rule in router.rules:

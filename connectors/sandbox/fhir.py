@@ -119,7 +119,9 @@ class SandboxFhir:
             keys |= {ident[len(PATIENT_PREFIX):] for kind_, ident in targets if kind_ == "Patient"}
             found = (r for key in sorted(keys) for r in self._chart_resources(kind, PATIENT_PREFIX + key))
         elif _KINDS.get(kind):
-            patients = (query.patient,) if query.patient else [p.id for p in self.panel()]
+            named = [ident for c in query.criteria if c.name == "patient" and c.kind == "reference"
+                     for of, ident in c.values if of == "Patient"]  # `patient=A,B`: theirs only
+            patients = (query.patient,) if query.patient else named or [p.id for p in self.panel()]
             found = (r for pid in patients for r in self._chart_resources(kind, pid))
         else:
             return iter(())
