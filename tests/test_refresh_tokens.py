@@ -278,6 +278,27 @@ async def test_the_grant_ends_with_the_installation_the_app_or_the_user(confiden
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_the_first_sdk_initialization_disabling_the_installation_ends_its_grants(confidential, smart, runtime,
+                                                                                       api):
+    """A grant made before the app's first SDK initialization in the clinic (no status yet, so the app
+    opens) ends when the platform's verification moves the installation to `Disabled`, as every
+    `Disabled` does: enabling the app afterwards revives none."""
+    from lifecycle.activation import set_activation_status
+    tokens = await confidential.tokens()
+    assert Installation.find(smart.app.id, smart.org.id).activation_status is None
+    status, _, seen = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
+                                     headers={"Authorization": f"Bearer {smart.world.sandbox_token}"})
+    assert status == 200 and seen["active"] is True  # the platform's verification: the first SDK initialization
+    installation = Installation.find(smart.app.id, smart.org.id)
+    assert installation.activation_status == "Disabled"
+    assert SmartGrant.get().revoked_reason == "installation_disabled"
+    set_activation_status(runtime, installation, "Enabled", "test")
+    status, body = await confidential.refresh(tokens["refresh_token"])
+    assert (status, body["error"]) == (400, "invalid_grant"), body
+    assert (await confidential.read_patient(tokens["access_token"]))[0] == 401
+
+
+@pytest.mark.gen_test(timeout=60)
 @pytest.mark.parametrize("refresh_scope", ["offline_access", "online_access"])
 async def test_the_grant_ends_when_the_app_no_longer_declares_its_refresh_scope(confidential, smart, runtime,
                                                                                 refresh_scope):
