@@ -78,7 +78,7 @@ def installation_of(application_id: str, organization_id, purpose: str | None = 
     return installation
 
 
-def end_grants(runtime, application_id: str, organization_id: str) -> int:
+def end_installation_grants(runtime, application_id: str, organization_id: str) -> int:
     """The installation became `Disabled` (set by the app, or at its first SDK initialization):
     the app's SMART refresh-token grants in the clinic end, and re-enabling revives none."""
     return revoke_grants(runtime, (SmartGrant.application == application_id)
@@ -99,7 +99,7 @@ def set_activation_status(runtime, installation: Installation, status, actor: st
         if status == ENABLED:
             start_trial(current.id, runtime.clock.now())
         else:
-            end_grants(runtime, current.application_id, current.organization_id)
+            end_installation_grants(runtime, current.application_id, current.organization_id)
         AuditEvent.record(actor, "installation.activation_status_set",
                           f"{current.application_id}/{current.organization_id}",
                           before=current.activation_status, after=status)

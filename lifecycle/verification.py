@@ -9,7 +9,7 @@ hub, so it opens or renews their connector session (the nightly sync reads those
 from __future__ import annotations
 
 from workers.activity import record_activity
-from lifecycle.activation import end_grants
+from lifecycle.activation import end_installation_grants
 from lifecycle.billing import record_billable_use
 from models.application import DISABLED, Authorization, Installation
 from models.audit import AuditEvent
@@ -28,7 +28,7 @@ def record_platform_verification(runtime, app, user) -> Installation | None:
         .execute())
     if first_initialization:
         # Disabled like any other: grants made before it (no status yet, the app opened) end.
-        end_grants(runtime, app.id, user.organization_id)
+        end_installation_grants(runtime, app.id, user.organization_id)
         # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
         AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
                           before=None, after=DISABLED, user_id=user.id)
