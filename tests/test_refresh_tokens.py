@@ -199,6 +199,25 @@ async def test_public_client_refreshes_with_client_id_and_needs_pkce(public, sma
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_a_confidential_apps_grants_end_when_it_is_made_public(confidential, smart, runtime, api):
+    """A confidential app's refresh token is useless without its secret. Made a public client (the
+    console's checkbox, `apps update --public`), the app's backend that holds those tokens can no
+    longer present its secret (a public client has none): left live, they would refresh for whoever
+    names the public client_id alone, a thief included. So its grants end, their access tokens too."""
+    from lifecycle.applications import set_public
+    tokens = await confidential.tokens()
+    set_public(runtime, smart.app.id, True)
+    thief = SmartClient(api, smart.app, None, smart.world.sandbox_token, smart.org.id)  # client_id alone
+    status, body = await thief.refresh(tokens["refresh_token"])
+    assert (status, body["error"]) == (400, "invalid_grant"), body
+    assert SmartGrant.get().revoked_reason == "client_made_public"
+    assert (await thief.read_patient(tokens["access_token"]))[0] == 401
+    set_public(runtime, smart.app.id, False)  # confidential again: it revives nothing
+    status, body = await thief.refresh(tokens["refresh_token"])
+    assert status == 401 and body["error"] == "invalid_client", body
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_which_launches_get_a_refresh_token(confidential, smart, runtime):
     # both asked: one per grant, offline (the app declared both)
     both = await confidential.tokens("launch openid offline_access online_access patient/*.rs")
