@@ -21,17 +21,18 @@ def record_platform_verification(runtime, app, user) -> Installation | None:
      .on_conflict(conflict_target=[Authorization.application, Authorization.user],
                   update={Authorization.last_verified_at: now})
      .execute())
-    first_initialization = (
-        Installation.update(activation_status=DISABLED)
-        .where((Installation.application == app.id) & (Installation.organization == user.organization_id)
-               & Installation.activation_status.is_null())
-        .execute())
-    if first_initialization:
-        # Disabled like any other: grants made before it (no status yet, the app opened) end.
-        end_installation_grants(runtime, app.id, user.organization_id)
-        # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
-        AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
-                          before=None, after=DISABLED, user_id=user.id)
+    with runtime.db.atomic():  # the grants cannot be ended (deny-list unreachable: 503): no transition
+        first_initialization = (
+            Installation.update(activation_status=DISABLED)
+            .where((Installation.application == app.id) & (Installation.organization == user.organization_id)
+                   & Installation.activation_status.is_null())
+            .execute())
+        if first_initialization:
+            # Disabled like any other: grants made before it (no status yet, the app opened) end.
+            end_installation_grants(runtime, app.id, user.organization_id)
+            # The conditional UPDATE lets exactly one verification make this transition, so it is audited once.
+            AuditEvent.record("platform", "installation.activation_status_set", f"{app.id}/{user.organization_id}",
+                              before=None, after=DISABLED, user_id=user.id)
     record_activity(runtime, user)
     installation = Installation.find(app.id, user.organization_id)
     record_billable_use(app, user, installation, now)
