@@ -17,6 +17,7 @@ from models.application import BILLING_PLANS, DISABLED, Application, Installatio
 from models.audit import AuditEvent
 from models.bulk import BulkExport
 from models.charts import ChartRequest
+from models.grants import AuthorizationCode
 from models.ids import new_secret
 from models.refresh import SmartGrant
 from errors import ApiError
@@ -135,9 +136,10 @@ def set_public(runtime, application_id: str, public: bool, actor: str = "operato
     """Make the app a public client (no secret: every secret it had stops working at once, PKCE S256
     required) or a confidential one again (a new secret, returned to be shown once).
 
-    A confidential app made public loses its SMART refresh-token grants: their tokens were issued to
-    a client that authenticates with its secret, which the app can no longer present; left live they
-    would refresh for anyone naming the public client_id alone (a thief of a token included)."""
+    A confidential app made public loses its SMART refresh-token grants and its unused codes issued
+    without PKCE: both were bound to a client that authenticates with its secret, which the app can
+    no longer present; left live they would be redeemed by anyone naming the public client_id alone
+    (a thief of a token or a code included)."""
     app = find_application(application_id)
     secret = None
     made_public = bool(public) and not app.public
@@ -152,6 +154,10 @@ def set_public(runtime, application_id: str, public: bool, actor: str = "operato
         save_changes(app)
         if made_public:
             revoke_grants(runtime, SmartGrant.application == app.id, "client_made_public")
+            # Its unused codes without PKCE were bound by the secret alone: void them.
+            AuthorizationCode.delete().where((AuthorizationCode.application == app.id)
+                                             & AuthorizationCode.used_at.is_null()
+                                             & AuthorizationCode.code_challenge.is_null()).execute()
     AuditEvent.record(actor, "application.client_type_set", app.id, public=app.public)
     runtime.changes.announce(APPLICATIONS)
     return app, secret
