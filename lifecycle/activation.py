@@ -78,6 +78,13 @@ def installation_of(application_id: str, organization_id, purpose: str | None = 
     return installation
 
 
+def end_installation_grants(runtime, application_id: str, organization_id: str) -> int:
+    """The installation became `Disabled` (set by the app, or at its first SDK initialization):
+    the app's SMART refresh-token grants in the clinic end, and re-enabling revives none."""
+    return revoke_grants(runtime, (SmartGrant.application == application_id)
+                         & (SmartGrant.organization == organization_id), "installation_disabled")
+
+
 def set_activation_status(runtime, installation: Installation, status, actor: str) -> Installation:
     if status not in ACTIVATION_STATUSES:
         raise ApiError(400, "invalid_status", f"status must be one of {', '.join(ACTIVATION_STATUSES)}.")
@@ -91,9 +98,8 @@ def set_activation_status(runtime, installation: Installation, status, actor: st
         Installation.update(activation_status=status).where(Installation.id == current.id).execute()
         if status == ENABLED:
             start_trial(current.id, runtime.clock.now())
-        else:  # Disabled ends the app's SMART refresh-token grants in the clinic (re-enabling revives none)
-            revoke_grants(runtime, (SmartGrant.application == current.application_id)
-                          & (SmartGrant.organization == current.organization_id), "installation_disabled")
+        else:
+            end_installation_grants(runtime, current.application_id, current.organization_id)
         AuditEvent.record(actor, "installation.activation_status_set",
                           f"{current.application_id}/{current.organization_id}",
                           before=current.activation_status, after=status)

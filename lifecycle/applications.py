@@ -17,10 +17,13 @@ from models.application import BILLING_PLANS, DISABLED, Application, Installatio
 from models.audit import AuditEvent
 from models.bulk import BulkExport
 from models.charts import ChartRequest
+from models.grants import AuthorizationCode
 from models.ids import new_secret
+from models.refresh import SmartGrant
 from errors import ApiError
 from oauth.redirects import MATCH_MODES, RedirectUriError, normalise_redirect_uri
 from oauth.scopes import InvalidScope, validate_declared
+from oauth.smart_grants import revoke_grants
 
 
 def find_application(application_id: str) -> Application:
@@ -131,9 +134,15 @@ def set_offline_access_ttl(runtime, application_id: str, seconds: int | None, ac
 
 def set_public(runtime, application_id: str, public: bool, actor: str = "operator") -> tuple[Application, str | None]:
     """Make the app a public client (no secret: every secret it had stops working at once, PKCE S256
-    required) or a confidential one again (a new secret, returned to be shown once)."""
+    required) or a confidential one again (a new secret, returned to be shown once).
+
+    A confidential app made public loses its SMART refresh-token grants and its unused codes issued
+    without PKCE: both were bound to a client that authenticates with its secret, which the app can
+    no longer present; left live they would be redeemed by anyone naming the public client_id alone
+    (a thief of a token or a code included)."""
     app = find_application(application_id)
     secret = None
+    made_public = bool(public) and not app.public
     if public:
         app.client_secret_hash, app.fallback_secret_hash = "", None
         app.retired_secret_hash, app.retired_secret_until = None, None
@@ -141,7 +150,14 @@ def set_public(runtime, application_id: str, public: bool, actor: str = "operato
         secret = new_secret()
         app.client_secret_hash, app.secret_key_id = runtime.hasher.digest(secret), runtime.hasher.key_id
     app.public = bool(public)
-    save_changes(app)
+    with runtime.db.atomic():  # the deny-list unreachable (503): the app stays as it was
+        save_changes(app)
+        if made_public:
+            revoke_grants(runtime, SmartGrant.application == app.id, "client_made_public")
+            # Its unused codes without PKCE were bound by the secret alone: void them.
+            AuthorizationCode.delete().where((AuthorizationCode.application == app.id)
+                                             & AuthorizationCode.used_at.is_null()
+                                             & AuthorizationCode.code_challenge.is_null()).execute()
     AuditEvent.record(actor, "application.client_type_set", app.id, public=app.public)
     runtime.changes.announce(APPLICATIONS)
     return app, secret

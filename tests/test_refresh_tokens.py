@@ -199,6 +199,25 @@ async def test_public_client_refreshes_with_client_id_and_needs_pkce(public, sma
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_a_confidential_apps_grants_end_when_it_is_made_public(confidential, smart, runtime, api):
+    """A confidential app's refresh token is useless without its secret. Made a public client (the
+    console's checkbox, `apps update --public`), the app's backend that holds those tokens can no
+    longer present its secret (a public client has none): left live, they would refresh for whoever
+    names the public client_id alone, a thief included. So its grants end, their access tokens too."""
+    from lifecycle.applications import set_public
+    tokens = await confidential.tokens()
+    set_public(runtime, smart.app.id, True)
+    thief = SmartClient(api, smart.app, None, smart.world.sandbox_token, smart.org.id)  # client_id alone
+    status, body = await thief.refresh(tokens["refresh_token"])
+    assert (status, body["error"]) == (400, "invalid_grant"), body
+    assert SmartGrant.get().revoked_reason == "client_made_public"
+    assert (await thief.read_patient(tokens["access_token"]))[0] == 401
+    set_public(runtime, smart.app.id, False)  # confidential again: it revives nothing
+    status, body = await thief.refresh(tokens["refresh_token"])
+    assert status == 401 and body["error"] == "invalid_client", body
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_which_launches_get_a_refresh_token(confidential, smart, runtime):
     # both asked: one per grant, offline (the app declared both)
     both = await confidential.tokens("launch openid offline_access online_access patient/*.rs")
@@ -275,6 +294,27 @@ async def test_the_grant_ends_with_the_installation_the_app_or_the_user(confiden
         assert SmartGrant.get().revoked_reason == "installation_disabled"
     else:
         assert SmartGrant.select().count() == 0 and RefreshToken.select().count() == 0
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_the_first_sdk_initialization_disabling_the_installation_ends_its_grants(confidential, smart, runtime,
+                                                                                       api):
+    """A grant made before the app's first SDK initialization in the clinic (no status yet, so the app
+    opens) ends when the platform's verification moves the installation to `Disabled`, as every
+    `Disabled` does: enabling the app afterwards revives none."""
+    from lifecycle.activation import set_activation_status
+    tokens = await confidential.tokens()
+    assert Installation.find(smart.app.id, smart.org.id).activation_status is None
+    status, _, seen = await api.call("POST", "/v1/oauth/introspect", {"token": tokens["access_token"]},
+                                     headers={"Authorization": f"Bearer {smart.world.sandbox_token}"})
+    assert status == 200 and seen["active"] is True  # the platform's verification: the first SDK initialization
+    installation = Installation.find(smart.app.id, smart.org.id)
+    assert installation.activation_status == "Disabled"
+    assert SmartGrant.get().revoked_reason == "installation_disabled"
+    set_activation_status(runtime, installation, "Enabled", "test")
+    status, body = await confidential.refresh(tokens["refresh_token"])
+    assert (status, body["error"]) == (400, "invalid_grant"), body
+    assert (await confidential.read_patient(tokens["access_token"]))[0] == 401
 
 
 @pytest.mark.gen_test(timeout=60)

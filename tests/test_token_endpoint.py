@@ -62,6 +62,21 @@ async def test_code_is_bound_to_its_redirect_uri(flow, world):
 
 
 @pytest.mark.gen_test
+async def test_a_code_without_pkce_is_void_once_its_app_is_made_public(api, flow, world, runtime):
+    """A confidential client's code issued without PKCE is bound by the client's secret alone. Once
+    the app is a public client its backend can no longer present that secret, so the code would
+    be exchanged by whoever names the public client_id: it is void instead (a public client's
+    codes always carry a PKCE challenge)."""
+    from lifecycle.applications import set_public
+    code = await flow.code()
+    set_public(runtime, world.app.id, True)
+    status, _, body = await api.call("POST", "/v1/oauth/token", body=urllib.parse.urlencode(
+        {"grant_type": "authorization_code", "code": code, "client_id": world.app.client_id}),
+        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 400 and body["error"] == "invalid_grant", body
+
+
+@pytest.mark.gen_test
 async def test_wrong_secret_is_401_invalid_client(flow):
     status, _, body = await flow.exchange(await flow.code(), secret="wrong")
     assert status == 401 and body["error"] == "invalid_client"
