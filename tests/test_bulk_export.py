@@ -567,3 +567,28 @@ def test_a_failed_export_answers_its_operation_outcome_and_expired_ones_are_gone
     assert client.status(url)[0] == 404
     assert client.kick_off(params={"_type": "Patient"})[0] == 202
     assert BulkExport.select().count() == 1
+
+
+def test_a_file_downloads_with_the_permission_that_exports_its_type(live, runtime, world):
+    """An export is a search of each type (its kick-off needs `.s`), but a file downloaded with `.r`:
+    a token granted read-by-id alone (`system/Observation.r`), refused the export, downloaded the
+    whole clinic's Observations another token of the app had exported, and one granted search
+    (`.s`) exported them but could not download them. Both now ask the same permission."""
+    from helpers.bulk import Backend
+    schedule_patients(world.org, world.physician, world.app, 3)
+    backend = Backend(runtime, live, world.org)
+    client = backend.client(world.org.id)
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation"})
+    assert status == 202, body
+    manifest = client.wait(headers["Content-Location"])
+    assert [o["type"] for o in manifest["output"]] == ["Patient", "Observation"]
+    read_only = BulkClient(client.base, backend.token("system/Patient.r system/Observation.r"))
+    assert read_only.kick_off("/Patient/$export", {"_type": "Observation"})[0] == 403
+    for output in manifest["output"]:
+        status, _, raw = read_only.request("GET", output["url"])
+        assert status == 403 and outcome(json.loads(raw)) == "forbidden", (output["type"], status, raw[:200])
+    search_only = BulkClient(client.base, backend.token("system/Patient.s system/Observation.s"))
+    assert all(search_only.download(o["url"]) for o in manifest["output"])
+    status, headers, body = search_only.kick_off("/Patient/$export", {"_type": "Observation"})
+    assert status == 202, body
+    assert [search_only.download(o["url"]) for o in search_only.wait(headers["Content-Location"])["output"]]
