@@ -592,3 +592,23 @@ def test_a_file_downloads_with_the_permission_that_exports_its_type(live, runtim
     status, headers, body = search_only.kick_off("/Patient/$export", {"_type": "Observation"})
     assert status == 202, body
     assert [search_only.download(o["url"]) for o in search_only.wait(headers["Content-Location"])["output"]]
+
+
+def test_a_post_kickoff_takes_a_parameter_once_from_its_url_or_its_body(exporter):
+    """A POST kick-off took its URL's parameters too, and the body's replaced them name by name: a
+    `_since` in both was the body's, silently (the manifest's `request`, the URL, said the other),
+    and a `patient` in the URL, refused on a GET, was taken. Now a parameter in both is a 400 naming
+    it (never last-wins, as a repeat in one place), a URL `patient` the GET's 400; the rest combine."""
+    client, patients = exporter
+    body = {"resourceType": "Parameters", "parameter": [{"name": "_since", "valueInstant": "2020-01-01T00:00:00Z"}]}
+    status, _, answer = client.kick_off("/Patient/$export?_since=2025-01-01T00:00:00Z", parameters=body)
+    assert status == 400 and outcome(answer) == "invalid" and "_since" in answer["issue"][0]["diagnostics"], answer
+    status, _, answer = client.kick_off(f"/Patient/$export?patient=Patient/{patients[0]}",
+                                        parameters={"resourceType": "Parameters"})
+    assert status == 400 and "patient" in answer["issue"][0]["diagnostics"], answer
+    assert BulkExport.select().count() == 0
+    status, headers, answer = client.kick_off("/Patient/$export?_type=Patient", parameters={
+        "resourceType": "Parameters", "parameter": [{"name": "patient", "valueReference": {"reference": f"Patient/{patients[0]}"}}]})
+    assert status == 202, answer
+    files = [client.download(o["url"]) for o in client.wait(headers["Content-Location"])["output"]]
+    assert [[r["id"] for r in found] for found in files] == [[patients[0]]]
