@@ -9,7 +9,8 @@ on the runtime's pool, after the FHIR API's own admission: token, CORS, limits).
 - `export_status`: 202 + `X-Progress` + `Retry-After` while it runs (and at the first poll
   whatever its state), the manifest once complete, the failure's OperationOutcome once failed.
 - `cancel`: the job and its files are deleted, its build stopped (`bulk.build.cancel_export`).
-- `open_file`: one file's stream, for a token of the exporting app whose scopes cover its type.
+- `open_file`: one file's stream, for a token of the exporting app whose scopes let it export (search,
+  `EXPORT_PERMISSION`) its type, as the kick-off asks: a read-by-id scope alone downloads nothing.
 Only the exporting app's tokens see a job, on the job's clinic; anything else is a 404. Status,
 DELETE and files refuse, as the kick-off does (403), a token that reaches one of the job's types
 only through a `patient/` scope (`fhir_api.access.patient_scoped`).
@@ -41,6 +42,7 @@ STATUS_SEGMENT = "$export-status"
 FILE_SEGMENT = "$export-file"
 POLL_SECONDS = 2          # Retry-After of a running export
 BUSY_RETRY_AFTER = 60     # Retry-After of a kick-off over the app's concurrent exports
+EXPORT_PERMISSION = "s"   # an export is a search of each type: its kick-off and its files need the same
 
 log = logging.getLogger("svc_auth.bulk")
 
@@ -53,10 +55,10 @@ def file_url(settings, organization_id: str, export_id: str, name: str) -> str:
     return f"{fhir_base_url(settings, organization_id)}/{FILE_SEGMENT}/{export_id}/{name}"
 
 
-def _no_patient_scope(caller, kinds, permission: str = "s") -> None:
+def _no_patient_scope(caller, kinds) -> None:
     """403 when the caller reaches one of `kinds` only through a `patient/` scope: such a grant
     cannot export, nor poll, delete or download an export."""
-    if any(patient_scoped(caller, kind, permission) for kind in kinds):
+    if any(patient_scoped(caller, kind, EXPORT_PERMISSION) for kind in kinds):
         raise FhirError(403, "forbidden", "A patient/ scope cannot export; a backend app asks for system/ scopes.")
 
 
@@ -64,7 +66,7 @@ def _grant(caller, kind: str):
     """The caller's search grant on `kind`, or None when its scopes do not reach it (whole clinic only)."""
     _no_patient_scope(caller, (kind,))
     try:
-        return grant_for(caller, kind, "s")
+        return grant_for(caller, kind, EXPORT_PERMISSION)
     except ApiError as exc:  # insufficient_scope (oauth.bearer), or a FhirError
         if exc.status == 403:
             return None
@@ -182,7 +184,7 @@ def cancel(runtime, caller, organization_id: str, export_id: str) -> None:
 
 def open_file(runtime, caller, organization_id: str, export_id: str, name: str):
     """(stream, size, patients, type) of one file of a complete export; 403 when the token's scopes
-    do not reach its type; 404 for anything not listed in the manifest."""
+    do not let it export (search) its type; 404 for anything not listed in the manifest."""
     job = _job(caller, organization_id, export_id, runtime.clock.now())
     kind, _, rest = name.partition("-")
     part = rest[:-len(".ndjson")] if rest.endswith(".ndjson") else ""
@@ -192,8 +194,8 @@ def open_file(runtime, caller, organization_id: str, export_id: str, name: str):
                                          & (BulkExportFile.part == int(part)))
     if row is None:
         raise FhirError(404, "not-found", "No such file in this export.")
-    _no_patient_scope(caller, (kind,), "r")
-    grant_for(caller, kind, "r")
+    _no_patient_scope(caller, (kind,))
+    grant_for(caller, kind, EXPORT_PERMISSION)  # what exported the type: `.r` alone (read by id) downloads none
     try:
         stream, size = runtime.object_store.open_object(row.object_key)
     except FileNotFoundError:

@@ -2,7 +2,8 @@
 
 From the query string of a `GET`, or the `Parameters` body of a `POST` (`application/fhir+json` or
 `application/json`; each parameter a `valueString`, `_since` a `valueInstant` too, `patient` a
-`valueReference`). A value of the wrong shape is a 400 (`fhir_api.outcome.invalid`):
+`valueReference`) with its URL's (`post_arguments`: a parameter in one of them only). A value of
+the wrong shape is a 400 (`fhir_api.outcome.invalid`):
 
 - `_type`: comma-separated types, repeatable; a type not exported at this level is a 400, or with
   `Prefer: handling=lenient` left out.
@@ -40,6 +41,7 @@ MAX_TYPE_FILTERS = 50
 MAX_ELEMENTS = 100
 INSTANT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})")
 ELEMENT = re.compile(rf"(?:({RESOURCE_TYPE.pattern})\.)?([a-z][A-Za-z0-9]{{0,63}})")
+PATIENT_IN_BODY = "The patient parameter is sent in a POST kick-off's Parameters body."
 KNOWN = ("_type", "_since", "_outputFormat", "_elements", "_typeFilter", "includeAssociatedData", "patient")
 
 
@@ -128,6 +130,18 @@ def parameters_body(body) -> dict[str, list[str]]:
             value = str(values[0]).lower() if isinstance(values[0], bool) else values[0]
         found.setdefault(name, []).append(value)
     return found
+
+
+def post_arguments(query: dict[str, list[str]], body: dict[str, list[str]]) -> dict[str, list[str]]:
+    """A POST kick-off's parameters: its URL's and its `Parameters` body's, each named in one of
+    them only (400 naming one given in both: never the body's over the URL's, as a parameter
+    repeated in one place is never last-wins); `patient` only in the body (the GET's 400)."""
+    if "patient" in query:
+        raise invalid(PATIENT_IN_BODY)
+    both = [name for name in body if name in query]
+    if both:
+        raise invalid(f"{both[0][:40]!r} is given both in the URL and in the Parameters body: send it in one of them.")
+    return {**query, **body}
 
 
 def _split(values: list[str]) -> list[str]:
@@ -230,7 +244,7 @@ def parse_kickoff(level: str, args: dict[str, list[str]], base_url: str, now: dt
                   from_post: bool) -> ExportParameters:
     """The checked parameters of a kick-off at `level` (`system`, `patient`, `group`)."""
     if "patient" in args and not from_post:
-        raise invalid("The patient parameter is sent in a POST kick-off's Parameters body.")
+        raise invalid(PATIENT_IN_BODY)
     formats = args.get("_outputFormat") or [OUTPUT_FORMATS[0]]
     if len(formats) > 1 or formats[0] not in OUTPUT_FORMATS:
         raise invalid(f"_outputFormat must be one of {', '.join(OUTPUT_FORMATS)}.")

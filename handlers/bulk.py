@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from errors import ApiError
 from bulk.api import cancel, export_status, kick_off, open_file, read_group, search_groups
-from bulk.params import lenient_handling, parameters_body, query_values, respond_async
+from bulk.params import lenient_handling, parameters_body, post_arguments, query_values, respond_async
 from fhir_api import FHIR_PATH_PREFIX, fhir_base_url
 from fhir_api.outcome import FhirError, invalid, operation_outcome
 from handlers.base import JsonBodyError, json_document
@@ -90,7 +90,7 @@ class KickoffHandler(BulkHandler):
         lenient, _ = self._checks()
         args = query_values(self.request.query_arguments)
         if from_post:
-            args.update(self._post_args())
+            args = post_arguments(args, self._post_args())
         base = fhir_base_url(self.svc_settings, organization_id)
         # The path as sent after the clinic's segment (which Tornado gave decoded: `%61bc` is `abc`).
         suffix = self.request.path[len(FHIR_PATH_PREFIX) + 1:].partition("/")[2]

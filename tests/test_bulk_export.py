@@ -567,3 +567,48 @@ def test_a_failed_export_answers_its_operation_outcome_and_expired_ones_are_gone
     assert client.status(url)[0] == 404
     assert client.kick_off(params={"_type": "Patient"})[0] == 202
     assert BulkExport.select().count() == 1
+
+
+def test_a_file_downloads_with_the_permission_that_exports_its_type(live, runtime, world):
+    """An export is a search of each type (its kick-off needs `.s`), but a file downloaded with `.r`:
+    a token granted read-by-id alone (`system/Observation.r`), refused the export, downloaded the
+    whole clinic's Observations another token of the app had exported, and one granted search
+    (`.s`) exported them but could not download them. Both now ask the same permission."""
+    from helpers.bulk import Backend
+    schedule_patients(world.org, world.physician, world.app, 3)
+    backend = Backend(runtime, live, world.org)
+    client = backend.client(world.org.id)
+    status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient,Observation"})
+    assert status == 202, body
+    manifest = client.wait(headers["Content-Location"])
+    assert [o["type"] for o in manifest["output"]] == ["Patient", "Observation"]
+    read_only = BulkClient(client.base, backend.token("system/Patient.r system/Observation.r"))
+    assert read_only.kick_off("/Patient/$export", {"_type": "Observation"})[0] == 403
+    for output in manifest["output"]:
+        status, _, raw = read_only.request("GET", output["url"])
+        assert status == 403 and outcome(json.loads(raw)) == "forbidden", (output["type"], status, raw[:200])
+    search_only = BulkClient(client.base, backend.token("system/Patient.s system/Observation.s"))
+    assert all(search_only.download(o["url"]) for o in manifest["output"])
+    status, headers, body = search_only.kick_off("/Patient/$export", {"_type": "Observation"})
+    assert status == 202, body
+    assert [search_only.download(o["url"]) for o in search_only.wait(headers["Content-Location"])["output"]]
+
+
+def test_a_post_kickoff_takes_a_parameter_once_from_its_url_or_its_body(exporter):
+    """A POST kick-off took its URL's parameters too, and the body's replaced them name by name: a
+    `_since` in both was the body's, silently (the manifest's `request`, the URL, said the other),
+    and a `patient` in the URL, refused on a GET, was taken. Now a parameter in both is a 400 naming
+    it (never last-wins, as a repeat in one place), a URL `patient` the GET's 400; the rest combine."""
+    client, patients = exporter
+    body = {"resourceType": "Parameters", "parameter": [{"name": "_since", "valueInstant": "2020-01-01T00:00:00Z"}]}
+    status, _, answer = client.kick_off("/Patient/$export?_since=2025-01-01T00:00:00Z", parameters=body)
+    assert status == 400 and outcome(answer) == "invalid" and "_since" in answer["issue"][0]["diagnostics"], answer
+    status, _, answer = client.kick_off(f"/Patient/$export?patient=Patient/{patients[0]}",
+                                        parameters={"resourceType": "Parameters"})
+    assert status == 400 and "patient" in answer["issue"][0]["diagnostics"], answer
+    assert BulkExport.select().count() == 0
+    status, headers, answer = client.kick_off("/Patient/$export?_type=Patient", parameters={
+        "resourceType": "Parameters", "parameter": [{"name": "patient", "valueReference": {"reference": f"Patient/{patients[0]}"}}]})
+    assert status == 202, answer
+    files = [client.download(o["url"]) for o in client.wait(headers["Content-Location"])["output"]]
+    assert [[r["id"] for r in found] for found in files] == [[patients[0]]]
