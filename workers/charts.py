@@ -69,7 +69,10 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
     if not (ChartRequest.update(status="ready", ready_at=runtime.clock.now(), object_key=key, error=None)
             .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute()):
         request = ChartRequest.get_or_none(ChartRequest.id == request_id)
-        if request is None:  # deleted with its app while it was built: nothing would ever find the ZIP
+        if request is None or request.status != "ready":
+            # Deleted with its app, failed (the sweep gave up on a stalled build) or expired while
+            # it was built: nothing would ever find or expire this ZIP. A `ready` request's object
+            # is this same key, published by another delivery: it stays.
             store.delete(key)
         return request
     return ChartRequest.get_by_id(request_id)
