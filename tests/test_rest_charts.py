@@ -214,6 +214,32 @@ def test_a_stalled_build_whose_request_failed_meanwhile_leaves_no_zip(world, run
     assert not store.exists(chart_key(request.id))
 
 
+@pytest.mark.svc_settings(task_max_retries=0)
+@pytest.mark.gen_test(timeout=60)
+async def test_a_build_that_fails_after_its_upload_leaves_no_zip_of_its_failed_request(api, world, runtime,
+                                                                                       monkeypatch):
+    """The ZIP is uploaded, then the build fails on its last try (the store's check of the upload,
+    or the database's `ready`, fails: S3 or PostgreSQL blipped). The request ended `failed` (409)
+    and the ZIP stayed in the store for ever: expiry only deletes `ready` charts' ZIPs."""
+    from workers.charts import chart_key
+    store = runtime.batch_object_store
+
+    def check_fails(key):
+        raise OSError("HeadObject: 503 SlowDown")
+    monkeypatch.setattr(store, "exists", check_fails)
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
+        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
+    assert status == 202, created
+    done = await wait_until_not_pending(api, headers, created["request_id"])
+    assert done["status"] == "failed", done
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{created['request_id']}",
+                                     headers=headers)
+    assert status == 409 and body["error"] == "chart_failed", body
+    monkeypatch.undo()
+    assert not store.exists(chart_key(created["request_id"]))
+
+
 def test_a_backlog_of_old_charts_expires_a_batch_per_sweep_oldest_first(world, runtime):
     """The first sweep after an upgrade finds every chart ever built: it deletes EXPIRE_BATCH of
     them, the oldest, and the next sweep the rest; a chart still within SVC_CHART_TTL stays."""
