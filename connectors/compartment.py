@@ -50,6 +50,10 @@ COMPARTMENT_PATHS = MappingProxyType({kind: tuple(dict.fromkeys(path for _, path
 """type -> the distinct element paths of its links (precomputed: the matcher's hot path)."""
 SEARCH_BY_PATIENT = ("patient", "subject")
 """R4's parameters that search a type by its patient (`Observation?patient=X`), besides its compartment's."""
+SUBJECT_PATHS = MappingProxyType({kind: tuple(dict.fromkeys(path for name, path in links if name in SEARCH_BY_PATIENT))
+                                  for kind, links in PATIENT_COMPARTMENT.items()})
+"""type -> the element paths of its `patient`/`subject` links: the patient a resource is *about*
+(Condition `subject`, AllergyIntolerance `patient`), not who asserted, recorded, performed or wrote it."""
 PATIENT_PARAMS = MappingProxyType({
     kind: tuple(dict.fromkeys(SEARCH_BY_PATIENT + tuple(name for name, _ in links))) for kind, links in PATIENT_COMPARTMENT.items()}
     | {"Patient": ("_id",)})
@@ -113,6 +117,17 @@ def patients_of(resource: dict, base: str | None = None) -> list[str]:
 
 def in_compartment(resource: dict, patient_id: str, base: str | None = None) -> bool:
     """Is `resource` the patient `patient_id`, or in their compartment?"""
+    return _names_patient(resource, patient_id, base, COMPARTMENT_PATHS)
+
+
+def about_patient(resource: dict, patient_id: str, base: str | None = None) -> bool:
+    """Is `resource` the patient `patient_id`, or about them (its `patient`/`subject` names them)?
+    Narrower than `in_compartment`: a Condition that the patient asserted about their child is in
+    the patient's compartment, and is the child's. What a chart of the patient holds."""
+    return _names_patient(resource, patient_id, base, SUBJECT_PATHS)
+
+
+def _names_patient(resource: dict, patient_id: str, base: str | None, paths) -> bool:
     if not isinstance(resource, dict) or not patient_id:
         return False
     kind = resource.get("resourceType")
@@ -121,7 +136,7 @@ def in_compartment(resource: dict, patient_id: str, base: str | None = None) -> 
     # `Patient/{id}` itself (nearly every reference) is compared as it is: `reference_id` would
     # give `patient_id` for it too (an id without a `/` has no `/_history/` either).
     direct = f"Patient/{patient_id}" if "/" not in patient_id else None
-    for path in COMPARTMENT_PATHS.get(kind, ()):
+    for path in paths.get(kind, ()):
         for reference in _references(resource, path):
             if reference == direct or reference_id(reference, "Patient", base) == patient_id:
                 return True

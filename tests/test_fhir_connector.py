@@ -304,6 +304,47 @@ async def test_a_chart_request_for_a_fhir_patient_yields_the_zip_of_that_patient
     assert (last.outcome, last.resource_type, last.patients) == ("failure", "Patient", ["no-such-patient"])
 
 
+@pytest.mark.gen_test(timeout=300)
+async def test_a_chart_holds_nothing_about_another_patient_that_merely_names_this_one(api, runtime, world, live, fhir_ehr):
+    """A mother's chart held her child's records: R4's Patient compartment (what `$everything`
+    answers) also takes in what she asserted, recorded, performed or wrote about someone else (a
+    Condition's `asserter`, an AllergyIntolerance's `recorder`, an Observation's `performer`, a
+    DocumentReference's `author`), and the chart kept every resource of her compartment, so the
+    child's asthma was listed as her problem. A chart holds only what is about its patient: the
+    resource's `subject` (`patient` for an AllergyIntolerance)."""
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Family Clinic")
+    install_application(world.app.id, org_id)
+    mother, child = {"reference": "Patient/pt-7"}, {"reference": "Patient/pt-kid"}
+    about_the_child = [
+        {"resourceType": "Condition", "id": "cond-kid", "subject": child, "asserter": mother,
+         "code": {"text": "Childhood asthma"}},
+        {"resourceType": "AllergyIntolerance", "id": "alg-kid", "patient": child, "recorder": mother,
+         "code": {"text": "Peanut"}},
+        {"resourceType": "Observation", "id": "obs-kid", "status": "final", "subject": child, "performer": [mother],
+         "code": {"text": "Peak flow"}, "effectiveDateTime": "2024-03-03", "valueQuantity": {"value": 250, "unit": "L/min"}},
+        {"resourceType": "DocumentReference", "id": "doc-kid", "status": "current", "subject": child,
+         "author": [mother], "date": "2024-03-04T00:00:00Z", "type": {"text": "School asthma plan"},
+         "content": [{"attachment": {"contentType": "text/plain", "title": "Asthma plan"}}]}]
+    fhir_ehr.seed(patient("pt-7", "Doe", "Jane", "1970-01-02", "female"),
+                  patient("pt-kid", "Doe", "Jimmy", "2015-06-07", "male"),
+                  *chart_record("pt-7", encounters=2), *about_the_child)
+    headers = await partner_headers(api, world.app, world.secret)
+    kid_ids = {r["id"] for r in about_the_child}
+    in_compartment = {i for ids in fhir_ehr.compartment("pt-7").values() for i in ids}
+    assert kid_ids <= in_compartment  # what $everything answers for the mother
+
+    for everything in (True, False):  # $everything, and the searches by patient
+        fhir_ehr.offer_everything(everything)
+        fhir_state(runtime).capabilities.drop(fhir_ehr.base)
+        text, chart = await chart_of(api, headers, runtime, world.app.id, org_id, "pt-7")
+        held = {i for ids in held_ids(chart).values() for i in ids}
+        assert not held & kid_ids, (everything, held & kid_ids)
+        flat = text.replace("\n", " ")
+        for words in ("Childhood asthma", "Peanut", "Peak flow", "School asthma plan"):
+            assert words not in flat and words not in json.dumps(chart), (everything, words)
+        assert {"cond-htn", "cond-dm", "alg-1", "obs-bp"} <= held  # hers are all there
+
+
 def test_a_fhir_clinics_physician_signs_in_to_the_sandbox_hub(runtime):
     """With the sandbox on, its hub serves a FHIR clinic's users too (how they complete the flow in
     tests and demos); a clinic on an EHR svc-auth has no connector for stays outside."""

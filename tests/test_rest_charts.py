@@ -186,6 +186,60 @@ def test_a_chart_built_while_its_app_was_deleted_leaves_no_zip(world, runtime, m
     assert not store.exists(chart_key(request.id))
 
 
+def test_a_stalled_build_whose_request_failed_meanwhile_leaves_no_zip(world, runtime):
+    """A build on its last try stalls past its lease (a slow EHR, a database blip for its lease
+    keeper): the sweep fails the request (its tries are used up) and the partner reads 409. The
+    stalled build then went on to upload its ZIP, found the request no longer pending and left the
+    ZIP in the store: a patient's chart kept for ever (expiry only deletes `ready` charts' ZIPs)."""
+    from workers.charts import build_chart_archive, chart_key
+    from workers.leases import lease_seconds
+    from workers.recovery import sweep_charts
+    request = ChartRequest.create(application=world.app.id, organization=world.org.id,
+                                  patient_id=patient_panel(world.org.id)[0].id,
+                                  attempts=runtime.settings.task_max_retries)
+    store = runtime.batch_object_store
+    real_put = store.put_file
+
+    def put_after_the_sweep_gave_up(key, path):
+        runtime.clock.advance(lease_seconds(runtime.settings) + 1)  # the lease lapsed
+        assert sweep_charts(runtime) == []  # no tries left: failed, not re-queued
+        assert ChartRequest.get_by_id(request.id).status == "failed"
+        real_put(key, path)
+    store.put_file = put_after_the_sweep_gave_up
+    try:
+        build_chart_archive(runtime, request.id)
+    finally:
+        store.put_file = real_put
+    assert ChartRequest.get_by_id(request.id).status == "failed"
+    assert not store.exists(chart_key(request.id))
+
+
+@pytest.mark.svc_settings(task_max_retries=0)
+@pytest.mark.gen_test(timeout=60)
+async def test_a_build_that_fails_after_its_upload_leaves_no_zip_of_its_failed_request(api, world, runtime,
+                                                                                       monkeypatch):
+    """The ZIP is uploaded, then the build fails on its last try (the store's check of the upload,
+    or the database's `ready`, fails: S3 or PostgreSQL blipped). The request ended `failed` (409)
+    and the ZIP stayed in the store for ever: expiry only deletes `ready` charts' ZIPs."""
+    from workers.charts import chart_key
+    store = runtime.batch_object_store
+
+    def check_fails(key):
+        raise OSError("HeadObject: 503 SlowDown")
+    monkeypatch.setattr(store, "exists", check_fails)
+    headers = await partner_headers(api, world.app, world.secret)
+    status, _, created = await api.call("POST", "/v1/chart-retrieval/requests", {
+        "svc_organization_id": world.org.id, "patient_id": patient_panel(world.org.id)[0].id}, headers=headers)
+    assert status == 202, created
+    done = await wait_until_not_pending(api, headers, created["request_id"])
+    assert done["status"] == "failed", done
+    status, _, body = await api.call("GET", f"/v1/chart-retrieval/download-url/{created['request_id']}",
+                                     headers=headers)
+    assert status == 409 and body["error"] == "chart_failed", body
+    monkeypatch.undo()
+    assert not store.exists(chart_key(created["request_id"]))
+
+
 def test_a_backlog_of_old_charts_expires_a_batch_per_sweep_oldest_first(world, runtime):
     """The first sweep after an upgrade finds every chart ever built: it deletes EXPIRE_BATCH of
     them, the oldest, and the next sweep the rest; a chart still within SVC_CHART_TTL stays."""

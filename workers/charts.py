@@ -69,15 +69,26 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
     if not (ChartRequest.update(status="ready", ready_at=runtime.clock.now(), object_key=key, error=None)
             .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute()):
         request = ChartRequest.get_or_none(ChartRequest.id == request_id)
-        if request is None:  # deleted with its app while it was built: nothing would ever find the ZIP
+        if request is None or request.status != "ready":
+            # Deleted with its app, failed (the sweep gave up on a stalled build) or expired while
+            # it was built: nothing would ever find or expire this ZIP. A `ready` request's object
+            # is this same key, published by another delivery: it stays.
             store.delete(key)
         return request
     return ChartRequest.get_by_id(request_id)
 
 
-def mark_failed(request_id: str, reason: str) -> None:
-    (ChartRequest.update(status="failed", error=reason)
-     .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute())
+def mark_failed(runtime, request_id: str, reason: str) -> None:
+    """End a pending request `failed`, then delete any ZIP a build of it stored: one that uploaded
+    and then failed (the check of its upload, or `ready`, raised on its last try), or whose worker
+    was killed after its upload. Nothing else would ever delete it (expiry deletes `ready` charts')."""
+    if not (ChartRequest.update(status="failed", error=reason)
+            .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute()):
+        return
+    try:
+        runtime.batch_object_store.delete(chart_key(request_id))
+    except Exception:
+        log.exception("chart %s: failed, and the archive a build may have stored could not be deleted", request_id)
 
 
 @task(queue_name="charts")
@@ -90,16 +101,16 @@ def build_chart(runtime, request_id: str) -> None:
         if runtime.task_queue.last_attempt():
             request = ChartRequest.get_or_none(ChartRequest.id == request_id)
             attempts = request.attempts if request else 0
-            mark_failed(request_id, f"The EHR did not answer after {attempts} attempts: {exc}")
+            mark_failed(runtime, request_id, f"The EHR did not answer after {attempts} attempts: {exc}")
             return
         hold_for_retry(runtime, extend_chart_lease, request_id, owner)
         raise
     except ConnectorError as exc:
-        mark_failed(request_id, str(exc))
+        mark_failed(runtime, request_id, str(exc))
     except Exception:
         log.exception("chart %s: build failed", request_id)
         if runtime.task_queue.last_attempt():
-            mark_failed(request_id, "The chart archive could not be built.")
+            mark_failed(runtime, request_id, "The chart archive could not be built.")
             return
         hold_for_retry(runtime, extend_chart_lease, request_id, owner)
         raise

@@ -57,8 +57,8 @@ def sweep_charts(runtime) -> list[str]:
     requeued = []
     for request in ChartRequest.select(ChartRequest.id, ChartRequest.attempts).where(_stale_chart(now, lease)):
         if request.attempts > settings.task_max_retries:
-            mark_failed(request.id, f"The chart archive could not be built: its worker stopped "
-                                    f"{request.attempts} times.")
+            mark_failed(runtime, request.id, f"The chart archive could not be built: its worker stopped "
+                                             f"{request.attempts} times.")
             continue
         message = runtime.task_queue.message(build_chart, request.id)
         claimed = (ChartRequest.update(lease_owner=message.message_id,

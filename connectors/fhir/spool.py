@@ -5,7 +5,8 @@
 entry (problems, medications and allergies too: an EHR decides how many and how long they are)
 appended to anonymous temporary files and read back line by line, as often as the PDF and the
 JSON ask. So a chart of thousands of resources is read from the EHR once and memory stays
-flat. A resource that names another patient is left out, and so is one not in R4's shape (an
+flat. A resource not about the patient (its `subject` names another, even one the patient
+asserted, recorded or wrote) is left out, and so is one not in R4's shape (an
 object where a string belongs, a string where an object does): counted in `malformed` per type,
 which the chart's `omitted` names, and every field of an entry is text. No FHIR search syntax here (`connectors.fhir.query`).
 """
@@ -17,7 +18,8 @@ import logging
 import tempfile
 
 from connectors.base import Encounter
-from connectors.matching import day_of, in_compartment
+from connectors.compartment import about_patient
+from connectors.matching import day_of
 from models.ids import is_id
 
 CHART_TYPES = ("Condition", "MedicationRequest", "AllergyIntolerance", "Encounter", "Observation", "DocumentReference")
@@ -95,9 +97,11 @@ class ChartSpool:
         self.counts[kind] += 1
 
     def _of_patient(self, resource: dict) -> bool:
-        """Whether the resource names this patient as its patient (`connectors.matching`:
-        `Patient/{id}`, versioned, or absolute under this EHR's base; never another server's)."""
-        return in_compartment(resource, self.patient_id, self.base)
+        """Whether the resource is about this patient: its `subject` (an AllergyIntolerance's
+        `patient`) names them (`connectors.compartment.about_patient`: `Patient/{id}`, versioned,
+        or absolute under this EHR's base; never another server's). Being in their compartment is
+        not enough: `$everything` also answers what they asserted, recorded or wrote about others."""
+        return about_patient(resource, self.patient_id, self.base)
 
 
 class Spooled:
