@@ -56,6 +56,8 @@ def _url(name: str, value: str) -> str:
 
 
 _TEN_YEARS = 10 * 366 * 86400
+S3_LONGEST_PRESIGNED_URL = 7 * 86400
+"""The longest a Signature V4 presigned URL may live: S3 refuses one signed for longer."""
 _UNITS = (("_BYTES", "bytes", 2 ** 50), ("_MS", "milliseconds", _TEN_YEARS * 1000), ("_DAYS", "days", 100 * 366),
           ("_PAGES", "pages", 1_000_000), ("_THREADS", "threads", 256))
 """A whole-number setting's unit and largest value, by the end of its name (else seconds, at most
@@ -389,6 +391,9 @@ class Settings:
                            "a whole number of connections, 1 or more"))
         merged["bulk_max_concurrent"] = _at_least("SVC_BULK_MAX_CONCURRENT", merged["bulk_max_concurrent"], 1,
                                                   "a whole number of exports, 1 or more")
+        if merged["presigned_url_ttl"] > S3_LONGEST_PRESIGNED_URL:
+            raise ConfigError(f"SVC_PRESIGNED_URL_TTL must be at most {S3_LONGEST_PRESIGNED_URL} seconds (S3 signs no URL "
+                              f"for longer than 7 days), got {merged['presigned_url_ttl']}")
         if merged["key_holder_window"] < 4:
             raise ConfigError(f"SVC_KEY_HOLDER_WINDOW must be at least 4 seconds, got {merged['key_holder_window']}")
         if merged["task_recovery_seconds"] < 3:

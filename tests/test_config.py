@@ -57,6 +57,7 @@ def test_a_url_s_scheme_is_read_in_lower_case():
     ({"SVC_WORKER_THREADS": str(2 ** 64)}, "SVC_WORKER_THREADS"),
     ({"SVC_DB_THREADS": "100000"}, "SVC_DB_THREADS"),
     ({"SVC_TASK_MAX_BACKOFF_MS": str(10 ** 15)}, "SVC_TASK_MAX_BACKOFF_MS"),
+    ({"SVC_PRESIGNED_URL_TTL": str(7 * 86400 + 1)}, "SVC_PRESIGNED_URL_TTL"),  # S3 refuses such URLs
 ])
 def test_bad_values_are_refused_naming_the_variable(env, name):
     with pytest.raises(ConfigError, match=name):
