@@ -156,6 +156,15 @@ class BaseHandler(tornado.web.RequestHandler):
             raise invalid_request("The request body is not valid UTF-8.") from None
         return self._form_fields(text)
 
+    def query_and_form_params(self) -> dict:
+        """The query's and the form body's parameters as one: a name in both is a 400 (as a
+        repeated one is), never last-wins."""
+        query, form = self.query_params(), self.form_params()
+        both = sorted(query.keys() & form.keys())
+        if both:
+            raise invalid_request(f"The {both[0]} parameter is given in both the query and the body.")
+        return {**query, **form}
+
     @staticmethod
     def _form_fields(text: str) -> dict:
         """A form's fields, one value each (a repeated one is an error), %-escapes strictly UTF-8

@@ -8,7 +8,7 @@ from handlers.cors import CorsHandler
 from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import claimed_client_id
 from errors import ApiError
-from oauth.errors import AuthorizeError, invalid_request
+from oauth.errors import AuthorizeError
 from oauth.introspection import introspect
 from oauth.resource import USERINFO, userinfo
 from oauth.revocation import revoke
@@ -33,7 +33,7 @@ class AuthorizeHandler(VariantHandler):
     async def post(self):
         """The form body's parameters, with the query's (a name in both is refused, never
         last-wins); 303 so the browser GETs redirect_uri (RFC 9700 4.12), never re-posts to it."""
-        await self.authorize(merged_params(self.query_params(), self.form_params()), 303)
+        await self.authorize(self.query_and_form_params(), 303)
 
     async def authorize(self, params: dict, redirect_status: int):
         request = AuthorizationRequest(self.runtime)
@@ -56,14 +56,6 @@ class AuthorizeHandler(VariantHandler):
         self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.finish(f"<!doctype html><title>Authorization error</title><h1>Authorization error</h1>"
                     f"<p><code>{html.escape(err.error)}</code>: {html.escape(err.description)}</p>")
-
-
-def merged_params(query: dict, body: dict) -> dict:
-    """A request's query and form parameters as one; a name in both is a 400 (as a repeated one is)."""
-    both = sorted(query.keys() & body.keys())
-    if both:
-        raise invalid_request(f"The {both[0]} parameter is given in both the query and the body.")
-    return {**query, **body}
 
 
 class TokenHandler(CorsHandler, VariantHandler):

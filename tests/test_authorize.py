@@ -1,4 +1,4 @@
-"""GET /oauth/authorize: the redirect_uri rule, launch rules, and error delivery (RFC 6749 4.1.2.1)."""
+"""GET and POST /oauth/authorize: the redirect_uri rule, launch rules, and error delivery (RFC 6749 4.1.2.1)."""
 import json
 import urllib.parse
 
