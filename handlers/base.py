@@ -136,17 +136,50 @@ class BaseHandler(tornado.web.RequestHandler):
             check_fields(value)
             return value
         if allow_form and content_type in ("application/x-www-form-urlencoded", ""):
-            pairs = parse_qsl(text, keep_blank_values=True)
-            params: dict = {}
-            for key, value in pairs:
-                if key in params:
-                    raise invalid_request(f"The {key} parameter is repeated.")
-                params[key] = value
-            check_fields(params)
-            return params
+            return self._form_fields(text)
         accepted = "application/json or application/x-www-form-urlencoded" if allow_form else "application/json"
         # RFC 6749-shaped (error + error_description) so OAuth clients can read it too.
         raise OAuthError("invalid_request", f"Content-Type must be {accepted}.", status=415)
+
+    def form_params(self) -> dict:
+        """An `application/x-www-form-urlencoded` body only (an empty body is no parameters):
+        any other content type, or none with a body, is 415."""
+        raw = self.request.body or b""
+        if not raw:
+            return {}
+        content_type = (self.request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/x-www-form-urlencoded":
+            raise OAuthError("invalid_request", "Content-Type must be application/x-www-form-urlencoded.", status=415)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise invalid_request("The request body is not valid UTF-8.") from None
+        return self._form_fields(text)
+
+    def query_and_form_params(self) -> dict:
+        """The query's and the form body's parameters as one: a name in both is a 400 (as a
+        repeated one is), never last-wins."""
+        query, form = self.query_params(), self.form_params()
+        both = sorted(query.keys() & form.keys())
+        if both:
+            raise invalid_request(f"The {both[0]} parameter is given in both the query and the body.")
+        return {**query, **form}
+
+    @staticmethod
+    def _form_fields(text: str) -> dict:
+        """A form's fields, one value each (a repeated one is an error), %-escapes strictly UTF-8
+        (as `query_params` reads a query: `%FF` is refused, never read as U+FFFD)."""
+        try:
+            pairs = parse_qsl(text, keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError:
+            raise invalid_request("The request body has a %-escape that is not valid UTF-8.") from None
+        params: dict = {}
+        for key, value in pairs:
+            if key in params:
+                raise invalid_request(f"The {key} parameter is repeated.")
+            params[key] = value
+        check_fields(params)
+        return params
 
     def query_params(self) -> dict:
         """Query parameters, one value each (a repeated parameter is an error)."""

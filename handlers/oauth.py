@@ -23,17 +23,29 @@ class VariantHandler(BaseHandler):
 
 
 class AuthorizeHandler(VariantHandler):
+    """GET and POST (OIDC Core 3.1.2.1; SMART's `authorize-post`): one request, the same checks.
+    No cookie is read: the launch (`launch_id`, `launch`, `login_hint`) is what names the user, so a
+    cross-site POST (which carries no SameSite=Lax cookie) is the same request as a GET."""
+
     async def get(self):
+        await self.authorize(self.query_params(), 302)
+
+    async def post(self):
+        """The form body's parameters, with the query's (a name in both is refused, never
+        last-wins); 303 so the browser GETs redirect_uri (RFC 9700 4.12), never re-posts to it."""
+        await self.authorize(self.query_and_form_params(), 303)
+
+    async def authorize(self, params: dict, redirect_status: int):
         request = AuthorizationRequest(self.runtime)
         try:
-            location = await self.run(request.issue_code, self.query_params())
+            location = await self.run(request.issue_code, params)
         except AuthorizeError as err:
             if err.redirect_uri:
                 location = request.error_location(err)
             else:
                 return self.render_untrusted_error(err)
         self.no_store()
-        self.redirect(location)
+        self.redirect(location, status=redirect_status)
 
     def render_untrusted_error(self, err: AuthorizeError):
         self.set_status(400)

@@ -26,7 +26,7 @@ def _normalised_or_none(uri: str) -> str | None:
 
 
 class AuthorizationRequest:
-    """`GET /oauth/authorize`: turns a valid launch into a one-time code for the client."""
+    """`GET` or `POST /oauth/authorize`: turns a valid launch into a one-time code for the client."""
 
     def __init__(self, runtime):
         self.runtime = runtime

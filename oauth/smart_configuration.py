@@ -10,10 +10,11 @@ from oauth.pkce import SUPPORTED_METHODS
 from oauth.scopes import advertised_scopes
 from oauth.variants import V1
 
-CAPABILITIES = ("launch-ehr", "client-public", "client-confidential-symmetric", "client-confidential-asymmetric",
+CAPABILITIES = ("launch-ehr", "authorize-post", "client-public", "client-confidential-symmetric", "client-confidential-asymmetric",
                 "sso-openid-connect", "context-ehr-patient", "permission-v1", "permission-v2", "permission-patient",
                 "permission-user", "permission-offline", "permission-online")
-"""`client-confidential-asymmetric`: private_key_jwt (RS384, ES384; oauth/client_assertion.py), the
+"""`authorize-post`: the authorize endpoint takes a form POST as it takes a GET (handlers/oauth.py);
+`client-confidential-asymmetric`: private_key_jwt (RS384, ES384; oauth/client_assertion.py), the
 backend apps' authentication; `permission-v1`: v1 scopes (`.read`) are understood beside v2's."""
 SYSTEM_SCOPES_ADVERTISED = ("system/*.rs", "system/*.read")
 """SMART Backend Services: a backend app asks read-only system scopes it registered."""

@@ -316,17 +316,31 @@ def _oauth_paths(prefix: str) -> dict:
     grants = ("`authorization_code`, `client_credentials` or `refresh_token`" if prefix == "/v1"
               else "`authorization_code` or `refresh_token`")
     html = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": _ref("Error")}}
+    authorize_names = ("client_id", "redirect_uri", "launch_id", "launch", "aud", "scope", "response_type", "state",
+                       "login_hint", "nonce", "code_challenge", "code_challenge_method")
+    untrusted_400 = {"description": "unknown client or untrusted redirect_uri (or, for POST, a parameter in "
+                                    "both the query and the body, a repeated one, NUL or not UTF-8): shown, "
+                                    "never redirected", "content": html}
     return {
         f"{prefix}/oauth/authorize": {"get": {
             "summary": "Authorization endpoint (code flow from a host-platform launch)",
             "operationId": op_id("oauth_authorize"), "tags": ["oauth"],
             "parameters": [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
-                           for n in ("client_id", "redirect_uri", "launch_id", "launch", "aud", "scope",
-                                     "response_type", "state", "login_hint", "nonce", "code_challenge",
-                                     "code_challenge_method")],
+                           for n in authorize_names],
             "responses": {"302": {"description": "redirect to redirect_uri with `code` (or `error`)"},
-                          "400": {"description": "unknown client or untrusted redirect_uri: shown, never redirected",
-                                  "content": html}}}},
+                          "400": untrusted_400}},
+            "post": {
+            "summary": "Authorization endpoint by POST (OIDC Core 3.1.2.1): the same parameters as a form body",
+            "description": "The same request, checks and answers as GET, the parameters in an "
+                           "`application/x-www-form-urlencoded` body (some may stay in the query; one "
+                           "given in both is a 400). The redirect is a 303, so the browser GETs redirect_uri.",
+            "operationId": op_id("oauth_authorize_post"), "tags": ["oauth"],
+            "requestBody": {"required": False, "content": {"application/x-www-form-urlencoded": {"schema": {
+                "type": "object", "properties": {n: {"type": "string"} for n in authorize_names}}}}},
+            "responses": {"303": {"description": "redirect to redirect_uri with `code` (or `error`)"},
+                          "400": copy.deepcopy(untrusted_400),
+                          "413": _error("request body too large"),
+                          "415": _error("the body is not `application/x-www-form-urlencoded`")}}},
         f"{prefix}/oauth/token": {"post": {
             "summary": f"Token endpoint: {grants}; client auth by body or HTTP Basic",
             "operationId": op_id("oauth_token"), "tags": ["oauth"],

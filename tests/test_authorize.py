@@ -1,4 +1,5 @@
-"""GET /oauth/authorize: the redirect_uri rule, launch rules, and error delivery (RFC 6749 4.1.2.1)."""
+"""GET and POST /oauth/authorize: the redirect_uri rule, launch rules, and error delivery (RFC 6749 4.1.2.1)."""
+import json
 import urllib.parse
 
 import pytest
@@ -187,3 +188,135 @@ async def test_an_error_description_in_a_redirect_is_short_printable_ascii(flow)
     description = location_query(headers)["error_description"]
     assert location_query(headers)["error"] == "invalid_scope" and len(description) <= 500
     assert all(0x20 <= ord(c) <= 0x7E and c not in '"\\' for c in description), description
+
+
+# -- POST (OIDC Core 3.1.2.1: GET and POST; SMART's `authorize-post`) ---------------------------
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+async def post_authorize(api, path="/v1/oauth/authorize", body=b"", headers=None):
+    return await api.call("POST", path, body=body, headers={**FORM, **(headers or {})})
+
+
+def form_of(world, launch_id, **extra) -> dict:
+    return {"client_id": world.app.client_id, "redirect_uri": world.app.redirect_uri, "response_type": "code",
+            "launch_id": launch_id, **extra}
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("prefix", ["/v1", "/os-api/v2"])
+async def test_authorize_by_post_issues_a_code_as_get_does(flow, world, prefix):
+    """A form POST answered 405: OIDC Core 3.1.2.1 says an authorization server MUST support POST.
+    It redirects with 303 (RFC 9700 4.12: the browser then GETs redirect_uri, never re-posts)."""
+    status, headers, _ = await flow.authorize(prefix, method="POST", state="s-post", nonce="n1")
+    assert status == 303, headers
+    query = location_query(headers)
+    assert headers["Location"].startswith(world.app.redirect_uri + "?")
+    assert query["state"] == "s-post" and query["code"] and query["iss"]
+    assert headers["Cache-Control"] == "no-store"
+    status, _, tokens = await flow.exchange(query["code"], prefix)
+    assert status == 200, tokens
+    claims = jwt.get_unverified_claims(tokens["id_token"])
+    assert claims["sub"] == world.physician.id and claims["nonce"] == "n1"
+
+
+@pytest.mark.gen_test
+async def test_authorize_by_post_keeps_every_check_of_get(flow, world, runtime):
+    """The same checks, errors and launch binding as GET: a spent launch, another client's launch,
+    a plain PKCE challenge, a bad response_type are redirected errors; an unknown client or a
+    redirect_uri outside the registration is shown, never redirected."""
+    launch_id = await flow.launch()
+    status, headers, _ = await flow.authorize(method="POST", launch_id=launch_id)
+    assert status == 303 and "code" in location_query(headers)
+    status, headers, _ = await flow.authorize(method="POST", launch_id=launch_id, state="again")
+    assert status == 303 and location_query(headers)["error"] == "invalid_request"
+    assert location_query(headers)["state"] == "again" and "code" not in location_query(headers)
+    status, headers, _ = await flow.authorize(method="POST", code_challenge="x" * 43, code_challenge_method="plain")
+    assert status == 303 and location_query(headers)["error"] == "invalid_request"
+    status, headers, _ = await flow.authorize(method="POST", response_type="token")
+    assert status == 303 and location_query(headers)["error"] == "unsupported_response_type"
+    for bad in ({"redirect_uri": "https://app.example.com.evil.com/main"}, {"client_id": "nope"}):
+        status, headers, _ = await flow.authorize(method="POST", **bad)
+        assert status == 400 and "Location" not in headers, bad
+    from lifecycle.applications import install_application, register_application
+    other, _ = register_application(runtime, "Other", "https://other.example/cb", "https://other.example/launch")
+    install_application(other.id, world.org.id)
+    launch_id = await flow.launch(client_id=other.client_id)
+    status, headers, _ = await flow.authorize(method="POST", launch_id=launch_id)
+    assert status == 303 and location_query(headers)["error"] == "invalid_request"
+    assert Launch.get_by_id(launch_id).used_at is None  # the other client's launch is not burnt
+
+
+@pytest.mark.gen_test
+async def test_authorize_by_post_binds_pkce_to_the_code(flow, world):
+    from oauth.pkce import s256
+    verifier = "v" * 50
+    status, headers, _ = await flow.authorize(method="POST", code_challenge=s256(verifier),
+                                              code_challenge_method="S256")
+    assert status == 303
+    code = location_query(headers)["code"]
+    status, _, body = await flow.exchange(code, code_verifier="w" * 50)
+    assert status == 400 and body["error"] == "invalid_grant"
+    status, headers, _ = await flow.authorize(method="POST", code_challenge=s256(verifier),
+                                              code_challenge_method="S256")
+    status, _, body = await flow.exchange(location_query(headers)["code"], code_verifier=verifier)
+    assert status == 200, body
+
+
+@pytest.mark.gen_test
+async def test_a_parameter_in_both_the_query_and_the_body_is_refused(flow, world, api):
+    """Never last-wins: a parameter in both the query and the form (even with the same value) is a
+    400, never redirected, and the launch is kept."""
+    launch_id = await flow.launch()
+    form = form_of(world, launch_id)
+    for name, value in (("launch_id", launch_id), ("redirect_uri", "https://app.example.com/main/x"),
+                        ("state", "s"), ("client_id", world.app.client_id)):
+        query = urllib.parse.urlencode({name: value})
+        status, headers, body = await post_authorize(api, f"/v1/oauth/authorize?{query}",
+                                                     urllib.parse.urlencode({**form, name: value}))
+        assert status == 400 and "Location" not in headers, (name, body)
+        assert body["error"] == "invalid_request" and name in body["message"], body
+    status, _, body = await post_authorize(api, body=urllib.parse.urlencode(form) + "&state=a&state=b")
+    assert status == 400 and "repeated" in body["message"], body
+    # the parameters split between the query and the body (none in both) work, and the launch was kept
+    query = urllib.parse.urlencode({"client_id": world.app.client_id, "state": "split"})
+    rest = {k: v for k, v in form.items() if k != "client_id"}
+    status, headers, body = await post_authorize(api, f"/v1/oauth/authorize?{query}", urllib.parse.urlencode(rest))
+    assert status == 303 and "code" in location_query(headers) and location_query(headers)["state"] == "split", body
+
+
+def multipart(fields: dict) -> str:
+    parts = [f'--x\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()]
+    return "".join(parts) + "--x--\r\n"
+
+
+@pytest.mark.gen_test
+async def test_a_post_body_that_is_not_a_form_is_refused(flow, world, api):
+    launch_id = await flow.launch()
+    form = urllib.parse.urlencode(form_of(world, launch_id))
+    for content_type, body in (("application/json", json.dumps(form_of(world, launch_id))),
+                               ("text/plain", form), ("multipart/form-data; boundary=x", multipart(form_of(world, launch_id))),
+                               ("", form)):
+        status, headers, answer = await api.call("POST", "/v1/oauth/authorize", body=body,
+                                                 headers={"Content-Type": content_type})
+        assert status == 415 and "Location" not in headers, (content_type, answer)
+        assert answer["error"] == "invalid_request" and "application/x-www-form-urlencoded" in answer["message"]
+    status, headers, _ = await post_authorize(api, body=form)  # the launch was not spent
+    assert status == 303 and "code" in location_query(headers)
+
+
+@pytest.mark.gen_test
+async def test_a_post_body_too_large_nul_or_not_utf8_is_a_clear_4xx(flow, world, api, runtime):
+    launch_id = await flow.launch()
+    form = urllib.parse.urlencode(form_of(world, launch_id))
+    status, _, body = await post_authorize(api, body=form + "&pad=" + "a" * runtime.settings.max_body_bytes)
+    assert status == 413, body
+    for bad in ("&state=a%00b", "&state=%FF", "&x%00=1", "&nonce=%C3%28"):
+        status, headers, body = await post_authorize(api, body=form + bad)
+        assert status == 400 and "Location" not in headers, (bad, body)
+        assert body["error"] == "invalid_request", body
+    status, _, body = await post_authorize(api, body=form.encode() + b"&state=\xff")
+    assert status == 400 and "UTF-8" in body["message"], body
+    status, headers, _ = await post_authorize(api, body=form)  # the launch was not spent
+    assert status == 303 and "code" in location_query(headers)

@@ -210,3 +210,44 @@ def test_the_vendored_fhirclient_is_the_pinned_release():
     vendored = json.loads((app / "static" / "fhirclient" / "package.json").read_text())
     assert (vendored["name"], vendored["version"]) == ("fhirclient", pinned)
     assert (app / "static" / "fhirclient" / "LICENSE").read_text().startswith("Copyright")
+
+
+def test_a_cross_site_form_post_to_authorize_lands_on_redirect_uri_by_get(live, runtime, world, page):
+    """A real browser posting the authorization request as a form from another site (OIDC Core
+    3.1.2.1; which sends no SameSite=Lax cookie): authorize needs none (the launch names the user),
+    and its 303 makes Chromium GET redirect_uri with the code (never re-post the form there); the
+    code is the launch user's."""
+    from helpers.http import http
+    from helpers.tokens import as_service
+    from hub.sandbox import issue_sandbox_token
+    app = world.app
+    status, _, body = http("POST", f"{live}/v1/sandbox/launches", json.dumps({"client_id": app.client_id}).encode(),
+                           {"Authorization": f"Bearer {issue_sandbox_token(as_service(runtime, live), world.physician)}",
+                            "Content-Type": "application/json"})
+    assert status == 201, body
+    fields = {"client_id": app.client_id, "redirect_uri": app.redirect_uri, "response_type": "code",
+              "launch_id": json.loads(body)["launch_id"], "state": "from-a-form", "nonce": "n-form"}
+    arrived = []
+
+    def at_redirect_uri(route):
+        arrived.append((route.request.method, route.request.url))
+        route.fulfill(status=200, content_type="text/html", body="<p id=arrived>app</p>")
+
+    page.route(app.redirect_uri + "**", at_redirect_uri)
+    inputs = "".join(f'<input type="hidden" name="{k}" value="{v}">' for k, v in fields.items())
+    page.route("https://other-site.example/**", lambda route: route.fulfill(
+        status=200, content_type="text/html",
+        body=f'<form method="post" action="{live}/v1/oauth/authorize">{inputs}<button>Go</button></form>'))
+    page.goto("https://other-site.example/start")
+    page.click("button")
+    page.wait_for_selector("#arrived", timeout=TIMEOUT_MS)
+    [(method, url)] = arrived
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
+    assert method == "GET" and url.startswith(app.redirect_uri + "?") and query["state"] == "from-a-form"
+    token_body = urllib.parse.urlencode({"grant_type": "authorization_code", "code": query["code"],
+                                         "client_id": app.client_id, "client_secret": world.secret}).encode()
+    status, _, answer = http("POST", f"{live}/v1/oauth/token", token_body,
+                             {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200, answer
+    claims = jwt_claims(json.loads(answer)["id_token"])
+    assert claims["sub"] == world.physician.id and claims["nonce"] == "n-form"

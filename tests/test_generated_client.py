@@ -84,13 +84,17 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     application, secret, org = world.app, world.secret, world.org
     basic = base64.b64encode(f"{application.client_id}:{secret}".encode()).decode()
 
-    async def code_from_launch(prefix: str) -> str:
+    async def code_from_launch(prefix: str, post: bool = False) -> str:
         launch = (await call("sandbox_launch_create", call.client(world.sandbox_token), 201,
                              body=m.SandboxLaunchRequest(client_id=application.client_id))).parsed
         assert isinstance(launch, m.SandboxLaunch) and launch.expires_in > 0
-        response = await call(prefix + "oauth_authorize", call.client(), 302, client_id=application.client_id,
-                              redirect_uri=application.redirect_uri, launch_id=launch.launch_id, response_type="code",
-                              state="st")
+        fields = dict(client_id=application.client_id, redirect_uri=application.redirect_uri,
+                      launch_id=launch.launch_id, response_type="code", state="st")
+        if post:  # the same parameters as a form body (OIDC Core 3.1.2.1); 303 to redirect_uri
+            body_model = m.OauthAuthorizePostBody if prefix == "" else m.OsApiV2OauthAuthorizePostBody
+            response = await call(prefix + "oauth_authorize_post", call.client(), 303, body=body_model(**fields))
+        else:
+            response = await call(prefix + "oauth_authorize", call.client(), 302, **fields)
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(response.headers["Location"]).query)
         assert query["state"] == ["st"]
         return query["code"][0]
@@ -98,6 +102,7 @@ async def test_generated_client_calls_every_operation(generated_client, http_ser
     # Both launches and both flows before the platform's first verification (introspection), which
     # disables a new installation.
     code, code_v2 = await code_from_launch(""), await code_from_launch("os_api_v2_")
+    assert await code_from_launch("", post=True) and await code_from_launch("os_api_v2_", post=True)
 
     # /v1: JSON token body with the secret in it; userinfo both ways; the platform's introspection.
     tokens = (await call("oauth_token", call.client(), 200, body=m.TokenRequestJson(

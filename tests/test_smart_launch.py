@@ -92,7 +92,7 @@ async def test_smart_configuration_of_an_existing_clinic(api, world):
                                                                  "private_key_jwt"}
     assert doc["token_endpoint_auth_signing_alg_values_supported"] == ["RS384", "ES384"]
     assert {"launch", "launch/patient", "fhirUser", "openid", "profile"} <= set(doc["scopes_supported"])
-    assert set(doc["capabilities"]) == {"launch-ehr", "client-public", "client-confidential-symmetric",
+    assert set(doc["capabilities"]) == {"launch-ehr", "authorize-post", "client-public", "client-confidential-symmetric",
                                         "client-confidential-asymmetric", "permission-v1",
                                         "sso-openid-connect", "context-ehr-patient", "permission-v2",
                                         "permission-patient", "permission-user", "permission-offline",

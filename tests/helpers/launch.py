@@ -19,12 +19,16 @@ class Flow:
         assert status == 201, body
         return body["launch_id"]
 
-    async def authorize(self, prefix="/v1", **params):
+    async def authorize(self, prefix="/v1", method="GET", **params):
+        """GET with the parameters in the query, or POST with them as a form body (OIDC Core 3.1.2.1)."""
         app = self.world.app
         query = {"client_id": app.client_id, "redirect_uri": app.redirect_uri, "response_type": "code"}
         if "launch_id" not in params and "login_hint" not in params:
             query["launch_id"] = await self.launch()
         query.update({k: v for k, v in params.items() if v is not None})
+        if method == "POST":
+            return await self.api.call("POST", f"{prefix}/oauth/authorize", body=urllib.parse.urlencode(query),
+                                        headers={"Content-Type": "application/x-www-form-urlencoded"})
         status, headers, body = await self.api.call("GET", f"{prefix}/oauth/authorize?{urllib.parse.urlencode(query)}")
         return status, headers, body
 
