@@ -18,6 +18,7 @@ import math
 import re
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("svc_request_id", default=None)
 """The id of the HTTP request this code runs for; set by the HTTP layer (`ops.observability`)."""
@@ -71,6 +72,26 @@ def redact(text: str) -> str:
     text = _CREDENTIAL.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     text = _SECRET_PATH.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     return _JWT.sub(REDACTED, text)
+
+
+_PASSWORD_PARAM = re.compile(r"(?i)(^|&)((?:ssl)?password)=[^&]*")
+"""A password given as a URL parameter (libpq's `password`, `sslpassword`; redis-py's `password`)."""
+
+
+def redacted_url(url: str) -> str:
+    """`url` without its password (in `user:password@` or as a `password=` parameter), for a
+    message an operator may paste into a ticket."""
+    head, mark, query = url.partition("?")
+    if mark:
+        query = _PASSWORD_PARAM.sub(r"\1\2=***", query)
+    try:
+        parts = urlsplit(head)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: nothing to tell the user from the password
+        return "(a URL that cannot be parsed)"
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)
+        head = urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc[-1]}"))
+    return head + mark + query
 
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and goes into the line.

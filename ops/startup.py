@@ -6,29 +6,12 @@ already taken should read one sentence, not three chained tracebacks (issue 14, 
 from __future__ import annotations
 
 import errno
-import re
-from urllib.parse import urlsplit, urlunsplit
+
+from conf.logging import redacted_url
 
 
 class StartupError(Exception):
     """A dependency or resource the process needs at start is missing; the message says what to fix."""
-
-
-_PASSWORD_PARAM = re.compile(r"(?i)(^|&)((?:ssl)?password)=[^&]*")
-"""A password given as a URL parameter (libpq's `password`, `sslpassword`; redis-py's `password`)."""
-
-
-def redacted_url(url: str) -> str:
-    """`url` without its password (in `user:password@` or as a `password=` parameter), for a
-    message an operator may paste into a ticket."""
-    head, mark, query = url.partition("?")
-    if mark:
-        query = _PASSWORD_PARAM.sub(r"\1\2=***", query)
-    parts = urlsplit(head)
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)
-        head = urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc[-1]}"))
-    return head + mark + query
 
 
 def _first_line(exc: BaseException) -> str:

@@ -156,3 +156,14 @@ def test_a_redis_password_given_as_a_url_parameter_never_reaches_the_line(env):
     env["SVC_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0?password=secret-pw"
     line = assert_one_line(run_cli(env, "serve", "--port", str(free_port())), "SVC_REDIS_URL", "redis-server")
     assert "secret-pw" not in line
+
+
+@pytest.mark.parametrize("name, url", [("SVC_DATABASE_URL", "mysql://svc:secret-pw@127.0.0.1/svc"),
+                                       ("SVC_DATABASE_URL", "postgresq://svc@127.0.0.1/svc?password=secret-pw"),
+                                       ("SVC_REDIS_URL", "valkey://:secret-pw@127.0.0.1:6379/0")])
+def test_a_url_of_the_wrong_scheme_is_named_without_its_password(env, name, url):
+    """A mistyped scheme is refused naming the URL, which came with its password in clear."""
+    env[name] = url
+    result = run_cli(env, "serve", "--port", str(free_port()))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert name in result.stderr and "127.0.0.1" in result.stderr and "secret-pw" not in result.stderr, result.stderr
