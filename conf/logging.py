@@ -260,8 +260,15 @@ class JsonFormatter(logging.Formatter):
         return _LINE_JSON.encode(entry)
 
 
+DATA_LOGGERS = ("peewee", "botocore", "boto3", "s3transfer", "urllib3")
+"""Libraries whose debug lines carry the data they move: every SQL statement with its parameters
+(patient names and dates of birth, disclosure records' queries, stored hashes), S3 requests with
+their bodies and signed URLs. They log at INFO and above whatever `SVC_LOG_LEVEL` says."""
+
+
 def configure_logging(level: str = "INFO", stream=None) -> logging.Handler:
-    """Send every logger's records, as JSON lines, to `stream` (default stderr). Idempotent."""
+    """Send every logger's records, as JSON lines, to `stream` (default stderr). Idempotent.
+    `level` is every logger's but the `DATA_LOGGERS`', which never log below INFO."""
     root = logging.getLogger()
     for existing in list(root.handlers):
         if getattr(existing, "_svc_json", False):
@@ -274,4 +281,6 @@ def configure_logging(level: str = "INFO", stream=None) -> logging.Handler:
             root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level)
+    for name in DATA_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.INFO, root.level))
     return handler

@@ -30,3 +30,25 @@ def test_a_fhir_search_s_patient_data_never_reaches_the_access_log(live, runtime
               if line.startswith("{") and json.loads(line)["logger"] == "svc_auth.access"]
     searches = [line["path"] for line in access if line["route"].endswith("/([^/]+)") and "family=" in line["path"]]
     assert searches and "_count=5" in searches[0], searches
+
+
+def test_at_debug_level_no_sql_statement_with_its_patient_data_is_logged(settings, world, runtime, tmp_path):
+    """`SVC_LOG_LEVEL=DEBUG` (an operator chasing a problem) let the database layer log every SQL
+    statement with its parameters: the disclosure record of a search (its query, its patients),
+    snapshot and feed rows (names, dates of birth), stored hashes. svc-auth's own and the task
+    queue's debug lines are written; the SQL and the S3 client's requests are not."""
+    from helpers.processes import free_port, settings_env, start_process, stop_process
+    port = free_port()
+    issuer = f"http://127.0.0.1:{port}"
+    env = settings_env(settings, SVC_ISSUER=issuer, SVC_PUBLIC_URL=issuer, SVC_LOG_LEVEL="DEBUG")
+    proc = start_process(["serve", "--port", str(port)], env, port, log_path=tmp_path / "serve.log")
+    try:
+        fhir = Fhir(issuer, world.org.id, mint_platform_token(runtime, issuer, world.physician, world.app, world.org.id))
+        assert fhir.get("/Patient", {"family": "Zbigniewska", "_count": 5})[0] == 200
+    finally:
+        stop_process(proc)
+    lines = [json.loads(line) for line in serve_log(tmp_path).splitlines() if line.startswith("{")]
+    assert any(line["level"] == "DEBUG" for line in lines)  # the level is honoured
+    assert "Zbigniewska" not in serve_log(tmp_path)
+    assert not [line for line in lines if line["logger"].split(".")[0] in ("peewee", "botocore", "urllib3")
+                and line["level"] == "DEBUG"]
