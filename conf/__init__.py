@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from conf.logging import redacted_url
+
 
 class ConfigError(ValueError):
     """A setting has a value the service cannot run with; the message names it."""
@@ -353,10 +355,10 @@ class Settings:
             if not merged["s3_bucket"]:
                 raise ConfigError("SVC_S3_BUCKET is required when SVC_S3_ENDPOINT_URL is set")
         if merged["redis_url"] and not str(merged["redis_url"]).startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"SVC_REDIS_URL must be a redis:// URL, got {merged['redis_url']!r}")
+            raise ConfigError(f"SVC_REDIS_URL must be a redis:// URL, got {redacted_url(str(merged['redis_url']))!r}")
         scheme = str(merged["database_url"]).split(":", 1)[0]
         if scheme not in ("sqlite", "postgres", "postgresql", "postgresext", "postgresqlext"):
-            raise ConfigError(f"SVC_DATABASE_URL must be sqlite:///path or postgresql://..., got {merged['database_url']!r}")
+            raise ConfigError(f"SVC_DATABASE_URL must be sqlite:///path or postgresql://..., got {redacted_url(str(merged['database_url']))!r}")
         if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", str(merged["redis_namespace"])):
             raise ConfigError(f"SVC_REDIS_NAMESPACE must be 1-64 letters, digits or _.:-, got {merged['redis_namespace']!r}")
         try:

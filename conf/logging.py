@@ -4,8 +4,9 @@ Every process (`serve`, `worker`, `scheduler`, operator commands) calls `configu
 Each line carries `ts`, `level`, `logger`, `message`, `request_id` (the HTTP request being served,
 or `null` outside one) and any `extra={...}` fields. The formatter redacts, as a last line of
 defence, the values of sensitive query parameters (`code`, `launch_id` and SMART's `launch`, `client_secret`...),
-bearer/basic credentials, the secret of a one-time link's path (`SECRET_PATHS`) and anything shaped
-like a JWT, wherever they appear in a line.
+bearer/basic credentials, the secret of a one-time link's path (`SECRET_PATHS`), anything shaped
+like a JWT, and the values of a FHIR URL's query (a search names the patient it looks for; paging
+controls kept: `FHIR_QUERY_KEPT`), wherever they appear in a line.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import math
 import re
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("svc_request_id", default=None)
 """The id of the HTTP request this code runs for; set by the HTTP layer (`ops.observability`)."""
@@ -30,6 +32,12 @@ SENSITIVE_PARAMS = (
 )
 """Query/form parameter names whose values never reach a log line."""
 
+FHIR_QUERY_KEPT = ("_count", "_offset", "_format", "_include", "_revinclude", "_type", "_since", "_outputFormat")
+"""The query parameters of a FHIR URL whose values are kept in a log line: paging and format
+controls, which name no patient. Every other value of a FHIR search (`family`, `birthdate`,
+`identifier`, `code`, `patient`, the `_cursor` holding the EHR's own link...) is patient data or
+points at it, and is redacted."""
+
 SECRET_PATHS = ("/sandbox/signin/", "/console/invite/", "/invitations/")
 """Paths whose next segment is a one-time secret (a sandbox sign-in link, a console or a partner's
 invitation): that segment never reaches a log line either."""
@@ -38,22 +46,52 @@ _PARAM = re.compile(r"(?i)(?<![\w-])(" + "|".join(re.escape(p) for p in SENSITIV
 _JSON_FIELD = re.compile(r"(?i)(\"(?:" + "|".join(re.escape(p) for p in SENSITIVE_PARAMS) + r")\"\s*:\s*)\"[^\"]*\"")
 _CREDENTIAL = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")
+_FHIR_QUERY = re.compile(r"(?i)(/fhir/[^\s?#\"']*\?)([^\s#\"']+)")
+_QUERY_VALUE = re.compile(r"([^&=]*)=([^&]*)")
+_FHIR_KEPT = frozenset(FHIR_QUERY_KEPT)
 _SECRET_PATH = re.compile("(" + "|".join(re.escape(p) for p in SECRET_PATHS) + r")[^/?#&\s\"']+")
 # Text none of the five patterns can match (no `=`, no `"`, no `eyJ`, no bearer/basic, none of the
 # secret paths) is returned as is: one scan instead of five substitutions for most fields of most lines.
 _MAY_HOLD_SECRET = re.compile(r'[="]|eyJ|(?i:bearer|basic)|' + "|".join(re.escape(p) for p in SECRET_PATHS))
 
 
+def _fhir_query(match: re.Match) -> str:
+    return match.group(1) + _QUERY_VALUE.sub(
+        lambda m: m.group(0) if m.group(1) in _FHIR_KEPT else f"{m.group(1)}={REDACTED}", match.group(2))
+
+
 def redact(text: str) -> str:
     """`text` with secret values replaced by `[REDACTED]` (query params, JSON fields, credentials, JWTs,
-    the secret segment of a one-time link's path)."""
+    the secret segment of a one-time link's path) and so is every value of a FHIR URL's query but
+    the paging controls (`FHIR_QUERY_KEPT`): a search names the patient it looks for."""
     if not text or not _MAY_HOLD_SECRET.search(text):
         return text
+    text = _FHIR_QUERY.sub(_fhir_query, text)
     text = _PARAM.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
     text = _JSON_FIELD.sub(lambda m: f'{m.group(1)}"{REDACTED}"', text)
     text = _CREDENTIAL.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     text = _SECRET_PATH.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     return _JWT.sub(REDACTED, text)
+
+
+_PASSWORD_PARAM = re.compile(r"(?i)(^|&)((?:ssl)?password)=[^&]*")
+"""A password given as a URL parameter (libpq's `password`, `sslpassword`; redis-py's `password`)."""
+
+
+def redacted_url(url: str) -> str:
+    """`url` without its password (in `user:password@` or as a `password=` parameter), for a
+    message an operator may paste into a ticket."""
+    head, mark, query = url.partition("?")
+    if mark:
+        query = _PASSWORD_PARAM.sub(r"\1\2=***", query)
+    try:
+        parts = urlsplit(head)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: nothing to tell the user from the password
+        return "(a URL that cannot be parsed)"
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)
+        head = urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc[-1]}"))
+    return head + mark + query
 
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and goes into the line.
@@ -222,8 +260,15 @@ class JsonFormatter(logging.Formatter):
         return _LINE_JSON.encode(entry)
 
 
+DATA_LOGGERS = ("peewee", "botocore", "boto3", "s3transfer", "urllib3")
+"""Libraries whose debug lines carry the data they move: every SQL statement with its parameters
+(patient names and dates of birth, disclosure records' queries, stored hashes), S3 requests with
+their bodies and signed URLs. They log at INFO and above whatever `SVC_LOG_LEVEL` says."""
+
+
 def configure_logging(level: str = "INFO", stream=None) -> logging.Handler:
-    """Send every logger's records, as JSON lines, to `stream` (default stderr). Idempotent."""
+    """Send every logger's records, as JSON lines, to `stream` (default stderr). Idempotent.
+    `level` is every logger's but the `DATA_LOGGERS`', which never log below INFO."""
     root = logging.getLogger()
     for existing in list(root.handlers):
         if getattr(existing, "_svc_json", False):
@@ -236,4 +281,6 @@ def configure_logging(level: str = "INFO", stream=None) -> logging.Handler:
             root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level)
+    for name in DATA_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.INFO, root.level))
     return handler

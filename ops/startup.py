@@ -6,20 +6,12 @@ already taken should read one sentence, not three chained tracebacks (issue 14, 
 from __future__ import annotations
 
 import errno
-from urllib.parse import urlsplit, urlunsplit
+
+from conf.logging import redacted_url
 
 
 class StartupError(Exception):
     """A dependency or resource the process needs at start is missing; the message says what to fix."""
-
-
-def redacted_url(url: str) -> str:
-    """`url` without its password, for a message an operator may paste into a ticket."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc[-1]}"))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -139,3 +139,31 @@ def test_a_moved_clock_is_a_warning_at_start(env):
             "a deployment)"]
     env["SVC_CLOCK_OFFSET"] = "0"
     assert "SVC_CLOCK_OFFSET" not in run_cli(env, "db", "status", "--json").stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["db", "migrate"]])
+def test_a_password_given_as_a_url_parameter_never_reaches_the_line(env, command):
+    """libpq and redis-py both take the password as a URL parameter too (`...?password=...`), and
+    svc-auth passes it on; the start-up line named the URL with it in clear, for a terminal, a
+    ticket or the journal. Left out as the password of `user:password@`."""
+    env["SVC_DATABASE_URL"] = f"postgresql://svc@127.0.0.1:{free_port()}/svc?password=secret-pw&sslmode=disable"
+    args = ["serve", "--port", str(free_port())] if command == ["serve"] else command
+    line = assert_one_line(run_cli(env, *args), "SVC_DATABASE_URL", "Connection refused")
+    assert "secret-pw" not in line and "sslmode=disable" in line
+
+
+def test_a_redis_password_given_as_a_url_parameter_never_reaches_the_line(env):
+    env["SVC_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0?password=secret-pw"
+    line = assert_one_line(run_cli(env, "serve", "--port", str(free_port())), "SVC_REDIS_URL", "redis-server")
+    assert "secret-pw" not in line
+
+
+@pytest.mark.parametrize("name, url", [("SVC_DATABASE_URL", "mysql://svc:secret-pw@127.0.0.1/svc"),
+                                       ("SVC_DATABASE_URL", "postgresq://svc@127.0.0.1/svc?password=secret-pw"),
+                                       ("SVC_REDIS_URL", "valkey://:secret-pw@127.0.0.1:6379/0")])
+def test_a_url_of_the_wrong_scheme_is_named_without_its_password(env, name, url):
+    """A mistyped scheme is refused naming the URL, which came with its password in clear."""
+    env[name] = url
+    result = run_cli(env, "serve", "--port", str(free_port()))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert name in result.stderr and "127.0.0.1" in result.stderr and "secret-pw" not in result.stderr, result.stderr
