@@ -112,9 +112,9 @@ def open_database(url: str, max_connections: int = 20) -> peewee.Database:
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1, "synchronous": "full"})
     if url.partition("://")[0] not in ("postgres", "postgresql", "postgresext", "postgresqlext"):
         raise ValueError("SVC_DATABASE_URL must be sqlite:///path or postgresql://...")
-    return ResilientPostgresqlDatabase(**parse(url), autorollback=True, max_connections=max_connections,
-                                       stale_timeout=STALE_SECONDS, timeout=POOL_WAIT_SECONDS,
-                                       connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    params = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, **parse(url)}  # libpq's `?connect_timeout=` wins
+    return ResilientPostgresqlDatabase(**params, autorollback=True, max_connections=max_connections,
+                                       stale_timeout=STALE_SECONDS, timeout=POOL_WAIT_SECONDS)
 
 
 def found_dead(conn) -> bool:

@@ -152,6 +152,14 @@ def test_a_password_given_as_a_url_parameter_never_reaches_the_line(env, command
     assert "secret-pw" not in line and "sslmode=disable" in line
 
 
+def test_a_database_url_may_set_libpq_s_connect_timeout(env):
+    """`?connect_timeout=3` is a libpq parameter like `sslmode`: every command died with a TypeError
+    traceback (the keyword given twice, the URL's and svc-auth's default)."""
+    env["SVC_DATABASE_URL"] = f"postgresql://svc@127.0.0.1:{free_port()}/svc?connect_timeout=3"
+    line = assert_one_line(run_cli(env, "db", "migrate"), "SVC_DATABASE_URL", "Connection refused")
+    assert "connect_timeout=3" in line
+
+
 def test_a_redis_password_given_as_a_url_parameter_never_reaches_the_line(env):
     env["SVC_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0?password=secret-pw"
     line = assert_one_line(run_cli(env, "serve", "--port", str(free_port())), "SVC_REDIS_URL", "redis-server")
