@@ -27,7 +27,8 @@ REDACTED = "[REDACTED]"
 
 SENSITIVE_PARAMS = (
     "code", "launch_id", "launch", "login_hint", "client_secret", "secret", "password", "token", "access_token",
-    "id_token", "refresh_token", "sandbox_token", "assertion", "signature", "sig", "state", "nonce",
+    "id_token", "refresh_token", "sandbox_token", "assertion", "client_assertion", "code_verifier", "signature", "sig",
+    "state", "nonce",
     "x-amz-signature", "x-amz-credential", "x-amz-security-token",
 )
 """Query/form parameter names whose values never reach a log line."""

@@ -235,6 +235,9 @@ def test_redact_covers_query_values_json_fields_credentials_and_jwts():
         assert secret not in out
     assert "client_id=app1" in out and '"name": "x"' in out
     assert redact("unicode=1&barcode=7") == "unicode=1&barcode=7"  # names, not substrings
+    # A token request's secrets sent, by mistake, in its URL (the endpoint reads only its body).
+    out = redact("POST /v1/oauth/token?code_verifier=v3r1f13r&client_assertion=n0tajwt&grant_type=x")
+    assert "v3r1f13r" not in out and "n0tajwt" not in out and "grant_type=x" in out
 
 
 def test_json_lines_redact_a_secret_in_any_field_and_keep_the_rest():
