@@ -14,10 +14,40 @@ import tempfile
 import time
 
 
+PORT_BLOCKS = (12000, 32000, 4000)
+"""Where `free_port` finds ports: from 12000 up to the kernel's ephemeral range (32768 on Linux),
+one block of 4000 for each pytest-xdist worker."""
+
+
+def _port_block() -> range:
+    """This process's block: its xdist worker's (`gw2` -> the third), else the first."""
+    start, end, size = PORT_BLOCKS
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    first = start + (index * size) % (end - start)
+    return range(first, first + size)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on now, for a server a test or bench starts.
+
+    Not one the kernel picks for `bind(0)`: a port found that way is released before the server
+    binds it, and the kernel may give it meanwhile to another process (a parallel test worker's
+    server, whose answers the test then read: a clean-clone CI run saw nginx's 400 from another
+    test's nginx). Below the ephemeral range the kernel hands out no port by itself, and each
+    xdist worker has a block of its own (`PORT_BLOCKS`), searched from a random place in it."""
+    import random
+    block = _port_block()
+    first = random.randrange(len(block))
+    for offset in range(len(block)):
+        port = block[(first + offset) % len(block)]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (a server of an earlier test, another service): the next one
+            return port
+    raise RuntimeError(f"no free port in {block}")
 
 
 def _pg_bin(name: str) -> str:

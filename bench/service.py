@@ -16,13 +16,11 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.instances import free_port  # noqa: F401 - re-exported (bench modules import it from here)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def basic(client_id: str, secret: str) -> str:

@@ -9,14 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from bench.instances import free_port  # noqa: F401 - the one allocator, re-exported for the tests
 from conf import Settings
 from helpers.environment import ROOT
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def settings_env(settings: Settings, **extra) -> dict:
