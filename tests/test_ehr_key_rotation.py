@@ -161,7 +161,12 @@ def test_a_rotation_reports_the_keys_whose_overlap_it_ended(runtime, cli_any):
     cli = cli_any
     first = json.loads(cli("ehr", "rotate-key", "--json").stdout)
     assert first["dropped"] == []
-    time.sleep(2.2)                                           # SVC_EHR_KEY_OVERLAP_SECONDS
+    # The first key's overlap ends 2 s (SVC_EHR_KEY_OVERLAP_SECONDS) after its successor's `created`,
+    # which may be a second ahead of the clock (a key added in the same second as the one before it
+    # is numbered a second later): wait for that instant, not for 2 s (a fast start of the next
+    # command then rotated inside the overlap, and dropped nothing).
+    overlap_ends = EhrClientKey.get(EhrClientKey.kid == first["kid"]).created + 2
+    time.sleep(max(0.0, overlap_ends - time.time()) + 0.2)
     second = json.loads(cli("ehr", "rotate-key", "--json").stdout)
     assert second["previous_kid"] == first["kid"]
     assert second["dropped"] == [first["previous_kid"]]       # the key the first rotation replaced
