@@ -91,6 +91,16 @@ def response_type_code(a: Authorization) -> None:
         raise a.fail("unsupported_response_type", "Only response_type=code is supported.")
 
 
+def query_response_mode(a: Authorization) -> None:
+    """OAuth 2.0 Multiple Response Types 2.1: the response comes back in the query, the only mode
+    this server has (`response_modes_supported`). Another mode (`fragment`, `form_post`, JARM's
+    `query.jwt`...) is refused, never answered in the query instead: the client asked for its
+    response elsewhere, or signed, and would not expect the code where it would land."""
+    mode = a.value("response_mode")
+    if mode is not None and mode != "query":
+        raise a.fail("invalid_request", "response_mode must be query (the only response mode supported).")
+
+
 def pkce_challenge(a: Authorization) -> None:
     """RFC 7636: an S256 challenge, required when the application requires PKCE and for every
     public client (it has no secret: the verifier is what binds the code to it)."""
@@ -198,5 +208,5 @@ def launch_consumed(a: Authorization) -> None:
         raise a.fail(a.no_launch_error, STALE_LAUNCH)
 
 
-CHECKS = (state_length, no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value, nonce_value,
+CHECKS = (state_length, no_request_object, response_type_code, query_response_mode, pkce_challenge, granted, prompt_values, max_age_value, nonce_value,
           no_interactive_login, smart_launch_alias, live_launch, openable_installation, smart_audience, recent_sign_in, launch_consumed)

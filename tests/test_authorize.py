@@ -75,6 +75,23 @@ async def test_unsupported_response_type_is_redirected_with_error_and_state(flow
 
 
 @pytest.mark.gen_test
+async def test_a_response_mode_other_than_query_is_refused_and_the_launch_kept(flow):
+    """response_mode=fragment, form_post or JARM's query.jwt got a code in the query all the same:
+    the client asked for its response elsewhere (or signed) and was answered unsigned in the query,
+    where it does not look for it and where it lands in server logs. Now invalid_request (with the
+    state), the launch still usable; response_mode=query is what is always done."""
+    launch_id = await flow.launch()
+    for mode in ("fragment", "form_post", "query.jwt", "jwt", "QUERY"):
+        status, headers, _ = await flow.authorize(launch_id=launch_id, response_mode=mode, state="s1")
+        assert status == 302, mode
+        query = location_query(headers)
+        assert query["error"] == "invalid_request" and "response_mode" in query["error_description"], (mode, query)
+        assert query["state"] == "s1" and "code" not in query and query["iss"]
+    status, headers, _ = await flow.authorize(launch_id=launch_id, response_mode="query", state="s2")
+    assert status == 302 and "code" in location_query(headers) and location_query(headers)["state"] == "s2"
+
+
+@pytest.mark.gen_test
 async def test_missing_launch_id_is_redirected_as_invalid_request(flow, world):
     status, headers, _ = await flow.authorize(launch_id="")
     assert status == 302 and location_query(headers)["error"] == "invalid_request"
