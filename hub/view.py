@@ -42,12 +42,21 @@ class HubEntry:
     client_id: str
     activation_status: str | None
     openable: bool
-    app_origin: str | None   # where the app's page (redirect_uri) runs: the SDK's postMessage origin
+    app_origin: str | None   # where the app's page (its manifest redirect_uri) runs: the SDK's postMessage origin
     launch_origin: str | None  # where the launch endpoint runs (framed first)
     token_endpoint: str | None
+    app_origins: tuple = ()  # app_origin first, then those of its other exact redirect URIs: each may run the SDK
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def redirect_origins(app: Application) -> tuple[str, ...]:
+    """The origins of every redirect URI `app` registered, the manifest's first: in `exact` mode an
+    app may register several (`Application.redirect_uris`), on several origins, and authorize
+    sends the browser to any of them, so the hub frames each and takes the SDK's messages from each."""
+    uris = (app.redirect_uri, *(app.redirect_uris or ())) if app.redirect_uri_match == "exact" else (app.redirect_uri,)
+    return tuple(dict.fromkeys(o for o in map(origin_of, uris) if o))
 
 
 def hub_entries(user: User) -> list[HubEntry]:
@@ -60,13 +69,14 @@ def hub_entries(user: User) -> list[HubEntry]:
                      openable=may_open(row.activation_status),
                      app_origin=origin_of(row.application.redirect_uri),
                      launch_origin=origin_of(row.application.launch_url),
-                     token_endpoint=row.application.token_endpoint)
+                     token_endpoint=row.application.token_endpoint,
+                     app_origins=redirect_origins(row.application))
             for row in rows]
 
 
 def frame_origins(entries: list[HubEntry]) -> list[str]:
-    """Origins the hub may frame: every installed app's launch and main-page origins."""
-    return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin) if o))
+    """Origins the hub may frame: every installed app's launch and redirect (main-page) origins."""
+    return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin, *e.app_origins) if o))
 
 
 APPOINTMENT_DAYS = 7      # the hub lists the physician's appointments of the next 7 days

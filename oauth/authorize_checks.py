@@ -19,6 +19,7 @@ from models.grants import AuthorizationCode, Launch
 from oauth.errors import AuthorizeError
 from oauth.pkce import PkceError, challenge_of
 from oauth.scopes import REFRESH_SCOPES, InvalidScope, granted_scope
+from oauth.tokens import InvalidToken
 
 # OIDC Core 3.1.2.1 prompt values. There is no interactive login (the platform authenticated
 # the user before the launch), so `login` cannot be honoured and is answered login_required.
@@ -89,6 +90,16 @@ def response_type_code(a: Authorization) -> None:
         raise a.fail("invalid_request", "The response_type parameter is required.")
     if response_type != "code":
         raise a.fail("unsupported_response_type", "Only response_type=code is supported.")
+
+
+def query_response_mode(a: Authorization) -> None:
+    """OAuth 2.0 Multiple Response Types 2.1: the response comes back in the query, the only mode
+    this server has (`response_modes_supported`). Another mode (`fragment`, `form_post`, JARM's
+    `query.jwt`...) is refused, never answered in the query instead: the client asked for its
+    response elsewhere, or signed, and would not expect the code where it would land."""
+    mode = a.value("response_mode")
+    if mode is not None and mode != "query":
+        raise a.fail("invalid_request", "response_mode must be query (the only response mode supported).")
 
 
 def pkce_challenge(a: Authorization) -> None:
@@ -192,11 +203,28 @@ def recent_sign_in(a: Authorization) -> None:
         raise a.fail("login_required", "The user authenticated with the platform longer ago than max_age.")
 
 
+def hinted_user(a: Authorization) -> None:
+    """OIDC Core 3.1.2.1 `id_token_hint`: an ID token this server issued to this client (expired or
+    not) names the user the client expects; a launch for anyone else is `login_required` (no other
+    user can be signed in here), and the launch stays unused. A hint that is no such ID token is
+    `invalid_request`, never ignored."""
+    hint = a.value("id_token_hint")
+    if hint is None:
+        return
+    try:
+        claims = a.runtime.tokens.hint_claims(hint, a.app.client_id)
+    except InvalidToken:
+        raise a.fail("invalid_request", "id_token_hint is not an ID token this server issued to this client.") from None
+    if claims.get("sub") != a.launch.user_id:
+        raise a.fail("login_required", "The launch's user is not the user id_token_hint names.")
+
+
 def launch_consumed(a: Authorization) -> None:
     """Last: the launch is used once, by whoever consumes it first."""
     if not a.launch.consume(a.now):
         raise a.fail(a.no_launch_error, STALE_LAUNCH)
 
 
-CHECKS = (state_length, no_request_object, response_type_code, pkce_challenge, granted, prompt_values, max_age_value, nonce_value,
-          no_interactive_login, smart_launch_alias, live_launch, openable_installation, smart_audience, recent_sign_in, launch_consumed)
+CHECKS = (state_length, no_request_object, response_type_code, query_response_mode, pkce_challenge, granted, prompt_values, max_age_value, nonce_value,
+          no_interactive_login, smart_launch_alias, live_launch, openable_installation, smart_audience, recent_sign_in,
+          hinted_user, launch_consumed)

@@ -114,8 +114,14 @@ class TokenService:
             self._generation += 1
             self._verified = {}
 
-    def _verify(self, token: str, audience: str, typ: str | None) -> tuple[dict, str]:
-        """(claims, kid) of a token checked in full."""
+    def hint_claims(self, token: str, audience: str) -> dict:
+        """Claims of an ID token this service signed for the client `audience`, expired or not: an
+        `id_token_hint` (OIDC Core 3.1.2.1), which a relying party sends from its last sign-in,
+        often after the token expired. `InvalidToken` for anything else (an access token too)."""
+        return self._verify(token, audience, "jwt", check_expiry=False)[0]
+
+    def _verify(self, token: str, audience: str, typ: str | None, check_expiry: bool = True) -> tuple[dict, str]:
+        """(claims, kid) of a token checked in full (its expiry unless `check_expiry` is False)."""
         if not isinstance(token, str) or token.count(".") != 2 or len(token) > 8192:
             raise InvalidToken("not a compact JWS")
         try:
@@ -137,6 +143,6 @@ class TokenService:
         except JOSEError as exc:
             raise InvalidToken(str(exc)) from None
         exp = claims.get("exp")
-        if not isinstance(exp, int) or exp <= self.clock.time():
+        if not isinstance(exp, int) or check_expiry and exp <= self.clock.time():
             raise InvalidToken("expired")
         return claims, kid

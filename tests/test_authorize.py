@@ -75,6 +75,61 @@ async def test_unsupported_response_type_is_redirected_with_error_and_state(flow
 
 
 @pytest.mark.gen_test
+async def test_a_response_mode_other_than_query_is_refused_and_the_launch_kept(flow):
+    """response_mode=fragment, form_post or JARM's query.jwt got a code in the query all the same:
+    the client asked for its response elsewhere (or signed) and was answered unsigned in the query,
+    where it does not look for it and where it lands in server logs. Now invalid_request (with the
+    state), the launch still usable; response_mode=query is what is always done."""
+    launch_id = await flow.launch()
+    for mode in ("fragment", "form_post", "query.jwt", "jwt", "QUERY"):
+        status, headers, _ = await flow.authorize(launch_id=launch_id, response_mode=mode, state="s1")
+        assert status == 302, mode
+        query = location_query(headers)
+        assert query["error"] == "invalid_request" and "response_mode" in query["error_description"], (mode, query)
+        assert query["state"] == "s1" and "code" not in query and query["iss"]
+    status, headers, _ = await flow.authorize(launch_id=launch_id, response_mode="query", state="s2")
+    assert status == 302 and "code" in location_query(headers) and location_query(headers)["state"] == "s2"
+
+
+@pytest.mark.gen_test
+async def test_id_token_hint_names_the_user_the_launch_must_be_for(flow, world, runtime):
+    """OIDC Core 3.1.2.1: id_token_hint was ignored, so a client that sent its signed-in user's ID
+    token (prompt=none, to stay with that user) got a code for whoever the launch was for, and a
+    hint that was no ID token at all passed too. A hint naming another user is login_required (the
+    launch kept for a request without it); one that is not an ID token this server issued to this
+    client is invalid_request; the user's own ID token, even expired, gets the code."""
+    from hub.sandbox import issue_sandbox_token
+    from lifecycle.applications import install_application, register_application
+    status, _, tokens = await flow.exchange(await flow.code())
+    hint = tokens["id_token"]
+    staff_launch = await flow.launch(sandbox_token=world.staff_sandbox_token)
+    status, headers, _ = await flow.authorize(launch_id=staff_launch, id_token_hint=hint, prompt="none", state="s1")
+    query = location_query(headers)
+    assert status == 302 and query["error"] == "login_required" and query["state"] == "s1" and "code" not in query
+    other, other_secret = register_application(runtime, "Other", "https://other.example/cb", "https://other.example/launch")
+    install_application(other.id, world.org.id)
+    other_launch = await flow.launch(client_id=other.client_id)
+    status, headers, _ = await flow.authorize(client_id=other.client_id, redirect_uri=other.redirect_uri,
+                                              launch_id=other_launch)
+    status, _, other_tokens = await flow.api.call("POST", "/v1/oauth/token", {
+        "grant_type": "authorization_code", "client_id": other.client_id, "client_secret": other_secret,
+        "code": location_query(headers)["code"]})
+    for bad in ("garbage", "a.b.c", tokens["access_token"], other_tokens["id_token"],
+                issue_sandbox_token(runtime, world.physician)):
+        status, headers, _ = await flow.authorize(launch_id=staff_launch, id_token_hint=bad)
+        query = location_query(headers)
+        assert status == 302 and query["error"] == "invalid_request" and "id_token_hint" in query["error_description"]
+    status, headers, _ = await flow.authorize(launch_id=staff_launch)
+    assert "code" in location_query(headers)  # the staff user's launch was never spent
+    runtime.clock.advance(runtime.settings.id_token_ttl + 60)  # the hint has expired: still the physician's
+    status, headers, _ = await flow.authorize(id_token_hint=hint, prompt="none", state="s2")
+    query = location_query(headers)
+    assert status == 302 and query["state"] == "s2" and "code" in query, query
+    status, _, fresh = await flow.exchange(query["code"])
+    assert jwt.get_unverified_claims(fresh["id_token"])["sub"] == world.physician.id
+
+
+@pytest.mark.gen_test
 async def test_missing_launch_id_is_redirected_as_invalid_request(flow, world):
     status, headers, _ = await flow.authorize(launch_id="")
     assert status == 302 and location_query(headers)["error"] == "invalid_request"

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 from models.clock import Clock
+from runtime import Runtime
 from helpers.browser import APP_ID, TIMEOUT_MS, app_frame
 from helpers.environment import ROOT
 from helpers.processes import settings_env
@@ -221,3 +222,40 @@ def test_the_hub_follows_the_activation_status_the_app_sets(demo, page):
     claims = json.loads(app_frame(page).locator("#id-token-claims").inner_text())
     assert claims["sub"] == DEMO_PHYSICIAN_ID
     assert demo.status() == "Enabled"
+
+
+def register_redirects(demo, launch_url: str, redirect_uri: str, exact: list[str] | None = None) -> None:
+    """The demo app's launch URL and redirect base, and with `exact` its exact redirect URIs (else
+    prefix mode), as the console saves them (every process hears the change)."""
+    from lifecycle.applications import set_redirect_policy
+    from lifecycle.manifest import update_manifest
+    runtime = Runtime(demo.settings)
+    try:
+        update_manifest(runtime, APP_ID, "operator", launch_url=launch_url, redirect_uri=redirect_uri)
+        set_redirect_policy(runtime, APP_ID, "exact" if exact else "prefix", exact or ())
+    finally:
+        runtime.close()
+
+
+def test_an_app_sent_to_another_of_its_exact_redirect_origins_starts_in_the_hub(demo, page):
+    """An app with several exact redirect URIs on several origins: the hub framed only the launch
+    origin and the manifest's first redirect origin, and heard the SDK only from that one. The demo
+    app launched at `localhost` (its manifest redirect URI there too) redirects, as it always does,
+    to its redirect URI at `127.0.0.1`, which it also registered: the hub's CSP did not list that
+    origin and hub.js dropped the SDK's messages from it, so the app showed "The platform did not
+    answer 'context' in time". Now the app starts there and resolves the ID token."""
+    localhost = demo.app_url.replace("127.0.0.1", "localhost")
+    register_redirects(demo, f"{localhost}/launch", f"{localhost}/app", [f"{localhost}/app", f"{demo.app_url}/app"])
+    try:
+        demo.set_status("Enabled")
+        page.goto(demo.signin(DEMO_PHYSICIAN_ID))
+        while localhost not in page.locator("#hub-data").text_content():  # until serve has heard the change
+            page.reload()
+        entry(page).click()
+        frame = app_frame(page)
+        assert frame.locator("#sdk-error").inner_text() == ""
+        assert json.loads(frame.locator("#id-token-claims").inner_text())["sub"] == DEMO_PHYSICIAN_ID
+        assert page.frame(url=lambda url: url.startswith(f"{demo.app_url}/app")) is not None
+        page.locator("#hub-status").filter(has_text="verified").wait_for(timeout=TIMEOUT_MS)
+    finally:
+        register_redirects(demo, f"{demo.app_url}/launch", f"{demo.app_url}/app")

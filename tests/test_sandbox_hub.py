@@ -199,6 +199,36 @@ async def test_the_hub_names_each_app_s_origin_as_the_browser_does(api, world, r
 
 
 @pytest.mark.gen_test
+async def test_the_hub_frames_and_hears_every_exact_redirect_uri_s_origin(api, world, runtime, flow):
+    """An app registered with several exact redirect URIs on several origins (a multi-tenant app's
+    `https://clinic-1.app.example/cb`, ...) is sent by authorize to any of them, but the hub framed
+    and heard only the manifest's first: its CSP `frame-src` blocked the redirect to the others (a
+    blank frame) and hub.js dropped the SDK's messages from them. Every registered origin is framed
+    and listed in `app_origins`, the manifest's first; a prefix-mode app keeps its one origin."""
+    from lifecycle.applications import set_redirect_policy
+    from lifecycle.manifest import update_manifest
+    update_manifest(runtime, world.app.id, "operator", redirect_uri="https://clinic-1.app.example/cb")
+    set_redirect_policy(runtime, world.app.id, "exact",
+                        ["https://clinic-1.app.example/cb", "https://Clinic-2.App.Example:443/cb",
+                         "https://clinic-1.app.example/other"])
+    status, headers, page = await hub(api, world.physician.id)
+    assert status == 200
+    entry = hub_data(page)["apps"][0]
+    assert entry["app_origin"] == "https://clinic-1.app.example"
+    assert entry["app_origins"] == ["https://clinic-1.app.example", "https://clinic-2.app.example"]
+    assert csp_directives(headers["Content-Security-Policy"])["frame-src"] == \
+        "'self' http://127.0.0.1:8888 https://app.example.com https://clinic-1.app.example https://clinic-2.app.example"
+    status, headers, _ = await flow.authorize(redirect_uri="https://clinic-2.app.example/cb")
+    assert status == 302 and headers["Location"].startswith("https://clinic-2.app.example/cb?code=")
+    status, _, body = await api.call("GET", "/sandbox/api/apps",
+                                     headers={"Authorization": f"Bearer {hub_data(page)['sandboxToken']}"})
+    assert status == 200 and body["apps"][0]["app_origins"] == entry["app_origins"]
+    set_redirect_policy(runtime, world.app.id, "prefix")
+    status, headers, page = await hub(api, world.physician.id)
+    assert hub_data(page)["apps"][0]["app_origins"] == ["https://clinic-1.app.example"]
+
+
+@pytest.mark.gen_test
 async def test_sign_out_takes_the_service_s_origin_however_svc_public_url_spells_it(api, world, runtime):
     """The sign-out's Origin check compared the browser's `Origin` with SVC_PUBLIC_URL's text: set
     as `http://AUTH.example.com:80`, every sign-out from the hub's own page was refused (403)."""

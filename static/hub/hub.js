@@ -97,8 +97,11 @@
   }
 
   window.addEventListener("message", function (event) {
-    // Only the app we framed, at the origin its manifest declares.
-    if (!current || event.source !== frame.contentWindow || event.origin !== current.app_origin) return;
+    // Only the app we framed, at an origin of its registered redirect URIs (the manifest's, or in
+    // exact mode any of them: authorize may have sent the frame to each).
+    if (!current || event.source !== frame.contentWindow) return;
+    var origins = current.app_origins || [current.app_origin];
+    if (origins.indexOf(event.origin) === -1) return;
     var message = event.data;
     if (!message || message.channel !== "svc-sdk") return;
     if (message.type === "context") {
