@@ -10,7 +10,7 @@ and `client_assertion`, and no secret (one authentication method per request). T
 - claims: `iss` = `sub` = the client_id (and `client_id` in the body, if sent, the same); `aud` the
   token endpoint as the discovery documents list it (`/v1/oauth/token`; `/os-api/v2`'s too), or a
   list holding it;
-  `exp` in the future and at most 5 minutes ahead; `nbf`, if present, not in the future; a `jti`
+  `exp` (a NumericDate: an integer or not) in the future and at most 5 minutes ahead; `nbf`, if present, not in the future; a `jti`
   (1 to 255 characters) not spent before.
 Every refusal is 401 `invalid_client` saying why.
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from types import MappingProxyType
 
 import peewee
@@ -155,7 +156,15 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
         raise guess("The assertion's signature does not verify with the application's key.") from None
     # Signed with the app's key: whatever is refused from here was not a guess.
     _check_claims(runtime, app, claims)
-    return AssertedClient(app=app, jti=claims["jti"], exp=claims["exp"])
+    return AssertedClient(app=app, jti=claims["jti"], exp=math.ceil(claims["exp"]))
+
+
+def _numeric_date(value) -> bool:
+    """A JWT NumericDate (RFC 7519 2): seconds since the epoch, an integer or not (`time.time() + 300`
+    signed as is), finite; never `true`."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and math.isfinite(value)
 
 
 def _check_claims(runtime, app: Application, claims: dict) -> None:
@@ -168,14 +177,14 @@ def _check_claims(runtime, app: Application, claims: dict) -> None:
         raise refuse(f"The assertion's aud must be the token endpoint, {expected[0]}.")
     now = runtime.clock.time()
     exp = claims.get("exp")
-    if not isinstance(exp, int) or isinstance(exp, bool):
+    if not _numeric_date(exp):
         raise refuse("The assertion must carry exp (seconds since the epoch).")
     if exp <= now:
         raise refuse("The assertion has expired.")
     if exp > now + MAX_LIFETIME + LEEWAY:
         raise refuse(f"The assertion's exp is more than {MAX_LIFETIME // 60} minutes ahead.")
     nbf = claims.get("nbf")
-    if nbf is not None and (not isinstance(nbf, (int, float)) or nbf > now + LEEWAY):
+    if nbf is not None and (not _numeric_date(nbf) or nbf > now + LEEWAY):
         raise refuse("The assertion is not valid yet (nbf).")
     jti = claims.get("jti")
     if not isinstance(jti, str) or not 1 <= len(jti) <= MAX_JTI_LENGTH:

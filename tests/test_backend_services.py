@@ -166,6 +166,22 @@ async def test_a_jti_is_spent_once(api, pbackend):
 
 
 @pytest.mark.gen_test
+async def test_an_exp_that_is_no_whole_second_is_a_numeric_date_like_any_other(api, pbackend):
+    """RFC 7519's NumericDate may be non-integer: a backend that signs `"exp": time.time() + 240`
+    (PyJWT keeps the float) gets its token, and its jti is spent like any other."""
+    now = pbackend.clock.time()
+    signed = pbackend.assertion(exp=now + 240.25)
+    status, _, body = await token(api, token_form(signed))
+    assert status == 200 and body["token_type"] == "bearer", body
+    status, _, body = await token(api, token_form(signed))
+    assert status == 401 and "already used" in body["error_description"], body
+    for name, claims in {"expired": {"exp": now - 0.5}, "too far ahead": {"exp": now + 400.5},
+                         "nbf ahead": {"exp": now + 60.5, "nbf": now + 30.5}, "exp true": {"exp": True}}.items():
+        status, _, body = await token(api, token_form(pbackend.assertion(**claims)))
+        assert status == 401 and body["error"] == "invalid_client", (name, body)
+
+
+@pytest.mark.gen_test
 async def test_a_spent_jti_outlives_a_host_whose_clock_runs_ahead(api, runtime, pbackend):
     """Two hosts share the spent jtis; each drops them by its own clock. A host 10 minutes ahead
     spends another assertion (dropping what it thinks expired); the first assertion, replayed to a
