@@ -149,7 +149,7 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
     except JwksUnavailable as exc:
         raise _refused(str(exc), counted=True) from None  # its host is down, or another request fetches: nobody guessed
     if key is None:
-        raise guess(f"No {alg} key with that kid is in the application's JWKS.")
+        raise guess(f"No single {alg} key with that kid is in the application's JWKS.")
     try:
         claims = jwt.decode(assertion, key, algorithms=[alg], options=dict(_SIGNATURE_ONLY))
     except (JOSEError, ValueError, TypeError, RecursionError):

@@ -13,12 +13,14 @@ import uuid
 import jwt
 import pytest
 
+from errors import ApiError
 from helpers.backend import ASSERTION_TYPE, JwksHost, KeyPair, assertion, jwks, token_form, unsigned_style
 from helpers.worlds import SMART_PATIENT, clinic
 from lifecycle.applications import install_application, register_application
 from lifecycle.backend_apps import set_backend_keys, set_system_scopes
 from models.application import Installation
 from models.disclosures import DisclosureRecord
+from oauth.client_jwks import CACHE_SECONDS
 
 AUD = "http://127.0.0.1:8888/v1/oauth/token"
 SCOPES = "system/Patient.rs system/Observation.rs system/Condition.read"
@@ -220,6 +222,29 @@ async def test_the_jwks_url_is_cached_and_refetched_on_an_unknown_kid_at_most_on
     status, _, body = await token(api, token_form(pbackend.assertion(rotated)))
     assert status == 401 and "could not be read" in body["error_description"], body
     assert pbackend.host.hits == 4
+
+
+@pytest.mark.gen_test
+async def test_a_kid_selects_one_key_of_the_type_its_alg_needs(api, runtime, pbackend):
+    """RFC 7517 4.5 lets an RSA and an EC key share a kid (alternatives of different kty), and SMART
+    selects the key by kid and kty; two keys of one type under one kid select none (SMART: "more
+    than one key matches: the verification fails"), at a JWKS URL as in a registered file."""
+    rsa, ec = KeyPair("RS384", kid="shared"), KeyPair("ES384", kid="shared")
+    pbackend.host.document = jwks(rsa, ec)
+    for pair in (rsa, ec):
+        status, _, body = await token(api, token_form(pbackend.assertion(pair)))
+        assert status == 200, (pair.alg, body)
+    twin = KeyPair("ES384", kid="shared")
+    pbackend.host.document = jwks(rsa, ec, twin)
+    runtime.clock.advance(CACHE_SECONDS + 1)
+    for pair in (ec, twin):
+        status, _, body = await token(api, token_form(pbackend.assertion(pair)))
+        assert status == 401 and "No single ES384 key" in body["error_description"], body
+    assert (await token(api, token_form(pbackend.assertion(rsa))))[0] == 200
+    set_backend_keys(runtime, pbackend.app.id, jwks_text=json.dumps(jwks(rsa, ec)))
+    assert (await token(api, token_form(pbackend.assertion(ec))))[0] == 200
+    with pytest.raises(ApiError, match="names two EC keys"):
+        set_backend_keys(runtime, pbackend.app.id, jwks_text=json.dumps(jwks(rsa, ec, twin)))
 
 
 @pytest.mark.gen_test
