@@ -17,6 +17,10 @@ fetched only from that URL, never from one a request names:
 - an assertion naming a `kid` the cached set lacks makes one fetch at once (the app rotated its
   keys), but at most one fetch per app every `REFETCH_INTERVAL` seconds, whatever the requests
   say: a flood of made-up kids costs the app's JWKS host one request a minute per process;
+- fetched again at an app's next assertion, whatever `REFETCH_INTERVAL` says, once any application
+  changed (`recheck`, on the applications change topic: an operator re-registering a JWKS URL, after
+  the partner removed a leaked key from it, must not see this process keep verifying with that key);
+  the keys fetched before verify meanwhile, as while the cache is refreshed;
 - at most `max_fetches` fetches at once in the process (a quarter of its pool's threads, at least
   one): apps whose hosts hang hold at most that many pool threads; a fetch wanted beyond it is not
   made, and the request is refused as while its app's keys are being fetched ("try again").
@@ -48,13 +52,14 @@ class JwksUnavailable(Exception):
 
 
 class _Entry:
-    __slots__ = ("url", "jwks", "fetched_at", "attempted_at", "lock")
+    __slots__ = ("url", "jwks", "fetched_at", "attempted_at", "recheck", "lock")
 
     def __init__(self, url: str):
         self.url = url
         self.jwks: dict | None = None
         self.fetched_at = float("-inf")
         self.attempted_at = float("-inf")
+        self.recheck = False  # an application changed since the last attempt: fetch at the next use
         self.lock = threading.Lock()
 
 
@@ -97,9 +102,18 @@ class ClientKeySets:
             raise JwksUnavailable("The application's JWKS URL could not be read; its keys are unknown.")
         return found
 
+    def recheck(self) -> None:
+        """An application changed (its keys may have been registered again): each app's next
+        assertion fetches its URL again; the keys fetched before verify meanwhile."""
+        with self._lock:
+            for entry in self._entries.values():
+                entry.recheck = True
+
     def _due(self, entry: _Entry, kid: str, alg: str) -> bool:
         """Is a fetch wanted (the first use, stale keys, an unknown kid: the app may have rotated
-        its keys) and allowed (none tried within REFETCH_INTERVAL)?"""
+        its keys) and allowed (none tried within REFETCH_INTERVAL)? After `recheck`: always."""
+        if entry.recheck:
+            return True
         now = self.monotonic()
         if now - entry.attempted_at < REFETCH_INTERVAL:
             return False
@@ -118,6 +132,7 @@ class ClientKeySets:
         """One fetch of the entry's URL (its lock held); a failure keeps the keys fetched before,
         at most MAX_STALE_SECONDS."""
         now = entry.attempted_at = self.monotonic()
+        entry.recheck = False
         try:
             entry.jwks = parse_jwks(self._fetch(entry.url), strict=False)
             entry.fetched_at = now

@@ -225,6 +225,32 @@ async def test_the_jwks_url_is_cached_and_refetched_on_an_unknown_kid_at_most_on
 
 
 @pytest.mark.gen_test
+async def test_a_re_registered_jwks_url_is_fetched_again_before_a_removed_key_verifies(api, runtime, pbackend):
+    """A partner's RSA key leaks: it publishes a JWKS without it, the operator stops the app's key
+    pair at once (`apps update --no-jwks`), then registers its URL again. The keys this process had
+    cached from that URL a minute before must not come back: the re-registered URL is fetched again
+    at the next assertion (the same holds for a re-registration without `--no-jwks` first)."""
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200
+    assert pbackend.host.hits == 1
+    pbackend.host.document = jwks(pbackend.ec)  # the leaked RSA key is gone from the URL
+    set_backend_keys(runtime, pbackend.app.id)
+    status, _, body = await token(api, token_form(pbackend.assertion()))
+    assert status == 401 and body["error"] == "invalid_client", body
+    set_backend_keys(runtime, pbackend.app.id, jwks_url=pbackend.host.url)
+    status, _, body = await token(api, token_form(pbackend.assertion()))
+    assert status == 401 and body["error"] == "invalid_client", body
+    assert pbackend.host.hits == 2
+    assert (await token(api, token_form(pbackend.assertion(pbackend.ec))))[0] == 200
+    pbackend.host.document = jwks(pbackend.rsa)  # the next rotation, re-registered without --no-jwks
+    set_backend_keys(runtime, pbackend.app.id, jwks_url=pbackend.host.url)
+    status, _, body = await token(api, token_form(pbackend.assertion(pbackend.ec)))
+    assert status == 401 and body["error"] == "invalid_client", body
+    assert pbackend.host.hits == 3
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200
+    assert pbackend.host.hits == 3  # once fetched, cached as before
+
+
+@pytest.mark.gen_test
 async def test_a_kid_selects_one_key_of_the_type_its_alg_needs(api, runtime, pbackend):
     """RFC 7517 4.5 lets an RSA and an EC key share a kid (alternatives of different kty), and SMART
     selects the key by kid and kty; two keys of one type under one kid select none (SMART: "more
