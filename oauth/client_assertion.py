@@ -12,7 +12,8 @@ and `client_assertion`, and no secret (one authentication method per request). T
   list holding it;
   `exp` (a NumericDate: an integer or not) in the future and at most 5 minutes ahead; `nbf`, if present, not in the future; a `jti`
   (1 to 255 characters) not spent before.
-Every refusal is 401 `invalid_client` saying why.
+Every refusal is 401 `invalid_client` saying why. A `kid` the cached keys lack while the app's
+JWKS URL is being fetched is no refusal: 503 `temporarily_unavailable` with Retry-After.
 
 A `jti` is spent (`spend`) only when what the assertion was for succeeds: by the grant, just
 before it issues a token, so an assertion refused for its scope (`invalid_scope`) may be sent
@@ -42,11 +43,11 @@ from jose.exceptions import JOSEError
 
 from models.application import Application
 from models.assertions import SpentAssertion
-from oauth.client_jwks import JwksUnavailable
+from oauth.client_jwks import RETRY_AFTER, JwksBeingFetched, JwksUnavailable
 from oauth.client_keys import ALGORITHMS
 from oauth.clients import CLIENT_ID_SYNTAX
 from oauth.discovery import endpoints
-from oauth.errors import invalid_client, invalid_request
+from oauth.errors import invalid_client, invalid_request, temporarily_unavailable
 from oauth.variants import V1, VARIANTS
 from ratelimit.lockout import throttle_check, throttle_failure
 
@@ -146,8 +147,10 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
         raise guess("The assertion's header must name its key (kid).")
     try:
         key = runtime.client_jwks.key(app, kid, alg)
+    except JwksBeingFetched as exc:  # nothing is known of this kid yet: not a refusal, nor a guess
+        raise temporarily_unavailable(str(exc), RETRY_AFTER) from None
     except JwksUnavailable as exc:
-        raise _refused(str(exc), counted=True) from None  # its host is down, or another request fetches: nobody guessed
+        raise _refused(str(exc), counted=True) from None  # its host is down: nobody guessed
     if key is None:
         raise guess(f"No single {alg} key with that kid is in the application's JWKS.")
     try:

@@ -9,8 +9,9 @@ fetched only from that URL, never from one a request names:
   most `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's
   `http.client` (https: the certificate and host name verified);
 - by one request, which holds only its own pool thread: while it runs, the app's other requests
-  verify with the keys fetched before, and one whose kid they lack is refused at once ("being
-  fetched: try again"), never waiting for the fetch;
+  verify with the keys fetched before, and one whose kid they lack is answered at once
+  (`JwksBeingFetched`: 503 with Retry-After, nothing is known of that kid yet), never waiting for
+  the fetch;
 - kept `CACHE_SECONDS`, then fetched again when next needed (a failed fetch keeps the keys
   fetched before, at most `MAX_STALE_SECONDS` after they were fetched: a key the partner removed
   stops verifying within the hour even while its host is down);
@@ -23,7 +24,7 @@ fetched only from that URL, never from one a request names:
   the keys fetched before verify meanwhile, as while the cache is refreshed;
 - at most `max_fetches` fetches at once in the process (a quarter of its pool's threads, at least
   one): apps whose hosts hang hold at most that many pool threads; a fetch wanted beyond it is not
-  made, and the request is refused as while its app's keys are being fetched ("try again").
+  made, and the request is answered as while its app's keys are being fetched (503, Retry-After).
 A set that cannot be fetched or read verifies nothing: the assertion is refused (`invalid_client`).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ FETCH_TIMEOUT = 5.0
 CACHE_SECONDS = 300
 MAX_STALE_SECONDS = 3600  # keys kept past their cache time while the URL cannot be read, at most
 REFETCH_INTERVAL = 60
+RETRY_AFTER = 1  # seconds: when a request whose kid is not cached may ask again while its app's keys are fetched
 CHUNK = 16 * 1024
 
 log = logging.getLogger("svc_auth.oauth.client_jwks")
@@ -49,6 +51,11 @@ log = logging.getLogger("svc_auth.oauth.client_jwks")
 
 class JwksUnavailable(Exception):
     """The app's JWKS URL could not be fetched or read; the message says why (for the client)."""
+
+
+class JwksBeingFetched(JwksUnavailable):
+    """The kid is not among the app's cached keys while they are being fetched (or while the
+    process's fetches are all out): nothing is known yet, ask again in `RETRY_AFTER` seconds."""
 
 
 class _Entry:
@@ -96,8 +103,8 @@ class ClientKeySets:
                 entry.lock.release()
         found = find_key(entry.jwks, kid, alg)
         if found is None and (busy or entry.lock.locked()):
-            raise JwksUnavailable("The application's keys are being fetched from its JWKS URL; "
-                                  "try again in a few seconds.")
+            raise JwksBeingFetched(f"The application's keys are being fetched from its JWKS URL; "
+                                   f"try again in {RETRY_AFTER} second.")
         if entry.jwks is None:
             raise JwksUnavailable("The application's JWKS URL could not be read; its keys are unknown.")
         return found

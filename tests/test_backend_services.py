@@ -576,8 +576,10 @@ async def wait_for(event) -> None:
 @pytest.mark.gen_test(timeout=40)
 async def test_a_jwks_fetch_in_progress_makes_no_other_request_wait(api, world, pbackend):
     """The app's JWKS host takes the fetch and says nothing. Meanwhile ten assertions of that app
-    are refused at once (its keys are being fetched), and another app's token, which the blocking
-    pool answers, is issued: nobody waits on the fetch, nor for a pool thread held by a waiter."""
+    (the first of its workers starting together) are answered at once: 503 with Retry-After, since
+    nothing is known of their kid yet (an `invalid_client` would tell a client with the right key
+    that its key is wrong); and another app's token, which the blocking pool answers, is issued:
+    nobody waits on the fetch, nor for a pool thread held by a waiter."""
     from oauth.client_jwks import FETCH_TIMEOUT
     pbackend.host.hold()
     fetching = asyncio.ensure_future(token(api, token_form(pbackend.assertion(headers={"kid": "unknown"}))))
@@ -591,18 +593,19 @@ async def test_a_jwks_fetch_in_progress_makes_no_other_request_wait(api, world, 
     elapsed = time.monotonic() - started
     assert elapsed < FETCH_TIMEOUT / 2 and not fetching.done(), elapsed  # all answered while it was pending
     assert status == 200 and body["access_token"], body
-    for status, _, body in refused:
-        assert status == 401 and body["error"] == "invalid_client", body
-        assert "being fetched" in body["error_description"], body
+    for status, headers, body in refused:
+        assert status == 503 and body["error"] == "temporarily_unavailable", body
+        assert headers["Retry-After"] == "1" and "being fetched" in body["error_description"], body
     pbackend.host.release()
     status, _, body = await fetching
     assert status == 401 and body["error"] == "invalid_client", body
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200  # asked again: the keys are in
 
 
 @pytest.mark.gen_test(timeout=40)
 async def test_jwks_hosts_that_hang_hold_at_most_a_quarter_of_the_pool(api, runtime, world, key_pairs):
     """As many apps as the process allows fetches at once have hosts that take the fetch and say
-    nothing: one more app's first assertion is refused at once ("try again"), its host never asked,
+    nothing: one more app's first assertion is answered at once (503, Retry-After), its host never asked,
     instead of a further pool thread waiting out its deadline; once they answer, it verifies."""
     from oauth.client_jwks import FETCH_TIMEOUT
     allowed = runtime.settings.db_threads // 4
@@ -619,7 +622,7 @@ async def test_jwks_hosts_that_hang_hold_at_most_a_quarter_of_the_pool(api, runt
         started = time.monotonic()
         status, _, body = await token(api, token_form(backends[-1].assertion()))
         assert time.monotonic() - started < FETCH_TIMEOUT / 2
-        assert status == 401 and "being fetched" in body["error_description"], body
+        assert status == 503 and "being fetched" in body["error_description"], body
         assert hosts[-1].hits == 0
         for host in hosts[:allowed]:
             host.release()
@@ -634,7 +637,7 @@ async def test_jwks_hosts_that_hang_hold_at_most_a_quarter_of_the_pool(api, runt
 @pytest.mark.gen_test(timeout=40)
 async def test_cached_keys_verify_while_the_jwks_url_is_refetched(api, runtime, pbackend):
     """An unknown kid a minute later refetches the URL; while its host is silent, the cached keys
-    verify at once, and other unknown kids are refused at once: try again when the keys are in."""
+    verify at once, and other unknown kids are answered at once: 503, try again when the keys are in."""
     from oauth.client_jwks import FETCH_TIMEOUT
     await system_token(api, pbackend)
     runtime.clock.advance(61)
@@ -648,8 +651,8 @@ async def test_cached_keys_verify_while_the_jwks_url_is_refetched(api, runtime, 
     elapsed = time.monotonic() - started
     assert elapsed < FETCH_TIMEOUT / 2 and not fetching.done(), elapsed
     assert [status for status, _, _ in answers[:6]] == [200] * 6, answers
-    for status, _, body in answers[6:]:
-        assert status == 401 and "being fetched" in body["error_description"], body
+    for status, headers, body in answers[6:]:
+        assert status == 503 and headers["Retry-After"] == "1" and "being fetched" in body["error_description"], body
     pbackend.host.release()
     status, _, body = await fetching
     assert status == 401 and body["error"] == "invalid_client", body  # the set has no such kid
