@@ -18,10 +18,12 @@ fetched only from that URL, never from one a request names:
 - an assertion naming a `kid` the cached set lacks makes one fetch at once (the app rotated its
   keys), but at most one fetch per app every `REFETCH_INTERVAL` seconds, whatever the requests
   say: a flood of made-up kids costs the app's JWKS host one request a minute per process;
-- fetched again at an app's next assertion, whatever `REFETCH_INTERVAL` says, once any application
-  changed (`recheck`, on the applications change topic: an operator re-registering a JWKS URL, after
-  the partner removed a leaked key from it, must not see this process keep verifying with that key);
-  the keys fetched before verify meanwhile, as while the cache is refreshed;
+- fetched again at an app's next assertion once any application changed (`recheck`, on the
+  applications change topic: an operator re-registering a JWKS URL, after the partner removed a
+  leaked key from it, must not see this process keep verifying with that key), `RECHECK_INTERVAL`
+  seconds after the last fetch at the soonest (however often applications change, e.g. a developer
+  saving a manifest in a loop, a JWKS host gets at most that from one process); the keys fetched
+  before verify meanwhile, as while the cache is refreshed;
 - at most `max_fetches` fetches at once in the process (a quarter of its pool's threads, at least
   one): apps whose hosts hang hold at most that many pool threads; a fetch wanted beyond it is not
   made, and the request is answered as while its app's keys are being fetched (503, Retry-After).
@@ -43,6 +45,7 @@ FETCH_TIMEOUT = 5.0
 CACHE_SECONDS = 300
 MAX_STALE_SECONDS = 3600  # keys kept past their cache time while the URL cannot be read, at most
 REFETCH_INTERVAL = 60
+RECHECK_INTERVAL = 5  # seconds between fetches of one app's URL, at least, when applications change
 RETRY_AFTER = 1  # seconds: when a request whose kid is not cached may ask again while its app's keys are fetched
 CHUNK = 16 * 1024
 
@@ -118,10 +121,11 @@ class ClientKeySets:
 
     def _due(self, entry: _Entry, kid: str, alg: str) -> bool:
         """Is a fetch wanted (the first use, stale keys, an unknown kid: the app may have rotated
-        its keys) and allowed (none tried within REFETCH_INTERVAL)? After `recheck`: always."""
-        if entry.recheck:
-            return True
+        its keys) and allowed (none tried within REFETCH_INTERVAL)? After `recheck`: wanted, and
+        allowed RECHECK_INTERVAL after the last try."""
         now = self.monotonic()
+        if entry.recheck and now - entry.attempted_at >= RECHECK_INTERVAL:
+            return True
         if now - entry.attempted_at < REFETCH_INTERVAL:
             return False
         return now - entry.fetched_at >= CACHE_SECONDS or find_key(entry.jwks, kid, alg) is None
