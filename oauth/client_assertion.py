@@ -10,9 +10,10 @@ and `client_assertion`, and no secret (one authentication method per request). T
 - claims: `iss` = `sub` = the client_id (and `client_id` in the body, if sent, the same); `aud` the
   token endpoint as the discovery documents list it (`/v1/oauth/token`; `/os-api/v2`'s too), or a
   list holding it;
-  `exp` in the future and at most 5 minutes ahead; `nbf`, if present, not in the future; a `jti`
+  `exp` (a NumericDate: an integer or not) in the future and at most 5 minutes ahead; `nbf`, if present, not in the future; a `jti`
   (1 to 255 characters) not spent before.
-Every refusal is 401 `invalid_client` saying why.
+Every refusal is 401 `invalid_client` saying why. A `kid` the cached keys lack while the app's
+JWKS URL is being fetched is no refusal: 503 `temporarily_unavailable` with Retry-After.
 
 A `jti` is spent (`spend`) only when what the assertion was for succeeds: by the grant, just
 before it issues a token, so an assertion refused for its scope (`invalid_scope`) may be sent
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from types import MappingProxyType
 
 import peewee
@@ -41,11 +43,11 @@ from jose.exceptions import JOSEError
 
 from models.application import Application
 from models.assertions import SpentAssertion
-from oauth.client_jwks import JwksUnavailable
+from oauth.client_jwks import RETRY_AFTER, JwksBeingFetched, JwksUnavailable
 from oauth.client_keys import ALGORITHMS
 from oauth.clients import CLIENT_ID_SYNTAX
 from oauth.discovery import endpoints
-from oauth.errors import invalid_client, invalid_request
+from oauth.errors import invalid_client, invalid_request, temporarily_unavailable
 from oauth.variants import V1, VARIANTS
 from ratelimit.lockout import throttle_check, throttle_failure
 
@@ -145,17 +147,27 @@ def authenticate_assertion(runtime, params: dict, authorization: str | None,
         raise guess("The assertion's header must name its key (kid).")
     try:
         key = runtime.client_jwks.key(app, kid, alg)
+    except JwksBeingFetched as exc:  # nothing is known of this kid yet: not a refusal, nor a guess
+        raise temporarily_unavailable(str(exc), RETRY_AFTER) from None
     except JwksUnavailable as exc:
-        raise _refused(str(exc), counted=True) from None  # its host is down, or another request fetches: nobody guessed
+        raise _refused(str(exc), counted=True) from None  # its host is down: nobody guessed
     if key is None:
-        raise guess(f"No {alg} key with that kid is in the application's JWKS.")
+        raise guess(f"No single {alg} key with that kid is in the application's JWKS.")
     try:
         claims = jwt.decode(assertion, key, algorithms=[alg], options=dict(_SIGNATURE_ONLY))
     except (JOSEError, ValueError, TypeError, RecursionError):
         raise guess("The assertion's signature does not verify with the application's key.") from None
     # Signed with the app's key: whatever is refused from here was not a guess.
     _check_claims(runtime, app, claims)
-    return AssertedClient(app=app, jti=claims["jti"], exp=claims["exp"])
+    return AssertedClient(app=app, jti=claims["jti"], exp=math.ceil(claims["exp"]))
+
+
+def _numeric_date(value) -> bool:
+    """A JWT NumericDate (RFC 7519 2): seconds since the epoch, an integer or not (`time.time() + 300`
+    signed as is), finite; never `true`."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and math.isfinite(value)
 
 
 def _check_claims(runtime, app: Application, claims: dict) -> None:
@@ -168,14 +180,14 @@ def _check_claims(runtime, app: Application, claims: dict) -> None:
         raise refuse(f"The assertion's aud must be the token endpoint, {expected[0]}.")
     now = runtime.clock.time()
     exp = claims.get("exp")
-    if not isinstance(exp, int) or isinstance(exp, bool):
+    if not _numeric_date(exp):
         raise refuse("The assertion must carry exp (seconds since the epoch).")
     if exp <= now:
         raise refuse("The assertion has expired.")
     if exp > now + MAX_LIFETIME + LEEWAY:
         raise refuse(f"The assertion's exp is more than {MAX_LIFETIME // 60} minutes ahead.")
     nbf = claims.get("nbf")
-    if nbf is not None and (not isinstance(nbf, (int, float)) or nbf > now + LEEWAY):
+    if nbf is not None and (not _numeric_date(nbf) or nbf > now + LEEWAY):
         raise refuse("The assertion is not valid yet (nbf).")
     jti = claims.get("jti")
     if not isinstance(jti, str) or not 1 <= len(jti) <= MAX_JTI_LENGTH:

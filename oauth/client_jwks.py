@@ -9,17 +9,24 @@ fetched only from that URL, never from one a request names:
   most `MAX_JWKS_BYTES`, redirects not followed, a 200 only, over the standard library's
   `http.client` (https: the certificate and host name verified);
 - by one request, which holds only its own pool thread: while it runs, the app's other requests
-  verify with the keys fetched before, and one whose kid they lack is refused at once ("being
-  fetched: try again"), never waiting for the fetch;
+  verify with the keys fetched before, and one whose kid they lack is answered at once
+  (`JwksBeingFetched`: 503 with Retry-After, nothing is known of that kid yet), never waiting for
+  the fetch;
 - kept `CACHE_SECONDS`, then fetched again when next needed (a failed fetch keeps the keys
   fetched before, at most `MAX_STALE_SECONDS` after they were fetched: a key the partner removed
   stops verifying within the hour even while its host is down);
 - an assertion naming a `kid` the cached set lacks makes one fetch at once (the app rotated its
   keys), but at most one fetch per app every `REFETCH_INTERVAL` seconds, whatever the requests
   say: a flood of made-up kids costs the app's JWKS host one request a minute per process;
+- fetched again at an app's next assertion once any application changed (`recheck`, on the
+  applications change topic: an operator re-registering a JWKS URL, after the partner removed a
+  leaked key from it, must not see this process keep verifying with that key), `RECHECK_INTERVAL`
+  seconds after the last fetch at the soonest (however often applications change, e.g. a developer
+  saving a manifest in a loop, a JWKS host gets at most that from one process); the keys fetched
+  before verify meanwhile, as while the cache is refreshed;
 - at most `max_fetches` fetches at once in the process (a quarter of its pool's threads, at least
   one): apps whose hosts hang hold at most that many pool threads; a fetch wanted beyond it is not
-  made, and the request is refused as while its app's keys are being fetched ("try again").
+  made, and the request is answered as while its app's keys are being fetched (503, Retry-After).
 A set that cannot be fetched or read verifies nothing: the assertion is refused (`invalid_client`).
 """
 from __future__ import annotations
@@ -38,6 +45,8 @@ FETCH_TIMEOUT = 5.0
 CACHE_SECONDS = 300
 MAX_STALE_SECONDS = 3600  # keys kept past their cache time while the URL cannot be read, at most
 REFETCH_INTERVAL = 60
+RECHECK_INTERVAL = 5  # seconds between fetches of one app's URL, at least, when applications change
+RETRY_AFTER = 1  # seconds: when a request whose kid is not cached may ask again while its app's keys are fetched
 CHUNK = 16 * 1024
 
 log = logging.getLogger("svc_auth.oauth.client_jwks")
@@ -47,14 +56,20 @@ class JwksUnavailable(Exception):
     """The app's JWKS URL could not be fetched or read; the message says why (for the client)."""
 
 
+class JwksBeingFetched(JwksUnavailable):
+    """The kid is not among the app's cached keys while they are being fetched (or while the
+    process's fetches are all out): nothing is known yet, ask again in `RETRY_AFTER` seconds."""
+
+
 class _Entry:
-    __slots__ = ("url", "jwks", "fetched_at", "attempted_at", "lock")
+    __slots__ = ("url", "jwks", "fetched_at", "attempted_at", "recheck", "lock")
 
     def __init__(self, url: str):
         self.url = url
         self.jwks: dict | None = None
         self.fetched_at = float("-inf")
         self.attempted_at = float("-inf")
+        self.recheck = False  # an application changed since the last attempt: fetch at the next use
         self.lock = threading.Lock()
 
 
@@ -91,16 +106,26 @@ class ClientKeySets:
                 entry.lock.release()
         found = find_key(entry.jwks, kid, alg)
         if found is None and (busy or entry.lock.locked()):
-            raise JwksUnavailable("The application's keys are being fetched from its JWKS URL; "
-                                  "try again in a few seconds.")
+            raise JwksBeingFetched(f"The application's keys are being fetched from its JWKS URL; "
+                                   f"try again in {RETRY_AFTER} second.")
         if entry.jwks is None:
             raise JwksUnavailable("The application's JWKS URL could not be read; its keys are unknown.")
         return found
 
+    def recheck(self) -> None:
+        """An application changed (its keys may have been registered again): each app's next
+        assertion fetches its URL again; the keys fetched before verify meanwhile."""
+        with self._lock:
+            for entry in self._entries.values():
+                entry.recheck = True
+
     def _due(self, entry: _Entry, kid: str, alg: str) -> bool:
         """Is a fetch wanted (the first use, stale keys, an unknown kid: the app may have rotated
-        its keys) and allowed (none tried within REFETCH_INTERVAL)?"""
+        its keys) and allowed (none tried within REFETCH_INTERVAL)? After `recheck`: wanted, and
+        allowed RECHECK_INTERVAL after the last try."""
         now = self.monotonic()
+        if entry.recheck and now - entry.attempted_at >= RECHECK_INTERVAL:
+            return True
         if now - entry.attempted_at < REFETCH_INTERVAL:
             return False
         return now - entry.fetched_at >= CACHE_SECONDS or find_key(entry.jwks, kid, alg) is None
@@ -118,6 +143,7 @@ class ClientKeySets:
         """One fetch of the entry's URL (its lock held); a failure keeps the keys fetched before,
         at most MAX_STALE_SECONDS."""
         now = entry.attempted_at = self.monotonic()
+        entry.recheck = False
         try:
             entry.jwks = parse_jwks(self._fetch(entry.url), strict=False)
             entry.fetched_at = now

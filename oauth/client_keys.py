@@ -6,11 +6,14 @@ A JWKS (RFC 7517) is at most `MAX_JWKS_BYTES` and `MAX_KEYS` keys. Each key:
   the curve), and public only: a member of private key material (`d`, `p`, `q`, `dp`, `dq`, `qi`, `oth`, or a
   symmetric `k`) refuses the whole set (those keys are no longer secret: register new ones);
 - `kty` `RSA` with a modulus of at least 2048 bits (for RS384), or `EC` on `P-384` (for ES384);
-- a `kid` (an assertion names its key by it), unique in the set;
+- a `kid` (an assertion names its key by it, with the key type its `alg` needs), unique in the set
+  for its key type: an RSA and an EC key may share one (RFC 7517 4.5: alternatives of different
+  `kty`), two keys of one type may not;
 - `alg`, if given, `RS384` or `ES384` (matching the key type); `use`, if given, `sig`.
 A registered file (`apps create|update --jwks-file`) must pass all of it. A set fetched from the
 app's `--jwks-url` (`oauth.client_jwks`) keeps its usable keys and skips the others, but a set
-with private key material is refused whole.
+with private key material is refused whole; two keys of one type under one kid are both skipped
+(SMART Backend Services: when more than one key matches the kid and type, verification fails).
 """
 from __future__ import annotations
 
@@ -100,7 +103,7 @@ def parse_jwks(data: bytes | str, strict: bool = True) -> dict:
         raise JwksError('a JWKS is a JSON object with a "keys" array')
     if len(keys) > MAX_KEYS:
         raise JwksError(f"a JWKS holds at most {MAX_KEYS} keys")
-    kept, kids = [], set()
+    kept, names, ambiguous = [], set(), set()
     for key in keys:
         if isinstance(key, dict) and any(member in key for member in PRIVATE_MEMBERS):
             raise JwksError("the JWKS contains private key material; register the public keys only "
@@ -111,12 +114,15 @@ def parse_jwks(data: bytes | str, strict: bool = True) -> dict:
             if strict:
                 raise
             continue
-        if public["kid"] in kids:
+        name = (public["kid"], public["kty"])  # what an assertion's kid and alg select
+        if name in names:
             if strict:
-                raise JwksError(f"kid {public['kid']!r} appears twice")
+                raise JwksError(f"kid {public['kid']!r} names two {public['kty']} keys")
+            ambiguous.add(name)
             continue
-        kids.add(public["kid"])
+        names.add(name)
         kept.append(public)
+    kept = [key for key in kept if (key["kid"], key["kty"]) not in ambiguous]
     if strict and not kept:
         raise JwksError("the JWKS holds no key")
     return {"keys": kept}

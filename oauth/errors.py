@@ -19,12 +19,16 @@ def invalid_grant(description: str) -> OAuthError:
     return OAuthError("invalid_grant", description)
 
 
+def temporarily_unavailable(description: str, retry_after: int) -> OAuthError:
+    """503 + Retry-After: the request did nothing that needs undoing and can be retried then.
+    RFC 6749's `temporarily_unavailable`, in both shapes."""
+    return OAuthError("temporarily_unavailable", description, status=503, headers={"Retry-After": str(retry_after)})
+
+
 def dependency_unavailable(dependency: str, retry_after: int = 2) -> OAuthError:
-    """503 + Retry-After: a dependency (the database) cannot be reached; the request did nothing
-    that needs undoing and can be retried. RFC 6749's `temporarily_unavailable`, in both shapes."""
-    return OAuthError("temporarily_unavailable",
-                      f"The {dependency} cannot be reached right now; retry in {retry_after} seconds.",
-                      status=503, headers={"Retry-After": str(retry_after)})
+    """503 + Retry-After: a dependency (the database) cannot be reached."""
+    return temporarily_unavailable(f"The {dependency} cannot be reached right now; retry in {retry_after} seconds.",
+                                   retry_after)
 
 
 MAX_REDIRECT_DESCRIPTION = 500

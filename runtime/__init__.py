@@ -92,6 +92,7 @@ class Runtime:
             settings, "console_signin", self.console_signin_policy(), self.clock.time, self.hasher)
         # Backend apps' public keys (SMART Backend Services): JWKS URLs fetched and cached per app.
         self.client_jwks = ClientKeySets(monotonic=self.clock.time, max_fetches=settings.db_threads // 4)
+        self.changes.subscribe(APPLICATIONS, self.client_jwks.recheck)  # a re-registered URL is fetched again
         self._object_stores: dict = {}
         self._task_queue = None
         self._metrics = None

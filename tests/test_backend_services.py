@@ -13,12 +13,14 @@ import uuid
 import jwt
 import pytest
 
+from errors import ApiError
 from helpers.backend import ASSERTION_TYPE, JwksHost, KeyPair, assertion, jwks, token_form, unsigned_style
 from helpers.worlds import SMART_PATIENT, clinic
 from lifecycle.applications import install_application, register_application
 from lifecycle.backend_apps import set_backend_keys, set_system_scopes
 from models.application import Installation
 from models.disclosures import DisclosureRecord
+from oauth.client_jwks import CACHE_SECONDS, RECHECK_INTERVAL
 
 AUD = "http://127.0.0.1:8888/v1/oauth/token"
 SCOPES = "system/Patient.rs system/Observation.rs system/Condition.read"
@@ -166,6 +168,22 @@ async def test_a_jti_is_spent_once(api, pbackend):
 
 
 @pytest.mark.gen_test
+async def test_an_exp_that_is_no_whole_second_is_a_numeric_date_like_any_other(api, pbackend):
+    """RFC 7519's NumericDate may be non-integer: a backend that signs `"exp": time.time() + 240`
+    (PyJWT keeps the float) gets its token, and its jti is spent like any other."""
+    now = pbackend.clock.time()
+    signed = pbackend.assertion(exp=now + 240.25)
+    status, _, body = await token(api, token_form(signed))
+    assert status == 200 and body["token_type"] == "bearer", body
+    status, _, body = await token(api, token_form(signed))
+    assert status == 401 and "already used" in body["error_description"], body
+    for name, claims in {"expired": {"exp": now - 0.5}, "too far ahead": {"exp": now + 400.5},
+                         "nbf ahead": {"exp": now + 60.5, "nbf": now + 30.5}, "exp true": {"exp": True}}.items():
+        status, _, body = await token(api, token_form(pbackend.assertion(**claims)))
+        assert status == 401 and body["error"] == "invalid_client", (name, body)
+
+
+@pytest.mark.gen_test
 async def test_a_spent_jti_outlives_a_host_whose_clock_runs_ahead(api, runtime, pbackend):
     """Two hosts share the spent jtis; each drops them by its own clock. A host 10 minutes ahead
     spends another assertion (dropping what it thinks expired); the first assertion, replayed to a
@@ -204,6 +222,65 @@ async def test_the_jwks_url_is_cached_and_refetched_on_an_unknown_kid_at_most_on
     status, _, body = await token(api, token_form(pbackend.assertion(rotated)))
     assert status == 401 and "could not be read" in body["error_description"], body
     assert pbackend.host.hits == 4
+
+
+@pytest.mark.gen_test
+async def test_a_re_registered_jwks_url_is_fetched_again_before_a_removed_key_verifies(api, runtime, pbackend):
+    """A partner's RSA key leaks: it publishes a JWKS without it, the operator stops the app's key
+    pair at once (`apps update --no-jwks`), then registers its URL again. The keys this process had
+    cached from that URL a minute before must not come back: the re-registered URL is fetched again
+    at the next assertion (the same holds for a re-registration without `--no-jwks` first), yet
+    applications changing in a loop make at most one fetch per RECHECK_INTERVAL."""
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200
+    assert pbackend.host.hits == 1
+    runtime.clock.advance(RECHECK_INTERVAL)  # the partner and the operator take a few seconds
+    pbackend.host.document = jwks(pbackend.ec)  # the leaked RSA key is gone from the URL
+    set_backend_keys(runtime, pbackend.app.id)
+    status, _, body = await token(api, token_form(pbackend.assertion()))
+    assert status == 401 and body["error"] == "invalid_client", body
+    set_backend_keys(runtime, pbackend.app.id, jwks_url=pbackend.host.url)
+    status, _, body = await token(api, token_form(pbackend.assertion()))
+    assert status == 401 and body["error"] == "invalid_client", body
+    assert pbackend.host.hits == 2
+    assert (await token(api, token_form(pbackend.assertion(pbackend.ec))))[0] == 200
+    runtime.clock.advance(RECHECK_INTERVAL)
+    pbackend.host.document = jwks(pbackend.rsa)  # the next rotation, re-registered without --no-jwks
+    set_backend_keys(runtime, pbackend.app.id, jwks_url=pbackend.host.url)
+    status, _, body = await token(api, token_form(pbackend.assertion(pbackend.ec)))
+    assert status == 401 and body["error"] == "invalid_client", body
+    assert pbackend.host.hits == 3
+    for _ in range(3):  # changes in a loop: no fetch within RECHECK_INTERVAL of the last
+        set_system_scopes(runtime, pbackend.app.id, SCOPES)
+        assert (await token(api, token_form(pbackend.assertion())))[0] == 200
+    assert pbackend.host.hits == 3
+    runtime.clock.advance(RECHECK_INTERVAL)
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200
+    assert pbackend.host.hits == 4  # the last change, heard once the interval passed
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200
+    assert pbackend.host.hits == 4  # then cached as before
+
+
+@pytest.mark.gen_test
+async def test_a_kid_selects_one_key_of_the_type_its_alg_needs(api, runtime, pbackend):
+    """RFC 7517 4.5 lets an RSA and an EC key share a kid (alternatives of different kty), and SMART
+    selects the key by kid and kty; two keys of one type under one kid select none (SMART: "more
+    than one key matches: the verification fails"), at a JWKS URL as in a registered file."""
+    rsa, ec = KeyPair("RS384", kid="shared"), KeyPair("ES384", kid="shared")
+    pbackend.host.document = jwks(rsa, ec)
+    for pair in (rsa, ec):
+        status, _, body = await token(api, token_form(pbackend.assertion(pair)))
+        assert status == 200, (pair.alg, body)
+    twin = KeyPair("ES384", kid="shared")
+    pbackend.host.document = jwks(rsa, ec, twin)
+    runtime.clock.advance(CACHE_SECONDS + 1)
+    for pair in (ec, twin):
+        status, _, body = await token(api, token_form(pbackend.assertion(pair)))
+        assert status == 401 and "No single ES384 key" in body["error_description"], body
+    assert (await token(api, token_form(pbackend.assertion(rsa))))[0] == 200
+    set_backend_keys(runtime, pbackend.app.id, jwks_text=json.dumps(jwks(rsa, ec)))
+    assert (await token(api, token_form(pbackend.assertion(ec))))[0] == 200
+    with pytest.raises(ApiError, match="names two EC keys"):
+        set_backend_keys(runtime, pbackend.app.id, jwks_text=json.dumps(jwks(rsa, ec, twin)))
 
 
 @pytest.mark.gen_test
@@ -509,8 +586,10 @@ async def wait_for(event) -> None:
 @pytest.mark.gen_test(timeout=40)
 async def test_a_jwks_fetch_in_progress_makes_no_other_request_wait(api, world, pbackend):
     """The app's JWKS host takes the fetch and says nothing. Meanwhile ten assertions of that app
-    are refused at once (its keys are being fetched), and another app's token, which the blocking
-    pool answers, is issued: nobody waits on the fetch, nor for a pool thread held by a waiter."""
+    (the first of its workers starting together) are answered at once: 503 with Retry-After, since
+    nothing is known of their kid yet (an `invalid_client` would tell a client with the right key
+    that its key is wrong); and another app's token, which the blocking pool answers, is issued:
+    nobody waits on the fetch, nor for a pool thread held by a waiter."""
     from oauth.client_jwks import FETCH_TIMEOUT
     pbackend.host.hold()
     fetching = asyncio.ensure_future(token(api, token_form(pbackend.assertion(headers={"kid": "unknown"}))))
@@ -524,18 +603,19 @@ async def test_a_jwks_fetch_in_progress_makes_no_other_request_wait(api, world, 
     elapsed = time.monotonic() - started
     assert elapsed < FETCH_TIMEOUT / 2 and not fetching.done(), elapsed  # all answered while it was pending
     assert status == 200 and body["access_token"], body
-    for status, _, body in refused:
-        assert status == 401 and body["error"] == "invalid_client", body
-        assert "being fetched" in body["error_description"], body
+    for status, headers, body in refused:
+        assert status == 503 and body["error"] == "temporarily_unavailable", body
+        assert headers["Retry-After"] == "1" and "being fetched" in body["error_description"], body
     pbackend.host.release()
     status, _, body = await fetching
     assert status == 401 and body["error"] == "invalid_client", body
+    assert (await token(api, token_form(pbackend.assertion())))[0] == 200  # asked again: the keys are in
 
 
 @pytest.mark.gen_test(timeout=40)
 async def test_jwks_hosts_that_hang_hold_at_most_a_quarter_of_the_pool(api, runtime, world, key_pairs):
     """As many apps as the process allows fetches at once have hosts that take the fetch and say
-    nothing: one more app's first assertion is refused at once ("try again"), its host never asked,
+    nothing: one more app's first assertion is answered at once (503, Retry-After), its host never asked,
     instead of a further pool thread waiting out its deadline; once they answer, it verifies."""
     from oauth.client_jwks import FETCH_TIMEOUT
     allowed = runtime.settings.db_threads // 4
@@ -552,7 +632,7 @@ async def test_jwks_hosts_that_hang_hold_at_most_a_quarter_of_the_pool(api, runt
         started = time.monotonic()
         status, _, body = await token(api, token_form(backends[-1].assertion()))
         assert time.monotonic() - started < FETCH_TIMEOUT / 2
-        assert status == 401 and "being fetched" in body["error_description"], body
+        assert status == 503 and "being fetched" in body["error_description"], body
         assert hosts[-1].hits == 0
         for host in hosts[:allowed]:
             host.release()
@@ -567,7 +647,7 @@ async def test_jwks_hosts_that_hang_hold_at_most_a_quarter_of_the_pool(api, runt
 @pytest.mark.gen_test(timeout=40)
 async def test_cached_keys_verify_while_the_jwks_url_is_refetched(api, runtime, pbackend):
     """An unknown kid a minute later refetches the URL; while its host is silent, the cached keys
-    verify at once, and other unknown kids are refused at once: try again when the keys are in."""
+    verify at once, and other unknown kids are answered at once: 503, try again when the keys are in."""
     from oauth.client_jwks import FETCH_TIMEOUT
     await system_token(api, pbackend)
     runtime.clock.advance(61)
@@ -581,8 +661,8 @@ async def test_cached_keys_verify_while_the_jwks_url_is_refetched(api, runtime, 
     elapsed = time.monotonic() - started
     assert elapsed < FETCH_TIMEOUT / 2 and not fetching.done(), elapsed
     assert [status for status, _, _ in answers[:6]] == [200] * 6, answers
-    for status, _, body in answers[6:]:
-        assert status == 401 and "being fetched" in body["error_description"], body
+    for status, headers, body in answers[6:]:
+        assert status == 503 and headers["Retry-After"] == "1" and "being fetched" in body["error_description"], body
     pbackend.host.release()
     status, _, body = await fetching
     assert status == 401 and body["error"] == "invalid_client", body  # the set has no such kid
