@@ -17,6 +17,7 @@ import argon2
 import pyotp
 
 from console.devices import issue_device_cookie, trusted_device
+from keys.totp import open_totp, seal_totp
 from lifecycle.applications import find_application
 from lifecycle.users import clean_email
 from models.application import Application
@@ -74,19 +75,27 @@ def open_invite(runtime, token: str) -> DeveloperInvite:
     if invite is None or invite.used_at is not None or invite.expires_at <= runtime.clock.now():
         raise ApiError(404, "invitation_not_found", "This invitation link is unknown, used or expired. "
                                                      "Ask your operator for a new one.")
-    if not invite.totp_secret:
-        invite.totp_secret = pyotp.random_base32()
-        DeveloperInvite.update(totp_secret=invite.totp_secret).where(
-            (DeveloperInvite.token_hash == invite.token_hash) & DeveloperInvite.totp_secret.is_null()).execute()
+    if open_totp(runtime, invite.developer_id, invite.totp_secret) is None:  # none yet, or sealed under a dropped key
+        stored = invite.totp_secret
+        same = DeveloperInvite.totp_secret.is_null() if stored is None else DeveloperInvite.totp_secret == stored
+        DeveloperInvite.update(totp_secret=seal_totp(runtime, invite.developer_id, pyotp.random_base32())).where(
+            (DeveloperInvite.token_hash == invite.token_hash) & same).execute()
         invite = DeveloperInvite.get_by_id(invite.token_hash)
     invite.developer  # noqa: B018  (loaded here, off the IOLoop, for the page)
     return invite
 
 
-def totp_step(runtime, secret: str, code: str | None) -> int | None:
+def invite_totp_secret(runtime, invite: DeveloperInvite) -> str | None:
+    """The TOTP secret the invitation page offers (`open_invite` made one)."""
+    return open_totp(runtime, invite.developer_id, invite.totp_secret)
+
+
+def totp_step(runtime, secret: str | None, code: str | None) -> int | None:
     """The time step whose authenticator code (spaces ignored) for `secret` is `code`: now, or one
     step either side (clock drift); None when it matches none of them. Compared as UTF-8 bytes:
     `compare_digest` raises on non-ASCII text, and a form may carry any."""
+    if not secret:
+        return None
     presented = (code or "").replace(" ", "").encode("utf-8", "surrogatepass")
     totp = pyotp.TOTP(secret)
     now = runtime.clock.time()
@@ -97,8 +106,8 @@ def totp_step(runtime, secret: str, code: str | None) -> int | None:
     return None
 
 
-def totp_uri(invite: DeveloperInvite) -> str:
-    return pyotp.TOTP(invite.totp_secret).provisioning_uri(name=invite.developer.email, issuer_name="svc-auth console")
+def totp_uri(secret: str, email: str) -> str:
+    return pyotp.TOTP(secret).provisioning_uri(name=email, issuer_name="svc-auth console")
 
 
 def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: str = "") -> Developer:
@@ -116,7 +125,7 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
     elif password != (confirm or ""):
         errors["confirm"] = "The two passwords differ."
     totp_code = (totp_code or "").replace(" ", "")
-    totp_accepted = totp_step(runtime, invite.totp_secret, totp_code) if totp_code else None
+    totp_accepted = totp_step(runtime, invite_totp_secret(runtime, invite), totp_code) if totp_code else None
     if totp_code and totp_accepted is None:
         errors["totp_code"] = "This code does not match the authenticator key; check the device's clock."
     if errors:
@@ -129,7 +138,7 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
             raise ApiError(404, "invitation_not_found", "This invitation link has already been used.")
         fields = {"password_hash": _HASHER.hash(password), "activated_at": now}
         if totp_code:
-            fields["totp_secret"] = invite.totp_secret
+            fields["totp_secret"] = invite.totp_secret  # sealed for this developer already
             fields["totp_last_step"] = totp_accepted  # the code that set up the factor is spent
         Developer.update(**fields).where(Developer.id == invite.developer_id).execute()
         AuditEvent.record(f"developer:{invite.developer.email}", "developer.password_set", invite.application_id,
@@ -150,7 +159,7 @@ def check_credentials(runtime, email: str, password: str, totp_code: str = "") -
     if stored is None:
         return None
     if developer.totp_secret:
-        step = totp_step(runtime, developer.totp_secret, totp_code)
+        step = totp_step(runtime, open_totp(runtime, developer.id, developer.totp_secret), totp_code)
         if step is None:
             return None
         # Each code is good once, also across processes: only a newer step than the last one

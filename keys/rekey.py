@@ -1,6 +1,7 @@
 """`svc-auth keys rekey`: move what can be moved from SVC_HMAC_KEY_PREVIOUS to SVC_HMAC_KEY.
 
 Re-sealed under the current key: the signing keys and the EHR client keys (their private halves),
+the console's TOTP secrets (an earlier release's clear ones sealed too),
 and the disclosure chain (a reseal checkpoint lets the current key vouch for the records an earlier
 key linked, `audit.chain.reseal`). A client secret's hash cannot be re-made without the secret: it
 is re-hashed on the application's next successful authentication (`oauth.secret_rotation`), and
@@ -19,6 +20,7 @@ from audit.disclosures import chain_keys
 from keys.ehr_client import AAD_PREFIX
 from keys.holders import hosts_on_old_key
 from keys.inventory import still_old
+from keys.totp import old_totp_secrets, reseal_totp_secrets
 from keys.signing import TOPIC as SIGNING_KEYS
 from models.audit import AuditEvent
 from models.ehr import EhrClientKey
@@ -65,13 +67,16 @@ def rekey(runtime, actor: str = "operator") -> dict:
     # still on the old key could not open signing keys sealed under the new one)
     resealed_keys = _reseal_rows(cipher, SigningKeyRecord, "")
     ehr = _reseal_rows(cipher, EhrClientKey, AAD_PREFIX)
-    result = {"resealed": resealed_keys + ehr + chain["resealed"],
+    totp = reseal_totp_secrets(runtime)
+    result = {"resealed": resealed_keys + ehr + totp + chain["resealed"],
               "still_old": {"signing_keys": _old_rows(cipher, SigningKeyRecord, ""),
                             "ehr_client_keys": _old_rows(cipher, EhrClientKey, AAD_PREFIX),
+                            "totp_secrets": old_totp_secrets(runtime),
                             **still_old(runtime), "audit_records": chain["still_old"]}}
     if not chain["ok"]:
         result["audit_error"] = {"first_bad": chain["first_bad"], "reason": chain["reason"]}
     AuditEvent.record(actor, "keys.rekeyed", runtime.hasher.key_id, signing_keys=resealed_keys, ehr_client_keys=ehr,
+                      totp_secrets=totp,
                       audit_records=chain["resealed"], still_old=result["still_old"])
     if resealed_keys:
         runtime.changes.announce(SIGNING_KEYS)
@@ -83,6 +88,7 @@ def _refused(runtime, actor: str, refused: dict, chain_old: int) -> dict:
     result = {"resealed": 0,
               "still_old": {"signing_keys": _old_rows(cipher, SigningKeyRecord, ""),
                             "ehr_client_keys": _old_rows(cipher, EhrClientKey, AAD_PREFIX),
+                            "totp_secrets": old_totp_secrets(runtime),
                             **still_old(runtime), "audit_records": chain_old},
               "refused": refused}
     AuditEvent.record(actor, "keys.rekey_refused", runtime.hasher.key_id, **refused)

@@ -114,13 +114,18 @@ class SecretHasher:
 
     def unseal(self, sealed: str, context: str) -> str | None:
         """What `seal` sealed for `context` under any key, or None if it was not (tampered, other key or row)."""
+        opened = self.unseal_with(sealed, context)
+        return opened[0] if opened is not None else None
+
+    def unseal_with(self, sealed: str, context: str) -> tuple[str, int] | None:
+        """(`unseal`'s plaintext, which key opened it: 0 = the current one), or None."""
         try:
             raw = base64.urlsafe_b64decode(sealed.encode())
         except ValueError:
             return None
-        for sealer in self._sealers:
+        for index, sealer in enumerate(self._sealers):
             try:
-                return sealer.decrypt(raw[:12], raw[12:], context.encode("utf-8")).decode("utf-8")
+                return sealer.decrypt(raw[:12], raw[12:], context.encode("utf-8")).decode("utf-8"), index
             except (InvalidTag, ValueError):
                 continue
         return None

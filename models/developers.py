@@ -17,7 +17,7 @@ class Developer(BaseModel):
     id = peewee.CharField(primary_key=True, max_length=64, default=lambda: new_id("dev"))
     email = peewee.CharField(max_length=254, unique=True)
     password_hash = peewee.CharField(max_length=200, null=True)
-    totp_secret = peewee.CharField(max_length=64, null=True)
+    totp_secret = peewee.CharField(max_length=200, null=True)  # sealed (console.accounts.seal_totp)
     # The time step of the last authenticator code accepted: a code is good once (RFC 6238 5.2).
     totp_last_step = peewee.BigIntegerField(null=True)
     created_at = peewee.DateTimeField()
@@ -44,8 +44,8 @@ class DeveloperInvite(BaseModel):
     created_at = peewee.DateTimeField()
     expires_at = peewee.DateTimeField()
     used_at = peewee.DateTimeField(null=True)
-    # The TOTP secret offered on the invitation page; kept server-side until it is confirmed.
-    totp_secret = peewee.CharField(max_length=64, null=True)
+    # The TOTP secret offered on the invitation page, sealed; kept server-side until it is confirmed.
+    totp_secret = peewee.CharField(max_length=200, null=True)
     key_id = peewee.CharField(max_length=16, null=True)  # which SVC_HMAC_KEY made token_hash
 
 

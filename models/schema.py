@@ -122,6 +122,12 @@ def _smart_launch(migrator) -> None:
         migrator.database.execute_sql('ALTER TABLE "authorization_code" ALTER COLUMN "scope" TYPE TEXT')
 
 
+def _sealed_totp_secrets(migrator) -> None:
+    if not isinstance(migrator.database, peewee.SqliteDatabase):  # SQLite does not enforce varchar lengths
+        for table in ("developer", "developer_invite"):
+            migrator.database.execute_sql(f'ALTER TABLE "{table}" ALTER COLUMN "totp_secret" TYPE VARCHAR(200)')
+
+
 # (version, description, function(migrator)) — append only.
 def _one_snapshot_builder(migrator) -> None:
     """Keep the newest `building` row of each (organization, night), then add the unique index."""
@@ -324,6 +330,9 @@ MIGRATIONS: tuple[tuple[int, str, object], ...] = (
     # The billing ledger kept through deletions (branch ledger) numbers its steps 55xx.
     (5501, "billable_use: no foreign keys (deleting an app, clinic or user keeps its ledger); the clinic's name "
            "and the user's email copied into each row", _ledger_outlives_what_it_names),
+    # The operations security review (branch rev-ops) numbers its steps 565x.
+    (5651, "developer, developerinvite.totp_secret: room for the sealed TOTP secret (a dump no longer shows it)",
+     _sealed_totp_secrets),
 )
 
 

@@ -174,7 +174,7 @@ def test_rotating_the_hmac_key_under_load_locks_no_partner_out(settings, runtime
         # Re-sealed: the signing key, the EHR client key and the 5 records only the old key linked.
         assert result["resealed"] == 7, result
         # The idle partner's secret was hashed under the old key and never presented since.
-        assert result["still_old"] == {"signing_keys": 0, "ehr_client_keys": 0, "client_secrets": 1,
+        assert result["still_old"] == {"signing_keys": 0, "ehr_client_keys": 0, "totp_secrets": 0, "client_secrets": 1,
                                        "audit_records": 0, **dict.fromkeys(STORED_HASHES, 0)}, result
         assert cli(env, "keys", "rekey")[1] == {"resealed": 0, "still_old": result["still_old"]}
         assert client_token(third, idle.client_id, idle_secret) == 200  # re-hashed now

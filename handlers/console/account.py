@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from handlers.console.base import DEVICE_COOKIE, SESSION_COOKIE, ConsoleHandler
-from console.accounts import FieldErrors, accept_invite, applications_of, end_console_session, open_invite, sign_in, \
-    totp_uri
+from console.accounts import FieldErrors, accept_invite, applications_of, end_console_session, invite_totp_secret, \
+    open_invite, sign_in, totp_uri
 from errors import ApiError
 from ratelimit import RateLimiterUnavailable
 
@@ -60,8 +60,9 @@ class InviteHandler(ConsoleHandler):
         invite = await self.run(open_invite, self.runtime, token)
         if invite.developer.password_hash:
             return self.page("invite_existing.html", email=invite.developer.email)
-        self.page("invite.html", email=invite.developer.email, totp_secret=invite.totp_secret,
-                  totp_uri=totp_uri(invite), errors={})
+        secret = invite_totp_secret(self.runtime, invite)
+        self.page("invite.html", email=invite.developer.email, totp_secret=secret,
+                  totp_uri=totp_uri(secret, invite.developer.email), errors={})
 
     async def post(self, token):
         try:
@@ -69,8 +70,9 @@ class InviteHandler(ConsoleHandler):
                            self.form("totp_code"))
         except FieldErrors as exc:
             invite = await self.run(open_invite, self.runtime, token)
-            return self.page("invite.html", 400, email=invite.developer.email, totp_secret=invite.totp_secret,
-                             totp_uri=totp_uri(invite), errors=exc.fields)
+            secret = invite_totp_secret(self.runtime, invite)
+            return self.page("invite.html", 400, email=invite.developer.email, totp_secret=secret,
+                             totp_uri=totp_uri(secret, invite.developer.email), errors=exc.fields)
         self.redirect("/console/login?notice=password-set", status=303)
 
 
