@@ -242,6 +242,28 @@ def test_hostile_values_are_skipped_counted_and_named_in_the_night_and_the_hub(r
     assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-2", "pt-2"]
 
 
+def test_an_appointment_the_ehr_pages_twice_is_listed_once(runtime, world, live, oracle_ehr):
+    """An EHR that pages by offset shows an appointment on two pages when the schedule changes
+    between them (one booked before the page already read): the night stored both copies, so the
+    partner API listed that appointment twice and counted it twice in `total`, and the hub showed
+    it twice. Each appointment is now listed once per physician."""
+    settings = runtime.settings
+    org_id, night, start, ana = clinic_night(runtime, world, oracle_ehr, live, "--fhir-profile", "oracle")
+    oracle_ehr.seed(*schedule(ana, start))
+    oracle_ehr.page_by(1)                     # one appointment a page: the copy and the original on two pages
+    oracle_ehr.hostile(appointment("a-arrived", "pr-ana", "pt-2", start + dt.timedelta(days=2), status="arrived"))
+    try:
+        code, report = night_of(settings, night)
+        runtime.clock.advance((start - runtime.clock.now()).total_seconds())
+        rows, error = upcoming_appointments(runtime, User.with_organization(ana.id))
+    finally:
+        oracle_ehr.page_by(0)
+        oracle_ehr.hostile()
+    assert code == 0 and report["organizations"][org_id] == 3, report
+    assert snapshot_ids(org_id) == ["a-arrived", "a-booked", "a-proposed"]
+    assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-2", "pt-2"]
+
+
 def test_an_appointment_id_that_is_no_fhir_id_is_skipped_not_a_failed_night(runtime, world, live, oracle_ehr):
     """An Appointment whose id is no FHIR id (65 characters, a NUL, a space), or whose `_include`d
     Patient's is not (65 characters), which no FHIR server stores: the snapshot's row refused it on
