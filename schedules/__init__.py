@@ -2,7 +2,7 @@
 
 `schedule_source(runtime, organization, bounds, recorder)` returns a `ScheduleSource`:
 - `fetch_appointments(provider, start, end)`: the physician's listed appointments starting in
-  [start, end) (naive UTC), as `connectors.Appointment`s;
+  [start, end) (naive UTC), as `connectors.Appointment`s, each once;
 - `skipped`: a `connectors.Skipped` of what the source had but left out, or None;
 - `finish_night()`: after the night's last physician, a `ConnectorError` when what it read cannot
   be published (an Epic clinic whose every Patient read was refused), so the night fails.
@@ -42,7 +42,13 @@ class EhrPull:
         return getattr(self.connector, "skipped", None)
 
     def fetch_appointments(self, provider: Provider, start: dt.datetime, end: dt.datetime) -> Iterator[Appointment]:
-        return self.connector.fetch_appointments(provider, start, end)
+        """The connector's appointments, each id once: an EHR's offset paging shows an appointment on
+        two pages when the schedule changes between them (the later copy is left out)."""
+        seen: set[str] = set()
+        for appointment in self.connector.fetch_appointments(provider, start, end):
+            if appointment.id not in seen:
+                seen.add(appointment.id)
+                yield appointment
 
     def finish_night(self) -> None:
         finish = getattr(self.connector, "finish_night", None)   # the FHIR connector's (Epic); others have none

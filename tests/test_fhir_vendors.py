@@ -242,6 +242,62 @@ def test_hostile_values_are_skipped_counted_and_named_in_the_night_and_the_hub(r
     assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-2", "pt-2"]
 
 
+def test_appointments_of_another_practitioner_or_outside_the_window_are_not_the_physicians(runtime, world, live,
+                                                                                          oracle_ehr):
+    """A FHIR server may ignore a search parameter it does not support and answer more than asked:
+    the night listed whatever the appointment search of the physician's Practitioner answered, so
+    another practitioner's appointment (a patient of a physician who never authorized the app)
+    was in Ana's snapshot and hub, and one 20 days out was served as within the 10 days. An
+    appointment is the physician's when a participant references their Practitioner (relative,
+    absolute in the EHR's base, versioned) and it starts in the window; the others are left out."""
+    settings = runtime.settings
+    org_id, night, start, ana = clinic_night(runtime, world, oracle_ehr, live, "--fhir-profile", "oracle")
+    oracle_ehr.seed(*schedule(ana, start))
+    day = dt.timedelta(days=1)
+    absolute = appointment("a-absolute", "pr-ana", "pt-1", start + day + dt.timedelta(hours=14))
+    absolute["participant"][0]["actor"]["reference"] = f"{oracle_ehr.base}/Practitioner/pr-ana/_history/2"
+    prefix = appointment("a-prefix", "pr-ana", "pt-1", start + day)
+    prefix["participant"][0]["actor"]["reference"] = "Practitioner/pr-ana-2"
+    bare = appointment("a-bare", "pr-ana", "pt-1", start + day)     # Ana's, though malformed: named, not dropped
+    bare["participant"] = [p["actor"]["reference"] for p in bare["participant"]]
+    oracle_ehr.hostile(appointment("x-other", "pr-x", "pt-2", start + day), prefix, absolute, bare,
+                       appointment("a-late", "pr-ana", "pt-1", start + 20 * day),
+                       appointment("a-before", "pr-ana", "pt-1", start - dt.timedelta(minutes=1)))
+    try:
+        code, report = night_of(settings, night)
+        runtime.clock.advance((start - runtime.clock.now()).total_seconds())
+        rows, error = upcoming_appointments(runtime, User.with_organization(ana.id))
+    finally:
+        oracle_ehr.hostile()
+    assert code == 0 and report["organizations"][org_id] == 4, report
+    assert snapshot_ids(org_id) == ["a-absolute", "a-arrived", "a-booked", "a-proposed"]
+    assert report["skipped"][org_id] == {"malformed participant": {"count": 1, "appointments": ["a-bare"]}}
+    assert "appointments of other practitioners or outside" in report["stderr"]
+    assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-1", "pt-2", "pt-2"]
+
+
+def test_an_appointment_the_ehr_pages_twice_is_listed_once(runtime, world, live, oracle_ehr):
+    """An EHR that pages by offset shows an appointment on two pages when the schedule changes
+    between them (one booked before the page already read): the night stored both copies, so the
+    partner API listed that appointment twice and counted it twice in `total`, and the hub showed
+    it twice. Each appointment is now listed once per physician."""
+    settings = runtime.settings
+    org_id, night, start, ana = clinic_night(runtime, world, oracle_ehr, live, "--fhir-profile", "oracle")
+    oracle_ehr.seed(*schedule(ana, start))
+    oracle_ehr.page_by(1)                     # one appointment a page: the copy and the original on two pages
+    oracle_ehr.hostile(appointment("a-arrived", "pr-ana", "pt-2", start + dt.timedelta(days=2), status="arrived"))
+    try:
+        code, report = night_of(settings, night)
+        runtime.clock.advance((start - runtime.clock.now()).total_seconds())
+        rows, error = upcoming_appointments(runtime, User.with_organization(ana.id))
+    finally:
+        oracle_ehr.page_by(0)
+        oracle_ehr.hostile()
+    assert code == 0 and report["organizations"][org_id] == 3, report
+    assert snapshot_ids(org_id) == ["a-arrived", "a-booked", "a-proposed"]
+    assert error is None and [r.patient_id for r in rows] == ["pt-1", "pt-2", "pt-2"]
+
+
 def test_an_appointment_id_that_is_no_fhir_id_is_skipped_not_a_failed_night(runtime, world, live, oracle_ehr):
     """An Appointment whose id is no FHIR id (65 characters, a NUL, a space), or whose `_include`d
     Patient's is not (65 characters), which no FHIR server stores: the snapshot's row refused it on

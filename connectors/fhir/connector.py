@@ -17,10 +17,10 @@ from connectors.fhir.cache import (NO_PRACTITIONER_SECONDS, PRACTITIONER_SECONDS
 from connectors.fhir.capability import ehr_types, offers_bulk_export
 from connectors.fhir.client import CAPABILITIES_SECONDS, AccessRefused, FhirClient, RequestRefused
 from connectors.fhir.epic_schedule import EpicSchedule, no_schedule_search
-from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, patient_of, patient_reference,
-                                     relative_references)
+from connectors.fhir.mapping import (LISTED_STATUSES, Unlisted, appointment_of, of_practitioner, patient_of,
+                                     patient_reference, relative_references, starts_within)
 from connectors.fhir.profiles import Profile, profile_named, scope_version, scopes
-from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, TOKEN_VALUE, instant, search_params
+from connectors.fhir.query import PAGE_SIZE, PATIENT_SEARCH, instant, search_params
 from connectors.fhir.spool import CHART_TYPES, ChartSpool
 from connectors.fhir.transport import relative_to_base
 from connectors.matching import matches
@@ -129,6 +129,7 @@ class FhirConnector:
                         self.organization.id)
             return
         known: dict[str, dict] = {}
+        others = 0   # appointments the search answered that are another's, or outside [start, end)
         try:
             pages = self.client.pages("Appointment", self.appointment_search(practitioner, start, end))
             for page in pages:  # a page at a time: memory stays flat
@@ -137,7 +138,16 @@ class FhirConnector:
                 if len(known) > KNOWN_PATIENTS:
                     known.clear()
                 known.update({f"Patient/{r.get('id')}": r for r in resources if r.get("resourceType") == "Patient"})
-                appointments = [r for r in resources if r.get("resourceType") == "Appointment"]
+                answered = [r for r in resources if r.get("resourceType") == "Appointment"]
+                appointments = [r for r in answered if of_practitioner(r, practitioner, self.client.base)
+                                and starts_within(r, start, end)]
+                left_out = len(answered) - len(appointments)
+                if left_out and not others:   # said once per physician
+                    log.warning("the EHR of %s answered the appointment search of Practitioner/%s with "
+                                "appointments of other practitioners or outside [%s, %s) (does it ignore a "
+                                "search parameter?): left out", self.organization.id, practitioner,
+                                instant(start), instant(end))
+                others += left_out
                 wanted = {patient_reference(a) for a in appointments if a.get("status") in LISTED_STATUSES}
                 self._read_patients(sorted(r for r in wanted if r and r not in known), known)
                 for resource in appointments:

@@ -81,6 +81,37 @@ def patient_reference(resource: dict) -> str | None:
                  and p["actor"]["reference"].startswith("Patient/")), None)
 
 
+def of_practitioner(resource: dict, practitioner_id: str, base: str) -> bool:
+    """Whether a participant's actor references `Practitioner/{practitioner_id}` (relative, absolute
+    inside the EHR's `base`, or versioned): that is when an appointment is the physician's
+    (CONTRACTS.md, "Mapping"), whatever the EHR's search did with `practitioner` (a server may
+    ignore a search parameter it does not support, and answer the whole clinic's schedule). A
+    participant or actor written as a bare string counts, so that `appointment_of` names it
+    (`malformed participant`)."""
+    found = resource.get("participant")
+    for participant in found if isinstance(found, list) else ():
+        actor = participant.get("actor") if isinstance(participant, dict) else participant
+        reference = actor.get("reference") if isinstance(actor, dict) else actor  # a bare string: malformed, named
+        if isinstance(reference, str) and _absolute(reference):
+            reference = relative_to_base(reference, base)
+        if not isinstance(reference, str):
+            continue
+        parts = reference.split("/")
+        if parts[:2] == ["Practitioner", practitioner_id] and (len(parts) == 2 or parts[2] == "_history"):
+            return True
+    return False
+
+
+def starts_within(resource: dict, start: dt.datetime, end: dt.datetime) -> bool:
+    """Whether the appointment starts in [start, end) (naive UTC), whatever the EHR's date search
+    did; True when its start cannot be read (`appointment_of` then says why it is not listed)."""
+    try:
+        begins = _datetime(resource.get("start"))
+    except Unlisted:
+        return True
+    return start <= begins < end
+
+
 def appointment_of(resource: dict, patients: dict) -> Appointment | None:
     """Our Appointment for a FHIR Appointment: None when its status is not listed; `Unlisted`
     naming why when it should be listed and cannot be (no patient, an unparseable instant, an

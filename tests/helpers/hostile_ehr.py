@@ -1,7 +1,8 @@
 """A hostile FHIR R4 EHR for the tests: an open server (`--fhir-auth none`) on a free loopback port,
 in a thread of the test process, that answers a small clinic (one practitioner, one patient, one
-booked appointment, one observation, one condition and its provenance, one medication request and its
-medication) until a test switches an attack on for a resource type.
+booked appointment (an hour into the dates an Appointment search asks), one observation, one
+condition and its provenance, one medication request and its medication) until a test switches an
+attack on for a resource type.
 
 Attacks (`HostileEhr.attack(name, on=TYPE)`; reads and searches of TYPE):
 - `next-other-host`, `next-outside-base`, `next-encoded`, `next-dotdot`, `next-prefix`: a searchset
@@ -48,6 +49,7 @@ For a `smart-backend` clinic it serves `.well-known/smart-configuration` and a t
 sees what was (not) followed."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 import threading
@@ -133,11 +135,25 @@ def patient(foreign: bool = False) -> dict:
     return found
 
 
-def appointment() -> dict:
-    return {"resourceType": "Appointment", "id": "ap-1", "status": "booked", "start": "2030-01-07T09:00:00Z",
-            "end": "2030-01-07T09:30:00Z", "description": "Check-up",
+def appointment(start: dt.datetime = dt.datetime(2030, 1, 7, 9)) -> dict:
+    return {"resourceType": "Appointment", "id": "ap-1", "status": "booked", "start": f"{start.isoformat()}Z",
+            "end": f"{(start + dt.timedelta(minutes=30)).isoformat()}Z", "description": "Check-up",
             "participant": [{"actor": {"reference": "Practitioner/pr-1"}, "status": "accepted"},
                             {"actor": {"reference": "Patient/pt-1"}, "status": "accepted"}]}
+
+
+def searched_start(query: str) -> dt.datetime | None:
+    """An hour after the lower bound of an Appointment search's dates (`date=ge...`, Oracle's
+    `-date-or-req-period=ge...`), as an EHR answers the searched days; None when not searched so."""
+    for name in ("date", "-date-or-req-period"):
+        for value in parse_qs(query).get(name, ()):
+            if value.startswith("ge"):
+                try:
+                    found = dt.datetime.fromisoformat(value[2:].replace("Z", "+00:00"))
+                except ValueError:
+                    return None
+                return found.astimezone(dt.timezone.utc).replace(tzinfo=None) + dt.timedelta(hours=1)
+    return None
 
 
 def string_actors() -> dict:
@@ -293,7 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
             found = [{**observation(base), "id": f"obs-{page}-{n}"} for n in range(30)]
             return self.send_json(200, searchset(found, f"{base}/{kind}?page={page + 1}"))
         matches = {"Practitioner": [practitioner()], "Patient": [patient(attack == "foreign-refs")],
-                   "Appointment": [appointment(), patient()],
+                   "Appointment": [appointment(searched_start(parts.query) or dt.datetime(2030, 1, 7, 9)), patient()],
                    "Observation": [observation(base, attack == "foreign-refs")], "Condition": [condition()],
                    "Provenance": [provenance(attack == "string-refs")], "MedicationRequest": [medication_request()],
                    "Medication": [medication()]}.get(kind, [])
