@@ -30,8 +30,9 @@ from bulk.params import ExportParameters, parse_kickoff
 from errors import ApiError
 from fhir_api import fhir_base_url
 from fhir_api.access import grant_for, patient_scoped
-from fhir_api.bundle import searchset
+from fhir_api.bundle import search_url, searchset
 from fhir_api.outcome import FhirError, operation_outcome
+from fhir_api.search import parse_search
 from models.application import Application
 from models.bulk import BulkExport, BulkExportFile
 from models.clock import utc_iso
@@ -203,12 +204,22 @@ def open_file(runtime, caller, organization_id: str, export_id: str, name: str):
     return stream, size, list(row.patients or ()), kind
 
 
-def search_groups(runtime, caller, organization_id: str) -> dict:
-    """`GET {iss}/Group`: every Group of the clinic."""
+def search_groups(runtime, caller, organization_id: str, args: dict[str, list[str]] | None = None,
+                  strict: bool = False) -> dict:
+    """`GET {iss}/Group`: the clinic's Groups, searched as the FHIR API searches (`parse_search`):
+    `_id` (a comma ORs), `_count` (1 to 100, default 50) and `_offset`, a `next` link while more
+    remain; any other parameter ignored and left out of `self` (`strict`: a 400 naming it)."""
     grant_for(caller, "Group", "s")
     base = fhir_base_url(runtime.settings, organization_id)
-    groups = [group_resource(organization_id, gid) for gid in group_ids(organization_id)]
-    return searchset(base, groups, len(groups), f"{base}/Group", None)
+    args = {name: values for name, values in (args or {}).items() if name != "_format"}
+    asked = parse_search("Group", args, base, strict, params={})
+    query = asked.query
+    found = [gid for gid in group_ids(organization_id) if not query.ids or gid in query.ids]
+    page = [group_resource(organization_id, gid) for gid in found[query.offset:query.offset + query.count]]
+    more = query.offset + query.count < len(found)
+    next_url = search_url(base, "Group", asked.applied, _count=query.count,
+                          _offset=query.offset + query.count) if more else None
+    return searchset(base, page, len(found), search_url(base, "Group", asked.applied), next_url)
 
 
 def read_group(runtime, caller, organization_id: str, group_id: str) -> dict:

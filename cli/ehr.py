@@ -60,7 +60,8 @@ def _check(runtime, args) -> int:
         print(json.dumps({"ok": ok, "steps": steps}))
     else:
         for s in steps:
-            print(f"{s['step']}: {'ok' if s['ok'] else 'FAILED'}: {s['detail']}")
+            said = f" (the EHR wrote: {s['ehr_said']})" if s.get("ehr_said") else ""
+            print(f"{s['step']}: {'ok' if s['ok'] else 'FAILED'}: {s['detail']}{said}")
     return 0 if ok else 1
 
 

@@ -184,14 +184,21 @@ def _control(name: str, resource_type: str, values: list[str]):
     return None if None in found else tuple(dict.fromkeys(found))
 
 
-def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, strict: bool = False) -> Search:
+def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, strict: bool = False,
+                 params: dict | None = None) -> Search:
     """The `Search` of `resource_type` with `args`. A parameter not served for the type (or a
     modifier, or an `_include` not served) is ignored, or with `strict` a 400 naming it (FHIR R4
-    "Handling Errors"); a malformed value of a served one is a 400 either way."""
-    params = SEARCH_PARAMS[resource_type]
+    "Handling Errors"); a malformed value of a served one is a 400 either way. `params`: the type's
+    search parameters when they are not `SEARCH_PARAMS`' (`{}`: only `_id` and the paging controls,
+    no `_include`, `_revinclude` nor `_cursor`: e.g. Bulk Data's Groups)."""
+    if params is None:
+        params = SEARCH_PARAMS[resource_type]
+        controls = CONTROL_PARAMS
+    else:
+        controls = ("_count", "_offset", "_format")
     applied, ignored, includes, revincludes = {}, [], (), ()
     for name, values in args.items():
-        if name in ("_include", "_revinclude"):
+        if name in ("_include", "_revinclude") and name in controls:
             rows = _control(name, resource_type, values)
             if rows is None:
                 if strict:
@@ -200,7 +207,7 @@ def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, 
                 ignored.append(name)
                 continue
             includes, revincludes = (rows, revincludes) if name == "_include" else (includes, rows)
-        elif name not in params and name not in ("_id",) + CONTROL_PARAMS:
+        elif name not in params and name not in ("_id",) + controls:
             if strict:
                 supported = ", ".join(("_id",) + tuple(params) + CONTROL_PARAMS[:2])
                 raise invalid(f"Unknown search parameter {name[:60]!r} for {resource_type}; supported: {supported}.")
@@ -210,7 +217,7 @@ def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, 
             raise invalid(f"The {name} parameter is repeated.")
         applied[name] = values
     try:
-        query = _query(resource_type, applied, base_url)
+        query = _query(resource_type, applied, base_url, params)
     except Unmatchable:
         query, unmatchable = None, True
     else:
@@ -278,10 +285,9 @@ def for_patient(query: ResourceQuery, patient: str) -> ResourceQuery | None:
     return dataclasses.replace(query, patient=patient, criteria=tuple(criteria))
 
 
-def _query(resource_type: str, args: dict[str, list[str]], base_url: str) -> ResourceQuery:
-    """The `ResourceQuery` of the applied `args`; raises `Unmatchable` for a search that cannot
-    match anything."""
-    params = SEARCH_PARAMS[resource_type]
+def _query(resource_type: str, args: dict[str, list[str]], base_url: str, params: dict) -> ResourceQuery:
+    """The `ResourceQuery` of the applied `args` (`params`: the type's search parameters); raises
+    `Unmatchable` for a search that cannot match anything."""
     one = {name: values[0] for name, values in args.items()}
     fields: dict = {"resource_type": resource_type}
     if "_id" in one:

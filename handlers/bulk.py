@@ -16,6 +16,7 @@ from bulk.api import cancel, export_status, kick_off, open_file, read_group, sea
 from bulk.params import lenient_handling, parameters_body, post_arguments, query_values, respond_async
 from fhir_api import FHIR_PATH_PREFIX, fhir_base_url
 from fhir_api.outcome import FhirError, invalid, operation_outcome
+from fhir_api.search import search_arguments, strict_handling
 from handlers.base import JsonBodyError, json_document
 from handlers.fhir import FhirHandler, fhir_json
 from models.fhir_grammar import is_resource_type
@@ -174,8 +175,11 @@ class FileHandler(BulkHandler):
 class GroupSearchHandler(BulkHandler):
     async def get(self, organization_id):
         self.accept_json()
+        strict = strict_handling(self.request.headers.get("Prefer"))
+        raw = self.search_args()  # parsed on the pool: a 400 is recorded too
         self.write_fhir(await self.admit(organization_id, "search", "Group", None, _group_patients,
-                                         search_groups, organization_id))
+                                         lambda runtime, caller: search_groups(
+                                             runtime, caller, organization_id, search_arguments(raw), strict)))
 
 
 class GroupReadHandler(BulkHandler):

@@ -340,6 +340,51 @@ def test_group_and_system_exports(exporter, world):
     assert [o["type"] for o in manifest["output"]] == ["Patient", "Organization", "Practitioner"]
 
 
+def test_group_search_honours_id_count_and_offset_with_next_links_and_400s(exporter, world):
+    """`GET {iss}/Group` answered every Group whatever `_count` and `_id` said (and any other
+    parameter, even `_count=ten`), with no `next` link. It is searched as the FHIR API searches:
+    `_id`, `_count` (1 to 100) and `_offset`, a `next` link while more remain, a 400 for a malformed
+    value, an unknown parameter ignored and left out of `self` (a 400 with `handling=strict`)."""
+    client, _ = exporter
+    accept = {"Accept": "application/fhir+json"}
+
+    def groups(query: str = "", headers: dict | None = None):
+        status, _, raw = client.request("GET", f"/Group{query}", headers={**accept, **(headers or {})})
+        return status, json.loads(raw)
+
+    def ids(bundle):
+        return [e["resource"]["id"] for e in bundle["entry"] if e["search"]["mode"] == "match"]
+
+    def link(bundle, relation):
+        return next((l["url"] for l in bundle["link"] if l["relation"] == relation), None)
+
+    status, every = groups()
+    assert status == 200 and every["total"] == 2 and link(every, "next") is None, every
+    physician = next(i for i in ids(every) if i != CLINIC_GROUP)
+    status, first = groups("?_count=1")
+    assert status == 200 and first["total"] == 2 and ids(first) == [CLINIC_GROUP], first
+    assert link(first, "self") == f"{client.base}/Group?_count=1"
+    assert link(first, "next") == f"{client.base}/Group?_count=1&_offset=1", first["link"]
+    status, _, raw = client.request("GET", link(first, "next"), headers=accept)
+    second = json.loads(raw)
+    assert status == 200 and ids(second) == [physician] and link(second, "next") is None, second
+    status, one = groups(f"?_id={physician}")
+    assert status == 200 and one["total"] == 1 and ids(one) == [physician], one
+    status, both = groups(f"?_id=nobody,{CLINIC_GROUP},{physician}")
+    assert status == 200 and ids(both) == [CLINIC_GROUP, physician], both
+    assert groups("?_id=nobody")[1]["total"] == 0
+    status, lenient = groups("?foo=bar&_count=5")
+    assert status == 200 and lenient["total"] == 2 and link(lenient, "self") == f"{client.base}/Group?_count=5"
+    for query in ("?_count=ten", "?_count=0", "?_count=-1", "?_offset=x", "?_id=", "?_id=a%20b", "?_count=1&_count=2"):
+        status, body = groups(query)
+        assert status == 400 and outcome(body) == "invalid", (query, body)
+    status, body = groups("?foo=bar", {"Prefer": "handling=strict"})
+    assert status == 400 and "foo" in body["issue"][0]["diagnostics"], body
+    status, _, raw = client.request("GET", "/metadata", headers=accept)
+    served = {r["type"]: r for r in json.loads(raw)["rest"][0]["resource"]}
+    assert status == 200 and served["Group"]["searchParam"] == [{"name": "_id", "type": "token"}]
+
+
 def test_a_patient_scope_reads_no_group(exporter, runtime, world, live):
     """A Group lists other patients: a launch's `patient/*.rs` with a patient context reads none of
     them (403 forbidden); the clinic-wide `user/*.rs` token still does."""

@@ -135,8 +135,10 @@ def test_oracle_millennium_no_include_proposed_via_date_or_req_period_v1_scopes_
     # Asking v2 scopes of a v1-only EHR: a token with no scope, every read refused, said so.
     assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-scopes", "v2").returncode == 0
     code, verdict = ehr_check(settings, org_id)
-    # (its token response names no scope: RFC 6749 5.1 reads that as the scopes asked, so the EHR's 403 says it)
-    assert code == 1 and "system/Practitioner.read" in verdict["steps"][-1]["detail"]
+    # (its token response names no scope: RFC 6749 5.1 reads that as the scopes asked, so the EHR's 403 says it,
+    # to the operator of `ehr check` alone: the detail names the status and the issue code)
+    assert code == 1 and "HTTP 403: OperationOutcome issue forbidden" in verdict["steps"][-1]["detail"], verdict
+    assert "system/Practitioner.read" in verdict["steps"][-1]["ehr_said"], verdict
 
 
 def test_epic_observations_by_category_and_no_schedule_search(runtime, world, live, epic_ehr, tmp_path):
@@ -145,16 +147,18 @@ def test_epic_observations_by_category_and_no_schedule_search(runtime, world, li
     epic_ehr.seed(*schedule(ana, start), patient("pt-7", "Doe", "Jane", "1970-01-02", "female"),
                   *chart_record("pt-7", encounters=2, observations=3, documents=1))
 
-    # Epic documents no FHIR R4 search of a provider's schedule: the night fails, naming its answer.
+    # Epic documents no FHIR R4 search of a provider's schedule: the night fails, naming its answer
+    # (the status and the issue code; Epic's own words only in `ehr check`'s `ehr_said`).
     code, report = night_of(settings, night)
     assert code == 1, report
     failure = report["organizations"][org_id]
-    assert failure.startswith("failed: ") and "practitioner search parameter is not supported" in failure
-    assert "Epic documents no FHIR R4 search" in failure
+    assert failure.startswith("failed: ") and "HTTP 400" in failure and "issue not-supported" in failure, failure
+    assert "Epic documents no FHIR R4 search" in failure and "practitioner search parameter" not in failure
     code, verdict = ehr_check(settings, org_id)
     assert code == 1 and [s["step"] for s in verdict["steps"]] == ["discovery", "token", "scopes", "practitioner", "appointments"]
     assert verdict["steps"][3]["ok"] and not verdict["steps"][4]["ok"]
-    assert "not supported" in verdict["steps"][4]["detail"]
+    assert "not-supported" in verdict["steps"][4]["detail"]
+    assert "practitioner search parameter is not supported" in verdict["steps"][4]["ehr_said"], verdict
 
     # Observations one search per category: the whole chart, nothing omitted.
     chart = chart_json(runtime, org_id, "pt-7", tmp_path)
@@ -166,7 +170,9 @@ def test_epic_observations_by_category_and_no_schedule_search(runtime, world, li
     assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-profile", "generic").returncode == 0
     chart = chart_json(runtime, org_id, "pt-7", tmp_path)
     assert [o["resourceType"] for o in chart["omitted"]] == ["Observation"]
-    assert "category or code parameter is required" in chart["omitted"][0]["reason"]
+    reason = chart["omitted"][0]["reason"]
+    assert "the EHR refused the search of Observation" in reason and "HTTP 400" in reason, reason
+    assert "category or code parameter is required" not in reason   # the EHR's own words: not in a chart
     assert chart["observations"] == [] and len(chart["encounters"]) == 2 and len(chart["problems"]) == 2
 
 
@@ -194,16 +200,20 @@ def test_athena_practice_parameter_on_every_search_and_its_error_body(runtime, w
     chart = chart_json(runtime, org_id, "pt-7", tmp_path)
     assert chart["omitted"] == [] and len(chart["observations"]) == 3 and len(chart["documents"]) == 1
 
-    # Another practice's id: athena's own JSON error is named, not "no details".
+    # Another practice's id: the night and its ERROR line name the refusal (HTTP 400, not an
+    # OperationOutcome), never athena's own words, which may quote the search; `ehr check` shows
+    # them to the operator (`ehr_said`), not "no details".
     assert cli(settings, "orgs", "update", "--org", org_id, "--fhir-search-param",
                "ah-practice=Organization/a-1.Practice-1").returncode == 0
     runtime.clock.advance(dt.timedelta(days=1).total_seconds())
     record_platform_verification(runtime, world.app, ana)      # in the hub the next night too
     code, report = night_of(settings, night + dt.timedelta(days=1))
-    assert code == 1 and "Could not determine what practice the request was for" in report["organizations"][org_id]
-    assert "Could not determine what practice" in report["stderr"]      # the ERROR line names it too
+    failure = report["organizations"][org_id]
+    assert code == 1 and "HTTP 400" in failure and "no OperationOutcome" in failure, failure
+    assert "Could not determine what practice" not in failure + report["stderr"], report
     code, verdict = ehr_check(settings, org_id)
-    assert code == 1 and "Could not determine what practice" in verdict["steps"][-1]["detail"]
+    assert code == 1 and "HTTP 400" in verdict["steps"][-1]["detail"], verdict
+    assert "Could not determine what practice" in verdict["steps"][-1]["ehr_said"], verdict
 
 
 def test_hostile_values_are_skipped_counted_and_named_in_the_night_and_the_hub(runtime, world, live, oracle_ehr):

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 
-from helpers.fhir_api import Fhir
+import pytest
+
+from helpers.fhir_api import Fhir, outcome
+from helpers.fhir_ehr import connect_clinic, patient
+from helpers.http import LiveHttp, basic_auth
+from helpers.processes import wait_until
 from helpers.tokens import mint_platform_token
 
 
@@ -52,3 +57,50 @@ def test_at_debug_level_no_sql_statement_with_its_patient_data_is_logged(setting
     assert "Zbigniewska" not in serve_log(tmp_path)
     assert not [line for line in lines if line["logger"].split(".")[0] in ("peewee", "botocore", "urllib3")
                 and line["level"] == "DEBUG"]
+
+
+@pytest.mark.slow
+def test_an_ehr_s_error_text_reaches_no_log_line_nor_a_chart_request_s_error(live, runtime, world, fhir_ehr, tmp_path):
+    """A FHIR EHR's error quotes what it refused (Medplum: "Invalid format for date search
+    parameter: ..."; others the whole search, or the patient's name): its OperationOutcome's text
+    went, 300 characters of it, into the service's log line and into a chart request's stored and
+    served `error`. Only the status, the issue code and the request's path are kept."""
+    from lifecycle.activation import set_activation_status
+    from lifecycle.applications import install_application
+    from lifecycle.users import create_user
+    from lifecycle.verification import record_platform_verification
+    from models.charts import ChartRequest
+
+    org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Log Privacy Clinic")
+    fhir_ehr.seed(patient("pt-a", "Doe", "Jane", "1970-01-02", "female"))
+    install_application(world.app.id, org_id)
+    ana = create_user(org_id, "ana@log-privacy.example", "Ana", "Lopez", "alopez", "1417000043")
+    set_activation_status(runtime, record_platform_verification(runtime, world.app, ana), "Enabled", world.app.id)
+    fhir = Fhir(live, org_id, mint_platform_token(runtime, live, ana, world.app, org_id))
+    assert fhir.ok("/Patient/pt-a")["id"] == "pt-a"       # discovery and the token: before the fault
+    phi = ("Zbigniewska", "Hortensja", "078051120")
+    fhir_ehr.fault(400, count=100, code="invalid",
+                   text="Invalid search {request} (patient Hortensja Zbigniewska, MRN 078051120)")
+    try:
+        status, _, body = fhir.get("/Patient", {"family": "Zbigniewska", "given": "Hortensja", "_count": 5})
+        assert status == 502 and outcome(body) == "exception", body
+        assert not [value for value in phi if value in json.dumps(body)], body
+        live_http = LiveHttp(live)
+        status, _, token = live_http.call("POST", "/v1/oauth/token", form={"grant_type": "client_credentials"},
+                                          headers={"Authorization": basic_auth(world.app.client_id, world.secret)})
+        assert status == 200, token
+        headers = {"Authorization": f"Bearer {token['access_token']}"}
+        status, _, asked = live_http.call("POST", "/v1/chart-retrieval/requests",
+                                          {"svc_organization_id": org_id, "patient_id": "pt-a"}, headers=headers)
+        assert status == 202, asked
+        wait_until(lambda: ChartRequest.get_by_id(asked["request_id"]).status != "pending", what="the chart's end")
+        status, _, polled = live_http.call("GET", f"/v1/chart-retrieval/requests/{asked['request_id']}",
+                                           headers=headers)
+    finally:
+        fhir_ehr.fault(400, count=0)
+    assert status == 200 and polled["status"] == "failed" and "HTTP 400" in polled["error"], polled
+    assert not [value for value in phi if value in polled["error"]], polled
+    log = serve_log(tmp_path)
+    refused = [json.loads(line) for line in log.splitlines() if line.startswith("{") and "HTTP 400" in line]
+    assert refused and all("invalid" in line["message"] for line in refused), refused   # the status and the code
+    assert not [value for value in phi if value in log], [line for line in log.splitlines() if "Hortensja" in line]

@@ -330,3 +330,34 @@ def test_the_example_app_run_alone_explains_a_missing_configuration():
     refused = run()
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert "client_id and client_secret are required" in refused.stderr and "PARTNER_" in refused.stderr
+
+
+def test_the_example_app_run_alone_logs_no_launch_id_nor_code(tmp_path):
+    """`python -m examples.partner_app` logged Tornado's default access line, the whole URI: every
+    launch's `launch_id` and every authorization code (credentials until used) in its log. Their
+    values are redacted, as in the service's own log; the path and the other parameters stay."""
+    import os
+    import urllib.request
+    from helpers.http import NoRedirect
+    from helpers.processes import free_port, start_process, stop_process, wait_until
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PARTNER_")},
+           "PARTNER_CLIENT_ID": "example-client", "PARTNER_CLIENT_SECRET": "example-secret"}
+    log = tmp_path / "partner.log"
+    proc = start_process(["-m", "examples.partner_app", "--port", str(port)], env, port, log_path=log)
+    opener = urllib.request.build_opener(NoRedirect)
+    secrets = ("LAUNCHSECRET1", "LAUNCHSECRET2", "CODESECRET3", "STATESECRET4")
+    try:
+        for path in (f"/launch?launch_id={secrets[0]}&svc_organization_id=org-7&launch={secrets[1]}",
+                     f"/app?code={secrets[2]}&state={secrets[3]}", f"/app?Launch%5FId={secrets[0]}"):
+            try:
+                opener.open(f"http://127.0.0.1:{port}{path}", timeout=30).close()
+            except urllib.error.HTTPError:
+                pass  # a 302 (not followed) or an error page: either is logged
+        wait_until(lambda: log.read_text().count("(127.0.0.1)") >= 3, what="the three access lines")
+    finally:
+        stop_process(proc)
+    text = log.read_text()
+    assert "/launch?launch_id=[REDACTED]&svc_organization_id=org-7&launch=[REDACTED]" in text, text
+    assert "/app?code=[REDACTED]&state=[REDACTED]" in text and "/app?Launch%5FId=[REDACTED]" in text, text
+    assert not [secret for secret in secrets if secret in text], text

@@ -13,7 +13,7 @@ from connectors.sandbox import patient_panel
 from workers.activity import record_activity
 from lifecycle.verification import record_platform_verification
 from models.appointments import Snapshot, SnapshotAppointment
-from models.charts import ChartRequest
+from models.charts import ChartRequest, new_request_id
 from workers.recovery import sweep_charts
 from workers.snapshot import coming_night, eligible_providers, sync_organization
 
@@ -106,3 +106,42 @@ def test_a_snapshot_whose_worker_is_killed_is_replaced_by_a_complete_one(runtime
     assert [(s.id, s.status) for s in snapshots] == [(done.id, "complete")]  # the half-built one is gone
     assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot != done.id).count() == 0
     assert SnapshotAppointment.select().where(SnapshotAppointment.snapshot == done.id).count() > 0
+
+
+def test_an_archive_left_by_a_store_outage_when_its_request_failed_is_deleted_once_the_store_is_back(
+        runtime, world, tmp_path):
+    """A build that uploaded its ZIP and then died leaves the object; when the request fails (its
+    tries used up) `mark_failed` deletes it. With the object store down at that moment the delete
+    failed, was logged, and nothing ever tried again: the patient's chart stayed in the store for
+    good. A real worker's sweep now deletes it once the store answers again (the worker reaches
+    moto's server through a proxy that goes down and comes back, moto keeping the object)."""
+    import boto3
+    from helpers.processes import start_process, stop_process
+    from helpers.s3 import OutageProxy, worker_env
+    settings = runtime.settings
+    request_id = new_request_id()
+    boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1").put_object(
+        Bucket=settings.s3_bucket, Key=charts.chart_key(request_id), Body=b"PK a killed build's ZIP")
+    assert bucket_keys(settings) == [charts.chart_key(request_id)]
+    proxy = OutageProxy(int(settings.s3_endpoint_url.rsplit(":", 1)[1]))
+    log = tmp_path / "worker.log"
+    worker = start_process(["worker", "--threads", "1"], {**worker_env(settings.replace(s3_endpoint_url=proxy.url)),
+                                                          "SVC_S3_BATCH_TIMEOUT": "1"}, log_path=log)
+    try:
+        wait_until(lambda: "worker consuming" in log.read_text(), 60, "the worker")
+        proxy.down()                       # the store stops answering
+        # The request whose build stored that ZIP: its tries used up, its worker gone. The sweep fails it.
+        request = ChartRequest.create(id=request_id, application=world.app.id, organization=world.org.id,
+                                      patient_id=patient_panel(world.org.id)[0].id,
+                                      attempts=settings.task_max_retries + 1, lease_owner="dead-worker",
+                                      lease_until=runtime.clock.now() - dt.timedelta(seconds=1))
+        wait_until(lambda: ChartRequest.get_by_id(request.id).status == "failed", 60, "the request failed")
+        wait_until(lambda: "could not be deleted" in log.read_text(), 60, "the delete refused by the store")
+        assert bucket_keys(settings) == [charts.chart_key(request.id)]   # still there
+        proxy.up()                         # the store is back
+        wait_until(lambda: bucket_keys(settings) == [], RECOVERY_SECONDS + 30, "the ZIP deleted by the sweep")
+        wait_until(lambda: ChartRequest.get_by_id(request.id).object_key is None, 30, "the request to forget it")
+        assert ChartRequest.get_by_id(request.id).status == "failed"
+    finally:
+        stop_process(worker)
+        proxy.close()

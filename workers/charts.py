@@ -69,26 +69,58 @@ def build_chart_archive(runtime, request_id: str, owner: str | None = None) -> C
     if not (ChartRequest.update(status="ready", ready_at=runtime.clock.now(), object_key=key, error=None)
             .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute()):
         request = ChartRequest.get_or_none(ChartRequest.id == request_id)
-        if request is None or request.status != "ready":
-            # Deleted with its app, failed (the sweep gave up on a stalled build) or expired while
-            # it was built: nothing would ever find or expire this ZIP. A `ready` request's object
-            # is this same key, published by another delivery: it stays.
-            store.delete(key)
+        if request is None:
+            store.delete(key)  # deleted with its app while it was built: no row to remember the key
+        elif request.status != "ready":
+            # Failed (the sweep gave up on a stalled build) or expired while it was built: nothing
+            # would ever find or expire this ZIP. A `ready` request's object is this same key,
+            # published by another delivery: it stays.
+            discard_archive(runtime, request_id)
         return request
     return ChartRequest.get_by_id(request_id)
+
+
+ENDED = ("failed", "expired")
+"""The statuses of a request that holds no archive: an `object_key` there is one still to delete."""
 
 
 def mark_failed(runtime, request_id: str, reason: str) -> None:
     """End a pending request `failed`, then delete any ZIP a build of it stored: one that uploaded
     and then failed (the check of its upload, or `ready`, raised on its last try), or whose worker
-    was killed after its upload. Nothing else would ever delete it (expiry deletes `ready` charts')."""
-    if not (ChartRequest.update(status="failed", error=reason)
+    was killed after its upload. Nothing else would ever delete it (expiry deletes `ready` charts'):
+    the request keeps the key (`object_key`) until the delete succeeded, so a store down now leaves
+    it to the recovery sweep (`workers.recovery.discard_archives`)."""
+    key = chart_key(request_id)
+    if not (ChartRequest.update(status="failed", error=reason, object_key=key)
             .where((ChartRequest.id == request_id) & (ChartRequest.status == "pending")).execute()):
         return
+    _delete_archive(runtime, request_id, key)
+
+
+def discard_archive(runtime, request_id: str) -> None:
+    """Delete the ZIP a build stored for a request that ended without it (`ENDED`), its key kept on
+    the request until the delete succeeded (as `mark_failed` keeps it)."""
+    key = chart_key(request_id)
+    if ChartRequest.update(object_key=key).where((ChartRequest.id == request_id)
+                                                 & ChartRequest.status.in_(ENDED)).execute():
+        _delete_archive(runtime, request_id, key)
+
+
+def _delete_archive(runtime, request_id: str, key: str) -> None:
     try:
-        runtime.batch_object_store.delete(chart_key(request_id))
-    except Exception:
-        log.exception("chart %s: failed, and the archive a build may have stored could not be deleted", request_id)
+        runtime.batch_object_store.delete(key)
+    except Exception as exc:
+        log.warning("chart %s: ended, and the archive a build may have stored could not be deleted now (%s: %s); "
+                    "the recovery sweep deletes it", request_id, type(exc).__name__, exc)
+        return
+    forget_archive(request_id, key)
+
+
+def forget_archive(request_id: str, key: str) -> None:
+    """The ended request's archive `key` is deleted: the request no longer names it."""
+    (ChartRequest.update(object_key=None)
+     .where((ChartRequest.id == request_id) & ChartRequest.status.in_(ENDED) & (ChartRequest.object_key == key))
+     .execute())
 
 
 @task(queue_name="charts")

@@ -17,6 +17,8 @@ its lease lapses. The sweep (`sweep`), run by every `svc-auth worker` and by the
   objects, so the store holds exactly one object per ready request and nothing else;
 - deletes the ZIP of each chart ready for longer than SVC_CHART_TTL (`expire_charts`): a patient's
   chart is not kept in the store once its app has had the time to fetch it.
+- deletes the ZIP of each failed or expired request that still names one (`discard_archives`): the
+  store was down when the request ended, so its delete failed then.
 
 With the lease at half of SVC_TASK_RECOVERY_SECONDS, renewed every sixth, and a sweep every
 quarter, a dead worker's work is re-queued within SVC_TASK_RECOVERY_SECONDS. Builds are idempotent
@@ -33,7 +35,7 @@ from models.appointments import Snapshot, SnapshotAppointment
 from models.charts import ChartRequest
 from models.schedule import ScheduledRun
 from storage.uploads import UnfinishedUpload
-from workers.charts import CHART_PREFIX, build_chart, chart_key, mark_failed
+from workers.charts import CHART_PREFIX, ENDED, build_chart, chart_key, forget_archive, mark_failed
 from workers.export import sweep_exports
 from workers.loops import run_every, run_steps
 from workers.leases import lease_seconds, sweep_interval, sync_job
@@ -171,6 +173,23 @@ def expire_charts(runtime) -> list[str]:
     return expired
 
 
+def discard_archives(runtime) -> list[str]:
+    """Delete the archive of each failed or expired request that still names one (`object_key`: its
+    delete failed then, the object store down; at most EXPIRE_BATCH, oldest first), so no ZIP of an
+    ended request outlives the store's outage by more than a sweep."""
+    discarded = []
+    for request in ChartRequest.select(ChartRequest.id, ChartRequest.object_key).where(
+            ChartRequest.status.in_(ENDED) & ChartRequest.object_key.is_null(False)).order_by(
+            ChartRequest.created_at).limit(EXPIRE_BATCH):
+        runtime.batch_object_store.delete(request.object_key)
+        forget_archive(request.id, request.object_key)
+        discarded.append(request.id)
+    if discarded:
+        log.info("deleted the archives of %d ended chart request(s) left by an object store outage: %s",
+                 len(discarded), ", ".join(discarded))
+    return discarded
+
+
 # -- unfinished uploads -----------------------------------------------------------------------
 
 def _upload_is_live(upload: UnfinishedUpload, live_keys: set[str], now: dt.datetime, grace: float) -> bool:
@@ -198,7 +217,7 @@ def sweep_uploads(runtime) -> list[str]:
     return aborted
 
 
-SWEEP_STEPS = (sweep_charts, sweep_snapshots, sweep_unstarted_nights, sweep_uploads, expire_charts,
+SWEEP_STEPS = (sweep_charts, sweep_snapshots, sweep_unstarted_nights, sweep_uploads, expire_charts, discard_archives,
                sweep_exports)  # Bulk Data exports: re-queued, expired, their stale uploads (workers.export)
 """A recovery sweep's steps, each run whatever the others did (`workers.loops.run_steps`)."""
 

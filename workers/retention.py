@@ -103,9 +103,12 @@ def _expired_links(model):
 
 
 def _ended_charts(settings, now):
+    """Ended requests past the cut, but never one that still names its archive (its delete is the
+    recovery sweep's: `workers.recovery.discard_archives`)."""
     cut = now - LINKS_KEPT
     expired = (ChartRequest.status == "expired") & (ChartRequest.ready_at < cut - dt.timedelta(seconds=settings.chart_ttl))
-    return expired | ((ChartRequest.status == "failed") & (ChartRequest.created_at < cut))
+    return (expired | ((ChartRequest.status == "failed") & (ChartRequest.created_at < cut))) \
+        & ChartRequest.object_key.is_null()
 
 
 def _old_claims(settings, now):

@@ -23,6 +23,7 @@ import logging
 from urllib.parse import urljoin, urlsplit
 
 from connectors.base import ConnectorError
+from connectors.fhir.client import issue_text
 from connectors.fhir.transport import same_origin
 
 log = logging.getLogger("svc_auth.connectors.fhir")
@@ -59,7 +60,7 @@ class EhrBulkExport:
         status, answer, headers = self.transport.send("POST", url, body, self._headers(
             Prefer="respond-async", **{"Content-Type": "application/fhir+json"}))
         if status != 202:
-            raise EhrExportFailed(f"The EHR refused its Patient/$export (HTTP {status}: {_issue(answer)}).")
+            raise EhrExportFailed(f"The EHR refused its Patient/$export (HTTP {status}: {issue_text(answer)}).")
         location = headers.get("Content-Location") or ""
         location = urljoin(url, location) if location else ""
         if not location or not same_origin(location, self.client.base):
@@ -83,7 +84,7 @@ class EhrBulkExport:
         if status in (404, 410):
             raise LookupError(f"The EHR no longer knows its export {status_url[:200]}.")
         if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("output"), list):
-            raise EhrExportFailed(f"The EHR's export failed (HTTP {status}: {_issue(answer)}).")
+            raise EhrExportFailed(f"The EHR's export failed (HTTP {status}: {issue_text(answer)}).")
         if answer.get("error"):
             raise EhrExportFailed(f"The EHR's export manifest lists {len(answer['error'])} error file(s): "
                                   f"some resources were not exported.")
@@ -129,12 +130,3 @@ def _seconds(value) -> float:
         return float(str(value).strip())
     except (TypeError, ValueError):
         return DEFAULT_POLL_SECONDS
-
-
-def _issue(body) -> str:
-    if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
-        issue = next(iter(body.get("issue") or ()), {})
-        if isinstance(issue, dict):
-            details = issue.get("details") if isinstance(issue.get("details"), dict) else {}
-            return str(details.get("text") or issue.get("diagnostics") or issue.get("code") or "no details")[:300]
-    return "no details"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from connectors.base import ConnectorError, Provider
+from connectors.fhir.client import ehr_said
 from connectors.fhir.epic_schedule import no_schedule_search
 from connectors.fhir.grants import NIGHT_TYPES, REQUESTED_TYPES
 from connectors.fhir.query import instant
@@ -18,14 +19,17 @@ def check(connector, npis, now: dt.datetime) -> list[dict]:
     the order given) and one Appointment search (of the first NPI the EHR knows); a verdict per
     step, stopping at the first failure. The practitioner step also carries `npis`:
     `{"known": {npi: "Practitioner/{id}"}, "unknown": [npi, ...]}`; it fails when the EHR knows none
-    of them."""
+    of them. A step failed by the EHR's answer also carries `ehr_said`: what the EHR wrote (its
+    OperationOutcome's text), for the operator here alone (every other message leaves it out)."""
     steps = []
 
     def step(name: str, action):
         try:
             outcome = action()
         except (ConnectorError, LookupError) as exc:
-            steps.append({"step": name, "ok": False, "detail": str(exc), **getattr(exc, "extra", {})})
+            said = ehr_said(exc)
+            steps.append({"step": name, "ok": False, "detail": str(exc), **({"ehr_said": said} if said else {}),
+                          **getattr(exc, "extra", {})})
         else:
             detail, extra = outcome if isinstance(outcome, tuple) else (outcome, {})
             steps.append({"step": name, "ok": True, "detail": detail, **extra})

@@ -34,7 +34,14 @@ ASSERTION_SECONDS = 300          # a client assertion's lifetime (SMART: at most
 CAPABILITIES_SECONDS = 3600      # how long an EHR's CapabilityStatement verdict is cached
 PERMANENT_ISSUES = ("login", "forbidden", "security")
 FAILED_SEVERITIES = ("error", "fatal")
-ERROR_EXCERPT_CHARS = 300        # how much of an EHR's error body a message keeps
+ERROR_EXCERPT_CHARS = 300        # how much of an EHR's error text `ehr check` shows (`ehr_said`)
+ISSUE_TYPES = frozenset((
+    "invalid", "structure", "required", "value", "invariant", "security", "login", "unknown", "expired",
+    "forbidden", "suppressed", "processing", "not-supported", "duplicate", "multiple-matches", "not-found",
+    "deleted", "too-long", "code-invalid", "extension", "too-costly", "business-rule", "conflict", "transient",
+    "lock-error", "no-store", "exception", "timeout", "incomplete", "throttled", "informational"))
+"""R4's IssueType codes: the only words of an EHR's OperationOutcome a message repeats."""
+ISSUE_SEVERITIES = ("fatal", "error", "warning", "information")
 
 log = logging.getLogger("svc_auth.connectors.fhir")
 
@@ -271,17 +278,19 @@ class FhirClient:
         self.tokens.drop((self.token_endpoint(), self.client_id))
 
     def _answer(self, url: str, status: int, body) -> dict:
-        """A GET's answer as data, or the error it is."""
+        """A GET's answer as data, or the error it is (in svc-auth's words, `issue_text`; what the
+        EHR wrote is only the error's `ehr_said`)."""
+        what = issue_text(body)
         if status in (401, 403) or _issue_code(body) in PERMANENT_ISSUES:
-            raise AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {_issue_text(body)}); check the "
-                                 f"client registration and its scopes ({' '.join(self.scopes)}).",
-                                 status=status, detail=_issue_text(body))
+            raise _saying(AccessRefused(f"The EHR refused svc-auth's access (HTTP {status}: {what}); check the "
+                                        f"client registration and its scopes ({' '.join(self.scopes)}).",
+                                        status=status, detail=what), body)
         if status in (404, 410):  # unknown, or deleted
-            raise LookupError(_issue_text(body))
+            raise _saying(LookupError(f"HTTP {status}: {what}"), body)
         if status != 200 or not isinstance(body, dict):
-            raise RequestRefused(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {_issue_text(body)}")
+            raise _saying(RequestRefused(f"The EHR answered HTTP {status} to {urlsplit(url).path}: {what}"), body)
         if body.get("resourceType") == "OperationOutcome" and _failed(body):
-            raise EhrReportedError(f"The EHR answered an error to {urlsplit(url).path}: {_issue_text(body)}")
+            raise _saying(EhrReportedError(f"The EHR answered an error to {urlsplit(url).path}: {what}"), body)
         return body
 
     def search(self, resource_type: str, params: dict) -> dict:
@@ -297,7 +306,7 @@ class FhirClient:
         try:
             return self.get(url)
         except LookupError as exc:
-            raise RequestRefused(f"The EHR answered 404 to a search of {resource_type} at {urlsplit(url).path}: "
+            raise RequestRefused(f"The EHR answered a search of {resource_type} at {urlsplit(url).path} with "
                                  f"{exc}") from None
 
     def pages(self, resource_type: str, params: dict):
@@ -367,8 +376,8 @@ def _searchset(bundle: dict, resource_type: str) -> None:
     there failed every caller's loop with a TypeError), without a failed `outcome` entry (warnings
     and information entries are fine)."""
     if bundle.get("resourceType") != "Bundle":
-        raise EhrReportedError(f"The EHR answered a {str(bundle.get('resourceType'))[:64]} where a searchset of "
-                               f"{resource_type} belongs.")
+        kind = bundle.get("resourceType") if is_resource_type(bundle.get("resourceType")) else "non-resource"
+        raise EhrReportedError(f"The EHR answered a {kind} where a searchset of {resource_type} belongs.")
     for member in ("entry", "link"):
         if bundle.get(member) is not None and not isinstance(bundle[member], list):
             raise EhrReportedError(f"The EHR answered a searchset of {resource_type} whose {member} is "
@@ -376,7 +385,8 @@ def _searchset(bundle: dict, resource_type: str) -> None:
     for entry in bundle.get("entry") or ():
         resource = entry.get("resource") if isinstance(entry, dict) else None
         if isinstance(resource, dict) and resource.get("resourceType") == "OperationOutcome" and _failed(resource):
-            raise EhrReportedError(f"The EHR's search of {resource_type} reported an error: {_issue_text(resource)}")
+            raise _saying(EhrReportedError(f"The EHR's search of {resource_type} reported an error: "
+                                           f"{issue_text(resource)}"), resource)
 
 
 def _json_kind(value) -> str:
@@ -392,9 +402,27 @@ def _issue_code(body) -> str | None:
     return None
 
 
-def _issue_text(body) -> str:
-    """What the EHR said: an OperationOutcome's first issue, else a bounded, printable excerpt of
-    any other JSON body (e.g. `{"error": ...}`), else "no details"."""
+def issue_text(body) -> str:
+    """What the EHR answered, in svc-auth's words: an OperationOutcome's first issue as its code
+    and severity (R4's, `ISSUE_TYPES`; any other is "unlisted"), else the kind of body. Never the
+    EHR's own words (`details.text`, `diagnostics`, a JSON error's message): an EHR may quote the
+    request's search values there (a name, an identifier: patient data), and a connector's
+    message reaches log lines, a chart request's error, a chart's `omitted`, an export's error."""
+    if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
+        issue = next(iter(_issues(body)), None)
+        if issue is None:
+            return "an OperationOutcome without an issue"
+        code = issue.get("code") if issue.get("code") in ISSUE_TYPES else "unlisted"
+        severity = issue.get("severity") if issue.get("severity") in ISSUE_SEVERITIES else "unlisted"
+        return f"OperationOutcome issue {code} ({severity})"
+    if body is None:
+        return "no JSON body"
+    return f"{_json_kind(body)} that is no OperationOutcome"
+
+
+def _said(body) -> str:
+    """The EHR's own words in `body`, a bounded printable excerpt (`ehr_said`): an OperationOutcome's
+    first issue's text or diagnostics, else any other JSON body (e.g. `{"error": ...}`)."""
     if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
         issue = next(iter(_issues(body)), {})
         text = (issue.get("details") or {}).get("text") if isinstance(issue.get("details"), dict) else None
@@ -404,10 +432,29 @@ def _issue_text(body) -> str:
     return _excerpt(json.dumps(body, ensure_ascii=True))
 
 
+def _saying(exc: BaseException, body) -> BaseException:
+    """`exc` carrying what the EHR wrote in `body` (`_said`) as `ehr_said`, apart from its message."""
+    exc.ehr_said = _said(body)
+    return exc
+
+
 def _excerpt(text, limit: int = ERROR_EXCERPT_CHARS) -> str:
     """`text` as one printable ASCII line of at most `limit` characters."""
     flat = " ".join("".join(c if c.isprintable() and ord(c) < 128 else " " for c in str(text)).split())
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def ehr_said(exc: BaseException | None) -> str | None:
+    """What the EHR wrote in the answer that raised `exc` (or the error it was raised while handling,
+    `raise ... from None` included), for `svc-auth ehr check` only: the operator's own diagnosis,
+    printed on its stdout, never logged nor stored. None when the EHR wrote nothing known."""
+    seen = 0
+    while exc is not None and seen < 8:
+        said = getattr(exc, "ehr_said", None)
+        if said is not None:
+            return said
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _issues(outcome: dict) -> list[dict]:

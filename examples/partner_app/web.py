@@ -4,8 +4,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote_plus, urlencode
 
+import tornado.log
 import tornado.web
 
 from examples.partner_app.authorizations import PendingAuthorizations
@@ -267,6 +268,33 @@ class PartnerApp:
         self.platform.config = self.config
 
 
+SECRET_PARAMS = frozenset(("launch_id", "launch", "code", "state", "login_hint", "access_token", "id_token"))
+"""Query parameters whose values never reach the access log: a launch id and an authorization
+code are credentials until used (as svc-auth's own log redacts them)."""
+
+
+def redacted_uri(uri: str) -> str:
+    """`uri` with the value of each `SECRET_PARAMS` parameter (its name decoded, any case) replaced by `[REDACTED]`."""
+    path, mark, query = uri.partition("?")
+    if not mark:
+        return uri
+    pairs = []
+    for pair in query.split("&"):
+        name, equals, _ = pair.partition("=")
+        pairs.append(f"{name}=[REDACTED]" if equals and unquote_plus(name).lower() in SECRET_PARAMS else pair)
+    return f"{path}?{'&'.join(pairs)}"
+
+
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """Tornado's access line (status, method, URI, address, duration) with `redacted_uri`."""
+    status = handler.get_status()
+    log = (tornado.log.access_log.info if status < 400 else
+           tornado.log.access_log.warning if status < 500 else tornado.log.access_log.error)
+    request = handler.request
+    log("%d %s %s (%s) %.2fms", status, request.method, redacted_uri(request.uri or ""), request.remote_ip,
+        1000.0 * request.request_time())
+
+
 def make_partner_app(config: PartnerConfig) -> tornado.web.Application:
     partner = PartnerApp(config)
     return tornado.web.Application([
@@ -278,4 +306,4 @@ def make_partner_app(config: PartnerConfig) -> tornado.web.Application:
         (r"/app", MainPageHandler),
         (r"/app/([^/]+)", MainPageHandler),
     ], partner=partner, template_path=str(HERE / "templates"), static_path=str(HERE / "static"),
-        xsrf_cookies=False)
+        xsrf_cookies=False, log_function=log_request)

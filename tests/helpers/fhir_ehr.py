@@ -56,10 +56,14 @@ class FhirEhr:
     def revoke(self) -> None:
         self.admin("revoke", {})
 
-    def fault(self, status: int, count: int, retry_after: float | None = None) -> None:
-        """The next `count` FHIR requests answer `status` (with Retry-After when given)."""
+    def fault(self, status: int, count: int, retry_after: float | None = None, text: str | None = None,
+              code: str | None = None) -> None:
+        """The next `count` FHIR requests answer `status` (with Retry-After when given) and an
+        OperationOutcome of issue `code` whose text is `text` (`{request}` in it: the request's path
+        and decoded query, as an EHR quotes a search it refuses)."""
         self.admin("fault", {"status": status, "count": count,
-                             **({"retry_after": retry_after} if retry_after is not None else {})})
+                             **({"retry_after": retry_after} if retry_after is not None else {}),
+                             **({"text": text} if text is not None else {}), **({"code": code} if code else {})})
 
     def hostile(self, *appointments: dict) -> None:
         """Add these (unstorable) Appointments to the first page of every Appointment search."""

@@ -10,7 +10,7 @@ import uuid
 import boto3
 
 from helpers.environment import REDIS_URL
-from helpers.processes import settings_env
+from helpers.processes import free_port, settings_env
 from models.directory import Organization
 
 
@@ -50,12 +50,12 @@ class _LoopbackListener:
     """A TCP listener on loopback whose accepted connections a subclass handles (`_connected`);
     `close()` stops it and closes every connection it holds."""
 
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, port: int = 0):
+        self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -75,10 +75,10 @@ class _LoopbackListener:
         self._drop_connections()
         self.listener.close()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                client, _ = self.listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             self._connected(client)
@@ -95,11 +95,11 @@ class HoldingProxy(_LoopbackListener):
     for as long as the test wants, and a kill lands there every time. Everything else is forwarded
     unchanged, both ways."""
 
-    def __init__(self, upstream_port: int):
+    def __init__(self, upstream_port: int, port: int = 0):
         self.upstream_port = upstream_port
         self.pattern: re.Pattern | None = None
         self.held = threading.Event()
-        super().__init__()
+        super().__init__(port)
 
     def arm(self, pattern: bytes) -> None:
         """Hold the next request matching `pattern`."""
@@ -136,6 +136,26 @@ class HoldingProxy(_LoopbackListener):
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class OutageProxy(HoldingProxy):
+    """A TCP proxy in front of the S3 test server that can go down (`down()`: its port refuses
+    connections and the open ones are dropped, as a stopped server's) and come back on the same port
+    (`up()`), the server's objects kept: an object store outage as its clients see it."""
+
+    def __init__(self, upstream_port: int):
+        super().__init__(upstream_port, free_port())  # the allocator's: the port is bound again after `down()`
+
+    def down(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() in progress: it takes no more
+        except OSError:
+            pass
+        self.close()
+
+    def up(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
 
 
 class SilentServer(_LoopbackListener):

@@ -282,7 +282,12 @@ async function fhir(req, res, url) {
   if (fault && fault.count > 0) {
     fault.count -= 1; stats.faults += 1;
     if (fault['retry_after'] !== undefined) res.setHeader('Retry-After', String(fault['retry_after']));
-    return send(res, fault.status, outcome(fault.status === 429 ? 'throttled' : 'transient', 'injected fault'));
+    // `text`: what the EHR writes, `{request}` being the request's path and decoded query (as EHRs
+    // quote a search they refuse: "Invalid parameter value: family=...")
+    const said = fault.text ? fault.text.replaceAll('{request}', decodeURIComponent(url.pathname + url.search)) : 'injected fault';
+    const answer = outcome(fault.code ?? (fault.status === 429 ? 'throttled' : 'transient'), said);
+    if (fault.text) answer.issue[0].diagnostics = said;
+    return send(res, fault.status, answer);
   }
   const pathname = url.pathname.slice(basePath.length) || '/';
   if (pathname === '/.well-known/smart-configuration') {
