@@ -117,7 +117,7 @@ async def test_a_store_that_refuses_its_upload_listing_still_has_its_charts_expi
         raise PermissionError("AccessDenied: s3:ListBucketMultipartUploads")
     monkeypatch.setattr(runtime.batch_object_store, "unfinished_uploads", refused)
     clock.advance(runtime.settings.chart_ttl + 60)
-    with pytest.raises(StepsFailed, match="2 of 6 steps failed: sweep_uploads, sweep_exports"):
+    with pytest.raises(StepsFailed, match="2 of 7 steps failed: sweep_uploads, sweep_exports"):
         sweep(runtime)
     assert ChartRequest.get_by_id(request_id).status == "expired"
     with pytest.raises(FileNotFoundError):
