@@ -18,7 +18,8 @@ JWKS URL is being fetched is no refusal: 503 `temporarily_unavailable` with Retr
 A `jti` is spent (`spend`) by the `client_credentials` grant just before it issues a token, so an
 assertion refused for its scope (`invalid_scope`) may be sent again; with `authorization_code` or
 `refresh_token` (and at revocation and introspection) it is spent first, before the code or token
-is looked at, so that a replayed assertion can never use up a code or a refresh token. Spent jtis are rows of `spent_assertion` (the database: every process and host sees them)
+is looked at, so that a replayed assertion can never use up a code or a refresh token. Spent
+jtis are rows of `spent_assertion` (the database: every process and host sees them)
 until an hour past their assertion's `exp` (`SPENT_RETENTION`): each host drops them by its own
 clock, so a host whose clock runs ahead must not drop a jti that a host running behind would still
 take as unexpired.
