@@ -76,7 +76,7 @@ def hub_entries(user: User) -> list[HubEntry]:
 
 def frame_origins(entries: list[HubEntry]) -> list[str]:
     """Origins the hub may frame: every installed app's launch and redirect (main-page) origins."""
-    return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, e.app_origin, *e.app_origins) if o))
+    return list(dict.fromkeys(o for e in entries for o in (e.launch_origin, *e.app_origins) if o))
 
 
 APPOINTMENT_DAYS = 7      # the hub lists the physician's appointments of the next 7 days
