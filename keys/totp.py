@@ -39,11 +39,13 @@ def _totp_rows():
              .where(DeveloperInvite.totp_secret.is_null(False) & DeveloperInvite.used_at.is_null())))
 
 
-def _totp_needs_reseal(runtime, owner: str, stored: str) -> bool:
+def _to_reseal(runtime, owner: str, stored: str) -> str | None:
+    """The secret of a stored value that needs sealing under the current key (stored in clear by an
+    earlier release, or sealed under a previous key), else None."""
     if not stored.startswith(TOTP_SEALED):
-        return True  # stored in clear by an earlier release
+        return stored
     opened = runtime.hasher.unseal_with(stored[len(TOTP_SEALED):], _totp_context(owner))
-    return opened is not None and opened[1] > 0
+    return opened[0] if opened is not None and opened[1] > 0 else None
 
 
 def reseal_totp_secrets(runtime) -> int:
@@ -53,8 +55,8 @@ def reseal_totp_secrets(runtime) -> int:
     for model, query in _totp_rows():
         key = model._meta.primary_key
         for row in query.dicts():
-            if _totp_needs_reseal(runtime, row["owner"], row["totp_secret"]):
-                secret = open_totp(runtime, row["owner"], row["totp_secret"])
+            secret = _to_reseal(runtime, row["owner"], row["totp_secret"])
+            if secret is not None:
                 count += (model.update(totp_secret=seal_totp(runtime, row["owner"], secret))
                           .where((key == row["id"]) & (model.totp_secret == row["totp_secret"])).execute())
     return count
@@ -63,4 +65,4 @@ def reseal_totp_secrets(runtime) -> int:
 def old_totp_secrets(runtime) -> int:
     """TOTP secrets that need a previous key (or are in clear): `keys rekey`'s `still_old`."""
     return sum(1 for _, query in _totp_rows() for row in query.dicts()
-               if _totp_needs_reseal(runtime, row["owner"], row["totp_secret"]))
+               if _to_reseal(runtime, row["owner"], row["totp_secret"]) is not None)
