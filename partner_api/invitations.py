@@ -11,7 +11,7 @@ import datetime as dt
 
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization, update_organization
-from lifecycle.users import create_user, update_user
+from lifecycle.users import clean_email, create_user, update_user
 from models.application import Application, Authorization, Installation
 from models.audit import AuditEvent
 from models.clock import utc_iso
@@ -45,7 +45,7 @@ def invitation_fields(body: dict) -> dict:
 
 def invite(runtime, app: Application, body: dict) -> dict:
     fields = invitation_fields(body)
-    email = fields["email"].lower()
+    email = clean_email(fields["email"])
     token = new_secret()
     now = runtime.clock.now()
     with runtime.db.atomic():
