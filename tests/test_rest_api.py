@@ -314,19 +314,23 @@ async def test_an_e_mail_spelled_another_way_is_the_same_user_or_a_400(api, worl
     assert User.select().count() == 3  # the clinic's two, and Müller once
 
 
-def test_an_invitation_missing_several_fields_is_told_the_same_in_every_process():
+def test_a_body_missing_several_fields_is_told_the_same_in_every_process():
     """The fields were checked in a frozenset's order, which is the process's string-hash order
     (`PYTHONHASHSEED`): a body missing several fields was told about a different one by each
-    `serve` process. They are checked in the documented order: `email` first."""
+    `serve` process; a chart request's too. They are checked in the documented order: `email`,
+    `svc_organization_id` first."""
     import os
     import subprocess
     import sys
     from helpers.environment import ROOT
     code = ("from partner_api.invitations import invitation_fields\n"
-            "try:\n    invitation_fields({})\nexcept Exception as exc:\n    print(exc.body()['message'])\n")
+            "from partner_api.charts import create_request\n"
+            "for call in (lambda: invitation_fields({}), lambda: create_request(None, None, {})):\n"
+            "    try:\n        call()\n    except Exception as exc:\n        print(exc.body()['message'])\n")
     told = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)},
                            cwd=str(ROOT), capture_output=True, text=True, check=True).stdout for seed in range(6)}
-    assert told == {"email is required and must be a non-empty string.\n"}
+    assert told == {"email is required and must be a non-empty string.\n"
+                    "svc_organization_id is required and must be a string.\n"}
 
 
 @pytest.mark.gen_test
