@@ -19,7 +19,7 @@ import pyotp
 from console.devices import issue_device_cookie, trusted_device
 from keys.totp import open_totp, seal_totp
 from lifecycle.applications import find_application
-from lifecycle.users import clean_email
+from lifecycle.users import clean_email, normal_email
 from models.application import Application
 from models.audit import AuditEvent
 from models.developers import ConsoleSession, Developer, DeveloperAccess, DeveloperInvite
@@ -150,7 +150,7 @@ def accept_invite(runtime, token: str, password: str, confirm: str, totp_code: s
 
 def check_credentials(runtime, email: str, password: str, totp_code: str = "") -> Developer | None:
     """The developer when email, password (and TOTP code, if they set one) are right, else None."""
-    developer = Developer.get_or_none(Developer.email == (email or "").strip().lower())
+    developer = Developer.get_or_none(Developer.email == normal_email(email))
     stored = developer.password_hash if developer is not None and developer.password_hash else None
     try:
         _HASHER.verify(stored or _DUMMY_HASH, password or "")
@@ -250,7 +250,7 @@ class SignedIn(NamedTuple):
 
 def signin_subject(email: str) -> tuple:
     """The throttle subject of an account: hashed, so no e-mail address is written to Redis."""
-    return ("account", hashlib.sha256((email or "").strip().lower().encode()).hexdigest()[:32])
+    return ("account", hashlib.sha256(normal_email(email).encode()).hexdigest()[:32])
 
 
 def sign_in(runtime, email: str, password: str, totp_code: str, address: str,

@@ -21,6 +21,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
+from lifecycle.users import normal_email
 from models.ids import new_secret
 
 DEVICE_LABEL = "console-device\x00"  # sets the device cookies' MACs apart from the key's other MACs
@@ -29,7 +30,7 @@ _VALUE = re.compile(r"v1\.([0-9]{1,12})\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43}
 
 def _account(email: str | None) -> str:
     """The account an e-mail names, as sign-in looks it up."""
-    return (email or "").strip().lower()
+    return normal_email(email)
 
 
 def _message(email: str, issued: str, nonce: str) -> str:

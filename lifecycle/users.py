@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import peewee
 
@@ -14,10 +15,24 @@ from errors import ApiError
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 
 
+_LABEL_SEPARATORS = str.maketrans({"\u3002": ".", "\uff61": "."})  # IDNA reads these full stops as dots
+_INVISIBLE = ("Cc", "Cf")  # control and format characters (a zero-width space, a direction mark)
+
+
+def normal_email(email: str | None) -> str:
+    """An address as svc-auth stores and looks it up: NFKC (a fullwidth or decomposed spelling is
+    the same address), trimmed, lower-cased, its domain's ideographic full stops read as dots."""
+    email = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", email or "").strip().lower())
+    local, at, domain = email.rpartition("@")
+    return local + at + domain.translate(_LABEL_SEPARATORS)
+
+
 def clean_email(email: str | None) -> str:
-    """The address trimmed and lower-cased; 400 when it is not a plausible e-mail address."""
-    email = (email or "").strip().lower()
-    if not EMAIL.fullmatch(email) or len(email) > 254:
+    """`normal_email`; 400 when it is not a plausible e-mail address: no `local@domain.tld`, an
+    empty domain label (`a@.b.c`, `a@b..c`, `a@b.c.`), or an invisible character."""
+    email = normal_email(email)
+    if (not EMAIL.fullmatch(email) or len(email) > 254 or "" in email.rpartition("@")[2].split(".")
+            or any(unicodedata.category(char) in _INVISIBLE for char in email)):
         raise invalid(f"{email!r} is not a valid e-mail address.")
     return email
 

@@ -25,11 +25,12 @@ log = logging.getLogger("svc_auth.charts")
 PENDING_RETRY_AFTER = 5
 """Seconds a client should wait before asking again about a pending chart."""
 
-CREATE_FIELDS = frozenset({"svc_organization_id", "patient_id"})
+CREATE_FIELDS = ("svc_organization_id", "patient_id")
+"""In the documented order: the first bad one is named, the same in every process."""
 
 
 def create_request(runtime, app: Application, body: dict) -> dict:
-    unknown = sorted(set(body) - CREATE_FIELDS)
+    unknown = sorted(set(body).difference(CREATE_FIELDS))
     if unknown:
         raise ApiError(400, "unknown_field", f"Unknown field(s): {', '.join(unknown)}.")
     for name in CREATE_FIELDS:

@@ -11,7 +11,7 @@ import datetime as dt
 
 from lifecycle.applications import install_application
 from lifecycle.organizations import create_organization, update_organization
-from lifecycle.users import create_user, update_user
+from lifecycle.users import clean_email, create_user, update_user
 from models.application import Application, Authorization, Installation
 from models.audit import AuditEvent
 from models.clock import utc_iso
@@ -20,13 +20,14 @@ from models.ids import new_secret
 from models.invitations import Invitation
 from errors import ApiError
 
-INVITATION_FIELDS = frozenset({"email", "given_name", "family_name", "organization_name", "npi"})
+INVITATION_FIELDS = ("email", "given_name", "family_name", "organization_name", "npi")
+"""In the documented order: a body with several bad fields is told about the first, the same in every process."""
 REQUIRED = ("email", "given_name", "family_name", "organization_name")
 
 
 def invitation_fields(body: dict) -> dict:
     """The validated request body; unknown fields are refused so typos do not pass silently."""
-    unknown = sorted(set(body) - INVITATION_FIELDS)
+    unknown = sorted(set(body).difference(INVITATION_FIELDS))
     if unknown:
         raise ApiError(400, "unknown_field", f"Unknown field(s): {', '.join(unknown)}.")
     fields = {}
@@ -45,7 +46,7 @@ def invitation_fields(body: dict) -> dict:
 
 def invite(runtime, app: Application, body: dict) -> dict:
     fields = invitation_fields(body)
-    email = fields["email"].lower()
+    email = clean_email(fields["email"])
     token = new_secret()
     now = runtime.clock.now()
     with runtime.db.atomic():

@@ -147,6 +147,19 @@ async def test_invite_set_password_sign_in_pages_and_sign_out(http_client, base_
 
 
 @pytest.mark.gen_test(timeout=60)
+async def test_sign_in_takes_the_e_mail_as_the_invitation_stored_it(http_client, base_url, runtime, world):
+    """An invitation stores the e-mail NFKC-normalised (`lifecycle.users.clean_email`), so sign-in
+    reads the typed one the same way: a developer invited as `Ｄｅｖ@partner.example` (fullwidth)
+    signs in typing it so or in ASCII, and its failures count against the one account."""
+    client = await developer(http_client, base_url, runtime, world.app.id, "\uff24\uff45\uff56@partner.example")
+    assert (await client.get("/console")).code == 200
+    assert (await ConsoleClient(http_client, base_url).sign_in("dev@partner.example", PASSWORD)).code == 303
+    assert check_credentials(runtime, "\uff44\uff45\uff56@PARTNER.example", PASSWORD) is not None
+    from console.accounts import signin_subject
+    assert signin_subject("\uff24\uff45\uff56@partner.example") == signin_subject("dev@partner.example")
+
+
+@pytest.mark.gen_test(timeout=60)
 async def test_manifest_form_errors_beside_fields_and_secret_steps(http_client, base_url, runtime, world):
     app = world.app
     client = await developer(http_client, base_url, runtime, app.id, "dev@partner.example")

@@ -290,6 +290,50 @@ async def test_invitation_bad_input_is_a_clear_400(api, world):
 
 
 @pytest.mark.gen_test
+async def test_an_e_mail_spelled_another_way_is_the_same_user_or_a_400(api, world):
+    """An e-mail names one user, but only its exact lower-cased text was compared: inviting the
+    clinic's doc@example.com as `ＤＯＣ@example.com` (fullwidth), `doc@ｅｘａｍｐｌｅ．ｃｏｍ`, with an
+    ideographic full stop, or a decomposed `ü`, got 201 and a second account for the same mailbox;
+    a trailing dot, an empty label or a zero-width character made one too. Now the address is
+    normalised (NFKC) before it is compared and stored: 409 `email_taken`, or 400."""
+    headers = await partner_headers(api, world.app, world.secret)
+    for spelling in ("\uff24\uff2f\uff23@example.com", "doc@\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45\uff0e\uff43\uff4f\uff4d",
+                     "doc@example\u3002com"):
+        status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "email": spelling}, headers=headers)
+        assert (status, body["error"]) == (409, "email_taken"), spelling
+    status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "email": "Mu\u0308ller@clinic.example"},
+                                     headers=headers)
+    assert status == 201 and User.get_by_id(body["user_id"]).email == "m\u00fcller@clinic.example"
+    status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "email": "m\u00fcller@clinic.example"},
+                                     headers=headers)
+    assert (status, body["error"]) == (409, "email_taken")
+    for bad in ("doc@example.com.", "doc@.example.com", "doc@example..com", "doc\u200b@example.com",
+                "doc@example.com\u200e"):
+        status, _, body = await api.call("POST", "/v1/invitations", {**INVITE, "email": bad}, headers=headers)
+        assert (status, body["error"]) == (400, "invalid_request") and "e-mail" in body["message"], bad
+    assert User.select().count() == 3  # the clinic's two, and Müller once
+
+
+def test_a_body_missing_several_fields_is_told_the_same_in_every_process():
+    """The fields were checked in a frozenset's order, which is the process's string-hash order
+    (`PYTHONHASHSEED`): a body missing several fields was told about a different one by each
+    `serve` process; a chart request's too. They are checked in the documented order: `email`,
+    `svc_organization_id` first."""
+    import os
+    import subprocess
+    import sys
+    from helpers.environment import ROOT
+    code = ("from partner_api.invitations import invitation_fields\n"
+            "from partner_api.charts import create_request\n"
+            "for call in (lambda: invitation_fields({}), lambda: create_request(None, None, {})):\n"
+            "    try:\n        call()\n    except Exception as exc:\n        print(exc.body()['message'])\n")
+    told = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)},
+                           cwd=str(ROOT), capture_output=True, text=True, check=True).stdout for seed in range(6)}
+    assert told == {"email is required and must be a non-empty string.\n"
+                    "svc_organization_id is required and must be a string.\n"}
+
+
+@pytest.mark.gen_test
 async def test_a_bad_optional_npi_is_not_called_required(api, world):
     """`npi` is optional: a partner sending `"npi": ""` or a number was told "npi is required",
     which sent them looking for a rule that does not exist. The 400 says what is wrong with it."""
