@@ -36,12 +36,20 @@ def require_allowed_network(address: str, *allowlists) -> None:
                            "servers); this client address is not in them.")
 
 
+class _Unreadable:
+    """A stored entry that is not a network (only an edit of the database makes one): it matches no
+    address, so an allowlist holding it still refuses everything outside its readable networks."""
+    version = None
+
+
 def parse_networks(values) -> tuple:
-    """An application's stored list of CIDR strings as networks (bad entries are skipped)."""
+    """An application's stored list of CIDR strings as networks. An unreadable entry fails closed:
+    it stays in the list and matches nothing, so a list that is all unreadable allows no address
+    (skipping it would have turned that list into "any network")."""
     nets = []
     for item in values or ():
         try:
             nets.append(ipaddress.ip_network(str(item), strict=False))
         except ValueError:
-            continue
+            nets.append(_Unreadable())
     return tuple(nets)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app_cache.applications import TOPIC as APPLICATIONS
 from lifecycle.applications import set_rest_allowed_networks
 from helpers.rest import partner_headers
 
@@ -37,5 +38,24 @@ async def test_per_application_allowlist(api, world, runtime):
     status, _, body = await api.call("GET", path, headers=headers)
     assert status == 403 and body["error"] == "region_not_allowed"
     set_rest_allowed_networks(runtime, app.id, ["127.0.0.0/8", "::1/128"])
+    status, _, _ = await api.call("GET", path, headers=headers)
+    assert status == 200
+
+
+@pytest.mark.gen_test
+async def test_an_allowlist_the_database_holds_unreadable_fails_closed(api, world, runtime):
+    """A stored allowlist whose entries cannot be read (an edit of the database) refuses every
+    address; it once read as empty, which allows any network."""
+    from models.application import Application
+    app = world.app
+    headers = await partner_headers(api, app, world.secret)
+    path = f"/v1/applications/{app.id}/organizations"
+    Application.update(rest_allowed_networks=["not a network"]).where(Application.id == app.id).execute()
+    runtime.changes.announce(APPLICATIONS)
+    status, _, body = await api.call("GET", path, headers=headers)
+    assert status == 403 and body["error"] == "region_not_allowed"
+    Application.update(rest_allowed_networks=["not a network", "127.0.0.0/8", "::1/128"]).where(
+        Application.id == app.id).execute()
+    runtime.changes.announce(APPLICATIONS)
     status, _, _ = await api.call("GET", path, headers=headers)
     assert status == 200
