@@ -88,12 +88,10 @@ class SandboxPageHandler(SandboxHandler):
         return await self.run(hub_view, self.runtime, user.id, signed_in_at(session), appointments)
 
     def render_page(self, name: str, csp: str, **values) -> None:
-        self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.no_store()
-        self.set_header("Content-Security-Policy", csp)
-        # Top-level pages only: nothing of the hub's origin but the (script-free) authorize redirect
-        # ever loads inside the app frame, so `allow-same-origin` there cannot reach the hub.
-        self.set_header("X-Frame-Options", "DENY")
+        # Top-level pages only (never framed): nothing of the hub's origin but the (script-free)
+        # authorize redirect ever loads inside the app frame, so `allow-same-origin` there cannot reach the hub.
+        self.html_headers(csp)
         self.finish(TEMPLATES.load(name).generate(static_url=self.static_url, **values))
 
 
