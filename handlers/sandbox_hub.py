@@ -54,6 +54,19 @@ def service_origin(settings) -> str:
     return normalize_origin(f"{parts.scheme}://{parts.netloc}") or f"{parts.scheme}://{parts.netloc}"
 
 
+def posted_from_own_page(handler: BaseHandler) -> bool:
+    """Whether a POST came from one of the service's own pages, not a form on another site.
+    `Sec-Fetch-Site` (sent by browsers to https and loopback origins) says so directly; without it,
+    `Origin` must be absent (not a browser) or the service's origin. A browser sends `Origin: null`
+    for a same-origin form posted from a `Referrer-Policy: no-referrer` page (every page here), so
+    an Origin check alone refused the service's own forms."""
+    fetch_site = handler.request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None:
+        return fetch_site == "same-origin"
+    origin = handler.request.headers.get("Origin")
+    return origin is None or origin == service_origin(handler.svc_settings)
+
+
 class SandboxHandler(BaseHandler):
     """Every sandbox route: 404 while the sandbox is off."""
 
@@ -125,10 +138,9 @@ class SignInLinkHandler(SandboxPageHandler):
 
 class SignOutHandler(SandboxPageHandler):
     async def post(self):
-        origin = self.request.headers.get("Origin")
-        if origin is not None and origin != service_origin(self.svc_settings):
+        if not posted_from_own_page(self):
             # A form on another site: its POST carries no Lax cookie, but the answer's clearing
-            # Set-Cookie would still sign the user out. Browsers send Origin on every POST.
+            # Set-Cookie would still sign the user out.
             self.set_status(403)
             return self.render_page("signin.html", PAGE_CSP, error="Sign out from the hub's own page.")
         await self.run(end_sandbox_session, self.runtime, self.get_cookie(SESSION_COOKIE))

@@ -259,3 +259,14 @@ def test_an_app_sent_to_another_of_its_exact_redirect_origins_starts_in_the_hub(
         page.locator("#hub-status").filter(has_text="verified").wait_for(timeout=TIMEOUT_MS)
     finally:
         register_redirects(demo, f"{demo.app_url}/launch", f"{demo.app_url}/app")
+
+
+
+def test_sign_out_from_the_hub_in_a_browser(demo, page):
+    """Chromium posts the hub's `Sign out` form with `Origin: null` (the page's Referrer-Policy is
+    no-referrer): the Origin check refused it (403) and nobody could sign out."""
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID))
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url(f"{demo.url}/sandbox/signin", timeout=TIMEOUT_MS)
+    page.goto(f"{demo.url}/sandbox/hub")
+    assert urllib.parse.urlsplit(page.url).path == "/sandbox/signin"
