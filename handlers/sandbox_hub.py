@@ -54,12 +54,20 @@ def service_origin(settings) -> str:
     return normalize_origin(f"{parts.scheme}://{parts.netloc}") or f"{parts.scheme}://{parts.netloc}"
 
 
+def same_origin_referrer(handler: BaseHandler) -> None:
+    """`Referrer-Policy: same-origin` for a page whose form posts to `posted_from_own_page`: the
+    browser then sends its origin (and the page's address) to this service only, never elsewhere."""
+    handler.set_header("Referrer-Policy", "same-origin")
+
+
 def posted_from_own_page(handler: BaseHandler) -> bool:
     """Whether a POST came from one of the service's own pages, not a form on another site.
     `Sec-Fetch-Site` (sent by browsers to https and loopback origins) says so directly; without it,
     `Origin` must be absent (not a browser) or the service's origin. A browser sends `Origin: null`
     for a same-origin form posted from a `Referrer-Policy: no-referrer` page (every page here), so
     an Origin check alone refused the service's own forms."""
+    # Without Sec-Fetch-Site (plain http to a host name: not a trustworthy origin) the page must not
+    # be `no-referrer`, or its form says `Origin: null`: `same_origin_referrer` is for such pages.
     fetch_site = handler.request.headers.get("Sec-Fetch-Site")
     if fetch_site is not None:
         return fetch_site == "same-origin"
@@ -105,6 +113,7 @@ class SandboxPageHandler(SandboxHandler):
         # Top-level pages only (never framed): nothing of the hub's origin but the (script-free)
         # authorize redirect ever loads inside the app frame, so `allow-same-origin` there cannot reach the hub.
         self.html_headers(csp)
+        same_origin_referrer(self)  # the Sign out form (hub, settings)
         self.finish(TEMPLATES.load(name).generate(static_url=self.static_url, **values))
 
 
