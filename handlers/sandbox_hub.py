@@ -62,12 +62,10 @@ def same_origin_referrer(handler: BaseHandler) -> None:
 
 def posted_from_own_page(handler: BaseHandler) -> bool:
     """Whether a POST came from one of the service's own pages, not a form on another site.
-    `Sec-Fetch-Site` (sent by browsers to https and loopback origins) says so directly; without it,
-    `Origin` must be absent (not a browser) or the service's origin. A browser sends `Origin: null`
-    for a same-origin form posted from a `Referrer-Policy: no-referrer` page (every page here), so
-    an Origin check alone refused the service's own forms."""
-    # Without Sec-Fetch-Site (plain http to a host name: not a trustworthy origin) the page must not
-    # be `no-referrer`, or its form says `Origin: null`: `same_origin_referrer` is for such pages.
+    `Sec-Fetch-Site` (sent by browsers to https and loopback origins) says so directly; without it
+    (plain http to a host name), `Origin` must be absent (not a browser) or the service's origin.
+    A form on a `Referrer-Policy: no-referrer` page posts `Origin: null`, which proves nothing:
+    pages with such forms send `same_origin_referrer`."""
     fetch_site = handler.request.headers.get("Sec-Fetch-Site")
     if fetch_site is not None:
         return fetch_site == "same-origin"
