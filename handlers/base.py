@@ -74,6 +74,10 @@ def json_document(text: str):
         raise JsonBodyError("The request body is not valid JSON.") from None
 
 
+NO_RESOURCES_CSP = "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+"""The CSP of an HTML page that loads nothing, runs nothing and posts nothing (an error page)."""
+
+
 class BaseHandler(tornado.web.RequestHandler):
     """Every handler's base. Errors raised as `ApiError` become `{"error", "message"}` JSON."""
 
@@ -206,6 +210,13 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def check_etag_header(self) -> bool:
         return not self._svc_no_store and super().check_etag_header()
+
+    def html_headers(self, csp: str) -> None:
+        """Every HTML page's headers: UTF-8 HTML, its Content-Security-Policy, and never framed
+        (X-Frame-Options for browsers that ignore `frame-ancestors`)."""
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.set_header("Content-Security-Policy", csp)
+        self.set_header("X-Frame-Options", "DENY")
 
     def write_json(self, value, status: int = 200) -> None:
         self.set_status(status)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from handlers.base import BaseHandler
+from handlers.base import NO_RESOURCES_CSP, BaseHandler
 from handlers.cors import CorsHandler
 from oauth.authorization_code import AuthorizationRequest
 from oauth.clients import claimed_client_id
@@ -53,7 +53,7 @@ class AuthorizeHandler(VariantHandler):
         if "application/json" in (self.request.headers.get("Accept") or ""):
             return self.write_json({"error": err.error, "error_description": err.description,
                                     "message": err.description}, 400)
-        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.html_headers(NO_RESOURCES_CSP)
         self.finish(f"<!doctype html><title>Authorization error</title><h1>Authorization error</h1>"
                     f"<p><code>{html.escape(err.error)}</code>: {html.escape(err.description)}</p>")
 

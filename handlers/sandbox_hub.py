@@ -54,6 +54,25 @@ def service_origin(settings) -> str:
     return normalize_origin(f"{parts.scheme}://{parts.netloc}") or f"{parts.scheme}://{parts.netloc}"
 
 
+def same_origin_referrer(handler: BaseHandler) -> None:
+    """`Referrer-Policy: same-origin` for a page whose form posts to `posted_from_own_page`: the
+    browser then sends its origin (and the page's address) to this service only, never elsewhere."""
+    handler.set_header("Referrer-Policy", "same-origin")
+
+
+def posted_from_own_page(handler: BaseHandler) -> bool:
+    """Whether a POST came from one of the service's own pages, not a form on another site.
+    `Sec-Fetch-Site` (sent by browsers to https and loopback origins) says so directly; without it
+    (plain http to a host name), `Origin` must be absent (not a browser) or the service's origin.
+    A form on a `Referrer-Policy: no-referrer` page posts `Origin: null`, which proves nothing:
+    pages with such forms send `same_origin_referrer`."""
+    fetch_site = handler.request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None:
+        return fetch_site == "same-origin"
+    origin = handler.request.headers.get("Origin")
+    return origin is None or origin == service_origin(handler.svc_settings)
+
+
 class SandboxHandler(BaseHandler):
     """Every sandbox route: 404 while the sandbox is off."""
 
@@ -88,12 +107,11 @@ class SandboxPageHandler(SandboxHandler):
         return await self.run(hub_view, self.runtime, user.id, signed_in_at(session), appointments)
 
     def render_page(self, name: str, csp: str, **values) -> None:
-        self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.no_store()
-        self.set_header("Content-Security-Policy", csp)
-        # Top-level pages only: nothing of the hub's origin but the (script-free) authorize redirect
-        # ever loads inside the app frame, so `allow-same-origin` there cannot reach the hub.
-        self.set_header("X-Frame-Options", "DENY")
+        # Top-level pages only (never framed): nothing of the hub's origin but the (script-free)
+        # authorize redirect ever loads inside the app frame, so `allow-same-origin` there cannot reach the hub.
+        self.html_headers(csp)
+        same_origin_referrer(self)  # the Sign out form (hub, settings)
         self.finish(TEMPLATES.load(name).generate(static_url=self.static_url, **values))
 
 
@@ -127,10 +145,9 @@ class SignInLinkHandler(SandboxPageHandler):
 
 class SignOutHandler(SandboxPageHandler):
     async def post(self):
-        origin = self.request.headers.get("Origin")
-        if origin is not None and origin != service_origin(self.svc_settings):
+        if not posted_from_own_page(self):
             # A form on another site: its POST carries no Lax cookie, but the answer's clearing
-            # Set-Cookie would still sign the user out. Browsers send Origin on every POST.
+            # Set-Cookie would still sign the user out.
             self.set_status(403)
             return self.render_page("signin.html", PAGE_CSP, error="Sign out from the hub's own page.")
         await self.run(end_sandbox_session, self.runtime, self.get_cookie(SESSION_COOKIE))

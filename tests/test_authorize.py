@@ -60,6 +60,21 @@ async def test_unknown_client_is_shown_never_redirected(api, world):
 
 
 @pytest.mark.gen_test
+async def test_the_authorize_error_page_sends_the_security_headers_of_every_html_page(api, world):
+    """The page shown when the client or redirect_uri cannot be trusted (so nothing is redirected)
+    is HTML that echoes the request's fault: it sent no Content-Security-Policy and could be framed."""
+    query = urllib.parse.urlencode({"client_id": "<script>alert(1)</script>", "redirect_uri": world.app.redirect_uri,
+                                    "response_type": "code", "launch_id": "x"})
+    status, headers, body = await api.call("GET", f"/v1/oauth/authorize?{query}", headers={"Accept": "text/html"})
+    assert status == 400 and headers["Content-Type"].startswith("text/html") and "<script>" not in body
+    directives = dict((d.strip().split(" ", 1) + [""])[:2] for d in headers["Content-Security-Policy"].split(";"))
+    assert directives["default-src"] == "'none'" and directives["frame-ancestors"] == "'none'"
+    assert directives["base-uri"] == "'none'" and directives["form-action"] == "'none'"
+    assert headers["X-Frame-Options"] == "DENY" and headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Referrer-Policy"] == "no-referrer" and headers["Cache-Control"] == "no-store"
+
+
+@pytest.mark.gen_test
 async def test_redirect_uri_below_base_gets_the_code(flow, world):
     status, headers, _ = await flow.authorize(redirect_uri="https://app.example.com/main/clinic/7")
     assert status == 302

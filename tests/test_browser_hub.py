@@ -259,3 +259,40 @@ def test_an_app_sent_to_another_of_its_exact_redirect_origins_starts_in_the_hub(
         page.locator("#hub-status").filter(has_text="verified").wait_for(timeout=TIMEOUT_MS)
     finally:
         register_redirects(demo, f"{demo.app_url}/launch", f"{demo.app_url}/app")
+
+
+
+def test_sign_out_from_the_hub_in_a_browser(demo, page):
+    """Chromium posts the hub's `Sign out` form with `Origin: null` (the page's Referrer-Policy is
+    no-referrer): the Origin check refused it (403) and nobody could sign out."""
+    page.goto(demo.signin(DEMO_PHYSICIAN_ID))
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url(f"{demo.url}/sandbox/signin", timeout=TIMEOUT_MS)
+    page.goto(f"{demo.url}/sandbox/hub")
+    assert urllib.parse.urlsplit(page.url).path == "/sandbox/signin"
+
+
+def test_sign_out_works_on_a_plain_http_host_name(tmp_path):
+    """Over plain http to a host name (a demo on a LAN, not loopback) Chromium sends no
+    `Sec-Fetch-Site`, and a no-referrer page's form posts `Origin: null`: the hub's `Sign out` was
+    refused (403). The sandbox pages send `Referrer-Policy: same-origin`, so the browser names its
+    origin."""
+    from playwright.sync_api import sync_playwright
+    from helpers.browser import CHROMIUM, CHROMIUM_ARGS, Demo
+    from helpers.processes import stop_process
+    (tmp_path / "demo").mkdir()
+    demo = Demo(tmp_path / "demo", host="svc-auth.test")
+    try:
+        with sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,
+                args=[*CHROMIUM_ARGS, "--host-resolver-rules=MAP svc-auth.test 127.0.0.1"])
+            try:
+                page = context.new_page()
+                page.goto(demo.signin(DEMO_PHYSICIAN_ID))
+                page.get_by_role("button", name="Sign out").click()
+                page.wait_for_url(f"{demo.url}/sandbox/signin", timeout=TIMEOUT_MS)
+            finally:
+                context.close()
+    finally:
+        stop_process(demo.proc)

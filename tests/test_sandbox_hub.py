@@ -240,3 +240,20 @@ async def test_sign_out_takes_the_service_s_origin_however_svc_public_url_spells
     status, _, _ = await api.call("POST", "/sandbox/signout", body="",
                                   headers={**cookie, "Origin": "http://auth.example.com:8080"})
     assert status == 403
+
+
+@pytest.mark.gen_test
+async def test_sign_out_follows_sec_fetch_site_before_origin(api, world, runtime):
+    """A browser's own form, posted from a no-referrer page, says `Origin: null` and
+    `Sec-Fetch-Site: same-origin`: the sign-out went through only with the service's Origin."""
+    for fetch_site in ("cross-site", "same-site"):
+        cookie, _ = await sandbox_signin(api, runtime, world.physician.id)
+        status, headers, _ = await api.call("POST", "/sandbox/signout", body="", headers={
+            **cookie, "Origin": runtime.settings.public_url, "Sec-Fetch-Site": fetch_site})
+        assert status == 403 and "Set-Cookie" not in headers, fetch_site
+    status, _, _ = await api.call("POST", "/sandbox/signout", body="", headers={**cookie, "Origin": "null"})
+    assert status == 403  # no Sec-Fetch-Site: `null` is no proof of the service's page
+    status, headers, _ = await api.call("POST", "/sandbox/signout", body="", headers={
+        **cookie, "Origin": "null", "Sec-Fetch-Site": "same-origin"})
+    assert status == 302 and headers["Location"] == "/sandbox/signin"
+    assert (await api.call("GET", "/sandbox/hub", headers=cookie))[0] == 302

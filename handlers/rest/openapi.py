@@ -34,9 +34,7 @@ class ChartSchemaHandler(BaseHandler):
 
 class DocsHandler(BaseHandler):
     async def get(self):
-        self.set_header("Content-Type", "text/html; charset=UTF-8")
-        self.set_header("Content-Security-Policy", DOCS_CSP)
-        self.set_header("X-Frame-Options", "DENY")
+        self.html_headers(DOCS_CSP)
         def asset(path: str) -> str:
             return tornado.escape.xhtml_escape(self.static_url(path))
         self.finish(f"""<!doctype html>

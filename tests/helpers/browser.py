@@ -29,9 +29,11 @@ TIMEOUT_MS = 20000
 class Demo:
     """`svc-auth serve --demo` on free ports, and a way to set the demo installation's status."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, host: str = "127.0.0.1"):
+        """`host`: the name the service is reached by (another name than the loopback address needs
+        Chromium's `--host-resolver-rules` to map it there)."""
         self.port, self.app_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.app_url = f"http://127.0.0.1:{self.app_port}"
         self.settings = Settings.build(issuer=self.url, database_url=f"sqlite:///{tmp}/svc.db", var_dir=str(tmp / "var"),
                                        keys_dir=str(tmp / "keys"), hmac_key="b" * 32, sandbox=True)
