@@ -557,6 +557,58 @@ def test_a_fhir_clinic_exports_what_its_ehr_holds_through_the_connector(runtime,
     assert expected == 0 and len(updated) > 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_an_export_the_ehr_left_unanswered_names_neither_the_ehrs_host_nor_its_retry(runtime, world, fhir_ehr, settings,
+                                                                                    tmp_path):
+    """A FHIR clinic's EHR down through every try: the export fails 503 with a generic message, as
+    the FHIR API answers the same outage. Its OperationOutcome quoted the connector's error, "The
+    EHR at {host:port} is unavailable (HTTP 503); the request will be retried.": the clinic's EHR
+    host (which the FHIR API keeps to the log) and a retry that never comes."""
+    from urllib.parse import urlsplit
+    from helpers.fhir_ehr import appointment, connect_clinic, patient, practitioner
+    from helpers.processes import free_port, settings_env, start_process, stop_process
+    from models.application import Authorization
+    from models.appointments import Snapshot, SnapshotAppointment
+    port = free_port()
+    live = f"http://127.0.0.1:{port}"  # as the `live` fixture's, its first try its last (SVC_TASK_MAX_RETRIES=0)
+    proc = start_process(["serve", "--port", str(port)], settings_env(
+        settings, SVC_ISSUER=live, SVC_PUBLIC_URL=live, SVC_TASK_MAX_RETRIES=0), port, log_path=tmp_path / "serve.log")
+    try:
+        org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Down FHIR Clinic")
+        monday = dt.datetime(2026, 3, 2, 9, 0)
+        fhir_ehr.seed(practitioner("pr-down", "1417000043", "Lopez", "Ana"),
+                      patient("pt-d", "Doe", "Jane", "1970-01-02", "female"),
+                      appointment("down-1", "pr-down", "pt-d", monday))
+        install_application(world.app.id, org_id)
+        ana = create_user(org_id, "ana@down.example", "Ana", "Lopez", "alopez", "1417000043")
+        Authorization.create(application=world.app.id, user=ana.id)
+        snapshot = Snapshot.create(organization=org_id, snapshot_date=dt.date.today(), status="complete",
+                                   completed_at=dt.datetime.utcnow())
+        SnapshotAppointment.create(snapshot=snapshot, ehr_appointment_id="a0", provider=ana.id, provider_npi=ana.npi,
+                                   provider_name="Ana", start=monday, end=monday, status="booked",
+                                   appointment_type="x", patient_id="pt-d", patient_first_name="P",
+                                   patient_last_name="Q", patient_date_of_birth=dt.date(1970, 1, 1), patient_sex="female")
+        client = BulkClient(f"{live}/fhir/r4/{org_id}", mint_platform_token(runtime, live, ana, world.app, org_id))
+        fhir_ehr.fault(503, count=100_000, retry_after=0)
+        try:
+            status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
+            assert status == 202, body
+            url = headers["Content-Location"]
+            export_id = url.rsplit("/", 1)[1]
+            wait_until(lambda: BulkExport.get_by_id(export_id).status != "pending", 60, "the export to fail")
+        finally:
+            fhir_ehr.fault(503, count=0)
+        assert client.status(url)[0] == 202  # the first poll, always
+        status, _, body = client.status(url)
+    finally:
+        stop_process(proc)
+    assert status == 503 and outcome(body) == "exception", (status, body)
+    said = body["issue"][0]["diagnostics"]
+    assert urlsplit(fhir_ehr.base).netloc not in said and "retried" not in said, said
+    assert "EHR" in said
+
+
 def test_a_partners_backend_exports_with_a_key_pair_over_http(live, runtime, world):
     """The whole flow as a partner's backend runs it: its key pair, a signed assertion, a system
     token, the kick-off, polling, downloads (validated as R4) and DELETE; the local object store."""
