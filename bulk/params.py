@@ -215,7 +215,11 @@ def _type_filters(values: list[str], types: tuple[str, ...], base_url: str) -> t
             raise invalid(f"_typeFilter: {value[:80]!r} is not `Type?search` of a type served here.")
         if kind not in types:
             continue  # a filter of a type not exported filters nothing
-        parse_search(kind, type_filter_args(query), base_url)  # its 400, now
+        args = type_filter_args(query)
+        try:
+            parse_search(kind, args, base_url)  # its 400, now
+        except FhirError as exc:  # the filter's search, not the kick-off's parameters, refused it
+            raise invalid(f"_typeFilter: {exc.message}") from None
         found.append((kind, query))
     if len(found) > MAX_TYPE_FILTERS:
         raise invalid(f"At most {MAX_TYPE_FILTERS} _typeFilter values.")

@@ -85,6 +85,10 @@ def test_kickoff_parameters_are_checked_as_the_specification_and_contract_say(ru
     assert _parse(_type="Patient", _typeFilter="Observation?category=laboratory").type_filters == ()
     assert _parse(_typeFilter="Observation?nonsense=1").type_filters  # lenient: unknown parameter ignored
     assert "date" in _refused(_typeFilter="Observation?date=notadate")
+    # The filter's own search refused it, not the kick-off's parameters (`patient` may repeat there):
+    # "The patient parameter is repeated." named no _typeFilter.
+    for bad in ("Observation?patient=a&patient=b", "Observation?date=notadate", "Observation?_count=0"):
+        assert _refused(_typeFilter=bad).startswith("_typeFilter: "), bad
     assert "_typeFilter" in _refused(_typeFilter="Nonsense?x=1")
     assert _parse(includeAssociatedData="LatestProvenanceResources").types == PATIENT_TYPES
     assert _parse(post=True, patient=["Patient/pat-1", f"{BASE}/Patient/pat-2"]).patients == ("pat-1", "pat-2")
