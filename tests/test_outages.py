@@ -319,7 +319,7 @@ def test_a_bulk_kick_off_the_task_queue_cannot_take_is_a_503_and_leaves_no_expor
         for _ in range(2):
             status, headers, body = client.kick_off("/Patient/$export")
             assert status == 503 and int(headers["Retry-After"]) > 0, (status, body)
-            assert body["resourceType"] == "OperationOutcome", body
+            assert body["resourceType"] == "OperationOutcome" and "queue" in body["issue"][0]["diagnostics"], body
         assert BulkExport.select().count() == 0
     finally:
         if proc is not None:
