@@ -8,7 +8,8 @@ the wrong shape is a 400 (`fhir_api.outcome.invalid`):
 - `_type`: comma-separated types, repeatable; a type not exported at this level is a 400, or with
   `Prefer: handling=lenient` left out.
 - `_since`: a FHIR instant (with seconds and a zone) whose UTC is within years 0001-9999, not in the future.
-- `_outputFormat`: `application/fhir+ndjson`, `application/ndjson` or `ndjson`.
+- `_outputFormat`: `application/fhir+ndjson`, `application/ndjson` or `ndjson` (a GET's
+  `application/fhir ndjson` too: its `+` sent unencoded).
 - `_elements`: `element` or `Type.element`, comma-separated: each resource keeps them, `id` and
   `meta`, and is tagged SUBSETTED.
 - `_typeFilter`: `Type?search`, the FHIR API's own search of the type (lenient: an unknown parameter
@@ -31,6 +32,8 @@ from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id, search_a
 from models.fhir_grammar import RESOURCE_TYPE
 
 OUTPUT_FORMATS = ("application/fhir+ndjson", "application/ndjson", "ndjson")
+UNENCODED_PLUS = "application/fhir ndjson"
+"""`?_outputFormat=application/fhir+ndjson` typed without encoding `+` (%2B): a GET takes it as the first."""
 PATIENT_TYPES = ("Patient",) + tuple(t for t in SUPPORTED_TYPES if t in PATIENT_COMPARTMENT)
 """What a Patient or Group export writes: Patient, then the types of the Patient compartment."""
 SYSTEM_TYPES = PATIENT_TYPES + tuple(t for t in SUPPORTED_TYPES if t not in PATIENT_TYPES)
@@ -250,6 +253,8 @@ def parse_kickoff(level: str, args: dict[str, list[str]], base_url: str, now: dt
     if "patient" in args and not from_post:
         raise invalid(PATIENT_IN_BODY)
     formats = args.get("_outputFormat") or [OUTPUT_FORMATS[0]]
+    if not from_post and formats == [UNENCODED_PLUS]:  # `+` typed in a query string is a space
+        formats = [OUTPUT_FORMATS[0]]
     if len(formats) > 1 or formats[0] not in OUTPUT_FORMATS:
         raise invalid(f"_outputFormat must be one of {', '.join(OUTPUT_FORMATS)}.")
     types = _types(args.get("_type", []), level, lenient)

@@ -79,6 +79,9 @@ def test_kickoff_parameters_are_checked_as_the_specification_and_contract_say(ru
     for good in ("application/fhir+ndjson", "application/ndjson", "ndjson"):
         assert _parse(_outputFormat=good).output_format == good
     assert "_outputFormat" in _refused(_outputFormat="text/csv")
+    # `?_outputFormat=application/fhir+ndjson` typed unencoded: its `+` arrives a space (400 before).
+    assert _parse(_outputFormat="application/fhir ndjson").output_format == "application/fhir+ndjson"
+    assert "_outputFormat" in _refused(post=True, _outputFormat="application/fhir ndjson")  # JSON has no such excuse
     assert _parse(_elements="Observation.code,status").elements == (("Observation", "code"), (None, "status"))
     assert "_elements" in _refused(_elements="code.coding")
     assert _parse(_typeFilter="Observation?category=laboratory").type_filters == (("Observation", "category=laboratory"),)
