@@ -8,7 +8,7 @@ the wrong shape is a 400 (`fhir_api.outcome.invalid`):
 - `_type`: comma-separated types, repeatable; a type not exported at this level is a 400, or with
   `Prefer: handling=lenient` left out.
 - `_since`: a FHIR instant (with seconds and a zone) whose UTC is within years 0001-9999, not in the future.
-- `_outputFormat`: `application/fhir+ndjson`, `application/ndjson` or `ndjson` (a GET's
+- `_outputFormat`: `application/fhir+ndjson`, `application/ndjson` or `ndjson` (in a URL's query,
   `application/fhir ndjson` too: its `+` sent unencoded).
 - `_elements`: `element` or `Type.element`, comma-separated: each resource keeps them, `id` and
   `meta`, and is tagged SUBSETTED.
@@ -33,7 +33,8 @@ from models.fhir_grammar import RESOURCE_TYPE
 
 OUTPUT_FORMATS = ("application/fhir+ndjson", "application/ndjson", "ndjson")
 UNENCODED_PLUS = "application/fhir ndjson"
-"""`?_outputFormat=application/fhir+ndjson` typed without encoding `+` (%2B): a GET takes it as the first."""
+"""`?_outputFormat=application/fhir+ndjson` typed without encoding `+` (%2B): a URL's query (a GET's,
+or a POST's) takes it as the first of `OUTPUT_FORMATS` (`query_values`)."""
 PATIENT_TYPES = ("Patient",) + tuple(t for t in SUPPORTED_TYPES if t in PATIENT_COMPARTMENT)
 """What a Patient or Group export writes: Patient, then the types of the Patient compartment."""
 SYSTEM_TYPES = PATIENT_TYPES + tuple(t for t in SUPPORTED_TYPES if t not in PATIENT_TYPES)
@@ -98,13 +99,16 @@ def _naive_utc(moment: dt.datetime) -> dt.datetime:
 
 
 def query_values(raw: dict) -> dict[str, list[str]]:
-    """A GET's query arguments (name -> [bytes]) as text (400 for non-UTF-8)."""
+    """A URL's query arguments (name -> [bytes]) as text (400 for non-UTF-8); an `_outputFormat` of
+    `application/fhir ndjson` is `application/fhir+ndjson` whose `+` was not encoded."""
     found = {}
     for name, values in raw.items():
         try:
             found[name] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
         except UnicodeDecodeError:
             raise invalid(f"The {name[:40]!r} parameter is not valid UTF-8.") from None
+    if "_outputFormat" in found:
+        found["_outputFormat"] = [OUTPUT_FORMATS[0] if v == UNENCODED_PLUS else v for v in found["_outputFormat"]]
     return found
 
 
@@ -253,8 +257,6 @@ def parse_kickoff(level: str, args: dict[str, list[str]], base_url: str, now: dt
     if "patient" in args and not from_post:
         raise invalid(PATIENT_IN_BODY)
     formats = args.get("_outputFormat") or [OUTPUT_FORMATS[0]]
-    if not from_post and formats == [UNENCODED_PLUS]:  # `+` typed in a query string is a space
-        formats = [OUTPUT_FORMATS[0]]
     if len(formats) > 1 or formats[0] not in OUTPUT_FORMATS:
         raise invalid(f"_outputFormat must be one of {', '.join(OUTPUT_FORMATS)}.")
     types = _types(args.get("_type", []), level, lenient)

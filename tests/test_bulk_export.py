@@ -12,7 +12,7 @@ import pytest
 from bulk.build import at_most_every
 from bulk.files import export_prefix
 from bulk.groups import CLINIC_GROUP, group_ids, group_resource, members
-from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
+from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff, query_values
 from fhir_api.outcome import FhirError
 from helpers.bulk import KICKOFF_HEADERS, BulkClient, schedule_patients, sync_window_closed_now
 from helpers.fhir_api import outcome
@@ -80,7 +80,9 @@ def test_kickoff_parameters_are_checked_as_the_specification_and_contract_say(ru
         assert _parse(_outputFormat=good).output_format == good
     assert "_outputFormat" in _refused(_outputFormat="text/csv")
     # `?_outputFormat=application/fhir+ndjson` typed unencoded: its `+` arrives a space (400 before).
-    assert _parse(_outputFormat="application/fhir ndjson").output_format == "application/fhir+ndjson"
+    for post in (False, True):  # a GET's query, or a POST's URL
+        typed = query_values({"_outputFormat": [b"application/fhir ndjson"]})
+        assert parse_kickoff("patient", typed, BASE, NOW, False, post).output_format == "application/fhir+ndjson"
     assert "_outputFormat" in _refused(post=True, _outputFormat="application/fhir ndjson")  # JSON has no such excuse
     assert _parse(_elements="Observation.code,status").elements == (("Observation", "code"), (None, "status"))
     assert "_elements" in _refused(_elements="code.coding")
