@@ -5,7 +5,8 @@ on the runtime's pool, after the FHIR API's own admission: token, CORS, limits).
   let it search (a type named in `_type` that they do not is a 403, or left out with
   `handling=lenient`; a `patient/` grant cannot export); at most SVC_BULK_MAX_CONCURRENT exports
   per app in progress (429 + Retry-After): pending ones, and DELETEd ones whose build has not stopped
-  yet; the job is committed, then queued (`workers.export.enqueue_export`, passed in).
+  yet; the job is committed, then queued (`workers.export.enqueue_export`, passed in): a queue
+  that will not take it (Redis down) deletes it again, 503 + Retry-After.
 - `export_status`: 202 + `X-Progress` + `Retry-After` while it runs (and at the first poll
   whatever its state), the manifest once complete, the failure's OperationOutcome once failed.
 - `cancel`: the job and its files are deleted, its build stopped (`bulk.build.cancel_export`).
@@ -43,6 +44,7 @@ STATUS_SEGMENT = "$export-status"
 FILE_SEGMENT = "$export-file"
 POLL_SECONDS = 2          # Retry-After of a running export
 BUSY_RETRY_AFTER = 60     # Retry-After of a kick-off over the app's concurrent exports
+QUEUE_RETRY_AFTER = 5     # Retry-After of a kick-off whose job the task queue (Redis) would not take
 EXPORT_PERMISSION = "s"   # an export is a search of each type: its kick-off and its files need the same
 
 log = logging.getLogger("svc_auth.bulk")
@@ -110,7 +112,14 @@ def kick_off(runtime, caller, organization_id: str, level: str, group_id: str | 
         job = BulkExport.create(application=app_id, organization=organization_id,
                                 client_id=caller.claims.get("client_id") or "", level=level, group_id=group_id,
                                 request_url=request_url, parameters=params.as_json(), transaction_time=now)
-    enqueue(runtime, job.id)
+    try:
+        enqueue(runtime, job.id)
+    except Exception:
+        # Nobody will know its status URL: it must not count against the app's exports, nor be built.
+        log.exception("export %s: could not be queued", job.id)
+        BulkExport.delete().where(BulkExport.id == job.id).execute()
+        raise FhirError(503, "transient", "The export queue cannot be reached; retry shortly.",
+                        {"Retry-After": str(QUEUE_RETRY_AFTER)}) from None
     return status_url(settings, organization_id, job.id)
 
 

@@ -8,7 +8,8 @@ the wrong shape is a 400 (`fhir_api.outcome.invalid`):
 - `_type`: comma-separated types, repeatable; a type not exported at this level is a 400, or with
   `Prefer: handling=lenient` left out.
 - `_since`: a FHIR instant (with seconds and a zone) whose UTC is within years 0001-9999, not in the future.
-- `_outputFormat`: `application/fhir+ndjson`, `application/ndjson` or `ndjson`.
+- `_outputFormat`: `application/fhir+ndjson`, `application/ndjson` or `ndjson` (in a URL's query,
+  `application/fhir ndjson` too: its `+` sent unencoded).
 - `_elements`: `element` or `Type.element`, comma-separated: each resource keeps them, `id` and
   `meta`, and is tagged SUBSETTED.
 - `_typeFilter`: `Type?search`, the FHIR API's own search of the type (lenient: an unknown parameter
@@ -31,6 +32,9 @@ from fhir_api.search import SUPPORTED_TYPES, parse_search, resource_id, search_a
 from models.fhir_grammar import RESOURCE_TYPE
 
 OUTPUT_FORMATS = ("application/fhir+ndjson", "application/ndjson", "ndjson")
+UNENCODED_PLUS = "application/fhir ndjson"
+"""`?_outputFormat=application/fhir+ndjson` typed without encoding `+` (%2B): a URL's query (a GET's,
+or a POST's) takes it as the first of `OUTPUT_FORMATS` (`query_values`)."""
 PATIENT_TYPES = ("Patient",) + tuple(t for t in SUPPORTED_TYPES if t in PATIENT_COMPARTMENT)
 """What a Patient or Group export writes: Patient, then the types of the Patient compartment."""
 SYSTEM_TYPES = PATIENT_TYPES + tuple(t for t in SUPPORTED_TYPES if t not in PATIENT_TYPES)
@@ -95,13 +99,16 @@ def _naive_utc(moment: dt.datetime) -> dt.datetime:
 
 
 def query_values(raw: dict) -> dict[str, list[str]]:
-    """A GET's query arguments (name -> [bytes]) as text (400 for non-UTF-8)."""
+    """A URL's query arguments (name -> [bytes]) as text (400 for non-UTF-8); an `_outputFormat` of
+    `application/fhir ndjson` is `application/fhir+ndjson` whose `+` was not encoded."""
     found = {}
     for name, values in raw.items():
         try:
             found[name] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
         except UnicodeDecodeError:
             raise invalid(f"The {name[:40]!r} parameter is not valid UTF-8.") from None
+    if "_outputFormat" in found:
+        found["_outputFormat"] = [OUTPUT_FORMATS[0] if v == UNENCODED_PLUS else v for v in found["_outputFormat"]]
     return found
 
 
@@ -215,7 +222,11 @@ def _type_filters(values: list[str], types: tuple[str, ...], base_url: str) -> t
             raise invalid(f"_typeFilter: {value[:80]!r} is not `Type?search` of a type served here.")
         if kind not in types:
             continue  # a filter of a type not exported filters nothing
-        parse_search(kind, type_filter_args(query), base_url)  # its 400, now
+        args = type_filter_args(query)
+        try:
+            parse_search(kind, args, base_url)  # its 400, now
+        except FhirError as exc:  # the filter's search, not the kick-off's parameters, refused it
+            raise invalid(f"_typeFilter: {exc.message}") from None
         found.append((kind, query))
     if len(found) > MAX_TYPE_FILTERS:
         raise invalid(f"At most {MAX_TYPE_FILTERS} _typeFilter values.")

@@ -12,7 +12,7 @@ import pytest
 from bulk.build import at_most_every
 from bulk.files import export_prefix
 from bulk.groups import CLINIC_GROUP, group_ids, group_resource, members
-from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff
+from bulk.params import PATIENT_TYPES, SYSTEM_TYPES, parse_kickoff, query_values
 from fhir_api.outcome import FhirError
 from helpers.bulk import KICKOFF_HEADERS, BulkClient, schedule_patients, sync_window_closed_now
 from helpers.fhir_api import outcome
@@ -79,12 +79,21 @@ def test_kickoff_parameters_are_checked_as_the_specification_and_contract_say(ru
     for good in ("application/fhir+ndjson", "application/ndjson", "ndjson"):
         assert _parse(_outputFormat=good).output_format == good
     assert "_outputFormat" in _refused(_outputFormat="text/csv")
+    # `?_outputFormat=application/fhir+ndjson` typed unencoded: its `+` arrives a space (400 before).
+    for post in (False, True):  # a GET's query, or a POST's URL
+        typed = query_values({"_outputFormat": [b"application/fhir ndjson"]})
+        assert parse_kickoff("patient", typed, BASE, NOW, False, post).output_format == "application/fhir+ndjson"
+    assert "_outputFormat" in _refused(post=True, _outputFormat="application/fhir ndjson")  # JSON has no such excuse
     assert _parse(_elements="Observation.code,status").elements == (("Observation", "code"), (None, "status"))
     assert "_elements" in _refused(_elements="code.coding")
     assert _parse(_typeFilter="Observation?category=laboratory").type_filters == (("Observation", "category=laboratory"),)
     assert _parse(_type="Patient", _typeFilter="Observation?category=laboratory").type_filters == ()
     assert _parse(_typeFilter="Observation?nonsense=1").type_filters  # lenient: unknown parameter ignored
     assert "date" in _refused(_typeFilter="Observation?date=notadate")
+    # The filter's own search refused it, not the kick-off's parameters (`patient` may repeat there):
+    # "The patient parameter is repeated." named no _typeFilter.
+    for bad in ("Observation?patient=a&patient=b", "Observation?date=notadate", "Observation?_count=0"):
+        assert _refused(_typeFilter=bad).startswith("_typeFilter: "), bad
     assert "_typeFilter" in _refused(_typeFilter="Nonsense?x=1")
     assert _parse(includeAssociatedData="LatestProvenanceResources").types == PATIENT_TYPES
     assert _parse(post=True, patient=["Patient/pat-1", f"{BASE}/Patient/pat-2"]).patients == ("pat-1", "pat-2")
@@ -555,6 +564,58 @@ def test_a_fhir_clinic_exports_what_its_ehr_holds_through_the_connector(runtime,
         assert status == 202
         assert sum(o["count"] for o in client.wait(headers["Content-Location"])["output"]) == expected >= 0
     assert expected == 0 and len(updated) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_an_export_the_ehr_left_unanswered_names_neither_the_ehrs_host_nor_its_retry(runtime, world, fhir_ehr, settings,
+                                                                                    tmp_path):
+    """A FHIR clinic's EHR down through every try: the export fails 503 with a generic message, as
+    the FHIR API answers the same outage. Its OperationOutcome quoted the connector's error, "The
+    EHR at {host:port} is unavailable (HTTP 503); the request will be retried.": the clinic's EHR
+    host (which the FHIR API keeps to the log) and a retry that never comes."""
+    from urllib.parse import urlsplit
+    from helpers.fhir_ehr import appointment, connect_clinic, patient, practitioner
+    from helpers.processes import free_port, settings_env, start_process, stop_process
+    from models.application import Authorization
+    from models.appointments import Snapshot, SnapshotAppointment
+    port = free_port()
+    live = f"http://127.0.0.1:{port}"  # as the `live` fixture's, its first try its last (SVC_TASK_MAX_RETRIES=0)
+    proc = start_process(["serve", "--port", str(port)], settings_env(
+        settings, SVC_ISSUER=live, SVC_PUBLIC_URL=live, SVC_TASK_MAX_RETRIES=0), port, log_path=tmp_path / "serve.log")
+    try:
+        org_id = connect_clinic(runtime.settings, fhir_ehr, f"{live}/ehr/jwks.json", name="Down FHIR Clinic")
+        monday = dt.datetime(2026, 3, 2, 9, 0)
+        fhir_ehr.seed(practitioner("pr-down", "1417000043", "Lopez", "Ana"),
+                      patient("pt-d", "Doe", "Jane", "1970-01-02", "female"),
+                      appointment("down-1", "pr-down", "pt-d", monday))
+        install_application(world.app.id, org_id)
+        ana = create_user(org_id, "ana@down.example", "Ana", "Lopez", "alopez", "1417000043")
+        Authorization.create(application=world.app.id, user=ana.id)
+        snapshot = Snapshot.create(organization=org_id, snapshot_date=dt.date.today(), status="complete",
+                                   completed_at=dt.datetime.utcnow())
+        SnapshotAppointment.create(snapshot=snapshot, ehr_appointment_id="a0", provider=ana.id, provider_npi=ana.npi,
+                                   provider_name="Ana", start=monday, end=monday, status="booked",
+                                   appointment_type="x", patient_id="pt-d", patient_first_name="P",
+                                   patient_last_name="Q", patient_date_of_birth=dt.date(1970, 1, 1), patient_sex="female")
+        client = BulkClient(f"{live}/fhir/r4/{org_id}", mint_platform_token(runtime, live, ana, world.app, org_id))
+        fhir_ehr.fault(503, count=100_000, retry_after=0)
+        try:
+            status, headers, body = client.kick_off("/Patient/$export", {"_type": "Patient"})
+            assert status == 202, body
+            url = headers["Content-Location"]
+            export_id = url.rsplit("/", 1)[1]
+            wait_until(lambda: BulkExport.get_by_id(export_id).status != "pending", 60, "the export to fail")
+        finally:
+            fhir_ehr.fault(503, count=0)
+        assert client.status(url)[0] == 202  # the first poll, always
+        status, _, body = client.status(url)
+    finally:
+        stop_process(proc)
+    assert status == 503 and outcome(body) == "exception", (status, body)
+    said = body["issue"][0]["diagnostics"]
+    assert urlsplit(fhir_ehr.base).netloc not in said and "retried" not in said, said
+    assert "EHR" in said
 
 
 def test_a_partners_backend_exports_with_a_key_pair_over_http(live, runtime, world):

@@ -286,3 +286,44 @@ def test_a_read_broken_under_it_is_read_again_once_and_a_write_is_not(tmp_path):
         if runtime is not None:
             runtime.close()
         pg.destroy()
+
+
+@pytest.mark.slow
+def test_a_bulk_kick_off_the_task_queue_cannot_take_is_a_503_and_leaves_no_export(tmp_path):
+    """Redis stops after the FHIR limiter leased this process quota (`ratelimit.leases`), so a kick-off
+    passes the limits and commits its job, then cannot queue it. It answered an error and left the
+    job `pending`: no client knew its status URL, yet it counted against the app's concurrent exports
+    (`SVC_BULK_MAX_CONCURRENT`), so after two such kick-offs the backend got 429 for exports it never
+    started, until the sweep had built them for nobody. Now: 503 + Retry-After, and no job is left."""
+    from helpers.bulk import Backend
+    from lifecycle.organizations import create_organization
+    from models.bulk import BulkExport
+    from runtime import Runtime
+    redis = LocalRedis()
+    proc = runtime = None
+    try:
+        redis.start()
+        port = free_port()
+        settings = Settings.build(issuer=f"http://127.0.0.1:{port}", database_url=f"sqlite:///{tmp_path / 'svc.db'}",
+                                  redis_url=redis.url, var_dir=str(tmp_path / "var"), keys_dir=str(tmp_path / "keys"),
+                                  hmac_key="b" * 32, bulk_max_concurrent=1)
+        runtime = Runtime(settings)
+        runtime.migrate()
+        org = create_organization("Queue Clinic", "sandbox", "https://ehr.example/queue")
+        proc = start_process(["serve", "--port", str(port)], settings_env(settings), port,
+                             log_path=tmp_path / "serve.log")
+        client = Backend(runtime, f"http://127.0.0.1:{port}", org).client(org.id)
+        for _ in range(8):  # each counter's lease doubles: quota for the next requests, held in the process
+            assert client.request("GET", "/Group", headers={"Accept": "application/fhir+json"})[0] == 200
+        redis.stop()
+        for _ in range(2):
+            status, headers, body = client.kick_off("/Patient/$export")
+            assert status == 503 and int(headers["Retry-After"]) > 0, (status, body)
+            assert body["resourceType"] == "OperationOutcome" and "queue" in body["issue"][0]["diagnostics"], body
+        assert BulkExport.select().count() == 0
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        if runtime is not None:
+            runtime.close()
+        redis.destroy()

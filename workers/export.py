@@ -87,8 +87,10 @@ def build_export(runtime, export_id: str) -> None:
     except ApiError as exc:  # e.g. its Group is gone
         mark_failed(runtime, export_id, exc.message, exc.status)
     except ConnectorUnavailable as exc:
-        if runtime.task_queue.last_attempt():
-            mark_failed(runtime, export_id, f"The clinic's EHR did not answer: {exc}", 503)
+        if runtime.task_queue.last_attempt():  # the EHR's host goes to the log only, as the FHIR API's (fhir_api.api)
+            log.error("export %s: the EHR did not answer through every try: %s", export_id, exc)
+            mark_failed(runtime, export_id, "The clinic's EHR did not answer through every try; start the export "
+                                            "again later.", 503)
             return
         hold_for_retry(runtime, extend_export_lease, export_id, owner)
         raise
