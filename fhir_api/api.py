@@ -18,6 +18,7 @@ from audit.disclosures import Later
 from connectors import (NO_VALID_ID, BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion,
                         DeadlineExceeded, EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery,
                         TypeNotGranted, connector_for)
+from connectors.compartment import in_patient_compartment
 from connectors.matching import matches as resource_matches, reference_id, values_at
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, Grant, grant_for, in_compartment, read_grant
@@ -285,7 +286,7 @@ def included_resources(connector, caller: Caller, grant: Grant, asked, page: lis
                 exc.resource_type), "warning"))
     for value, kind, name in asked.revincludes:
         try:
-            found += _revincluded(connector, caller, grant, kind, name, page, found)
+            found += _revincluded(connector, caller, kind, name, page, found)
         except TypeNotGranted as exc:
             outcomes.append(operation_outcome("forbidden", f"_revinclude={value} left out: " + not_granted(
                 exc.resource_type), "warning"))
@@ -313,15 +314,19 @@ def _included(connector, caller: Caller, kind: str, path, page: list[dict], alre
     return found
 
 
-def _revincluded(connector, caller: Caller, grant: Grant, kind: str, name: str, page: list[dict],
-                 already: list[dict]) -> list[dict]:
-    """The resources of type `kind` whose `name` references the page, that the caller may see."""
+def _revincluded(connector, caller: Caller, kind: str, name: str, page: list[dict], already: list[dict]) -> list[dict]:
+    """The resources of type `kind` whose `name` references the page, that the caller may see: under
+    a `patient/` grant of `kind`, only those whose every reference is that patient or a resource of
+    the page that grant reaches (in the patient's compartment, or of a type outside every
+    patient's: the page of a `user/` grant of its own type holds other patients' resources)."""
     found, seen = [], {(r["resourceType"], r["id"]) for r in (*page, *already)}
     targets = tuple((r["resourceType"], r["id"]) for r in page)
-    on_page = {f"{kind_}/{ident}" for kind_, ident in targets} | ({f"Patient/{grant.patient}"} if grant.patient else set())
     may = _may(caller, kind, "s")
     if may is None or not targets:
         return found
+    on_page = {f"{r['resourceType']}/{r['id']}" for r in page if may.patient is None
+               or not in_patient_compartment(r["resourceType"]) or in_compartment(r, may.patient)}
+    on_page |= {f"Patient/{may.patient}"} if may.patient else set()
     query = ResourceQuery(kind, criteria=(Criterion(name, "reference", targets),), count=MAX_REVINCLUDED)
     for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
         if (kind, resource.get("id")) in seen or not resource_matches(resource, query):
