@@ -154,7 +154,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         return searchset(base, [], 0, self_url, None)
     connector = _connector(runtime, caller)
     if getattr(connector, "search_pages", None) is not None and query.offset == 0:
-        return _search_by_position(runtime, caller, connector, grant, asked, query, base, self_url)
+        return _search_by_position(runtime, caller, connector, asked, query, base, self_url)
     if CURSOR_PARAM in asked.applied:
         raise invalid(f"{CURSOR_PARAM} is not a paging position of this clinic's searches; follow the Bundle's "
                       f"next link as given.")
@@ -172,7 +172,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         if more:
             total = _counted(matches, total)
         page = page[:query.count]
-        included, outcomes = included_resources(connector, caller, grant, asked, page)
+        included, outcomes = included_resources(connector, caller, asked, page)
         outcomes += _left_out(connector)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
@@ -188,7 +188,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
     return searchset(base, page, total, self_url, next_url, included, outcomes)
 
 
-def _search_by_position(runtime, caller: Caller, connector, grant: Grant, asked, query: ResourceQuery, base: str,
+def _search_by_position(runtime, caller: Caller, connector, asked, query: ResourceQuery, base: str,
                         self_url: str) -> dict:
     """A page of a search through a connector that pages by the EHR's own position (a FHIR clinic):
     from the `_cursor` of the previous page's `next` link (`fhir_api.cursor`), reading only the EHR
@@ -218,7 +218,7 @@ def _search_by_position(runtime, caller: Caller, connector, grant: Grant, asked,
                 break
         served = position.served + len(page)
         total = served if after is None else _counted_pages(pages, query, served + rest, tail)
-        included, outcomes = included_resources(connector, caller, grant, asked, page)
+        included, outcomes = included_resources(connector, caller, asked, page)
         outcomes += _left_out(connector)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
@@ -271,12 +271,13 @@ def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
         return None
 
 
-def included_resources(connector, caller: Caller, grant: Grant, asked, page: list[dict]):
+def included_resources(connector, caller: Caller, asked, page: list[dict]):
     """(resources, outcomes): the `_include`d resources (read by reference) and `_revinclude`d ones
     (searched by their reference to the page) that the caller's scopes reach; under a `patient/`
-    grant only those in the patient's compartment, or (a Provenance) whose every target is on the
-    page or the patient. A type the clinic's EHR has not granted svc-auth is left out, and said in
-    an OperationOutcome (`outcomes`: the Bundle's `search.mode` `outcome` entries)."""
+    grant of their type only those in the patient's compartment, or (a Provenance) whose every
+    target is the patient or a page resource that grant reaches (`_revincluded`). A type the
+    clinic's EHR has not granted svc-auth is left out, and said in an OperationOutcome
+    (`outcomes`: the Bundle's `search.mode` `outcome` entries)."""
     found, outcomes = [], []
     for value, kind, path in asked.includes:
         try:
