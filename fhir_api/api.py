@@ -20,6 +20,7 @@ from connectors import (NO_VALID_ID, BoundExceeded, Bounds, ConnectorError, Conn
                         TypeNotGranted, connector_for)
 from connectors.compartment import in_patient_compartment
 from connectors.matching import matches as resource_matches, reference_id, values_at
+from errors import ApiError
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, Grant, grant_for, in_compartment, read_grant
 from fhir_api.bundle import search_url, searchset
@@ -264,10 +265,10 @@ def _left_out(connector) -> list[dict]:
 
 def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
     """The caller's grant on `resource_type`, or None when its scopes do not reach it (an include
-    the token may not see is left out, never an error)."""
+    the token may not see is left out, never an error: neither its 403 `insufficient_scope` nor `forbidden`)."""
     try:
         return grant_for(caller, resource_type, permission)
-    except FhirError:
+    except ApiError:
         return None
 
 
