@@ -94,6 +94,13 @@ def test_answers_and_refusals_over_http_are_fhir_json(live, runtime, world):
         assert outcome(body) and headers["Content-Type"].startswith("application/fhir+json"), (path, params)
     status, _, body = fhir.get("/Patient?_id=%ff")
     assert status == 400 and outcome(body) == "invalid"
+    # `Prefer: handling=strict` in any of RFC 7240's spellings (a quoted value, spaces, case): a 400 naming
+    # the parameter not served; `handling=lenient` (or none) ignores it.
+    for prefer in ("handling=strict", 'handling="strict"', "respond-async; HANDLING = strict", 'handling = "Strict"'):
+        status, _, body = fhir.get("/Patient", {"foo": "bar"}, headers={"Prefer": prefer})
+        assert status == 400 and "'foo'" in body["issue"][0]["diagnostics"], (prefer, body)
+    for prefer in ("handling=lenient", 'handling="lenient"', "handling=strictly"):
+        assert fhir.get("/Patient", {"foo": "bar", "_count": 1}, headers={"Prefer": prefer})[0] == 200, prefer
     # Not a method this API has.
     status, _, body = http("POST", f"{fhir.base}/Patient", b"{}", {"Authorization": f"Bearer {fhir.token}",
                                                                   "Content-Type": "application/fhir+json"})
