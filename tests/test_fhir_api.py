@@ -205,6 +205,14 @@ def test_cors_for_the_application_registered_origins(live, runtime, world):
         "Origin": origin, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "authorization"})
     assert status == 204 and headers["Access-Control-Allow-Origin"] == origin
     assert "Authorization" in headers["Access-Control-Allow-Headers"]
+    # The headers this API reads (docs/fhir-api.md): `Prefer: handling=strict`, a POST `_search`'s
+    # Content-Type. A browser sends them only when the preflight allows them (Prefer is no
+    # CORS-safelisted header), so a browser app could not ask for strict handling.
+    for method, asked in (("GET", "authorization, prefer"), ("POST", "authorization, content-type, prefer")):
+        status, headers, _ = http("OPTIONS", f"{fhir.base}/Patient" + ("/_search" if method == "POST" else ""), None, {
+            "Origin": origin, "Access-Control-Request-Method": method, "Access-Control-Request-Headers": asked})
+        allowed = {h.strip().lower() for h in headers["Access-Control-Allow-Headers"].split(",")}
+        assert status == 204 and set(asked.split(", ")) <= allowed and method in headers["Access-Control-Allow-Methods"]
     status, headers, _ = fhir.get("/Patient", {"_count": 1}, headers={"Origin": origin})
     assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
     status, headers, _ = fhir.get("/Patient/nope", headers={"Origin": origin})
