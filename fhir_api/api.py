@@ -18,7 +18,9 @@ from audit.disclosures import Later
 from connectors import (NO_VALID_ID, BoundExceeded, Bounds, ConnectorError, ConnectorUnavailable, Criterion,
                         DeadlineExceeded, EhrReportedError, PatientNotFound, ResourceNotFound, ResourceQuery,
                         TypeNotGranted, connector_for)
+from connectors.compartment import in_patient_compartment
 from connectors.matching import matches as resource_matches, reference_id, values_at
+from errors import ApiError
 from fhir_api import fhir_base_url
 from fhir_api.access import Caller, Grant, grant_for, in_compartment, read_grant
 from fhir_api.bundle import search_url, searchset
@@ -153,7 +155,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         return searchset(base, [], 0, self_url, None)
     connector = _connector(runtime, caller)
     if getattr(connector, "search_pages", None) is not None and query.offset == 0:
-        return _search_by_position(runtime, caller, connector, grant, asked, query, base, self_url)
+        return _search_by_position(runtime, caller, connector, asked, query, base, self_url)
     if CURSOR_PARAM in asked.applied:
         raise invalid(f"{CURSOR_PARAM} is not a paging position of this clinic's searches; follow the Bundle's "
                       f"next link as given.")
@@ -171,7 +173,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
         if more:
             total = _counted(matches, total)
         page = page[:query.count]
-        included, outcomes = included_resources(connector, caller, grant, asked, page)
+        included, outcomes = included_resources(connector, caller, asked, page)
         outcomes += _left_out(connector)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
@@ -187,7 +189,7 @@ def search(runtime, caller: Caller, resource_type: str, args: dict[str, list[str
     return searchset(base, page, total, self_url, next_url, included, outcomes)
 
 
-def _search_by_position(runtime, caller: Caller, connector, grant: Grant, asked, query: ResourceQuery, base: str,
+def _search_by_position(runtime, caller: Caller, connector, asked, query: ResourceQuery, base: str,
                         self_url: str) -> dict:
     """A page of a search through a connector that pages by the EHR's own position (a FHIR clinic):
     from the `_cursor` of the previous page's `next` link (`fhir_api.cursor`), reading only the EHR
@@ -217,7 +219,7 @@ def _search_by_position(runtime, caller: Caller, connector, grant: Grant, asked,
                 break
         served = position.served + len(page)
         total = served if after is None else _counted_pages(pages, query, served + rest, tail)
-        included, outcomes = included_resources(connector, caller, grant, asked, page)
+        included, outcomes = included_resources(connector, caller, asked, page)
         outcomes += _left_out(connector)
     except PatientNotFound:
         return searchset(base, [], 0, self_url, None)
@@ -263,19 +265,20 @@ def _left_out(connector) -> list[dict]:
 
 def _may(caller: Caller, resource_type: str, permission: str) -> Grant | None:
     """The caller's grant on `resource_type`, or None when its scopes do not reach it (an include
-    the token may not see is left out, never an error)."""
+    the token may not see is left out, never an error: neither its 403 `insufficient_scope` nor `forbidden`)."""
     try:
         return grant_for(caller, resource_type, permission)
-    except FhirError:
+    except ApiError:
         return None
 
 
-def included_resources(connector, caller: Caller, grant: Grant, asked, page: list[dict]):
+def included_resources(connector, caller: Caller, asked, page: list[dict]):
     """(resources, outcomes): the `_include`d resources (read by reference) and `_revinclude`d ones
     (searched by their reference to the page) that the caller's scopes reach; under a `patient/`
-    grant only those in the patient's compartment, or (a Provenance) whose every target is on the
-    page or the patient. A type the clinic's EHR has not granted svc-auth is left out, and said in
-    an OperationOutcome (`outcomes`: the Bundle's `search.mode` `outcome` entries)."""
+    grant of their type only those in the patient's compartment, or (a Provenance) whose every
+    target is the patient or a page resource that grant reaches (`_revincluded`). A type the
+    clinic's EHR has not granted svc-auth is left out, and said in an OperationOutcome
+    (`outcomes`: the Bundle's `search.mode` `outcome` entries)."""
     found, outcomes = [], []
     for value, kind, path in asked.includes:
         try:
@@ -285,7 +288,7 @@ def included_resources(connector, caller: Caller, grant: Grant, asked, page: lis
                 exc.resource_type), "warning"))
     for value, kind, name in asked.revincludes:
         try:
-            found += _revincluded(connector, caller, grant, kind, name, page, found)
+            found += _revincluded(connector, caller, kind, name, page, found)
         except TypeNotGranted as exc:
             outcomes.append(operation_outcome("forbidden", f"_revinclude={value} left out: " + not_granted(
                 exc.resource_type), "warning"))
@@ -313,15 +316,19 @@ def _included(connector, caller: Caller, kind: str, path, page: list[dict], alre
     return found
 
 
-def _revincluded(connector, caller: Caller, grant: Grant, kind: str, name: str, page: list[dict],
-                 already: list[dict]) -> list[dict]:
-    """The resources of type `kind` whose `name` references the page, that the caller may see."""
+def _revincluded(connector, caller: Caller, kind: str, name: str, page: list[dict], already: list[dict]) -> list[dict]:
+    """The resources of type `kind` whose `name` references the page, that the caller may see: under
+    a `patient/` grant of `kind`, only those whose every reference is that patient or a resource of
+    the page that grant reaches (in the patient's compartment, or of a type outside every
+    patient's: the page of a `user/` grant of its own type holds other patients' resources)."""
     found, seen = [], {(r["resourceType"], r["id"]) for r in (*page, *already)}
     targets = tuple((r["resourceType"], r["id"]) for r in page)
-    on_page = {f"{kind_}/{ident}" for kind_, ident in targets} | ({f"Patient/{grant.patient}"} if grant.patient else set())
     may = _may(caller, kind, "s")
     if may is None or not targets:
         return found
+    on_page = {f"{r['resourceType']}/{r['id']}" for r in page if may.patient is None
+               or not in_patient_compartment(r["resourceType"]) or in_compartment(r, may.patient)}
+    on_page |= {f"Patient/{may.patient}"} if may.patient else set()
     query = ResourceQuery(kind, criteria=(Criterion(name, "reference", targets),), count=MAX_REVINCLUDED)
     for resource in itertools.islice(connector.search_resources(query), MAX_REVINCLUDED):
         if (kind, resource.get("id")) in seen or not resource_matches(resource, query):

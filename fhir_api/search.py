@@ -131,8 +131,9 @@ def search_arguments(raw: dict) -> dict[str, list[str]]:
 
 
 def strict_handling(prefer: str | None) -> bool:
-    """Does the `Prefer` header ask for `handling=strict` (FHIR R4 3.1.1.2)? Lenient otherwise."""
-    return any(part.strip().lower().replace(" ", "") == "handling=strict"
+    """Does the `Prefer` header ask for `handling=strict` (FHIR R4 3.1.1.2)? Lenient otherwise. The
+    value may be quoted (RFC 7240: a `word`, token or quoted-string), the name and value in any case."""
+    return any(part.strip().lower().replace(" ", "") in ("handling=strict", 'handling="strict"')
                for part in (prefer or "").replace(";", ",").split(","))
 
 

@@ -17,7 +17,9 @@ from models.application import Application
 
 _DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
 ALLOWED_METHODS = "GET, POST, OPTIONS"
-ALLOWED_HEADERS = "Authorization, Content-Type"
+ALLOWED_HEADERS = "Authorization, Content-Type, Prefer"
+"""Request headers a browser may send (none of them CORS-safelisted): the bearer token, a JSON or form
+body's type, and the FHIR API's `Prefer: handling=strict` (docs/fhir-api.md)."""
 MAX_AGE_SECONDS = 600
 
 

@@ -94,6 +94,13 @@ def test_answers_and_refusals_over_http_are_fhir_json(live, runtime, world):
         assert outcome(body) and headers["Content-Type"].startswith("application/fhir+json"), (path, params)
     status, _, body = fhir.get("/Patient?_id=%ff")
     assert status == 400 and outcome(body) == "invalid"
+    # `Prefer: handling=strict` in any of RFC 7240's spellings (a quoted value, spaces, case): a 400 naming
+    # the parameter not served; `handling=lenient` (or none) ignores it.
+    for prefer in ("handling=strict", 'handling="strict"', "respond-async; HANDLING = strict", 'handling = "Strict"'):
+        status, _, body = fhir.get("/Patient", {"foo": "bar"}, headers={"Prefer": prefer})
+        assert status == 400 and "'foo'" in body["issue"][0]["diagnostics"], (prefer, body)
+    for prefer in ("handling=lenient", 'handling="lenient"', "handling=strictly"):
+        assert fhir.get("/Patient", {"foo": "bar", "_count": 1}, headers={"Prefer": prefer})[0] == 200, prefer
     # Not a method this API has.
     status, _, body = http("POST", f"{fhir.base}/Patient", b"{}", {"Authorization": f"Bearer {fhir.token}",
                                                                   "Content-Type": "application/fhir+json"})
@@ -198,6 +205,14 @@ def test_cors_for_the_application_registered_origins(live, runtime, world):
         "Origin": origin, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "authorization"})
     assert status == 204 and headers["Access-Control-Allow-Origin"] == origin
     assert "Authorization" in headers["Access-Control-Allow-Headers"]
+    # The headers this API reads (docs/fhir-api.md): `Prefer: handling=strict`, a POST `_search`'s
+    # Content-Type. A browser sends them only when the preflight allows them (Prefer is no
+    # CORS-safelisted header), so a browser app could not ask for strict handling.
+    for method, asked in (("GET", "authorization, prefer"), ("POST", "authorization, content-type, prefer")):
+        status, headers, _ = http("OPTIONS", f"{fhir.base}/Patient" + ("/_search" if method == "POST" else ""), None, {
+            "Origin": origin, "Access-Control-Request-Method": method, "Access-Control-Request-Headers": asked})
+        allowed = {h.strip().lower() for h in headers["Access-Control-Allow-Headers"].split(",")}
+        assert status == 204 and set(asked.split(", ")) <= allowed and method in headers["Access-Control-Allow-Methods"]
     status, headers, _ = fhir.get("/Patient", {"_count": 1}, headers={"Origin": origin})
     assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
     status, headers, _ = fhir.get("/Patient/nope", headers={"Origin": origin})

@@ -219,6 +219,20 @@ def test_patient_scope_reaches_only_the_launch_patient(runtime, world, doctor):
                    "Patient", mine).status == 403
 
 
+def test_an_include_the_tokens_scopes_do_not_reach_is_left_out_never_a_403(runtime, world, doctor):
+    """docs/fhir-api.md: an `_include`/`_revinclude` the token may not see is left out, never an
+    error. A token without Provenance (Medication) scopes got 403 `insufficient_scope` for the whole
+    search (the scope refusal is no `FhirError`, and only those were caught)."""
+    narrow = client(runtime, world.physician, world.app, world.org,
+                    scope="openid user/Condition.rs user/MedicationRequest.rs")
+    for kind, params, brought in (("Condition", {"_revinclude": "Provenance:target"}, "Provenance"),
+                                  ("MedicationRequest", {"_include": "MedicationRequest:medication"}, "Medication")):
+        full = resources(doctor.search(kind, {**params, "_count": 20}))
+        assert brought in {r["resourceType"] for r in full}, kind           # user/*.rs sees them
+        mine = resources(narrow.search(kind, {**params, "_count": 20}))
+        assert [r["id"] for r in mine] == [r["id"] for r in full if r["resourceType"] == kind], kind
+
+
 def test_a_comma_ors_patients_and_practitioners_as_it_ors_any_parameter(runtime, world, doctor):
     """docs/fhir-api.md: "a comma ORs values of any parameter". `patient=A,B` (and `subject`, `actor`,
     an Appointment's `practitioner`) was a 400 calling the list a malformed id. Now the resources of

@@ -27,6 +27,7 @@ from helpers.tokens import mint_platform_token
 from connectors.sandbox import patient_panel
 from lifecycle.applications import install_application, set_fhir_rate_limits
 from lifecycle.users import create_user
+from models.directory import User
 from models.ids import fhir_id
 from ratelimit.policy import Limit
 
@@ -144,6 +145,28 @@ def test_an_ehr_granting_everything_then_only_the_nine_types(grants_clinic, fhir
     refused = [r for r in rows if r["resource_type"] == "CarePlan" and r["status"] == 403]
     assert refused and refused[-1]["outcome"] == "failure" and "pt-a" in refused[0]["patients"]
     assert r4_invalid(served) == []
+
+
+def test_a_revinclude_under_a_patient_grant_of_its_type_names_no_other_patients_resource(grants_clinic, runtime,
+                                                                                         world, live):
+    """A token with `user/Condition.rs` but only `patient/Provenance.rs` (patient B) searching A's
+    Conditions: A's Provenance (its only target A's Condition) is outside B's compartment, as its
+    own search says; `_revinclude` left it out only when the page itself was B's, and served it."""
+    org_id, _ = grants_clinic
+    ana = User.get(User.organization == org_id)
+
+    def mixed(patient: str) -> Fhir:
+        return Fhir(live, org_id, mint_platform_token(runtime, live, ana, world.app, org_id, patient=patient,
+                                                      scope="openid launch/patient user/Condition.rs "
+                                                            "patient/Provenance.rs"))
+    as_b, as_a = mixed("pt-b"), mixed("pt-a")
+    assert as_b.search("Provenance", {"_id": "prov-htn"})["total"] == 0
+    bundle = as_b.search("Condition", {"patient": "pt-a", "_revinclude": "Provenance:target"})
+    assert sorted(r["id"] for r in by_mode(bundle, "match")) == ["cond-dm", "cond-htn"]
+    assert by_mode(bundle, "include") == []
+    # A's own: the Provenance of a Condition on the page that A's grant reaches.
+    bundle = as_a.search("Condition", {"patient": "pt-a", "_revinclude": "Provenance:target"})
+    assert [r["id"] for r in by_mode(bundle, "include")] == ["prov-htn"]
 
 
 def test_an_ehr_statement_narrows_the_clinics(grants_clinic, fhir_ehr, runtime):
