@@ -185,6 +185,31 @@ def _control(name: str, resource_type: str, values: list[str]):
     return None if None in found else tuple(dict.fromkeys(found))
 
 
+def _typed_references(args: dict[str, list[str]], params: dict) -> dict[str, list[str]]:
+    """FHIR R4's `:[type]` modifier of a reference parameter read as the type it names:
+    `subject:Patient=A,B` is `subject=Patient/A,Patient/B`. Ignored (lenient), it widened the search
+    to every subject. Given beside the plain parameter it repeats it (400); a value that is already
+    a reference, or a type the parameter cannot name, is a 400 as for the plain parameter."""
+    typed = {}
+    for name, values in args.items():
+        base, colon, modifier = name.partition(":")
+        if not (colon and params.get(base, ("",))[0] == "reference" and modifier[:1].isupper()
+                and modifier.isalnum() and modifier.isascii()):
+            continue
+        if any("/" in item for value in values for item in value.split(",")):
+            raise invalid(f"{name[:60]} takes ids: its modifier names their type.")
+        typed[name] = (base, [",".join(f"{modifier}/{item}" for item in value.split(",")) for value in values])
+    if not typed:
+        return args
+    found: dict[str, list[str]] = {}
+    for name, values in args.items():
+        base, values = typed.get(name, (name, values))
+        if base in found:
+            raise invalid(f"The {base} parameter is repeated.")
+        found[base] = values
+    return found
+
+
 def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, strict: bool = False,
                  params: dict | None = None) -> Search:
     """The `Search` of `resource_type` with `args`. A parameter not served for the type (or a
@@ -197,6 +222,7 @@ def parse_search(resource_type: str, args: dict[str, list[str]], base_url: str, 
         controls = CONTROL_PARAMS
     else:
         controls = ("_count", "_offset", "_format")
+    args = _typed_references(args, params)
     applied, ignored, includes, revincludes = {}, [], (), ()
     for name, values in args.items():
         if name in ("_include", "_revinclude") and name in controls:

@@ -389,9 +389,33 @@ def test_an_unserved_parameter_is_ignored_unless_strict_and_never_widens_a_searc
     narrowed = doctor.search("Patient", {"_id": one, "foo": "bar"})
     assert [e["resource"]["id"] for e in narrowed["entry"]] == [one]
     mine = client(runtime, world.physician, world.app, world.org, scope="openid launch/patient patient/*.rs", patient=one)
-    for params in ({"patient:missing": "true"}, {"subject:Patient": "x"}, {"_revinclude": "Condition:subject"}, {}):
+    for params in ({"patient:missing": "true"}, {"subject:Patient": one}, {"_revinclude": "Condition:subject"}, {}):
         found = [e["resource"] for e in mine.search("Condition", {**params, "_count": 100})["entry"]]
         assert found and {r["subject"]["reference"] for r in found} == {f"Patient/{one}"}, params
+
+
+def test_a_type_modifier_narrows_a_reference_parameter_as_the_reference_would(runtime, world, doctor):
+    """FHIR R4's `:[type]` modifier: `subject:Patient=A` is `subject=Patient/A`. It was ignored as an
+    unserved parameter, so a `user/` token's `Condition?subject:Patient=A` answered every patient's
+    Conditions in the clinic."""
+    from connectors.compartment import patients_of
+    panel = [r["id"] for r in resources(doctor.search("Patient", {"_count": 100}))]
+    a, b = [p for p in panel if doctor.search("Condition", {"patient": p, "_count": 1})["total"]][:2]
+
+    def found(params):
+        bundle = doctor.search("Condition", {**params, "_count": 100})
+        return bundle["total"], {p for r in resources(bundle) for p in patients_of(r)}
+    assert found({"subject:Patient": a}) == found({"subject": f"Patient/{a}"}) and found({"subject:Patient": a})[1] == {a}
+    assert found({"patient:Patient": f"{a},{b}"}) == found({"patient": f"Patient/{a},Patient/{b}"})
+    assert found({"patient:Patient": f"{a},{b}"})[1] == {a, b}
+    assert found({"subject:Patient": a, "patient": b})[0] == 0  # ANDed with the others, as the plain one is
+    for params in ({"subject:Patient": f"Patient/{a}"}, {"subject:Patient": a, "subject": a},
+                   {"patient:Group": a}, {"subject:Practitioner": a}):
+        refusal = refused(doctor.search, "Condition", params)
+        assert (refusal.status, refusal.error) == (400, "invalid"), params
+    # Other modifiers are still unserved: ignored, or a 400 when strict.
+    assert found({"subject:missing": "true"})[0] == doctor.search("Condition", {"_count": 1})["total"]
+    assert refused(doctor.search, "Condition", {"subject:missing": "true"}, True).status == 400
 
 
 def test_an_ehr_that_is_down_answers_503_with_retry_after(runtime, world):
