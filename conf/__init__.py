@@ -93,11 +93,12 @@ def _at_least(name: str, value, minimum: int, what: str) -> int:
 
 
 def _key_ids(name: str, value) -> tuple:
-    """Comma-separated key ids (16 hex digits each, as `serve` names them)."""
+    """Comma-separated key ids (16 hex digits each, as `serve` names them), or `disclosure-chain`,
+    `totp-secrets` (what `serve` names to let go of instead of a key id)."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
     ids = tuple(str(item).strip().lower() for item in items if str(item).strip())
     for one in ids:
-        if one != "disclosure-chain" and (len(one) != 16 or any(c not in "0123456789abcdef" for c in one)):
+        if one not in ("disclosure-chain", "totp-secrets") and (len(one) != 16 or any(c not in "0123456789abcdef" for c in one)):
             raise ConfigError(f"{name} must be a comma-separated list of key ids (16 hex digits each, as "
                               f"`svc-auth keys rekey --json` prints them), got {one!r}")
     return ids
