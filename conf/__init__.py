@@ -104,6 +104,18 @@ def _key_ids(name: str, value) -> tuple:
     return ids
 
 
+def _utf8(name: str, value: str) -> str:
+    """`value` when it is UTF-8 text; else a ConfigError naming the variable, never the value (it
+    may be a key). Bytes in another encoding reach Python as lone surrogates, which every encoder
+    refuses later with a traceback. (Directories are taken as the system gives them.)"""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{name} is not UTF-8 text (set in another encoding); give it in UTF-8") from None
+    return value
+
+
 EXAMPLE_HMAC_KEY = "change-me-to-64-random-hex-characters-shared-by-every-host-000000"
 """The placeholder of deploy/env.example: public, so never a key (`_refuse_placeholder`)."""
 
@@ -341,7 +353,7 @@ class Settings:
         for f in dataclasses.fields(cls):
             name = "SVC_" + f.name.upper()
             if name in env and env[name] != "":
-                kwargs[f.name] = env[name]
+                kwargs[f.name] = _utf8(name, env[name]) if not name.endswith("_DIR") else env[name]
         return cls.build(**kwargs)
 
     @classmethod
