@@ -91,6 +91,7 @@ def serve(settings: Settings, port: int, processes: int = 1, address: str = "127
     first = open_runtime(settings, check_redis=True)
     try:
         first.keyring.load()  # the first key, once; a wrong SVC_HMAC_KEY stops here with one line
+        first.ehr_keys.require_open()  # and so does an EHR client key it cannot open
         from keys.inventory import require_every_key
         require_every_key(first)  # a dropped SVC_HMAC_KEY_PREVIOUS that live secrets still need: one line
         from keys.holders import require_open_key

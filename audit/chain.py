@@ -247,25 +247,46 @@ def _read_batch(db, last: int, limit: int | None = None) -> list:
     return rows
 
 
-def _anchor(db, first_seq: int) -> str | None:
-    """The `mac` before `first_seq`: GENESIS at the start, else what the prune checkpoint that
-    removed the rows before it recorded (trusted only once the walk verifies that checkpoint)."""
-    if first_seq == 1:
-        return GENESIS
-    sql = f'SELECT "detail" FROM "disclosure_record" WHERE "action" = {db.param} ORDER BY "seq" DESC'
-    try:
-        details = [r[0] for r in db.execute_sql(sql, (CHECKPOINT,)).fetchall()]
-    except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError):
-        return None
-    for text in details:
+def _checkpoints(db) -> list[tuple[int, dict]]:
+    """(seq, detail) of every checkpoint whose detail reads as an object, newest first (they are few)."""
+    sql = f'SELECT "seq", "detail" FROM "disclosure_record" WHERE "action" = {db.param} ORDER BY "seq" DESC'
+    found = []
+    for seq, text in db.execute_sql(sql, (CHECKPOINT,)).fetchall():
         try:
             detail = json.loads(text) if isinstance(text, str) else None
         except (ValueError, RecursionError):
             continue
-        if (isinstance(detail, dict) and detail.get("pruned_through") == first_seq - 1
-                and is_mac(detail.get("anchor"))):
-            return detail["anchor"]
-    return None
+        if isinstance(detail, dict):
+            found.append((seq, detail))
+    return found
+
+
+def _anchor(db, first_seq: int) -> tuple[str, dict] | tuple[None, None]:
+    """(the `mac` before `first_seq`, the detail of the checkpoint that recorded it): GENESIS at the
+    start, else what the prune checkpoint that removed the rows before it recorded (trusted only
+    once the walk verifies that checkpoint)."""
+    if first_seq == 1:
+        return GENESIS, {}
+    try:
+        checkpoints = _checkpoints(db)
+    except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError):
+        return None, None
+    for _, detail in checkpoints:
+        if detail.get("pruned_through") == first_seq - 1 and is_mac(detail.get("anchor")):
+            return detail["anchor"], detail
+    return None, None
+
+
+def _key_id(key: bytes) -> str:
+    """A chain key's public name, as a checkpoint names it: HMAC-SHA-256(key, label), 16 hex digits."""
+    return hmac.new(key, b"svc-auth chain key id v1", hashlib.sha256).hexdigest()[:16]
+
+
+def _closes(detail) -> set[str]:
+    """The ids (`_key_id`) of the keys a checkpoint says are closed: a
+    reseal checkpoint's, and every later checkpoint's too, so a prune never reopens one."""
+    ids = detail.get("closes") if isinstance(detail, dict) else None
+    return {i for i in ids if isinstance(i, str)} if isinstance(ids, list) else set()
 
 
 def _keys(keys) -> list[bytes]:
@@ -303,6 +324,7 @@ class _Walk:
         self.last_by: int | None = None  # the key index that linked the last row (None: no key did)
         self.seen: set[int] = set()
         self.closed: set[int] = set()
+        self.ids = [_key_id(key) for key in self.keys]
         self.failure: dict | None = None
 
     def _fail(self, seq, reason) -> None:
@@ -325,7 +347,8 @@ class _Walk:
 
     def _feed(self, row) -> bool:
         if self.previous is None:
-            self.previous, self.first = _anchor(self.db, row.seq), row.seq
+            (self.previous, anchored), self.first = _anchor(self.db, row.seq), row.seq
+            self._close(_closes(anchored), None)  # what reseals before the pruned part closed stays closed
             if self.previous is None:
                 self._fail(row.seq, f"the chain starts at seq {row.seq}, and no prune checkpoint accounts for "
                                     "the records before it: they were deleted")
@@ -356,6 +379,8 @@ class _Walk:
                 self.old += 1
             if row.action == CHECKPOINT and _is_reseal(detail) and not self._vouch(row, by):
                 return False
+            if row.action == CHECKPOINT:
+                self._close(_closes(detail), by)
         data = _canonical(fields) + b"\n" + mac.encode("ascii")
         for i, digest in enumerate(self.digests):
             if i != by:
@@ -364,6 +389,10 @@ class _Walk:
         self.count += 1
         self.seen_head = self.seen_head or hmac.compare_digest(mac, self.head)
         return True
+
+    def _close(self, ids: set[str], by: int | None) -> None:
+        """Close the keys named by `ids` (any but `by`, the key that linked what names them)."""
+        self.closed |= {i for i, kid in enumerate(self.ids) if kid in ids and i != by}
 
     def _vouch(self, row, by: int) -> bool:
         """A reseal checkpoint linked under key `by`: check what it commits to, then close older keys."""
@@ -486,13 +515,36 @@ def resealed_by(db, keys, look: int = 100) -> tuple[int, int] | None:
                 continue
             if not _is_reseal(detail):
                 continue
-            rows = _read_batch(db, seq - 2, 2)
-            if len(rows) < 2 or any(isinstance(r, tuple) for r in rows) or rows[0].seq != seq - 1 or rows[1].seq != seq:
-                return None
-            fields = _fields(rows[1])
-            by = next((i for i, key in enumerate(_keys(keys))
-                       if hmac.compare_digest(link(key, rows[0].mac, fields), rows[1].mac)), None)
+            by = _linked_by(db, keys, seq)
             return None if by is None else (seq, by)
+    except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError, TypeError, OverflowError):
+        return None
+    return None
+
+
+def _linked_by(db, keys, seq: int) -> int | None:
+    """Which of `keys` linked the record `seq` (after its predecessor, or the anchor a prune
+    checkpoint recorded for it), or None."""
+    rows = {row.seq: row for row in _read_batch(db, seq - 2, 2) if not isinstance(row, tuple)}
+    if seq not in rows:
+        return None
+    previous = rows[seq - 1].mac if seq - 1 in rows else _anchor(db, seq)[0]
+    if previous is None:
+        return None
+    fields = _fields(rows[seq])
+    return next((i for i, key in enumerate(_keys(keys))
+                 if hmac.compare_digest(link(key, previous, fields), rows[seq].mac)), None)
+
+
+def closed_by(db, keys) -> tuple[int, int | None] | None:
+    """(seq, which of `keys` linked it, or None) of the newest checkpoint that says `keys[0]` is
+    closed (`_closes`: a reseal checkpoint, or a prune checkpoint carrying what a pruned one
+    said), or None. A host whose SVC_HMAC_KEY was closed must not link under it."""
+    current = _key_id(_keys(keys)[0])
+    try:
+        for seq, detail in _checkpoints(db):
+            if current in _closes(detail):
+                return seq, _linked_by(db, keys, seq)
     except (peewee.PeeweeException, sqlite3.Error, UnicodeDecodeError, ValueError, TypeError, OverflowError):
         return None
     return None
@@ -532,8 +584,9 @@ def reseal(db, keys, now, checkpoint: dict, guard=None) -> dict:
             return {"ok": True, "refused": refused, "resealed": 0, "still_old": walk.old}
         old = walk.old
         if old:
+            closes = sorted({walk.ids[i] for i in walk.seen | walk.closed} - {walk.ids[0]})
             detail = {**checkpoint, "resealed_from": walk.first, "resealed_through": walk.last,
-                      "digest": walk.digests[0].hexdigest(), "vouches_for": old}
+                      "digest": walk.digests[0].hexdigest(), "vouches_for": old, "closes": closes}
             append(db, keys[0], [{"action": CHECKPOINT, "outcome": "success", "detail": detail}], now)
     return {"ok": True, "resealed": old, "still_old": 0}
 
@@ -567,13 +620,15 @@ def prune(db, key: bytes, before: dt.datetime, now, checkpoint: dict) -> dict:
         removed = 0
         if through >= first > 0:
             anchor = DisclosureRecord.get(DisclosureRecord.seq == through).mac
+            # what the removed checkpoints closed, the prune checkpoint says on (`_closes`)
+            closes = set().union(*(_closes(detail) for seq, detail in _checkpoints(db) if seq <= through))
             if _is_postgres(db):
                 db.execute_sql(f"SET LOCAL {MAINTENANCE_SETTING} = 'on'")
             removed = DisclosureRecord.delete().where(DisclosureRecord.seq <= through).execute()
             if _is_postgres(db):
                 db.execute_sql(f"SET LOCAL {MAINTENANCE_SETTING} = 'off'")
             detail = {**checkpoint, "before": iso_ms(before), "pruned_through": through, "anchor": anchor,
-                      "removed": removed}
+                      "removed": removed, "closes": sorted(closes)}
             append(db, key, [{"action": CHECKPOINT, "outcome": "success", "detail": detail}], now,
                    after=(through, anchor))
     return {"removed": removed, "pruned_through": through if removed else None}

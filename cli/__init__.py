@@ -54,6 +54,25 @@ def _export_env_file(path: str) -> None:
         os.environ.setdefault(key, value)
 
 
+FILE_OPTIONS = frozenset({"env_file", "tls_cert", "tls_key", "tls_client_ca"})
+"""Options naming a file: opened with the bytes the system gave, whatever their encoding."""
+
+
+def not_utf8(args: argparse.Namespace) -> str | None:
+    """The first option (`--given-name`) whose value is not UTF-8 text, or None. Python gives such
+    bytes as lone surrogates, which the database (and every encoder) refuses with a traceback."""
+    for dest, value in vars(args).items():
+        if dest in FILE_OPTIONS:
+            continue
+        for one in value if isinstance(value, list) else (value,):
+            if isinstance(one, str) and not one.isascii():
+                try:
+                    one.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "--" + dest.replace("_", "-")
+    return None
+
+
 def _reader_gone() -> int:
     """Standard output's reader closed the pipe (`svc-auth ... | head`): end with status 1 and no
     traceback, standard output pointed at /dev/null so the exit's flush cannot fail again (the
@@ -68,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    bad = not_utf8(args)
+    if bad:
+        print(f"svc-auth {args.command}: error: {bad} is not UTF-8 text (a terminal or script in another encoding "
+              "sent it); give it in UTF-8", file=sys.stderr)
+        return 2
     try:
         dotenv = ".env"
         if args.env_file:

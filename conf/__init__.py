@@ -93,14 +93,27 @@ def _at_least(name: str, value, minimum: int, what: str) -> int:
 
 
 def _key_ids(name: str, value) -> tuple:
-    """Comma-separated key ids (16 hex digits each, as `serve` names them)."""
+    """Comma-separated key ids (16 hex digits each, as `serve` names them), or `disclosure-chain`,
+    `totp-secrets` (what `serve` names to let go of instead of a key id)."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
     ids = tuple(str(item).strip().lower() for item in items if str(item).strip())
     for one in ids:
-        if one != "disclosure-chain" and (len(one) != 16 or any(c not in "0123456789abcdef" for c in one)):
+        if one not in ("disclosure-chain", "totp-secrets") and (len(one) != 16 or any(c not in "0123456789abcdef" for c in one)):
             raise ConfigError(f"{name} must be a comma-separated list of key ids (16 hex digits each, as "
                               f"`svc-auth keys rekey --json` prints them), got {one!r}")
     return ids
+
+
+def _utf8(name: str, value: str) -> str:
+    """`value` when it is UTF-8 text; else a ConfigError naming the variable, never the value (it
+    may be a key). Bytes in another encoding reach Python as lone surrogates, which every encoder
+    refuses later with a traceback. (Directories are taken as the system gives them.)"""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{name} is not UTF-8 text (set in another encoding); give it in UTF-8") from None
+    return value
 
 
 EXAMPLE_HMAC_KEY = "change-me-to-64-random-hex-characters-shared-by-every-host-000000"
@@ -340,7 +353,7 @@ class Settings:
         for f in dataclasses.fields(cls):
             name = "SVC_" + f.name.upper()
             if name in env and env[name] != "":
-                kwargs[f.name] = env[name]
+                kwargs[f.name] = _utf8(name, env[name]) if not name.endswith("_DIR") else env[name]
         return cls.build(**kwargs)
 
     @classmethod

@@ -67,6 +67,13 @@ class EhrClientKeys:
         only when an EHR refuses the newest during the overlap (its cached JWKS predates it)."""
         return [(row.kid, self.cipher.open(AAD_PREFIX + row.kid, row.private_key)) for row in self._live_rows()]
 
+    def require_open(self) -> None:
+        """Open every stored key (`serve`'s start, as the signing keys): KeyDecryptionError, one
+        line naming SVC_HMAC_KEY, for one no configured key opens (else every token svc-auth asks
+        an EHR for would fail)."""
+        for row in self._rows():
+            self.cipher.open(AAD_PREFIX + row.kid, row.private_key)
+
     def jwks(self) -> dict:
         """Every published key's public half (the document EHRs fetch as svc-auth's `jwks_uri`)."""
         return {"keys": [json.loads(row.public_jwk) for row in self._live_rows()]}

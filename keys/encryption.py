@@ -43,8 +43,9 @@ class KeyCipher:
     def open_with(self, kid: str, sealed: str) -> tuple[bytes, int]:
         """(plaintext, which key opened it: 0 = SVC_HMAC_KEY, 1.. = SVC_HMAC_KEY_PREVIOUS in order)."""
         version, _, payload = sealed.partition(":")
+        name = f"EHR client key {kid[4:]}" if kid.startswith("ehr:") else f"signing key {kid}"  # keys.ehr_client's
         if version != FORMAT:
-            raise KeyDecryptionError(f"signing key {kid}: unknown format {version!r}")
+            raise KeyDecryptionError(f"{name}: unknown format {version!r}")
         raw = base64.b64decode(payload)
         for index, aead in enumerate(self._aeads):
             try:
@@ -52,7 +53,7 @@ class KeyCipher:
             except InvalidTag:
                 continue
         raise KeyDecryptionError(
-            f"signing key {kid} does not decrypt: SVC_HMAC_KEY differs from the host that created it, and no key "
+            f"{name} does not decrypt: SVC_HMAC_KEY differs from the host that created it, and no key "
             "of SVC_HMAC_KEY_PREVIOUS opens it either (every host must use the same SVC_HMAC_KEY)")
 
     def open(self, kid: str, sealed: str) -> bytes:

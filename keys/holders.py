@@ -112,18 +112,23 @@ def hosts_on_old_key(runtime) -> dict | None:
 
 
 def require_open_key(runtime) -> None:
-    """Refuse (ConfigError, one line) a process whose SVC_HMAC_KEY a `keys rekey` closed: the
-    chain's newest reseal checkpoint is linked under one of its SVC_HMAC_KEY_PREVIOUS (it runs an
-    earlier step of the rotation than the rekey did); its links would fail `audit verify`."""
-    from audit.chain import resealed_by
+    """Refuse (ConfigError, one line) a process whose SVC_HMAC_KEY a `keys rekey` closed: a
+    checkpoint of the chain names its key as closed (`audit.chain.closed_by`, also after an `audit
+    prune` removed the reseal checkpoint), or, for one of an earlier release, the newest reseal
+    checkpoint is linked under one of its SVC_HMAC_KEY_PREVIOUS (it runs an earlier step of the
+    rotation than the rekey did); its links would fail `audit verify`."""
+    from audit.chain import closed_by, resealed_by
     from audit.disclosures import chain_keys
-    found = resealed_by(runtime.db, chain_keys(runtime))
-    if found is None or found[1] == 0:
-        return
+    keys = chain_keys(runtime)
+    found = closed_by(runtime.db, keys)  # what the checkpoint says it closed survives an `audit prune`
+    if found is None:
+        found = resealed_by(runtime.db, keys)  # a reseal checkpoint of an earlier release names no key
+        if found is None or found[1] == 0:
+            return
     seq, by = found
     hasher = runtime.hasher
+    under = f"the key this host has as SVC_HMAC_KEY_PREVIOUS (id {hasher.key_ids[by]})" if by else "another key"
     raise ConfigError(
-        f"`svc-auth keys rekey` resealed the disclosure chain (seq {seq}) under the key this host has as "
-        f"SVC_HMAC_KEY_PREVIOUS (id {hasher.key_ids[by]}), closing its SVC_HMAC_KEY (id {hasher.key_id}): records "
-        "it linked would fail `audit verify`. Set SVC_HMAC_KEY to that key and SVC_HMAC_KEY_PREVIOUS to this one "
-        "(step 2 of the rotation, docs/operations.md)")
+        f"`svc-auth keys rekey` resealed the disclosure chain (checkpoint seq {seq}) under {under}, closing its "
+        f"SVC_HMAC_KEY (id {hasher.key_id}): records it linked would fail `audit verify`. Set SVC_HMAC_KEY to the "
+        "key the other hosts use and SVC_HMAC_KEY_PREVIOUS to this one (step 2 of the rotation, docs/operations.md)")

@@ -17,6 +17,7 @@ from types import MappingProxyType
 import peewee
 
 from conf import ConfigError
+from keys import totp
 from models.application import Application
 from models.developers import ConsoleSession, DeveloperInvite
 from models.grants import AuthorizationCode
@@ -150,9 +151,16 @@ def unvouched_chain(runtime) -> int | None:
 
 
 def require_every_key(runtime) -> None:
-    """At `serve`'s start: refuse (ConfigError, one line) when live secrets were made under a key
-    this host was not given, naming the key id, the counts and what would stop working; or when
-    the disclosure chain's older links need a key not given and no rekey vouched for them."""
+    """At `serve`'s start: refuse (ConfigError, one line) when developers' sealed TOTP secrets open
+    under no key of this host; when live secrets were made under a key this host was not given,
+    naming the key id, the counts and what would stop working; or when the disclosure chain's
+    older links need a key not given and no rekey vouched for them."""
+    lost = 0 if totp.RETIRED in runtime.settings.hmac_key_retired else totp.unopened_totp_secrets(runtime)
+    if lost:
+        raise ConfigError(
+            f"{lost} console TOTP secret(s) open under neither SVC_HMAC_KEY nor SVC_HMAC_KEY_PREVIOUS: those developers' "
+            "sign-ins with a code would fail. Put the key that sealed them in SVC_HMAC_KEY_PREVIOUS (every host must use "
+            f"the same SVC_HMAC_KEY), or set SVC_HMAC_KEY_RETIRED={totp.RETIRED} to start anyway")
     found = orphaned(runtime)
     if not found:
         seq = unvouched_chain(runtime)

@@ -31,7 +31,7 @@ from models.keys import SigningKeyRecord
 
 ALGORITHM = "RS256"
 TOPIC = "signing_keys"
-ADVISORY_LOCK = 0x5F6B657973  # PostgreSQL advisory lock id of "create the first key"
+ADVISORY_LOCK = 0x5F6B657973  # PostgreSQL advisory lock id of "create the first key" and of a rotation
 
 log = logging.getLogger("svc_auth.keys")
 
@@ -85,7 +85,7 @@ def generate_key_file(directory: Path, created: int | None = None) -> Path:
 
 @contextlib.contextmanager
 def _exclusive(db: peewee.Database):
-    """A transaction no other process runs at the same time (creating the first key once)."""
+    """A transaction no other process runs at the same time (creating the first key once, a rotation)."""
     if isinstance(db, peewee.PostgresqlDatabase):
         with db.atomic():
             db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
@@ -175,13 +175,16 @@ class KeyRing:
     def rotate(self) -> SigningKey:
         """Add a key that signs after the pre-publication time; prune keys whose tokens have all
         expired. Returns the new key. The caller announces the change (lifecycle.signing_keys)."""
-        self._loaded()
-        now = int(self._clock())
-        newest = max((k.not_before for k in self._keys), default=0)
-        kid = self._insert(new_private_pem(), now, max(now + self.prepublish_seconds, newest + 1))
-        self.load()
-        keep = {k.kid for k in self._published(now)}
-        SigningKeyRecord.delete().where(SigningKeyRecord.kid.not_in(keep)).execute()
+        # One rotation at a time over every host: one that read the keys before another's insert
+        # would prune that new key (and both would sign from the same moment).
+        with _exclusive(self.db):
+            self.load()
+            now = int(self._clock())
+            newest = max((k.not_before for k in self._keys), default=0)
+            kid = self._insert(new_private_pem(), now, max(now + self.prepublish_seconds, newest + 1))
+            self.load()
+            keep = {k.kid for k in self._published(now)}
+            SigningKeyRecord.delete().where(SigningKeyRecord.kid.not_in(keep)).execute()
         self.load()
         return next(k for k in self._keys if k.kid == kid)
 

@@ -8,6 +8,8 @@ from models.developers import Developer, DeveloperInvite
 
 TOTP_SEALED = "sealed:"
 """The mark of a sealed TOTP secret; a row without it holds one stored in clear by an earlier release."""
+RETIRED = "totp-secrets"
+"""What SVC_HMAC_KEY_RETIRED names to start although developers' TOTP secrets need a key not given."""
 
 
 def _totp_context(developer_id: str) -> str:
@@ -66,3 +68,12 @@ def old_totp_secrets(runtime) -> int:
     """TOTP secrets that need a previous key (or are in clear): `keys rekey`'s `still_old`."""
     return sum(1 for _, query in _totp_rows() for row in query.dicts()
                if _to_reseal(runtime, row["owner"], row["totp_secret"]) is not None)
+
+
+def unopened_totp_secrets(runtime) -> int:
+    """Developers whose sealed TOTP secret no configured key opens: their every code sign-in would
+    fail (`serve` refuses to start, `keys.inventory.require_every_key`). An invitation's is not
+    counted: opening the invitation offers a new one."""
+    rows = Developer.select(Developer.id, Developer.totp_secret).where(Developer.totp_secret.is_null(False))
+    return sum(1 for developer_id, stored in rows.tuples()
+               if stored.startswith(TOTP_SEALED) and open_totp(runtime, developer_id, stored) is None)

@@ -376,3 +376,19 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(settings, world, argv)
         os.close(write_end)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["orgs", "create", "--name", "caf\udce9"], "--name"),  # Latin-1 bytes in a UTF-8 terminal
+    (["grants", "list", "--user", "\udcff"], "--user"),
+    (["users", "create", "--org", "ORG", "--email", "a@b.example", "--given-name", "\udced\udca0\udc80"], "--given-name"),
+])
+def test_an_argument_that_is_not_utf8_exits_2_naming_it_and_changes_nothing(cli, world, args, flag):
+    """Bytes that are not UTF-8 reach Python as lone surrogates: stored or looked up, they raised
+    UnicodeEncodeError, a traceback and exit 1."""
+    args = [world.org.id if a == "ORG" else a for a in args]
+    before = (Organization.select().count(), User.select().count())
+    result = cli(*args, expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "UTF-8" in lines[0], result.stderr
+    assert (Organization.select().count(), User.select().count()) == before

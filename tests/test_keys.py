@@ -130,3 +130,48 @@ async def test_jwks_and_discovery_over_http(api, runtime):
     assert config["jwks_uri"] == "http://127.0.0.1:8888/.well-known/jwks.json"
     assert set(config["token_endpoint_auth_methods_supported"]) == {"client_secret_basic", "client_secret_post", "none",
                                                              "private_key_jwt"}
+
+
+def test_two_hosts_rotating_at_once_keep_both_new_keys(backend, settings, runtime):
+    """`keys rotate` on two hosts at once: each read the keys, inserted its own, and pruned what its
+    read did not hold, so one could delete the other's new key (whose rotate then failed) and both
+    could sign from the same moment. A rotation now holds the keys' lock: the second waits."""
+    if backend != "postgresql":
+        pytest.skip("holds PostgreSQL's advisory lock from outside (SQLite: the rotation's IMMEDIATE transaction)")
+    import subprocess
+    import sys
+    import time
+    import psycopg2
+    from helpers.environment import ROOT
+    from helpers.processes import settings_env
+    from keys.signing import ADVISORY_LOCK
+    first = runtime.keyring.active.kid
+    holder = psycopg2.connect(settings.database_url)
+    holder.autocommit = True
+    procs = []
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK,))
+            procs = [subprocess.Popen([sys.executable, "-m", "cli.__main__", "keys", "rotate", "--json"],
+                                      env=settings_env(settings), cwd=str(ROOT), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(2)]
+            deadline = time.monotonic() + 60
+            waiting = 0
+            while waiting < 2 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+                cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                waiting = cur.fetchone()[0]
+            assert waiting == 2, "both rotations wait for the lock"
+            assert [row.kid for row in SigningKeyRecord.select()] == [first]  # neither inserted yet
+            cur.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK,))
+        results = [(p.wait(60), p.stdout.read(), p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        holder.close()
+    assert [code for code, _, _ in results] == [0, 0], results
+    kids = [json.loads(out)["kid"] for _, out, _ in results]
+    rows = {row.kid: row for row in SigningKeyRecord.select()}
+    assert set(kids) | {first} == set(rows)  # nothing pruned: every key is still published
+    assert rows[kids[0]].not_before != rows[kids[1]].not_before
+    SigningKeyRecord.delete().where(SigningKeyRecord.kid != first).execute()  # (the `cli` fixture truncates nothing)

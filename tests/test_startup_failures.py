@@ -118,6 +118,18 @@ def test_a_change_me_key_is_refused_naming_the_variable(env, variable, value):
         assert_one_line(result, variable, "change-me")
 
 
+@pytest.mark.parametrize("variable", ["SVC_HMAC_KEY", "SVC_HMAC_KEY_PREVIOUS", "SVC_CLAIMS_NAMESPACE"])
+def test_a_setting_that_is_not_utf8_is_refused_naming_the_variable_not_the_value(env, variable):
+    """Bytes in another encoding reach Python as lone surrogates: a key given so ended every command
+    with a traceback (UnicodeEncodeError) that printed the key."""
+    env[variable] = "s3cr3t-" + "x" * 40 + "\udce9"  # a Latin-1 é after the key
+    for command in (["serve", "--port", str(free_port())], ["db", "status"]):
+        result = run_cli(env, *command)
+        assert result.returncode == 2, result.stderr
+        line = assert_one_line(result, variable, "UTF-8")
+        assert "s3cr3t" not in line
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", str(11 * 366 * 86400), str(-11 * 366 * 86400)])
 def test_a_clock_offset_that_is_not_finite_or_beyond_ten_years_is_refused(env, value):
     """SVC_CLOCK_OFFSET is test only, but it was taken anywhere: nan (every comparison of a time
