@@ -12,6 +12,7 @@ import pytest
 from audit.chain import append, prune, verify
 from audit.disclosures import Disclosure, chain_key, chain_keys, record
 from conf import ConfigError
+from helpers.chain import a_record_the_old_key_links_is_refused
 from keys.holders import require_open_key
 from keys.rekey import rekey
 from keys.secrets import SecretHasher
@@ -57,12 +58,7 @@ def test_a_prune_after_a_rekey_keeps_the_old_key_closed(settings, runtime, prune
         assert verify(NEW_ONLY)["ok"] and verify(chain_keys(rotated))["ok"]
         # A host (or `audit prune`) started at step 1 after the prune is still refused.
         step1_is_refused(rotated)
-        # Whoever holds the leaked old key appends a record under it: refused by a verify that knows OLD too.
-        append(rotated.db, chain_keys(runtime)[0], [{"action": "read", "outcome": "success", "patients": ["pat_x"]}],
-               rotated.clock.now)
-        forged = DisclosureRecord.select().order_by(DisclosureRecord.seq.desc()).first().seq
-        result = verify(chain_keys(rotated))
-        assert not result["ok"] and result["first_bad"] == forged, result
+        a_record_the_old_key_links_is_refused(runtime, rotated)  # refused by a verify that knows OLD too
     finally:
         rotated.close()
 
