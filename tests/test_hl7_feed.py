@@ -1401,3 +1401,16 @@ def test_the_documented_try_it_sends_one_message_as_written(runtime, world, list
     tomorrow = dt.datetime.now(dt.timezone.utc).date() + dt.timedelta(days=1)
     assert (stored.status, stored.physician_npi, stored.start, stored.end) == (
         "booked", "1234567893", dt.datetime.combine(tomorrow, dt.time(15)), dt.datetime.combine(tomorrow, dt.time(15, 30)))
+
+
+def test_an_appointment_without_a_physicians_npi_is_taken_with_a_note(runtime, feed_clinic, listen, settings):
+    """AA (the appointment is stored), but an AIP-3 whose NPI is not typed as one (XCN.9 "NPI" is no
+    OID) puts it in no physician's snapshot: `hl7 messages` says so, so the analyst's go-live check
+    catches the mapping."""
+    _, port = listen()
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "NONPI1", "APT-NONPI", xcn="1234567893^TOR^DOC^^^^^^NPI")))[0] == "AA"
+        assert acked(client.send_message(siu("S12", "NPI1", "APT-NPI")))[0] == "AA"
+    assert appointment(feed_clinic, "APT-NONPI").physician_npi == ""
+    notes = {m["control_id"]: m["note"] for m in hl7_messages(settings, feed_clinic)}
+    assert notes == {"NONPI1": "no physician NPI in AIP-3 or PV1-7: in no snapshot", "NPI1": None}
