@@ -171,12 +171,16 @@ def _record(org: Organization, h: Header, ack: str, now: dt.datetime, error: str
                            sent_at=sent_at, note=note)
 
 
-def _ahead_note(update: Update) -> str | None:
-    """The record's note of a message whose MSH-7 was more than `CLOCK_SKEW` ahead of our clock."""
-    if not update.ahead:
-        return None
-    return (f"MSH-7 is more than {CLOCK_SKEW.seconds // 60} minutes ahead of this service's clock: "
-            f"ordered as received ({utc_iso(update.message_time)})")
+def _note(update: Update) -> str | None:
+    """The record's note of a message taken `AA`: an MSH-7 more than `CLOCK_SKEW` ahead of our clock,
+    and an appointment without a physician's NPI (it can be in no physician's snapshot)."""
+    notes = []
+    if update.ahead:
+        notes.append(f"MSH-7 is more than {CLOCK_SKEW.seconds // 60} minutes ahead of this service's clock: "
+                     f"ordered as received ({utc_iso(update.message_time)})")
+    if not update.remove and not update.physician_npi:
+        notes.append("no physician NPI in AIP-3 or PV1-7: in no snapshot")
+    return "; ".join(notes) or None
 
 
 def _refused(runtime, org, h, refusal: Refused, now) -> Outcome:
@@ -205,7 +209,7 @@ def _apply(runtime, org: Organization, h: Header, update: Update, now: dt.dateti
         _lock(db, org, update.key)
         # The first AA of this control id, or IntegrityError (acknowledged before: `receive` answers
         # AA, and this transaction, which changed nothing yet, is rolled back).
-        _record(org, h, "AA", now, first=True, sent_at=update.sent_at, note=_ahead_note(update))
+        _record(org, h, "AA", now, first=True, sent_at=update.sent_at, note=_note(update))
         row = _APPOINTMENT.first(org.id, update.key)
         if row is not None and update.message_time < row.message_time:
             return Outcome("AA", h, change="older")

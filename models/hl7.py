@@ -56,7 +56,7 @@ class FeedMessage(BaseModel):
     error = peewee.CharField(max_length=500, null=True)   # why AE/AR (never patient data)
     first = peewee.BooleanField(default=False)            # the first AA of this control id in this clinic
     sent_at = peewee.DateTimeField(null=True)             # MSH-7 as read (naive UTC), of a message applied or older
-    note = peewee.CharField(max_length=200, null=True)    # what was done besides (an MSH-7 ahead: ordered as received)
+    note = peewee.CharField(max_length=200, null=True)    # what was done besides (an MSH-7 ahead: ordered as received; no NPI)
 
     class Meta:
         indexes = ((("organization", "received_at"), False),)

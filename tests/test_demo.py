@@ -231,3 +231,30 @@ def test_the_demo_secret_it_prints_after_an_hmac_key_rotation_authenticates(sett
         assert app.id == again["application_id"]
     finally:
         rotated.close()
+
+
+def test_after_a_reset_the_readmes_commands_make_new_links(settings, live):
+    """`demo seed --reset` re-creates the demo users and apps, so the banner's one-time links and
+    console invitation stop working; the two commands the README gives for new ones work as written."""
+    env = demo_env(settings, SVC_ISSUER=live, SVC_PUBLIC_URL=live)
+    env.pop("SVC_SANDBOX", None)
+    run_cli(env, "demo", "seed", "--json")
+    before = run_cli(dict(env, SVC_SANDBOX="on"), "sandbox", "signin-link", "--user", "usr_demo_physician").stdout.strip()
+    run_cli(env, "demo", "seed", "--reset", "--json")
+    status, headers, _ = fetch(before)
+    assert status != 302, (status, dict(headers))   # the README: the banner's links stop working
+
+    readme = (ROOT / "README.md").read_text().split("## One launch, by hand, with curl", 1)[1].split("```sh", 1)[0]
+    link_command = re.search(r"`(SVC_SANDBOX=on svc-auth sandbox signin-link [^`]*)`", readme).group(1)
+    invite_command = re.search(r"`(svc-auth developers invite [^`]*)`", readme).group(1)
+    shell_env = dict(env, PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}")
+    done = subprocess.run(link_command, shell=True, env=shell_env, cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    status, headers, _ = fetch(done.stdout.strip())
+    assert status == 302 and "/sandbox/hub" in headers["Location"], (status, dict(headers))
+    done = subprocess.run(invite_command, shell=True, env=shell_env, cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    status, _, _ = fetch(json.loads(done.stdout)["invite_url"])
+    assert status == 200

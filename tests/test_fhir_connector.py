@@ -379,3 +379,26 @@ async def test_the_ehr_jwks_publishes_the_public_half_only(api):
     status, headers, body = await api.call("GET", "/ehr/jwks.json")
     assert status == 200 and body["keys"] and headers["Access-Control-Allow-Origin"] == "*"
     assert all(k["alg"] == "RS384" and k["kty"] == "RSA" and "d" not in k for k in body["keys"])
+
+
+def test_the_documented_local_try_it_passes_every_check(fhir_ehr, live, settings, tmp_path):
+    """docs/ehr-fhir.md's try-it on your own machine, run as written (the EHR already running here,
+    its port and the service's swapped in): register, seed, connect, a physician, `ehr check` all ok."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from helpers.environment import ROOT
+    from helpers.processes import settings_env
+    fhir_ehr.admin("reset", {})
+    section = (ROOT / "docs" / "ehr-fhir.md").read_text().split("To try steps 1 to 3 on your own machine", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    assert block.startswith("node tests/js/fhir_ehr.mjs --port 9000 &")
+    script = "set -e\n" + "\n".join(line for line in block.splitlines() if not line.startswith("node "))
+    script = script.replace("127.0.0.1:9000", fhir_ehr.origin.split("//")[1]).replace("127.0.0.1:8888", live.split("//")[1])
+    env = settings_env(settings, SVC_ISSUER=live, SVC_PUBLIC_URL=live)
+    env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    done = subprocess.run(["bash", "-c", script], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    steps = [line.split(":", 2)[:2] for line in done.stdout.splitlines() if re.match(r"^[a-z]+: (ok|FAILED)", line)]
+    assert steps == [[name, " ok"] for name in ("discovery", "token", "scopes", "practitioner", "appointments")], done.stdout

@@ -1372,3 +1372,45 @@ def test_two_messages_in_one_frame_are_ae(runtime, feed_clinic, listen, settings
     assert appointment(feed_clinic, "TW-1") is None
     assert appointment(feed_clinic, "TW-2").patient_identifier == "E2"
     assert {m["control_id"]: m["ack"] for m in hl7_messages(settings, feed_clinic)}["TW1"] == "AE"
+
+
+def test_the_documented_try_it_sends_one_message_as_written(runtime, world, listen, settings, tmp_path):
+    """docs/hl7-feed.md, "4. Try it before the clinic does", as written: its `orgs update` (the demo
+    clinic's id swapped for this test's clinic), a listener on the real clock, its `send_siu.py`, and
+    `hl7 messages` showing the message acknowledged AA."""
+    import textwrap
+    section = (ROOT / "docs" / "hl7-feed.md").read_text().split("4. Try it before the clinic does", 1)[1]
+    commands = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    update = re.search(r"^\s*(svc-auth orgs update .*?--json)", commands, re.M).group(1)
+    argv = update.replace("org_demo_clinic", world.org.id).split()[1:]
+    done = subprocess.run([sys.executable, "-m", "cli.__main__", *argv], env=settings_env(settings), cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["hl7_facility"] == "DEMO_CLINIC"
+
+    _, port = listen(SVC_CLOCK_OFFSET="0")
+    script = tmp_path / "send_siu.py"
+    script.write_text(textwrap.dedent(re.search(r"```python\n(.*?)```", section, re.S).group(1)))
+    sent = subprocess.run([sys.executable, str(script)], env={"HL7_PORT": str(port), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    assert "MSA|AA|TRY0001" in sent.stdout, sent.stdout
+    [message] = hl7_messages(settings, world.org)
+    assert (message["control_id"], message["type"], message["ack"], message["note"]) == ("TRY0001", "SIU^S12", "AA", None)
+    stored = appointment(world.org, "APT-TRY-1")
+    tomorrow = dt.datetime.now(dt.timezone.utc).date() + dt.timedelta(days=1)
+    assert (stored.status, stored.physician_npi, stored.start, stored.end) == (
+        "booked", "1234567893", dt.datetime.combine(tomorrow, dt.time(15)), dt.datetime.combine(tomorrow, dt.time(15, 30)))
+
+
+def test_an_appointment_without_a_physicians_npi_is_taken_with_a_note(runtime, feed_clinic, listen, settings):
+    """AA (the appointment is stored), but an AIP-3 whose NPI is not typed as one (XCN.9 "NPI" is no
+    OID) puts it in no physician's snapshot: `hl7 messages` says so, so the analyst's go-live check
+    catches the mapping."""
+    _, port = listen()
+    with hl7.client.MLLPClient("127.0.0.1", port) as client:
+        assert acked(client.send_message(siu("S12", "NONPI1", "APT-NONPI", xcn="1234567893^TOR^DOC^^^^^^NPI")))[0] == "AA"
+        assert acked(client.send_message(siu("S12", "NPI1", "APT-NPI")))[0] == "AA"
+    assert appointment(feed_clinic, "APT-NONPI").physician_npi == ""
+    notes = {m["control_id"]: m["note"] for m in hl7_messages(settings, feed_clinic)}
+    assert notes == {"NONPI1": "no physician NPI in AIP-3 or PV1-7: in no snapshot", "NPI1": None}
