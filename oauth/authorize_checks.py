@@ -23,6 +23,8 @@ from oauth.tokens import InvalidToken
 
 # OIDC Core 3.1.2.1 prompt values. There is no interactive login (the platform authenticated
 # the user before the launch), so `login` cannot be honoured and is answered login_required.
+# `consent` is already given (the clinic installed the app) and `select_account` has one answer
+# (the launch's user): both pass, showing nothing.
 PROMPT_VALUES = frozenset({"none", "login", "consent", "select_account"})
 STALE_LAUNCH = "The launch is unknown, expired, already used or issued for another client."
 MAX_STATE_LENGTH = 2048
