@@ -45,6 +45,7 @@ def run_worker(runtime, args) -> int:
         raise UsageError("SVC_REDIS_URL is not set: without Redis, tasks run in the worker thread inside `svc-auth serve`")
     if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
         raise UsageError(f"--threads must be between 1 and {MAX_THREADS}")
+    runtime.ehr_keys.require_open()  # the nights and charts sign with them: one no key opens stops it here, as serve
     stop = _wait_for_signal()
     from keys.holders import KeyHeartbeat
     from workers.loops import run_every

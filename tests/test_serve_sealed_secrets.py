@@ -60,3 +60,17 @@ def test_an_ehr_client_key_no_key_opens_stops_serve_with_one_line(settings, runt
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert f"EHR client key {kid} " in lines[0] and "SVC_HMAC_KEY" in lines[0], lines
+
+
+@pytest.mark.svc_settings(own_keys=True, redis=True)
+def test_an_ehr_client_key_no_key_opens_stops_the_worker_with_one_line(settings, runtime):
+    """The worker signs with the EHR client keys (the nights, the charts): it refuses one it cannot
+    open before it takes a task, as `serve` does, instead of every clinic's night failing later."""
+    runtime.keyring.active  # noqa: B018
+    kid = EhrClientKeys(KeyCipher(OTHER)).add()
+    result = subprocess.run([sys.executable, "-m", "cli.__main__", "worker", "--threads", "1"],
+                            env=settings_env(settings), cwd=str(ROOT), capture_output=True, text=True,
+                            timeout=60)  # (old code: it consumed until stopped)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert f"EHR client key {kid} " in lines[0] and "SVC_HMAC_KEY" in lines[0], lines
